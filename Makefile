@@ -1,0 +1,56 @@
+# ctxcc: two commands matter. `make run` starts the daemon; `make test` installs,
+# generates, lints and runs every test. Everything else is a building block.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_FILES := $(shell find proto -name '*.proto' | sort)
+
+.PHONY: run test venv proto proto-check lint fmt unit bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: start the daemon in the foreground on its embedded defaults (./data)
+run: $(STAMP)
+	$(BIN)/ctxcc serve $(ARGS)
+
+## proto: regenerate Python code and typed stubs from proto/
+proto: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_proto.sh .
+
+## proto-check: fail when the committed generated code is stale
+proto-check: $(STAMP)
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_proto.sh --check
+
+## lint: ruff, mypy --strict, import contracts, buf lint and buf breaking against main
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/buf lint
+	bash scripts/buf_breaking.sh $(BIN)/buf
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## test: everything CI runs
+test: $(STAMP) proto-check lint
+	$(BIN)/pytest -q
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit tests/contract
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
