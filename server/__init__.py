@@ -1,0 +1,1 @@
+"""ctxcc daemon: the context compiler sidecar."""

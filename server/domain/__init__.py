@@ -1,0 +1,1 @@
+"""Domain values shared by every layer: frozen, typed, free of I/O."""

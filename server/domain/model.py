@@ -1,0 +1,257 @@
+"""Domain values of the event log.
+
+Rules this module keeps:
+- every value is a frozen, slotted dataclass of immutable fields (tuples, not lists);
+- nothing here knows protobuf, gRPC or storage; transport and storage convert;
+- enum numbers equal the proto enum numbers, so conversion is a plain cast.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+
+
+class Role(enum.IntEnum):
+    USER = 1
+    ASSISTANT = 2
+    TOOL = 3
+    SYSTEM = 4
+
+
+class EventKind(enum.IntEnum):
+    USER_MESSAGE = 1
+    ASSISTANT_MESSAGE = 2
+    TOOL_CALL = 3
+    TOOL_RESULT = 4
+    IMPORTED_MESSAGE = 5
+    ATTACHMENT = 6
+    BROWSER_ELEMENT = 7
+    TURN_STARTED = 8
+    TURN_CANCELLED = 9
+    TURN_COMPLETED = 10
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a request goes (R-ROUTE-1). Its id binds baselines and native state."""
+
+    connection: str = ""
+    protocol: str = ""
+    endpoint: str = ""
+    model: str = ""
+
+    @property
+    def route_id(self) -> str:
+        # A unit separator keeps ("a", "bc") and ("ab", "c") apart.
+        raw = "\x1f".join((self.connection, self.protocol, self.endpoint, self.model))
+        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRef:
+    artifact_id: str
+    mime_type: str
+    size_bytes: int
+    sha256: str
+    width: int = 0
+    height: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    sha256: str
+    size_bytes: int
+    preview: str
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserElement:
+    url: str
+    selector: str = ""
+    tag: str = ""
+    text: str = ""
+    attributes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContentPart:
+    """Exactly one of the fields is set (a oneof; transport validates)."""
+
+    text: str | None = None
+    attachment: ArtifactRef | None = None
+    browser_element: BrowserElement | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NativeState:
+    route_id: str
+    kind: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments_json: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    parts: tuple[ContentPart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessage:
+    parts: tuple[ContentPart, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str = ""
+    native_state: NativeState | None = None
+    route: Route | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """Exactly one of text and blob is set; large results arrive as text and leave
+    the service as a blob reference."""
+
+    call_id: str
+    tool_name: str = ""
+    text: str | None = None
+    blob: BlobRef | None = None
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ImportedMessage:
+    origin_session_id: str
+    origin_seq: int
+    role: Role
+    parts: tuple[ContentPart, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    ref: ArtifactRef
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserSelection:
+    element: BrowserElement
+
+
+@dataclass(frozen=True, slots=True)
+class TurnStarted:
+    turn_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCancelled:
+    reason: str = ""
+    keep_reasoning: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCompleted:
+    pass
+
+
+Payload = (
+    UserMessage
+    | AssistantMessage
+    | ToolCall
+    | ToolResult
+    | ImportedMessage
+    | Attachment
+    | BrowserSelection
+    | TurnStarted
+    | TurnCancelled
+    | TurnCompleted
+)
+
+PAYLOAD_KINDS: dict[type[Payload], EventKind] = {
+    UserMessage: EventKind.USER_MESSAGE,
+    AssistantMessage: EventKind.ASSISTANT_MESSAGE,
+    ToolCall: EventKind.TOOL_CALL,
+    ToolResult: EventKind.TOOL_RESULT,
+    ImportedMessage: EventKind.IMPORTED_MESSAGE,
+    Attachment: EventKind.ATTACHMENT,
+    BrowserSelection: EventKind.BROWSER_ELEMENT,
+    TurnStarted: EventKind.TURN_STARTED,
+    TurnCancelled: EventKind.TURN_CANCELLED,
+    TurnCompleted: EventKind.TURN_COMPLETED,
+}
+KIND_PAYLOADS: dict[EventKind, type[Payload]] = {k: t for t, k in PAYLOAD_KINDS.items()}
+
+
+def kind_of(payload: Payload) -> EventKind:
+    return PAYLOAD_KINDS[type(payload)]
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event as the agent sends it, before the log assigns seq and time."""
+
+    event_id: str
+    payload: Payload
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    event_id: str
+    create_time_ns: int
+    payload: Payload
+
+    @property
+    def kind(self) -> EventKind:
+        return kind_of(self.payload)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    session_id: str
+    create_time_ns: int
+    update_time_ns: int
+    workspace_id: str = ""
+    project_id: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    current_route: Route | None = None
+    head_seq: int = 0
+    project_root: str = ""
+    working_directory: str = ""
+    stored_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    first_seq: int
+    last_seq: int
+    event_ids: tuple[str, ...]
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AppendBatch:
+    """Everything one append writes, prepared by the service, written atomically by the store.
+
+    `blobs` holds the content of large tool results already replaced by references in
+    `events`; `request_digest` lets a retried request_id be told from a reused one.
+    """
+
+    session_id: str
+    events: tuple[NewEvent, ...]
+    now_ns: int
+    request_id: str = ""
+    request_digest: str = ""
+    expected_last_seq: int | None = None
+    blobs: tuple[tuple[str, bytes], ...] = field(default=())
+    added_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteResult:
+    deleted_events: int
+    deleted_blobs: int

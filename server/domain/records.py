@@ -1,0 +1,72 @@
+"""Records the daemon keeps beside the event log: checkpoints, compiles, usage, route state."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from server.domain.model import Route
+
+
+class CheckpointKind(enum.IntEnum):
+    MODEL_SUMMARY = 1
+    BUILTIN = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    checkpoint_id: str
+    session_id: str
+    covers_through_seq: int
+    summary: str
+    source_route: Route | None
+    portable: bool
+    covered_digest: str
+    kind: CheckpointKind
+    create_time_ns: int
+    origin_session_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CompileRecord:
+    """What a compile promised, kept so a later usage report can be matched to it."""
+
+    compile_id: str
+    session_id: str
+    route: Route
+    event_boundary: int
+    estimated_input_tokens: int
+    estimate_method: int
+    create_time_ns: int
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RouteState:
+    """Per (session, route): the real-token baseline and the output reserve (R-BUD-2, R-EST-1)."""
+
+    route_id: str
+    baseline_input_tokens: int
+    baseline_compile_id: str
+    last_output_tokens: int
+    update_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRecord:
+    session_id: str
+    artifact_id: str
+    mime_type: str
+    size_bytes: int
+    sha256: str
+    width: int
+    height: int
+    create_time_ns: int

@@ -1,0 +1,73 @@
+"""Ports the service owns and storage implements (RocksDB and the in-memory twin).
+
+Contract (checked by tests/contract for every implementation):
+- `append` is atomic: all events, the new head, blobs and the idempotency record land
+  together or not at all; per session it is linearizable.
+- a repeated request_id with the same digest returns the first result with
+  `replayed=True` and writes nothing; with another digest it raises REQUEST_ID_REUSED.
+- seqs start at 1 and are contiguous; events are never rewritten.
+- `delete_session` removes the session's events and records, and blobs no other
+  session references.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
+from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
+
+
+class EventStore(Protocol):
+    def create_session(self, session: Session) -> Session: ...
+
+    def get_session(self, session_id: str) -> Session: ...
+
+    def list_sessions(self, after: str, limit: int, project_id: str = "") -> list[Session]: ...
+
+    def count_sessions(self) -> int: ...
+
+    def delete_session(self, session_id: str) -> DeleteResult: ...
+
+    def append(self, batch: AppendBatch) -> AppendResult: ...
+
+    def read_events(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        limit: int | None = None,
+        kinds: frozenset[EventKind] = frozenset(),
+        through_seq: int | None = None,
+    ) -> list[Event]: ...
+
+    def get_blob(self, sha256: str) -> bytes | None: ...
+
+    def put_artifact(self, record: ArtifactRecord, data: bytes) -> None: ...
+
+    def get_artifact(self, session_id: str, artifact_id: str) -> tuple[ArtifactRecord, bytes]: ...
+
+    def put_checkpoint(self, checkpoint: Checkpoint) -> None: ...
+
+    def list_checkpoints(self, session_id: str) -> list[Checkpoint]: ...
+
+    def put_compile(self, record: CompileRecord) -> None: ...
+
+    def get_compile(self, compile_id: str) -> CompileRecord: ...
+
+    def record_usage(
+        self, compile_id: str, usage: Usage, route_state: RouteState
+    ) -> tuple[CompileRecord, bool]: ...
+
+    def get_route_state(self, session_id: str, route_id: str) -> RouteState | None: ...
+
+    def approximate_size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class Clock(Protocol):
+    def now_ns(self) -> int: ...
+
+
+class IdSource(Protocol):
+    def new_id(self, prefix: str) -> str: ...

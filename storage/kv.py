@@ -1,0 +1,103 @@
+"""An ordered key-value interface with atomic batches, and its in-memory engine."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+COLUMN_FAMILIES = (
+    "sessions",  # session id -> Record(Session)
+    "events",  # session id 0x00 seq(be64) -> EventRecord
+    "event_ids",  # session id 0x00 event id -> seq(be64)
+    "requests",  # session id 0x00 request id -> Record(IdempotencyRecord)
+    "blobs",  # sha256 hex -> raw content (tool results, artifact bytes)
+    "refs",  # b"S" session 0x00 sha | b"B" sha 0x00 session -> b"" (blob reference counting)
+    "artifacts",  # session id 0x00 artifact id -> Record(ArtifactRecord)
+    "checkpoints",  # session id 0x00 time(be64) checkpoint id -> Record(Checkpoint)
+    "routes",  # session id 0x00 route id -> Record(RouteState)
+    "compiles",  # session id 0x00 compile suffix -> Record(CompileRecord)
+    "sources",  # reserved for memory, rules and skills registered over the API
+    "meta",  # schema_version, session_count
+)
+
+
+@dataclass(slots=True)
+class Batch:
+    """Writes applied together or not at all."""
+
+    puts: list[tuple[str, bytes, bytes]] = field(default_factory=list)
+    deletes: list[tuple[str, bytes]] = field(default_factory=list)
+    ranges: list[tuple[str, bytes, bytes]] = field(default_factory=list)
+
+    def put(self, cf: str, key: bytes, value: bytes) -> None:
+        self.puts.append((cf, key, value))
+
+    def delete(self, cf: str, key: bytes) -> None:
+        self.deletes.append((cf, key))
+
+    def delete_range(self, cf: str, start: bytes, end: bytes) -> None:
+        self.ranges.append((cf, start, end))
+
+
+class KV(Protocol):
+    def get(self, cf: str, key: bytes) -> bytes | None: ...
+
+    def scan(
+        self, cf: str, start: bytes, end: bytes, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Items with start <= key < end in key order (or reversed)."""
+        ...
+
+    def write(self, batch: Batch) -> None: ...
+
+    def approximate_size(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryKV:
+    """A sorted in-memory engine with the same semantics as RocksKV, for unit tests."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, dict[bytes, bytes]] = {cf: {} for cf in COLUMN_FAMILIES}
+        self._keys: dict[str, list[bytes]] = {cf: [] for cf in COLUMN_FAMILIES}
+        self._lock = threading.Lock()
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        return self._data[cf].get(key)
+
+    def scan(
+        self, cf: str, start: bytes, end: bytes, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        with self._lock:
+            keys = self._keys[cf]
+            chosen = keys[bisect.bisect_left(keys, start) : bisect.bisect_left(keys, end)]
+            items = [(k, self._data[cf][k]) for k in chosen]
+        return iter(reversed(items) if reverse else items)
+
+    def write(self, batch: Batch) -> None:
+        with self._lock:
+            # Same order as RocksDB applies a WriteBatch built by RocksKV.write.
+            for cf, start, end in batch.ranges:
+                for k in [k for k in self._data[cf] if start <= k < end]:
+                    self._remove(cf, k)
+            for cf, key in batch.deletes:
+                self._remove(cf, key)
+            for cf, key, value in batch.puts:
+                if key not in self._data[cf]:
+                    bisect.insort(self._keys[cf], key)
+                self._data[cf][key] = value
+
+    def _remove(self, cf: str, key: bytes) -> None:
+        if self._data[cf].pop(key, None) is not None:
+            keys = self._keys[cf]
+            del keys[bisect.bisect_left(keys, key)]
+
+    def approximate_size(self) -> int:
+        return sum(len(k) + len(v) for d in self._data.values() for k, v in d.items())
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,354 @@
+"""The event store: the canonical history of R-HIST-1 over an ordered KV engine.
+
+Rules this module keeps:
+- every mutating call builds one Batch and writes it once: all or nothing;
+- appends to one session are serialized by a striped lock, so "read head, check,
+  write" cannot interleave; different sessions append in parallel and share fsyncs
+  through RocksDB's group commit;
+- events are never rewritten; only DeleteSession removes them, all at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import zlib
+from dataclasses import dataclass
+
+from server.domain.errors import CtxccError, Reason, session_not_found
+from server.domain.model import (
+    AppendBatch,
+    AppendResult,
+    DeleteResult,
+    Event,
+    EventKind,
+    Session,
+)
+from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
+from storage.codec import decode_event, decode_value, encode_event, encode_value
+from storage.kv import KV, Batch
+from storage.schema import ensure_schema
+
+_SEP = b"\x00"
+_END = b"\x01"  # sid + _END sorts right after every key with prefix sid + _SEP
+_COUNT_KEY = b"session_count"
+_STRIPES = 256
+
+
+def _be64(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+def _prefix(session_id: str) -> bytes:
+    return session_id.encode() + _SEP
+
+
+def _key(session_id: str, suffix: bytes) -> bytes:
+    return _prefix(session_id) + suffix
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    digest: str
+    first_seq: int
+    last_seq: int
+    event_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    max_sessions: int = 100_000
+    max_session_bytes: int = 1 << 30
+
+
+def split_compile_id(compile_id: str) -> tuple[str, bytes]:
+    """Compile ids are `<session id>:<suffix>`, so usage reports find their session."""
+    session_id, sep, suffix = compile_id.partition(":")
+    if not sep or not session_id or not suffix:
+        raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
+    return session_id, suffix.encode()
+
+
+class KVEventStore:
+    def __init__(self, kv: KV, limits: StoreLimits | None = None) -> None:
+        self._kv = kv
+        self.limits = limits or StoreLimits()
+        self.opened_schema_version = ensure_schema(kv)
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._sessions_lock = threading.Lock()
+
+    def _lock(self, session_id: str) -> threading.Lock:
+        return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
+
+    # -- sessions -----------------------------------------------------------------
+
+    def create_session(self, session: Session) -> Session:
+        with self._sessions_lock, self._lock(session.session_id):
+            if self._kv.get("sessions", session.session_id.encode()) is not None:
+                raise CtxccError(
+                    Reason.SESSION_ALREADY_EXISTS,
+                    f"session {session.session_id!r} already exists",
+                    session_id=session.session_id,
+                )
+            count = self.count_sessions()
+            if count >= self.limits.max_sessions:
+                raise CtxccError(
+                    Reason.QUOTA_EXCEEDED,
+                    f"the daemon holds {count} sessions, its limit",
+                    quota="max_sessions",
+                )
+            batch = Batch()
+            batch.put("sessions", session.session_id.encode(), encode_value(session))
+            batch.put("meta", _COUNT_KEY, _be64(count + 1))
+            self._kv.write(batch)
+            return session
+
+    def get_session(self, session_id: str) -> Session:
+        raw = self._kv.get("sessions", session_id.encode())
+        if raw is None:
+            raise session_not_found(session_id)
+        return decode_value(raw, Session)
+
+    def count_sessions(self) -> int:
+        raw = self._kv.get("meta", _COUNT_KEY)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    def list_sessions(self, after: str, limit: int, project_id: str = "") -> list[Session]:
+        start = after.encode() + _SEP if after else b""
+        out: list[Session] = []
+        for _, raw in self._kv.scan("sessions", start, b"\xff"):
+            session = decode_value(raw, Session)
+            if project_id and session.project_id != project_id:
+                continue
+            out.append(session)
+            if len(out) >= limit:
+                break
+        return out
+
+    def delete_session(self, session_id: str) -> DeleteResult:
+        with self._sessions_lock, self._lock(session_id):
+            session = self.get_session(session_id)
+            batch = Batch()
+            deleted_blobs = 0
+            ref_prefix = b"S" + _prefix(session_id)
+            for key, _ in self._kv.scan("refs", ref_prefix, b"S" + session_id.encode() + _END):
+                sha = key[len(ref_prefix) :]
+                batch.delete("refs", key)
+                batch.delete("refs", b"B" + sha + _SEP + session_id.encode())
+                holders = self._kv.scan("refs", b"B" + sha + _SEP, b"B" + sha + _END)
+                if all(k[len(sha) + 2 :] == session_id.encode() for k, _ in holders):
+                    batch.delete("blobs", sha)
+                    deleted_blobs += 1
+            lo, hi = _prefix(session_id), session_id.encode() + _END
+            for cf in ("events", "event_ids", "requests", "artifacts", "checkpoints", "routes"):
+                batch.delete_range(cf, lo, hi)
+            batch.delete_range("compiles", lo, hi)
+            batch.delete("sessions", session_id.encode())
+            batch.put("meta", _COUNT_KEY, _be64(max(0, self.count_sessions() - 1)))
+            self._kv.write(batch)
+            return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)
+
+    # -- events -------------------------------------------------------------------
+
+    def append(self, batch_in: AppendBatch) -> AppendResult:
+        sid = batch_in.session_id
+        with self._lock(sid):
+            session = self.get_session(sid)
+            if batch_in.request_id:
+                replay = self._replayed(sid, batch_in)
+                if replay is not None:
+                    return replay
+            head = session.head_seq
+            if batch_in.expected_last_seq is not None and batch_in.expected_last_seq != head:
+                raise CtxccError(
+                    Reason.SEQUENCE_MISMATCH,
+                    f"expected_last_seq {batch_in.expected_last_seq} but the session head is {head}",
+                    head_seq=str(head),
+                )
+            self._check_event_ids(sid, batch_in)
+            batch = Batch()
+            added = 0
+            ids: list[str] = []
+            for offset, new in enumerate(batch_in.events, start=1):
+                record = encode_event(head + offset, new.event_id, batch_in.now_ns, new.payload)
+                batch.put("events", _key(sid, _be64(head + offset)), record)
+                batch.put("event_ids", _key(sid, new.event_id.encode()), _be64(head + offset))
+                added += len(record)
+                ids.append(new.event_id)
+            added += self._add_blobs(batch, sid, batch_in.blobs)
+            last = head + len(batch_in.events)
+            self._check_quota(session, added)
+            result = AppendResult(first_seq=head + 1, last_seq=last, event_ids=tuple(ids))
+            if batch_in.request_id:
+                idem = IdempotencyRecord(batch_in.request_digest, head + 1, last, tuple(ids))
+                batch.put("requests", _key(sid, batch_in.request_id.encode()), encode_value(idem))
+            updated = dataclasses.replace(
+                session,
+                head_seq=last,
+                update_time_ns=batch_in.now_ns,
+                stored_bytes=session.stored_bytes + added,
+            )
+            batch.put("sessions", sid.encode(), encode_value(updated))
+            self._kv.write(batch)
+            return result
+
+    def _replayed(self, sid: str, batch_in: AppendBatch) -> AppendResult | None:
+        raw = self._kv.get("requests", _key(sid, batch_in.request_id.encode()))
+        if raw is None:
+            return None
+        idem = decode_value(raw, IdempotencyRecord)
+        if idem.digest != batch_in.request_digest:
+            raise CtxccError(
+                Reason.REQUEST_ID_REUSED,
+                f"request_id {batch_in.request_id!r} was used for a different append",
+                request_id=batch_in.request_id,
+            )
+        return AppendResult(idem.first_seq, idem.last_seq, idem.event_ids, replayed=True)
+
+    def _check_event_ids(self, sid: str, batch_in: AppendBatch) -> None:
+        seen: set[str] = set()
+        for new in batch_in.events:
+            taken = new.event_id in seen
+            taken = taken or self._kv.get("event_ids", _key(sid, new.event_id.encode())) is not None
+            if taken:
+                raise CtxccError(
+                    Reason.EVENT_ID_CONFLICT,
+                    f"event id {new.event_id!r} already exists in session {sid!r}",
+                    event_id=new.event_id,
+                )
+            seen.add(new.event_id)
+
+    def _add_blobs(self, batch: Batch, sid: str, blobs: tuple[tuple[str, bytes], ...]) -> int:
+        """Stage content-addressed blobs and this session's references; returns new bytes."""
+        added = 0
+        for sha, data in blobs:
+            ref = b"S" + _key(sid, sha.encode())
+            if self._kv.get("refs", ref) is not None:
+                continue  # the session already holds this blob
+            if self._kv.get("blobs", sha.encode()) is None:
+                batch.put("blobs", sha.encode(), data)
+            batch.put("refs", ref, b"")
+            batch.put("refs", b"B" + sha.encode() + _SEP + sid.encode(), b"")
+            added += len(data)
+        return added
+
+    def _check_quota(self, session: Session, added: int) -> None:
+        if session.stored_bytes + added > self.limits.max_session_bytes:
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"session {session.session_id!r} would hold {session.stored_bytes + added} bytes, "
+                f"over its limit of {self.limits.max_session_bytes}",
+                quota="max_session_bytes",
+            )
+
+    def read_events(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        limit: int | None = None,
+        kinds: frozenset[EventKind] = frozenset(),
+        through_seq: int | None = None,
+    ) -> list[Event]:
+        start = _key(session_id, _be64(after_seq + 1))
+        end = (
+            _key(session_id, _be64(through_seq + 1))
+            if through_seq is not None
+            else session_id.encode() + _END
+        )
+        out: list[Event] = []
+        for key, raw in self._kv.scan("events", start, end):
+            event = decode_event(raw, int.from_bytes(key[-8:], "big"))
+            if kinds and event.kind not in kinds:
+                continue
+            out.append(event)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        return self._kv.get("blobs", sha256.encode())
+
+    # -- artifacts ----------------------------------------------------------------
+
+    def put_artifact(self, record: ArtifactRecord, data: bytes) -> None:
+        sid = record.session_id
+        with self._lock(sid):
+            session = self.get_session(sid)
+            batch = Batch()
+            added = self._add_blobs(batch, sid, ((record.sha256, data),))
+            encoded = encode_value(record)
+            added += len(encoded)
+            self._check_quota(session, added)
+            batch.put("artifacts", _key(sid, record.artifact_id.encode()), encoded)
+            updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + added)
+            batch.put("sessions", sid.encode(), encode_value(updated))
+            self._kv.write(batch)
+
+    def get_artifact(self, session_id: str, artifact_id: str) -> tuple[ArtifactRecord, bytes]:
+        raw = self._kv.get("artifacts", _key(session_id, artifact_id.encode()))
+        data = None
+        if raw is not None:
+            record = decode_value(raw, ArtifactRecord)
+            data = self.get_blob(record.sha256)
+        if raw is None or data is None:
+            raise CtxccError(
+                Reason.ARTIFACT_NOT_FOUND,
+                f"artifact {artifact_id!r} does not exist in session {session_id!r}",
+                artifact_id=artifact_id,
+            )
+        return record, data
+
+    # -- checkpoints, compiles, routes -------------------------------------------
+
+    def put_checkpoint(self, checkpoint: Checkpoint) -> None:
+        sid = checkpoint.session_id
+        key = _key(sid, _be64(checkpoint.create_time_ns) + checkpoint.checkpoint_id.encode())
+        with self._lock(sid):
+            self.get_session(sid)
+            batch = Batch()
+            batch.put("checkpoints", key, encode_value(checkpoint))
+            self._kv.write(batch)
+
+    def list_checkpoints(self, session_id: str) -> list[Checkpoint]:
+        items = self._kv.scan(
+            "checkpoints", _prefix(session_id), session_id.encode() + _END, reverse=True
+        )
+        return [decode_value(raw, Checkpoint) for _, raw in items]
+
+    def put_compile(self, record: CompileRecord) -> None:
+        sid, suffix = split_compile_id(record.compile_id)
+        batch = Batch()
+        batch.put("compiles", _key(sid, suffix), encode_value(record))
+        self._kv.write(batch)
+
+    def get_compile(self, compile_id: str) -> CompileRecord:
+        sid, suffix = split_compile_id(compile_id)
+        raw = self._kv.get("compiles", _key(sid, suffix))
+        if raw is None:
+            raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
+        return decode_value(raw, CompileRecord)
+
+    def record_usage(
+        self, compile_id: str, usage: Usage, route_state: RouteState
+    ) -> tuple[CompileRecord, bool]:
+        sid, suffix = split_compile_id(compile_id)
+        with self._lock(sid):
+            record = self.get_compile(compile_id)
+            if record.usage is not None:
+                return record, True
+            updated = dataclasses.replace(record, usage=usage)
+            batch = Batch()
+            batch.put("compiles", _key(sid, suffix), encode_value(updated))
+            batch.put("routes", _key(sid, route_state.route_id.encode()), encode_value(route_state))
+            self._kv.write(batch)
+            return updated, False
+
+    def get_route_state(self, session_id: str, route_id: str) -> RouteState | None:
+        raw = self._kv.get("routes", _key(session_id, route_id.encode()))
+        return None if raw is None else decode_value(raw, RouteState)
+
+    def approximate_size(self) -> int:
+        return self._kv.approximate_size()
+
+    def close(self) -> None:
+        self._kv.close()
