@@ -162,7 +162,7 @@ class KVEventStore:
             if batch_in.expected_last_seq is not None and batch_in.expected_last_seq != head:
                 raise CtxccError(
                     Reason.SEQUENCE_MISMATCH,
-                    f"expected_last_seq {batch_in.expected_last_seq} but the session head is {head}",
+                    f"expected_last_seq {batch_in.expected_last_seq}, session head {head}",
                     head_seq=str(head),
                 )
             self._check_event_ids(sid, batch_in)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from server.compiler.view import CompiledView
 from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
 from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
 
@@ -71,3 +72,17 @@ class Clock(Protocol):
 
 class IdSource(Protocol):
     def new_id(self, prefix: str) -> str: ...
+
+
+class Telemetry(Protocol):
+    """What the service reports; the Prometheus adapter implements it."""
+
+    def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None: ...
+
+    def appended(self, events: int, size_bytes: int) -> None: ...
+
+    def usage_reported(
+        self, estimated: int, actual: int, model_family: str, method: str
+    ) -> None: ...
+
+    def watchers_changed(self, delta: int) -> None: ...

@@ -1,0 +1,1 @@
+"""Adapters to the outside: tokenizers, workspace files, Prometheus, clock and ids."""

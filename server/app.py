@@ -1,0 +1,212 @@
+"""The composition root: the one place that builds and wires everything.
+
+Nothing else in the daemon opens a database, binds a port, loads a tokenizer or
+registers a metric. Start order: open the store (fails fast when another daemon owns
+the data directory), build use cases, bind gRPC and /metrics, mark health SERVING.
+Stop order is the reverse, with in-flight calls given the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from wsgiref.simple_server import WSGIServer
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from ctxcc.v1 import (
+    artifact_service_pb2,
+    artifact_service_pb2_grpc,
+    compile_service_pb2,
+    compile_service_pb2_grpc,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
+from server import __version__
+from server.adapters.metrics import PrometheusTelemetry
+from server.adapters.system import RandomIds, SystemClock
+from server.adapters.tokenizer import TiktokenCounter
+from server.compiler.system import DEFAULT_KERNEL
+from server.config import Config, ConfigError
+from server.service.artifacts import ArtifactUseCases
+from server.service.blocking import Blocking
+from server.service.checkpoints import CheckpointUseCases
+from server.service.compiling import CompilerSettings, CompileUseCases
+from server.service.limits import ServiceLimits
+from server.service.sessions import SessionUseCases
+from server.service.watch import WatchHub
+from server.transport.artifact_servicer import ArtifactServicer
+from server.transport.compile_servicer import CompileServicer
+from server.transport.session_servicer import SessionServicer
+from storage import KVEventStore, StoreLimits, open_rocks
+
+log = logging.getLogger("ctxcc")
+
+SERVICE_NAMES = tuple(
+    f.services_by_name[name].full_name
+    for f, name in (
+        (session_service_pb2.DESCRIPTOR, "SessionService"),
+        (compile_service_pb2.DESCRIPTOR, "CompileService"),
+        (artifact_service_pb2.DESCRIPTOR, "ArtifactService"),
+    )
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    tcp: str | None
+    unix: str | None
+    metrics: str | None
+
+
+class Daemon:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.telemetry = PrometheusTelemetry(__version__)
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._metrics_server: WSGIServer | None = None
+        self._blocking = Blocking(cfg.workers)
+        self._store: KVEventStore | None = None
+        self.hub = WatchHub(ServiceLimits().watch_queue_size)
+        self.endpoints = Endpoints(None, None, None)
+
+    def _kernel_text(self) -> str:
+        if not self.cfg.kernel_file:
+            return DEFAULT_KERNEL
+        try:
+            return Path(self.cfg.kernel_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read kernel_file {self.cfg.kernel_file}: {exc}") from exc
+
+    async def start(self) -> Endpoints:
+        cfg = self.cfg
+        kernel = self._kernel_text()
+        kv = open_rocks(cfg.db_path, sync=cfg.durability == "sync")
+        store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
+        self._store = store
+        limits = ServiceLimits(
+            max_events_per_append=cfg.max_events_per_append,
+            max_event_bytes=cfg.max_event_bytes,
+            blob_threshold_bytes=cfg.blob_threshold_bytes,
+            max_artifact_bytes=cfg.max_artifact_bytes,
+        )
+        clock, ids = SystemClock(), RandomIds()
+        sessions = SessionUseCases(
+            store, self._blocking, self.hub, clock, ids, limits, self.telemetry
+        )
+        checkpoints = CheckpointUseCases(store, self._blocking, self.hub, clock, ids)
+        compiles = CompileUseCases(
+            store,
+            self._blocking,
+            self.hub,
+            clock,
+            ids,
+            TiktokenCounter(),
+            CompilerSettings(kernel_text=kernel),
+            self.telemetry,
+        )
+        artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
+        observe = self.telemetry.rpc_done
+
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", cfg.max_message_bytes),
+                ("grpc.max_send_message_length", cfg.max_message_bytes),
+                # Without this, a second daemon on the same TCP port would silently share it.
+                ("grpc.so_reuseport", 0),
+                ("grpc.keepalive_time_ms", 30_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ]
+        )
+        session_service_pb2_grpc.add_SessionServiceServicer_to_server(
+            SessionServicer(sessions, observe), server
+        )
+        compile_service_pb2_grpc.add_CompileServiceServicer_to_server(
+            CompileServicer(compiles, sessions, checkpoints, observe), server
+        )
+        artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
+            ArtifactServicer(artifacts, observe), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (
+                *SERVICE_NAMES,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        tcp = self._bind_tcp(server)
+        unix = self._bind_unix(server)
+        await server.start()
+        if unix is not None:
+            os.chmod(unix, cfg.socket_mode)
+        self._server = server
+        metrics = self._start_metrics()
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.endpoints = Endpoints(tcp, unix, metrics)
+        return self.endpoints
+
+    def _bind_tcp(self, server: grpc.aio.Server) -> str | None:
+        if self.cfg.listen == "none":
+            return None
+        host, _, _ = self.cfg.listen.rpartition(":")
+        port = server.add_insecure_port(self.cfg.listen)
+        if port == 0:
+            raise ConfigError(f"cannot listen on {self.cfg.listen}: address in use or invalid")
+        return f"{host}:{port}"
+
+    def _bind_unix(self, server: grpc.aio.Server) -> str | None:
+        path = self.cfg.socket_path
+        if path is None:
+            return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # We hold the data directory's lock, so a socket file left here is stale.
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(path.lstat().st_mode):
+                path.unlink()
+        old = os.umask(0o117)  # the socket is born 0660, never briefly world-accessible
+        try:
+            if server.add_insecure_port(f"unix:{path}") == 0:
+                raise ConfigError(f"cannot bind Unix socket {path}")
+        finally:
+            os.umask(old)
+        return str(path)
+
+    def _start_metrics(self) -> str | None:
+        if self.cfg.metrics_listen == "none":
+            return None
+        host, _, port = self.cfg.metrics_listen.rpartition(":")
+        try:
+            srv, _thread = start_http_server(int(port), host, registry=self.telemetry.registry)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve /metrics on {self.cfg.metrics_listen}: {exc}") from exc
+        self._metrics_server = srv
+        return f"{host}:{srv.server_port}"
+
+    async def stop(self) -> None:
+        """Health NOT_SERVING, drain in-flight calls within the grace period, close RocksDB."""
+        await self._health.enter_graceful_shutdown()
+        self.hub.close_all()
+        if self._server is not None:
+            await self._server.stop(self.cfg.grace_period)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        await asyncio.to_thread(self._blocking.shutdown)
+        if self._store is not None:
+            self._store.close()
+        if self.endpoints.unix is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.endpoints.unix)

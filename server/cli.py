@@ -1,0 +1,84 @@
+"""`ctxcc` command line: `serve` runs the daemon; more subcommands join as they land."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from server import __version__
+from server.config import ConfigError, add_flags, resolve
+
+log = logging.getLogger("ctxcc")
+
+EXIT_CONFIG = 2
+EXIT_LOCKED = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ctxcc", description="ctxcc: context compiler sidecar")
+    parser.add_argument("--version", action="version", version=f"ctxcc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the daemon",
+        description=(
+            "Run the ctxcc daemon. Settings come from flags, then CTXCC_* environment "
+            "variables, then the TOML file given by --config, then defaults."
+        ),
+    )
+    add_flags(serve)
+    return parser
+
+
+async def _serve(flags: dict[str, object]) -> int:
+    from server.app import Daemon  # the composition root loads heavy modules; import late
+    from storage import StoreLockedError
+
+    cfg = resolve(flags)
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    daemon = Daemon(cfg)
+    try:
+        endpoints = await daemon.start()
+    except StoreLockedError as exc:
+        log.error("%s", exc)
+        return EXIT_LOCKED
+    except ConfigError as exc:
+        log.error("%s", exc)
+        await daemon.stop()
+        return EXIT_CONFIG
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ready = {"tcp": endpoints.tcp, "unix": endpoints.unix, "metrics": endpoints.metrics}
+    log.info("serving %s", json.dumps(ready))
+    await stop.wait()
+    log.info("shutting down: draining in-flight calls for up to %ss", cfg.grace_period)
+    await daemon.stop()
+    log.info("stopped cleanly")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        flags = {k: v for k, v in vars(args).items() if k != "command"}
+        try:
+            return asyncio.run(_serve(flags))
+        except ConfigError as exc:
+            print(f"ctxcc: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+    return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

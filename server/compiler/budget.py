@@ -1,0 +1,106 @@
+"""Token budget (R-BUD-1..5). Local scheduling parameters, not provider claims.
+
+- Known window, no usage yet: reserve a quarter of the window for output, at most 16K.
+- After real usage: reserve twice the last output, clamped to 1K..8K.
+- A configured max-input cap smaller than window - reserve is the stricter cap.
+- Unknown window: history high watermark 32K, output reserve 16K.
+- Never reject on an estimate (R-EST-4): the decision only advises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.compiler.view import Budget, Decision, EstimateMethod
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig:
+    first_reserve_fraction: float = 0.25
+    first_reserve_max: int = 16_384
+    dynamic_reserve_factor: int = 2
+    dynamic_reserve_min: int = 1_024
+    dynamic_reserve_max: int = 8_192
+    unknown_history_watermark: int = 32_768
+    unknown_output_reserve: int = 16_384
+    # History above this share of the input budget recommends compaction.
+    history_watermark_fraction: float = 0.8
+    # An estimate above this share of the input budget recommends compaction.
+    compact_threshold: float = 0.85
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """What is known of the model: 0 means unknown / none."""
+
+    context_window: int = 0
+    max_output_tokens: int = 0
+    max_input_tokens: int = 0
+    accepts_images: bool = True
+
+
+def output_reserve(limits: ModelLimits, last_output_tokens: int | None, cfg: BudgetConfig) -> int:
+    if last_output_tokens is not None:
+        wanted = cfg.dynamic_reserve_factor * last_output_tokens
+        reserve = max(cfg.dynamic_reserve_min, min(cfg.dynamic_reserve_max, wanted))
+    elif limits.context_window > 0:
+        reserve = min(
+            int(limits.context_window * cfg.first_reserve_fraction), cfg.first_reserve_max
+        )
+    else:
+        reserve = cfg.unknown_output_reserve
+    if limits.max_output_tokens > 0:
+        # Reserving more than the model can ever write wastes window.
+        reserve = min(reserve, limits.max_output_tokens)
+    return reserve
+
+
+def input_budget(limits: ModelLimits, reserve: int, cfg: BudgetConfig) -> int:
+    if limits.context_window > 0:
+        budget = max(0, limits.context_window - reserve)
+    else:
+        budget = cfg.unknown_history_watermark + reserve
+    if limits.max_input_tokens > 0:
+        budget = min(budget, limits.max_input_tokens)
+    return budget
+
+
+def history_watermark(limits: ModelLimits, budget: int, cfg: BudgetConfig) -> int:
+    if limits.context_window <= 0:
+        return cfg.unknown_history_watermark
+    return int(budget * cfg.history_watermark_fraction)
+
+
+def judge(
+    limits: ModelLimits,
+    last_output_tokens: int | None,
+    estimate: int,
+    method: EstimateMethod,
+    history_tokens: int,
+    cfg: BudgetConfig,
+    baseline_tokens: int = 0,
+) -> tuple[Budget, Decision]:
+    reserve = output_reserve(limits, last_output_tokens, cfg)
+    budget = input_budget(limits, reserve, cfg)
+    watermark = history_watermark(limits, budget, cfg)
+    utilization = estimate / budget if budget else 0.0
+    if budget and estimate > budget:
+        decision = Decision.OVER_BUDGET_SEND_ANYWAY
+    elif history_tokens > watermark or utilization > cfg.compact_threshold:
+        decision = Decision.COMPACT_RECOMMENDED
+    else:
+        decision = Decision.OK
+    return (
+        Budget(
+            context_window=limits.context_window,
+            output_reserve=reserve,
+            input_budget=budget,
+            history_high_watermark=watermark,
+            estimated_input_tokens=estimate,
+            estimate_method=method,
+            utilization=round(utilization, 6),
+            baseline_tokens=baseline_tokens,
+            window_unknown=limits.context_window <= 0,
+        ),
+        decision,
+    )

@@ -1,0 +1,176 @@
+"""The compiled request view (R-STEP-2) and its parts. Enum numbers equal the proto's."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from server.domain.model import ArtifactRef, NativeState, Role, Route, ToolCall
+
+
+class SectionKind(enum.IntEnum):
+    KERNEL = 1
+    INSTRUCTIONS = 2
+    SKILLS = 3
+    RULES = 4
+    RULE_INDEX = 5
+    APPROVAL = 6
+    MEMORY = 7
+    ENVIRONMENT = 8
+
+
+class Scope(enum.IntEnum):
+    GLOBAL = 1
+    PROJECT = 2
+    SESSION = 3
+
+
+class Authority(enum.IntEnum):
+    KERNEL = 1
+    OPERATOR = 2
+    USER_CONTROLLABLE = 3
+    UNTRUSTED = 4
+
+
+class Layer(enum.IntEnum):
+    PINNED = 1
+    HISTORY = 2
+    WORKING_SET = 3
+    TOOL_SCHEMA = 4
+    NATIVE_STATE = 5
+
+
+class Decision(enum.IntEnum):
+    OK = 1
+    COMPACT_RECOMMENDED = 2
+    OVER_BUDGET_SEND_ANYWAY = 3
+
+
+class EstimateMethod(enum.IntEnum):
+    FULL = 1
+    BASELINE_DELTA = 2
+
+
+class FallbackReason(enum.IntEnum):
+    CHECKPOINT_DIGEST_MISMATCH = 1
+    CHECKPOINT_BOUNDARY_MISSING = 2
+    CHECKPOINT_FOREIGN = 3
+    ROUTE_MISMATCH = 4
+    PROJECTION_CORRUPT = 5
+
+
+class ToolVisibility(enum.IntEnum):
+    DIRECT = 1
+    DEFERRED = 2
+    HIDDEN = 3
+
+
+class ToolOrigin(enum.IntEnum):
+    DIRECT = 1
+    ACTIVATED = 2
+    BUILTIN_TOOL_SEARCH = 3
+    BUILTIN_READ_TOOL_RESULT = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SystemSection:
+    kind: SectionKind
+    sources: tuple[str, ...]
+    scope: Scope
+    authority: Authority
+    text: str
+    tokens: int
+    truncated: bool = False
+    stable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPart:
+    """Exactly one of text and attachment is set."""
+
+    text: str | None = None
+    attachment: ArtifactRef | None = None
+    authority: Authority = Authority.USER_CONTROLLABLE
+
+
+@dataclass(frozen=True, slots=True)
+class ViewMessage:
+    role: Role
+    parts: tuple[ViewPart, ...]
+    layer: Layer
+    tokens: int
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    tool_name: str = ""
+    first_seq: int = 0
+    last_seq: int = 0
+    origin_session_id: str = ""
+    synthetic: bool = False
+    is_error: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema_json: str
+    visibility: ToolVisibility = ToolVisibility.DIRECT
+    search_keywords: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ViewTool:
+    spec: ToolSpec
+    origin: ToolOrigin
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTokens:
+    layer: Layer
+    tokens: int
+    items: int
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    context_window: int
+    output_reserve: int
+    input_budget: int
+    history_high_watermark: int
+    estimated_input_tokens: int
+    estimate_method: EstimateMethod
+    utilization: float
+    baseline_tokens: int = 0
+    window_unknown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRequest:
+    from_seq: int
+    through_seq: int
+    prompt: str
+    covered_digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledView:
+    compile_id: str
+    session_id: str
+    event_boundary: int
+    route: Route
+    system_sections: tuple[SystemSection, ...]
+    system_prompt: str
+    prefix_digest: str
+    messages: tuple[ViewMessage, ...]
+    tools: tuple[ViewTool, ...]
+    layers: tuple[LayerTokens, ...]
+    pressure_layer: Layer
+    budget: Budget
+    decision: Decision
+    changed_sections: tuple[SectionKind, ...] = ()
+    provider_state: NativeState | None = None
+    fallback_reasons: tuple[FallbackReason, ...] = ()
+    checkpoint_id: str = ""
+    compaction: CompactionRequest | None = None
+    notes: tuple[str, ...] = ()

@@ -1,0 +1,191 @@
+"""Daemon configuration: flags over CTXCC_* environment variables over a TOML file over
+defaults. Every setting has one name used in all three places (flag `--data-dir`,
+env `CTXCC_DATA_DIR`, TOML key `data_dir`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting is missing, malformed or contradictory; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    default: str
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("data_dir", "./data", "directory for RocksDB (<data-dir>/db) and the socket"),
+    Setting("socket", "", "Unix socket path; empty means <data-dir>/ctxcc.sock; 'none' disables"),
+    Setting("socket_mode", "0660", "permissions of the Unix socket (octal)"),
+    Setting("listen", "127.0.0.1:50551", "TCP host:port for gRPC, or 'none'"),
+    Setting("metrics_listen", "127.0.0.1:9464", "host:port for Prometheus /metrics, or 'none'"),
+    Setting(
+        "durability", "sync", "'sync' fsyncs every append batch; 'buffered' leaves it to the OS"
+    ),
+    Setting("grace_period", "10", "seconds in-flight calls get to finish on SIGTERM/SIGINT"),
+    Setting("workers", "8", "threads for blocking storage work"),
+    Setting("log_level", "info", "debug, info, warning or error"),
+    Setting("max_sessions", "100000", "sessions the daemon holds at most"),
+    Setting("max_session_bytes", str(1 << 30), "bytes one session may store"),
+    Setting("max_events_per_append", "1000", "events one AppendEvents may carry"),
+    Setting("max_event_bytes", str(1 << 20), "encoded bytes of one event (after blob offload)"),
+    Setting("blob_threshold_bytes", str(16 << 10), "tool results above this become blobs"),
+    Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact"),
+    Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
+    Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    data_dir: Path
+    socket: str
+    socket_mode: int
+    listen: str
+    metrics_listen: str
+    durability: str
+    grace_period: float
+    workers: int
+    log_level: str
+    max_sessions: int
+    max_session_bytes: int
+    max_events_per_append: int
+    max_event_bytes: int
+    blob_threshold_bytes: int
+    max_artifact_bytes: int
+    max_message_bytes: int
+    kernel_file: str
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "db"
+
+    @property
+    def socket_path(self) -> Path | None:
+        if self.socket == "none":
+            return None
+        return Path(self.socket) if self.socket else self.data_dir / "ctxcc.sock"
+
+
+def env_name(name: str) -> str:
+    return "CTXCC_" + name.upper()
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="TOML file with any of the settings below (env CTXCC_CONFIG)",
+    )
+    for s in SETTINGS:
+        parser.add_argument(
+            "--" + s.name.replace("_", "-"),
+            dest=s.name,
+            default=None,
+            metavar=s.name.upper().split("_")[-1],
+            help=f"{s.help} (env {env_name(s.name)}; default {s.default or 'empty'})",
+        )
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - set(_BY_NAME))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
+    return data
+
+
+def _parse_hostport(name: str, value: str) -> str:
+    if value == "none":
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{name} must be host:port or 'none', got {value!r}")
+    return value
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:
+    """Merge flags, environment and file; validate; return a frozen Config."""
+    env = os.environ if env is None else env
+    config_path = flags.get("config") or env.get("CTXCC_CONFIG")
+    file_values = _read_toml(config_path) if config_path else {}
+    raw: dict[str, str] = {}
+    for s in SETTINGS:
+        value: Any = flags.get(s.name)
+        if value is None:
+            value = env.get(env_name(s.name))
+        if value is None:
+            value = file_values.get(s.name)
+        raw[s.name] = s.default if value is None else str(value)
+    return _build(raw)
+
+
+def _int(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) -> int:
+    try:
+        value = int(raw[name], base)
+    except ValueError:
+        raise ConfigError(f"{name} must be a whole number, got {raw[name]!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _build(raw: Mapping[str, str]) -> Config:
+    if raw["durability"] not in {"sync", "buffered"}:
+        raise ConfigError(f"durability must be 'sync' or 'buffered', got {raw['durability']!r}")
+    if raw["log_level"].lower() not in {"debug", "info", "warning", "error"}:
+        raise ConfigError(
+            f"log_level must be debug, info, warning or error, got {raw['log_level']!r}"
+        )
+    try:
+        grace = float(raw["grace_period"])
+    except ValueError:
+        raise ConfigError(f"grace_period must be a number, got {raw['grace_period']!r}") from None
+    cfg = Config(
+        data_dir=Path(raw["data_dir"]),
+        socket=raw["socket"],
+        socket_mode=_int(raw, "socket_mode", 8),
+        listen=_parse_hostport("listen", raw["listen"]),
+        metrics_listen=_parse_hostport("metrics_listen", raw["metrics_listen"]),
+        durability=raw["durability"],
+        grace_period=grace,
+        workers=_int(raw, "workers", minimum=1),
+        log_level=raw["log_level"].lower(),
+        max_sessions=_int(raw, "max_sessions", minimum=1),
+        max_session_bytes=_int(raw, "max_session_bytes", minimum=1),
+        max_events_per_append=_int(raw, "max_events_per_append", minimum=1),
+        max_event_bytes=_int(raw, "max_event_bytes", minimum=1024),
+        blob_threshold_bytes=_int(raw, "blob_threshold_bytes", minimum=256),
+        max_artifact_bytes=_int(raw, "max_artifact_bytes", minimum=1),
+        max_message_bytes=_int(raw, "max_message_bytes", minimum=1 << 20),
+        kernel_file=raw["kernel_file"],
+    )
+    sock = cfg.socket_path
+    # sun_path holds 108 bytes including the terminating NUL.
+    if sock is not None and len(str(sock).encode()) > 107:
+        raise ConfigError(f"socket path {sock} is longer than the 107 bytes a Unix socket allows")
+    if sock is None and cfg.listen == "none":
+        raise ConfigError("both socket and listen are 'none': the daemon would be unreachable")
+    return cfg
+
+
+def describe(cfg: Config) -> dict[str, str]:
+    return {f.name: str(getattr(cfg, f.name)) for f in fields(cfg)}

@@ -1,0 +1,20 @@
+"""Model families: a bounded label for metrics and the key of tokenizer choice."""
+
+from __future__ import annotations
+
+
+def family_of(model: str) -> str:
+    """A bounded label from an unbounded model name."""
+    m = model.lower()
+    for family, needles in (
+        ("openai", ("gpt", "o1", "o3", "o4", "chatgpt")),
+        ("anthropic", ("claude",)),
+        ("google", ("gemini", "gemma")),
+        ("llama", ("llama",)),
+        ("qwen", ("qwen",)),
+        ("deepseek", ("deepseek",)),
+        ("mistral", ("mistral", "mixtral", "codestral", "devstral")),
+    ):
+        if any(n in m for n in needles):
+            return family
+    return "other"

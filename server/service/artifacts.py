@@ -1,0 +1,79 @@
+"""Artifact use cases: verified uploads into the session's artifact store (R-CTX-3)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.records import ArtifactRecord
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.ports import Clock, EventStore, IdSource
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+_MIME = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,63}")
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactHeader:
+    session_id: str
+    mime_type: str
+    size_bytes: int
+    sha256: str
+    width: int = 0
+    height: int = 0
+
+
+class ArtifactUseCases:
+    def __init__(
+        self, store: EventStore, blocking: Blocking, clock: Clock, ids: IdSource, max_bytes: int
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._clock = clock
+        self._ids = ids
+        self.max_bytes = max_bytes
+
+    def check_header(self, h: ArtifactHeader) -> None:
+        check_id("header.session_id", h.session_id)
+        if not _MIME.fullmatch(h.mime_type):
+            raise invalid("header.mime_type", "mime_type must look like 'image/png'")
+        if not _SHA.fullmatch(h.sha256):
+            raise invalid("header.sha256", "sha256 must be 64 lower-case hex digits")
+        if h.size_bytes > self.max_bytes:
+            raise self.too_large(h.size_bytes)
+
+    def too_large(self, size: int) -> CtxccError:
+        return CtxccError(
+            Reason.ARTIFACT_TOO_LARGE,
+            f"artifact of {size} bytes is over the limit of {self.max_bytes}",
+            limit=str(self.max_bytes),
+        )
+
+    async def put(self, h: ArtifactHeader, data: bytes) -> ArtifactRecord:
+        self.check_header(h)
+        if len(data) != h.size_bytes or hashlib.sha256(data).hexdigest() != h.sha256:
+            raise CtxccError(
+                Reason.ARTIFACT_CHECKSUM_MISMATCH,
+                f"received {len(data)} bytes that do not match the declared size and sha256",
+            )
+        record = ArtifactRecord(
+            session_id=h.session_id,
+            artifact_id=self._ids.new_id("a-"),
+            mime_type=h.mime_type,
+            size_bytes=h.size_bytes,
+            sha256=h.sha256,
+            width=h.width,
+            height=h.height,
+            create_time_ns=self._clock.now_ns(),
+        )
+        await self._blocking.run(self._store.put_artifact, record, data)
+        return record
+
+    async def get(self, session_id: str, artifact_id: str) -> tuple[ArtifactRecord, bytes]:
+        check_id("session_id", session_id)
+        check_id("artifact_id", artifact_id)
+        await self._blocking.run(self._store.get_session, session_id)
+        return await self._blocking.run(self._store.get_artifact, session_id, artifact_id)

@@ -1,0 +1,74 @@
+"""Checkpoint use cases: a checkpoint is stored only after its digest matches the log."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from server.domain.canonical import events_digest
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.records import Checkpoint
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.ports import Clock, EventStore, IdSource
+from server.service.watch import WatchHub
+
+MAX_SUMMARY_CHARS = 1 << 20
+
+
+class CheckpointUseCases:
+    def __init__(
+        self, store: EventStore, blocking: Blocking, hub: WatchHub, clock: Clock, ids: IdSource
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._hub = hub
+        self._clock = clock
+        self._ids = ids
+
+    async def create(self, template: Checkpoint, request_id: str = "") -> Checkpoint:
+        sid = template.session_id
+        check_id("checkpoint.session_id", sid)
+        check_id("request_id", request_id, required=False)
+        if not template.summary.strip():
+            raise invalid("checkpoint.summary", "a checkpoint needs a summary")
+        if len(template.summary) > MAX_SUMMARY_CHARS:
+            raise invalid("checkpoint.summary", f"summary is over {MAX_SUMMARY_CHARS} characters")
+        session = await self._blocking.run(self._store.get_session, sid)
+        n = template.covers_through_seq
+        if not 1 <= n <= session.head_seq:
+            raise CtxccError(
+                Reason.CHECKPOINT_INVALID,
+                f"covers_through_seq {n} is outside the log (1..{session.head_seq})",
+                head_seq=str(session.head_seq),
+            )
+        if request_id:
+            # The id derives from the request id, so a retry finds the first checkpoint.
+            ckpt_id = "c-" + hashlib.sha256(f"{sid}\x00{request_id}".encode()).hexdigest()[:24]
+            for existing in await self._blocking.run(self._store.list_checkpoints, sid):
+                if existing.checkpoint_id == ckpt_id:
+                    return existing
+        else:
+            ckpt_id = self._ids.new_id("c-")
+        events = await self._blocking.run(self._store.read_events, sid, 0, None, frozenset(), n)
+        digest = events_digest(events)
+        if template.covered_digest and template.covered_digest != digest:
+            raise CtxccError(
+                Reason.CHECKPOINT_INVALID,
+                "covered_digest does not match events 1.."
+                f"{n} of the log; recompute it from a fresh compaction request",
+            )
+        checkpoint = dataclasses.replace(
+            template,
+            checkpoint_id=ckpt_id,
+            covered_digest=digest,
+            create_time_ns=self._clock.now_ns(),
+        )
+        await self._blocking.run(self._store.put_checkpoint, checkpoint)
+        self._hub.publish(sid, [checkpoint], session.head_seq)
+        return checkpoint
+
+    async def list_for(self, session_id: str) -> list[Checkpoint]:
+        check_id("session_id", session_id)
+        await self._blocking.run(self._store.get_session, session_id)
+        return await self._blocking.run(self._store.list_checkpoints, session_id)

@@ -1,0 +1,168 @@
+"""Compile and usage use cases: load everything, call the pure core, record, publish."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
+from server.compiler.compile import CompileInputs, compile_view
+from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
+from server.compiler.tokens import TokenCounter
+from server.compiler.view import CompiledView, EstimateMethod, SectionKind
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.families import family_of
+from server.domain.model import Route
+from server.domain.records import CompileRecord, RouteState, Usage
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.ports import Clock, EventStore, IdSource, Telemetry
+from server.service.watch import CompileNotice, WatchHub
+
+
+@dataclass(frozen=True, slots=True)
+class CompileOptions:
+    """One compile request, transport-neutral."""
+
+    session_id: str
+    route: Route
+    limits: ModelLimits = ModelLimits()
+    as_of_seq: int = 0
+    approval_mode: ApprovalMode | None = None
+    working_directory: str = ""
+    platform: str = ""
+    shell: str = ""
+    exclude_sections: frozenset[SectionKind] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class UsageResult:
+    estimated_input_tokens: int
+    error_tokens: int
+    relative_error: float
+    replayed: bool
+    next_output_reserve: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompilerSettings:
+    kernel_text: str = DEFAULT_KERNEL
+    default_approval: ApprovalMode = ApprovalMode.ON_REQUEST
+    # Time in the environment section is cut to this many seconds so it changes rarely.
+    time_granularity_s: int = 60
+    budget: BudgetConfig = BudgetConfig()
+
+
+class CompileUseCases:
+    def __init__(
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        hub: WatchHub,
+        clock: Clock,
+        ids: IdSource,
+        counter: TokenCounter,
+        settings: CompilerSettings,
+        telemetry: Telemetry,
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._hub = hub
+        self._clock = clock
+        self._ids = ids
+        self._counter = counter
+        self._settings = settings
+        self._telemetry = telemetry
+
+    def _time_text(self) -> str:
+        g = max(1, self._settings.time_granularity_s)
+        seconds = self._clock.now_ns() // 1_000_000_000 // g * g
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+    async def compile(self, opts: CompileOptions) -> CompiledView:
+        started = time.perf_counter()
+        check_id("session_id", opts.session_id)
+        if not opts.route.model:
+            raise invalid("route.model", "route.model is required")
+        session = await self._blocking.run(self._store.get_session, opts.session_id)
+        if opts.as_of_seq > session.head_seq:
+            raise CtxccError(
+                Reason.SEQ_OUT_OF_RANGE,
+                f"as_of_seq {opts.as_of_seq} is beyond the session head {session.head_seq}",
+                head_seq=str(session.head_seq),
+            )
+        boundary = opts.as_of_seq or session.head_seq
+        events = await self._blocking.run(
+            self._store.read_events, opts.session_id, 0, None, frozenset(), boundary
+        )
+        route_state = await self._blocking.run(
+            self._store.get_route_state, opts.session_id, opts.route.route_id
+        )
+        inputs = CompileInputs(
+            compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
+            session=session,
+            events=tuple(events),
+            event_boundary=boundary,
+            route=opts.route,
+            limits=opts.limits,
+            route_state=route_state,
+            kernel_text=self._settings.kernel_text,
+            approval_mode=opts.approval_mode or self._settings.default_approval,
+            environment=EnvironmentInfo(
+                working_directory=opts.working_directory or session.working_directory,
+                platform=opts.platform,
+                shell=opts.shell,
+                time_text=self._time_text(),
+            ),
+            exclude_sections=opts.exclude_sections,
+            budget_config=self._settings.budget,
+        )
+        view = await self._blocking.run(compile_view, inputs, self._counter)
+        record = CompileRecord(
+            compile_id=view.compile_id,
+            session_id=opts.session_id,
+            route=opts.route,
+            event_boundary=boundary,
+            estimated_input_tokens=view.budget.estimated_input_tokens,
+            estimate_method=int(view.budget.estimate_method),
+            create_time_ns=self._clock.now_ns(),
+        )
+        await self._blocking.run(self._store.put_compile, record)
+        notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)
+        self._hub.publish(opts.session_id, [notice], session.head_seq)
+        self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
+        return view
+
+    async def report_usage(self, compile_id: str, route: Route | None, usage: Usage) -> UsageResult:
+        if not compile_id:
+            raise invalid("compile_id", "compile_id is required")
+        record = await self._blocking.run(self._store.get_compile, compile_id)
+        if route is not None and route.route_id != record.route.route_id:
+            raise CtxccError(
+                Reason.ROUTE_MISMATCH,
+                "the usage report's route differs from the route the view was compiled for",
+                compile_id=compile_id,
+            )
+        state = RouteState(
+            route_id=record.route.route_id,
+            baseline_input_tokens=usage.input_tokens,
+            baseline_compile_id=compile_id,
+            last_output_tokens=usage.output_tokens,
+            update_time_ns=self._clock.now_ns(),
+        )
+        stored, replayed = await self._blocking.run(
+            self._store.record_usage, compile_id, usage, state
+        )
+        actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
+        output = stored.usage.output_tokens if stored.usage else usage.output_tokens
+        estimated = stored.estimated_input_tokens
+        if not replayed:
+            method = EstimateMethod(stored.estimate_method).name.lower()
+            self._telemetry.usage_reported(estimated, actual, family_of(stored.route.model), method)
+        return UsageResult(
+            estimated_input_tokens=estimated,
+            error_tokens=actual - estimated,
+            relative_error=(actual - estimated) / actual if actual else 0.0,
+            replayed=replayed,
+            next_output_reserve=output_reserve(ModelLimits(), output, self._settings.budget),
+        )

@@ -1,0 +1,203 @@
+"""Session and event-log use cases: create, read, list, delete, append, watch."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+
+import msgspec
+
+from server.domain.errors import CtxccError, Reason, invalid, too_large
+from server.domain.model import (
+    AppendBatch,
+    AppendResult,
+    BlobRef,
+    DeleteResult,
+    Event,
+    EventKind,
+    NewEvent,
+    Payload,
+    Session,
+    ToolResult,
+)
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.limits import ServiceLimits
+from server.service.ports import Clock, EventStore, IdSource, Telemetry
+from server.service.watch import Closed, Update, WatchHub
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def request_digest(events: Sequence[NewEvent], expected_last_seq: int | None) -> str:
+    """Identity of an append request, to tell a retry from a reused request_id."""
+    h = hashlib.sha256()
+    h.update(_encoder.encode([expected_last_seq, list(events)]))
+    return h.hexdigest()
+
+
+def preview_of(text: str, chars: int) -> str:
+    return text[:chars]
+
+
+class SessionUseCases:
+    def __init__(
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        hub: WatchHub,
+        clock: Clock,
+        ids: IdSource,
+        limits: ServiceLimits,
+        telemetry: Telemetry,
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._hub = hub
+        self._clock = clock
+        self._ids = ids
+        self.limits = limits
+        self._telemetry = telemetry
+
+    async def create(self, template: Session) -> Session:
+        sid = template.session_id or self._ids.new_id("s-")
+        check_id("session.session_id", sid)
+        now = self._clock.now_ns()
+        session = dataclasses.replace(
+            template,
+            session_id=sid,
+            create_time_ns=now,
+            update_time_ns=now,
+            head_seq=0,
+            stored_bytes=0,
+            current_route=None,
+        )
+        return await self._blocking.run(self._store.create_session, session)
+
+    async def get(self, session_id: str) -> Session:
+        check_id("session_id", session_id)
+        return await self._blocking.run(self._store.get_session, session_id)
+
+    async def list_sessions(self, after: str, limit: int, project_id: str) -> list[Session]:
+        return await self._blocking.run(self._store.list_sessions, after, limit, project_id)
+
+    async def delete(self, session_id: str) -> DeleteResult:
+        check_id("session_id", session_id)
+        return await self._blocking.run(self._store.delete_session, session_id)
+
+    def page_size(self, requested: int) -> int:
+        if requested == 0:
+            return self.limits.default_page_size
+        return min(requested, self.limits.max_page_size)
+
+    async def append(
+        self,
+        session_id: str,
+        events: Sequence[NewEvent],
+        request_id: str = "",
+        expected_last_seq: int | None = None,
+    ) -> AppendResult:
+        check_id("session_id", session_id)
+        check_id("request_id", request_id, required=False)
+        if not events:
+            raise invalid("events", "an append needs at least one event")
+        if len(events) > self.limits.max_events_per_append:
+            raise CtxccError(
+                Reason.TOO_MANY_EVENTS,
+                f"{len(events)} events in one append, over the limit of "
+                f"{self.limits.max_events_per_append}",
+                limit=str(self.limits.max_events_per_append),
+            )
+        digest = request_digest(events, expected_last_seq)
+        prepared: list[NewEvent] = []
+        blobs: dict[str, bytes] = {}
+        size = 0
+        for i, new in enumerate(events):
+            check_id(f"events[{i}].event_id", new.event_id, required=False)
+            payload, blob = self._externalize(i, new.payload)
+            if blob is not None:
+                blobs[blob[0]] = blob[1]
+            encoded = len(_encoder.encode(payload))
+            if encoded > self.limits.max_event_bytes:
+                raise too_large(f"events[{i}]", encoded, self.limits.max_event_bytes)
+            size += encoded
+            prepared.append(NewEvent(new.event_id or self._ids.new_id("e-"), payload))
+        batch = AppendBatch(
+            session_id=session_id,
+            events=tuple(prepared),
+            now_ns=self._clock.now_ns(),
+            request_id=request_id,
+            request_digest=digest,
+            expected_last_seq=expected_last_seq,
+            blobs=tuple(sorted(blobs.items())),
+        )
+        result = await self._blocking.run(self._store.append, batch)
+        if not result.replayed:
+            self._telemetry.appended(len(prepared), size + sum(len(b) for b in blobs.values()))
+            published: list[Update] = [
+                Event(seq, new.event_id, batch.now_ns, new.payload)
+                for seq, new in zip(
+                    range(result.first_seq, result.last_seq + 1), prepared, strict=True
+                )
+            ]
+            self._hub.publish(session_id, published, result.last_seq)
+        return result
+
+    def _externalize(
+        self, index: int, payload: Payload
+    ) -> tuple[Payload, tuple[str, bytes] | None]:
+        """Move a large inline tool result to a content-addressed blob (R-TOOL-3)."""
+        if not isinstance(payload, ToolResult) or payload.text is None:
+            return payload, None
+        data = payload.text.encode()
+        if len(data) > self.limits.max_tool_result_bytes:
+            raise too_large(
+                f"events[{index}].tool_result.text", len(data), self.limits.max_tool_result_bytes
+            )
+        if len(data) <= self.limits.blob_threshold_bytes:
+            return payload, None
+        sha = hashlib.sha256(data).hexdigest()
+        ref = BlobRef(sha, len(data), preview_of(payload.text, self.limits.blob_preview_chars))
+        return dataclasses.replace(payload, text=None, blob=ref), (sha, data)
+
+    async def list_events(
+        self,
+        session_id: str,
+        after_seq: int,
+        limit: int,
+        kinds: frozenset[EventKind],
+    ) -> list[Event]:
+        check_id("session_id", session_id)
+        await self.get(session_id)
+        return await self._blocking.run(
+            self._store.read_events, session_id, after_seq, limit, kinds
+        )
+
+    async def watch(self, session_id: str, after_seq: int) -> AsyncIterator[Update]:
+        """Backlog after `after_seq` from the log, then live updates, without gaps or repeats."""
+        await self.get(session_id)
+        async with self._hub.subscribe(session_id) as watcher:
+            self._telemetry.watchers_changed(1)
+            try:
+                last = after_seq
+                while True:  # catch up in pages; live updates queue up meanwhile
+                    page = await self._blocking.run(
+                        self._store.read_events, session_id, last, self.limits.max_page_size
+                    )
+                    for event in page:
+                        last = event.seq
+                        yield event
+                    if len(page) < self.limits.max_page_size:
+                        break
+                while True:
+                    update = await watcher.queue.get()
+                    if isinstance(update, Closed):
+                        return
+                    if isinstance(update, Event):
+                        if update.seq <= last:
+                            continue  # already sent from the backlog
+                        last = update.seq
+                    yield update
+            finally:
+                self._telemetry.watchers_changed(-1)

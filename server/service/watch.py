@@ -1,0 +1,87 @@
+"""Fan-out of session updates to watchers, on the event loop.
+
+A watcher has a bounded queue. Publishing never waits: when a queue is full its
+backlog is dropped and replaced by one Resync marker carrying the session head, so a
+stalled watcher costs appends nothing and learns exactly where to re-read from.
+Order is never changed: items leave each queue in publish order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from server.domain.model import Event
+from server.domain.records import Checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class CompileNotice:
+    compile_id: str
+    event_boundary: int
+    estimated_input_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resync:
+    head_seq: int
+
+
+Update = Event | Checkpoint | CompileNotice | Resync
+
+
+class Closed:
+    """Sentinel: the daemon is shutting down; the watch stream ends cleanly."""
+
+
+class Watcher:
+    def __init__(self, size: int) -> None:
+        self.queue: asyncio.Queue[Update | Closed] = asyncio.Queue(maxsize=size)
+
+    def close(self) -> None:
+        while self.queue.full():
+            self.queue.get_nowait()
+        self.queue.put_nowait(Closed())
+
+    def offer(self, update: Update, head_seq: int) -> None:
+        try:
+            self.queue.put_nowait(update)
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(Resync(head_seq))
+
+
+class WatchHub:
+    def __init__(self, queue_size: int) -> None:
+        self._size = queue_size
+        self._watchers: dict[str, set[Watcher]] = defaultdict(set)
+
+    @asynccontextmanager
+    async def subscribe(self, session_id: str) -> AsyncIterator[Watcher]:
+        watcher = Watcher(self._size)
+        self._watchers[session_id].add(watcher)
+        try:
+            yield watcher
+        finally:
+            watchers = self._watchers.get(session_id)
+            if watchers is not None:
+                watchers.discard(watcher)
+                if not watchers:
+                    del self._watchers[session_id]
+
+    def publish(self, session_id: str, updates: list[Update], head_seq: int) -> None:
+        for watcher in self._watchers.get(session_id, ()):
+            for update in updates:
+                watcher.offer(update, head_seq)
+
+    def close_all(self) -> None:
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.close()
+
+    def count(self) -> int:
+        return sum(len(w) for w in self._watchers.values())

@@ -1,0 +1,135 @@
+"""ctxcc.v1.CompileService over the compile, usage and checkpoint use cases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from ctxcc.v1 import compile_service_pb2 as pb
+from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
+from server.domain.errors import CtxccError, invalid
+from server.domain.records import Usage
+from server.service.checkpoints import CheckpointUseCases
+from server.service.compiling import CompileUseCases
+from server.service.sessions import SessionUseCases
+from server.transport.base import ObservedServicer, RpcObserver
+from server.transport.convert_events import events_in, route_in
+from server.transport.convert_misc import checkpoint_in, checkpoint_out
+from server.transport.convert_view import compile_options_in, view_out
+from server.transport.errors import CODES, internal_error, streaming, unary
+from server.transport.paging import decode_token, encode_token
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class CompileServicer(ObservedServicer, pb_grpc.CompileServiceServicer):
+    def __init__(
+        self,
+        compiles: CompileUseCases,
+        sessions: SessionUseCases,
+        checkpoints: CheckpointUseCases,
+        observer: RpcObserver,
+    ) -> None:
+        super().__init__(observer)
+        self._c = compiles
+        self._s = sessions
+        self._k = checkpoints
+
+    @unary
+    async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
+        view = await self._c.compile(compile_options_in(request))
+        return pb.CompileResponse(view=view_out(view))
+
+    @streaming
+    async def CompileStream(
+        self, request: AsyncIterator[pb.CompileStreamRequest], context: Ctx
+    ) -> AsyncIterator[pb.CompileStreamResponse]:
+        async for msg in request:
+            yield await self._step(msg)
+
+    async def _step(self, msg: pb.CompileStreamRequest) -> pb.CompileStreamResponse:
+        """One step; its failure is reported in-band so the stream stays open."""
+        out = pb.CompileStreamResponse()
+        try:
+            match msg.WhichOneof("request"):
+                case "step":
+                    step = msg.step
+                    out.step_id = step.step_id
+                    if step.events:
+                        expected = (
+                            step.expected_last_seq if step.HasField("expected_last_seq") else None
+                        )
+                        result = await self._s.append(
+                            step.compile.session_id,
+                            events_in(list(step.events)),
+                            step.request_id,
+                            expected,
+                        )
+                        out.append.CopyFrom(
+                            pb.AppendResult(
+                                first_seq=result.first_seq,
+                                last_seq=result.last_seq,
+                                replayed=result.replayed,
+                            )
+                        )
+                    view = await self._c.compile(compile_options_in(step.compile))
+                case "resume":
+                    view = await self._c.compile(compile_options_in(msg.resume.compile))
+                case _:
+                    raise invalid("request", "a stream message needs a step or a resume")
+            out.view.CopyFrom(view_out(view))
+        except CtxccError as err:
+            out.error.CopyFrom(_step_error(err))
+        except Exception as exc:
+            out.error.CopyFrom(_step_error(internal_error(exc)))
+        return out
+
+    @unary
+    async def ReportUsage(
+        self, request: pb.ReportUsageRequest, context: Ctx
+    ) -> pb.ReportUsageResponse:
+        usage = Usage(
+            input_tokens=request.input_tokens,
+            output_tokens=request.output_tokens,
+            cached_input_tokens=request.cached_input_tokens,
+            reasoning_tokens=request.reasoning_tokens,
+        )
+        route = route_in(request.route) if request.HasField("route") else None
+        result = await self._c.report_usage(request.compile_id, route, usage)
+        return pb.ReportUsageResponse(
+            estimated_input_tokens=result.estimated_input_tokens,
+            error_tokens=result.error_tokens,
+            relative_error=result.relative_error,
+            replayed=result.replayed,
+            next_output_reserve=result.next_output_reserve,
+        )
+
+    @unary
+    async def CreateCheckpoint(
+        self, request: pb.CreateCheckpointRequest, context: Ctx
+    ) -> pb.CreateCheckpointResponse:
+        stored = await self._k.create(checkpoint_in(request.checkpoint), request.request_id)
+        return pb.CreateCheckpointResponse(checkpoint=checkpoint_out(stored))
+
+    @unary
+    async def ListCheckpoints(
+        self, request: pb.ListCheckpointsRequest, context: Ctx
+    ) -> pb.ListCheckpointsResponse:
+        query = {"s": request.session_id}
+        token = decode_token(request.page_token, query)
+        start = int(token) if token is not None else 0
+        size = self._s.page_size(request.page_size)
+        found = await self._k.list_for(request.session_id)
+        page = found[start : start + size]
+        more = start + size < len(found)
+        return pb.ListCheckpointsResponse(
+            checkpoints=[checkpoint_out(c) for c in page],
+            next_page_token=encode_token(start + size, query) if more else "",
+        )
+
+
+def _step_error(err: CtxccError) -> pb.StepError:
+    code = CODES[err.reason]
+    return pb.StepError(code=code.value[0], reason=err.reason.value, message=err.message)

@@ -1,0 +1,150 @@
+"""CompiledView (domain) -> ctxcc.v1.CompiledView, and compile requests in."""
+
+from __future__ import annotations
+
+from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2, tool_pb2, view_pb2
+from server.compiler.budget import ModelLimits
+from server.compiler.system import ApprovalMode
+from server.compiler.view import CompiledView, SectionKind, ViewMessage, ViewTool
+from server.domain.errors import invalid
+from server.service.compiling import CompileOptions
+from server.transport.convert_events import artifact_out, call_out, route_in, route_out
+
+
+def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOptions:
+    if not req.HasField("route"):
+        raise invalid("route", "route is required (at least route.model)")
+    approval = None
+    if req.approval_mode:
+        if req.approval_mode not in {int(m) for m in ApprovalMode}:
+            raise invalid("approval_mode", f"unknown approval_mode {req.approval_mode}")
+        approval = ApprovalMode(req.approval_mode)
+    excluded: set[SectionKind] = set()
+    for value in req.exclude_sections:
+        if value not in {int(k) for k in SectionKind}:
+            raise invalid("exclude_sections", f"unknown section kind {value}")
+        excluded.add(SectionKind(value))
+    lim = req.limits
+    limits = ModelLimits(
+        context_window=lim.context_window,
+        max_output_tokens=lim.max_output_tokens,
+        max_input_tokens=lim.max_input_tokens,
+        accepts_images=lim.accepts_images if lim.HasField("accepts_images") else True,
+    )
+    return CompileOptions(
+        session_id=req.session_id,
+        route=route_in(req.route),
+        limits=limits,
+        as_of_seq=req.as_of_seq,
+        approval_mode=approval,
+        working_directory=req.environment.working_directory,
+        platform=req.environment.platform,
+        shell=req.environment.shell,
+        exclude_sections=frozenset(excluded),
+    )
+
+
+def _message_out(m: ViewMessage) -> view_pb2.ViewMessage:
+    out = view_pb2.ViewMessage(
+        role=event_pb2.MessageRole.ValueType(int(m.role)),
+        tool_call_id=m.tool_call_id,
+        tool_name=m.tool_name,
+        layer=view_pb2.Layer.ValueType(int(m.layer)),
+        first_seq=m.first_seq,
+        last_seq=m.last_seq,
+        origin_session_id=m.origin_session_id,
+        tokens=m.tokens,
+        synthetic=m.synthetic,
+        is_error=m.is_error,
+    )
+    for part in m.parts:
+        authority = common_pb2.Authority.ValueType(int(part.authority))
+        if part.text is not None:
+            out.parts.append(view_pb2.ViewPart(text=part.text, authority=authority))
+        elif part.attachment is not None:
+            att = view_pb2.ViewAttachment(ref=artifact_out(part.attachment))
+            out.parts.append(view_pb2.ViewPart(attachment=att, authority=authority))
+    out.tool_calls.extend(call_out(c) for c in m.tool_calls)
+    return out
+
+
+def _tool_out(t: ViewTool) -> view_pb2.ViewTool:
+    spec = t.spec
+    return view_pb2.ViewTool(
+        definition=tool_pb2.ToolDefinition(
+            name=spec.name,
+            description=spec.description,
+            input_schema_json=spec.input_schema_json,
+            visibility=tool_pb2.ToolVisibility.ValueType(int(spec.visibility)),
+            search_keywords=list(spec.search_keywords),
+        ),
+        origin=view_pb2.ToolOrigin.ValueType(int(t.origin)),
+        tokens=t.tokens,
+    )
+
+
+def view_out(v: CompiledView) -> view_pb2.CompiledView:
+    b = v.budget
+    out = view_pb2.CompiledView(
+        compile_id=v.compile_id,
+        session_id=v.session_id,
+        event_boundary=v.event_boundary,
+        route=route_out(v.route),
+        route_id=v.route.route_id,
+        system_prompt=v.system_prompt,
+        prefix_digest=v.prefix_digest,
+        changed_sections=[view_pb2.SectionKind.ValueType(int(k)) for k in v.changed_sections],
+        pressure_layer=view_pb2.Layer.ValueType(int(v.pressure_layer)),
+        budget=view_pb2.Budget(
+            context_window=b.context_window,
+            output_reserve=b.output_reserve,
+            input_budget=b.input_budget,
+            history_high_watermark=b.history_high_watermark,
+            estimated_input_tokens=b.estimated_input_tokens,
+            estimate_method=view_pb2.EstimateMethod.ValueType(int(b.estimate_method)),
+            utilization=b.utilization,
+            baseline_tokens=b.baseline_tokens,
+            window_unknown=b.window_unknown,
+        ),
+        decision=view_pb2.Decision.ValueType(int(v.decision)),
+        fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in v.fallback_reasons],
+        checkpoint_id=v.checkpoint_id,
+        notes=list(v.notes),
+    )
+    for s in v.system_sections:
+        out.system_sections.append(
+            view_pb2.SystemSection(
+                kind=view_pb2.SectionKind.ValueType(int(s.kind)),
+                sources=list(s.sources),
+                scope=common_pb2.Scope.ValueType(int(s.scope)),
+                authority=common_pb2.Authority.ValueType(int(s.authority)),
+                text=s.text,
+                tokens=s.tokens,
+                truncated=s.truncated,
+                stable=s.stable,
+            )
+        )
+    out.messages.extend(_message_out(m) for m in v.messages)
+    out.tools.extend(_tool_out(t) for t in v.tools)
+    for row in v.layers:
+        out.layers.append(
+            view_pb2.LayerTokens(
+                layer=view_pb2.Layer.ValueType(int(row.layer)), tokens=row.tokens, items=row.items
+            )
+        )
+    if v.provider_state is not None:
+        ps = v.provider_state
+        out.provider_state.CopyFrom(
+            common_pb2.ProviderNativeState(route_id=ps.route_id, kind=ps.kind, data=ps.data)
+        )
+    if v.compaction is not None:
+        c = v.compaction
+        out.compaction.CopyFrom(
+            view_pb2.CompactionRequest(
+                from_seq=c.from_seq,
+                through_seq=c.through_seq,
+                prompt=c.prompt,
+                covered_digest=c.covered_digest,
+            )
+        )
+    return out

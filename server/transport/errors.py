@@ -1,0 +1,145 @@
+"""The one table from domain reasons to gRPC codes, and the guard every RPC runs in.
+
+Errors leave as `google.rpc.Status` with one `google.rpc.ErrorInfo` (domain
+"ctxcc.dev", reason = the ErrorReason name without prefix). Unknown exceptions become
+INTERNAL with a correlation id; the traceback stays in the daemon's log.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from server.domain.errors import CtxccError, Reason
+
+log = logging.getLogger("ctxcc.transport")
+
+DOMAIN = "ctxcc.dev"
+
+CODES: dict[Reason, grpc.StatusCode] = {
+    Reason.INVALID_FIELD: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.FIELD_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.SESSION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.SESSION_ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.SEQUENCE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.REQUEST_ID_REUSED: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.EVENT_ID_CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
+    Reason.TOO_MANY_EVENTS: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.QUOTA_EXCEEDED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.ARTIFACT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.ARTIFACT_CHECKSUM_MISMATCH: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.ARTIFACT_TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.COMPILE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.ROUTE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.CHECKPOINT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.CHECKPOINT_INVALID: grpc.StatusCode.FAILED_PRECONDITION,
+    Reason.TOOL_RESULT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.SOURCE_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    Reason.INVALID_PAGE_TOKEN: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.INVALID_PATTERN: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    Reason.SHUTTING_DOWN: grpc.StatusCode.UNAVAILABLE,
+    Reason.STORAGE_FAILURE: grpc.StatusCode.UNAVAILABLE,
+    Reason.INTERNAL: grpc.StatusCode.INTERNAL,
+    Reason.PATH_OUTSIDE_ROOT: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.SEQ_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+}
+
+
+def status_for(err: CtxccError) -> grpc.Status:
+    info = error_details_pb2.ErrorInfo(
+        reason=err.reason.value, domain=DOMAIN, metadata=err.metadata
+    )
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    code = CODES[err.reason]
+    status = status_pb2.Status(code=code.value[0], message=err.message, details=[detail])
+    return rpc_status.to_status(status)
+
+
+def internal_error(exc: BaseException) -> CtxccError:
+    incident = secrets.token_hex(6)
+    log.error("internal error %s", incident, exc_info=exc)
+    return CtxccError(Reason.INTERNAL, f"internal error (incident {incident})", incident=incident)
+
+
+class Observed(Protocol):
+    def observe_rpc(self, method: str, code: str, seconds: float) -> None: ...
+
+
+S = TypeVar("S", bound=Observed)
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+
+
+def unary(
+    fn: Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]],
+) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
+    """Runs a unary (or stream-request) handler with the error table and RPC metrics."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            return await fn(self, request, context)
+        except CtxccError as err:
+            code = CODES[err.reason].name
+            await context.abort_with_status(status_for(err))
+            raise  # abort_with_status raises; this keeps type checkers honest
+        except grpc.aio.AbortError:
+            code = _aborted_code(context)
+            raise
+        except Exception as exc:
+            code = "INTERNAL"
+            await context.abort_with_status(status_for(internal_error(exc)))
+            raise
+        finally:
+            self.observe_rpc(fn.__name__, code, time.perf_counter() - started)
+
+    return wrapper
+
+
+def streaming(
+    fn: Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]],
+) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], AsyncIterator[Resp]]:
+    """The same guard for handlers that stream responses."""
+
+    @functools.wraps(fn)
+    async def wrapper(
+        self: S,
+        request: Req,
+        context: grpc.aio.ServicerContext[Req, Resp],
+    ) -> AsyncIterator[Resp]:
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            async for item in fn(self, request, context):
+                yield item
+        except CtxccError as err:
+            code = CODES[err.reason].name
+            await context.abort_with_status(status_for(err))
+        except grpc.aio.AbortError:
+            code = _aborted_code(context)
+            raise
+        except Exception as exc:
+            code = "INTERNAL"
+            await context.abort_with_status(status_for(internal_error(exc)))
+        finally:
+            self.observe_rpc(fn.__name__, code, time.perf_counter() - started)
+
+    return wrapper
+
+
+def _aborted_code(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    code = context.code()
+    return getattr(code, "name", "UNKNOWN") if code is not None else "UNKNOWN"

@@ -1,0 +1,34 @@
+"""Opaque page tokens: base64 of the last key plus a fingerprint of the query, so a
+token cannot be replayed against a different query."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+
+from server.domain.errors import CtxccError, Reason
+
+
+def _fingerprint(query: object) -> str:
+    return hashlib.sha256(json.dumps(query, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def encode_token(last: str | int, query: object) -> str:
+    raw = json.dumps({"l": last, "q": _fingerprint(query)}).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def decode_token(token: str, query: object) -> str | int | None:
+    if not token:
+        return None
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        last = data["l"]
+        ok = data["q"] == _fingerprint(query) and isinstance(last, str | int)
+    except (ValueError, KeyError, TypeError):
+        ok, last = False, None
+    if not ok:
+        raise CtxccError(Reason.INVALID_PAGE_TOKEN, "page_token is malformed or from another query")
+    assert isinstance(last, str | int)
+    return last

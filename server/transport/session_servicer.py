@@ -1,0 +1,121 @@
+"""ctxcc.v1.SessionService over the session use cases."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from ctxcc.v1 import session_service_pb2 as pb
+from ctxcc.v1 import session_service_pb2_grpc as pb_grpc
+from server.domain.errors import invalid
+from server.domain.model import Event, EventKind
+from server.domain.records import Checkpoint
+from server.service.sessions import SessionUseCases
+from server.service.watch import CompileNotice, Resync
+from server.transport.base import ObservedServicer, RpcObserver
+from server.transport.convert_events import event_out, events_in, session_in, session_out
+from server.transport.convert_misc import checkpoint_out
+from server.transport.errors import streaming, unary
+from server.transport.paging import decode_token, encode_token
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+class SessionServicer(ObservedServicer, pb_grpc.SessionServiceServicer):
+    def __init__(self, sessions: SessionUseCases, observer: RpcObserver) -> None:
+        super().__init__(observer)
+        self._s = sessions
+
+    @unary
+    async def CreateSession(
+        self, request: pb.CreateSessionRequest, context: Ctx
+    ) -> pb.CreateSessionResponse:
+        session = await self._s.create(session_in(request.session))
+        return pb.CreateSessionResponse(session=session_out(session))
+
+    @unary
+    async def GetSession(
+        self, request: pb.GetSessionRequest, context: Ctx
+    ) -> pb.GetSessionResponse:
+        return pb.GetSessionResponse(session=session_out(await self._s.get(request.session_id)))
+
+    @unary
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: Ctx
+    ) -> pb.ListSessionsResponse:
+        query = {"project_id": request.project_id}
+        after = decode_token(request.page_token, query)
+        size = self._s.page_size(request.page_size)
+        found = await self._s.list_sessions(str(after or ""), size + 1, request.project_id)
+        page = found[:size]
+        token = encode_token(page[-1].session_id, query) if len(found) > size else ""
+        return pb.ListSessionsResponse(
+            sessions=[session_out(s) for s in page], next_page_token=token
+        )
+
+    @unary
+    async def DeleteSession(
+        self, request: pb.DeleteSessionRequest, context: Ctx
+    ) -> pb.DeleteSessionResponse:
+        result = await self._s.delete(request.session_id)
+        return pb.DeleteSessionResponse(
+            deleted_events=result.deleted_events, deleted_blobs=result.deleted_blobs
+        )
+
+    @unary
+    async def AppendEvents(
+        self, request: pb.AppendEventsRequest, context: Ctx
+    ) -> pb.AppendEventsResponse:
+        expected = request.expected_last_seq if request.HasField("expected_last_seq") else None
+        result = await self._s.append(
+            request.session_id, events_in(list(request.events)), request.request_id, expected
+        )
+        return pb.AppendEventsResponse(
+            first_seq=result.first_seq,
+            last_seq=result.last_seq,
+            event_ids=list(result.event_ids),
+            replayed=result.replayed,
+        )
+
+    @unary
+    async def ListEvents(
+        self, request: pb.ListEventsRequest, context: Ctx
+    ) -> pb.ListEventsResponse:
+        kinds: set[EventKind] = set()
+        for k in request.kinds:
+            if k not in {int(e) for e in EventKind}:
+                raise invalid("kinds", f"unknown event kind {k}")
+            kinds.add(EventKind(k))
+        query = {"s": request.session_id, "a": request.after_seq, "k": sorted(kinds)}
+        token = decode_token(request.page_token, query)
+        after = int(token) if token is not None else request.after_seq
+        size = self._s.page_size(request.page_size)
+        found = await self._s.list_events(request.session_id, after, size + 1, frozenset(kinds))
+        page = found[:size]
+        next_token = encode_token(page[-1].seq, query) if len(found) > size else ""
+        return pb.ListEventsResponse(
+            events=[event_out(e) for e in page], next_page_token=next_token
+        )
+
+    @streaming
+    async def WatchSession(
+        self, request: pb.WatchSessionRequest, context: Ctx
+    ) -> AsyncIterator[pb.WatchSessionResponse]:
+        async for update in self._s.watch(request.session_id, request.after_seq):
+            match update:
+                case Event():
+                    yield pb.WatchSessionResponse(event=event_out(update))
+                case Checkpoint():
+                    yield pb.WatchSessionResponse(checkpoint=checkpoint_out(update))
+                case CompileNotice():
+                    yield pb.WatchSessionResponse(
+                        compile=pb.CompileNotice(
+                            compile_id=update.compile_id,
+                            event_boundary=update.event_boundary,
+                            estimated_input_tokens=update.estimated_input_tokens,
+                        )
+                    )
+                case Resync():
+                    yield pb.WatchSessionResponse(resync=pb.Resync(head_seq=update.head_seq))
