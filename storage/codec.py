@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import msgspec
+from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ctxcc.storage.v1 import records_pb2
 from server.domain.model import KIND_PAYLOADS, Event, EventKind, Payload, kind_of
@@ -45,7 +46,7 @@ def decode_value(data: bytes, cls: type[T]) -> T:
         if rec.type != cls.__name__:
             raise CorruptRecordError(f"expected a {cls.__name__} record, found {rec.type!r}")
         return _decoder(cls).decode(rec.body)
-    except (msgspec.DecodeError, ValueError) as exc:
+    except (msgspec.DecodeError, ProtoDecodeError, ValueError) as exc:
         raise CorruptRecordError(f"undecodable {cls.__name__} record: {exc}") from exc
 
 
@@ -70,7 +71,7 @@ def decode_event(data: bytes, expected_seq: int) -> Event:
         rec = records_pb2.EventRecord.FromString(data)
         cls = KIND_PAYLOADS[EventKind(rec.kind)]
         payload: Payload = _decoder(cls).decode(rec.payload)
-    except (msgspec.DecodeError, ValueError, KeyError) as exc:
+    except (msgspec.DecodeError, ProtoDecodeError, ValueError, KeyError) as exc:
         raise CorruptRecordError(f"undecodable event record at seq {expected_seq}: {exc}") from exc
     if rec.seq != expected_seq:
         raise CorruptRecordError(f"event record says seq {rec.seq}, key says {expected_seq}")

@@ -103,6 +103,9 @@ class RocksKV:
         self._closed = True
         for cf in self._cf.values():
             cf.close()
+        # Column-family handles keep the native DB (and its LOCK) alive until dropped.
+        self._cf.clear()
+        self._handles.clear()
         self._db.close()
         self._lock_file.close()
 

@@ -1,0 +1,93 @@
+"""What only the RocksDB engine can show: persistence, schema checks, the directory lock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from server.domain.model import AppendBatch, ContentPart, NewEvent, Session, UserMessage
+from storage import KVEventStore, StoreLockedError, open_rocks
+from storage.codec import CorruptRecordError
+from storage.kv import Batch
+from storage.schema import SCHEMA_VERSION, SchemaError, ensure_schema
+
+
+def _append(store: KVEventStore, sid: str, text: str, eid: str, rid: str = "") -> None:
+    ev = NewEvent(eid, UserMessage((ContentPart(text=text),)))
+    store.append(AppendBatch(sid, (ev,), now_ns=7, request_id=rid, request_digest="d"))
+
+
+def test_events_survive_reopen_and_retries_stay_idempotent(tmp_path: Path) -> None:
+    store = KVEventStore(open_rocks(tmp_path / "db"))
+    store.create_session(Session("s", 1, 1))
+    _append(store, "s", "hello", "e1", rid="r1")
+    store.close()
+    store = KVEventStore(open_rocks(tmp_path / "db"))
+    try:
+        assert [e.event_id for e in store.read_events("s")] == ["e1"]
+        _append(store, "s", "hello", "e1-retry", rid="r1")  # same request after a restart
+        assert store.get_session("s").head_seq == 1
+        assert store.count_sessions() == 1
+    finally:
+        store.close()
+
+
+def test_second_open_of_a_data_dir_fails_fast(tmp_path: Path) -> None:
+    kv = open_rocks(tmp_path / "db")
+    try:
+        with pytest.raises(StoreLockedError, match="in use by another ctxcc process"):
+            open_rocks(tmp_path / "db")
+    finally:
+        kv.close()
+    open_rocks(tmp_path / "db").close()  # released on close
+
+
+def test_newer_schema_is_refused_and_current_is_stamped(tmp_path: Path) -> None:
+    kv = open_rocks(tmp_path / "db")
+    try:
+        assert ensure_schema(kv) == SCHEMA_VERSION
+        b = Batch()
+        b.put("meta", b"schema_version", str(SCHEMA_VERSION + 1).encode())
+        kv.write(b)
+        with pytest.raises(SchemaError, match="newer than this ctxcc supports"):
+            KVEventStore(kv)
+    finally:
+        kv.close()
+
+
+def test_older_schema_is_migrated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage import schema
+
+    calls: list[int] = []
+
+    def step(kv: object, batch: Batch) -> None:
+        calls.append(1)
+        batch.put("meta", b"migrated", b"yes")
+
+    monkeypatch.setitem(schema.MIGRATIONS, SCHEMA_VERSION, step)
+    kv = open_rocks(tmp_path / "db")
+    try:
+        ensure_schema(kv)
+        assert ensure_schema(kv, target=SCHEMA_VERSION + 1) == SCHEMA_VERSION
+        assert calls == [1]
+        assert kv.get("meta", b"migrated") == b"yes"
+        assert schema.stored_version(kv) == SCHEMA_VERSION + 1
+    finally:
+        kv.close()
+
+
+def test_a_torn_record_is_reported_not_returned(tmp_path: Path) -> None:
+    kv = open_rocks(tmp_path / "db")
+    store = KVEventStore(kv)
+    try:
+        store.create_session(Session("s", 1, 1))
+        _append(store, "s", "hello", "e1")
+        key, value = next(kv.scan("events", b"s\x00", b"s\x01"))
+        b = Batch()
+        b.put("events", key, value[: len(value) // 2])
+        kv.write(b)
+        with pytest.raises(CorruptRecordError):
+            store.read_events("s")
+    finally:
+        store.close()

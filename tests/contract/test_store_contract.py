@@ -1,0 +1,237 @@
+"""One contract, two engines: the in-memory twin and RocksDB must behave the same."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import (
+    AppendBatch,
+    BlobRef,
+    ContentPart,
+    EventKind,
+    NewEvent,
+    Route,
+    Session,
+    ToolResult,
+    UserMessage,
+)
+from server.domain.records import (
+    ArtifactRecord,
+    Checkpoint,
+    CheckpointKind,
+    CompileRecord,
+    RouteState,
+    Usage,
+)
+from storage import KVEventStore, MemoryKV, StoreLimits, open_rocks
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
+    opened: list[KVEventStore] = []
+
+    def make(limits: StoreLimits | None = None) -> KVEventStore:
+        kv = MemoryKV() if request.param == "memory" else open_rocks(tmp_path / "db")
+        store = KVEventStore(kv, limits)
+        opened.append(store)
+        return store
+
+    yield make
+    for s in opened:
+        s.close()
+
+
+def msg(text: str, eid: str) -> NewEvent:
+    return NewEvent(eid, UserMessage((ContentPart(text=text),)))
+
+
+def batch(sid: str, *events: NewEvent, **kw: object) -> AppendBatch:
+    return AppendBatch(sid, tuple(events), now_ns=1, **kw)  # type: ignore[arg-type]
+
+
+def new_store(make_store: object, **kw: int) -> KVEventStore:
+    store = make_store(StoreLimits(**kw) if kw else None)  # type: ignore[operator]
+    assert isinstance(store, KVEventStore)
+    return store
+
+
+def test_appends_are_contiguous_and_ordered(make_store: object) -> None:
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    r1 = st.append(batch("s", msg("a", "e1"), msg("b", "e2")))
+    r2 = st.append(batch("s", msg("c", "e3")))
+    assert (r1.first_seq, r1.last_seq, r2.first_seq, r2.last_seq) == (1, 2, 3, 3)
+    events = st.read_events("s")
+    assert [e.seq for e in events] == [1, 2, 3]
+    assert [e.event_id for e in events] == ["e1", "e2", "e3"]
+    assert st.get_session("s").head_seq == 3
+    assert [e.seq for e in st.read_events("s", after_seq=1, limit=1)] == [2]
+    assert [e.seq for e in st.read_events("s", through_seq=2)] == [1, 2]
+
+
+def test_sessions_do_not_bleed_into_each_other(make_store: object) -> None:
+    # "a" is a prefix of "ab": keys must still keep their events apart.
+    st = new_store(make_store)
+    st.create_session(Session("a", 1, 1))
+    st.create_session(Session("ab", 1, 1))
+    st.append(batch("a", msg("x", "e1")))
+    st.append(batch("ab", msg("y", "e1"), msg("z", "e2")))
+    assert len(st.read_events("a")) == 1
+    assert len(st.read_events("ab")) == 2
+    st.delete_session("a")
+    assert len(st.read_events("ab")) == 2
+
+
+def test_retry_replays_and_reuse_is_refused(make_store: object) -> None:
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    b = batch("s", msg("a", "e1"), request_id="r", request_digest="d1")
+    first = st.append(b)
+    again = st.append(batch("s", msg("a", "e-other"), request_id="r", request_digest="d1"))
+    assert again.replayed and (again.first_seq, again.last_seq) == (first.first_seq, first.last_seq)
+    assert again.event_ids == ("e1",)
+    assert st.get_session("s").head_seq == 1
+    with pytest.raises(CtxccError) as exc:
+        st.append(batch("s", msg("b", "e2"), request_id="r", request_digest="d2"))
+    assert exc.value.reason is Reason.REQUEST_ID_REUSED
+    assert st.get_session("s").head_seq == 1
+
+
+def test_expected_last_seq_and_event_id_conflicts_write_nothing(make_store: object) -> None:
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    st.append(batch("s", msg("a", "e1")))
+    with pytest.raises(CtxccError) as exc:
+        st.append(batch("s", msg("b", "e2"), expected_last_seq=0))
+    assert exc.value.reason is Reason.SEQUENCE_MISMATCH
+    assert exc.value.metadata["head_seq"] == "1"
+    with pytest.raises(CtxccError) as exc:
+        st.append(batch("s", msg("b", "e2"), msg("c", "e1")))
+    assert exc.value.reason is Reason.EVENT_ID_CONFLICT
+    with pytest.raises(CtxccError) as exc:
+        st.append(batch("s", msg("b", "e9"), msg("c", "e9")))
+    assert exc.value.reason is Reason.EVENT_ID_CONFLICT
+    assert st.get_session("s").head_seq == 1
+    assert [e.event_id for e in st.read_events("s")] == ["e1"]
+    assert st.append(batch("s", msg("b", "e2"), expected_last_seq=1)).last_seq == 2
+
+
+def test_quotas(make_store: object) -> None:
+    st = new_store(make_store, max_sessions=2, max_session_bytes=400)
+    st.create_session(Session("a", 1, 1))
+    st.create_session(Session("b", 1, 1))
+    with pytest.raises(CtxccError) as exc:
+        st.create_session(Session("c", 1, 1))
+    assert exc.value.reason is Reason.QUOTA_EXCEEDED
+    with pytest.raises(CtxccError) as exc:
+        st.create_session(Session("a", 1, 1))
+    assert exc.value.reason is Reason.SESSION_ALREADY_EXISTS
+    st.append(batch("a", msg("x" * 100, "e1")))
+    with pytest.raises(CtxccError) as exc:
+        st.append(batch("a", msg("x" * 300, "e2")))
+    assert exc.value.reason is Reason.QUOTA_EXCEEDED
+    assert exc.value.metadata["quota"] == "max_session_bytes"
+    assert st.get_session("a").head_seq == 1
+    st.delete_session("b")
+    st.create_session(Session("c", 1, 1))
+    assert st.count_sessions() == 2
+
+
+def _blob_event(sha: str, eid: str) -> NewEvent:
+    return NewEvent(eid, ToolResult("c", blob=BlobRef(sha, 5, "he")))
+
+
+def test_blobs_are_shared_and_collected_with_their_last_session(make_store: object) -> None:
+    st = new_store(make_store)
+    sha = "a" * 64
+    for sid in ("s1", "s2"):
+        st.create_session(Session(sid, 1, 1))
+        st.append(batch(sid, _blob_event(sha, "e1"), blobs=((sha, b"hello"),)))
+    assert st.get_blob(sha) == b"hello"
+    assert st.delete_session("s1").deleted_blobs == 0
+    assert st.get_blob(sha) == b"hello"
+    result = st.delete_session("s2")
+    assert (result.deleted_events, result.deleted_blobs) == (1, 1)
+    assert st.get_blob(sha) is None
+    with pytest.raises(CtxccError) as exc:
+        st.get_session("s2")
+    assert exc.value.reason is Reason.SESSION_NOT_FOUND
+    assert st.read_events("s2") == []
+
+
+def test_artifacts_checkpoints_compiles_routes(make_store: object) -> None:
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    art = ArtifactRecord("s", "a-1", "image/png", 3, "b" * 64, 1, 1, 5)
+    st.put_artifact(art, b"png")
+    assert st.get_artifact("s", "a-1") == (art, b"png")
+    with pytest.raises(CtxccError) as exc:
+        st.get_artifact("s", "a-2")
+    assert exc.value.reason is Reason.ARTIFACT_NOT_FOUND
+    for t in (10, 20):
+        st.put_checkpoint(
+            Checkpoint(f"c{t}", "s", 1, "sum", None, False, "d", CheckpointKind.BUILTIN, t)
+        )
+    assert [c.checkpoint_id for c in st.list_checkpoints("s")] == ["c20", "c10"]
+    rec = CompileRecord("s:x1", "s", Route(model="m"), 1, 100, 1, 5)
+    st.put_compile(rec)
+    assert st.get_compile("s:x1") == rec
+    state = RouteState(Route(model="m").route_id, 120, "s:x1", 30, 6)
+    stored, replayed = st.record_usage("s:x1", Usage(120, 30), state)
+    assert not replayed and stored.usage == Usage(120, 30)
+    stored2, replayed2 = st.record_usage("s:x1", Usage(999, 1), state)
+    assert replayed2 and stored2.usage == Usage(120, 30)
+    assert st.get_route_state("s", state.route_id) == state
+    with pytest.raises(CtxccError) as exc:
+        st.get_compile("s:nope")
+    assert exc.value.reason is Reason.COMPILE_NOT_FOUND
+    st.delete_session("s")
+    with pytest.raises(CtxccError):
+        st.get_compile("s:x1")
+    assert st.list_checkpoints("s") == []
+    assert st.get_route_state("s", state.route_id) is None
+
+
+def test_list_sessions_pages_in_id_order(make_store: object) -> None:
+    st = new_store(make_store)
+    for sid, project in (("c", "p"), ("a", "p"), ("b", "q"), ("d", "p")):
+        st.create_session(Session(sid, 1, 1, project_id=project))
+    assert [s.session_id for s in st.list_sessions("", 2)] == ["a", "b"]
+    assert [s.session_id for s in st.list_sessions("b", 10)] == ["c", "d"]
+    assert [s.session_id for s in st.list_sessions("", 10, "p")] == ["a", "c", "d"]
+
+
+def test_kind_filter(make_store: object) -> None:
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    st.append(batch("s", msg("a", "e1"), NewEvent("e2", ToolResult("c", text="out"))))
+    only = st.read_events("s", kinds=frozenset({EventKind.TOOL_RESULT}))
+    assert [e.seq for e in only] == [2]
+
+
+def test_concurrent_appends_never_duplicate_or_skip(make_store: object) -> None:
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    errors: list[BaseException] = []
+
+    def worker(w: int) -> None:
+        try:
+            for i in range(25):
+                st.append(batch("s", msg(f"{w}-{i}", f"e-{w}-{i}")))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    events = st.read_events("s")
+    assert [e.seq for e in events] == list(range(1, 201))
+    assert len({e.event_id for e in events}) == 200

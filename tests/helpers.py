@@ -1,0 +1,57 @@
+"""Shared test helpers: error reasons from real gRPC errors, message builders."""
+
+from __future__ import annotations
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2
+
+
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    """The ErrorInfo of a failed call; fails the test if there is none."""
+    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info
+    raise AssertionError(f"no ErrorInfo on error {err!r}")
+
+
+def user(text: str, event_id: str = "") -> event_pb2.Event:
+    ev = event_pb2.Event(event_id=event_id)
+    ev.user_message.parts.add(text=text)
+    return ev
+
+
+def assistant(text: str, *calls: tuple[str, str, str], reasoning: str = "") -> event_pb2.Event:
+    ev = event_pb2.Event()
+    if text:
+        ev.assistant_message.parts.add(text=text)
+    for call_id, name, args in calls:
+        ev.assistant_message.tool_calls.add(call_id=call_id, name=name, arguments_json=args)
+    ev.assistant_message.reasoning = reasoning
+    return ev
+
+
+def tool_result(call_id: str, text: str, name: str = "shell") -> event_pb2.Event:
+    ev = event_pb2.Event()
+    ev.tool_result.call_id = call_id
+    ev.tool_result.tool_name = name
+    ev.tool_result.text = text
+    return ev
+
+
+ROUTE = common_pb2.Route(
+    connection="default", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
+)
+
+
+def compile_request(session_id: str, **kw: object) -> compile_service_pb2.CompileRequest:
+    req = compile_service_pb2.CompileRequest(session_id=session_id, route=ROUTE)
+    for key, value in kw.items():
+        setattr(req, key, value)
+    return req
