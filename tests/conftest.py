@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -19,6 +20,11 @@ from ctxcc.v1 import (
 )
 from server.app import Daemon
 from server.config import Config, resolve
+
+if TYPE_CHECKING:
+    from ctxcc.v1.artifact_service_pb2_grpc import ArtifactServiceAsyncStub
+    from ctxcc.v1.compile_service_pb2_grpc import CompileServiceAsyncStub
+    from ctxcc.v1.session_service_pb2_grpc import SessionServiceAsyncStub
 
 
 @pytest.fixture
@@ -42,9 +48,9 @@ def make_config(data_dir: Path, **overrides: str) -> Config:
 @dataclass
 class Stubs:
     channel: grpc.aio.Channel
-    sessions: session_service_pb2_grpc.SessionServiceStub
-    compiles: compile_service_pb2_grpc.CompileServiceStub
-    artifacts: artifact_service_pb2_grpc.ArtifactServiceStub
+    sessions: SessionServiceAsyncStub
+    compiles: CompileServiceAsyncStub
+    artifacts: ArtifactServiceAsyncStub
 
 
 def stubs_for(target: str) -> Stubs:

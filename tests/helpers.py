@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
@@ -10,7 +12,7 @@ from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2
 
 def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
     """The ErrorInfo of a failed call; fails the test if there is none."""
-    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    trailing: Any = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == "grpc-status-details-bin":
             status = status_pb2.Status.FromString(value)

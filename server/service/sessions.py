@@ -25,7 +25,7 @@ from server.domain.validation import check_id
 from server.service.blocking import Blocking
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
-from server.service.watch import Closed, Update, WatchHub
+from server.service.watch import Closed, Resync, Update, WatchHub
 
 _encoder = msgspec.msgpack.Encoder()
 
@@ -194,6 +194,8 @@ class SessionUseCases:
                     update = await watcher.queue.get()
                     if isinstance(update, Closed):
                         return
+                    if isinstance(update, Resync):
+                        last = max(last, update.head_seq)
                     if isinstance(update, Event):
                         if update.seq <= last:
                             continue  # already sent from the backlog

@@ -46,13 +46,16 @@ class Watcher:
             self.queue.get_nowait()
         self.queue.put_nowait(Closed())
 
-    def offer(self, update: Update, head_seq: int) -> None:
+    def offer(self, update: Update, head_seq: int) -> bool:
+        """Queue an update; on overflow replace the backlog by Resync(head_seq), return False."""
         try:
             self.queue.put_nowait(update)
+            return True
         except asyncio.QueueFull:
             while not self.queue.empty():
                 self.queue.get_nowait()
             self.queue.put_nowait(Resync(head_seq))
+            return False
 
 
 class WatchHub:
@@ -76,7 +79,8 @@ class WatchHub:
     def publish(self, session_id: str, updates: list[Update], head_seq: int) -> None:
         for watcher in self._watchers.get(session_id, ()):
             for update in updates:
-                watcher.offer(update, head_seq)
+                if not watcher.offer(update, head_seq):
+                    break  # the Resync marker's head already covers the rest of the batch
 
     def close_all(self) -> None:
         for watchers in self._watchers.values():

@@ -8,11 +8,15 @@ import pytest
 
 from ctxcc.v1 import (
     common_pb2,
-    compile_service_pb2 as cpb,
     event_pb2,
     session_pb2,
-    session_service_pb2 as spb,
     view_pb2,
+)
+from ctxcc.v1 import (
+    compile_service_pb2 as cpb,
+)
+from ctxcc.v1 import (
+    session_service_pb2 as spb,
 )
 from tests.conftest import Stubs
 from tests.helpers import ROUTE, assistant, compile_request, error_info, tool_result, user

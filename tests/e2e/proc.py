@@ -1,0 +1,95 @@
+"""The daemon as a subprocess, as an operator runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class DaemonProcess:
+    def __init__(self, data_dir: Path, *extra: str, command: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.args = command or [
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoints: dict[str, str | None] = {}
+        self._ready_lines = 0
+
+    def start(self) -> DaemonProcess:
+        self._ready_lines = self.log().count("serving {")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            self.args, cwd=REPO, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
+        )
+        log.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_ready(self, timeout: float = 60) -> dict[str, str | None]:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lines = [ln for ln in self.log().splitlines() if "serving {" in ln]
+            if len(lines) > self._ready_lines:
+                self.endpoints = json.loads(lines[-1].split("serving ", 1)[1])
+                if self.health() == health_pb2.HealthCheckResponse.SERVING:
+                    return self.endpoints
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"daemon not ready in {timeout}s:\n{self.log()}")
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.endpoints['unix']}"
+
+    def health(self, service: str = "") -> int | None:
+        with grpc.insecure_channel(self.target) as ch:
+            try:
+                stub: Any = health_pb2_grpc.HealthStub(ch)
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+            except grpc.RpcError:
+                return None
+            return int(resp.status)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def terminate(self, timeout: float = 15) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def ensure_stopped(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,149 @@
+"""`ctxcc serve` as a process: health, reflection, socket mode, one owner per data
+directory, clean exit on SIGTERM, and `make run`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from ctxcc.v1 import session_pb2, session_service_pb2_grpc
+from ctxcc.v1 import session_service_pb2 as spb
+from tests.e2e.proc import REPO, DaemonProcess
+
+
+@pytest.fixture
+def data_dir(short_tmp: Path) -> Path:
+    return short_tmp / "data"
+
+
+@pytest.fixture
+def daemon_proc(data_dir: Path) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(data_dir).start()
+    try:
+        d.wait_ready()
+        yield d
+    finally:
+        d.ensure_stopped()
+
+
+def test_serves_health_and_reflection_then_exits_zero_on_sigterm(
+    daemon_proc: DaemonProcess, data_dir: Path
+) -> None:
+    assert daemon_proc.health() == health_pb2.HealthCheckResponse.SERVING
+    sock = Path(str(daemon_proc.endpoints["unix"]))
+    assert sock == data_dir / "ctxcc.sock"
+    assert stat.S_IMODE(sock.stat().st_mode) == 0o660
+    with grpc.insecure_channel(str(daemon_proc.endpoints["tcp"])) as ch:
+        stub: Any = reflection_pb2_grpc.ServerReflectionStub(ch)
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        names = {
+            s.name
+            for r in stub.ServerReflectionInfo(iter([req]))
+            for s in r.list_services_response.service
+        }
+        assert {
+            "ctxcc.v1.SessionService",
+            "ctxcc.v1.CompileService",
+            "grpc.health.v1.Health",
+        } <= names
+        session_service_pb2_grpc.SessionServiceStub(ch).CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="kept")), timeout=5
+        )
+    started = time.monotonic()
+    assert daemon_proc.terminate() == 0
+    assert time.monotonic() - started < 10
+    assert "stopped cleanly" in daemon_proc.log()
+    assert not sock.exists()
+    # RocksDB was closed cleanly: a new daemon opens it and finds the session.
+    again = DaemonProcess(data_dir).start()
+    try:
+        again.wait_ready()
+        with grpc.insecure_channel(again.target) as ch:
+            got = session_service_pb2_grpc.SessionServiceStub(ch).GetSession(
+                spb.GetSessionRequest(session_id="kept"), timeout=5
+            )
+            assert got.session.session_id == "kept"
+    finally:
+        assert again.terminate() == 0
+
+
+def test_second_daemon_on_the_same_data_dir_fails_fast(
+    daemon_proc: DaemonProcess, data_dir: Path
+) -> None:
+    started = time.monotonic()
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "none",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert second.returncode == 3
+    assert "in use by another ctxcc process" in second.stderr
+    assert f"pid {daemon_proc.proc.pid}" in second.stderr  # type: ignore[union-attr]
+    assert "Traceback" not in second.stderr
+    assert time.monotonic() - started < 30
+    # The first daemon is unharmed.
+    assert daemon_proc.health() == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_bad_flags_exit_with_a_message_not_a_traceback(short_tmp: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            "serve",
+            "--data-dir",
+            str(short_tmp),
+            "--listen",
+            "nowhere",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 2
+    assert "listen must be host:port" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_make_run_starts_the_daemon(short_tmp: Path) -> None:
+    data = short_tmp / "mk"
+    args = f"--data-dir {data} --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0"
+    d = DaemonProcess(data, command=["make", "--no-print-directory", "run", f"ARGS={args}"])
+    d.start()
+    try:
+        d.wait_ready()
+        assert d.health() == health_pb2.HealthCheckResponse.SERVING
+        # make forwards SIGTERM to nothing: signal the daemon itself, as an operator would.
+        daemon_pid = int((data / "db" / "LOCK.ctxcc").read_text())
+        os.kill(daemon_pid, signal.SIGTERM)
+        assert d.proc is not None and d.proc.wait(15) == 0
+    finally:
+        d.ensure_stopped()

@@ -1,0 +1,60 @@
+"""R-BUD-1..5 with numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.compiler.budget import BudgetConfig, ModelLimits, input_budget, judge, output_reserve
+from server.compiler.view import Decision, EstimateMethod
+
+CFG = BudgetConfig()
+
+
+@pytest.mark.parametrize(
+    ("window", "last_output", "expected"),
+    [
+        (200_000, None, 16_384),  # R-BUD-1: a quarter, capped at 16K
+        (32_768, None, 8_192),  # a quarter of 32K
+        (8_000, None, 2_000),
+        (200_000, 300, 1_024),  # R-BUD-2: 2 x 300 = 600, clamped up to 1K
+        (200_000, 3_000, 6_000),
+        (200_000, 6_000, 8_192),  # 12K clamped down to 8K
+        (0, None, 16_384),  # R-BUD-4: unknown window
+    ],
+)
+def test_output_reserve(window: int, last_output: int | None, expected: int) -> None:
+    assert output_reserve(ModelLimits(context_window=window), last_output, CFG) == expected
+
+
+def test_max_input_cap_wins_when_stricter() -> None:  # R-BUD-3
+    limits = ModelLimits(context_window=200_000, max_input_tokens=100_000)
+    assert input_budget(limits, 16_384, CFG) == 100_000
+    loose = ModelLimits(context_window=200_000, max_input_tokens=190_000)
+    assert input_budget(loose, 16_384, CFG) == 183_616
+
+
+def test_unknown_window_uses_32k_watermark() -> None:  # R-BUD-4
+    budget, decision = judge(ModelLimits(), None, 10_000, EstimateMethod.FULL, 33_000, CFG)
+    assert budget.window_unknown
+    assert budget.history_high_watermark == 32_768
+    assert budget.output_reserve == 16_384
+    assert decision is Decision.COMPACT_RECOMMENDED  # history over the 32K watermark
+
+
+def test_over_budget_is_advice_never_refusal() -> None:  # R-EST-4
+    limits = ModelLimits(context_window=10_000)
+    budget, decision = judge(limits, None, 50_000, EstimateMethod.FULL, 100, CFG)
+    assert decision is Decision.OVER_BUDGET_SEND_ANYWAY
+    assert budget.input_budget == 7_500
+    assert budget.utilization == pytest.approx(50_000 / 7_500, rel=1e-6)
+
+
+def test_configurable_parameters() -> None:  # R-BUD-5
+    cfg = BudgetConfig(first_reserve_max=4_096, dynamic_reserve_max=2_048)
+    assert output_reserve(ModelLimits(context_window=200_000), None, cfg) == 4_096
+    assert output_reserve(ModelLimits(context_window=200_000), 5_000, cfg) == 2_048
+
+
+def test_reserve_never_exceeds_model_max_output() -> None:
+    limits = ModelLimits(context_window=200_000, max_output_tokens=4_096)
+    assert output_reserve(limits, None, CFG) == 4_096

@@ -1,0 +1,64 @@
+"""Configuration precedence (flags > env > file > defaults) and clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.cli import build_parser
+from server.config import SETTINGS, ConfigError, resolve
+
+
+def test_defaults_are_the_embedded_ones() -> None:
+    cfg = resolve({}, env={})
+    assert cfg.data_dir == Path("data")
+    assert cfg.db_path == Path("data/db")
+    assert cfg.socket_path == Path("data/ctxcc.sock")
+    assert cfg.socket_mode == 0o660
+    assert cfg.listen == "127.0.0.1:50551"
+    assert cfg.metrics_listen == "127.0.0.1:9464"
+    assert cfg.durability == "sync"
+
+
+def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
+    f = tmp_path / "ctxcc.toml"
+    f.write_text('listen = "127.0.0.1:1"\nmetrics_listen = "127.0.0.1:2"\ndata_dir = "/f"\n')
+    env = {"CTXCC_CONFIG": str(f), "CTXCC_METRICS_LISTEN": "127.0.0.1:3", "CTXCC_DATA_DIR": "/e"}
+    cfg = resolve({"data_dir": "/flag"}, env=env)
+    assert cfg.data_dir == Path("/flag")
+    assert cfg.metrics_listen == "127.0.0.1:3"
+    assert cfg.listen == "127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"listen": "nonsense"}, "listen must be host:port"),
+        ({"durability": "maybe"}, "durability must be"),
+        ({"workers": "0"}, "workers must be at least 1"),
+        ({"socket": "none", "listen": "none"}, "unreachable"),
+        ({"socket": "/tmp/" + "x" * 120}, "107 bytes"),
+    ],
+)
+def test_bad_settings_are_named(flags: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(flags, env={})
+
+
+def test_unknown_file_keys_are_refused(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("lsten = 'x'\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        resolve({"config": str(f)}, env={})
+
+
+def test_help_names_every_flag_and_env_var() -> None:
+    parser = build_parser()
+    sub: Any = next(a for a in parser._actions if a.dest == "command")
+    text = sub.choices["serve"].format_help()
+    for s in SETTINGS:
+        assert "--" + s.name.replace("_", "-") in text
+        assert "CTXCC_" + s.name.upper() in text
+    assert "--config" in text and "CTXCC_CONFIG" in text

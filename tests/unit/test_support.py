@@ -1,0 +1,45 @@
+"""Canonical digests, page tokens and the watch hub's bounded queues."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.domain.canonical import canonical_bytes, events_digest
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import ContentPart, Event, UserMessage
+from server.service.watch import Resync, WatchHub
+from server.transport.paging import decode_token, encode_token
+
+
+def _ev(seq: int, text: str) -> Event:
+    return Event(seq, f"e{seq}", 123, UserMessage((ContentPart(text=text),)))
+
+
+def test_digest_depends_on_content_not_time() -> None:
+    a = events_digest([_ev(1, "a"), _ev(2, "b")])
+    assert a == events_digest([_ev(1, "a"), Event(2, "e2", 999, _ev(2, "b").payload)])
+    assert a != events_digest([_ev(1, "a"), _ev(2, "c")])
+    # Length prefixes keep ("ab","c") and ("a","bc") apart.
+    assert canonical_bytes(("ab", "c")) != canonical_bytes(("a", "bc"))
+
+
+def test_page_tokens_are_bound_to_their_query() -> None:
+    token = encode_token(42, {"s": "x"})
+    assert decode_token(token, {"s": "x"}) == 42
+    assert decode_token("", {"s": "x"}) is None
+    for bad, query in ((token, {"s": "y"}), ("!!!", {"s": "x"}), ("e30=", {"s": "x"})):
+        with pytest.raises(CtxccError) as exc:
+            decode_token(bad, query)
+        assert exc.value.reason is Reason.INVALID_PAGE_TOKEN
+
+
+async def test_a_full_watcher_gets_a_resync_instead_of_blocking() -> None:
+    hub = WatchHub(queue_size=3)
+    async with hub.subscribe("s") as w:
+        hub.publish("s", [_ev(i, "x") for i in range(1, 6)], head_seq=5)
+        items = [w.queue.get_nowait() for _ in range(w.queue.qsize())]
+        # The backlog was replaced by one marker saying where to re-read from.
+        assert items == [Resync(5)]
+        hub.publish("s", [_ev(6, "y")], head_seq=6)
+        assert w.queue.get_nowait() == _ev(6, "y")
+    assert hub.count() == 0
