@@ -1,0 +1,121 @@
+"""Limits and quotas through a real daemon configured small, and watchers that stall."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ctxcc.v1 import artifact_service_pb2 as apb
+from ctxcc.v1 import session_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import error_info, user
+
+
+@pytest.fixture
+async def small(short_tmp: Path) -> AsyncIterator[Stubs]:
+    cfg = make_config(
+        short_tmp,
+        max_events_per_append="5",
+        max_session_bytes="4000",
+        max_sessions="3",
+    )
+    d = Daemon(cfg)
+    await d.start()
+    s = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        yield s
+    finally:
+        await s.channel.close()
+        await d.stop()
+
+
+async def _create(api: Stubs, sid: str) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+
+
+async def test_limits_answer_with_reasons_and_write_nothing(small: Stubs) -> None:
+    await _create(small, "q")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await small.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="q", events=[user(str(i)) for i in range(6)])
+        )
+    assert (exc.value.code(), error_info(exc.value).reason) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "TOO_MANY_EVENTS",
+    )
+    await small.sessions.AppendEvents(spb.AppendEventsRequest(session_id="q", events=[user("a")]))
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await small.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="q", events=[user("x" * 5000)])
+        )
+    assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error_info(exc.value).metadata["quota"] == "max_session_bytes"
+    data = b"y" * 5000
+    header = apb.ArtifactHeader(
+        session_id="q",
+        mime_type="image/png",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+
+    async def upload() -> AsyncIterator[apb.UploadArtifactRequest]:
+        yield apb.UploadArtifactRequest(header=header)
+        yield apb.UploadArtifactRequest(data=data)
+
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await small.artifacts.UploadArtifact(upload())
+    assert error_info(exc.value).reason == "QUOTA_EXCEEDED"
+    head = (await small.sessions.GetSession(spb.GetSessionRequest(session_id="q"))).session
+    assert head.head_seq == 1
+    await _create(small, "q2")
+    await _create(small, "q3")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await _create(small, "q4")
+    assert error_info(exc.value).metadata["quota"] == "max_sessions"
+    deleted = await small.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="q"))
+    assert deleted.deleted_events == 1
+    await _create(small, "q4")
+
+
+async def test_a_stalled_watcher_never_blocks_appends(api: Stubs) -> None:
+    await _create(api, "slow")
+    stalled = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="slow"))
+    await asyncio.sleep(0.2)  # subscribed, and never read from until the appends are done
+    for i in range(60):
+        await asyncio.wait_for(
+            api.sessions.AppendEvents(
+                spb.AppendEventsRequest(
+                    session_id="slow", events=[user(f"{i}-{k}" + "z" * 2000) for k in range(10)]
+                )
+            ),
+            timeout=10,
+        )
+    head = (await api.sessions.GetSession(spb.GetSessionRequest(session_id="slow"))).session
+    assert head.head_seq == 600
+    # Whatever the watcher could not keep, it learns about: seqs only grow, and any gap
+    # is announced by a resync marker carrying the head to re-read from.
+    last, resynced = 0, 0
+
+    async def drain() -> None:
+        nonlocal last, resynced
+        async for update in stalled:
+            if update.WhichOneof("update") == "resync":
+                resynced = max(resynced, update.resync.head_seq)
+                last = max(last, resynced)
+            elif update.WhichOneof("update") == "event":
+                assert update.event.seq == last + 1 or update.event.seq > resynced >= last
+                last = update.event.seq
+            if last >= 600:
+                return
+
+    await asyncio.wait_for(drain(), timeout=20)
+    stalled.cancel()
