@@ -29,11 +29,15 @@ from ctxcc.v1 import (
     compile_service_pb2_grpc,
     session_service_pb2,
     session_service_pb2_grpc,
+    source_service_pb2,
+    source_service_pb2_grpc,
 )
 from server import __version__
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tokenizer import TiktokenCounter
+from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
+from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL
 from server.config import Config, ConfigError
 from server.service.artifacts import ArtifactUseCases
@@ -42,10 +46,12 @@ from server.service.checkpoints import CheckpointUseCases
 from server.service.compiling import CompilerSettings, CompileUseCases
 from server.service.limits import ServiceLimits
 from server.service.sessions import SessionUseCases
+from server.service.sources import SourceUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
 from server.transport.session_servicer import SessionServicer
+from server.transport.source_servicer import SourceServicer
 from storage import KVEventStore, StoreLimits, open_rocks
 
 log = logging.getLogger("ctxcc")
@@ -56,6 +62,7 @@ SERVICE_NAMES = tuple(
         (session_service_pb2.DESCRIPTOR, "SessionService"),
         (compile_service_pb2.DESCRIPTOR, "CompileService"),
         (artifact_service_pb2.DESCRIPTOR, "ArtifactService"),
+        (source_service_pb2.DESCRIPTOR, "SourceService"),
     )
 )
 
@@ -104,6 +111,26 @@ class Daemon:
             store, self._blocking, self.hub, clock, ids, limits, self.telemetry
         )
         checkpoints = CheckpointUseCases(store, self._blocking, self.hub, clock, ids)
+        workspace = WorkspaceReader(
+            WorkspaceConfig(
+                roots=cfg.workspace_roots,
+                global_dir=cfg.global_dir,
+                instruction_names=cfg.instruction_files,
+            )
+        )
+        sources = SourceUseCases(store, self._blocking, clock, workspace)
+        settings = CompilerSettings(
+            kernel_text=kernel,
+            time_granularity_s=cfg.time_granularity,
+            caps=SourceCaps(
+                instruction_file_chars=cfg.instruction_file_cap,
+                instructions_total_chars=cfg.instructions_cap,
+                skills_chars=cfg.skills_cap,
+                rules_chars=cfg.rules_cap,
+                rule_index_chars=cfg.rule_index_cap,
+                memory_chars=cfg.memory_cap,
+            ),
+        )
         compiles = CompileUseCases(
             store,
             self._blocking,
@@ -111,8 +138,9 @@ class Daemon:
             clock,
             ids,
             TiktokenCounter(),
-            CompilerSettings(kernel_text=kernel),
+            settings,
             self.telemetry,
+            sources,
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
         observe = self.telemetry.rpc_done
@@ -136,6 +164,9 @@ class Daemon:
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(artifacts, observe), server
+        )
+        source_service_pb2_grpc.add_SourceServiceServicer_to_server(
+            SourceServicer(sources, observe), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(

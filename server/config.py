@@ -44,6 +44,25 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact"),
     Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
     Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
+    Setting(
+        "workspace_roots",
+        "",
+        "comma-separated directories a session's project_root may lie under; "
+        "project files are read only there (empty: none)",
+    ),
+    Setting(
+        "global_dir",
+        "",
+        "user-global directory: AGENTS.md/CLAUDE.md/GEMINI.md, skills/, rules/, MEMORY.md",
+    ),
+    Setting("instruction_files", "AGENTS.md,CLAUDE.md,GEMINI.md", "instruction file names"),
+    Setting("time_granularity", "60", "seconds the environment section's time is rounded to"),
+    Setting("instruction_file_cap", "16000", "characters of one instruction file"),
+    Setting("instructions_cap", "48000", "characters of all instruction files"),
+    Setting("skills_cap", "8000", "characters of the skills catalog"),
+    Setting("rules_cap", "16000", "characters of the rules in direct effect"),
+    Setting("rule_index_cap", "4000", "characters of the on-demand rule index"),
+    Setting("memory_cap", "8000", "characters of memory"),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -67,6 +86,16 @@ class Config:
     max_artifact_bytes: int
     max_message_bytes: int
     kernel_file: str
+    workspace_roots: tuple[Path, ...]
+    global_dir: Path | None
+    instruction_files: tuple[str, ...]
+    time_granularity: int
+    instruction_file_cap: int
+    instructions_cap: int
+    skills_cap: int
+    rules_cap: int
+    rule_index_cap: int
+    memory_cap: int
 
     @property
     def db_path(self) -> Path:
@@ -148,6 +177,17 @@ def _int(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) ->
     return value
 
 
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(_csv(value))
+    if any("/" in n or n in {".", ".."} for n in names):
+        raise ConfigError(f"instruction_files takes plain file names, got {value!r}")
+    return names
+
+
 def _build(raw: Mapping[str, str]) -> Config:
     if raw["durability"] not in {"sync", "buffered"}:
         raise ConfigError(f"durability must be 'sync' or 'buffered', got {raw['durability']!r}")
@@ -177,6 +217,16 @@ def _build(raw: Mapping[str, str]) -> Config:
         max_artifact_bytes=_int(raw, "max_artifact_bytes", minimum=1),
         max_message_bytes=_int(raw, "max_message_bytes", minimum=1 << 20),
         kernel_file=raw["kernel_file"],
+        workspace_roots=tuple(Path(p) for p in _csv(raw["workspace_roots"])),
+        global_dir=Path(raw["global_dir"]) if raw["global_dir"] else None,
+        instruction_files=_names(raw["instruction_files"]),
+        time_granularity=_int(raw, "time_granularity", minimum=1),
+        instruction_file_cap=_int(raw, "instruction_file_cap", minimum=100),
+        instructions_cap=_int(raw, "instructions_cap", minimum=100),
+        skills_cap=_int(raw, "skills_cap", minimum=100),
+        rules_cap=_int(raw, "rules_cap", minimum=100),
+        rule_index_cap=_int(raw, "rule_index_cap", minimum=100),
+        memory_cap=_int(raw, "memory_cap", minimum=100),
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

@@ -25,6 +25,16 @@ from server.domain.model import (
     Session,
 )
 from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
+from server.domain.sources import (
+    MemoryEntry,
+    RuleEntry,
+    Scope,
+    SkillEntry,
+    SourceEntry,
+    SourceKind,
+    entry_id,
+    kind_of_entry,
+)
 from storage.codec import decode_event, decode_value, encode_event, encode_value
 from storage.kv import KV, Batch
 from storage.schema import ensure_schema
@@ -33,6 +43,20 @@ _SEP = b"\x00"
 _END = b"\x01"  # sid + _END sorts right after every key with prefix sid + _SEP
 _COUNT_KEY = b"session_count"
 _STRIPES = 256
+# Key suffix of the copy of a session's latest compile record; compile suffixes are hex.
+_LAST_COMPILE = b"\xff"
+_SOURCE_TYPES: dict[SourceKind, type[SourceEntry]] = {
+    SourceKind.MEMORY: MemoryEntry,
+    SourceKind.RULE: RuleEntry,
+    SourceKind.SKILL: SkillEntry,
+}
+
+
+def _source_prefix(kind: SourceKind, scope: Scope | None = None, scope_id: str = "") -> bytes:
+    key = kind.value.encode() + _SEP
+    if scope is not None:
+        key += str(int(scope)).encode() + _SEP + scope_id.encode() + _SEP
+    return key
 
 
 def _be64(n: int) -> bytes:
@@ -45,6 +69,11 @@ def _prefix(session_id: str) -> bytes:
 
 def _key(session_id: str, suffix: bytes) -> bytes:
     return _prefix(session_id) + suffix
+
+
+def _after(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with `prefix` (ends in 0x00)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +172,9 @@ class KVEventStore:
             for cf in ("events", "event_ids", "requests", "artifacts", "checkpoints", "routes"):
                 batch.delete_range(cf, lo, hi)
             batch.delete_range("compiles", lo, hi)
+            for kind in SourceKind:  # session-scoped memory, rules and skills go too
+                prefix = _source_prefix(kind, Scope.SESSION, session_id)
+                batch.delete_range("sources", prefix, _after(prefix))
             batch.delete("sessions", session_id.encode())
             batch.put("meta", _COUNT_KEY, _be64(max(0, self.count_sessions() - 1)))
             self._kv.write(batch)
@@ -317,9 +349,15 @@ class KVEventStore:
 
     def put_compile(self, record: CompileRecord) -> None:
         sid, suffix = split_compile_id(record.compile_id)
+        encoded = encode_value(record)
         batch = Batch()
-        batch.put("compiles", _key(sid, suffix), encode_value(record))
+        batch.put("compiles", _key(sid, suffix), encoded)
+        batch.put("compiles", _key(sid, _LAST_COMPILE), encoded)
         self._kv.write(batch)
+
+    def get_last_compile(self, session_id: str) -> CompileRecord | None:
+        raw = self._kv.get("compiles", _key(session_id, _LAST_COMPILE))
+        return None if raw is None else decode_value(raw, CompileRecord)
 
     def get_compile(self, compile_id: str) -> CompileRecord:
         sid, suffix = split_compile_id(compile_id)
@@ -342,6 +380,34 @@ class KVEventStore:
             batch.put("routes", _key(sid, route_state.route_id.encode()), encode_value(route_state))
             self._kv.write(batch)
             return updated, False
+
+    # -- sources: memory, rules, skills registered over the API ------------------------
+
+    def put_source(self, entry: SourceEntry) -> None:
+        kind = kind_of_entry(entry)
+        key = _source_prefix(kind, entry.scope, entry.scope_id) + entry_id(entry).encode()
+        batch = Batch()
+        batch.put("sources", key, encode_value(entry))
+        self._kv.write(batch)
+
+    def list_sources(
+        self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
+    ) -> list[SourceEntry]:
+        prefix = _source_prefix(kind, scope, scope_id)
+        cls = _SOURCE_TYPES[kind]
+        return [
+            decode_value(raw, cls) for _, raw in self._kv.scan("sources", prefix, _after(prefix))
+        ]
+
+    def delete_source(self, kind: SourceKind, scope: Scope, scope_id: str, ident: str) -> None:
+        key = _source_prefix(kind, scope, scope_id) + ident.encode()
+        if self._kv.get("sources", key) is None:
+            raise CtxccError(
+                Reason.SOURCE_NOT_FOUND, f"{kind.value} {ident!r} does not exist in that scope"
+            )
+        batch = Batch()
+        batch.delete("sources", key)
+        self._kv.write(batch)
 
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None:
         raw = self._kv.get("routes", _key(session_id, route_id.encode()))

@@ -26,19 +26,19 @@ from ctxcc.v1 import common_pb2 as ctxcc_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63txcc/v1/source.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x01\n\x0bMemoryEntry\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x1e\n\x05scope\x18\x02 \x01(\x0e\x32\x0f.ctxcc.v1.Scope\x12\x10\n\x08scope_id\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xed\x01\n\x04Rule\x12\x0f\n\x07rule_id\x18\x01 \x01(\t\x12\x1e\n\x05scope\x18\x02 \x01(\x0e\x32\x0f.ctxcc.v1.Scope\x12\x10\n\x08scope_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12,\n\nactivation\x18\x07 \x01(\x0e\x32\x18.ctxcc.v1.RuleActivation\x12\x12\n\npath_globs\x18\x08 \x03(\t\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xc3\x01\n\x05Skill\x12\x10\n\x08skill_id\x18\x01 \x01(\t\x12\x1e\n\x05scope\x18\x02 \x01(\x0e\x32\x0f.ctxcc.v1.Scope\x12\x10\n\x08scope_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x11\n\tload_hint\x18\x06 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x07 \x01(\x08\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x89\x01\n\x0eRuleActivation\x12\x1f\n\x1bRULE_ACTIVATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16RULE_ACTIVATION_ALWAYS\x10\x01\x12\x1d\n\x19RULE_ACTIVATION_ON_DEMAND\x10\x02\x12\x1b\n\x17RULE_ACTIVATION_MATCHED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63txcc/v1/source.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x01\n\x0bMemoryEntry\x12\x11\n\tmemory_id\x18\x01 \x01(\t\x12\x1e\n\x05scope\x18\x02 \x01(\x0e\x32\x0f.ctxcc.v1.Scope\x12\x10\n\x08scope_id\x18\x03 \x01(\t\x12\x0c\n\x04text\x18\x04 \x01(\t\x12/\n\x0bupdate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x06 \x01(\t\"\xfd\x01\n\x04Rule\x12\x0f\n\x07rule_id\x18\x01 \x01(\t\x12\x1e\n\x05scope\x18\x02 \x01(\x0e\x32\x0f.ctxcc.v1.Scope\x12\x10\n\x08scope_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12,\n\nactivation\x18\x07 \x01(\x0e\x32\x18.ctxcc.v1.RuleActivation\x12\x12\n\npath_globs\x18\x08 \x03(\t\x12/\n\x0bupdate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\n \x01(\t\"\xd3\x01\n\x05Skill\x12\x10\n\x08skill_id\x18\x01 \x01(\t\x12\x1e\n\x05scope\x18\x02 \x01(\x0e\x32\x0f.ctxcc.v1.Scope\x12\x10\n\x08scope_id\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x05 \x01(\t\x12\x11\n\tload_hint\x18\x06 \x01(\t\x12\x0f\n\x07\x65nabled\x18\x07 \x01(\x08\x12/\n\x0bupdate_time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\t \x01(\t*\x89\x01\n\x0eRuleActivation\x12\x1f\n\x1bRULE_ACTIVATION_UNSPECIFIED\x10\x00\x12\x1a\n\x16RULE_ACTIVATION_ALWAYS\x10\x01\x12\x1d\n\x19RULE_ACTIVATION_ON_DEMAND\x10\x02\x12\x1b\n\x17RULE_ACTIVATION_MATCHED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ctxcc.v1.source_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RULEACTIVATION']._serialized_start=678
-  _globals['_RULEACTIVATION']._serialized_end=815
+  _globals['_RULEACTIVATION']._serialized_start=726
+  _globals['_RULEACTIVATION']._serialized_end=863
   _globals['_MEMORYENTRY']._serialized_start=92
-  _globals['_MEMORYENTRY']._serialized_end=237
-  _globals['_RULE']._serialized_start=240
-  _globals['_RULE']._serialized_end=477
-  _globals['_SKILL']._serialized_start=480
-  _globals['_SKILL']._serialized_end=675
+  _globals['_MEMORYENTRY']._serialized_end=253
+  _globals['_RULE']._serialized_start=256
+  _globals['_RULE']._serialized_end=509
+  _globals['_SKILL']._serialized_start=512
+  _globals['_SKILL']._serialized_end=723
 # @@protoc_insertion_point(module_scope)

@@ -60,6 +60,7 @@ class MemoryEntry(_message.Message):
     SCOPE_ID_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     memory_id: _builtins.str
     """Id chosen by the client (1-128 characters of [A-Za-z0-9._-])."""
     scope: _common_pb2.Scope.ValueType
@@ -68,6 +69,8 @@ class MemoryEntry(_message.Message):
     """Project id for PROJECT scope, session id for SESSION scope, empty for GLOBAL."""
     text: _builtins.str
     """The fact, as text."""
+    source: _builtins.str
+    """Where the entry came from: a file path for memory files, empty for API entries."""
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """Last update time."""
@@ -80,10 +83,11 @@ class MemoryEntry(_message.Message):
         scope_id: _builtins.str = ...,
         text: _builtins.str = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_id", b"memory_id", "scope", b"scope", "scope_id", b"scope_id", "text", b"text", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["memory_id", b"memory_id", "scope", b"scope", "scope_id", b"scope_id", "source", b"source", "text", b"text", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -104,6 +108,7 @@ class Rule(_message.Message):
     ACTIVATION_FIELD_NUMBER: _builtins.int
     PATH_GLOBS_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     rule_id: _builtins.str
     """Id chosen by the client (1-128 characters of [A-Za-z0-9._-])."""
     scope: _common_pb2.Scope.ValueType
@@ -118,6 +123,8 @@ class Rule(_message.Message):
     """The rule's full text."""
     activation: Global___RuleActivation.ValueType
     """When the rule enters the prompt."""
+    source: _builtins.str
+    """Where the rule came from: a file path for rule files, empty for API entries."""
     @_builtins.property
     def path_globs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """For MATCHED rules: glob patterns matched against paths named in the active content."""
@@ -138,10 +145,11 @@ class Rule(_message.Message):
         activation: Global___RuleActivation.ValueType = ...,
         path_globs: _abc.Iterable[_builtins.str] | None = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation", b"activation", "description", b"description", "name", b"name", "path_globs", b"path_globs", "rule_id", b"rule_id", "scope", b"scope", "scope_id", b"scope_id", "text", b"text", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activation", b"activation", "description", b"description", "name", b"name", "path_globs", b"path_globs", "rule_id", b"rule_id", "scope", b"scope", "scope_id", b"scope_id", "source", b"source", "text", b"text", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -161,6 +169,7 @@ class Skill(_message.Message):
     LOAD_HINT_FIELD_NUMBER: _builtins.int
     ENABLED_FIELD_NUMBER: _builtins.int
     UPDATE_TIME_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
     skill_id: _builtins.str
     """Id chosen by the client (1-128 characters of [A-Za-z0-9._-])."""
     scope: _common_pb2.Scope.ValueType
@@ -175,6 +184,8 @@ class Skill(_message.Message):
     """How the model loads the skill, e.g. a path to its SKILL.md."""
     enabled: _builtins.bool
     """Disabled skills stay registered but leave the catalog."""
+    source: _builtins.str
+    """Where the skill came from: the SKILL.md path for skill files, empty for API entries."""
     @_builtins.property
     def update_time(self) -> _timestamp_pb2.Timestamp:
         """Last update time."""
@@ -190,10 +201,11 @@ class Skill(_message.Message):
         load_hint: _builtins.str = ...,
         enabled: _builtins.bool = ...,
         update_time: _timestamp_pb2.Timestamp | None = ...,
+        source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "enabled", b"enabled", "load_hint", b"load_hint", "name", b"name", "scope", b"scope", "scope_id", b"scope_id", "skill_id", b"skill_id", "update_time", b"update_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "enabled", b"enabled", "load_hint", b"load_hint", "name", b"name", "scope", b"scope", "scope_id", b"scope_id", "skill_id", b"skill_id", "source", b"source", "update_time", b"update_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

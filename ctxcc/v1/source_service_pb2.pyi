@@ -454,3 +454,53 @@ class DeleteSkillResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteSkillResponse: _TypeAlias = DeleteSkillResponse  # noqa: Y015
+
+@_typing.final
+class LoadRuleRequest(_message.Message):
+    """LoadRuleRequest names a rule as the rule index shows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session whose rules are searched (global, its project, itself, rule files)."""
+    name: _builtins.str
+    """The rule's name (or id)."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadRuleRequest: _TypeAlias = LoadRuleRequest  # noqa: Y015
+
+@_typing.final
+class LoadRuleResponse(_message.Message):
+    """LoadRuleResponse returns the rule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> _source_pb2.Rule:
+        """The rule, text included."""
+
+    def __init__(
+        self,
+        *,
+        rule: _source_pb2.Rule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LoadRuleResponse: _TypeAlias = LoadRuleResponse  # noqa: Y015

@@ -80,6 +80,11 @@ class SourceServiceStub:
                 request_serializer=ctxcc_dot_v1_dot_source__service__pb2.DeleteSkillRequest.SerializeToString,
                 response_deserializer=ctxcc_dot_v1_dot_source__service__pb2.DeleteSkillResponse.FromString,
                 _registered_method=True)
+        self.LoadRule = channel.unary_unary(
+                '/ctxcc.v1.SourceService/LoadRule',
+                request_serializer=ctxcc_dot_v1_dot_source__service__pb2.LoadRuleRequest.SerializeToString,
+                response_deserializer=ctxcc_dot_v1_dot_source__service__pb2.LoadRuleResponse.FromString,
+                _registered_method=True)
 
 
 class SourceServiceServicer:
@@ -149,6 +154,14 @@ class SourceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadRule(self, request, context):
+        """Returns the full text of a rule a session can see (registered or from a rule
+        file), by name. Agents serve the built-in `load_rule` tool with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SourceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +209,11 @@ def add_SourceServiceServicer_to_server(servicer, server):
                     servicer.DeleteSkill,
                     request_deserializer=ctxcc_dot_v1_dot_source__service__pb2.DeleteSkillRequest.FromString,
                     response_serializer=ctxcc_dot_v1_dot_source__service__pb2.DeleteSkillResponse.SerializeToString,
+            ),
+            'LoadRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadRule,
+                    request_deserializer=ctxcc_dot_v1_dot_source__service__pb2.LoadRuleRequest.FromString,
+                    response_serializer=ctxcc_dot_v1_dot_source__service__pb2.LoadRuleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -442,6 +460,33 @@ class SourceService:
             '/ctxcc.v1.SourceService/DeleteSkill',
             ctxcc_dot_v1_dot_source__service__pb2.DeleteSkillRequest.SerializeToString,
             ctxcc_dot_v1_dot_source__service__pb2.DeleteSkillResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ctxcc.v1.SourceService/LoadRule',
+            ctxcc_dot_v1_dot_source__service__pb2.LoadRuleRequest.SerializeToString,
+            ctxcc_dot_v1_dot_source__service__pb2.LoadRuleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,10 @@ class SourceServiceStub:
     """Lists skills of a scope."""
     DeleteSkill: _grpc.UnaryUnaryMultiCallable[_source_service_pb2.DeleteSkillRequest, _source_service_pb2.DeleteSkillResponse]
     """Deletes a skill."""
+    LoadRule: _grpc.UnaryUnaryMultiCallable[_source_service_pb2.LoadRuleRequest, _source_service_pb2.LoadRuleResponse]
+    """Returns the full text of a rule a session can see (registered or from a rule
+    file), by name. Agents serve the built-in `load_rule` tool with it.
+    """
 
 @_typing.type_check_only
 class SourceServiceAsyncStub(SourceServiceStub):
@@ -75,6 +79,10 @@ class SourceServiceAsyncStub(SourceServiceStub):
     """Lists skills of a scope."""
     DeleteSkill: _aio.UnaryUnaryMultiCallable[_source_service_pb2.DeleteSkillRequest, _source_service_pb2.DeleteSkillResponse]  # type: ignore[assignment]
     """Deletes a skill."""
+    LoadRule: _aio.UnaryUnaryMultiCallable[_source_service_pb2.LoadRuleRequest, _source_service_pb2.LoadRuleResponse]  # type: ignore[assignment]
+    """Returns the full text of a rule a session can see (registered or from a rule
+    file), by name. Agents serve the built-in `load_rule` tool with it.
+    """
 
 class SourceServiceServicer(metaclass=_abc_1.ABCMeta):
     """SourceService keeps the memory, rules and skills registered over the API."""
@@ -150,5 +158,15 @@ class SourceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_source_service_pb2.DeleteSkillResponse, _abc.Awaitable[_source_service_pb2.DeleteSkillResponse]]:
         """Deletes a skill."""
+
+    @_abc_1.abstractmethod
+    def LoadRule(
+        self,
+        request: _source_service_pb2.LoadRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_source_service_pb2.LoadRuleResponse, _abc.Awaitable[_source_service_pb2.LoadRuleResponse]]:
+        """Returns the full text of a rule a session can see (registered or from a rule
+        file), by name. Agents serve the built-in `load_rule` tool with it.
+        """
 
 def add_SourceServiceServicer_to_server(servicer: SourceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

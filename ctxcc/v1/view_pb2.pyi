@@ -122,6 +122,8 @@ class _ToolOriginEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolOrigin
     """Built-in tool_search, offered while deferred tools exist."""
     TOOL_ORIGIN_BUILTIN_READ_TOOL_RESULT: _ToolOrigin.ValueType  # 4
     """Built-in history_read_tool_result, offered while the view references a stored result."""
+    TOOL_ORIGIN_BUILTIN_LOAD_RULE: _ToolOrigin.ValueType  # 5
+    """Built-in load_rule, offered while the rule index lists rules (SourceService.LoadRule)."""
 
 class ToolOrigin(_ToolOrigin, metaclass=_ToolOriginEnumTypeWrapper):
     """ToolOrigin says why a tool is in the view."""
@@ -136,6 +138,8 @@ TOOL_ORIGIN_BUILTIN_TOOL_SEARCH: ToolOrigin.ValueType  # 3
 """Built-in tool_search, offered while deferred tools exist."""
 TOOL_ORIGIN_BUILTIN_READ_TOOL_RESULT: ToolOrigin.ValueType  # 4
 """Built-in history_read_tool_result, offered while the view references a stored result."""
+TOOL_ORIGIN_BUILTIN_LOAD_RULE: ToolOrigin.ValueType  # 5
+"""Built-in load_rule, offered while the rule index lists rules (SourceService.LoadRule)."""
 Global___ToolOrigin: _TypeAlias = ToolOrigin  # noqa: Y015
 
 class _EstimateMethod:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
-from server.compiler.projection import project
+from server.compiler.builtin_tools import LOAD_RULE
+from server.compiler.projection import is_user_turn_start, project
+from server.compiler.sources import SourceInputs, build_source_sections, paths_in
 from server.compiler.system import (
     DEFAULT_KERNEL,
     ApprovalMode,
@@ -28,7 +31,15 @@ from server.compiler.view import (
     ToolVisibility,
     ViewTool,
 )
-from server.domain.model import Event, Route, Session
+from server.domain.model import (
+    AssistantMessage,
+    Event,
+    Route,
+    Session,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
 from server.domain.records import RouteState
 
 
@@ -44,7 +55,9 @@ class CompileInputs:
     kernel_text: str = DEFAULT_KERNEL
     approval_mode: ApprovalMode = ApprovalMode.ON_REQUEST
     environment: EnvironmentInfo = EnvironmentInfo()
-    extra_sections: tuple[SystemSection, ...] = ()
+    sources: SourceInputs = SourceInputs()
+    # Section digests of the session's previous compile, to report what changed.
+    previous_sections: tuple[tuple[int, str], ...] | None = None
     exclude_sections: frozenset[SectionKind] = frozenset()
     tools: tuple[ToolSpec, ...] = ()
     budget_config: BudgetConfig = field(default_factory=BudgetConfig)
@@ -59,24 +72,71 @@ def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
     )
 
 
-def _tools(specs: Sequence[ToolSpec], counter: TokenCounter) -> tuple[ViewTool, ...]:
+def _tools(
+    specs: Sequence[ToolSpec],
+    counter: TokenCounter,
+    builtins: Sequence[tuple[ToolSpec, ToolOrigin]],
+) -> tuple[ViewTool, ...]:
     direct = sorted(
         (s for s in specs if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
     )
-    return tuple(ViewTool(s, ToolOrigin.DIRECT, tool_tokens(s, counter)) for s in direct)
+    tools = [ViewTool(s, ToolOrigin.DIRECT, tool_tokens(s, counter)) for s in direct]
+    taken = {s.name for s in direct}
+    # Built-ins come last so registry tools keep their cache-friendly positions.
+    tools += [
+        ViewTool(spec, origin, tool_tokens(spec, counter))
+        for spec, origin in builtins
+        if spec.name not in taken
+    ]
+    return tuple(tools)
+
+
+def section_digests(sections: Sequence[SystemSection]) -> tuple[tuple[int, str], ...]:
+    return tuple((int(s.kind), hashlib.sha256(s.text.encode()).hexdigest()[:32]) for s in sections)
+
+
+def changed_sections(
+    now: tuple[tuple[int, str], ...], before: tuple[tuple[int, str], ...] | None
+) -> tuple[SectionKind, ...]:
+    if before is None:
+        return ()
+    a, b = dict(now), dict(before)
+    return tuple(SectionKind(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+
+
+def active_text(events: Sequence[Event]) -> str:
+    """What the model is working on: the latest user message and every step after it."""
+    start = max((i for i, e in enumerate(events) if is_user_turn_start(e)), default=len(events))
+    chunks: list[str] = []
+    for event in events[start:]:
+        p = event.payload
+        if isinstance(p, UserMessage):
+            chunks.extend(part.text for part in p.parts if part.text)
+        elif isinstance(p, AssistantMessage):
+            chunks.extend(c.arguments_json for c in p.tool_calls)
+        elif isinstance(p, ToolCall):
+            chunks.append(p.arguments_json)
+        elif isinstance(p, ToolResult):
+            chunks.append(p.text if p.text is not None else (p.blob.preview if p.blob else ""))
+    return "\n".join(chunks)
 
 
 def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
+    built = build_source_sections(inputs.sources, paths_in(active_text(inputs.events)), counter)
     sections = assemble(
         kernel_text=inputs.kernel_text,
         approval_mode=inputs.approval_mode,
         environment=inputs.environment,
-        extra=inputs.extra_sections,
+        extra=built.sections,
         exclude=inputs.exclude_sections,
         counter=counter,
     )
+    builtins: list[tuple[ToolSpec, ToolOrigin]] = []
+    if built.loadable_rules and SectionKind.RULE_INDEX not in inputs.exclude_sections:
+        builtins.append((LOAD_RULE, ToolOrigin.BUILTIN_LOAD_RULE))
     messages = project(inputs.events, counter)
-    tools = _tools(inputs.tools, counter)
+    tools = _tools(inputs.tools, counter, builtins)
+    digests = section_digests(sections)
     ledger = {layer: [0, 0] for layer in Layer}
     for s in sections:
         ledger[Layer.PINNED][0] += s.tokens
@@ -113,4 +173,6 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         pressure_layer=pressure,
         budget=budget,
         decision=decision,
+        changed_sections=changed_sections(digests, inputs.previous_sections),
+        notes=built.notes,
     )

@@ -6,6 +6,9 @@ import enum
 from dataclasses import dataclass
 
 from server.domain.model import ArtifactRef, NativeState, Role, Route, ToolCall
+from server.domain.sources import Authority, Scope
+
+__all__ = ["Authority", "Scope"]
 
 
 class SectionKind(enum.IntEnum):
@@ -17,19 +20,6 @@ class SectionKind(enum.IntEnum):
     APPROVAL = 6
     MEMORY = 7
     ENVIRONMENT = 8
-
-
-class Scope(enum.IntEnum):
-    GLOBAL = 1
-    PROJECT = 2
-    SESSION = 3
-
-
-class Authority(enum.IntEnum):
-    KERNEL = 1
-    OPERATOR = 2
-    USER_CONTROLLABLE = 3
-    UNTRUSTED = 4
 
 
 class Layer(enum.IntEnum):
@@ -70,6 +60,7 @@ class ToolOrigin(enum.IntEnum):
     ACTIVATED = 2
     BUILTIN_TOOL_SEARCH = 3
     BUILTIN_READ_TOOL_RESULT = 4
+    BUILTIN_LOAD_RULE = 5
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,8 @@ class CompileRecord:
     estimate_method: int
     create_time_ns: int
     usage: Usage | None = None
+    # (section kind, digest) of the view's system sections, to report changes next time.
+    section_digests: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

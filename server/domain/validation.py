@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 
-from server.domain.errors import invalid
+from server.domain.errors import CtxccError, Reason, invalid
 
 _ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
@@ -15,3 +16,28 @@ def check_id(field: str, value: str, *, required: bool = True) -> str:
     if not _ID.fullmatch(value):
         raise invalid(field, f"{field} must be 1-128 characters of [A-Za-z0-9._-]")
     return value
+
+
+def within(path: str, root: str) -> bool:
+    """Whether normalized absolute `path` is `root` or below it."""
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root if root == "/" else root + "/")
+
+
+def check_session_paths(project_root: str, working_directory: str) -> None:
+    """Session paths are absolute, free of '..', and the working directory lies under
+    the project root. Whether the root is readable is the workspace adapter's call."""
+    for field, raw in (("project_root", project_root), ("working_directory", working_directory)):
+        if raw and (".." in raw.split("/") or not raw.startswith("/")):
+            raise CtxccError(
+                Reason.PATH_OUTSIDE_ROOT,
+                f"{field} must be an absolute path without '..'",
+                field=field,
+            )
+    wd, root = posixpath.normpath(working_directory), posixpath.normpath(project_root)
+    if working_directory and project_root and not within(wd, root):
+        raise CtxccError(
+            Reason.PATH_OUTSIDE_ROOT,
+            "working_directory must lie under project_root",
+            field="working_directory",
+        )

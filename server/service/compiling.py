@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
-from server.compiler.compile import CompileInputs, compile_view
+from server.compiler.compile import CompileInputs, compile_view, section_digests
+from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView, EstimateMethod, SectionKind
@@ -17,6 +18,7 @@ from server.domain.records import CompileRecord, RouteState, Usage
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
+from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
 
 
@@ -51,6 +53,7 @@ class CompilerSettings:
     # Time in the environment section is cut to this many seconds so it changes rarely.
     time_granularity_s: int = 60
     budget: BudgetConfig = BudgetConfig()
+    caps: SourceCaps = SourceCaps()
 
 
 class CompileUseCases:
@@ -64,6 +67,7 @@ class CompileUseCases:
         counter: TokenCounter,
         settings: CompilerSettings,
         telemetry: Telemetry,
+        sources: SourceUseCases,
     ) -> None:
         self._store = store
         self._blocking = blocking
@@ -73,6 +77,7 @@ class CompileUseCases:
         self._counter = counter
         self._settings = settings
         self._telemetry = telemetry
+        self._sources = sources
 
     def _time_text(self) -> str:
         g = max(1, self._settings.time_granularity_s)
@@ -98,6 +103,15 @@ class CompileUseCases:
         route_state = await self._blocking.run(
             self._store.get_route_state, opts.session_id, opts.route.route_id
         )
+        working_directory = opts.working_directory or session.working_directory
+        sources = await self._blocking.run(
+            self._sources.session_sources,
+            session,
+            working_directory,
+            self._settings.caps,
+            opts.exclude_sections,
+        )
+        previous = await self._blocking.run(self._store.get_last_compile, opts.session_id)
         inputs = CompileInputs(
             compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
             session=session,
@@ -109,13 +123,15 @@ class CompileUseCases:
             kernel_text=self._settings.kernel_text,
             approval_mode=opts.approval_mode or self._settings.default_approval,
             environment=EnvironmentInfo(
-                working_directory=opts.working_directory or session.working_directory,
+                working_directory=working_directory,
                 platform=opts.platform,
                 shell=opts.shell,
                 time_text=self._time_text(),
             ),
             exclude_sections=opts.exclude_sections,
             budget_config=self._settings.budget,
+            sources=sources,
+            previous_sections=previous.section_digests if previous else None,
         )
         view = await self._blocking.run(compile_view, inputs, self._counter)
         record = CompileRecord(
@@ -126,6 +142,7 @@ class CompileUseCases:
             estimated_input_tokens=view.budget.estimated_input_tokens,
             estimate_method=int(view.budget.estimate_method),
             create_time_ns=self._clock.now_ns(),
+            section_digests=section_digests(view.system_sections),
         )
         await self._blocking.run(self._store.put_compile, record)
         notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)

@@ -17,6 +17,7 @@ from typing import Protocol
 from server.compiler.view import CompiledView
 from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
 from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
+from server.domain.sources import Scope, SourceEntry, SourceKind, WorkspaceSources
 
 
 class EventStore(Protocol):
@@ -61,6 +62,16 @@ class EventStore(Protocol):
 
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None: ...
 
+    def get_last_compile(self, session_id: str) -> CompileRecord | None: ...
+
+    def put_source(self, entry: SourceEntry) -> None: ...
+
+    def list_sources(
+        self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
+    ) -> list[SourceEntry]: ...
+
+    def delete_source(self, kind: SourceKind, scope: Scope, scope_id: str, ident: str) -> None: ...
+
     def approximate_size(self) -> int: ...
 
     def close(self) -> None: ...
@@ -86,3 +97,9 @@ class Telemetry(Protocol):
     ) -> None: ...
 
     def watchers_changed(self, delta: int) -> None: ...
+
+
+class Workspace(Protocol):
+    """Reads instruction files, skills, rules and memory files under configured roots."""
+
+    def read(self, project_root: str, working_directory: str) -> WorkspaceSources: ...

@@ -21,7 +21,7 @@ from server.domain.model import (
     Session,
     ToolResult,
 )
-from server.domain.validation import check_id
+from server.domain.validation import check_id, check_session_paths
 from server.service.blocking import Blocking
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
@@ -63,6 +63,8 @@ class SessionUseCases:
     async def create(self, template: Session) -> Session:
         sid = template.session_id or self._ids.new_id("s-")
         check_id("session.session_id", sid)
+        check_session_paths(template.project_root, template.working_directory)
+        check_id("session.project_id", template.project_id, required=False)
         now = self._clock.now_ns()
         session = dataclasses.replace(
             template,

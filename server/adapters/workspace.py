@@ -1,0 +1,204 @@
+"""Reads instruction files, skills, rule files and memory files from disk, confined to
+configured roots (R-SYS 2, 3, 4, 7; R-SYS-11).
+
+Confinement: a session's project root must lie under one of `workspace_roots`, its
+working directory under the project root; every file is resolved (symlinks followed)
+and refused when it lands outside the root it was found in. Paths with `..` are
+refused outright. Nothing here raises on a bad file: it is skipped with a note, so a
+broken repository never breaks a compile.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from server.domain.errors import CtxccError
+from server.domain.frontmatter import parse_front_matter
+from server.domain.sources import (
+    InstructionFile,
+    MemoryEntry,
+    RuleActivation,
+    RuleEntry,
+    Scope,
+    SkillEntry,
+    WorkspaceSources,
+)
+from server.domain.validation import check_session_paths, within
+
+# Read at most this much of any one file; caps cut far earlier, this bounds memory.
+MAX_READ_BYTES = 1 << 20
+_ACTIVATIONS = {
+    "always": RuleActivation.ALWAYS,
+    "on_demand": RuleActivation.ON_DEMAND,
+    "on-demand": RuleActivation.ON_DEMAND,
+    "matched": RuleActivation.MATCHED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceConfig:
+    roots: tuple[Path, ...] = ()
+    global_dir: Path | None = None
+    instruction_names: tuple[str, ...] = ("AGENTS.md", "CLAUDE.md", "GEMINI.md")
+    project_skill_dirs: tuple[str, ...] = (".ctxcc/skills", ".claude/skills")
+    project_rule_dir: str = ".ctxcc/rules"
+    project_memory_file: str = ".ctxcc/MEMORY.md"
+
+
+class WorkspaceReader:
+    def __init__(self, cfg: WorkspaceConfig) -> None:
+        self.cfg = cfg
+        self._roots = tuple(Path(os.path.realpath(r)) for r in cfg.roots)
+
+    def _read(self, path: Path, root: Path, notes: list[str]) -> tuple[str, bool] | None:
+        """Text of a regular file resolving under `root`, or None (with a note)."""
+        try:
+            if not path.is_file():
+                return None
+            real = Path(os.path.realpath(path))
+            if not within(str(real), str(root)):
+                notes.append(f"refused {path}: resolves outside {root}")
+                return None
+            with open(real, "rb") as f:
+                data = f.read(MAX_READ_BYTES)
+        except OSError as exc:
+            notes.append(f"skipped {path}: {exc.strerror or exc}")
+            return None
+        try:
+            return data.decode("utf-8"), False
+        except UnicodeDecodeError:
+            return data.decode("utf-8", errors="replace"), True
+
+    def _project_root(self, raw: str, notes: list[str]) -> Path | None:
+        if not raw:
+            return None
+        real = Path(os.path.realpath(raw))
+        if not any(within(str(real), str(r)) for r in self._roots):
+            roots = ", ".join(str(r) for r in self._roots) or "none configured"
+            notes.append(
+                f"project files not read: {raw} is not under a workspace root ({roots}); "
+                "see --workspace-roots"
+            )
+            return None
+        if not real.is_dir():
+            notes.append(f"project files not read: {raw} is not a directory")
+            return None
+        return real
+
+    def read(self, project_root: str, working_directory: str) -> WorkspaceSources:
+        notes: list[str] = []
+        try:
+            check_session_paths(project_root, working_directory)
+        except CtxccError as exc:
+            return WorkspaceSources(notes=(f"project files not read: {exc.message}",))
+        files: list[InstructionFile] = []
+        skills: list[SkillEntry] = []
+        rules: list[RuleEntry] = []
+        memory: list[MemoryEntry] = []
+        g = self.cfg.global_dir
+        if g is not None and g.is_dir():
+            groot = Path(os.path.realpath(g))
+            files += self._instructions([groot], groot, Scope.GLOBAL, notes)
+            skills += self._skills([groot / "skills"], groot, Scope.GLOBAL, notes)
+            rules += self._rules(groot / "rules", groot, Scope.GLOBAL, notes)
+            memory += self._memory(groot / "MEMORY.md", groot, Scope.GLOBAL, notes)
+        root = self._project_root(project_root, notes)
+        if root is not None:
+            files += self._instructions(
+                self._chain(root, working_directory), root, Scope.PROJECT, notes
+            )
+            skills += self._skills(
+                [root / d for d in self.cfg.project_skill_dirs], root, Scope.PROJECT, notes
+            )
+            rules += self._rules(root / self.cfg.project_rule_dir, root, Scope.PROJECT, notes)
+            memory += self._memory(root / self.cfg.project_memory_file, root, Scope.PROJECT, notes)
+        return WorkspaceSources(
+            tuple(files), tuple(skills), tuple(rules), tuple(memory), tuple(notes)
+        )
+
+    def _chain(self, root: Path, working_directory: str) -> list[Path]:
+        """The project root, then each directory down to the working directory."""
+        dirs = [root]
+        if working_directory:
+            wd = Path(os.path.realpath(working_directory))
+            if within(str(wd), str(root)) and wd != root:
+                for part in wd.relative_to(root).parts:
+                    dirs.append(dirs[-1] / part)
+        return dirs
+
+    def _instructions(
+        self, dirs: list[Path], root: Path, scope: Scope, notes: list[str]
+    ) -> list[InstructionFile]:
+        out = []
+        for d in dirs:
+            for name in self.cfg.instruction_names:
+                got = self._read(d / name, root, notes)
+                if got is not None:
+                    out.append(InstructionFile(str(d / name), scope, got[0], got[1]))
+        return out
+
+    def _skills(
+        self, dirs: list[Path], root: Path, scope: Scope, notes: list[str]
+    ) -> list[SkillEntry]:
+        out = []
+        for d in dirs:
+            if not d.is_dir():
+                continue
+            for skill_md in sorted(d.glob("*/SKILL.md")):
+                got = self._read(skill_md, root, notes)
+                if got is None:
+                    continue
+                fields, _ = parse_front_matter(got[0])
+                name, desc = fields.get("name"), fields.get("description")
+                if not isinstance(name, str) or not isinstance(desc, str) or not name:
+                    notes.append(f"skipped {skill_md}: front matter needs name and description")
+                    continue
+                out.append(
+                    SkillEntry(
+                        skill_md.parent.name,
+                        scope,
+                        "",
+                        name,
+                        desc,
+                        load_hint=str(skill_md),
+                        origin=str(skill_md),
+                    )
+                )
+        return out
+
+    def _rules(self, d: Path, root: Path, scope: Scope, notes: list[str]) -> list[RuleEntry]:
+        out: list[RuleEntry] = []
+        if not d.is_dir():
+            return out
+        for path in sorted(d.glob("*.md")):
+            got = self._read(path, root, notes)
+            if got is None:
+                continue
+            fields, body = parse_front_matter(got[0])
+            activation = _ACTIVATIONS.get(str(fields.get("activation", "always")).lower())
+            globs = fields.get("globs", ())
+            if activation is None:
+                notes.append(f"skipped {path}: activation must be always, on_demand or matched")
+                continue
+            out.append(
+                RuleEntry(
+                    rule_id=path.stem,
+                    scope=scope,
+                    scope_id="",
+                    name=str(fields.get("name") or path.stem),
+                    description=str(fields.get("description", "")),
+                    text=body,
+                    activation=activation,
+                    path_globs=(globs,) if isinstance(globs, str) else tuple(globs),
+                    origin=str(path),
+                )
+            )
+        return out
+
+    def _memory(self, path: Path, root: Path, scope: Scope, notes: list[str]) -> list[MemoryEntry]:
+        got = self._read(path, root, notes)
+        if got is None:
+            return []
+        return [MemoryEntry(path.name, scope, "", got[0], origin=str(path))]

@@ -1,0 +1,33 @@
+"""A small front-matter reader for SKILL.md and rule files: `---`, `key: value` lines,
+`---`. Only flat string keys are read (quotes stripped, `[a, b]` lists split); anything
+else is ignored rather than guessed at."""
+
+from __future__ import annotations
+
+
+def parse_front_matter(text: str) -> tuple[dict[str, str | tuple[str, ...]], str]:
+    """Returns (fields, body). Without front matter: ({}, text)."""
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return {}, text
+    fields: dict[str, str | tuple[str, ...]] = {}
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() == "---":
+            return fields, "\n".join(lines[i + 1 :]).lstrip("\n")
+        key, sep, value = line.partition(":")
+        key = key.strip()
+        if not sep or not key or key.startswith("#") or line[:1].isspace():
+            continue
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            items = (_unquote(v.strip()) for v in value[1:-1].split(","))
+            fields[key] = tuple(v for v in items if v)
+        else:
+            fields[key] = _unquote(value)
+    return {}, text  # no closing marker: not front matter
+
+
+def _unquote(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value

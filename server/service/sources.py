@@ -1,0 +1,146 @@
+"""Memory, rules and skills registered over the API, and what a session sees of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TypeVar
+
+from server.compiler.sources import SourceCaps, SourceInputs
+from server.compiler.view import SectionKind
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.model import Session
+from server.domain.sources import (
+    MemoryEntry,
+    RuleActivation,
+    RuleEntry,
+    Scope,
+    SkillEntry,
+    SourceEntry,
+    SourceKind,
+    entry_id,
+)
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.ports import Clock, EventStore, Workspace
+
+MAX_SOURCE_TEXT = 64 << 10
+T = TypeVar("T")
+
+
+def _only(cls: type[T], entries: list[SourceEntry]) -> tuple[T, ...]:
+    return tuple(e for e in entries if isinstance(e, cls))
+
+
+class SourceUseCases:
+    def __init__(
+        self, store: EventStore, blocking: Blocking, clock: Clock, workspace: Workspace
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._clock = clock
+        self._workspace = workspace
+
+    async def _check_scope(self, scope: Scope | None, scope_id: str, *, required: bool) -> None:
+        if scope is None:
+            if required:
+                raise invalid("scope", "scope must be GLOBAL, PROJECT or SESSION")
+            return
+        if scope == Scope.GLOBAL:
+            if scope_id:
+                raise invalid("scope_id", "GLOBAL entries take no scope_id")
+            return
+        check_id("scope_id", scope_id)
+        if scope == Scope.SESSION:
+            await self._blocking.run(self._store.get_session, scope_id)
+
+    async def put(self, entry: SourceEntry) -> SourceEntry:
+        kind = {MemoryEntry: "memory", RuleEntry: "rule", SkillEntry: "skill"}[type(entry)]
+        check_id(f"{kind}.{kind}_id", entry_id(entry))
+        await self._check_scope(entry.scope, entry.scope_id, required=True)
+        texts = dataclasses.asdict(entry)
+        for field in ("text", "name", "description", "load_hint"):
+            value = texts.get(field)
+            if isinstance(value, str) and len(value) > MAX_SOURCE_TEXT:
+                raise CtxccError(
+                    Reason.FIELD_TOO_LARGE,
+                    f"{kind}.{field} is over {MAX_SOURCE_TEXT} characters",
+                    field=f"{kind}.{field}",
+                )
+        if isinstance(entry, MemoryEntry) and not entry.text.strip():
+            raise invalid("memory.text", "a memory entry needs text")
+        if isinstance(entry, RuleEntry | SkillEntry) and not entry.name.strip():
+            raise invalid(f"{kind}.name", f"a {kind} needs a name")
+        if isinstance(entry, RuleEntry):
+            if not entry.text.strip():
+                raise invalid("rule.text", "a rule needs text")
+            if entry.activation == RuleActivation.MATCHED and not entry.path_globs:
+                raise invalid("rule.path_globs", "a MATCHED rule needs at least one glob")
+        stored = dataclasses.replace(entry, update_time_ns=self._clock.now_ns(), origin="")
+        await self._blocking.run(self._store.put_source, stored)
+        return stored
+
+    async def list_entries(
+        self, kind: SourceKind, scope: Scope | None, scope_id: str
+    ) -> list[SourceEntry]:
+        await self._check_scope(scope, scope_id, required=False)
+        return await self._blocking.run(self._store.list_sources, kind, scope, scope_id)
+
+    async def delete(
+        self, kind: SourceKind, scope: Scope | None, scope_id: str, ident: str
+    ) -> None:
+        check_id("id", ident)
+        await self._check_scope(scope, scope_id, required=True)
+        assert scope is not None
+        await self._blocking.run(self._store.delete_source, kind, scope, scope_id, ident)
+
+    def visible(self, kind: SourceKind, project_id: str, session_id: str) -> list[SourceEntry]:
+        """Blocking: the API entries a session sees, global then project then session."""
+        out = self._store.list_sources(kind, Scope.GLOBAL, "")
+        if project_id:
+            out += self._store.list_sources(kind, Scope.PROJECT, project_id)
+        return out + self._store.list_sources(kind, Scope.SESSION, session_id)
+
+    def session_sources(
+        self,
+        session: Session,
+        working_directory: str,
+        caps: SourceCaps,
+        exclude: frozenset[SectionKind],
+    ) -> SourceInputs:
+        """Blocking: API entries and workspace files a compile of this session sees."""
+        wanted = {
+            SectionKind.INSTRUCTIONS,
+            SectionKind.SKILLS,
+            SectionKind.RULES,
+            SectionKind.RULE_INDEX,
+            SectionKind.MEMORY,
+        } - exclude
+        if not wanted:
+            return SourceInputs(caps=caps)
+        files = self._workspace.read(session.project_root, working_directory)
+        sid, pid = session.session_id, session.project_id
+        return SourceInputs(
+            instruction_files=files.instruction_files,
+            skills=(*files.skills, *_only(SkillEntry, self.visible(SourceKind.SKILL, pid, sid))),
+            rules=(*files.rules, *_only(RuleEntry, self.visible(SourceKind.RULE, pid, sid))),
+            memory=(*files.memory, *_only(MemoryEntry, self.visible(SourceKind.MEMORY, pid, sid))),
+            caps=caps,
+            notes=files.notes,
+        )
+
+    async def load_rule(self, session_id: str, name: str) -> RuleEntry:
+        check_id("session_id", session_id)
+        if not name:
+            raise invalid("name", "name is required")
+        session = await self._blocking.run(self._store.get_session, session_id)
+        api = await self._blocking.run(
+            self.visible, SourceKind.RULE, session.project_id, session_id
+        )
+        files = await self._blocking.run(
+            self._workspace.read, session.project_root, session.working_directory
+        )
+        # The most specific scope wins when names repeat.
+        for rule in sorted([*api, *files.rules], key=lambda r: -int(r.scope)):
+            if isinstance(rule, RuleEntry) and name in (rule.name, rule.rule_id):
+                return rule
+        raise CtxccError(Reason.SOURCE_NOT_FOUND, f"no rule named {name!r} for this session")
