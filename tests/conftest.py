@@ -17,6 +17,7 @@ from ctxcc.v1 import (
     artifact_service_pb2_grpc,
     compile_service_pb2_grpc,
     session_service_pb2_grpc,
+    source_service_pb2_grpc,
 )
 from server.app import Daemon
 from server.config import Config, resolve
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from ctxcc.v1.artifact_service_pb2_grpc import ArtifactServiceAsyncStub
     from ctxcc.v1.compile_service_pb2_grpc import CompileServiceAsyncStub
     from ctxcc.v1.session_service_pb2_grpc import SessionServiceAsyncStub
+    from ctxcc.v1.source_service_pb2_grpc import SourceServiceAsyncStub
 
 
 @pytest.fixture
@@ -51,6 +53,7 @@ class Stubs:
     sessions: SessionServiceAsyncStub
     compiles: CompileServiceAsyncStub
     artifacts: ArtifactServiceAsyncStub
+    sources: SourceServiceAsyncStub
 
 
 def stubs_for(target: str) -> Stubs:
@@ -62,6 +65,7 @@ def stubs_for(target: str) -> Stubs:
         session_service_pb2_grpc.SessionServiceStub(channel),
         compile_service_pb2_grpc.CompileServiceStub(channel),
         artifact_service_pb2_grpc.ArtifactServiceStub(channel),
+        source_service_pb2_grpc.SourceServiceStub(channel),
     )
 
 

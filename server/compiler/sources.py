@@ -105,13 +105,14 @@ def _instructions(
             )
             truncated = True
             break
-        body, cut = truncate(body, min(caps.instruction_file_chars, room))
+        limit = min(caps.instruction_file_chars, room)
+        used += min(len(body), limit)  # content shown, not the marker
+        body, cut = truncate(body, limit)
         if cut:
             truncated = True
-            notes.append(f"instruction file {f.path} truncated to its cap")
+            notes.append(f"instruction file {f.path} truncated to {limit} characters")
         if f.decode_replaced:
             notes.append(f"instruction file {f.path} is not valid UTF-8; bad bytes were replaced")
-        used += len(body)
         blocks.append(
             f'<file path="{attr(f.path)}" scope="{_scope_name(f.scope)}">\n'
             f"{escape_fences(body)}\n</file>"

@@ -1,0 +1,184 @@
+"""A real project directory through a real daemon: every section with its source and
+token count, API memory/rules/skills, LoadRule, change reporting and errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ctxcc.v1 import common_pb2, session_pb2, source_pb2, view_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import compile_request, error_info, user
+
+PROJECT = common_pb2.SCOPE_PROJECT
+
+
+@pytest.fixture
+async def project_api(short_tmp: Path) -> AsyncIterator[tuple[Stubs, Path]]:
+    work = short_tmp / "work"
+    proj = work / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "AGENTS.md").write_text("Run make test before committing.\n")
+    (proj / "src" / "CLAUDE.md").write_text("Source code lives here.\n")
+    (proj / ".ctxcc" / "skills" / "deploy").mkdir(parents=True)
+    (proj / ".ctxcc" / "skills" / "deploy" / "SKILL.md").write_text(
+        "---\nname: deploy\ndescription: Ship a release.\n---\nsteps"
+    )
+    cfg = make_config(short_tmp / "data", workspace_roots=str(work))
+    d = Daemon(cfg)
+    await d.start()
+    s = stubs_for(str(d.endpoints.tcp))
+    try:
+        yield s, proj
+    finally:
+        await s.channel.close()
+        await d.stop()
+
+
+async def test_project_sections_with_sources_tokens_and_changes(
+    project_api: tuple[Stubs, Path],
+) -> None:
+    api, proj = project_api
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(
+            session=session_pb2.Session(
+                session_id="p1",
+                project_id="acme",
+                project_root=str(proj),
+                working_directory=str(proj / "src"),
+            )
+        )
+    )
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="p1", events=[user("hi")]))
+    await api.sources.PutMemory(
+        rpb.PutMemoryRequest(
+            memory=source_pb2.MemoryEntry(
+                memory_id="tabs", scope=PROJECT, scope_id="acme", text="Team uses tabs."
+            )
+        )
+    )
+    await api.sources.PutRule(
+        rpb.PutRuleRequest(
+            rule=source_pb2.Rule(
+                rule_id="sql",
+                scope=PROJECT,
+                scope_id="acme",
+                name="sql",
+                description="How to write SQL",
+                text="Always use CTEs.",
+                activation=source_pb2.RULE_ACTIVATION_ON_DEMAND,
+            )
+        )
+    )
+    first = (await api.compiles.Compile(compile_request("p1"))).view
+    by = {s.kind: s for s in first.system_sections}
+    assert list(by) == [
+        view_pb2.SECTION_KIND_KERNEL,
+        view_pb2.SECTION_KIND_INSTRUCTIONS,
+        view_pb2.SECTION_KIND_SKILLS,
+        view_pb2.SECTION_KIND_RULE_INDEX,
+        view_pb2.SECTION_KIND_APPROVAL,
+        view_pb2.SECTION_KIND_MEMORY,
+        view_pb2.SECTION_KIND_ENVIRONMENT,
+    ]
+    assert list(by[view_pb2.SECTION_KIND_INSTRUCTIONS].sources) == [
+        str(proj / "AGENTS.md"),
+        str(proj / "src" / "CLAUDE.md"),
+    ]
+    assert list(by[view_pb2.SECTION_KIND_SKILLS].sources) == [
+        str(proj / ".ctxcc" / "skills" / "deploy" / "SKILL.md")
+    ]
+    assert list(by[view_pb2.SECTION_KIND_MEMORY].sources) == ["api:memory/project/tabs"]
+    assert all(s.tokens > 0 for s in first.system_sections)
+    assert by[view_pb2.SECTION_KIND_MEMORY].authority == common_pb2.AUTHORITY_USER_CONTROLLABLE
+    assert "load_rule" in [t.definition.name for t in first.tools]
+    assert f"working_directory: {proj / 'src'}" in by[view_pb2.SECTION_KIND_ENVIRONMENT].text
+
+    same = (await api.compiles.Compile(compile_request("p1"))).view
+    assert same.prefix_digest == first.prefix_digest
+    assert view_pb2.SECTION_KIND_MEMORY not in same.changed_sections
+
+    await api.sources.PutMemory(
+        rpb.PutMemoryRequest(
+            memory=source_pb2.MemoryEntry(
+                memory_id="tabs", scope=PROJECT, scope_id="acme", text="Team uses spaces."
+            )
+        )
+    )
+    changed = (await api.compiles.Compile(compile_request("p1"))).view
+    assert changed.prefix_digest != first.prefix_digest
+    assert view_pb2.SECTION_KIND_MEMORY in changed.changed_sections
+    assert view_pb2.SECTION_KIND_INSTRUCTIONS not in changed.changed_sections
+
+    rule = (await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="p1", name="sql"))).rule
+    assert rule.text == "Always use CTEs."
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="p1", name="nope"))
+    assert error_info(exc.value).reason == "SOURCE_NOT_FOUND"
+
+    listed = await api.sources.ListMemory(rpb.ListMemoryRequest(scope=PROJECT, scope_id="acme"))
+    assert [m.text for m in listed.memories] == ["Team uses spaces."]
+    await api.sources.DeleteMemory(
+        rpb.DeleteMemoryRequest(scope=PROJECT, scope_id="acme", memory_id="tabs")
+    )
+    gone = (await api.compiles.Compile(compile_request("p1"))).view
+    assert view_pb2.SECTION_KIND_MEMORY not in {s.kind for s in gone.system_sections}
+    assert view_pb2.SECTION_KIND_MEMORY in gone.changed_sections
+
+
+async def test_source_errors(project_api: tuple[Stubs, Path]) -> None:
+    api, proj = project_api
+
+    async def reason(call: object) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await call  # type: ignore[misc]
+        return exc.value.code(), error_info(exc.value).reason
+
+    bad_scope = api.sources.PutMemory(
+        rpb.PutMemoryRequest(memory=source_pb2.MemoryEntry(memory_id="m", text="x"))
+    )
+    assert await reason(bad_scope) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+    global_with_id = api.sources.PutMemory(
+        rpb.PutMemoryRequest(
+            memory=source_pb2.MemoryEntry(
+                memory_id="m", scope=common_pb2.SCOPE_GLOBAL, scope_id="x", text="x"
+            )
+        )
+    )
+    assert (await reason(global_with_id))[1] == "INVALID_FIELD"
+    unknown_session = api.sources.PutMemory(
+        rpb.PutMemoryRequest(
+            memory=source_pb2.MemoryEntry(
+                memory_id="m", scope=common_pb2.SCOPE_SESSION, scope_id="ghost", text="x"
+            )
+        )
+    )
+    assert await reason(unknown_session) == (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND")
+    matched_without_globs = api.sources.PutRule(
+        rpb.PutRuleRequest(
+            rule=source_pb2.Rule(
+                rule_id="r",
+                scope=common_pb2.SCOPE_GLOBAL,
+                name="r",
+                text="t",
+                activation=source_pb2.RULE_ACTIVATION_MATCHED,
+            )
+        )
+    )
+    assert (await reason(matched_without_globs))[1] == "INVALID_FIELD"
+    missing = api.sources.DeleteRule(
+        rpb.DeleteRuleRequest(scope=common_pb2.SCOPE_GLOBAL, rule_id="nope")
+    )
+    assert await reason(missing) == (grpc.StatusCode.NOT_FOUND, "SOURCE_NOT_FOUND")
+    escape = api.sessions.CreateSession(
+        spb.CreateSessionRequest(
+            session=session_pb2.Session(session_id="x", project_root=f"{proj}/../../etc")
+        )
+    )
+    assert await reason(escape) == (grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_ROOT")

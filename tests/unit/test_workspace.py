@@ -1,0 +1,98 @@
+"""The workspace adapter on real directories: discovery order, confinement, decoding."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
+from server.domain.errors import CtxccError, Reason
+from server.domain.sources import RuleActivation, Scope
+from server.domain.validation import check_session_paths
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    g = tmp_path / "global"
+    (g / "skills" / "pdf").mkdir(parents=True)
+    (g / "rules").mkdir()
+    (g / "AGENTS.md").write_text("global agents")
+    (g / "skills" / "pdf" / "SKILL.md").write_text(
+        '---\nname: pdf\ndescription: "Read PDFs"\n---\nbody'
+    )
+    (g / "rules" / "sql.md").write_text(
+        "---\nname: sql\ndescription: SQL style\nactivation: on_demand\n---\nUse CTEs."
+    )
+    (g / "MEMORY.md").write_text("likes tea")
+    p = tmp_path / "work" / "proj"
+    (p / "src" / "pkg").mkdir(parents=True)
+    (p / ".ctxcc" / "rules").mkdir(parents=True)
+    (p / "AGENTS.md").write_text("root agents")
+    (p / "src" / "CLAUDE.md").write_text("src claude")
+    (p / "src" / "pkg" / "GEMINI.md").write_bytes(b"pkg \xff\xfe gemini")
+    (p / ".ctxcc" / "rules" / "tests.md").write_text(
+        "---\nactivation: matched\nglobs: [tests/**/*.py, '*.spec.ts']\n---\nUse pytest."
+    )
+    (tmp_path / "outside.md").write_text("secret")
+    return tmp_path
+
+
+def reader(tree: Path, roots: tuple[Path, ...] | None = None) -> WorkspaceReader:
+    return WorkspaceReader(
+        WorkspaceConfig(
+            roots=roots if roots is not None else (tree / "work",), global_dir=tree / "global"
+        )
+    )
+
+
+def test_discovers_in_order_from_global_to_working_directory(tree: Path) -> None:
+    p = tree / "work" / "proj"
+    got = reader(tree).read(str(p), str(p / "src" / "pkg"))
+    assert [(Path(f.path).name, f.scope) for f in got.instruction_files] == [
+        ("AGENTS.md", Scope.GLOBAL),
+        ("AGENTS.md", Scope.PROJECT),
+        ("CLAUDE.md", Scope.PROJECT),
+        ("GEMINI.md", Scope.PROJECT),
+    ]
+    gemini = got.instruction_files[-1]
+    assert gemini.decode_replaced and gemini.text == "pkg \ufffd\ufffd gemini"
+    assert [(s.name, s.description, s.scope) for s in got.skills] == [
+        ("pdf", "Read PDFs", Scope.GLOBAL)
+    ]
+    rules = {r.name: r for r in got.rules}
+    assert rules["sql"].activation is RuleActivation.ON_DEMAND and rules["sql"].text == "Use CTEs."
+    assert rules["tests"].path_globs == ("tests/**/*.py", "*.spec.ts")
+    assert rules["tests"].activation is RuleActivation.MATCHED
+    assert [m.text for m in got.memory] == ["likes tea"]
+
+
+def test_symlinks_that_escape_are_refused(tree: Path) -> None:
+    p = tree / "work" / "proj"
+    (p / "AGENTS.md").unlink()
+    os.symlink(tree / "outside.md", p / "AGENTS.md")
+    os.symlink(p / "src" / "CLAUDE.md", p / "CLAUDE.md")  # inside the root: fine
+    got = reader(tree).read(str(p), str(p))
+    texts = [f.text for f in got.instruction_files]
+    assert "secret" not in texts and "src claude" in texts
+    assert any("refused" in n and "outside" in n for n in got.notes)
+
+
+def test_project_outside_the_roots_is_not_read(tree: Path) -> None:
+    p = tree / "work" / "proj"
+    got = reader(tree, roots=(tree / "elsewhere",)).read(str(p), str(p))
+    assert [f.scope for f in got.instruction_files] == [Scope.GLOBAL]
+    assert any("not under a workspace root" in n for n in got.notes)
+    # A symlinked project root that resolves outside the roots is refused too.
+    os.symlink(tree / "global", tree / "work" / "sneaky")
+    got = reader(tree).read(str(tree / "work" / "sneaky"), "")
+    assert all(f.scope is Scope.GLOBAL for f in got.instruction_files)
+
+
+def test_dotdot_and_relative_paths_are_refused() -> None:
+    for root, wd in (("/a/../b", ""), ("rel", ""), ("/a", "/a/../../etc"), ("/a", "/b")):
+        with pytest.raises(CtxccError) as exc:
+            check_session_paths(root, wd)
+        assert exc.value.reason is Reason.PATH_OUTSIDE_ROOT
+    check_session_paths("/a", "/a/b")
