@@ -13,6 +13,7 @@ import msgspec
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ctxcc.storage.v1 import records_pb2
+from server.domain.errors import CtxccError, Reason
 from server.domain.model import KIND_PAYLOADS, Event, EventKind, Payload, kind_of
 from storage.schema import SCHEMA_VERSION
 
@@ -22,8 +23,12 @@ _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
 
 
-class CorruptRecordError(RuntimeError):
+class CorruptRecordError(CtxccError):
     """A stored record does not decode as the type its key promises."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Reason.RECORD_CORRUPT, "a stored record is damaged")
+        self.detail = message  # for the daemon's log, not for the wire
 
 
 def _decoder(cls: type[T]) -> msgspec.msgpack.Decoder[T]:

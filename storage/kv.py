@@ -19,7 +19,8 @@ COLUMN_FAMILIES = (
     "checkpoints",  # session id 0x00 time(be64) checkpoint id -> Record(Checkpoint)
     "routes",  # session id 0x00 route id -> Record(RouteState)
     "compiles",  # session id 0x00 compile suffix -> Record(CompileRecord)
-    "sources",  # reserved for memory, rules and skills registered over the API
+    "sources",  # kind 0x00 scope 0x00 scope id 0x00 id -> Record(Memory/Rule/SkillEntry)
+    "tools",  # session 0x00 name -> ToolSpec; session 0x00 0xff turn(be64) -> activations
     "meta",  # schema_version, session_count
 )
 

@@ -23,6 +23,8 @@ from server.domain.model import (
     Event,
     EventKind,
     Session,
+    ToolResult,
+    starts_turn,
 )
 from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
 from server.domain.sources import (
@@ -35,6 +37,7 @@ from server.domain.sources import (
     entry_id,
     kind_of_entry,
 )
+from server.domain.tools import ToolActivations, ToolSpec
 from storage.codec import decode_event, decode_value, encode_event, encode_value
 from storage.kv import KV, Batch
 from storage.schema import ensure_schema
@@ -45,6 +48,8 @@ _COUNT_KEY = b"session_count"
 _STRIPES = 256
 # Key suffix of the copy of a session's latest compile record; compile suffixes are hex.
 _LAST_COMPILE = b"\xff"
+# Key infix of tool activations; tool names never start with 0xff.
+_ACTIVATIONS = b"\xff"
 _SOURCE_TYPES: dict[SourceKind, type[SourceEntry]] = {
     SourceKind.MEMORY: MemoryEntry,
     SourceKind.RULE: RuleEntry,
@@ -169,7 +174,15 @@ class KVEventStore:
                     batch.delete("blobs", sha)
                     deleted_blobs += 1
             lo, hi = _prefix(session_id), session_id.encode() + _END
-            for cf in ("events", "event_ids", "requests", "artifacts", "checkpoints", "routes"):
+            for cf in (
+                "events",
+                "event_ids",
+                "requests",
+                "artifacts",
+                "checkpoints",
+                "routes",
+                "tools",
+            ):
                 batch.delete_range(cf, lo, hi)
             batch.delete_range("compiles", lo, hi)
             for kind in SourceKind:  # session-scoped memory, rules and skills go too
@@ -297,6 +310,57 @@ class KVEventStore:
                 break
         return out
 
+    def last_turn_start(self, session_id: str, through_seq: int) -> Event | None:
+        """The latest user message (original or imported) at or before `through_seq`."""
+        start, end = _key(session_id, _be64(1)), _key(session_id, _be64(through_seq + 1))
+        for key, raw in self._kv.scan("events", start, end, reverse=True):
+            event = decode_event(raw, int.from_bytes(key[-8:], "big"))
+            if starts_turn(event.payload):
+                return event
+        return None
+
+    def find_tool_result(self, session_id: str, call_id: str) -> Event | None:
+        """The latest result event of a call."""
+        lo, hi = _prefix(session_id), session_id.encode() + _END
+        for key, raw in self._kv.scan("events", lo, hi, reverse=True):
+            event = decode_event(raw, int.from_bytes(key[-8:], "big"))
+            if isinstance(event.payload, ToolResult) and event.payload.call_id == call_id:
+                return event
+        return None
+
+    # -- tool registry ------------------------------------------------------------
+
+    def put_tools(self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool) -> int:
+        with self._lock(session_id):
+            self.get_session(session_id)
+            batch = Batch()
+            current = {s.name for s in self.list_tools(session_id)}
+            if replace_all:
+                for name in current - {s.name for s in specs}:
+                    batch.delete("tools", _key(session_id, name.encode()))
+                current = set()
+            for spec in specs:
+                batch.put("tools", _key(session_id, spec.name.encode()), encode_value(spec))
+            self._kv.write(batch)
+            return len(current | {s.name for s in specs})
+
+    def list_tools(self, session_id: str) -> list[ToolSpec]:
+        lo, hi = _prefix(session_id), _key(session_id, _ACTIVATIONS)
+        return [decode_value(raw, ToolSpec) for _, raw in self._kv.scan("tools", lo, hi)]
+
+    def add_activations(self, session_id: str, turn_seq: int, names: tuple[str, ...]) -> None:
+        key = _key(session_id, _ACTIVATIONS + _be64(turn_seq))
+        with self._lock(session_id):
+            old = self.get_activations(session_id, turn_seq)
+            merged = ToolActivations(turn_seq, tuple(sorted(set(old) | set(names))))
+            batch = Batch()
+            batch.put("tools", key, encode_value(merged))
+            self._kv.write(batch)
+
+    def get_activations(self, session_id: str, turn_seq: int) -> tuple[str, ...]:
+        raw = self._kv.get("tools", _key(session_id, _ACTIVATIONS + _be64(turn_seq)))
+        return () if raw is None else decode_value(raw, ToolActivations).names
+
     def get_blob(self, sha256: str) -> bytes | None:
         return self._kv.get("blobs", sha256.encode())
 
@@ -315,6 +379,10 @@ class KVEventStore:
             updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + added)
             batch.put("sessions", sid.encode(), encode_value(updated))
             self._kv.write(batch)
+
+    def get_artifact_record(self, session_id: str, artifact_id: str) -> ArtifactRecord | None:
+        raw = self._kv.get("artifacts", _key(session_id, artifact_id.encode()))
+        return None if raw is None else decode_value(raw, ArtifactRecord)
 
     def get_artifact(self, session_id: str, artifact_id: str) -> tuple[ArtifactRecord, bytes]:
         raw = self._kv.get("artifacts", _key(session_id, artifact_id.encode()))

@@ -76,6 +76,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A file source path escapes its configured root (INVALID_ARGUMENT)."""
     ERROR_REASON_SEQ_OUT_OF_RANGE: _ErrorReason.ValueType  # 26
     """The requested as_of_seq is beyond the session head (OUT_OF_RANGE)."""
+    ERROR_REASON_RECORD_CORRUPT: _ErrorReason.ValueType  # 27
+    """A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS)."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the stable reasons carried in `google.rpc.ErrorInfo.reason`
@@ -139,4 +141,6 @@ ERROR_REASON_PATH_OUTSIDE_ROOT: ErrorReason.ValueType  # 25
 """A file source path escapes its configured root (INVALID_ARGUMENT)."""
 ERROR_REASON_SEQ_OUT_OF_RANGE: ErrorReason.ValueType  # 26
 """The requested as_of_seq is beyond the session head (OUT_OF_RANGE)."""
+ERROR_REASON_RECORD_CORRUPT: ErrorReason.ValueType  # 27
+"""A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS)."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

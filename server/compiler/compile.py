@@ -1,4 +1,8 @@
-"""compile_view: the one entry point of the core. Inputs in, CompiledView out."""
+"""compile_view: the one entry point of the core. Inputs in, CompiledView out.
+
+The service has already chosen the checkpoint (see checkpoints.py) and loaded the
+events the projection needs; everything here is pure and deterministic.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
-from server.compiler.builtin_tools import LOAD_RULE
-from server.compiler.projection import is_user_turn_start, project
+from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
+from server.compiler.projection import ImagePolicy, is_user_turn_start, project
 from server.compiler.sources import SourceInputs, build_source_sections, paths_in
 from server.compiler.system import (
     DEFAULT_KERNEL,
@@ -19,9 +23,11 @@ from server.compiler.system import (
     prefix_digest,
 )
 from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
+from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     CompiledView,
     EstimateMethod,
+    FallbackReason,
     Layer,
     LayerTokens,
     SectionKind,
@@ -34,19 +40,21 @@ from server.compiler.view import (
 from server.domain.model import (
     AssistantMessage,
     Event,
+    NativeState,
     Route,
     Session,
     ToolCall,
     ToolResult,
     UserMessage,
 )
-from server.domain.records import RouteState
+from server.domain.records import Checkpoint, RouteState
 
 
 @dataclass(frozen=True, slots=True)
 class CompileInputs:
     compile_id: str
     session: Session
+    # The whole log up to the boundary, or only the events after `checkpoint`.
     events: tuple[Event, ...]
     event_boundary: int
     route: Route
@@ -56,11 +64,18 @@ class CompileInputs:
     approval_mode: ApprovalMode = ApprovalMode.ON_REQUEST
     environment: EnvironmentInfo = EnvironmentInfo()
     sources: SourceInputs = SourceInputs()
-    # Section digests of the session's previous compile, to report what changed.
-    previous_sections: tuple[tuple[int, str], ...] | None = None
     exclude_sections: frozenset[SectionKind] = frozenset()
     tools: tuple[ToolSpec, ...] = ()
+    # Deferred tools activated over the SearchTools RPC in the current turn.
+    activated_tools: tuple[str, ...] = ()
+    checkpoint: Checkpoint | None = None
+    # The latest user message when the checkpoint covers it (re-injected verbatim).
+    current_user: Event | None = None
+    fallback_reasons: tuple[FallbackReason, ...] = ()
+    images: ImagePolicy = ImagePolicy()
     budget_config: BudgetConfig = field(default_factory=BudgetConfig)
+    # Section digests of the session's previous compile, to report what changed.
+    previous_sections: tuple[tuple[int, str], ...] | None = None
 
 
 def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
@@ -72,23 +87,65 @@ def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
     )
 
 
-def _tools(
-    specs: Sequence[ToolSpec],
-    counter: TokenCounter,
-    builtins: Sequence[tuple[ToolSpec, ToolOrigin]],
+def current_turn(events: Sequence[Event]) -> Sequence[Event]:
+    start = max((i for i, e in enumerate(events) if is_user_turn_start(e)), default=None)
+    return () if start is None else events[start:]
+
+
+def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set[str]:
+    """Deferred tools found by tool_search calls of this turn that have a result: the
+    search is re-run, deterministically, on the call's query (R-TOOL-2)."""
+    answered = {e.payload.call_id for e in turn if isinstance(e.payload, ToolResult)}
+    found: set[str] = set()
+    for e in turn:
+        p = e.payload
+        calls = (
+            p.tool_calls
+            if isinstance(p, AssistantMessage)
+            else ((p,) if isinstance(p, ToolCall) else ())
+        )
+        for call in calls:
+            if call.name == TOOL_SEARCH.name and call.call_id in answered:
+                found.update(s.name for s in search_tools(registry, query_of(call.arguments_json)))
+    return found
+
+
+def select_tools(
+    inputs: CompileInputs, counter: TokenCounter, *, references_blobs: bool, loadable_rules: bool
 ) -> tuple[ViewTool, ...]:
+    registry = inputs.tools
+    by_name = {s.name: s for s in registry}
     direct = sorted(
-        (s for s in specs if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
+        (s for s in registry if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
     )
-    tools = [ViewTool(s, ToolOrigin.DIRECT, tool_tokens(s, counter)) for s in direct]
-    taken = {s.name for s in direct}
-    # Built-ins come last so registry tools keep their cache-friendly positions.
-    tools += [
-        ViewTool(spec, origin, tool_tokens(spec, counter))
-        for spec, origin in builtins
-        if spec.name not in taken
+    activated_names = set(inputs.activated_tools) | searched_in_turn(
+        current_turn(inputs.events), registry
+    )
+    activated = sorted(
+        (
+            by_name[n]
+            for n in activated_names
+            if n in by_name and by_name[n].visibility == ToolVisibility.DEFERRED
+        ),
+        key=lambda s: s.name,
+    )
+    chosen = [(s, ToolOrigin.DIRECT) for s in direct] + [
+        (s, ToolOrigin.ACTIVATED) for s in activated
     ]
-    return tuple(tools)
+    # Built-ins come last so registry tools keep their cache-friendly positions.
+    if any(s.visibility == ToolVisibility.DEFERRED for s in registry):
+        chosen.append((TOOL_SEARCH, ToolOrigin.BUILTIN_TOOL_SEARCH))
+    if references_blobs:
+        chosen.append((READ_TOOL_RESULT, ToolOrigin.BUILTIN_READ_TOOL_RESULT))
+    if loadable_rules:
+        chosen.append((LOAD_RULE, ToolOrigin.BUILTIN_LOAD_RULE))
+    taken: set[str] = set()
+    out = []
+    for spec, origin in chosen:
+        if spec.name not in taken:
+            taken.add(spec.name)
+            out.append(ViewTool(spec, origin, tool_tokens(spec, counter)))
+    return tuple(out)
 
 
 def section_digests(sections: Sequence[SystemSection]) -> tuple[tuple[int, str], ...]:
@@ -104,11 +161,13 @@ def changed_sections(
     return tuple(SectionKind(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
-def active_text(events: Sequence[Event]) -> str:
+def active_text(events: Sequence[Event], current_user: Event | None) -> str:
     """What the model is working on: the latest user message and every step after it."""
-    start = max((i for i, e in enumerate(events) if is_user_turn_start(e)), default=len(events))
+    turn = list(current_turn(events))
+    if current_user is not None and (not turn or turn[0].seq != current_user.seq):
+        turn.insert(0, current_user)
     chunks: list[str] = []
-    for event in events[start:]:
+    for event in turn:
         p = event.payload
         if isinstance(p, UserMessage):
             chunks.extend(part.text for part in p.parts if part.text)
@@ -121,8 +180,15 @@ def active_text(events: Sequence[Event]) -> str:
     return "\n".join(chunks)
 
 
+def native_state_tokens(state: NativeState | None) -> int:
+    # Opaque bytes: providers bill what the state stands for, unknowable here; its size
+    # at ~4 bytes a token is the conservative stand-in (R-EST-3).
+    return 0 if state is None else MESSAGE_OVERHEAD + (len(state.data) + 3) // 4
+
+
 def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
-    built = build_source_sections(inputs.sources, paths_in(active_text(inputs.events)), counter)
+    active = active_text(inputs.events, inputs.current_user)
+    built = build_source_sections(inputs.sources, paths_in(active), counter)
     sections = assemble(
         kernel_text=inputs.kernel_text,
         approval_mode=inputs.approval_mode,
@@ -131,22 +197,31 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         exclude=inputs.exclude_sections,
         counter=counter,
     )
-    builtins: list[tuple[ToolSpec, ToolOrigin]] = []
-    if built.loadable_rules and SectionKind.RULE_INDEX not in inputs.exclude_sections:
-        builtins.append((LOAD_RULE, ToolOrigin.BUILTIN_LOAD_RULE))
-    messages = project(inputs.events, counter)
-    tools = _tools(inputs.tools, counter, builtins)
-    digests = section_digests(sections)
+    projection = project(
+        inputs.events,
+        counter,
+        checkpoint=inputs.checkpoint,
+        current_user=inputs.current_user,
+        route_id=inputs.route.route_id,
+        images=inputs.images,
+    )
+    loadable = bool(built.loadable_rules) and SectionKind.RULE_INDEX not in inputs.exclude_sections
+    tools = select_tools(
+        inputs, counter, references_blobs=projection.references_blobs, loadable_rules=loadable
+    )
     ledger = {layer: [0, 0] for layer in Layer}
     for s in sections:
         ledger[Layer.PINNED][0] += s.tokens
         ledger[Layer.PINNED][1] += 1
-    for m in messages:
+    for m in projection.messages:
         ledger[m.layer][0] += m.tokens
         ledger[m.layer][1] += 1
     for t in tools:
         ledger[Layer.TOOL_SCHEMA][0] += t.tokens
         ledger[Layer.TOOL_SCHEMA][1] += 1
+    if projection.native_state is not None:
+        ledger[Layer.NATIVE_STATE][0] += native_state_tokens(projection.native_state)
+        ledger[Layer.NATIVE_STATE][1] += 1
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
     estimate = sum(row.tokens for row in layers)
     pressure = max(layers, key=lambda row: (row.tokens, -int(row.layer))).layer
@@ -167,12 +242,15 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         system_sections=sections,
         system_prompt=join_sections(sections),
         prefix_digest=prefix_digest(sections),
-        messages=messages,
+        messages=projection.messages,
         tools=tools,
         layers=layers,
         pressure_layer=pressure,
         budget=budget,
         decision=decision,
-        changed_sections=changed_sections(digests, inputs.previous_sections),
-        notes=built.notes,
+        changed_sections=changed_sections(section_digests(sections), inputs.previous_sections),
+        provider_state=projection.native_state,
+        fallback_reasons=inputs.fallback_reasons,
+        checkpoint_id=inputs.checkpoint.checkpoint_id if inputs.checkpoint else "",
+        notes=built.notes + projection.notes,
     )

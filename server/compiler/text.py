@@ -35,6 +35,7 @@ FENCE_TAGS = (
     "entry",
     "environment",
     "untrusted_page_content",
+    "conversation_summary",
 )
 _FENCE = re.compile(r"<\s*(/?)\s*(" + "|".join(FENCE_TAGS) + r")\b", re.IGNORECASE)
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from server.domain.model import ArtifactRef, NativeState, Role, Route, ToolCall
 from server.domain.sources import Authority, Scope
+from server.domain.tools import ToolSpec, ToolVisibility
 
-__all__ = ["Authority", "Scope"]
+__all__ = ["Authority", "Scope", "ToolSpec", "ToolVisibility"]
 
 
 class SectionKind(enum.IntEnum):
@@ -47,12 +48,6 @@ class FallbackReason(enum.IntEnum):
     CHECKPOINT_FOREIGN = 3
     ROUTE_MISMATCH = 4
     PROJECTION_CORRUPT = 5
-
-
-class ToolVisibility(enum.IntEnum):
-    DIRECT = 1
-    DEFERRED = 2
-    HIDDEN = 3
 
 
 class ToolOrigin(enum.IntEnum):
@@ -98,15 +93,6 @@ class ViewMessage:
     origin_session_id: str = ""
     synthetic: bool = False
     is_error: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    name: str
-    description: str
-    input_schema_json: str
-    visibility: ToolVisibility = ToolVisibility.DIRECT
-    search_keywords: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ class Reason(enum.Enum):
     INTERNAL = "INTERNAL"
     PATH_OUTSIDE_ROOT = "PATH_OUTSIDE_ROOT"
     SEQ_OUT_OF_RANGE = "SEQ_OUT_OF_RANGE"
+    RECORD_CORRUPT = "RECORD_CORRUPT"
 
 
 class CtxccError(Exception):

@@ -255,3 +255,10 @@ class AppendBatch:
 class DeleteResult:
     deleted_events: int
     deleted_blobs: int
+
+
+def starts_turn(payload: Payload) -> bool:
+    """A user message (original or imported) starts a turn."""
+    return isinstance(payload, UserMessage) or (
+        isinstance(payload, ImportedMessage) and payload.role == Role.USER
+    )

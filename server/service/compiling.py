@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_view, section_digests
+from server.compiler.projection import ImagePolicy
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
 from server.compiler.tokens import TokenCounter
@@ -17,6 +18,7 @@ from server.domain.model import Route
 from server.domain.records import CompileRecord, RouteState, Usage
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
+from server.service.loading import HistoryLoader
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
@@ -35,6 +37,15 @@ class CompileOptions:
     platform: str = ""
     shell: str = ""
     exclude_sections: frozenset[SectionKind] = frozenset()
+    # Materialize attachment bytes (IMAGE_MODE_INLINE) or send references only.
+    inline_images: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    view: CompiledView
+    # artifact id -> bytes for the view's attachments, when inline images were asked for.
+    attachments: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +65,8 @@ class CompilerSettings:
     time_granularity_s: int = 60
     budget: BudgetConfig = BudgetConfig()
     caps: SourceCaps = SourceCaps()
+    max_images: int = 20
+    max_image_bytes: int = 20 << 20
 
 
 class CompileUseCases:
@@ -78,13 +91,14 @@ class CompileUseCases:
         self._settings = settings
         self._telemetry = telemetry
         self._sources = sources
+        self._loader = HistoryLoader(store)
 
     def _time_text(self) -> str:
         g = max(1, self._settings.time_granularity_s)
         seconds = self._clock.now_ns() // 1_000_000_000 // g * g
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
-    async def compile(self, opts: CompileOptions) -> CompiledView:
+    async def compile(self, opts: CompileOptions) -> CompileResult:
         started = time.perf_counter()
         check_id("session_id", opts.session_id)
         if not opts.route.model:
@@ -97,9 +111,7 @@ class CompileUseCases:
                 head_seq=str(session.head_seq),
             )
         boundary = opts.as_of_seq or session.head_seq
-        events = await self._blocking.run(
-            self._store.read_events, opts.session_id, 0, None, frozenset(), boundary
-        )
+        history = await self._blocking.run(self._loader.load, session, boundary, opts.route)
         route_state = await self._blocking.run(
             self._store.get_route_state, opts.session_id, opts.route.route_id
         )
@@ -115,7 +127,7 @@ class CompileUseCases:
         inputs = CompileInputs(
             compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
             session=session,
-            events=tuple(events),
+            events=history.events,
             event_boundary=boundary,
             route=opts.route,
             limits=opts.limits,
@@ -132,6 +144,17 @@ class CompileUseCases:
             budget_config=self._settings.budget,
             sources=sources,
             previous_sections=previous.section_digests if previous else None,
+            tools=history.tools,
+            activated_tools=history.activated,
+            checkpoint=history.checkpoint,
+            current_user=history.current_user,
+            fallback_reasons=history.fallback_reasons,
+            images=ImagePolicy(
+                accepts_images=opts.limits.accepts_images,
+                existing=history.artifacts,
+                max_images=self._settings.max_images,
+                max_image_bytes=self._settings.max_image_bytes,
+            ),
         )
         view = await self._blocking.run(compile_view, inputs, self._counter)
         record = CompileRecord(
@@ -147,8 +170,21 @@ class CompileUseCases:
         await self._blocking.run(self._store.put_compile, record)
         notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)
         self._hub.publish(opts.session_id, [notice], session.head_seq)
+        attachments: tuple[tuple[str, bytes], ...] = ()
+        if opts.inline_images:
+            attachments = await self._blocking.run(self._materialize, opts.session_id, view)
         self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
-        return view
+        return CompileResult(view, attachments)
+
+    def _materialize(self, session_id: str, view: CompiledView) -> tuple[tuple[str, bytes], ...]:
+        """Blocking: bytes of the view's images, read only now (R-CTX-3, R-IMG-1)."""
+        wanted = dict.fromkeys(
+            p.attachment.artifact_id
+            for m in view.messages
+            for p in m.parts
+            if p.attachment is not None
+        )
+        return tuple((aid, self._store.get_artifact(session_id, aid)[1]) for aid in wanted)
 
     async def report_usage(self, compile_id: str, route: Route | None, usage: Usage) -> UsageResult:
         if not compile_id:

@@ -39,8 +39,8 @@ class CompileServicer(ObservedServicer, pb_grpc.CompileServiceServicer):
 
     @unary
     async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
-        view = await self._c.compile(compile_options_in(request))
-        return pb.CompileResponse(view=view_out(view))
+        result = await self._c.compile(compile_options_in(request))
+        return pb.CompileResponse(view=view_out(result.view, result.attachments))
 
     @streaming
     async def CompileStream(
@@ -61,7 +61,7 @@ class CompileServicer(ObservedServicer, pb_grpc.CompileServiceServicer):
                         expected = (
                             step.expected_last_seq if step.HasField("expected_last_seq") else None
                         )
-                        result = await self._s.append(
+                        appended = await self._s.append(
                             step.compile.session_id,
                             events_in(list(step.events)),
                             step.request_id,
@@ -69,17 +69,17 @@ class CompileServicer(ObservedServicer, pb_grpc.CompileServiceServicer):
                         )
                         out.append.CopyFrom(
                             pb.AppendResult(
-                                first_seq=result.first_seq,
-                                last_seq=result.last_seq,
-                                replayed=result.replayed,
+                                first_seq=appended.first_seq,
+                                last_seq=appended.last_seq,
+                                replayed=appended.replayed,
                             )
                         )
-                    view = await self._c.compile(compile_options_in(step.compile))
+                    result = await self._c.compile(compile_options_in(step.compile))
                 case "resume":
-                    view = await self._c.compile(compile_options_in(msg.resume.compile))
+                    result = await self._c.compile(compile_options_in(msg.resume.compile))
                 case _:
                     raise invalid("request", "a stream message needs a step or a resume")
-            out.view.CopyFrom(view_out(view))
+            out.view.CopyFrom(view_out(result.view, result.attachments))
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
         except Exception as exc:

@@ -41,6 +41,7 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         platform=req.environment.platform,
         shell=req.environment.shell,
         exclude_sections=frozenset(excluded),
+        inline_images=req.image_mode != compile_service_pb2.IMAGE_MODE_REFERENCE,
     )
 
 
@@ -83,7 +84,9 @@ def _tool_out(t: ViewTool) -> view_pb2.ViewTool:
     )
 
 
-def view_out(v: CompiledView) -> view_pb2.CompiledView:
+def view_out(
+    v: CompiledView, attachments: tuple[tuple[str, bytes], ...] = ()
+) -> view_pb2.CompiledView:
     b = v.budget
     out = view_pb2.CompiledView(
         compile_id=v.compile_id,
@@ -125,6 +128,12 @@ def view_out(v: CompiledView) -> view_pb2.CompiledView:
             )
         )
     out.messages.extend(_message_out(m) for m in v.messages)
+    if attachments:
+        data = dict(attachments)
+        for msg in out.messages:
+            for part in msg.parts:
+                if part.HasField("attachment") and part.attachment.ref.artifact_id in data:
+                    part.attachment.data = data[part.attachment.ref.artifact_id]
     out.tools.extend(_tool_out(t) for t in v.tools)
     for row in v.layers:
         out.layers.append(

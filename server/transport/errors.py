@@ -52,10 +52,13 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.INTERNAL: grpc.StatusCode.INTERNAL,
     Reason.PATH_OUTSIDE_ROOT: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.SEQ_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    Reason.RECORD_CORRUPT: grpc.StatusCode.DATA_LOSS,
 }
 
 
 def status_for(err: CtxccError) -> grpc.Status:
+    if err.reason in (Reason.RECORD_CORRUPT, Reason.STORAGE_FAILURE):
+        log.error("%s: %s", err.reason.value, getattr(err, "detail", err.message))
     info = error_details_pb2.ErrorInfo(
         reason=err.reason.value, domain=DOMAIN, metadata=err.metadata
     )

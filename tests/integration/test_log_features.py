@@ -124,8 +124,11 @@ async def test_large_tool_result_becomes_a_blob_with_preview(api: Stubs) -> None
     assert result.blob.size_bytes == len(big.encode())
     assert big.startswith(result.blob.preview) and len(result.blob.preview) == 2000
     view = (await api.compiles.Compile(compile_request("b"))).view
-    text = view.messages[1].parts[0].text
+    # The result's call was never logged: the view restores it so the pair is whole.
+    assert view.messages[1].synthetic and view.messages[1].tool_calls[0].call_id == "c1"
+    text = view.messages[2].parts[0].text
     assert "history_read_tool_result" in text and len(text) < 3000
+    assert "history_read_tool_result" in [t.definition.name for t in view.tools]
 
 
 async def test_checkpoints_are_verified_against_the_log(api: Stubs) -> None:

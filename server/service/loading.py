@@ -1,0 +1,140 @@
+"""Loads what one compile needs, reading as little of the log as the projection uses.
+
+With a valid checkpoint only the events after it are read (plus the current user
+message when the checkpoint covers it), so compile cost follows the projection, not the
+length of the log. Checkpoint digests are verified against the log once per process
+and remembered: the log is immutable, so a verified range stays verified.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
+from server.compiler.view import FallbackReason
+from server.domain.canonical import events_digest
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import Attachment, Event, Route, Session, UserMessage, starts_turn
+from server.domain.records import Checkpoint
+from server.domain.tools import ToolSpec
+from server.service.ports import EventStore
+
+_DIGEST_CACHE = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedHistory:
+    events: tuple[Event, ...]
+    checkpoint: Checkpoint | None
+    current_user: Event | None
+    fallback_reasons: tuple[FallbackReason, ...]
+    tools: tuple[ToolSpec, ...]
+    activated: tuple[str, ...]
+    artifacts: tuple[tuple[str, int], ...]
+
+
+class HistoryLoader:
+    """Blocking: runs on the service's I/O pool."""
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self._digests: OrderedDict[tuple[str, int, int], str | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _range_digest(self, session: Session, through: int) -> str | None:
+        key = (session.session_id, session.create_time_ns, through)
+        with self._lock:
+            if key in self._digests:
+                self._digests.move_to_end(key)
+                return self._digests[key]
+        try:
+            events = self._store.read_events(session.session_id, 0, None, frozenset(), through)
+        except CtxccError as err:
+            if err.reason is not Reason.RECORD_CORRUPT:
+                raise
+            return None
+        digest = events_digest(events) if len(events) == through else None
+        with self._lock:
+            self._digests[key] = digest
+            if len(self._digests) > _DIGEST_CACHE:
+                self._digests.popitem(last=False)
+        return digest
+
+    def _candidate(self, session: Session, ck: Checkpoint, boundary: int) -> CheckpointCandidate:
+        if ck.covers_through_seq > boundary:
+            return CheckpointCandidate(ck, None)
+        owner = session
+        if ck.origin_session_id and ck.origin_session_id != session.session_id:
+            try:
+                owner = self._store.get_session(ck.origin_session_id)
+            except CtxccError:
+                return CheckpointCandidate(ck, "")  # origin gone: cannot be verified
+        return CheckpointCandidate(ck, self._range_digest(owner, ck.covers_through_seq))
+
+    def _checkpoints(
+        self, session: Session, boundary: int
+    ) -> tuple[list[Checkpoint], tuple[FallbackReason, ...]]:
+        try:
+            checkpoints = self._store.list_checkpoints(session.session_id)
+        except CtxccError as err:
+            if err.reason is not Reason.RECORD_CORRUPT:
+                raise
+            return [], (FallbackReason.PROJECTION_CORRUPT,)
+        if boundary < session.head_seq:
+            # Time travel: only checkpoints that existed when event boundary+1 arrived.
+            nxt = self._store.read_events(session.session_id, boundary, 1)
+            if nxt:
+                checkpoints = [c for c in checkpoints if c.create_time_ns < nxt[0].create_time_ns]
+        return checkpoints, ()
+
+    def load(self, session: Session, boundary: int, route: Route) -> LoadedHistory:
+        sid = session.session_id
+        found, early = self._checkpoints(session, boundary)
+        chosen: Checkpoint | None = None
+        reasons: list[FallbackReason] = list(early)
+        for ck in found:
+            pick, why = choose_checkpoint(
+                [self._candidate(session, ck, boundary)], sid, route, boundary
+            )
+            reasons.extend(why)
+            if pick is not None:
+                chosen = pick
+                break
+        if chosen is None:
+            events = self._store.read_events(sid, 0, None, frozenset(), boundary)
+            current = None
+        else:
+            events = self._store.read_events(
+                sid, chosen.covers_through_seq, None, frozenset(), boundary
+            )
+            current = None
+            if not any(starts_turn(e.payload) for e in events):
+                current = self._store.last_turn_start(sid, chosen.covers_through_seq)
+        turn = next((e for e in reversed(events) if starts_turn(e.payload)), current)
+        activated = self._store.get_activations(sid, turn.seq) if turn is not None else ()
+        return LoadedHistory(
+            events=tuple(events),
+            checkpoint=chosen,
+            current_user=current,
+            fallback_reasons=tuple(dict.fromkeys(reasons)),
+            tools=tuple(self._store.list_tools(sid)),
+            activated=activated,
+            artifacts=self._artifact_sizes(sid, [*events, *([current] if current else [])]),
+        )
+
+    def _artifact_sizes(self, sid: str, events: list[Event]) -> tuple[tuple[str, int], ...]:
+        wanted: list[str] = []
+        for e in events:
+            p = e.payload
+            if isinstance(p, Attachment):
+                wanted.append(p.ref.artifact_id)
+            elif isinstance(p, UserMessage):
+                wanted += [c.attachment.artifact_id for c in p.parts if c.attachment]
+        out = []
+        for aid in dict.fromkeys(wanted):
+            record = self._store.get_artifact_record(sid, aid)
+            if record is not None:
+                out.append((aid, record.size_bytes))
+        return tuple(out)
