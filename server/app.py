@@ -31,6 +31,8 @@ from ctxcc.v1 import (
     session_service_pb2_grpc,
     source_service_pb2,
     source_service_pb2_grpc,
+    tool_service_pb2,
+    tool_service_pb2_grpc,
 )
 from server import __version__
 from server.adapters.metrics import PrometheusTelemetry
@@ -47,11 +49,13 @@ from server.service.compiling import CompilerSettings, CompileUseCases
 from server.service.limits import ServiceLimits
 from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
+from server.service.tools import ToolUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
+from server.transport.tool_servicer import ToolServicer
 from storage import KVEventStore, StoreLimits, open_rocks
 
 log = logging.getLogger("ctxcc")
@@ -63,6 +67,7 @@ SERVICE_NAMES = tuple(
         (compile_service_pb2.DESCRIPTOR, "CompileService"),
         (artifact_service_pb2.DESCRIPTOR, "ArtifactService"),
         (source_service_pb2.DESCRIPTOR, "SourceService"),
+        (tool_service_pb2.DESCRIPTOR, "ToolService"),
     )
 )
 
@@ -164,6 +169,9 @@ class Daemon:
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(artifacts, observe), server
+        )
+        tool_service_pb2_grpc.add_ToolServiceServicer_to_server(
+            ToolServicer(ToolUseCases(store, self._blocking), observe), server
         )
         source_service_pb2_grpc.add_SourceServiceServicer_to_server(
             SourceServicer(sources, observe), server

@@ -18,6 +18,7 @@ from ctxcc.v1 import (
     compile_service_pb2_grpc,
     session_service_pb2_grpc,
     source_service_pb2_grpc,
+    tool_service_pb2_grpc,
 )
 from server.app import Daemon
 from server.config import Config, resolve
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from ctxcc.v1.compile_service_pb2_grpc import CompileServiceAsyncStub
     from ctxcc.v1.session_service_pb2_grpc import SessionServiceAsyncStub
     from ctxcc.v1.source_service_pb2_grpc import SourceServiceAsyncStub
+    from ctxcc.v1.tool_service_pb2_grpc import ToolServiceAsyncStub
 
 
 @pytest.fixture
@@ -54,6 +56,7 @@ class Stubs:
     compiles: CompileServiceAsyncStub
     artifacts: ArtifactServiceAsyncStub
     sources: SourceServiceAsyncStub
+    tools: ToolServiceAsyncStub
 
 
 def stubs_for(target: str) -> Stubs:
@@ -66,6 +69,7 @@ def stubs_for(target: str) -> Stubs:
         compile_service_pb2_grpc.CompileServiceStub(channel),
         artifact_service_pb2_grpc.ArtifactServiceStub(channel),
         source_service_pb2_grpc.SourceServiceStub(channel),
+        tool_service_pb2_grpc.ToolServiceStub(channel),
     )
 
 

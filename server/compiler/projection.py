@@ -202,53 +202,72 @@ def _merge_calls(messages: list[ViewMessage]) -> list[ViewMessage]:
 
 
 def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[ViewMessage]:
-    """Every result follows its call; every call gets a result (R-TOOL pairing invariant)."""
-    called = {c.call_id for m in messages for c in m.tool_calls}
-    answered: set[str] = set()
+    """Every result directly follows its call; every call gets exactly one result.
+
+    One pass: calls stay open until their result; a message that is not a result closes
+    the open calls with synthetic results (the call's id, so the pair is stable across
+    compiles). A result with no open call gets its call back, folded into the open
+    assistant message when there is one so results stay contiguous. A call id reused
+    after its pair closed is renamed `<id>~<n>` in the view, since providers require
+    unique ids within a request.
+    """
     out: list[ViewMessage] = []
+    open_calls: list[tuple[str, ToolCall]] = []  # (original id, call as shown), in order
+    used: dict[str, int] = {}
+    block_start = -1  # index in `out` of the assistant message whose calls are open
+
+    def show(call: ToolCall) -> ToolCall:
+        n = used.get(call.call_id, 0) + 1
+        used[call.call_id] = n
+        return call if n == 1 else replace(call, call_id=f"{call.call_id}~{n}")
+
+    def close(layer: Layer) -> None:
+        for _, call in open_calls:
+            out.append(
+                ViewMessage(
+                    Role.TOOL,
+                    (ViewPart(text=MISSING_RESULT),),
+                    layer,
+                    0,
+                    tool_call_id=call.call_id,
+                    tool_name=call.name,
+                    synthetic=True,
+                    is_error=True,
+                )
+            )
+        open_calls.clear()
+
+    answered: set[str] = set()  # original ids answered since the last non-result message
     for m in messages:
-        if m.role == Role.TOOL:
+        if m.role != Role.TOOL:
+            close(m.layer)
+            answered.clear()
+            shown = tuple(show(c) for c in m.tool_calls)
+            open_calls.extend((c.call_id, s) for c, s in zip(m.tool_calls, shown, strict=True))
+            if shown:
+                block_start = len(out)
+            out.append(replace(m, tool_calls=shown))
+            continue
+        idx = next((i for i, (orig, _) in enumerate(open_calls) if orig == m.tool_call_id), None)
+        call = open_calls.pop(idx)[1] if idx is not None else None
+        if call is None:
             if m.tool_call_id in answered:
                 notes.append(f"dropped a second result for call {m.tool_call_id}")
                 continue
-            if m.tool_call_id not in called:
-                # The call is not in view (summarised away or never logged): restore it.
-                call = ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}")
+            # The call is not in view (summarised away or never logged): restore it.
+            call = show(ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}"))
+            if open_calls and block_start >= 0:
+                host = out[block_start]
+                out[block_start] = replace(host, tool_calls=(*host.tool_calls, call))
+            else:
                 out.append(
                     ViewMessage(Role.ASSISTANT, (), m.layer, 0, tool_calls=(call,), synthetic=True)
                 )
-                called.add(m.tool_call_id)
-            answered.add(m.tool_call_id)
-        out.append(m)
-    # Calls without results: a synthetic result right after the call's block of results.
-    fixed: list[ViewMessage] = []
-    pending: list[tuple[ToolCall, Layer]] = []
-
-    def flush() -> None:
-        for call, layer in pending:
-            if call.call_id not in answered:
-                fixed.append(
-                    ViewMessage(
-                        Role.TOOL,
-                        (ViewPart(text=MISSING_RESULT),),
-                        layer,
-                        0,
-                        tool_call_id=call.call_id,
-                        tool_name=call.name,
-                        synthetic=True,
-                        is_error=True,
-                    )
-                )
-                answered.add(call.call_id)
-        pending.clear()
-
-    for m in out:
-        if m.role != Role.TOOL:
-            flush()
-        fixed.append(m)
-        pending.extend((c, m.layer) for c in m.tool_calls)
-    flush()
-    return fixed
+                block_start = len(out) - 1
+        answered.add(m.tool_call_id)
+        out.append(replace(m, tool_call_id=call.call_id))
+    close(out[-1].layer if out else Layer.HISTORY)
+    return out
 
 
 def _apply_images(

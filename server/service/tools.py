@@ -1,0 +1,186 @@
+"""Tool registry, tool_search activations and reads of stored tool results (R-TOOL)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import regex
+
+from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
+from server.compiler.tool_search import search_tools
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.model import ToolResult
+from server.domain.tools import ToolSpec
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.ports import EventStore
+
+# Names the providers accept for functions (OpenAI's rule is the strictest).
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+RESERVED = {LOAD_RULE.name, READ_TOOL_RESULT.name, TOOL_SEARCH.name}
+MAX_TOOLS = 512
+MAX_DESCRIPTION = 8_192
+MAX_SCHEMA = 64 << 10
+MAX_PATTERN = 1_000
+REGEX_TIMEOUT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    text: str
+    offset: int
+    total: int
+    has_more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    line: int
+    text: str
+
+
+def _depth(value: object, limit: int = 32) -> int:
+    """Nesting depth of parsed JSON, stopping early past `limit`."""
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return deepest
+
+
+def check_tool(i: int, spec: ToolSpec) -> None:
+    field = f"tools[{i}]"
+    if not _NAME.fullmatch(spec.name):
+        raise invalid(f"{field}.name", "tool names are 1-64 characters of [A-Za-z0-9_-]")
+    if spec.name in RESERVED:
+        raise invalid(f"{field}.name", f"{spec.name} is a built-in tool of ctxcc")
+    if len(spec.description) > MAX_DESCRIPTION:
+        raise invalid(f"{field}.description", f"description is over {MAX_DESCRIPTION} characters")
+    if len(spec.input_schema_json) > MAX_SCHEMA:
+        raise invalid(f"{field}.input_schema_json", f"schema is over {MAX_SCHEMA} bytes")
+    try:
+        schema = json.loads(spec.input_schema_json or "{}")
+    except (ValueError, RecursionError):
+        raise invalid(f"{field}.input_schema_json", "input_schema_json is not valid JSON") from None
+    if not isinstance(schema, dict):
+        raise invalid(f"{field}.input_schema_json", "input_schema_json must be a JSON object")
+    if _depth(schema) > 32:
+        raise invalid(f"{field}.input_schema_json", "input_schema_json nests deeper than 32")
+
+
+class ToolUseCases:
+    def __init__(self, store: EventStore, blocking: Blocking) -> None:
+        self._store = store
+        self._blocking = blocking
+
+    async def register(
+        self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool
+    ) -> int:
+        check_id("session_id", session_id)
+        if len(specs) > MAX_TOOLS:
+            raise invalid("tools", f"at most {MAX_TOOLS} tools per session")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise invalid("tools", "tool names repeat in one request")
+        for i, spec in enumerate(specs):
+            check_tool(i, spec)
+        count = await self._blocking.run(self._store.put_tools, session_id, specs, replace_all)
+        if count > MAX_TOOLS:
+            raise invalid("tools", f"at most {MAX_TOOLS} tools per session")
+        return count
+
+    async def list_tools(self, session_id: str) -> list[ToolSpec]:
+        check_id("session_id", session_id)
+        await self._blocking.run(self._store.get_session, session_id)
+        return await self._blocking.run(self._store.list_tools, session_id)
+
+    async def search(self, session_id: str, query: str, max_results: int) -> list[ToolSpec]:
+        """Matches are activated for the current turn only; the registry never changes."""
+        check_id("session_id", session_id)
+        if len(query) > 1_000:
+            raise invalid("query", "query is over 1000 characters")
+        session = await self._blocking.run(self._store.get_session, session_id)
+        registry = await self._blocking.run(self._store.list_tools, session_id)
+        found = search_tools(registry, query, min(max_results, 50))
+        if found:
+            turn = await self._blocking.run(
+                self._store.last_turn_start, session_id, session.head_seq
+            )
+            names = tuple(s.name for s in found)
+            await self._blocking.run(
+                self._store.add_activations, session_id, turn.seq if turn else 0, names
+            )
+        return found
+
+    async def _result_text(self, session_id: str, call_id: str) -> str:
+        check_id("session_id", session_id)
+        if not call_id:
+            raise invalid("call_id", "call_id is required")
+        await self._blocking.run(self._store.get_session, session_id)
+        event = await self._blocking.run(self._store.find_tool_result, session_id, call_id)
+        if event is None or not isinstance(event.payload, ToolResult):
+            raise CtxccError(
+                Reason.TOOL_RESULT_NOT_FOUND, f"no result for call {call_id!r} in this session"
+            )
+        result = event.payload
+        if result.blob is None:
+            return result.text or ""
+        data = await self._blocking.run(self._store.get_blob, result.blob.sha256)
+        if data is None:
+            raise CtxccError(Reason.TOOL_RESULT_NOT_FOUND, "the stored result is gone")
+        return data.decode("utf-8", errors="replace")
+
+    async def read_lines(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
+        lines = (await self._result_text(session_id, call_id)).splitlines(keepends=True)
+        limit = min(limit or 200, 2_000)
+        chunk = lines[offset : offset + limit]
+        return Slice("".join(chunk), offset, len(lines), offset + limit < len(lines))
+
+    async def read_bytes(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
+        data = (await self._result_text(session_id, call_id)).encode()
+        limit = min(limit or 16_384, 1 << 20)
+        chunk = data[offset : offset + limit]
+        return Slice(
+            chunk.decode("utf-8", errors="replace"), offset, len(data), offset + limit < len(data)
+        )
+
+    async def search_result(
+        self, session_id: str, call_id: str, pattern: str, is_regex: bool, context: int, most: int
+    ) -> list[Match]:
+        if not pattern:
+            raise invalid("search.pattern", "pattern is required")
+        if len(pattern) > MAX_PATTERN:
+            raise invalid("search.pattern", f"pattern is over {MAX_PATTERN} characters")
+        try:
+            compiled = regex.compile(pattern if is_regex else regex.escape(pattern))
+        except regex.error as exc:
+            raise CtxccError(Reason.INVALID_PATTERN, f"pattern does not compile: {exc}") from None
+        lines = (await self._result_text(session_id, call_id)).splitlines()
+        context, most = min(context, 20), min(most or 20, 200)
+        return await self._blocking.run(_scan, lines, compiled, context, most)
+
+
+def _scan(lines: list[str], compiled: regex.Pattern[str], context: int, most: int) -> list[Match]:
+    out: list[Match] = []
+    for i, line in enumerate(lines):
+        try:
+            hit = compiled.search(line, timeout=REGEX_TIMEOUT_S)
+        except TimeoutError:
+            raise CtxccError(
+                Reason.INVALID_PATTERN, "pattern took too long on one line; simplify it"
+            ) from None
+        if hit:
+            lo, hi = max(0, i - context), min(len(lines), i + context + 1)
+            out.append(Match(i, "\n".join(lines[lo:hi])))
+            if len(out) >= most:
+                break
+    return out

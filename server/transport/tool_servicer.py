@@ -1,0 +1,94 @@
+"""ctxcc.v1.ToolService: the registry, tool_search and history_read_tool_result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from ctxcc.v1 import tool_pb2
+from ctxcc.v1 import tool_service_pb2 as pb
+from ctxcc.v1 import tool_service_pb2_grpc as pb_grpc
+from server.domain.errors import invalid
+from server.domain.tools import ToolSpec, ToolVisibility
+from server.service.tools import ToolUseCases
+from server.transport.base import ObservedServicer, RpcObserver
+from server.transport.errors import unary
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+
+
+def tool_in(i: int, t: tool_pb2.ToolDefinition) -> ToolSpec:
+    visibility = t.visibility or tool_pb2.TOOL_VISIBILITY_DIRECT
+    if visibility not in {int(v) for v in ToolVisibility}:
+        raise invalid(f"tools[{i}].visibility", f"unknown visibility {t.visibility}")
+    return ToolSpec(
+        name=t.name,
+        description=t.description,
+        input_schema_json=t.input_schema_json,
+        visibility=ToolVisibility(visibility),
+        search_keywords=tuple(t.search_keywords),
+    )
+
+
+def tool_out(s: ToolSpec) -> tool_pb2.ToolDefinition:
+    return tool_pb2.ToolDefinition(
+        name=s.name,
+        description=s.description,
+        input_schema_json=s.input_schema_json,
+        visibility=tool_pb2.ToolVisibility.ValueType(int(s.visibility)),
+        search_keywords=list(s.search_keywords),
+    )
+
+
+class ToolServicer(ObservedServicer, pb_grpc.ToolServiceServicer):
+    def __init__(self, tools: ToolUseCases, observer: RpcObserver) -> None:
+        super().__init__(observer)
+        self._t = tools
+
+    @unary
+    async def RegisterTools(
+        self, request: pb.RegisterToolsRequest, context: Ctx
+    ) -> pb.RegisterToolsResponse:
+        specs = tuple(tool_in(i, t) for i, t in enumerate(request.tools))
+        count = await self._t.register(request.session_id, specs, request.replace_all)
+        return pb.RegisterToolsResponse(registered=count)
+
+    @unary
+    async def ListTools(self, request: pb.ListToolsRequest, context: Ctx) -> pb.ListToolsResponse:
+        return pb.ListToolsResponse(
+            tools=[tool_out(s) for s in await self._t.list_tools(request.session_id)]
+        )
+
+    @unary
+    async def SearchTools(
+        self, request: pb.SearchToolsRequest, context: Ctx
+    ) -> pb.SearchToolsResponse:
+        found = await self._t.search(request.session_id, request.query, request.max_results)
+        return pb.SearchToolsResponse(tools=[tool_out(s) for s in found])
+
+    @unary
+    async def ReadToolResult(
+        self, request: pb.ReadToolResultRequest, context: Ctx
+    ) -> pb.ReadToolResultResponse:
+        sid, call = request.session_id, request.call_id
+        match request.WhichOneof("read"):
+            case "bytes":
+                r = request.bytes
+                got = await self._t.read_bytes(sid, call, r.offset, r.limit)
+            case "search":
+                q = request.search
+                matches = await self._t.search_result(
+                    sid, call, q.pattern, q.regex, q.context_lines, q.max_matches
+                )
+                return pb.ReadToolResultResponse(
+                    matches=[tool_pb2.ToolResultMatch(line=m.line, text=m.text) for m in matches]
+                )
+            case _:  # lines, and the default when no mode is given
+                lines = request.lines
+                got = await self._t.read_lines(sid, call, lines.offset, lines.limit)
+        return pb.ReadToolResultResponse(
+            slice=tool_pb2.ToolResultSlice(
+                text=got.text, offset=got.offset, total=got.total, has_more=got.has_more
+            )
+        )

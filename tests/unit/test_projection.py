@@ -1,0 +1,258 @@
+"""Compiler II on the pure core: checkpoints, fallbacks, pairing, tools, images, layers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
+from server.compiler.compile import CompileInputs, compile_view
+from server.compiler.projection import ImagePolicy, project
+from server.compiler.view import FallbackReason, Layer, ToolOrigin, ViewMessage
+from server.domain.canonical import events_digest
+from server.domain.model import (
+    ArtifactRef,
+    AssistantMessage,
+    Attachment,
+    ContentPart,
+    Event,
+    NativeState,
+    Payload,
+    Role,
+    Route,
+    Session,
+    ToolCall,
+    ToolResult,
+    TurnCancelled,
+    UserMessage,
+)
+from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.tools import ToolSpec, ToolVisibility
+from tests.unit.test_system_prompt import WordCounter
+
+C = WordCounter()
+ROUTE = Route(model="claude-sonnet-4")
+
+
+def log(*payloads: Payload) -> tuple[Event, ...]:
+    return tuple(Event(i + 1, f"e{i + 1}", i, p) for i, p in enumerate(payloads))
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage((ContentPart(text=text),))
+
+
+def said(text: str, *calls: ToolCall) -> AssistantMessage:
+    return AssistantMessage((ContentPart(text=text),) if text else (), calls)
+
+
+def transcript(messages: tuple[ViewMessage, ...] | list[ViewMessage]) -> str:
+    lines = []
+    for m in messages:
+        body = " ".join(p.text or "" for p in m.parts)
+        calls = " ".join(f"{c.name}({c.arguments_json})" for c in m.tool_calls)
+        lines.append(f"{m.role.name}: {body} {calls}".strip())
+    return "\n".join(lines)
+
+
+def checkpoint(n: int, summary: str, events: tuple[Event, ...], **kw: object) -> Checkpoint:
+    base = Checkpoint(
+        "c1",
+        "s",
+        n,
+        summary,
+        ROUTE,
+        False,
+        events_digest(events[:n]),
+        CheckpointKind.MODEL_SUMMARY,
+        0,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+EVENTS = log(
+    user("find the bug"),
+    said("", ToolCall("c1", "grep", '{"q": "bug"}')),
+    ToolResult("c1", "grep", text="a.py:3 bug"),
+    said("It is in a.py."),
+    user("fix it"),
+    said("", ToolCall("c2", "edit", '{"f": "a.py"}')),
+    ToolResult("c2", "edit", text="ok"),
+)
+
+
+def test_projection_from_a_checkpoint_equals_the_full_log_when_the_summary_is_exact() -> None:
+    full = project(EVENTS, C)
+    covered = [m for m in full.messages if m.last_seq <= 4]
+    ck = checkpoint(4, transcript(covered), EVENTS)
+    from_ck = project(EVENTS[4:], C, checkpoint=ck)
+    summary, *rest = from_ck.messages
+    assert summary.synthetic and summary.role is Role.USER
+    assert transcript(covered) in (summary.parts[0].text or "")
+    assert tuple(rest) == full.messages[len(covered) :]
+
+
+def test_user_request_is_reinjected_when_the_checkpoint_covers_it() -> None:
+    ck = checkpoint(6, "S", EVENTS)
+    p = project(EVENTS[6:], C, checkpoint=ck, current_user=EVENTS[4])
+    assert [m.role for m in p.messages] == [Role.USER, Role.USER, Role.ASSISTANT, Role.TOOL]
+    texts = [m.parts[0].text if m.parts else "" for m in p.messages]
+    assert texts[1] == "fix it"
+    assert p.messages[1].layer is Layer.WORKING_SET and p.messages[0].layer is Layer.HISTORY
+    # The orphaned result gets its call back (the call was inside the checkpoint).
+    assert p.messages[2].synthetic and p.messages[2].tool_calls[0].call_id == "c2"
+    assert p.messages[3].tool_call_id == "c2"
+
+
+def test_each_fallback_reason() -> None:
+    good = checkpoint(4, "S", EVENTS)
+    digest = events_digest(EVENTS[:4])
+
+    def pick(ck: Checkpoint, actual: str | None = digest, route: Route = ROUTE) -> object:
+        return choose_checkpoint([CheckpointCandidate(ck, actual)], "s", route, 7)
+
+    assert pick(good) == (good, ())
+    assert pick(good, "0" * 64) == (None, (FallbackReason.CHECKPOINT_DIGEST_MISMATCH,))
+    assert pick(replace(good, covers_through_seq=9), None) == (
+        None,
+        (FallbackReason.CHECKPOINT_BOUNDARY_MISSING,),
+    )
+    other = Route(model="gpt-4o")
+    assert pick(good, route=other) == (None, (FallbackReason.ROUTE_MISMATCH,))
+    assert pick(replace(good, portable=True), route=other) == (replace(good, portable=True), ())
+    foreign = replace(good, origin_session_id="elsewhere")
+    assert pick(foreign) == (None, (FallbackReason.CHECKPOINT_FOREIGN,))
+    assert pick(replace(foreign, portable=True)) == (replace(foreign, portable=True), ())
+    assert pick(replace(foreign, portable=True), "bad") == (
+        None,
+        (FallbackReason.CHECKPOINT_FOREIGN,),
+    )
+    # Newest first: a bad newer checkpoint is reported, the older valid one is used.
+    newer = replace(good, checkpoint_id="c2", covers_through_seq=6)
+    chosen, reasons = choose_checkpoint(
+        [CheckpointCandidate(newer, "x"), CheckpointCandidate(good, digest)], "s", ROUTE, 7
+    )
+    assert chosen == good and reasons == (FallbackReason.CHECKPOINT_DIGEST_MISMATCH,)
+
+
+def test_reasoning_only_from_cancelled_turns_that_keep_it() -> None:
+    events = log(
+        user("a"),
+        AssistantMessage((ContentPart(text="x"),), reasoning="think 1"),
+        TurnCancelled("stop", keep_reasoning=True),
+        user("b"),
+        AssistantMessage((ContentPart(text="y"),), reasoning="think 2"),
+        TurnCancelled("stop", keep_reasoning=False),
+        user("c"),
+    )
+    text = transcript(project(events, C).messages)
+    assert "think 1" in text and "reasoning kept from a cancelled turn" in text
+    assert "think 2" not in text
+
+
+PNG = ArtifactRef("a1", "image/png", 1000, "f" * 64, 100, 100)
+
+
+def test_images_are_sent_or_explained() -> None:
+    events = log(user("look"), Attachment(PNG), Attachment(replace(PNG, artifact_id="a2")))
+    ok = project(events, C, images=ImagePolicy(existing=(("a1", 1000), ("a2", 1000))))
+    assert sum(1 for m in ok.messages for p in m.parts if p.attachment) == 2
+    text_only = project(
+        events, C, images=ImagePolicy(accepts_images=False, existing=(("a1", 1000), ("a2", 1000)))
+    )
+    notes = [p.text for m in text_only.messages for p in m.parts if p.text and "not sent" in p.text]
+    assert len(notes) == 2 and all("does not accept images" in n for n in notes)
+    assert len(text_only.notes) == 2
+    missing = project(events, C, images=ImagePolicy(existing=(("a2", 1000),)))
+    assert any("no longer exists" in n for n in missing.notes)
+    capped = project(
+        events, C, images=ImagePolicy(existing=(("a1", 1000), ("a2", 1000)), max_images=1)
+    )
+    kept = [p.attachment.artifact_id for m in capped.messages for p in m.parts if p.attachment]
+    assert kept == ["a2"]  # the newest image stays
+    assert any("a1" in n and "limit" in n for n in capped.notes)
+
+
+def test_native_state_only_on_its_route() -> None:
+    state = NativeState(ROUTE.route_id, "openai.previous_response_id", b"resp_1")
+    events = log(user("a"), AssistantMessage((ContentPart(text="x"),), native_state=state))
+    assert project(events, C, route_id=ROUTE.route_id).native_state == state
+    assert project(events, C, route_id=Route(model="other").route_id).native_state is None
+
+
+REGISTRY = (
+    ToolSpec("read", "Read a file", "{}"),
+    ToolSpec(
+        "deploy_app", "Deploy the app to production", "{}", ToolVisibility.DEFERRED, ("release",)
+    ),
+    ToolSpec("rotate_keys", "Rotate secrets", "{}", ToolVisibility.HIDDEN),
+)
+
+
+def inputs(events: tuple[Event, ...], **kw: object) -> CompileInputs:
+    base = CompileInputs("s:1", Session("s", 0, 0), events, len(events), ROUTE, tools=REGISTRY)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def names(view: object) -> list[tuple[str, ToolOrigin]]:
+    return [(t.spec.name, t.origin) for t in view.tools]  # type: ignore[attr-defined]
+
+
+def test_deferred_tools_activate_for_the_rest_of_the_turn_only() -> None:
+    search = ToolCall("s1", "tool_search", '{"query": "deploy release"}')
+    turn1 = log(user("ship it"), said("", search))
+    before = compile_view(inputs(turn1), C)
+    assert names(before) == [
+        ("read", ToolOrigin.DIRECT),
+        ("tool_search", ToolOrigin.BUILTIN_TOOL_SEARCH),
+    ]
+    answered = (*turn1, Event(3, "e3", 0, ToolResult("s1", "tool_search", text="deploy_app")))
+    after = compile_view(inputs(answered), C)
+    assert ("deploy_app", ToolOrigin.ACTIVATED) in names(after)
+    next_turn = (*answered, Event(4, "e4", 0, user("thanks")))
+    later = compile_view(inputs(next_turn), C)
+    assert "deploy_app" not in [n for n, _ in names(later)]
+    # RPC activations count for their turn; hidden tools never appear, even when named.
+    rpc = compile_view(inputs(next_turn, activated_tools=("deploy_app", "rotate_keys")), C)
+    assert ("deploy_app", ToolOrigin.ACTIVATED) in names(rpc)
+    assert "rotate_keys" not in [n for n, _ in names(rpc)]
+
+
+payload_st = st.one_of(
+    st.builds(user, st.text(max_size=20)),
+    st.builds(
+        lambda t, ids: said(t, *[ToolCall(f"c{i}", "f", "{}") for i in ids]),
+        st.text(max_size=10),
+        st.lists(st.integers(0, 4), max_size=3, unique=True),
+    ),
+    st.builds(lambda i: ToolCall(f"c{i}", "f", "{}"), st.integers(0, 4)),
+    st.builds(
+        lambda i, t: ToolResult(f"c{i}", "f", text=t), st.integers(0, 4), st.text(max_size=10)
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(payload_st, max_size=14))
+def test_pairing_ledger_and_determinism_properties(payloads: list[Payload]) -> None:
+    events = log(*payloads)
+    view = compile_view(inputs(events), C)
+    assert view == compile_view(inputs(events), C)
+    assert sum(r.tokens for r in view.layers) == view.budget.estimated_input_tokens
+    assert sum(r.items for r in view.layers) == (
+        len(view.system_sections) + len(view.messages) + len(view.tools)
+    )
+    open_calls: set[str] = set()
+    results: list[str] = []
+    for m in view.messages:
+        if m.role is Role.TOOL:
+            assert m.tool_call_id in open_calls, "a result without its call"
+            open_calls.discard(m.tool_call_id)
+            results.append(m.tool_call_id)
+        else:
+            assert not open_calls, "a call without its result before the next message"
+            open_calls |= {c.call_id for c in m.tool_calls}
+    assert not open_calls
+    assert len(results) == len(set(results))
