@@ -35,9 +35,10 @@ from ctxcc.v1 import (
     tool_service_pb2_grpc,
 )
 from server import __version__
+from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
-from server.adapters.tokenizer import TiktokenCounter
+from server.adapters.tokenizer import CounterRegistry
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL
@@ -102,6 +103,10 @@ class Daemon:
     async def start(self) -> Endpoints:
         cfg = self.cfg
         kernel = self._kernel_text()
+        try:
+            catalog = load_catalog(cfg.model_catalog)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         kv = open_rocks(cfg.db_path, sync=cfg.durability == "sync")
         store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
         self._store = store
@@ -142,7 +147,8 @@ class Daemon:
             self.hub,
             clock,
             ids,
-            TiktokenCounter(),
+            CounterRegistry(),
+            catalog,
             settings,
             self.telemetry,
             sources,

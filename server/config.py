@@ -63,6 +63,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("rules_cap", "16000", "characters of the rules in direct effect"),
     Setting("rule_index_cap", "4000", "characters of the on-demand rule index"),
     Setting("memory_cap", "8000", "characters of memory"),
+    Setting(
+        "model_catalog", "", "JSON file of model entries added to or replacing the shipped catalog"
+    ),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -96,6 +99,7 @@ class Config:
     rules_cap: int
     rule_index_cap: int
     memory_cap: int
+    model_catalog: str
 
     @property
     def db_path(self) -> Path:
@@ -227,6 +231,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         rules_cap=_int(raw, "rules_cap", minimum=100),
         rule_index_cap=_int(raw, "rule_index_cap", minimum=100),
         memory_cap=_int(raw, "memory_cap", minimum=100),
+        model_catalog=raw["model_catalog"],
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

@@ -649,6 +649,7 @@ class Budget(_message.Message):
     UTILIZATION_FIELD_NUMBER: _builtins.int
     BASELINE_TOKENS_FIELD_NUMBER: _builtins.int
     WINDOW_UNKNOWN_FIELD_NUMBER: _builtins.int
+    LEDGER_TOKENS_FIELD_NUMBER: _builtins.int
     context_window: _builtins.int
     """Model context window, 0 when unknown."""
     output_reserve: _builtins.int
@@ -667,6 +668,10 @@ class Budget(_message.Message):
     """Tokens of the baseline used, when estimate_method is BASELINE_DELTA."""
     window_unknown: _builtins.bool
     """True when the window is unknown and R-BUD-4 defaults apply."""
+    ledger_tokens: _builtins.int
+    """Sum of the layer ledger: the full local estimate of this view. Equals
+    estimated_input_tokens when estimate_method is FULL.
+    """
     def __init__(
         self,
         *,
@@ -679,10 +684,11 @@ class Budget(_message.Message):
         utilization: _builtins.float = ...,
         baseline_tokens: _builtins.int = ...,
         window_unknown: _builtins.bool = ...,
+        ledger_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_tokens", b"baseline_tokens", "context_window", b"context_window", "estimate_method", b"estimate_method", "estimated_input_tokens", b"estimated_input_tokens", "history_high_watermark", b"history_high_watermark", "input_budget", b"input_budget", "output_reserve", b"output_reserve", "utilization", b"utilization", "window_unknown", b"window_unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_tokens", b"baseline_tokens", "context_window", b"context_window", "estimate_method", b"estimate_method", "estimated_input_tokens", b"estimated_input_tokens", "history_high_watermark", b"history_high_watermark", "input_budget", b"input_budget", "ledger_tokens", b"ledger_tokens", "output_reserve", b"output_reserve", "utilization", b"utilization", "window_unknown", b"window_unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

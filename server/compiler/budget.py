@@ -79,6 +79,7 @@ def judge(
     history_tokens: int,
     cfg: BudgetConfig,
     baseline_tokens: int = 0,
+    ledger_tokens: int | None = None,
 ) -> tuple[Budget, Decision]:
     reserve = output_reserve(limits, last_output_tokens, cfg)
     budget = input_budget(limits, reserve, cfg)
@@ -101,6 +102,7 @@ def judge(
             utilization=round(utilization, 6),
             baseline_tokens=baseline_tokens,
             window_unknown=limits.context_window <= 0,
+            ledger_tokens=estimate if ledger_tokens is None else ledger_tokens,
         ),
         decision,
     )

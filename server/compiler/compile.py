@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
+from server.compiler.estimate import estimate
 from server.compiler.projection import ImagePolicy, is_user_turn_start, project
 from server.compiler.sources import SourceInputs, build_source_sections, paths_in
 from server.compiler.system import (
@@ -26,7 +27,6 @@ from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     CompiledView,
-    EstimateMethod,
     FallbackReason,
     Layer,
     LayerTokens,
@@ -223,16 +223,18 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         ledger[Layer.NATIVE_STATE][0] += native_state_tokens(projection.native_state)
         ledger[Layer.NATIVE_STATE][1] += 1
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
-    estimate = sum(row.tokens for row in layers)
+    value, method, basis = estimate(layers, projection.messages, inputs.route_state)
     pressure = max(layers, key=lambda row: (row.tokens, -int(row.layer))).layer
     last_output = inputs.route_state.last_output_tokens if inputs.route_state else None
     budget, decision = judge(
         inputs.limits,
         last_output,
-        estimate,
-        EstimateMethod.FULL,
+        value,
+        method,
         ledger[Layer.HISTORY][0],
         inputs.budget_config,
+        baseline_tokens=basis.baseline_tokens,
+        ledger_tokens=basis.ledger_tokens,
     )
     return CompiledView(
         compile_id=inputs.compile_id,
@@ -253,4 +255,5 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         fallback_reasons=inputs.fallback_reasons,
         checkpoint_id=inputs.checkpoint.checkpoint_id if inputs.checkpoint else "",
         notes=built.notes + projection.notes,
+        basis=basis,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from server.compiler.estimate_basis import EstimateBasis
 from server.domain.model import ArtifactRef, NativeState, Role, Route, ToolCall
 from server.domain.sources import Authority, Scope
 from server.domain.tools import ToolSpec, ToolVisibility
@@ -120,6 +121,8 @@ class Budget:
     utilization: float
     baseline_tokens: int = 0
     window_unknown: bool = False
+    # Sum of the layers: the full local estimate of this view.
+    ledger_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +154,5 @@ class CompiledView:
     checkpoint_id: str = ""
     compaction: CompactionRequest | None = None
     notes: tuple[str, ...] = ()
+    # How the estimate was made; the service stores it with the compile record.
+    basis: EstimateBasis | None = None

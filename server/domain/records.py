@@ -49,6 +49,12 @@ class CompileRecord:
     usage: Usage | None = None
     # (section kind, digest) of the view's system sections, to report changes next time.
     section_digests: tuple[tuple[int, str], ...] = ()
+    # Estimate basis (see compiler/estimate.py): lets this compile's usage become a baseline.
+    message_count: int = 0
+    messages_digest: str = ""
+    fixed_tokens: int = 0
+    raw_delta: int | None = None
+    baseline_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,13 @@ class RouteState:
     baseline_compile_id: str
     last_output_tokens: int
     update_time_ns: int
+    # The baseline view's message prefix and fixed tokens (pure-append check).
+    message_count: int = 0
+    messages_digest: str = ""
+    fixed_tokens: int = 0
+    # Reported change / estimated change, smoothed (R-EST online calibration).
+    calibration: float = 1.0
+    samples: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_view, section_digests
+from server.compiler.estimate import CalibrationConfig, calibrate
 from server.compiler.projection import ImagePolicy
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
-from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView, EstimateMethod, SectionKind
+from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.families import family_of
 from server.domain.model import Route
@@ -19,7 +20,7 @@ from server.domain.records import CompileRecord, RouteState, Usage
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
 from server.service.loading import HistoryLoader
-from server.service.ports import Clock, EventStore, IdSource, Telemetry
+from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
 
@@ -37,6 +38,8 @@ class CompileOptions:
     platform: str = ""
     shell: str = ""
     exclude_sections: frozenset[SectionKind] = frozenset()
+    # True when the request said whether the model accepts images (else the catalog says).
+    images_given: bool = False
     # Materialize attachment bytes (IMAGE_MODE_INLINE) or send references only.
     inline_images: bool = True
 
@@ -67,6 +70,17 @@ class CompilerSettings:
     caps: SourceCaps = SourceCaps()
     max_images: int = 20
     max_image_bytes: int = 20 << 20
+    calibration: CalibrationConfig = CalibrationConfig()
+
+
+def effective_limits(info: ModelInfo, request: ModelLimits, images_given: bool) -> ModelLimits:
+    """Catalog values, overridden by the request's non-zero fields (R-BUD-5)."""
+    return ModelLimits(
+        context_window=request.context_window or info.context_window,
+        max_output_tokens=request.max_output_tokens or info.max_output_tokens,
+        max_input_tokens=request.max_input_tokens or info.max_input_tokens,
+        accepts_images=request.accepts_images if images_given else info.accepts_images,
+    )
 
 
 class CompileUseCases:
@@ -77,7 +91,8 @@ class CompileUseCases:
         hub: WatchHub,
         clock: Clock,
         ids: IdSource,
-        counter: TokenCounter,
+        tokenizers: Tokenizers,
+        catalog: Catalog,
         settings: CompilerSettings,
         telemetry: Telemetry,
         sources: SourceUseCases,
@@ -87,7 +102,8 @@ class CompileUseCases:
         self._hub = hub
         self._clock = clock
         self._ids = ids
-        self._counter = counter
+        self._tokenizers = tokenizers
+        self._catalog = catalog
         self._settings = settings
         self._telemetry = telemetry
         self._sources = sources
@@ -111,6 +127,8 @@ class CompileUseCases:
                 head_seq=str(session.head_seq),
             )
         boundary = opts.as_of_seq or session.head_seq
+        info = self._catalog.lookup(opts.route.model)
+        limits = effective_limits(info, opts.limits, opts.images_given)
         history = await self._blocking.run(self._loader.load, session, boundary, opts.route)
         route_state = await self._blocking.run(
             self._store.get_route_state, opts.session_id, opts.route.route_id
@@ -130,7 +148,7 @@ class CompileUseCases:
             events=history.events,
             event_boundary=boundary,
             route=opts.route,
-            limits=opts.limits,
+            limits=limits,
             route_state=route_state,
             kernel_text=self._settings.kernel_text,
             approval_mode=opts.approval_mode or self._settings.default_approval,
@@ -150,13 +168,15 @@ class CompileUseCases:
             current_user=history.current_user,
             fallback_reasons=history.fallback_reasons,
             images=ImagePolicy(
-                accepts_images=opts.limits.accepts_images,
+                accepts_images=limits.accepts_images,
                 existing=history.artifacts,
                 max_images=self._settings.max_images,
                 max_image_bytes=self._settings.max_image_bytes,
             ),
         )
-        view = await self._blocking.run(compile_view, inputs, self._counter)
+        counter = self._tokenizers.for_model(info)
+        view = await self._blocking.run(compile_view, inputs, counter)
+        basis = view.basis
         record = CompileRecord(
             compile_id=view.compile_id,
             session_id=opts.session_id,
@@ -166,6 +186,11 @@ class CompileUseCases:
             estimate_method=int(view.budget.estimate_method),
             create_time_ns=self._clock.now_ns(),
             section_digests=section_digests(view.system_sections),
+            message_count=basis.message_count if basis else 0,
+            messages_digest=basis.messages_digest if basis else "",
+            fixed_tokens=basis.fixed_tokens if basis else 0,
+            raw_delta=basis.raw_delta if basis else None,
+            baseline_tokens=basis.baseline_tokens if basis else 0,
         )
         await self._blocking.run(self._store.put_compile, record)
         notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)
@@ -196,12 +221,29 @@ class CompileUseCases:
                 "the usage report's route differs from the route the view was compiled for",
                 compile_id=compile_id,
             )
+        previous = await self._blocking.run(
+            self._store.get_route_state, record.session_id, record.route.route_id
+        )
+        calibration = previous.calibration if previous else 1.0
+        if record.estimate_method == int(EstimateMethod.BASELINE_DELTA):
+            calibration = calibrate(
+                calibration,
+                record.raw_delta,
+                record.baseline_tokens,
+                usage.input_tokens,
+                self._settings.calibration,
+            )
         state = RouteState(
             route_id=record.route.route_id,
             baseline_input_tokens=usage.input_tokens,
             baseline_compile_id=compile_id,
             last_output_tokens=usage.output_tokens,
             update_time_ns=self._clock.now_ns(),
+            message_count=record.message_count,
+            messages_digest=record.messages_digest,
+            fixed_tokens=record.fixed_tokens,
+            calibration=calibration,
+            samples=(previous.samples if previous else 0) + 1,
         )
         stored, replayed = await self._blocking.run(
             self._store.record_usage, compile_id, usage, state
@@ -217,5 +259,9 @@ class CompileUseCases:
             error_tokens=actual - estimated,
             relative_error=(actual - estimated) / actual if actual else 0.0,
             replayed=replayed,
-            next_output_reserve=output_reserve(ModelLimits(), output, self._settings.budget),
+            next_output_reserve=output_reserve(
+                effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False),
+                output,
+                self._settings.budget,
+            ),
         )

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView
+from server.domain.catalog import ModelInfo
 from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
 from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
 from server.domain.sources import Scope, SourceEntry, SourceKind, WorkspaceSources
@@ -118,3 +120,9 @@ class Workspace(Protocol):
     """Reads instruction files, skills, rules and memory files under configured roots."""
 
     def read(self, project_root: str, working_directory: str) -> WorkspaceSources: ...
+
+
+class Tokenizers(Protocol):
+    """Token counters per tokenizer family (the tiktoken adapter)."""
+
+    def for_model(self, info: ModelInfo) -> TokenCounter: ...

@@ -31,6 +31,7 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         max_input_tokens=lim.max_input_tokens,
         accepts_images=lim.accepts_images if lim.HasField("accepts_images") else True,
     )
+    # Unset fields mean "as the model catalog says"; set ones override it.
     return CompileOptions(
         session_id=req.session_id,
         route=route_in(req.route),
@@ -42,6 +43,7 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         shell=req.environment.shell,
         exclude_sections=frozenset(excluded),
         inline_images=req.image_mode != compile_service_pb2.IMAGE_MODE_REFERENCE,
+        images_given=lim.HasField("accepts_images"),
     )
 
 
@@ -108,6 +110,7 @@ def view_out(
             utilization=b.utilization,
             baseline_tokens=b.baseline_tokens,
             window_unknown=b.window_unknown,
+            ledger_tokens=b.ledger_tokens,
         ),
         decision=view_pb2.Decision.ValueType(int(v.decision)),
         fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in v.fallback_reasons],

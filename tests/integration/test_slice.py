@@ -44,12 +44,14 @@ async def test_create_append_compile_report(api: Stubs) -> None:
     assert view.system_prompt.startswith(view.system_sections[0].text)
     assert len(view.prefix_digest) == 64
     ledger = {row.layer: row.tokens for row in view.layers}
-    assert sum(ledger.values()) == view.budget.estimated_input_tokens
+    assert sum(ledger.values()) == view.budget.estimated_input_tokens == view.budget.ledger_tokens
+    assert view.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
     assert ledger[view_pb2.LAYER_WORKING_SET] > 0
     assert view.decision == view_pb2.DECISION_OK
-    # Unknown window (no catalog yet, no override): R-BUD-4's 16K output reserve.
-    assert view.budget.window_unknown
-    assert view.budget.output_reserve == 16_384
+    # The catalog knows claude-sonnet-4: a 200K window, so R-BUD-1 reserves 16K.
+    assert not view.budget.window_unknown
+    assert (view.budget.context_window, view.budget.output_reserve) == (200_000, 16_384)
+    assert view.budget.input_budget == 200_000 - 16_384
 
     usage = await api.compiles.ReportUsage(
         cpb.ReportUsageRequest(
@@ -68,9 +70,14 @@ async def test_create_append_compile_report(api: Stubs) -> None:
     assert again.replayed
     assert again.error_tokens == usage.error_tokens
 
-    # After a usage report the same route's next view reserves 2 x last output (1K floor).
+    # After a usage report the same route's next view reserves 2 x last output (1K floor)
+    # and estimates from the reported baseline plus what changed since (nothing here but,
+    # at most, the minute in the environment section).
     view2 = (await api.compiles.Compile(compile_request("s1"))).view
     assert view2.budget.output_reserve == 1024
+    assert view2.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert view2.budget.baseline_tokens == 1000
+    assert abs(view2.budget.estimated_input_tokens - 1000) < 20
 
 
 async def test_view_follows_the_log_and_drops_reasoning(api: Stubs) -> None:

@@ -1,0 +1,17 @@
+"""The record of how an estimate was made (kept apart to avoid an import cycle)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateBasis:
+    """What a later compile needs to use this one's reported usage as its baseline."""
+
+    message_count: int
+    messages_digest: str
+    fixed_tokens: int
+    ledger_tokens: int
+    raw_delta: int | None = None
+    baseline_tokens: int = 0
