@@ -152,6 +152,7 @@ class Daemon:
             settings,
             self.telemetry,
             sources,
+            checkpoints,
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
         observe = self.telemetry.rpc_done

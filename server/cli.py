@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from server import __version__
+from server import __version__, replay
 from server.config import ConfigError, add_flags, resolve
 
 log = logging.getLogger("ctxcc")
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add_flags(serve)
+    replay.add_parser(sub)
     return parser
 
 
@@ -70,6 +71,9 @@ async def _serve(flags: dict[str, object]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "replay":
+        logging.basicConfig(level="WARNING", stream=sys.stderr)
+        return replay.main(args)
     if args.command == "serve":
         flags = {k: v for k, v in vars(args).items() if k != "command"}
         try:

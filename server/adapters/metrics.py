@@ -54,6 +54,12 @@ class PrometheusTelemetry:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
             registry=r,
         )
+        self.compactions = Counter(
+            "ctxcc_compactions_total",
+            "Compactions recommended (performed=false) and performed, by kind.",
+            ["kind", "performed"],
+            registry=r,
+        )
         self.watchers = Gauge("ctxcc_watchers", "Open WatchSession streams.", registry=r)
         self.rpc_seconds = Histogram(
             "ctxcc_rpc_duration_seconds",
@@ -78,6 +84,9 @@ class PrometheusTelemetry:
         if actual > 0:
             err = abs(actual - estimated) / actual
             self.estimation_error.labels(model_family, method).observe(err)
+
+    def compaction(self, kind: str, performed: bool) -> None:
+        self.compactions.labels(kind, "true" if performed else "false").inc()
 
     def watchers_changed(self, delta: int) -> None:
         self.watchers.inc(delta)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
+from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
 from server.compiler.projection import ImagePolicy, is_user_turn_start, project
 from server.compiler.sources import SourceInputs, build_source_sections, paths_in
@@ -27,6 +28,7 @@ from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     CompiledView,
+    Decision,
     FallbackReason,
     Layer,
     LayerTokens,
@@ -236,6 +238,15 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         baseline_tokens=basis.baseline_tokens,
         ledger_tokens=basis.ledger_tokens,
     )
+    compaction = None
+    if decision is not Decision.OK:
+        ws = [m.first_seq for m in projection.messages if m.layer is Layer.WORKING_SET]
+        compaction = compaction_request(
+            projection.messages,
+            inputs.checkpoint,
+            min((s for s in ws if s), default=None),
+            inputs.event_boundary,
+        )
     return CompiledView(
         compile_id=inputs.compile_id,
         session_id=inputs.session.session_id,
@@ -256,4 +267,5 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         checkpoint_id=inputs.checkpoint.checkpoint_id if inputs.checkpoint else "",
         notes=built.notes + projection.notes,
         basis=basis,
+        compaction=compaction,
     )

@@ -38,7 +38,7 @@ from server.domain.model import (
     UserMessage,
     starts_turn,
 )
-from server.domain.records import Checkpoint
+from server.domain.records import Checkpoint, CheckpointKind
 
 MISSING_RESULT = "[no result was recorded for this call: it was interrupted or never finished]"
 
@@ -82,6 +82,30 @@ def render_summary(checkpoint: Checkpoint) -> str:
         f'<conversation_summary through_seq="{checkpoint.covers_through_seq}">\n'
         f"{escape_fences(checkpoint.summary)}\n</conversation_summary>"
     )
+
+
+# Built-in compaction: results longer than this, before the protected window, are shown
+# by a short preview and a reference (R-MISC-5 a).
+ELIDE_OVER_CHARS = 2_000
+ELIDED_PREVIEW_CHARS = 200
+
+
+def elide_result(event: Event) -> str | None:
+    p = event.payload
+    if not isinstance(p, ToolResult):
+        return None
+    size = p.blob.size_bytes if p.blob is not None else len((p.text or "").encode())
+    head = p.blob.preview if p.blob is not None else (p.text or "")
+    if size <= ELIDE_OVER_CHARS:
+        return None
+    return (
+        f"{head[:ELIDED_PREVIEW_CHARS]}\n[... {size} bytes elided by compaction; read them with "
+        f"history_read_tool_result(call_id={p.call_id!r})]"
+    )
+
+
+def has_elidable(events: Sequence[Event], through_seq: int) -> bool:
+    return any(e.seq <= through_seq and elide_result(e) is not None for e in events)
 
 
 def blob_reference_text(result: ToolResult) -> str:
@@ -338,7 +362,8 @@ def project(
     ws_seq = current_user.seq if current_user is not None else None
     kept = _kept_reasoning_seqs(events)
     raw: list[ViewMessage] = []
-    if checkpoint is not None:
+    builtin = checkpoint is not None and checkpoint.kind == CheckpointKind.BUILTIN
+    if checkpoint is not None and not builtin:
         raw.append(
             ViewMessage(
                 Role.USER,
@@ -352,10 +377,18 @@ def project(
             msg = _message(current_user, False)
             if msg is not None:
                 raw.append(msg)
+    elided = 0
     for event in events:
         msg = _message(event, event.seq in kept)
-        if msg is not None:
-            raw.append(msg)
+        if msg is None:
+            continue
+        if builtin and checkpoint is not None and event.seq <= checkpoint.covers_through_seq:
+            shorter = elide_result(event)
+            if shorter is not None:
+                msg, elided = replace(msg, parts=(ViewPart(text=shorter),)), elided + 1
+        raw.append(msg)
+    if elided:
+        notes.append(f"built-in compaction: {elided} older tool result(s) shown by reference")
     layered = [
         replace(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
         for m in _merge_calls(raw)
@@ -363,5 +396,7 @@ def project(
     paired = pair_tool_messages(layered, notes)
     imaged = _apply_images(paired, images, notes)
     sized = tuple(replace(m, tokens=message_tokens(m, counter)) for m in imaged)
-    blobs = any(isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events)
+    blobs = elided > 0 or any(
+        isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events
+    )
     return Projection(sized, tuple(notes), _native_state(events, route_id), blobs)

@@ -7,7 +7,7 @@ import hashlib
 
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason, invalid
-from server.domain.records import Checkpoint
+from server.domain.records import Checkpoint, CheckpointKind
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
 from server.service.ports import Clock, EventStore, IdSource
@@ -30,7 +30,10 @@ class CheckpointUseCases:
         sid = template.session_id
         check_id("checkpoint.session_id", sid)
         check_id("request_id", request_id, required=False)
-        if not template.summary.strip():
+        if template.kind == CheckpointKind.BUILTIN:
+            # The daemon's own compaction: no summary, usable on any route.
+            template = dataclasses.replace(template, summary="", portable=True)
+        elif not template.summary.strip():
             raise invalid("checkpoint.summary", "a checkpoint needs a summary")
         if len(template.summary) > MAX_SUMMARY_CHARS:
             raise invalid("checkpoint.summary", f"summary is over {MAX_SUMMARY_CHARS} characters")

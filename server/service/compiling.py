@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_view, section_digests
 from server.compiler.estimate import CalibrationConfig, calibrate
-from server.compiler.projection import ImagePolicy
+from server.compiler.projection import ImagePolicy, has_elidable
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
-from server.compiler.view import CompiledView, EstimateMethod, SectionKind
+from server.compiler.view import CompiledView, Decision, EstimateMethod, Layer, SectionKind
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.families import family_of
-from server.domain.model import Route
-from server.domain.records import CompileRecord, RouteState, Usage
+from server.domain.model import Route, Session
+from server.domain.records import (
+    Checkpoint,
+    CheckpointKind,
+    CompileRecord,
+    RouteState,
+    Usage,
+)
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
-from server.service.loading import HistoryLoader
+from server.service.checkpoints import CheckpointUseCases
+from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
@@ -71,6 +78,8 @@ class CompilerSettings:
     max_images: int = 20
     max_image_bytes: int = 20 << 20
     calibration: CalibrationConfig = CalibrationConfig()
+    # Built-in compaction when the budget asks for it (R-MISC-5 a).
+    auto_compact: bool = True
 
 
 def effective_limits(info: ModelInfo, request: ModelLimits, images_given: bool) -> ModelLimits:
@@ -96,6 +105,7 @@ class CompileUseCases:
         settings: CompilerSettings,
         telemetry: Telemetry,
         sources: SourceUseCases,
+        checkpoints: CheckpointUseCases,
     ) -> None:
         self._store = store
         self._blocking = blocking
@@ -108,13 +118,14 @@ class CompileUseCases:
         self._telemetry = telemetry
         self._sources = sources
         self._loader = HistoryLoader(store)
+        self._checkpoints = checkpoints
 
     def _time_text(self) -> str:
         g = max(1, self._settings.time_granularity_s)
         seconds = self._clock.now_ns() // 1_000_000_000 // g * g
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
-    async def compile(self, opts: CompileOptions) -> CompileResult:
+    async def compile(self, opts: CompileOptions, *, may_compact: bool = True) -> CompileResult:
         started = time.perf_counter()
         check_id("session_id", opts.session_id)
         if not opts.route.model:
@@ -176,6 +187,15 @@ class CompileUseCases:
         )
         counter = self._tokenizers.for_model(info)
         view = await self._blocking.run(compile_view, inputs, counter)
+        wants = view.decision is not Decision.OK and may_compact and opts.as_of_seq == 0
+        if wants and await self._builtin_compaction(session, history, view):
+            return await self.compile(opts, may_compact=False)
+        if view.compaction is not None:
+            digest = await self._blocking.run(
+                self._loader.range_digest, session, view.compaction.through_seq
+            )
+            view = replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
+            self._telemetry.compaction("model_summary", performed=False)
         basis = view.basis
         record = CompileRecord(
             compile_id=view.compile_id,
@@ -200,6 +220,35 @@ class CompileUseCases:
             attachments = await self._blocking.run(self._materialize, opts.session_id, view)
         self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
         return CompileResult(view, attachments)
+
+    async def _builtin_compaction(
+        self, session: Session, history: LoadedHistory, view: CompiledView
+    ) -> bool:
+        """Shorten older large tool results into references, as a checkpoint; True if made."""
+        current = history.checkpoint
+        if not self._settings.auto_compact or (
+            current is not None and current.kind != CheckpointKind.BUILTIN
+        ):
+            return False  # a model-written summary is in use: ask for a new one instead
+        ws = [m.first_seq for m in view.messages if m.layer is Layer.WORKING_SET and m.first_seq]
+        through = (min(ws) - 1) if ws else view.event_boundary
+        done = current.covers_through_seq if current is not None else 0
+        if through <= done or not has_elidable(history.events, through):
+            return False
+        template = Checkpoint(
+            checkpoint_id="",
+            session_id=session.session_id,
+            covers_through_seq=through,
+            summary="",
+            source_route=None,
+            portable=True,
+            covered_digest="",
+            kind=CheckpointKind.BUILTIN,
+            create_time_ns=0,
+        )
+        await self._checkpoints.create(template)
+        self._telemetry.compaction("builtin", performed=True)
+        return True
 
     def _materialize(self, session_id: str, view: CompiledView) -> tuple[tuple[str, bytes], ...]:
         """Blocking: bytes of the view's images, read only now (R-CTX-3, R-IMG-1)."""

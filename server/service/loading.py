@@ -17,7 +17,7 @@ from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Attachment, Event, Route, Session, UserMessage, starts_turn
-from server.domain.records import Checkpoint
+from server.domain.records import Checkpoint, CheckpointKind
 from server.domain.tools import ToolSpec
 from server.service.ports import EventStore
 
@@ -43,7 +43,7 @@ class HistoryLoader:
         self._digests: OrderedDict[tuple[str, int, int], str | None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _range_digest(self, session: Session, through: int) -> str | None:
+    def range_digest(self, session: Session, through: int) -> str | None:
         key = (session.session_id, session.create_time_ns, through)
         with self._lock:
             if key in self._digests:
@@ -71,7 +71,7 @@ class HistoryLoader:
                 owner = self._store.get_session(ck.origin_session_id)
             except CtxccError:
                 return CheckpointCandidate(ck, "")  # origin gone: cannot be verified
-        return CheckpointCandidate(ck, self._range_digest(owner, ck.covers_through_seq))
+        return CheckpointCandidate(ck, self.range_digest(owner, ck.covers_through_seq))
 
     def _checkpoints(
         self, session: Session, boundary: int
@@ -103,6 +103,11 @@ class HistoryLoader:
                 chosen = pick
                 break
         if chosen is None:
+            events = self._store.read_events(sid, 0, None, frozenset(), boundary)
+            current = None
+        elif chosen.kind == CheckpointKind.BUILTIN:
+            # A built-in checkpoint keeps every message and shortens old tool results:
+            # the projection needs the covered events too.
             events = self._store.read_events(sid, 0, None, frozenset(), boundary)
             current = None
         else:

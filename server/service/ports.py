@@ -115,6 +115,8 @@ class Telemetry(Protocol):
 
     def watchers_changed(self, delta: int) -> None: ...
 
+    def compaction(self, kind: str, performed: bool) -> None: ...
+
 
 class Workspace(Protocol):
     """Reads instruction files, skills, rules and memory files under configured roots."""

@@ -1,0 +1,324 @@
+"""`ctxcc replay TRACE.jsonl[.xz]`: replays recorded agent requests through a real
+daemon and measures the estimates against the tokens the providers reported.
+
+Each trace session becomes one daemon session. For every request the new messages are
+appended as events, the tools registered, a view compiled with no kernel or other
+sources (so the view holds the trace's content), its estimate compared with
+`reported_input_tokens`, and the usage reported — exactly the loop an agent runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import lzma
+import math
+import secrets
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    compile_service_pb2,
+    compile_service_pb2_grpc,
+    event_pb2,
+    session_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+    tool_pb2,
+    tool_service_pb2,
+    tool_service_pb2_grpc,
+    view_pb2,
+)
+
+MIN_REPORTED = 100
+KEYS = (
+    "requests",
+    "mape_pct",
+    "median_ape_pct",
+    "p95_ape_pct",
+    "signed_pct",
+    "with_baseline_requests",
+    "with_baseline_mape_pct",
+    "with_baseline_p95_ape_pct",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    source: str
+    session: str
+    step: int
+    model: str
+    reported: int
+    estimate: int
+    method: str
+    ape_pct: float
+    signed_pct: float
+
+
+def read_trace(path: Path) -> Iterator[dict[str, Any]]:
+    opener: Any = lzma.open if path.suffix == ".xz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError as exc:
+                raise SystemExit(f"ctxcc replay: {path}:{n}: not JSON ({exc})") from None
+
+
+def _event(message: dict[str, Any]) -> event_pb2.Event | None:
+    text = message.get("content") or ""
+    if not isinstance(text, str):
+        text = json.dumps(text)
+    if not text:
+        return None
+    ev = event_pb2.Event()
+    role = message.get("role")
+    if role == "assistant":
+        ev.assistant_message.parts.add(text=text)
+    elif role == "system":
+        ev.imported_message.origin_session_id = "trace"
+        ev.imported_message.role = event_pb2.MESSAGE_ROLE_SYSTEM
+        ev.imported_message.parts.add(text=text)
+    else:  # user, and tool results flattened to text (the trace has no call structure)
+        ev.user_message.parts.add(text=text)
+    return ev
+
+
+def _tools(raw: Any) -> list[tool_pb2.ToolDefinition]:
+    out = []
+    for t in raw or []:
+        fn = t.get("function", t) if isinstance(t, dict) else {}
+        name = fn.get("name")
+        if not isinstance(name, str):
+            continue
+        schema = fn.get("parameters", fn.get("input_schema", {}))
+        out.append(
+            tool_pb2.ToolDefinition(
+                name=name,
+                description=str(fn.get("description", "")),
+                input_schema_json=json.dumps(schema),
+            )
+        )
+    return out
+
+
+class Stubs:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.sessions: Any = session_service_pb2_grpc.SessionServiceStub(channel)
+        self.compiles: Any = compile_service_pb2_grpc.CompileServiceStub(channel)
+        self.tools: Any = tool_service_pb2_grpc.ToolServiceStub(channel)
+
+
+async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]) -> list[Row]:
+    sid = "replay-" + hashlib.sha256(name.encode()).hexdigest()[:12] + "-" + secrets.token_hex(3)
+    await stubs.sessions.CreateSession(
+        session_service_pb2.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    prev: list[dict[str, Any]] = []
+    head = 0
+    tools_json = ""
+    rows: list[Row] = []
+    for req in sorted(requests, key=lambda r: r["step"]):
+        messages = req.get("messages") or []
+        if messages[: len(prev)] == prev:
+            new = messages[len(prev) :]
+        else:
+            # The agent rewrote its history (a compaction): the log cannot be rewritten, so
+            # a checkpoint stands for everything so far and the new messages follow it.
+            if head:
+                await stubs.compiles.CreateCheckpoint(
+                    compile_service_pb2.CreateCheckpointRequest(
+                        checkpoint=checkpoint_pb2.Checkpoint(
+                            session_id=sid,
+                            covers_through_seq=head,
+                            summary="[earlier conversation compacted by the agent]",
+                            portable=True,
+                        )
+                    )
+                )
+            new = messages
+        events = [e for e in (_event(m) for m in new) if e is not None]
+        for i in range(0, len(events), 500):
+            result = await stubs.sessions.AppendEvents(
+                session_service_pb2.AppendEventsRequest(session_id=sid, events=events[i : i + 500])
+            )
+            head = result.last_seq
+        encoded = json.dumps(req.get("tools"), sort_keys=True)
+        if req.get("tools") and encoded != tools_json:
+            await stubs.tools.RegisterTools(
+                tool_service_pb2.RegisterToolsRequest(
+                    session_id=sid, tools=_tools(req["tools"]), replace_all=True
+                )
+            )
+            tools_json = encoded
+        route = common_pb2.Route(
+            connection="replay",
+            protocol=str(req.get("provider", "")),
+            endpoint=str(req.get("source", "")),
+            model=str(req.get("model", "unknown")),
+        )
+        compiled = await stubs.compiles.Compile(
+            compile_service_pb2.CompileRequest(
+                session_id=sid,
+                route=route,
+                exclude_sections=list(view_pb2.SectionKind.values())[1:],
+                image_mode=compile_service_pb2.IMAGE_MODE_REFERENCE,
+            )
+        )
+        view = compiled.view
+        reported = int(req.get("reported_input_tokens") or 0)
+        estimate = view.budget.estimated_input_tokens
+        if reported >= MIN_REPORTED:
+            method = view_pb2.EstimateMethod.Name(view.budget.estimate_method)
+            rows.append(
+                Row(
+                    source=str(req.get("source", "")),
+                    session=name,
+                    step=int(req["step"]),
+                    model=route.model,
+                    reported=reported,
+                    estimate=estimate,
+                    method=method.removeprefix("ESTIMATE_METHOD_").lower(),
+                    ape_pct=abs(estimate - reported) / reported * 100,
+                    signed_pct=(estimate - reported) / reported * 100,
+                )
+            )
+        if reported:
+            await stubs.compiles.ReportUsage(
+                compile_service_pb2.ReportUsageRequest(
+                    compile_id=view.compile_id,
+                    route=route,
+                    input_tokens=reported,
+                    output_tokens=int(req.get("reported_output_tokens") or 0),
+                )
+            )
+        prev = messages
+    return rows
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)] if ordered else 0.0
+
+
+def summary(rows: list[Row]) -> dict[str, float | int]:
+    apes = [r.ape_pct for r in rows]
+    base = [r.ape_pct for r in rows if r.method == "baseline_delta"]
+    return {
+        "requests": len(rows),
+        "mape_pct": round(statistics.fmean(apes), 3) if apes else 0.0,
+        "median_ape_pct": round(statistics.median(apes), 3) if apes else 0.0,
+        "p95_ape_pct": round(p95(apes), 3),
+        "signed_pct": round(statistics.fmean(r.signed_pct for r in rows), 3) if rows else 0.0,
+        "with_baseline_requests": len(base),
+        "with_baseline_mape_pct": round(statistics.fmean(base), 3) if base else 0.0,
+        "with_baseline_p95_ape_pct": round(p95(base), 3),
+    }
+
+
+@contextlib.asynccontextmanager
+async def _target(address: str | None) -> AsyncIterator[grpc.aio.Channel]:
+    if address:
+        async with grpc.aio.insecure_channel(address) as channel:
+            yield channel
+        return
+    from server.app import Daemon
+    from server.config import resolve
+
+    with tempfile.TemporaryDirectory(prefix="ctxcc-replay-", dir="/tmp") as tmp:
+        cfg = resolve(
+            {"data_dir": tmp, "listen": "none", "metrics_listen": "none", "durability": "buffered"},
+            env={},
+        )
+        daemon = Daemon(cfg)
+        await daemon.start()
+        try:
+            async with grpc.aio.insecure_channel(
+                f"unix:{daemon.endpoints.unix}",
+                options=[("grpc.max_receive_message_length", 256 << 20)],
+            ) as channel:
+                yield channel
+        finally:
+            await daemon.stop()
+
+
+async def run(
+    path: Path, target: str | None, rows_path: Path | None, out: IO[str]
+) -> dict[str, Any]:
+    sessions: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for req in read_trace(path):
+        sessions[str(req.get("session", ""))].append(req)
+    rows: list[Row] = []
+    async with _target(target) as channel:
+        stubs = Stubs(channel)
+        for name, requests in sessions.items():
+            rows += await replay_session(stubs, name, requests)
+    by_source: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_source[r.source].append(r)
+    print(
+        f"{'source':<22}{'requests':>9}{'mape%':>8}{'median%':>9}{'p95%':>8}"
+        f"{'signed%':>9}{'base n':>8}{'base mape%':>11}{'base p95%':>10}",
+        file=out,
+    )
+    for source, group in sorted(by_source.items()):
+        s = summary(group)
+        print(
+            f"{source:<22}{s['requests']:>9}{s['mape_pct']:>8.2f}{s['median_ape_pct']:>9.2f}"
+            f"{s['p95_ape_pct']:>8.2f}{s['signed_pct']:>9.2f}{s['with_baseline_requests']:>8}"
+            f"{s['with_baseline_mape_pct']:>11.3f}{s['with_baseline_p95_ape_pct']:>10.3f}",
+            file=out,
+        )
+    if rows_path is not None:
+        text = "".join(json.dumps(asdict(r)) + "\n" for r in rows)
+        await asyncio.to_thread(rows_path.write_text, text, encoding="utf-8")
+    result = summary(rows)
+    print(json.dumps({k: result[k] for k in KEYS}), file=out)
+    return result
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="replay a trace through a daemon and measure estimation error",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("trace", type=Path, help="trace file (.jsonl or .jsonl.xz)")
+    p.add_argument(
+        "--target",
+        default=None,
+        help="gRPC target of a running daemon, e.g. unix:/path/ctxcc.sock or "
+        "127.0.0.1:50551 (default: an in-process daemon on a temp dir)",
+    )
+    p.add_argument("--rows", type=Path, default=None, help="write one JSON line per request here")
+
+
+def main(args: argparse.Namespace) -> int:
+    if not args.trace.exists():
+        print(f"ctxcc replay: {args.trace} does not exist", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(run(args.trace, args.target, args.rows, sys.stdout))
+    except grpc.aio.AioRpcError as err:
+        print(
+            f"ctxcc replay: the daemon answered {err.code().name}: {err.details()}", file=sys.stderr
+        )
+        return 1
+    return 0
