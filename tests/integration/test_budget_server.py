@@ -1,0 +1,187 @@
+"""Budget, estimation, routes, usage and compaction through a real daemon."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    event_pb2,
+    session_pb2,
+    view_pb2,
+)
+from ctxcc.v1 import (
+    compile_service_pb2 as cpb,
+)
+from ctxcc.v1 import (
+    session_service_pb2 as spb,
+)
+from tests.conftest import Stubs
+from tests.helpers import ROUTE, assistant, compile_request, error_info, tool_result, user
+
+OTHER = common_pb2.Route(
+    connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o"
+)
+
+
+async def _session(api: Stubs, sid: str, *events: event_pb2.Event) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    if events:
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=list(events))
+        )
+
+
+async def _report(
+    api: Stubs, view: view_pb2.CompiledView, route: common_pb2.Route, tokens: int, out: int = 300
+) -> cpb.ReportUsageResponse:
+    return await api.compiles.ReportUsage(
+        cpb.ReportUsageRequest(
+            compile_id=view.compile_id, route=route, input_tokens=tokens, output_tokens=out
+        )
+    )
+
+
+async def test_baseline_plus_delta_on_numbers_and_route_isolation(api: Stubs) -> None:
+    await _session(api, "est", user("hello"))
+    first = (await api.compiles.Compile(compile_request("est"))).view
+    assert first.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+    usage = await _report(api, first, ROUTE, 5_000)
+    assert usage.estimated_input_tokens == first.budget.estimated_input_tokens
+    assert usage.next_output_reserve == 1_024
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="est", events=[assistant("hi there"), user("please list the files " * 20)]
+        )
+    )
+    second = (await api.compiles.Compile(compile_request("est"))).view
+    assert second.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert second.budget.baseline_tokens == 5_000
+    # Calibration starts at 1.0: the estimate is the baseline plus the ledger's growth.
+    growth = second.budget.ledger_tokens - first.budget.ledger_tokens
+    assert growth > 100
+    assert second.budget.estimated_input_tokens == 5_000 + growth
+    # Another route: the old baseline is not reused (R-ROUTE-2).
+    other = (await api.compiles.Compile(cpb.CompileRequest(session_id="est", route=OTHER))).view
+    assert other.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+    assert other.budget.context_window == 128_000 and other.route_id != second.route_id
+    # And reporting usage for a compile on the wrong route is refused.
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await _report(api, other, ROUTE, 100)
+    assert error_info(exc.value).reason == "ROUTE_MISMATCH"
+
+
+async def test_native_state_is_replayed_only_on_its_route(api: Stubs) -> None:
+    await _session(api, "nat", user("hi"))
+    first = (await api.compiles.Compile(compile_request("nat"))).view
+    reply = assistant("hello")
+    reply.assistant_message.native_state.route_id = first.route_id
+    reply.assistant_message.native_state.kind = "openai.previous_response_id"
+    reply.assistant_message.native_state.data = b"resp_123"
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="nat", events=[reply, user("more")])
+    )
+    same = (await api.compiles.Compile(compile_request("nat"))).view
+    assert same.provider_state.data == b"resp_123"
+    assert {r.layer: r.items for r in same.layers}[view_pb2.LAYER_NATIVE_STATE] == 1
+    other = (await api.compiles.Compile(cpb.CompileRequest(session_id="nat", route=OTHER))).view
+    assert not other.HasField("provider_state")
+
+
+async def test_limits_overrides_and_unknown_models(api: Stubs) -> None:
+    await _session(api, "lim", user("x"))
+    capped = cpb.CompileRequest(
+        session_id="lim", route=ROUTE, limits=cpb.ModelLimits(max_input_tokens=100_000)
+    )
+    view = (await api.compiles.Compile(capped)).view
+    assert (view.budget.context_window, view.budget.input_budget) == (200_000, 100_000)  # R-BUD-3
+    small = cpb.CompileRequest(
+        session_id="lim", route=ROUTE, limits=cpb.ModelLimits(context_window=32_768)
+    )
+    assert (await api.compiles.Compile(small)).view.budget.output_reserve == 8_192
+    unknown = cpb.CompileRequest(session_id="lim", route=common_pb2.Route(model="my-own-model"))
+    b = (await api.compiles.Compile(unknown)).view.budget
+    assert b.window_unknown and (b.history_high_watermark, b.output_reserve) == (32_768, 16_384)
+
+
+async def test_over_budget_is_compiled_and_sent_anyway(api: Stubs) -> None:
+    await _session(api, "over", user("word " * 3000))
+    tiny = cpb.CompileRequest(
+        session_id="over", route=ROUTE, limits=cpb.ModelLimits(context_window=2_000)
+    )
+    view = (await api.compiles.Compile(tiny)).view
+    assert view.decision == view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY
+    assert view.budget.utilization > 1 and len(view.messages) == 1  # still the whole view
+
+
+async def test_builtin_compaction_shortens_old_tool_results(api: Stubs) -> None:
+    big = "\n".join(f"row {i} " + "z" * 60 for i in range(300))
+    await _session(
+        api,
+        "bc",
+        user("inspect the table"),
+        assistant("", ("c1", "sql", "{}")),
+        tool_result("c1", big),
+        assistant("Done."),
+        user("now summarise"),
+    )
+    req = cpb.CompileRequest(
+        session_id="bc", route=ROUTE, limits=cpb.ModelLimits(context_window=1_500)
+    )
+    view = (await api.compiles.Compile(req)).view
+    assert view.checkpoint_id, "a built-in checkpoint was made and used"
+    tool = next(m for m in view.messages if m.role == event_pb2.MESSAGE_ROLE_TOOL)
+    assert "elided by compaction" in tool.parts[0].text and len(tool.parts[0].text) < 500
+    assert any("built-in compaction" in n for n in view.notes)
+    assert "history_read_tool_result" in [t.definition.name for t in view.tools]
+    assert view.messages[-1].parts[0].text == "now summarise"  # the working set is untouched
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="bc"))
+    ck = listed.checkpoints[0]
+    assert (ck.kind, ck.covers_through_seq, ck.portable) == (
+        checkpoint_pb2.CHECKPOINT_KIND_BUILTIN,
+        4,
+        True,
+    )
+    # The log itself is unchanged.
+    events = (await api.sessions.ListEvents(spb.ListEventsRequest(session_id="bc"))).events
+    assert events[2].tool_result.blob.size_bytes == len(big.encode())
+
+
+async def test_model_summary_compaction_round_trip(api: Stubs) -> None:
+    chat = []
+    for i in range(6):
+        chat += [
+            user(f"question {i} " + "about the design " * 60),
+            assistant(f"answer {i} " + "because " * 60),
+        ]
+    await _session(api, "ms", *chat, user("and finally?"))
+    req = cpb.CompileRequest(
+        session_id="ms", route=ROUTE, limits=cpb.ModelLimits(context_window=2_500)
+    )
+    view = (await api.compiles.Compile(req)).view
+    assert view.decision in (
+        view_pb2.DECISION_COMPACT_RECOMMENDED,
+        view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY,
+    )
+    c = view.compaction
+    assert (c.from_seq, c.through_seq) == (1, 12) and len(c.covered_digest) == 64
+    assert "question 0" in c.prompt and "answer 5" in c.prompt and "and finally?" not in c.prompt
+    made = await api.compiles.CreateCheckpoint(
+        cpb.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id="ms",
+                covers_through_seq=c.through_seq,
+                summary="Six design questions, answered.",
+                covered_digest=c.covered_digest,
+                source_route=ROUTE,
+            )
+        )
+    )
+    after = (await api.compiles.Compile(req)).view
+    assert after.checkpoint_id == made.checkpoint.checkpoint_id
+    assert after.budget.ledger_tokens < view.budget.ledger_tokens / 4
+    assert after.decision == view_pb2.DECISION_OK and not after.HasField("compaction")

@@ -1,0 +1,142 @@
+"""R-EST on numbers: the conservative fallback, offline tiktoken, the catalog, baseline +
+delta with its pure-append check, and the online calibration."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from server.adapters import tokenizer
+from server.adapters.catalog import load_catalog
+from server.adapters.tokenizer import CharClassCounter, TiktokenCounter, load_offline_encoding
+from server.compiler.estimate import CalibrationConfig, calibrate, estimate, messages_digest
+from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage, ViewPart
+from server.domain.model import Role
+from server.domain.records import RouteState
+
+REPO = Path(__file__).resolve().parents[2]
+_rng = random.Random(7)
+SAMPLES = {
+    "english": "The quick brown fox jumps over the lazy dog, and then it rests. " * 30,
+    "code": (REPO / "server/compiler/projection.py").read_text()[:8000],
+    "json": (REPO / "server/data/models.json").read_text()[:8000],
+    "digits": " ".join(str(i * 7919) for i in range(600)),
+    "whitespace": "    \n\t  x  \n" * 200,
+    "hex": "".join(_rng.choice("0123456789abcdef") for _ in range(3000)),
+    "base64": base64.b64encode(bytes(_rng.randrange(256) for _ in range(2500))).decode(),
+    "uuids": " ".join(str(uuid.UUID(int=_rng.getrandbits(128))) for _ in range(150)),
+    "urls": "https://example.com/path/to/resource?id=12345&token=abcdef " * 40,
+    "chinese": (REPO.parent / "shared/seed/context.zh.md").read_text()[:3000],
+    "japanese": "最新の状態にアップデートしてください。日本語のテキストです。" * 40,
+    "cyrillic": "Контекст — это все входные данные, которые получает запрос модели. " * 30,
+    "arabic": "السياق هو كل المدخلات التي يتلقاها طلب النموذج. " * 30,
+    "emoji": "🚀✨🔥👍🏽🎉 " * 150,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLES))
+def test_char_class_fallback_never_undercounts_by_more_than_5_percent(kind: str) -> None:
+    text = SAMPLES[kind]
+    real = len(load_offline_encoding().encode(text, disallowed_special=()))
+    assert CharClassCounter().count(text) >= 0.95 * real
+
+
+def test_tiktoken_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tokenizer tried to open a network connection")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    load_offline_encoding.cache_clear()
+    enc = load_offline_encoding()
+    assert enc.name == tokenizer.OFFLINE_ENCODING
+    assert enc.encode("hello world") == [15339, 1917]  # cl100k_base's ids for these words
+    assert TiktokenCounter(1.13).count("hello world") == 3  # ceil(2 * 1.13)
+
+
+def test_catalog(tmp_path: Path) -> None:
+    c = load_catalog()
+    sonnet = c.lookup("claude-sonnet-4-20250514")
+    assert (sonnet.family, sonnet.context_window, sonnet.max_output_tokens) == (
+        "anthropic",
+        200_000,
+        64_000,
+    )
+    assert sonnet.tokenizer == "cl100k" and sonnet.token_factor == pytest.approx(1.13)
+    assert c.lookup("meta-llama/llama-4-maverick").family == "llama"
+    assert c.lookup("gpt-5-mini").max_input_tokens == 272_000
+    assert not c.lookup("gpt-3.5-turbo").accepts_images
+    assert c.lookup("o3-mini").key == "o3" and c.lookup("foo3").key == ""
+    unknown = c.lookup("my-local-model")
+    assert (unknown.context_window, unknown.tokenizer) == (0, "charclass")
+    extra = tmp_path / "models.json"
+    extra.write_text(
+        json.dumps(
+            {
+                "models": {
+                    "my-local-model": {
+                        "family": "qwen",
+                        "context_window": 32768,
+                        "max_output": 4096,
+                        "images": False,
+                        "tokenizer": "cl100k",
+                        "token_factor": 1.0,
+                    }
+                }
+            }
+        )
+    )
+    assert load_catalog(str(extra)).lookup("my-local-model-q4").context_window == 32768
+
+
+def _msg(text: str, tokens: int) -> ViewMessage:
+    return ViewMessage(Role.USER, (ViewPart(text=text),), Layer.HISTORY, tokens)
+
+
+def _layers(fixed: int, msgs: list[ViewMessage]) -> list[LayerTokens]:
+    return [
+        LayerTokens(Layer.PINNED, fixed, 1),
+        LayerTokens(Layer.HISTORY, sum(m.tokens for m in msgs), len(msgs)),
+    ]
+
+
+def test_baseline_plus_delta_and_full_fallback() -> None:
+    before = [_msg("a", 100), _msg("b", 200)]
+    state = RouteState(
+        "r",
+        10_000,
+        "s:1",
+        50,
+        0,
+        message_count=2,
+        messages_digest=messages_digest(before),
+        fixed_tokens=500,
+        calibration=1.1,
+    )
+    after = [*before, _msg("c", 300)]
+    value, method, basis = estimate(_layers(520, after), after, state)
+    # 10,000 reported + 1.1 x (300 new message tokens + 20 more fixed tokens)
+    assert (value, method) == (10_000 + round(1.1 * 320), EstimateMethod.BASELINE_DELTA)
+    assert (basis.raw_delta, basis.baseline_tokens, basis.ledger_tokens) == (320, 10_000, 1_120)
+    edited = [_msg("A", 100), _msg("b", 200), _msg("c", 300)]
+    value, method, _ = estimate(_layers(520, edited), edited, state)
+    assert (value, method) == (1_120, EstimateMethod.FULL)  # not a pure append
+    assert estimate(_layers(520, after), after, None)[:2] == (1_120, EstimateMethod.FULL)
+    # Messages moving from the working set into history do not break the prefix.
+    moved = [ViewMessage(Role.USER, m.parts, Layer.WORKING_SET, m.tokens) for m in before]
+    assert messages_digest(moved) == messages_digest(before)
+
+
+def test_calibration_is_clamped_and_smoothed() -> None:
+    cfg = CalibrationConfig()
+    assert calibrate(1.0, 1_000, 10_000, 11_100, cfg) == pytest.approx(1.02)  # observed 1.1
+    assert calibrate(1.0, 1_000, 10_000, 15_000, cfg) == pytest.approx(1.04)  # 5.0 -> 1.2
+    assert calibrate(1.0, 1_000, 10_000, 10_100, cfg) == pytest.approx(0.97)  # 0.1 -> 0.85
+    assert calibrate(1.0, 100, 10_000, 99_999, cfg) == 1.0  # too small to learn from
+    assert calibrate(1.0, None, 10_000, 11_000, cfg) == 1.0
