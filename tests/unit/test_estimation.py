@@ -32,7 +32,7 @@ SAMPLES = {
     "base64": base64.b64encode(bytes(_rng.randrange(256) for _ in range(2500))).decode(),
     "uuids": " ".join(str(uuid.UUID(int=_rng.getrandbits(128))) for _ in range(150)),
     "urls": "https://example.com/path/to/resource?id=12345&token=abcdef " * 40,
-    "chinese": "上下文是一次模型请求实际收到的全部输入。它不是会话的同义词，也不是模型内部自动"
+    "chinese": "上下文是一次模型请求实际收到的全部输入。它不是会话的同义词，也不是模型内部自动"  # noqa: RUF001
     "保留的记忆。稳定前缀放在最前面有利于提供方使用提示缓存。" * 30,
     "japanese": "最新の状態にアップデートしてください。日本語のテキストです。" * 40,
     "cyrillic": "Контекст — это все входные данные, которые получает запрос модели. " * 30,
