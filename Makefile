@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: run test venv proto proto-check lint fmt unit bench clean
+.PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,8 +42,15 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+.tools/promtool: scripts/get_promtool.sh
+	bash scripts/get_promtool.sh
+
+## dashboard: regenerate the Grafana dashboard from scripts/gen_dashboard.py
+dashboard: $(STAMP)
+	$(BIN)/python scripts/gen_dashboard.py
+
 ## test: everything CI runs
-test: $(STAMP) proto-check lint
+test: $(STAMP) proto-check lint .tools/promtool
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -54,6 +54,7 @@ from server.service.tools import ToolUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
+from server.transport.interceptor import MetricsInterceptor
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
@@ -107,9 +108,12 @@ class Daemon:
             catalog = load_catalog(cfg.model_catalog)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        kv = open_rocks(cfg.db_path, sync=cfg.durability == "sync")
+        kv = open_rocks(
+            cfg.db_path, sync=cfg.durability == "sync", on_write=self.telemetry.storage_write
+        )
         store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
         self._store = store
+        self.telemetry.watch_store(store.count_sessions, store.approximate_size)
         limits = ServiceLimits(
             max_events_per_append=cfg.max_events_per_append,
             max_event_bytes=cfg.max_event_bytes,
@@ -155,9 +159,9 @@ class Daemon:
             checkpoints,
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
-        observe = self.telemetry.rpc_done
 
         server = grpc.aio.server(
+            interceptors=[MetricsInterceptor(self.telemetry.rpc_done)],
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
@@ -166,23 +170,21 @@ class Daemon:
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ]
+            ],
         )
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(sessions, observe), server
+            SessionServicer(sessions), server
         )
         compile_service_pb2_grpc.add_CompileServiceServicer_to_server(
-            CompileServicer(compiles, sessions, checkpoints, observe), server
+            CompileServicer(compiles, sessions, checkpoints), server
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
-            ArtifactServicer(artifacts, observe), server
+            ArtifactServicer(artifacts), server
         )
         tool_service_pb2_grpc.add_ToolServiceServicer_to_server(
-            ToolServicer(ToolUseCases(store, self._blocking), observe), server
+            ToolServicer(ToolUseCases(store, self._blocking)), server
         )
-        source_service_pb2_grpc.add_SourceServiceServicer_to_server(
-            SourceServicer(sources, observe), server
-        )
+        source_service_pb2_grpc.add_SourceServiceServicer_to_server(SourceServicer(sources), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from server import __version__, replay
+from server import __version__, inspect_cli, replay
 from server.config import ConfigError, add_flags, resolve
 
 log = logging.getLogger("ctxcc")
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(serve)
     replay.add_parser(sub)
+    inspect_cli.add_parsers(sub)
     return parser
 
 
@@ -71,6 +72,8 @@ async def _serve(flags: dict[str, object]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("inspect", "sessions"):
+        return inspect_cli.main(args)
     if args.command == "replay":
         logging.basicConfig(level="WARNING", stream=sys.stderr)
         return replay.main(args)

@@ -67,6 +67,8 @@ class Row:
     method: str
     ape_pct: float
     signed_pct: float
+    # Estimated tokens per layer of the compiled view (pinned, history, working_set, ...).
+    layers: dict[str, int]
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
@@ -197,6 +199,10 @@ async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]
                     method=method.removeprefix("ESTIMATE_METHOD_").lower(),
                     ape_pct=abs(estimate - reported) / reported * 100,
                     signed_pct=(estimate - reported) / reported * 100,
+                    layers={
+                        view_pb2.Layer.Name(r.layer).removeprefix("LAYER_").lower(): r.tokens
+                        for r in view.layers
+                    },
                 )
             )
         if reported:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -36,7 +37,9 @@ def _options() -> rocksdict.Options:
 
 
 class RocksKV:
-    def __init__(self, path: Path, *, sync: bool = True) -> None:
+    def __init__(
+        self, path: Path, *, sync: bool = True, on_write: Callable[[float], None] | None = None
+    ) -> None:
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
         self._lock_file = _take_lock(path)
@@ -52,6 +55,7 @@ class RocksKV:
         # sync=True: every batch is fsynced before the append is acknowledged.
         self._write_opts.sync = sync
         self._closed = False
+        self._on_write = on_write
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         value = self._cf[cf].get(key)
@@ -88,7 +92,10 @@ class RocksKV:
             wb.delete(key, self._handles[cf])
         for cf, key, value in batch.puts:
             wb.put(key, value, self._handles[cf])
+        started = time.perf_counter()
         self._db.write(wb, self._write_opts)
+        if self._on_write is not None:
+            self._on_write(time.perf_counter() - started)
 
     def approximate_size(self) -> int:
         total = 0
@@ -130,5 +137,7 @@ def _take_lock(path: Path) -> IO[str]:
     return handle
 
 
-def open_rocks(path: Path, *, sync: bool = True) -> RocksKV:
-    return RocksKV(path, sync=sync)
+def open_rocks(
+    path: Path, *, sync: bool = True, on_write: Callable[[float], None] | None = None
+) -> RocksKV:
+    return RocksKV(path, sync=sync, on_write=on_write)

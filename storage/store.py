@@ -445,6 +445,10 @@ class KVEventStore:
             updated = dataclasses.replace(record, usage=usage)
             batch = Batch()
             batch.put("compiles", _key(sid, suffix), encode_value(updated))
+            session = self.get_session(sid)
+            if session.current_route != record.route:
+                moved = dataclasses.replace(session, current_route=record.route)
+                batch.put("sessions", sid.encode(), encode_value(moved))
             batch.put("routes", _key(sid, route_state.route_id.encode()), encode_value(route_state))
             self._kv.write(batch)
             return updated, False

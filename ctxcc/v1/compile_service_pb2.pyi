@@ -160,6 +160,7 @@ class CompileRequest(_message.Message):
     EXCLUDE_SECTIONS_FIELD_NUMBER: _builtins.int
     IMAGE_MODE_FIELD_NUMBER: _builtins.int
     RENDER_FORMATS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session."""
     as_of_seq: _builtins.int
@@ -168,6 +169,10 @@ class CompileRequest(_message.Message):
     """Approval mode for the approval section."""
     image_mode: Global___ImageMode.ValueType
     """How attachments are materialized."""
+    dry_run: _builtins.bool
+    """Compile for inspection only: no compile record is kept (so no usage can be reported
+    against it), watchers are not told, and no compaction is performed.
+    """
     @_builtins.property
     def route(self) -> _common_pb2.Route:
         """The route the request will go to."""
@@ -200,10 +205,11 @@ class CompileRequest(_message.Message):
         exclude_sections: _abc.Iterable[_view_pb2.SectionKind.ValueType] | None = ...,
         image_mode: Global___ImageMode.ValueType = ...,
         render_formats: _abc.Iterable[_view_pb2.RenderFormat.ValueType] | None = ...,
+        dry_run: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "limits", b"limits", "route", b"route"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "as_of_seq", b"as_of_seq", "environment", b"environment", "exclude_sections", b"exclude_sections", "image_mode", b"image_mode", "limits", b"limits", "render_formats", b"render_formats", "route", b"route", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "as_of_seq", b"as_of_seq", "dry_run", b"dry_run", "environment", b"environment", "exclude_sections", b"exclude_sections", "image_mode", b"image_mode", "limits", b"limits", "render_formats", b"render_formats", "route", b"route", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

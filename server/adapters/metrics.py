@@ -1,17 +1,39 @@
 """Prometheus metrics on a registry of their own (never the global one), built by the
 composition root and served by prometheus-client's HTTP server.
 
-Labels are bounded: model family, layer, decision, method, RPC method and code. No
-session ids ever become labels.
+Names carry the `ctxcc_` prefix and base units; counters end in `_total`. Labels are
+bounded: model family, layer, decision, reason, section, method, kind, RPC method and
+status code. No session id ever becomes a label.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
-from server.compiler.view import CompiledView
+from server.compiler.view import CompiledView, Decision, FallbackReason, SectionKind
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+_TOKENS = (256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 1048576)
+_RATIO = (0.1, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.5, 2.0)
+_ERROR = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class _StoreCollector(Collector):
+    """Gauges read at scrape time: session count and RocksDB size."""
+
+    def __init__(self, sessions: Callable[[], int], size: Callable[[], int]) -> None:
+        self._sessions = sessions
+        self._size = size
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("ctxcc_sessions", "Sessions held by the daemon.", self._sessions())
+        yield GaugeMetricFamily(
+            "ctxcc_rocksdb_size_bytes", "Size of RocksDB's table files on disk.", self._size()
+        )
 
 
 class PrometheusTelemetry:
@@ -25,33 +47,37 @@ class PrometheusTelemetry:
             "ctxcc_compile_duration_seconds",
             "Time to compile one view, storage reads included.",
             ["model_family"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=_LATENCY,
             registry=r,
         )
         self.view_tokens = Histogram(
             "ctxcc_view_tokens",
             "Estimated tokens of compiled views per layer.",
             ["layer"],
-            buckets=(256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 1048576),
+            buckets=_TOKENS,
+            registry=r,
+        )
+        self.utilization = Histogram(
+            "ctxcc_budget_utilization_ratio",
+            "Estimated input tokens / input budget per compile.",
+            ["model_family"],
+            buckets=_RATIO,
             registry=r,
         )
         self.decisions = Counter(
             "ctxcc_compile_decisions_total", "Compile decisions.", ["decision"], registry=r
         )
-        self.events_appended = Counter(
-            "ctxcc_events_appended_total", "Events appended to session logs.", registry=r
+        self.fallbacks = Counter(
+            "ctxcc_projection_fallbacks_total",
+            "Checkpoints passed over by projections, by reason.",
+            ["reason"],
+            registry=r,
         )
-        self.bytes_appended = Counter(
-            "ctxcc_appended_bytes_total", "Bytes of events appended.", registry=r
-        )
-        self.usage_reports = Counter(
-            "ctxcc_usage_reports_total", "Usage reports matched to compiles.", registry=r
-        )
-        self.estimation_error = Histogram(
-            "ctxcc_estimation_error_ratio",
-            "Absolute relative estimation error |actual - estimate| / actual per usage report.",
-            ["model_family", "method"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0),
+        self.prefix_changes = Counter(
+            "ctxcc_prefix_changes_total",
+            "System prompt sections that changed since the session's previous compile "
+            "(provider prompt-cache busts), by section.",
+            ["section"],
             registry=r,
         )
         self.compactions = Counter(
@@ -60,30 +86,84 @@ class PrometheusTelemetry:
             ["kind", "performed"],
             registry=r,
         )
+        self.events_appended = Counter(
+            "ctxcc_events_appended_total", "Events appended to session logs.", registry=r
+        )
+        self.bytes_appended = Counter(
+            "ctxcc_appended_bytes_total", "Bytes of events appended.", registry=r
+        )
+        self.usage_reports = Counter(
+            "ctxcc_usage_reports_total",
+            "Usage reports matched to compiles.",
+            ["model_family", "method"],
+            registry=r,
+        )
+        self.estimation_error = Histogram(
+            "ctxcc_estimation_error_ratio",
+            "Relative estimation error |reported - estimate| / reported per usage report.",
+            ["model_family", "method"],
+            buckets=_ERROR,
+            registry=r,
+        )
+        self.estimation_error_tokens = Histogram(
+            "ctxcc_estimation_error_tokens",
+            "Absolute estimation error |reported - estimate| in tokens per usage report.",
+            ["model_family", "method"],
+            buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000),
+            registry=r,
+        )
         self.watchers = Gauge("ctxcc_watchers", "Open WatchSession streams.", registry=r)
         self.rpc_seconds = Histogram(
             "ctxcc_rpc_duration_seconds",
             "RPC latency by method and status code.",
             ["method", "code"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=_LATENCY,
             registry=r,
         )
+        self.write_seconds = Histogram(
+            "ctxcc_storage_write_duration_seconds",
+            "Time of one atomic storage write (RocksDB WriteBatch, fsync included in sync mode).",
+            buckets=_LATENCY,
+            registry=r,
+        )
+
+        # Bounded label sets start at zero, so dashboards and alert ratios see the series
+        # before the first event of each kind.
+        for decision in Decision:
+            self.decisions.labels(decision.name.lower())
+        for reason in FallbackReason:
+            self.fallbacks.labels(reason.name.lower())
+        for section in SectionKind:
+            self.prefix_changes.labels(section.name.lower())
+        for kind in ("builtin", "model_summary"):
+            for performed in ("true", "false"):
+                self.compactions.labels(kind, performed)
+
+    def watch_store(self, sessions: Callable[[], int], size: Callable[[], int]) -> None:
+        self.registry.register(_StoreCollector(sessions, size))
 
     def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None:
         self.compile_seconds.labels(model_family).observe(seconds)
         for row in view.layers:
             self.view_tokens.labels(row.layer.name.lower()).observe(row.tokens)
+        if view.budget.input_budget:
+            self.utilization.labels(model_family).observe(view.budget.utilization)
         self.decisions.labels(view.decision.name.lower()).inc()
+        for reason in view.fallback_reasons:
+            self.fallbacks.labels(reason.name.lower()).inc()
+        for section in view.changed_sections:
+            self.prefix_changes.labels(section.name.lower()).inc()
 
     def appended(self, events: int, size_bytes: int) -> None:
         self.events_appended.inc(events)
         self.bytes_appended.inc(size_bytes)
 
     def usage_reported(self, estimated: int, actual: int, model_family: str, method: str) -> None:
-        self.usage_reports.inc()
+        self.usage_reports.labels(model_family, method).inc()
         if actual > 0:
-            err = abs(actual - estimated) / actual
-            self.estimation_error.labels(model_family, method).observe(err)
+            err = abs(actual - estimated)
+            self.estimation_error.labels(model_family, method).observe(err / actual)
+            self.estimation_error_tokens.labels(model_family, method).observe(err)
 
     def compaction(self, kind: str, performed: bool) -> None:
         self.compactions.labels(kind, "true" if performed else "false").inc()
@@ -93,3 +173,6 @@ class PrometheusTelemetry:
 
     def rpc_done(self, method: str, code: str, seconds: float) -> None:
         self.rpc_seconds.labels(method, code).observe(seconds)
+
+    def storage_write(self, seconds: float) -> None:
+        self.write_seconds.observe(seconds)

@@ -47,6 +47,8 @@ class CompileOptions:
     exclude_sections: frozenset[SectionKind] = frozenset()
     # True when the request said whether the model accepts images (else the catalog says).
     images_given: bool = False
+    # Inspection only: nothing recorded, published or compacted.
+    dry_run: bool = False
     # Materialize attachment bytes (IMAGE_MODE_INLINE) or send references only.
     inline_images: bool = True
 
@@ -187,7 +189,12 @@ class CompileUseCases:
         )
         counter = self._tokenizers.for_model(info)
         view = await self._blocking.run(compile_view, inputs, counter)
-        wants = view.decision is not Decision.OK and may_compact and opts.as_of_seq == 0
+        wants = (
+            view.decision is not Decision.OK
+            and may_compact
+            and opts.as_of_seq == 0
+            and not opts.dry_run
+        )
         if wants and await self._builtin_compaction(session, history, view):
             return await self.compile(opts, may_compact=False)
         if view.compaction is not None:
@@ -212,6 +219,8 @@ class CompileUseCases:
             raw_delta=basis.raw_delta if basis else None,
             baseline_tokens=basis.baseline_tokens if basis else 0,
         )
+        if opts.dry_run:
+            return CompileResult(view)
         await self._blocking.run(self._store.put_compile, record)
         notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)
         self._hub.publish(opts.session_id, [notice], session.head_seq)

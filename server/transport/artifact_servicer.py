@@ -13,7 +13,6 @@ from ctxcc.v1 import common_pb2
 from server.domain.errors import invalid
 from server.domain.records import ArtifactRecord
 from server.service.artifacts import ArtifactHeader, ArtifactUseCases
-from server.transport.base import ObservedServicer, RpcObserver
 from server.transport.errors import streaming, unary
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -31,9 +30,8 @@ def ref_out(r: ArtifactRecord) -> common_pb2.ArtifactRef:
     )
 
 
-class ArtifactServicer(ObservedServicer, pb_grpc.ArtifactServiceServicer):
-    def __init__(self, artifacts: ArtifactUseCases, observer: RpcObserver) -> None:
-        super().__init__(observer)
+class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
+    def __init__(self, artifacts: ArtifactUseCases) -> None:
         self._a = artifacts
 
     @unary

@@ -14,7 +14,6 @@ from server.domain.records import Usage
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases
-from server.transport.base import ObservedServicer, RpcObserver
 from server.transport.convert_events import events_in, route_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
 from server.transport.convert_view import compile_options_in, view_out
@@ -24,15 +23,13 @@ from server.transport.paging import decode_token, encode_token
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
-class CompileServicer(ObservedServicer, pb_grpc.CompileServiceServicer):
+class CompileServicer(pb_grpc.CompileServiceServicer):
     def __init__(
         self,
         compiles: CompileUseCases,
         sessions: SessionUseCases,
         checkpoints: CheckpointUseCases,
-        observer: RpcObserver,
     ) -> None:
-        super().__init__(observer)
         self._c = compiles
         self._s = sessions
         self._k = checkpoints

@@ -44,6 +44,7 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         exclude_sections=frozenset(excluded),
         inline_images=req.image_mode != compile_service_pb2.IMAGE_MODE_REFERENCE,
         images_given=lim.HasField("accepts_images"),
+        dry_run=req.dry_run,
     )
 
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 import grpc
 from google.protobuf import any_pb2
@@ -75,11 +74,7 @@ def internal_error(exc: BaseException) -> CtxccError:
     return CtxccError(Reason.INTERNAL, f"internal error (incident {incident})", incident=incident)
 
 
-class Observed(Protocol):
-    def observe_rpc(self, method: str, code: str, seconds: float) -> None: ...
-
-
-S = TypeVar("S", bound=Observed)
+S = TypeVar("S")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 
@@ -87,27 +82,20 @@ Resp = TypeVar("Resp")
 def unary(
     fn: Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]],
 ) -> Callable[[S, Req, grpc.aio.ServicerContext[Req, Resp]], Awaitable[Resp]]:
-    """Runs a unary (or stream-request) handler with the error table and RPC metrics."""
+    """Runs a unary (or stream-request) handler under the error table."""
 
     @functools.wraps(fn)
     async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
-        started = time.perf_counter()
-        code = "OK"
         try:
             return await fn(self, request, context)
         except CtxccError as err:
-            code = CODES[err.reason].name
             await context.abort_with_status(status_for(err))
             raise  # abort_with_status raises; this keeps type checkers honest
         except grpc.aio.AbortError:
-            code = _aborted_code(context)
             raise
         except Exception as exc:
-            code = "INTERNAL"
             await context.abort_with_status(status_for(internal_error(exc)))
             raise
-        finally:
-            self.observe_rpc(fn.__name__, code, time.perf_counter() - started)
 
     return wrapper
 
@@ -123,26 +111,14 @@ def streaming(
         request: Req,
         context: grpc.aio.ServicerContext[Req, Resp],
     ) -> AsyncIterator[Resp]:
-        started = time.perf_counter()
-        code = "OK"
         try:
             async for item in fn(self, request, context):
                 yield item
         except CtxccError as err:
-            code = CODES[err.reason].name
             await context.abort_with_status(status_for(err))
         except grpc.aio.AbortError:
-            code = _aborted_code(context)
             raise
         except Exception as exc:
-            code = "INTERNAL"
             await context.abort_with_status(status_for(internal_error(exc)))
-        finally:
-            self.observe_rpc(fn.__name__, code, time.perf_counter() - started)
 
     return wrapper
-
-
-def _aborted_code(context: grpc.aio.ServicerContext[Any, Any]) -> str:
-    code = context.code()
-    return getattr(code, "name", "UNKNOWN") if code is not None else "UNKNOWN"

@@ -14,7 +14,6 @@ from server.domain.model import Event, EventKind
 from server.domain.records import Checkpoint
 from server.service.sessions import SessionUseCases
 from server.service.watch import CompileNotice, Resync
-from server.transport.base import ObservedServicer, RpcObserver
 from server.transport.convert_events import event_out, events_in, session_in, session_out
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
@@ -23,9 +22,8 @@ from server.transport.paging import decode_token, encode_token
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
-class SessionServicer(ObservedServicer, pb_grpc.SessionServiceServicer):
-    def __init__(self, sessions: SessionUseCases, observer: RpcObserver) -> None:
-        super().__init__(observer)
+class SessionServicer(pb_grpc.SessionServiceServicer):
+    def __init__(self, sessions: SessionUseCases) -> None:
         self._s = sessions
 
     @unary

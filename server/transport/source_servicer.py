@@ -19,7 +19,6 @@ from server.domain.sources import (
     SourceKind,
 )
 from server.service.sources import SourceUseCases
-from server.transport.base import ObservedServicer, RpcObserver
 from server.transport.convert_events import timestamp
 from server.transport.errors import unary
 
@@ -78,9 +77,8 @@ def skill_out(s: SkillEntry) -> source_pb2.Skill:
     )
 
 
-class SourceServicer(ObservedServicer, pb_grpc.SourceServiceServicer):
-    def __init__(self, sources: SourceUseCases, observer: RpcObserver) -> None:
-        super().__init__(observer)
+class SourceServicer(pb_grpc.SourceServiceServicer):
+    def __init__(self, sources: SourceUseCases) -> None:
         self._s = sources
 
     async def _listed(self, kind: SourceKind, scope: int, scope_id: str) -> list[Any]:

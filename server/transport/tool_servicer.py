@@ -12,7 +12,6 @@ from ctxcc.v1 import tool_service_pb2_grpc as pb_grpc
 from server.domain.errors import invalid
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.tools import ToolUseCases
-from server.transport.base import ObservedServicer, RpcObserver
 from server.transport.errors import unary
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -41,9 +40,8 @@ def tool_out(s: ToolSpec) -> tool_pb2.ToolDefinition:
     )
 
 
-class ToolServicer(ObservedServicer, pb_grpc.ToolServiceServicer):
-    def __init__(self, tools: ToolUseCases, observer: RpcObserver) -> None:
-        super().__init__(observer)
+class ToolServicer(pb_grpc.ToolServiceServicer):
+    def __init__(self, tools: ToolUseCases) -> None:
         self._t = tools
 
     @unary

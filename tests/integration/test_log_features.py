@@ -214,5 +214,8 @@ async def test_health_reflection_and_metrics(daemon: Daemon, api: Stubs) -> None
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
     assert "ctxcc_events_appended_total 1.0" in body
     assert 'ctxcc_compile_decisions_total{decision="ok"} 1.0' in body
-    assert 'ctxcc_rpc_duration_seconds_count{code="OK",method="AppendEvents"} 1.0' in body
+    assert (
+        'ctxcc_rpc_duration_seconds_count{code="OK",method="SessionService/AppendEvents"} 1.0'
+        in body
+    )
     assert "ctxcc_build_info" in body

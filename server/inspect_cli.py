@@ -1,0 +1,244 @@
+"""`ctxcc inspect SESSION` and `ctxcc sessions`: what fills a session's window, from a
+running daemon. Both compile with `dry_run`, so looking changes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import grpc
+
+from ctxcc.v1 import (
+    common_pb2,
+    compile_service_pb2,
+    compile_service_pb2_grpc,
+    event_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+    view_pb2,
+)
+
+DEFAULT_TARGET = "127.0.0.1:50551"
+BAR = 60
+GLYPHS = {
+    "pinned": "█",
+    "history": "▓",
+    "working_set": "▒",
+    "tool_schema": "░",
+    "native_state": "▪",
+    "reserve": "r",
+    "free": "·",
+}
+
+
+def _name(enum: Any, value: int, prefix: str) -> str:
+    return str(enum.Name(value)).removeprefix(prefix).lower()
+
+
+def _items(view: view_pb2.CompiledView, top: int) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    pinned = [
+        {
+            "item": _name(view_pb2.SectionKind, s.kind, "SECTION_KIND_"),
+            "tokens": s.tokens,
+            "source": ", ".join(s.sources),
+        }
+        for s in view.system_sections
+    ]
+    out["pinned"] = pinned
+    for m in view.messages:
+        layer = _name(view_pb2.Layer, m.layer, "LAYER_")
+        text = " ".join(p.text for p in m.parts if p.text) or " ".join(c.name for c in m.tool_calls)
+        role = _name(event_pb2.MessageRole, m.role, "MESSAGE_ROLE_")
+        label = f"{role} seq {m.first_seq}" + (" (synthetic)" if m.synthetic else "")
+        out.setdefault(layer, []).append(
+            {"item": label, "tokens": m.tokens, "source": text[:60].replace("\n", " ")}
+        )
+    out["tool_schema"] = [
+        {
+            "item": t.definition.name,
+            "tokens": t.tokens,
+            "source": _name(view_pb2.ToolOrigin, t.origin, "TOOL_ORIGIN_"),
+        }
+        for t in view.tools
+    ]
+    return {k: sorted(v, key=lambda i: -i["tokens"])[:top] for k, v in out.items() if v}
+
+
+def summarize(view: view_pb2.CompiledView, top: int = 3) -> dict[str, Any]:
+    b = view.budget
+    window = b.context_window or (b.input_budget + b.output_reserve)
+    layers = {_name(view_pb2.Layer, r.layer, "LAYER_"): r.tokens for r in view.layers}
+    return {
+        "session_id": view.session_id,
+        "event_boundary": view.event_boundary,
+        "model": view.route.model,
+        "context_window": b.context_window,
+        "window_unknown": b.window_unknown,
+        "input_budget": b.input_budget,
+        "output_reserve": b.output_reserve,
+        "estimated_input_tokens": b.estimated_input_tokens,
+        "estimate_method": _name(view_pb2.EstimateMethod, b.estimate_method, "ESTIMATE_METHOD_"),
+        "last_reported_input_tokens": b.baseline_tokens or None,
+        "utilization": round(b.utilization, 4),
+        "decision": _name(view_pb2.Decision, view.decision, "DECISION_"),
+        "pressure_layer": _name(view_pb2.Layer, view.pressure_layer, "LAYER_"),
+        "layers": layers,
+        "free_tokens": max(0, window - sum(layers.values()) - b.output_reserve),
+        "checkpoint_id": view.checkpoint_id or None,
+        "fallback_reasons": [
+            _name(view_pb2.FallbackReason, r, "FALLBACK_REASON_") for r in view.fallback_reasons
+        ],
+        "compaction_recommended": view.HasField("compaction"),
+        "biggest_items": _items(view, top),
+        "notes": list(view.notes),
+    }
+
+
+def bar(s: dict[str, Any], width: int = BAR) -> str:
+    window = s["context_window"] or (s["input_budget"] + s["output_reserve"])
+    parts = [*s["layers"].items(), ("reserve", s["output_reserve"]), ("free", s["free_tokens"])]
+    cells = ""
+    for name, tokens in parts:
+        n = round(width * tokens / window) if window else 0
+        if tokens and not n:
+            n = 1  # a layer that exists is always visible
+        cells += GLYPHS[name] * n
+    return "[" + cells[:width].ljust(width, GLYPHS["free"]) + "]"
+
+
+def render(s: dict[str, Any]) -> str:
+    window = s["context_window"] or "unknown"
+    lines = [
+        f"session {s['session_id']}  seq {s['event_boundary']}  model {s['model']}  "
+        f"window {window}",
+        bar(s),
+        "  "
+        + "  ".join(f"{GLYPHS[k]} {k} {v}" for k, v in s["layers"].items() if v)
+        + f"  {GLYPHS['reserve']} reserve {s['output_reserve']}"
+        + f"  {GLYPHS['free']} free {s['free_tokens']}",
+        f"estimate {s['estimated_input_tokens']} ({s['estimate_method']})"
+        + (
+            f"  last reported {s['last_reported_input_tokens']}"
+            if s["last_reported_input_tokens"]
+            else "  no usage reported on this route yet"
+        )
+        + f"  budget {s['input_budget']}  utilization {s['utilization']:.1%}",
+        f"decision {s['decision']}  pressure from {s['pressure_layer']}"
+        + ("  compaction recommended" if s["compaction_recommended"] else ""),
+        f"checkpoint {s['checkpoint_id'] or 'none'}"
+        + (f"  fallbacks: {', '.join(s['fallback_reasons'])}" if s["fallback_reasons"] else ""),
+        "biggest items:",
+    ]
+    for layer, items in s["biggest_items"].items():
+        for it in items:
+            lines.append(f"  {layer:<12} {it['tokens']:>7}  {it['item']:<28} {it['source']}")
+    lines += [f"note: {n}" for n in s["notes"]]
+    return "\n".join(lines)
+
+
+async def _session(stub: Any, sid: str) -> Any:
+    return (await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=sid))).session
+
+
+async def _view(cstub: Any, session: Any, model: str, at_seq: int) -> view_pb2.CompiledView:
+    route = common_pb2.Route(model=model) if model else session.current_route
+    if not route.model:
+        raise SystemExit(
+            f"ctxcc: session {session.session_id} has no usage reported yet, so its route is "
+            "unknown; pass --model"
+        )
+    req = compile_service_pb2.CompileRequest(
+        session_id=session.session_id,
+        route=route,
+        as_of_seq=at_seq,
+        dry_run=True,
+        image_mode=compile_service_pb2.IMAGE_MODE_REFERENCE,
+    )
+    view: view_pb2.CompiledView = (await cstub.Compile(req)).view
+    return view
+
+
+async def inspect(args: argparse.Namespace) -> int:
+    async with grpc.aio.insecure_channel(args.target) as ch:
+        sstub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        cstub: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+        view = await _view(cstub, await _session(sstub, args.session), args.model, args.at_seq)
+    s = summarize(view, args.top)
+    print(json.dumps(s, indent=2) if args.json else render(s))
+    return 0
+
+
+async def sessions(args: argparse.Namespace) -> int:
+    rows = []
+    async with grpc.aio.insecure_channel(args.target) as ch:
+        sstub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        cstub: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+        listed = await sstub.ListSessions(
+            session_service_pb2.ListSessionsRequest(page_size=args.limit)
+        )
+        for session in listed.sessions:
+            row: dict[str, Any] = {
+                "session_id": session.session_id,
+                "head_seq": session.head_seq,
+                "model": session.current_route.model or args.model,
+            }
+            if row["model"] and session.head_seq:
+                s = summarize(await _view(cstub, session, args.model, 0))
+                row |= {
+                    k: s[k]
+                    for k in ("estimated_input_tokens", "utilization", "decision", "pressure_layer")
+                }
+            rows.append(row)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'session':<36}{'seq':>7}  {'model':<26}{'estimate':>9}{'util':>8}  "
+        f"{'decision':<22}pressure"
+    )
+    for r in rows:
+        util = f"{r['utilization']:.1%}" if "utilization" in r else "-"
+        print(
+            f"{r['session_id']:<36}{r['head_seq']:>7}  {r['model'] or '-':<26}"
+            f"{r.get('estimated_input_tokens', '-'):>9}{util:>8}  {r.get('decision', '-'):<22}"
+            f"{r.get('pressure_layer', '-')}"
+        )
+    return 0
+
+
+def add_parsers(sub: Any) -> None:
+    target = os.environ.get("CTXCC_TARGET", DEFAULT_TARGET)
+    p = sub.add_parser("inspect", help="show what fills a session's window")
+    p.add_argument("session", help="session id")
+    p.add_argument("--at-seq", type=int, default=0, help="as of this seq (default: the head)")
+    p.add_argument("--model", default="", help="route model (default: the session's current route)")
+    p.add_argument("--top", type=int, default=3, help="biggest items shown per layer")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--target",
+        default=target,
+        help=f"daemon gRPC target (env CTXCC_TARGET; default {DEFAULT_TARGET})",
+    )
+    s = sub.add_parser("sessions", help="list sessions with their pressure")
+    s.add_argument("--limit", type=int, default=50, help="sessions to list")
+    s.add_argument("--model", default="", help="model for sessions without a current route")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument(
+        "--target",
+        default=target,
+        help=f"daemon gRPC target (env CTXCC_TARGET; default {DEFAULT_TARGET})",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    fn = inspect if args.command == "inspect" else sessions
+    try:
+        return asyncio.run(fn(args))
+    except grpc.aio.AioRpcError as err:
+        print(f"ctxcc {args.command}: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1

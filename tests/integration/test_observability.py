@@ -1,0 +1,193 @@
+"""Observability against real parts: a replay through a daemon, a real /metrics scrape
+checked by promtool, the Grafana dashboard's queries against that scrape, the alert
+rules under `promtool test rules`, and `ctxcc inspect` / `ctxcc sessions`."""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import re
+import subprocess
+import sys
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from server.app import Daemon
+from server.replay import run
+from tests.conftest import make_config
+
+REPO = Path(__file__).resolve().parents[2]
+PROMTOOL = REPO / ".tools" / "promtool"
+DEV = REPO.parent / "shared" / "traces" / "dev-requests.jsonl.xz"
+
+
+@pytest.fixture
+async def replayed(short_tmp: Path) -> AsyncIterator[tuple[Daemon, str]]:
+    trace = short_tmp / "part.jsonl"
+    with lzma.open(DEV, "rt") as f:
+        trace.write_text("".join(f.readlines()[:80]))
+    d = Daemon(make_config(short_tmp / "data"))
+    await d.start()
+    try:
+        await run(trace, f"unix:{d.endpoints.unix}", None, io.StringIO())
+        url = f"http://{d.endpoints.metrics}/metrics"
+        scrape = urllib.request.urlopen(url, timeout=10).read().decode()  # noqa: ASYNC210
+        yield d, scrape
+    finally:
+        await d.stop()
+
+
+def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL.exists(), "run `make test` (it fetches promtool) or scripts/get_promtool.sh"
+    return subprocess.run(
+        [str(PROMTOOL), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO / "deploy" / "prometheus",
+    )
+
+
+def _samples(scrape: str) -> set[str]:
+    return {
+        line.split("{")[0].split(" ")[0] for line in scrape.splitlines() if line and line[0] != "#"
+    }
+
+
+async def test_real_scrape_passes_promtool_and_has_the_metrics(
+    replayed: tuple[Daemon, str],
+) -> None:
+    _, scrape = replayed
+    checked = _promtool("check", "metrics", stdin=scrape)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    names = _samples(scrape)
+    for name in (
+        "ctxcc_compile_duration_seconds_bucket",
+        "ctxcc_view_tokens_sum",
+        "ctxcc_budget_utilization_ratio_bucket",
+        "ctxcc_compile_decisions_total",
+        "ctxcc_estimation_error_ratio_bucket",
+        "ctxcc_estimation_error_tokens_bucket",
+        "ctxcc_usage_reports_total",
+        "ctxcc_events_appended_total",
+        "ctxcc_appended_bytes_total",
+        "ctxcc_rpc_duration_seconds_count",
+        "ctxcc_storage_write_duration_seconds_bucket",
+        "ctxcc_sessions",
+        "ctxcc_rocksdb_size_bytes",
+        "ctxcc_watchers",
+        "ctxcc_build_info",
+    ):
+        assert name in names, name
+    assert 'layer="history"' in scrape and 'model_family="anthropic"' in scrape
+    assert re.search(
+        r'ctxcc_usage_reports_total\{method="baseline_delta",model_family="anthropic"\} [1-9]',
+        scrape,
+    )
+    assert "replay-" not in scrape, "a session id leaked into a label"
+    sessions = re.search(r"^ctxcc_sessions (\d+)", scrape, re.M)
+    assert sessions and int(sessions.group(1)) >= 1
+
+
+async def test_dashboard_queries_use_only_scraped_metrics(replayed: tuple[Daemon, str]) -> None:
+    _, scrape = replayed
+    check = subprocess.run(
+        [sys.executable, "scripts/gen_dashboard.py", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
+    board = json.loads((REPO / "deploy/grafana/ctxcc-dashboard.json").read_text())
+    assert board["templating"]["list"][0] == {
+        "name": "datasource",
+        "label": "Prometheus",
+        "type": "datasource",
+        "query": "prometheus",
+        "current": {},
+        "hide": 0,
+    }
+    names = _samples(scrape)
+    used = set()
+    titles = [p["title"] for p in board["panels"]]
+    for p in board["panels"]:
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for t in p["targets"]:
+            used |= set(re.findall(r"\bctxcc_[a-z_]+", t["expr"]))
+    assert used and used <= names, sorted(used - names)
+    for wanted in (
+        "pressure by layer",
+        "utilisation",
+        "Estimation error",
+        "Compactions",
+        "Compile latency",
+        "RPC errors",
+    ):
+        assert any(wanted in t for t in titles), wanted
+
+
+def test_alert_rules_check_and_unit_tests_pass() -> None:
+    checked = _promtool("check", "rules", "ctxcc-rules.yaml")
+    assert checked.returncode == 0 and "4 rules found" in checked.stdout, (
+        checked.stdout + checked.stderr
+    )
+    tested = _promtool("test", "rules", "ctxcc-rules.test.yaml")
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    plain = yaml.safe_load((REPO / "deploy/prometheus/ctxcc-rules.yaml").read_text())
+    operator = yaml.safe_load((REPO / "deploy/kubernetes/base/prometheusrule.yaml").read_text())
+    assert operator["kind"] == "PrometheusRule"
+    assert operator["spec"]["groups"] == plain["groups"]
+    alerts = {r["alert"] for g in plain["groups"] for r in g["rules"]}
+    assert alerts == {
+        "CtxccEstimationErrorHigh",
+        "CtxccProjectionFallbacks",
+        "CtxccCompileSlow",
+        "CtxccSessionsOverBudget",
+    }
+
+
+async def test_inspect_and_sessions_after_a_replay(replayed: tuple[Daemon, str]) -> None:
+    d, _ = replayed
+    target = f"unix:{d.endpoints.unix}"
+
+    def ctxcc(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "server", *args, "--target", target],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    import asyncio
+
+    listed = await asyncio.to_thread(ctxcc, "sessions", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert len(rows) >= 2 and all(r["model"] for r in rows)
+    sid = max(rows, key=lambda r: r["head_seq"])["session_id"]
+    shown = await asyncio.to_thread(ctxcc, "inspect", sid, "--json")
+    assert shown.returncode == 0, shown.stderr
+    s = json.loads(shown.stdout)
+    assert s["session_id"] == sid and s["context_window"] == 200_000
+    assert s["estimate_method"] == "baseline_delta" and s["last_reported_input_tokens"] > 0
+    assert set(s["layers"]) == {"pinned", "history", "working_set", "tool_schema", "native_state"}
+    assert s["biggest_items"]["history"][0]["tokens"] >= s["biggest_items"]["history"][-1]["tokens"]
+    text = await asyncio.to_thread(ctxcc, "inspect", sid, "--at-seq", "3")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0].startswith(f"session {sid}  seq 3")
+    assert text.stdout.splitlines()[1].startswith("[") and "▓" in text.stdout
+    # Inspecting changes nothing: no compile is recorded, the estimate basis stays.
+    again = json.loads((await asyncio.to_thread(ctxcc, "inspect", sid, "--json")).stdout)
+    assert again["estimated_input_tokens"] == s["estimated_input_tokens"]
+    missing = await asyncio.to_thread(ctxcc, "inspect", "no-such-session")
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
