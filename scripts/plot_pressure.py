@@ -27,7 +27,11 @@ LAYERS = ("pinned", "tool_schema", "history", "working_set", "native_state")
 
 
 def main() -> None:
-    trace = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared/traces/dev-requests.jsonl.xz"
+    trace = (
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else ROOT.parent / "shared/traces/dev-requests.jsonl.xz"
+    )
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs/pressure.png"
     with tempfile.TemporaryDirectory() as d:
         rows_path = Path(d) / "rows.jsonl"
@@ -37,13 +41,23 @@ def main() -> None:
     rows = sorted((r for r in rows if r["session"] == longest), key=lambda r: r["step"])
     steps = [r["step"] for r in rows]
     fig, ax = plt.subplots(figsize=(10, 4.8), dpi=110)
-    ax.stackplot(steps, *[[r["layers"].get(k, 0) for r in rows] for k in LAYERS],
-                 labels=[k.replace("_", " ") for k in LAYERS], alpha=0.75)
-    ax.plot(steps, [r["reported"] for r in rows], color="black", lw=1.6, label="reported by provider")
-    ax.plot(steps, [r["estimate"] for r in rows], color="crimson", lw=1, ls="--", label="ctxcc estimate")
+    ax.stackplot(
+        steps,
+        *[[r["layers"].get(k, 0) for r in rows] for k in LAYERS],
+        labels=[k.replace("_", " ") for k in LAYERS],
+        alpha=0.75,
+    )
+    ax.plot(
+        steps, [r["reported"] for r in rows], color="black", lw=1.6, label="reported by provider"
+    )
+    ax.plot(
+        steps, [r["estimate"] for r in rows], color="crimson", lw=1, ls="--", label="ctxcc estimate"
+    )
     ax.set_xlabel("request (step) in the session")
     ax.set_ylabel("input tokens")
-    ax.set_title(f"Context pressure by layer, replayed: {rows[0]['source']} session, {rows[0]['model']}")
+    ax.set_title(
+        f"Context pressure by layer, replayed: {rows[0]['source']} session, {rows[0]['model']}"
+    )
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -4,6 +4,7 @@ rules under `promtool test rules`, and `ctxcc inspect` / `ctxcc sessions`."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import lzma
@@ -98,7 +99,8 @@ async def test_real_scrape_passes_promtool_and_has_the_metrics(
 
 async def test_dashboard_queries_use_only_scraped_metrics(replayed: tuple[Daemon, str]) -> None:
     _, scrape = replayed
-    check = subprocess.run(
+    check = await asyncio.to_thread(
+        subprocess.run,
         [sys.executable, "scripts/gen_dashboard.py", "--check"],
         cwd=REPO,
         capture_output=True,
@@ -167,8 +169,6 @@ async def test_inspect_and_sessions_after_a_replay(replayed: tuple[Daemon, str])
             timeout=60,
             check=False,
         )
-
-    import asyncio
 
     listed = await asyncio.to_thread(ctxcc, "sessions", "--json")
     assert listed.returncode == 0, listed.stderr
