@@ -37,6 +37,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/buf lint
 	bash scripts/buf_breaking.sh $(BIN)/buf
+	$(BIN)/yamllint -s deploy .yamllint
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .
@@ -49,8 +50,14 @@ fmt: $(STAMP)
 dashboard: $(STAMP)
 	$(BIN)/python scripts/gen_dashboard.py
 
+# Wheels for the image-environment test: fetched here, so the test itself never downloads.
+.tools/wheels/.stamp: deploy/requirements.txt $(STAMP)
+	mkdir -p .tools/wheels
+	$(BIN)/pip download --quiet -d .tools/wheels -r deploy/requirements.txt "setuptools>=69" wheel
+	touch $@
+
 ## test: everything CI runs
-test: $(STAMP) proto-check lint .tools/promtool
+test: $(STAMP) proto-check lint .tools/promtool .tools/wheels/.stamp
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

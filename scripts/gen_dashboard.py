@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "ctxcc-dashboard.json"
+ROOT = Path(__file__).resolve().parents[1]
+# The Kustomize base packs its own copy into a ConfigMap (kustomize reads no file outside
+# its directory); both are written here and checked together.
+OUTS = (
+    ROOT / "deploy" / "grafana" / "ctxcc-dashboard.json",
+    ROOT / "deploy" / "kubernetes" / "base" / "dashboards" / "ctxcc-dashboard.json",
+)
 DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
 
@@ -227,9 +233,10 @@ def render() -> str:
 
 
 if __name__ == "__main__":
+    text = render()
     if sys.argv[1:] == ["--check"]:
-        sys.exit(
-            0 if OUT.read_text() == render() else "deploy/grafana is stale: run make dashboard"
-        )
-    OUT.write_text(render())
-    print(OUT)
+        stale = [str(p) for p in OUTS if not p.exists() or p.read_text() != text]
+        sys.exit(f"stale: {', '.join(stale)}; run make dashboard" if stale else 0)
+    for out in OUTS:
+        out.write_text(text)
+        print(out)

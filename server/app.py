@@ -79,6 +79,7 @@ class Endpoints:
     tcp: str | None
     unix: str | None
     metrics: str | None
+    health: str | None = None
 
 
 class Daemon:
@@ -86,6 +87,7 @@ class Daemon:
         self.cfg = cfg
         self.telemetry = PrometheusTelemetry(__version__)
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._metrics_server: WSGIServer | None = None
         self._blocking = Blocking(cfg.workers)
@@ -203,8 +205,24 @@ class Daemon:
         metrics = self._start_metrics()
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        self.endpoints = Endpoints(tcp, unix, metrics)
+        health_at = await self._start_health()
+        self.endpoints = Endpoints(tcp, unix, metrics, health_at)
         return self.endpoints
+
+    async def _start_health(self) -> str | None:
+        """A second server with only grpc.health.v1: kubelet probes it over TCP while the
+        API itself stays on the socket and loopback."""
+        if self.cfg.health_listen == "none":
+            return None
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        host, _, _ = self.cfg.health_listen.rpartition(":")
+        port = server.add_insecure_port(self.cfg.health_listen)
+        if port == 0:
+            raise ConfigError(f"cannot listen on {self.cfg.health_listen} for health checks")
+        await server.start()
+        self._health_server = server
+        return f"{host}:{port}"
 
     def _bind_tcp(self, server: grpc.aio.Server) -> str | None:
         if self.cfg.listen == "none":
@@ -249,6 +267,8 @@ class Daemon:
         self.hub.close_all()
         if self._server is not None:
             await self._server.stop(self.cfg.grace_period)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()

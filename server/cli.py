@@ -61,7 +61,12 @@ async def _serve(flags: dict[str, object]) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ready = {"tcp": endpoints.tcp, "unix": endpoints.unix, "metrics": endpoints.metrics}
+    ready = {
+        "tcp": endpoints.tcp,
+        "unix": endpoints.unix,
+        "metrics": endpoints.metrics,
+        "health": endpoints.health,
+    }
     log.info("serving %s", json.dumps(ready))
     await stop.wait()
     log.info("shutting down: draining in-flight calls for up to %ss", cfg.grace_period)

@@ -31,6 +31,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("listen", "127.0.0.1:50551", "TCP host:port for gRPC, or 'none'"),
     Setting("metrics_listen", "127.0.0.1:9464", "host:port for Prometheus /metrics, or 'none'"),
     Setting(
+        "health_listen",
+        "none",
+        "host:port serving only grpc.health.v1 (for kubelet probes), or 'none'",
+    ),
+    Setting(
         "durability", "sync", "'sync' fsyncs every append batch; 'buffered' leaves it to the OS"
     ),
     Setting("grace_period", "10", "seconds in-flight calls get to finish on SIGTERM/SIGINT"),
@@ -77,6 +82,7 @@ class Config:
     socket_mode: int
     listen: str
     metrics_listen: str
+    health_listen: str
     durability: str
     grace_period: float
     workers: int
@@ -209,6 +215,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         socket_mode=_int(raw, "socket_mode", 8),
         listen=_parse_hostport("listen", raw["listen"]),
         metrics_listen=_parse_hostport("metrics_listen", raw["metrics_listen"]),
+        health_listen=_parse_hostport("health_listen", raw["health_listen"]),
         durability=raw["durability"],
         grace_period=grace,
         workers=_int(raw, "workers", minimum=1),

@@ -18,9 +18,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class DaemonProcess:
-    def __init__(self, data_dir: Path, *extra: str, command: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *extra: str,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log_path: Path | None = None,
+    ) -> None:
         self.data_dir = data_dir
-        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+        self.env = env
+        self.cwd = cwd
         self.args = command or [
             sys.executable,
             "-m",
@@ -41,9 +51,14 @@ class DaemonProcess:
     def start(self) -> DaemonProcess:
         self._ready_lines = self.log().count("serving {")
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = self.env if self.env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            self.args, cwd=REPO, stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env
+            self.args,
+            cwd=self.cwd or REPO,
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            env=env,
         )
         log.close()
         return self

@@ -1,0 +1,284 @@
+"""Deployment, validated offline: every Kustomize overlay renders with kubectl, passes
+kubernetes-validate (strict, 1.29) and the Pod Security "restricted" profile; the
+probes point at the port that serves grpc.health.v1; the socket path agents are told
+about is the one the daemon creates; and the image's environment, built without Docker
+from the same requirements and entrypoint, serves as a non-root user."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ctxcc.v1 import (
+    compile_service_pb2,
+    compile_service_pb2_grpc,
+    session_pb2,
+    session_service_pb2_grpc,
+)
+from ctxcc.v1 import session_service_pb2 as spb
+from server.config import resolve
+from tests.e2e.proc import REPO, DaemonProcess
+from tests.helpers import ROUTE, user
+
+K8S = REPO / "deploy" / "kubernetes"
+OVERLAYS = {"base": K8S / "base", "statefulset": K8S / "overlays" / "statefulset"}
+BIN = Path(sys.executable).parent
+
+
+def render(path: Path) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(BIN / "kubectl"), "kustomize", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (workload,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_overlay_renders_and_validates_strictly(overlay: str, tmp_path: Path) -> None:
+    docs = render(OVERLAYS[overlay])
+    kinds = sorted(d["kind"] for d in docs)
+    assert {"ConfigMap", "PodMonitor", "PrometheusRule"} <= set(kinds)
+    assert ("StatefulSet" if overlay == "statefulset" else "Deployment") in kinds
+    rendered = tmp_path / "all.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
+    done = subprocess.run(
+        [str(BIN / "kubernetes-validate"), "--strict", "-k", "1.29.0", str(rendered)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    core = [d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com")]
+    assert done.stdout.count("passed for resource") == len(core)
+
+
+def _restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """The Pod Security Standards "restricted" profile, checked field by field."""
+    bad = []
+    pod_sc = spec.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            bad.append(key)
+    allowed_volumes = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for v in spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= allowed_volumes:
+            bad.append(f"volume {v['name']}: {kinds}")
+    for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("privileged"):
+            bad.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            bad.append(f"{name}: allowPrivilegeEscalation must be false")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            bad.append(f"{name}: must drop ALL capabilities")
+        if set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(f"{name}: adds capabilities")
+        if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+            bad.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", pod_sc.get("runAsUser")) == 0:
+            bad.append(f"{name}: runs as root")
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+        if seccomp.get("type") not in ("RuntimeDefault", "Localhost"):
+            bad.append(f"{name}: seccompProfile")
+        for p in c.get("ports", []):
+            if "hostPort" in p:
+                bad.append(f"{name}: hostPort")
+    return bad
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_pods_are_restricted_native_sidecars_with_working_probes(overlay: str) -> None:
+    docs = render(OVERLAYS[overlay])
+    spec = pod_spec(docs)
+    assert _restricted_violations(spec) == []
+    (sidecar,) = spec["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"  # a native sidecar
+    assert all(
+        c["securityContext"]["readOnlyRootFilesystem"]
+        for c in [*spec["initContainers"], *spec["containers"]]
+    )
+    config_map = next(
+        d for d in docs if d["kind"] == "ConfigMap" and "ctxcc.toml" in d.get("data", {})
+    )
+    settings = tomllib.loads(config_map["data"]["ctxcc.toml"])
+    cfg = resolve({k: str(v) for k, v in settings.items()}, env={})
+    health_port = int(cfg.health_listen.rsplit(":", 1)[1])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"]["port"] == health_port
+    assert cfg.listen.startswith("127.0.0.1:"), "the API must not listen on the pod IP"
+    mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
+    agent = spec["containers"][0]
+    agent_mounts = {m["name"]: m["mountPath"] for m in agent["volumeMounts"]}
+    socket = str(cfg.socket_path)
+    socket_volume = next(n for n, p in mounts.items() if socket.startswith(p + "/"))
+    assert agent_mounts[socket_volume] == mounts[socket_volume]
+    assert {e["name"]: e["value"] for e in agent["env"]}["CTXCC_TARGET"] == f"unix://{socket}"
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    assert volumes[socket_volume]["emptyDir"]["medium"] == "Memory"
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    assert str(cfg.data_dir) == mounts["ctxcc-data"]
+    metrics_port = {p["name"]: p["containerPort"] for p in sidecar["ports"]}["metrics"]
+    assert int(cfg.metrics_listen.rsplit(":", 1)[1]) == metrics_port
+    monitor = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    labels = next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))["spec"][
+        "template"
+    ]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    dashboard = next(d for d in docs if d["metadata"]["name"] == "ctxcc-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    json.loads(dashboard["data"]["ctxcc-dashboard.json"])
+    if overlay == "statefulset":
+        sts = next(d for d in docs if d["kind"] == "StatefulSet")
+        claim = sts["spec"]["volumeClaimTemplates"][0]
+        assert claim["metadata"]["name"] == "ctxcc-data"
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+        base = pod_spec(render(OVERLAYS["base"]))
+        assert spec["initContainers"] == base["initContainers"]
+        assert spec["containers"] == base["containers"]
+
+
+def test_prometheus_rule_spec_passes_promtool(tmp_path: Path) -> None:
+    rule = next(d for d in render(OVERLAYS["base"]) if d["kind"] == "PrometheusRule")
+    f = tmp_path / "rules.yaml"
+    f.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    done = subprocess.run(
+        [str(REPO / ".tools" / "promtool"), "check", "rules", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _dockerfile() -> str:
+    return (REPO / "deploy" / "Dockerfile").read_text()
+
+
+def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
+    text = _dockerfile()
+    assert 'ENTRYPOINT ["ctxcc", "serve"]' in text and "USER 10001:10001" in text
+    assert "pip install -r deploy/requirements.txt" in text and "--no-deps ." in text
+    wheels = REPO / ".tools" / "wheels"
+    assert (wheels / ".stamp").exists(), "run `make test`: it fetches the wheels first"
+    # The image's build stage, without Docker: a clean venv from the same requirements
+    # and the package copied as the Dockerfile copies it.
+    src = short_tmp / "src"
+    src.mkdir()
+    for item in ("pyproject.toml", "README.md", "ctxcc", "server", "storage"):
+        (shutil.copytree if (REPO / item).is_dir() else shutil.copy)(REPO / item, src / item)
+    venv = short_tmp / "opt-ctxcc"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    pip = [
+        str(venv / "bin" / "pip"),
+        "install",
+        "--quiet",
+        "--no-index",
+        "--find-links",
+        str(wheels),
+    ]
+    subprocess.run([*pip, "-r", str(REPO / "deploy" / "requirements.txt")], check=True, timeout=600)
+    subprocess.run([*pip, "--no-deps", str(src)], check=True, timeout=600)
+    # The runtime stage: read-only code, a non-root user, data and socket in volumes.
+    data, run_dir = short_tmp / "var-lib-ctxcc", short_tmp / "run-ctxcc"
+    for volume in (data, run_dir):
+        volume.mkdir()
+        os.chown(volume, 65534, 65534)
+    for root, dirs, files in os.walk(short_tmp):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            if not p.startswith((str(data), str(run_dir))) and not os.path.islink(p):
+                os.chmod(
+                    p,
+                    os.stat(p).st_mode & ~0o222 | 0o555
+                    if os.path.isdir(p)
+                    else os.stat(p).st_mode & ~0o222 | 0o444,
+                )
+    os.chmod(short_tmp, 0o755)
+    env = {
+        "PATH": f"{venv / 'bin'}:/usr/bin:/bin",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "TIKTOKEN_CACHE_DIR": "",
+        "CTXCC_DATA_DIR": str(data),
+        "CTXCC_SOCKET": str(run_dir / "ctxcc.sock"),
+        "CTXCC_LISTEN": "127.0.0.1:0",
+        "CTXCC_HEALTH_LISTEN": "127.0.0.1:0",
+        "CTXCC_METRICS_LISTEN": "127.0.0.1:0",
+    }
+    cmd = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--",
+        str(venv / "bin" / "ctxcc"),
+        "serve",
+    ]
+    d = DaemonProcess(data, command=cmd, env=env, cwd=Path("/"), log_path=short_tmp / "image.log")
+    d.start()
+    try:
+        d.wait_ready()
+        health = d.endpoints["health"]
+        with grpc.insecure_channel(str(health)) as ch:
+            stub: Any = health_pb2_grpc.HealthStub(ch)
+            resp = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+            # The probe port serves health only, never the API.
+            api: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            with pytest.raises(grpc.RpcError) as exc:
+                api.GetSession(spb.GetSessionRequest(session_id="x"), timeout=5)
+            assert exc.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # A compile loads the tokenizer: from the installed package, with nothing written.
+        with grpc.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="img")), timeout=10
+            )
+            sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="img", events=[user("hello world")]), timeout=10
+            )
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            view = compiles.Compile(
+                compile_service_pb2.CompileRequest(session_id="img", route=ROUTE), timeout=30
+            ).view
+            assert view.messages[0].tokens > 0
+        assert (run_dir / "ctxcc.sock").stat().st_uid == 65534
+        assert d.terminate() == 0
+    finally:
+        d.ensure_stopped()
+        for root, dirs, _ in os.walk(short_tmp):  # let the fixture clean up
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o755)
