@@ -9,10 +9,11 @@ PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
 .PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt client/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e client/python
 	touch $(STAMP)
 
 venv: $(STAMP)

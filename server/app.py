@@ -178,7 +178,7 @@ class Daemon:
             SessionServicer(sessions), server
         )
         compile_service_pb2_grpc.add_CompileServiceServicer_to_server(
-            CompileServicer(compiles, sessions, checkpoints), server
+            CompileServicer(compiles, sessions, checkpoints, cfg.stream_chunk_bytes), server
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(artifacts), server

@@ -48,6 +48,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("blob_threshold_bytes", str(16 << 10), "tool results above this become blobs"),
     Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact"),
     Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
+    Setting(
+        "stream_chunk_bytes",
+        str(1 << 20),
+        "CompileStream sends views larger than this as ordered chunks",
+    ),
     Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
     Setting(
         "workspace_roots",
@@ -94,6 +99,7 @@ class Config:
     blob_threshold_bytes: int
     max_artifact_bytes: int
     max_message_bytes: int
+    stream_chunk_bytes: int
     kernel_file: str
     workspace_roots: tuple[Path, ...]
     global_dir: Path | None
@@ -227,6 +233,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         blob_threshold_bytes=_int(raw, "blob_threshold_bytes", minimum=256),
         max_artifact_bytes=_int(raw, "max_artifact_bytes", minimum=1),
         max_message_bytes=_int(raw, "max_message_bytes", minimum=1 << 20),
+        stream_chunk_bytes=_int(raw, "stream_chunk_bytes", minimum=1024),
         kernel_file=raw["kernel_file"],
         workspace_roots=tuple(Path(p) for p in _csv(raw["workspace_roots"])),
         global_dir=Path(raw["global_dir"]) if raw["global_dir"] else None,

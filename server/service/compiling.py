@@ -9,6 +9,7 @@ from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_view, section_digests
 from server.compiler.estimate import CalibrationConfig, calibrate
 from server.compiler.projection import ImagePolicy, has_elidable
+from server.compiler.render import RenderFormat, render
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
 from server.compiler.view import CompiledView, Decision, EstimateMethod, Layer, SectionKind
@@ -49,6 +50,8 @@ class CompileOptions:
     images_given: bool = False
     # Inspection only: nothing recorded, published or compacted.
     dry_run: bool = False
+    # Provider bodies to render along with the view.
+    render_formats: tuple[RenderFormat, ...] = ()
     # Materialize attachment bytes (IMAGE_MODE_INLINE) or send references only.
     inline_images: bool = True
 
@@ -58,6 +61,8 @@ class CompileResult:
     view: CompiledView
     # artifact id -> bytes for the view's attachments, when inline images were asked for.
     attachments: tuple[tuple[str, bytes], ...] = ()
+    # (format, body JSON, estimated input tokens of that body)
+    renderings: tuple[tuple[RenderFormat, str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +230,17 @@ class CompileUseCases:
         notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)
         self._hub.publish(opts.session_id, [notice], session.head_seq)
         attachments: tuple[tuple[str, bytes], ...] = ()
-        if opts.inline_images:
+        if opts.inline_images or opts.render_formats:
             attachments = await self._blocking.run(self._materialize, opts.session_id, view)
+        renderings = tuple(
+            (fmt, body, view.budget.estimated_input_tokens + counter.count(added))
+            for fmt in opts.render_formats
+            for body, added in [render(view, fmt, dict(attachments))]
+        )
+        if not opts.inline_images:
+            attachments = ()
         self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
-        return CompileResult(view, attachments)
+        return CompileResult(view, attachments, renderings)
 
     async def _builtin_compaction(
         self, session: Session, history: LoadedHistory, view: CompiledView

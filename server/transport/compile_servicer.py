@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in, route_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
-from server.transport.convert_view import compile_options_in, view_out
+from server.transport.convert_view import compile_options_in, result_out
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
 
@@ -29,22 +30,52 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         compiles: CompileUseCases,
         sessions: SessionUseCases,
         checkpoints: CheckpointUseCases,
+        chunk_bytes: int = 1 << 20,
     ) -> None:
         self._c = compiles
         self._s = sessions
         self._k = checkpoints
+        self._chunk = chunk_bytes
 
     @unary
     async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
         result = await self._c.compile(compile_options_in(request))
-        return pb.CompileResponse(view=view_out(result.view, result.attachments))
+        return pb.CompileResponse(view=result_out(result))
 
     @streaming
     async def CompileStream(
         self, request: AsyncIterator[pb.CompileStreamRequest], context: Ctx
     ) -> AsyncIterator[pb.CompileStreamResponse]:
         async for msg in request:
-            yield await self._step(msg)
+            for out in self._chunked(await self._step(msg)):
+                yield out
+
+    def _chunked(self, out: pb.CompileStreamResponse) -> list[pb.CompileStreamResponse]:
+        """A view over the chunk size goes as ordered ViewChunks of its serialized bytes,
+        each small enough for any client's default message limit (4 MiB)."""
+        if out.WhichOneof("response") != "view":
+            return [out]
+        data = out.view.SerializeToString()
+        if len(data) <= self._chunk:
+            return [out]
+        digest = hashlib.sha256(data).hexdigest()
+        count = (len(data) + self._chunk - 1) // self._chunk
+        chunks = []
+        for i in range(count):
+            part = pb.CompileStreamResponse(step_id=out.step_id)
+            part.chunk.CopyFrom(
+                pb.ViewChunk(
+                    compile_id=out.view.compile_id,
+                    index=i,
+                    count=count,
+                    data=data[i * self._chunk : (i + 1) * self._chunk],
+                    sha256=digest,
+                )
+            )
+            if i == 0 and out.HasField("append"):
+                part.append.CopyFrom(out.append)
+            chunks.append(part)
+        return chunks
 
     async def _step(self, msg: pb.CompileStreamRequest) -> pb.CompileStreamResponse:
         """One step; its failure is reported in-band so the stream stays open."""
@@ -76,7 +107,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                     result = await self._c.compile(compile_options_in(msg.resume.compile))
                 case _:
                     raise invalid("request", "a stream message needs a step or a resume")
-            out.view.CopyFrom(view_out(result.view, result.attachments))
+            out.view.CopyFrom(result_out(result))
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
         except Exception as exc:

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable
+from typing import TypeVar
+
 from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2, tool_pb2, view_pb2
 from server.compiler.budget import ModelLimits
+from server.compiler.render import RenderFormat
 from server.compiler.system import ApprovalMode
 from server.compiler.view import CompiledView, SectionKind, ViewMessage, ViewTool
 from server.domain.errors import invalid
-from server.service.compiling import CompileOptions
+from server.service.compiling import CompileOptions, CompileResult
 from server.transport.convert_events import artifact_out, call_out, route_in, route_out
+
+E = TypeVar("E", bound=enum.IntEnum)
+
+
+def enums_in(field: str, values: Iterable[int], cls: type[E]) -> list[E]:
+    """Proto enum values to domain enums; unknown numbers are refused, not dropped."""
+    known = {int(v) for v in cls}
+    out = []
+    for value in values:
+        if value not in known:
+            raise invalid(field, f"unknown {field} value {value}")
+        out.append(cls(value))
+    return out
 
 
 def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOptions:
@@ -19,11 +37,8 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         if req.approval_mode not in {int(m) for m in ApprovalMode}:
             raise invalid("approval_mode", f"unknown approval_mode {req.approval_mode}")
         approval = ApprovalMode(req.approval_mode)
-    excluded: set[SectionKind] = set()
-    for value in req.exclude_sections:
-        if value not in {int(k) for k in SectionKind}:
-            raise invalid("exclude_sections", f"unknown section kind {value}")
-        excluded.add(SectionKind(value))
+    excluded = enums_in("exclude_sections", req.exclude_sections, SectionKind)
+    formats = enums_in("render_formats", req.render_formats, RenderFormat)
     lim = req.limits
     limits = ModelLimits(
         context_window=lim.context_window,
@@ -45,6 +60,7 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         inline_images=req.image_mode != compile_service_pb2.IMAGE_MODE_REFERENCE,
         images_given=lim.HasField("accepts_images"),
         dry_run=req.dry_run,
+        render_formats=tuple(dict.fromkeys(formats)),
     )
 
 
@@ -85,6 +101,19 @@ def _tool_out(t: ViewTool) -> view_pb2.ViewTool:
         origin=view_pb2.ToolOrigin.ValueType(int(t.origin)),
         tokens=t.tokens,
     )
+
+
+def result_out(result: CompileResult) -> view_pb2.CompiledView:
+    out = view_out(result.view, result.attachments)
+    for fmt, body, tokens in result.renderings:
+        out.renderings.append(
+            view_pb2.ProviderRendering(
+                format=view_pb2.RenderFormat.ValueType(int(fmt)),
+                body_json=body,
+                estimated_input_tokens=tokens,
+            )
+        )
+    return out
 
 
 def view_out(

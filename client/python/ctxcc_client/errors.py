@@ -1,0 +1,34 @@
+"""Errors keyed by the daemon's `google.rpc.ErrorInfo.reason`, never by message text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+
+
+class CtxccError(Exception):
+    """A failed call: gRPC code, stable reason (e.g. "SEQUENCE_MISMATCH"), metadata."""
+
+    def __init__(
+        self, code: grpc.StatusCode, reason: str, message: str, metadata: dict[str, str]
+    ) -> None:
+        super().__init__(f"{code.name} {reason}: {message}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.metadata = metadata
+
+
+def from_rpc_error(err: grpc.RpcError) -> CtxccError:
+    call: Any = err
+    reason, metadata = "", {}
+    for key, value in call.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    reason, metadata = info.reason, dict(info.metadata)
+    return CtxccError(call.code(), reason or call.code().name, call.details() or "", metadata)
