@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard
+.PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard clients
 
 $(STAMP): pyproject.toml constraints.txt client/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,13 +22,30 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(BIN)/ctxcc serve $(ARGS)
 
-## proto: regenerate Python code and typed stubs from proto/
+## proto: regenerate Python, Go and TypeScript code from proto/
 proto: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_proto.sh .
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_go.sh
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_ts.sh
 
-## proto-check: fail when the committed generated code is stale
+## proto-check: fail when any committed generated code is stale
 proto-check: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_proto.sh --check
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_go.sh --check
+	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_ts.sh --check
+
+## clients: build the Go and TypeScript clients and their example agents
+clients: .tools/bin/agentloop-go client/typescript/dist/examples/agent-loop.js
+
+.tools/bin/agentloop-go: $(shell find client/go -name '*.go') client/go/go.mod client/go/go.sum
+	cd client/go && go vet ./... && go build -o ../../.tools/bin/agentloop-go ./examples/agentloop
+
+client/typescript/node_modules/.stamp: client/typescript/package-lock.json
+	cd client/typescript && npm ci --silent
+	touch $@
+
+client/typescript/dist/examples/agent-loop.js: client/typescript/node_modules/.stamp $(shell find client/typescript/src client/typescript/examples -name '*.ts') client/typescript/tsconfig.json
+	cd client/typescript && npx tsc -p tsconfig.json
 
 ## lint: ruff, mypy --strict, import contracts, buf lint and buf breaking against main
 lint: $(STAMP)
@@ -58,7 +75,7 @@ dashboard: $(STAMP)
 	touch $@
 
 ## test: everything CI runs
-test: $(STAMP) proto-check lint .tools/promtool .tools/wheels/.stamp
+test: $(STAMP) proto-check lint .tools/promtool .tools/wheels/.stamp clients
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

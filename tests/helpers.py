@@ -53,7 +53,4 @@ ROUTE = common_pb2.Route(
 
 
 def compile_request(session_id: str, **kw: object) -> compile_service_pb2.CompileRequest:
-    req = compile_service_pb2.CompileRequest(session_id=session_id, route=ROUTE)
-    for key, value in kw.items():
-        setattr(req, key, value)
-    return req
+    return compile_service_pb2.CompileRequest(session_id=session_id, route=ROUTE, **kw)  # type: ignore[arg-type]

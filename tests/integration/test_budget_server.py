@@ -185,3 +185,32 @@ async def test_model_summary_compaction_round_trip(api: Stubs) -> None:
     assert after.checkpoint_id == made.checkpoint.checkpoint_id
     assert after.budget.ledger_tokens < view.budget.ledger_tokens / 4
     assert after.decision == view_pb2.DECISION_OK and not after.HasField("compaction")
+
+
+async def test_renderings_come_with_the_view(api: Stubs) -> None:
+    await _session(
+        api,
+        "rend",
+        user("hello"),
+        assistant("", ("c1", "read", '{"path": "x"}')),
+        tool_result("c1", "content"),
+    )
+    formats = [
+        view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+        view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+        view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+        view_pb2.RENDER_FORMAT_GEMINI,
+    ]
+    view = (await api.compiles.Compile(compile_request("rend", render_formats=formats))).view
+    assert [r.format for r in view.renderings] == formats
+    import json
+
+    bodies = [json.loads(r.body_json) for r in view.renderings]
+    assert bodies[0]["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "content": "content"}
+    assert bodies[2]["messages"][-1]["content"][0]["tool_use_id"] == "c1"
+    assert all(
+        r.estimated_input_tokens >= view.budget.estimated_input_tokens for r in view.renderings
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await api.compiles.Compile(compile_request("rend", render_formats=[99]))
+    assert error_info(exc.value).reason == "INVALID_FIELD"

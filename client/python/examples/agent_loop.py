@@ -3,6 +3,7 @@ fake provider -> report usage -> append the reply. Usage: CTXCC_TARGET=... pytho
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sys
@@ -20,30 +21,44 @@ def fake_provider(estimate: int, step: int) -> tuple[str, int, int]:
     return f"reply {step}", int(estimate * 1.02) + 7, 40 + step
 
 
-async def main(target: str, steps: int = 20) -> int:
+async def main(target: str, steps: int = 20, big_step: int = -1) -> int:
     async with AsyncClient(target) as ctx:
         session = await ctx.create_session()
         stream = ctx.stream()
         try:
             pending = [user("start the task")]
+            largest = 0
             for step in range(steps):
+                if step == big_step:  # ~5 MB of text: the view arrives in chunks
+                    pending += [user(f"chunk {i} line. " * 60000) for i in range(6)]
                 view, _ = await stream.step(
                     cpb.CompileRequest(session_id=session.session_id, route=ROUTE), pending
                 )
+                size = sum(len(p.text) for m in view.messages for p in m.parts)
+                largest = max(largest, size)
                 reply, used_in, used_out = fake_provider(view.budget.estimated_input_tokens, step)
                 await ctx.report_usage(
                     view.compile_id, input_tokens=used_in, output_tokens=used_out, route=ROUTE
                 )
                 pending = [assistant(reply), user(f"next step {step + 1}")]
-            print(f"ok {steps} steps, session {session.session_id}, last seq {view.event_boundary}")
         finally:
             await stream.close()
+        reason = ""
         try:
             await ctx.get_session("no-such-session")
         except CtxccError as err:
-            print(f"errors carry reasons: {err.reason}")
+            reason = err.reason
+        print(
+            f"ok {steps} steps session {session.session_id} seq {view.event_boundary} "
+            f"largest_view_bytes {largest} missing_reason {reason}"
+        )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(os.environ.get("CTXCC_TARGET", "127.0.0.1:50551"))))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--big-step", type=int, default=-1)
+    args = parser.parse_args()
+    target = os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")
+    sys.exit(asyncio.run(main(target, args.steps, args.big_step)))

@@ -1,0 +1,93 @@
+// agentloop runs an agent loop against a running ctxcc: append -> compile over the
+// stream -> call a fake provider -> report usage -> append the reply.
+//
+//	CTXCC_TARGET=unix:///run/ctxcc/ctxcc.sock go run ./examples/agentloop -steps 20
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	ctxcc "github.com/ctxcc/ctxcc/client/go"
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+func main() {
+	steps := flag.Int("steps", 20, "agent steps to run")
+	big := flag.Int("big-step", -1, "at this step, append ~5 MB of user text (a chunked view)")
+	pauseAt := flag.Int("pause-at", -1, "after this step, print 'paused' and wait for -resume-file")
+	resumeFile := flag.String("resume-file", "", "file whose creation ends the pause")
+	flag.Parse()
+	target := os.Getenv("CTXCC_TARGET")
+	if target == "" {
+		target = "127.0.0.1:50551"
+	}
+	if err := run(target, *steps, *big, *pauseAt, *resumeFile); err != nil {
+		fmt.Fprintln(os.Stderr, "agentloop:", err)
+		os.Exit(1)
+	}
+}
+
+func run(target string, steps, big, pauseAt int, resumeFile string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c, err := ctxcc.Dial(target)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	session, err := c.CreateSession(ctx, &ctxccv1.Session{})
+	if err != nil {
+		return err
+	}
+	route := &ctxccv1.Route{Connection: "example", Protocol: "fake", Endpoint: "local", Model: "gpt-4o"}
+	stream := c.OpenStream(ctx)
+	defer stream.Close()
+	pending := []*ctxccv1.Event{ctxcc.User("start the task")}
+	var view *ctxccv1.CompiledView
+	largest := 0
+	for step := 0; step < steps; step++ {
+		if step == big {
+			for i := 0; i < 6; i++ {
+				pending = append(pending, ctxcc.User(strings.Repeat(fmt.Sprintf("chunk %d line. ", i), 60000)))
+			}
+		}
+		req := &ctxccv1.CompileRequest{SessionId: session.GetSessionId(), Route: route}
+		view, _, err = stream.Step(req, pending, "")
+		if err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
+		size := 0
+		for _, m := range view.GetMessages() {
+			for _, p := range m.GetParts() {
+				size += len(p.GetText())
+			}
+		}
+		largest = max(largest, size)
+		estimate := view.GetBudget().GetEstimatedInputTokens()
+		_, err = c.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view.GetCompileId(),
+			Route: route, InputTokens: estimate + estimate/50 + 7, OutputTokens: uint32(40 + step)})
+		if err != nil {
+			return fmt.Errorf("usage %d: %w", step, err)
+		}
+		pending = []*ctxccv1.Event{ctxcc.Assistant(fmt.Sprintf("reply %d", step)), ctxcc.User(fmt.Sprintf("next step %d", step+1))}
+		if step == pauseAt {
+			fmt.Println("paused")
+			for {
+				if _, err := os.Stat(resumeFile); err == nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	_, err = c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: "no-such-session"})
+	e, _ := ctxcc.AsError(err)
+	fmt.Printf("ok %d steps session %s seq %d largest_view_bytes %d missing_reason %s\n",
+		steps, session.GetSessionId(), view.GetEventBoundary(), largest, e.Reason)
+	return nil
+}

@@ -1,0 +1,127 @@
+package ctxcc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+// Stream is one long-lived CompileStream. Step sends events and a compile request and
+// returns the view, reassembling chunked views. After the daemon restarts, Step reopens
+// the stream and resends the step with the same request id: the append is replayed,
+// never duplicated.
+type Stream struct {
+	c      *Client
+	ctx    context.Context
+	mu     sync.Mutex
+	stream grpc.BidiStreamingClient[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]
+	step   int
+}
+
+// OpenStream opens a compile stream; it reopens itself when the connection drops.
+func (c *Client) OpenStream(ctx context.Context) *Stream { return &Stream{c: c, ctx: ctx} }
+
+// Close ends the stream.
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stream == nil {
+		return nil
+	}
+	err := s.stream.CloseSend()
+	s.stream = nil
+	return err
+}
+
+// Step appends events (if any) and compiles, in one round trip.
+func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requestID string) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if requestID == "" && len(events) > 0 {
+		requestID = NewRequestID()
+	}
+	s.step++
+	msg := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Step{Step: &ctxccv1.StepRequest{
+		StepId: fmt.Sprint(s.step), Events: events, RequestId: requestID, Compile: req}}}
+	return retry2(s.ctx, func() (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+		if s.stream == nil {
+			st, err := s.c.Compiles.CompileStream(s.ctx, grpc.WaitForReady(true))
+			if err != nil {
+				return nil, nil, err
+			}
+			s.stream = st
+		}
+		view, appended, err := s.roundTrip(msg)
+		if err != nil && status.Code(err) == codes.Unavailable {
+			s.stream = nil // reopen on the next attempt
+		}
+		return view, appended, err
+	})
+}
+
+func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+	if err := s.stream.Send(msg); err != nil {
+		_, err = s.stream.Recv() // the real status is on Recv
+		return nil, nil, err
+	}
+	var chunks [][]byte
+	var appended *ctxccv1.AppendResult
+	for {
+		resp, err := s.stream.Recv()
+		if err != nil {
+			return nil, nil, err
+		}
+		if resp.GetAppend() != nil {
+			appended = resp.GetAppend()
+		}
+		switch r := resp.GetResponse().(type) {
+		case *ctxccv1.CompileStreamResponse_View:
+			return r.View, appended, nil
+		case *ctxccv1.CompileStreamResponse_Error:
+			return nil, appended, &Error{Code: codes.Code(r.Error.GetCode()), Reason: r.Error.GetReason(), Message: r.Error.GetMessage()}
+		case *ctxccv1.CompileStreamResponse_Chunk:
+			ch := r.Chunk
+			if chunks == nil {
+				chunks = make([][]byte, ch.GetCount())
+			}
+			chunks[ch.GetIndex()] = ch.GetData()
+			if int(ch.GetIndex()) != len(chunks)-1 {
+				continue
+			}
+			var data []byte
+			for _, part := range chunks {
+				data = append(data, part...)
+			}
+			sum := sha256.Sum256(data)
+			if hex.EncodeToString(sum[:]) != ch.GetSha256() {
+				return nil, appended, fmt.Errorf("view %s arrived damaged", ch.GetCompileId())
+			}
+			view := &ctxccv1.CompiledView{}
+			if err := proto.Unmarshal(data, view); err != nil {
+				return nil, appended, err
+			}
+			return view, appended, nil
+		}
+	}
+}
+
+func retry2(ctx context.Context, call func() (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error)) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+	type pair struct {
+		v *ctxccv1.CompiledView
+		a *ctxccv1.AppendResult
+	}
+	p, err := retry(ctx, func() (pair, error) {
+		v, a, err := call()
+		return pair{v, a}, err
+	})
+	return p.v, p.a, err
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Generates the TypeScript client's protocol code (client/typescript/src/gen) with protoc
+# from grpcio-tools and ts-proto from the client's node_modules. With --check, fails when
+# the committed code differs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+plugin=client/typescript/node_modules/.bin/protoc-gen-ts_proto
+[ -x "$plugin" ] || (cd client/typescript && npm ci --silent)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+protos=$(cd proto && find ctxcc/v1 -name '*.proto' | sort)
+(cd proto && python -m grpc_tools.protoc -I. --plugin=protoc-gen-ts_proto="../$plugin" \
+  --ts_proto_out="$out" \
+  --ts_proto_opt=outputServices=grpc-js,env=node,esModuleInterop=true,importSuffix=.js,forceLong=number,useOptionals=messages,oneof=unions-value \
+  $protos)
+if [ "${1:-}" = "--check" ]; then
+  if ! diff -r "$out" client/typescript/src/gen >/dev/null; then
+    echo "client/typescript/src/gen is stale: run 'make proto' and commit" >&2
+    exit 1
+  fi
+  echo "TypeScript code is up to date"
+else
+  rm -rf client/typescript/src/gen && cp -r "$out" client/typescript/src/gen
+fi

@@ -1,0 +1,179 @@
+"""Provider bodies checked against each provider's documented request shape: required
+fields, roles, tool formats, image parts, cache hints."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from dataclasses import replace
+from typing import Any
+
+from server.compiler.compile import CompileInputs, compile_view
+from server.compiler.projection import ImagePolicy
+from server.compiler.render import OPENER, RenderFormat, render
+from server.domain.model import (
+    ArtifactRef,
+    AssistantMessage,
+    ContentPart,
+    Event,
+    ImportedMessage,
+    Role,
+    Route,
+    Session,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from server.domain.tools import ToolSpec
+from tests.unit.test_system_prompt import WordCounter
+
+PNG = ArtifactRef("a1", "image/png", 4, "f" * 64, 10, 10)
+DATA = {"a1": b"\x89PNG"}
+SCHEMA = '{"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}'
+
+
+def view(*payloads: Any) -> Any:
+    events = tuple(Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads))
+    inputs = CompileInputs(
+        "s:1",
+        Session("s", 0, 0),
+        events,
+        len(events),
+        Route(model="m"),
+        tools=(ToolSpec("read", "Read a file", SCHEMA),),
+        images=ImagePolicy(existing=(("a1", 4),)),
+    )
+    return compile_view(inputs, WordCounter())
+
+
+V = view(
+    ImportedMessage("other", 3, Role.SYSTEM, (ContentPart(text="imported rule"),)),
+    UserMessage((ContentPart(text="look at this"), ContentPart(attachment=PNG))),
+    AssistantMessage(
+        (ContentPart(text="reading"),),
+        (ToolCall("c1", "read", '{"path": "a.py"}'), ToolCall("c2", "read", '{"path": "b.py"}')),
+    ),
+    ToolResult("c1", "read", text="print(1)"),
+    ToolResult("c2", "read", text="oops", is_error=True),
+    UserMessage((ContentPart(text="thanks"),)),
+)
+
+
+def body(fmt: RenderFormat, v: Any = V) -> dict[str, Any]:
+    text, _ = render(v, fmt, DATA)
+    parsed: dict[str, Any] = json.loads(text)
+    return parsed
+
+
+def test_openai_chat_completions() -> None:
+    b = body(RenderFormat.OPENAI_CHAT)
+    assert b["model"] == "m" and b["max_completion_tokens"] > 0
+    assert b["prompt_cache_key"] == "ctxcc-" + V.prefix_digest[:32]
+    roles = [m["role"] for m in b["messages"]]
+    assert roles == ["system", "system", "user", "assistant", "tool", "tool", "user"]
+    assert b["messages"][0]["content"] == V.system_prompt
+    image = b["messages"][2]["content"][1]
+    assert image == {
+        "type": "image_url",
+        "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"\x89PNG").decode()},
+    }
+    calls = b["messages"][3]["tool_calls"]
+    assert [c["id"] for c in calls] == ["c1", "c2"]
+    assert all(c["type"] == "function" and json.loads(c["function"]["arguments"]) for c in calls)
+    assert [m["tool_call_id"] for m in b["messages"][4:6]] == ["c1", "c2"]
+    tool = b["tools"][0]
+    assert tool["type"] == "function" and tool["function"]["parameters"]["required"] == ["path"]
+
+
+def test_openai_responses() -> None:
+    b = body(RenderFormat.OPENAI_RESPONSES)
+    assert b["instructions"] == V.system_prompt and b["max_output_tokens"] > 0
+    kinds = [(i["type"], i.get("role")) for i in b["input"]]
+    assert kinds == [
+        ("message", "developer"),
+        ("message", "user"),
+        ("message", "assistant"),
+        ("function_call", None),
+        ("function_call", None),
+        ("function_call_output", None),
+        ("function_call_output", None),
+        ("message", "user"),
+    ]
+    assert b["input"][1]["content"][1]["type"] == "input_image"
+    assert b["input"][1]["content"][1]["image_url"].startswith("data:image/png;base64,")
+    assert b["input"][3] == {
+        "type": "function_call",
+        "call_id": "c1",
+        "name": "read",
+        "arguments": '{"path": "a.py"}',
+    }
+    assert b["input"][5] == {"type": "function_call_output", "call_id": "c1", "output": "print(1)"}
+    assert b["tools"][0]["type"] == "function" and b["tools"][0]["name"] == "read"
+
+
+def test_anthropic_messages() -> None:
+    b = body(RenderFormat.ANTHROPIC_MESSAGES)
+    assert b["max_tokens"] > 0
+    roles = [m["role"] for m in b["messages"]]
+    assert roles[0] == "user" and all(a != c for a, c in itertools.pairwise(roles))
+    stable, volatile = b["system"]
+    assert stable["cache_control"] == {"type": "ephemeral"} and "cache_control" not in volatile
+    assert volatile["text"].startswith("<environment>")
+    assert b["tools"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert b["tools"][0]["input_schema"]["required"] == ["path"]
+    first = b["messages"][0]["content"]
+    assert first[0] == {"type": "text", "text": "imported rule"}
+    assert first[2] == {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(b"\x89PNG").decode(),
+        },
+    }
+    uses = [c for c in b["messages"][1]["content"] if c["type"] == "tool_use"]
+    assert [(u["id"], u["input"]) for u in uses] == [
+        ("c1", {"path": "a.py"}),
+        ("c2", {"path": "b.py"}),
+    ]
+    results = b["messages"][2]["content"]
+    assert [(r["type"], r["tool_use_id"], r["is_error"]) for r in results[:2]] == [
+        ("tool_result", "c1", False),
+        ("tool_result", "c2", True),
+    ]
+    assert results[2] == {"type": "text", "text": "thanks"}  # merged into the same user turn
+
+
+def test_anthropic_first_turn_is_always_user() -> None:
+    v = view(AssistantMessage((ContentPart(text="hello"),)), UserMessage((ContentPart(text="hi"),)))
+    text, added = render(v, RenderFormat.ANTHROPIC_MESSAGES)
+    assert added == OPENER and json.loads(text)["messages"][0]["content"][0]["text"] == OPENER
+
+
+def test_gemini_generate_content() -> None:
+    b = body(RenderFormat.GEMINI)
+    assert b["systemInstruction"]["parts"][0]["text"] == V.system_prompt
+    assert b["generationConfig"]["maxOutputTokens"] > 0
+    roles = [c["role"] for c in b["contents"]]
+    assert roles == ["user", "model", "user"]
+    assert b["contents"][0]["parts"][2] == {
+        "inlineData": {"mimeType": "image/png", "data": base64.b64encode(b"\x89PNG").decode()}
+    }
+    calls = [p["functionCall"] for p in b["contents"][1]["parts"] if "functionCall" in p]
+    assert calls == [
+        {"name": "read", "args": {"path": "a.py"}},
+        {"name": "read", "args": {"path": "b.py"}},
+    ]
+    responses = [
+        p["functionResponse"] for p in b["contents"][2]["parts"] if "functionResponse" in p
+    ]
+    assert [r["name"] for r in responses] == ["read", "read"]
+    assert b["tools"][0]["functionDeclarations"][0]["parameters"]["required"] == ["path"]
+
+
+def test_bodies_are_deterministic_and_images_by_reference_are_explained() -> None:
+    for fmt in RenderFormat:
+        assert render(V, fmt, DATA) == render(V, fmt, DATA)
+        text, _ = render(replace(V), fmt, {})  # no bytes: the reference is stated, not dropped
+        assert "sent by reference only" in text
