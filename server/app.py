@@ -82,6 +82,22 @@ class Endpoints:
     health: str | None = None
 
 
+ECHO_METHOD = "/ctxcc.debug.Echo/Echo"
+
+
+def echo_handler() -> grpc.GenericRpcHandler:
+    """A transport baseline for benchmarks: the request is a decimal size, the answer
+    that many bytes. Off unless --debug-echo true; never part of the contract."""
+
+    async def echo(request: bytes, context: object) -> bytes:
+        return b"x" * min(int(request or b"0"), 64 << 20)
+
+    handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
+        echo, request_deserializer=None, response_serializer=None
+    )
+    return grpc.method_handlers_generic_handler("ctxcc.debug.Echo", {"Echo": handler})
+
+
 class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -188,6 +204,8 @@ class Daemon:
         )
         source_service_pb2_grpc.add_SourceServiceServicer_to_server(SourceServicer(sources), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        if cfg.debug_echo:
+            server.add_generic_rpc_handlers((echo_handler(),))
         reflection.enable_server_reflection(
             (
                 *SERVICE_NAMES,

@@ -76,6 +76,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "model_catalog", "", "JSON file of model entries added to or replacing the shipped catalog"
     ),
+    Setting(
+        "debug_echo",
+        "false",
+        "serve ctxcc.debug.Echo/Echo (benchmarks only: a transport baseline); true or false",
+    ),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -112,6 +117,7 @@ class Config:
     rule_index_cap: int
     memory_cap: int
     model_catalog: str
+    debug_echo: bool
 
     @property
     def db_path(self) -> Path:
@@ -193,6 +199,13 @@ def _int(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) ->
     return value
 
 
+def _bool(raw: Mapping[str, str], name: str) -> bool:
+    value = raw[name].lower()
+    if value not in {"true", "false"}:
+        raise ConfigError(f"{name} must be true or false, got {raw[name]!r}")
+    return value == "true"
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -246,6 +259,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         rule_index_cap=_int(raw, "rule_index_cap", minimum=100),
         memory_cap=_int(raw, "memory_cap", minimum=100),
         model_catalog=raw["model_catalog"],
+        debug_echo=_bool(raw, "debug_echo"),
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

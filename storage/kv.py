@@ -32,6 +32,9 @@ class Batch:
     puts: list[tuple[str, bytes, bytes]] = field(default_factory=list)
     deletes: list[tuple[str, bytes]] = field(default_factory=list)
     ranges: list[tuple[str, bytes, bytes]] = field(default_factory=list)
+    # False for writes whose loss in a machine crash is harmless (compile records, route
+    # baselines): they skip the fsync even in `sync` durability. The log never does.
+    durable: bool = True
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         self.puts.append((cf, key, value))

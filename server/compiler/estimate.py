@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from server.compiler.estimate_basis import EstimateBasis
 from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage
-from server.domain.canonical import canonical_bytes
 from server.domain.records import RouteState
 
 
@@ -34,14 +33,38 @@ class CalibrationConfig:
 
 
 def _fingerprint(m: ViewMessage) -> bytes:
-    # Layer and token counts change as the conversation moves on; content does not.
-    return canonical_bytes(replace(m, layer=Layer.HISTORY, tokens=0))
+    """Content identity of a message; layer and token counts change as the conversation
+    moves on, content does not. Length-prefixed fields keep boundaries unambiguous."""
+    fields: list[str] = [
+        str(int(m.role)),
+        m.tool_call_id,
+        m.tool_name,
+        m.origin_session_id,
+        str(int(m.synthetic)),
+        str(int(m.is_error)),
+    ]
+    for p in m.parts:
+        if p.text is not None:
+            fields += ["t", str(int(p.authority)), p.text]
+        elif p.attachment is not None:
+            fields += ["a", p.attachment.artifact_id, p.attachment.sha256]
+    for c in m.tool_calls:
+        fields += ["c", c.call_id, c.name, c.arguments_json]
+    return "".join(f"{len(f)}:{f}" for f in fields).encode()
+
+
+def message_digests(messages: Sequence[ViewMessage]) -> list[bytes]:
+    return [hashlib.sha256(_fingerprint(m)).digest() for m in messages]
 
 
 def messages_digest(messages: Sequence[ViewMessage]) -> str:
+    return _fold(message_digests(messages))
+
+
+def _fold(digests: Sequence[bytes]) -> str:
     h = hashlib.sha256()
-    for m in messages:
-        h.update(hashlib.sha256(_fingerprint(m)).digest())
+    for d in digests:
+        h.update(d)
     return h.hexdigest()
 
 
@@ -54,19 +77,19 @@ def estimate(
     history = {Layer.HISTORY, Layer.WORKING_SET}
     fixed = sum(row.tokens for row in layers if row.layer not in history)
     rs = route_state
+    digests = message_digests(messages)  # once: both the prefix check and the record use them
+    full = _fold(digests)
     if (
         rs is not None
         and rs.messages_digest
         and rs.message_count <= len(messages)
-        and messages_digest(messages[: rs.message_count]) == rs.messages_digest
+        and _fold(digests[: rs.message_count]) == rs.messages_digest
     ):
         raw = sum(m.tokens for m in messages[rs.message_count :]) + fixed - rs.fixed_tokens
         value = max(0, rs.baseline_input_tokens + round(rs.calibration * raw))
-        basis = EstimateBasis(
-            len(messages), messages_digest(messages), fixed, ledger, raw, rs.baseline_input_tokens
-        )
+        basis = EstimateBasis(len(messages), full, fixed, ledger, raw, rs.baseline_input_tokens)
         return value, EstimateMethod.BASELINE_DELTA, basis
-    basis = EstimateBasis(len(messages), messages_digest(messages), fixed, ledger)
+    basis = EstimateBasis(len(messages), full, fixed, ledger)
     return ledger, EstimateMethod.FULL, basis
 
 

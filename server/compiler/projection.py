@@ -167,8 +167,23 @@ def _kept_reasoning_seqs(events: Sequence[Event]) -> set[int]:
 
 
 def _message(event: Event, keep_reasoning: bool) -> ViewMessage | None:
-    msg = _content(event, keep_reasoning)
-    return None if msg is None else replace(msg, first_seq=event.seq, last_seq=event.seq)
+    m = _content(event, keep_reasoning)
+    if m is None:
+        return None
+    return ViewMessage(
+        m.role,
+        m.parts,
+        m.layer,
+        0,
+        m.tool_calls,
+        m.tool_call_id,
+        m.tool_name,
+        event.seq,
+        event.seq,
+        m.origin_session_id,
+        m.synthetic,
+        m.is_error,
+    )
 
 
 def _content(event: Event, keep_reasoning: bool) -> ViewMessage | None:
@@ -204,6 +219,25 @@ def _content(event: Event, keep_reasoning: bool) -> ViewMessage | None:
             return ViewMessage(Role.USER, (part,), Layer.HISTORY, 0)
         case _:
             return None  # turn markers carry no model-visible content
+
+
+def with_tokens(m: ViewMessage, tokens: int) -> ViewMessage:
+    # The hot path of every compile: a direct constructor call is several times cheaper
+    # than dataclasses.replace.
+    return ViewMessage(
+        m.role,
+        m.parts,
+        m.layer,
+        tokens,
+        m.tool_calls,
+        m.tool_call_id,
+        m.tool_name,
+        m.first_seq,
+        m.last_seq,
+        m.origin_session_id,
+        m.synthetic,
+        m.is_error,
+    )
 
 
 def _merge_calls(messages: list[ViewMessage]) -> list[ViewMessage]:
@@ -270,7 +304,7 @@ def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[Vi
             open_calls.extend((c.call_id, s) for c, s in zip(m.tool_calls, shown, strict=True))
             if shown:
                 block_start = len(out)
-            out.append(replace(m, tool_calls=shown))
+            out.append(m if shown == m.tool_calls else replace(m, tool_calls=shown))
             continue
         idx = next((i for i, (orig, _) in enumerate(open_calls) if orig == m.tool_call_id), None)
         call = open_calls.pop(idx)[1] if idx is not None else None
@@ -289,7 +323,7 @@ def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[Vi
                 )
                 block_start = len(out) - 1
         answered.add(m.tool_call_id)
-        out.append(replace(m, tool_call_id=call.call_id))
+        out.append(m if call.call_id == m.tool_call_id else replace(m, tool_call_id=call.call_id))
     close(out[-1].layer if out else Layer.HISTORY)
     return out
 
@@ -303,6 +337,9 @@ def _apply_images(
     count = size = 0
     out: list[ViewMessage] = []
     for m in reversed(messages):
+        if all(p.attachment is None for p in m.parts):
+            out.append(m)
+            continue
         parts: list[ViewPart] = []
         for part in reversed(m.parts):
             ref = part.attachment
@@ -395,7 +432,7 @@ def project(
     ]
     paired = pair_tool_messages(layered, notes)
     imaged = _apply_images(paired, images, notes)
-    sized = tuple(replace(m, tokens=message_tokens(m, counter)) for m in imaged)
+    sized = tuple(with_tokens(m, message_tokens(m, counter)) for m in imaged)
     blobs = elided > 0 or any(
         isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events
     )

@@ -12,6 +12,7 @@ from server.compiler.projection import ImagePolicy, has_elidable
 from server.compiler.render import RenderFormat, render
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
+from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView, Decision, EstimateMethod, Layer, SectionKind
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason, invalid
@@ -137,7 +138,69 @@ class CompileUseCases:
         check_id("session_id", opts.session_id)
         if not opts.route.model:
             raise invalid("route.model", "route.model is required")
-        session = await self._blocking.run(self._store.get_session, opts.session_id)
+        # One hop to the I/O pool for all the loading and the pure compile: thread
+        # handoffs, not the work, dominated small compiles when each read hopped alone.
+        session, history, view, counter = await self._blocking.run(self._prepare, opts)
+        wants = (
+            view.decision is not Decision.OK
+            and may_compact
+            and opts.as_of_seq == 0
+            and not opts.dry_run
+        )
+        if wants and await self._builtin_compaction(session, history, view):
+            return await self.compile(opts, may_compact=False)
+        if view.compaction is not None:
+            digest = await self._blocking.run(
+                self._loader.range_digest, session, view.compaction.through_seq
+            )
+            view = replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
+            self._telemetry.compaction("model_summary", performed=False)
+        basis = view.basis
+        record = CompileRecord(
+            compile_id=view.compile_id,
+            session_id=opts.session_id,
+            route=opts.route,
+            event_boundary=view.event_boundary,
+            estimated_input_tokens=view.budget.estimated_input_tokens,
+            estimate_method=int(view.budget.estimate_method),
+            create_time_ns=self._clock.now_ns(),
+            section_digests=section_digests(view.system_sections),
+            message_count=basis.message_count if basis else 0,
+            messages_digest=basis.messages_digest if basis else "",
+            fixed_tokens=basis.fixed_tokens if basis else 0,
+            raw_delta=basis.raw_delta if basis else None,
+            baseline_tokens=basis.baseline_tokens if basis else 0,
+        )
+        if opts.dry_run:
+            return CompileResult(view)
+        result = await self._blocking.run(self._finish, record, view, opts, counter)
+        notice = CompileNotice(
+            view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
+        )
+        self._hub.publish(opts.session_id, [notice], session.head_seq)
+        self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
+        return result
+
+    def _finish(
+        self, record: CompileRecord, view: CompiledView, opts: CompileOptions, counter: TokenCounter
+    ) -> CompileResult:
+        """Blocking: record the compile, read image bytes, render provider bodies."""
+        self._store.put_compile(record)
+        attachments: tuple[tuple[str, bytes], ...] = ()
+        if opts.inline_images or opts.render_formats:
+            attachments = self._materialize(opts.session_id, view)
+        renderings = tuple(
+            (fmt, body, view.budget.estimated_input_tokens + counter.count(added))
+            for fmt in opts.render_formats
+            for body, added in [render(view, fmt, dict(attachments))]
+        )
+        return CompileResult(view, attachments if opts.inline_images else (), renderings)
+
+    def _prepare(
+        self, opts: CompileOptions
+    ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter]:
+        """Blocking: load everything the compile needs, then run the pure compiler."""
+        session = self._store.get_session(opts.session_id)
         if opts.as_of_seq > session.head_seq:
             raise CtxccError(
                 Reason.SEQ_OUT_OF_RANGE,
@@ -147,19 +210,13 @@ class CompileUseCases:
         boundary = opts.as_of_seq or session.head_seq
         info = self._catalog.lookup(opts.route.model)
         limits = effective_limits(info, opts.limits, opts.images_given)
-        history = await self._blocking.run(self._loader.load, session, boundary, opts.route)
-        route_state = await self._blocking.run(
-            self._store.get_route_state, opts.session_id, opts.route.route_id
-        )
+        history = self._loader.load(session, boundary, opts.route)
+        route_state = self._store.get_route_state(opts.session_id, opts.route.route_id)
         working_directory = opts.working_directory or session.working_directory
-        sources = await self._blocking.run(
-            self._sources.session_sources,
-            session,
-            working_directory,
-            self._settings.caps,
-            opts.exclude_sections,
+        sources = self._sources.session_sources(
+            session, working_directory, self._settings.caps, opts.exclude_sections
         )
-        previous = await self._blocking.run(self._store.get_last_compile, opts.session_id)
+        previous = self._store.get_last_compile(opts.session_id)
         inputs = CompileInputs(
             compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
             session=session,
@@ -193,54 +250,7 @@ class CompileUseCases:
             ),
         )
         counter = self._tokenizers.for_model(info)
-        view = await self._blocking.run(compile_view, inputs, counter)
-        wants = (
-            view.decision is not Decision.OK
-            and may_compact
-            and opts.as_of_seq == 0
-            and not opts.dry_run
-        )
-        if wants and await self._builtin_compaction(session, history, view):
-            return await self.compile(opts, may_compact=False)
-        if view.compaction is not None:
-            digest = await self._blocking.run(
-                self._loader.range_digest, session, view.compaction.through_seq
-            )
-            view = replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
-            self._telemetry.compaction("model_summary", performed=False)
-        basis = view.basis
-        record = CompileRecord(
-            compile_id=view.compile_id,
-            session_id=opts.session_id,
-            route=opts.route,
-            event_boundary=boundary,
-            estimated_input_tokens=view.budget.estimated_input_tokens,
-            estimate_method=int(view.budget.estimate_method),
-            create_time_ns=self._clock.now_ns(),
-            section_digests=section_digests(view.system_sections),
-            message_count=basis.message_count if basis else 0,
-            messages_digest=basis.messages_digest if basis else "",
-            fixed_tokens=basis.fixed_tokens if basis else 0,
-            raw_delta=basis.raw_delta if basis else None,
-            baseline_tokens=basis.baseline_tokens if basis else 0,
-        )
-        if opts.dry_run:
-            return CompileResult(view)
-        await self._blocking.run(self._store.put_compile, record)
-        notice = CompileNotice(view.compile_id, boundary, view.budget.estimated_input_tokens)
-        self._hub.publish(opts.session_id, [notice], session.head_seq)
-        attachments: tuple[tuple[str, bytes], ...] = ()
-        if opts.inline_images or opts.render_formats:
-            attachments = await self._blocking.run(self._materialize, opts.session_id, view)
-        renderings = tuple(
-            (fmt, body, view.budget.estimated_input_tokens + counter.count(added))
-            for fmt in opts.render_formats
-            for body, added in [render(view, fmt, dict(attachments))]
-        )
-        if not opts.inline_images:
-            attachments = ()
-        self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
-        return CompileResult(view, attachments, renderings)
+        return session, history, compile_view(inputs, counter), counter
 
     async def _builtin_compaction(
         self, session: Session, history: LoadedHistory, view: CompiledView

@@ -1,0 +1,227 @@
+"""Cost of a compile and of an agent step against the transport floor (an echo RPC in
+the same server returning the same number of bytes), history-length independence and
+throughput with 8 concurrent agents."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from bench.daemon import BenchDaemon
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    compile_service_pb2_grpc,
+    event_pb2,
+    session_pb2,
+    session_service_pb2_grpc,
+)
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+
+ROUTE = common_pb2.Route(
+    connection="bench", protocol="openai-chat", endpoint="local", model="gpt-4o"
+)
+OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+
+def _user(text: str) -> event_pb2.Event:
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text=text)
+    return ev
+
+
+def _assistant(text: str, call: str) -> event_pb2.Event:
+    ev = event_pb2.Event()
+    ev.assistant_message.parts.add(text=text)
+    ev.assistant_message.tool_calls.add(
+        call_id=call, name="read", arguments_json='{"path": "a.py"}'
+    )
+    return ev
+
+
+def _result(call: str, text: str) -> event_pb2.Event:
+    ev = event_pb2.Event()
+    ev.tool_result.call_id, ev.tool_result.tool_name, ev.tool_result.text = call, "read", text
+    return ev
+
+
+class Api:
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.insecure_channel(target, options=OPTIONS)
+        self.sessions: Any = session_service_pb2_grpc.SessionServiceStub(self.channel)
+        self.compiles: Any = compile_service_pb2_grpc.CompileServiceStub(self.channel)
+        self._echo: Any = self.channel.unary_unary("/ctxcc.debug.Echo/Echo")
+
+    def echo(self, size: int) -> bytes:
+        out: bytes = self._echo(str(size).encode())
+        return out
+
+    def session(self, sid: str, events: list[event_pb2.Event]) -> None:
+        self.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+        )
+        for i in range(0, len(events), 1000):
+            self.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=sid, events=events[i : i + 1000])
+            )
+
+    def compile(self, sid: str) -> cpb.CompileResponse:
+        return self.compiles.Compile(cpb.CompileRequest(session_id=sid, route=ROUTE))  # type: ignore[no-any-return]
+
+
+def conversation(turns: int, tag: str) -> list[event_pb2.Event]:
+    """Turns of (user, assistant with a call, tool result), ~1.5 KB of view each: 67 turns
+    make the ~200-message, ~100 KB view of the benchmark."""
+    out = []
+    for i in range(turns):
+        out += [
+            _user(f"{tag} question {i}: " + "please look at the module and its tests " * 10),
+            _assistant(f"answer {i}: " + "reading the file now to check it " * 10, f"{tag}c{i}"),
+            _result(f"{tag}c{i}", f"line {i}: " + "x = compute(y, z) + offset " * 24),
+        ]
+    return out
+
+
+def p50(fn: Callable[[], object], n: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def history(api: Api, n: int) -> tuple[float, float]:
+    """Compile p50 with 200 events vs 10,000 events behind a checkpoint; both views hold
+    the same ~200 messages."""
+    long_log = conversation(3334, "h")
+    api.session("hist10k", long_log[:9_800])
+    api.compiles.CreateCheckpoint(
+        cpb.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id="hist10k",
+                covers_through_seq=9_800,
+                summary="Earlier work: reviewed 3,200 files.",
+                portable=True,
+            )
+        )
+    )
+    api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="hist10k", events=long_log[9_800:10_000])
+    )
+    api.session("hist200", long_log[9_800:10_000])
+    short_p50 = p50(lambda: api.compile("hist200"), n)
+    long_p50 = p50(lambda: api.compile("hist10k"), n)
+    probe = api.compile("hist10k").view
+    assert probe.checkpoint_id and len(probe.messages) > 150, "the checkpoint must be used"
+    return short_p50, long_p50
+
+
+def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
+    n = max(20, int(200 * scale))
+    d = BenchDaemon(data_dir)
+    d.start()
+    try:
+        api = Api(d.target)
+        api.session("view200", conversation(67, "a"))  # ~200 messages, ~100 KB view
+        view_bytes = len(api.compile("view200").SerializeToString())
+        echo_p50 = p50(lambda: api.echo(view_bytes), n)
+        compile_p50 = p50(lambda: api.compile("view200"), n)
+
+        step_n = [0]
+        api.session("steps", conversation(67, "s"))
+
+        def step() -> None:
+            i = step_n[0] = step_n[0] + 1
+            api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="steps", events=[_result(f"s{i}", "ok " * 40)])
+            )
+            view = api.compile("steps").view
+            api.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id,
+                    route=ROUTE,
+                    input_tokens=view.budget.estimated_input_tokens,
+                    output_tokens=50,
+                )
+            )
+
+        step_p50 = p50(step, n)
+
+        short_p50, long_p50 = history(api, n)
+
+        # Throughput: 8 agents stepping concurrently vs echo calls with 8 in flight.
+        seconds = max(1.0, 4.0 * scale)
+
+        def hammer(work: Callable[[int], None]) -> float:
+            count = [0] * 8
+            stop = time.perf_counter() + seconds
+
+            def worker(k: int) -> None:
+                while time.perf_counter() < stop:
+                    work(k)
+                    count[k] += 1
+
+            threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return sum(count) / seconds
+
+        agents = [Api(d.target) for _ in range(8)]
+        for k, a in enumerate(agents):
+            a.session(f"agent{k}", conversation(20, f"g{k}"))
+        seqs = [0] * 8
+
+        def agent_step(k: int) -> None:
+            a = agents[k]
+            seqs[k] += 1
+            a.sessions.AppendEvents(
+                spb.AppendEventsRequest(
+                    session_id=f"agent{k}", events=[_user(f"step {seqs[k]} " * 10)]
+                )
+            )
+            view = a.compile(f"agent{k}").view
+            a.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id,
+                    route=ROUTE,
+                    input_tokens=view.budget.estimated_input_tokens,
+                    output_tokens=50,
+                )
+            )
+
+        steps_per_s = hammer(agent_step)
+
+        def echo(k: int) -> None:
+            agents[k].echo(view_bytes)
+
+        echo_per_s = hammer(echo)
+    finally:
+        d.stop()
+    return {
+        "echo_p50_ms": echo_p50 * 1000,
+        "compile_p50_ms": compile_p50 * 1000,
+        "step_p50_ms": step_p50 * 1000,
+        "compile_200_events_p50_ms": short_p50 * 1000,
+        "compile_10k_events_p50_ms": long_p50 * 1000,
+        "steps_per_s_8_agents": steps_per_s,
+        "echo_per_s_8_in_flight": echo_per_s,
+        "view_bytes": float(view_bytes),
+        "compile_vs_echo_p50": compile_p50 / echo_p50,
+        "step_vs_echo_p50": step_p50 / echo_p50,
+        "history_10k_vs_200_p50": long_p50 / short_p50,
+        "steps_vs_echo_throughput": steps_per_s / (echo_per_s / 3),
+    }

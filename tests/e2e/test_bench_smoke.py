@@ -1,0 +1,27 @@
+"""The benchmark harness runs end to end at tiny scale (the numbers themselves are
+`make bench`'s business, never asserted here: machines are noisy)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.__main__ import TARGETS
+from tests.e2e.proc import REPO
+
+
+def test_bench_smoke_prints_every_figure() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(last) == list(TARGETS)
+    assert all(isinstance(v, float | int) and v > 0 for v in last.values())
+    assert "compile_p50_ms" in done.stdout and "echo_p50_ms" in done.stdout
