@@ -54,7 +54,7 @@ from server.service.tools import ToolUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
-from server.transport.interceptor import MetricsInterceptor
+from server.transport.interceptor import BoundaryInterceptor
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
@@ -98,6 +98,17 @@ def echo_handler() -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("ctxcc.debug.Echo", {"Echo": handler})
 
 
+def _gid(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"socket_group {group!r} does not exist") from None
+
+
 class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -110,6 +121,17 @@ class Daemon:
         self._store: KVEventStore | None = None
         self.hub = WatchHub(ServiceLimits().watch_queue_size)
         self.endpoints = Endpoints(None, None, None)
+
+    def _auth_token(self) -> str:
+        if not self.cfg.auth_token_file:
+            return ""
+        try:
+            token = Path(self.cfg.auth_token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read auth_token_file: {exc}") from exc
+        if len(token) < 16:
+            raise ConfigError("the auth token must be at least 16 characters")
+        return token
 
     def _kernel_text(self) -> str:
         if not self.cfg.kernel_file:
@@ -179,7 +201,7 @@ class Daemon:
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
 
         server = grpc.aio.server(
-            interceptors=[MetricsInterceptor(self.telemetry.rpc_done)],
+            interceptors=[BoundaryInterceptor(self.telemetry.rpc_done, self._auth_token())],
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
@@ -219,6 +241,8 @@ class Daemon:
         await server.start()
         if unix is not None:
             os.chmod(unix, cfg.socket_mode)
+            if cfg.socket_group:
+                os.chown(unix, -1, _gid(cfg.socket_group))
         self._server = server
         metrics = self._start_metrics()
         for name in ("", *SERVICE_NAMES):

@@ -5,6 +5,7 @@ env `CTXCC_DATA_DIR`, TOML key `data_dir`)."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -28,6 +29,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("data_dir", "./data", "directory for RocksDB (<data-dir>/db) and the socket"),
     Setting("socket", "", "Unix socket path; empty means <data-dir>/ctxcc.sock; 'none' disables"),
     Setting("socket_mode", "0660", "permissions of the Unix socket (octal)"),
+    Setting(
+        "socket_group", "", "group (name or gid) given the Unix socket; empty keeps the process's"
+    ),
+    Setting(
+        "auth_token_file",
+        "",
+        "file holding a bearer token TCP clients must send; required to listen beyond loopback",
+    ),
     Setting("listen", "127.0.0.1:50551", "TCP host:port for gRPC, or 'none'"),
     Setting("metrics_listen", "127.0.0.1:9464", "host:port for Prometheus /metrics, or 'none'"),
     Setting(
@@ -90,6 +99,8 @@ class Config:
     data_dir: Path
     socket: str
     socket_mode: int
+    socket_group: str
+    auth_token_file: str
     listen: str
     metrics_listen: str
     health_listen: str
@@ -199,6 +210,15 @@ def _int(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) ->
     return value
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _bool(raw: Mapping[str, str], name: str) -> bool:
     value = raw[name].lower()
     if value not in {"true", "false"}:
@@ -232,6 +252,8 @@ def _build(raw: Mapping[str, str]) -> Config:
         data_dir=Path(raw["data_dir"]),
         socket=raw["socket"],
         socket_mode=_int(raw, "socket_mode", 8),
+        socket_group=raw["socket_group"],
+        auth_token_file=raw["auth_token_file"],
         listen=_parse_hostport("listen", raw["listen"]),
         metrics_listen=_parse_hostport("metrics_listen", raw["metrics_listen"]),
         health_listen=_parse_hostport("health_listen", raw["health_listen"]),
@@ -265,6 +287,12 @@ def _build(raw: Mapping[str, str]) -> Config:
     # sun_path holds 108 bytes including the terminating NUL.
     if sock is not None and len(str(sock).encode()) > 107:
         raise ConfigError(f"socket path {sock} is longer than the 107 bytes a Unix socket allows")
+    host = cfg.listen.rpartition(":")[0].strip("[]")
+    if cfg.listen != "none" and not _loopback(host) and not cfg.auth_token_file:
+        raise ConfigError(
+            f"refusing to serve the API on {cfg.listen} without authentication: set "
+            "auth_token_file, or listen on loopback and use the Unix socket"
+        )
     if sock is None and cfg.listen == "none":
         raise ConfigError("both socket and listen are 'none': the daemon would be unreachable")
     return cfg

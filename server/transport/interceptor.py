@@ -1,8 +1,16 @@
-"""RPC metrics for every service the server hosts (ctxcc's, health, reflection), taken
-in one server interceptor: count, latency and status code by method."""
+"""The boundary every RPC crosses, in one server interceptor:
+
+- requests that do not decode (invalid UTF-8 in a string, a truncated message) answer
+  INVALID_ARGUMENT with reason INVALID_FIELD instead of grpc's UNKNOWN with parser text;
+- with an auth token configured, TCP peers must send `authorization: Bearer <token>`
+  (Unix-socket peers are trusted: the socket's mode and group guard it; health checks are
+  open, as kubelet cannot send headers);
+- count, latency and status code of every RPC, by method.
+"""
 
 from __future__ import annotations
 
+import hmac
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,7 +18,35 @@ from typing import Any
 
 import grpc
 
+from server.domain.errors import CtxccError, Reason
+from server.transport.errors import status_for
+
 RpcObserver = Callable[[str, str, float], None]
+_OPEN_SERVICES = ("grpc.health.v1.Health",)
+
+
+class _Malformed:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # the parser's text stays in the daemon
+            return _Malformed(exc)
+
+    return decode
+
+
+def _malformed() -> CtxccError:
+    return CtxccError(
+        Reason.INVALID_FIELD, "the request is not a valid message of its type", field="request"
+    )
 
 
 def _code(context: Any, failed: bool) -> str:
@@ -22,38 +58,66 @@ def _code(context: Any, failed: bool) -> str:
     return str(code)
 
 
-def _wrap(behavior: Any, name: str, observe: RpcObserver) -> Any:
-    if inspect.isasyncgenfunction(behavior):
+class BoundaryInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, observe: RpcObserver, auth_token: str = "") -> None:
+        self._observe = observe
+        self._token = auth_token
 
-        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+    def _denied(self, context: Any, service: str) -> CtxccError | None:
+        if not self._token or service in _OPEN_SERVICES:
+            return None
+        if str(context.peer()).startswith("unix:"):
+            return None
+        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+        if hmac.compare_digest(str(sent), f"Bearer {self._token}"):
+            return None
+        return CtxccError(Reason.UNAUTHENTICATED, "a valid bearer token is required over TCP")
+
+    def _wrap(self, behavior: Any, name: str, service: str, streaming_in: bool) -> Any:
+        observe, denied = self._observe, self._denied
+
+        async def checked_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async for item in requests:
+                if isinstance(item, _Malformed):
+                    raise _malformed()
+                yield item
+
+        async def gate(request: Any, context: Any) -> Any:
+            err = denied(context, service)
+            if err is None and not streaming_in and isinstance(request, _Malformed):
+                err = _malformed()
+            if err is not None:
+                await context.abort_with_status(status_for(err))
+            return checked_requests(request) if streaming_in else request
+
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                started, failed = time.perf_counter(), False
+                try:
+                    request = await gate(request, context)
+                    async for item in behavior(request, context):
+                        yield item
+                except BaseException:
+                    failed = True
+                    raise
+                finally:
+                    observe(name, _code(context, failed), time.perf_counter() - started)
+
+            return stream
+
+        async def unary(request: Any, context: Any) -> Any:
             started, failed = time.perf_counter(), False
             try:
-                async for item in behavior(request, context):
-                    yield item
+                request = await gate(request, context)
+                return await behavior(request, context)
             except BaseException:
                 failed = True
                 raise
             finally:
                 observe(name, _code(context, failed), time.perf_counter() - started)
 
-        return stream
-
-    async def unary(request: Any, context: Any) -> Any:
-        started, failed = time.perf_counter(), False
-        try:
-            return await behavior(request, context)
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            observe(name, _code(context, failed), time.perf_counter() - started)
-
-    return unary
-
-
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, observe: RpcObserver) -> None:
-        self._observe = observe
+        return unary
 
     async def intercept_service(
         self,
@@ -67,23 +131,20 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return handler
         # "/ctxcc.v1.SessionService/AppendEvents" -> "SessionService/AppendEvents"
         full = handler_call_details.method or ""
+        service = full.strip("/").split("/")[0]
         name = full.rsplit(".", 1)[-1] if "." in full else full.strip("/")
         kw = {
-            "request_deserializer": handler.request_deserializer,
+            "request_deserializer": _safe(handler.request_deserializer),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap(handler.unary_unary, name, self._observe), **kw
-            )
+            fn = self._wrap(handler.unary_unary, name, service, False)
+            return grpc.unary_unary_rpc_method_handler(fn, **kw)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap(handler.unary_stream, name, self._observe), **kw
-            )
+            fn = self._wrap(handler.unary_stream, name, service, False)
+            return grpc.unary_stream_rpc_method_handler(fn, **kw)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap(handler.stream_unary, name, self._observe), **kw
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap(handler.stream_stream, name, self._observe), **kw
-        )
+            fn = self._wrap(handler.stream_unary, name, service, True)
+            return grpc.stream_unary_rpc_method_handler(fn, **kw)
+        fn = self._wrap(handler.stream_stream, name, service, True)
+        return grpc.stream_stream_rpc_method_handler(fn, **kw)
