@@ -1,0 +1,225 @@
+"""Load, slow consumers and shutdown under load, against the daemon as a process. The
+figures are printed (and quoted in the README), never asserted: machines are noisy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from ctxcc.v1 import common_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import compile_service_pb2_grpc, session_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import session_service_pb2_grpc
+from tests.e2e.proc import DaemonProcess
+from tests.helpers import assistant, user
+
+ROUTE = common_pb2.Route(model="gpt-4o")
+STREAMS = 32
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _agent(
+    target: str, k: int, until: float, latencies: list[float], errors: list[str]
+) -> None:
+    async with grpc.aio.insecure_channel(target) as ch:
+        sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+        sid = f"load{k}"
+        await sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+        )
+        queue: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
+
+        async def requests() -> Any:
+            while (item := await queue.get()) is not None:
+                yield item
+
+        call = compiles.CompileStream(requests())
+        answers = call.__aiter__()
+        step = 0
+        pending = [user(f"agent {k} starts " * 20)]
+        try:
+            while time.monotonic() < until:
+                step += 1
+                started = time.perf_counter()
+                await queue.put(
+                    cpb.CompileStreamRequest(
+                        step=cpb.StepRequest(
+                            step_id=str(step),
+                            events=pending,
+                            request_id=f"{sid}-{step}",
+                            compile=cpb.CompileRequest(session_id=sid, route=ROUTE),
+                        )
+                    )
+                )
+                resp = await answers.__anext__()
+                latencies.append(time.perf_counter() - started)
+                if resp.WhichOneof("response") != "view":
+                    errors.append(f"{sid} step {step}: {resp.error.reason}")
+                    return
+                pending = [assistant(f"reply {step} " * 10), user(f"next {step} " * 20)]
+        except grpc.aio.AioRpcError as err:
+            errors.append(f"{sid}: {err.code().name}")
+        finally:
+            await queue.put(None)
+
+
+@pytest.mark.slow
+def test_32_concurrent_agent_streams(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--durability", "sync").start()
+    d.wait_ready()
+    assert d.proc is not None
+    latencies: list[float] = []
+    errors: list[str] = []
+    samples: list[float] = []
+
+    async def main() -> None:
+        until = time.monotonic() + 12
+        agents = [
+            asyncio.create_task(_agent(d.target, k, until, latencies, errors))
+            for k in range(STREAMS)
+        ]
+        while not all(a.done() for a in agents):
+            samples.append(rss_mb(d.proc.pid))  # type: ignore[union-attr]
+            await asyncio.sleep(0.5)
+        await asyncio.gather(*agents)
+
+    try:
+        asyncio.run(main())
+        assert errors == []
+        assert len(latencies) > STREAMS * 5, "too little traffic to say anything"
+        third = samples[len(samples) // 3]
+        # Bounded memory: after warm-up the daemon does not keep growing with steps.
+        assert samples[-1] <= third * 1.5 + 50, samples
+        lat = sorted(latencies)
+        print(
+            f"\nload: {STREAMS} streams, {len(lat)} steps in 12 s, "
+            f"p50 {statistics.median(lat) * 1000:.1f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, "
+            f"RSS {samples[0]:.0f} -> {max(samples):.0f} -> {samples[-1]:.0f} MB"
+        )
+    finally:
+        assert d.terminate() == 0
+
+
+@pytest.mark.slow
+def test_a_stalled_stream_does_not_delay_other_sessions(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--stream-chunk-bytes", "65536").start()
+    d.wait_ready()
+
+    async def main() -> list[float]:
+        async with grpc.aio.insecure_channel(
+            d.target, options=[("grpc.max_receive_message_length", 64 << 20)]
+        ) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            for sid in ("stalled", "busy"):
+                await sessions.CreateSession(
+                    spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+                )
+            await sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="stalled", events=[user("big " * 200_000)])
+            )
+            # A stream that asks for many large views and never reads an answer.
+            steps = [
+                cpb.CompileStreamRequest(
+                    step=cpb.StepRequest(
+                        step_id=str(i),
+                        compile=cpb.CompileRequest(session_id="stalled", route=ROUTE),
+                    )
+                )
+                for i in range(40)
+            ]
+
+            async def requests() -> Any:
+                for s in steps:
+                    yield s
+                await asyncio.sleep(3600)
+
+            stalled = compiles.CompileStream(requests())
+            await asyncio.sleep(1.0)
+            times = []
+            for i in range(30):
+                await sessions.AppendEvents(
+                    spb.AppendEventsRequest(session_id="busy", events=[user(f"q {i}")])
+                )
+                started = time.perf_counter()
+                await asyncio.wait_for(
+                    compiles.Compile(cpb.CompileRequest(session_id="busy", route=ROUTE)), 10
+                )
+                times.append(time.perf_counter() - started)
+            stalled.cancel()
+            return times
+
+    try:
+        times = asyncio.run(main())
+        assert len(times) == 30  # every call of the other session completed (10 s bound each)
+        print(
+            f"\nbusy session next to a stalled stream: compile p50 {statistics.median(times) * 1000:.1f} ms"
+        )
+    finally:
+        assert d.terminate() == 0
+
+
+@pytest.mark.slow
+def test_graceful_shutdown_under_load(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "15").start()
+    d.wait_ready()
+    assert d.proc is not None
+
+    async def main() -> tuple[list[str], str]:
+        async with grpc.aio.insecure_channel(str(d.endpoints["tcp"])) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            await sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="g"))
+            )
+            await sessions.AppendEvents(
+                spb.AppendEventsRequest(
+                    session_id="g",
+                    events=[user(f"message {i} " + "text " * 2000) for i in range(200)],
+                )
+            )
+
+            async def one() -> Any:
+                return await compiles.Compile(cpb.CompileRequest(session_id="g", route=ROUTE))
+
+            inflight = [asyncio.create_task(one()) for _ in range(24)]
+            await asyncio.sleep(0.3)  # the server has accepted them: they are in flight
+            running = sum(not t.done() for t in inflight)
+            os.kill(d.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+            await asyncio.sleep(0.5)
+            try:
+                await compiles.Compile(cpb.CompileRequest(session_id="g", route=ROUTE), timeout=10)
+                late = "OK"
+            except grpc.aio.AioRpcError as err:
+                late = err.code().name
+            results = []
+            for t in inflight:
+                try:
+                    await t
+                    results.append("OK")
+                except grpc.aio.AioRpcError as err:
+                    results.append(err.code().name)
+            assert running >= 4, "too few calls were in flight at SIGTERM to prove anything"
+            return results, late
+
+    results, late = asyncio.run(main())
+    assert d.proc.wait(30) == 0
+    assert results == ["OK"] * 24, results  # in-flight calls finished
+    assert late == "UNAVAILABLE"  # new calls are turned away
+    assert "stopped cleanly" in d.log()
