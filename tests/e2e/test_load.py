@@ -14,11 +14,9 @@ from typing import Any
 import grpc
 import pytest
 
-from ctxcc.v1 import common_pb2
+from ctxcc.v1 import common_pb2, compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import compile_service_pb2_grpc, session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
-from ctxcc.v1 import session_service_pb2_grpc
 from tests.e2e.proc import DaemonProcess
 from tests.helpers import assistant, user
 
