@@ -107,7 +107,8 @@ def test_32_concurrent_agent_streams(short_tmp: Path) -> None:
         lat = sorted(latencies)
         print(
             f"\nload: {STREAMS} streams, {len(lat)} steps in 12 s, "
-            f"p50 {statistics.median(lat) * 1000:.1f} ms, p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, "
+            f"p50 {statistics.median(lat) * 1000:.1f} ms, "
+            f"p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, "
             f"RSS {samples[0]:.0f} -> {max(samples):.0f} -> {samples[-1]:.0f} MB"
         )
     finally:
@@ -167,7 +168,8 @@ def test_a_stalled_stream_does_not_delay_other_sessions(short_tmp: Path) -> None
         times = asyncio.run(main())
         assert len(times) == 30  # every call of the other session completed (10 s bound each)
         print(
-            f"\nbusy session next to a stalled stream: compile p50 {statistics.median(times) * 1000:.1f} ms"
+            "\nbusy session next to a stalled stream: compile p50 "
+            f"{statistics.median(times) * 1000:.1f} ms"
         )
     finally:
         assert d.terminate() == 0
