@@ -270,10 +270,28 @@ class Daemon:
         if self.cfg.listen == "none":
             return None
         host, _, _ = self.cfg.listen.rpartition(":")
-        port = server.add_insecure_port(self.cfg.listen)
+        creds = self._tls()
+        if creds is not None:
+            port = server.add_secure_port(self.cfg.listen, creds)
+        else:
+            port = server.add_insecure_port(self.cfg.listen)
         if port == 0:
             raise ConfigError(f"cannot listen on {self.cfg.listen}: address in use or invalid")
         return f"{host}:{port}"
+
+    def _tls(self) -> grpc.ServerCredentials | None:
+        cfg = self.cfg
+        if not cfg.tls_cert_file:
+            return None
+        try:
+            cert = Path(cfg.tls_cert_file).read_bytes()
+            key = Path(cfg.tls_key_file).read_bytes()
+            ca = Path(cfg.tls_client_ca_file).read_bytes() if cfg.tls_client_ca_file else None
+        except OSError as exc:
+            raise ConfigError(f"cannot read TLS files: {exc}") from exc
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+        )
 
     def _bind_unix(self, server: grpc.aio.Server) -> str | None:
         path = self.cfg.socket_path

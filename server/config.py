@@ -32,6 +32,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "socket_group", "", "group (name or gid) given the Unix socket; empty keeps the process's"
     ),
+    Setting("tls_cert_file", "", "PEM certificate for TLS on the TCP port (with tls_key_file)"),
+    Setting("tls_key_file", "", "PEM private key for TLS on the TCP port"),
+    Setting(
+        "tls_client_ca_file",
+        "",
+        "PEM CA bundle: with it, TCP clients must present a certificate it signed (mTLS)",
+    ),
     Setting(
         "auth_token_file",
         "",
@@ -101,6 +108,9 @@ class Config:
     socket_mode: int
     socket_group: str
     auth_token_file: str
+    tls_cert_file: str
+    tls_key_file: str
+    tls_client_ca_file: str
     listen: str
     metrics_listen: str
     health_listen: str
@@ -254,6 +264,9 @@ def _build(raw: Mapping[str, str]) -> Config:
         socket_mode=_int(raw, "socket_mode", 8),
         socket_group=raw["socket_group"],
         auth_token_file=raw["auth_token_file"],
+        tls_cert_file=raw["tls_cert_file"],
+        tls_key_file=raw["tls_key_file"],
+        tls_client_ca_file=raw["tls_client_ca_file"],
         listen=_parse_hostport("listen", raw["listen"]),
         metrics_listen=_parse_hostport("metrics_listen", raw["metrics_listen"]),
         health_listen=_parse_hostport("health_listen", raw["health_listen"]),
@@ -288,10 +301,16 @@ def _build(raw: Mapping[str, str]) -> Config:
     if sock is not None and len(str(sock).encode()) > 107:
         raise ConfigError(f"socket path {sock} is longer than the 107 bytes a Unix socket allows")
     host = cfg.listen.rpartition(":")[0].strip("[]")
-    if cfg.listen != "none" and not _loopback(host) and not cfg.auth_token_file:
+    if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
+        raise ConfigError("tls_cert_file and tls_key_file go together")
+    if cfg.tls_client_ca_file and not cfg.tls_cert_file:
+        raise ConfigError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+    authenticated = cfg.auth_token_file or cfg.tls_client_ca_file
+    if cfg.listen != "none" and not _loopback(host) and not authenticated:
         raise ConfigError(
             f"refusing to serve the API on {cfg.listen} without authentication: set "
-            "auth_token_file, or listen on loopback and use the Unix socket"
+            "auth_token_file (or mTLS with tls_client_ca_file), or listen on loopback and use "
+            "the Unix socket"
         )
     if sock is None and cfg.listen == "none":
         raise ConfigError("both socket and listen are 'none': the daemon would be unreachable")

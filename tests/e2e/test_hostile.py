@@ -311,3 +311,120 @@ def test_bearer_token_over_tcp_and_the_socket_group(short_tmp: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2 and "without authentication" in bad.stderr
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _certs(d: Path) -> None:
+    """A CA, a server certificate for 127.0.0.1, a client certificate from the CA and a
+    self-signed impostor."""
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=ctxcc test CA",
+        cwd=d,
+    )
+    for name, san in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "")):
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=d,
+        )
+        ext = d / f"{name}.ext"
+        ext.write_text(san + "\n" if san else "basicConstraints=CA:FALSE\n")
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            ext.name,
+            cwd=d,
+        )
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "rogue.key",
+        "-out",
+        "rogue.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rogue",
+        cwd=d,
+    )
+
+
+def test_mutual_tls_on_tcp(short_tmp: Path) -> None:
+    _certs(short_tmp)
+    d = DaemonProcess(
+        short_tmp / "data",
+        "--tls-cert-file",
+        str(short_tmp / "server.pem"),
+        "--tls-key-file",
+        str(short_tmp / "server.key"),
+        "--tls-client-ca-file",
+        str(short_tmp / "ca.pem"),
+    )
+    d.start()
+    try:
+        d.wait_ready()
+        ca = (short_tmp / "ca.pem").read_bytes()
+
+        def call(key: str | None) -> grpc.StatusCode:
+            creds = grpc.ssl_channel_credentials(
+                root_certificates=ca,
+                private_key=(short_tmp / f"{key}.key").read_bytes() if key else None,
+                certificate_chain=(short_tmp / f"{key}.pem").read_bytes() if key else None,
+            )
+            with grpc.secure_channel(str(d.endpoints["tcp"]), creds) as ch:
+                stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+                try:
+                    stub.GetSession(spb.GetSessionRequest(session_id="nobody"), timeout=5)
+                    return grpc.StatusCode.OK
+                except grpc.RpcError as err:
+                    e: Any = err
+                    return e.code()  # type: ignore[no-any-return]
+
+        assert call("client") == grpc.StatusCode.NOT_FOUND  # authenticated: reached the service
+        assert call(None) == grpc.StatusCode.UNAVAILABLE  # no client certificate
+        assert call("rogue") == grpc.StatusCode.UNAVAILABLE  # not signed by the CA
+        with grpc.insecure_channel(str(d.endpoints["tcp"])) as ch:
+            stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            with pytest.raises(grpc.RpcError):
+                stub.GetSession(spb.GetSessionRequest(session_id="nobody"), timeout=5)
+    finally:
+        d.ensure_stopped()
