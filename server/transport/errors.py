@@ -55,16 +55,26 @@ CODES: dict[Reason, grpc.StatusCode] = {
 }
 
 
+# Error details travel in trailing metadata, which clients cap (16 KiB by default):
+# messages and metadata values that quote client input are cut to fit.
+MAX_MESSAGE = 1_000
+MAX_METADATA_VALUE = 200
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def status_for(err: CtxccError) -> grpc.Status:
     if err.reason in (Reason.RECORD_CORRUPT, Reason.STORAGE_FAILURE):
         log.error("%s: %s", err.reason.value, getattr(err, "detail", err.message))
-    info = error_details_pb2.ErrorInfo(
-        reason=err.reason.value, domain=DOMAIN, metadata=err.metadata
-    )
+    metadata = {k: _cut(v, MAX_METADATA_VALUE) for k, v in err.metadata.items()}
+    info = error_details_pb2.ErrorInfo(reason=err.reason.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
     code = CODES[err.reason]
-    status = status_pb2.Status(code=code.value[0], message=err.message, details=[detail])
+    message = _cut(err.message, MAX_MESSAGE)
+    status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
     return rpc_status.to_status(status)
 
 

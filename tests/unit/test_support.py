@@ -43,3 +43,12 @@ async def test_a_full_watcher_gets_a_resync_instead_of_blocking() -> None:
         hub.publish("s", [_ev(6, "y")], head_seq=6)
         assert w.queue.get_nowait() == _ev(6, "y")
     assert hub.count() == 0
+
+
+def test_error_details_quoting_client_input_are_cut_to_fit_trailers() -> None:
+    from server.transport.errors import status_for
+
+    err = CtxccError(Reason.SESSION_NOT_FOUND, "session " + "x" * 300_000, session_id="y" * 300_000)
+    st = status_for(err)
+    details = dict(st.trailing_metadata)["grpc-status-details-bin"]
+    assert len(details) < 2_000 and len(st.details) <= 1_000
