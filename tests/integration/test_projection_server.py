@@ -290,3 +290,34 @@ async def test_corrupted_checkpoint_falls_back_to_the_canonical_history(short_tm
     finally:
         await api.channel.close()
         await d.stop()
+
+
+async def test_an_undecodable_checkpoint_record_falls_back_as_corrupt(short_tmp: Path) -> None:
+    cfg = make_config(short_tmp)
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    assert (await _checkpointed(api, "torn", source_route=ROUTE)).checkpoint_id
+    await api.channel.close()
+    await d.stop()
+    kv = open_rocks(cfg.db_path)
+    key, raw = next(kv.scan("checkpoints", b"torn\x00", b"torn\x01"))
+    b = Batch()
+    b.put("checkpoints", key, raw[: len(raw) // 3])  # a torn write
+    kv.write(b)
+    kv.close()
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        after = (await api.compiles.Compile(compile_request("torn"))).view
+        assert list(after.fallback_reasons) == [view_pb2.FALLBACK_REASON_PROJECTION_CORRUPT]
+        assert [p.text for m in after.messages for p in m.parts] == [
+            "one",
+            "first answer",
+            "two",
+            "second",
+        ]
+    finally:
+        await api.channel.close()
+        await d.stop()
