@@ -1,4 +1,4 @@
-"""Limits the service enforces before anything is written (R-SVC; issue limits table)."""
+"""Limits the service enforces before anything is written; each answers with a reason."""
 
 from __future__ import annotations
 

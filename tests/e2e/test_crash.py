@@ -1,4 +1,4 @@
-"""Crash safety of the event log (issue: durable event store).
+"""Crash safety of the event log (R-HIST-1): nothing acknowledged is lost or duplicated.
 
 Several clients append concurrently with `sync` durability while the daemon is killed
 with SIGKILL at random moments, ten times. Clients retry every unacknowledged append
