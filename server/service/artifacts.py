@@ -54,7 +54,8 @@ class ArtifactUseCases:
 
     async def put(self, h: ArtifactHeader, data: bytes) -> ArtifactRecord:
         self.check_header(h)
-        if len(data) != h.size_bytes or hashlib.sha256(data).hexdigest() != h.sha256:
+        actual = await self._blocking.run(lambda: hashlib.sha256(data).hexdigest())
+        if len(data) != h.size_bytes or actual != h.sha256:
             raise CtxccError(
                 Reason.ARTIFACT_CHECKSUM_MISMATCH,
                 f"received {len(data)} bytes that do not match the declared size and sha256",

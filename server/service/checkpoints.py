@@ -54,7 +54,7 @@ class CheckpointUseCases:
         else:
             ckpt_id = self._ids.new_id("c-")
         events = await self._blocking.run(self._store.read_events, sid, 0, None, frozenset(), n)
-        digest = events_digest(events)
+        digest = await self._blocking.run(events_digest, events)
         if template.covered_digest and template.covered_digest != digest:
             raise CtxccError(
                 Reason.CHECKPOINT_INVALID,

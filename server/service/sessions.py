@@ -111,6 +111,40 @@ class SessionUseCases:
                 f"{self.limits.max_events_per_append}",
                 limit=str(self.limits.max_events_per_append),
             )
+        # Digests, encodes and blob hashing of large results run on the I/O pool, with
+        # the write itself: a 32 MiB tool result must not stall the event loop.
+        batch, size, result = await self._blocking.run(
+            self._write, session_id, events, request_id, expected_last_seq
+        )
+        prepared, blobs = batch.events, dict(batch.blobs)
+        if not result.replayed:
+            self._telemetry.appended(len(prepared), size + sum(len(b) for b in blobs.values()))
+            published: list[Update] = [
+                Event(seq, new.event_id, batch.now_ns, new.payload)
+                for seq, new in zip(
+                    range(result.first_seq, result.last_seq + 1), prepared, strict=True
+                )
+            ]
+            self._hub.publish(session_id, published, result.last_seq)
+        return result
+
+    def _write(
+        self,
+        session_id: str,
+        events: Sequence[NewEvent],
+        request_id: str,
+        expected_last_seq: int | None,
+    ) -> tuple[AppendBatch, int, AppendResult]:
+        batch, size = self._prepare_batch(session_id, events, request_id, expected_last_seq)
+        return batch, size, self._store.append(batch)
+
+    def _prepare_batch(
+        self,
+        session_id: str,
+        events: Sequence[NewEvent],
+        request_id: str,
+        expected_last_seq: int | None,
+    ) -> tuple[AppendBatch, int]:
         digest = request_digest(events, expected_last_seq)
         prepared: list[NewEvent] = []
         blobs: dict[str, bytes] = {}
@@ -134,17 +168,7 @@ class SessionUseCases:
             expected_last_seq=expected_last_seq,
             blobs=tuple(sorted(blobs.items())),
         )
-        result = await self._blocking.run(self._store.append, batch)
-        if not result.replayed:
-            self._telemetry.appended(len(prepared), size + sum(len(b) for b in blobs.values()))
-            published: list[Update] = [
-                Event(seq, new.event_id, batch.now_ns, new.payload)
-                for seq, new in zip(
-                    range(result.first_seq, result.last_seq + 1), prepared, strict=True
-                )
-            ]
-            self._hub.publish(session_id, published, result.last_seq)
-        return result
+        return batch, size
 
     def _externalize(
         self, index: int, payload: Payload
