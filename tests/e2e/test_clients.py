@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -53,6 +54,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     d.wait_ready()
     yield d
     d.terminate()
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.log_path.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("transport", ["unix", "tcp"])

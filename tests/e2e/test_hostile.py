@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import grp
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def daemon() -> Iterator[DaemonProcess]:
     d.wait_ready()
     yield d
     assert d.terminate() == 0
+    shutil.rmtree(d.data_dir, ignore_errors=True)
+    d.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
