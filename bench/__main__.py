@@ -15,10 +15,11 @@ import tempfile
 from pathlib import Path
 
 from bench import appends, rpc, scale
+from bench.paths import dev_traces
 from server.replay import run as replay
 
 ROOT = Path(__file__).resolve().parents[1]
-DEV = ROOT.parent / "shared" / "traces" / "dev-requests.jsonl.xz"
+DEV = dev_traces()
 TARGETS = {
     "compile_vs_echo_p50": ("<=", 1.5),
     "step_vs_echo_p50": ("<=", 3.5),

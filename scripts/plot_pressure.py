@@ -20,6 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.paths import dev_traces
 from server.replay import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,11 +28,7 @@ LAYERS = ("pinned", "tool_schema", "history", "working_set", "native_state")
 
 
 def main() -> None:
-    trace = (
-        Path(sys.argv[1])
-        if len(sys.argv) > 1
-        else ROOT.parent / "shared/traces/dev-requests.jsonl.xz"
-    )
+    trace = Path(sys.argv[1]) if len(sys.argv) > 1 else dev_traces()
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs/pressure.png"
     with tempfile.TemporaryDirectory() as d:
         rows_path = Path(d) / "rows.jsonl"

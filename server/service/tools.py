@@ -121,12 +121,10 @@ class ToolUseCases:
             )
         return found
 
-    async def _result_text(self, session_id: str, call_id: str) -> str:
-        check_id("session_id", session_id)
-        if not call_id:
-            raise invalid("call_id", "call_id is required")
-        await self._blocking.run(self._store.get_session, session_id)
-        event = await self._blocking.run(self._store.find_tool_result, session_id, call_id)
+    def _result_text(self, session_id: str, call_id: str) -> str:
+        """Blocking: the whole stored result, decoded (up to the 32 MiB result limit)."""
+        self._store.get_session(session_id)
+        event = self._store.find_tool_result(session_id, call_id)
         if event is None or not isinstance(event.payload, ToolResult):
             raise CtxccError(
                 Reason.TOOL_RESULT_NOT_FOUND, f"no result for call {call_id!r} in this session"
@@ -134,24 +132,46 @@ class ToolUseCases:
         result = event.payload
         if result.blob is None:
             return result.text or ""
-        data = await self._blocking.run(self._store.get_blob, result.blob.sha256)
+        data = self._store.get_blob(result.blob.sha256)
         if data is None:
             raise CtxccError(Reason.TOOL_RESULT_NOT_FOUND, "the stored result is gone")
         return data.decode("utf-8", errors="replace")
 
-    async def read_lines(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
-        lines = (await self._result_text(session_id, call_id)).splitlines(keepends=True)
+    def _lines(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
+        lines = self._result_text(session_id, call_id).splitlines(keepends=True)
         limit = min(limit or 200, 2_000)
         chunk = lines[offset : offset + limit]
         return Slice("".join(chunk), offset, len(lines), offset + limit < len(lines))
 
-    async def read_bytes(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
-        data = (await self._result_text(session_id, call_id)).encode()
+    def _bytes(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
+        data = self._result_text(session_id, call_id).encode()
         limit = min(limit or 16_384, 1 << 20)
         chunk = data[offset : offset + limit]
         return Slice(
             chunk.decode("utf-8", errors="replace"), offset, len(data), offset + limit < len(data)
         )
+
+    def _search(
+        self, session_id: str, call_id: str, compiled: regex.Pattern[str], context: int, most: int
+    ) -> list[Match]:
+        lines = self._result_text(session_id, call_id).splitlines()
+        return _scan(lines, compiled, min(context, 20), min(most or 20, 200))
+
+    @staticmethod
+    def _check_call(session_id: str, call_id: str) -> None:
+        check_id("session_id", session_id)
+        if not call_id:
+            raise invalid("call_id", "call_id is required")
+
+    # Results can be tens of MiB: reading, decoding and slicing them happen on the I/O
+    # pool, never on the event loop.
+    async def read_lines(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
+        self._check_call(session_id, call_id)
+        return await self._blocking.run(self._lines, session_id, call_id, offset, limit)
+
+    async def read_bytes(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
+        self._check_call(session_id, call_id)
+        return await self._blocking.run(self._bytes, session_id, call_id, offset, limit)
 
     async def search_result(
         self, session_id: str, call_id: str, pattern: str, is_regex: bool, context: int, most: int
@@ -164,9 +184,8 @@ class ToolUseCases:
             compiled = regex.compile(pattern if is_regex else regex.escape(pattern))
         except regex.error as exc:
             raise CtxccError(Reason.INVALID_PATTERN, f"pattern does not compile: {exc}") from None
-        lines = (await self._result_text(session_id, call_id)).splitlines()
-        context, most = min(context, 20), min(most or 20, 200)
-        return await self._blocking.run(_scan, lines, compiled, context, most)
+        self._check_call(session_id, call_id)
+        return await self._blocking.run(self._search, session_id, call_id, compiled, context, most)
 
 
 def _scan(lines: list[str], compiled: regex.Pattern[str], context: int, most: int) -> list[Match]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -47,7 +48,12 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self, request: AsyncIterator[pb.CompileStreamRequest], context: Ctx
     ) -> AsyncIterator[pb.CompileStreamResponse]:
         async for msg in request:
-            for out in self._chunked(await self._step(msg)):
+            out = await self._step(msg)
+            if out.WhichOneof("response") == "view" and out.view.ByteSize() > self._chunk:
+                # Serializing and hashing a multi-MiB view is CPU work: off the event loop.
+                for part in await asyncio.to_thread(self._chunked, out):
+                    yield part
+            else:
                 yield out
 
     def _chunked(self, out: pb.CompileStreamResponse) -> list[pb.CompileStreamResponse]:

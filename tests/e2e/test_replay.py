@@ -9,10 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.paths import dev_traces
 from server.replay import KEYS, run
 from tests.e2e.proc import REPO, DaemonProcess
 
-DEV = REPO.parent / "shared" / "traces" / "dev-requests.jsonl.xz"
+DEV = dev_traces()
 
 
 async def test_dev_traces_meet_the_estimation_targets(tmp_path: Path) -> None:

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.paths import dev_traces
 from server.app import Daemon
 from server.replay import run
 from tests.conftest import make_config
 
 REPO = Path(__file__).resolve().parents[2]
 PROMTOOL = REPO / ".tools" / "promtool"
-DEV = REPO.parent / "shared" / "traces" / "dev-requests.jsonl.xz"
+DEV = dev_traces()
 
 
 @pytest.fixture
