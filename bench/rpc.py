@@ -131,7 +131,7 @@ def history(api: Api, n: int) -> tuple[float, float]:
 def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
     n = max(20, int(200 * scale))
     d = BenchDaemon(data_dir)
-    d.start()
+    d.start_timed()
     try:
         api = Api(d.target)
         api.session("view200", conversation(67, "a"))  # ~200 messages, ~100 KB view

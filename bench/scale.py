@@ -33,14 +33,14 @@ def cold_start(root: Path, events: int) -> float:
     fill(data / "db", events)
     d = BenchDaemon(data)
     try:
-        return d.start()
+        return d.start_timed()
     finally:
         d.stop()
 
 
 def rss_after_sessions(root: Path, sessions: int, events_each: int) -> float:
     d = BenchDaemon(root / "rss")
-    d.start()
+    d.start_timed()
     try:
         api = Api(d.target)
         turns = max(1, events_each // 3)
