@@ -176,6 +176,7 @@ class Daemon:
         settings = CompilerSettings(
             kernel_text=kernel,
             time_granularity_s=cfg.time_granularity,
+            budget=cfg.budget,
             caps=SourceCaps(
                 instruction_file_chars=cfg.instruction_file_cap,
                 instructions_total_chars=cfg.instructions_cap,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from server.compiler.budget import BudgetConfig
+
 
 class ConfigError(ValueError):
     """A setting is missing, malformed or contradictory; the message says which."""
@@ -92,6 +94,28 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "model_catalog", "", "JSON file of model entries added to or replacing the shipped catalog"
     ),
+    # Budget parameters (R-BUD-1..5): local scheduling choices, not provider claims.
+    Setting(
+        "first_reserve_fraction",
+        "0.25",
+        "share of a known window reserved for output before any usage is known (0..1]",
+    ),
+    Setting("first_reserve_max", "16384", "cap in tokens on that first output reserve"),
+    Setting(
+        "reserve_last_output_factor",
+        "2",
+        "once usage is known, the output reserve is this many times the last output",
+    ),
+    Setting("reserve_min", "1024", "lower clamp in tokens of the usage-based output reserve"),
+    Setting("reserve_max", "8192", "upper clamp in tokens of the usage-based output reserve"),
+    Setting(
+        "unknown_window_watermark",
+        "32768",
+        "history high watermark in tokens when the model's window is unknown",
+    ),
+    Setting(
+        "unknown_window_reserve", "16384", "output reserve in tokens when the window is unknown"
+    ),
     Setting(
         "debug_echo",
         "false",
@@ -139,6 +163,7 @@ class Config:
     memory_cap: int
     model_catalog: str
     debug_echo: bool
+    budget: BudgetConfig
 
     @property
     def db_path(self) -> Path:
@@ -247,6 +272,34 @@ def _names(value: str) -> tuple[str, ...]:
     return names
 
 
+def _fraction(raw: Mapping[str, str], name: str) -> float:
+    try:
+        value = float(raw[name])
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw[name]!r}") from None
+    if not 0 < value <= 1:
+        raise ConfigError(f"{name} must be above 0 and at most 1, got {raw[name]}")
+    return value
+
+
+def _budget(raw: Mapping[str, str]) -> BudgetConfig:
+    cfg = BudgetConfig(
+        first_reserve_fraction=_fraction(raw, "first_reserve_fraction"),
+        first_reserve_max=_int(raw, "first_reserve_max", minimum=1),
+        dynamic_reserve_factor=_int(raw, "reserve_last_output_factor", minimum=1),
+        dynamic_reserve_min=_int(raw, "reserve_min", minimum=1),
+        dynamic_reserve_max=_int(raw, "reserve_max", minimum=1),
+        unknown_history_watermark=_int(raw, "unknown_window_watermark", minimum=1),
+        unknown_output_reserve=_int(raw, "unknown_window_reserve", minimum=1),
+    )
+    if cfg.dynamic_reserve_min > cfg.dynamic_reserve_max:
+        raise ConfigError(
+            f"reserve_min ({cfg.dynamic_reserve_min}) is above reserve_max "
+            f"({cfg.dynamic_reserve_max})"
+        )
+    return cfg
+
+
 def _build(raw: Mapping[str, str]) -> Config:
     if raw["durability"] not in {"sync", "buffered"}:
         raise ConfigError(f"durability must be 'sync' or 'buffered', got {raw['durability']!r}")
@@ -295,6 +348,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         memory_cap=_int(raw, "memory_cap", minimum=100),
         model_catalog=raw["model_catalog"],
         debug_echo=_bool(raw, "debug_echo"),
+        budget=_budget(raw),
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

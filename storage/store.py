@@ -22,6 +22,7 @@ from server.domain.model import (
     DeleteResult,
     Event,
     EventKind,
+    Route,
     Session,
     ToolResult,
     starts_turn,
@@ -423,7 +424,16 @@ class KVEventStore:
         batch = Batch(durable=False)
         batch.put("compiles", _key(sid, suffix), encoded)
         batch.put("compiles", _key(sid, _LAST_COMPILE), encoded)
-        self._kv.write(batch)
+        with self._lock(sid):
+            self._move_route(batch, sid, record.route)
+            self._kv.write(batch)
+
+    def _move_route(self, batch: Batch, sid: str, route: Route) -> None:
+        """Session.current_route follows the latest compile or usage report."""
+        session = self.get_session(sid)
+        if session.current_route != route:
+            moved = dataclasses.replace(session, current_route=route)
+            batch.put("sessions", sid.encode(), encode_value(moved))
 
     def get_last_compile(self, session_id: str) -> CompileRecord | None:
         raw = self._kv.get("compiles", _key(session_id, _LAST_COMPILE))
@@ -448,10 +458,7 @@ class KVEventStore:
             # Losing a baseline only means the next estimate is a full one.
             batch = Batch(durable=False)
             batch.put("compiles", _key(sid, suffix), encode_value(updated))
-            session = self.get_session(sid)
-            if session.current_route != record.route:
-                moved = dataclasses.replace(session, current_route=record.route)
-                batch.put("sessions", sid.encode(), encode_value(moved))
+            self._move_route(batch, sid, record.route)
             batch.put("routes", _key(sid, route_state.route_id.encode()), encode_value(route_state))
             self._kv.write(batch)
             return updated, False

@@ -314,6 +314,9 @@ def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[Vi
                 continue
             # The call is not in view (summarised away or never logged): restore it.
             call = show(ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}"))
+            notes.append(
+                f"restored a call for result {m.tool_call_id}: its call is not in the view"
+            )
             if open_calls and block_start >= 0:
                 host = out[block_start]
                 out[block_start] = replace(host, tool_calls=(*host.tool_calls, call))

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from server.compiler.system import section
-from server.compiler.text import attr, escape_fences, sanitize, truncate
+from server.compiler.text import attr, count_invisible, escape_fences, sanitize, truncate
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import SectionKind, SystemSection
 from server.domain.sources import (
@@ -111,6 +111,12 @@ def _instructions(
         if cut:
             truncated = True
             notes.append(f"instruction file {f.path} truncated to {limit} characters")
+        hidden = count_invisible(f.text)
+        if hidden:
+            notes.append(
+                f"instruction file {f.path}: {hidden} invisible format character(s) "
+                "(bidi controls, zero-width) shown as [U+XXXX]"
+            )
         if f.decode_replaced:
             notes.append(f"instruction file {f.path} is not valid UTF-8; bad bytes were replaced")
         blocks.append(

@@ -1,5 +1,5 @@
-"""Text hygiene for user-controllable content: control characters out, visible
-truncation, fences that content cannot close."""
+"""Text hygiene for user-controllable content: control characters out, invisible format
+characters made visible, visible truncation, fences that content cannot close."""
 
 from __future__ import annotations
 
@@ -10,8 +10,27 @@ import re
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
+# Unicode format characters (category Cf, Unicode 14): bidi embeddings, overrides and
+# isolates, zero-width spaces and joiners, invisible operators, tag characters. They
+# render as nothing or reorder what is shown, so text can read one way to a reviewer and
+# another to the model (the "Trojan Source" class). They are shown as [U+XXXX].
+_INVISIBLE = re.compile(
+    "[\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U00013438\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001"
+    "\U000e0020-\U000e007f]"
+)
+
+
+def count_invisible(text: str) -> int:
+    """Format characters sanitize() makes visible (a leading byte-order mark excepted)."""
+    return len(_INVISIBLE.findall(text.removeprefix("\ufeff")))
+
+
 def sanitize(text: str) -> str:
-    return _CONTROL.sub("", text)
+    # A leading byte-order mark is encoding metadata, not content: it just goes.
+    text = _CONTROL.sub("", text.removeprefix("\ufeff"))
+    return _INVISIBLE.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
 
 
 def truncate(text: str, cap: int) -> tuple[str, bool]:
