@@ -61,8 +61,15 @@ fmt: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-.tools/promtool: scripts/get_promtool.sh
-	bash scripts/get_promtool.sh
+.tools/promtool .tools/prometheus &: scripts/get_prometheus.sh
+	bash scripts/get_prometheus.sh
+
+# checkov scans the rendered manifests and the Dockerfile; it lives in a venv of its own
+# because its dependencies would fight the daemon's pins.
+.tools/checkov/.stamp: scripts/checkov-requirements.txt
+	test -x .tools/checkov/bin/python || $(PYTHON) -m venv .tools/checkov
+	.tools/checkov/bin/pip install --quiet -r scripts/checkov-requirements.txt
+	touch $@
 
 ## dashboard: regenerate the Grafana dashboard from scripts/gen_dashboard.py
 dashboard: $(STAMP)
@@ -75,7 +82,7 @@ dashboard: $(STAMP)
 	touch $@
 
 ## test: everything CI runs
-test: $(STAMP) proto-check lint .tools/promtool .tools/wheels/.stamp clients
+test: $(STAMP) proto-check lint .tools/promtool .tools/prometheus .tools/checkov/.stamp .tools/wheels/.stamp clients
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

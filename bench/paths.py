@@ -1,5 +1,6 @@
 """Where the development traces are: `../shared/traces` beside the checkout (as CI lays it
-out), or beside the repository this checkout was cloned from."""
+out), beside the main checkout of a `git worktree`, or beside the repository this checkout
+was cloned from."""
 
 from __future__ import annotations
 
@@ -9,21 +10,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+    except OSError:
+        return ""
+
+
 def dev_traces() -> Path:
     candidates = [ROOT.parent / "shared"]
-    try:
-        origin = subprocess.run(
-            ["git", "remote", "get-url", "origin"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout
-        if origin.strip() and Path(origin.strip()).is_dir():
-            candidates.append(Path(origin.strip()).resolve().parent / "shared")
-    except OSError:
-        pass
+    common = _git("rev-parse", "--path-format=absolute", "--git-common-dir")
+    if common.endswith("/.git"):  # a worktree: the main checkout holds the .git directory
+        candidates.append(Path(common).parent.parent / "shared")
+    origin = _git("remote", "get-url", "origin")
+    if origin and Path(origin).is_dir():
+        candidates.append(Path(origin).resolve().parent / "shared")
     for shared in candidates:
         trace = shared / "traces" / "dev-requests.jsonl.xz"
         if trace.exists():

@@ -18,6 +18,7 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
@@ -54,7 +55,7 @@ from server.service.tools import ToolUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
-from server.transport.interceptor import BoundaryInterceptor
+from server.transport.interceptor import BoundaryInterceptor, error_codes, method_label
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
@@ -72,6 +73,17 @@ SERVICE_NAMES = tuple(
         (tool_service_pb2.DESCRIPTOR, "ToolService"),
     )
 )
+
+
+def rpc_methods() -> list[str]:
+    """Metric names of every RPC the server answers: the API services and health."""
+    pool = descriptor_pool.Default()
+    services = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    return [
+        method_label(f"/{service}/{method.name}")
+        for service in services
+        for method in pool.FindServiceByName(service).methods
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +165,7 @@ class Daemon:
         )
         store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
         self._store = store
-        self.telemetry.watch_store(store.count_sessions, store.approximate_size)
+        self.telemetry.watch_store(store.count_sessions, store.footprint)
         limits = ServiceLimits(
             max_events_per_append=cfg.max_events_per_append,
             max_event_bytes=cfg.max_event_bytes,
@@ -201,6 +213,7 @@ class Daemon:
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
 
+        self.telemetry.expect_rpcs(rpc_methods(), error_codes())
         server = grpc.aio.server(
             interceptors=[BoundaryInterceptor(self.telemetry.rpc_done, self._auth_token())],
             options=[

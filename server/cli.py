@@ -6,17 +6,19 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
-from server import __version__, inspect_cli, replay
+from server import __version__, health_cli, inspect_cli, replay
 from server.config import ConfigError, add_flags, resolve
 
 log = logging.getLogger("ctxcc")
 
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
+EXIT_PIPE = 141  # what a shell reports for a filter ended by SIGPIPE (128 + 13)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(serve)
     replay.add_parser(sub)
     inspect_cli.add_parsers(sub)
+    health_cli.add_parser(sub)
     return parser
 
 
@@ -76,7 +79,18 @@ async def _serve(flags: dict[str, object]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(build_parser().parse_args(argv))
+    except BrokenPipeError:
+        # The reader left (`ctxcc sessions | head`): stop quietly, like any Unix filter.
+        # stdout is pointed at /dev/null so the interpreter's final flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "health":
+        return health_cli.main(args)
     if args.command in ("inspect", "sessions"):
         return inspect_cli.main(args)
     if args.command == "replay":

@@ -46,6 +46,21 @@ class Batch:
         self.ranges.append((cf, start, end))
 
 
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """The store's size by where the bytes are, and the room left on its filesystem."""
+
+    live_sst_bytes: int
+    wal_bytes: int
+    memtable_bytes: int
+    disk_free_bytes: int
+    disk_capacity_bytes: int
+
+    @property
+    def data_bytes(self) -> int:
+        return self.live_sst_bytes + self.wal_bytes + self.memtable_bytes
+
+
 class KV(Protocol):
     def get(self, cf: str, key: bytes) -> bytes | None: ...
 
@@ -58,6 +73,8 @@ class KV(Protocol):
     def write(self, batch: Batch) -> None: ...
 
     def approximate_size(self) -> int: ...
+
+    def footprint(self) -> Footprint: ...
 
     def close(self) -> None: ...
 
@@ -102,6 +119,9 @@ class MemoryKV:
 
     def approximate_size(self) -> int:
         return sum(len(k) + len(v) for d in self._data.values() for k, v in d.items())
+
+    def footprint(self) -> Footprint:
+        return Footprint(self.approximate_size(), 0, 0, 0, 0)
 
     def close(self) -> None:
         pass

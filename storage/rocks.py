@@ -7,6 +7,7 @@ RocksDB IO error.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
@@ -16,7 +17,7 @@ from typing import IO
 
 import rocksdict
 
-from storage.kv import COLUMN_FAMILIES, Batch
+from storage.kv import COLUMN_FAMILIES, Batch, Footprint
 
 
 class StoreLockedError(RuntimeError):
@@ -99,12 +100,32 @@ class RocksKV:
         if self._on_write is not None:
             self._on_write(time.perf_counter() - started)
 
-    def approximate_size(self) -> int:
-        total = 0
+    def footprint(self) -> Footprint:
+        """What the database holds now. Table files alone read 0 until the first flush:
+        a young or lightly written database sits in its write-ahead log and memtables."""
+        sst = memtables = 0
         for name in COLUMN_FAMILIES:
-            value = self._cf[name].property_int_value("rocksdb.total-sst-files-size")
-            total += int(value or 0)
-        return total
+            cf = self._cf[name]
+            sst += int(cf.property_int_value("rocksdb.live-sst-files-size") or 0)
+            memtables += int(cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
+        wal = 0
+        # The WAL lives in the data directory (no wal_dir is set); files vanish as
+        # RocksDB recycles them, so a file listed and gone counts as empty.
+        for entry in os.scandir(self.path):
+            if entry.name.endswith(".log"):
+                with contextlib.suppress(FileNotFoundError):
+                    wal += entry.stat().st_size
+        disk = os.statvfs(self.path)
+        return Footprint(
+            live_sst_bytes=sst,
+            wal_bytes=wal,
+            memtable_bytes=memtables,
+            disk_free_bytes=disk.f_bavail * disk.f_frsize,
+            disk_capacity_bytes=disk.f_blocks * disk.f_frsize,
+        )
+
+    def approximate_size(self) -> int:
+        return self.footprint().data_bytes
 
     def close(self) -> None:
         if self._closed:

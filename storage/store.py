@@ -40,7 +40,7 @@ from server.domain.sources import (
 )
 from server.domain.tools import ToolActivations, ToolSpec
 from storage.codec import decode_event, decode_value, encode_event, encode_value
-from storage.kv import KV, Batch
+from storage.kv import KV, Batch, Footprint
 from storage.schema import ensure_schema
 
 _SEP = b"\x00"
@@ -497,6 +497,9 @@ class KVEventStore:
 
     def approximate_size(self) -> int:
         return self._kv.approximate_size()
+
+    def footprint(self) -> Footprint:
+        return self._kv.footprint()
 
     def close(self) -> None:
         self._kv.close()

@@ -2,19 +2,20 @@
 composition root and served by prometheus-client's HTTP server.
 
 Names carry the `ctxcc_` prefix and base units; counters end in `_total`. Labels are
-bounded: model family, layer, decision, reason, section, method, kind, RPC method and
-status code. No session id ever becomes a label.
+bounded: model family, catalog model key, layer, decision, reason, section, method, kind,
+RPC method and status code. No session id ever becomes a label.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from server.compiler.view import CompiledView, Decision, FallbackReason, SectionKind
+from storage.kv import Footprint
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _TOKENS = (256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 1048576)
@@ -23,16 +24,35 @@ _ERROR = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class _StoreCollector(Collector):
-    """Gauges read at scrape time: session count and RocksDB size."""
+    """Gauges read at scrape time: session count, RocksDB size and the room left."""
 
-    def __init__(self, sessions: Callable[[], int], size: Callable[[], int]) -> None:
+    def __init__(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self._sessions = sessions
-        self._size = size
+        self._footprint = footprint
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         yield GaugeMetricFamily("ctxcc_sessions", "Sessions held by the daemon.", self._sessions())
+        now = self._footprint()
+        # Table files alone miss what is still in the write-ahead log and memtables,
+        # which is everything a young daemon holds: the parts sum to the data held.
+        size = GaugeMetricFamily(
+            "ctxcc_rocksdb_size_bytes",
+            "RocksDB data by part: live table files, write-ahead log, memtables.",
+            labels=["part"],
+        )
+        size.add_metric(["live_sst"], now.live_sst_bytes)
+        size.add_metric(["wal"], now.wal_bytes)
+        size.add_metric(["memtable"], now.memtable_bytes)
+        yield size
         yield GaugeMetricFamily(
-            "ctxcc_rocksdb_size_bytes", "Size of RocksDB's table files on disk.", self._size()
+            "ctxcc_data_dir_free_bytes",
+            "Bytes available to the daemon on the data directory's filesystem.",
+            now.disk_free_bytes,
+        )
+        yield GaugeMetricFamily(
+            "ctxcc_data_dir_capacity_bytes",
+            "Size of the data directory's filesystem.",
+            now.disk_capacity_bytes,
         )
 
 
@@ -95,20 +115,20 @@ class PrometheusTelemetry:
         self.usage_reports = Counter(
             "ctxcc_usage_reports_total",
             "Usage reports matched to compiles.",
-            ["model_family", "method"],
+            ["model_family", "model", "method"],
             registry=r,
         )
         self.estimation_error = Histogram(
             "ctxcc_estimation_error_ratio",
             "Relative estimation error |reported - estimate| / reported per usage report.",
-            ["model_family", "method"],
+            ["model_family", "model", "method"],
             buckets=_ERROR,
             registry=r,
         )
         self.estimation_error_tokens = Histogram(
             "ctxcc_estimation_error_tokens",
             "Absolute estimation error |reported - estimate| in tokens per usage report.",
-            ["model_family", "method"],
+            ["model_family", "model", "method"],
             buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000),
             registry=r,
         )
@@ -118,6 +138,12 @@ class PrometheusTelemetry:
             "RPC latency by method and status code.",
             ["method", "code"],
             buckets=_LATENCY,
+            registry=r,
+        )
+        self.rpc_errors = Counter(
+            "ctxcc_rpc_errors_total",
+            "RPCs that ended with a status other than OK, by method and code.",
+            ["method", "code"],
             registry=r,
         )
         self.write_seconds = Histogram(
@@ -139,8 +165,8 @@ class PrometheusTelemetry:
             for performed in ("true", "false"):
                 self.compactions.labels(kind, performed)
 
-    def watch_store(self, sessions: Callable[[], int], size: Callable[[], int]) -> None:
-        self.registry.register(_StoreCollector(sessions, size))
+    def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
+        self.registry.register(_StoreCollector(sessions, footprint))
 
     def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None:
         self.compile_seconds.labels(model_family).observe(seconds)
@@ -158,12 +184,14 @@ class PrometheusTelemetry:
         self.events_appended.inc(events)
         self.bytes_appended.inc(size_bytes)
 
-    def usage_reported(self, estimated: int, actual: int, model_family: str, method: str) -> None:
-        self.usage_reports.labels(model_family, method).inc()
+    def usage_reported(
+        self, estimated: int, actual: int, model_family: str, method: str, model: str
+    ) -> None:
+        self.usage_reports.labels(model_family, model, method).inc()
         if actual > 0:
             err = abs(actual - estimated)
-            self.estimation_error.labels(model_family, method).observe(err / actual)
-            self.estimation_error_tokens.labels(model_family, method).observe(err)
+            self.estimation_error.labels(model_family, model, method).observe(err / actual)
+            self.estimation_error_tokens.labels(model_family, model, method).observe(err)
 
     def compaction(self, kind: str, performed: bool) -> None:
         self.compactions.labels(kind, "true" if performed else "false").inc()
@@ -171,8 +199,18 @@ class PrometheusTelemetry:
     def watchers_changed(self, delta: int) -> None:
         self.watchers.inc(delta)
 
+    def expect_rpcs(self, methods: Iterable[str], codes: Iterable[str]) -> None:
+        """Error series born at their first error are invisible to `rate` (it needs two
+        samples); every method and code that can occur starts at zero instead."""
+        codes = tuple(codes)
+        for method in methods:
+            for code in codes:
+                self.rpc_errors.labels(method, code)
+
     def rpc_done(self, method: str, code: str, seconds: float) -> None:
         self.rpc_seconds.labels(method, code).observe(seconds)
+        if code != "OK":
+            self.rpc_errors.labels(method, code).inc()
 
     def storage_write(self, seconds: float) -> None:
         self.write_seconds.observe(seconds)

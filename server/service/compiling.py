@@ -333,7 +333,9 @@ class CompileUseCases:
         estimated = stored.estimated_input_tokens
         if not replayed:
             method = EstimateMethod(stored.estimate_method).name.lower()
-            self._telemetry.usage_reported(estimated, actual, family_of(stored.route.model), method)
+            model = stored.route.model
+            key = self._catalog.lookup(model).key or "other"
+            self._telemetry.usage_reported(estimated, actual, family_of(model), method, key)
         return UsageResult(
             estimated_input_tokens=estimated,
             error_tokens=actual - estimated,

@@ -110,8 +110,11 @@ class Telemetry(Protocol):
     def appended(self, events: int, size_bytes: int) -> None: ...
 
     def usage_reported(
-        self, estimated: int, actual: int, model_family: str, method: str
-    ) -> None: ...
+        self, estimated: int, actual: int, model_family: str, method: str, model: str
+    ) -> None:
+        """`model` is the route model's catalog key ("other" when the catalog lacks it):
+        bounded, and the entry an operator corrects when its estimates drift."""
+        ...
 
     def watchers_changed(self, delta: int) -> None: ...
 

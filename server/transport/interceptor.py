@@ -19,10 +19,23 @@ from typing import Any
 import grpc
 
 from server.domain.errors import CtxccError, Reason
-from server.transport.errors import status_for
+from server.transport.errors import CODES, status_for
 
 RpcObserver = Callable[[str, str, float], None]
 _OPEN_SERVICES = ("grpc.health.v1.Health",)
+# Codes the gRPC runtime ends calls with besides the error table's: the client cancels or
+# its deadline passes, a message exceeds the size limit, a handler fails unguarded.
+_RUNTIME_CODES = ("CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNKNOWN", "INTERNAL")
+
+
+def error_codes() -> tuple[str, ...]:
+    """Every status other than OK that an RPC of this server can end with."""
+    return tuple(sorted({c.name for c in CODES.values()} | set(_RUNTIME_CODES)))
+
+
+def method_label(full: str) -> str:
+    """ "/ctxcc.v1.SessionService/AppendEvents" -> "SessionService/AppendEvents"."""
+    return full.rsplit(".", 1)[-1] if "." in full else full.strip("/")
 
 
 class _Malformed:
@@ -129,10 +142,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        # "/ctxcc.v1.SessionService/AppendEvents" -> "SessionService/AppendEvents"
         full = handler_call_details.method or ""
         service = full.strip("/").split("/")[0]
-        name = full.rsplit(".", 1)[-1] if "." in full else full.strip("/")
+        name = method_label(full)
         kw = {
             "request_deserializer": _safe(handler.request_deserializer),
             "response_serializer": handler.response_serializer,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,26 @@ def test_a_torn_record_is_reported_not_returned(tmp_path: Path) -> None:
             store.read_events("s")
     finally:
         store.close()
+
+
+def test_footprint_counts_what_sits_in_the_wal_and_memtables(tmp_path: Path) -> None:
+    # Synced writes stay in the write-ahead log and memtables until a flush, which a
+    # young daemon has not done: table files alone read 0 here.
+    kv = open_rocks(tmp_path / "db")
+    try:
+        empty = kv.footprint()
+        store = KVEventStore(kv)
+        store.create_session(Session("s", 1, 1))
+        for i in range(200):
+            _append(store, "s", "x" * 2000 + str(i), f"e{i}")
+        now = kv.footprint()
+        wal_on_disk = sum(p.stat().st_size for p in (tmp_path / "db").glob("*.log"))
+        assert now.live_sst_bytes == 0
+        assert now.wal_bytes == wal_on_disk > 400_000
+        assert now.memtable_bytes > 400_000 > empty.memtable_bytes
+        assert kv.approximate_size() == now.data_bytes >= now.wal_bytes + now.memtable_bytes
+        fs = os.statvfs(tmp_path)
+        assert now.disk_capacity_bytes == fs.f_blocks * fs.f_frsize
+        assert 0 < now.disk_free_bytes <= now.disk_capacity_bytes
+    finally:
+        kv.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -188,6 +189,28 @@ def _dockerfile() -> str:
     return (REPO / "deploy" / "Dockerfile").read_text()
 
 
+def _healthcheck_command() -> list[str]:
+    """The exec-form CMD of the Dockerfile's HEALTHCHECK (its continuation lines joined)."""
+    text = _dockerfile().replace("\\\n", " ")
+    match = re.search(r"^HEALTHCHECK\b[^\n]*?\bCMD\s+(\[[^\n]*\])", text, re.M)
+    assert match, "the Dockerfile has no exec-form HEALTHCHECK"
+    command: list[str] = json.loads(match.group(1))
+    return command
+
+
+def test_files_cited_by_deploy_and_docs_exist() -> None:
+    texts = [p for p in (REPO / "deploy").rglob("*") if p.is_file() and p.suffix != ".json"]
+    cited = {
+        (p.relative_to(REPO), ref)
+        for p in [*texts, REPO / "README.md", REPO / "deploy" / "Dockerfile"]
+        for ref in re.findall(
+            r"\b((?:tests|scripts|deploy|server)/[\w./-]+\.(?:py|sh|yaml))", p.read_text()
+        )
+    }
+    assert cited
+    assert [(str(p), ref) for p, ref in sorted(cited) if not (REPO / ref).exists()] == []
+
+
 def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
     text = _dockerfile()
     assert 'ENTRYPOINT ["ctxcc", "serve"]' in text and "USER 10001:10001" in text
@@ -276,7 +299,18 @@ def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
             ).view
             assert view.messages[0].tokens > 0
         assert (run_dir / "ctxcc.sock").stat().st_uid == 65534
+        # The image's HEALTHCHECK, run as Docker runs it: same user, same environment.
+        probe = [*cmd[:-2], *_healthcheck_command()]
+        healthy = subprocess.run(
+            probe, check=False, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert healthy.returncode == 0, healthy.stderr
+        assert healthy.stdout.startswith(f"SERVING (unix:{run_dir / 'ctxcc.sock'})")
         assert d.terminate() == 0
+        gone = subprocess.run(
+            probe, check=False, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert gone.returncode == 1 and "unreachable" in gone.stderr, gone.stderr
     finally:
         d.ensure_stopped()
         for root, dirs, _ in os.walk(short_tmp):  # let the fixture clean up

@@ -45,7 +45,7 @@ async def replayed(short_tmp: Path) -> AsyncIterator[tuple[Daemon, str]]:
 
 
 def _promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    assert PROMTOOL.exists(), "run `make test` (it fetches promtool) or scripts/get_promtool.sh"
+    assert PROMTOOL.exists(), "run `make test` (it fetches promtool) or scripts/get_prometheus.sh"
     return subprocess.run(
         [str(PROMTOOL), *args],
         input=stdin,
@@ -90,7 +90,8 @@ async def test_real_scrape_passes_promtool_and_has_the_metrics(
         assert name in names, name
     assert 'layer="history"' in scrape and 'model_family="anthropic"' in scrape
     assert re.search(
-        r'ctxcc_usage_reports_total\{method="baseline_delta",model_family="anthropic"\} [1-9]',
+        r'ctxcc_usage_reports_total\{method="baseline_delta",model="claude-sonnet-4",'
+        r'model_family="anthropic"\} [1-9]',
         scrape,
     )
     assert "replay-" not in scrape, "a session id leaked into a label"
@@ -139,7 +140,7 @@ async def test_dashboard_queries_use_only_scraped_metrics(replayed: tuple[Daemon
 
 def test_alert_rules_check_and_unit_tests_pass() -> None:
     checked = _promtool("check", "rules", "ctxcc-rules.yaml")
-    assert checked.returncode == 0 and "4 rules found" in checked.stdout, (
+    assert checked.returncode == 0 and "5 rules found" in checked.stdout, (
         checked.stdout + checked.stderr
     )
     tested = _promtool("test", "rules", "ctxcc-rules.test.yaml")
@@ -154,6 +155,7 @@ def test_alert_rules_check_and_unit_tests_pass() -> None:
         "CtxccProjectionFallbacks",
         "CtxccCompileSlow",
         "CtxccSessionsOverBudget",
+        "CtxccDataDirLowSpace",
     }
 
 

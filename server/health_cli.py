@@ -1,0 +1,87 @@
+"""`ctxcc health`: asks a daemon's grpc.health.v1 whether it is SERVING — for container
+HEALTHCHECKs, scripts and people. With no `--target` it finds the daemon the way
+`ctxcc serve` would listen with the same flags, environment and config file: the Unix
+socket, else the health port, else the API port.
+
+Exit codes: 0 serving; 1 not serving, unknown service or unreachable; 2 bad arguments or
+configuration. Docker reads 0 as healthy and 1 as unhealthy (it reserves 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from server.config import ConfigError, resolve
+
+EXIT_SERVING = 0
+EXIT_UNHEALTHY = 1
+EXIT_USAGE = 2
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "health",
+        help="check that a daemon is serving (exit 0) or not (exit 1)",
+        description=(
+            "Ask a ctxcc daemon's grpc.health.v1 service whether it is SERVING. Without "
+            "--target, the daemon is found from the same flags-environment-config as "
+            "`ctxcc serve`: the Unix socket, else the health port, else the API port. "
+            "Exit 0 serving, 1 not serving or unreachable, 2 bad arguments."
+        ),
+    )
+    p.add_argument("--target", default="", help="gRPC target, e.g. unix:/run/ctxcc/ctxcc.sock")
+    p.add_argument("--config", default=None, help="TOML config the daemon runs with")
+    p.add_argument("--service", default="", help="service name (default: the whole server)")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer")
+
+
+def _loopback(hostport: str) -> str:
+    host, _, port = hostport.rpartition(":")
+    # A daemon bound to every interface answers on loopback.
+    wildcard = {"0.0.0.0", "::", "[::]"}  # noqa: S104
+    return f"127.0.0.1:{port}" if host in wildcard else hostport
+
+
+def default_target(config: str | None) -> str:
+    cfg = resolve({"config": config})
+    if cfg.socket_path is not None:
+        return f"unix:{cfg.socket_path}"
+    if cfg.health_listen != "none":
+        return _loopback(cfg.health_listen)
+    return _loopback(cfg.listen)
+
+
+def check(target: str, service: str, timeout: float) -> tuple[int, str]:
+    """(exit code, one line saying why)."""
+    with grpc.insecure_channel(target) as channel:
+        stub: Any = health_pb2_grpc.HealthStub(channel)
+        try:
+            answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+            if code == grpc.StatusCode.NOT_FOUND:
+                return EXIT_UNHEALTHY, f"unknown service {service!r} at {target}"
+            details = err.details() if isinstance(err, grpc.Call) else str(err)
+            return EXIT_UNHEALTHY, f"unreachable: {code.name}: {details} ({target})"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    ok = answer.status == health_pb2.HealthCheckResponse.SERVING
+    return (EXIT_SERVING if ok else EXIT_UNHEALTHY), f"{status} ({target})"
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        target = args.target or default_target(args.config)
+    except ConfigError as exc:
+        print(f"ctxcc health: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    code, line = check(target, args.service, args.timeout)
+    if code == EXIT_SERVING:
+        print(line)
+    else:
+        print(f"ctxcc health: {line}", file=sys.stderr)
+    return code

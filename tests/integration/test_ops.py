@@ -1,0 +1,174 @@
+"""What an operator touches besides the dashboard: error series that exist before the
+first error, the storage gauges, `ctxcc health`, and the CLI inside a shell pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from ctxcc.v1 import (
+    artifact_service_pb2,
+    compile_service_pb2,
+    session_pb2,
+    session_service_pb2,
+    source_service_pb2,
+    tool_service_pb2,
+)
+from server.app import Daemon
+from server.transport.errors import CODES
+from tests.conftest import stubs_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _scrape(d: Daemon) -> str:
+    url = f"http://{d.endpoints.metrics}/metrics"
+    return str(urllib.request.urlopen(url, timeout=10).read().decode())
+
+
+def _errors(scrape: str) -> dict[tuple[str, str], float]:
+    found = re.findall(
+        r'^ctxcc_rpc_errors_total\{code="(\w+)",method="([\w/]+)"\} (\S+)$', scrape, re.M
+    )
+    return {(method, code): float(v) for code, method, v in found}
+
+
+def _ctxcc(
+    *args: str, env: dict[str, str] | None = None, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "server", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_rpc_error_series_exist_before_the_first_error(daemon: Daemon) -> None:
+    services = [
+        f.services_by_name[name]
+        for f in (
+            session_service_pb2.DESCRIPTOR,
+            compile_service_pb2.DESCRIPTOR,
+            artifact_service_pb2.DESCRIPTOR,
+            source_service_pb2.DESCRIPTOR,
+            tool_service_pb2.DESCRIPTOR,
+            health_pb2.DESCRIPTOR,
+        )
+        for name in f.services_by_name
+    ]
+    methods = {f"{s.name}/{m.name}" for s in services for m in s.methods}
+    codes = {c.name for c in CODES.values()} | {"CANCELLED", "DEADLINE_EXCEEDED", "UNKNOWN"}
+    before = _errors(await asyncio.to_thread(_scrape, daemon))
+    assert {(m, c) for m in methods for c in codes} <= set(before)
+    assert set(before.values()) == {0.0}
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await api.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id="nope"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        await api.channel.close()
+    after = _errors(await asyncio.to_thread(_scrape, daemon))
+    # The error lands on a series that was already there: `rate` sees it.
+    assert set(after) == set(before)
+    assert after[("SessionService/GetSession", "NOT_FOUND")] == 1.0
+    assert sum(after.values()) == 1.0
+
+
+async def test_storage_gauges_report_live_data_and_free_space(daemon: Daemon) -> None:
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        await api.sessions.CreateSession(
+            session_service_pb2.CreateSessionRequest(session=session_pb2.Session(session_id="s"))
+        )
+    finally:
+        await api.channel.close()
+    scrape = await asyncio.to_thread(_scrape, daemon)
+    parts = dict(re.findall(r'^ctxcc_rocksdb_size_bytes\{part="(\w+)"\} (\S+)$', scrape, re.M))
+    assert set(parts) == {"live_sst", "wal", "memtable"}
+    # Nothing has been flushed yet: the session is in the WAL and the memtables.
+    assert float(parts["wal"]) > 0 and float(parts["memtable"]) > 0
+    free = re.search(r"^ctxcc_data_dir_free_bytes (\S+)$", scrape, re.M)
+    capacity = re.search(r"^ctxcc_data_dir_capacity_bytes (\S+)$", scrape, re.M)
+    assert free and capacity
+    fs = os.statvfs(daemon.cfg.db_path)
+    assert float(capacity.group(1)) == fs.f_blocks * fs.f_frsize
+    assert 0 < float(free.group(1)) <= float(capacity.group(1))
+
+
+async def test_health_command_reports_serving_not_serving_and_unreachable(
+    short_tmp: Path, daemon: Daemon
+) -> None:
+    socket = f"unix:{daemon.endpoints.unix}"
+    up = await asyncio.to_thread(_ctxcc, "health", "--target", socket)
+    assert (up.returncode, up.stdout.strip()) == (0, f"SERVING ({socket})")
+    tcp = await asyncio.to_thread(_ctxcc, "health", "--target", str(daemon.endpoints.tcp))
+    assert tcp.returncode == 0, tcp.stderr
+    # Without --target: the socket `ctxcc serve` would create with the same settings.
+    env = {"CTXCC_DATA_DIR": str(daemon.cfg.data_dir), "CTXCC_SOCKET": ""}
+    found = await asyncio.to_thread(_ctxcc, "health", env=env)
+    assert (found.returncode, found.stdout.strip()) == (0, f"SERVING ({socket})")
+    unknown = await asyncio.to_thread(_ctxcc, "health", "--target", socket, "--service", "x.Y")
+    assert unknown.returncode == 1 and "unknown service 'x.Y'" in unknown.stderr
+    bad = await asyncio.to_thread(_ctxcc, "health", env={"CTXCC_LISTEN": "nowhere"})
+    assert bad.returncode == 2 and "listen must be host:port" in bad.stderr
+    await daemon._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    down = await asyncio.to_thread(_ctxcc, "health", "--target", socket)
+    assert down.returncode == 1 and f"NOT_SERVING ({socket})" in down.stderr
+    gone = f"unix:{short_tmp / 'absent.sock'}"
+    away = await asyncio.to_thread(_ctxcc, "health", "--target", gone, "--timeout", "1")
+    assert away.returncode == 1 and "unreachable: UNAVAILABLE" in away.stderr
+
+
+async def test_sessions_into_a_closed_pipe_ends_quietly(daemon: Daemon) -> None:
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        for i in range(3):
+            session = session_pb2.Session(session_id=f"s{i}")
+            await api.sessions.CreateSession(
+                session_service_pb2.CreateSessionRequest(session=session)
+            )
+    finally:
+        await api.channel.close()
+
+    def run_into_closed_pipe() -> subprocess.CompletedProcess[str]:
+        # `ctxcc sessions | head -0`, made deterministic: the reader is gone before the
+        # first write, so every write meets EPIPE.
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            return subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "server",
+                    "sessions",
+                    "--target",
+                    f"unix:{daemon.endpoints.unix}",
+                ],
+                cwd=REPO,
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            os.close(write)
+
+    done = await asyncio.to_thread(run_into_closed_pipe)
+    assert done.stderr == ""  # no BrokenPipeError traceback
+    assert done.returncode == 141  # what a shell shows for a filter ended by SIGPIPE
