@@ -15,7 +15,7 @@ from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEAR
 from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
 from server.compiler.projection import ImagePolicy, is_user_turn_start, project
-from server.compiler.sources import SourceInputs, build_source_sections, paths_in
+from server.compiler.sources import SourceInputs, build_source_sections
 from server.compiler.system import (
     DEFAULT_KERNEL,
     ApprovalMode,
@@ -24,6 +24,7 @@ from server.compiler.system import (
     join_sections,
     prefix_digest,
 )
+from server.compiler.textscan import FoundPaths, paths_in
 from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
@@ -182,6 +183,12 @@ def active_text(events: Sequence[Event], current_user: Event | None) -> str:
     return "\n".join(chunks)
 
 
+def _scan_notes(named: FoundPaths) -> tuple[str, ...]:
+    if not named.capped:
+        return ()
+    return (f"rule globs were matched against the first {len(named.paths)} paths named",)
+
+
 def native_state_tokens(state: NativeState | None) -> int:
     # Opaque bytes: providers bill what the state stands for, unknowable here; its size
     # at ~4 bytes a token is the conservative stand-in (R-EST-3).
@@ -190,7 +197,8 @@ def native_state_tokens(state: NativeState | None) -> int:
 
 def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
     active = active_text(inputs.events, inputs.current_user)
-    built = build_source_sections(inputs.sources, paths_in(active), counter)
+    named = paths_in(active)
+    built = build_source_sections(inputs.sources, named.paths, counter)
     sections = assemble(
         kernel_text=inputs.kernel_text,
         approval_mode=inputs.approval_mode,
@@ -265,7 +273,7 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         provider_state=projection.native_state,
         fallback_reasons=inputs.fallback_reasons,
         checkpoint_id=inputs.checkpoint.checkpoint_id if inputs.checkpoint else "",
-        notes=built.notes + projection.notes,
+        notes=built.notes + _scan_notes(named) + projection.notes,
         basis=basis,
         compaction=compaction,
     )

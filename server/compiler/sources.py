@@ -13,12 +13,12 @@ Rules this module keeps:
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from server.compiler.system import section
 from server.compiler.text import attr, count_invisible, escape_fences, sanitize, truncate
+from server.compiler.textscan import PathText, compile_globs, glob_matches
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import SectionKind, SystemSection
 from server.domain.sources import (
@@ -215,10 +215,16 @@ def _rules(
     direct: list[tuple[str, str, Scope]] = []
     index: list[tuple[str, str, Scope]] = []
     loadable: list[str] = []
+    paths = PathText.of(active_paths)
     for r in ordered:
         origin = _origin(r, "rule", r.rule_id)
+        if r.activation == RuleActivation.MATCHED:
+            globs = compile_globs(r.path_globs)
+            if globs.dropped:
+                notes.append(f"rule {r.name}: {globs.dropped} glob(s) over the limits ignored")
+            matched = glob_matches(globs, paths)
         if r.activation == RuleActivation.ALWAYS or (
-            r.activation == RuleActivation.MATCHED and matches_any(r.path_globs, active_paths)
+            r.activation == RuleActivation.MATCHED and matched
         ):
             why = "always" if r.activation == RuleActivation.ALWAYS else "matched"
             body = escape_fences(sanitize(r.text))
@@ -296,44 +302,3 @@ def build_source_sections(
     memory = _memory(inputs.memory, inputs.caps, counter, notes)
     sections = tuple(s for s in (instructions, skills, rules, index, memory) if s is not None)
     return BuiltSources(sections, tuple(notes), loadable)
-
-
-# -- paths named in active content, and rule globs --------------------------------------
-
-_PATH = re.compile(r"(?:[\w.\-]+/)+[\w.\-]+|[\w\-]+\.[A-Za-z0-9]{1,8}\b")
-
-
-def paths_in(text: str) -> list[str]:
-    """Path-like tokens: anything with a slash, or a name with an extension."""
-    return [m.group(0).strip("./") or m.group(0) for m in _PATH.finditer(text)]
-
-
-def glob_regex(glob: str) -> re.Pattern[str]:
-    out = []
-    i = 0
-    while i < len(glob):
-        c = glob[i]
-        if glob.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if glob.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        out.append({"*": "[^/]*", "?": "[^/]"}.get(c, re.escape(c)))
-        i += 1
-    return re.compile("".join(out))
-
-
-def matches_any(globs: Sequence[str], paths: Sequence[str]) -> bool:
-    """A glob matches a path or any of its trailing sub-paths (so `src/**/*.py` matches
-    `/repo/src/a/b.py` and `src/x.py`)."""
-    regexes = [glob_regex(g.strip().lstrip("./")) for g in globs if g.strip()]
-    for path in paths:
-        parts = path.strip("/").split("/")
-        for start in range(len(parts)):
-            tail = "/".join(parts[start:])
-            if any(r.fullmatch(tail) for r in regexes):
-                return True
-    return False

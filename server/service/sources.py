@@ -6,6 +6,7 @@ import dataclasses
 from typing import TypeVar
 
 from server.compiler.sources import SourceCaps, SourceInputs
+from server.compiler.textscan import globs_problem
 from server.compiler.view import SectionKind
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.model import Session
@@ -75,6 +76,9 @@ class SourceUseCases:
                 raise invalid("rule.text", "a rule needs text")
             if entry.activation == RuleActivation.MATCHED and not entry.path_globs:
                 raise invalid("rule.path_globs", "a MATCHED rule needs at least one glob")
+            problem = globs_problem(entry.path_globs)
+            if problem is not None:
+                raise invalid("rule.path_globs", problem)
         stored = dataclasses.replace(entry, update_time_ns=self._clock.now_ns(), origin="")
         await self._blocking.run(self._store.put_source, stored)
         return stored

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass
-
-import regex
+from typing import Any
 
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
+from server.compiler.textscan import MAX_PATTERN_CHARS, LineSearch, PatternError, compile_search
 from server.compiler.tool_search import search_tools
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.model import ToolResult
@@ -23,8 +24,9 @@ RESERVED = {LOAD_RULE.name, READ_TOOL_RESULT.name, TOOL_SEARCH.name}
 MAX_TOOLS = 512
 MAX_DESCRIPTION = 8_192
 MAX_SCHEMA = 64 << 10
-MAX_PATTERN = 1_000
-REGEX_TIMEOUT_S = 0.5
+# CPU seconds one search may spend over the whole result (not per line): RE2 scans
+# tens of MB a second, so only a pathological pattern on a huge result reaches it.
+SEARCH_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +123,8 @@ class ToolUseCases:
             )
         return found
 
-    def _result_text(self, session_id: str, call_id: str) -> str:
-        """Blocking: the whole stored result, decoded (up to the 32 MiB result limit)."""
+    def _result_data(self, session_id: str, call_id: str) -> bytes:
+        """Blocking: the whole stored result's bytes (up to the 32 MiB result limit)."""
         self._store.get_session(session_id)
         event = self._store.find_tool_result(session_id, call_id)
         if event is None or not isinstance(event.payload, ToolResult):
@@ -131,11 +133,14 @@ class ToolUseCases:
             )
         result = event.payload
         if result.blob is None:
-            return result.text or ""
+            return (result.text or "").encode()
         data = self._store.get_blob(result.blob.sha256)
         if data is None:
             raise CtxccError(Reason.TOOL_RESULT_NOT_FOUND, "the stored result is gone")
-        return data.decode("utf-8", errors="replace")
+        return data
+
+    def _result_text(self, session_id: str, call_id: str) -> str:
+        return self._result_data(session_id, call_id).decode("utf-8", errors="replace")
 
     def _lines(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
         lines = self._result_text(session_id, call_id).splitlines(keepends=True)
@@ -152,10 +157,26 @@ class ToolUseCases:
         )
 
     def _search(
-        self, session_id: str, call_id: str, compiled: regex.Pattern[str], context: int, most: int
+        self, session_id: str, call_id: str, pattern: str, is_regex: bool, context: int, most: int
     ) -> list[Match]:
-        lines = self._result_text(session_id, call_id).splitlines()
-        return _scan(lines, compiled, min(context, 20), min(most or 20, 200))
+        """Blocking: the session and result are checked before the pattern is compiled,
+        and the scan stops when the request's CPU budget is spent."""
+        data = self._result_data(session_id, call_id)
+        try:
+            program: Any = compile_search(pattern, is_regex)
+        except PatternError as exc:
+            raise CtxccError(Reason.INVALID_PATTERN, str(exc)) from None
+        scan = LineSearch(data, program, min(context, 20), min(most or 20, 200))
+        spent = time.thread_time() + SEARCH_BUDGET_S
+        while not scan.done:
+            scan.step()
+            if time.thread_time() > spent:
+                raise CtxccError(
+                    Reason.INVALID_PATTERN,
+                    f"the search used its {SEARCH_BUDGET_S:g} s budget before the end of the "
+                    "result; simplify the pattern or page through the result",
+                )
+        return [Match(m.line, m.text) for m in scan.found]
 
     @staticmethod
     def _check_call(session_id: str, call_id: str) -> None:
@@ -178,28 +199,9 @@ class ToolUseCases:
     ) -> list[Match]:
         if not pattern:
             raise invalid("search.pattern", "pattern is required")
-        if len(pattern) > MAX_PATTERN:
-            raise invalid("search.pattern", f"pattern is over {MAX_PATTERN} characters")
-        try:
-            compiled = regex.compile(pattern if is_regex else regex.escape(pattern))
-        except regex.error as exc:
-            raise CtxccError(Reason.INVALID_PATTERN, f"pattern does not compile: {exc}") from None
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise invalid("search.pattern", f"pattern is over {MAX_PATTERN_CHARS} characters")
         self._check_call(session_id, call_id)
-        return await self._blocking.run(self._search, session_id, call_id, compiled, context, most)
-
-
-def _scan(lines: list[str], compiled: regex.Pattern[str], context: int, most: int) -> list[Match]:
-    out: list[Match] = []
-    for i, line in enumerate(lines):
-        try:
-            hit = compiled.search(line, timeout=REGEX_TIMEOUT_S)
-        except TimeoutError:
-            raise CtxccError(
-                Reason.INVALID_PATTERN, "pattern took too long on one line; simplify it"
-            ) from None
-        if hit:
-            lo, hi = max(0, i - context), min(len(lines), i + context + 1)
-            out.append(Match(i, "\n".join(lines[lo:hi])))
-            if len(out) >= most:
-                break
-    return out
+        return await self._blocking.run(
+            self._search, session_id, call_id, pattern, is_regex, context, most
+        )

@@ -9,6 +9,7 @@ import grpc
 from ctxcc.v1 import common_pb2, source_pb2
 from ctxcc.v1 import source_service_pb2 as pb
 from ctxcc.v1 import source_service_pb2_grpc as pb_grpc
+from server.compiler.textscan import MAX_GLOBS
 from server.domain.errors import invalid
 from server.domain.sources import (
     MemoryEntry,
@@ -115,6 +116,8 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         assert scope is not None
         if r.activation not in {int(a) for a in RuleActivation}:
             raise invalid("rule.activation", "activation must be ALWAYS, ON_DEMAND or MATCHED")
+        if len(r.path_globs) > MAX_GLOBS:  # before copying what may be 100,000s of strings
+            raise invalid("rule.path_globs", f"at most {MAX_GLOBS} globs per rule")
         entry = RuleEntry(
             r.rule_id,
             scope,

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.compiler.compile import CompileInputs, compile_view
-from server.compiler.sources import SourceCaps, SourceInputs, build_source_sections, matches_any
+from server.compiler.sources import SourceCaps, SourceInputs, build_source_sections
 from server.compiler.system import APPROVAL_TEXTS, DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
+from server.compiler.textscan import matches_any
 from server.compiler.view import Authority, Scope, SectionKind
 from server.domain.model import ContentPart, Event, Route, Session, ToolCall, UserMessage
 from server.domain.sources import (

@@ -1,0 +1,275 @@
+"""Every scan of client text: path extraction, rule globs and result search.
+
+Rules this module keeps:
+- linear time in the text, by construction: path tokens come from one character-class
+  scan (no alternation, so nothing to backtrack into); globs and search patterns run
+  on RE2, whose automata never backtrack, and `[^/]*` translations cannot explode;
+- bounded work per call: globs are capped in count and length, the paths a compile
+  matches against are capped, and searches advance in slices so the caller can stop
+  a request whose whole budget is spent (the caller owns the clock: this is pure);
+- no I/O, no clock: same text in, same answer out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import re2
+
+# Globs: per rule and per character. Registration refuses more; files and old
+# records over the caps are cut with a note (never a compile failure).
+MAX_GLOBS = 64
+MAX_GLOB_CHARS = 256
+# Path tokens longer than this are not paths anyone names; runs of `aaaa…` end here.
+MAX_PATH_CHARS = 1_024
+# Distinct paths a compile matches rule globs against, and their joined size.
+MAX_PATHS = 4_096
+MAX_PATH_BYTES = 256 << 10
+# Search patterns (ReadToolResult) and the automaton memory RE2 may use for one.
+MAX_PATTERN_CHARS = 1_000
+MAX_PATTERN_MEMORY = 32 << 20
+# Bytes of text one search step scans: each RE2 call holds the GIL, so steps stay short.
+SEARCH_STEP_BYTES = 256 << 10
+
+# One character class, repeated: each position is visited once.
+_RUN = re.compile(r"[\w.\-/]+")
+# Counted repetitions: RE2 caps them at 1000, but an overflowing count must not slip by.
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+_EXT = re.compile(r"[A-Za-z0-9]{1,8}")
+
+
+class PatternError(ValueError):
+    """A search pattern or glob that is refused; the message says why."""
+
+
+def _options() -> re2.Options:
+    opts = re2.Options()
+    opts.log_errors = False
+    opts.max_mem = MAX_PATTERN_MEMORY
+    return opts
+
+
+# -- paths named in active content --------------------------------------------------
+
+
+def _as_path(token: str) -> str | None:
+    """A token of [\\w.-/] as a path: two segments or more, or a name with an extension."""
+    parts = [p for p in token.split("/") if p]
+    if len(parts) >= 2:
+        joined = "/".join(parts)
+        return joined.strip("./") or joined
+    if len(parts) == 1:
+        name = parts[0].strip(".")
+        stem, dot, ext = name.rpartition(".")
+        if dot and stem and _EXT.fullmatch(ext):
+            return name
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FoundPaths:
+    paths: tuple[str, ...]
+    # True when more distinct paths were named than a compile matches against.
+    capped: bool = False
+
+
+def paths_in(text: str, most: int = MAX_PATHS, most_bytes: int = MAX_PATH_BYTES) -> FoundPaths:
+    """Distinct path-like tokens, in order of first appearance: anything with a slash
+    between two names, or a name with an extension."""
+    seen: dict[str, None] = {}
+    size = 0
+    for m in _RUN.finditer(text):
+        token = m.group(0)
+        if len(token) > MAX_PATH_CHARS:
+            continue
+        path = _as_path(token)
+        if path is None or path in seen:
+            continue
+        size += len(path) + 1
+        if len(seen) >= most or size > most_bytes:
+            return FoundPaths(tuple(seen), capped=True)
+        seen[path] = None
+    return FoundPaths(tuple(seen))
+
+
+# -- rule globs -----------------------------------------------------------------------
+
+
+def glob_problem(glob: str) -> str | None:
+    """Why a glob is refused, or None."""
+    if len(glob) > MAX_GLOB_CHARS:
+        return f"a glob is over {MAX_GLOB_CHARS} characters"
+    if "\n" in glob or "\r" in glob or "\x00" in glob:
+        return "a glob holds a line break or NUL"
+    return None
+
+
+def globs_problem(globs: Sequence[str]) -> str | None:
+    if len(globs) > MAX_GLOBS:
+        return f"at most {MAX_GLOBS} globs per rule"
+    return next((p for p in map(glob_problem, globs) if p), None)
+
+
+def _glob_re2(glob: str) -> str:
+    """`**/` any directories, `**` anything, `*` and `?` within one path segment; the
+    rest literal. Paths arrive one per line, so no class may cross a line."""
+    out: list[str] = []
+    i = 0
+    while i < len(glob):
+        if glob.startswith("**/", i):
+            out.append("(?:[^\\n]*/)?")
+            i += 3
+        elif glob.startswith("**", i):
+            out.append("[^\\n]*")
+            i += 2
+        elif glob[i] == "*":
+            out.append("[^/\\n]*")
+            i += 1
+        elif glob[i] == "?":
+            out.append("[^/\\n]")
+            i += 1
+        else:
+            c = glob[i]
+            out.append(c if c.isalnum() or ord(c) > 127 else "\\" + c)
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class GlobSet:
+    """The usable globs of one rule, as one RE2 program, plus what was cut."""
+
+    program: re2._Regexp | None
+    dropped: int = 0
+
+
+def compile_globs(globs: Iterable[str]) -> GlobSet:
+    usable: list[str] = []
+    dropped = 0
+    for raw in globs:
+        g = raw.strip().lstrip("./")
+        if not g:
+            continue
+        if glob_problem(g) is not None or len(usable) >= MAX_GLOBS:
+            dropped += 1
+            continue
+        usable.append(g)
+    if not usable:
+        return GlobSet(None, dropped)
+    # A glob matches a path or any trailing sub-path (`src/**/*.py` matches
+    # `/repo/src/a/b.py` and `src/x.py`): the optional prefix ends at a slash.
+    body = "|".join(_glob_re2(g) for g in usable)
+    pattern = f"(?m)^(?:[^\\n]*/)?(?:{body})$"
+    try:
+        return GlobSet(re2.compile(pattern, _options()), dropped)
+    except re2.error:
+        return GlobSet(None, dropped + len(usable))
+
+
+@dataclass(frozen=True, slots=True)
+class PathText:
+    """Paths joined one per line, encoded once, for matching many rules."""
+
+    data: bytes
+
+    @staticmethod
+    def of(paths: Sequence[str]) -> PathText:
+        return PathText("\n".join(p.strip("/") for p in paths).encode())
+
+
+def glob_matches(globs: GlobSet, paths: PathText) -> bool:
+    return bool(globs.program is not None and paths.data and globs.program.search(paths.data))
+
+
+def matches_any(globs: Sequence[str], paths: Sequence[str]) -> bool:
+    return glob_matches(compile_globs(globs), PathText.of(paths))
+
+
+# -- searches of stored results -------------------------------------------------------
+
+
+def compile_search(pattern: str, is_regex: bool) -> re2._Regexp:
+    """Validate, bound and compile a search pattern (RE2 syntax: no backreferences or
+    lookaround, which is what keeps every search linear)."""
+    if not pattern:
+        raise PatternError("pattern is required")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise PatternError(f"pattern is over {MAX_PATTERN_CHARS} characters")
+    if "\x00" in pattern:
+        raise PatternError("pattern holds NUL")
+    if is_regex:
+        for m in _REPEAT.finditer(pattern):
+            counts = [int(c) for c in m.groups() if c]
+            if any(c > 1_000 for c in counts):
+                raise PatternError("repetition counts are at most 1000")
+    # (?m): `^` and `$` mean the start and end of a line, as in grep.
+    source = "(?m)" + (pattern if is_regex else re2.escape(pattern))
+    try:
+        return re2.compile(source, _options())
+    except re2.error as exc:
+        why = exc.args[0] if exc.args else "invalid"
+        why = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
+        raise PatternError(f"pattern does not compile (RE2 syntax): {why}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LineMatch:
+    line: int
+    text: str
+
+
+@dataclass
+class LineSearch:
+    """A line search over `data` that advances one bounded step at a time, so the
+    caller can enforce a whole-request budget between steps. A line is reported once,
+    by where a match starts."""
+
+    data: bytes
+    program: re2._Regexp
+    context: int
+    most: int
+    pos: int = 0
+    line: int = 0
+    found: list[LineMatch] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= len(self.data) or len(self.found) >= self.most
+
+    def step(self, step_bytes: int = SEARCH_STEP_BYTES) -> None:
+        if self.done:
+            return
+        end = self.data.find(b"\n", min(len(self.data), self.pos + step_bytes))
+        end = len(self.data) if end < 0 else end + 1
+        while self.pos < end and len(self.found) < self.most:
+            hit = self.program.search(self.data, self.pos, end)
+            if hit is None:
+                self.line += self.data.count(b"\n", self.pos, end)
+                self.pos = end
+                return
+            start = hit.start()
+            self.line += self.data.count(b"\n", self.pos, start)
+            self.found.append(LineMatch(self.line, self._around(start)))
+            nl = self.data.find(b"\n", start)
+            self.pos = len(self.data) if nl < 0 else nl + 1
+            self.line += 1
+
+    def _around(self, at: int) -> str:
+        """The line holding byte `at`, with `context` lines either side."""
+        lo = self.data.rfind(b"\n", 0, at) + 1
+        for _ in range(self.context):
+            if lo == 0:
+                break
+            lo = self.data.rfind(b"\n", 0, lo - 1) + 1
+        hi = at
+        for _ in range(self.context + 1):
+            nl = self.data.find(b"\n", hi)
+            if nl < 0:
+                hi = len(self.data)
+                break
+            hi = nl + 1
+        chunk = self.data[lo:hi]
+        chunk = chunk[:-1] if chunk.endswith(b"\n") else chunk
+        return chunk.decode("utf-8", errors="replace")

@@ -1,0 +1,351 @@
+"""The hostile corpus: requests an attacker or an unlucky user sends, each against a
+running daemon while a probe on another session measures health-check and append
+latency. Every case must answer its documented code and ErrorInfo reason, and the
+probe's p99 must stay under 250 ms (the bound the reliability requirements set).
+
+Adding a case: append a `Case` to `CASES` (or build one in a fixture-aware helper).
+`setup` runs before the probe window opens; `request` is the hostile call, timed;
+`after` checks what must hold afterwards (e.g. the session still compiles).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ctxcc.v1 import (
+    common_pb2,
+    compile_service_pb2_grpc,
+    event_pb2,
+    session_pb2,
+    session_service_pb2_grpc,
+    source_pb2,
+    source_service_pb2_grpc,
+    tool_service_pb2_grpc,
+)
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
+from ctxcc.v1 import tool_service_pb2 as tpb
+from tests.e2e.proc import DaemonProcess
+
+P99_BOUND_S = 0.250
+# The probe window stays open at least this long, so quick cases still get samples.
+MIN_WINDOW_S = 0.3
+OK = grpc.StatusCode.OK
+
+
+@dataclass
+class Env:
+    """What a case can use: stubs on the daemon's socket and a workspace root on disk."""
+
+    channel: grpc.Channel
+    workspace: Path
+    stubs: dict[str, Any] = field(default_factory=dict)
+    # The session the last setup made, for `after` checks.
+    current: str = ""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.stubs[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def session(self, sid: str, **fields: Any) -> None:
+        self.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid, **fields))
+        )
+
+    def user(self, sid: str, text: str) -> None:
+        ev = event_pb2.Event()
+        ev.user_message.parts.add(text=text)
+        self.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
+
+    def compile(self, sid: str, **fields: Any) -> cpb.CompileResponse:
+        req = cpb.CompileRequest(session_id=sid, route=common_pb2.Route(model="gpt-4o"), **fields)
+        resp: cpb.CompileResponse = self.compiles.Compile(req, timeout=60)
+        return resp
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    # The hostile call; its return value is passed to `after`.
+    request: Callable[[Env], Any]
+    # (OK, "") or (code, ErrorInfo.reason)
+    expect: tuple[grpc.StatusCode, str]
+    setup: Callable[[Env], None] | None = None
+    after: Callable[[Env, Any], None] | None = None
+
+
+def error_of(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
+    e: Any = err
+    reason = ""
+    for key, value in e.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    reason = info.reason
+    return e.code(), reason
+
+
+class Probe:
+    """Health checks and one-event appends to its own session, back to back."""
+
+    def __init__(self, target: str) -> None:
+        self._channel = grpc.insecure_channel(target)
+        self._health: Any = health_pb2_grpc.HealthStub(self._channel)
+        self._sessions: Any = session_service_pb2_grpc.SessionServiceStub(self._channel)
+        self._sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="probe"))
+        )
+        # (start, latency, kind, ok)
+        self.samples: list[tuple[float, float, str, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _one(self, kind: str, call: Callable[[], Any]) -> None:
+        start = time.monotonic()
+        ok = True
+        try:
+            call()
+        except grpc.RpcError:
+            ok = False
+        self.samples.append((start, time.monotonic() - start, kind, ok))
+
+    def _run(self) -> None:
+        ev = event_pb2.Event()
+        ev.assistant_message.parts.add(text="probe")
+        append = spb.AppendEventsRequest(session_id="probe", events=[ev])
+        check = health_pb2.HealthCheckRequest()
+        while not self._stop.is_set():
+            self._one("health", lambda: self._health.Check(check, timeout=30))
+            self._one("append", lambda: self._sessions.AppendEvents(append, timeout=30))
+            time.sleep(0.01)
+
+    def window(self, t0: float, t1: float) -> list[tuple[float, float, str, bool]]:
+        # Wait for the call in flight at t1: a stall shows up as its latency.
+        deadline = time.monotonic() + 35
+        while time.monotonic() < deadline and not any(s[0] > t1 for s in self.samples[-3:]):
+            time.sleep(0.01)
+        return [s for s in self.samples if t0 <= s[0] <= t1]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(40)
+        self._channel.close()
+
+
+def _p99(values: list[float]) -> float:
+    if len(values) < 2:
+        return max(values, default=0.0)
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+# -- the corpus -----------------------------------------------------------------------
+
+
+def _rule(env: Env, rule_id: str, globs: list[str]) -> Any:
+    return env.sources.PutRule(
+        rpb.PutRuleRequest(
+            rule=source_pb2.Rule(
+                rule_id=rule_id,
+                scope=common_pb2.SCOPE_SESSION,
+                scope_id=rule_id,
+                name=rule_id,
+                text="follow the rule",
+                activation=source_pb2.RULE_ACTIVATION_MATCHED,
+                path_globs=globs,
+            )
+        )
+    )
+
+
+def _tool_result(env: Env, sid: str, text: str) -> None:
+    call = event_pb2.Event()
+    call.assistant_message.tool_calls.add(call_id="c1", name="shell", arguments_json="{}")
+    result = event_pb2.Event()
+    result.tool_result.call_id, result.tool_result.text = "c1", text
+    env.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[call, result]))
+
+
+def _search(env: Env, sid: str, pattern: str, regex: bool = True) -> Any:
+    return env.tools.ReadToolResult(
+        tpb.ReadToolResultRequest(
+            session_id=sid, call_id="c1", search=tpb.ResultSearch(pattern=pattern, regex=regex)
+        ),
+        timeout=60,
+    )
+
+
+def _compiles(env: Env, _: Any) -> None:
+    assert env.compile(env.current).view.event_boundary > 0
+
+
+def _path_scan(env: Env) -> None:
+    env.current = "paths"
+    env.session("paths")
+    env.user("paths", "a" * 1_000_000)
+
+
+def _glob_backtrack(env: Env) -> None:
+    env.current = "globs"
+    env.session("globs")
+    _rule(env, "globs", ["**a**a**a**a**a**a**b"])
+    env.user("globs", "look at " + "/".join(["a" * 40, "a" * 40]) + " " + "a" * 80)
+
+
+def _glob_file(env: Env) -> None:
+    root = env.workspace / "globfile"
+    (root / ".ctxcc" / "rules").mkdir(parents=True)
+    # Just under the 1 MiB a rule file is read up to.
+    many = ", ".join(f"**a**a**a**a**a**a**b{i}" for i in range(30_000))
+    (root / ".ctxcc" / "rules" / "hostile.md").write_text(
+        f"---\nactivation: matched\nglobs: [{many}]\n---\nfollow the rule\n"
+    )
+    env.current = "globfile"
+    env.session("globfile", project_root=str(root))
+    env.user("globfile", "edit " + "a" * 80 + " and src/" + "a" * 80 + ".py")
+
+
+def _result(sid: str, text: str) -> Callable[[Env], None]:
+    def setup(env: Env) -> None:
+        env.current = sid
+        env.session(sid)
+        env.user(sid, "run it")
+        _tool_result(env, sid, text)
+
+    return setup
+
+
+# The regex-module pattern that took 14 s on a 60-line result: 0.5 s per line.
+_EVIL_LINES = "\n".join("x" * 28 for _ in range(60))
+
+CASES: list[Case] = [
+    Case("path scan on a 1 MiB word run", lambda e: e.compile("paths"), (OK, ""), _path_scan),
+    Case(
+        "backtracking rule glob",
+        lambda e: e.compile("globs"),
+        (OK, ""),
+        _glob_backtrack,
+    ),
+    Case(
+        "200,000 globs over the API",
+        lambda e: _rule(e, "many", ["*.py"] * 200_000),
+        (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+        lambda e: e.session("many"),
+    ),
+    Case(
+        "30,000 backtracking globs in a rule file",
+        lambda e: e.compile("globfile"),
+        (OK, ""),
+        _glob_file,
+        lambda e, resp: (
+            None
+            if any("glob" in n for n in resp.view.notes)
+            else pytest.fail(f"no note on the cut globs: {list(resp.view.notes)}")
+        ),
+    ),
+    Case(
+        "huge repetition count, no such session",
+        lambda e: _search(e, "nobody", "a{4294967294}"),
+        (grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND"),
+    ),
+    Case(
+        "huge repetition count",
+        lambda e: _search(e, "rep", "a{4294967294}"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_PATTERN"),
+        _result("rep", "hello"),
+    ),
+    Case(
+        "catastrophic regex over a 60-line result",
+        lambda e: _search(e, "evil", "(x+x+)+y"),
+        (OK, ""),
+        _result("evil", _EVIL_LINES),
+        lambda e, resp: None if len(resp.matches) == 0 else pytest.fail("matched a line without y"),
+    ),
+    Case(
+        "catastrophic regex over a 20 MiB result",
+        lambda e: _search(e, "evil20", "(x+x+)+y"),
+        (OK, ""),
+        _result("evil20", ("x" * 1000 + "\n") * 20_000),
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    base = Path("/tmp") / f"ctxcc-corpus-{os.getpid()}"
+    workspace = base / "ws"
+    workspace.mkdir(parents=True)
+    daemon = DaemonProcess(base / "data", "--workspace-roots", str(workspace))
+    daemon.start()
+    daemon.wait_ready()
+    try:
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        with grpc.insecure_channel(daemon.target, options=options) as ch:
+            e = Env(ch, workspace)
+            e.stubs.update(
+                sessions=session_service_pb2_grpc.SessionServiceStub(ch),
+                compiles=compile_service_pb2_grpc.CompileServiceStub(ch),
+                tools=tool_service_pb2_grpc.ToolServiceStub(ch),
+                sources=source_service_pb2_grpc.SourceServiceStub(ch),
+                daemon=daemon,
+            )
+            probe = Probe(daemon.target)
+            e.stubs["probe"] = probe
+            try:
+                yield e
+            finally:
+                probe.close()
+        assert daemon.terminate() == 0
+    finally:
+        daemon.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_hostile_case(env: Env, case: Case) -> None:
+    if case.setup is not None:
+        case.setup(env)
+    t0 = time.monotonic()
+    result: Any = None
+    try:
+        result = case.request(env)
+        got: tuple[grpc.StatusCode, str] = (OK, "")
+    except grpc.RpcError as err:
+        got = error_of(err)
+    took = time.monotonic() - t0
+    rest = MIN_WINDOW_S - took
+    if rest > 0:
+        time.sleep(rest)
+    samples = env.probe.window(t0, time.monotonic())
+    health = [s[1] for s in samples if s[2] == "health"]
+    append = [s[1] for s in samples if s[2] == "append"]
+    print(
+        f"\n{case.name}: answered {got[0].name} {got[1] or '-'} in {took * 1000:.0f} ms; "
+        f"probe health p99 {_p99(health) * 1000:.0f} ms (n={len(health)}), "
+        f"append p99 {_p99(append) * 1000:.0f} ms (n={len(append)})"
+    )
+    assert got == case.expect
+    assert all(s[3] for s in samples), "a probe call failed during the case"
+    assert health and append, "the probe got no answer during the case"
+    assert _p99(health) < P99_BOUND_S and _p99(append) < P99_BOUND_S
+    assert env.daemon.health() == health_pb2.HealthCheckResponse.SERVING
+    if case.after is not None:
+        case.after(env, result)

@@ -1,0 +1,129 @@
+"""Scans of client text: path extraction, rule globs and result searches are linear and
+bounded, whatever the text or pattern."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.compiler.textscan import (
+    MAX_GLOB_CHARS,
+    MAX_GLOBS,
+    MAX_PATHS,
+    LineSearch,
+    PathText,
+    PatternError,
+    compile_globs,
+    compile_search,
+    glob_matches,
+    globs_problem,
+    matches_any,
+    paths_in,
+)
+
+
+def test_paths_are_slash_separated_names_or_names_with_an_extension() -> None:
+    text = "see ./src/a.py, README.md and /usr/lib/x; also src/a.py again, archive.tar.gz, v2"
+    assert paths_in(text).paths == ("src/a.py", "README.md", "usr/lib/x", "archive.tar.gz")
+
+
+# Each of these took quadratic time in the old path regex (80 KB of `a`: about a minute);
+# a linear scan does a MiB in milliseconds. The timeout is a generous bound, not a benchmark.
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("unit", ["a", "a.", "a-", "a/", "ab/c."])
+def test_path_scan_is_linear_on_long_word_runs(unit: str) -> None:
+    text = unit * ((1 << 20) // len(unit))
+    found = paths_in(text)
+    assert len(found.paths) <= 1
+
+
+def test_path_scan_stops_at_its_caps_and_says_so() -> None:
+    text = " ".join(f"src/m{i}/f.py" for i in range(MAX_PATHS + 10))
+    found = paths_in(text)
+    assert found.capped and len(found.paths) == MAX_PATHS
+    assert not paths_in("src/a.py " * 10_000).capped  # repeats are one path
+
+
+@pytest.mark.parametrize(
+    ("glob", "path", "hit"),
+    [
+        ("src/**/*.py", "/repo/src/a/b.py", True),
+        ("src/**/*.py", "src/x.py", True),
+        ("*.md", "docs/readme.md", True),
+        ("src/**/*.py", "lib/x.py", False),
+        ("*.py", "x.pyc", False),
+        ("a?c.txt", "abc.txt", True),
+        ("a?c.txt", "a/c.txt", False),
+        ("docs/*.md", "docs/sub/x.md", False),
+        ("file(1)[x].py", "file(1)[x].py", True),  # regex syntax in a glob is literal
+        ("a.py", "aXpy", False),
+    ],
+)
+def test_glob_semantics(glob: str, path: str, hit: bool) -> None:
+    assert matches_any([glob], [path]) is hit
+
+
+@pytest.mark.timeout(20)
+def test_backtracking_glob_is_linear() -> None:
+    # Translated to a backtracking regex this froze a daemon for 12 s on one path.
+    globs = compile_globs(["**a**a**a**a**a**a**b"])
+    paths = PathText.of(["a" * 80, *(("a/" * 40) + str(i) for i in range(4_000))])
+    assert not glob_matches(globs, paths)
+    assert glob_matches(globs, PathText.of(["a" * 80 + "b"]))
+
+
+def test_glob_caps_refuse_at_registration_and_cut_otherwise() -> None:
+    assert globs_problem(["*.py"]) is None
+    assert "at most" in (globs_problem(["*.py"] * (MAX_GLOBS + 1)) or "")
+    assert "characters" in (globs_problem(["a" * (MAX_GLOB_CHARS + 1)]) or "")
+    assert "line break" in (globs_problem(["a\nb"]) or "")
+    cut = compile_globs(["*.md"] * 200_000)
+    assert cut.dropped == 200_000 - MAX_GLOBS
+    assert glob_matches(cut, PathText.of(["x.md"]))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "why"),
+    [
+        ("a{4294967294}", "at most 1000"),
+        ("a{2,99999}", "at most 1000"),
+        (r"(a)\1", "RE2"),
+        ("(?=a)", "RE2"),
+        ("(", "RE2"),
+        ("x" * 1001, "over 1000"),
+        ("", "required"),
+    ],
+)
+def test_search_patterns_are_refused_before_any_work(pattern: str, why: str) -> None:
+    with pytest.raises(PatternError, match=r".*") as exc:
+        compile_search(pattern, True)
+    assert why in str(exc.value)
+
+
+def _run(search: LineSearch) -> list[tuple[int, str]]:
+    while not search.done:
+        search.step(64)
+    return [(m.line, m.text) for m in search.found]
+
+
+def test_line_search_reports_lines_with_context() -> None:
+    data = b"a\nfoo\nb\nc\nfoo bar\nd"
+    assert _run(LineSearch(data, compile_search("^foo", True), 1, 20)) == [
+        (1, "a\nfoo\nb"),
+        (4, "c\nfoo bar\nd"),
+    ]
+    # A line is reported once however often it matches; `most` stops the scan.
+    assert _run(LineSearch(b"oo oo\noo", compile_search("oo", False), 0, 1)) == [(0, "oo oo")]
+    # Literal search: regex syntax means itself.
+    assert _run(LineSearch(b"x\na.*b\n", compile_search("a.*b", False), 0, 5)) == [(1, "a.*b")]
+
+
+def test_line_search_steps_are_bounded() -> None:
+    data = b"".join(b"line %d\n" % i for i in range(100_000))
+    search = LineSearch(data, compile_search("nomatch", False), 0, 20)
+    search.step(4_096)
+    assert 4_096 <= search.pos <= 4_096 + 16
+    steps = 1
+    while not search.done:
+        search.step(4_096)
+        steps += 1
+    assert steps >= len(data) // (4_096 + 16) and search.line == 100_000
