@@ -65,6 +65,9 @@ def _source_prefix(kind: SourceKind, scope: Scope | None = None, scope_id: str =
     return key
 
 
+_MAX_SEQ = (1 << 64) - 1
+
+
 def _be64(n: int) -> bytes:
     return n.to_bytes(8, "big")
 
@@ -295,10 +298,12 @@ class KVEventStore:
         kinds: frozenset[EventKind] = frozenset(),
         through_seq: int | None = None,
     ) -> list[Event]:
+        if after_seq >= _MAX_SEQ:
+            return []  # nothing can follow the largest sequence number
         start = _key(session_id, _be64(after_seq + 1))
         end = (
             _key(session_id, _be64(through_seq + 1))
-            if through_seq is not None
+            if through_seq is not None and through_seq < _MAX_SEQ
             else session_id.encode() + _END
         )
         out: list[Event] = []

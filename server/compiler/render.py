@@ -20,6 +20,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from server.compiler.textscan import parse_json
 from server.compiler.view import CompiledView, ViewMessage, ViewPart
 from server.domain.model import Role
 
@@ -37,19 +38,17 @@ class RenderFormat(enum.IntEnum):
 
 
 def _args(arguments_json: str) -> JSON:
-    try:
-        value = json.loads(arguments_json or "{}")
-    except ValueError:
+    ok, value = parse_json(arguments_json or "{}")
+    if not ok:
         return {}
     return value if isinstance(value, dict) else {"value": value}
 
 
 def _schema(text: str) -> JSON:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        value = {}
-    return value if isinstance(value, dict) and value else {"type": "object", "properties": {}}
+    ok, value = parse_json(text or "{}")
+    return (
+        value if ok and isinstance(value, dict) and value else {"type": "object", "properties": {}}
+    )
 
 
 def _text(m: ViewMessage) -> str:

@@ -12,6 +12,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -185,6 +186,37 @@ def glob_matches(globs: GlobSet, paths: PathText) -> bool:
 
 def matches_any(globs: Sequence[str], paths: Sequence[str]) -> bool:
     return glob_matches(compile_globs(globs), PathText.of(paths))
+
+
+# -- JSON the model or the client wrote ------------------------------------------------
+
+# Deeper JSON is treated as malformed: encoding it again would recurse past Python's
+# stack limit, and no tool takes arguments nested this deep.
+MAX_JSON_DEPTH = 100
+
+
+def _depth_over(value: object, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, d = stack.pop()
+        if d > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return False
+
+
+def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[bool, object]:
+    """(True, value) for JSON nested at most `max_depth` deep, else (False, None)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return False, None
+    if _depth_over(value, max_depth):
+        return False, None
+    return True, value
 
 
 # -- searches of stored results -------------------------------------------------------

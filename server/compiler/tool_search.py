@@ -7,10 +7,10 @@ what the agent was shown when it ran the tool.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 
+from server.compiler.textscan import parse_json
 from server.domain.tools import ToolSpec, ToolVisibility
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -46,9 +46,6 @@ def search_tools(registry: Sequence[ToolSpec], query: str, max_results: int = 0)
 
 def query_of(arguments_json: str) -> str:
     """The `query` argument of a tool_search call; tolerant of malformed JSON."""
-    try:
-        args = json.loads(arguments_json or "{}")
-    except ValueError:
-        return ""
+    _, args = parse_json(arguments_json or "{}")
     query = args.get("query") if isinstance(args, dict) else None
     return query if isinstance(query, str) else ""

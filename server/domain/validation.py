@@ -24,10 +24,24 @@ def within(path: str, root: str) -> bool:
     return path == root or path.startswith(root if root == "/" else root + "/")
 
 
+# Linux's PATH_MAX: no longer path can be opened.
+MAX_PATH_CHARS = 4_096
+
+
+def check_path_form(field: str, raw: str) -> None:
+    """A path the daemon may later open: no control characters (NUL cannot reach a
+    system call at all), at most PATH_MAX long."""
+    if len(raw) > MAX_PATH_CHARS:
+        raise invalid(field, f"{field} is over {MAX_PATH_CHARS} characters")
+    if any(c < " " or c == "\x7f" for c in raw):
+        raise invalid(field, f"{field} holds a control character")
+
+
 def check_session_paths(project_root: str, working_directory: str) -> None:
     """Session paths are absolute, free of '..', and the working directory lies under
     the project root. Whether the root is readable is the workspace adapter's call."""
     for field, raw in (("project_root", project_root), ("working_directory", working_directory)):
+        check_path_form(field, raw)
         if raw and (".." in raw.split("/") or not raw.startswith("/")):
             raise CtxccError(
                 Reason.PATH_OUTSIDE_ROOT,

@@ -25,13 +25,17 @@ from server.domain.records import (
     RouteState,
     Usage,
 )
-from server.domain.validation import check_id
+from server.domain.validation import check_id, check_path_form
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
+
+# Reported token counts above this are refused: no model reads that much, and a
+# baseline this large would overflow the 32-bit estimates of every later compile.
+MAX_USAGE_TOKENS = 1 << 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,7 @@ class CompileUseCases:
         check_id("session_id", opts.session_id)
         if not opts.route.model:
             raise invalid("route.model", "route.model is required")
+        check_path_form("environment.working_directory", opts.working_directory)
         # One hop to the I/O pool for all the loading and the pure compile: thread
         # handoffs, not the work, dominated small compiles when each read hopped alone.
         session, history, view, counter = await self._blocking.run(self._prepare, opts)
@@ -212,6 +217,8 @@ class CompileUseCases:
         limits = effective_limits(info, opts.limits, opts.images_given)
         history = self._loader.load(session, boundary, opts.route)
         route_state = self._store.get_route_state(opts.session_id, opts.route.route_id)
+        if route_state is not None and route_state.baseline_input_tokens > MAX_USAGE_TOKENS:
+            route_state = None  # stored before reports were bounded: estimate afresh
         working_directory = opts.working_directory or session.working_directory
         sources = self._sources.session_sources(
             session, working_directory, self._settings.caps, opts.exclude_sections
@@ -294,6 +301,11 @@ class CompileUseCases:
     async def report_usage(self, compile_id: str, route: Route | None, usage: Usage) -> UsageResult:
         if not compile_id:
             raise invalid("compile_id", "compile_id is required")
+        for field in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
+            if getattr(usage, field) > MAX_USAGE_TOKENS:
+                raise invalid(
+                    field, f"{field} is over {MAX_USAGE_TOKENS}, more than any model reads"
+                )
         record = await self._blocking.run(self._store.get_compile, compile_id)
         if route is not None and route.route_id != record.route.route_id:
             raise CtxccError(

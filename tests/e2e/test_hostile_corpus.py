@@ -34,6 +34,7 @@ from ctxcc.v1 import (
     source_pb2,
     source_service_pb2_grpc,
     tool_service_pb2_grpc,
+    view_pb2,
 )
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
@@ -235,6 +236,93 @@ def _result(sid: str, text: str) -> Callable[[Env], None]:
 # The regex-module pattern that took 14 s on a 60-line result: 0.5 s per line.
 _EVIL_LINES = "\n".join("x" * 28 for _ in range(60))
 
+
+def _report_huge_usage(env: Env) -> Any:
+    env.current = "usage"
+    env.session("usage")
+    env.user("usage", "hello")
+    compiled = env.compile("usage")
+    return env.compiles.ReportUsage(
+        cpb.ReportUsageRequest(
+            compile_id=compiled.view.compile_id,
+            input_tokens=2**32 - 1,
+            output_tokens=2**32 - 1,
+            cached_input_tokens=2**32 - 1,
+            reasoning_tokens=2**32 - 1,
+        )
+    )
+
+
+def _compiles_after_more(env: Env, _: Any) -> None:
+    env.user(env.current, "and now something longer " * 200)
+    view = env.compile(env.current).view
+    assert view.budget.estimated_input_tokens > 0
+
+
+def _create(sid: str, **fields: Any) -> Callable[[Env], Any]:
+    def call(env: Env) -> Any:
+        env.current = sid
+        return env.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid, **fields))
+        )
+
+    return call
+
+
+def _no_session(env: Env, _: Any) -> None:
+    try:
+        env.sessions.GetSession(spb.GetSessionRequest(session_id=env.current))
+    except grpc.RpcError as err:
+        assert error_of(err)[1] == "SESSION_NOT_FOUND"
+    else:
+        pytest.fail("a refused session was stored")
+
+
+def _deep_arguments(env: Env) -> None:
+    env.current = "deep"
+    env.session("deep")
+    env.user("deep", "call it")
+    call = event_pb2.Event()
+    deep = '{"a": ' * 5_000 + "1" + "}" * 5_000
+    call.assistant_message.tool_calls.add(call_id="d1", name="shell", arguments_json=deep)
+    result = event_pb2.Event()
+    result.tool_result.call_id, result.tool_result.text = "d1", "ok"
+    env.sessions.AppendEvents(spb.AppendEventsRequest(session_id="deep", events=[call, result]))
+
+
+def _rendered(env: Env) -> Any:
+    return env.compile(
+        "deep",
+        render_formats=[
+            view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+            view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+            view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+            view_pb2.RENDER_FORMAT_GEMINI,
+        ],
+    )
+
+
+def _all_rendered(env: Env, resp: Any) -> None:
+    assert len(resp.view.renderings) == 4, resp.view.renderings
+
+
+def _list_after_max(env: Env) -> Any:
+    env.current = "listmax"
+    env.session("listmax")
+    env.user("listmax", "hello")
+    return env.sessions.ListEvents(spb.ListEventsRequest(session_id="listmax", after_seq=2**64 - 1))
+
+
+def _bad_environment(env: Env) -> Any:
+    env.current = "badenv"
+    env.session("badenv")
+    env.user("badenv", "hello")
+    return env.compile("badenv", environment=cpb.Environment(working_directory="/tmp/a\x00b"))
+
+
+INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+OUTSIDE = (grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_ROOT")
+
 CASES: list[Case] = [
     Case("path scan on a 1 MiB word run", lambda e: e.compile("paths"), (OK, ""), _path_scan),
     Case(
@@ -283,6 +371,44 @@ CASES: list[Case] = [
         lambda e: _search(e, "evil20", "(x+x+)+y"),
         (OK, ""),
         _result("evil20", ("x" * 1000 + "\n") * 20_000),
+    ),
+    Case(
+        "usage of 2^32-1 tokens, then compiles",
+        _report_huge_usage,
+        (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+        after=_compiles_after_more,
+    ),
+    Case(
+        "NUL in project_root",
+        _create("nul1", project_root="/tmp/a\x00b"),
+        INVALID,
+        after=_no_session,
+    ),
+    Case(
+        "NUL in working_directory",
+        _create("nul2", project_root="/tmp", working_directory="/tmp/a\x00"),
+        INVALID,
+        after=_no_session,
+    ),
+    Case(
+        "5,000-character project_root",
+        _create("longroot", project_root="/" + "a" * 5_000),
+        INVALID,
+        after=_no_session,
+    ),
+    Case("NUL in the compile's working directory", _bad_environment, INVALID, after=_compiles),
+    Case(
+        "tool arguments nested 5,000 deep, rendered for every provider",
+        _rendered,
+        (OK, ""),
+        _deep_arguments,
+        _all_rendered,
+    ),
+    Case(
+        "ListEvents after_seq=2^64-1",
+        _list_after_max,
+        (OK, ""),
+        after=lambda e, resp: None if not resp.events else pytest.fail("events after 2^64-1"),
     ),
 ]
 
