@@ -53,7 +53,13 @@ KEYS = (
     "with_baseline_requests",
     "with_baseline_mape_pct",
     "with_baseline_p95_ape_pct",
+    "route_model_requests",
+    "route_model_mape_pct",
+    "full_requests",
+    "full_mape_pct",
 )
+# Estimate methods, in the order of the table's columns.
+METHODS = ("full", "route_model", "baseline_delta")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,10 @@ class Row:
     signed_pct: float
     # Estimated tokens per layer of the compiled view (pinned, history, working_set, ...).
     layers: dict[str, int]
+    # estimate - sum of the layers, and the learned route model the estimate used.
+    provider_overhead: int = 0
+    route_ratio: float = 1.0
+    route_overhead: int = 0
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
@@ -203,6 +213,9 @@ async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]
                         view_pb2.Layer.Name(r.layer).removeprefix("LAYER_").lower(): r.tokens
                         for r in view.layers
                     },
+                    provider_overhead=view.budget.provider_overhead_tokens,
+                    route_ratio=view.budget.route_model.ratio,
+                    route_overhead=view.budget.route_model.overhead_tokens,
                 )
             )
         if reported:
@@ -226,6 +239,8 @@ def p95(values: list[float]) -> float:
 def summary(rows: list[Row]) -> dict[str, float | int]:
     apes = [r.ape_pct for r in rows]
     base = [r.ape_pct for r in rows if r.method == "baseline_delta"]
+    learned = [r.ape_pct for r in rows if r.method == "route_model"]
+    full = [r.ape_pct for r in rows if r.method == "full"]
     return {
         "requests": len(rows),
         "mape_pct": round(statistics.fmean(apes), 3) if apes else 0.0,
@@ -235,6 +250,10 @@ def summary(rows: list[Row]) -> dict[str, float | int]:
         "with_baseline_requests": len(base),
         "with_baseline_mape_pct": round(statistics.fmean(base), 3) if base else 0.0,
         "with_baseline_p95_ape_pct": round(p95(base), 3),
+        "route_model_requests": len(learned),
+        "route_model_mape_pct": round(statistics.fmean(learned), 3) if learned else 0.0,
+        "full_requests": len(full),
+        "full_mape_pct": round(statistics.fmean(full), 3) if full else 0.0,
     }
 
 
@@ -279,16 +298,20 @@ async def run(
     for r in rows:
         by_source[r.source].append(r)
     print(
-        f"{'source':<22}{'requests':>9}{'mape%':>8}{'median%':>9}{'p95%':>8}"
-        f"{'signed%':>9}{'base n':>8}{'base mape%':>11}{'base p95%':>10}",
+        f"{'source':<22}{'requests':>9}{'mape%':>8}{'median%':>9}{'p95%':>8}{'signed%':>9}"
+        + "".join(f"{m + ' n':>{len(m) + 4}}{'mape%':>8}" for m in METHODS),
         file=out,
     )
-    for source, group in sorted(by_source.items()):
+    for source, group in [*sorted(by_source.items()), ("all", rows)]:
         s = summary(group)
+        per_method = ""
+        for m in METHODS:
+            apes = [r.ape_pct for r in group if r.method == m]
+            mape = f"{statistics.fmean(apes):.3f}" if apes else "-"
+            per_method += f"{len(apes):>{len(m) + 4}}{mape:>8}"
         print(
             f"{source:<22}{s['requests']:>9}{s['mape_pct']:>8.2f}{s['median_ape_pct']:>9.2f}"
-            f"{s['p95_ape_pct']:>8.2f}{s['signed_pct']:>9.2f}{s['with_baseline_requests']:>8}"
-            f"{s['with_baseline_mape_pct']:>11.3f}{s['with_baseline_p95_ape_pct']:>10.3f}",
+            f"{s['p95_ape_pct']:>8.2f}{s['signed_pct']:>9.2f}{per_method}",
             file=out,
         )
     if rows_path is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.domain.errors import CtxccError, Reason, session_not_found
@@ -27,7 +28,14 @@ from server.domain.model import (
     ToolResult,
     starts_turn,
 )
-from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
+from server.domain.records import (
+    ArtifactRecord,
+    Checkpoint,
+    CompileRecord,
+    RouteModel,
+    RouteState,
+    Usage,
+)
 from server.domain.sources import (
     MemoryEntry,
     RuleEntry,
@@ -45,6 +53,9 @@ from storage.schema import ensure_schema
 
 _SEP = b"\x00"
 _END = b"\x01"  # sid + _END sorts right after every key with prefix sid + _SEP
+# Daemon-wide route models in `routes`: no session id starts with 0x00, so these keys
+# never fall inside a session's key range (and survive its deletion).
+_ROUTE_MODEL = _SEP + b"model" + _SEP
 _COUNT_KEY = b"session_count"
 _STRIPES = 256
 # Key suffix of the copy of a session's latest compile record; compile suffixes are hex.
@@ -114,6 +125,7 @@ class KVEventStore:
         self.opened_schema_version = ensure_schema(kv)
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._sessions_lock = threading.Lock()
+        self._models_lock = threading.Lock()
 
     def _lock(self, session_id: str) -> threading.Lock:
         return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
@@ -452,8 +464,14 @@ class KVEventStore:
         return decode_value(raw, CompileRecord)
 
     def record_usage(
-        self, compile_id: str, usage: Usage, route_state: RouteState
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None = None,
     ) -> tuple[CompileRecord, bool]:
+        """Usage, the session's new baseline and (through `learn`, called once per
+        report, never on a repeat) the route's model, in one atomic batch."""
         sid, suffix = split_compile_id(compile_id)
         with self._lock(sid):
             record = self.get_compile(compile_id)
@@ -465,8 +483,18 @@ class KVEventStore:
             batch.put("compiles", _key(sid, suffix), encode_value(updated))
             self._move_route(batch, sid, record.route)
             batch.put("routes", _key(sid, route_state.route_id.encode()), encode_value(route_state))
-            self._kv.write(batch)
+            if learn is None:
+                self._kv.write(batch)
+                return updated, False
+            with self._models_lock:  # sessions on one route report concurrently
+                model = learn(self.get_route_model(route_state.route_id))
+                batch.put("routes", _ROUTE_MODEL + model.route_id.encode(), encode_value(model))
+                self._kv.write(batch)
             return updated, False
+
+    def get_route_model(self, route_id: str) -> RouteModel | None:
+        raw = self._kv.get("routes", _ROUTE_MODEL + route_id.encode())
+        return None if raw is None else decode_value(raw, RouteModel)
 
     # -- sources: memory, rules, skills registered over the API ------------------------
 

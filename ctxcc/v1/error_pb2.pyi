@@ -78,6 +78,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The requested as_of_seq is beyond the session head (OUT_OF_RANGE)."""
     ERROR_REASON_RECORD_CORRUPT: _ErrorReason.ValueType  # 27
     """A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS)."""
+    ERROR_REASON_USAGE_INVALID: _ErrorReason.ValueType  # 28
+    """A usage report the provider cannot have made (input_tokens 0, cached_input_tokens
+    above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
+    `field` names the offending field.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the stable reasons carried in `google.rpc.ErrorInfo.reason`
@@ -143,4 +148,9 @@ ERROR_REASON_SEQ_OUT_OF_RANGE: ErrorReason.ValueType  # 26
 """The requested as_of_seq is beyond the session head (OUT_OF_RANGE)."""
 ERROR_REASON_RECORD_CORRUPT: ErrorReason.ValueType  # 27
 """A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS)."""
+ERROR_REASON_USAGE_INVALID: ErrorReason.ValueType  # 28
+"""A usage report the provider cannot have made (input_tokens 0, cached_input_tokens
+above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
+`field` names the offending field.
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

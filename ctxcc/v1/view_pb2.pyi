@@ -153,7 +153,13 @@ class _EstimateMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Estima
     ESTIMATE_METHOD_FULL: _EstimateMethod.ValueType  # 1
     """A tokenizer or per-character estimate of the whole payload (SPEC R-EST-2)."""
     ESTIMATE_METHOD_BASELINE_DELTA: _EstimateMethod.ValueType  # 2
-    """The route's last reported input tokens plus the estimated change (SPEC R-EST-1)."""
+    """The session's last reported input tokens on the route, plus the messages that
+    entered the view, minus those that left it, in provider tokens (SPEC R-EST-1).
+    """
+    ESTIMATE_METHOD_ROUTE_MODEL: _EstimateMethod.ValueType  # 3
+    """No baseline in the session: the route model learned from earlier usage reports
+    (ratio × the whole payload + overhead).
+    """
 
 class EstimateMethod(_EstimateMethod, metaclass=_EstimateMethodEnumTypeWrapper):
     """EstimateMethod says how an estimate was made."""
@@ -163,7 +169,13 @@ ESTIMATE_METHOD_UNSPECIFIED: EstimateMethod.ValueType  # 0
 ESTIMATE_METHOD_FULL: EstimateMethod.ValueType  # 1
 """A tokenizer or per-character estimate of the whole payload (SPEC R-EST-2)."""
 ESTIMATE_METHOD_BASELINE_DELTA: EstimateMethod.ValueType  # 2
-"""The route's last reported input tokens plus the estimated change (SPEC R-EST-1)."""
+"""The session's last reported input tokens on the route, plus the messages that
+entered the view, minus those that left it, in provider tokens (SPEC R-EST-1).
+"""
+ESTIMATE_METHOD_ROUTE_MODEL: EstimateMethod.ValueType  # 3
+"""No baseline in the session: the route model learned from earlier usage reports
+(ratio × the whole payload + overhead).
+"""
 Global___EstimateMethod: _TypeAlias = EstimateMethod  # noqa: Y015
 
 class _Decision:
@@ -650,6 +662,8 @@ class Budget(_message.Message):
     BASELINE_TOKENS_FIELD_NUMBER: _builtins.int
     WINDOW_UNKNOWN_FIELD_NUMBER: _builtins.int
     LEDGER_TOKENS_FIELD_NUMBER: _builtins.int
+    PROVIDER_OVERHEAD_TOKENS_FIELD_NUMBER: _builtins.int
+    ROUTE_MODEL_FIELD_NUMBER: _builtins.int
     context_window: _builtins.int
     """Model context window, 0 when unknown."""
     output_reserve: _builtins.int
@@ -669,9 +683,19 @@ class Budget(_message.Message):
     window_unknown: _builtins.bool
     """True when the window is unknown and R-BUD-4 defaults apply."""
     ledger_tokens: _builtins.int
-    """Sum of the layer ledger: the full local estimate of this view. Equals
+    """Sum of the layer ledger: the local count of this view. Equals
     estimated_input_tokens when estimate_method is FULL.
     """
+    provider_overhead_tokens: _builtins.int
+    """What the provider counts that no local item explains (hidden prompt parts, chat
+    template, tokenizer difference): estimated_input_tokens - ledger_tokens, so the
+    layers plus this figure always equal estimated_input_tokens. Negative when the
+    provider counts fewer tokens than the local ledger.
+    """
+    @_builtins.property
+    def route_model(self) -> Global___RouteModel:
+        """The learned route model the estimate used (its prior before any usage report)."""
+
     def __init__(
         self,
         *,
@@ -685,14 +709,58 @@ class Budget(_message.Message):
         baseline_tokens: _builtins.int = ...,
         window_unknown: _builtins.bool = ...,
         ledger_tokens: _builtins.int = ...,
+        provider_overhead_tokens: _builtins.int = ...,
+        route_model: Global___RouteModel | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["route_model", b"route_model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_tokens", b"baseline_tokens", "context_window", b"context_window", "estimate_method", b"estimate_method", "estimated_input_tokens", b"estimated_input_tokens", "history_high_watermark", b"history_high_watermark", "input_budget", b"input_budget", "ledger_tokens", b"ledger_tokens", "output_reserve", b"output_reserve", "utilization", b"utilization", "window_unknown", b"window_unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_tokens", b"baseline_tokens", "context_window", b"context_window", "estimate_method", b"estimate_method", "estimated_input_tokens", b"estimated_input_tokens", "history_high_watermark", b"history_high_watermark", "input_budget", b"input_budget", "ledger_tokens", b"ledger_tokens", "output_reserve", b"output_reserve", "provider_overhead_tokens", b"provider_overhead_tokens", "route_model", b"route_model", "utilization", b"utilization", "window_unknown", b"window_unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Budget: _TypeAlias = Budget  # noqa: Y015
+
+@_typing.final
+class RouteModel(_message.Message):
+    """RouteModel is what usage reports on a route (any session) taught the daemon:
+    reported input tokens ≈ ratio × local count + overhead_tokens.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RATIO_FIELD_NUMBER: _builtins.int
+    OVERHEAD_TOKENS_FIELD_NUMBER: _builtins.int
+    DELTA_SAMPLES_FIELD_NUMBER: _builtins.int
+    FULL_SAMPLES_FIELD_NUMBER: _builtins.int
+    COUNTER_KIND_FIELD_NUMBER: _builtins.int
+    ratio: _builtins.float
+    """Provider tokens per local token, learned from in-session changes."""
+    overhead_tokens: _builtins.int
+    """Tokens the provider counts on top, learned from requests without a baseline."""
+    delta_samples: _builtins.int
+    """Usage reports that taught the ratio."""
+    full_samples: _builtins.int
+    """Usage reports that taught the overhead."""
+    counter_kind: _builtins.str
+    """How the local count is made: "exact" (the provider's tokenizer), "scaled" (another
+    family's tokenizer times a factor) or "conservative" (per-character weights).
+    """
+    def __init__(
+        self,
+        *,
+        ratio: _builtins.float = ...,
+        overhead_tokens: _builtins.int = ...,
+        delta_samples: _builtins.int = ...,
+        full_samples: _builtins.int = ...,
+        counter_kind: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counter_kind", b"counter_kind", "delta_samples", b"delta_samples", "full_samples", b"full_samples", "overhead_tokens", b"overhead_tokens", "ratio", b"ratio"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RouteModel: _TypeAlias = RouteModel  # noqa: Y015
 
 @_typing.final
 class CompactionRequest(_message.Message):

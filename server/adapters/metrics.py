@@ -72,7 +72,7 @@ class PrometheusTelemetry:
         )
         self.view_tokens = Histogram(
             "ctxcc_view_tokens",
-            "Estimated tokens of compiled views per layer.",
+            "Estimated tokens of compiled views per layer, and the provider overhead.",
             ["layer"],
             buckets=_TOKENS,
             registry=r,
@@ -172,6 +172,9 @@ class PrometheusTelemetry:
         self.compile_seconds.labels(model_family).observe(seconds)
         for row in view.layers:
             self.view_tokens.labels(row.layer.name.lower()).observe(row.tokens)
+        # With the layers it adds up to the estimate (negative when the provider counts
+        # fewer tokens than the ledger, so the family's _sum stays exact).
+        self.view_tokens.labels("provider_overhead").observe(view.budget.provider_overhead_tokens)
         if view.budget.input_budget:
             self.utilization.labels(model_family).observe(view.budget.utilization)
         self.decisions.labels(view.decision.name.lower()).inc()

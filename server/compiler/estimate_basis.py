@@ -15,3 +15,8 @@ class EstimateBasis:
     ledger_tokens: int
     raw_delta: int | None = None
     baseline_tokens: int = 0
+    # 8-byte digest prefix per message, and each message's tokens (removal accounting).
+    message_digests: bytes = b""
+    message_tokens: tuple[int, ...] = ()
+    # Tokens of the baseline's messages that left the view (0 for a pure append).
+    removed_tokens: int = 0

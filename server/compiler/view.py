@@ -41,6 +41,7 @@ class Decision(enum.IntEnum):
 class EstimateMethod(enum.IntEnum):
     FULL = 1
     BASELINE_DELTA = 2
+    ROUTE_MODEL = 3
 
 
 class FallbackReason(enum.IntEnum):
@@ -111,6 +112,18 @@ class LayerTokens:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteParams:
+    """The learned route model an estimate used (compiler/route_model.py)."""
+
+    ratio: float
+    overhead_tokens: int
+    delta_samples: int
+    full_samples: int
+    # How the local count was made: exact, scaled or conservative.
+    counter_kind: str
+
+
+@dataclass(frozen=True, slots=True)
 class Budget:
     context_window: int
     output_reserve: int
@@ -123,6 +136,10 @@ class Budget:
     window_unknown: bool = False
     # Sum of the layers: the full local estimate of this view.
     ledger_tokens: int = 0
+    # What the provider counts that no local item explains: estimated_input_tokens -
+    # ledger_tokens (negative when the provider counts fewer tokens than the ledger).
+    provider_overhead_tokens: int = 0
+    route: RouteParams | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ class Reason(enum.Enum):
     PATH_OUTSIDE_ROOT = "PATH_OUTSIDE_ROOT"
     SEQ_OUT_OF_RANGE = "SEQ_OUT_OF_RANGE"
     RECORD_CORRUPT = "RECORD_CORRUPT"
+    USAGE_INVALID = "USAGE_INVALID"
 
 
 class CtxccError(Exception):

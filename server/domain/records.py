@@ -55,6 +55,14 @@ class CompileRecord:
     fixed_tokens: int = 0
     raw_delta: int | None = None
     baseline_tokens: int = 0
+    # The local count of the whole view (sum of its layers).
+    ledger_tokens: int = 0
+    # Per message of the view: an 8-byte digest prefix each, and its tokens, so a later
+    # estimate can subtract what left the view (baseline - removed + added).
+    message_digests: bytes = b""
+    message_tokens: tuple[int, ...] = ()
+    # Tokens of the baseline's messages that had left the view (0: a pure append).
+    removed_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +78,30 @@ class RouteState:
     message_count: int = 0
     messages_digest: str = ""
     fixed_tokens: int = 0
-    # Reported change / estimated change, smoothed (R-EST online calibration).
+    # Reported change / estimated change, smoothed. Older records carry it; the
+    # daemon-wide RouteModel's ratio is used instead.
     calibration: float = 1.0
     samples: int = 0
+    # The baseline view's per-message digests and tokens (see CompileRecord).
+    message_digests: bytes = b""
+    message_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteModel:
+    """Daemon-wide, per route: reported ~ ratio * local + overhead (compiler/route_model.py)."""
+
+    route_id: str
+    ratio: float = 1.0
+    # The latest in-session changes behind the ratio: (reported / local, weight).
+    ratio_observations: tuple[tuple[float, float], ...] = ()
+    delta_samples: int = 0
+    overhead: float = 0.0
+    overhead_spread: float = 0.0
+    full_samples: int = 0
+    # Smoothed local count of the requests the overhead was learned from.
+    full_local: float = 0.0
+    update_time_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_view, section_digests
-from server.compiler.estimate import CalibrationConfig, calibrate
 from server.compiler.projection import ImagePolicy, has_elidable
 from server.compiler.render import RenderFormat, render
+from server.compiler.route_model import (
+    BOUNDS,
+    LearningConfig,
+    counter_kind,
+    observe_delta,
+    observe_full,
+)
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
 from server.compiler.tokens import TokenCounter
@@ -22,6 +29,7 @@ from server.domain.records import (
     Checkpoint,
     CheckpointKind,
     CompileRecord,
+    RouteModel,
     RouteState,
     Usage,
 )
@@ -89,7 +97,7 @@ class CompilerSettings:
     caps: SourceCaps = SourceCaps()
     max_images: int = 20
     max_image_bytes: int = 20 << 20
-    calibration: CalibrationConfig = CalibrationConfig()
+    learning: LearningConfig = LearningConfig()
     # Built-in compaction when the budget asks for it (R-MISC-5 a).
     auto_compact: bool = True
 
@@ -175,6 +183,10 @@ class CompileUseCases:
             fixed_tokens=basis.fixed_tokens if basis else 0,
             raw_delta=basis.raw_delta if basis else None,
             baseline_tokens=basis.baseline_tokens if basis else 0,
+            ledger_tokens=view.budget.ledger_tokens,
+            message_digests=basis.message_digests if basis else b"",
+            message_tokens=basis.message_tokens if basis else (),
+            removed_tokens=basis.removed_tokens if basis else 0,
         )
         if opts.dry_run:
             return CompileResult(view)
@@ -219,6 +231,7 @@ class CompileUseCases:
         route_state = self._store.get_route_state(opts.session_id, opts.route.route_id)
         if route_state is not None and route_state.baseline_input_tokens > MAX_USAGE_TOKENS:
             route_state = None  # stored before reports were bounded: estimate afresh
+        route_model = self._store.get_route_model(opts.route.route_id)
         working_directory = opts.working_directory or session.working_directory
         sources = self._sources.session_sources(
             session, working_directory, self._settings.caps, opts.exclude_sections
@@ -232,6 +245,8 @@ class CompileUseCases:
             route=opts.route,
             limits=limits,
             route_state=route_state,
+            route_model=route_model,
+            counter_kind=counter_kind(info),
             kernel_text=self._settings.kernel_text,
             approval_mode=opts.approval_mode or self._settings.default_approval,
             environment=EnvironmentInfo(
@@ -306,6 +321,7 @@ class CompileUseCases:
                 raise invalid(
                     field, f"{field} is over {MAX_USAGE_TOKENS}, more than any model reads"
                 )
+        check_usage(usage)
         record = await self._blocking.run(self._store.get_compile, compile_id)
         if route is not None and route.route_id != record.route.route_id:
             raise CtxccError(
@@ -313,32 +329,22 @@ class CompileUseCases:
                 "the usage report's route differs from the route the view was compiled for",
                 compile_id=compile_id,
             )
-        previous = await self._blocking.run(
-            self._store.get_route_state, record.session_id, record.route.route_id
-        )
-        calibration = previous.calibration if previous else 1.0
-        if record.estimate_method == int(EstimateMethod.BASELINE_DELTA):
-            calibration = calibrate(
-                calibration,
-                record.raw_delta,
-                record.baseline_tokens,
-                usage.input_tokens,
-                self._settings.calibration,
-            )
+        now = self._clock.now_ns()
         state = RouteState(
             route_id=record.route.route_id,
             baseline_input_tokens=usage.input_tokens,
             baseline_compile_id=compile_id,
             last_output_tokens=usage.output_tokens,
-            update_time_ns=self._clock.now_ns(),
+            update_time_ns=now,
             message_count=record.message_count,
             messages_digest=record.messages_digest,
             fixed_tokens=record.fixed_tokens,
-            calibration=calibration,
-            samples=(previous.samples if previous else 0) + 1,
+            message_digests=record.message_digests,
+            message_tokens=record.message_tokens,
         )
+        learn = self._learner(record, usage, now)
         stored, replayed = await self._blocking.run(
-            self._store.record_usage, compile_id, usage, state
+            self._store.record_usage, compile_id, usage, state, learn
         )
         actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
         output = stored.usage.output_tokens if stored.usage else usage.output_tokens
@@ -358,4 +364,44 @@ class CompileUseCases:
                 output,
                 self._settings.budget,
             ),
+        )
+
+    def _learner(
+        self, record: CompileRecord, usage: Usage, now_ns: int
+    ) -> Callable[[RouteModel | None], RouteModel]:
+        """What this report teaches the route model (run once, inside the store's write)."""
+        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+        cfg = self._settings.learning
+        delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
+
+        def learn(model: RouteModel | None) -> RouteModel:
+            m = model or RouteModel(route_id=record.route.route_id)
+            if delta and record.raw_delta is not None:
+                # Only a pure append isolates the tokenizer: with removals the net
+                # change can be small beside large gross changes.
+                if record.removed_tokens == 0:
+                    reported = usage.input_tokens - record.baseline_tokens
+                    m = observe_delta(m, record.raw_delta, reported, bounds, cfg)
+            elif not delta:
+                # Records written before the ledger was kept: a FULL estimate was the ledger.
+                local = record.ledger_tokens or record.estimated_input_tokens
+                m = observe_full(m, local, usage.input_tokens, bounds, cfg)
+            return replace(m, update_time_ns=now_ns)
+
+        return learn
+
+
+def check_usage(usage: Usage) -> None:
+    """A report the provider cannot have made is refused before it teaches anything."""
+    if usage.input_tokens <= 0:
+        raise CtxccError(
+            Reason.USAGE_INVALID,
+            "input_tokens must be positive: every provider request has input",
+            field="input_tokens",
+        )
+    if usage.cached_input_tokens > usage.input_tokens:
+        raise CtxccError(
+            Reason.USAGE_INVALID,
+            "cached_input_tokens cannot exceed input_tokens (cached tokens are part of the input)",
+            field="cached_input_tokens",
         )

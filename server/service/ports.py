@@ -12,13 +12,21 @@ Contract (checked by tests/contract for every implementation):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView
 from server.domain.catalog import ModelInfo
 from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
-from server.domain.records import ArtifactRecord, Checkpoint, CompileRecord, RouteState, Usage
+from server.domain.records import (
+    ArtifactRecord,
+    Checkpoint,
+    CompileRecord,
+    RouteModel,
+    RouteState,
+    Usage,
+)
 from server.domain.sources import Scope, SourceEntry, SourceKind, WorkspaceSources
 from server.domain.tools import ToolSpec
 
@@ -74,10 +82,16 @@ class EventStore(Protocol):
     def get_compile(self, compile_id: str) -> CompileRecord: ...
 
     def record_usage(
-        self, compile_id: str, usage: Usage, route_state: RouteState
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None = None,
     ) -> tuple[CompileRecord, bool]: ...
 
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None: ...
+
+    def get_route_model(self, route_id: str) -> RouteModel | None: ...
 
     def get_last_compile(self, session_id: str) -> CompileRecord | None: ...
 

@@ -141,6 +141,16 @@ def view_out(
             baseline_tokens=b.baseline_tokens,
             window_unknown=b.window_unknown,
             ledger_tokens=b.ledger_tokens,
+            provider_overhead_tokens=b.provider_overhead_tokens,
+            route_model=None
+            if b.route is None
+            else view_pb2.RouteModel(
+                ratio=b.route.ratio,
+                overhead_tokens=b.route.overhead_tokens,
+                delta_samples=b.route.delta_samples,
+                full_samples=b.route.full_samples,
+                counter_kind=b.route.counter_kind,
+            ),
         ),
         decision=view_pb2.Decision.ValueType(int(v.decision)),
         fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in v.fallback_reasons],

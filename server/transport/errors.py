@@ -52,6 +52,7 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.PATH_OUTSIDE_ROOT: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.SEQ_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
     Reason.RECORD_CORRUPT: grpc.StatusCode.DATA_LOSS,
+    Reason.USAGE_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 

@@ -1,5 +1,5 @@
 """R-EST on numbers: the conservative fallback, offline tiktoken, the catalog, baseline +
-delta with its pure-append check, and the online calibration."""
+delta with its pure-append check and its removal accounting."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import pytest
 from server.adapters import tokenizer
 from server.adapters.catalog import load_catalog
 from server.adapters.tokenizer import CharClassCounter, TiktokenCounter, load_offline_encoding
-from server.compiler.estimate import CalibrationConfig, calibrate, estimate, messages_digest
+from server.compiler.estimate import DIGEST_PREFIX, estimate, message_digests, messages_digest
+from server.compiler.route_model import BOUNDS, CounterKind
 from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage, ViewPart
 from server.domain.model import Role
-from server.domain.records import RouteState
+from server.domain.records import RouteModel, RouteState
 
 REPO = Path(__file__).resolve().parents[2]
 _rng = random.Random(7)
@@ -107,6 +108,9 @@ def _layers(fixed: int, msgs: list[ViewMessage]) -> list[LayerTokens]:
     ]
 
 
+SCALED = BOUNDS[CounterKind.SCALED]
+
+
 def test_baseline_plus_delta_and_full_fallback() -> None:
     before = [_msg("a", 100), _msg("b", 200)]
     state = RouteState(
@@ -118,26 +122,48 @@ def test_baseline_plus_delta_and_full_fallback() -> None:
         message_count=2,
         messages_digest=messages_digest(before),
         fixed_tokens=500,
-        calibration=1.1,
     )
+    model = RouteModel("r", ratio=1.1, delta_samples=3)
     after = [*before, _msg("c", 300)]
-    value, method, basis = estimate(_layers(520, after), after, state)
+    value, method, basis = estimate(_layers(520, after), after, state, model, SCALED)
     # 10,000 reported + 1.1 x (300 new message tokens + 20 more fixed tokens)
     assert (value, method) == (10_000 + round(1.1 * 320), EstimateMethod.BASELINE_DELTA)
     assert (basis.raw_delta, basis.baseline_tokens, basis.ledger_tokens) == (320, 10_000, 1_120)
+    assert basis.removed_tokens == 0
     edited = [_msg("A", 100), _msg("b", 200), _msg("c", 300)]
-    value, method, _ = estimate(_layers(520, edited), edited, state)
-    assert (value, method) == (1_120, EstimateMethod.FULL)  # not a pure append
-    assert estimate(_layers(520, after), after, None)[:2] == (1_120, EstimateMethod.FULL)
+    # A baseline recorded without per-message counts (older data): a full estimate.
+    value, method, _ = estimate(_layers(520, edited), edited, state, None, SCALED)
+    assert (value, method) == (1_120, EstimateMethod.FULL)
+    assert estimate(_layers(520, after), after, None, None, SCALED)[:2] == (
+        1_120,
+        EstimateMethod.FULL,
+    )
     # Messages moving from the working set into history do not break the prefix.
     moved = [ViewMessage(Role.USER, m.parts, Layer.WORKING_SET, m.tokens) for m in before]
     assert messages_digest(moved) == messages_digest(before)
 
 
-def test_calibration_is_clamped_and_smoothed() -> None:
-    cfg = CalibrationConfig()
-    assert calibrate(1.0, 1_000, 10_000, 11_100, cfg) == pytest.approx(1.02)  # observed 1.1
-    assert calibrate(1.0, 1_000, 10_000, 15_000, cfg) == pytest.approx(1.04)  # 5.0 -> 1.2
-    assert calibrate(1.0, 1_000, 10_000, 10_100, cfg) == pytest.approx(0.97)  # 0.1 -> 0.85
-    assert calibrate(1.0, 100, 10_000, 99_999, cfg) == 1.0  # too small to learn from
-    assert calibrate(1.0, None, 10_000, 11_000, cfg) == 1.0
+def test_removed_messages_leave_the_baseline_by_their_recorded_counts() -> None:
+    before = [_msg("a", 100), _msg("b", 200), _msg("b", 200), _msg("c", 300)]
+    state = RouteState(
+        "r",
+        10_000,
+        "s:1",
+        50,
+        0,
+        message_count=4,
+        messages_digest=messages_digest(before),
+        fixed_tokens=500,
+        message_digests=b"".join(d[:DIGEST_PREFIX] for d in message_digests(before)),
+        # The counts recorded at the baseline compile win over today's.
+        message_tokens=(100, 200, 200, 310),
+    )
+    # A checkpoint replaced "a" and one "b" with a summary; "c" is still there.
+    now = [_msg("summary", 40), _msg("b", 200), _msg("c", 300), _msg("d", 60)]
+    value, method, basis = estimate(_layers(500, now), now, state, None, SCALED)
+    assert method is EstimateMethod.BASELINE_DELTA
+    # 10,000 - (100 + 200) removed + (40 + 60) added; the provider's 10,000 stays.
+    assert value == 10_000 - 300 + 100
+    assert (basis.removed_tokens, basis.raw_delta) == (300, -200)
+    model = RouteModel("r", ratio=0.5, delta_samples=4)
+    assert estimate(_layers(500, now), now, state, model, SCALED)[0] == 10_000 - 100

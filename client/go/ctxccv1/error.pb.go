@@ -85,6 +85,10 @@ const (
 	ErrorReason_ERROR_REASON_SEQ_OUT_OF_RANGE ErrorReason = 26
 	// A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS).
 	ErrorReason_ERROR_REASON_RECORD_CORRUPT ErrorReason = 27
+	// A usage report the provider cannot have made (input_tokens 0, cached_input_tokens
+	// above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
+	// `field` names the offending field.
+	ErrorReason_ERROR_REASON_USAGE_INVALID ErrorReason = 28
 )
 
 // Enum value maps for ErrorReason.
@@ -118,6 +122,7 @@ var (
 		25: "ERROR_REASON_PATH_OUTSIDE_ROOT",
 		26: "ERROR_REASON_SEQ_OUT_OF_RANGE",
 		27: "ERROR_REASON_RECORD_CORRUPT",
+		28: "ERROR_REASON_USAGE_INVALID",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                0,
@@ -148,6 +153,7 @@ var (
 		"ERROR_REASON_PATH_OUTSIDE_ROOT":          25,
 		"ERROR_REASON_SEQ_OUT_OF_RANGE":           26,
 		"ERROR_REASON_RECORD_CORRUPT":             27,
+		"ERROR_REASON_USAGE_INVALID":              28,
 	}
 )
 
@@ -182,7 +188,7 @@ var File_ctxcc_v1_error_proto protoreflect.FileDescriptor
 
 const file_ctxcc_v1_error_proto_rawDesc = "" +
 	"\n" +
-	"\x14ctxcc/v1/error.proto\x12\bctxcc.v1*\xea\a\n" +
+	"\x14ctxcc/v1/error.proto\x12\bctxcc.v1*\x8a\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aERROR_REASON_INVALID_FIELD\x10\x01\x12 \n" +
@@ -212,7 +218,8 @@ const file_ctxcc_v1_error_proto_rawDesc = "" +
 	"\x15ERROR_REASON_INTERNAL\x10\x18\x12\"\n" +
 	"\x1eERROR_REASON_PATH_OUTSIDE_ROOT\x10\x19\x12!\n" +
 	"\x1dERROR_REASON_SEQ_OUT_OF_RANGE\x10\x1a\x12\x1f\n" +
-	"\x1bERROR_REASON_RECORD_CORRUPT\x10\x1bb\x06proto3"
+	"\x1bERROR_REASON_RECORD_CORRUPT\x10\x1b\x12\x1e\n" +
+	"\x1aERROR_REASON_USAGE_INVALID\x10\x1cb\x06proto3"
 
 var (
 	file_ctxcc_v1_error_proto_rawDescOnce sync.Once

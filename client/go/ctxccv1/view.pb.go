@@ -236,8 +236,12 @@ const (
 	EstimateMethod_ESTIMATE_METHOD_UNSPECIFIED EstimateMethod = 0
 	// A tokenizer or per-character estimate of the whole payload (SPEC R-EST-2).
 	EstimateMethod_ESTIMATE_METHOD_FULL EstimateMethod = 1
-	// The route's last reported input tokens plus the estimated change (SPEC R-EST-1).
+	// The session's last reported input tokens on the route, plus the messages that
+	// entered the view, minus those that left it, in provider tokens (SPEC R-EST-1).
 	EstimateMethod_ESTIMATE_METHOD_BASELINE_DELTA EstimateMethod = 2
+	// No baseline in the session: the route model learned from earlier usage reports
+	// (ratio × the whole payload + overhead).
+	EstimateMethod_ESTIMATE_METHOD_ROUTE_MODEL EstimateMethod = 3
 )
 
 // Enum value maps for EstimateMethod.
@@ -246,11 +250,13 @@ var (
 		0: "ESTIMATE_METHOD_UNSPECIFIED",
 		1: "ESTIMATE_METHOD_FULL",
 		2: "ESTIMATE_METHOD_BASELINE_DELTA",
+		3: "ESTIMATE_METHOD_ROUTE_MODEL",
 	}
 	EstimateMethod_value = map[string]int32{
 		"ESTIMATE_METHOD_UNSPECIFIED":    0,
 		"ESTIMATE_METHOD_FULL":           1,
 		"ESTIMATE_METHOD_BASELINE_DELTA": 2,
+		"ESTIMATE_METHOD_ROUTE_MODEL":    3,
 	}
 )
 
@@ -1244,9 +1250,16 @@ type Budget struct {
 	BaselineTokens uint32 `protobuf:"varint,8,opt,name=baseline_tokens,json=baselineTokens,proto3" json:"baseline_tokens,omitempty"`
 	// True when the window is unknown and R-BUD-4 defaults apply.
 	WindowUnknown bool `protobuf:"varint,9,opt,name=window_unknown,json=windowUnknown,proto3" json:"window_unknown,omitempty"`
-	// Sum of the layer ledger: the full local estimate of this view. Equals
+	// Sum of the layer ledger: the local count of this view. Equals
 	// estimated_input_tokens when estimate_method is FULL.
-	LedgerTokens  uint32 `protobuf:"varint,10,opt,name=ledger_tokens,json=ledgerTokens,proto3" json:"ledger_tokens,omitempty"`
+	LedgerTokens uint32 `protobuf:"varint,10,opt,name=ledger_tokens,json=ledgerTokens,proto3" json:"ledger_tokens,omitempty"`
+	// What the provider counts that no local item explains (hidden prompt parts, chat
+	// template, tokenizer difference): estimated_input_tokens - ledger_tokens, so the
+	// layers plus this figure always equal estimated_input_tokens. Negative when the
+	// provider counts fewer tokens than the local ledger.
+	ProviderOverheadTokens int64 `protobuf:"varint,11,opt,name=provider_overhead_tokens,json=providerOverheadTokens,proto3" json:"provider_overhead_tokens,omitempty"`
+	// The learned route model the estimate used (its prior before any usage report).
+	RouteModel    *RouteModel `protobuf:"bytes,12,opt,name=route_model,json=routeModel,proto3" json:"route_model,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1351,6 +1364,104 @@ func (x *Budget) GetLedgerTokens() uint32 {
 	return 0
 }
 
+func (x *Budget) GetProviderOverheadTokens() int64 {
+	if x != nil {
+		return x.ProviderOverheadTokens
+	}
+	return 0
+}
+
+func (x *Budget) GetRouteModel() *RouteModel {
+	if x != nil {
+		return x.RouteModel
+	}
+	return nil
+}
+
+// RouteModel is what usage reports on a route (any session) taught the daemon:
+// reported input tokens ≈ ratio × local count + overhead_tokens.
+type RouteModel struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Provider tokens per local token, learned from in-session changes.
+	Ratio float64 `protobuf:"fixed64,1,opt,name=ratio,proto3" json:"ratio,omitempty"`
+	// Tokens the provider counts on top, learned from requests without a baseline.
+	OverheadTokens int64 `protobuf:"varint,2,opt,name=overhead_tokens,json=overheadTokens,proto3" json:"overhead_tokens,omitempty"`
+	// Usage reports that taught the ratio.
+	DeltaSamples uint32 `protobuf:"varint,3,opt,name=delta_samples,json=deltaSamples,proto3" json:"delta_samples,omitempty"`
+	// Usage reports that taught the overhead.
+	FullSamples uint32 `protobuf:"varint,4,opt,name=full_samples,json=fullSamples,proto3" json:"full_samples,omitempty"`
+	// How the local count is made: "exact" (the provider's tokenizer), "scaled" (another
+	// family's tokenizer times a factor) or "conservative" (per-character weights).
+	CounterKind   string `protobuf:"bytes,5,opt,name=counter_kind,json=counterKind,proto3" json:"counter_kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteModel) Reset() {
+	*x = RouteModel{}
+	mi := &file_ctxcc_v1_view_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteModel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteModel) ProtoMessage() {}
+
+func (x *RouteModel) ProtoReflect() protoreflect.Message {
+	mi := &file_ctxcc_v1_view_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteModel.ProtoReflect.Descriptor instead.
+func (*RouteModel) Descriptor() ([]byte, []int) {
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RouteModel) GetRatio() float64 {
+	if x != nil {
+		return x.Ratio
+	}
+	return 0
+}
+
+func (x *RouteModel) GetOverheadTokens() int64 {
+	if x != nil {
+		return x.OverheadTokens
+	}
+	return 0
+}
+
+func (x *RouteModel) GetDeltaSamples() uint32 {
+	if x != nil {
+		return x.DeltaSamples
+	}
+	return 0
+}
+
+func (x *RouteModel) GetFullSamples() uint32 {
+	if x != nil {
+		return x.FullSamples
+	}
+	return 0
+}
+
+func (x *RouteModel) GetCounterKind() string {
+	if x != nil {
+		return x.CounterKind
+	}
+	return ""
+}
+
 // CompactionRequest asks the agent for a model-written summary (SPEC R-MISC-5).
 type CompactionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1368,7 +1479,7 @@ type CompactionRequest struct {
 
 func (x *CompactionRequest) Reset() {
 	*x = CompactionRequest{}
-	mi := &file_ctxcc_v1_view_proto_msgTypes[8]
+	mi := &file_ctxcc_v1_view_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +1491,7 @@ func (x *CompactionRequest) String() string {
 func (*CompactionRequest) ProtoMessage() {}
 
 func (x *CompactionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_view_proto_msgTypes[8]
+	mi := &file_ctxcc_v1_view_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +1504,7 @@ func (x *CompactionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompactionRequest.ProtoReflect.Descriptor instead.
 func (*CompactionRequest) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{8}
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CompactionRequest) GetFromSeq() uint64 {
@@ -1439,7 +1550,7 @@ type ProviderRendering struct {
 
 func (x *ProviderRendering) Reset() {
 	*x = ProviderRendering{}
-	mi := &file_ctxcc_v1_view_proto_msgTypes[9]
+	mi := &file_ctxcc_v1_view_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1451,7 +1562,7 @@ func (x *ProviderRendering) String() string {
 func (*ProviderRendering) ProtoMessage() {}
 
 func (x *ProviderRendering) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_view_proto_msgTypes[9]
+	mi := &file_ctxcc_v1_view_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1464,7 +1575,7 @@ func (x *ProviderRendering) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderRendering.ProtoReflect.Descriptor instead.
 func (*ProviderRendering) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{9}
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ProviderRendering) GetFormat() RenderFormat {
@@ -1566,7 +1677,7 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\vLayerTokens\x12%\n" +
 	"\x05layer\x18\x01 \x01(\x0e2\x0f.ctxcc.v1.LayerR\x05layer\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\rR\x06tokens\x12\x14\n" +
-	"\x05items\x18\x03 \x01(\rR\x05items\"\xbf\x03\n" +
+	"\x05items\x18\x03 \x01(\rR\x05items\"\xb0\x04\n" +
 	"\x06Budget\x12%\n" +
 	"\x0econtext_window\x18\x01 \x01(\rR\rcontextWindow\x12%\n" +
 	"\x0eoutput_reserve\x18\x02 \x01(\rR\routputReserve\x12!\n" +
@@ -1578,7 +1689,17 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\x0fbaseline_tokens\x18\b \x01(\rR\x0ebaselineTokens\x12%\n" +
 	"\x0ewindow_unknown\x18\t \x01(\bR\rwindowUnknown\x12#\n" +
 	"\rledger_tokens\x18\n" +
-	" \x01(\rR\fledgerTokens\"\x8e\x01\n" +
+	" \x01(\rR\fledgerTokens\x128\n" +
+	"\x18provider_overhead_tokens\x18\v \x01(\x03R\x16providerOverheadTokens\x125\n" +
+	"\vroute_model\x18\f \x01(\v2\x14.ctxcc.v1.RouteModelR\n" +
+	"routeModel\"\xb6\x01\n" +
+	"\n" +
+	"RouteModel\x12\x14\n" +
+	"\x05ratio\x18\x01 \x01(\x01R\x05ratio\x12'\n" +
+	"\x0foverhead_tokens\x18\x02 \x01(\x03R\x0eoverheadTokens\x12#\n" +
+	"\rdelta_samples\x18\x03 \x01(\rR\fdeltaSamples\x12!\n" +
+	"\ffull_samples\x18\x04 \x01(\rR\vfullSamples\x12!\n" +
+	"\fcounter_kind\x18\x05 \x01(\tR\vcounterKind\"\x8e\x01\n" +
 	"\x11CompactionRequest\x12\x19\n" +
 	"\bfrom_seq\x18\x01 \x01(\x04R\afromSeq\x12\x1f\n" +
 	"\vthrough_seq\x18\x02 \x01(\x04R\n" +
@@ -1613,11 +1734,12 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\x15TOOL_ORIGIN_ACTIVATED\x10\x02\x12#\n" +
 	"\x1fTOOL_ORIGIN_BUILTIN_TOOL_SEARCH\x10\x03\x12(\n" +
 	"$TOOL_ORIGIN_BUILTIN_READ_TOOL_RESULT\x10\x04\x12!\n" +
-	"\x1dTOOL_ORIGIN_BUILTIN_LOAD_RULE\x10\x05*o\n" +
+	"\x1dTOOL_ORIGIN_BUILTIN_LOAD_RULE\x10\x05*\x90\x01\n" +
 	"\x0eEstimateMethod\x12\x1f\n" +
 	"\x1bESTIMATE_METHOD_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ESTIMATE_METHOD_FULL\x10\x01\x12\"\n" +
-	"\x1eESTIMATE_METHOD_BASELINE_DELTA\x10\x02*}\n" +
+	"\x1eESTIMATE_METHOD_BASELINE_DELTA\x10\x02\x12\x1f\n" +
+	"\x1bESTIMATE_METHOD_ROUTE_MODEL\x10\x03*}\n" +
 	"\bDecision\x12\x18\n" +
 	"\x14DECISION_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vDECISION_OK\x10\x01\x12 \n" +
@@ -1650,7 +1772,7 @@ func file_ctxcc_v1_view_proto_rawDescGZIP() []byte {
 }
 
 var file_ctxcc_v1_view_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_ctxcc_v1_view_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_ctxcc_v1_view_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_ctxcc_v1_view_proto_goTypes = []any{
 	(SectionKind)(0),            // 0: ctxcc.v1.SectionKind
 	(Layer)(0),                  // 1: ctxcc.v1.Layer
@@ -1667,51 +1789,53 @@ var file_ctxcc_v1_view_proto_goTypes = []any{
 	(*ViewTool)(nil),            // 12: ctxcc.v1.ViewTool
 	(*LayerTokens)(nil),         // 13: ctxcc.v1.LayerTokens
 	(*Budget)(nil),              // 14: ctxcc.v1.Budget
-	(*CompactionRequest)(nil),   // 15: ctxcc.v1.CompactionRequest
-	(*ProviderRendering)(nil),   // 16: ctxcc.v1.ProviderRendering
-	(*Route)(nil),               // 17: ctxcc.v1.Route
-	(*ProviderNativeState)(nil), // 18: ctxcc.v1.ProviderNativeState
-	(Scope)(0),                  // 19: ctxcc.v1.Scope
-	(Authority)(0),              // 20: ctxcc.v1.Authority
-	(MessageRole)(0),            // 21: ctxcc.v1.MessageRole
-	(*ToolCall)(nil),            // 22: ctxcc.v1.ToolCall
-	(*ArtifactRef)(nil),         // 23: ctxcc.v1.ArtifactRef
-	(*ToolDefinition)(nil),      // 24: ctxcc.v1.ToolDefinition
+	(*RouteModel)(nil),          // 15: ctxcc.v1.RouteModel
+	(*CompactionRequest)(nil),   // 16: ctxcc.v1.CompactionRequest
+	(*ProviderRendering)(nil),   // 17: ctxcc.v1.ProviderRendering
+	(*Route)(nil),               // 18: ctxcc.v1.Route
+	(*ProviderNativeState)(nil), // 19: ctxcc.v1.ProviderNativeState
+	(Scope)(0),                  // 20: ctxcc.v1.Scope
+	(Authority)(0),              // 21: ctxcc.v1.Authority
+	(MessageRole)(0),            // 22: ctxcc.v1.MessageRole
+	(*ToolCall)(nil),            // 23: ctxcc.v1.ToolCall
+	(*ArtifactRef)(nil),         // 24: ctxcc.v1.ArtifactRef
+	(*ToolDefinition)(nil),      // 25: ctxcc.v1.ToolDefinition
 }
 var file_ctxcc_v1_view_proto_depIdxs = []int32{
-	17, // 0: ctxcc.v1.CompiledView.route:type_name -> ctxcc.v1.Route
+	18, // 0: ctxcc.v1.CompiledView.route:type_name -> ctxcc.v1.Route
 	8,  // 1: ctxcc.v1.CompiledView.system_sections:type_name -> ctxcc.v1.SystemSection
 	0,  // 2: ctxcc.v1.CompiledView.changed_sections:type_name -> ctxcc.v1.SectionKind
 	9,  // 3: ctxcc.v1.CompiledView.messages:type_name -> ctxcc.v1.ViewMessage
 	12, // 4: ctxcc.v1.CompiledView.tools:type_name -> ctxcc.v1.ViewTool
-	18, // 5: ctxcc.v1.CompiledView.provider_state:type_name -> ctxcc.v1.ProviderNativeState
+	19, // 5: ctxcc.v1.CompiledView.provider_state:type_name -> ctxcc.v1.ProviderNativeState
 	13, // 6: ctxcc.v1.CompiledView.layers:type_name -> ctxcc.v1.LayerTokens
 	1,  // 7: ctxcc.v1.CompiledView.pressure_layer:type_name -> ctxcc.v1.Layer
 	14, // 8: ctxcc.v1.CompiledView.budget:type_name -> ctxcc.v1.Budget
 	4,  // 9: ctxcc.v1.CompiledView.decision:type_name -> ctxcc.v1.Decision
 	5,  // 10: ctxcc.v1.CompiledView.fallback_reasons:type_name -> ctxcc.v1.FallbackReason
-	15, // 11: ctxcc.v1.CompiledView.compaction:type_name -> ctxcc.v1.CompactionRequest
-	16, // 12: ctxcc.v1.CompiledView.renderings:type_name -> ctxcc.v1.ProviderRendering
+	16, // 11: ctxcc.v1.CompiledView.compaction:type_name -> ctxcc.v1.CompactionRequest
+	17, // 12: ctxcc.v1.CompiledView.renderings:type_name -> ctxcc.v1.ProviderRendering
 	0,  // 13: ctxcc.v1.SystemSection.kind:type_name -> ctxcc.v1.SectionKind
-	19, // 14: ctxcc.v1.SystemSection.scope:type_name -> ctxcc.v1.Scope
-	20, // 15: ctxcc.v1.SystemSection.authority:type_name -> ctxcc.v1.Authority
-	21, // 16: ctxcc.v1.ViewMessage.role:type_name -> ctxcc.v1.MessageRole
+	20, // 14: ctxcc.v1.SystemSection.scope:type_name -> ctxcc.v1.Scope
+	21, // 15: ctxcc.v1.SystemSection.authority:type_name -> ctxcc.v1.Authority
+	22, // 16: ctxcc.v1.ViewMessage.role:type_name -> ctxcc.v1.MessageRole
 	10, // 17: ctxcc.v1.ViewMessage.parts:type_name -> ctxcc.v1.ViewPart
-	22, // 18: ctxcc.v1.ViewMessage.tool_calls:type_name -> ctxcc.v1.ToolCall
+	23, // 18: ctxcc.v1.ViewMessage.tool_calls:type_name -> ctxcc.v1.ToolCall
 	1,  // 19: ctxcc.v1.ViewMessage.layer:type_name -> ctxcc.v1.Layer
 	11, // 20: ctxcc.v1.ViewPart.attachment:type_name -> ctxcc.v1.ViewAttachment
-	20, // 21: ctxcc.v1.ViewPart.authority:type_name -> ctxcc.v1.Authority
-	23, // 22: ctxcc.v1.ViewAttachment.ref:type_name -> ctxcc.v1.ArtifactRef
-	24, // 23: ctxcc.v1.ViewTool.definition:type_name -> ctxcc.v1.ToolDefinition
+	21, // 21: ctxcc.v1.ViewPart.authority:type_name -> ctxcc.v1.Authority
+	24, // 22: ctxcc.v1.ViewAttachment.ref:type_name -> ctxcc.v1.ArtifactRef
+	25, // 23: ctxcc.v1.ViewTool.definition:type_name -> ctxcc.v1.ToolDefinition
 	2,  // 24: ctxcc.v1.ViewTool.origin:type_name -> ctxcc.v1.ToolOrigin
 	1,  // 25: ctxcc.v1.LayerTokens.layer:type_name -> ctxcc.v1.Layer
 	3,  // 26: ctxcc.v1.Budget.estimate_method:type_name -> ctxcc.v1.EstimateMethod
-	6,  // 27: ctxcc.v1.ProviderRendering.format:type_name -> ctxcc.v1.RenderFormat
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	15, // 27: ctxcc.v1.Budget.route_model:type_name -> ctxcc.v1.RouteModel
+	6,  // 28: ctxcc.v1.ProviderRendering.format:type_name -> ctxcc.v1.RenderFormat
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_view_proto_init() }
@@ -1732,7 +1856,7 @@ func file_ctxcc_v1_view_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctxcc_v1_view_proto_rawDesc), len(file_ctxcc_v1_view_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

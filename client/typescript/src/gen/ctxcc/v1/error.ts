@@ -74,6 +74,12 @@ export enum ErrorReason {
   ERROR_REASON_SEQ_OUT_OF_RANGE = 26,
   /** ERROR_REASON_RECORD_CORRUPT - A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS). */
   ERROR_REASON_RECORD_CORRUPT = 27,
+  /**
+   * ERROR_REASON_USAGE_INVALID - A usage report the provider cannot have made (input_tokens 0, cached_input_tokens
+   * above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
+   * `field` names the offending field.
+   */
+  ERROR_REASON_USAGE_INVALID = 28,
   UNRECOGNIZED = -1,
 }
 
@@ -163,6 +169,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 27:
     case "ERROR_REASON_RECORD_CORRUPT":
       return ErrorReason.ERROR_REASON_RECORD_CORRUPT;
+    case 28:
+    case "ERROR_REASON_USAGE_INVALID":
+      return ErrorReason.ERROR_REASON_USAGE_INVALID;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -228,6 +237,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_SEQ_OUT_OF_RANGE";
     case ErrorReason.ERROR_REASON_RECORD_CORRUPT:
       return "ERROR_REASON_RECORD_CORRUPT";
+    case ErrorReason.ERROR_REASON_USAGE_INVALID:
+      return "ERROR_REASON_USAGE_INVALID";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

