@@ -51,7 +51,7 @@ from server.service.compiling import CompilerSettings, CompileUseCases
 from server.service.limits import ServiceLimits
 from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
-from server.service.tools import ToolUseCases
+from server.service.tools import ToolLimits, ToolUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
@@ -172,6 +172,12 @@ class Daemon:
             blob_threshold_bytes=cfg.blob_threshold_bytes,
             max_artifact_bytes=cfg.max_artifact_bytes,
         )
+        tool_limits = ToolLimits(
+            max_tools=cfg.max_tools,
+            max_description_chars=cfg.max_tool_description_chars,
+            max_schema_bytes=cfg.max_tool_schema_bytes,
+            max_schema_depth=cfg.max_tool_schema_depth,
+        )
         clock, ids = SystemClock(), RandomIds()
         sessions = SessionUseCases(
             store, self._blocking, self.hub, clock, ids, limits, self.telemetry
@@ -236,7 +242,7 @@ class Daemon:
             ArtifactServicer(artifacts), server
         )
         tool_service_pb2_grpc.add_ToolServiceServicer_to_server(
-            ToolServicer(ToolUseCases(store, self._blocking)), server
+            ToolServicer(ToolUseCases(store, self._blocking, tool_limits)), server
         )
         source_service_pb2_grpc.add_SourceServiceServicer_to_server(SourceServicer(sources), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

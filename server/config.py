@@ -116,6 +116,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "unknown_window_reserve", "16384", "output reserve in tokens when the window is unknown"
     ),
+    # Tool registry limits guard against abuse; the defaults take real agents' tool sets
+    # (descriptions of 9-12K characters, deeply nested schemas) with room to spare.
+    Setting("max_tools", "512", "tools one session may register"),
+    Setting("max_tool_description_chars", "65536", "characters of one tool's description"),
+    Setting("max_tool_schema_bytes", str(256 << 10), "bytes of one tool's input schema JSON"),
+    Setting("max_tool_schema_depth", "64", "nesting depth of one tool's input schema"),
     Setting(
         "debug_echo",
         "false",
@@ -164,6 +170,10 @@ class Config:
     model_catalog: str
     debug_echo: bool
     budget: BudgetConfig
+    max_tools: int = 512
+    max_tool_description_chars: int = 65_536
+    max_tool_schema_bytes: int = 256 << 10
+    max_tool_schema_depth: int = 64
 
     @property
     def db_path(self) -> Path:
@@ -349,6 +359,10 @@ def _build(raw: Mapping[str, str]) -> Config:
         model_catalog=raw["model_catalog"],
         debug_echo=_bool(raw, "debug_echo"),
         budget=_budget(raw),
+        max_tools=_int(raw, "max_tools", minimum=1),
+        max_tool_description_chars=_int(raw, "max_tool_description_chars", minimum=1024),
+        max_tool_schema_bytes=_int(raw, "max_tool_schema_bytes", minimum=1024),
+        max_tool_schema_depth=_int(raw, "max_tool_schema_depth", minimum=4),
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

@@ -92,7 +92,9 @@ class ModelLimits(_message.Message):
     context_window: _builtins.int
     """Context window in tokens, 0 to use the catalog."""
     max_output_tokens: _builtins.int
-    """Maximum output tokens, 0 to use the catalog."""
+    """Maximum output tokens, 0 to use the catalog. When set, it is also the output cap
+    of rendered provider bodies (lowered only to fit the window).
+    """
     max_input_tokens: _builtins.int
     """Maximum input tokens (a stricter cap, SPEC R-BUD-3), 0 for none."""
     accepts_images: _builtins.bool

@@ -46,6 +46,10 @@ class _SectionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SectionKi
     """7. Memory in effect."""
     SECTION_KIND_ENVIRONMENT: _SectionKind.ValueType  # 8
     """8. Working directory, platform, shell and time (volatile, last)."""
+    SECTION_KIND_TOOLS: _SectionKind.ValueType  # 9
+    """Not a system prompt section: the tool definitions, reported in changed_sections
+    because providers cache them in front of the system prompt. Cannot be excluded.
+    """
 
 class SectionKind(_SectionKind, metaclass=_SectionKindEnumTypeWrapper):
     """SectionKind names the system prompt sections, in their fixed order (SPEC R-SYS 1-8)."""
@@ -68,6 +72,10 @@ SECTION_KIND_MEMORY: SectionKind.ValueType  # 7
 """7. Memory in effect."""
 SECTION_KIND_ENVIRONMENT: SectionKind.ValueType  # 8
 """8. Working directory, platform, shell and time (volatile, last)."""
+SECTION_KIND_TOOLS: SectionKind.ValueType  # 9
+"""Not a system prompt section: the tool definitions, reported in changed_sections
+because providers cache them in front of the system prompt. Cannot be excluded.
+"""
 Global___SectionKind: _TypeAlias = SectionKind  # noqa: Y015
 
 class _Layer:
@@ -141,6 +149,42 @@ TOOL_ORIGIN_BUILTIN_READ_TOOL_RESULT: ToolOrigin.ValueType  # 4
 TOOL_ORIGIN_BUILTIN_LOAD_RULE: ToolOrigin.ValueType  # 5
 """Built-in load_rule, offered while the rule index lists rules (SourceService.LoadRule)."""
 Global___ToolOrigin: _TypeAlias = ToolOrigin  # noqa: Y015
+
+class _OutputCapSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OutputCapSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OutputCapSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OUTPUT_CAP_SOURCE_UNSPECIFIED: _OutputCapSource.ValueType  # 0
+    """Not set."""
+    OUTPUT_CAP_SOURCE_CALLER: _OutputCapSource.ValueType  # 1
+    """The caller's CompileRequest.limits.max_output_tokens."""
+    OUTPUT_CAP_SOURCE_MODEL_MAX: _OutputCapSource.ValueType  # 2
+    """The model's maximum output from the model catalog."""
+    OUTPUT_CAP_SOURCE_DEFAULT: _OutputCapSource.ValueType  # 3
+    """The model's maximum is unknown: the daemon's default (16,384)."""
+    OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW: _OutputCapSource.ValueType  # 4
+    """Lowered so that the estimated input and the output fit the context window; the
+    view's notes give the value it was lowered from.
+    """
+
+class OutputCapSource(_OutputCapSource, metaclass=_OutputCapSourceEnumTypeWrapper):
+    """OutputCapSource says how a view's output cap was chosen."""
+
+OUTPUT_CAP_SOURCE_UNSPECIFIED: OutputCapSource.ValueType  # 0
+"""Not set."""
+OUTPUT_CAP_SOURCE_CALLER: OutputCapSource.ValueType  # 1
+"""The caller's CompileRequest.limits.max_output_tokens."""
+OUTPUT_CAP_SOURCE_MODEL_MAX: OutputCapSource.ValueType  # 2
+"""The model's maximum output from the model catalog."""
+OUTPUT_CAP_SOURCE_DEFAULT: OutputCapSource.ValueType  # 3
+"""The model's maximum is unknown: the daemon's default (16,384)."""
+OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW: OutputCapSource.ValueType  # 4
+"""Lowered so that the estimated input and the output fit the context window; the
+view's notes give the value it was lowered from.
+"""
+Global___OutputCapSource: _TypeAlias = OutputCapSource  # noqa: Y015
 
 class _EstimateMethod:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -312,7 +356,10 @@ class CompiledView(_message.Message):
     system_prompt: _builtins.str
     """The sections joined, exactly as they should be sent."""
     prefix_digest: _builtins.str
-    """Lower-case hex sha256 of the stable sections (all but the volatile environment)."""
+    """Lower-case hex sha256 of everything in front of the providers' prompt-cache
+    breakpoints: the tool definitions and the stable sections (all but the volatile
+    environment). When it changes, provider prompt caches miss.
+    """
     pressure_layer: Global___Layer.ValueType
     """The layer holding the most tokens."""
     decision: Global___Decision.ValueType
@@ -329,7 +376,9 @@ class CompiledView(_message.Message):
 
     @_builtins.property
     def changed_sections(self) -> _containers.RepeatedScalarFieldContainer[Global___SectionKind.ValueType]:
-        """Sections whose content changed since the previous compile of the session."""
+        """Sections whose content changed since the previous compile of the session;
+        SECTION_KIND_TOOLS when the tool definitions offered changed.
+        """
 
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___ViewMessage]:
@@ -664,6 +713,8 @@ class Budget(_message.Message):
     LEDGER_TOKENS_FIELD_NUMBER: _builtins.int
     PROVIDER_OVERHEAD_TOKENS_FIELD_NUMBER: _builtins.int
     ROUTE_MODEL_FIELD_NUMBER: _builtins.int
+    OUTPUT_CAP_FIELD_NUMBER: _builtins.int
+    OUTPUT_CAP_SOURCE_FIELD_NUMBER: _builtins.int
     context_window: _builtins.int
     """Model context window, 0 when unknown."""
     output_reserve: _builtins.int
@@ -692,6 +743,13 @@ class Budget(_message.Message):
     layers plus this figure always equal estimated_input_tokens. Negative when the
     provider counts fewer tokens than the local ledger.
     """
+    output_cap: _builtins.int
+    """The output cap written into rendered provider bodies (max_tokens,
+    max_completion_tokens, max_output_tokens, maxOutputTokens). Unlike output_reserve,
+    a local budgeting figure, it never shrinks after a short reply.
+    """
+    output_cap_source: Global___OutputCapSource.ValueType
+    """Where output_cap came from."""
     @_builtins.property
     def route_model(self) -> Global___RouteModel:
         """The learned route model the estimate used (its prior before any usage report)."""
@@ -711,10 +769,12 @@ class Budget(_message.Message):
         ledger_tokens: _builtins.int = ...,
         provider_overhead_tokens: _builtins.int = ...,
         route_model: Global___RouteModel | None = ...,
+        output_cap: _builtins.int = ...,
+        output_cap_source: Global___OutputCapSource.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["route_model", b"route_model"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_tokens", b"baseline_tokens", "context_window", b"context_window", "estimate_method", b"estimate_method", "estimated_input_tokens", b"estimated_input_tokens", "history_high_watermark", b"history_high_watermark", "input_budget", b"input_budget", "ledger_tokens", b"ledger_tokens", "output_reserve", b"output_reserve", "provider_overhead_tokens", b"provider_overhead_tokens", "route_model", b"route_model", "utilization", b"utilization", "window_unknown", b"window_unknown"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline_tokens", b"baseline_tokens", "context_window", b"context_window", "estimate_method", b"estimate_method", "estimated_input_tokens", b"estimated_input_tokens", "history_high_watermark", b"history_high_watermark", "input_budget", b"input_budget", "ledger_tokens", b"ledger_tokens", "output_cap", b"output_cap", "output_cap_source", b"output_cap_source", "output_reserve", b"output_reserve", "provider_overhead_tokens", b"provider_overhead_tokens", "route_model", b"route_model", "utilization", b"utilization", "window_unknown", b"window_unknown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

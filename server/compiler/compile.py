@@ -14,6 +14,7 @@ from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
 from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
+from server.compiler.output_cap import output_cap
 from server.compiler.projection import ImagePolicy, is_user_turn_start, project
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, build_source_sections
@@ -84,6 +85,8 @@ class CompileInputs:
     budget_config: BudgetConfig = field(default_factory=BudgetConfig)
     # Section digests of the session's previous compile, to report what changed.
     previous_sections: tuple[tuple[int, str], ...] | None = None
+    # The caller's own output cap for provider bodies, 0 when it gave none.
+    requested_max_output: int = 0
 
 
 def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
@@ -156,8 +159,33 @@ def select_tools(
     return tuple(out)
 
 
-def section_digests(sections: Sequence[SystemSection]) -> tuple[tuple[int, str], ...]:
-    return tuple((int(s.kind), hashlib.sha256(s.text.encode()).hexdigest()[:32]) for s in sections)
+def tools_digest(tools: Sequence[ViewTool]) -> str:
+    """The tool definitions as providers receive them, in order."""
+    h = hashlib.sha256()
+    for t in tools:
+        for text in (t.spec.name, t.spec.description, t.spec.input_schema_json):
+            h.update(f"{len(text.encode())}:".encode())
+            h.update(text.encode())
+    return h.hexdigest()
+
+
+def section_digests(
+    sections: Sequence[SystemSection], tools: Sequence[ViewTool] = ()
+) -> tuple[tuple[int, str], ...]:
+    digests = [(int(s.kind), hashlib.sha256(s.text.encode()).hexdigest()[:32]) for s in sections]
+    if tools:
+        digests.append((int(SectionKind.TOOLS), tools_digest(tools)[:32]))
+    return tuple(digests)
+
+
+def cache_prefix_digest(sections: Sequence[SystemSection], tools: Sequence[ViewTool]) -> str:
+    """Everything in front of the providers' cache breakpoints: the tools (first in
+    Anthropic bodies, part of the cached prefix at OpenAI and Gemini) and the stable
+    system sections. Without tools it is the stable sections' digest alone."""
+    stable = prefix_digest(sections)
+    if not tools:
+        return stable
+    return hashlib.sha256(f"{tools_digest(tools)}:{stable}".encode()).hexdigest()
 
 
 def changed_sections(
@@ -264,6 +292,13 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
             counter_kind=inputs.counter_kind.value,
         ),
     )
+    cap, cap_source, cap_note = output_cap(
+        inputs.limits,
+        inputs.requested_max_output,
+        budget.estimated_input_tokens,
+        inputs.budget_config,
+    )
+    budget = replace(budget, output_cap=cap, output_cap_source=cap_source)
     compaction = None
     if decision is not Decision.OK:
         ws = [m.first_seq for m in projection.messages if m.layer is Layer.WORKING_SET]
@@ -280,18 +315,23 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         route=inputs.route,
         system_sections=sections,
         system_prompt=join_sections(sections),
-        prefix_digest=prefix_digest(sections),
+        prefix_digest=cache_prefix_digest(sections, tools),
         messages=projection.messages,
         tools=tools,
         layers=layers,
         pressure_layer=pressure,
         budget=budget,
         decision=decision,
-        changed_sections=changed_sections(section_digests(sections), inputs.previous_sections),
+        changed_sections=changed_sections(
+            section_digests(sections, tools), inputs.previous_sections
+        ),
         provider_state=projection.native_state,
         fallback_reasons=inputs.fallback_reasons,
         checkpoint_id=inputs.checkpoint.checkpoint_id if inputs.checkpoint else "",
-        notes=built.notes + _scan_notes(named) + projection.notes,
+        notes=built.notes
+        + _scan_notes(named)
+        + projection.notes
+        + ((cap_note,) if cap_note else ()),
         basis=basis,
         compaction=compaction,
     )

@@ -9,7 +9,10 @@ Rules this module keeps:
 - every tool result has its call and every call has its result: missing halves are
   synthesized with the call's id, so provider APIs and caches never see a broken pair;
 - images are sent by reference or become an explicit note saying why not, never a
-  silent drop; browser elements are fenced as untrusted page content.
+  silent drop; browser elements are fenced as untrusted page content;
+- every provider can take the view as is: it opens with a user turn (OPENER when the
+  log starts otherwise), and every call's arguments are a JSON object (text that is
+  not one is wrapped as {"invalid_arguments": text}, with a note).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from server.compiler.provider_rules import opened, well_formed_calls
 from server.compiler.text import escape_fences
 from server.compiler.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
@@ -296,10 +300,12 @@ def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[Vi
         open_calls.clear()
 
     answered: set[str] = set()  # original ids answered since the last non-result message
+    seen: dict[str, ToolCall] = {}  # original id -> the latest call logged with it
     for m in messages:
         if m.role != Role.TOOL:
             close(m.layer)
             answered.clear()
+            seen.update((c.call_id, c) for c in m.tool_calls)
             shown = tuple(show(c) for c in m.tool_calls)
             open_calls.extend((c.call_id, s) for c, s in zip(m.tool_calls, shown, strict=True))
             if shown:
@@ -312,11 +318,12 @@ def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[Vi
             if m.tool_call_id in answered:
                 notes.append(f"dropped a second result for call {m.tool_call_id}")
                 continue
-            # The call is not in view (summarised away or never logged): restore it.
-            call = show(ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}"))
-            notes.append(
-                f"restored a call for result {m.tool_call_id}: its call is not in the view"
-            )
+            # The call's pair was closed early, or the call is not in view (summarised
+            # away or never logged): restore it, with its arguments when they are known.
+            logged = seen.get(m.tool_call_id)
+            call = show(logged or ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}"))
+            why = "its pair was closed early" if logged else "its call is not in the view"
+            notes.append(f"restored a call for result {m.tool_call_id}: {why}")
             if open_calls and block_start >= 0:
                 host = out[block_start]
                 out[block_start] = replace(host, tool_calls=(*host.tool_calls, call))
@@ -433,7 +440,7 @@ def project(
         replace(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
         for m in _merge_calls(raw)
     ]
-    paired = pair_tool_messages(layered, notes)
+    paired = opened(well_formed_calls(pair_tool_messages(layered, notes), notes))
     imaged = _apply_images(paired, images, notes)
     sized = tuple(with_tokens(m, message_tokens(m, counter)) for m in imaged)
     blobs = elided > 0 or any(

@@ -22,6 +22,9 @@ class SectionKind(enum.IntEnum):
     APPROVAL = 6
     MEMORY = 7
     ENVIRONMENT = 8
+    # Not a system prompt section: the tool definitions, reported among the changed
+    # sections because they sit in front of the system prompt in providers' caches.
+    TOOLS = 9
 
 
 class Layer(enum.IntEnum):
@@ -42,6 +45,13 @@ class EstimateMethod(enum.IntEnum):
     FULL = 1
     BASELINE_DELTA = 2
     ROUTE_MODEL = 3
+
+
+class OutputCapSource(enum.IntEnum):
+    CALLER = 1
+    MODEL_MAX = 2
+    DEFAULT = 3
+    FITTED_TO_WINDOW = 4
 
 
 class FallbackReason(enum.IntEnum):
@@ -140,6 +150,9 @@ class Budget:
     # ledger_tokens (negative when the provider counts fewer tokens than the ledger).
     provider_overhead_tokens: int = 0
     route: RouteParams | None = None
+    # The output cap written into provider bodies, and where it came from (output_cap.py).
+    output_cap: int = 0
+    output_cap_source: OutputCapSource | None = None
 
 
 @dataclass(frozen=True, slots=True)

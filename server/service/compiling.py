@@ -177,7 +177,7 @@ class CompileUseCases:
             estimated_input_tokens=view.budget.estimated_input_tokens,
             estimate_method=int(view.budget.estimate_method),
             create_time_ns=self._clock.now_ns(),
-            section_digests=section_digests(view.system_sections),
+            section_digests=section_digests(view.system_sections, view.tools),
             message_count=basis.message_count if basis else 0,
             messages_digest=basis.messages_digest if basis else "",
             fixed_tokens=basis.fixed_tokens if basis else 0,
@@ -206,10 +206,11 @@ class CompileUseCases:
         attachments: tuple[tuple[str, bytes], ...] = ()
         if opts.inline_images or opts.render_formats:
             attachments = self._materialize(opts.session_id, view)
+        # Renderers add no content of their own, so the view's estimate is the body's.
+        data = dict(attachments)
         renderings = tuple(
-            (fmt, body, view.budget.estimated_input_tokens + counter.count(added))
+            (fmt, render(view, fmt, data), view.budget.estimated_input_tokens)
             for fmt in opts.render_formats
-            for body, added in [render(view, fmt, dict(attachments))]
         )
         return CompileResult(view, attachments if opts.inline_images else (), renderings)
 
@@ -259,6 +260,7 @@ class CompileUseCases:
             budget_config=self._settings.budget,
             sources=sources,
             previous_sections=previous.section_digests if previous else None,
+            requested_max_output=opts.limits.max_output_tokens,
             tools=history.tools,
             activated_tools=history.activated,
             checkpoint=history.checkpoint,

@@ -21,12 +21,20 @@ from server.service.ports import EventStore
 # Names the providers accept for functions (OpenAI's rule is the strictest).
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RESERVED = {LOAD_RULE.name, READ_TOOL_RESULT.name, TOOL_SEARCH.name}
-MAX_TOOLS = 512
-MAX_DESCRIPTION = 8_192
-MAX_SCHEMA = 64 << 10
 # CPU seconds one search may spend over the whole result (not per line): RE2 scans
 # tens of MB a second, so only a pathological pattern on a huge result reaches it.
 SEARCH_BUDGET_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLimits:
+    """Abuse guards, configurable; defaults fit real agents' tool sets with room to spare
+    (Claude Code's shell tool alone has a ~9,000-character description)."""
+
+    max_tools: int = 512
+    max_description_chars: int = 65_536
+    max_schema_bytes: int = 256 << 10
+    max_schema_depth: int = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +51,7 @@ class Match:
     text: str
 
 
-def _depth(value: object, limit: int = 32) -> int:
+def _depth(value: object, limit: int) -> int:
     """Nesting depth of parsed JSON, stopping early past `limit`."""
     stack = [(value, 1)]
     deepest = 0
@@ -59,45 +67,60 @@ def _depth(value: object, limit: int = 32) -> int:
     return deepest
 
 
-def check_tool(i: int, spec: ToolSpec) -> None:
+def check_tool(i: int, spec: ToolSpec, limits: ToolLimits = ToolLimits()) -> None:
     field = f"tools[{i}]"
     if not _NAME.fullmatch(spec.name):
         raise invalid(f"{field}.name", "tool names are 1-64 characters of [A-Za-z0-9_-]")
     if spec.name in RESERVED:
         raise invalid(f"{field}.name", f"{spec.name} is a built-in tool of ctxcc")
-    if len(spec.description) > MAX_DESCRIPTION:
-        raise invalid(f"{field}.description", f"description is over {MAX_DESCRIPTION} characters")
-    if len(spec.input_schema_json) > MAX_SCHEMA:
-        raise invalid(f"{field}.input_schema_json", f"schema is over {MAX_SCHEMA} bytes")
+    if len(spec.description) > limits.max_description_chars:
+        raise invalid(
+            f"{field}.description",
+            f"description is over {limits.max_description_chars} characters "
+            "(max_tool_description_chars)",
+        )
+    if len(spec.input_schema_json.encode()) > limits.max_schema_bytes:
+        raise invalid(
+            f"{field}.input_schema_json",
+            f"schema is over {limits.max_schema_bytes} bytes (max_tool_schema_bytes)",
+        )
     try:
         schema = json.loads(spec.input_schema_json or "{}")
     except (ValueError, RecursionError):
         raise invalid(f"{field}.input_schema_json", "input_schema_json is not valid JSON") from None
     if not isinstance(schema, dict):
         raise invalid(f"{field}.input_schema_json", "input_schema_json must be a JSON object")
-    if _depth(schema) > 32:
-        raise invalid(f"{field}.input_schema_json", "input_schema_json nests deeper than 32")
+    if _depth(schema, limits.max_schema_depth) > limits.max_schema_depth:
+        raise invalid(
+            f"{field}.input_schema_json",
+            f"input_schema_json nests deeper than {limits.max_schema_depth} "
+            "(max_tool_schema_depth)",
+        )
 
 
 class ToolUseCases:
-    def __init__(self, store: EventStore, blocking: Blocking) -> None:
+    def __init__(
+        self, store: EventStore, blocking: Blocking, limits: ToolLimits = ToolLimits()
+    ) -> None:
         self._store = store
         self._blocking = blocking
+        self._limits = limits
 
     async def register(
         self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool
     ) -> int:
         check_id("session_id", session_id)
-        if len(specs) > MAX_TOOLS:
-            raise invalid("tools", f"at most {MAX_TOOLS} tools per session")
+        most = self._limits.max_tools
+        if len(specs) > most:
+            raise invalid("tools", f"at most {most} tools per session (max_tools)")
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise invalid("tools", "tool names repeat in one request")
         for i, spec in enumerate(specs):
-            check_tool(i, spec)
+            check_tool(i, spec, self._limits)
         count = await self._blocking.run(self._store.put_tools, session_id, specs, replace_all)
-        if count > MAX_TOOLS:
-            raise invalid("tools", f"at most {MAX_TOOLS} tools per session")
+        if count > most:
+            raise invalid("tools", f"at most {most} tools per session (max_tools)")
         return count
 
     async def list_tools(self, session_id: str) -> list[ToolSpec]:

@@ -38,6 +38,8 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
             raise invalid("approval_mode", f"unknown approval_mode {req.approval_mode}")
         approval = ApprovalMode(req.approval_mode)
     excluded = enums_in("exclude_sections", req.exclude_sections, SectionKind)
+    if SectionKind.TOOLS in excluded:
+        raise invalid("exclude_sections", "tools are not a system prompt section")
     formats = enums_in("render_formats", req.render_formats, RenderFormat)
     lim = req.limits
     limits = ModelLimits(
@@ -151,6 +153,8 @@ def view_out(
                 full_samples=b.route.full_samples,
                 counter_kind=b.route.counter_kind,
             ),
+            output_cap=b.output_cap,
+            output_cap_source=view_pb2.OutputCapSource.ValueType(int(b.output_cap_source or 0)),
         ),
         decision=view_pb2.Decision.ValueType(int(v.decision)),
         fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in v.fallback_reasons],

@@ -11,7 +11,8 @@ from typing import Any
 
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.projection import ImagePolicy
-from server.compiler.render import OPENER, RenderFormat, render
+from server.compiler.provider_rules import OPENER
+from server.compiler.render import RenderFormat, render
 from server.domain.model import (
     ArtifactRef,
     AssistantMessage,
@@ -61,7 +62,7 @@ V = view(
 
 
 def body(fmt: RenderFormat, v: Any = V) -> dict[str, Any]:
-    text, _ = render(v, fmt, DATA)
+    text = render(v, fmt, DATA)
     parsed: dict[str, Any] = json.loads(text)
     return parsed
 
@@ -147,8 +148,8 @@ def test_anthropic_messages() -> None:
 
 def test_anthropic_first_turn_is_always_user() -> None:
     v = view(AssistantMessage((ContentPart(text="hello"),)), UserMessage((ContentPart(text="hi"),)))
-    text, added = render(v, RenderFormat.ANTHROPIC_MESSAGES)
-    assert added == OPENER and json.loads(text)["messages"][0]["content"][0]["text"] == OPENER
+    text = render(v, RenderFormat.ANTHROPIC_MESSAGES)
+    assert json.loads(text)["messages"][0]["content"][0]["text"] == OPENER
 
 
 def test_gemini_generate_content() -> None:
@@ -162,18 +163,19 @@ def test_gemini_generate_content() -> None:
     }
     calls = [p["functionCall"] for p in b["contents"][1]["parts"] if "functionCall" in p]
     assert calls == [
-        {"name": "read", "args": {"path": "a.py"}},
-        {"name": "read", "args": {"path": "b.py"}},
+        {"id": "c1", "name": "read", "args": {"path": "a.py"}},
+        {"id": "c2", "name": "read", "args": {"path": "b.py"}},
     ]
     responses = [
         p["functionResponse"] for p in b["contents"][2]["parts"] if "functionResponse" in p
     ]
-    assert [r["name"] for r in responses] == ["read", "read"]
+    assert [(r["id"], r["name"]) for r in responses] == [("c1", "read"), ("c2", "read")]
+    assert [r["response"] for r in responses] == [{"output": "print(1)"}, {"error": "oops"}]
     assert b["tools"][0]["functionDeclarations"][0]["parameters"]["required"] == ["path"]
 
 
 def test_bodies_are_deterministic_and_images_by_reference_are_explained() -> None:
     for fmt in RenderFormat:
         assert render(V, fmt, DATA) == render(V, fmt, DATA)
-        text, _ = render(replace(V), fmt, {})  # no bytes: the reference is stated, not dropped
+        text = render(replace(V), fmt, {})  # no bytes: the reference is stated, not dropped
         assert "sent by reference only" in text

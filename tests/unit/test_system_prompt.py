@@ -98,7 +98,7 @@ def test_golden_prompt() -> None:
 def test_fixed_order_sources_scopes_and_authority() -> None:
     view = compile_view(inputs(), COUNTER)
     kinds = [s.kind for s in view.system_sections]
-    assert kinds == list(SectionKind)  # 1..8, every section present
+    assert kinds == [k for k in SectionKind if k is not SectionKind.TOOLS]  # 1..8, all present
     by = {s.kind: s for s in view.system_sections}
     assert by[SectionKind.KERNEL].authority is Authority.KERNEL
     assert by[SectionKind.APPROVAL].authority is Authority.KERNEL
@@ -208,13 +208,16 @@ def test_prefix_digest_stable_over_time_and_sensitive_to_memory() -> None:
     from server.compiler.compile import section_digests
 
     c = compile_view(
-        inputs(sources=changed_memory, previous_sections=section_digests(a.system_sections)),
+        inputs(
+            sources=changed_memory, previous_sections=section_digests(a.system_sections, a.tools)
+        ),
         COUNTER,
     )
     assert c.prefix_digest != a.prefix_digest
     assert c.changed_sections == (SectionKind.MEMORY,)
     d = compile_view(
-        inputs(environment=later, previous_sections=section_digests(a.system_sections)), COUNTER
+        inputs(environment=later, previous_sections=section_digests(a.system_sections, a.tools)),
+        COUNTER,
     )
     assert d.changed_sections == (SectionKind.ENVIRONMENT,)
 

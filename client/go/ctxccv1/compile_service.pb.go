@@ -140,7 +140,8 @@ type ModelLimits struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Context window in tokens, 0 to use the catalog.
 	ContextWindow uint32 `protobuf:"varint,1,opt,name=context_window,json=contextWindow,proto3" json:"context_window,omitempty"`
-	// Maximum output tokens, 0 to use the catalog.
+	// Maximum output tokens, 0 to use the catalog. When set, it is also the output cap
+	// of rendered provider bodies (lowered only to fit the window).
 	MaxOutputTokens uint32 `protobuf:"varint,2,opt,name=max_output_tokens,json=maxOutputTokens,proto3" json:"max_output_tokens,omitempty"`
 	// Maximum input tokens (a stricter cap, SPEC R-BUD-3), 0 for none.
 	MaxInputTokens uint32 `protobuf:"varint,3,opt,name=max_input_tokens,json=maxInputTokens,proto3" json:"max_input_tokens,omitempty"`

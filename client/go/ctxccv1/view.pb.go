@@ -43,6 +43,9 @@ const (
 	SectionKind_SECTION_KIND_MEMORY SectionKind = 7
 	// 8. Working directory, platform, shell and time (volatile, last).
 	SectionKind_SECTION_KIND_ENVIRONMENT SectionKind = 8
+	// Not a system prompt section: the tool definitions, reported in changed_sections
+	// because providers cache them in front of the system prompt. Cannot be excluded.
+	SectionKind_SECTION_KIND_TOOLS SectionKind = 9
 )
 
 // Enum value maps for SectionKind.
@@ -57,6 +60,7 @@ var (
 		6: "SECTION_KIND_APPROVAL",
 		7: "SECTION_KIND_MEMORY",
 		8: "SECTION_KIND_ENVIRONMENT",
+		9: "SECTION_KIND_TOOLS",
 	}
 	SectionKind_value = map[string]int32{
 		"SECTION_KIND_UNSPECIFIED":  0,
@@ -68,6 +72,7 @@ var (
 		"SECTION_KIND_APPROVAL":     6,
 		"SECTION_KIND_MEMORY":       7,
 		"SECTION_KIND_ENVIRONMENT":  8,
+		"SECTION_KIND_TOOLS":        9,
 	}
 )
 
@@ -228,6 +233,68 @@ func (ToolOrigin) EnumDescriptor() ([]byte, []int) {
 	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{2}
 }
 
+// OutputCapSource says how a view's output cap was chosen.
+type OutputCapSource int32
+
+const (
+	// Not set.
+	OutputCapSource_OUTPUT_CAP_SOURCE_UNSPECIFIED OutputCapSource = 0
+	// The caller's CompileRequest.limits.max_output_tokens.
+	OutputCapSource_OUTPUT_CAP_SOURCE_CALLER OutputCapSource = 1
+	// The model's maximum output from the model catalog.
+	OutputCapSource_OUTPUT_CAP_SOURCE_MODEL_MAX OutputCapSource = 2
+	// The model's maximum is unknown: the daemon's default (16,384).
+	OutputCapSource_OUTPUT_CAP_SOURCE_DEFAULT OutputCapSource = 3
+	// Lowered so that the estimated input and the output fit the context window; the
+	// view's notes give the value it was lowered from.
+	OutputCapSource_OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW OutputCapSource = 4
+)
+
+// Enum value maps for OutputCapSource.
+var (
+	OutputCapSource_name = map[int32]string{
+		0: "OUTPUT_CAP_SOURCE_UNSPECIFIED",
+		1: "OUTPUT_CAP_SOURCE_CALLER",
+		2: "OUTPUT_CAP_SOURCE_MODEL_MAX",
+		3: "OUTPUT_CAP_SOURCE_DEFAULT",
+		4: "OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW",
+	}
+	OutputCapSource_value = map[string]int32{
+		"OUTPUT_CAP_SOURCE_UNSPECIFIED":      0,
+		"OUTPUT_CAP_SOURCE_CALLER":           1,
+		"OUTPUT_CAP_SOURCE_MODEL_MAX":        2,
+		"OUTPUT_CAP_SOURCE_DEFAULT":          3,
+		"OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW": 4,
+	}
+)
+
+func (x OutputCapSource) Enum() *OutputCapSource {
+	p := new(OutputCapSource)
+	*p = x
+	return p
+}
+
+func (x OutputCapSource) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OutputCapSource) Descriptor() protoreflect.EnumDescriptor {
+	return file_ctxcc_v1_view_proto_enumTypes[3].Descriptor()
+}
+
+func (OutputCapSource) Type() protoreflect.EnumType {
+	return &file_ctxcc_v1_view_proto_enumTypes[3]
+}
+
+func (x OutputCapSource) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OutputCapSource.Descriptor instead.
+func (OutputCapSource) EnumDescriptor() ([]byte, []int) {
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{3}
+}
+
 // EstimateMethod says how an estimate was made.
 type EstimateMethod int32
 
@@ -271,11 +338,11 @@ func (x EstimateMethod) String() string {
 }
 
 func (EstimateMethod) Descriptor() protoreflect.EnumDescriptor {
-	return file_ctxcc_v1_view_proto_enumTypes[3].Descriptor()
+	return file_ctxcc_v1_view_proto_enumTypes[4].Descriptor()
 }
 
 func (EstimateMethod) Type() protoreflect.EnumType {
-	return &file_ctxcc_v1_view_proto_enumTypes[3]
+	return &file_ctxcc_v1_view_proto_enumTypes[4]
 }
 
 func (x EstimateMethod) Number() protoreflect.EnumNumber {
@@ -284,7 +351,7 @@ func (x EstimateMethod) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EstimateMethod.Descriptor instead.
 func (EstimateMethod) EnumDescriptor() ([]byte, []int) {
-	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{3}
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{4}
 }
 
 // Decision is the compiler's advice; the view is always returned (SPEC R-EST-4).
@@ -328,11 +395,11 @@ func (x Decision) String() string {
 }
 
 func (Decision) Descriptor() protoreflect.EnumDescriptor {
-	return file_ctxcc_v1_view_proto_enumTypes[4].Descriptor()
+	return file_ctxcc_v1_view_proto_enumTypes[5].Descriptor()
 }
 
 func (Decision) Type() protoreflect.EnumType {
-	return &file_ctxcc_v1_view_proto_enumTypes[4]
+	return &file_ctxcc_v1_view_proto_enumTypes[5]
 }
 
 func (x Decision) Number() protoreflect.EnumNumber {
@@ -341,7 +408,7 @@ func (x Decision) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Decision.Descriptor instead.
 func (Decision) EnumDescriptor() ([]byte, []int) {
-	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{4}
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{5}
 }
 
 // FallbackReason says why the projection used the canonical history (SPEC R-HIST-3).
@@ -393,11 +460,11 @@ func (x FallbackReason) String() string {
 }
 
 func (FallbackReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_ctxcc_v1_view_proto_enumTypes[5].Descriptor()
+	return file_ctxcc_v1_view_proto_enumTypes[6].Descriptor()
 }
 
 func (FallbackReason) Type() protoreflect.EnumType {
-	return &file_ctxcc_v1_view_proto_enumTypes[5]
+	return &file_ctxcc_v1_view_proto_enumTypes[6]
 }
 
 func (x FallbackReason) Number() protoreflect.EnumNumber {
@@ -406,7 +473,7 @@ func (x FallbackReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FallbackReason.Descriptor instead.
 func (FallbackReason) EnumDescriptor() ([]byte, []int) {
-	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{5}
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{6}
 }
 
 // RenderFormat names provider request formats.
@@ -454,11 +521,11 @@ func (x RenderFormat) String() string {
 }
 
 func (RenderFormat) Descriptor() protoreflect.EnumDescriptor {
-	return file_ctxcc_v1_view_proto_enumTypes[6].Descriptor()
+	return file_ctxcc_v1_view_proto_enumTypes[7].Descriptor()
 }
 
 func (RenderFormat) Type() protoreflect.EnumType {
-	return &file_ctxcc_v1_view_proto_enumTypes[6]
+	return &file_ctxcc_v1_view_proto_enumTypes[7]
 }
 
 func (x RenderFormat) Number() protoreflect.EnumNumber {
@@ -467,7 +534,7 @@ func (x RenderFormat) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RenderFormat.Descriptor instead.
 func (RenderFormat) EnumDescriptor() ([]byte, []int) {
-	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{6}
+	return file_ctxcc_v1_view_proto_rawDescGZIP(), []int{7}
 }
 
 // CompiledView is the exact, immutable request view of one step (SPEC R-STEP-2).
@@ -487,9 +554,12 @@ type CompiledView struct {
 	SystemSections []*SystemSection `protobuf:"bytes,6,rep,name=system_sections,json=systemSections,proto3" json:"system_sections,omitempty"`
 	// The sections joined, exactly as they should be sent.
 	SystemPrompt string `protobuf:"bytes,7,opt,name=system_prompt,json=systemPrompt,proto3" json:"system_prompt,omitempty"`
-	// Lower-case hex sha256 of the stable sections (all but the volatile environment).
+	// Lower-case hex sha256 of everything in front of the providers' prompt-cache
+	// breakpoints: the tool definitions and the stable sections (all but the volatile
+	// environment). When it changes, provider prompt caches miss.
 	PrefixDigest string `protobuf:"bytes,8,opt,name=prefix_digest,json=prefixDigest,proto3" json:"prefix_digest,omitempty"`
-	// Sections whose content changed since the previous compile of the session.
+	// Sections whose content changed since the previous compile of the session;
+	// SECTION_KIND_TOOLS when the tool definitions offered changed.
 	ChangedSections []SectionKind `protobuf:"varint,9,rep,packed,name=changed_sections,json=changedSections,proto3,enum=ctxcc.v1.SectionKind" json:"changed_sections,omitempty"`
 	// History projection and working set, in order.
 	Messages []*ViewMessage `protobuf:"bytes,10,rep,name=messages,proto3" json:"messages,omitempty"`
@@ -1259,9 +1329,15 @@ type Budget struct {
 	// provider counts fewer tokens than the local ledger.
 	ProviderOverheadTokens int64 `protobuf:"varint,11,opt,name=provider_overhead_tokens,json=providerOverheadTokens,proto3" json:"provider_overhead_tokens,omitempty"`
 	// The learned route model the estimate used (its prior before any usage report).
-	RouteModel    *RouteModel `protobuf:"bytes,12,opt,name=route_model,json=routeModel,proto3" json:"route_model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RouteModel *RouteModel `protobuf:"bytes,12,opt,name=route_model,json=routeModel,proto3" json:"route_model,omitempty"`
+	// The output cap written into rendered provider bodies (max_tokens,
+	// max_completion_tokens, max_output_tokens, maxOutputTokens). Unlike output_reserve,
+	// a local budgeting figure, it never shrinks after a short reply.
+	OutputCap uint32 `protobuf:"varint,13,opt,name=output_cap,json=outputCap,proto3" json:"output_cap,omitempty"`
+	// Where output_cap came from.
+	OutputCapSource OutputCapSource `protobuf:"varint,14,opt,name=output_cap_source,json=outputCapSource,proto3,enum=ctxcc.v1.OutputCapSource" json:"output_cap_source,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Budget) Reset() {
@@ -1376,6 +1452,20 @@ func (x *Budget) GetRouteModel() *RouteModel {
 		return x.RouteModel
 	}
 	return nil
+}
+
+func (x *Budget) GetOutputCap() uint32 {
+	if x != nil {
+		return x.OutputCap
+	}
+	return 0
+}
+
+func (x *Budget) GetOutputCapSource() OutputCapSource {
+	if x != nil {
+		return x.OutputCapSource
+	}
+	return OutputCapSource_OUTPUT_CAP_SOURCE_UNSPECIFIED
 }
 
 // RouteModel is what usage reports on a route (any session) taught the daemon:
@@ -1677,7 +1767,7 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\vLayerTokens\x12%\n" +
 	"\x05layer\x18\x01 \x01(\x0e2\x0f.ctxcc.v1.LayerR\x05layer\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\rR\x06tokens\x12\x14\n" +
-	"\x05items\x18\x03 \x01(\rR\x05items\"\xb0\x04\n" +
+	"\x05items\x18\x03 \x01(\rR\x05items\"\x96\x05\n" +
 	"\x06Budget\x12%\n" +
 	"\x0econtext_window\x18\x01 \x01(\rR\rcontextWindow\x12%\n" +
 	"\x0eoutput_reserve\x18\x02 \x01(\rR\routputReserve\x12!\n" +
@@ -1692,7 +1782,10 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	" \x01(\rR\fledgerTokens\x128\n" +
 	"\x18provider_overhead_tokens\x18\v \x01(\x03R\x16providerOverheadTokens\x125\n" +
 	"\vroute_model\x18\f \x01(\v2\x14.ctxcc.v1.RouteModelR\n" +
-	"routeModel\"\xb6\x01\n" +
+	"routeModel\x12\x1d\n" +
+	"\n" +
+	"output_cap\x18\r \x01(\rR\toutputCap\x12E\n" +
+	"\x11output_cap_source\x18\x0e \x01(\x0e2\x19.ctxcc.v1.OutputCapSourceR\x0foutputCapSource\"\xb6\x01\n" +
 	"\n" +
 	"RouteModel\x12\x14\n" +
 	"\x05ratio\x18\x01 \x01(\x01R\x05ratio\x12'\n" +
@@ -1709,7 +1802,7 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\x11ProviderRendering\x12.\n" +
 	"\x06format\x18\x01 \x01(\x0e2\x16.ctxcc.v1.RenderFormatR\x06format\x12\x1b\n" +
 	"\tbody_json\x18\x02 \x01(\tR\bbodyJson\x124\n" +
-	"\x16estimated_input_tokens\x18\x03 \x01(\rR\x14estimatedInputTokens*\x83\x02\n" +
+	"\x16estimated_input_tokens\x18\x03 \x01(\rR\x14estimatedInputTokens*\x9b\x02\n" +
 	"\vSectionKind\x12\x1c\n" +
 	"\x18SECTION_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13SECTION_KIND_KERNEL\x10\x01\x12\x1d\n" +
@@ -1719,7 +1812,8 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\x17SECTION_KIND_RULE_INDEX\x10\x05\x12\x19\n" +
 	"\x15SECTION_KIND_APPROVAL\x10\x06\x12\x17\n" +
 	"\x13SECTION_KIND_MEMORY\x10\a\x12\x1c\n" +
-	"\x18SECTION_KIND_ENVIRONMENT\x10\b*\x89\x01\n" +
+	"\x18SECTION_KIND_ENVIRONMENT\x10\b\x12\x16\n" +
+	"\x12SECTION_KIND_TOOLS\x10\t*\x89\x01\n" +
 	"\x05Layer\x12\x15\n" +
 	"\x11LAYER_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fLAYER_PINNED\x10\x01\x12\x11\n" +
@@ -1734,7 +1828,13 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"\x15TOOL_ORIGIN_ACTIVATED\x10\x02\x12#\n" +
 	"\x1fTOOL_ORIGIN_BUILTIN_TOOL_SEARCH\x10\x03\x12(\n" +
 	"$TOOL_ORIGIN_BUILTIN_READ_TOOL_RESULT\x10\x04\x12!\n" +
-	"\x1dTOOL_ORIGIN_BUILTIN_LOAD_RULE\x10\x05*\x90\x01\n" +
+	"\x1dTOOL_ORIGIN_BUILTIN_LOAD_RULE\x10\x05*\xba\x01\n" +
+	"\x0fOutputCapSource\x12!\n" +
+	"\x1dOUTPUT_CAP_SOURCE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18OUTPUT_CAP_SOURCE_CALLER\x10\x01\x12\x1f\n" +
+	"\x1bOUTPUT_CAP_SOURCE_MODEL_MAX\x10\x02\x12\x1d\n" +
+	"\x19OUTPUT_CAP_SOURCE_DEFAULT\x10\x03\x12&\n" +
+	"\"OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW\x10\x04*\x90\x01\n" +
 	"\x0eEstimateMethod\x12\x1f\n" +
 	"\x1bESTIMATE_METHOD_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ESTIMATE_METHOD_FULL\x10\x01\x12\"\n" +
@@ -1771,71 +1871,73 @@ func file_ctxcc_v1_view_proto_rawDescGZIP() []byte {
 	return file_ctxcc_v1_view_proto_rawDescData
 }
 
-var file_ctxcc_v1_view_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_ctxcc_v1_view_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
 var file_ctxcc_v1_view_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_ctxcc_v1_view_proto_goTypes = []any{
 	(SectionKind)(0),            // 0: ctxcc.v1.SectionKind
 	(Layer)(0),                  // 1: ctxcc.v1.Layer
 	(ToolOrigin)(0),             // 2: ctxcc.v1.ToolOrigin
-	(EstimateMethod)(0),         // 3: ctxcc.v1.EstimateMethod
-	(Decision)(0),               // 4: ctxcc.v1.Decision
-	(FallbackReason)(0),         // 5: ctxcc.v1.FallbackReason
-	(RenderFormat)(0),           // 6: ctxcc.v1.RenderFormat
-	(*CompiledView)(nil),        // 7: ctxcc.v1.CompiledView
-	(*SystemSection)(nil),       // 8: ctxcc.v1.SystemSection
-	(*ViewMessage)(nil),         // 9: ctxcc.v1.ViewMessage
-	(*ViewPart)(nil),            // 10: ctxcc.v1.ViewPart
-	(*ViewAttachment)(nil),      // 11: ctxcc.v1.ViewAttachment
-	(*ViewTool)(nil),            // 12: ctxcc.v1.ViewTool
-	(*LayerTokens)(nil),         // 13: ctxcc.v1.LayerTokens
-	(*Budget)(nil),              // 14: ctxcc.v1.Budget
-	(*RouteModel)(nil),          // 15: ctxcc.v1.RouteModel
-	(*CompactionRequest)(nil),   // 16: ctxcc.v1.CompactionRequest
-	(*ProviderRendering)(nil),   // 17: ctxcc.v1.ProviderRendering
-	(*Route)(nil),               // 18: ctxcc.v1.Route
-	(*ProviderNativeState)(nil), // 19: ctxcc.v1.ProviderNativeState
-	(Scope)(0),                  // 20: ctxcc.v1.Scope
-	(Authority)(0),              // 21: ctxcc.v1.Authority
-	(MessageRole)(0),            // 22: ctxcc.v1.MessageRole
-	(*ToolCall)(nil),            // 23: ctxcc.v1.ToolCall
-	(*ArtifactRef)(nil),         // 24: ctxcc.v1.ArtifactRef
-	(*ToolDefinition)(nil),      // 25: ctxcc.v1.ToolDefinition
+	(OutputCapSource)(0),        // 3: ctxcc.v1.OutputCapSource
+	(EstimateMethod)(0),         // 4: ctxcc.v1.EstimateMethod
+	(Decision)(0),               // 5: ctxcc.v1.Decision
+	(FallbackReason)(0),         // 6: ctxcc.v1.FallbackReason
+	(RenderFormat)(0),           // 7: ctxcc.v1.RenderFormat
+	(*CompiledView)(nil),        // 8: ctxcc.v1.CompiledView
+	(*SystemSection)(nil),       // 9: ctxcc.v1.SystemSection
+	(*ViewMessage)(nil),         // 10: ctxcc.v1.ViewMessage
+	(*ViewPart)(nil),            // 11: ctxcc.v1.ViewPart
+	(*ViewAttachment)(nil),      // 12: ctxcc.v1.ViewAttachment
+	(*ViewTool)(nil),            // 13: ctxcc.v1.ViewTool
+	(*LayerTokens)(nil),         // 14: ctxcc.v1.LayerTokens
+	(*Budget)(nil),              // 15: ctxcc.v1.Budget
+	(*RouteModel)(nil),          // 16: ctxcc.v1.RouteModel
+	(*CompactionRequest)(nil),   // 17: ctxcc.v1.CompactionRequest
+	(*ProviderRendering)(nil),   // 18: ctxcc.v1.ProviderRendering
+	(*Route)(nil),               // 19: ctxcc.v1.Route
+	(*ProviderNativeState)(nil), // 20: ctxcc.v1.ProviderNativeState
+	(Scope)(0),                  // 21: ctxcc.v1.Scope
+	(Authority)(0),              // 22: ctxcc.v1.Authority
+	(MessageRole)(0),            // 23: ctxcc.v1.MessageRole
+	(*ToolCall)(nil),            // 24: ctxcc.v1.ToolCall
+	(*ArtifactRef)(nil),         // 25: ctxcc.v1.ArtifactRef
+	(*ToolDefinition)(nil),      // 26: ctxcc.v1.ToolDefinition
 }
 var file_ctxcc_v1_view_proto_depIdxs = []int32{
-	18, // 0: ctxcc.v1.CompiledView.route:type_name -> ctxcc.v1.Route
-	8,  // 1: ctxcc.v1.CompiledView.system_sections:type_name -> ctxcc.v1.SystemSection
+	19, // 0: ctxcc.v1.CompiledView.route:type_name -> ctxcc.v1.Route
+	9,  // 1: ctxcc.v1.CompiledView.system_sections:type_name -> ctxcc.v1.SystemSection
 	0,  // 2: ctxcc.v1.CompiledView.changed_sections:type_name -> ctxcc.v1.SectionKind
-	9,  // 3: ctxcc.v1.CompiledView.messages:type_name -> ctxcc.v1.ViewMessage
-	12, // 4: ctxcc.v1.CompiledView.tools:type_name -> ctxcc.v1.ViewTool
-	19, // 5: ctxcc.v1.CompiledView.provider_state:type_name -> ctxcc.v1.ProviderNativeState
-	13, // 6: ctxcc.v1.CompiledView.layers:type_name -> ctxcc.v1.LayerTokens
+	10, // 3: ctxcc.v1.CompiledView.messages:type_name -> ctxcc.v1.ViewMessage
+	13, // 4: ctxcc.v1.CompiledView.tools:type_name -> ctxcc.v1.ViewTool
+	20, // 5: ctxcc.v1.CompiledView.provider_state:type_name -> ctxcc.v1.ProviderNativeState
+	14, // 6: ctxcc.v1.CompiledView.layers:type_name -> ctxcc.v1.LayerTokens
 	1,  // 7: ctxcc.v1.CompiledView.pressure_layer:type_name -> ctxcc.v1.Layer
-	14, // 8: ctxcc.v1.CompiledView.budget:type_name -> ctxcc.v1.Budget
-	4,  // 9: ctxcc.v1.CompiledView.decision:type_name -> ctxcc.v1.Decision
-	5,  // 10: ctxcc.v1.CompiledView.fallback_reasons:type_name -> ctxcc.v1.FallbackReason
-	16, // 11: ctxcc.v1.CompiledView.compaction:type_name -> ctxcc.v1.CompactionRequest
-	17, // 12: ctxcc.v1.CompiledView.renderings:type_name -> ctxcc.v1.ProviderRendering
+	15, // 8: ctxcc.v1.CompiledView.budget:type_name -> ctxcc.v1.Budget
+	5,  // 9: ctxcc.v1.CompiledView.decision:type_name -> ctxcc.v1.Decision
+	6,  // 10: ctxcc.v1.CompiledView.fallback_reasons:type_name -> ctxcc.v1.FallbackReason
+	17, // 11: ctxcc.v1.CompiledView.compaction:type_name -> ctxcc.v1.CompactionRequest
+	18, // 12: ctxcc.v1.CompiledView.renderings:type_name -> ctxcc.v1.ProviderRendering
 	0,  // 13: ctxcc.v1.SystemSection.kind:type_name -> ctxcc.v1.SectionKind
-	20, // 14: ctxcc.v1.SystemSection.scope:type_name -> ctxcc.v1.Scope
-	21, // 15: ctxcc.v1.SystemSection.authority:type_name -> ctxcc.v1.Authority
-	22, // 16: ctxcc.v1.ViewMessage.role:type_name -> ctxcc.v1.MessageRole
-	10, // 17: ctxcc.v1.ViewMessage.parts:type_name -> ctxcc.v1.ViewPart
-	23, // 18: ctxcc.v1.ViewMessage.tool_calls:type_name -> ctxcc.v1.ToolCall
+	21, // 14: ctxcc.v1.SystemSection.scope:type_name -> ctxcc.v1.Scope
+	22, // 15: ctxcc.v1.SystemSection.authority:type_name -> ctxcc.v1.Authority
+	23, // 16: ctxcc.v1.ViewMessage.role:type_name -> ctxcc.v1.MessageRole
+	11, // 17: ctxcc.v1.ViewMessage.parts:type_name -> ctxcc.v1.ViewPart
+	24, // 18: ctxcc.v1.ViewMessage.tool_calls:type_name -> ctxcc.v1.ToolCall
 	1,  // 19: ctxcc.v1.ViewMessage.layer:type_name -> ctxcc.v1.Layer
-	11, // 20: ctxcc.v1.ViewPart.attachment:type_name -> ctxcc.v1.ViewAttachment
-	21, // 21: ctxcc.v1.ViewPart.authority:type_name -> ctxcc.v1.Authority
-	24, // 22: ctxcc.v1.ViewAttachment.ref:type_name -> ctxcc.v1.ArtifactRef
-	25, // 23: ctxcc.v1.ViewTool.definition:type_name -> ctxcc.v1.ToolDefinition
+	12, // 20: ctxcc.v1.ViewPart.attachment:type_name -> ctxcc.v1.ViewAttachment
+	22, // 21: ctxcc.v1.ViewPart.authority:type_name -> ctxcc.v1.Authority
+	25, // 22: ctxcc.v1.ViewAttachment.ref:type_name -> ctxcc.v1.ArtifactRef
+	26, // 23: ctxcc.v1.ViewTool.definition:type_name -> ctxcc.v1.ToolDefinition
 	2,  // 24: ctxcc.v1.ViewTool.origin:type_name -> ctxcc.v1.ToolOrigin
 	1,  // 25: ctxcc.v1.LayerTokens.layer:type_name -> ctxcc.v1.Layer
-	3,  // 26: ctxcc.v1.Budget.estimate_method:type_name -> ctxcc.v1.EstimateMethod
-	15, // 27: ctxcc.v1.Budget.route_model:type_name -> ctxcc.v1.RouteModel
-	6,  // 28: ctxcc.v1.ProviderRendering.format:type_name -> ctxcc.v1.RenderFormat
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	4,  // 26: ctxcc.v1.Budget.estimate_method:type_name -> ctxcc.v1.EstimateMethod
+	16, // 27: ctxcc.v1.Budget.route_model:type_name -> ctxcc.v1.RouteModel
+	3,  // 28: ctxcc.v1.Budget.output_cap_source:type_name -> ctxcc.v1.OutputCapSource
+	7,  // 29: ctxcc.v1.ProviderRendering.format:type_name -> ctxcc.v1.RenderFormat
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_view_proto_init() }
@@ -1855,7 +1957,7 @@ func file_ctxcc_v1_view_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctxcc_v1_view_proto_rawDesc), len(file_ctxcc_v1_view_proto_rawDesc)),
-			NumEnums:      7,
+			NumEnums:      8,
 			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -141,7 +141,10 @@ export function imageModeToJSON(object: ImageMode): string {
 export interface ModelLimits {
   /** Context window in tokens, 0 to use the catalog. */
   contextWindow: number;
-  /** Maximum output tokens, 0 to use the catalog. */
+  /**
+   * Maximum output tokens, 0 to use the catalog. When set, it is also the output cap
+   * of rendered provider bodies (lowered only to fit the window).
+   */
   maxOutputTokens: number;
   /** Maximum input tokens (a stricter cap, SPEC R-BUD-3), 0 for none. */
   maxInputTokens: number;

@@ -45,6 +45,11 @@ export enum SectionKind {
   SECTION_KIND_MEMORY = 7,
   /** SECTION_KIND_ENVIRONMENT - 8. Working directory, platform, shell and time (volatile, last). */
   SECTION_KIND_ENVIRONMENT = 8,
+  /**
+   * SECTION_KIND_TOOLS - Not a system prompt section: the tool definitions, reported in changed_sections
+   * because providers cache them in front of the system prompt. Cannot be excluded.
+   */
+  SECTION_KIND_TOOLS = 9,
   UNRECOGNIZED = -1,
 }
 
@@ -77,6 +82,9 @@ export function sectionKindFromJSON(object: any): SectionKind {
     case 8:
     case "SECTION_KIND_ENVIRONMENT":
       return SectionKind.SECTION_KIND_ENVIRONMENT;
+    case 9:
+    case "SECTION_KIND_TOOLS":
+      return SectionKind.SECTION_KIND_TOOLS;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -104,6 +112,8 @@ export function sectionKindToJSON(object: SectionKind): string {
       return "SECTION_KIND_MEMORY";
     case SectionKind.SECTION_KIND_ENVIRONMENT:
       return "SECTION_KIND_ENVIRONMENT";
+    case SectionKind.SECTION_KIND_TOOLS:
+      return "SECTION_KIND_TOOLS";
     case SectionKind.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -233,6 +243,66 @@ export function toolOriginToJSON(object: ToolOrigin): string {
     case ToolOrigin.TOOL_ORIGIN_BUILTIN_LOAD_RULE:
       return "TOOL_ORIGIN_BUILTIN_LOAD_RULE";
     case ToolOrigin.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** OutputCapSource says how a view's output cap was chosen. */
+export enum OutputCapSource {
+  /** OUTPUT_CAP_SOURCE_UNSPECIFIED - Not set. */
+  OUTPUT_CAP_SOURCE_UNSPECIFIED = 0,
+  /** OUTPUT_CAP_SOURCE_CALLER - The caller's CompileRequest.limits.max_output_tokens. */
+  OUTPUT_CAP_SOURCE_CALLER = 1,
+  /** OUTPUT_CAP_SOURCE_MODEL_MAX - The model's maximum output from the model catalog. */
+  OUTPUT_CAP_SOURCE_MODEL_MAX = 2,
+  /** OUTPUT_CAP_SOURCE_DEFAULT - The model's maximum is unknown: the daemon's default (16,384). */
+  OUTPUT_CAP_SOURCE_DEFAULT = 3,
+  /**
+   * OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW - Lowered so that the estimated input and the output fit the context window; the
+   * view's notes give the value it was lowered from.
+   */
+  OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW = 4,
+  UNRECOGNIZED = -1,
+}
+
+export function outputCapSourceFromJSON(object: any): OutputCapSource {
+  switch (object) {
+    case 0:
+    case "OUTPUT_CAP_SOURCE_UNSPECIFIED":
+      return OutputCapSource.OUTPUT_CAP_SOURCE_UNSPECIFIED;
+    case 1:
+    case "OUTPUT_CAP_SOURCE_CALLER":
+      return OutputCapSource.OUTPUT_CAP_SOURCE_CALLER;
+    case 2:
+    case "OUTPUT_CAP_SOURCE_MODEL_MAX":
+      return OutputCapSource.OUTPUT_CAP_SOURCE_MODEL_MAX;
+    case 3:
+    case "OUTPUT_CAP_SOURCE_DEFAULT":
+      return OutputCapSource.OUTPUT_CAP_SOURCE_DEFAULT;
+    case 4:
+    case "OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW":
+      return OutputCapSource.OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return OutputCapSource.UNRECOGNIZED;
+  }
+}
+
+export function outputCapSourceToJSON(object: OutputCapSource): string {
+  switch (object) {
+    case OutputCapSource.OUTPUT_CAP_SOURCE_UNSPECIFIED:
+      return "OUTPUT_CAP_SOURCE_UNSPECIFIED";
+    case OutputCapSource.OUTPUT_CAP_SOURCE_CALLER:
+      return "OUTPUT_CAP_SOURCE_CALLER";
+    case OutputCapSource.OUTPUT_CAP_SOURCE_MODEL_MAX:
+      return "OUTPUT_CAP_SOURCE_MODEL_MAX";
+    case OutputCapSource.OUTPUT_CAP_SOURCE_DEFAULT:
+      return "OUTPUT_CAP_SOURCE_DEFAULT";
+    case OutputCapSource.OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW:
+      return "OUTPUT_CAP_SOURCE_FITTED_TO_WINDOW";
+    case OutputCapSource.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
   }
@@ -483,9 +553,16 @@ export interface CompiledView {
   systemSections: SystemSection[];
   /** The sections joined, exactly as they should be sent. */
   systemPrompt: string;
-  /** Lower-case hex sha256 of the stable sections (all but the volatile environment). */
+  /**
+   * Lower-case hex sha256 of everything in front of the providers' prompt-cache
+   * breakpoints: the tool definitions and the stable sections (all but the volatile
+   * environment). When it changes, provider prompt caches miss.
+   */
   prefixDigest: string;
-  /** Sections whose content changed since the previous compile of the session. */
+  /**
+   * Sections whose content changed since the previous compile of the session;
+   * SECTION_KIND_TOOLS when the tool definitions offered changed.
+   */
   changedSections: SectionKind[];
   /** History projection and working set, in order. */
   messages: ViewMessage[];
@@ -647,7 +724,17 @@ export interface Budget {
    */
   providerOverheadTokens: number;
   /** The learned route model the estimate used (its prior before any usage report). */
-  routeModel?: RouteModel | undefined;
+  routeModel?:
+    | RouteModel
+    | undefined;
+  /**
+   * The output cap written into rendered provider bodies (max_tokens,
+   * max_completion_tokens, max_output_tokens, maxOutputTokens). Unlike output_reserve,
+   * a local budgeting figure, it never shrinks after a short reply.
+   */
+  outputCap: number;
+  /** Where output_cap came from. */
+  outputCapSource: OutputCapSource;
 }
 
 /**
@@ -2080,6 +2167,8 @@ function createBaseBudget(): Budget {
     ledgerTokens: 0,
     providerOverheadTokens: 0,
     routeModel: undefined,
+    outputCap: 0,
+    outputCapSource: 0,
   };
 }
 
@@ -2120,6 +2209,12 @@ export const Budget: MessageFns<Budget> = {
     }
     if (message.routeModel !== undefined) {
       RouteModel.encode(message.routeModel, writer.uint32(98).fork()).join();
+    }
+    if (message.outputCap !== 0) {
+      writer.uint32(104).uint32(message.outputCap);
+    }
+    if (message.outputCapSource !== 0) {
+      writer.uint32(112).int32(message.outputCapSource);
     }
     return writer;
   },
@@ -2233,6 +2328,22 @@ export const Budget: MessageFns<Budget> = {
             message.routeModel = RouteModel.decode(reader, reader.uint32());
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.outputCap = reader.uint32();
+            continue;
+          }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.outputCapSource = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2303,6 +2414,16 @@ export const Budget: MessageFns<Budget> = {
         : isSet(object.route_model)
         ? RouteModel.fromJSON(object.route_model)
         : undefined,
+      outputCap: isSet(object.outputCap)
+        ? globalThis.Number(object.outputCap)
+        : isSet(object.output_cap)
+        ? globalThis.Number(object.output_cap)
+        : 0,
+      outputCapSource: isSet(object.outputCapSource)
+        ? outputCapSourceFromJSON(object.outputCapSource)
+        : isSet(object.output_cap_source)
+        ? outputCapSourceFromJSON(object.output_cap_source)
+        : 0,
     };
   },
 
@@ -2344,6 +2465,12 @@ export const Budget: MessageFns<Budget> = {
     if (message.routeModel !== undefined) {
       obj.routeModel = RouteModel.toJSON(message.routeModel);
     }
+    if (message.outputCap !== 0) {
+      obj.outputCap = Math.round(message.outputCap);
+    }
+    if (message.outputCapSource !== 0) {
+      obj.outputCapSource = outputCapSourceToJSON(message.outputCapSource);
+    }
     return obj;
   },
 
@@ -2366,6 +2493,8 @@ export const Budget: MessageFns<Budget> = {
     message.routeModel = (object.routeModel !== undefined && object.routeModel !== null)
       ? RouteModel.fromPartial(object.routeModel)
       : undefined;
+    message.outputCap = object.outputCap ?? 0;
+    message.outputCapSource = object.outputCapSource ?? 0;
     return message;
   },
 };

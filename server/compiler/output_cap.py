@@ -1,0 +1,40 @@
+"""The output cap written into provider bodies (`max_tokens`, `max_output_tokens`, ...).
+
+It is not the output reserve of R-BUD-1/2: that reserve is a local scheduling figure
+(R-BUD-5) that shrinks to twice the last reply, and a provider cap that small would
+truncate the next, longer answer. The cap is:
+- the caller's explicit `max_output_tokens`, if it gave one (CALLER);
+- else the model's maximum output from the catalog (MODEL_MAX);
+- else, the maximum unknown, the unknown-window output reserve (DEFAULT);
+lowered only when the window is known and estimated input + cap would not fit in it
+(FITTED_TO_WINDOW), never below FLOOR: a request that far over is the provider's call
+(R-EST-4), and a tiny cap would only hide that.
+"""
+
+from __future__ import annotations
+
+from server.compiler.budget import BudgetConfig, ModelLimits
+from server.compiler.view import OutputCapSource
+
+FLOOR = 1_024
+
+
+def output_cap(
+    limits: ModelLimits, requested: int, estimate: int, cfg: BudgetConfig
+) -> tuple[int, OutputCapSource, str]:
+    """(cap, where it came from, a note when it was lowered)."""
+    if requested > 0:
+        cap, source = requested, OutputCapSource.CALLER
+    elif limits.max_output_tokens > 0:
+        cap, source = limits.max_output_tokens, OutputCapSource.MODEL_MAX
+    else:
+        cap, source = cfg.unknown_output_reserve, OutputCapSource.DEFAULT
+    window = limits.context_window
+    if window > 0 and estimate + cap > window:
+        fitted = max(min(cap, FLOOR), window - estimate)
+        note = (
+            f"output cap lowered from {cap} ({source.name.lower()}) to {fitted} so the "
+            f"estimated input ({estimate}) and the output fit the {window}-token window"
+        )
+        return fitted, OutputCapSource.FITTED_TO_WINDOW, note
+    return cap, source, ""
