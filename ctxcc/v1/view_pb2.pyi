@@ -48,7 +48,8 @@ class _SectionKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SectionKi
     """8. Working directory, platform, shell and time (volatile, last)."""
     SECTION_KIND_TOOLS: _SectionKind.ValueType  # 9
     """Not a system prompt section: the tool definitions, reported in changed_sections
-    because providers cache them in front of the system prompt. Cannot be excluded.
+    because providers cache them in front of the system prompt. Excluding it has no
+    effect.
     """
 
 class SectionKind(_SectionKind, metaclass=_SectionKindEnumTypeWrapper):
@@ -74,7 +75,8 @@ SECTION_KIND_ENVIRONMENT: SectionKind.ValueType  # 8
 """8. Working directory, platform, shell and time (volatile, last)."""
 SECTION_KIND_TOOLS: SectionKind.ValueType  # 9
 """Not a system prompt section: the tool definitions, reported in changed_sections
-because providers cache them in front of the system prompt. Cannot be excluded.
+because providers cache them in front of the system prompt. Excluding it has no
+effect.
 """
 Global___SectionKind: _TypeAlias = SectionKind  # noqa: Y015
 

@@ -38,8 +38,6 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
             raise invalid("approval_mode", f"unknown approval_mode {req.approval_mode}")
         approval = ApprovalMode(req.approval_mode)
     excluded = enums_in("exclude_sections", req.exclude_sections, SectionKind)
-    if SectionKind.TOOLS in excluded:
-        raise invalid("exclude_sections", "tools are not a system prompt section")
     formats = enums_in("render_formats", req.render_formats, RenderFormat)
     lim = req.limits
     limits = ModelLimits(

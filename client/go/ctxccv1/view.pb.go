@@ -44,7 +44,8 @@ const (
 	// 8. Working directory, platform, shell and time (volatile, last).
 	SectionKind_SECTION_KIND_ENVIRONMENT SectionKind = 8
 	// Not a system prompt section: the tool definitions, reported in changed_sections
-	// because providers cache them in front of the system prompt. Cannot be excluded.
+	// because providers cache them in front of the system prompt. Excluding it has no
+	// effect.
 	SectionKind_SECTION_KIND_TOOLS SectionKind = 9
 )
 

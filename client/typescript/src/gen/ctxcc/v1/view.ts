@@ -47,7 +47,8 @@ export enum SectionKind {
   SECTION_KIND_ENVIRONMENT = 8,
   /**
    * SECTION_KIND_TOOLS - Not a system prompt section: the tool definitions, reported in changed_sections
-   * because providers cache them in front of the system prompt. Cannot be excluded.
+   * because providers cache them in front of the system prompt. Excluding it has no
+   * effect.
    */
   SECTION_KIND_TOOLS = 9,
   UNRECOGNIZED = -1,
