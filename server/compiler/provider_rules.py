@@ -4,9 +4,9 @@ that all formats send the same content and the estimate covers it.
 - The first turn is the user's: a view that would start with an assistant message
   opens with OPENER, the only text the compiler adds to a conversation on its own.
 - A call's arguments are a JSON object. Text that is not one (truncated or malformed
-  model output, or nested past textscan's depth limit) is sent, in every format, as {"invalid_arguments": "<the text>"}:
-  valid for every API, and the model still sees what it wrote. The view says so in
-  a note.
+  model output, or nested past textscan's depth limit) is sent, in every format, as
+  {"invalid_arguments": "<the text>"}: valid for every API, and the model still sees
+  what it wrote. The view says so in a note.
 """
 
 from __future__ import annotations
