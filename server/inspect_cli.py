@@ -30,6 +30,7 @@ GLYPHS = {
     "working_set": "▒",
     "tool_schema": "░",
     "native_state": "▪",
+    "provider_overhead": "p",
     "reserve": "r",
     "free": "·",
 }
@@ -88,7 +89,16 @@ def summarize(view: view_pb2.CompiledView, top: int = 3) -> dict[str, Any]:
         "decision": _name(view_pb2.Decision, view.decision, "DECISION_"),
         "pressure_layer": _name(view_pb2.Layer, view.pressure_layer, "LAYER_"),
         "layers": layers,
-        "free_tokens": max(0, window - sum(layers.values()) - b.output_reserve),
+        # Layers + provider_overhead == estimated_input_tokens, always.
+        "provider_overhead": b.provider_overhead_tokens,
+        "route_model": {
+            "ratio": round(b.route_model.ratio, 4),
+            "overhead_tokens": b.route_model.overhead_tokens,
+            "delta_samples": b.route_model.delta_samples,
+            "full_samples": b.route_model.full_samples,
+            "counter_kind": b.route_model.counter_kind,
+        },
+        "free_tokens": max(0, window - b.estimated_input_tokens - b.output_reserve),
         "checkpoint_id": view.checkpoint_id or None,
         "fallback_reasons": [
             _name(view_pb2.FallbackReason, r, "FALLBACK_REASON_") for r in view.fallback_reasons
@@ -101,7 +111,12 @@ def summarize(view: view_pb2.CompiledView, top: int = 3) -> dict[str, Any]:
 
 def bar(s: dict[str, Any], width: int = BAR) -> str:
     window = s["context_window"] or (s["input_budget"] + s["output_reserve"])
-    parts = [*s["layers"].items(), ("reserve", s["output_reserve"]), ("free", s["free_tokens"])]
+    parts = [
+        *s["layers"].items(),
+        ("provider_overhead", max(0, s["provider_overhead"])),
+        ("reserve", s["output_reserve"]),
+        ("free", s["free_tokens"]),
+    ]
     cells = ""
     for name, tokens in parts:
         n = round(width * tokens / window) if window else 0
@@ -119,6 +134,11 @@ def render(s: dict[str, Any]) -> str:
         bar(s),
         "  "
         + "  ".join(f"{GLYPHS[k]} {k} {v}" for k, v in s["layers"].items() if v)
+        + (
+            f"  {GLYPHS['provider_overhead']} provider_overhead {s['provider_overhead']}"
+            if s["provider_overhead"]
+            else ""
+        )
         + f"  {GLYPHS['reserve']} reserve {s['output_reserve']}"
         + f"  {GLYPHS['free']} free {s['free_tokens']}",
         f"estimate {s['estimated_input_tokens']} ({s['estimate_method']})"
@@ -128,6 +148,10 @@ def render(s: dict[str, Any]) -> str:
             else "  no usage reported on this route yet"
         )
         + f"  budget {s['input_budget']}  utilization {s['utilization']:.1%}",
+        "route model: ratio {ratio}  overhead {overhead_tokens}  learned from {delta_samples} "
+        "changes and {full_samples} first requests  ({counter_kind} counter)".format(
+            **s["route_model"]
+        ),
         f"decision {s['decision']}  pressure from {s['pressure_layer']}"
         + ("  compaction recommended" if s["compaction_recommended"] else ""),
         f"checkpoint {s['checkpoint_id'] or 'none'}"

@@ -22,6 +22,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ctxcc.v1 import (
+    common_pb2,
     compile_service_pb2,
     compile_service_pb2_grpc,
     session_pb2,
@@ -298,6 +299,13 @@ def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
                 compile_service_pb2.CompileRequest(session_id="img", route=ROUTE), timeout=30
             ).view
             assert view.messages[0].tokens > 0
+            # And o200k_base (bpe-openai's bundled ranks) for a GPT-4o route.
+            gpt = common_pb2.Route(connection="c", protocol="openai", endpoint="e", model="gpt-4o")
+            view = compiles.Compile(
+                compile_service_pb2.CompileRequest(session_id="img", route=gpt), timeout=30
+            ).view
+            assert view.messages[0].tokens > 0
+            assert view.budget.route_model.counter_kind == "exact"
         assert (run_dir / "ctxcc.sock").stat().st_uid == 65534
         # The image's HEALTHCHECK, run as Docker runs it: same user, same environment.
         probe = [*cmd[:-2], *_healthcheck_command()]

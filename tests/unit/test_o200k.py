@@ -9,13 +9,8 @@
 
 from __future__ import annotations
 
-import base64
-import gzip
 import hashlib
-import importlib.resources
 import inspect
-import json
-import lzma
 import random
 import re
 from typing import Any
@@ -25,14 +20,9 @@ import tiktoken
 from tiktoken_ext import openai_public
 
 from bench.paths import dev_traces
+from bench.tokenizers import bundled_ranks_file, reference_o200k, trace_texts
 from server.adapters.catalog import load_catalog
 from server.adapters.tokenizer import CounterRegistry, O200kCounter, load_o200k
-
-
-def _bundled(name: str) -> bytes:
-    return gzip.decompress(
-        (importlib.resources.files("bpe_openai") / "data" / f"{name}.tiktoken.gz").read_bytes()
-    )
 
 
 def _pinned_hash(constructor: Any) -> str:
@@ -46,38 +36,16 @@ def test_bundled_ranks_are_the_files_tiktoken_pins() -> None:
         ("o200k_base", openai_public.o200k_base),
         ("cl100k_base", openai_public.cl100k_base),
     ):
-        assert hashlib.sha256(_bundled(name)).hexdigest() == _pinned_hash(constructor)
+        assert hashlib.sha256(bundled_ranks_file(name)).hexdigest() == _pinned_hash(constructor)
 
 
 @pytest.fixture(scope="module")
 def tiktoken_o200k() -> tiktoken.Encoding:
-    """tiktoken's own o200k_base definition, its ranks read from the verified file
-    instead of downloaded."""
-    data = _bundled("o200k_base")
-    ranks = {
-        base64.b64decode(token): int(rank)
-        for token, rank in (line.split() for line in data.splitlines() if line)
-    }
-    original = openai_public.load_tiktoken_bpe
-    openai_public.load_tiktoken_bpe = lambda *a, **k: ranks
-    try:
-        spec = openai_public.o200k_base()
-    finally:
-        openai_public.load_tiktoken_bpe = original
-    return tiktoken.Encoding(**spec)
+    return reference_o200k()
 
 
 def _corpus() -> list[str]:
-    texts: list[str] = []
-    with lzma.open(dev_traces(), "rt", encoding="utf-8") as f:
-        for line in f:
-            req = json.loads(line)
-            for m in req["messages"]:
-                c = m.get("content")
-                texts.append(c if isinstance(c, str) else json.dumps(c))
-            if req.get("tools"):
-                texts.append(json.dumps(req["tools"]))
-    texts = list(dict.fromkeys(texts))
+    texts = trace_texts(dev_traces())
     rng = random.Random(20261130)
     alphabet = (
         "abcXYZ 019\n\t  \r\n.,;:'\"(){}[]<>/\\-_=+*&^%$#@!~`|?"
