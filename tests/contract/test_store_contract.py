@@ -25,6 +25,7 @@ from server.domain.records import (
     Checkpoint,
     CheckpointKind,
     CompileRecord,
+    RouteModel,
     RouteState,
     Usage,
 )
@@ -195,6 +196,35 @@ def test_artifacts_checkpoints_compiles_routes(make_store: object) -> None:
         st.get_compile("s:x1")
     assert st.list_checkpoints("s") == []
     assert st.get_route_state("s", state.route_id) is None
+
+
+def test_route_models_are_learned_once_per_report_and_outlive_sessions(
+    make_store: object,
+) -> None:
+    st = new_store(make_store)
+    route = Route(model="m")
+    calls: list[RouteModel | None] = []
+
+    def learn(model: RouteModel | None) -> RouteModel:
+        calls.append(model)
+        n = model.full_samples if model else 0
+        return RouteModel(route.route_id, overhead=1_000.0 * (n + 1), full_samples=n + 1)
+
+    for sid in ("a", "b"):
+        st.create_session(Session(sid, 1, 1))
+        st.put_compile(CompileRecord(f"{sid}:x", sid, route, 1, 100, 1, 5))
+        state = RouteState(route.route_id, 120, f"{sid}:x", 30, 6)
+        assert not st.record_usage(f"{sid}:x", Usage(120, 30), state, learn)[1]
+        assert st.record_usage(f"{sid}:x", Usage(120, 30), state, learn)[1]  # a repeat
+    assert calls == [None, RouteModel(route.route_id, overhead=1_000.0, full_samples=1)]
+    assert st.get_route_model(route.route_id) == RouteModel(
+        route.route_id, overhead=2_000.0, full_samples=2
+    )
+    assert st.get_route_model(Route(model="other").route_id) is None
+    # Daemon-wide: deleting the sessions that taught it keeps what the route learned.
+    st.delete_session("a")
+    st.delete_session("b")
+    assert st.get_route_model(route.route_id) is not None
 
 
 def test_list_sessions_pages_in_id_order(make_store: object) -> None:
