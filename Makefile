@@ -71,6 +71,11 @@ fmt: $(STAMP)
 	.tools/checkov/bin/pip install --quiet -r scripts/checkov-requirements.txt
 	touch $@
 
+# Debian's chromium for the inspector's browser tests (Playwright drives it by path).
+.tools/chromium: scripts/get_chromium.sh
+	mkdir -p .tools
+	ln -sf "$$(bash scripts/get_chromium.sh)" .tools/chromium
+
 ## dashboard: regenerate the Grafana dashboard from scripts/gen_dashboard.py
 dashboard: $(STAMP)
 	$(BIN)/python scripts/gen_dashboard.py
@@ -82,7 +87,7 @@ dashboard: $(STAMP)
 	touch $@
 
 ## test: everything CI runs
-test: $(STAMP) proto-check lint .tools/promtool .tools/prometheus .tools/checkov/.stamp .tools/wheels/.stamp clients
+test: $(STAMP) proto-check lint .tools/promtool .tools/prometheus .tools/chromium .tools/checkov/.stamp .tools/wheels/.stamp clients
 	$(BIN)/pytest -q
 
 unit: $(STAMP)

@@ -48,6 +48,7 @@ from server.service.artifacts import ArtifactUseCases
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compiling import CompilerSettings, CompileUseCases
+from server.service.inspection import InspectUseCases
 from server.service.limits import ServiceLimits
 from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
@@ -59,6 +60,7 @@ from server.transport.interceptor import BoundaryInterceptor, error_codes, metho
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
+from server.web.server import WebServer, WebSettings, start_web
 from storage import KVEventStore, StoreLimits, open_rocks
 
 log = logging.getLogger("ctxcc")
@@ -92,6 +94,7 @@ class Endpoints:
     unix: str | None
     metrics: str | None
     health: str | None = None
+    ui: str | None = None
 
 
 ECHO_METHOD = "/ctxcc.debug.Echo/Echo"
@@ -129,6 +132,7 @@ class Daemon:
         self._health_server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._metrics_server: WSGIServer | None = None
+        self._web: WebServer | None = None
         self._blocking = Blocking(cfg.workers)
         self._store: KVEventStore | None = None
         self.hub = WatchHub(ServiceLimits().watch_queue_size)
@@ -268,7 +272,8 @@ class Daemon:
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         health_at = await self._start_health()
-        self.endpoints = Endpoints(tcp, unix, metrics, health_at)
+        ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
+        self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
 
     async def _start_health(self) -> str | None:
@@ -285,6 +290,17 @@ class Daemon:
         await server.start()
         self._health_server = server
         return f"{host}:{port}"
+
+    async def _start_ui(self, inspect: InspectUseCases) -> str | None:
+        """The web inspector: another transport over the same use cases, read-only."""
+        if self.cfg.ui_listen == "none":
+            return None
+        settings = WebSettings(self.cfg.ui_listen, self._auth_token())
+        try:
+            self._web = await start_web(inspect, settings)
+        except OSError as exc:
+            raise ConfigError(f"cannot serve the inspector on {self.cfg.ui_listen}: {exc}") from exc
+        return self._web.address
 
     def _bind_tcp(self, server: grpc.aio.Server) -> str | None:
         if self.cfg.listen == "none":
@@ -345,6 +361,8 @@ class Daemon:
         """Health NOT_SERVING, drain in-flight calls within the grace period, close RocksDB."""
         await self._health.enter_graceful_shutdown()
         self.hub.close_all()
+        if self._web is not None:
+            await self._web.stop()
         if self._server is not None:
             await self._server.stop(self.cfg.grace_period)
         if self._health_server is not None:

@@ -69,6 +69,7 @@ async def _serve(flags: dict[str, object]) -> int:
         "unix": endpoints.unix,
         "metrics": endpoints.metrics,
         "health": endpoints.health,
+        "ui": endpoints.ui,
     }
     log.info("serving %s", json.dumps(ready))
     await stop.wait()

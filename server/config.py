@@ -54,6 +54,12 @@ SETTINGS: tuple[Setting, ...] = (
         "host:port serving only grpc.health.v1 (for kubelet probes), or 'none'",
     ),
     Setting(
+        "ui_listen",
+        "127.0.0.1:9465",
+        "host:port of the read-only web inspector, or 'none'; beyond loopback it needs "
+        "auth_token_file",
+    ),
+    Setting(
         "durability", "sync", "'sync' fsyncs every append batch; 'buffered' leaves it to the OS"
     ),
     Setting("grace_period", "10", "seconds in-flight calls get to finish on SIGTERM/SIGINT"),
@@ -144,6 +150,7 @@ class Config:
     listen: str
     metrics_listen: str
     health_listen: str
+    ui_listen: str
     durability: str
     grace_period: float
     workers: int
@@ -333,6 +340,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         listen=_parse_hostport("listen", raw["listen"]),
         metrics_listen=_parse_hostport("metrics_listen", raw["metrics_listen"]),
         health_listen=_parse_hostport("health_listen", raw["health_listen"]),
+        ui_listen=_parse_hostport("ui_listen", raw["ui_listen"]),
         durability=raw["durability"],
         grace_period=grace,
         workers=_int(raw, "workers", minimum=1),
@@ -380,9 +388,27 @@ def _build(raw: Mapping[str, str]) -> Config:
             "auth_token_file (or mTLS with tls_client_ca_file), or listen on loopback and use "
             "the Unix socket"
         )
+    _check_ui(cfg)
     if sock is None and cfg.listen == "none":
         raise ConfigError("both socket and listen are 'none': the daemon would be unreachable")
     return cfg
+
+
+def _check_ui(cfg: Config) -> None:
+    """The inspector shows every session's content: beyond loopback only with the API's
+    token, and never on the metrics or health port, which a pod exposes to its cluster."""
+    if cfg.ui_listen == "none":
+        return
+    host, _, port = cfg.ui_listen.rpartition(":")
+    if not _loopback(host.strip("[]")) and not cfg.auth_token_file:
+        raise ConfigError(
+            f"refusing to serve the inspector on {cfg.ui_listen} without authentication: "
+            "set auth_token_file, or keep ui_listen on loopback"
+        )
+    for other in ("metrics_listen", "health_listen", "listen"):
+        value = getattr(cfg, other)
+        if value != "none" and port != "0" and value.rpartition(":")[2] == port:
+            raise ConfigError(f"ui_listen must not share a port with {other} ({value})")
 
 
 def describe(cfg: Config) -> dict[str, str]:

@@ -268,7 +268,13 @@ async def _target(address: str | None) -> AsyncIterator[grpc.aio.Channel]:
 
     with tempfile.TemporaryDirectory(prefix="ctxcc-replay-", dir="/tmp") as tmp:
         cfg = resolve(
-            {"data_dir": tmp, "listen": "none", "metrics_listen": "none", "durability": "buffered"},
+            {
+                "data_dir": tmp,
+                "listen": "none",
+                "metrics_listen": "none",
+                "ui_listen": "none",
+                "durability": "buffered",
+            },
             env={},
         )
         daemon = Daemon(cfg)

@@ -456,6 +456,14 @@ class KVEventStore:
         raw = self._kv.get("compiles", _key(session_id, _LAST_COMPILE))
         return None if raw is None else decode_value(raw, CompileRecord)
 
+    def list_compiles(self, session_id: str) -> list[CompileRecord]:
+        # Suffixes are random hex, so key order is not time order; the copy of the
+        # latest record sits at the 0xff suffix, past every hex suffix, and is excluded.
+        prefix = _prefix(session_id)
+        items = self._kv.scan("compiles", prefix, prefix + _LAST_COMPILE)
+        records = [decode_value(raw, CompileRecord) for _, raw in items]
+        return sorted(records, key=lambda r: (r.create_time_ns, r.compile_id))
+
     def get_compile(self, compile_id: str) -> CompileRecord:
         sid, suffix = split_compile_id(compile_id)
         raw = self._kv.get("compiles", _key(sid, suffix))

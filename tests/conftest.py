@@ -43,6 +43,7 @@ def make_config(data_dir: Path, **overrides: str) -> Config:
         "data_dir": str(data_dir),
         "listen": "127.0.0.1:0",
         "metrics_listen": "127.0.0.1:0",
+        "ui_listen": "127.0.0.1:0",
         "grace_period": "2",
         **overrides,
     }

@@ -63,6 +63,15 @@ class CompileRecord:
     message_tokens: tuple[int, ...] = ()
     # Tokens of the baseline's messages that had left the view (0: a pure append).
     removed_tokens: int = 0
+    # What the inspector's timeline draws. Records written before these fields existed
+    # read with the defaults (empty layers, zero budget) and are shown as "not recorded".
+    layer_tokens: tuple[tuple[int, int], ...] = ()  # (layer number, tokens)
+    context_window: int = 0
+    input_budget: int = 0
+    decision: int = 0
+    changed_sections: tuple[int, ...] = ()
+    checkpoint_id: str = ""
+    fallback_reasons: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,9 +187,19 @@ class CompileUseCases:
             message_digests=basis.message_digests if basis else b"",
             message_tokens=basis.message_tokens if basis else (),
             removed_tokens=basis.removed_tokens if basis else 0,
+            layer_tokens=tuple((int(r.layer), r.tokens) for r in view.layers),
+            context_window=view.budget.context_window,
+            input_budget=view.budget.input_budget,
+            decision=int(view.decision),
+            changed_sections=tuple(int(k) for k in view.changed_sections),
+            checkpoint_id=view.checkpoint_id,
+            fallback_reasons=tuple(int(r) for r in view.fallback_reasons),
         )
         if opts.dry_run:
-            return CompileResult(view)
+            if not opts.render_formats:
+                return CompileResult(view)
+            # Looking may still render provider bodies; it records nothing.
+            return await self._blocking.run(self._finish, None, view, opts, counter)
         result = await self._blocking.run(self._finish, record, view, opts, counter)
         notice = CompileNotice(
             view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
@@ -199,10 +209,15 @@ class CompileUseCases:
         return result
 
     def _finish(
-        self, record: CompileRecord, view: CompiledView, opts: CompileOptions, counter: TokenCounter
+        self,
+        record: CompileRecord | None,
+        view: CompiledView,
+        opts: CompileOptions,
+        counter: TokenCounter,
     ) -> CompileResult:
-        """Blocking: record the compile, read image bytes, render provider bodies."""
-        self._store.put_compile(record)
+        """Blocking: record the compile (unless a dry run), read image bytes, render bodies."""
+        if record is not None:
+            self._store.put_compile(record)
         attachments: tuple[tuple[str, bytes], ...] = ()
         if opts.inline_images or opts.render_formats:
             attachments = self._materialize(opts.session_id, view)

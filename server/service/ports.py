@@ -95,6 +95,10 @@ class EventStore(Protocol):
 
     def get_last_compile(self, session_id: str) -> CompileRecord | None: ...
 
+    def list_compiles(self, session_id: str) -> list[CompileRecord]:
+        """Every compile record of a session, oldest first (by create time)."""
+        ...
+
     def put_source(self, entry: SourceEntry) -> None: ...
 
     def list_sources(

@@ -265,3 +265,16 @@ def test_concurrent_appends_never_duplicate_or_skip(make_store: object) -> None:
     events = st.read_events("s")
     assert [e.seq for e in events] == list(range(1, 201))
     assert len({e.event_id for e in events}) == 200
+
+
+def test_list_compiles_is_oldest_first_and_per_session(make_store: object) -> None:
+    st = new_store(make_store)
+    for sid in ("s", "s2"):
+        st.create_session(Session(sid, 1, 1))
+    # suffixes sort the other way round from the create times
+    for suffix, t in (("ff", 10), ("aa", 30), ("cc", 20)):
+        st.put_compile(CompileRecord(f"s:{suffix}", "s", Route(model="m"), 1, t, 1, t))
+    st.put_compile(CompileRecord("s2:ab", "s2", Route(model="m"), 1, 5, 1, 5))
+    assert [r.compile_id for r in st.list_compiles("s")] == ["s:ff", "s:cc", "s:aa"]
+    assert [r.compile_id for r in st.list_compiles("s2")] == ["s2:ab"]
+    assert st.list_compiles("nobody") == []

@@ -42,6 +42,8 @@ class DaemonProcess:
             "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
+            "--ui-listen",
+            "127.0.0.1:0",
             *extra,
         ]
         self.proc: subprocess.Popen[bytes] | None = None

@@ -95,6 +95,8 @@ def test_second_daemon_on_the_same_data_dir_fails_fast(
             "127.0.0.1:0",
             "--metrics-listen",
             "none",
+            "--ui-listen",
+            "none",
         ],
         cwd=REPO,
         capture_output=True,
@@ -135,7 +137,10 @@ def test_bad_flags_exit_with_a_message_not_a_traceback(short_tmp: Path) -> None:
 
 def test_make_run_starts_the_daemon(short_tmp: Path) -> None:
     data = short_tmp / "mk"
-    args = f"--data-dir {data} --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0"
+    args = (
+        f"--data-dir {data} --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0"
+        " --ui-listen 127.0.0.1:0"
+    )
     d = DaemonProcess(data, command=["make", "--no-print-directory", "run", f"ARGS={args}"])
     d.start()
     try:

@@ -261,6 +261,7 @@ def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
         "CTXCC_LISTEN": "127.0.0.1:0",
         "CTXCC_HEALTH_LISTEN": "127.0.0.1:0",
         "CTXCC_METRICS_LISTEN": "127.0.0.1:0",
+        "CTXCC_UI_LISTEN": "127.0.0.1:0",
     }
     cmd = [
         "setpriv",

@@ -1,0 +1,212 @@
+"""Read-only use cases behind the web inspector: sessions at a glance, a session's
+compiles over time, one step's view (time travel by `as_of_seq`), and the canonical
+events a view came from.
+
+Everything goes through the same paths the gRPC API uses: a step is a dry-run compile
+(nothing recorded, published or compacted), so the page shows what `Compile` with
+`as_of_seq` and `dry_run` answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from server.compiler.render import RenderFormat
+from server.compiler.view import CompiledView
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.model import Event, Route, Session
+from server.domain.records import Checkpoint, CompileRecord
+from server.domain.tools import ToolSpec
+from server.domain.validation import check_id
+from server.service.blocking import Blocking
+from server.service.compiling import CompileOptions, CompileUseCases
+from server.service.ports import EventStore
+from server.service.sessions import SessionUseCases
+from server.service.watch import Update
+
+MAX_SESSIONS = 500
+MAX_EVENTS_PAGE = 200
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    session: Session
+    model: str
+    compiles: int
+    last_compile: CompileRecord | None
+    # Estimate ÷ input budget of the newest compile (None: not recorded).
+    utilization: float | None
+    # (reported - estimated) ÷ reported of the newest compile with a usage report.
+    last_error: float | None
+    fallbacks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    session: Session
+    compiles: tuple[CompileRecord, ...]
+    checkpoints: tuple[Checkpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    session: Session
+    seq: int
+    view: CompiledView
+    # The compile this step was recorded as (the one picked, or the newest at that seq).
+    record: CompileRecord | None
+    checkpoint: Checkpoint | None
+    registry: tuple[ToolSpec, ...]
+    # (format, body JSON, estimated input tokens of the body) when a format was asked for.
+    rendering: tuple[RenderFormat, str, int] | None
+    # Event boundaries of the session's recorded compiles, for stepping through time.
+    boundaries: tuple[int, ...]
+
+
+def relative_error(record: CompileRecord) -> float | None:
+    if record.usage is None or not record.usage.input_tokens:
+        return None
+    actual = record.usage.input_tokens
+    return (actual - record.estimated_input_tokens) / actual
+
+
+def summarize(session: Session, records: list[CompileRecord]) -> SessionRow:
+    last = records[-1] if records else None
+    reported = [r for r in records if r.usage is not None]
+    model = session.current_route.model if session.current_route else ""
+    if not model and last is not None:
+        model = last.route.model
+    utilization = None
+    if last is not None and last.input_budget:
+        utilization = last.estimated_input_tokens / last.input_budget
+    return SessionRow(
+        session=session,
+        model=model,
+        compiles=len(records),
+        last_compile=last,
+        utilization=utilization,
+        last_error=relative_error(reported[-1]) if reported else None,
+        fallbacks=sum(1 for r in records if r.fallback_reasons),
+    )
+
+
+class InspectUseCases:
+    def __init__(
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        sessions: SessionUseCases,
+        compiles: CompileUseCases,
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._sessions = sessions
+        self._compiles = compiles
+
+    async def session(self, session_id: str) -> Session:
+        return await self._sessions.get(session_id)
+
+    async def sessions(self) -> list[SessionRow]:
+        return await self._blocking.run(self._rows)
+
+    def _rows(self) -> list[SessionRow]:
+        sessions = self._store.list_sessions("", MAX_SESSIONS)
+        return [summarize(s, self._store.list_compiles(s.session_id)) for s in sessions]
+
+    async def timeline(self, session_id: str) -> Timeline:
+        session = await self._sessions.get(session_id)
+        records = await self._blocking.run(self._store.list_compiles, session_id)
+        checkpoints = await self._blocking.run(self._store.list_checkpoints, session_id)
+        ordered = sorted(checkpoints, key=lambda c: (c.create_time_ns, c.checkpoint_id))
+        return Timeline(session, tuple(records), tuple(ordered))
+
+    async def step(
+        self,
+        session_id: str,
+        *,
+        seq: int = 0,
+        compile_id: str = "",
+        model: str = "",
+        render_format: RenderFormat | None = None,
+    ) -> Step:
+        session = await self._sessions.get(session_id)
+        records = await self._blocking.run(self._store.list_compiles, session_id)
+        record: CompileRecord | None = None
+        if compile_id:
+            record = next((r for r in records if r.compile_id == compile_id), None)
+            if record is None:
+                raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
+            seq = record.event_boundary
+        if seq < 0:
+            raise invalid("seq", "seq must not be negative")
+        seq = seq or session.head_seq
+        route = self._route(session, records, record, model)
+        if record is None:
+            at_seq = [
+                r for r in records if r.event_boundary == seq and r.route.route_id == route.route_id
+            ]
+            record = at_seq[-1] if at_seq else None
+        result = await self._compiles.compile(
+            CompileOptions(
+                session_id=session_id,
+                route=route,
+                as_of_seq=seq,
+                dry_run=True,
+                inline_images=False,
+                render_formats=(render_format,) if render_format is not None else (),
+            )
+        )
+        view = result.view
+        checkpoint = None
+        if view.checkpoint_id:
+            listed = await self._blocking.run(self._store.list_checkpoints, session_id)
+            checkpoint = next((c for c in listed if c.checkpoint_id == view.checkpoint_id), None)
+        registry = await self._blocking.run(self._store.list_tools, session_id)
+        return Step(
+            session=session,
+            seq=seq,
+            view=view,
+            record=record,
+            checkpoint=checkpoint,
+            registry=tuple(registry),
+            rendering=result.renderings[0] if result.renderings else None,
+            boundaries=tuple(sorted({r.event_boundary for r in records})),
+        )
+
+    @staticmethod
+    def _route(
+        session: Session,
+        records: list[CompileRecord],
+        record: CompileRecord | None,
+        model: str,
+    ) -> Route:
+        """The route a step is compiled for: the chosen compile's, a model named in the
+        request, the session's current route, or the route of its newest compile."""
+        if record is not None:
+            return record.route
+        if model:
+            return Route(model=model)
+        if session.current_route is not None:
+            return session.current_route
+        if records:
+            return records[-1].route
+        raise invalid(
+            "model",
+            f"session {session.session_id} has no compile yet, so its route is unknown; "
+            "choose a model",
+        )
+
+    async def events(self, session_id: str, after_seq: int, through_seq: int) -> list[Event]:
+        check_id("session_id", session_id)
+        await self._sessions.get(session_id)
+        limit = MAX_EVENTS_PAGE
+        if through_seq:
+            limit = max(0, min(limit, through_seq - after_seq))
+        return await self._blocking.run(self._store.read_events, session_id, after_seq, limit)
+
+    async def watch(self, session_id: str) -> AsyncIterator[Update]:
+        """Live updates of a session from now on (events, checkpoints, compiles)."""
+        session = await self._sessions.get(session_id)
+        async for update in self._sessions.watch(session_id, session.head_seq):
+            yield update

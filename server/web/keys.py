@@ -1,0 +1,13 @@
+"""Typed keys of what the web application shares with its handlers."""
+
+from __future__ import annotations
+
+import jinja2
+from aiohttp import web
+
+from server.service.inspection import InspectUseCases
+
+INSPECT = web.AppKey("inspect", InspectUseCases)
+TEMPLATES = web.AppKey("templates", jinja2.Environment)
+# Streamed answers send their headers before the boundary middleware sees them.
+HEADERS = web.AppKey("security_headers", dict[str, str])

@@ -1,0 +1,238 @@
+"""Page handlers: read the query, ask the inspection use cases, hand plain values to a
+template. No HTML is built here; the templates escape everything they print."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+import jinja2
+from aiohttp import web
+
+from server.compiler.view import SectionKind
+from server.domain.errors import invalid
+from server.domain.model import Event
+from server.domain.records import Checkpoint
+from server.service.inspection import InspectUseCases, SessionRow, relative_error
+from server.service.step_diff import diff_views
+from server.service.watch import CompileNotice, Resync
+from server.web import charts, present
+from server.web.keys import HEADERS, INSPECT, TEMPLATES
+from server.web.step_page import event_view, step_context
+
+SORTS: dict[str, Callable[[SessionRow], Any]] = {
+    "session": lambda r: r.session.session_id,
+    "model": lambda r: r.model,
+    "events": lambda r: r.session.head_seq,
+    "last_compile": lambda r: r.last_compile.create_time_ns if r.last_compile else 0,
+    "utilization": lambda r: r.utilization if r.utilization is not None else -1.0,
+    "error": lambda r: abs(r.last_error) if r.last_error is not None else -1.0,
+    "fallbacks": lambda r: r.fallbacks,
+}
+HEARTBEAT_S = 15.0
+
+
+def install_filters(env: jinja2.Environment) -> None:
+    env.filters.update(
+        num=present.num,
+        pct=present.pct,
+        signed_pct=present.signed_pct,
+        when=present.when,
+    )
+
+
+def _page(request: web.Request, template: str, **context: Any) -> web.Response:
+    env = request.app[TEMPLATES]
+    html = env.get_template(template).render(**context)
+    return web.Response(text=html, content_type="text/html", charset="utf-8")
+
+
+def _uses(request: web.Request) -> InspectUseCases:
+    return request.app[INSPECT]
+
+
+def _int(request: web.Request, key: str, default: int = 0) -> int:
+    raw = request.query.get(key, "")
+    if not raw:
+        return default
+    if not raw.isdigit() or len(raw) > 18:
+        raise invalid(key, f"{key} must be a whole number")
+    return int(raw)
+
+
+async def sessions_page(request: web.Request) -> web.Response:
+    rows = await _uses(request).sessions()
+    query = request.query.get("q", "")[:200]
+    sort = request.query.get("sort", "last_compile")
+    order = request.query.get("order", "desc")
+    if sort not in SORTS:
+        sort = "last_compile"
+    if query:
+        q = query.lower()
+        rows = [r for r in rows if q in r.session.session_id.lower() or q in r.model.lower()]
+    rows.sort(key=SORTS[sort], reverse=order != "asc")
+    return _page(
+        request,
+        "sessions.html",
+        rows=rows,
+        q=query,
+        sort=sort,
+        order=order,
+        columns=list(SORTS),
+        decision_name=present.decision_name,
+    )
+
+
+async def timeline_page(request: web.Request) -> web.Response:
+    sid = request.match_info["sid"]
+    full = request.query.get("scale") == "window"
+    t = await _uses(request).timeline(sid)
+    chart = charts.timeline(t.compiles, full_window=full)
+    rows = []
+    previous = None
+    for r in t.compiles:
+        layers = present.layer_tokens(r.layer_tokens, r.estimated_input_tokens)
+        rows.append(
+            {
+                "record": r,
+                "layers": layers if r.layer_tokens else None,
+                "decision": present.decision_name(r.decision),
+                "error": relative_error(r),
+                "busts": [present.name(k, SectionKind) for k in r.changed_sections],
+                "previous_seq": previous.event_boundary if previous else None,
+                "fallbacks": [present.name(k, present.FallbackReason) for k in r.fallback_reasons],
+            }
+        )
+        previous = r
+    return _page(
+        request,
+        "timeline.html",
+        timeline=t,
+        chart=chart,
+        rows=rows,
+        full=full,
+        layer_order=present.LAYER_ORDER,
+        checkpoint_kind=_checkpoint_kind,
+    )
+
+
+def _checkpoint_kind(c: Checkpoint) -> str:
+    return present.name(c.kind)
+
+
+async def step_page(request: web.Request) -> web.Response:
+    sid = request.match_info["sid"]
+    fmt_name = request.query.get("format", "")
+    fmt = present.FORMATS.get(fmt_name)
+    step = await _uses(request).step(
+        sid,
+        seq=_int(request, "seq"),
+        compile_id=request.query.get("compile", "")[:300],
+        model=request.query.get("model", "")[:200],
+        render_format=fmt,
+    )
+    return _page(request, "step.html", **step_context(step, fmt_name if fmt else ""))
+
+
+async def diff_page(request: web.Request) -> web.Response:
+    sid = request.match_info["sid"]
+    model = request.query.get("model", "")[:200]
+    uses = _uses(request)
+    a = await uses.step(sid, seq=_int(request, "a"), model=model)
+    b = await uses.step(sid, seq=_int(request, "b"), model=model)
+    d = diff_views(a.view, b.view)
+    return _page(
+        request,
+        "diff.html",
+        session=a.session,
+        a=a,
+        b=b,
+        diff=d,
+        model=model,
+        entered=[event_view(m) for m in d.entered],
+        left=[event_view(m) for m in d.left],
+        changed=[(event_view(c.before), event_view(c.after), c.what) for c in d.changed],
+        name=present.name,
+    )
+
+
+async def events_page(request: web.Request) -> web.Response:
+    sid = request.match_info["sid"]
+    after = _int(request, "after")
+    through = _int(request, "through")
+    events = await _uses(request).events(sid, after, through)
+    return _page(
+        request,
+        "events.html",
+        sid=sid,
+        after=after,
+        through=through,
+        events=[(e, present.event_text(e)) for e in events],
+        next_after=events[-1].seq if events else after,
+        kind=lambda e: present.name(e.kind),
+    )
+
+
+def _sse(update: object) -> str | None:
+    if isinstance(update, Event):
+        data = {"kind": "event", "seq": update.seq}
+    elif isinstance(update, CompileNotice):
+        data = {"kind": "compile", "seq": update.event_boundary}
+    elif isinstance(update, Checkpoint):
+        data = {"kind": "checkpoint", "seq": update.covers_through_seq}
+    elif isinstance(update, Resync):
+        data = {"kind": "resync", "seq": update.head_seq}
+    else:
+        return None
+    return f"event: update\ndata: {json.dumps(data)}\n\n"
+
+
+async def live(request: web.Request) -> web.StreamResponse:
+    """Server-sent events fed by the watch hub: the page refreshes its figures on each."""
+    sid = request.match_info["sid"]
+    await _uses(request).session(sid)  # an unknown session is a 404 page, not a dead stream
+    updates = _uses(request).watch(sid)
+    queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=64)
+
+    async def pump() -> None:
+        try:
+            async for update in updates:
+                text = _sse(update)
+                if text is not None and not queue.full():
+                    queue.put_nowait(text)  # the page re-reads everything: a drop is harmless
+        finally:
+            await queue.put(None)
+
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    response.headers.update(request.app[HEADERS])
+    await response.prepare(request)
+    task = asyncio.create_task(pump())
+    try:
+        await response.write(b": live\n\n")
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
+            except TimeoutError:
+                item = ": ping\n\n"  # finds a closed connection, so the watcher is freed
+            if item is None:
+                break
+            await response.write(item.encode())
+    except ConnectionResetError:
+        pass  # the page went away
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return response
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/", sessions_page)
+    app.router.add_get("/s/{sid}", timeline_page)
+    app.router.add_get("/s/{sid}/step", step_page)
+    app.router.add_get("/s/{sid}/diff", diff_page)
+    app.router.add_get("/s/{sid}/events", events_page)
+    app.router.add_get("/s/{sid}/live", live)

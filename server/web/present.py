@@ -1,0 +1,142 @@
+"""Names, numbers and colours for the pages: enum values as the words the API uses."""
+
+from __future__ import annotations
+
+import enum
+import json
+import time
+
+from server.compiler.render import RenderFormat
+from server.compiler.view import Decision, FallbackReason, Layer
+from server.domain.model import (
+    AssistantMessage,
+    Attachment,
+    BrowserSelection,
+    ContentPart,
+    Event,
+    ImportedMessage,
+    ToolCall,
+    ToolResult,
+    TurnCancelled,
+    UserMessage,
+)
+
+__all__ = ["FallbackReason"]
+
+LAYER_ORDER: tuple[str, ...] = (
+    "pinned",
+    "history",
+    "working_set",
+    "tool_schema",
+    "native_state",
+    "provider_overhead",
+)
+FORMATS: dict[str, RenderFormat] = {f.name.lower(): f for f in RenderFormat}
+# Rendered bodies larger than this are cut on the page (base64 images mostly).
+MAX_BODY_CHARS = 400_000
+# Longest string shown whole inside a rendered JSON body.
+MAX_JSON_STRING = 4_000
+
+
+def name(value: enum.Enum | int | None, kind: type[enum.Enum] | None = None) -> str:
+    if value is None:
+        return "-"
+    if kind is not None and not isinstance(value, enum.Enum):
+        try:
+            value = kind(value)
+        except ValueError:
+            return str(value)
+    return value.name.lower() if isinstance(value, enum.Enum) else str(value)
+
+
+def num(value: int | float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def signed_pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:+.2f}%"
+
+
+def when(ns: int) -> str:
+    if not ns:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9)) + "Z"
+
+
+def decision_name(value: int) -> str:
+    return name(value, Decision) if value else "not recorded"
+
+
+def layer_tokens(pairs: tuple[tuple[int, int], ...], estimate: int) -> dict[str, int]:
+    """Tokens per layer plus the provider overhead: the part of the estimate no local
+    layer explains (estimate - sum of layers), so the stack adds up to the estimate."""
+    out = {name(Layer(n)): t for n, t in pairs if n in Layer._value2member_map_}
+    if "provider_overhead" not in out:
+        out["provider_overhead"] = estimate - sum(out.values())
+    return out
+
+
+def _cut(value: object) -> object:
+    if isinstance(value, str) and len(value) > MAX_JSON_STRING:
+        return value[:MAX_JSON_STRING] + f"… [{len(value) - MAX_JSON_STRING:,} more characters]"
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    return value
+
+
+def pretty_body(body: str) -> str:
+    """The rendered provider body, indented, with very long strings (image data) cut."""
+    try:
+        text = json.dumps(_cut(json.loads(body)), indent=2, ensure_ascii=False)
+    except ValueError:
+        text = body
+    if len(text) > MAX_BODY_CHARS:
+        text = text[:MAX_BODY_CHARS] + f"\n… [{len(text) - MAX_BODY_CHARS:,} more characters]"
+    return text
+
+
+def parts_text(parts: tuple[ContentPart, ...]) -> str:
+    out = []
+    for p in parts:
+        if p.text is not None:
+            out.append(p.text)
+        elif p.attachment is not None:
+            a = p.attachment
+            out.append(f"[attachment {a.artifact_id} ({a.mime_type}, {a.size_bytes:,} bytes)]")
+        elif p.browser_element is not None:
+            e = p.browser_element
+            out.append(f"[page element {e.tag} {e.selector} at {e.url}] {e.text}")
+    return "\n".join(out)
+
+
+def event_text(event: Event) -> str:
+    """A canonical event as plain text (the template escapes it)."""
+    p = event.payload
+    if isinstance(p, UserMessage | ImportedMessage):
+        return parts_text(p.parts)
+    if isinstance(p, AssistantMessage):
+        calls = "".join(f"\n→ {c.name}({c.arguments_json}) [{c.call_id}]" for c in p.tool_calls)
+        return parts_text(p.parts) + calls
+    if isinstance(p, ToolCall):
+        return f"{p.name}({p.arguments_json}) [{p.call_id}]"
+    if isinstance(p, ToolResult):
+        head = f"[{p.call_id}{' error' if p.is_error else ''}] "
+        if p.blob is not None:
+            return head + f"({p.blob.size_bytes:,} bytes stored as a blob) " + p.blob.preview
+        return head + (p.text or "")
+    if isinstance(p, Attachment):
+        return f"[attachment {p.ref.artifact_id} ({p.ref.mime_type}, {p.ref.size_bytes:,} bytes)]"
+    if isinstance(p, BrowserSelection):
+        e = p.element
+        return f"[page element {e.tag} {e.selector} at {e.url}] {e.text}"
+    if isinstance(p, TurnCancelled):
+        return p.reason
+    return ""

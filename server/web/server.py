@@ -1,0 +1,208 @@
+"""The inspector's HTTP server (aiohttp, on the daemon's event loop) and its boundary
+rules: every answer carries a strict Content-Security-Policy; a loopback-bound page
+answers only loopback Host names (DNS rebinding); with an API token configured, every
+page needs it (a bearer header, or the cookie the login form sets); domain errors map
+to HTTP statuses through one table and never show a traceback."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+
+import jinja2
+from aiohttp import web
+
+from server.domain.errors import CtxccError, Reason
+from server.service.inspection import InspectUseCases
+from server.web import pages
+from server.web.keys import HEADERS, INSPECT, TEMPLATES
+
+log = logging.getLogger("ctxcc.web")
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "Cross-Origin-Opener-Policy": "same-origin",
+}
+COOKIE = "ctxcc_ui"
+# Domain reasons as HTTP statuses; anything not listed is a 400 (the request's fault).
+STATUS = {
+    Reason.SESSION_NOT_FOUND: 404,
+    Reason.COMPILE_NOT_FOUND: 404,
+    Reason.CHECKPOINT_NOT_FOUND: 404,
+    Reason.ARTIFACT_NOT_FOUND: 404,
+    Reason.SEQ_OUT_OF_RANGE: 404,
+    Reason.UNAUTHENTICATED: 401,
+    Reason.RECORD_CORRUPT: 500,
+    Reason.STORAGE_FAILURE: 503,
+    Reason.SHUTTING_DOWN: 503,
+    Reason.INTERNAL: 500,
+}
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class WebSettings:
+    listen: str  # host:port
+    token: str = ""  # the API's bearer token; empty: no login
+    shutdown_timeout: float = 2.0
+
+
+def _loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _cookie_value(token: str) -> str:
+    # The cookie holds a digest, so a leaked cookie is not the API token itself.
+    return hashlib.sha256(b"ctxcc-ui\x00" + token.encode()).hexdigest()
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("server.web", "templates"),
+        autoescape=True,  # every template, whatever its name: escaping is the rule here
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    pages.install_filters(env)
+    return env
+
+
+async def _static(request: web.Request) -> web.StreamResponse:
+    name = request.match_info["name"]
+    kinds = {".css": "text/css", ".js": "text/javascript"}
+    kind = next((v for k, v in kinds.items() if name.endswith(k)), None)
+    files = resources.files("server.web") / "static"
+    if kind is None or "/" in name or name.startswith("."):
+        raise web.HTTPNotFound()
+    try:
+        body = (files / name).read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        raise web.HTTPNotFound() from None
+    return web.Response(body=body, content_type=kind, charset="utf-8")
+
+
+def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Application:
+    host = settings.listen.rpartition(":")[0].strip("[]")
+    loopback_only = _loopback(host)
+    env = environment()
+    cookie = _cookie_value(settings.token) if settings.token else ""
+
+    def render_error(status: int, title: str, message: str) -> web.Response:
+        html = env.get_template("error.html").render(title=title, message=message, status=status)
+        return web.Response(status=status, text=html, content_type="text/html", charset="utf-8")
+
+    def authorized(request: web.Request) -> bool:
+        if not settings.token:
+            return True
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer ") and hmac.compare_digest(
+            header[7:].encode(), settings.token.encode()
+        ):
+            return True
+        return hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), cookie.encode())
+
+    @web.middleware
+    async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            if loopback_only and not _loopback((request.url.host or "").strip("[]")):
+                response: web.StreamResponse = render_error(
+                    421, "Wrong host", "This page answers only on its loopback address."
+                )
+            elif (
+                request.path not in ("/login",)
+                and not request.path.startswith("/static/")
+                and (not authorized(request))
+            ):
+                response = web.HTTPSeeOther("/login")
+            else:
+                response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400 and exc.status != 405:
+                response = render_error(exc.status, exc.reason, exc.text or exc.reason)
+            else:
+                response = exc
+        except CtxccError as exc:
+            response = render_error(STATUS.get(exc.reason, 400), exc.reason.value, exc.message)
+        except Exception:
+            incident = uuid.uuid4().hex[:12]
+            log.exception("inspector page failed (incident %s)", incident)
+            response = render_error(500, "Internal error", f"incident {incident}")
+        if not response.prepared:
+            response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def login_page(request: web.Request) -> web.StreamResponse:
+        failed = False
+        if request.method == "POST":
+            form = await request.post()
+            given = str(form.get("token", ""))
+            if settings.token and hmac.compare_digest(given.encode(), settings.token.encode()):
+                response = web.HTTPSeeOther("/")
+                response.set_cookie(COOKIE, cookie, httponly=True, samesite="Strict", path="/")
+                return response
+            failed = True
+        html = env.get_template("login.html").render(failed=failed, needed=bool(settings.token))
+        return web.Response(
+            status=401 if failed else 200, text=html, content_type="text/html", charset="utf-8"
+        )
+
+    app = web.Application(middlewares=[boundary], client_max_size=64 << 10)
+    app[INSPECT] = inspect
+    app[TEMPLATES] = env
+    app[HEADERS] = SECURITY_HEADERS
+    app.router.add_get("/static/{name}", _static)
+    app.router.add_route("GET", "/login", login_page)
+    app.router.add_route("POST", "/login", login_page)
+    pages.add_routes(app)
+    return app
+
+
+class WebServer:
+    def __init__(self, runner: web.AppRunner, address: str) -> None:
+        self._runner = runner
+        self.address = address
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+async def start_web(inspect: InspectUseCases, settings: WebSettings) -> WebServer:
+    host, _, port = settings.listen.rpartition(":")
+    host = host.strip("[]")
+    runner = web.AppRunner(
+        build_app(inspect, settings),
+        access_log=None,  # URLs carry session ids; the daemon's logs carry no client data
+        shutdown_timeout=settings.shutdown_timeout,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, host, int(port), reuse_port=False)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0]
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    return WebServer(runner, f"{shown}:{bound[1]}")

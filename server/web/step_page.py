@@ -1,0 +1,147 @@
+"""What the step page shows of one compiled view, as plain values for its template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from server.compiler.view import Authority, SectionKind, ToolOrigin, ViewMessage
+from server.domain.tools import ToolVisibility
+from server.service.inspection import Step, relative_error
+from server.web import charts, present
+
+# How a text part says an image was not sent (R-IMG-2); see compiler/projection.py.
+_IMAGE_NOTE = "[image "
+_FENCED = (Authority.USER_CONTROLLABLE, Authority.UNTRUSTED)
+TOOL_GROUPS = (
+    ("direct", "offered in every request"),
+    ("deferred, activated", "activated by a tool search this turn"),
+    ("built-in", "added by ctxcc"),
+    ("deferred, not activated", "in the registry, offered after a tool search"),
+    ("hidden", "in the registry, never offered"),
+)
+
+
+def event_view(m: ViewMessage) -> dict[str, Any]:
+    parts = []
+    for p in m.parts:
+        if p.attachment is not None:
+            a = p.attachment
+            parts.append({"kind": "image", "ref": a})
+        elif p.text is not None:
+            placeholder = p.text.startswith(_IMAGE_NOTE) and " not sent" in p.text
+            parts.append(
+                {
+                    "kind": "placeholder" if placeholder else "text",
+                    "text": p.text,
+                    "untrusted": p.authority == Authority.UNTRUSTED,
+                }
+            )
+    return {
+        "role": present.name(m.role),
+        "layer": present.name(m.layer),
+        "tokens": m.tokens,
+        "first_seq": m.first_seq,
+        "last_seq": m.last_seq,
+        "synthetic": m.synthetic,
+        "is_error": m.is_error,
+        "tool_calls": m.tool_calls,
+        "tool_call_id": m.tool_call_id,
+        "tool_name": m.tool_name,
+        "origin_session_id": m.origin_session_id,
+        "parts": parts,
+    }
+
+
+def _tools(step: Step) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {g: [] for g, _ in TOOL_GROUPS}
+    offered = set()
+    for t in step.view.tools:
+        offered.add(t.spec.name)
+        group = {
+            ToolOrigin.DIRECT: "direct",
+            ToolOrigin.ACTIVATED: "deferred, activated",
+        }.get(t.origin, "built-in")
+        groups[group].append(
+            {
+                "name": t.spec.name,
+                "tokens": t.tokens,
+                "description": t.spec.description,
+                "origin": present.name(t.origin),
+            }
+        )
+    for spec in step.registry:
+        if spec.name in offered:
+            continue
+        group = "hidden" if spec.visibility == ToolVisibility.HIDDEN else "deferred, not activated"
+        if spec.visibility == ToolVisibility.DIRECT:
+            continue  # registered after this step: not part of its view
+        groups[group].append(
+            {"name": spec.name, "tokens": 0, "description": spec.description, "origin": ""}
+        )
+    return groups
+
+
+def step_context(step: Step, fmt: str) -> dict[str, Any]:
+    view, b = step.view, step.view.budget
+    layers = {present.name(r.layer): r.tokens for r in view.layers}
+    layers["provider_overhead"] = b.provider_overhead_tokens
+    window = b.context_window or (b.input_budget + b.output_reserve)
+    record = step.record
+    earlier = [s for s in step.boundaries if s < step.seq]
+    later = [s for s in step.boundaries if s > step.seq]
+    sections = [
+        {
+            "index": i + 1,
+            "kind": present.name(s.kind),
+            "sources": s.sources,
+            "scope": present.name(s.scope),
+            "authority": present.name(s.authority),
+            "fenced": s.authority in _FENCED,
+            "tokens": s.tokens,
+            "truncated": s.truncated,
+            "stable": s.stable,
+            "text": s.text,
+        }
+        for i, s in enumerate(view.system_sections)
+    ]
+    messages = [event_view(m) for m in view.messages]
+    images = [(m, p) for m in messages for p in m["parts"] if p["kind"] in ("image", "placeholder")]
+    return {
+        "step": step,
+        "session": step.session,
+        "view": view,
+        "budget": b,
+        "layers": layers,
+        "layer_order": present.LAYER_ORDER,
+        "stack": charts.window_stack(layers, window, b.output_reserve, b.input_budget),
+        "decision": present.name(view.decision),
+        "method": present.name(b.estimate_method),
+        "pressure": present.name(view.pressure_layer),
+        "record": record,
+        "recorded_layers": (
+            present.layer_tokens(record.layer_tokens, record.estimated_input_tokens)
+            if record and record.layer_tokens
+            else {}
+        ),
+        "recorded_decision": present.decision_name(record.decision) if record else "",
+        "recorded_error": relative_error(record) if record else None,
+        "recorded_busts": [present.name(k, SectionKind) for k in record.changed_sections]
+        if record
+        else [],
+        "changed_sections": [present.name(k) for k in view.changed_sections],
+        "previous_seq": earlier[-1] if earlier else None,
+        "next_seq": later[0] if later else None,
+        "sections": sections,
+        "messages": messages,
+        "images": images,
+        "tools": _tools(step),
+        "tool_groups": TOOL_GROUPS,
+        "fallbacks": [present.name(r) for r in view.fallback_reasons],
+        "checkpoint": step.checkpoint,
+        "checkpoint_kind": present.name(step.checkpoint.kind) if step.checkpoint else "",
+        "formats": list(present.FORMATS),
+        "format": fmt,
+        "body": present.pretty_body(step.rendering[1]) if step.rendering else "",
+        "body_tokens": step.rendering[2] if step.rendering else 0,
+        "model": view.route.model,
+    }

@@ -1,0 +1,107 @@
+"""The inspector's pieces that need no browser: its settings, compile records written
+before the timeline's figures existed, and the chart arithmetic."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from server.compiler.view import Decision, Layer, SectionKind
+from server.config import ConfigError, resolve
+from server.domain.model import Route
+from server.domain.records import CompileRecord, Usage
+from server.web import charts
+from storage.codec import decode_value, encode_value
+
+
+def test_ui_listens_on_loopback_by_default_and_can_be_turned_off() -> None:
+    assert resolve({}, env={}).ui_listen == "127.0.0.1:9465"
+    assert resolve({"ui_listen": "none"}, env={}).ui_listen == "none"
+
+
+def test_ui_beyond_loopback_needs_the_api_token(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"inspector on 0\.0\.0\.0:9465 without authentication"):
+        resolve({"ui_listen": "0.0.0.0:9465"}, env={})
+    token = tmp_path / "t"
+    token.write_text("x" * 20)
+    cfg = resolve({"ui_listen": "0.0.0.0:9465", "auth_token_file": str(token)}, env={})
+    assert cfg.ui_listen == "0.0.0.0:9465"
+
+
+@pytest.mark.parametrize("other", ["metrics_listen", "health_listen"])
+def test_ui_never_shares_the_metrics_or_health_port(other: str) -> None:
+    with pytest.raises(ConfigError, match=f"must not share a port with {other}"):
+        resolve({"ui_listen": "127.0.0.1:9500", other: "0.0.0.0:9500"}, env={})
+
+
+@dataclass(frozen=True, slots=True)
+class OldCompileRecord:
+    """A compile record as the previous release wrote it (no timeline figures)."""
+
+    compile_id: str
+    session_id: str
+    route: Route
+    event_boundary: int
+    estimated_input_tokens: int
+    estimate_method: int
+    create_time_ns: int
+    usage: Usage | None = None
+    section_digests: tuple[tuple[int, str], ...] = ()
+    message_count: int = 0
+    messages_digest: str = ""
+    fixed_tokens: int = 0
+    raw_delta: int | None = None
+    baseline_tokens: int = 0
+
+
+def test_compile_records_written_before_the_timeline_figures_still_read() -> None:
+    OldCompileRecord.__name__ = "CompileRecord"  # the envelope names the record type
+    old = OldCompileRecord("s:1", "s", Route(model="m"), 4, 900, 2, 7, Usage(950, 10))
+    record = decode_value(encode_value(old), CompileRecord)
+    assert (record.estimated_input_tokens, record.usage) == (900, Usage(950, 10))
+    assert record.layer_tokens == () and record.input_budget == 0 and record.decision == 0
+    chart = charts.timeline((record,))
+    assert not chart.bars[0].recorded and chart.bars[0].decision == "not_recorded"
+
+
+def _rec(i: int, **kw: object) -> CompileRecord:
+    base: dict[str, object] = {
+        "layer_tokens": ((int(Layer.PINNED), 100), (int(Layer.HISTORY), 500)),
+        "input_budget": 10_000,
+        "context_window": 12_000,
+        "decision": int(Decision.OK),
+        "estimated_input_tokens": 1000,
+    }
+    fields = {**base, **kw}
+    return CompileRecord(
+        compile_id=f"s:{i}",
+        session_id="s",
+        route=Route(model="m"),
+        event_boundary=i,
+        estimate_method=1,
+        create_time_ns=i,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_timeline_bars_stack_layers_and_mark_busts_and_checkpoints() -> None:
+    records = (
+        _rec(1, usage=Usage(1100, 1)),
+        _rec(2, checkpoint_id="c1", changed_sections=(int(SectionKind.MEMORY),)),
+        _rec(3, checkpoint_id="c1", estimated_input_tokens=550),  # below the ledger
+    )
+    chart = charts.timeline(records)
+    first, second, third = chart.bars
+    assert [s.layer for s in first.segments] == ["pinned", "history", "provider_overhead"]
+    assert [s.tokens for s in first.segments] == [100, 500, 400]
+    top = min(s.y for s in first.segments)
+    assert top == pytest.approx(first.estimate_y)  # the stack adds up to the estimate
+    assert first.reported == 1100 and second.reported is None
+    assert second.cache_bust == ("memory",) and first.cache_bust == ()
+    assert (first.checkpoint, second.checkpoint, third.checkpoint) == ("", "c1", "")
+    assert [s.layer for s in third.segments] == ["pinned", "history"]  # negative: not drawn
+    # the budget line is on the chart only when the scale reaches it
+    assert chart.scale_max < 10_000 and chart.lines[0].y is None
+    assert charts.timeline(records, full_window=True).lines[0].y is not None
