@@ -241,6 +241,8 @@ def _check_step(page: Page, agent: Agent, seq: int, model: str = "") -> view_pb2
     for layer in LAYERS:
         cell = page.locator(f'#layers tr[data-layer="{layer}"] td.n').first.inner_text()
         assert n(cell) == layers.get(layer, 0), layer
+    overhead = page.locator('#layers tr[data-layer="provider_overhead"] td.n').first
+    assert n(overhead.inner_text()) == b.provider_overhead_tokens
     assert page.locator("#messages article.msg").count() == len(view.messages)
     tokens = [
         int(str(t))
