@@ -6,12 +6,14 @@ hostile content, and photographed."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +26,13 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from bench.paths import dev_traces
-from ctxcc.v1 import session_service_pb2, view_pb2
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    compile_service_pb2,
+    session_service_pb2,
+    view_pb2,
+)
 from tests.e2e.inspector_agent import (
     XSS_MEMORY,
     XSS_MODEL,
@@ -35,7 +43,7 @@ from tests.e2e.inspector_agent import (
     drive_demo,
 )
 from tests.e2e.proc import REPO, DaemonProcess
-from tests.helpers import user
+from tests.helpers import assistant, user
 
 CHROMIUM = shutil.which("chromium") or str(REPO / ".tools" / "chromium")
 # Screenshots go to a temp dir; `CTXCC_INSPECTOR_SCREENSHOTS=docs/inspector` refreshes the
@@ -154,8 +162,12 @@ def test_sessions_list_matches_the_api_and_filters_and_sorts(world: World, page:
     actual = demo.reported[reported.compile_id]
     error = (actual - reported.budget.estimated_input_tokens) / actual
     assert row.locator('[data-field="error"]').inner_text() == f"{error * 100:+.2f}%"
-    replayed = {r["session"] for r in world.replay_rows}
-    assert page.locator("#sessions tbody tr").count() == len(replayed) + 2
+    listed = page.locator("#sessions tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.session)"
+    )
+    for name in {r["session"] for r in world.replay_rows}:
+        prefix = "replay-" + hashlib.sha256(name.encode()).hexdigest()[:12]
+        assert any(s.startswith(prefix) for s in listed), name
     shoot(page, "sessions")
 
     page.fill('input[name="q"]', "demo")
@@ -477,3 +489,57 @@ def test_token_is_required_when_configured(
         assert "correct-horse" not in d.log()
     finally:
         assert d.terminate() == 0
+
+
+def test_fallbacks_and_an_over_budget_step_are_shown(world: World, page: Page) -> None:
+    """A checkpoint from another route is passed over (a fallback, counted in the list);
+    a step larger than gpt-4's 8K window is compiled anyway and marked over budget."""
+    agent = Agent(world.channel, "tight", "gpt-4")
+    agent.create()
+    agent.append(user("summarise this"), assistant("ok"))
+    agent.compiles.CreateCheckpoint(
+        compile_service_pb2.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id="tight",
+                covers_through_seq=2,
+                summary="written for another model",
+                source_route=common_pb2.Route(model="claude-sonnet-4"),
+                kind=checkpoint_pb2.CHECKPOINT_KIND_MODEL_SUMMARY,
+            )
+        )
+    )
+    agent.append(user("word " * 9000))
+    view = agent.step()
+    assert list(view.fallback_reasons) == [view_pb2.FALLBACK_REASON_ROUTE_MISMATCH]
+    assert view.decision == view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY
+    page.goto(world.ui + "/?q=tight")
+    assert page.locator('[data-field="fallbacks"]').inner_text() == "1"
+    page.goto(world.ui + "/s/tight")
+    row = page.locator("#compiles tbody tr").last
+    expect(row).to_contain_text("over_budget_send_anyway")
+    expect(row).to_contain_text("fallback: route_mismatch")
+    assert page.locator("#timeline-chart rect.decision-over_budget_send_anyway").count() == 1
+    page.goto(world.ui + "/s/tight/step")
+    expect(page.locator("#fallbacks")).to_contain_text("route_mismatch")
+    assert _page_figures(page)["decision"] == "over_budget_send_anyway"
+
+
+def test_an_open_live_page_does_not_hold_up_shutdown(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "5").start()
+    try:
+        ui = str(d.wait_ready()["ui"])
+        with grpc.insecure_channel(d.target) as ch:
+            Agent(ch, "s1", "gpt-4o").create()
+        conn = http.client.HTTPConnection(ui, timeout=10)
+        conn.request("GET", "/s/s1/live")
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type", "").startswith("text/event-stream")
+        assert "script-src 'self'" in response.getheader("Content-Security-Policy", "")
+        assert response.readline() == b": live\n"
+        started = time.monotonic()
+        assert d.terminate(timeout=20) == 0
+        assert time.monotonic() - started < 5  # well inside the grace period
+        conn.close()
+    finally:
+        d.ensure_stopped()
