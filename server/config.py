@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from server.compiler.budget import BudgetConfig
+from server.compiler.textscan import MAX_JSON_DEPTH
 
 
 class ConfigError(ValueError):
@@ -127,7 +128,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_tools", "512", "tools one session may register"),
     Setting("max_tool_description_chars", "65536", "characters of one tool's description"),
     Setting("max_tool_schema_bytes", str(256 << 10), "bytes of one tool's input schema JSON"),
-    Setting("max_tool_schema_depth", "64", "nesting depth of one tool's input schema"),
+    Setting("max_tool_schema_depth", "64", "nesting depth of one tool's input schema (4..100)"),
     Setting(
         "debug_echo",
         "false",
@@ -262,6 +263,14 @@ def _int(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) ->
     return value
 
 
+def _schema_depth(raw: Mapping[str, str]) -> int:
+    depth = _int(raw, "max_tool_schema_depth", minimum=4)
+    # Bodies render JSON nested deeper than textscan.MAX_JSON_DEPTH as malformed.
+    if depth > MAX_JSON_DEPTH:
+        raise ConfigError(f"max_tool_schema_depth must be at most {MAX_JSON_DEPTH}, got {depth}")
+    return depth
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -370,7 +379,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         max_tools=_int(raw, "max_tools", minimum=1),
         max_tool_description_chars=_int(raw, "max_tool_description_chars", minimum=1024),
         max_tool_schema_bytes=_int(raw, "max_tool_schema_bytes", minimum=1024),
-        max_tool_schema_depth=_int(raw, "max_tool_schema_depth", minimum=4),
+        max_tool_schema_depth=_schema_depth(raw),
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

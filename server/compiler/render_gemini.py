@@ -6,6 +6,8 @@
   in the order of the calls, whatever order the results arrived in.
 - A response's payload is `{"output": text}`, or `{"error": text}` for failed calls,
   the keys the API documents.
+- Tool schemas go verbatim as `parametersJsonSchema` (full JSON Schema): `parameters`
+  takes only an OpenAPI subset that refuses common keys such as `$schema`.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     {
                         "name": t.spec.name,
                         "description": t.spec.description,
-                        "parameters": schema(t.spec.input_schema_json),
+                        "parametersJsonSchema": schema(t.spec.input_schema_json),
                     }
                     for t in view.tools
                 ]

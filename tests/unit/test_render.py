@@ -171,7 +171,7 @@ def test_gemini_generate_content() -> None:
     ]
     assert [(r["id"], r["name"]) for r in responses] == [("c1", "read"), ("c2", "read")]
     assert [r["response"] for r in responses] == [{"output": "print(1)"}, {"error": "oops"}]
-    assert b["tools"][0]["functionDeclarations"][0]["parameters"]["required"] == ["path"]
+    assert b["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"]["required"] == ["path"]
 
 
 def test_bodies_are_deterministic_and_images_by_reference_are_explained() -> None:
