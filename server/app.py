@@ -56,6 +56,7 @@ from server.service.tools import ToolLimits, ToolUseCases
 from server.service.watch import WatchHub
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
+from server.transport.drain import Drain
 from server.transport.interceptor import BoundaryInterceptor, error_codes, method_label
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
@@ -98,6 +99,10 @@ class Endpoints:
 
 
 ECHO_METHOD = "/ctxcc.debug.Echo/Echo"
+# How often a full disk is checked for freed space.
+DISK_POLL_S = 1.0
+# grpc's own stop, after the drain: only idle streams remain to be cancelled.
+STOP_GRACE_S = 0.5
 
 
 def echo_handler() -> grpc.GenericRpcHandler:
@@ -135,6 +140,8 @@ class Daemon:
         self._web: WebServer | None = None
         self._blocking = Blocking(cfg.workers)
         self._store: KVEventStore | None = None
+        self._drain = Drain()
+        self._disk_watch: asyncio.Task[None] | None = None
         self.hub = WatchHub(ServiceLimits().watch_queue_size)
         self.endpoints = Endpoints(None, None, None)
 
@@ -164,8 +171,12 @@ class Daemon:
             catalog = load_catalog(cfg.model_catalog)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        self._private_data_dir()
         kv = open_rocks(
-            cfg.db_path, sync=cfg.durability == "sync", on_write=self.telemetry.storage_write
+            cfg.db_path,
+            sync=cfg.durability == "sync",
+            on_write=self.telemetry.storage_write,
+            reserve_bytes=cfg.disk_reserve_bytes,
         )
         store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
         self._store = store
@@ -225,7 +236,9 @@ class Daemon:
 
         self.telemetry.expect_rpcs(rpc_methods(), error_codes())
         server = grpc.aio.server(
-            interceptors=[BoundaryInterceptor(self.telemetry.rpc_done, self._auth_token())],
+            interceptors=[
+                BoundaryInterceptor(self.telemetry.rpc_done, self._auth_token(), self._drain)
+            ],
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
@@ -240,7 +253,8 @@ class Daemon:
             SessionServicer(sessions), server
         )
         compile_service_pb2_grpc.add_CompileServiceServicer_to_server(
-            CompileServicer(compiles, sessions, checkpoints, cfg.stream_chunk_bytes), server
+            CompileServicer(compiles, sessions, checkpoints, cfg.stream_chunk_bytes, self._drain),
+            server,
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(artifacts), server
@@ -269,12 +283,46 @@ class Daemon:
                 os.chown(unix, -1, _gid(cfg.socket_group))
         self._server = server
         metrics = self._start_metrics()
-        for name in ("", *SERVICE_NAMES):
-            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        writable = await asyncio.to_thread(store.writable)
+        await self._set_health(writable)
+        self._disk_watch = asyncio.create_task(self._watch_disk(store, writable))
         health_at = await self._start_health()
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse
+        for name in ("", *SERVICE_NAMES):
+            await self._health.set(name, status.SERVING if serving else status.NOT_SERVING)
+
+    async def _watch_disk(self, store: KVEventStore, serving: bool) -> None:
+        """Health is NOT_SERVING while writes fail for lack of space; once space is freed
+        the store recovers in place (no restart) and health turns SERVING again."""
+        while True:
+            await asyncio.sleep(DISK_POLL_S)
+            # Off the loop: a recovery reopens RocksDB once calls in progress finish.
+            now = await asyncio.to_thread(store.writable)
+            if now != serving:
+                serving = now
+                await self._set_health(now)
+
+    def _private_data_dir(self) -> None:
+        """The data directory holds every conversation: only the daemon's user may enter
+        it. With a socket group and the socket inside, that group may pass through (not
+        list) to reach the socket. RocksDB's own directory is always 0700."""
+        cfg = self.cfg
+        cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        sock = cfg.socket_path
+        mode = 0o700
+        try:
+            if cfg.socket_group and sock is not None and sock.parent == cfg.data_dir:
+                os.chown(cfg.data_dir, -1, _gid(cfg.socket_group))
+                mode = 0o710
+            os.chmod(cfg.data_dir, mode)
+        except PermissionError as exc:
+            # A mount point owned by someone else (a Kubernetes volume): its owner decides.
+            log.warning("cannot restrict the data directory %s: %s", cfg.data_dir, exc)
 
     async def _start_health(self) -> str | None:
         """A second server with only grpc.health.v1: kubelet probes it over TCP while the
@@ -360,11 +408,18 @@ class Daemon:
     async def stop(self) -> None:
         """Health NOT_SERVING, drain in-flight calls within the grace period, close RocksDB."""
         await self._health.enter_graceful_shutdown()
+        if self._disk_watch is not None:
+            self._disk_watch.cancel()
+        # New calls now answer SHUTTING_DOWN and idle streams end; running calls finish.
+        self._drain.close()
         self.hub.close_all()
         if self._web is not None:
             await self._web.stop()
         if self._server is not None:
-            await self._server.stop(self.cfg.grace_period)
+            if not await self._drain.wait_idle(self.cfg.grace_period):
+                log.warning("calls still running after the %ss grace period", self.cfg.grace_period)
+            # Only idle streams are left (health watches, reflection): no need to wait.
+            await self._server.stop(STOP_GRACE_S)
         if self._health_server is not None:
             await self._health_server.stop(0)
         if self._metrics_server is not None:

@@ -45,6 +45,8 @@ async def _serve(flags: dict[str, object]) -> int:
     from storage import StoreLockedError
 
     cfg = resolve(flags)
+    # Everything the daemon writes (RocksDB's files, its lock) is private to its user.
+    os.umask(0o077)
     logging.basicConfig(
         level=cfg.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

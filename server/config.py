@@ -74,6 +74,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact"),
     Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
     Setting(
+        "disk_reserve_bytes",
+        str(32 << 20),
+        "space held back beside RocksDB so it can always recover from a full disk; writes "
+        "resume when this much is free again (0 disables)",
+    ),
+    Setting(
         "stream_chunk_bytes",
         str(1 << 20),
         "CompileStream sends views larger than this as ordered chunks",
@@ -163,6 +169,7 @@ class Config:
     blob_threshold_bytes: int
     max_artifact_bytes: int
     max_message_bytes: int
+    disk_reserve_bytes: int
     stream_chunk_bytes: int
     kernel_file: str
     workspace_roots: tuple[Path, ...]
@@ -361,6 +368,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         blob_threshold_bytes=_int(raw, "blob_threshold_bytes", minimum=256),
         max_artifact_bytes=_int(raw, "max_artifact_bytes", minimum=1),
         max_message_bytes=_int(raw, "max_message_bytes", minimum=1 << 20),
+        disk_reserve_bytes=_int(raw, "disk_reserve_bytes"),
         stream_chunk_bytes=_int(raw, "stream_chunk_bytes", minimum=1024),
         kernel_file=raw["kernel_file"],
         workspace_roots=tuple(Path(p) for p in _csv(raw["workspace_roots"])),

@@ -76,6 +76,10 @@ class KV(Protocol):
 
     def footprint(self) -> Footprint: ...
 
+    def writable(self) -> bool:
+        """False while writes are refused for lack of disk space."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -122,6 +126,9 @@ class MemoryKV:
 
     def footprint(self) -> Footprint:
         return Footprint(self.approximate_size(), 0, 0, 0, 0)
+
+    def writable(self) -> bool:
+        return True
 
     def close(self) -> None:
         pass

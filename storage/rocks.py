@@ -3,13 +3,26 @@
 One process owns a data directory: an advisory `flock` on `<dir>/LOCK.ctxcc` is taken
 before RocksDB opens, so a second daemon fails fast with the owner's pid instead of a
 RocksDB IO error.
+
+A full disk is a state, not a crash. A write that fails for lack of space answers
+DISK_FULL (nothing acknowledged is lost: RocksDB's log holds every write it
+acknowledged), later writes are refused at once, and reads keep working. RocksDB's log
+writer stays broken after such a failure, so once space is back (`writable()`, polled
+by the daemon) the database is closed and reopened in place, after the operations in
+progress have finished and while new ones wait. See `storage/space.py` for the reserve
+that guarantees room for that reopen and for recovery at start.
+
+Files are private to the daemon's user: the directory 0700, files 0600 (older data
+directories are tightened at open; the daemon's umask covers files RocksDB creates).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +30,18 @@ from typing import IO
 
 import rocksdict
 
+from server.domain.errors import CtxccError, Reason
 from storage.kv import COLUMN_FAMILIES, Batch, Footprint
+from storage.space import Reserve, free_bytes, is_no_space
+
+log = logging.getLogger("ctxcc.storage")
+
+# Memtables and the write-ahead log are kept small so that replaying the log at open
+# (which writes it out as a table file) needs little free space: the reserve covers it.
+_WRITE_BUFFER = 4 << 20
+_TOTAL_WRITE_BUFFERS = 8 << 20
+# How long a reopen waits for operations in progress before trying again later.
+_REOPEN_WAIT_S = 5.0
 
 
 class StoreLockedError(RuntimeError):
@@ -30,6 +54,11 @@ def _options() -> rocksdict.Options:
     opts.create_missing_column_families(True)
     # Two cores here and in most sidecars: keep background work modest.
     opts.increase_parallelism(2)
+    opts.set_write_buffer_size(_WRITE_BUFFER)
+    opts.set_db_write_buffer_size(_TOTAL_WRITE_BUFFERS)
+    opts.set_max_total_wal_size(_TOTAL_WRITE_BUFFERS)
+    # Every open starts a new info log; old ones would otherwise pile up.
+    opts.set_keep_log_file_num(4)
     # Point lookups by session id dominate; bloom filters avoid disk reads on misses.
     table = rocksdict.BlockBasedOptions()
     table.set_bloom_filter(10, False)
@@ -37,21 +66,40 @@ def _options() -> rocksdict.Options:
     return opts
 
 
+def disk_full() -> CtxccError:
+    return CtxccError(
+        Reason.DISK_FULL,
+        "the disk holding the data directory is full: nothing was written; reads still "
+        "work and writes resume once space is freed",
+    )
+
+
 class RocksKV:
     def __init__(
-        self, path: Path, *, sync: bool = True, on_write: Callable[[float], None] | None = None
+        self,
+        path: Path,
+        *,
+        sync: bool = True,
+        on_write: Callable[[float], None] | None = None,
+        reserve_bytes: int = 0,
     ) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_private(path)
         self._lock_file = _take_lock(path)
+        self._reserve = Reserve(path, reserve_bytes)
+        self._gate = threading.Condition(threading.Lock())
+        self._active = 0
+        self._reopening = False
+        self._depth = threading.local()
+        self._db: rocksdict.Rdict | None = None
         try:
-            cfs = {name: _options() for name in COLUMN_FAMILIES}
-            self._db = rocksdict.Rdict(str(path), _options(), column_families=cfs)
+            # The log replay at open writes a table file: give it the reserved room.
+            self._reserve.release_if_short()
+            self._open()
         except BaseException:
             self._lock_file.close()
             raise
-        self._cf = {name: self._db.get_column_family(name) for name in COLUMN_FAMILIES}
-        self._handles = {name: self._db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self._write_opts = rocksdict.WriteOptions()
         # sync=True: every batch is fsynced before the append is acknowledged.
         self._write_opts.sync = sync
@@ -59,55 +107,163 @@ class RocksKV:
         self._lazy_opts.sync = False
         self._closed = False
         self._on_write = on_write
+        # True while writes are refused for lack of space.
+        self._full = not self._reserve.ready()
+        # True after RocksDB itself failed a write: only a reopen clears it.
+        self._broken = False
+        if self._full:
+            log.error("disk full at open: %d bytes free; serving reads only", self._free())
+
+    def _open(self) -> None:
+        cfs = {name: _options() for name in COLUMN_FAMILIES}
+        db = rocksdict.Rdict(str(self.path), _options(), column_families=cfs)
+        self._cf = {name: db.get_column_family(name) for name in COLUMN_FAMILIES}
+        self._handles = {name: db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
+        self._db = db
+
+    def _close_db(self) -> list[Exception]:
+        """Close every handle; after a failed write RocksDB refuses to flush on close
+        (its log already holds every acknowledged write), so errors are collected."""
+        errors: list[Exception] = []
+        for cf in self._cf.values():
+            try:
+                cf.close()
+            except Exception as exc:
+                errors.append(exc)
+        # Column-family handles keep the native DB (and its LOCK) alive until dropped.
+        self._cf = {}
+        self._handles = {}
+        if self._db is not None:
+            try:
+                self._db.close()
+            except Exception as exc:
+                errors.append(exc)
+            self._db = None
+        return errors
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[None]:
+        """Counts an operation in progress; a reopen waits for none to be left. Nested
+        use on one thread (a write inside a scan) never waits, so it cannot deadlock."""
+        depth = getattr(self._depth, "n", 0)
+        with self._gate:
+            if depth == 0:
+                self._gate.wait_for(lambda: not self._reopening)
+            if self._db is None:
+                raise CtxccError(
+                    Reason.STORAGE_FAILURE, "the database is reopening after a full disk"
+                )
+            self._active += 1
+        self._depth.n = depth + 1
+        try:
+            yield
+        finally:
+            self._depth.n = depth
+            with self._gate:
+                self._active -= 1
+                if self._active == 0:
+                    self._gate.notify_all()
 
     def get(self, cf: str, key: bytes) -> bytes | None:
-        value = self._cf[cf].get(key)
+        with self._use():
+            value = self._cf[cf].get(key)
         return value if value is None else bytes(value)
 
     def scan(
         self, cf: str, start: bytes, end: bytes, *, reverse: bool = False
     ) -> Iterator[tuple[bytes, bytes]]:
-        it = self._cf[cf].iter()
-        if reverse:
-            it.seek_for_prev(end)
-            if it.valid() and bytes(it.key()) >= end:
-                it.prev()
-            while it.valid():
-                key = bytes(it.key())
-                if key < start:
-                    break
-                yield key, bytes(it.value())
-                it.prev()
-        else:
-            it.seek(start)
-            while it.valid():
-                key = bytes(it.key())
-                if key >= end:
-                    break
-                yield key, bytes(it.value())
-                it.next()
+        with self._use():
+            it = self._cf[cf].iter()
+            if reverse:
+                it.seek_for_prev(end)
+                if it.valid() and bytes(it.key()) >= end:
+                    it.prev()
+                while it.valid():
+                    key = bytes(it.key())
+                    if key < start:
+                        break
+                    yield key, bytes(it.value())
+                    it.prev()
+            else:
+                it.seek(start)
+                while it.valid():
+                    key = bytes(it.key())
+                    if key >= end:
+                        break
+                    yield key, bytes(it.value())
+                    it.next()
 
     def write(self, batch: Batch) -> None:
-        wb = rocksdict.WriteBatch(raw_mode=True)
-        for cf, start, end in batch.ranges:
-            wb.delete_range(start, end, self._handles[cf])
-        for cf, key in batch.deletes:
-            wb.delete(key, self._handles[cf])
-        for cf, key, value in batch.puts:
-            wb.put(key, value, self._handles[cf])
-        started = time.perf_counter()
-        self._db.write(wb, self._write_opts if batch.durable else self._lazy_opts)
+        if self._full:
+            raise disk_full()
+        with self._use():
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            for cf, start, end in batch.ranges:
+                wb.delete_range(start, end, self._handles[cf])
+            for cf, key in batch.deletes:
+                wb.delete(key, self._handles[cf])
+            for cf, key, value in batch.puts:
+                wb.put(key, value, self._handles[cf])
+            started = time.perf_counter()
+            try:
+                assert self._db is not None
+                self._db.write(wb, self._write_opts if batch.durable else self._lazy_opts)
+            except Exception as exc:
+                if not is_no_space(exc):
+                    raise
+                if not self._full:
+                    log.error("disk full (%d bytes free): refusing writes: %s", self._free(), exc)
+                self._full = self._broken = True
+                raise disk_full() from None
         if self._on_write is not None:
             self._on_write(time.perf_counter() - started)
+
+    def writable(self) -> bool:
+        """False while writes are refused for lack of space. Once space is back (and the
+        reserve is in place again), reopens RocksDB if a write had failed, and says True."""
+        if self._closed:
+            return False
+        if not self._full:
+            return True
+        if not self._reserve.ready():
+            return False
+        if self._broken and not self._reopen():
+            return False
+        self._broken = self._full = False
+        log.warning("disk space is back (%d bytes free): accepting writes", self._free())
+        return True
+
+    def _reopen(self) -> bool:
+        with self._gate:
+            self._reopening = True
+            try:
+                if not self._gate.wait_for(lambda: self._active == 0, timeout=_REOPEN_WAIT_S):
+                    return False
+                errors = self._close_db()
+                if errors:
+                    log.info("closed RocksDB after the failed write: %s", errors[0])
+                try:
+                    self._open()
+                except Exception as exc:
+                    log.error("reopening RocksDB failed (will retry): %s", exc)
+                    return False
+                return True
+            finally:
+                self._reopening = False
+                self._gate.notify_all()
+
+    def _free(self) -> int:
+        return free_bytes(self.path)
 
     def footprint(self) -> Footprint:
         """What the database holds now. Table files alone read 0 until the first flush:
         a young or lightly written database sits in its write-ahead log and memtables."""
         sst = memtables = 0
-        for name in COLUMN_FAMILIES:
-            cf = self._cf[name]
-            sst += int(cf.property_int_value("rocksdb.live-sst-files-size") or 0)
-            memtables += int(cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
+        with self._use():
+            for name in COLUMN_FAMILIES:
+                cf = self._cf[name]
+                sst += int(cf.property_int_value("rocksdb.live-sst-files-size") or 0)
+                memtables += int(cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0)
         wal = 0
         # The WAL lives in the data directory (no wal_dir is set); files vanish as
         # RocksDB recycles them, so a file listed and gone counts as empty.
@@ -131,18 +287,26 @@ class RocksKV:
         if self._closed:
             return
         self._closed = True
-        for cf in self._cf.values():
-            cf.close()
-        # Column-family handles keep the native DB (and its LOCK) alive until dropped.
-        self._cf.clear()
-        self._handles.clear()
-        self._db.close()
+        with self._gate:
+            errors = self._close_db()
+        if errors:
+            # Only after a failed write: the log keeps what was acknowledged.
+            log.warning("RocksDB closed without flushing: %s", errors[0])
         self._lock_file.close()
+
+
+def _make_private(path: Path) -> None:
+    """Tightens a data directory written by an older version (0755/0644)."""
+    os.chmod(path, 0o700)
+    for entry in path.iterdir():
+        if entry.is_file() and not entry.is_symlink():
+            os.chmod(entry, 0o600)
 
 
 def _take_lock(path: Path) -> IO[str]:
     lock_path = path / "LOCK.ctxcc"
-    handle = open(lock_path, "a+")  # noqa: SIM115 - held open for the store's lifetime
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    handle = os.fdopen(fd, "a+")
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -161,6 +325,10 @@ def _take_lock(path: Path) -> IO[str]:
 
 
 def open_rocks(
-    path: Path, *, sync: bool = True, on_write: Callable[[float], None] | None = None
+    path: Path,
+    *,
+    sync: bool = True,
+    on_write: Callable[[float], None] | None = None,
+    reserve_bytes: int = 0,
 ) -> RocksKV:
-    return RocksKV(path, sync=sync, on_write=on_write)
+    return RocksKV(path, sync=sync, on_write=on_write, reserve_bytes=reserve_bytes)

@@ -542,5 +542,9 @@ class KVEventStore:
     def footprint(self) -> Footprint:
         return self._kv.footprint()
 
+    def writable(self) -> bool:
+        """False while the disk is too full to write; may recover the engine in place."""
+        return self._kv.writable()
+
     def close(self) -> None:
         self._kv.close()

@@ -83,6 +83,11 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
     `field` names the offending field.
     """
+    ERROR_REASON_DISK_FULL: _ErrorReason.ValueType  # 29
+    """The disk holding the data directory is full (RESOURCE_EXHAUSTED): nothing was written.
+    Reads keep working; health is NOT_SERVING until space is freed, then writes resume
+    without a restart. Retry later with the same request_id.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the stable reasons carried in `google.rpc.ErrorInfo.reason`
@@ -152,5 +157,10 @@ ERROR_REASON_USAGE_INVALID: ErrorReason.ValueType  # 28
 """A usage report the provider cannot have made (input_tokens 0, cached_input_tokens
 above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
 `field` names the offending field.
+"""
+ERROR_REASON_DISK_FULL: ErrorReason.ValueType  # 29
+"""The disk holding the data directory is full (RESOURCE_EXHAUSTED): nothing was written.
+Reads keep working; health is NOT_SERVING until space is freed, then writes resume
+without a restart. Retry later with the same request_id.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -38,6 +38,7 @@ class Reason(enum.Enum):
     SEQ_OUT_OF_RANGE = "SEQ_OUT_OF_RANGE"
     RECORD_CORRUPT = "RECORD_CORRUPT"
     USAGE_INVALID = "USAGE_INVALID"
+    DISK_FULL = "DISK_FULL"
 
 
 class CtxccError(Exception):

@@ -217,7 +217,13 @@ class CompileUseCases:
     ) -> CompileResult:
         """Blocking: record the compile (unless a dry run), read image bytes, render bodies."""
         if record is not None:
-            self._store.put_compile(record)
+            try:
+                self._store.put_compile(record)
+            except CtxccError as err:
+                # A full disk must not keep agents from their views: without the record, a
+                # usage report for this compile answers COMPILE_NOT_FOUND, as after a crash.
+                if err.reason is not Reason.DISK_FULL:
+                    raise
         attachments: tuple[tuple[str, bytes], ...] = ()
         if opts.inline_images or opts.render_formats:
             attachments = self._materialize(opts.session_id, view)
@@ -316,7 +322,12 @@ class CompileUseCases:
             kind=CheckpointKind.BUILTIN,
             create_time_ns=0,
         )
-        await self._checkpoints.create(template)
+        try:
+            await self._checkpoints.create(template)
+        except CtxccError as err:
+            if err.reason is not Reason.DISK_FULL:
+                raise
+            return False  # the view is still compiled, uncompacted, until space is back
         self._telemetry.compaction("builtin", performed=True)
         return True
 

@@ -19,6 +19,7 @@ from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in, route_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
 from server.transport.convert_view import compile_options_in, result_out
+from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
 
@@ -32,11 +33,13 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         sessions: SessionUseCases,
         checkpoints: CheckpointUseCases,
         chunk_bytes: int = 1 << 20,
+        drain: Drain | None = None,
     ) -> None:
         self._c = compiles
         self._s = sessions
         self._k = checkpoints
         self._chunk = chunk_bytes
+        self._drain = drain or Drain()
 
     @unary
     async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
@@ -47,14 +50,21 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
     async def CompileStream(
         self, request: AsyncIterator[pb.CompileStreamRequest], context: Ctx
     ) -> AsyncIterator[pb.CompileStreamResponse]:
-        async for msg in request:
-            out = await self._step(msg)
-            if out.WhichOneof("response") == "view" and out.view.ByteSize() > self._chunk:
-                # Serializing and hashing a multi-MiB view is CPU work: off the event loop.
-                for part in await asyncio.to_thread(self._chunked, out):
-                    yield part
-            else:
-                yield out
+        # Agents hold this stream open between steps: at shutdown an idle stream is ended
+        # at once (UNAVAILABLE, SHUTTING_DOWN) and a step in progress is answered first.
+        closed = asyncio.ensure_future(self._drain.closed())
+        try:
+            while (msg := await _next_or_shutdown(request, closed)) is not None:
+                with self._drain.busy():
+                    out = await self._step(msg)
+                    if out.WhichOneof("response") == "view" and out.view.ByteSize() > self._chunk:
+                        # Serializing and hashing a multi-MiB view is CPU work: off the loop.
+                        for part in await asyncio.to_thread(self._chunked, out):
+                            yield part
+                    else:
+                        yield out
+        finally:
+            closed.cancel()
 
     def _chunked(self, out: pb.CompileStreamResponse) -> list[pb.CompileStreamResponse]:
         """A view over the chunk size goes as ordered ViewChunks of its serialized bytes,
@@ -162,6 +172,25 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             checkpoints=[checkpoint_out(c) for c in page],
             next_page_token=encode_token(start + size, query) if more else "",
         )
+
+
+async def _next_or_shutdown(
+    requests: AsyncIterator[pb.CompileStreamRequest], closed: asyncio.Future[None]
+) -> pb.CompileStreamRequest | None:
+    """The next step, None when the client ends the stream, SHUTTING_DOWN when the daemon
+    stops while the stream waits."""
+    if closed.done():
+        raise shutting_down()
+
+    async def read() -> pb.CompileStreamRequest | None:
+        return await anext(requests, None)
+
+    reading = asyncio.ensure_future(read())
+    await asyncio.wait((reading, closed), return_when=asyncio.FIRST_COMPLETED)
+    if reading.done():
+        return reading.result()
+    reading.cancel()
+    raise shutting_down()
 
 
 def _step_error(err: CtxccError) -> pb.StepError:

@@ -53,6 +53,7 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.SEQ_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
     Reason.RECORD_CORRUPT: grpc.StatusCode.DATA_LOSS,
     Reason.USAGE_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Reason.DISK_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

@@ -5,11 +5,15 @@
 - with an auth token configured, TCP peers must send `authorization: Bearer <token>`
   (Unix-socket peers are trusted: the socket's mode and group guard it; health checks are
   open, as kubelet cannot send headers);
-- count, latency and status code of every RPC, by method.
+- count, latency and status code of every RPC, by method;
+- during shutdown, new calls answer UNAVAILABLE/SHUTTING_DOWN and running ones are
+  counted busy until they return (see `drain.py`; bidirectional streams count their
+  own busy steps).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import inspect
 import time
@@ -19,6 +23,7 @@ from typing import Any
 import grpc
 
 from server.domain.errors import CtxccError, Reason
+from server.transport.drain import Drain, Ticket, shutting_down
 from server.transport.errors import CODES, status_for
 
 RpcObserver = Callable[[str, str, float], None]
@@ -72,9 +77,12 @@ def _code(context: Any, failed: bool) -> str:
 
 
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, observe: RpcObserver, auth_token: str = "") -> None:
+    def __init__(
+        self, observe: RpcObserver, auth_token: str = "", drain: Drain | None = None
+    ) -> None:
         self._observe = observe
         self._token = auth_token
+        self._drain = drain or Drain()
 
     def _denied(self, context: Any, service: str) -> CtxccError | None:
         if not self._token or service in _OPEN_SERVICES:
@@ -86,8 +94,16 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             return None
         return CtxccError(Reason.UNAUTHENTICATED, "a valid bearer token is required over TCP")
 
-    def _wrap(self, behavior: Any, name: str, service: str, streaming_in: bool) -> Any:
+    def _wrap(
+        self, behavior: Any, name: str, service: str, streaming_in: bool, counted: bool
+    ) -> Any:
         observe, denied = self._observe, self._denied
+        # Health answers NOT_SERVING through the drain; other calls are turned away.
+        open_service = service in _OPEN_SERVICES
+        ticket: Ticket | None = None
+        if not open_service:
+            ticket = self._drain.admit(counted)
+        running = ticket.running if ticket is not None else contextlib.nullcontext
 
         async def checked_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for item in requests:
@@ -96,7 +112,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 yield item
 
         async def gate(request: Any, context: Any) -> Any:
-            err = denied(context, service)
+            err = shutting_down() if ticket is None and not open_service else None
+            err = err or denied(context, service)
             if err is None and not streaming_in and isinstance(request, _Malformed):
                 err = _malformed()
             if err is not None:
@@ -108,9 +125,10 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 started, failed = time.perf_counter(), False
                 try:
-                    request = await gate(request, context)
-                    async for item in behavior(request, context):
-                        yield item
+                    with running():
+                        request = await gate(request, context)
+                        async for item in behavior(request, context):
+                            yield item
                 except BaseException:
                     failed = True
                     raise
@@ -122,8 +140,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         async def unary(request: Any, context: Any) -> Any:
             started, failed = time.perf_counter(), False
             try:
-                request = await gate(request, context)
-                return await behavior(request, context)
+                with running():
+                    request = await gate(request, context)
+                    return await behavior(request, context)
             except BaseException:
                 failed = True
                 raise
@@ -150,13 +169,14 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:
-            fn = self._wrap(handler.unary_unary, name, service, False)
+            fn = self._wrap(handler.unary_unary, name, service, False, True)
             return grpc.unary_unary_rpc_method_handler(fn, **kw)
         if handler.unary_stream:
-            fn = self._wrap(handler.unary_stream, name, service, False)
+            # Watch streams end when the watch hub closes at shutdown.
+            fn = self._wrap(handler.unary_stream, name, service, False, True)
             return grpc.unary_stream_rpc_method_handler(fn, **kw)
         if handler.stream_unary:
-            fn = self._wrap(handler.stream_unary, name, service, True)
+            fn = self._wrap(handler.stream_unary, name, service, True, True)
             return grpc.stream_unary_rpc_method_handler(fn, **kw)
-        fn = self._wrap(handler.stream_stream, name, service, True)
+        fn = self._wrap(handler.stream_stream, name, service, True, False)
         return grpc.stream_stream_rpc_method_handler(fn, **kw)

@@ -89,6 +89,10 @@ const (
 	// above input_tokens); nothing was recorded or learned (INVALID_ARGUMENT). Metadata
 	// `field` names the offending field.
 	ErrorReason_ERROR_REASON_USAGE_INVALID ErrorReason = 28
+	// The disk holding the data directory is full (RESOURCE_EXHAUSTED): nothing was written.
+	// Reads keep working; health is NOT_SERVING until space is freed, then writes resume
+	// without a restart. Retry later with the same request_id.
+	ErrorReason_ERROR_REASON_DISK_FULL ErrorReason = 29
 )
 
 // Enum value maps for ErrorReason.
@@ -123,6 +127,7 @@ var (
 		26: "ERROR_REASON_SEQ_OUT_OF_RANGE",
 		27: "ERROR_REASON_RECORD_CORRUPT",
 		28: "ERROR_REASON_USAGE_INVALID",
+		29: "ERROR_REASON_DISK_FULL",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                0,
@@ -154,6 +159,7 @@ var (
 		"ERROR_REASON_SEQ_OUT_OF_RANGE":           26,
 		"ERROR_REASON_RECORD_CORRUPT":             27,
 		"ERROR_REASON_USAGE_INVALID":              28,
+		"ERROR_REASON_DISK_FULL":                  29,
 	}
 )
 
@@ -188,7 +194,7 @@ var File_ctxcc_v1_error_proto protoreflect.FileDescriptor
 
 const file_ctxcc_v1_error_proto_rawDesc = "" +
 	"\n" +
-	"\x14ctxcc/v1/error.proto\x12\bctxcc.v1*\x8a\b\n" +
+	"\x14ctxcc/v1/error.proto\x12\bctxcc.v1*\xa6\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aERROR_REASON_INVALID_FIELD\x10\x01\x12 \n" +
@@ -219,7 +225,8 @@ const file_ctxcc_v1_error_proto_rawDesc = "" +
 	"\x1eERROR_REASON_PATH_OUTSIDE_ROOT\x10\x19\x12!\n" +
 	"\x1dERROR_REASON_SEQ_OUT_OF_RANGE\x10\x1a\x12\x1f\n" +
 	"\x1bERROR_REASON_RECORD_CORRUPT\x10\x1b\x12\x1e\n" +
-	"\x1aERROR_REASON_USAGE_INVALID\x10\x1cb\x06proto3"
+	"\x1aERROR_REASON_USAGE_INVALID\x10\x1c\x12\x1a\n" +
+	"\x16ERROR_REASON_DISK_FULL\x10\x1db\x06proto3"
 
 var (
 	file_ctxcc_v1_error_proto_rawDescOnce sync.Once

@@ -80,6 +80,12 @@ export enum ErrorReason {
    * `field` names the offending field.
    */
   ERROR_REASON_USAGE_INVALID = 28,
+  /**
+   * ERROR_REASON_DISK_FULL - The disk holding the data directory is full (RESOURCE_EXHAUSTED): nothing was written.
+   * Reads keep working; health is NOT_SERVING until space is freed, then writes resume
+   * without a restart. Retry later with the same request_id.
+   */
+  ERROR_REASON_DISK_FULL = 29,
   UNRECOGNIZED = -1,
 }
 
@@ -172,6 +178,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 28:
     case "ERROR_REASON_USAGE_INVALID":
       return ErrorReason.ERROR_REASON_USAGE_INVALID;
+    case 29:
+    case "ERROR_REASON_DISK_FULL":
+      return ErrorReason.ERROR_REASON_DISK_FULL;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -239,6 +248,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_RECORD_CORRUPT";
     case ErrorReason.ERROR_REASON_USAGE_INVALID:
       return "ERROR_REASON_USAGE_INVALID";
+    case ErrorReason.ERROR_REASON_DISK_FULL:
+      return "ERROR_REASON_DISK_FULL";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

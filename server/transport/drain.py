@@ -1,0 +1,110 @@
+"""Graceful shutdown at the transport: which calls are in flight, and when to stop.
+
+grpc's own `server.stop(grace)` cancels every call it has not yet handed to a handler
+(a request still being received) with a bare CANCELLED, and waits the whole grace for
+long-lived streams that never end by themselves. So the daemon drains first, with the
+server still running:
+
+- a call whose headers arrived before `close()` is admitted and served; one that
+  arrives after answers UNAVAILABLE with reason SHUTTING_DOWN (health checks still
+  answer, NOT_SERVING), which the clients treat as "reconnect and resend the same
+  request id";
+- an admitted call is pending until its request is received, then busy until it
+  returns; a `CompileStream` is busy only while it works on a step, and an idle one
+  is ended at once with SHUTTING_DOWN;
+- `wait_idle` returns when nothing is busy and no call has arrived or made progress
+  for a short settle time (so calls already on the wire reach the handlers and get an
+  answer with a reason rather than grpc's bare CANCELLED; a client that stopped
+  sending mid-request is waited for a little longer, not forever), or when the grace
+  period is over; only then is the server stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import weakref
+from collections.abc import Iterator
+
+from server.domain.errors import CtxccError, Reason
+
+# Quiet time (no call arriving, starting or ending) after which the drain is done.
+SETTLE_S = 0.3
+# The same while an admitted call is still receiving its request.
+PENDING_SETTLE_S = 2.0
+_POLL_S = 0.02
+
+
+def shutting_down() -> CtxccError:
+    return CtxccError(
+        Reason.SHUTTING_DOWN,
+        "the daemon is shutting down: reconnect and resend with the same request id",
+    )
+
+
+class Drain:
+    def __init__(self) -> None:
+        self._busy = 0
+        # Weak: a call that ends before its handler runs (the client gave up) drops out.
+        self._pending: weakref.WeakSet[Ticket] = weakref.WeakSet()
+        self._progress = time.monotonic()
+        self._closing = asyncio.Event()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        self._closing.set()
+
+    async def closed(self) -> None:
+        await self._closing.wait()
+
+    def admit(self, counted: bool) -> Ticket | None:
+        """Called when a call's headers arrive: None once shutting down."""
+        self._progress = time.monotonic()
+        if self.closing:
+            return None
+        return Ticket(self, counted)
+
+    def _moved(self, busy: int) -> None:
+        self._busy += busy
+        self._progress = time.monotonic()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        self._moved(1)
+        try:
+            yield
+        finally:
+            self._moved(-1)
+
+    async def wait_idle(self, grace_s: float) -> bool:
+        """True when every admitted call finished within `grace_s` seconds."""
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            quiet = time.monotonic() - self._progress
+            if self._busy == 0 and quiet > (PENDING_SETTLE_S if self._pending else SETTLE_S):
+                return True
+            await asyncio.sleep(_POLL_S)
+        return False
+
+
+class Ticket:
+    """One admitted call: pending until its handler runs, busy while it does."""
+
+    def __init__(self, drain: Drain, counted: bool) -> None:
+        self._drain = drain
+        self._counted = counted
+        if counted:
+            drain._pending.add(self)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        if not self._counted:
+            yield
+            return
+        self._drain._pending.discard(self)
+        with self._drain.busy():
+            yield

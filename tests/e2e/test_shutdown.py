@@ -1,0 +1,150 @@
+"""SIGTERM against the daemon as a process: calls in flight finish or are turned away
+with a reason the clients retry on, idle CompileStreams are ended at once, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
+from ctxcc.v1 import session_service_pb2 as spb
+from tests.e2e.proc import DaemonProcess
+from tests.helpers import ROUTE, error_info, user
+
+APPENDS = 32
+
+
+def _outcome(err: grpc.aio.AioRpcError) -> str:
+    try:
+        reason = error_info(err).reason
+    except AssertionError:
+        reason = "no ErrorInfo"
+    return f"{err.code().name}/{reason}"
+
+
+def _append(i: int) -> spb.AppendEventsRequest:
+    # ~1 MB per append, fsynced: long enough that many are in the daemon at SIGTERM.
+    events = [user(f"append {i} part {k} " + "x" * 50_000) for k in range(20)]
+    return spb.AppendEventsRequest(session_id=f"s{i}", request_id=f"r{i}", events=events)
+
+
+def test_appends_in_flight_at_sigterm_finish_or_get_shutting_down(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "15").start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> tuple[list[str], str]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            for i in range(APPENDS):
+                sid = f"s{i}"
+                await stub.CreateSession(
+                    spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+                )
+
+            async def one(i: int) -> str:
+                try:
+                    await stub.AppendEvents(_append(i), timeout=30)
+                    return "OK"
+                except grpc.aio.AioRpcError as err:
+                    return _outcome(err)
+
+            calls = [asyncio.create_task(one(i)) for i in range(APPENDS)]
+            # SIGTERM once the daemon is answering: the rest are on the wire or running.
+            await asyncio.wait(calls, return_when=asyncio.FIRST_COMPLETED)
+            os.kill(pid, signal.SIGTERM)
+            await asyncio.sleep(0.1)
+            try:
+                await stub.GetSession(spb.GetSessionRequest(session_id="s0"), timeout=10)
+                late = "OK"
+            except grpc.aio.AioRpcError as err:
+                late = _outcome(err)
+            return list(await asyncio.gather(*calls)), late
+
+    results, late = asyncio.run(run())
+    assert d.proc.wait(30) == 0
+    print(f"\n{APPENDS} appends at SIGTERM: {dict(Counter(results))}; a new call: {late}")
+    assert set(results) <= {"OK", "UNAVAILABLE/SHUTTING_DOWN"}, results
+    assert late == "UNAVAILABLE/SHUTTING_DOWN"
+
+    # Restarted, every append resent with its request id: the acknowledged ones are
+    # replays, the turned-away ones were never written and land now.
+    d.start()
+    d.wait_ready()
+
+    async def resend() -> list[bool]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            answers = [await stub.AppendEvents(_append(i)) for i in range(APPENDS)]
+            return [a.replayed for a in answers]
+
+    try:
+        replayed = asyncio.run(resend())
+    finally:
+        assert d.terminate() == 0
+    assert replayed == [r == "OK" for r in results]
+
+
+def test_idle_compile_streams_end_at_once_on_sigterm(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "20").start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> tuple[list[str], float]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            queues: list[asyncio.Queue[cpb.CompileStreamRequest]] = []
+            answers = []
+            for k in range(4):
+                sid = f"idle{k}"
+                await sessions.CreateSession(
+                    spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+                )
+                queue: asyncio.Queue[cpb.CompileStreamRequest] = asyncio.Queue()
+
+                async def requests(q: asyncio.Queue[cpb.CompileStreamRequest]) -> Any:
+                    while True:
+                        yield await q.get()
+
+                it = compiles.CompileStream(requests(queue)).__aiter__()
+                step = cpb.StepRequest(
+                    step_id="1",
+                    events=[user(f"hello {k}")],
+                    request_id=f"{sid}-1",
+                    compile=cpb.CompileRequest(session_id=sid, route=ROUTE),
+                )
+                await queue.put(cpb.CompileStreamRequest(step=step))
+                first = await it.__anext__()
+                assert first.WhichOneof("response") == "view"
+                queues.append(queue)
+                answers.append(it)
+            # Every stream now waits for its agent's next step.
+            started = time.monotonic()
+            os.kill(pid, signal.SIGTERM)
+            ends = []
+            for it in answers:
+                try:
+                    await asyncio.wait_for(it.__anext__(), 30)
+                    ends.append("a message")
+                except grpc.aio.AioRpcError as err:
+                    ends.append(_outcome(err))
+            await asyncio.to_thread(d.proc.wait, 60)  # type: ignore[union-attr]
+            return ends, time.monotonic() - started
+
+    ends, exit_s = asyncio.run(run())
+    print(f"\nSIGTERM with 4 idle CompileStreams: exited in {exit_s:.2f} s")
+    assert ends == ["UNAVAILABLE/SHUTTING_DOWN"] * 4
+    assert d.proc.returncode == 0
+    # The grace period is 20 s: an exit this early means nobody waited for idle streams.
+    assert exit_s < 3, exit_s
