@@ -39,6 +39,7 @@ from server import __version__
 from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
+from server.adapters.tls import TlsFileError, load_tls
 from server.adapters.tokenizer import CounterRegistry
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
@@ -368,11 +369,9 @@ class Daemon:
         if not cfg.tls_cert_file:
             return None
         try:
-            cert = Path(cfg.tls_cert_file).read_bytes()
-            key = Path(cfg.tls_key_file).read_bytes()
-            ca = Path(cfg.tls_client_ca_file).read_bytes() if cfg.tls_client_ca_file else None
-        except OSError as exc:
-            raise ConfigError(f"cannot read TLS files: {exc}") from exc
+            cert, key, ca = load_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+        except TlsFileError as exc:
+            raise ConfigError(str(exc)) from None
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
         )
