@@ -15,6 +15,7 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from server.domain.errors import CtxccError, Reason, session_not_found
 from server.domain.model import (
@@ -51,6 +52,8 @@ from storage.codec import decode_event, decode_value, encode_event, encode_value
 from storage.kv import KV, Batch, Footprint
 from storage.schema import ensure_schema
 
+T = TypeVar("T")
+
 _SEP = b"\x00"
 _END = b"\x01"  # sid + _END sorts right after every key with prefix sid + _SEP
 # Daemon-wide route models in `routes`: no session id starts with 0x00, so these keys
@@ -60,6 +63,11 @@ _COUNT_KEY = b"session_count"
 _STRIPES = 256
 # Key suffix of the copy of a session's latest compile record; compile suffixes are hex.
 _LAST_COMPILE = b"\xff"
+# Key infix of the parts compiles read (sources, tools, settings), by content digest.
+_PART = b"\xfe"
+# Key infix of "latest compile at event boundary N" (big-endian N -> compile suffix).
+_AT_BOUNDARY = b"\xfd"
+# (UTF-8 never yields 0xfd-0xff, so no client-given compile id can name these keys.)
 # Key infix of tool activations; tool names never start with 0xff.
 _ACTIVATIONS = b"\xff"
 _SOURCE_TYPES: dict[SourceKind, type[SourceEntry]] = {
@@ -433,14 +441,23 @@ class KVEventStore:
         )
         return [decode_value(raw, Checkpoint) for _, raw in items]
 
-    def put_compile(self, record: CompileRecord) -> None:
+    def put_compile(
+        self, record: CompileRecord, parts: tuple[tuple[str, object], ...] = ()
+    ) -> None:
+        """Stores the record, the parts it names that are not stored yet (content-addressed
+        by the caller's digest, so unchanged sources cost nothing), and the boundary index."""
         sid, suffix = split_compile_id(record.compile_id)
         encoded = encode_value(record)
         # A compile record lost in a machine crash only turns its usage report into
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
+        for digest, value in parts:
+            key = _key(sid, _PART + digest.encode())
+            if self._kv.get("compiles", key) is None:
+                batch.put("compiles", key, encode_value(value))
         batch.put("compiles", _key(sid, suffix), encoded)
         batch.put("compiles", _key(sid, _LAST_COMPILE), encoded)
+        batch.put("compiles", _key(sid, _AT_BOUNDARY + _be64(record.event_boundary)), suffix)
         with self._lock(sid):
             self._move_route(batch, sid, record.route)
             self._kv.write(batch)
@@ -457,12 +474,25 @@ class KVEventStore:
         return None if raw is None else decode_value(raw, CompileRecord)
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
-        # Suffixes are random hex, so key order is not time order; the copy of the
-        # latest record sits at the 0xff suffix, past every hex suffix, and is excluded.
+        # Suffixes are random hex, so key order is not time order; the boundary index,
+        # the parts and the copy of the latest record sit at 0xfd..0xff, past every hex
+        # suffix, and are excluded.
         prefix = _prefix(session_id)
-        items = self._kv.scan("compiles", prefix, prefix + _LAST_COMPILE)
+        items = self._kv.scan("compiles", prefix, prefix + _AT_BOUNDARY)
         records = [decode_value(raw, CompileRecord) for _, raw in items]
         return sorted(records, key=lambda r: (r.create_time_ns, r.compile_id))
+
+    def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None:
+        raw = self._kv.get("compiles", _key(session_id, _PART + digest.encode()))
+        return None if raw is None else decode_value(raw, cls)
+
+    def compile_at(self, session_id: str, boundary: int) -> CompileRecord | None:
+        """The latest recorded compile whose event boundary is `boundary`."""
+        suffix = self._kv.get("compiles", _key(session_id, _AT_BOUNDARY + _be64(boundary)))
+        if suffix is None:
+            return None
+        raw = self._kv.get("compiles", _key(session_id, suffix))
+        return None if raw is None else decode_value(raw, CompileRecord)
 
     def get_compile(self, compile_id: str) -> CompileRecord:
         sid, suffix = split_compile_id(compile_id)

@@ -163,10 +163,20 @@ class CompileRequest(_message.Message):
     IMAGE_MODE_FIELD_NUMBER: _builtins.int
     RENDER_FORMATS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    REBUILD_COMPILE_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session."""
     as_of_seq: _builtins.int
-    """Compile as of this seq (time travel); 0 means the head."""
+    """Compile as of this seq (time travel); 0 means the head. When a compile was recorded
+    with this event boundary, the latest such one lends its versions of every source it
+    read (tool registry and activations, memory, rules, skills, instruction files, the
+    daemon's view-shaping settings, the route's baseline, the previous sections, the
+    clock) and its checkpoint choice; route, limits, approval mode, environment,
+    exclusions and images come from this request. The same request therefore gets that
+    step's view again, byte for byte but for its new compile_id. With no recorded compile
+    at that seq, sources are read as they are now and only checkpoints that existed when
+    event as_of_seq + 1 arrived are used.
+    """
     approval_mode: Global___ApprovalMode.ValueType
     """Approval mode for the approval section."""
     image_mode: Global___ImageMode.ValueType
@@ -174,6 +184,13 @@ class CompileRequest(_message.Message):
     dry_run: _builtins.bool
     """Compile for inspection only: no compile record is kept (so no usage can be reported
     against it), watchers are not told, and no compaction is performed.
+    """
+    rebuild_compile_id: _builtins.str
+    """Rebuild the view of this earlier compile byte for byte, compile_id and clock
+    included, from the log and the versions the compile recorded. Only session_id (which
+    may be empty; if set it must be the compile's), image_mode and render_formats are
+    read besides it; nothing is recorded. COMPILE_NOT_FOUND when the compile is unknown
+    or was recorded by a daemon that did not keep its sources' versions.
     """
     @_builtins.property
     def route(self) -> _common_pb2.Route:
@@ -208,10 +225,11 @@ class CompileRequest(_message.Message):
         image_mode: Global___ImageMode.ValueType = ...,
         render_formats: _abc.Iterable[_view_pb2.RenderFormat.ValueType] | None = ...,
         dry_run: _builtins.bool = ...,
+        rebuild_compile_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "limits", b"limits", "route", b"route"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "as_of_seq", b"as_of_seq", "dry_run", b"dry_run", "environment", b"environment", "exclude_sections", b"exclude_sections", "image_mode", b"image_mode", "limits", b"limits", "render_formats", b"render_formats", "route", b"route", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_mode", b"approval_mode", "as_of_seq", b"as_of_seq", "dry_run", b"dry_run", "environment", b"environment", "exclude_sections", b"exclude_sections", "image_mode", b"image_mode", "limits", b"limits", "rebuild_compile_id", b"rebuild_compile_id", "render_formats", b"render_formats", "route", b"route", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

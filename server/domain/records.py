@@ -72,6 +72,9 @@ class CompileRecord:
     changed_sections: tuple[int, ...] = ()
     checkpoint_id: str = ""
     fallback_reasons: tuple[int, ...] = ()
+    # Content digest of the stored basis (everything the compile read besides the log),
+    # from which the view can be rebuilt; empty in records written before bases existed.
+    basis_digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_view, section_digests
-from server.compiler.projection import ImagePolicy, has_elidable
+from server.compiler.projection import has_elidable
 from server.compiler.render import RenderFormat, render
 from server.compiler.route_model import (
     BOUNDS,
@@ -18,7 +18,7 @@ from server.compiler.route_model import (
     observe_full,
 )
 from server.compiler.sources import SourceCaps
-from server.compiler.system import DEFAULT_KERNEL, ApprovalMode, EnvironmentInfo
+from server.compiler.system import DEFAULT_KERNEL, ApprovalMode
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView, Decision, EstimateMethod, Layer, SectionKind
 from server.domain.catalog import Catalog, ModelInfo
@@ -34,16 +34,14 @@ from server.domain.records import (
     Usage,
 )
 from server.domain.validation import check_id, check_path_form
+from server.service.basis import basis_of
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
+from server.service.inputs import MAX_USAGE_TOKENS, InputAssembler, effective_limits
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
-
-# Reported token counts above this are refused: no model reads that much, and a
-# baseline this large would overflow the 32-bit estimates of every later compile.
-MAX_USAGE_TOKENS = 1 << 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +65,8 @@ class CompileOptions:
     render_formats: tuple[RenderFormat, ...] = ()
     # Materialize attachment bytes (IMAGE_MODE_INLINE) or send references only.
     inline_images: bool = True
+    # Rebuild this recorded compile from its stored basis instead (exact time travel).
+    rebuild_compile_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,16 +102,6 @@ class CompilerSettings:
     auto_compact: bool = True
 
 
-def effective_limits(info: ModelInfo, request: ModelLimits, images_given: bool) -> ModelLimits:
-    """Catalog values, overridden by the request's non-zero fields (R-BUD-5)."""
-    return ModelLimits(
-        context_window=request.context_window or info.context_window,
-        max_output_tokens=request.max_output_tokens or info.max_output_tokens,
-        max_input_tokens=request.max_input_tokens or info.max_input_tokens,
-        accepts_images=request.accepts_images if images_given else info.accepts_images,
-    )
-
-
 class CompileUseCases:
     def __init__(
         self,
@@ -139,26 +129,33 @@ class CompileUseCases:
         self._sources = sources
         self._loader = HistoryLoader(store)
         self._checkpoints = checkpoints
-
-    def _time_text(self) -> str:
-        g = max(1, self._settings.time_granularity_s)
-        seconds = self._clock.now_ns() // 1_000_000_000 // g * g
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+        self._assembler = InputAssembler(
+            store, self._loader, sources, catalog, settings, clock, ids
+        )
 
     async def compile(self, opts: CompileOptions, *, may_compact: bool = True) -> CompileResult:
         started = time.perf_counter()
+        if opts.rebuild_compile_id:
+            sid = opts.rebuild_compile_id.partition(":")[0]
+            if opts.session_id and opts.session_id != sid:
+                raise invalid("rebuild_compile_id", "the compile belongs to another session")
+            opts = replace(opts, session_id=sid)
         check_id("session_id", opts.session_id)
-        if not opts.route.model:
+        if not opts.route.model and not opts.rebuild_compile_id:
             raise invalid("route.model", "route.model is required")
         check_path_form("environment.working_directory", opts.working_directory)
         # One hop to the I/O pool for all the loading and the pure compile: thread
         # handoffs, not the work, dominated small compiles when each read hopped alone.
-        session, history, view, counter = await self._blocking.run(self._prepare, opts)
+        session, history, view, counter, inputs, info = await self._blocking.run(
+            self._prepare, opts
+        )
+        rebuild = bool(opts.rebuild_compile_id)
         wants = (
             view.decision is not Decision.OK
             and may_compact
             and opts.as_of_seq == 0
             and not opts.dry_run
+            and not rebuild
         )
         if wants and await self._builtin_compaction(session, history, view):
             return await self.compile(opts, may_compact=False)
@@ -167,8 +164,16 @@ class CompileUseCases:
                 self._loader.range_digest, session, view.compaction.through_seq
             )
             view = replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
-            self._telemetry.compaction("model_summary", performed=False)
+            if not rebuild:
+                self._telemetry.compaction("model_summary", performed=False)
+        if rebuild:
+            # A rebuild repeats a recorded compile: nothing new to record or publish.
+            return await self._blocking.run(self._finish, None, (), view, opts, counter)
         basis = view.basis
+        # What the compile read, for exact time travel; a dry run records nothing.
+        basis_digest, parts = (
+            ("", ()) if opts.dry_run else basis_of(inputs, info, self._assembler.settings_part())
+        )
         record = CompileRecord(
             compile_id=view.compile_id,
             session_id=opts.session_id,
@@ -194,13 +199,14 @@ class CompileUseCases:
             changed_sections=tuple(int(k) for k in view.changed_sections),
             checkpoint_id=view.checkpoint_id,
             fallback_reasons=tuple(int(r) for r in view.fallback_reasons),
+            basis_digest=basis_digest,
         )
         if opts.dry_run:
             if not opts.render_formats:
                 return CompileResult(view)
             # Looking may still render provider bodies; it records nothing.
-            return await self._blocking.run(self._finish, None, view, opts, counter)
-        result = await self._blocking.run(self._finish, record, view, opts, counter)
+            return await self._blocking.run(self._finish, None, (), view, opts, counter)
+        result = await self._blocking.run(self._finish, record, parts, view, opts, counter)
         notice = CompileNotice(
             view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
         )
@@ -211,6 +217,7 @@ class CompileUseCases:
     def _finish(
         self,
         record: CompileRecord | None,
+        parts: tuple[tuple[str, object], ...],
         view: CompiledView,
         opts: CompileOptions,
         counter: TokenCounter,
@@ -218,7 +225,7 @@ class CompileUseCases:
         """Blocking: record the compile (unless a dry run), read image bytes, render bodies."""
         if record is not None:
             try:
-                self._store.put_compile(record)
+                self._store.put_compile(record, parts)
             except CtxccError as err:
                 # A full disk must not keep agents from their views: without the record, a
                 # usage report for this compile answers COMPILE_NOT_FOUND, as after a crash.
@@ -237,65 +244,11 @@ class CompileUseCases:
 
     def _prepare(
         self, opts: CompileOptions
-    ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter]:
+    ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo]:
         """Blocking: load everything the compile needs, then run the pure compiler."""
-        session = self._store.get_session(opts.session_id)
-        if opts.as_of_seq > session.head_seq:
-            raise CtxccError(
-                Reason.SEQ_OUT_OF_RANGE,
-                f"as_of_seq {opts.as_of_seq} is beyond the session head {session.head_seq}",
-                head_seq=str(session.head_seq),
-            )
-        boundary = opts.as_of_seq or session.head_seq
-        info = self._catalog.lookup(opts.route.model)
-        limits = effective_limits(info, opts.limits, opts.images_given)
-        history = self._loader.load(session, boundary, opts.route)
-        route_state = self._store.get_route_state(opts.session_id, opts.route.route_id)
-        if route_state is not None and route_state.baseline_input_tokens > MAX_USAGE_TOKENS:
-            route_state = None  # stored before reports were bounded: estimate afresh
-        route_model = self._store.get_route_model(opts.route.route_id)
-        working_directory = opts.working_directory or session.working_directory
-        sources = self._sources.session_sources(
-            session, working_directory, self._settings.caps, opts.exclude_sections
-        )
-        previous = self._store.get_last_compile(opts.session_id)
-        inputs = CompileInputs(
-            compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
-            session=session,
-            events=history.events,
-            event_boundary=boundary,
-            route=opts.route,
-            limits=limits,
-            route_state=route_state,
-            route_model=route_model,
-            counter_kind=counter_kind(info),
-            kernel_text=self._settings.kernel_text,
-            approval_mode=opts.approval_mode or self._settings.default_approval,
-            environment=EnvironmentInfo(
-                working_directory=working_directory,
-                platform=opts.platform,
-                shell=opts.shell,
-                time_text=self._time_text(),
-            ),
-            exclude_sections=opts.exclude_sections,
-            budget_config=self._settings.budget,
-            sources=sources,
-            previous_sections=previous.section_digests if previous else None,
-            requested_max_output=opts.limits.max_output_tokens,
-            tools=history.tools,
-            activated_tools=history.activated,
-            checkpoint=history.checkpoint,
-            current_user=history.current_user,
-            fallback_reasons=history.fallback_reasons,
-            images=ImagePolicy(
-                accepts_images=limits.accepts_images,
-                existing=history.artifacts,
-                max_images=self._settings.max_images,
-                max_image_bytes=self._settings.max_image_bytes,
-            ),
-        )
+        session, inputs, info, history = self._assembler.assemble(opts)
         counter = self._tokenizers.for_model(info)
-        return session, history, compile_view(inputs, counter), counter
+        return session, history, compile_view(inputs, counter), counter, inputs, info
 
     async def _builtin_compaction(
         self, session: Session, history: LoadedHistory, view: CompiledView

@@ -74,7 +74,7 @@ class HistoryLoader:
         return CheckpointCandidate(ck, self.range_digest(owner, ck.covers_through_seq))
 
     def _checkpoints(
-        self, session: Session, boundary: int
+        self, session: Session, boundary: int, until_ns: int | None = None
     ) -> tuple[list[Checkpoint], tuple[FallbackReason, ...]]:
         try:
             checkpoints = self._store.list_checkpoints(session.session_id)
@@ -87,21 +87,44 @@ class HistoryLoader:
             nxt = self._store.read_events(session.session_id, boundary, 1)
             if nxt:
                 checkpoints = [c for c in checkpoints if c.create_time_ns < nxt[0].create_time_ns]
+        if until_ns is not None:
+            checkpoints = [c for c in checkpoints if c.create_time_ns <= until_ns]
         return checkpoints, ()
 
-    def load(self, session: Session, boundary: int, route: Route) -> LoadedHistory:
+    def load(
+        self,
+        session: Session,
+        boundary: int,
+        route: Route,
+        *,
+        until_ns: int | None = None,
+        recorded: tuple[str, tuple[FallbackReason, ...]] | None = None,
+    ) -> LoadedHistory:
+        """`until_ns` hides checkpoints made later; `recorded` (checkpoint id, reasons)
+        repeats the choice a recorded compile made instead of choosing again."""
         sid = session.session_id
-        found, early = self._checkpoints(session, boundary)
         chosen: Checkpoint | None = None
-        reasons: list[FallbackReason] = list(early)
-        for ck in found:
-            pick, why = choose_checkpoint(
-                [self._candidate(session, ck, boundary)], sid, route, boundary
-            )
-            reasons.extend(why)
-            if pick is not None:
-                chosen = pick
-                break
+        if recorded is not None:
+            ck_id, why = recorded
+            reasons: list[FallbackReason] = list(why)
+            if ck_id:
+                chosen = next(
+                    (c for c in self._store.list_checkpoints(sid) if c.checkpoint_id == ck_id),
+                    None,
+                )
+                if chosen is None:
+                    raise CtxccError(Reason.RECORD_CORRUPT, "a recorded checkpoint is missing")
+        else:
+            found, early = self._checkpoints(session, boundary, until_ns)
+            reasons = list(early)
+            for ck in found:
+                pick, why = choose_checkpoint(
+                    [self._candidate(session, ck, boundary)], sid, route, boundary
+                )
+                reasons.extend(why)
+                if pick is not None:
+                    chosen = pick
+                    break
         if chosen is None:
             events = self._store.read_events(sid, 0, None, frozenset(), boundary)
             current = None

@@ -13,7 +13,7 @@ Contract (checked by tests/contract for every implementation):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView
@@ -29,6 +29,8 @@ from server.domain.records import (
 )
 from server.domain.sources import Scope, SourceEntry, SourceKind, WorkspaceSources
 from server.domain.tools import ToolSpec
+
+T = TypeVar("T")
 
 
 class EventStore(Protocol):
@@ -77,7 +79,13 @@ class EventStore(Protocol):
 
     def list_checkpoints(self, session_id: str) -> list[Checkpoint]: ...
 
-    def put_compile(self, record: CompileRecord) -> None: ...
+    def put_compile(
+        self, record: CompileRecord, parts: tuple[tuple[str, object], ...] = ()
+    ) -> None: ...
+
+    def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None: ...
+
+    def compile_at(self, session_id: str, boundary: int) -> CompileRecord | None: ...
 
     def get_compile(self, compile_id: str) -> CompileRecord: ...
 

@@ -30,7 +30,7 @@ def enums_in(field: str, values: Iterable[int], cls: type[E]) -> list[E]:
 
 
 def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOptions:
-    if not req.HasField("route"):
+    if not req.HasField("route") and not req.rebuild_compile_id:
         raise invalid("route", "route is required (at least route.model)")
     approval = None
     if req.approval_mode:
@@ -61,6 +61,7 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
         images_given=lim.HasField("accepts_images"),
         dry_run=req.dry_run,
         render_formats=tuple(dict.fromkeys(formats)),
+        rebuild_compile_id=req.rebuild_compile_id,
     )
 
 

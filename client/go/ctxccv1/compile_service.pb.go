@@ -282,7 +282,15 @@ type CompileRequest struct {
 	Route *Route `protobuf:"bytes,2,opt,name=route,proto3" json:"route,omitempty"`
 	// Overrides of the model catalog for this request.
 	Limits *ModelLimits `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
-	// Compile as of this seq (time travel); 0 means the head.
+	// Compile as of this seq (time travel); 0 means the head. When a compile was recorded
+	// with this event boundary, the latest such one lends its versions of every source it
+	// read (tool registry and activations, memory, rules, skills, instruction files, the
+	// daemon's view-shaping settings, the route's baseline, the previous sections, the
+	// clock) and its checkpoint choice; route, limits, approval mode, environment,
+	// exclusions and images come from this request. The same request therefore gets that
+	// step's view again, byte for byte but for its new compile_id. With no recorded compile
+	// at that seq, sources are read as they are now and only checkpoints that existed when
+	// event as_of_seq + 1 arrived are used.
 	AsOfSeq uint64 `protobuf:"varint,4,opt,name=as_of_seq,json=asOfSeq,proto3" json:"as_of_seq,omitempty"`
 	// Approval mode for the approval section.
 	ApprovalMode ApprovalMode `protobuf:"varint,5,opt,name=approval_mode,json=approvalMode,proto3,enum=ctxcc.v1.ApprovalMode" json:"approval_mode,omitempty"`
@@ -296,9 +304,15 @@ type CompileRequest struct {
 	RenderFormats []RenderFormat `protobuf:"varint,9,rep,packed,name=render_formats,json=renderFormats,proto3,enum=ctxcc.v1.RenderFormat" json:"render_formats,omitempty"`
 	// Compile for inspection only: no compile record is kept (so no usage can be reported
 	// against it), watchers are not told, and no compaction is performed.
-	DryRun        bool `protobuf:"varint,10,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DryRun bool `protobuf:"varint,10,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Rebuild the view of this earlier compile byte for byte, compile_id and clock
+	// included, from the log and the versions the compile recorded. Only session_id (which
+	// may be empty; if set it must be the compile's), image_mode and render_formats are
+	// read besides it; nothing is recorded. COMPILE_NOT_FOUND when the compile is unknown
+	// or was recorded by a daemon that did not keep its sources' versions.
+	RebuildCompileId string `protobuf:"bytes,11,opt,name=rebuild_compile_id,json=rebuildCompileId,proto3" json:"rebuild_compile_id,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CompileRequest) Reset() {
@@ -399,6 +413,13 @@ func (x *CompileRequest) GetDryRun() bool {
 		return x.DryRun
 	}
 	return false
+}
+
+func (x *CompileRequest) GetRebuildCompileId() string {
+	if x != nil {
+		return x.RebuildCompileId
+	}
+	return ""
 }
 
 // CompileResponse carries the view.
@@ -1410,7 +1431,7 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\vEnvironment\x12+\n" +
 	"\x11working_directory\x18\x01 \x01(\tR\x10workingDirectory\x12\x1a\n" +
 	"\bplatform\x18\x02 \x01(\tR\bplatform\x12\x14\n" +
-	"\x05shell\x18\x03 \x01(\tR\x05shell\"\xe5\x03\n" +
+	"\x05shell\x18\x03 \x01(\tR\x05shell\"\x93\x04\n" +
 	"\x0eCompileRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12%\n" +
@@ -1424,7 +1445,8 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"image_mode\x18\b \x01(\x0e2\x13.ctxcc.v1.ImageModeR\timageMode\x12=\n" +
 	"\x0erender_formats\x18\t \x03(\x0e2\x16.ctxcc.v1.RenderFormatR\rrenderFormats\x12\x17\n" +
 	"\adry_run\x18\n" +
-	" \x01(\bR\x06dryRun\"=\n" +
+	" \x01(\bR\x06dryRun\x12,\n" +
+	"\x12rebuild_compile_id\x18\v \x01(\tR\x10rebuildCompileId\"=\n" +
 	"\x0fCompileResponse\x12*\n" +
 	"\x04view\x18\x01 \x01(\v2\x16.ctxcc.v1.CompiledViewR\x04view\"\x81\x01\n" +
 	"\x14CompileStreamRequest\x12+\n" +

@@ -174,7 +174,17 @@ export interface CompileRequest {
   limits?:
     | ModelLimits
     | undefined;
-  /** Compile as of this seq (time travel); 0 means the head. */
+  /**
+   * Compile as of this seq (time travel); 0 means the head. When a compile was recorded
+   * with this event boundary, the latest such one lends its versions of every source it
+   * read (tool registry and activations, memory, rules, skills, instruction files, the
+   * daemon's view-shaping settings, the route's baseline, the previous sections, the
+   * clock) and its checkpoint choice; route, limits, approval mode, environment,
+   * exclusions and images come from this request. The same request therefore gets that
+   * step's view again, byte for byte but for its new compile_id. With no recorded compile
+   * at that seq, sources are read as they are now and only checkpoints that existed when
+   * event as_of_seq + 1 arrived are used.
+   */
   asOfSeq: number;
   /** Approval mode for the approval section. */
   approvalMode: ApprovalMode;
@@ -193,6 +203,14 @@ export interface CompileRequest {
    * against it), watchers are not told, and no compaction is performed.
    */
   dryRun: boolean;
+  /**
+   * Rebuild the view of this earlier compile byte for byte, compile_id and clock
+   * included, from the log and the versions the compile recorded. Only session_id (which
+   * may be empty; if set it must be the compile's), image_mode and render_formats are
+   * read besides it; nothing is recorded. COMPILE_NOT_FOUND when the compile is unknown
+   * or was recorded by a daemon that did not keep its sources' versions.
+   */
+  rebuildCompileId: string;
 }
 
 /** CompileResponse carries the view. */
@@ -608,6 +626,7 @@ function createBaseCompileRequest(): CompileRequest {
     imageMode: 0,
     renderFormats: [],
     dryRun: false,
+    rebuildCompileId: "",
   };
 }
 
@@ -650,6 +669,9 @@ export const CompileRequest: MessageFns<CompileRequest> = {
     }
     if (message.dryRun !== false) {
       writer.uint32(80).bool(message.dryRun);
+    }
+    if (message.rebuildCompileId !== "") {
+      writer.uint32(90).string(message.rebuildCompileId);
     }
     return writer;
   },
@@ -767,6 +789,14 @@ export const CompileRequest: MessageFns<CompileRequest> = {
             message.dryRun = reader.bool();
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.rebuildCompileId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -819,6 +849,11 @@ export const CompileRequest: MessageFns<CompileRequest> = {
         : isSet(object.dry_run)
         ? globalThis.Boolean(object.dry_run)
         : false,
+      rebuildCompileId: isSet(object.rebuildCompileId)
+        ? globalThis.String(object.rebuildCompileId)
+        : isSet(object.rebuild_compile_id)
+        ? globalThis.String(object.rebuild_compile_id)
+        : "",
     };
   },
 
@@ -854,6 +889,9 @@ export const CompileRequest: MessageFns<CompileRequest> = {
     if (message.dryRun !== false) {
       obj.dryRun = message.dryRun;
     }
+    if (message.rebuildCompileId !== "") {
+      obj.rebuildCompileId = message.rebuildCompileId;
+    }
     return obj;
   },
 
@@ -876,6 +914,7 @@ export const CompileRequest: MessageFns<CompileRequest> = {
     message.imageMode = object.imageMode ?? 0;
     message.renderFormats = object.renderFormats?.map((e) => e) || [];
     message.dryRun = object.dryRun ?? false;
+    message.rebuildCompileId = object.rebuildCompileId ?? "";
     return message;
   },
 };

@@ -1,0 +1,127 @@
+"""The basis of a compile: everything it read besides the log, stored with its record.
+
+A compile reads the event log (immutable) and sources that change over time: the tool
+registry and this turn's activations, memory, rules, skills, instruction files, the
+daemon's view-shaping settings, the model catalog, the route's baseline and learned
+model, the previous compile's sections and the clock. Each compile stores what it read, as versions named by
+content digest: the large, rarely changing parts (sources, tools, settings) once per
+session and content, the small per-step rest in a basis part the compile record names.
+A past view is then rebuilt from the store alone, byte for byte (exact time travel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import msgspec
+
+from server.compiler.budget import BudgetConfig, ModelLimits
+from server.compiler.compile import CompileInputs
+from server.compiler.sources import SourceInputs
+from server.compiler.system import ApprovalMode, EnvironmentInfo
+from server.compiler.view import FallbackReason, SectionKind
+from server.domain.catalog import ModelInfo
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import Route
+from server.domain.records import RouteModel, RouteState
+from server.domain.tools import ToolSpec
+from server.service.ports import EventStore
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolsPart:
+    """The session's tool registry as a compile saw it."""
+
+    tools: tuple[ToolSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsPart:
+    """Daemon settings that shape a view (the caps travel inside SourceInputs)."""
+
+    kernel_text: str
+    budget: BudgetConfig
+    max_images: int
+    max_image_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompileBasis:
+    """One compile's versions: digests of its parts, and the small per-step inputs."""
+
+    sources: str
+    tools: str
+    settings: str
+    route: Route
+    model: ModelInfo
+    limits: ModelLimits
+    route_state: RouteState | None
+    route_model: RouteModel | None
+    approval_mode: ApprovalMode
+    environment: EnvironmentInfo
+    exclude_sections: tuple[SectionKind, ...]
+    activated_tools: tuple[str, ...]
+    checkpoint_id: str
+    fallback_reasons: tuple[FallbackReason, ...]
+    previous_sections: tuple[tuple[int, str], ...] | None
+    requested_max_output: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A stored basis with its parts read back."""
+
+    basis: CompileBasis
+    sources: SourceInputs
+    tools: tuple[ToolSpec, ...]
+    settings: SettingsPart
+
+
+def digest_of(value: object) -> str:
+    # MessagePack of frozen dataclasses and tuples is deterministic; the digest only has
+    # to name equal content equally within one data directory.
+    return hashlib.sha256(_encoder.encode(value)).hexdigest()[:32]
+
+
+def basis_of(
+    inputs: CompileInputs, model: ModelInfo, settings: SettingsPart
+) -> tuple[str, tuple[tuple[str, object], ...]]:
+    """The basis digest of a compile and the parts to store with its record."""
+    tools = ToolsPart(inputs.tools)
+    parts: list[tuple[str, object]] = [(digest_of(p), p) for p in (inputs.sources, tools, settings)]
+    basis = CompileBasis(
+        sources=parts[0][0],
+        tools=parts[1][0],
+        settings=parts[2][0],
+        route=inputs.route,
+        model=model,
+        limits=inputs.limits,
+        route_state=inputs.route_state,
+        route_model=inputs.route_model,
+        approval_mode=inputs.approval_mode,
+        environment=inputs.environment,
+        exclude_sections=tuple(sorted(inputs.exclude_sections)),
+        activated_tools=inputs.activated_tools,
+        checkpoint_id=inputs.checkpoint.checkpoint_id if inputs.checkpoint else "",
+        fallback_reasons=inputs.fallback_reasons,
+        previous_sections=inputs.previous_sections,
+        requested_max_output=inputs.requested_max_output,
+    )
+    digest = digest_of(basis)
+    parts.append((digest, basis))
+    return digest, tuple(parts)
+
+
+def recall(store: EventStore, session_id: str, digest: str) -> Recalled:
+    """Blocking: a stored basis and its parts; RECORD_CORRUPT when any is missing."""
+    basis = store.get_compile_part(session_id, digest, CompileBasis)
+    if basis is not None:
+        sources = store.get_compile_part(session_id, basis.sources, SourceInputs)
+        tools = store.get_compile_part(session_id, basis.tools, ToolsPart)
+        settings = store.get_compile_part(session_id, basis.settings, SettingsPart)
+        if sources is not None and tools is not None and settings is not None:
+            return Recalled(basis, sources, tools.tools, settings)
+    raise CtxccError(Reason.RECORD_CORRUPT, "a stored compile basis is incomplete")

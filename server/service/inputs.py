@@ -1,0 +1,240 @@
+"""What one compile reads, assembled into the core's inputs (blocking, on the I/O pool).
+
+Three ways: a compile at the head reads every source as it is now; a compile with
+`as_of_seq` at a recorded step takes that step's stored sources, settings, route state,
+activations, checkpoint choice and clock, with the request's own parameters (route,
+limits, approval, environment); a rebuild takes everything from the recorded compile's
+basis, so its view comes back byte for byte (see basis.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from server.compiler.budget import ModelLimits
+from server.compiler.compile import CompileInputs
+from server.compiler.projection import ImagePolicy
+from server.compiler.route_model import counter_kind
+from server.compiler.system import EnvironmentInfo
+from server.domain.catalog import Catalog, ModelInfo
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import Session
+from server.domain.records import CompileRecord, RouteState
+from server.service.basis import Recalled, SettingsPart, recall
+from server.service.loading import HistoryLoader, LoadedHistory
+from server.service.ports import Clock, EventStore, IdSource
+from server.service.sources import SourceUseCases
+
+if TYPE_CHECKING:
+    from server.service.compiling import CompileOptions, CompilerSettings
+
+# Reported token counts above this are refused: no model reads that much, and a
+# baseline this large would overflow the 32-bit estimates of every later compile.
+MAX_USAGE_TOKENS = 1 << 28
+
+
+def effective_limits(info: ModelInfo, request: ModelLimits, images_given: bool) -> ModelLimits:
+    """Catalog values, overridden by the request's non-zero fields (R-BUD-5)."""
+    return ModelLimits(
+        context_window=request.context_window or info.context_window,
+        max_output_tokens=request.max_output_tokens or info.max_output_tokens,
+        max_input_tokens=request.max_input_tokens or info.max_input_tokens,
+        accepts_images=request.accepts_images if images_given else info.accepts_images,
+    )
+
+
+class InputAssembler:
+    def __init__(
+        self,
+        store: EventStore,
+        loader: HistoryLoader,
+        sources: SourceUseCases,
+        catalog: Catalog,
+        settings: CompilerSettings,
+        clock: Clock,
+        ids: IdSource,
+    ) -> None:
+        self._store = store
+        self._loader = loader
+        self._sources = sources
+        self._catalog = catalog
+        self._settings = settings
+        self._clock = clock
+        self._ids = ids
+
+    def _recalled(
+        self, opts: CompileOptions, session: Session
+    ) -> tuple[Recalled, CompileRecord] | None:
+        """The stored basis a time-travel compile reuses: the rebuilt compile's, or that of
+        the latest compile recorded at `as_of_seq`."""
+        record: CompileRecord | None
+        if opts.rebuild_compile_id:
+            record = self._store.get_compile(opts.rebuild_compile_id)
+        elif opts.as_of_seq:
+            record = self._store.compile_at(session.session_id, opts.as_of_seq)
+        else:
+            return None
+        if record is None or not record.basis_digest:
+            if opts.rebuild_compile_id:
+                raise CtxccError(
+                    Reason.COMPILE_NOT_FOUND,
+                    f"compile {opts.rebuild_compile_id!r} was recorded without its basis "
+                    "and cannot be rebuilt",
+                    compile_id=opts.rebuild_compile_id,
+                )
+            return None
+        return recall(self._store, session.session_id, record.basis_digest), record
+
+    def assemble(
+        self, opts: CompileOptions
+    ) -> tuple[Session, CompileInputs, ModelInfo, LoadedHistory]:
+        session = self._store.get_session(opts.session_id)
+        if opts.as_of_seq > session.head_seq:
+            raise CtxccError(
+                Reason.SEQ_OUT_OF_RANGE,
+                f"as_of_seq {opts.as_of_seq} is beyond the session head {session.head_seq}",
+                head_seq=str(session.head_seq),
+            )
+        found = self._recalled(opts, session)
+        if found is not None and opts.rebuild_compile_id:
+            return session, *self._rebuilt_inputs(session, *found)
+        return session, *self._inputs(opts, session, found)
+
+    def _rebuilt_inputs(
+        self, session: Session, old: Recalled, record: CompileRecord
+    ) -> tuple[CompileInputs, ModelInfo, LoadedHistory]:
+        """Exactly the inputs a recorded compile had, from its basis and the log."""
+        b = old.basis
+        history = self._loader.load(
+            session,
+            record.event_boundary,
+            b.route,
+            recorded=(b.checkpoint_id, b.fallback_reasons),
+        )
+        inputs = CompileInputs(
+            compile_id=record.compile_id,
+            session=session,
+            events=history.events,
+            event_boundary=record.event_boundary,
+            route=b.route,
+            limits=b.limits,
+            route_state=b.route_state,
+            route_model=b.route_model,
+            counter_kind=counter_kind(b.model),
+            kernel_text=old.settings.kernel_text,
+            approval_mode=b.approval_mode,
+            environment=b.environment,
+            exclude_sections=frozenset(b.exclude_sections),
+            budget_config=old.settings.budget,
+            sources=old.sources,
+            previous_sections=b.previous_sections,
+            requested_max_output=b.requested_max_output,
+            tools=old.tools,
+            activated_tools=b.activated_tools,
+            checkpoint=history.checkpoint,
+            current_user=history.current_user,
+            fallback_reasons=history.fallback_reasons,
+            images=ImagePolicy(
+                accepts_images=b.limits.accepts_images,
+                existing=history.artifacts,
+                max_images=old.settings.max_images,
+                max_image_bytes=old.settings.max_image_bytes,
+            ),
+        )
+        return inputs, b.model, history
+
+    def _inputs(
+        self,
+        opts: CompileOptions,
+        session: Session,
+        found: tuple[Recalled, CompileRecord] | None,
+    ) -> tuple[CompileInputs, ModelInfo, LoadedHistory]:
+        """A compile's inputs: the request's own parameters, with the sources and state read
+        now, or, for `as_of_seq` at a recorded step, as that step read them."""
+        boundary = opts.as_of_seq or session.head_seq
+        info = self._catalog.lookup(opts.route.model)
+        limits = effective_limits(info, opts.limits, opts.images_given)
+        working_directory = opts.working_directory or session.working_directory
+        old, record = found if found is not None else (None, None)
+        same_route = old is not None and old.basis.route == opts.route
+        if old is not None and record is not None:
+            b = old.basis
+            history = self._loader.load(
+                session,
+                boundary,
+                opts.route,
+                until_ns=record.create_time_ns,
+                recorded=(b.checkpoint_id, b.fallback_reasons) if same_route else None,
+            )
+            history = replace(history, tools=old.tools, activated=b.activated_tools)
+            route_state = b.route_state if same_route else self._route_state(opts)
+            route_model = (
+                b.route_model if same_route else self._store.get_route_model(opts.route.route_id)
+            )
+            sources, settings = old.sources, old.settings
+            previous: tuple[tuple[int, str], ...] | None = b.previous_sections
+            time_text = b.environment.time_text
+        else:
+            history = self._loader.load(session, boundary, opts.route)
+            route_state = self._route_state(opts)
+            route_model = self._store.get_route_model(opts.route.route_id)
+            sources = self._sources.session_sources(
+                session, working_directory, self._settings.caps, opts.exclude_sections
+            )
+            settings = self.settings_part()
+            last = self._store.get_last_compile(opts.session_id)
+            previous = last.section_digests if last else None
+            time_text = self._time_text()
+        inputs = CompileInputs(
+            compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
+            session=session,
+            events=history.events,
+            event_boundary=boundary,
+            route=opts.route,
+            limits=limits,
+            route_state=route_state,
+            route_model=route_model,
+            counter_kind=counter_kind(info),
+            kernel_text=settings.kernel_text,
+            approval_mode=opts.approval_mode or self._settings.default_approval,
+            environment=EnvironmentInfo(
+                working_directory=working_directory,
+                platform=opts.platform,
+                shell=opts.shell,
+                time_text=time_text,
+            ),
+            exclude_sections=opts.exclude_sections,
+            budget_config=settings.budget,
+            sources=sources,
+            previous_sections=previous,
+            requested_max_output=opts.limits.max_output_tokens,
+            tools=history.tools,
+            activated_tools=history.activated,
+            checkpoint=history.checkpoint,
+            current_user=history.current_user,
+            fallback_reasons=history.fallback_reasons,
+            images=ImagePolicy(
+                accepts_images=limits.accepts_images,
+                existing=history.artifacts,
+                max_images=settings.max_images,
+                max_image_bytes=settings.max_image_bytes,
+            ),
+        )
+        return inputs, info, history
+
+    def _route_state(self, opts: CompileOptions) -> RouteState | None:
+        state = self._store.get_route_state(opts.session_id, opts.route.route_id)
+        if state is not None and state.baseline_input_tokens > MAX_USAGE_TOKENS:
+            return None  # stored before reports were bounded: estimate afresh
+        return state
+
+    def settings_part(self) -> SettingsPart:
+        s = self._settings
+        return SettingsPart(s.kernel_text, s.budget, s.max_images, s.max_image_bytes)
+
+    def _time_text(self) -> str:
+        g = max(1, self._settings.time_granularity_s)
+        seconds = self._clock.now_ns() // 1_000_000_000 // g * g
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

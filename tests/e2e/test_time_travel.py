@@ -1,0 +1,370 @@
+"""Exact time travel against a daemon process: a random history of events and source
+changes (memory, rules, skills, tools and their activation, instruction files on disk,
+checkpoints, usage reports) with compiles at random points; every compile is then
+rebuilt from its compile_id, and every event boundary's latest compile from as_of_seq,
+and the views must come back byte for byte."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    compile_service_pb2_grpc,
+    session_pb2,
+    session_service_pb2_grpc,
+    source_pb2,
+    source_service_pb2_grpc,
+    tool_pb2,
+    tool_service_pb2_grpc,
+    view_pb2,
+)
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
+from ctxcc.v1 import tool_service_pb2 as tpb
+from tests.e2e.proc import DaemonProcess
+from tests.helpers import ROUTE, assistant, error_info, tool_result, user
+
+OTHER_ROUTE = common_pb2.Route(
+    connection="c2", protocol="openai-chat", endpoint="e", model="gpt-4o"
+)
+WORDS = st.sampled_from(["alpha", "deploy", "src/app.py", "lint", "tests/x_test.py", "é", "日本"])
+TEXT = st.lists(WORDS, min_size=1, max_size=4).map(" ".join)
+SCOPES = st.sampled_from(["session", "project"])
+
+ACTIONS = st.one_of(
+    st.tuples(st.just("user"), TEXT),
+    st.tuples(st.just("step"), st.sampled_from(["deploy", "tool_search", "lint"]), TEXT),
+    st.tuples(st.just("turn"), st.sampled_from(["started", "completed", "cancelled"])),
+    st.tuples(st.just("memory"), SCOPES, st.integers(0, 2), TEXT),
+    st.tuples(st.just("forget"), SCOPES, st.integers(0, 2)),
+    st.tuples(st.just("rule"), st.integers(0, 2), st.integers(1, 3), TEXT),
+    st.tuples(st.just("skill"), st.integers(0, 1), st.booleans(), TEXT),
+    st.tuples(st.just("tool"), st.sampled_from(["deploy", "lint", "fmt"]), st.integers(1, 3)),
+    st.tuples(st.just("search"), st.sampled_from(["deploy", "lint", "release"])),
+    st.tuples(st.just("file"), TEXT),
+    st.tuples(st.just("checkpoint"), st.integers(1, 30), st.booleans()),
+    st.tuples(st.just("usage"), st.integers(100, 50_000), st.integers(1, 9000)),
+    st.tuples(st.just("compile"), st.booleans()),
+)
+
+
+@dataclass
+class Api:
+    sessions: Any
+    compiles: Any
+    sources: Any
+    tools: Any
+    work: Path
+    ids: Iterator[int] = field(default_factory=itertools.count)
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[Api]:
+    base = Path("/tmp") / f"ctxcc-tt-{os.getpid()}"
+    work = base / "work"
+    work.mkdir(parents=True)
+    d = DaemonProcess(base / "data", "--workspace-roots", str(work), "--time-granularity", "1")
+    d.start()
+    d.wait_ready()
+    try:
+        with grpc.insecure_channel(d.target) as ch:
+            yield Api(
+                session_service_pb2_grpc.SessionServiceStub(ch),
+                compile_service_pb2_grpc.CompileServiceStub(ch),
+                source_service_pb2_grpc.SourceServiceStub(ch),
+                tool_service_pb2_grpc.ToolServiceStub(ch),
+                work,
+            )
+    finally:
+        assert d.terminate() == 0
+        shutil.rmtree(base, ignore_errors=True)
+        d.log_path.unlink(missing_ok=True)
+
+
+def _bytes(view: view_pb2.CompiledView) -> bytes:
+    return view.SerializeToString(deterministic=True)
+
+
+class History:
+    """Plays actions against one fresh session and project."""
+
+    def __init__(self, api: Api) -> None:
+        n = next(api.ids)
+        self.api, self.sid, self.pid = api, f"tt-{n}", f"proj-{n}"
+        self.root = api.work / self.sid
+        self.root.mkdir()
+        api.sessions.CreateSession(
+            spb.CreateSessionRequest(
+                session=session_pb2.Session(
+                    session_id=self.sid,
+                    project_id=self.pid,
+                    project_root=str(self.root),
+                    working_directory=str(self.root),
+                )
+            )
+        )
+        self.head = 0
+        self.calls = itertools.count()
+        self.compiled: list[tuple[common_pb2.Route, bytes]] = []
+
+    def scope(self, name: str) -> tuple[Any, str]:
+        if name == "session":
+            return common_pb2.SCOPE_SESSION, self.sid
+        return common_pb2.SCOPE_PROJECT, self.pid
+
+    def append(self, *events: Any) -> None:
+        got = self.api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=self.sid, events=list(events))
+        )
+        self.head = got.last_seq
+
+    def play(self, action: tuple[Any, ...]) -> None:
+        kind, *args = action
+        a = self.api
+        if kind == "user":
+            self.append(user(args[0]))
+        elif kind == "step":
+            call = f"c{next(self.calls)}"
+            arguments = json.dumps({"query": args[1]} if args[0] == "tool_search" else {})
+            self.append(
+                assistant("", (call, args[0], arguments), reasoning="thinking " + args[1]),
+                tool_result(call, f"ran {args[1]}", args[0]),
+            )
+        elif kind == "turn":
+            ev = user("x")
+            ev.ClearField("user_message")
+            if args[0] == "started":
+                ev.turn_started.turn_id = "t"
+            elif args[0] == "completed":
+                ev.turn_completed.SetInParent()
+            else:
+                ev.turn_cancelled.keep_reasoning = True
+            self.append(ev)
+        elif kind == "memory":
+            scope, scope_id = self.scope(args[0])
+            a.sources.PutMemory(
+                rpb.PutMemoryRequest(
+                    memory=source_pb2.MemoryEntry(
+                        memory_id=f"m{args[1]}", scope=scope, scope_id=scope_id, text=args[2]
+                    )
+                )
+            )
+        elif kind == "forget":
+            scope, scope_id = self.scope(args[0])
+            try:
+                a.sources.DeleteMemory(
+                    rpb.DeleteMemoryRequest(scope=scope, scope_id=scope_id, memory_id=f"m{args[1]}")
+                )
+            except grpc.RpcError as err:
+                assert error_info(err).reason == "SOURCE_NOT_FOUND"
+        elif kind == "rule":
+            a.sources.PutRule(
+                rpb.PutRuleRequest(
+                    rule=source_pb2.Rule(
+                        rule_id=f"r{args[0]}",
+                        scope=common_pb2.SCOPE_SESSION,
+                        scope_id=self.sid,
+                        name=f"rule-{args[0]}",
+                        description=args[2],
+                        text=f"Rule text: {args[2]}",
+                        activation=args[1],
+                        path_globs=["src/**"] if args[1] == 3 else [],
+                    )
+                )
+            )
+        elif kind == "skill":
+            a.sources.PutSkill(
+                rpb.PutSkillRequest(
+                    skill=source_pb2.Skill(
+                        skill_id=f"s{args[0]}",
+                        scope=common_pb2.SCOPE_PROJECT,
+                        scope_id=self.pid,
+                        name=f"skill-{args[0]}",
+                        description=args[2],
+                        enabled=args[1],
+                    )
+                )
+            )
+        elif kind == "tool":
+            a.tools.RegisterTools(
+                tpb.RegisterToolsRequest(
+                    session_id=self.sid,
+                    tools=[
+                        tool_pb2.ToolDefinition(
+                            name=args[0],
+                            description=f"{args[0]} v{next(self.calls)}",
+                            input_schema_json='{"type": "object"}',
+                            visibility=args[1],
+                            search_keywords=["release"],
+                        )
+                    ],
+                )
+            )
+        elif kind == "search":
+            a.tools.SearchTools(tpb.SearchToolsRequest(session_id=self.sid, query=args[0]))
+        elif kind == "file":
+            (self.root / "AGENTS.md").write_text(f"Conventions: {args[0]}\n")
+        elif kind == "checkpoint" and self.head:
+            a.compiles.CreateCheckpoint(
+                cpb.CreateCheckpointRequest(
+                    checkpoint=checkpoint_pb2.Checkpoint(
+                        session_id=self.sid,
+                        covers_through_seq=min(args[0], self.head),
+                        summary=f"summary through {min(args[0], self.head)}",
+                        source_route=ROUTE,
+                        portable=args[1],
+                    )
+                )
+            )
+        elif kind == "usage" and self.compiled:
+            route, raw = self.compiled[-1]
+            a.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view_pb2.CompiledView.FromString(raw).compile_id,
+                    route=route,
+                    input_tokens=args[0],
+                    output_tokens=args[1],
+                )
+            )
+        elif kind == "compile" and self.head:
+            route = OTHER_ROUTE if args[0] else ROUTE
+            view = a.compiles.Compile(cpb.CompileRequest(session_id=self.sid, route=route)).view
+            self.compiled.append((route, _bytes(view)))
+
+
+def _rebuilt(api: Api, compile_id: str) -> bytes:
+    req = cpb.CompileRequest(rebuild_compile_id=compile_id)
+    return _bytes(api.compiles.Compile(req).view)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.lists(ACTIONS, min_size=4, max_size=40))
+def test_every_past_view_is_rebuilt_byte_for_byte(api: Api, actions: list[Any]) -> None:
+    history = History(api)
+    for action in actions:
+        history.play(action)
+    history.play(("user", "last words"))
+    history.play(("compile", False))
+    latest_at: dict[int, tuple[common_pb2.Route, bytes]] = {}
+    for route, original in history.compiled:
+        view = view_pb2.CompiledView.FromString(original)
+        assert _rebuilt(api, view.compile_id) == original
+        latest_at[view.event_boundary] = (route, original)
+    for boundary, (route, original) in latest_at.items():
+        again = api.compiles.Compile(
+            cpb.CompileRequest(session_id=history.sid, route=route, as_of_seq=boundary)
+        ).view
+        expected = view_pb2.CompiledView.FromString(original)
+        assert again.compile_id != expected.compile_id
+        again.compile_id = expected.compile_id
+        assert _bytes(again) == original, boundary
+
+
+def test_later_sources_do_not_leak_into_a_past_step(api: Api) -> None:
+    """The audit's case: compile at seq 3, then a tool and a memory entry appear."""
+    h = History(api)
+    for text in ("one", "two", "three"):
+        h.play(("user", text))
+    h.play(("compile", False))
+    first = view_pb2.CompiledView.FromString(h.compiled[-1][1])
+    h.play(("tool", "deploy", 1))
+    h.play(("memory", "session", 0, "a fact learned later"))
+    h.play(("file", "written later"))
+    now = api.compiles.Compile(cpb.CompileRequest(session_id=h.sid, route=ROUTE, dry_run=True))
+    now = now.view
+    assert "deploy" in [t.definition.name for t in now.tools]
+    assert "a fact learned later" in now.system_prompt
+    past = api.compiles.Compile(cpb.CompileRequest(session_id=h.sid, route=ROUTE, as_of_seq=3))
+    assert past.view.prefix_digest == first.prefix_digest
+    assert "deploy" not in [t.definition.name for t in past.view.tools]
+    assert "a fact learned later" not in past.view.system_prompt
+    assert "written later" not in past.view.system_prompt
+
+
+def test_rebuild_errors(api: Api) -> None:
+    h = History(api)
+    h.play(("user", "hi"))
+    h.play(("compile", False))
+    compile_id = view_pb2.CompiledView.FromString(h.compiled[-1][1]).compile_id
+    for bad, reason in [
+        (cpb.CompileRequest(rebuild_compile_id=h.sid + ":00ff"), "COMPILE_NOT_FOUND"),
+        (cpb.CompileRequest(rebuild_compile_id=h.sid + ":\xff"), "COMPILE_NOT_FOUND"),
+        (cpb.CompileRequest(session_id="other", rebuild_compile_id=compile_id), "INVALID_FIELD"),
+    ]:
+        with pytest.raises(grpc.RpcError) as exc:
+            api.compiles.Compile(bad)
+        assert error_info(exc.value).reason == reason
+
+
+def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> None:
+    """Kernel text, caps and budget parameters are versions too: a daemon restarted with
+    other settings still rebuilds the earlier view exactly, compaction request included."""
+    base = Path("/tmp") / f"ctxcc-tt-restart-{os.getpid()}"
+    base.mkdir()
+    kernel = tmp_path / "kernel.txt"
+    kernel.write_text("Kernel of the first daemon.")
+    first = ("--kernel-file", str(kernel), "--memory-cap", "300", "--time-granularity", "1")
+    d = DaemonProcess(base / "data", *first).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            sources: Any = source_service_pb2_grpc.SourceServiceStub(ch)
+            sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="r"))
+            )
+            sources.PutMemory(
+                rpb.PutMemoryRequest(
+                    memory=source_pb2.MemoryEntry(
+                        memory_id="m",
+                        scope=common_pb2.SCOPE_SESSION,
+                        scope_id="r",
+                        text="fact " * 40,
+                    )
+                )
+            )
+            sessions.AppendEvents(
+                spb.AppendEventsRequest(
+                    session_id="r", events=[user(f"request {i} " + "word " * 500) for i in range(8)]
+                )
+            )
+            req = cpb.CompileRequest(session_id="r", route=ROUTE)
+            req.limits.context_window = 3000
+            original = compiles.Compile(req).view
+            assert original.HasField("compaction") and original.compaction.covered_digest
+        assert d.terminate() == 0
+        kernel.write_text("Kernel of the second daemon.")
+        second = ("--kernel-file", str(kernel), "--memory-cap", "100", "--first-reserve-max", "99")
+        d = DaemonProcess(base / "data", *second).start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=original.compile_id))
+            assert _bytes(rebuilt.view) == _bytes(original)
+            assert "Kernel of the first daemon." in rebuilt.view.system_prompt
+            fresh = compiles.Compile(req).view
+            assert "Kernel of the second daemon." in fresh.system_prompt
+            assert fresh.budget.output_reserve != original.budget.output_reserve
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
