@@ -3,9 +3,10 @@
 A compile reads the event log (immutable) and sources that change over time: the tool
 registry and this turn's activations, memory, rules, skills, instruction files, the
 daemon's view-shaping settings, the model catalog, the route's baseline and learned
-model, the previous compile's sections and the clock. Each compile stores what it read, as versions named by
-content digest: the large, rarely changing parts (sources, tools, settings) once per
-session and content, the small per-step rest in a basis part the compile record names.
+model, the previous compile's sections and the clock. Each compile stores what it read,
+as versions named by content digest: the large, rarely changing parts (sources, tools,
+settings) once per session and content, the small per-step rest in a basis part the
+compile record names.
 A past view is then rebuilt from the store alone, byte for byte (exact time travel).
 """
 
