@@ -174,7 +174,9 @@ async def test_bad_input_gets_status_and_reason(api: Stubs) -> None:
     view = (await c.Compile(compile_request("b"))).view
     other = common_pb2.Route(model="gpt-4o")
     assert await fails(
-        c.ReportUsage(cpb.ReportUsageRequest(compile_id=view.compile_id, route=other))
+        c.ReportUsage(
+            cpb.ReportUsageRequest(compile_id=view.compile_id, route=other, input_tokens=1)
+        )
     ) == (grpc.StatusCode.FAILED_PRECONDITION, "ROUTE_MISMATCH")
 
 
