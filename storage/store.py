@@ -392,10 +392,20 @@ class KVEventStore:
 
     # -- artifacts ----------------------------------------------------------------
 
-    def put_artifact(self, record: ArtifactRecord, data: bytes) -> None:
+    def put_artifact(self, record: ArtifactRecord, data: bytes) -> ArtifactRecord:
+        """Stores the artifact, or returns the one already stored under its id (an upload
+        retried with its request id), never storing or counting the bytes twice."""
         sid = record.session_id
         with self._lock(sid):
             session = self.get_session(sid)
+            existing = self.get_artifact_record(sid, record.artifact_id)
+            if existing is not None:
+                if existing.sha256 != record.sha256:
+                    raise CtxccError(
+                        Reason.REQUEST_ID_REUSED,
+                        "request_id was used for an upload with other content",
+                    )
+                return existing
             batch = Batch()
             added = self._add_blobs(batch, sid, ((record.sha256, data),))
             encoded = encode_value(record)
@@ -405,6 +415,7 @@ class KVEventStore:
             updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + added)
             batch.put("sessions", sid.encode(), encode_value(updated))
             self._kv.write(batch)
+            return record
 
     def get_artifact_record(self, session_id: str, artifact_id: str) -> ArtifactRecord | None:
         raw = self._kv.get("artifacts", _key(session_id, artifact_id.encode()))
@@ -426,14 +437,20 @@ class KVEventStore:
 
     # -- checkpoints, compiles, routes -------------------------------------------
 
-    def put_checkpoint(self, checkpoint: Checkpoint) -> None:
+    def put_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Stores the checkpoint, or returns the one already stored under its id: creates
+        racing with one request id store one record (the session lock orders them)."""
         sid = checkpoint.session_id
         key = _key(sid, _be64(checkpoint.create_time_ns) + checkpoint.checkpoint_id.encode())
         with self._lock(sid):
             self.get_session(sid)
+            for existing in self.list_checkpoints(sid):
+                if existing.checkpoint_id == checkpoint.checkpoint_id:
+                    return existing
             batch = Batch()
             batch.put("checkpoints", key, encode_value(checkpoint))
             self._kv.write(batch)
+            return checkpoint
 
     def list_checkpoints(self, session_id: str) -> list[Checkpoint]:
         items = self._kv.scan(

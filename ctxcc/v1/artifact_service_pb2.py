@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ctxcc.v1 import common_pb2 as ctxcc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63txcc/v1/artifact_service.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\"\\\n\x15UploadArtifactRequest\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.ctxcc.v1.ArtifactHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x07\n\x05\x63hunk\"z\n\x0e\x41rtifactHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\"A\n\x16UploadArtifactResponse\x12\'\n\x08\x61rtifact\x18\x01 \x01(\x0b\x32\x15.ctxcc.v1.ArtifactRef\"B\n\x17\x44ownloadArtifactRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61rtifact_id\x18\x02 \x01(\t\"^\n\x18\x44ownloadArtifactResponse\x12)\n\x08\x61rtifact\x18\x01 \x01(\x0b\x32\x15.ctxcc.v1.ArtifactRefH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x07\n\x05\x63hunk2\xc5\x01\n\x0f\x41rtifactService\x12U\n\x0eUploadArtifact\x12\x1f.ctxcc.v1.UploadArtifactRequest\x1a .ctxcc.v1.UploadArtifactResponse(\x01\x12[\n\x10\x44ownloadArtifact\x12!.ctxcc.v1.DownloadArtifactRequest\x1a\".ctxcc.v1.DownloadArtifactResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63txcc/v1/artifact_service.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\"\\\n\x15UploadArtifactRequest\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.ctxcc.v1.ArtifactHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x07\n\x05\x63hunk\"\x8e\x01\n\x0e\x41rtifactHeader\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tmime_type\x18\x02 \x01(\t\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\x12\n\nrequest_id\x18\x07 \x01(\t\"A\n\x16UploadArtifactResponse\x12\'\n\x08\x61rtifact\x18\x01 \x01(\x0b\x32\x15.ctxcc.v1.ArtifactRef\"B\n\x17\x44ownloadArtifactRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x61rtifact_id\x18\x02 \x01(\t\"^\n\x18\x44ownloadArtifactResponse\x12)\n\x08\x61rtifact\x18\x01 \x01(\x0b\x32\x15.ctxcc.v1.ArtifactRefH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x07\n\x05\x63hunk2\xc5\x01\n\x0f\x41rtifactService\x12U\n\x0eUploadArtifact\x12\x1f.ctxcc.v1.UploadArtifactRequest\x1a .ctxcc.v1.UploadArtifactResponse(\x01\x12[\n\x10\x44ownloadArtifact\x12!.ctxcc.v1.DownloadArtifactRequest\x1a\".ctxcc.v1.DownloadArtifactResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,14 +34,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UPLOADARTIFACTREQUEST']._serialized_start=68
   _globals['_UPLOADARTIFACTREQUEST']._serialized_end=160
-  _globals['_ARTIFACTHEADER']._serialized_start=162
-  _globals['_ARTIFACTHEADER']._serialized_end=284
-  _globals['_UPLOADARTIFACTRESPONSE']._serialized_start=286
-  _globals['_UPLOADARTIFACTRESPONSE']._serialized_end=351
-  _globals['_DOWNLOADARTIFACTREQUEST']._serialized_start=353
-  _globals['_DOWNLOADARTIFACTREQUEST']._serialized_end=419
-  _globals['_DOWNLOADARTIFACTRESPONSE']._serialized_start=421
-  _globals['_DOWNLOADARTIFACTRESPONSE']._serialized_end=515
-  _globals['_ARTIFACTSERVICE']._serialized_start=518
-  _globals['_ARTIFACTSERVICE']._serialized_end=715
+  _globals['_ARTIFACTHEADER']._serialized_start=163
+  _globals['_ARTIFACTHEADER']._serialized_end=305
+  _globals['_UPLOADARTIFACTRESPONSE']._serialized_start=307
+  _globals['_UPLOADARTIFACTRESPONSE']._serialized_end=372
+  _globals['_DOWNLOADARTIFACTREQUEST']._serialized_start=374
+  _globals['_DOWNLOADARTIFACTREQUEST']._serialized_end=440
+  _globals['_DOWNLOADARTIFACTRESPONSE']._serialized_start=442
+  _globals['_DOWNLOADARTIFACTRESPONSE']._serialized_end=536
+  _globals['_ARTIFACTSERVICE']._serialized_start=539
+  _globals['_ARTIFACTSERVICE']._serialized_end=736
 # @@protoc_insertion_point(module_scope)

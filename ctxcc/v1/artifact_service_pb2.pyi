@@ -59,6 +59,7 @@ class ArtifactHeader(_message.Message):
     SHA256_FIELD_NUMBER: _builtins.int
     WIDTH_FIELD_NUMBER: _builtins.int
     HEIGHT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session the artifact belongs to."""
     mime_type: _builtins.str
@@ -71,6 +72,13 @@ class ArtifactHeader(_message.Message):
     """Width in pixels for images, 0 when unknown."""
     height: _builtins.int
     """Height in pixels for images, 0 when unknown."""
+    request_id: _builtins.str
+    """Idempotency key (optional): an upload retried with the same request_id (after a
+    cut connection, a timeout or a daemon restart) answers the artifact the first one
+    stored, without storing or counting its bytes again; with other content it is
+    refused (FAILED_PRECONDITION, REQUEST_ID_REUSED). An upload cut before its last byte
+    and its end of stream stores nothing.
+    """
     def __init__(
         self,
         *,
@@ -80,10 +88,11 @@ class ArtifactHeader(_message.Message):
         sha256: _builtins.str = ...,
         width: _builtins.int = ...,
         height: _builtins.int = ...,
+        request_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "mime_type", b"mime_type", "session_id", b"session_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["height", b"height", "mime_type", b"mime_type", "request_id", b"request_id", "session_id", b"session_id", "sha256", b"sha256", "size_bytes", b"size_bytes", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

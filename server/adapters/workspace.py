@@ -5,7 +5,9 @@ Confinement: a session's project root must lie under one of `workspace_roots`, i
 working directory under the project root; every file is resolved (symlinks followed)
 and refused when it lands outside the root it was found in. Paths with `..` are
 refused outright. Nothing here raises on a bad file: it is skipped with a note, so a
-broken repository never breaks a compile.
+broken repository never breaks a compile. Notes name files relative to the root they
+were found in (`global:` for the global directory), never by the daemon's absolute paths
+or the configured roots.
 """
 
 from __future__ import annotations
@@ -52,6 +54,13 @@ class WorkspaceReader:
         self.cfg = cfg
         self._roots = tuple(Path(os.path.realpath(r)) for r in cfg.roots)
 
+    def _shown(self, path: Path, root: Path) -> str:
+        """How a note names a file: relative to its root, the global one marked."""
+        rel = os.path.relpath(path, root)
+        g = self.cfg.global_dir
+        is_global = g is not None and Path(os.path.realpath(g)) == root
+        return f"global:{rel}" if is_global else rel
+
     def _read(self, path: Path, root: Path, notes: list[str]) -> tuple[str, bool] | None:
         """Text of a regular file resolving under `root`, or None (with a note)."""
         try:
@@ -59,12 +68,14 @@ class WorkspaceReader:
                 return None
             real = Path(os.path.realpath(path))
             if not within(str(real), str(root)):
-                notes.append(f"refused {path}: resolves outside {root}")
+                notes.append(f"refused {self._shown(path, root)}: it resolves outside its root")
                 return None
             with open(real, "rb") as f:
                 data = f.read(MAX_READ_BYTES)
         except OSError as exc:
-            notes.append(f"skipped {path}: {exc.strerror or exc}")
+            # strerror only: str(exc) would carry the absolute file name.
+            reason = exc.strerror or type(exc).__name__
+            notes.append(f"skipped {self._shown(path, root)}: {reason}")
             return None
         try:
             return data.decode("utf-8"), False
@@ -76,9 +87,9 @@ class WorkspaceReader:
             return None
         real = Path(os.path.realpath(raw))
         if not any(within(str(real), str(r)) for r in self._roots):
-            roots = ", ".join(str(r) for r in self._roots) or "none configured"
+            configured = "" if self._roots else " (none is configured)"
             notes.append(
-                f"project files not read: {raw} is not under a workspace root ({roots}); "
+                f"project files not read: {raw} is not under a workspace root{configured}; "
                 "see --workspace-roots"
             )
             return None
@@ -136,7 +147,8 @@ class WorkspaceReader:
             for name in self.cfg.instruction_names:
                 got = self._read(d / name, root, notes)
                 if got is not None:
-                    out.append(InstructionFile(str(d / name), scope, got[0], got[1]))
+                    shown = self._shown(d / name, root)
+                    out.append(InstructionFile(str(d / name), scope, got[0], got[1], shown))
         return out
 
     def _skills(
@@ -153,7 +165,8 @@ class WorkspaceReader:
                 fields, _ = parse_front_matter(got[0])
                 name, desc = fields.get("name"), fields.get("description")
                 if not isinstance(name, str) or not isinstance(desc, str) or not name:
-                    notes.append(f"skipped {skill_md}: front matter needs name and description")
+                    shown = self._shown(skill_md, root)
+                    notes.append(f"skipped {shown}: front matter needs name and description")
                     continue
                 out.append(
                     SkillEntry(
@@ -180,7 +193,8 @@ class WorkspaceReader:
             activation = _ACTIVATIONS.get(str(fields.get("activation", "always")).lower())
             globs = fields.get("globs", ())
             if activation is None:
-                notes.append(f"skipped {path}: activation must be always, on_demand or matched")
+                shown = self._shown(path, root)
+                notes.append(f"skipped {shown}: activation must be always, on_demand or matched")
                 continue
             out.append(
                 RuleEntry(

@@ -88,11 +88,12 @@ def _instructions(
     used = 0
     for i, f in enumerate(files):
         body = sanitize(f.text)
+        name = f.display or f.path
         digest = hashlib.sha256(body.encode()).hexdigest()
         if digest in seen:
-            notes.append(f"instruction file {f.path} skipped: same content as {seen[digest]}")
+            notes.append(f"instruction file {name} skipped: same content as {seen[digest]}")
             continue
-        seen[digest] = f.path
+        seen[digest] = name
         if not body.strip():
             continue
         room = caps.instructions_total_chars - used
@@ -110,15 +111,15 @@ def _instructions(
         body, cut = truncate(body, limit)
         if cut:
             truncated = True
-            notes.append(f"instruction file {f.path} truncated to {limit} characters")
+            notes.append(f"instruction file {name} truncated to {limit} characters")
         hidden = count_invisible(f.text)
         if hidden:
             notes.append(
-                f"instruction file {f.path}: {hidden} invisible format character(s) "
+                f"instruction file {name}: {hidden} invisible format character(s) "
                 "(bidi controls, zero-width) shown as [U+XXXX]"
             )
         if f.decode_replaced:
-            notes.append(f"instruction file {f.path} is not valid UTF-8; bad bytes were replaced")
+            notes.append(f"instruction file {name} is not valid UTF-8; bad bytes were replaced")
         blocks.append(
             f'<file path="{attr(f.path)}" scope="{_scope_name(f.scope)}">\n'
             f"{escape_fences(body)}\n</file>"

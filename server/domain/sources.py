@@ -100,6 +100,8 @@ class InstructionFile:
     text: str
     # True when invalid UTF-8 was replaced while decoding; the view reports it.
     decode_replaced: bool = False
+    # How notes name the file: relative to its root, never the daemon's absolute path.
+    display: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ class ArtifactHeader:
     sha256: str
     width: int = 0
     height: int = 0
+    request_id: str = ""
 
 
 class ArtifactUseCases:
@@ -38,6 +39,7 @@ class ArtifactUseCases:
 
     def check_header(self, h: ArtifactHeader) -> None:
         check_id("header.session_id", h.session_id)
+        check_id("header.request_id", h.request_id, required=False)
         if not _MIME.fullmatch(h.mime_type):
             raise invalid("header.mime_type", "mime_type must look like 'image/png'")
         if not _SHA.fullmatch(h.sha256):
@@ -60,9 +62,15 @@ class ArtifactUseCases:
                 Reason.ARTIFACT_CHECKSUM_MISMATCH,
                 f"received {len(data)} bytes that do not match the declared size and sha256",
             )
+        if h.request_id:
+            # The id derives from the request id, so a retried upload finds the first one.
+            key = f"{h.session_id}\x00{h.request_id}".encode()
+            artifact_id = "a-" + hashlib.sha256(key).hexdigest()[:24]
+        else:
+            artifact_id = self._ids.new_id("a-")
         record = ArtifactRecord(
             session_id=h.session_id,
-            artifact_id=self._ids.new_id("a-"),
+            artifact_id=artifact_id,
             mime_type=h.mime_type,
             size_bytes=h.size_bytes,
             sha256=h.sha256,
@@ -70,8 +78,7 @@ class ArtifactUseCases:
             height=h.height,
             create_time_ns=self._clock.now_ns(),
         )
-        await self._blocking.run(self._store.put_artifact, record, data)
-        return record
+        return await self._blocking.run(self._store.put_artifact, record, data)
 
     async def get(self, session_id: str, artifact_id: str) -> tuple[ArtifactRecord, bytes]:
         check_id("session_id", session_id)

@@ -67,9 +67,10 @@ class CheckpointUseCases:
             covered_digest=digest,
             create_time_ns=self._clock.now_ns(),
         )
-        await self._blocking.run(self._store.put_checkpoint, checkpoint)
-        self._hub.publish(sid, [checkpoint], session.head_seq)
-        return checkpoint
+        stored = await self._blocking.run(self._store.put_checkpoint, checkpoint)
+        if stored is checkpoint:  # not a racing retry answered with the first one
+            self._hub.publish(sid, [checkpoint], session.head_seq)
+        return stored
 
     async def list_for(self, session_id: str) -> list[Checkpoint]:
         check_id("session_id", session_id)

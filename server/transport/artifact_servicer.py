@@ -48,7 +48,13 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                     raise invalid("header", "the first upload message must carry the header")
                 h = msg.header
                 header = ArtifactHeader(
-                    h.session_id, h.mime_type, h.size_bytes, h.sha256, h.width, h.height
+                    h.session_id,
+                    h.mime_type,
+                    h.size_bytes,
+                    h.sha256,
+                    h.width,
+                    h.height,
+                    h.request_id,
                 )
                 self._a.check_header(header)
             elif kind == "data":

@@ -9,6 +9,11 @@ import json
 
 from server.domain.errors import CtxccError, Reason
 
+# Pages of listings are cut by size as well as by count, so that any page fits a client
+# with gRPC's default 4 MiB receive limit (the rest of the response is a few bytes). A
+# single item larger than this still goes alone on its page.
+MAX_PAGE_BYTES = 3 << 20
+
 
 def _fingerprint(query: object) -> str:
     return hashlib.sha256(json.dumps(query, sort_keys=True).encode()).hexdigest()[:12]

@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 
+from ctxcc.v1 import event_pb2
 from ctxcc.v1 import session_service_pb2 as pb
 from ctxcc.v1 import session_service_pb2_grpc as pb_grpc
 from server.domain.errors import invalid
@@ -17,7 +18,7 @@ from server.service.watch import CompileNotice, Resync
 from server.transport.convert_events import event_out, events_in, session_in, session_out
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
-from server.transport.paging import decode_token, encode_token
+from server.transport.paging import MAX_PAGE_BYTES, decode_token, encode_token
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -91,11 +92,17 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         after = int(token) if token is not None else request.after_seq
         size = self._s.page_size(request.page_size)
         found = await self._s.list_events(request.session_id, after, size + 1, frozenset(kinds))
-        page = found[:size]
-        next_token = encode_token(page[-1].seq, query) if len(found) > size else ""
-        return pb.ListEventsResponse(
-            events=[event_out(e) for e in page], next_page_token=next_token
-        )
+        page: list[event_pb2.Event] = []
+        total = 0
+        for e in found[:size]:
+            msg = event_out(e)
+            total += msg.ByteSize()
+            if page and total > MAX_PAGE_BYTES:
+                break
+            page.append(msg)
+        more = len(page) < len(found)
+        next_token = encode_token(found[len(page) - 1].seq, query) if more else ""
+        return pb.ListEventsResponse(events=page, next_page_token=next_token)
 
     @streaming
     async def WatchSession(

@@ -16,6 +16,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ctxcc.v1 import (
+    checkpoint_pb2,
     common_pb2,
     compile_service_pb2_grpc,
     event_pb2,
@@ -409,6 +411,75 @@ CASES: list[Case] = [
         _list_after_max,
         (OK, ""),
         after=lambda e, resp: None if not resp.events else pytest.fail("events after 2^64-1"),
+    ),
+]
+
+
+def _checkpoint_setup(env: Env) -> None:
+    env.session("ckrace")
+    for i in range(4):
+        env.user("ckrace", f"message {i}")
+
+
+def _checkpoint_race(env: Env) -> set[str]:
+    """Eight CreateCheckpoint calls with one request id, at once."""
+    req = cpb.CreateCheckpointRequest(
+        request_id="compact-1",
+        checkpoint=checkpoint_pb2.Checkpoint(
+            session_id="ckrace", covers_through_seq=3, summary="the first three messages"
+        ),
+    )
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: env.compiles.CreateCheckpoint(req), range(8)))
+    return {a.checkpoint.checkpoint_id for a in answers}
+
+
+def _one_checkpoint(env: Env, ids: set[str]) -> None:
+    listed = env.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="ckrace"))
+    assert len(ids) == 1
+    assert [c.checkpoint_id for c in listed.checkpoints] == list(ids)
+
+
+def _big_events(env: Env) -> None:
+    env.session("pages")
+    text = "lorem ipsum " * 5_500  # ~64 KB per event
+    for chunk in range(4):
+        events = []
+        for i in range(50):
+            ev = event_pb2.Event()
+            ev.user_message.parts.add(text=f"{chunk}-{i} {text}")
+            events.append(ev)
+        env.sessions.AppendEvents(spb.AppendEventsRequest(session_id="pages", events=events))
+
+
+def _pages_on_a_default_client(env: Env) -> list[int]:
+    """Every page of 64 KB events, through a client with grpc's default 4 MiB limit."""
+    seqs: list[int] = []
+    with grpc.insecure_channel(env.daemon.target) as ch:
+        stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        token = ""
+        while True:
+            req = spb.ListEventsRequest(session_id="pages", page_size=1000, page_token=token)
+            page = stub.ListEvents(req, timeout=30)
+            seqs += [e.seq for e in page.events]
+            if not (token := page.next_page_token):
+                return seqs
+
+
+CASES += [
+    Case(
+        "8 concurrent CreateCheckpoint with one request_id",
+        _checkpoint_race,
+        (OK, ""),
+        _checkpoint_setup,
+        _one_checkpoint,
+    ),
+    Case(
+        "ListEvents of 200 events of 64 KB on a default 4 MiB client",
+        _pages_on_a_default_client,
+        (OK, ""),
+        _big_events,
+        lambda e, seqs: None if seqs == list(range(1, 201)) else pytest.fail(f"pages {seqs}"),
     ),
 ]
 

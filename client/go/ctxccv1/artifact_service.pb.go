@@ -122,7 +122,13 @@ type ArtifactHeader struct {
 	// Width in pixels for images, 0 when unknown.
 	Width uint32 `protobuf:"varint,5,opt,name=width,proto3" json:"width,omitempty"`
 	// Height in pixels for images, 0 when unknown.
-	Height        uint32 `protobuf:"varint,6,opt,name=height,proto3" json:"height,omitempty"`
+	Height uint32 `protobuf:"varint,6,opt,name=height,proto3" json:"height,omitempty"`
+	// Idempotency key (optional): an upload retried with the same request_id (after a
+	// cut connection, a timeout or a daemon restart) answers the artifact the first one
+	// stored, without storing or counting its bytes again; with other content it is
+	// refused (FAILED_PRECONDITION, REQUEST_ID_REUSED). An upload cut before its last byte
+	// and its end of stream stores nothing.
+	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,6 +203,13 @@ func (x *ArtifactHeader) GetHeight() uint32 {
 		return x.Height
 	}
 	return 0
+}
+
+func (x *ArtifactHeader) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // UploadArtifactResponse returns the stored reference.
@@ -395,7 +408,7 @@ const file_ctxcc_v1_artifact_service_proto_rawDesc = "" +
 	"\x15UploadArtifactRequest\x122\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.ctxcc.v1.ArtifactHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\a\n" +
-	"\x05chunk\"\xb1\x01\n" +
+	"\x05chunk\"\xd0\x01\n" +
 	"\x0eArtifactHeader\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
@@ -404,7 +417,9 @@ const file_ctxcc_v1_artifact_service_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x16\n" +
 	"\x06sha256\x18\x04 \x01(\tR\x06sha256\x12\x14\n" +
 	"\x05width\x18\x05 \x01(\rR\x05width\x12\x16\n" +
-	"\x06height\x18\x06 \x01(\rR\x06height\"K\n" +
+	"\x06height\x18\x06 \x01(\rR\x06height\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tR\trequestId\"K\n" +
 	"\x16UploadArtifactResponse\x121\n" +
 	"\bartifact\x18\x01 \x01(\v2\x15.ctxcc.v1.ArtifactRefR\bartifact\"Y\n" +
 	"\x17DownloadArtifactRequest\x12\x1d\n" +

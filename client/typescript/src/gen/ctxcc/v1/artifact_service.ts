@@ -53,6 +53,14 @@ export interface ArtifactHeader {
   width: number;
   /** Height in pixels for images, 0 when unknown. */
   height: number;
+  /**
+   * Idempotency key (optional): an upload retried with the same request_id (after a
+   * cut connection, a timeout or a daemon restart) answers the artifact the first one
+   * stored, without storing or counting its bytes again; with other content it is
+   * refused (FAILED_PRECONDITION, REQUEST_ID_REUSED). An upload cut before its last byte
+   * and its end of stream stores nothing.
+   */
+  requestId: string;
 }
 
 /** UploadArtifactResponse returns the stored reference. */
@@ -184,7 +192,7 @@ export const UploadArtifactRequest: MessageFns<UploadArtifactRequest> = {
 };
 
 function createBaseArtifactHeader(): ArtifactHeader {
-  return { sessionId: "", mimeType: "", sizeBytes: 0, sha256: "", width: 0, height: 0 };
+  return { sessionId: "", mimeType: "", sizeBytes: 0, sha256: "", width: 0, height: 0, requestId: "" };
 }
 
 export const ArtifactHeader: MessageFns<ArtifactHeader> = {
@@ -206,6 +214,9 @@ export const ArtifactHeader: MessageFns<ArtifactHeader> = {
     }
     if (message.height !== 0) {
       writer.uint32(48).uint32(message.height);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(58).string(message.requestId);
     }
     return writer;
   },
@@ -271,6 +282,14 @@ export const ArtifactHeader: MessageFns<ArtifactHeader> = {
             message.height = reader.uint32();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -303,6 +322,11 @@ export const ArtifactHeader: MessageFns<ArtifactHeader> = {
       sha256: isSet(object.sha256) ? globalThis.String(object.sha256) : "",
       width: isSet(object.width) ? globalThis.Number(object.width) : 0,
       height: isSet(object.height) ? globalThis.Number(object.height) : 0,
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
     };
   },
 
@@ -326,6 +350,9 @@ export const ArtifactHeader: MessageFns<ArtifactHeader> = {
     if (message.height !== 0) {
       obj.height = Math.round(message.height);
     }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
     return obj;
   },
 
@@ -340,6 +367,7 @@ export const ArtifactHeader: MessageFns<ArtifactHeader> = {
     message.sha256 = object.sha256 ?? "";
     message.width = object.width ?? 0;
     message.height = object.height ?? 0;
+    message.requestId = object.requestId ?? "";
     return message;
   },
 };
