@@ -1,6 +1,7 @@
 """Writes deploy/grafana/ctxcc-dashboard.json. The dashboard is code so its queries stay
 in step with the metric names; tests/integration/test_observability.py checks that every
-metric a query uses exists in a real scrape, and that this file is up to date."""
+metric a query uses exists in a real scrape and that this file is up to date, and
+tests/e2e/test_prometheus.py runs every query against a real Prometheus."""
 
 from __future__ import annotations
 
@@ -20,6 +21,20 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 RI = "$__rate_interval"
 
 
+# Every query is filtered by these; "All" is a regex matching any value, empty included.
+FILTERS = ("job", "namespace", "pod")
+SEL = ", ".join(f'{name}=~"${name}"' for name in FILTERS)
+
+
+def m(name: str, *matchers: str) -> str:
+    """A metric selector carrying the dashboard's job/namespace/pod filters."""
+    return f"{name}{{{', '.join((SEL, *matchers))}}}"
+
+
+def q(p: float, by: str, bucket: str, *matchers: str) -> str:
+    return f"histogram_quantile({p}, sum by ({by}) (rate({m(bucket, *matchers)}[{RI}])))"
+
+
 def panel(
     pid: int,
     title: str,
@@ -27,10 +42,11 @@ def panel(
     y: int,
     targets: list[tuple[str, str]],
     *,
-    unit: str = "short",
+    unit: str,
     stacked: bool = False,
     description: str = "",
 ) -> dict[str, Any]:
+    """One time series panel: one unit, so one axis."""
     return {
         "id": pid,
         "type": "timeseries",
@@ -55,9 +71,27 @@ def panel(
     }
 
 
-def dashboard() -> dict[str, Any]:
-    q = lambda p, expr: f"histogram_quantile({p}, {expr})"  # noqa: E731
-    panels = [
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DS,
+        "query": query,
+        "definition": query,
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+    }
+
+
+def panels() -> list[dict[str, Any]]:
+    sum_rate = lambda by, name, *ms: f"sum by ({by}) (rate({m(name, *ms)}[{RI}]))"  # noqa: E731
+    return [
         panel(
             1,
             "Context pressure by layer (tokens per view)",
@@ -65,13 +99,18 @@ def dashboard() -> dict[str, Any]:
             0,
             [
                 (
-                    f"sum by (layer) (rate(ctxcc_view_tokens_sum[{RI}])) / "
-                    f"sum by (layer) (rate(ctxcc_view_tokens_count[{RI}]))",
+                    f"{sum_rate('layer', 'ctxcc_view_tokens_sum')} / "
+                    f"{sum_rate('layer', 'ctxcc_view_tokens_count')}",
                     "{{layer}}",
                 )
             ],
+            unit="short",
             stacked=True,
-            description="Average estimated tokens of compiled views, per layer.",
+            description=(
+                "Average estimated tokens of compiled views, per layer. provider_overhead is "
+                "what the provider counts that no local item explains, so the stack adds "
+                "up to the estimate that utilisation divides by the budget."
+            ),
         ),
         panel(
             2,
@@ -79,38 +118,28 @@ def dashboard() -> dict[str, Any]:
             12,
             0,
             [
-                (q(0.5, f"sum by (le) (rate(ctxcc_budget_utilization_ratio_bucket[{RI}]))"), "p50"),
-                (
-                    q(0.95, f"sum by (le) (rate(ctxcc_budget_utilization_ratio_bucket[{RI}]))"),
-                    "p95",
-                ),
+                (q(0.5, "le", "ctxcc_budget_utilization_ratio_bucket"), "p50"),
+                (q(0.95, "le", "ctxcc_budget_utilization_ratio_bucket"), "p95"),
             ],
             unit="percentunit",
         ),
         panel(
             3,
-            "Estimation error by model family",
+            "Estimation error by method and route model (p95)",
             0,
             8,
             [
                 (
-                    q(
-                        0.5,
-                        "sum by (le, model_family) "
-                        f"(rate(ctxcc_estimation_error_ratio_bucket[{RI}]))",
-                    ),
-                    "p50 {{model_family}}",
-                ),
-                (
-                    q(
-                        0.95,
-                        "sum by (le, model_family) "
-                        f"(rate(ctxcc_estimation_error_ratio_bucket[{RI}]))",
-                    ),
-                    "p95 {{model_family}}",
+                    q(0.95, "le, method, model", "ctxcc_estimation_error_ratio_bucket"),
+                    "{{method}} {{model}}",
                 ),
             ],
             unit="percentunit",
+            description=(
+                "baseline_delta is what CtxccEstimationErrorHigh watches (above 10% means "
+                "the model's catalog entry needs a look); full estimates (first requests) "
+                "also miss the provider's hidden prompt and run high on healthy traffic."
+            ),
         ),
         panel(
             4,
@@ -119,13 +148,10 @@ def dashboard() -> dict[str, Any]:
             8,
             [
                 (
-                    f"sum by (kind, performed) (rate(ctxcc_compactions_total[{RI}]))",
+                    sum_rate("kind, performed", "ctxcc_compactions_total"),
                     "compaction {{kind}} performed={{performed}}",
                 ),
-                (
-                    f"sum by (reason) (rate(ctxcc_projection_fallbacks_total[{RI}]))",
-                    "fallback {{reason}}",
-                ),
+                (sum_rate("reason", "ctxcc_projection_fallbacks_total"), "fallback {{reason}}"),
             ],
             unit="ops",
         ),
@@ -135,11 +161,8 @@ def dashboard() -> dict[str, Any]:
             0,
             16,
             [
-                (q(0.5, f"sum by (le) (rate(ctxcc_compile_duration_seconds_bucket[{RI}]))"), "p50"),
-                (
-                    q(0.99, f"sum by (le) (rate(ctxcc_compile_duration_seconds_bucket[{RI}]))"),
-                    "p99",
-                ),
+                (q(0.5, "le", "ctxcc_compile_duration_seconds_bucket"), "p50"),
+                (q(0.99, "le", "ctxcc_compile_duration_seconds_bucket"), "p99"),
             ],
             unit="s",
         ),
@@ -149,20 +172,21 @@ def dashboard() -> dict[str, Any]:
             12,
             16,
             [
+                (f"sum(rate({m('ctxcc_rpc_errors_total')}[{RI}]))", "all errors"),
                 (
-                    "sum by (method, code) "
-                    f'(rate(ctxcc_rpc_duration_seconds_count{{code!="OK"}}[{RI}]))',
+                    f"{sum_rate('method, code', 'ctxcc_rpc_errors_total')} > 0",
                     "{{method}} {{code}}",
                 ),
             ],
             unit="reqps",
+            description="Every method and code starts at zero, so a first error shows.",
         ),
         panel(
             7,
             "Decisions",
             0,
             24,
-            [(f"sum by (decision) (rate(ctxcc_compile_decisions_total[{RI}]))", "{{decision}}")],
+            [(sum_rate("decision", "ctxcc_compile_decisions_total"), "{{decision}}")],
             unit="ops",
             stacked=True,
         ),
@@ -171,37 +195,68 @@ def dashboard() -> dict[str, Any]:
             "Prompt-cache busts by section",
             12,
             24,
-            [(f"sum by (section) (rate(ctxcc_prefix_changes_total[{RI}]))", "{{section}}")],
+            [(sum_rate("section", "ctxcc_prefix_changes_total"), "{{section}}")],
             unit="ops",
         ),
         panel(
             9,
-            "Sessions, watchers and storage",
+            "Sessions and watchers",
             0,
             32,
             [
-                ("ctxcc_sessions", "sessions"),
-                ("ctxcc_watchers", "watchers"),
-                ("ctxcc_rocksdb_size_bytes / 1048576", "RocksDB MiB"),
+                (f"sum({m('ctxcc_sessions')})", "sessions"),
+                (f"sum({m('ctxcc_watchers')})", "watchers"),
             ],
+            unit="short",
         ),
         panel(
             10,
-            "Appends and durable write latency",
+            "RocksDB data by part",
             12,
             32,
+            [(f"sum by (part) ({m('ctxcc_rocksdb_size_bytes')})", "{{part}}")],
+            unit="bytes",
+            stacked=True,
+            description="Live table files, write-ahead log and memtables.",
+        ),
+        panel(
+            11,
+            "Data directory free space (lowest 5 pods)",
+            0,
+            40,
             [
-                (f"rate(ctxcc_events_appended_total[{RI}])", "events/s"),
                 (
-                    q(
-                        0.99,
-                        f"sum by (le) (rate(ctxcc_storage_write_duration_seconds_bucket[{RI}]))",
-                    ),
-                    "write p99 (s)",
-                ),
+                    f"bottomk(5, {m('ctxcc_data_dir_free_bytes')} / "
+                    f"{m('ctxcc_data_dir_capacity_bytes')})",
+                    "{{namespace}}/{{pod}}",
+                )
             ],
+            unit="percentunit",
+            description="CtxccDataDirLowSpace fires under 10%.",
+        ),
+        panel(
+            12,
+            "Events appended",
+            12,
+            40,
+            [(f"sum(rate({m('ctxcc_events_appended_total')}[{RI}]))", "events/s")],
+            unit="ops",
+        ),
+        panel(
+            13,
+            "Durable write latency",
+            0,
+            48,
+            [
+                (q(0.5, "le", "ctxcc_storage_write_duration_seconds_bucket"), "p50"),
+                (q(0.99, "le", "ctxcc_storage_write_duration_seconds_bucket"), "p99"),
+            ],
+            unit="s",
         ),
     ]
+
+
+def dashboard() -> dict[str, Any]:
     return {
         "uid": "ctxcc-context-pressure",
         "title": "ctxcc — context pressure",
@@ -220,11 +275,22 @@ def dashboard() -> dict[str, Any]:
                     "query": "prometheus",
                     "current": {},
                     "hide": 0,
-                }
+                },
+                variable("job", "Job", "label_values(ctxcc_build_info, job)"),
+                variable(
+                    "namespace",
+                    "Namespace",
+                    'label_values(ctxcc_build_info{job=~"$job"}, namespace)',
+                ),
+                variable(
+                    "pod",
+                    "Pod",
+                    'label_values(ctxcc_build_info{job=~"$job", namespace=~"$namespace"}, pod)',
+                ),
             ]
         },
         "annotations": {"list": []},
-        "panels": panels,
+        "panels": panels(),
     }
 
 

@@ -194,3 +194,28 @@ async def test_inspect_and_sessions_after_a_replay(replayed: tuple[Daemon, str])
     assert again["estimated_input_tokens"] == s["estimated_input_tokens"]
     missing = await asyncio.to_thread(ctxcc, "inspect", "no-such-session")
     assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
+def _unit_of(expr: str) -> str:
+    """The unit a query's numbers are in, read from the metric names it uses."""
+    if "histogram_quantile" in expr:
+        bucket = re.search(r"\b(ctxcc_\w+)_bucket\b", expr)
+        assert bucket, expr
+        return {"seconds": "s", "ratio": "percentunit"}[bucket.group(1).rsplit("_", 1)[1]]
+    if re.search(r"_sum\b.*\) / .*_count\b", expr):
+        return {"tokens": "short"}[re.findall(r"\bctxcc_\w+?_(\w+)_sum\b", expr)[0]]
+    if "rate(" in expr:
+        return "ops"
+    sizes = re.findall(r"\bctxcc_\w+_bytes\b", expr)
+    if sizes:
+        return "percentunit" if len(sizes) == 2 and " / " in expr else "bytes"
+    return "short"
+
+
+def test_every_panel_has_one_unit_on_its_axis() -> None:
+    board = json.loads((REPO / "deploy/grafana/ctxcc-dashboard.json").read_text())
+    for p in board["panels"]:
+        unit = p["fieldConfig"]["defaults"]["unit"]
+        assert p["fieldConfig"]["overrides"] == [], p["title"]
+        got = {_unit_of(t["expr"]) for t in p["targets"]}
+        assert got == {"ops" if unit == "reqps" else unit}, (p["title"], unit, got)

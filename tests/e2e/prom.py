@@ -1,0 +1,248 @@
+"""A real Prometheus server (Debian's, fetched into .tools/ by scripts/get_prometheus.sh)
+scraping a ctxcc daemon, and the dashboard's queries as Grafana would send them.
+
+Used by tests/e2e/test_prometheus.py and scripts/plot_dashboard.py, so the README's
+picture comes from the same scrape the test checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import lzma
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from bench.paths import dev_traces
+from ctxcc.v1 import session_service_pb2, session_service_pb2_grpc
+from tests.e2e.proc import DaemonProcess
+
+REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS = REPO / ".tools" / "prometheus"
+RULES = REPO / "deploy" / "prometheus" / "ctxcc-rules.yaml"
+DASHBOARD = REPO / "deploy" / "grafana" / "ctxcc-dashboard.json"
+# A replay sends a request every few milliseconds, where agents wait seconds for their
+# model: a fast scrape keeps series born mid-replay from hiding much of their first count.
+SCRAPE_SECONDS = 0.25
+# What a scrape of the sidecar looks like through the Prometheus Operator's PodMonitor.
+TARGET_LABELS = {"namespace": "agents", "pod": "agent-0"}
+JOB = "ctxcc"
+
+
+def _free_port() -> int:
+    # Prometheus cannot report a port it chose itself; take one the kernel just gave out.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Series:
+    labels: dict[str, str]
+    values: list[tuple[float, float]]
+
+
+class Prometheus:
+    """`prometheus` on 127.0.0.1, scraping `target` every SCRAPE_SECONDS, with ctxcc's rules."""
+
+    def __init__(self, workdir: Path, target: str) -> None:
+        self.workdir = workdir
+        self.target = target
+        self.url = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert PROMETHEUS.exists(), "run `make test` (it fetches it) or scripts/get_prometheus.sh"
+        config = {
+            "global": {
+                "scrape_interval": f"{int(SCRAPE_SECONDS * 1000)}ms",
+                "evaluation_interval": f"{int(SCRAPE_SECONDS * 1000)}ms",
+            },
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {
+                    "job_name": JOB,
+                    "static_configs": [{"targets": [self.target], "labels": TARGET_LABELS}],
+                }
+            ],
+        }
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = (self.workdir / "prometheus.log").open("wb")
+        for _attempt in range(5):
+            port = _free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            self._proc = subprocess.Popen(
+                [
+                    str(PROMETHEUS),
+                    f"--config.file={self.workdir / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={self.workdir / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            if self._wait_ready():
+                return
+            self.stop()  # the port was taken between our probe and its bind: try another
+        raise RuntimeError(f"prometheus did not start: {self.log()[-2000:]}")
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return True
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def log(self) -> str:
+        return (self.workdir / "prometheus.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            raise AssertionError(f"{path} {params}: {err.read().decode()}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list[Series]:
+        params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+        data = self.api("query", **params)
+        assert data["resultType"] == "vector", data
+        return [
+            Series(r["metric"], [(float(r["value"][0]), float(r["value"][1]))])
+            for r in data["result"]
+        ]
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
+        data = self.api(
+            "query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step}"
+        )
+        return [
+            Series(r["metric"], [(float(t), float(v)) for t, v in r["values"]])
+            for r in data["result"]
+        ]
+
+    def scrapes(self) -> int:
+        """Successful scrapes of the daemon so far."""
+        found = self.query(f'count_over_time(up{{job="{JOB}"}}[1h])')
+        healthy = self.query(f'sum_over_time(up{{job="{JOB}"}}[1h])')
+        return int(healthy[0].values[0][1]) if found and healthy else 0
+
+    def wait_scrapes(self, more: int, timeout: float = 60) -> None:
+        want = self.scrapes() + more
+        deadline = time.monotonic() + timeout
+        while self.scrapes() < want:
+            assert time.monotonic() < deadline, f"fewer than {more} new scrapes: {self.log()}"
+            time.sleep(SCRAPE_SECONDS / 2)
+
+
+@dataclass
+class Run:
+    prom: Prometheus
+    started: float  # before the first scrape
+    at: float  # after the last scrape of the final state
+    scrape: str  # the daemon's /metrics at the end
+
+
+@contextlib.contextmanager
+def replay_under_prometheus(work: Path, requests: int, rounds: int = 1) -> Iterator[Run]:
+    """A daemon process scraped by Prometheus while `ctxcc replay` sends it the first
+    `requests` requests of each source of the development traces, `rounds` times over
+    (each round's sessions are new); one NOT_FOUND comes before them."""
+    trace = work / "part.jsonl"
+    by_source: dict[str, list[str]] = {}
+    with lzma.open(dev_traces(), "rt") as f:
+        for line in f:
+            by_source.setdefault(json.loads(line)["source"], []).append(line)
+    trace.write_text("".join(line for lines in by_source.values() for line in lines[:requests]))
+    short = Path("/tmp") / f"ctxcc-prom-{time.monotonic_ns()}"  # a socket path must be short
+    daemon = DaemonProcess(short / "data", log_path=work / "daemon.log")
+    daemon.start()
+    prom: Prometheus | None = None
+    try:
+        endpoints = daemon.wait_ready()
+        prom = Prometheus(work, str(endpoints["metrics"]))
+        started = time.time()
+        prom.start()
+        # Scrapes before any traffic: counters and pre-created series are seen at zero.
+        prom.wait_scrapes(2)
+        with grpc.insecure_channel(daemon.target) as ch:
+            stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            try:
+                stub.GetSession(session_service_pb2.GetSessionRequest(session_id="nope"))
+                raise AssertionError("a session that was never created exists")
+            except grpc.RpcError as err:
+                assert isinstance(err, grpc.Call) and err.code() == grpc.StatusCode.NOT_FOUND
+        for _round in range(rounds):
+            replay = subprocess.run(
+                [sys.executable, "-m", "server", "replay", str(trace), "--target", daemon.target],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+            assert replay.returncode == 0, replay.stderr
+        prom.wait_scrapes(3)  # the final state is in Prometheus, and the rules ran over it
+        url = f"http://{endpoints['metrics']}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            scrape = r.read().decode()
+        yield Run(prom, started, time.time(), scrape)
+    finally:
+        if prom is not None:
+            prom.stop()
+        daemon.terminate()
+        daemon.ensure_stopped()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def finite(series: list[Series]) -> list[Series]:
+    """Series with at least one real number (a panel with only NaN draws nothing)."""
+    return [s for s in series if any(math.isfinite(v) for _, v in s.values)]
+
+
+def dashboard() -> dict[str, Any]:
+    board: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return board
+
+
+def grafana_expr(expr: str, variables: dict[str, str], rate_interval: str) -> str:
+    """The query Grafana sends: template variables and $__rate_interval substituted."""
+    out = expr.replace("$__rate_interval", rate_interval)
+    for name in sorted(variables, key=len, reverse=True):
+        out = out.replace(f"${{{name}}}", variables[name]).replace(f"${name}", variables[name])
+    return out

@@ -1,0 +1,124 @@
+"""The dashboard and the alerts against a real Prometheus: Debian's server scrapes a
+daemon (run as an operator runs it) four times a second while `ctxcc replay` drives recorded
+agent traffic through it; then every dashboard query is sent as Grafana would send it,
+and every alert expression is evaluated, through Prometheus's HTTP API.
+
+Healthy load must leave every panel with data and every alert quiet."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.prom import (
+    JOB,
+    RULES,
+    TARGET_LABELS,
+    Run,
+    Series,
+    dashboard,
+    finite,
+    grafana_expr,
+    replay_under_prometheus,
+)
+
+# The first 60 requests of each source of the development traces: Claude Code and
+# OpenHands sessions on Anthropic and Llama models, where about one report in ten is a
+# session's first (FULL) request, as in agent traffic.
+REPLAY_REQUESTS = 60
+# $__rate_interval: Grafana widens it to cover the scrape; here it covers the whole run.
+RATE_INTERVAL = "10m"
+# The estimation-error rule as it stood before it was split by method: on this load it
+# fires, which is what this test exists to catch.
+MIXED_METHOD_RULE = (
+    "histogram_quantile(0.95, sum by (le, model_family) "
+    "(rate(ctxcc_estimation_error_ratio_bucket[15m]))) > 0.10"
+)
+FILTERS = {"job": JOB, **TARGET_LABELS}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    with replay_under_prometheus(tmp_path_factory.mktemp("prom"), REPLAY_REQUESTS) as done:
+        yield done
+
+
+def _targets() -> list[tuple[str, str, str]]:
+    return [
+        (p["title"], t["refId"], t["expr"]) for p in dashboard()["panels"] for t in p["targets"]
+    ]
+
+
+def _query(run: Run, expr: str, **variables: str) -> list[Series]:
+    return run.prom.query(grafana_expr(expr, FILTERS | variables, RATE_INTERVAL), at=run.at)
+
+
+def _rules() -> list[dict[str, Any]]:
+    plain = yaml.safe_load(RULES.read_text())
+    return [r for g in plain["groups"] for r in g["rules"] if "alert" in r]
+
+
+@pytest.mark.parametrize(("title", "ref", "expr"), _targets(), ids=lambda v: str(v)[:40])
+def test_every_dashboard_query_has_data(run: Run, title: str, ref: str, expr: str) -> None:
+    got = finite(_query(run, expr))
+    assert got, f"{title} / {ref} shows no data: {expr}"
+    # The job/namespace/pod variables filter every query: another namespace is empty.
+    assert _query(run, expr, namespace="elsewhere") == [], f"{title} / {ref} ignores $namespace"
+
+
+def test_dashboard_variables_list_the_scraped_target(run: Run) -> None:
+    queries = {v["name"]: v["query"] for v in dashboard()["templating"]["list"][1:]}
+    assert set(queries) == {"job", "namespace", "pod"}
+    for name, query in queries.items():
+        # Grafana's label_values(SELECTOR, LABEL) is the series API plus a label.
+        found = re.fullmatch(r"label_values\((.+), (\w+)\)", query)
+        assert found and found.group(2) == name, query
+        selector = grafana_expr(found.group(1), {k: ".*" for k in FILTERS}, RATE_INTERVAL)
+        series = run.prom.api("series", **{"match[]": selector})
+        assert {s.get(name) for s in series} == {FILTERS[name]}, (name, series)
+
+
+def test_pressure_panel_shows_every_layer_the_daemon_measured(run: Run) -> None:
+    (pressure,) = [p for p in dashboard()["panels"] if "pressure by layer" in p["title"]]
+    shown = {s.labels["layer"] for s in finite(_query(run, pressure["targets"][0]["expr"]))}
+    measured = set(re.findall(r'^ctxcc_view_tokens_count\{layer="(\w+)"\} [1-9]', run.scrape, re.M))
+    assert {"pinned", "history", "tool_schema"} <= measured
+    assert shown == measured
+
+
+def test_rpc_error_panel_shows_the_first_error_of_a_method(run: Run) -> None:
+    (panel,) = [p for p in dashboard()["panels"] if "RPC errors" in p["title"]]
+    by_code = _query(run, panel["targets"][1]["expr"])
+    seen = {(s.labels["method"], s.labels["code"]): s.values[0][1] for s in by_code}
+    # One NOT_FOUND before the replay: a series born with it would show a rate of 0.
+    assert seen.get(("SessionService/GetSession", "NOT_FOUND"), 0) > 0, seen
+
+
+def test_no_alert_fires_on_healthy_load(run: Run) -> None:
+    rules = _rules()
+    assert len(rules) == 5
+    for rule in rules:
+        assert run.prom.query(rule["expr"], at=run.at) == [], rule["alert"]
+    # Prometheus evaluated the same file every second: loaded, healthy, nothing pending.
+    groups = run.prom.api("rules")["groups"]
+    loaded = [r for g in groups for r in g["rules"]]
+    assert {r["name"] for r in loaded} == {r["alert"] for r in rules}
+    assert all(r["health"] == "ok" for r in loaded), loaded
+    assert run.prom.api("alerts")["alerts"] == []
+
+
+def test_this_load_would_fire_a_mixed_method_estimation_rule(run: Run) -> None:
+    # The load is one the old rule got wrong: without it, a quiet alert proves nothing.
+    fired = run.prom.query(MIXED_METHOD_RULE, at=run.at)
+    assert fired, "this load no longer mixes far-off FULL estimates into the p95"
+    full = run.prom.query(
+        "histogram_quantile(0.95, sum by (le) "
+        '(rate(ctxcc_estimation_error_ratio_bucket{method="full"}[15m])))',
+        at=run.at,
+    )
+    assert full and math.isfinite(full[0].values[0][1]) and full[0].values[0][1] > 0.10
