@@ -23,7 +23,7 @@ from matplotlib.ticker import FuncFormatter, PercentFormatter
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the harness lives with the tests
 
-from tests.e2e.prom import JOB, TARGET_LABELS, Run, dashboard, grafana_expr  # noqa: E402
+from tests.e2e.prom import JOB, NAMESPACE, Run, dashboard, grafana_expr  # noqa: E402
 from tests.e2e.prom import replay_under_prometheus as replay  # noqa: E402
 
 RATE_INTERVAL = "15s"  # short enough to show the replay's course, long enough to smooth it
@@ -50,7 +50,7 @@ def draw(run: Run, out: Path) -> None:
     cols = 3
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(16, 3.1 * rows), dpi=90)
-    variables = {"job": JOB, **TARGET_LABELS}
+    variables = {"job": JOB, "namespace": NAMESPACE, "pod": ".*"}
     for ax, p in zip(axes.flat, panels, strict=False):
         stacked = p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
         lines = []
@@ -94,7 +94,7 @@ def main() -> None:
     requests = int(sys.argv[1]) if len(sys.argv) > 1 else 400
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     out = Path(sys.argv[3]) if len(sys.argv) > 3 else ROOT / "docs" / "dashboard.png"
-    with tempfile.TemporaryDirectory() as d, replay(Path(d), requests, rounds) as run:
+    with tempfile.TemporaryDirectory() as d, replay(Path(d), requests, rounds=rounds) as run:
         draw(run, out)
     print(out)
 

@@ -37,8 +37,9 @@ DASHBOARD = REPO / "deploy" / "grafana" / "ctxcc-dashboard.json"
 # A replay sends a request every few milliseconds, where agents wait seconds for their
 # model: a fast scrape keeps series born mid-replay from hiding much of their first count.
 SCRAPE_SECONDS = 0.25
-# What a scrape of the sidecar looks like through the Prometheus Operator's PodMonitor.
-TARGET_LABELS = {"namespace": "agents", "pod": "agent-0"}
+# What a scrape of a sidecar looks like through the Prometheus Operator's PodMonitor:
+# each daemon is a pod agent-N in this namespace.
+NAMESPACE = "agents"
 JOB = "ctxcc"
 
 
@@ -56,11 +57,12 @@ class Series:
 
 
 class Prometheus:
-    """`prometheus` on 127.0.0.1, scraping `target` every SCRAPE_SECONDS, with ctxcc's rules."""
+    """`prometheus` on 127.0.0.1 with ctxcc's rules, scraping each pod's /metrics every
+    SCRAPE_SECONDS."""
 
-    def __init__(self, workdir: Path, target: str) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
         self.workdir = workdir
-        self.target = target
+        self.targets = targets
         self.url = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -75,7 +77,10 @@ class Prometheus:
             "scrape_configs": [
                 {
                     "job_name": JOB,
-                    "static_configs": [{"targets": [self.target], "labels": TARGET_LABELS}],
+                    "static_configs": [
+                        {"targets": [url], "labels": {"namespace": NAMESPACE, "pod": pod}}
+                        for pod, url in self.targets.items()
+                    ],
                 }
             ],
         }
@@ -157,10 +162,9 @@ class Prometheus:
         ]
 
     def scrapes(self) -> int:
-        """Successful scrapes of the daemon so far."""
-        found = self.query(f'count_over_time(up{{job="{JOB}"}}[1h])')
-        healthy = self.query(f'sum_over_time(up{{job="{JOB}"}}[1h])')
-        return int(healthy[0].values[0][1]) if found and healthy else 0
+        """Successful scrapes of the least-scraped pod so far."""
+        done = self.query(f'min(sum_over_time(up{{job="{JOB}"}}[1h]))')
+        return int(done[0].values[0][1]) if done else 0
 
     def wait_scrapes(self, more: int, timeout: float = 60) -> None:
         want = self.scrapes() + more
@@ -179,28 +183,37 @@ class Run:
 
 
 @contextlib.contextmanager
-def replay_under_prometheus(work: Path, requests: int, rounds: int = 1) -> Iterator[Run]:
-    """A daemon process scraped by Prometheus while `ctxcc replay` sends it the first
-    `requests` requests of each source of the development traces, `rounds` times over
-    (each round's sessions are new); one NOT_FOUND comes before them."""
-    trace = work / "part.jsonl"
-    by_source: dict[str, list[str]] = {}
+def replay_under_prometheus(
+    work: Path, requests: int, *, pods: int = 1, rounds: int = 1
+) -> Iterator[Run]:
+    """`pods` daemon processes, each a sidecar of its own, scraped by Prometheus while
+    `ctxcc replay` sends them the first `requests` requests of each session of the
+    development traces (sessions dealt out in turn), `rounds` times over (each round's
+    sessions are new). Before the replay, pod agent-0 answers one NOT_FOUND."""
+    by_session: dict[str, list[str]] = {}
     with lzma.open(dev_traces(), "rt") as f:
         for line in f:
-            by_source.setdefault(json.loads(line)["source"], []).append(line)
-    trace.write_text("".join(line for lines in by_source.values() for line in lines[:requests]))
+            by_session.setdefault(json.loads(line)["session"], []).append(line)
+    sessions = list(by_session.values())
     short = Path("/tmp") / f"ctxcc-prom-{time.monotonic_ns()}"  # a socket path must be short
-    daemon = DaemonProcess(short / "data", log_path=work / "daemon.log")
-    daemon.start()
+    daemons = [
+        DaemonProcess(short / f"pod{i}", log_path=work / f"daemon{i}.log") for i in range(pods)
+    ]
+    traces = []
+    for i, daemon in enumerate(daemons):
+        trace = work / f"pod{i}.jsonl"
+        trace.write_text("".join(ln for lines in sessions[i::pods] for ln in lines[:requests]))
+        traces.append(trace)
+        daemon.start()
     prom: Prometheus | None = None
     try:
-        endpoints = daemon.wait_ready()
-        prom = Prometheus(work, str(endpoints["metrics"]))
+        metrics = {f"agent-{i}": str(d.wait_ready()["metrics"]) for i, d in enumerate(daemons)}
+        prom = Prometheus(work, metrics)
         started = time.time()
         prom.start()
         # Scrapes before any traffic: counters and pre-created series are seen at zero.
         prom.wait_scrapes(2)
-        with grpc.insecure_channel(daemon.target) as ch:
+        with grpc.insecure_channel(daemons[0].target) as ch:
             stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
             try:
                 stub.GetSession(session_service_pb2.GetSessionRequest(session_id="nope"))
@@ -208,25 +221,31 @@ def replay_under_prometheus(work: Path, requests: int, rounds: int = 1) -> Itera
             except grpc.RpcError as err:
                 assert isinstance(err, grpc.Call) and err.code() == grpc.StatusCode.NOT_FOUND
         for _round in range(rounds):
-            replay = subprocess.run(
-                [sys.executable, "-m", "server", "replay", str(trace), "--target", daemon.target],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=900,
-                check=False,
-            )
-            assert replay.returncode == 0, replay.stderr
+            replays = [
+                subprocess.Popen(
+                    [sys.executable, "-m", "server", "replay", str(t), "--target", d.target],
+                    cwd=REPO,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for t, d in zip(traces, daemons, strict=True)
+            ]
+            for replay in replays:
+                _, err = replay.communicate(timeout=900)
+                assert replay.returncode == 0, err
         prom.wait_scrapes(3)  # the final state is in Prometheus, and the rules ran over it
-        url = f"http://{endpoints['metrics']}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as r:
-            scrape = r.read().decode()
-        yield Run(prom, started, time.time(), scrape)
+        scrapes = []
+        for url in metrics.values():
+            with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
+                scrapes.append(r.read().decode())
+        yield Run(prom, started, time.time(), "".join(scrapes))
     finally:
         if prom is not None:
             prom.stop()
-        daemon.terminate()
-        daemon.ensure_stopped()
+        for daemon in daemons:
+            daemon.terminate()
+            daemon.ensure_stopped()
         shutil.rmtree(short, ignore_errors=True)
 
 
