@@ -36,7 +36,7 @@ RULES = REPO / "deploy" / "prometheus" / "ctxcc-rules.yaml"
 DASHBOARD = REPO / "deploy" / "grafana" / "ctxcc-dashboard.json"
 # A replay sends a request every few milliseconds, where agents wait seconds for their
 # model: a fast scrape keeps series born mid-replay from hiding much of their first count.
-SCRAPE_SECONDS = 0.25
+SCRAPE_SECONDS = 0.5
 # What a scrape of a sidecar looks like through the Prometheus Operator's PodMonitor:
 # each daemon is a pod agent-N in this namespace.
 NAMESPACE = "agents"
@@ -166,6 +166,18 @@ class Prometheus:
         done = self.query(f'min(sum_over_time(up{{job="{JOB}"}}[1h]))')
         return int(done[0].values[0][1]) if done else 0
 
+    def settled(self, timeout: float = 60) -> float:
+        """A moment at which every pod's latest scrape succeeded. On a busy machine one
+        can time out, and Prometheus then marks the pod's series stale until the next."""
+        deadline = time.monotonic() + timeout
+        while True:
+            at = time.time()
+            up = self.query(f'min(up{{job="{JOB}"}})', at=at)
+            if up and up[0].values[0][1] == 1:
+                return at
+            assert time.monotonic() < deadline, f"scrapes keep failing: {self.log()}"
+            time.sleep(SCRAPE_SECONDS / 2)
+
     def wait_scrapes(self, more: int, timeout: float = 60) -> None:
         want = self.scrapes() + more
         deadline = time.monotonic() + timeout
@@ -239,7 +251,7 @@ def replay_under_prometheus(
         for url in metrics.values():
             with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
                 scrapes.append(r.read().decode())
-        yield Run(prom, started, time.time(), "".join(scrapes))
+        yield Run(prom, started, prom.settled(), "".join(scrapes))
     finally:
         if prom is not None:
             prom.stop()

@@ -1,7 +1,7 @@
-"""The dashboard and the alerts against a real Prometheus: Debian's server scrapes a
-daemon (run as an operator runs it) four times a second while `ctxcc replay` drives recorded
-agent traffic through it; then every dashboard query is sent as Grafana would send it,
-and every alert expression is evaluated, through Prometheus's HTTP API.
+"""The dashboard and the alerts against a real Prometheus: Debian's server scrapes two
+daemons (run as an operator runs them, one per pod) twice a second while `ctxcc replay`
+drives recorded agent traffic through them; then every dashboard query is sent as
+Grafana would send it, and every alert expression is evaluated, through its HTTP API.
 
 Healthy load must leave every panel with data and every alert quiet."""
 
