@@ -62,10 +62,15 @@ class WatchHub:
     def __init__(self, queue_size: int) -> None:
         self._size = queue_size
         self._watchers: dict[str, set[Watcher]] = defaultdict(set)
+        self._closed = False
 
     @asynccontextmanager
     async def subscribe(self, session_id: str) -> AsyncIterator[Watcher]:
         watcher = Watcher(self._size)
+        if self._closed:
+            # Subscribed while the daemon shuts down: end at once rather than wait for
+            # updates that will never come (and hold up the shutdown).
+            watcher.close()
         self._watchers[session_id].add(watcher)
         try:
             yield watcher
@@ -83,6 +88,7 @@ class WatchHub:
                     break  # the Resync marker's head already covers the rest of the batch
 
     def close_all(self) -> None:
+        self._closed = True
         for watchers in self._watchers.values():
             for watcher in watchers:
                 watcher.close()

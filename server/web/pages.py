@@ -33,6 +33,7 @@ SORTS: dict[str, Callable[[SessionRow], Any]] = {
     "fallbacks": lambda r: r.fallbacks,
 }
 HEARTBEAT_S = 15.0
+MAX_TIMELINE = 400
 
 
 def install_filters(env: jinja2.Environment) -> None:
@@ -44,9 +45,11 @@ def install_filters(env: jinja2.Environment) -> None:
     )
 
 
-def _page(request: web.Request, template: str, **context: Any) -> web.Response:
+async def _page(request: web.Request, template: str, **context: Any) -> web.Response:
+    # A long session's page is a few hundred KB of escaped text: render it off the event
+    # loop, which also serves gRPC (Jinja2 templates render safely from any thread).
     env = request.app[TEMPLATES]
-    html = env.get_template(template).render(**context)
+    html = await asyncio.to_thread(env.get_template(template).render, **context)
     return web.Response(text=html, content_type="text/html", charset="utf-8")
 
 
@@ -74,7 +77,7 @@ async def sessions_page(request: web.Request) -> web.Response:
         q = query.lower()
         rows = [r for r in rows if q in r.session.session_id.lower() or q in r.model.lower()]
     rows.sort(key=SORTS[sort], reverse=order != "asc")
-    return _page(
+    return await _page(
         request,
         "sessions.html",
         rows=rows,
@@ -90,10 +93,12 @@ async def timeline_page(request: web.Request) -> web.Response:
     sid = request.match_info["sid"]
     full = request.query.get("scale") == "window"
     t = await _uses(request).timeline(sid)
-    chart = charts.timeline(t.compiles, full_window=full)
+    # A long session draws its newest compiles; ?all=1 draws every one.
+    shown = t.compiles if request.query.get("all") == "1" else t.compiles[-MAX_TIMELINE:]
+    chart = charts.timeline(shown, full_window=full)
     rows = []
     previous = None
-    for r in t.compiles:
+    for r in shown:
         layers = present.layer_tokens(r.layer_tokens, r.estimated_input_tokens)
         rows.append(
             {
@@ -107,13 +112,14 @@ async def timeline_page(request: web.Request) -> web.Response:
             }
         )
         previous = r
-    return _page(
+    return await _page(
         request,
         "timeline.html",
         timeline=t,
         chart=chart,
         rows=rows,
         full=full,
+        hidden=len(t.compiles) - len(shown),
         layer_order=present.LAYER_ORDER,
         checkpoint_kind=_checkpoint_kind,
     )
@@ -134,7 +140,7 @@ async def step_page(request: web.Request) -> web.Response:
         model=request.query.get("model", "")[:200],
         render_format=fmt,
     )
-    return _page(request, "step.html", **step_context(step, fmt_name if fmt else ""))
+    return await _page(request, "step.html", **step_context(step, fmt_name if fmt else ""))
 
 
 async def diff_page(request: web.Request) -> web.Response:
@@ -144,7 +150,7 @@ async def diff_page(request: web.Request) -> web.Response:
     a = await uses.step(sid, seq=_int(request, "a"), model=model)
     b = await uses.step(sid, seq=_int(request, "b"), model=model)
     d = diff_views(a.view, b.view)
-    return _page(
+    return await _page(
         request,
         "diff.html",
         session=a.session,
@@ -164,7 +170,7 @@ async def events_page(request: web.Request) -> web.Response:
     after = _int(request, "after")
     through = _int(request, "through")
     events = await _uses(request).events(sid, after, through)
-    return _page(
+    return await _page(
         request,
         "events.html",
         sid=sid,

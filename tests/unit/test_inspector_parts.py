@@ -12,6 +12,7 @@ from server.compiler.view import Decision, Layer, SectionKind
 from server.config import ConfigError, resolve
 from server.domain.model import Route
 from server.domain.records import CompileRecord, Usage
+from server.service.watch import Closed, WatchHub
 from server.web import charts
 from storage.codec import decode_value, encode_value
 
@@ -105,3 +106,14 @@ def test_timeline_bars_stack_layers_and_mark_busts_and_checkpoints() -> None:
     # the budget line is on the chart only when the scale reaches it
     assert chart.scale_max < 10_000 and chart.lines[0].y is None
     assert charts.timeline(records, full_window=True).lines[0].y is not None
+
+
+async def test_a_watcher_subscribing_during_shutdown_ends_at_once() -> None:
+    """A live page (or WatchSession) that subscribes just after the daemon closed its
+    watchers must not wait for updates that never come: it held shutdown up by seconds."""
+    hub = WatchHub(4)
+    async with hub.subscribe("s") as early:
+        hub.close_all()
+        assert isinstance(early.queue.get_nowait(), Closed)
+    async with hub.subscribe("s") as late:
+        assert isinstance(late.queue.get_nowait(), Closed)
