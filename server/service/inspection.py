@@ -10,7 +10,7 @@ Everything goes through the same paths the gRPC API uses: a step is a dry-run co
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from server.compiler.render import RenderFormat
 from server.compiler.view import CompiledView
@@ -62,6 +62,8 @@ class Step:
     rendering: tuple[RenderFormat, str, int] | None
     # Event boundaries of the session's recorded compiles, for stepping through time.
     boundaries: tuple[int, ...]
+    # True: the recorded compile rebuilt byte for byte; False: compiled now as of `seq`.
+    rebuilt: bool = False
 
 
 def relative_error(record: CompileRecord) -> float | None:
@@ -147,16 +149,28 @@ class InspectUseCases:
                 r for r in records if r.event_boundary == seq and r.route.route_id == route.route_id
             ]
             record = at_seq[-1] if at_seq else None
-        result = await self._compiles.compile(
-            CompileOptions(
-                session_id=session_id,
-                route=route,
-                as_of_seq=seq,
-                dry_run=True,
-                inline_images=False,
-                render_formats=(render_format,) if render_format is not None else (),
-            )
+        options = CompileOptions(
+            session_id=session_id,
+            route=route,
+            as_of_seq=seq,
+            dry_run=True,
+            inline_images=False,
+            render_formats=(render_format,) if render_format is not None else (),
         )
+        rebuilt = record is not None
+        result = None
+        if rebuilt and record is not None:
+            try:
+                # Exactly the view that compile returned, from the versions it recorded.
+                result = await self._compiles.compile(
+                    replace(options, as_of_seq=0, rebuild_compile_id=record.compile_id)
+                )
+            except CtxccError as exc:
+                if exc.reason is not Reason.COMPILE_NOT_FOUND:
+                    raise
+                rebuilt = False  # recorded before versions were kept: compile as of seq
+        if result is None:
+            result = await self._compiles.compile(options)
         view = result.view
         checkpoint = None
         if view.checkpoint_id:
@@ -172,6 +186,7 @@ class InspectUseCases:
             registry=tuple(registry),
             rendering=result.renderings[0] if result.renderings else None,
             boundaries=tuple(sorted({r.event_boundary for r in records})),
+            rebuilt=rebuilt,
         )
 
     @staticmethod

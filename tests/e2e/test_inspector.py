@@ -238,7 +238,13 @@ def _page_figures(page: Page) -> dict[str, str]:
 
 
 def _check_step(page: Page, agent: Agent, seq: int, model: str = "") -> view_pb2.CompiledView:
+    """The step page equals the API's answer to a dry-run compile as of `seq`."""
     view = agent.dry_run(seq, model).view
+    _check_view(page, view, seq)
+    return view
+
+
+def _check_view(page: Page, view: view_pb2.CompiledView, seq: int) -> None:
     b = view.budget
     assert n(page.locator("#step-seq").inner_text()) == seq
     figures = _page_figures(page)
@@ -269,7 +275,6 @@ def _check_step(page: Page, agent: Agent, seq: int, model: str = "") -> view_pb2
     assert kinds == [
         lname(view_pb2.SectionKind, s.kind, "SECTION_KIND_") for s in view.system_sections
     ]
-    return view
 
 
 def test_step_view_matches_the_api_and_travels_in_time(world: World, page: Page) -> None:
@@ -288,6 +293,12 @@ def test_step_view_matches_the_api_and_travels_in_time(world: World, page: Page)
     page.click("#go-seq")
     view = _check_step(page, demo, 2)
     assert view.event_boundary == 2
+    expect(page.locator("#provenance")).to_contain_text("compiled now as of seq 2")
+    # every recorded step shows exactly what the agent got back then
+    for original in demo.views:
+        page.goto(world.ui + f"/s/demo/step?compile={original.compile_id}")
+        _check_view(page, original, original.event_boundary)
+        expect(page.locator("#provenance")).to_contain_text("rebuilt byte for byte")
 
 
 def test_step_view_shows_why(world: World, page: Page) -> None:
@@ -343,7 +354,7 @@ def _key(m: view_pb2.ViewMessage) -> tuple[int, int, int, str, bool]:
 
 def test_diff_between_two_steps(world: World, page: Page) -> None:
     demo = world.demo
-    a, b = demo.views[1].event_boundary, demo.views[2].event_boundary
+    a, b = demo.views[2].event_boundary, demo.views[3].event_boundary
     page.goto(world.ui + f"/s/demo/step?seq={b}")
     page.click("#diff-prev")
     expect(page.locator("h1")).to_contain_text(f"seq {a}")
