@@ -122,6 +122,7 @@ async def timeline_page(request: web.Request) -> web.Response:
         hidden=len(t.compiles) - len(shown),
         layer_order=present.LAYER_ORDER,
         checkpoint_kind=_checkpoint_kind,
+        kinds={c.checkpoint_id: _checkpoint_kind(c) for c in t.checkpoints},
     )
 
 
