@@ -383,6 +383,8 @@ def check_usage(usage: Usage) -> None:
     if usage.cached_input_tokens > usage.input_tokens:
         raise CtxccError(
             Reason.USAGE_INVALID,
-            "cached_input_tokens cannot exceed input_tokens (cached tokens are part of the input)",
+            "cached_input_tokens cannot exceed input_tokens: input_tokens counts cached tokens "
+            "too (Anthropic: input_tokens + cache_creation_input_tokens + "
+            "cache_read_input_tokens)",
             field="cached_input_tokens",
         )
