@@ -75,7 +75,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
     Setting(
         "disk_reserve_bytes",
-        str(32 << 20),
+        str(64 << 20),
         "space held back beside RocksDB so it can always recover from a full disk; writes "
         "resume when this much is free again (0 disables)",
     ),

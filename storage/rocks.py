@@ -38,8 +38,8 @@ log = logging.getLogger("ctxcc.storage")
 
 # Memtables and the write-ahead log are kept small so that replaying the log at open
 # (which writes it out as a table file) needs little free space: the reserve covers it.
-_WRITE_BUFFER = 4 << 20
-_TOTAL_WRITE_BUFFERS = 8 << 20
+_WRITE_BUFFER = 16 << 20
+_TOTAL_WRITE_BUFFERS = 32 << 20
 # How long a reopen waits for operations in progress before trying again later.
 _REOPEN_WAIT_S = 5.0
 
