@@ -39,8 +39,12 @@ class Reserve:
         self._path = directory / RESERVE_NAME
         self.size = reserve_bytes
 
-    def present(self) -> bool:
-        return self.size == 0 or self._path.exists()
+    def _held(self) -> bool:
+        """The reserve file is there at its configured size."""
+        try:
+            return self._path.stat().st_size == self.size
+        except FileNotFoundError:
+            return False
 
     def release(self) -> None:
         """Give the reserved space back to the filesystem (before RocksDB opens)."""
@@ -48,7 +52,9 @@ class Reserve:
             self._path.unlink()
 
     def release_if_short(self) -> None:
-        if self.size and free_bytes(self._path.parent) < self.size:
+        """At open: give the reserve back when RocksDB may need it to replay its log, or
+        when it is disabled or no longer its configured size (it is recreated later)."""
+        if not self._held() or free_bytes(self._path.parent) < self.size:
             self.release()
 
     def ready(self) -> bool:
@@ -57,7 +63,7 @@ class Reserve:
         directory = self._path.parent
         if self.size == 0:
             return free_bytes(directory) > 0
-        if not self._path.exists():
+        if not self._held():
             if free_bytes(directory) < 2 * self.size:
                 return False
             self._create()

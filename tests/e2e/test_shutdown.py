@@ -14,12 +14,18 @@ from typing import Any
 import grpc
 
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
+from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import DaemonProcess
 from tests.helpers import ROUTE, error_info, user
 
 APPENDS = 32
+ALL_FORMATS = (
+    view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+    view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+    view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+    view_pb2.RENDER_FORMAT_GEMINI,
+)
 
 
 def _outcome(err: grpc.aio.AioRpcError) -> str:
@@ -148,3 +154,59 @@ def test_idle_compile_streams_end_at_once_on_sigterm(short_tmp: Path) -> None:
     assert d.proc.returncode == 0
     # The grace period is 20 s: an exit this early means nobody waited for idle streams.
     assert exit_s < 3, exit_s
+
+
+def test_a_step_in_progress_at_sigterm_is_answered_then_the_stream_ends(short_tmp: Path) -> None:
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "20").start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> tuple[str, str, float]:
+        options = [("grpc.max_receive_message_length", 64 << 20)]
+        async with grpc.aio.insecure_channel(d.target, options=options) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            await sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="busy"))
+            )
+            # A long history, rendered for every provider: a step that takes a while.
+            for k in range(4):
+                events = [user(f"message {k}.{i} " + "text " * 2000) for i in range(50)]
+                await sessions.AppendEvents(
+                    spb.AppendEventsRequest(session_id="busy", events=events)
+                )
+            queue: asyncio.Queue[cpb.CompileStreamRequest] = asyncio.Queue()
+
+            async def requests() -> Any:
+                while True:
+                    yield await queue.get()
+
+            it = compiles.CompileStream(requests()).__aiter__()
+            step = cpb.StepRequest(
+                step_id="1",
+                request_id="busy-1",
+                compile=cpb.CompileRequest(
+                    session_id="busy", route=ROUTE, render_formats=list(ALL_FORMATS)
+                ),
+            )
+            await queue.put(cpb.CompileStreamRequest(step=step))
+            await asyncio.sleep(0.2)  # the step is being compiled
+            started = time.monotonic()
+            os.kill(pid, signal.SIGTERM)
+            first = await asyncio.wait_for(it.__anext__(), 30)
+            kind = first.WhichOneof("response")
+            while kind == "chunk" and first.chunk.index + 1 < first.chunk.count:
+                first = await asyncio.wait_for(it.__anext__(), 30)
+            try:
+                await asyncio.wait_for(it.__anext__(), 30)
+                end = "another message"
+            except grpc.aio.AioRpcError as err:
+                end = _outcome(err)
+            return str(kind), end, time.monotonic() - started
+
+    answer, end, took = asyncio.run(run())
+    assert d.proc.wait(30) == 0
+    print(f"\nstep in progress at SIGTERM: {answer}, then {end} after {took:.2f} s")
+    assert answer in ("view", "chunk")
+    assert end == "UNAVAILABLE/SHUTTING_DOWN"
