@@ -172,6 +172,75 @@ def test_pods_are_restricted_native_sidecars_with_working_probes(overlay: str) -
         assert spec["containers"] == base["containers"]
 
 
+CHECKOV = REPO / ".tools" / "checkov" / "bin" / "checkov"
+SKIPS = K8S / "components" / "checkov-skips" / "kustomization.yaml"
+
+
+def _checkov(path: Path, framework: str) -> dict[str, Any]:
+    assert CHECKOV.exists(), "run `make test`: it installs checkov into .tools/checkov"
+    done = subprocess.run(
+        [str(CHECKOV), "-f", str(path), "--framework", framework, "--skip-download", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert report["summary"]["parsing_errors"] == 0, report["summary"]
+    return report
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_checkov_passes_every_rendered_kustomization(overlay: str, tmp_path: Path) -> None:
+    annotations = yaml.safe_load(SKIPS.read_text())["commonAnnotations"]
+    listed = dict(
+        v.split("=", 1) for k, v in annotations.items() if k.startswith("checkov.io/skip")
+    )
+    assert listed and all(reason.strip() for reason in listed.values())
+    kustomization = yaml.safe_load((OVERLAYS[overlay] / "kustomization.yaml").read_text())
+    assert any(c.endswith("components/checkov-skips") for c in kustomization["components"])
+    rendered = tmp_path / "all.yaml"
+    rendered.write_text(yaml.safe_dump_all(render(OVERLAYS[overlay])))
+    results = _checkov(rendered, "kubernetes")["results"]
+    assert [(c["check_id"], c["resource"]) for c in results["failed_checks"]] == []
+    # Every skip is still needed, and nothing is skipped that is not listed with a reason.
+    assert {c["check_id"] for c in results["skipped_checks"]} == set(listed)
+
+
+def test_checkov_passes_the_dockerfile() -> None:
+    results = _checkov(REPO / "deploy" / "Dockerfile", "dockerfile")["results"]
+    assert [c["check_id"] for c in results["failed_checks"]] == []
+    inline = dict(re.findall(r"^# checkov:skip=(CKV_\w+):(.+)$", _dockerfile(), re.M))
+    assert {c["check_id"] for c in results["skipped_checks"]} == set(inline)
+    assert any(c["check_id"] == "CKV_DOCKER_2" for c in results["passed_checks"])  # HEALTHCHECK
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_manifests_are_namespaced_labelled_and_fenced(overlay: str) -> None:
+    docs = render(OVERLAYS[overlay])
+    for d in docs:
+        meta = d["metadata"]
+        assert meta.get("namespace") == "agents", (d["kind"], meta["name"])
+        assert meta.get("labels", {}).get("app.kubernetes.io/part-of") == "ctxcc", meta["name"]
+    spec = pod_spec(docs)
+    assert spec["automountServiceAccountToken"] is False
+    (workload,) = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+    pod_labels = workload["spec"]["template"]["metadata"]["labels"]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    allowed = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    sidecar_ports = {p["name"] for p in spec["initContainers"][0]["ports"]}
+    assert allowed == ["metrics"] and "metrics" in sidecar_ports
+    budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    if overlay == "statefulset":
+        (pdb,) = budgets
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        assert pdb["spec"]["maxUnavailable"] == 1
+    else:
+        assert budgets == []
+
+
 def test_prometheus_rule_spec_passes_promtool(tmp_path: Path) -> None:
     rule = next(d for d in render(OVERLAYS["base"]) if d["kind"] == "PrometheusRule")
     f = tmp_path / "rules.yaml"
