@@ -62,6 +62,7 @@ from server.transport.interceptor import BoundaryInterceptor, error_codes, metho
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
+from server.transport.wire import request_caps
 from server.web.server import WebServer, WebSettings, start_web
 from storage import KVEventStore, StoreLimits, open_rocks
 
@@ -139,7 +140,7 @@ class Daemon:
         self._health = health.aio.HealthServicer()
         self._metrics_server: WSGIServer | None = None
         self._web: WebServer | None = None
-        self._blocking = Blocking(cfg.workers)
+        self._blocking = Blocking(cfg.workers, cfg.compile_workers)
         self._store: KVEventStore | None = None
         self._drain = Drain()
         self._disk_watch: asyncio.Task[None] | None = None
@@ -238,7 +239,12 @@ class Daemon:
         self.telemetry.expect_rpcs(rpc_methods(), error_codes())
         server = grpc.aio.server(
             interceptors=[
-                BoundaryInterceptor(self.telemetry.rpc_done, self._auth_token(), self._drain)
+                BoundaryInterceptor(
+                    self.telemetry.rpc_done,
+                    self._auth_token(),
+                    self._drain,
+                    request_caps(cfg.max_events_per_append),
+                )
             ],
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -254,7 +260,14 @@ class Daemon:
             SessionServicer(sessions), server
         )
         compile_service_pb2_grpc.add_CompileServiceServicer_to_server(
-            CompileServicer(compiles, sessions, checkpoints, cfg.stream_chunk_bytes, self._drain),
+            CompileServicer(
+                compiles,
+                sessions,
+                checkpoints,
+                cfg.stream_chunk_bytes,
+                self._drain,
+                cfg.max_message_bytes,
+            ),
             server,
         )
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(

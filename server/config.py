@@ -65,6 +65,11 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("grace_period", "10", "seconds in-flight calls get to finish on SIGTERM/SIGINT"),
     Setting("workers", "8", "threads for blocking storage work"),
+    Setting(
+        "compile_workers",
+        "2",
+        "threads for compiles and result searches, apart from storage work",
+    ),
     Setting("log_level", "info", "debug, info, warning or error"),
     Setting("max_sessions", "100000", "sessions the daemon holds at most"),
     Setting("max_session_bytes", str(1 << 30), "bytes one session may store"),
@@ -161,6 +166,7 @@ class Config:
     durability: str
     grace_period: float
     workers: int
+    compile_workers: int
     log_level: str
     max_sessions: int
     max_session_bytes: int
@@ -360,6 +366,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         durability=raw["durability"],
         grace_period=grace,
         workers=_int(raw, "workers", minimum=1),
+        compile_workers=_int(raw, "compile_workers", minimum=1),
         log_level=raw["log_level"].lower(),
         max_sessions=_int(raw, "max_sessions", minimum=1),
         max_session_bytes=_int(raw, "max_session_bytes", minimum=1),

@@ -26,7 +26,7 @@ from server.compiler.system import (
     join_sections,
     prefix_digest,
 )
-from server.compiler.textscan import FoundPaths, paths_in
+from server.compiler.textscan import FoundPaths, paths_in_texts
 from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
@@ -197,7 +197,7 @@ def changed_sections(
     return tuple(SectionKind(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
-def active_text(events: Sequence[Event], current_user: Event | None) -> str:
+def active_texts(events: Sequence[Event], current_user: Event | None) -> list[str]:
     """What the model is working on: the latest user message and every step after it."""
     turn = list(current_turn(events))
     if current_user is not None and (not turn or turn[0].seq != current_user.seq):
@@ -213,7 +213,7 @@ def active_text(events: Sequence[Event], current_user: Event | None) -> str:
             chunks.append(p.arguments_json)
         elif isinstance(p, ToolResult):
             chunks.append(p.text if p.text is not None else (p.blob.preview if p.blob else ""))
-    return "\n".join(chunks)
+    return chunks
 
 
 def _scan_notes(named: FoundPaths) -> tuple[str, ...]:
@@ -229,8 +229,7 @@ def native_state_tokens(state: NativeState | None) -> int:
 
 
 def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
-    active = active_text(inputs.events, inputs.current_user)
-    named = paths_in(active)
+    named = paths_in_texts(active_texts(inputs.events, inputs.current_user))
     built = build_source_sections(inputs.sources, named.paths, counter)
     sections = assemble(
         kernel_text=inputs.kernel_text,

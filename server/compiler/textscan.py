@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,8 +36,14 @@ MAX_PATTERN_MEMORY = 32 << 20
 # Bytes of text one search step scans: each RE2 call holds the GIL, so steps stay short.
 SEARCH_STEP_BYTES = 256 << 10
 
-# One character class, repeated: each position is visited once.
-_RUN = re.compile(r"[\w.\-/]+")
+# A run of path characters holding a '.' or '/', matched only from the start of the
+# run (the lookbehind) and with possessive repeats: nothing is ever rescanned, so the
+# scan is linear, and word runs without either character cost one pass in C.
+_CANDIDATE = re.compile(r"(?<![\w.\-/])[\w\-]*+[./][\w.\-/]*+")
+_BOUNDARY = re.compile(r"[^\w.\-/]")
+SCAN_SLICE_CHARS = 64 << 10
+# Distinct candidates examined in Python (bounds the per-token work on hostile text).
+MAX_CANDIDATES = 16_384
 # Counted repetitions: RE2 caps them at 1000, but an overflowing count must not slip by.
 _REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 _EXT = re.compile(r"[A-Za-z0-9]{1,8}")
@@ -76,13 +84,28 @@ class FoundPaths:
     capped: bool = False
 
 
+def _slices(text: str, step: int = SCAN_SLICE_CHARS) -> Iterable[tuple[int, int]]:
+    """Cut points at non-path characters about `step` apart: `re` holds the GIL for a
+    whole call, so a MiB is scanned in slices other threads can run between."""
+    lo = 0
+    while lo < len(text):
+        cut = _BOUNDARY.search(text, min(lo + step, len(text)))
+        hi = cut.start() if cut else len(text)
+        yield lo, max(hi, lo + 1)
+        lo = max(hi, lo + 1)
+
+
 def paths_in(text: str, most: int = MAX_PATHS, most_bytes: int = MAX_PATH_BYTES) -> FoundPaths:
     """Distinct path-like tokens, in order of first appearance: anything with a slash
     between two names, or a name with an extension."""
     seen: dict[str, None] = {}
     size = 0
-    for m in _RUN.finditer(text):
-        token = m.group(0)
+    candidates: dict[str, None] = {}
+    for lo, hi in _slices(text):
+        candidates.update(dict.fromkeys(_CANDIDATE.findall(text, lo, hi)))  # dedup in C
+    for n, token in enumerate(candidates):
+        if n >= MAX_CANDIDATES:
+            return FoundPaths(tuple(seen), capped=True)
         if len(token) > MAX_PATH_CHARS:
             continue
         path = _as_path(token)
@@ -93,6 +116,56 @@ def paths_in(text: str, most: int = MAX_PATHS, most_bytes: int = MAX_PATH_BYTES)
             return FoundPaths(tuple(seen), capped=True)
         seen[path] = None
     return FoundPaths(tuple(seen))
+
+
+class _Memo:
+    """Paths of texts seen recently, keyed by (hash, length) so no text is kept alive.
+    Event texts are immutable and reappear in every compile of their turn: a 1 MiB
+    message is scanned once (about 0.1 s), then costs one string hash per compile.
+    A memo of a pure function: answers are the same with or without it."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[int, int], FoundPaths] = OrderedDict()
+
+    def get(self, text: str) -> FoundPaths:
+        if len(text) < 4_096:
+            return paths_in(text)
+        key = (hash(text), len(text))
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit
+        found = paths_in(text)
+        with self._lock:
+            self._items[key] = found
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return found
+
+
+_MEMO = _Memo(1_024)
+
+
+def paths_in_texts(texts: Iterable[str]) -> FoundPaths:
+    """`paths_in` over several texts (the messages of a turn), each scanned once and
+    remembered; the union keeps first-appearance order and the same caps."""
+    seen: dict[str, None] = {}
+    size = 0
+    capped = False
+    for text in texts:
+        found = _MEMO.get(text)
+        capped = capped or found.capped
+        for path in found.paths:
+            if path in seen:
+                continue
+            size += len(path) + 1
+            if len(seen) >= MAX_PATHS or size > MAX_PATH_BYTES:
+                return FoundPaths(tuple(seen), capped=True)
+            seen[path] = None
+    return FoundPaths(tuple(seen), capped)
 
 
 # -- rule globs -----------------------------------------------------------------------

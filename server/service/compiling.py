@@ -146,7 +146,7 @@ class CompileUseCases:
         check_path_form("environment.working_directory", opts.working_directory)
         # One hop to the I/O pool for all the loading and the pure compile: thread
         # handoffs, not the work, dominated small compiles when each read hopped alone.
-        session, history, view, counter, inputs, info = await self._blocking.run(
+        session, history, view, counter, inputs, info = await self._blocking.compute(
             self._prepare, opts
         )
         rebuild = bool(opts.rebuild_compile_id)
@@ -205,8 +205,8 @@ class CompileUseCases:
             if not opts.render_formats:
                 return CompileResult(view)
             # Looking may still render provider bodies; it records nothing.
-            return await self._blocking.run(self._finish, None, (), view, opts, counter)
-        result = await self._blocking.run(self._finish, record, parts, view, opts, counter)
+            return await self._blocking.compute(self._finish, None, (), view, opts, counter)
+        result = await self._blocking.compute(self._finish, record, parts, view, opts, counter)
         notice = CompileNotice(
             view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
         )

@@ -225,6 +225,6 @@ class ToolUseCases:
         if len(pattern) > MAX_PATTERN_CHARS:
             raise invalid("search.pattern", f"pattern is over {MAX_PATTERN_CHARS} characters")
         self._check_call(session_id, call_id)
-        return await self._blocking.run(
+        return await self._blocking.compute(
             self._search, session_id, call_id, pattern, is_regex, context, most
         )

@@ -11,10 +11,10 @@ import grpc
 
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
-from server.domain.errors import CtxccError, invalid
+from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import Usage
 from server.service.checkpoints import CheckpointUseCases
-from server.service.compiling import CompileUseCases
+from server.service.compiling import CompileResult, CompileUseCases
 from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in, route_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
@@ -24,6 +24,20 @@ from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+# Views with less text than this are converted on the event loop (a thread hop costs
+# more than converting them); larger ones in a thread.
+_ON_LOOP_CHARS = 256 << 10
+
+
+def view_chars(result: CompileResult) -> int:
+    """Characters and bytes the view carries: a cheap stand-in for its encoded size."""
+    view = result.view
+    text = len(view.system_prompt) + sum(len(p.text or "") for m in view.messages for p in m.parts)
+    return (
+        text
+        + sum(len(b) for _, b in result.attachments)
+        + sum(len(body) for _, body, _ in result.renderings)
+    )
 
 
 class CompileServicer(pb_grpc.CompileServiceServicer):
@@ -34,17 +48,36 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         checkpoints: CheckpointUseCases,
         chunk_bytes: int = 1 << 20,
         drain: Drain | None = None,
+        max_message_bytes: int = 64 << 20,
     ) -> None:
         self._c = compiles
         self._s = sessions
         self._k = checkpoints
         self._chunk = chunk_bytes
         self._drain = drain or Drain()
+        self._max_message = max_message_bytes
 
     @unary
     async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
         result = await self._c.compile(compile_options_in(request))
-        return pb.CompileResponse(view=result_out(result))
+        if view_chars(result) < _ON_LOOP_CHARS:
+            return pb.CompileResponse(view=result_out(result))
+        # Converting (and sizing) a multi-MiB view is CPU work: off the event loop.
+        return await asyncio.to_thread(self._large_response, result)
+
+    def _large_response(self, result: CompileResult) -> pb.CompileResponse:
+        response = pb.CompileResponse(view=result_out(result))
+        size = response.ByteSize()
+        if size > self._max_message:
+            # grpc would refuse to send it with a bare RESOURCE_EXHAUSTED; say why.
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"the view is {size} bytes, over the {self._max_message}-byte message limit; "
+                "compile over CompileStream (sent in chunks) or compact the session",
+                quota="max_message_bytes",
+                limit=str(self._max_message),
+            )
+        return response
 
     @streaming
     async def CompileStream(
@@ -123,7 +156,10 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                     result = await self._c.compile(compile_options_in(msg.resume.compile))
                 case _:
                     raise invalid("request", "a stream message needs a step or a resume")
-            out.view.CopyFrom(result_out(result))
+            if view_chars(result) < _ON_LOOP_CHARS:
+                out.view.CopyFrom(result_out(result))
+            else:
+                await asyncio.to_thread(lambda: out.view.CopyFrom(result_out(result)))
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
         except Exception as exc:

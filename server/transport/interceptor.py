@@ -17,7 +17,7 @@ import contextlib
 import hmac
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -25,6 +25,7 @@ import grpc
 from server.domain.errors import CtxccError, Reason
 from server.transport.drain import Drain, Ticket, shutting_down
 from server.transport.errors import CODES, status_for
+from server.transport.wire import RepeatedCap, count_over
 
 RpcObserver = Callable[[str, str, float], None]
 _OPEN_SERVICES = ("grpc.health.v1.Health",)
@@ -47,12 +48,21 @@ class _Malformed:
     def __init__(self, error: Exception) -> None:
         self.error = error
 
+    def answer(self) -> CtxccError:
+        return self.error if isinstance(self.error, CtxccError) else _malformed()
 
-def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+
+def _safe(
+    deserializer: Callable[[bytes], Any] | None, cap: RepeatedCap | None = None
+) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
 
     def decode(data: bytes) -> Any:
+        if cap is not None:
+            over = count_over(data, cap)
+            if over is not None:
+                return _Malformed(cap.error(over))
         try:
             return deserializer(data)
         except Exception as exc:  # the parser's text stays in the daemon
@@ -78,11 +88,16 @@ def _code(context: Any, failed: bool) -> str:
 
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     def __init__(
-        self, observe: RpcObserver, auth_token: str = "", drain: Drain | None = None
+        self,
+        observe: RpcObserver,
+        auth_token: str = "",
+        drain: Drain | None = None,
+        caps: Mapping[str, RepeatedCap] | None = None,
     ) -> None:
         self._observe = observe
         self._token = auth_token
         self._drain = drain or Drain()
+        self._caps = dict(caps or {})
 
     def _denied(self, context: Any, service: str) -> CtxccError | None:
         if not self._token or service in _OPEN_SERVICES:
@@ -108,14 +123,14 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         async def checked_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
             async for item in requests:
                 if isinstance(item, _Malformed):
-                    raise _malformed()
+                    raise item.answer()
                 yield item
 
         async def gate(request: Any, context: Any) -> Any:
             err = shutting_down() if ticket is None and not open_service else None
             err = err or denied(context, service)
             if err is None and not streaming_in and isinstance(request, _Malformed):
-                err = _malformed()
+                err = request.answer()
             if err is not None:
                 await context.abort_with_status(status_for(err))
             return checked_requests(request) if streaming_in else request
@@ -165,7 +180,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         service = full.strip("/").split("/")[0]
         name = method_label(full)
         kw = {
-            "request_deserializer": _safe(handler.request_deserializer),
+            "request_deserializer": _safe(handler.request_deserializer, self._caps.get(full)),
             "response_serializer": handler.response_serializer,
         }
         if handler.unary_unary:

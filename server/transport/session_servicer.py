@@ -19,6 +19,7 @@ from server.transport.convert_events import event_out, events_in, session_in, se
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
 from server.transport.paging import MAX_PAGE_BYTES, decode_token, encode_token
+from server.transport.wire import MAX_KINDS
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -82,11 +83,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def ListEvents(
         self, request: pb.ListEventsRequest, context: Ctx
     ) -> pb.ListEventsResponse:
-        kinds: set[EventKind] = set()
-        for k in request.kinds:
-            if k not in {int(e) for e in EventKind}:
-                raise invalid("kinds", f"unknown event kind {k}")
-            kinds.add(EventKind(k))
+        if len(request.kinds) > MAX_KINDS:  # also refused on the wire, before decoding
+            raise invalid("kinds", f"kinds lists at most {MAX_KINDS} event kinds")
+        known = {int(e) for e in EventKind}
+        unknown = set(request.kinds) - known
+        if unknown:
+            raise invalid("kinds", f"unknown event kind {min(unknown)}")
+        kinds = {EventKind(k) for k in set(request.kinds)}
         query = {"s": request.session_id, "a": request.after_seq, "k": sorted(kinds)}
         token = decode_token(request.page_token, query)
         after = int(token) if token is not None else request.after_seq

@@ -322,6 +322,54 @@ def _bad_environment(env: Env) -> Any:
     return env.compile("badenv", environment=cpb.Environment(working_directory="/tmp/a\x00b"))
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _million_events(env: Env) -> Any:
+    """2,000,000 one-character user messages in one AppendEvents, encoded by hand (the
+    Python message API would take the client longer than the daemon)."""
+    env.current = "flood"
+    env.session("flood")
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text="x")
+    one = ev.SerializeToString()
+    field = b"\x12" + _varint(len(one)) + one
+    body = b"\x0a\x05flood" + field * 2_000_000
+    call: Any = env.channel.unary_unary("/ctxcc.v1.SessionService/AppendEvents")
+    return call(body, timeout=60)
+
+
+def _million_kinds(env: Env) -> Any:
+    env.current = "kinds"
+    env.session("kinds")
+    env.user("kinds", "hello")
+    request = spb.ListEventsRequest(session_id="kinds")
+    request.kinds.extend([event_pb2.EVENT_KIND_USER_MESSAGE] * 1_000_000)
+    return env.sessions.ListEvents(request, timeout=60)
+
+
+def _big_history(env: Env) -> None:
+    """About 66 MB of messages: more than one unary Compile may carry (64 MiB)."""
+    env.current = "history"
+    env.session("history")
+    line = "the build failed in src/pkg/module_42/handler.py, retrying with a clean cache\n"
+    for i in range(34):
+        body = f"message {i}\n" + line * (1_000_000 // len(line))
+        ev = event_pb2.Event()
+        ev.user_message.parts.add(text=body)
+        reply = event_pb2.Event()
+        reply.assistant_message.parts.add(text=body)
+        env.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="history", events=[ev, reply]), timeout=60
+        )
+
+
 INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
 OUTSIDE = (grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_ROOT")
 
@@ -411,6 +459,23 @@ CASES: list[Case] = [
         _list_after_max,
         (OK, ""),
         after=lambda e, resp: None if not resp.events else pytest.fail("events after 2^64-1"),
+    ),
+    Case(
+        "2,000,000 events in one append",
+        _million_events,
+        (grpc.StatusCode.INVALID_ARGUMENT, "TOO_MANY_EVENTS"),
+        after=lambda e, _: (
+            None
+            if not e.sessions.ListEvents(spb.ListEventsRequest(session_id="flood")).events
+            else pytest.fail("a refused append wrote events")
+        ),
+    ),
+    Case("1,000,000 kinds in ListEvents", _million_kinds, INVALID),
+    Case(
+        "a session with 66 MB of history",
+        lambda e: e.compile("history"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED"),
+        _big_history,
     ),
 ]
 

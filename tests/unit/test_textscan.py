@@ -127,3 +127,9 @@ def test_line_search_steps_are_bounded() -> None:
         search.step(4_096)
         steps += 1
     assert steps >= len(data) // (4_096 + 16) and search.line == 100_000
+
+
+def test_path_scan_slices_never_cut_a_path() -> None:
+    # Slices end at a non-path character at or after 64 Ki characters.
+    text = "x" * ((64 << 10) - 3) + " src/abc/d.py " + "y " * 40_000 + "lib/e.go"
+    assert paths_in(text).paths == ("src/abc/d.py", "lib/e.go")
