@@ -40,7 +40,7 @@ from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tls import TlsFileError, load_tls
-from server.adapters.tokenizer import CounterRegistry
+from server.adapters.tokenizer import CounterRegistry, load_offline_encoding
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL
@@ -174,6 +174,9 @@ class Daemon:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self._private_data_dir()
+        # Building the tokenizer's tables holds the GIL for ~0.1-0.2 s: do it before
+        # serving, not inside the first compile while other RPCs wait.
+        await asyncio.to_thread(load_offline_encoding)
         kv = open_rocks(
             cfg.db_path,
             sync=cfg.durability == "sync",

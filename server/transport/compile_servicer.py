@@ -66,18 +66,27 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         return await asyncio.to_thread(self._large_response, result)
 
     def _large_response(self, result: CompileResult) -> pb.CompileResponse:
-        response = pb.CompileResponse(view=result_out(result))
+        # grpc would refuse to send an oversized view with a bare RESOURCE_EXHAUSTED;
+        # say why instead. Characters never outnumber encoded bytes, so a view whose
+        # text alone is over the limit is refused before the costly conversion.
+        chars = view_chars(result)
+        if chars > self._max_message:
+            raise self._too_large(chars)
+        response = pb.CompileResponse()
+        response.view.CopyFrom(result_out(result))
         size = response.ByteSize()
         if size > self._max_message:
-            # grpc would refuse to send it with a bare RESOURCE_EXHAUSTED; say why.
-            raise CtxccError(
-                Reason.QUOTA_EXCEEDED,
-                f"the view is {size} bytes, over the {self._max_message}-byte message limit; "
-                "compile over CompileStream (sent in chunks) or compact the session",
-                quota="max_message_bytes",
-                limit=str(self._max_message),
-            )
+            raise self._too_large(size)
         return response
+
+    def _too_large(self, size: int) -> CtxccError:
+        return CtxccError(
+            Reason.QUOTA_EXCEEDED,
+            f"the view is over {size} bytes, more than the {self._max_message}-byte message "
+            "limit; compile over CompileStream (sent in chunks) or compact the session",
+            quota="max_message_bytes",
+            limit=str(self._max_message),
+        )
 
     @streaming
     async def CompileStream(
