@@ -45,8 +45,6 @@ from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.e2e.proc import DaemonProcess
 
 P99_BOUND_S = 0.250
-# The probe window stays open at least this long, so quick cases still get samples.
-MIN_WINDOW_S = 0.5
 QUIET_WINDOW_S = 0.5
 OK = grpc.StatusCode.OK
 
@@ -145,11 +143,18 @@ class Probe:
             time.sleep(0.01)
 
     def window(self, t0: float, t1: float) -> list[tuple[float, float, str, bool]]:
-        # Wait for the call in flight at t1: a stall shows up as its latency.
+        """Probe calls that overlapped [t0, t1]; for each kind with none (a request
+        quicker than one probe round), the first call after t1."""
+        # Wait for the calls in flight at t1: a stall shows up as their latency.
         deadline = time.monotonic() + 35
-        while time.monotonic() < deadline and not any(s[0] > t1 for s in self.samples[-3:]):
+        while time.monotonic() < deadline and sum(s[0] > t1 for s in self.samples[-4:]) < 2:
             time.sleep(0.01)
-        return [s for s in self.samples if t0 <= s[0] <= t1]
+        done = list(self.samples)
+        hit = [s for s in done if s[0] <= t1 and s[0] + s[1] >= t0]
+        for kind in ("health", "append"):
+            if not any(s[2] == kind for s in hit):
+                hit += [s for s in done if s[0] > t1 and s[2] == kind][:1]
+        return hit
 
     def close(self) -> None:
         self._stop.set()
@@ -619,10 +624,7 @@ def test_hostile_case(env: Env, case: Case) -> None:
     except grpc.RpcError as err:
         got = error_of(err)
     took = time.monotonic() - t0
-    rest = MIN_WINDOW_S - took
-    if rest > 0:
-        time.sleep(rest)
-    samples = env.probe.window(t0, time.monotonic())
+    samples = env.probe.window(t0, t0 + took)
     health = [s[1] for s in samples if s[2] == "health"]
     append = [s[1] for s in samples if s[2] == "append"]
     print(
