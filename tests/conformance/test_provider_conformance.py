@@ -241,6 +241,16 @@ def _cap(fmt: str, body: dict[str, Any]) -> int:
     return int(body[key.get(fmt, "max_tokens")])
 
 
+def _system(fmt: str, body: dict[str, Any]) -> str:
+    if fmt == "openai_chat":
+        return str(body["messages"][0]["content"])
+    if fmt == "openai_responses":
+        return str(body["instructions"])
+    if fmt == "anthropic_messages":
+        return "\n\n".join(b["text"] for b in body["system"])
+    return str(body["systemInstruction"]["parts"][0]["text"])
+
+
 def test_every_body_keeps_each_providers_rules(corpus: list[Case]) -> None:
     for case, fmt, body in _all(corpus):
         try:
@@ -253,6 +263,7 @@ def test_every_body_keeps_each_providers_rules(corpus: list[Case]) -> None:
             else:
                 _gemini(body)
             assert _cap(fmt, body) == case.view.budget.output_cap > 0
+            assert _system(fmt, body) == case.view.system_prompt, "whole, in its place"
             assert json.dumps(KERNEL[:2000])[1:-1] in json.dumps(body)
         except AssertionError as exc:
             raise AssertionError(f"{case.name} / {fmt}: {exc}") from exc
