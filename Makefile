@@ -34,8 +34,12 @@ proto-check: $(STAMP)
 	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_go.sh --check
 	PATH=$(CURDIR)/$(BIN):$$PATH bash scripts/gen_ts.sh --check
 
-## clients: build the Go and TypeScript clients and their example agents
-clients: .tools/bin/agentloop-go client/typescript/dist/examples/agent-loop.js
+## clients: build the Go and TypeScript clients and their example agents, and the
+## installable packages in .tools/dist (npm tarball with its dependencies, Python wheel)
+CLIENT_DIST := .tools/dist
+NPM_TARBALL := $(CLIENT_DIST)/ctxcc-client-0.1.0.tgz
+PY_WHEEL := $(CLIENT_DIST)/ctxcc_client-0.1.0-py3-none-any.whl
+clients: .tools/bin/agentloop-go client/typescript/dist/examples/agent-loop.js $(NPM_TARBALL) $(PY_WHEEL)
 
 .tools/bin/agentloop-go: $(shell find client/go -name '*.go') client/go/go.mod client/go/go.sum
 	cd client/go && go vet ./... && go build -o ../../.tools/bin/agentloop-go ./examples/agentloop
@@ -46,6 +50,17 @@ client/typescript/node_modules/.stamp: client/typescript/package-lock.json
 
 client/typescript/dist/examples/agent-loop.js: client/typescript/node_modules/.stamp $(shell find client/typescript/src client/typescript/examples -name '*.ts') client/typescript/tsconfig.json
 	cd client/typescript && npx tsc -p tsconfig.json
+
+$(NPM_TARBALL): client/typescript/dist/examples/agent-loop.js client/typescript/package.json client/typescript/README.md
+	mkdir -p $(CLIENT_DIST)
+	cd client/typescript && npm pack --silent --ignore-scripts --pack-destination ../../$(CLIENT_DIST) >/dev/null
+
+# The wheel carries the generated ctxcc.v1 code, so it installs anywhere.
+$(PY_WHEEL): $(STAMP) $(shell find client/python/ctxcc_client ctxcc/v1 -name '*.py*') client/python/pyproject.toml client/python/README.md
+	mkdir -p $(CLIENT_DIST)
+	rm -rf client/python/build
+	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(CLIENT_DIST) ./client/python
+	rm -rf client/python/build
 
 ## lint: ruff, mypy --strict, import contracts, buf lint and buf breaking against main
 lint: $(STAMP)

@@ -3,10 +3,13 @@
 //	c, err := ctxcc.Dial("unix:///run/ctxcc/ctxcc.sock")
 //	view, err := c.Compile(ctx, &ctxccv1.CompileRequest{SessionId: "s1", Route: &ctxccv1.Route{Model: "gpt-4o"}})
 //
-// Errors from the daemon convert to *Error, whose Reason is the stable ErrorInfo reason
-// (e.g. "SESSION_NOT_FOUND"); branch on it, never on the message. Only idempotent calls
-// are retried on Unavailable: appends (always sent with a request id), usage reports,
-// reads and compiles.
+// Every RPC is reachable with typed requests through the generated stubs (c.Sessions,
+// c.Compiles, c.Tools, c.Sources, c.Artifacts) and c.Conn(); the helpers here add retries,
+// request ids, streams and uploads. Errors from the daemon convert to *Error, whose Reason
+// is the stable ErrorInfo reason (e.g. "SESSION_NOT_FOUND"); branch on it, never on the
+// message. Calls that are safe to repeat are retried on Unavailable for up to
+// Client.RetryFor: appends, checkpoints and stream steps carry a request id fixed before the
+// first attempt, so a resend is replayed, never duplicated.
 package ctxcc
 
 import (
@@ -15,14 +18,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
 )
@@ -36,6 +42,9 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s %s: %s", e.Code, e.Reason, e.Message) }
+
+// GRPCStatus keeps status.Code(err) and status.FromError(err) working on an *Error.
+func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Message) }
 
 // AsError extracts the daemon's reason from any error returned by this package or by a
 // generated stub.
@@ -69,12 +78,18 @@ func wrap(err error) error {
 
 // Client holds one connection and the service stubs.
 type Client struct {
-	conn     *grpc.ClientConn
-	Sessions ctxccv1.SessionServiceClient
-	Compiles ctxccv1.CompileServiceClient
-	Tools    ctxccv1.ToolServiceClient
-	Sources  ctxccv1.SourceServiceClient
+	conn      *grpc.ClientConn
+	Sessions  ctxccv1.SessionServiceClient
+	Compiles  ctxccv1.CompileServiceClient
+	Tools     ctxccv1.ToolServiceClient
+	Sources   ctxccv1.SourceServiceClient
+	Artifacts ctxccv1.ArtifactServiceClient
+	// RetryFor bounds how long a call or a stream step waits out an unavailable daemon.
+	RetryFor time.Duration
 }
+
+// DefaultRetryFor is Client.RetryFor unless changed.
+const DefaultRetryFor = 30 * time.Second
 
 // Dial connects to target: "unix:///run/ctxcc/ctxcc.sock" or "127.0.0.1:50551".
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
@@ -82,22 +97,67 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second}),
+		// grpc-go backs reconnects off from 1 s up to 120 s; a sidecar restarts in about a
+		// second, so look again at most every 500 ms.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 	}
+	c := &Client{RetryFor: DefaultRetryFor}
+	base = append(base, grpc.WithChainUnaryInterceptor(c.unary))
 	conn, err := grpc.NewClient(target, append(base, opts...)...)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{
-		conn:     conn,
-		Sessions: ctxccv1.NewSessionServiceClient(conn),
-		Compiles: ctxccv1.NewCompileServiceClient(conn),
-		Tools:    ctxccv1.NewToolServiceClient(conn),
-		Sources:  ctxccv1.NewSourceServiceClient(conn),
-	}, nil
+	c.conn = conn
+	c.Sessions = ctxccv1.NewSessionServiceClient(conn)
+	c.Compiles = ctxccv1.NewCompileServiceClient(conn)
+	c.Tools = ctxccv1.NewToolServiceClient(conn)
+	c.Sources = ctxccv1.NewSourceServiceClient(conn)
+	c.Artifacts = ctxccv1.NewArtifactServiceClient(conn)
+	return c, nil
+}
+
+// Unary RPCs that a blind repeat would change: a second create finds the first, a second
+// delete finds nothing. Every other unary RPC is a read, an upsert by a client-chosen id,
+// or carries a request id.
+var notRetried = map[string]bool{
+	"CreateSession": true, "DeleteSession": true, "DeleteMemory": true, "DeleteRule": true, "DeleteSkill": true,
+}
+
+// unary is every unary call's interceptor: an append or checkpoint without a request id gets
+// one here, once, before any attempt; calls that are safe to repeat are retried on
+// Unavailable; errors become *Error.
+func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	switch r := req.(type) {
+	case *ctxccv1.AppendEventsRequest:
+		if r.GetRequestId() == "" {
+			cp := proto.Clone(r).(*ctxccv1.AppendEventsRequest)
+			cp.RequestId = NewRequestID()
+			req = cp
+		}
+	case *ctxccv1.CreateCheckpointRequest:
+		if r.GetRequestId() == "" {
+			cp := proto.Clone(r).(*ctxccv1.CreateCheckpointRequest)
+			cp.RequestId = NewRequestID()
+			req = cp
+		}
+	}
+	if notRetried[method[strings.LastIndex(method, "/")+1:]] {
+		return wrap(invoker(ctx, method, req, reply, cc, opts...))
+	}
+	_, err := retry(ctx, c.RetryFor, func() (struct{}, error) {
+		return struct{}{}, invoker(ctx, method, req, reply, cc, opts...)
+	})
+	return err
 }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close() }
+
+// Conn is the underlying connection, for health checks, reflection or your own stubs.
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // NewRequestID returns a random id for idempotent appends.
 func NewRequestID() string {
@@ -106,22 +166,26 @@ func NewRequestID() string {
 	return hex.EncodeToString(b)
 }
 
-const retries = 6
+const maxPause = 250 * time.Millisecond
 
-func retry[T any](ctx context.Context, call func() (T, error)) (T, error) {
+// retry runs call until it succeeds, fails with anything but Unavailable, or budget has
+// passed since the first attempt; pauses grow from 50 ms to 250 ms.
+func retry[T any](ctx context.Context, budget time.Duration, call func() (T, error)) (T, error) {
 	var zero T
-	delay := 50 * time.Millisecond
-	for attempt := 0; ; attempt++ {
+	deadline := time.Now().Add(budget)
+	pause := 50 * time.Millisecond
+	for {
 		out, err := call()
-		if err == nil || status.Code(err) != codes.Unavailable || attempt == retries-1 {
+		left := time.Until(deadline)
+		if err == nil || status.Code(err) != codes.Unavailable || left <= 0 {
 			return out, wrap(err)
 		}
 		select {
 		case <-ctx.Done():
 			return zero, ctx.Err()
-		case <-time.After(delay):
+		case <-time.After(min(pause, left)):
 		}
-		delay = min(2*delay, 2*time.Second)
+		pause = min(2*pause, maxPause)
 	}
 }
 
@@ -129,27 +193,24 @@ func retry[T any](ctx context.Context, call func() (T, error)) (T, error) {
 func (c *Client) CreateSession(ctx context.Context, s *ctxccv1.Session) (*ctxccv1.Session, error) {
 	resp, err := c.Sessions.CreateSession(ctx, &ctxccv1.CreateSessionRequest{Session: s})
 	if err != nil {
-		return nil, wrap(err)
+		return nil, err
 	}
 	return resp.GetSession(), nil
 }
 
-// Append appends events; requestID "" gets a fresh id, so a retry never duplicates.
+// Append appends events. The request id is fixed before the first attempt ("" gets a fresh
+// one) and reused by every retry, so a retry is replayed, never duplicated.
 func (c *Client) Append(ctx context.Context, sessionID string, events []*ctxccv1.Event, requestID string) (*ctxccv1.AppendEventsResponse, error) {
 	if requestID == "" {
 		requestID = NewRequestID()
 	}
 	req := &ctxccv1.AppendEventsRequest{SessionId: sessionID, Events: events, RequestId: requestID}
-	return retry(ctx, func() (*ctxccv1.AppendEventsResponse, error) {
-		return c.Sessions.AppendEvents(ctx, req, grpc.WaitForReady(true))
-	})
+	return c.Sessions.AppendEvents(ctx, req)
 }
 
 // Compile compiles one view (unary; use a Stream for views larger than 4 MiB).
 func (c *Client) Compile(ctx context.Context, req *ctxccv1.CompileRequest) (*ctxccv1.CompiledView, error) {
-	resp, err := retry(ctx, func() (*ctxccv1.CompileResponse, error) {
-		return c.Compiles.Compile(ctx, req, grpc.WaitForReady(true))
-	})
+	resp, err := c.Compiles.Compile(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -158,9 +219,7 @@ func (c *Client) Compile(ctx context.Context, req *ctxccv1.CompileRequest) (*ctx
 
 // ReportUsage reports the provider's real usage for a compile (idempotent).
 func (c *Client) ReportUsage(ctx context.Context, req *ctxccv1.ReportUsageRequest) (*ctxccv1.ReportUsageResponse, error) {
-	return retry(ctx, func() (*ctxccv1.ReportUsageResponse, error) {
-		return c.Compiles.ReportUsage(ctx, req, grpc.WaitForReady(true))
-	})
+	return c.Compiles.ReportUsage(ctx, req)
 }
 
 // User is a user message event.

@@ -1,17 +1,21 @@
 """Interop: the Go, TypeScript and Python example agents run 20-step loops against a
 daemon started here, over the Unix socket and TCP, receive a chunked view larger than
-4 MB intact, and (Go, TypeScript) resume after the daemon restarts mid-session without
-duplicating an event. `make test` builds the clients first (`make clients`)."""
+4 MB intact, and survive restarts without duplicating an event: the daemon down for 2 s
+between steps, and SIGKILLed in the middle of a step. `make test` builds the clients first
+(`make clients`); tests/e2e/test_client_install.py installs them as their READMEs say."""
 
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -92,41 +96,138 @@ def test_twenty_step_loop_with_a_chunked_view(
     assert events[-1].startswith("next step 19") or events[-2].startswith("reply 18")
 
 
-@pytest.mark.parametrize("client", ["go", "typescript"])
-def test_resume_after_the_daemon_restarts(client: str, short_tmp: Path) -> None:
-    daemon = DaemonProcess(short_tmp / "data").start()
+STEP = re.compile(r"step (\d+) append (\d+)-(\d+) replayed (true|false) ms ([\d.]+)")
+
+
+class Agent:
+    """An example agent loop as a child process whose output lines are read as they come,
+    each stamped with the time it arrived."""
+
+    def __init__(self, client: str, target: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [*CLIENTS[client], *args],
+            env={**os.environ, "CTXCC_TARGET": target},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[tuple[str, float]] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put((line.strip(), time.monotonic()))
+        self.lines.put(("", -1.0))
+
+    def expect(self, pattern: str, timeout: float = 120) -> tuple[re.Match[str], float]:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line, at = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if at < 0:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"agent ended before {pattern!r}: {self.seen}\n{err}")
+            self.seen.append(line)
+            if m := re.fullmatch(pattern, line):
+                return m, at
+        raise AssertionError(f"no {pattern!r} in {timeout}s: {self.seen}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def expected_texts(steps: int, big_step: int = -1) -> list[str]:
+    """The log an agent loop leaves, each event once and in order (first 40 characters)."""
+    texts = []
+    for step in range(steps):
+        texts += ["start the task"] if step == 0 else [f"reply {step - 1}", f"next step {step}"]
+        if step == big_step:
+            texts += [(f"chunk {i} line. " * 60000)[:40] for i in range(6)]
+    return texts
+
+
+def wait_for_head(daemon: DaemonProcess, sid: str, seq: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(daemon.target) as ch:
+        stub = session_service_pb2_grpc.SessionServiceStub(ch)
+        while time.monotonic() < deadline:
+            head = stub.GetSession(spb.GetSessionRequest(session_id=sid), timeout=5).session
+            if head.head_seq >= seq:
+                return
+            time.sleep(0.002)
+    raise AssertionError(f"session {sid} never reached seq {seq}")
+
+
+@contextmanager
+def paused_agent(
+    client: str, tmp: Path, *args: str
+) -> Iterator[tuple[DaemonProcess, Agent, str, Path]]:
+    """A daemon and an agent loop on its socket, paused after a step (`--pause-at`) until
+    the yielded resume file exists."""
+    daemon = DaemonProcess(tmp / "data").start()
     daemon.wait_ready()
-    resume = short_tmp / "resume"
+    resume = tmp / "resume"
     target = f"unix://{daemon.endpoints['unix']}"
-    proc = subprocess.Popen(
-        [*CLIENTS[client], "--steps", "20", "--pause-at", "9", "--resume-file", str(resume)],
-        env={**os.environ, "CTXCC_TARGET": target},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    agent = Agent(client, target, *args, "--resume-file", str(resume))
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.strip() == "paused", first + (proc.stderr.read() if proc.stderr else "")
-        assert daemon.terminate() == 0
+        sid = agent.expect(r"session (\S+)")[0].group(1)
+        agent.expect("paused")
+        yield daemon, agent, sid, resume
+    finally:
+        agent.stop()
+        daemon.ensure_stopped()
+
+
+def step_line(agent: Agent, step: int) -> tuple[tuple[str, ...], float]:
+    """(first seq, last seq, replayed) of a step's append, and when its line arrived."""
+    m, at = agent.expect(STEP.pattern.replace(r"(\d+)", str(step), 1))
+    return m.group(1, 2, 3), at
+
+
+def finished_seq(agent: Agent) -> int:
+    done = agent.expect(OK.pattern + r".*")[0]
+    assert agent.proc.wait(30) == 0
+    return int(done.group(3))
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_daemon_down_two_seconds_between_steps(client: str, short_tmp: Path) -> None:
+    """The step after the pause starts while the daemon is down and goes through once it
+    is back: within about a second (a generous 2.5 s here), appended exactly once."""
+    args = ("--steps", "20", "--pause-at", "9")
+    with paused_agent(client, short_tmp, *args) as (daemon, agent, sid, resume):
+        assert daemon.terminate(timeout=60) == 0
+        resume.touch()
+        time.sleep(2)
         daemon.start()
         daemon.wait_ready()
+        back = time.monotonic()
+        appended, at = step_line(agent, 10)
+        assert appended == ("20", "21", "false")  # it never landed before
+        assert at - back < 2.5, f"step 10 came {at - back:.2f}s after the daemon was back"
+        assert finished_seq(agent) == 39
+        assert _events(daemon.target, sid) == expected_texts(20)
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_sigkill_mid_step_then_retry(client: str, short_tmp: Path) -> None:
+    """SIGKILL after a step's append is durable but before its view is answered (the daemon
+    is still compiling ~5 MB): the client resends the step with the same request id after
+    the restart, the append is replayed, and every event is in the log exactly once."""
+    args = ("--steps", "8", "--pause-at", "4", "--big-step", "5")
+    with paused_agent(client, short_tmp, *args) as (daemon, agent, sid, resume):
         resume.touch()
-        timer = threading.Timer(120, proc.kill)
-        timer.start()
-        out, err = proc.communicate()
-        timer.cancel()
-        assert proc.returncode == 0, out + err
-        m = OK.search(out)
-        assert m, out
-        sid, seq = m.group(2), int(m.group(3))
-        # 1 + 19 x (reply, next question): the step in flight across the restart was
-        # resent with its request id and replayed, not appended twice.
-        assert seq == 39
-        events = _events(str(daemon.endpoints["tcp"]), sid)
-        assert len(events) == len(set(events)) == 39
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        daemon.terminate()
+        # Step 5 appends reply 4, next step 5 and six ~840 KB messages: seq 10..17.
+        wait_for_head(daemon, sid, 17)
+        daemon.kill()
+        daemon.start()
+        daemon.wait_ready()
+        assert step_line(agent, 5)[0] == ("10", "17", "true")
+        assert finished_seq(agent) == 1 + 7 * 2 + 6
+        assert _events(daemon.target, sid) == expected_texts(8, big_step=5)

@@ -7,14 +7,17 @@
         ...  # call the provider with the view
         await ctx.report_usage(view.compile_id, input_tokens=..., output_tokens=...)
 
-Errors are `CtxccError` with the daemon's stable `reason` (e.g. "SESSION_NOT_FOUND").
-Only idempotent calls are retried on UNAVAILABLE: appends (they always carry a
-request_id), usage reports, reads and compiles.
+Every RPC is reachable with typed requests through `ctx.sessions`, `ctx.compiles`,
+`ctx.tools`, `ctx.sources` and `ctx.artifacts`. Errors are `CtxccError` with the daemon's
+stable `reason` (e.g. "SESSION_NOT_FOUND"). Calls that are safe to repeat are retried on
+UNAVAILABLE for up to `retry_seconds`: appends and checkpoints carry a request id fixed
+before the first attempt, so a repeat is a replay, never a duplicate.
 """
 
 from ctxcc_client.client import AsyncClient, Client
 from ctxcc_client.errors import CtxccError
-from ctxcc_client.events import assistant, tool_result, user
+from ctxcc_client.events import assistant, tool_result, user, user_with
+from ctxcc_client.retry import new_request_id
 from ctxcc_client.stream import CompileStream, ViewAssembler
 
 __all__ = [
@@ -24,7 +27,9 @@ __all__ = [
     "CtxccError",
     "ViewAssembler",
     "assistant",
+    "new_request_id",
     "tool_result",
     "user",
+    "user_with",
 ]
 VERSION = "0.1.0"

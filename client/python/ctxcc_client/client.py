@@ -1,49 +1,164 @@
-"""AsyncClient (grpc.aio) and Client (blocking) with the same methods."""
+"""AsyncClient (grpc.aio) and Client (blocking) with the same methods.
+
+Every RPC of the five services is reachable with typed requests through `sessions`,
+`compiles`, `tools`, `sources` and `artifacts` (the generated stubs, wrapped so that unary
+calls retry on UNAVAILABLE when safe and every error is a CtxccError); the methods below
+cover the calls whose shape is awkward by hand (streams, uploads, idempotency keys)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+import hashlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
 
 import grpc
 
+from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import (
+    artifact_service_pb2_grpc,
     common_pb2,
     compile_service_pb2_grpc,
     event_pb2,
     session_pb2,
+    session_service_pb2,
     session_service_pb2_grpc,
+    source_service_pb2_grpc,
+    tool_service_pb2_grpc,
     view_pb2,
 )
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc_client.errors import CtxccError, from_rpc_error
+from ctxcc_client.retry import (
+    OPTIONS,
+    RETRY_SECONDS,
+    AsyncService,
+    Backoff,
+    SyncService,
+    new_request_id,
+    retry_async,
+    retry_sync,
+)
 from ctxcc_client.stream import CompileStream
 
-T = TypeVar("T")
-RETRIES = 5
-OPTIONS = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.keepalive_time_ms", 30_000),
-]
+CHUNK = 1 << 20
 
 
-def _route(model: str, route: common_pb2.Route | None) -> common_pb2.Route:
-    return route if route is not None else common_pb2.Route(model=model)
+def _compile_request(
+    session_id: str, model: str, route: common_pb2.Route | None, fields: dict[str, Any]
+) -> cpb.CompileRequest:
+    return cpb.CompileRequest(
+        session_id=session_id,
+        route=route if route is not None else common_pb2.Route(model=model),
+        **fields,
+    )
 
 
-def _retryable(err: grpc.RpcError) -> bool:
-    return err.code() == grpc.StatusCode.UNAVAILABLE
+def _append_request(
+    session_id: str, events: list[event_pb2.Event], request_id: str, expected: int | None
+) -> spb.AppendEventsRequest:
+    # The id is fixed here, before the first attempt: every retry resends it.
+    req = spb.AppendEventsRequest(
+        session_id=session_id, events=events, request_id=request_id or new_request_id()
+    )
+    if expected is not None:
+        req.expected_last_seq = expected
+    return req
+
+
+def _usage_request(
+    compile_id: str, route: common_pb2.Route | None, **counts: int
+) -> cpb.ReportUsageRequest:
+    return cpb.ReportUsageRequest(compile_id=compile_id, route=route, **counts)
+
+
+def _upload_requests(
+    session_id: str, data: bytes, mime_type: str, width: int, height: int
+) -> Iterator[apb.UploadArtifactRequest]:
+    header = apb.ArtifactHeader(
+        session_id=session_id,
+        mime_type=mime_type,
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        width=width,
+        height=height,
+    )
+    yield apb.UploadArtifactRequest(header=header)
+    for start in range(0, len(data), CHUNK):
+        yield apb.UploadArtifactRequest(data=data[start : start + CHUNK])
+
+
+class _Download:
+    """Collects a DownloadArtifact stream and checks the bytes against the ref's sha256."""
+
+    def __init__(self) -> None:
+        self.ref = common_pb2.ArtifactRef()
+        self.parts: list[bytes] = []
+
+    def add(self, msg: apb.DownloadArtifactResponse) -> None:
+        if msg.HasField("artifact"):
+            self.ref = msg.artifact
+        else:
+            self.parts.append(msg.data)
+
+    def result(self) -> tuple[common_pb2.ArtifactRef, bytes]:
+        data = b"".join(self.parts)
+        if hashlib.sha256(data).hexdigest() != self.ref.sha256:
+            raise ValueError(f"artifact {self.ref.artifact_id} arrived damaged")
+        return self.ref, data
+
+
+def _async(stub: Any, channel: grpc.aio.Channel, seconds: float) -> Any:
+    return AsyncService(stub(channel), seconds)
+
+
+def _sync(stub: Any, channel: grpc.Channel, seconds: float) -> Any:
+    return SyncService(stub(channel), seconds)
+
+
+def _channel_options(extra: list[tuple[str, Any]] | None) -> list[tuple[str, Any]]:
+    return [*OPTIONS, *(extra or [])]
 
 
 class AsyncClient:
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=OPTIONS)
-        self.sessions: Any = session_service_pb2_grpc.SessionServiceStub(self._channel)
-        self.compiles: Any = compile_service_pb2_grpc.CompileServiceStub(self._channel)
+    """One channel to the daemon. `retry_seconds` bounds how long an idempotent call or a
+    stream step waits out an unavailable daemon before raising CtxccError(UNAVAILABLE)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: list[tuple[str, Any]] | None = None,
+        retry_seconds: float = RETRY_SECONDS,
+    ) -> None:
+        opts = _channel_options(options)
+        self._channel = (
+            grpc.aio.secure_channel(target, credentials, options=opts)
+            if credentials is not None
+            else grpc.aio.insecure_channel(target, options=opts)
+        )
+        self.retry_seconds = retry_seconds
+        ch, s = self._channel, retry_seconds
+        self.sessions: session_service_pb2_grpc.SessionServiceAsyncStub = _async(
+            session_service_pb2_grpc.SessionServiceStub, ch, s
+        )
+        self.compiles: compile_service_pb2_grpc.CompileServiceAsyncStub = _async(
+            compile_service_pb2_grpc.CompileServiceStub, ch, s
+        )
+        self.tools: tool_service_pb2_grpc.ToolServiceAsyncStub = _async(
+            tool_service_pb2_grpc.ToolServiceStub, ch, s
+        )
+        self.sources: source_service_pb2_grpc.SourceServiceAsyncStub = _async(
+            source_service_pb2_grpc.SourceServiceStub, ch, s
+        )
+        self.artifacts: artifact_service_pb2_grpc.ArtifactServiceAsyncStub = _async(
+            artifact_service_pb2_grpc.ArtifactServiceStub, ch, s
+        )
+        self._compile_stub = compile_service_pb2_grpc.CompileServiceStub(ch)
+        self._artifact_stub = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
+        self._session_stub = session_service_pb2_grpc.SessionServiceStub(ch)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -54,25 +169,14 @@ class AsyncClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def _call(self, fn: Callable[[], Awaitable[T]], idempotent: bool) -> T:
-        for attempt in range(RETRIES):
-            try:
-                return await fn()
-            except grpc.aio.AioRpcError as err:
-                if not (idempotent and _retryable(err)) or attempt == RETRIES - 1:
-                    raise from_rpc_error(err) from None
-                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
-        raise AssertionError("unreachable")
-
     async def create_session(self, session_id: str = "", **fields: Any) -> session_pb2.Session:
         req = spb.CreateSessionRequest(session=session_pb2.Session(session_id=session_id, **fields))
-        resp = await self._call(lambda: self.sessions.CreateSession(req), idempotent=False)
-        return resp.session  # type: ignore[no-any-return]
+        return (await self.sessions.CreateSession(req)).session
 
     async def get_session(self, session_id: str) -> session_pb2.Session:
-        req = spb.GetSessionRequest(session_id=session_id)
-        resp = await self._call(lambda: self.sessions.GetSession(req), idempotent=True)
-        return resp.session  # type: ignore[no-any-return]
+        return (
+            await self.sessions.GetSession(spb.GetSessionRequest(session_id=session_id))
+        ).session
 
     async def append(
         self,
@@ -82,13 +186,8 @@ class AsyncClient:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> spb.AppendEventsResponse:
-        req = spb.AppendEventsRequest(
-            session_id=session_id, events=events, request_id=request_id or uuid.uuid4().hex
-        )
-        if expected_last_seq is not None:
-            req.expected_last_seq = expected_last_seq
-        # Safe to retry: the request_id makes a repeat a replay, never a duplicate.
-        return await self._call(lambda: self.sessions.AppendEvents(req), idempotent=True)
+        req = _append_request(session_id, events, request_id, expected_last_seq)
+        return await self.sessions.AppendEvents(req)
 
     async def compile(
         self,
@@ -98,9 +197,8 @@ class AsyncClient:
         route: common_pb2.Route | None = None,
         **fields: Any,
     ) -> view_pb2.CompiledView:
-        req = cpb.CompileRequest(session_id=session_id, route=_route(model, route), **fields)
-        resp = await self._call(lambda: self.compiles.Compile(req), idempotent=True)
-        return resp.view  # type: ignore[no-any-return]
+        req = _compile_request(session_id, model, route, fields)
+        return (await self.compiles.Compile(req)).view
 
     async def report_usage(
         self,
@@ -111,46 +209,122 @@ class AsyncClient:
         cached_input_tokens: int = 0,
         route: common_pb2.Route | None = None,
     ) -> cpb.ReportUsageResponse:
-        req = cpb.ReportUsageRequest(
-            compile_id=compile_id,
+        req = _usage_request(
+            compile_id,
+            route,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached_input_tokens,
-            route=route,
         )
-        return await self._call(lambda: self.compiles.ReportUsage(req), idempotent=True)
+        return await self.compiles.ReportUsage(req)
 
     def stream(self) -> CompileStream:
-        return CompileStream(self.compiles)
+        """One long-lived CompileStream; hold one per agent session."""
+        return CompileStream(self._compile_stub, self.retry_seconds)
+
+    async def upload_artifact(
+        self, session_id: str, data: bytes, mime_type: str, *, width: int = 0, height: int = 0
+    ) -> common_pb2.ArtifactRef:
+        """Uploads bytes (e.g. an image) and returns the ref to put in a ContentPart."""
+        stub: Any = self._artifact_stub
+        resp = await retry_async(
+            lambda: stub.UploadArtifact(
+                _upload_requests(session_id, data, mime_type, width, height)
+            ),
+            True,
+            self.retry_seconds,
+        )
+        return cast(common_pb2.ArtifactRef, resp.artifact)
+
+    async def download_artifact(
+        self, session_id: str, artifact_id: str
+    ) -> tuple[common_pb2.ArtifactRef, bytes]:
+        req = apb.DownloadArtifactRequest(session_id=session_id, artifact_id=artifact_id)
+        stub: Any = self._artifact_stub
+
+        async def once() -> tuple[common_pb2.ArtifactRef, bytes]:
+            out = _Download()
+            async for msg in stub.DownloadArtifact(req):
+                out.add(msg)
+            return out.result()
+
+        return await retry_async(once, True, self.retry_seconds)
+
+    async def watch(
+        self, session_id: str, after_seq: int = 0
+    ) -> AsyncIterator[session_service_pb2.WatchSessionResponse]:
+        """Updates of a session after `after_seq`; reopens after a daemon restart from the
+        last event it delivered, so no event is delivered twice or skipped."""
+        stub: Any = self._session_stub
+        backoff = Backoff(self.retry_seconds)
+        while True:
+            try:
+                async for msg in stub.WatchSession(
+                    spb.WatchSessionRequest(session_id=session_id, after_seq=after_seq)
+                ):
+                    if msg.HasField("event"):
+                        after_seq = msg.event.seq
+                    backoff = Backoff(self.retry_seconds)
+                    yield msg
+                return
+            except grpc.aio.AioRpcError as err:
+                pause = backoff.next_pause() if err.code() == grpc.StatusCode.UNAVAILABLE else None
+                if pause is None:
+                    raise from_rpc_error(err) from None
+                await asyncio.sleep(pause)
 
 
 class Client:
     """The blocking twin of AsyncClient, for agents without an event loop."""
 
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.insecure_channel(target, options=OPTIONS)
-        self.sessions: Any = session_service_pb2_grpc.SessionServiceStub(self._channel)
-        self.compiles: Any = compile_service_pb2_grpc.CompileServiceStub(self._channel)
+    def __init__(
+        self,
+        target: str,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: list[tuple[str, Any]] | None = None,
+        retry_seconds: float = RETRY_SECONDS,
+    ) -> None:
+        opts = _channel_options(options)
+        self._channel = (
+            grpc.secure_channel(target, credentials, options=opts)
+            if credentials is not None
+            else grpc.insecure_channel(target, options=opts)
+        )
+        self.retry_seconds = retry_seconds
+        ch, s = self._channel, retry_seconds
+        self.sessions: session_service_pb2_grpc.SessionServiceStub = _sync(
+            session_service_pb2_grpc.SessionServiceStub, ch, s
+        )
+        self.compiles: compile_service_pb2_grpc.CompileServiceStub = _sync(
+            compile_service_pb2_grpc.CompileServiceStub, ch, s
+        )
+        self.tools: tool_service_pb2_grpc.ToolServiceStub = _sync(
+            tool_service_pb2_grpc.ToolServiceStub, ch, s
+        )
+        self.sources: source_service_pb2_grpc.SourceServiceStub = _sync(
+            source_service_pb2_grpc.SourceServiceStub, ch, s
+        )
+        self.artifacts: artifact_service_pb2_grpc.ArtifactServiceStub = _sync(
+            artifact_service_pb2_grpc.ArtifactServiceStub, ch, s
+        )
+        self._artifact_stub = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._channel.close()
+        self.close()
 
-    def _call(self, fn: Callable[[], T], idempotent: bool) -> T:
-        for attempt in range(RETRIES):
-            try:
-                return fn()
-            except grpc.RpcError as err:
-                if not (idempotent and _retryable(err)) or attempt == RETRIES - 1:
-                    raise from_rpc_error(err) from None
-                time.sleep(min(2.0, 0.05 * 2**attempt))
-        raise AssertionError("unreachable")
+    def close(self) -> None:
+        self._channel.close()
 
     def create_session(self, session_id: str = "", **fields: Any) -> session_pb2.Session:
         req = spb.CreateSessionRequest(session=session_pb2.Session(session_id=session_id, **fields))
-        return self._call(lambda: self.sessions.CreateSession(req), idempotent=False).session  # type: ignore[no-any-return]
+        return self.sessions.CreateSession(req).session
+
+    def get_session(self, session_id: str) -> session_pb2.Session:
+        return self.sessions.GetSession(spb.GetSessionRequest(session_id=session_id)).session
 
     def append(
         self,
@@ -160,12 +334,9 @@ class Client:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> spb.AppendEventsResponse:
-        req = spb.AppendEventsRequest(
-            session_id=session_id, events=events, request_id=request_id or uuid.uuid4().hex
+        return self.sessions.AppendEvents(
+            _append_request(session_id, events, request_id, expected_last_seq)
         )
-        if expected_last_seq is not None:
-            req.expected_last_seq = expected_last_seq
-        return self._call(lambda: self.sessions.AppendEvents(req), idempotent=True)  # type: ignore[no-any-return]
 
     def compile(
         self,
@@ -175,8 +346,7 @@ class Client:
         route: common_pb2.Route | None = None,
         **fields: Any,
     ) -> view_pb2.CompiledView:
-        req = cpb.CompileRequest(session_id=session_id, route=_route(model, route), **fields)
-        return self._call(lambda: self.compiles.Compile(req), idempotent=True).view  # type: ignore[no-any-return]
+        return self.compiles.Compile(_compile_request(session_id, model, route, fields)).view
 
     def report_usage(
         self,
@@ -187,14 +357,41 @@ class Client:
         cached_input_tokens: int = 0,
         route: common_pb2.Route | None = None,
     ) -> cpb.ReportUsageResponse:
-        req = cpb.ReportUsageRequest(
-            compile_id=compile_id,
+        req = _usage_request(
+            compile_id,
+            route,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached_input_tokens,
-            route=route,
         )
-        return self._call(lambda: self.compiles.ReportUsage(req), idempotent=True)  # type: ignore[no-any-return]
+        return self.compiles.ReportUsage(req)
+
+    def upload_artifact(
+        self, session_id: str, data: bytes, mime_type: str, *, width: int = 0, height: int = 0
+    ) -> common_pb2.ArtifactRef:
+        stub: Any = self._artifact_stub
+        resp = retry_sync(
+            lambda: stub.UploadArtifact(
+                _upload_requests(session_id, data, mime_type, width, height)
+            ),
+            True,
+            self.retry_seconds,
+        )
+        return cast(common_pb2.ArtifactRef, resp.artifact)
+
+    def download_artifact(
+        self, session_id: str, artifact_id: str
+    ) -> tuple[common_pb2.ArtifactRef, bytes]:
+        req = apb.DownloadArtifactRequest(session_id=session_id, artifact_id=artifact_id)
+        stub: Any = self._artifact_stub
+
+        def once() -> tuple[common_pb2.ArtifactRef, bytes]:
+            out = _Download()
+            for msg in stub.DownloadArtifact(req):
+                out.add(msg)
+            return out.result()
+
+        return retry_sync(once, True, self.retry_seconds)
 
 
 __all__ = ["AsyncClient", "Client", "CtxccError"]

@@ -7,6 +7,8 @@ from typing import Any
 import grpc
 from google.rpc import error_details_pb2, status_pb2
 
+from ctxcc.v1 import compile_service_pb2 as cpb
+
 
 class CtxccError(Exception):
     """A failed call: gRPC code, stable reason (e.g. "SEQUENCE_MISMATCH"), metadata."""
@@ -32,3 +34,14 @@ def from_rpc_error(err: grpc.RpcError) -> CtxccError:
                 if detail.Unpack(info):
                     reason, metadata = info.reason, dict(info.metadata)
     return CtxccError(call.code(), reason or call.code().name, call.details() or "", metadata)
+
+
+def from_step_error(err: cpb.StepError) -> CtxccError:
+    """A step's in-band error (the stream stays open) as the same typed error."""
+    code = next((c for c in grpc.StatusCode if c.value[0] == err.code), grpc.StatusCode.UNKNOWN)
+    return CtxccError(code, err.reason, err.message, {})
+
+
+def stream_ended() -> CtxccError:
+    """The daemon closed a stream without a status: it went away, reconnect and resend."""
+    return CtxccError(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", "the stream ended", {})

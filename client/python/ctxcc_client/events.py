@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ctxcc.v1 import event_pb2
+from ctxcc.v1 import common_pb2, event_pb2
 
 
 def user(text: str) -> event_pb2.Event:
@@ -32,4 +32,12 @@ def tool_result(
     ev.tool_result.tool_name = tool_name
     ev.tool_result.text = text
     ev.tool_result.is_error = is_error
+    return ev
+
+
+def user_with(text: str, *attachments: common_pb2.ArtifactRef) -> event_pb2.Event:
+    """A user message with uploaded artifacts (e.g. images) after its text."""
+    ev = user(text)
+    for ref in attachments:
+        ev.user_message.parts.add(attachment=ref)
     return ev

@@ -1,17 +1,23 @@
 """The long-lived CompileStream: one step in, one view out, in order; views larger than
-the stream's chunk size arrive as ViewChunks and are reassembled and verified here."""
+the stream's chunk size arrive as ViewChunks and are reassembled and verified here.
+
+When the daemon goes away (a restart, SIGTERM ending idle streams with UNAVAILABLE, a
+dropped connection) the stream reopens itself and resends the step that was in flight with
+the same request id, so its append is replayed, never stored twice."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
+
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import event_pb2, view_pb2
-from ctxcc_client.errors import CtxccError
+from ctxcc_client.errors import CtxccError, from_rpc_error, from_step_error, stream_ended
+from ctxcc_client.retry import RETRY_SECONDS, Backoff, new_request_id
 
 
 class ViewAssembler:
@@ -31,70 +37,121 @@ class ViewAssembler:
         return view_pb2.CompiledView.FromString(data)
 
 
-class CompileStream:
-    """`await stream.step(...)` sends one step and returns its view (or raises)."""
+def _events_key(events: list[event_pb2.Event]) -> bytes:
+    return hashlib.sha256(
+        b"".join(e.SerializeToString(deterministic=True) for e in events)
+    ).digest()
 
-    def __init__(self, stub: Any) -> None:
+
+class CompileStream:
+    """`await stream.step(...)` sends one step and returns its view (or raises CtxccError)."""
+
+    def __init__(self, stub: Any, retry_seconds: float = RETRY_SECONDS) -> None:
         self._stub = stub
-        self._queue: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
+        self._retry_seconds = retry_seconds
+        self._queue: asyncio.Queue[cpb.CompileStreamRequest | None] | None = None
         self._call: Any = None
         self._responses: AsyncIterator[cpb.CompileStreamResponse] | None = None
         self._lock = asyncio.Lock()
+        self._counter = 0
+        # The request id of a step that failed, by its events: calling `step` again with the
+        # same events (the natural "try again") reuses it instead of appending them twice.
+        self._unfinished: tuple[bytes, str] | None = None
 
-    async def _requests(self) -> AsyncIterator[cpb.CompileStreamRequest]:
-        while (item := await self._queue.get()) is not None:
+    @staticmethod
+    async def _requests(
+        queue: asyncio.Queue[cpb.CompileStreamRequest | None],
+    ) -> AsyncIterator[cpb.CompileStreamRequest]:
+        while (item := await queue.get()) is not None:
             yield item
 
-    def _open(self) -> None:
-        if self._call is None:
-            self._call = self._stub.CompileStream(self._requests())
+    def _open(self) -> tuple[asyncio.Queue[cpb.CompileStreamRequest | None], Any]:
+        if self._call is None or self._queue is None or self._responses is None:
+            self._queue = asyncio.Queue()
+            self._call = self._stub.CompileStream(self._requests(self._queue))
             self._responses = self._call.__aiter__()
+        return self._queue, self._responses
+
+    def _drop(self) -> None:
+        """Forget a broken call; the next attempt opens a new one."""
+        if self._queue is not None:
+            self._queue.put_nowait(None)
+        if self._call is not None:
+            self._call.cancel()
+        self._call = self._queue = self._responses = None
+
+    def _request_id(self, events: list[event_pb2.Event], given: str) -> str:
+        if given or not events:
+            return given
+        key = _events_key(events)
+        if self._unfinished is not None and self._unfinished[0] == key:
+            return self._unfinished[1]
+        return new_request_id()
 
     async def step(
         self,
         compile_request: cpb.CompileRequest,
         events: list[event_pb2.Event] | None = None,
         request_id: str = "",
+        expected_last_seq: int | None = None,
     ) -> tuple[view_pb2.CompiledView, cpb.AppendResult | None]:
+        """Append `events` (if any) and compile, in one round trip. The request id is
+        fixed here, before the first attempt, and every retry resends it."""
+        events = list(events or [])
         async with self._lock:  # one step at a time keeps answers in order
-            self._open()
-            step_id = uuid.uuid4().hex
-            await self._queue.put(
-                cpb.CompileStreamRequest(
-                    step=cpb.StepRequest(
-                        step_id=step_id,
-                        events=events or [],
-                        compile=compile_request,
-                        request_id=request_id or (uuid.uuid4().hex if events else ""),
-                    )
-                )
+            self._counter += 1
+            step = cpb.StepRequest(
+                step_id=str(self._counter),
+                events=events,
+                compile=compile_request,
+                request_id=self._request_id(events, request_id),
             )
-            assembler = ViewAssembler()
-            append = None
-            assert self._responses is not None
+            if expected_last_seq is not None:
+                step.expected_last_seq = expected_last_seq
+            msg = cpb.CompileStreamRequest(step=step)
+            backoff = Backoff(self._retry_seconds)
             while True:
-                resp = await self._responses.__anext__()
-                if resp.HasField("append"):
-                    append = resp.append
-                kind = resp.WhichOneof("response")
-                if kind == "error":
-                    raise CtxccError_from_step(resp.error)
-                if kind == "view":
-                    return resp.view, append
-                if kind == "chunk":
-                    view = assembler.add(resp.chunk)
-                    if view is not None:
-                        return view, append
+                try:
+                    result = await self._attempt(msg)
+                    self._unfinished = None
+                    return result
+                except CtxccError as err:
+                    pause = (
+                        backoff.next_pause() if err.code == grpc.StatusCode.UNAVAILABLE else None
+                    )
+                    if pause is None:
+                        if events and err.code == grpc.StatusCode.UNAVAILABLE:
+                            self._unfinished = (_events_key(events), step.request_id)
+                        raise
+                    await asyncio.sleep(pause)
+
+    async def _attempt(
+        self, msg: cpb.CompileStreamRequest
+    ) -> tuple[view_pb2.CompiledView, cpb.AppendResult | None]:
+        queue, responses = self._open()
+        await queue.put(msg)
+        assembler = ViewAssembler()
+        append = None
+        while True:
+            try:
+                resp = await responses.__anext__()
+            except grpc.aio.AioRpcError as err:
+                self._drop()
+                raise from_rpc_error(err) from None
+            except StopAsyncIteration:
+                self._drop()
+                raise stream_ended() from None
+            if resp.HasField("append"):
+                append = resp.append
+            kind = resp.WhichOneof("response")
+            if kind == "error":
+                raise from_step_error(resp.error)
+            if kind == "view":
+                return resp.view, append
+            if kind == "chunk":
+                view = assembler.add(resp.chunk)
+                if view is not None:
+                    return view, append
 
     async def close(self) -> None:
-        if self._call is not None:
-            await self._queue.put(None)
-            self._call.cancel()
-            self._call = None
-
-
-def CtxccError_from_step(err: cpb.StepError) -> CtxccError:
-    import grpc
-
-    code = next((c for c in grpc.StatusCode if c.value[0] == err.code), grpc.StatusCode.UNKNOWN)
-    return CtxccError(code, err.reason, err.message, {})
+        self._drop()

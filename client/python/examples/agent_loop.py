@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 
 from ctxcc_client import AsyncClient, CtxccError, assistant, user
 
@@ -21,9 +22,17 @@ def fake_provider(estimate: int, step: int) -> tuple[str, int, int]:
     return f"reply {step}", int(estimate * 1.02) + 7, 40 + step
 
 
-async def main(target: str, steps: int = 20, big_step: int = -1) -> int:
+def wait_for_file(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.05)
+
+
+async def main(
+    target: str, steps: int = 20, big_step: int = -1, pause_at: int = -1, resume_file: str = ""
+) -> int:
     async with AsyncClient(target) as ctx:
         session = await ctx.create_session()
+        print(f"session {session.session_id}", flush=True)
         stream = ctx.stream()
         try:
             pending = [user("start the task")]
@@ -31,8 +40,15 @@ async def main(target: str, steps: int = 20, big_step: int = -1) -> int:
             for step in range(steps):
                 if step == big_step:  # ~5 MB of text: the view arrives in chunks
                     pending += [user(f"chunk {i} line. " * 60000) for i in range(6)]
-                view, _ = await stream.step(
+                started = time.perf_counter()
+                view, appended = await stream.step(
                     cpb.CompileRequest(session_id=session.session_id, route=ROUTE), pending
+                )
+                ms = (time.perf_counter() - started) * 1000
+                first, last = (appended.first_seq, appended.last_seq) if appended else (0, 0)
+                replayed = str(bool(appended and appended.replayed)).lower()
+                print(
+                    f"step {step} append {first}-{last} replayed {replayed} ms {ms:.2f}", flush=True
                 )
                 size = sum(len(p.text) for m in view.messages for p in m.parts)
                 largest = max(largest, size)
@@ -41,6 +57,9 @@ async def main(target: str, steps: int = 20, big_step: int = -1) -> int:
                     view.compile_id, input_tokens=used_in, output_tokens=used_out, route=ROUTE
                 )
                 pending = [assistant(reply), user(f"next step {step + 1}")]
+                if step == pause_at:  # the interop tests restart the daemon here
+                    print("paused", flush=True)
+                    await asyncio.to_thread(wait_for_file, resume_file)
         finally:
             await stream.close()
         reason = ""
@@ -59,6 +78,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--big-step", type=int, default=-1)
+    parser.add_argument("--pause-at", type=int, default=-1)
+    parser.add_argument("--resume-file", default="")
     args = parser.parse_args()
     target = os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")
-    sys.exit(asyncio.run(main(target, args.steps, args.big_step)))
+    sys.exit(asyncio.run(main(target, args.steps, args.big_step, args.pause_at, args.resume_file)))

@@ -19,6 +19,7 @@ async function main(): Promise<void> {
   const ctx = connect(process.env.CTXCC_TARGET ?? "127.0.0.1:50551");
   const route = { connection: "example", protocol: "fake", endpoint: "local", model: "gpt-4o" };
   const session = await ctx.createSession();
+  console.log(`session ${session.sessionId}`);
   const stream = ctx.openStream();
   let pending: Event[] = [user("start the task")];
   let last = 0;
@@ -27,7 +28,10 @@ async function main(): Promise<void> {
     if (step === bigStep) {
       for (let i = 0; i < 6; i++) pending.push(user(`chunk ${i} line. `.repeat(60000)));
     }
-    const { view } = await stream.step({ sessionId: session.sessionId, route }, pending);
+    const started = performance.now();
+    const { view, append } = await stream.step({ sessionId: session.sessionId, route }, pending);
+    const ms = (performance.now() - started).toFixed(2);
+    console.log(`step ${step} append ${append?.firstSeq ?? 0}-${append?.lastSeq ?? 0} replayed ${append?.replayed ?? false} ms ${ms}`);
     const size = view.messages.reduce(
       (n, m) => n + m.parts.reduce((k, p) => k + (p.part?.$case === "text" ? p.part.value.length : 0), 0), 0);
     largest = Math.max(largest, size);

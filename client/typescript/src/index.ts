@@ -6,280 +6,236 @@
  *   const stream = ctx.openStream();
  *   const { view } = await stream.step({ sessionId: session.sessionId, route }, [user("hi")]);
  *
- * Errors are CtxccError with the daemon's stable `reason` (e.g. "SESSION_NOT_FOUND").
- * Only idempotent calls are retried on UNAVAILABLE: appends (always sent with a request
- * id), usage reports, reads, compiles, and stream steps (resent with their request id
- * after a reconnect, so the append is replayed, never duplicated).
+ * Every RPC is reachable with typed requests through `ctx.sessions`, `ctx.compiles`,
+ * `ctx.tools`, `ctx.sources` (DeepPartial requests, defaults filled in) and the stream helpers
+ * here; every request/response type and enum is exported from this module. Errors are
+ * CtxccError with the daemon's stable `reason` (e.g. "SESSION_NOT_FOUND"). Calls that are
+ * safe to repeat are retried on UNAVAILABLE for up to `retrySeconds`; appends, checkpoints
+ * and stream steps carry a request id fixed before the first attempt, so a resend is
+ * replayed, never duplicated.
  */
-import { createHash, randomBytes } from "node:crypto";
-import { BinaryReader } from "@bufbuild/protobuf/wire";
+import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
-import { AppendEventsResponse, SessionServiceClient } from "./gen/ctxcc/v1/session_service.js";
-import {
-  AppendResult,
-  CompileRequest,
-  CompileServiceClient,
-  CompileStreamRequest,
-  CompileStreamResponse,
-  ReportUsageRequest,
-  ReportUsageResponse,
-} from "./gen/ctxcc/v1/compile_service.js";
+import { toCtxccError } from "./errors.js";
+import { ArtifactServiceClient, DownloadArtifactRequest, UploadArtifactRequest } from "./gen/ctxcc/v1/artifact_service.js";
+import type { ArtifactRef, DeepPartial, Route } from "./gen/ctxcc/v1/common.js";
+import { CompileRequest, CompileServiceClient, ReportUsageRequest, ReportUsageResponse } from "./gen/ctxcc/v1/compile_service.js";
 import { Event } from "./gen/ctxcc/v1/event.js";
 import { Session } from "./gen/ctxcc/v1/session.js";
+import { AppendEventsResponse, SessionServiceClient, WatchSessionRequest, WatchSessionResponse } from "./gen/ctxcc/v1/session_service.js";
+import { SourceServiceClient } from "./gen/ctxcc/v1/source_service.js";
+import { ToolServiceClient } from "./gen/ctxcc/v1/tool_service.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
+import { Backoff, RETRY_SECONDS, isUnavailable, newRequestId, retry, sleep } from "./retry.js";
+import { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
+import { Stream } from "./stream.js";
 
+export * from "./gen/ctxcc/v1/artifact_service.js";
+export * from "./gen/ctxcc/v1/checkpoint.js";
+export * from "./gen/ctxcc/v1/common.js";
+export * from "./gen/ctxcc/v1/compile_service.js";
+export * from "./gen/ctxcc/v1/error.js";
+export * from "./gen/ctxcc/v1/event.js";
+export * from "./gen/ctxcc/v1/session.js";
+export * from "./gen/ctxcc/v1/session_service.js";
+export * from "./gen/ctxcc/v1/source.js";
+export * from "./gen/ctxcc/v1/source_service.js";
+export * from "./gen/ctxcc/v1/tool.js";
+export * from "./gen/ctxcc/v1/tool_service.js";
+export * from "./gen/ctxcc/v1/view.js";
+// Every generated file declares these helpers; name them once so the star exports above agree.
+export { type DeepPartial, type Exact, type MessageFns, protobufFileName, protobufPackage } from "./gen/ctxcc/v1/common.js";
 export * as events from "./gen/ctxcc/v1/event.js";
 export * as views from "./gen/ctxcc/v1/view.js";
-export { CompiledView, Event, Session };
+export { CtxccError, toCtxccError } from "./errors.js";
+export { RETRY_SECONDS, newRequestId } from "./retry.js";
+export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
+export { Stream, type StepOptions, type StepResult } from "./stream.js";
 
-/** A failed call with the daemon's stable ErrorInfo reason. */
-export class CtxccError extends Error {
-  constructor(
-    readonly code: number,
-    readonly reason: string,
-    message: string,
-    readonly metadata: Record<string, string> = {},
-  ) {
-    super(`${grpc.status[code] ?? code} ${reason}: ${message}`);
-  }
-}
+const CHUNK = 1 << 20;
 
-function decodeErrorInfo(bytes: Uint8Array): { reason: string; metadata: Record<string, string> } {
-  // google.rpc.Status{details: [Any{type_url, value: ErrorInfo{reason, domain, metadata}}]}
-  const out = { reason: "", metadata: {} as Record<string, string> };
-  const status = new BinaryReader(bytes);
-  while (status.pos < status.len) {
-    const [field, wire] = status.tag();
-    if (field !== 3) {
-      status.skip(wire);
-      continue;
-    }
-    const any = new BinaryReader(status.bytes());
-    let typeUrl = "";
-    let value: Uint8Array = new Uint8Array();
-    while (any.pos < any.len) {
-      const [f, w] = any.tag();
-      if (f === 1) typeUrl = any.string();
-      else if (f === 2) value = any.bytes();
-      else any.skip(w);
-    }
-    if (!typeUrl.endsWith("google.rpc.ErrorInfo")) continue;
-    const info = new BinaryReader(value);
-    while (info.pos < info.len) {
-      const [f, w] = info.tag();
-      if (f === 1) out.reason = info.string();
-      else if (f === 3) {
-        const entry = new BinaryReader(info.bytes());
-        let key = "";
-        let val = "";
-        while (entry.pos < entry.len) {
-          const [ef, ew] = entry.tag();
-          if (ef === 1) key = entry.string();
-          else if (ef === 2) val = entry.string();
-          else entry.skip(ew);
-        }
-        out.metadata[key] = val;
-      } else info.skip(w);
-    }
-  }
-  return out;
-}
-
-export function toCtxccError(err: unknown): CtxccError {
-  if (err instanceof CtxccError) return err;
-  const e = err as grpc.ServiceError;
-  const details = e.metadata?.get("grpc-status-details-bin")?.[0];
-  const info = details instanceof Buffer ? decodeErrorInfo(details) : { reason: "", metadata: {} };
-  const code = typeof e.code === "number" ? e.code : grpc.status.UNKNOWN;
-  return new CtxccError(code, info.reason || grpc.status[code], e.details ?? String(err), info.metadata);
-}
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-async function retry<T>(call: () => Promise<T>, attempts = 6): Promise<T> {
-  let delay = 50;
-  for (let i = 0; ; i++) {
-    try {
-      return await call();
-    } catch (err) {
-      const e = toCtxccError(err);
-      if (e.code !== grpc.status.UNAVAILABLE || i === attempts - 1) throw e;
-      await sleep(delay);
-      delay = Math.min(delay * 2, 2000);
-    }
-  }
-}
-
-type Unary<Req, Res> = (
-  req: Req,
-  md: grpc.Metadata,
-  opts: Partial<grpc.CallOptions>,
-  cb: (err: grpc.ServiceError | null, res: Res) => void,
-) => grpc.ClientUnaryCall;
-
-function unary<Req, Res>(fn: Unary<Req, Res>, req: Req): Promise<Res> {
-  return new Promise((resolve, reject) => {
-    const opts = { waitForReady: true } as Partial<grpc.CallOptions>;
-    fn(req, new grpc.Metadata(), opts, (err, res) => (err ? reject(err) : resolve(res)));
+export function user(text: string, ...attachments: ArtifactRef[]): Event {
+  return Event.fromPartial({
+    payload: {
+      $case: "userMessage",
+      value: {
+        parts: [
+          { part: { $case: "text", value: text } },
+          ...attachments.map((a) => ({ part: { $case: "attachment" as const, value: a } })),
+        ],
+      },
+    },
   });
 }
 
-export const newRequestId = () => randomBytes(12).toString("hex");
-
-export function user(text: string): Event {
-  return { seq: 0, eventId: "", payload: { $case: "userMessage", value: { parts: [{ part: { $case: "text", value: text } }] } } };
-}
-
-export function assistant(text: string): Event {
-  return {
-    seq: 0,
-    eventId: "",
+/** An assistant message; toolCalls are [callId, name, argumentsJson] triples. */
+export function assistant(text: string, toolCalls: Array<[string, string, string]> = []): Event {
+  return Event.fromPartial({
     payload: {
       $case: "assistantMessage",
-      value: { parts: [{ part: { $case: "text", value: text } }], toolCalls: [], reasoning: "" },
+      value: {
+        parts: text ? [{ part: { $case: "text", value: text } }] : [],
+        toolCalls: toolCalls.map(([callId, name, argumentsJson]) => ({ callId, name, argumentsJson })),
+      },
     },
-  };
+  });
+}
+
+export function toolResult(callId: string, text: string, toolName = "", isError = false): Event {
+  return Event.fromPartial({
+    payload: { $case: "toolResult", value: { callId, toolName, isError, content: { $case: "text", value: text } } },
+  });
+}
+
+export interface ConnectOptions {
+  /** Default: insecure (a Unix socket or loopback TCP). */
+  credentials?: grpc.ChannelCredentials;
+  /** Sent with every call, e.g. `authorization: Bearer …` for a daemon that requires a token. */
+  metadata?: grpc.Metadata;
+  /** How long a call or a step waits out an unavailable daemon before failing. */
+  retrySeconds?: number;
+  channelOptions?: grpc.ChannelOptions;
 }
 
 export class Client {
-  readonly sessions: SessionServiceClient;
-  readonly compiles: CompileServiceClient;
+  readonly channel: grpc.Channel;
+  readonly sessions: Sessions;
+  readonly compiles: Compiles;
+  readonly tools: Tools;
+  readonly sources: Sources;
+  readonly artifacts: Artifacts;
+  private readonly settings: CallSettings;
 
-  constructor(target: string) {
-    const options: grpc.ClientOptions = {
+  constructor(target: string, options: ConnectOptions = {}) {
+    const channelOptions: grpc.ChannelOptions = {
       "grpc.max_receive_message_length": 64 << 20,
       "grpc.keepalive_time_ms": 30000,
+      // grpc-js backs reconnects off up to 120 s; a sidecar restarts in about a second.
+      "grpc.initial_reconnect_backoff_ms": 100,
+      "grpc.max_reconnect_backoff_ms": 500,
+      ...options.channelOptions,
     };
-    const creds = grpc.credentials.createInsecure();
-    this.sessions = new SessionServiceClient(target, creds, options);
-    this.compiles = new CompileServiceClient(target, creds, options);
+    const creds = options.credentials ?? grpc.credentials.createInsecure();
+    this.channel = new grpc.Channel(target, creds, channelOptions);
+    const shared = { channelOverride: this.channel };
+    this.settings = { retrySeconds: options.retrySeconds ?? RETRY_SECONDS, metadata: options.metadata };
+    this.sessions = new Sessions(new SessionServiceClient(target, creds, shared), this.settings);
+    this.compiles = new Compiles(new CompileServiceClient(target, creds, shared), this.settings);
+    this.tools = new Tools(new ToolServiceClient(target, creds, shared), this.settings);
+    this.sources = new Sources(new SourceServiceClient(target, creds, shared), this.settings);
+    this.artifacts = new Artifacts(new ArtifactServiceClient(target, creds, shared), this.settings);
   }
 
   close(): void {
-    this.sessions.close();
-    this.compiles.close();
+    this.channel.close();
   }
 
-  async createSession(session: Partial<Session> = {}): Promise<Session> {
-    const req = { session: Session.fromPartial(session) };
-    const res = await unary(this.sessions.createSession.bind(this.sessions) as Unary<typeof req, { session?: Session }>, req).catch((e) => {
-      throw toCtxccError(e);
-    });
-    return res.session!;
+  private md(): grpc.Metadata {
+    return this.settings.metadata?.clone() ?? new grpc.Metadata();
+  }
+
+  async createSession(session: DeepPartial<Session> = {}): Promise<Session> {
+    return (await this.sessions.createSession({ session })).session!;
   }
 
   async getSession(sessionId: string): Promise<Session> {
-    const res = await retry(() =>
-      unary(this.sessions.getSession.bind(this.sessions) as Unary<{ sessionId: string }, { session?: Session }>, { sessionId }),
-    );
-    return res.session!;
+    return (await this.sessions.getSession({ sessionId })).session!;
   }
 
-  append(sessionId: string, events: Event[], requestId = newRequestId()): Promise<AppendEventsResponse> {
-    const req = { sessionId, events, requestId };
-    return retry(() => unary(this.sessions.appendEvents.bind(this.sessions) as Unary<typeof req, AppendEventsResponse>, req));
+  /** Appends events; the request id is fixed before the first attempt, so retries replay. */
+  append(sessionId: string, events: Event[], requestId = newRequestId(), expectedLastSeq?: number): Promise<AppendEventsResponse> {
+    return this.sessions.appendEvents({ sessionId, events, requestId, expectedLastSeq });
   }
 
-  async compile(req: Partial<CompileRequest>): Promise<CompiledView> {
-    const full = CompileRequest.fromPartial(req);
-    const res = await retry(() =>
-      unary(this.compiles.compile.bind(this.compiles) as Unary<CompileRequest, { view?: CompiledView }>, full),
-    );
-    return res.view!;
+  async compile(req: DeepPartial<CompileRequest>): Promise<CompiledView> {
+    return (await this.compiles.compile(req)).view!;
   }
 
-  reportUsage(req: Partial<ReportUsageRequest>): Promise<ReportUsageResponse> {
-    const full = ReportUsageRequest.fromPartial(req);
-    return retry(() => unary(this.compiles.reportUsage.bind(this.compiles) as Unary<ReportUsageRequest, ReportUsageResponse>, full));
+  reportUsage(req: DeepPartial<ReportUsageRequest>): Promise<ReportUsageResponse> {
+    return this.compiles.reportUsage(req);
   }
 
+  /** One long-lived CompileStream; hold one per agent session. */
   openStream(): Stream {
-    return new Stream(this);
-  }
-}
-
-export function connect(target: string): Client {
-  return new Client(target);
-}
-
-/** One long-lived CompileStream; steps are answered in order, chunked views reassembled. */
-export class Stream {
-  private call: grpc.ClientDuplexStream<CompileStreamRequest, CompileStreamResponse> | null = null;
-  private waiting: Array<{ resolve: (r: CompileStreamResponse) => void; reject: (e: unknown) => void }> = [];
-  private buffered: CompileStreamResponse[] = [];
-  private failure: unknown = null;
-  private counter = 0;
-  private chain: Promise<unknown> = Promise.resolve();
-
-  constructor(private readonly client: Client) {}
-
-  private open(): grpc.ClientDuplexStream<CompileStreamRequest, CompileStreamResponse> {
-    if (this.call) return this.call;
-    const call = this.client.compiles.compileStream({ waitForReady: true } as grpc.CallOptions);
-    this.failure = null;
-    call.on("data", (r: CompileStreamResponse) => {
-      const w = this.waiting.shift();
-      if (w) w.resolve(r);
-      else this.buffered.push(r);
-    });
-    call.on("error", (err) => {
-      this.failure = err;
-      this.call = null;
-      for (const w of this.waiting.splice(0)) w.reject(err);
-    });
-    this.call = call;
-    return call;
+    return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata);
   }
 
-  private next(): Promise<CompileStreamResponse> {
-    const r = this.buffered.shift();
-    if (r) return Promise.resolve(r);
-    if (this.failure) return Promise.reject(this.failure);
-    return new Promise((resolve, reject) => this.waiting.push({ resolve, reject }));
-  }
-
-  /** Append `events` (if any) and compile, in one round trip. */
-  step(compile: Partial<CompileRequest>, events: Event[] = [], requestId = events.length ? newRequestId() : ""):
-    Promise<{ view: CompiledView; append?: AppendResult }> {
-    const run = () =>
-      retry(async () => {
-        const call = this.open();
-        this.buffered = [];
-        const stepId = String(++this.counter);
-        call.write(CompileStreamRequest.fromPartial({
-          request: { $case: "step", value: { stepId, events, requestId, compile: CompileRequest.fromPartial(compile) } },
-        }));
-        return this.receive();
+  /** Uploads bytes (e.g. an image) and returns the ref to put in a user message. */
+  uploadArtifact(sessionId: string, data: Uint8Array, mimeType: string, size: { width?: number; height?: number } = {}): Promise<ArtifactRef> {
+    const header = {
+      sessionId,
+      mimeType,
+      sizeBytes: data.length,
+      sha256: createHash("sha256").update(data).digest("hex"),
+      width: size.width ?? 0,
+      height: size.height ?? 0,
+    };
+    const once = () =>
+      new Promise<ArtifactRef>((resolve, reject) => {
+        const call = this.artifacts.raw.uploadArtifact(this.md(), (err, res) => (err ? reject(err) : resolve(res.artifact!)));
+        call.write(UploadArtifactRequest.fromPartial({ chunk: { $case: "header", value: header } }));
+        for (let i = 0; i < data.length; i += CHUNK) {
+          call.write(UploadArtifactRequest.fromPartial({ chunk: { $case: "data", value: Buffer.from(data.subarray(i, i + CHUNK)) } }));
+        }
+        call.end();
       });
-    const result = this.chain.then(run, run);
-    this.chain = result.catch(() => undefined);
-    return result;
+    // A repeat after a lost answer stores the same bytes again under a new id: harmless.
+    return retry(once, true, this.settings.retrySeconds);
   }
 
-  private async receive(): Promise<{ view: CompiledView; append?: AppendResult }> {
-    const parts: Uint8Array[] = [];
-    let append: AppendResult | undefined;
+  /** Downloads an artifact and checks its bytes against the ref's sha256. */
+  downloadArtifact(sessionId: string, artifactId: string): Promise<{ artifact: ArtifactRef; data: Buffer }> {
+    const req = DownloadArtifactRequest.fromPartial({ sessionId, artifactId });
+    const once = () =>
+      new Promise<{ artifact: ArtifactRef; data: Buffer }>((resolve, reject) => {
+        let artifact: ArtifactRef | undefined;
+        const parts: Uint8Array[] = [];
+        const call = this.artifacts.raw.downloadArtifact(req, this.md());
+        call.on("data", (m: { chunk?: { $case: "artifact"; value: ArtifactRef } | { $case: "data"; value: Uint8Array } }) => {
+          if (m.chunk?.$case === "artifact") artifact = m.chunk.value;
+          else if (m.chunk?.$case === "data") parts.push(m.chunk.value);
+        });
+        call.on("error", reject);
+        call.on("end", () => {
+          const data = Buffer.concat(parts);
+          if (!artifact || createHash("sha256").update(data).digest("hex") !== artifact.sha256) {
+            reject(new Error(`artifact ${artifactId} arrived damaged`));
+          } else resolve({ artifact, data });
+        });
+      });
+    return retry(once, true, this.settings.retrySeconds);
+  }
+
+  /**
+   * Updates of a session after `afterSeq`. Reopens after a daemon restart from the last event
+   * it delivered, so no event is delivered twice or skipped. Break out of the loop to stop.
+   */
+  async *watch(sessionId: string, afterSeq = 0): AsyncGenerator<WatchSessionResponse> {
+    let backoff = new Backoff(this.settings.retrySeconds);
     for (;;) {
-      const r = await this.next();
-      append = r.append ?? append;
-      const resp = r.response;
-      if (!resp) continue;
-      if (resp.$case === "view") return { view: resp.value, append };
-      if (resp.$case === "error") throw new CtxccError(resp.value.code, resp.value.reason, resp.value.message);
-      const chunk = resp.value;
-      parts[chunk.index] = chunk.data;
-      if (chunk.index !== chunk.count - 1) continue;
-      const data = Buffer.concat(parts);
-      if (createHash("sha256").update(data).digest("hex") !== chunk.sha256) {
-        throw new Error(`view ${chunk.compileId} arrived damaged`);
+      const call = this.sessions.raw.watchSession(WatchSessionRequest.fromPartial({ sessionId, afterSeq }), this.md());
+      try {
+        for await (const msg of call as AsyncIterable<WatchSessionResponse>) {
+          if (msg.update?.$case === "event") afterSeq = msg.update.value.seq;
+          backoff = new Backoff(this.settings.retrySeconds);
+          yield msg;
+        }
+        return;
+      } catch (err) {
+        const e = toCtxccError(err);
+        const pause = isUnavailable(e) ? backoff.next() : null;
+        if (pause === null) throw e;
+        await sleep(pause);
+      } finally {
+        call.cancel();
       }
-      return { view: CompiledView.decode(data), append };
     }
   }
-
-  close(): void {
-    this.call?.end();
-    this.call = null;
-  }
 }
+
+export function connect(target: string, options: ConnectOptions = {}): Client {
+  return new Client(target, options);
+}
+
+export type { Route };

@@ -44,6 +44,7 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 	if err != nil {
 		return err
 	}
+	fmt.Printf("session %s\n", session.GetSessionId())
 	route := &ctxccv1.Route{Connection: "example", Protocol: "fake", Endpoint: "local", Model: "gpt-4o"}
 	stream := c.OpenStream(ctx)
 	defer stream.Close()
@@ -57,10 +58,14 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 			}
 		}
 		req := &ctxccv1.CompileRequest{SessionId: session.GetSessionId(), Route: route}
-		view, _, err = stream.Step(req, pending, "")
+		started := time.Now()
+		var appended *ctxccv1.AppendResult
+		view, appended, err = stream.Step(req, pending, "")
 		if err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
 		}
+		fmt.Printf("step %d append %d-%d replayed %t ms %.2f\n", step, appended.GetFirstSeq(), appended.GetLastSeq(),
+			appended.GetReplayed(), float64(time.Since(started).Microseconds())/1000)
 		size := 0
 		for _, m := range view.GetMessages() {
 			for _, p := range m.GetParts() {

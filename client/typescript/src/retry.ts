@@ -1,0 +1,75 @@
+/**
+ * Retries on UNAVAILABLE, bounded by time rather than attempts: a daemon that is down for a
+ * few seconds (a restart, a rollout) is waited out. Only calls that are safe to repeat are
+ * retried; appends and checkpoints carry a request id fixed before the first attempt, so a
+ * repeat is answered as a replay, never stored twice.
+ */
+import { randomBytes } from "node:crypto";
+import * as grpc from "@grpc/grpc-js";
+
+import { CtxccError, toCtxccError } from "./errors.js";
+
+export const RETRY_SECONDS = 30;
+const MAX_PAUSE_MS = 250;
+
+export const newRequestId = (): string => randomBytes(12).toString("hex");
+
+export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+
+/** Pauses of 50 ms doubling to 250 ms until the budget is spent; null when it is. */
+export class Backoff {
+  private readonly deadline: number;
+  private pause = 50;
+
+  constructor(seconds: number) {
+    this.deadline = Date.now() + seconds * 1000;
+  }
+
+  remainingMs(): number {
+    return Math.max(0, this.deadline - Date.now());
+  }
+
+  next(): number | null {
+    const left = this.remainingMs();
+    if (left <= 0) return null;
+    const pause = Math.min(this.pause, left);
+    this.pause = Math.min(this.pause * 2, MAX_PAUSE_MS);
+    return pause;
+  }
+}
+
+/** Runs `call` (given the remaining budget in ms) until it succeeds, fails with anything but
+ * UNAVAILABLE, or the budget is spent. */
+export async function retry<T>(call: (remainingMs: number) => Promise<T>, idempotent: boolean, seconds: number): Promise<T> {
+  const backoff = new Backoff(seconds);
+  for (;;) {
+    try {
+      return await call(backoff.remainingMs());
+    } catch (err) {
+      const e = toCtxccError(err);
+      const pause = idempotent && e.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+      if (pause === null) throw e;
+      await sleep(pause);
+    }
+  }
+}
+
+export function isUnavailable(err: unknown): boolean {
+  return err instanceof CtxccError && err.code === grpc.status.UNAVAILABLE;
+}
+
+type Callback<Res> = (err: grpc.ServiceError | null, res: Res) => void;
+export type UnaryMethod<Req, Res> = (req: Req, md: grpc.Metadata, opts: Partial<grpc.CallOptions>, cb: Callback<Res>) => grpc.ClientUnaryCall;
+
+/**
+ * One attempt of a unary call. `waitForReady` belongs in the call's metadata options (grpc-js
+ * ignores it as a call option): the call waits for the channel to (re)connect, up to the
+ * remaining budget, and goes out as soon as the daemon is back.
+ */
+export function unaryOnce<Req, Res>(fn: UnaryMethod<Req, Res>, req: Req, remainingMs: number, md?: grpc.Metadata): Promise<Res> {
+  const metadata = md ? md.clone() : new grpc.Metadata();
+  metadata.setOptions({ waitForReady: true });
+  return new Promise((resolve, reject) => {
+    fn(req, metadata, { deadline: Date.now() + Math.max(remainingMs, 1) }, (err, res) => (err ? reject(err) : resolve(res)));
+  });
+}

@@ -1,0 +1,200 @@
+// The scripted agent of the interop suite in Go: the same script as agent.py and agent.ts,
+// built in a temp module that requires the client the way its README says. Prints one
+// line, `RESULT {json}`.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	ctxcc "github.com/ctxcc/ctxcc/client/go"
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+var png, _ = hex.DecodeString("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489" +
+	"0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082")
+
+func main() {
+	out, err := run(os.Getenv("CTXCC_TARGET"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "agent:", err)
+		os.Exit(1)
+	}
+	line, _ := json.Marshal(out) // map keys come out sorted
+	fmt.Println("RESULT " + string(line))
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func run(target string) (out map[string]any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := must(ctxcc.Dial(target))
+	defer c.Close()
+	out = map[string]any{}
+	route := &ctxccv1.Route{Connection: "interop", Protocol: "fake", Endpoint: "local", Model: "gpt-4o"}
+	session := must(c.CreateSession(ctx, &ctxccv1.Session{}))
+	sid := session.GetSessionId()
+	out["session_id"] = sid
+	scope := ctxccv1.Scope_SCOPE_SESSION
+
+	must(c.Sources.PutMemory(ctx, &ctxccv1.PutMemoryRequest{Memory: &ctxccv1.MemoryEntry{
+		MemoryId: "m1", Scope: scope, ScopeId: sid, Text: "The repo uses tabs."}}))
+	must(c.Sources.PutRule(ctx, &ctxccv1.PutRuleRequest{Rule: &ctxccv1.Rule{
+		RuleId: "r1", Scope: scope, ScopeId: sid, Name: "style", Description: "code style",
+		Text: "Prefer small functions.", Activation: ctxccv1.RuleActivation_RULE_ACTIVATION_ON_DEMAND}}))
+	must(c.Sources.PutSkill(ctx, &ctxccv1.PutSkillRequest{Skill: &ctxccv1.Skill{
+		SkillId: "k1", Scope: scope, ScopeId: sid, Name: "deploy", Description: "Deploys the service.",
+		LoadHint: "skills/deploy/SKILL.md", Enabled: true}}))
+	out["rule_text"] = must(c.Sources.LoadRule(ctx, &ctxccv1.LoadRuleRequest{SessionId: sid, Name: "style"})).GetRule().GetText()
+	counts := func() []int {
+		return []int{
+			len(must(c.Sources.ListMemory(ctx, &ctxccv1.ListMemoryRequest{Scope: scope, ScopeId: sid})).GetMemories()),
+			len(must(c.Sources.ListRules(ctx, &ctxccv1.ListRulesRequest{Scope: scope, ScopeId: sid})).GetRules()),
+			len(must(c.Sources.ListSkills(ctx, &ctxccv1.ListSkillsRequest{Scope: scope, ScopeId: sid})).GetSkills()),
+		}
+	}
+	out["sources"] = counts()
+
+	registered := must(c.Tools.RegisterTools(ctx, &ctxccv1.RegisterToolsRequest{SessionId: sid, Tools: []*ctxccv1.ToolDefinition{
+		{Name: "read_file", Description: "Reads a file.",
+			InputSchemaJson: `{"type":"object","properties":{"path":{"type":"string"}}}`,
+			Visibility:      ctxccv1.ToolVisibility_TOOL_VISIBILITY_DIRECT},
+		{Name: "deploy_service", Description: "Deploys the service to production.", InputSchemaJson: `{"type":"object"}`,
+			Visibility: ctxccv1.ToolVisibility_TOOL_VISIBILITY_DEFERRED, SearchKeywords: []string{"deploy", "release"}},
+	}}))
+	out["registered"] = registered.GetRegistered()
+	var listed []string
+	for _, t := range must(c.Tools.ListTools(ctx, &ctxccv1.ListToolsRequest{SessionId: sid})).GetTools() {
+		listed = append(listed, t.GetName())
+	}
+	sort.Strings(listed)
+	out["listed_tools"] = listed
+
+	stream := c.OpenStream(ctx)
+	req := &ctxccv1.CompileRequest{SessionId: sid, Route: route}
+	view, _, err := stream.Step(req, []*ctxccv1.Event{ctxcc.User("Read README.md, then deploy.")}, "")
+	if err != nil {
+		return nil, err
+	}
+	var tools []string
+	for _, t := range view.GetTools() {
+		tools = append(tools, t.GetDefinition().GetName())
+	}
+	sort.Strings(tools)
+	out["view1_tools"] = tools
+	var found []string
+	for _, t := range must(c.Tools.SearchTools(ctx, &ctxccv1.SearchToolsRequest{SessionId: sid, Query: "deploy", MaxResults: 5})).GetTools() {
+		found = append(found, t.GetName())
+	}
+	out["search"] = found
+	lines := make([]string, 40)
+	for i := range lines {
+		lines[i] = fmt.Sprintf("line %d", i+1)
+	}
+	if _, _, err = stream.Step(req, []*ctxccv1.Event{
+		ctxcc.ToolCalls("", [3]string{"c1", "read_file", `{"path":"README.md"}`}),
+		ctxcc.ToolResult("c1", "read_file", strings.Join(lines, "\n"), false),
+	}, ""); err != nil {
+		return nil, err
+	}
+	read := must(c.Tools.ReadToolResult(ctx, &ctxccv1.ReadToolResultRequest{SessionId: sid, CallId: "c1",
+		Read: &ctxccv1.ReadToolResultRequest_Lines{Lines: &ctxccv1.LineRange{Offset: 10, Limit: 3}}}))
+	out["slice"] = read.GetSlice().GetText()
+	ref := must(c.UploadArtifact(ctx, sid, png, "image/png", 1, 1))
+	backRef, back, err := c.DownloadArtifact(ctx, sid, ref.GetArtifactId())
+	if err != nil {
+		return nil, err
+	}
+	out["artifact"] = []any{ref.GetSha256(), bytes.Equal(back, png), backRef.GetMimeType()}
+	every := &ctxccv1.CompileRequest{SessionId: sid, Route: route, RenderFormats: []ctxccv1.RenderFormat{
+		ctxccv1.RenderFormat_RENDER_FORMAT_OPENAI_CHAT, ctxccv1.RenderFormat_RENDER_FORMAT_OPENAI_RESPONSES,
+		ctxccv1.RenderFormat_RENDER_FORMAT_ANTHROPIC_MESSAGES, ctxccv1.RenderFormat_RENDER_FORMAT_GEMINI}}
+	view, appended, err := stream.Step(every, []*ctxccv1.Event{ctxcc.UserWith("What is in this image?", ref)}, "")
+	if err != nil {
+		return nil, err
+	}
+	var formats []int
+	for _, r := range view.GetRenderings() {
+		formats = append(formats, int(r.GetFormat()))
+	}
+	sort.Ints(formats)
+	out["render_formats"] = formats
+	out["step3_append"] = []uint64{appended.GetFirstSeq(), appended.GetLastSeq()}
+	out["view3_boundary"] = view.GetEventBoundary()
+	estimate := view.GetBudget().GetEstimatedInputTokens()
+	usage := must(c.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view.GetCompileId(), Route: route,
+		InputTokens: estimate + 10, OutputTokens: 20}))
+	out["usage_estimate_matches"] = usage.GetEstimatedInputTokens() == estimate
+	_ = stream.Close()
+
+	made := must(c.Compiles.CreateCheckpoint(ctx, &ctxccv1.CreateCheckpointRequest{Checkpoint: &ctxccv1.Checkpoint{
+		SessionId: sid, CoversThroughSeq: 3, Summary: "Read README.md with read_file.",
+		Kind: ctxccv1.CheckpointKind_CHECKPOINT_KIND_MODEL_SUMMARY, SourceRoute: route}}))
+	checkpoints := must(c.Compiles.ListCheckpoints(ctx, &ctxccv1.ListCheckpointsRequest{SessionId: sid}))
+	out["checkpoint"] = []uint64{made.GetCheckpoint().GetCoversThroughSeq(), uint64(len(checkpoints.GetCheckpoints()))}
+	err = c.Watch(ctx, sid, 3, func(u *ctxccv1.WatchSessionResponse) bool {
+		kind := "other"
+		if u.GetEvent() != nil {
+			kind = "event"
+		}
+		out["watch_first"] = []any{kind, u.GetEvent().GetSeq()}
+		return false
+	})
+	if err != nil {
+		return nil, err
+	}
+	past := must(c.Compile(ctx, &ctxccv1.CompileRequest{SessionId: sid, Route: route, AsOfSeq: 1}))
+	out["time_travel"] = []int{int(past.GetEventBoundary()), len(past.GetMessages())}
+	var kinds []string
+	for _, e := range must(c.Sessions.ListEvents(ctx, &ctxccv1.ListEventsRequest{SessionId: sid})).GetEvents() {
+		switch {
+		case e.GetUserMessage() != nil:
+			kinds = append(kinds, "user_message")
+		case e.GetAssistantMessage() != nil:
+			kinds = append(kinds, "assistant_message")
+		case e.GetToolResult() != nil:
+			kinds = append(kinds, "tool_result")
+		default:
+			kinds = append(kinds, "other")
+		}
+	}
+	out["events"] = kinds
+	out["head_seq"] = must(c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: sid})).GetSession().GetHeadSeq()
+
+	other := must(c.CreateSession(ctx, &ctxccv1.Session{}))
+	must(c.Append(ctx, other.GetSessionId(), []*ctxccv1.Event{ctxcc.User("throwaway")}, ""))
+	seen := false
+	for _, s := range must(c.Sessions.ListSessions(ctx, &ctxccv1.ListSessionsRequest{PageSize: 100})).GetSessions() {
+		seen = seen || s.GetSessionId() == sid
+	}
+	out["listed_session"] = seen
+	out["deleted_events"] = must(c.Sessions.DeleteSession(ctx, &ctxccv1.DeleteSessionRequest{SessionId: other.GetSessionId()})).GetDeletedEvents()
+
+	must(c.Sources.DeleteMemory(ctx, &ctxccv1.DeleteMemoryRequest{Scope: scope, ScopeId: sid, MemoryId: "m1"}))
+	must(c.Sources.DeleteRule(ctx, &ctxccv1.DeleteRuleRequest{Scope: scope, ScopeId: sid, RuleId: "r1"}))
+	must(c.Sources.DeleteSkill(ctx, &ctxccv1.DeleteSkillRequest{Scope: scope, ScopeId: sid, SkillId: "k1"}))
+	out["sources_after_delete"] = counts()
+	_, err = c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: "no-such-session"})
+	if e, ok := ctxcc.AsError(err); ok {
+		out["missing_reason"] = e.Reason
+	}
+	return out, nil
+}

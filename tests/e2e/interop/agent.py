@@ -1,0 +1,215 @@
+"""The scripted agent of the interop suite, the same script as the Go and TypeScript ones:
+sources, tool registration, steps on a CompileStream (user message; a tool call and its
+result; an image), deferred-tool search, a tool-result read, artifact upload/download,
+every render format, a usage report, a checkpoint, a watch, time travel, and the session
+RPCs. Prints one line, `RESULT {json}`, that the suite compares across languages and
+checks against the daemon. Usage: CTXCC_TARGET=... python agent.py"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from ctxcc_client import AsyncClient, CtxccError, assistant, tool_result, user, user_with
+
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    source_pb2,
+    tool_pb2,
+    view_pb2,
+)
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as srcpb
+from ctxcc.v1 import tool_service_pb2 as tpb
+
+ROUTE = common_pb2.Route(connection="interop", protocol="fake", endpoint="local", model="gpt-4o")
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
+)
+TOOL_OUTPUT = "\n".join(f"line {i}" for i in range(1, 41))
+FORMATS = [
+    view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+    view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+    view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+    view_pb2.RENDER_FORMAT_GEMINI,
+]
+
+
+async def source_counts(ctx: AsyncClient, sid: str) -> list[int]:
+    scope = common_pb2.SCOPE_SESSION
+    memories = await ctx.sources.ListMemory(srcpb.ListMemoryRequest(scope=scope, scope_id=sid))
+    rules = await ctx.sources.ListRules(srcpb.ListRulesRequest(scope=scope, scope_id=sid))
+    skills = await ctx.sources.ListSkills(srcpb.ListSkillsRequest(scope=scope, scope_id=sid))
+    return [len(memories.memories), len(rules.rules), len(skills.skills)]
+
+
+async def sources(ctx: AsyncClient, sid: str, out: dict[str, Any]) -> None:
+    scope = common_pb2.SCOPE_SESSION
+    await ctx.sources.PutMemory(
+        srcpb.PutMemoryRequest(
+            memory=source_pb2.MemoryEntry(
+                memory_id="m1", scope=scope, scope_id=sid, text="The repo uses tabs."
+            )
+        )
+    )
+    await ctx.sources.PutRule(
+        srcpb.PutRuleRequest(
+            rule=source_pb2.Rule(
+                rule_id="r1",
+                scope=scope,
+                scope_id=sid,
+                name="style",
+                description="code style",
+                text="Prefer small functions.",
+                activation=source_pb2.RULE_ACTIVATION_ON_DEMAND,
+            )
+        )
+    )
+    await ctx.sources.PutSkill(
+        srcpb.PutSkillRequest(
+            skill=source_pb2.Skill(
+                skill_id="k1",
+                scope=scope,
+                scope_id=sid,
+                name="deploy",
+                description="Deploys the service.",
+                load_hint="skills/deploy/SKILL.md",
+                enabled=True,
+            )
+        )
+    )
+    out["rule_text"] = (
+        await ctx.sources.LoadRule(srcpb.LoadRuleRequest(session_id=sid, name="style"))
+    ).rule.text
+    out["sources"] = await source_counts(ctx, sid)
+
+
+async def drop_sources(ctx: AsyncClient, sid: str, out: dict[str, Any]) -> None:
+    scope = common_pb2.SCOPE_SESSION
+    await ctx.sources.DeleteMemory(
+        srcpb.DeleteMemoryRequest(scope=scope, scope_id=sid, memory_id="m1")
+    )
+    await ctx.sources.DeleteRule(srcpb.DeleteRuleRequest(scope=scope, scope_id=sid, rule_id="r1"))
+    await ctx.sources.DeleteSkill(
+        srcpb.DeleteSkillRequest(scope=scope, scope_id=sid, skill_id="k1")
+    )
+    out["sources_after_delete"] = await source_counts(ctx, sid)
+
+
+async def tools(ctx: AsyncClient, sid: str, out: dict[str, Any]) -> None:
+    schema = '{"type":"object","properties":{"path":{"type":"string"}}}'
+    registered = await ctx.tools.RegisterTools(
+        tpb.RegisterToolsRequest(
+            session_id=sid,
+            tools=[
+                tool_pb2.ToolDefinition(
+                    name="read_file",
+                    description="Reads a file.",
+                    input_schema_json=schema,
+                    visibility=tool_pb2.TOOL_VISIBILITY_DIRECT,
+                ),
+                tool_pb2.ToolDefinition(
+                    name="deploy_service",
+                    description="Deploys the service to production.",
+                    input_schema_json='{"type":"object"}',
+                    visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+                    search_keywords=["deploy", "release"],
+                ),
+            ],
+        )
+    )
+    out["registered"] = registered.registered
+    listed = await ctx.tools.ListTools(tpb.ListToolsRequest(session_id=sid))
+    out["listed_tools"] = sorted(t.name for t in listed.tools)
+
+
+async def session_rpcs(ctx: AsyncClient, sid: str, out: dict[str, Any]) -> None:
+    other = await ctx.create_session()
+    await ctx.append(other.session_id, [user("throwaway")])
+    listed_sessions = await ctx.sessions.ListSessions(spb.ListSessionsRequest(page_size=100))
+    out["listed_session"] = sid in [s.session_id for s in listed_sessions.sessions]
+    deleted = await ctx.sessions.DeleteSession(
+        spb.DeleteSessionRequest(session_id=other.session_id)
+    )
+    out["deleted_events"] = deleted.deleted_events
+
+
+async def run(target: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    async with AsyncClient(target) as ctx:
+        session = await ctx.create_session()
+        sid = out["session_id"] = session.session_id
+        await sources(ctx, sid, out)
+        await tools(ctx, sid, out)
+        stream = ctx.stream()
+        try:
+            compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            view, _ = await stream.step(compile_req, [user("Read README.md, then deploy.")])
+            out["view1_tools"] = sorted(t.definition.name for t in view.tools)
+            found = await ctx.tools.SearchTools(
+                tpb.SearchToolsRequest(session_id=sid, query="deploy", max_results=5)
+            )
+            out["search"] = [t.name for t in found.tools]
+            call = assistant(tool_calls=[("c1", "read_file", '{"path":"README.md"}')])
+            await stream.step(compile_req, [call, tool_result("c1", TOOL_OUTPUT, "read_file")])
+            read = await ctx.tools.ReadToolResult(
+                tpb.ReadToolResultRequest(
+                    session_id=sid, call_id="c1", lines=tpb.LineRange(offset=10, limit=3)
+                )
+            )
+            out["slice"] = read.slice.text
+            ref = await ctx.upload_artifact(sid, PNG, "image/png", width=1, height=1)
+            back_ref, back = await ctx.download_artifact(sid, ref.artifact_id)
+            out["artifact"] = [ref.sha256, back == PNG, back_ref.mime_type]
+            every = cpb.CompileRequest(session_id=sid, route=ROUTE, render_formats=FORMATS)
+            view, appended = await stream.step(every, [user_with("What is in this image?", ref)])
+            out["render_formats"] = sorted(r.format for r in view.renderings)
+            out["step3_append"] = [appended.first_seq, appended.last_seq] if appended else []
+            out["view3_boundary"] = view.event_boundary
+            estimate = view.budget.estimated_input_tokens
+            usage = await ctx.report_usage(
+                view.compile_id, input_tokens=estimate + 10, output_tokens=20, route=ROUTE
+            )
+            out["usage_estimate_matches"] = usage.estimated_input_tokens == estimate
+        finally:
+            await stream.close()
+        made = await ctx.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id=sid,
+                    covers_through_seq=3,
+                    summary="Read README.md with read_file.",
+                    kind=checkpoint_pb2.CHECKPOINT_KIND_MODEL_SUMMARY,
+                    source_route=ROUTE,
+                ),
+            )
+        )
+        listed = await ctx.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id=sid))
+        out["checkpoint"] = [made.checkpoint.covers_through_seq, len(listed.checkpoints)]
+        async for update in ctx.watch(sid, after_seq=3):
+            out["watch_first"] = [update.WhichOneof("update"), update.event.seq]
+            break
+        past = await ctx.compile(sid, route=ROUTE, as_of_seq=1)
+        out["time_travel"] = [past.event_boundary, len(past.messages)]
+        events = await ctx.sessions.ListEvents(spb.ListEventsRequest(session_id=sid))
+        out["events"] = [e.WhichOneof("payload") for e in events.events]
+        out["head_seq"] = (await ctx.get_session(sid)).head_seq
+        await session_rpcs(ctx, sid, out)
+        await drop_sources(ctx, sid, out)
+        try:
+            await ctx.get_session("no-such-session")
+        except CtxccError as err:
+            out["missing_reason"] = err.reason
+    return out
+
+
+if __name__ == "__main__":
+    result = asyncio.run(run(os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")))
+    print("RESULT " + json.dumps(result, sort_keys=True))
+    sys.exit(0)

@@ -1,0 +1,145 @@
+/**
+ * The scripted agent of the interop suite in TypeScript: the same script as agent.py and
+ * agent.go, built in a temp project against @ctxcc/client installed from its npm pack
+ * tarball. Prints one line, `RESULT {json}`.
+ */
+import {
+  assistant,
+  CheckpointKind,
+  connect,
+  CtxccError,
+  RenderFormat,
+  RuleActivation,
+  Scope,
+  toolResult,
+  ToolVisibility,
+  user,
+  type Route,
+} from "@ctxcc/client";
+
+const route: Route = { connection: "interop", protocol: "fake", endpoint: "local", model: "gpt-4o" };
+const PNG = Buffer.from(
+  "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489" +
+    "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082",
+  "hex",
+);
+const TOOL_OUTPUT = Array.from({ length: 40 }, (_, i) => `line ${i + 1}`).join("\n");
+const FORMATS = [
+  RenderFormat.RENDER_FORMAT_OPENAI_CHAT,
+  RenderFormat.RENDER_FORMAT_OPENAI_RESPONSES,
+  RenderFormat.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+  RenderFormat.RENDER_FORMAT_GEMINI,
+];
+
+async function main(): Promise<void> {
+  const out: Record<string, unknown> = {};
+  const ctx = connect(process.env.CTXCC_TARGET ?? "127.0.0.1:50551");
+  const session = await ctx.createSession();
+  const sid = (out.session_id = session.sessionId);
+  const scope = Scope.SCOPE_SESSION;
+
+  await ctx.sources.putMemory({ memory: { memoryId: "m1", scope, scopeId: sid, text: "The repo uses tabs." } });
+  await ctx.sources.putRule({
+    rule: {
+      ruleId: "r1", scope, scopeId: sid, name: "style", description: "code style",
+      text: "Prefer small functions.", activation: RuleActivation.RULE_ACTIVATION_ON_DEMAND,
+    },
+  });
+  await ctx.sources.putSkill({
+    skill: {
+      skillId: "k1", scope, scopeId: sid, name: "deploy", description: "Deploys the service.",
+      loadHint: "skills/deploy/SKILL.md", enabled: true,
+    },
+  });
+  out.rule_text = (await ctx.sources.loadRule({ sessionId: sid, name: "style" })).rule?.text;
+  const counts = async () => [
+    (await ctx.sources.listMemory({ scope, scopeId: sid })).memories.length,
+    (await ctx.sources.listRules({ scope, scopeId: sid })).rules.length,
+    (await ctx.sources.listSkills({ scope, scopeId: sid })).skills.length,
+  ];
+  out.sources = await counts();
+
+  const registered = await ctx.tools.registerTools({
+    sessionId: sid,
+    tools: [
+      {
+        name: "read_file", description: "Reads a file.",
+        inputSchemaJson: '{"type":"object","properties":{"path":{"type":"string"}}}',
+        visibility: ToolVisibility.TOOL_VISIBILITY_DIRECT,
+      },
+      {
+        name: "deploy_service", description: "Deploys the service to production.",
+        inputSchemaJson: '{"type":"object"}', visibility: ToolVisibility.TOOL_VISIBILITY_DEFERRED,
+        searchKeywords: ["deploy", "release"],
+      },
+    ],
+  });
+  out.registered = registered.registered;
+  out.listed_tools = (await ctx.tools.listTools({ sessionId: sid })).tools.map((t) => t.name).sort();
+
+  const stream = ctx.openStream();
+  const compileReq = { sessionId: sid, route };
+  let { view } = await stream.step(compileReq, [user("Read README.md, then deploy.")]);
+  out.view1_tools = view.tools.map((t) => t.definition?.name ?? "").sort();
+  out.search = (await ctx.tools.searchTools({ sessionId: sid, query: "deploy", maxResults: 5 })).tools.map((t) => t.name);
+  await stream.step(compileReq, [
+    assistant("", [["c1", "read_file", '{"path":"README.md"}']]),
+    toolResult("c1", TOOL_OUTPUT, "read_file"),
+  ]);
+  const read = await ctx.tools.readToolResult({ sessionId: sid, callId: "c1", read: { $case: "lines", value: { offset: 10, limit: 3 } } });
+  out.slice = read.slice?.text;
+  const ref = await ctx.uploadArtifact(sid, PNG, "image/png", { width: 1, height: 1 });
+  const back = await ctx.downloadArtifact(sid, ref.artifactId);
+  out.artifact = [ref.sha256, back.data.equals(PNG), back.artifact.mimeType];
+  const third = await stream.step({ ...compileReq, renderFormats: FORMATS }, [user("What is in this image?", ref)]);
+  view = third.view;
+  out.render_formats = view.renderings.map((r) => r.format).sort();
+  out.step3_append = third.append ? [third.append.firstSeq, third.append.lastSeq] : [];
+  out.view3_boundary = view.eventBoundary;
+  const estimate = view.budget!.estimatedInputTokens;
+  const usage = await ctx.reportUsage({ compileId: view.compileId, route, inputTokens: estimate + 10, outputTokens: 20 });
+  out.usage_estimate_matches = usage.estimatedInputTokens === estimate;
+  stream.close();
+
+  const made = await ctx.compiles.createCheckpoint({
+    checkpoint: {
+      sessionId: sid, coversThroughSeq: 3, summary: "Read README.md with read_file.",
+      kind: CheckpointKind.CHECKPOINT_KIND_MODEL_SUMMARY, sourceRoute: route,
+    },
+  });
+  const listed = await ctx.compiles.listCheckpoints({ sessionId: sid });
+  out.checkpoint = [made.checkpoint?.coversThroughSeq, listed.checkpoints.length];
+  for await (const update of ctx.watch(sid, 3)) {
+    out.watch_first = [update.update?.$case, update.update?.$case === "event" ? update.update.value.seq : 0];
+    break;
+  }
+  const past = await ctx.compile({ sessionId: sid, route, asOfSeq: 1 });
+  out.time_travel = [past.eventBoundary, past.messages.length];
+  const events = await ctx.sessions.listEvents({ sessionId: sid });
+  out.events = events.events.map((e) => e.payload?.$case.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()));
+  out.head_seq = (await ctx.getSession(sid)).headSeq;
+
+  const other = await ctx.createSession();
+  await ctx.append(other.sessionId, [user("throwaway")]);
+  const sessions = await ctx.sessions.listSessions({ pageSize: 100 });
+  out.listed_session = sessions.sessions.some((s) => s.sessionId === sid);
+  out.deleted_events = (await ctx.sessions.deleteSession({ sessionId: other.sessionId })).deletedEvents;
+
+  await ctx.sources.deleteMemory({ scope, scopeId: sid, memoryId: "m1" });
+  await ctx.sources.deleteRule({ scope, scopeId: sid, ruleId: "r1" });
+  await ctx.sources.deleteSkill({ scope, scopeId: sid, skillId: "k1" });
+  out.sources_after_delete = await counts();
+  try {
+    await ctx.getSession("no-such-session");
+  } catch (err) {
+    out.missing_reason = (err as CtxccError).reason;
+  }
+  ctx.close();
+  const sorted = Object.fromEntries(Object.entries(out).sort(([a], [b]) => (a < b ? -1 : 1)));
+  console.log("RESULT " + JSON.stringify(sorted));
+}
+
+main().catch((err) => {
+  console.error("agent:", err);
+  process.exit(1);
+});

@@ -1,0 +1,209 @@
+"""The interop suite: each client is installed the way its README says, in a temp project
+outside the checkout (the README's install block is run as written, with `/path/to/ctxcc`
+pointing here and package managers kept offline), and the same scripted agent
+(tests/e2e/interop/agent.{py,ts,go}) runs against one daemon over the Unix socket and over
+TCP. Its result must be the one the script implies, in every language, and the daemon's own
+record of the session must agree."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import compile_service_pb2_grpc, session_service_pb2_grpc
+from ctxcc.v1 import session_service_pb2 as spb
+from tests.e2e.proc import REPO, DaemonProcess
+
+INTEROP = REPO / "tests" / "e2e" / "interop"
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
+)
+# What the script implies: 40 tool-output lines read from offset 10; one direct and one
+# deferred tool plus the daemon's built-ins (`tool_search` for deferred tools, `load_rule`
+# for the on-demand rule); four events (user, tool call, tool result, user with an image).
+EXPECTED = {
+    "artifact": [hashlib.sha256(PNG).hexdigest(), True, "image/png"],
+    "checkpoint": [3, 1],
+    "deleted_events": 1,
+    "events": ["user_message", "assistant_message", "tool_result", "user_message"],
+    "head_seq": 4,
+    "listed_session": True,
+    "listed_tools": ["deploy_service", "read_file"],
+    "missing_reason": "SESSION_NOT_FOUND",
+    "registered": 2,
+    "render_formats": [1, 2, 3, 4],
+    "rule_text": "Prefer small functions.",
+    "search": ["deploy_service"],
+    "slice": "line 11\nline 12\nline 13\n",
+    "sources": [1, 1, 1],
+    "sources_after_delete": [0, 0, 0],
+    "step3_append": [4, 4],
+    "time_travel": [1, 1],
+    "usage_estimate_matches": True,
+    "view1_tools": ["load_rule", "read_file", "tool_search"],
+    "view3_boundary": 4,
+    "watch_first": ["event", 4],
+}
+
+
+def install_block(readme: Path) -> str:
+    """The README's install commands: the first ```sh block under '## Install'."""
+    text = readme.read_text()
+    section = text.split("\n## Install", 1)[1]
+    m = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert m, f"{readme} has no ```sh block under ## Install"
+    return m.group(1).replace("/path/to/ctxcc", str(REPO))
+
+
+def offline_env(bin_dir: Path) -> dict[str, str]:
+    """No registry at test time: everything comes from what `make test` already fetched."""
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "GOPROXY": "off",
+        "GOFLAGS": "-mod=mod",
+        "npm_config_offline": "true",
+        "npm_config_audit": "false",
+        "npm_config_fund": "false",
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": str(REPO / ".tools" / "wheels"),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+
+
+def sh(script: str, cwd: Path, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"$ {script}\n{done.stdout}\n{done.stderr}"
+
+
+@pytest.fixture(scope="module")
+def projects() -> Iterator[dict[str, list[str]]]:
+    """Installs each client in its own temp project and builds the scripted agent there;
+    yields the command that runs each agent."""
+    wheels = REPO / ".tools" / "wheels"
+    assert (wheels / ".stamp").exists(), "run `make .tools/wheels/.stamp` (part of make test)"
+    root = Path(tempfile.mkdtemp(prefix="ctxcc-install-"))
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    # `python3` in the README is this interpreter, for which .tools/wheels was fetched.
+    (bin_dir / "python3").symlink_to(getattr(sys, "_base_executable", sys.executable))
+    env = offline_env(bin_dir)
+    cmds: dict[str, list[str]] = {}
+    try:
+        py = root / "python"
+        py.mkdir()
+        sh(install_block(REPO / "client/python/README.md"), py, env)
+        shutil.copy(INTEROP / "agent.py", py / "agent.py")
+        cmds["python"] = [str(py / ".venv/bin/python"), str(py / "agent.py")]
+
+        ts = root / "typescript"
+        ts.mkdir()
+        sh(install_block(REPO / "client/typescript/README.md"), ts, env)
+        shutil.copy(INTEROP / "agent.ts", ts / "agent.ts")
+        tsc = REPO / "client/typescript/node_modules/typescript/bin/tsc"
+        types = REPO / "client/typescript/node_modules/@types"
+        sh(
+            f"node {tsc} --strict --target ES2022 --module NodeNext --moduleResolution NodeNext"
+            f" --skipLibCheck --typeRoots {types} --types node --outDir out agent.ts",
+            ts,
+            env,
+        )
+        cmds["typescript"] = ["node", str(ts / "out/agent.js")]
+
+        go = root / "go"
+        go.mkdir()
+        sh(install_block(REPO / "client/go/README.md"), go, env)
+        shutil.copy(INTEROP / "agent.go", go / "main.go")
+        sh("go build -o agent .", go, env)
+        cmds["go"] = [str(go / "agent")]
+        yield cmds
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonProcess]:
+    d = DaemonProcess(Path(tempfile.mkdtemp(prefix="ctxcc-io-", dir="/tmp")) / "data")
+    d.start()
+    d.wait_ready()
+    yield d
+    d.terminate()
+    shutil.rmtree(d.data_dir.parent, ignore_errors=True)
+
+
+def test_installs_leave_the_checkout_alone(projects: dict[str, list[str]]) -> None:
+    # The installed Python package carries its generated code: it imports from the temp
+    # venv, not from this checkout.
+    where = subprocess.run(
+        [
+            projects["python"][0],
+            "-c",
+            "import ctxcc.v1.view_pb2 as m, ctxcc_client as c;print(m.__file__); print(c.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    ).stdout.split()
+    assert all(not p.startswith(str(REPO)) for p in where), where
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+@pytest.mark.parametrize("client", ["go", "python", "typescript"])
+def test_scripted_agent(
+    projects: dict[str, list[str]], daemon: DaemonProcess, client: str, transport: str
+) -> None:
+    target = (
+        f"unix://{daemon.endpoints['unix']}"
+        if transport == "unix"
+        else str(daemon.endpoints["tcp"])
+    )
+    done = subprocess.run(
+        projects[client],
+        env={**os.environ, "CTXCC_TARGET": target},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd="/",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line, done.stdout + done.stderr
+    result = json.loads(line.removeprefix("RESULT "))
+    sid = result.pop("session_id")
+    assert result == EXPECTED
+    # The daemon's own record agrees with what the agent saw.
+    with grpc.insecure_channel(daemon.target) as ch:
+        sessions = session_service_pb2_grpc.SessionServiceStub(ch)
+        events = sessions.ListEvents(spb.ListEventsRequest(session_id=sid), timeout=10).events
+        assert [e.seq for e in events] == [1, 2, 3, 4]
+        assert events[1].assistant_message.tool_calls[0].name == "read_file"
+        image = events[3].user_message.parts[1].attachment
+        assert image.sha256 == hashlib.sha256(PNG).hexdigest() and image.size_bytes == len(PNG)
+        compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+        checkpoints = compiles.ListCheckpoints(
+            cpb.ListCheckpointsRequest(session_id=sid), timeout=10
+        ).checkpoints
+        assert [c.covers_through_seq for c in checkpoints] == [3]
