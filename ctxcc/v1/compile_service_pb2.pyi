@@ -273,7 +273,7 @@ class CompileStreamRequest(_message.Message):
 
     @_builtins.property
     def resume(self) -> Global___ResumeRequest:
-        """After a reconnect: resend the view of this compile, or compile afresh if expired."""
+        """After a reconnect: resend the view of a compile, or compile afresh (see ResumeRequest)."""
 
     def __init__(
         self,
@@ -337,7 +337,12 @@ Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
 
 @_typing.final
 class ResumeRequest(_message.Message):
-    """ResumeRequest continues a stream after a reconnect."""
+    """ResumeRequest continues a stream after a reconnect. The daemon keeps the recent views it
+    sent on compile streams in memory (bounded; none survive a daemon restart). If it still
+    holds the view of `compile_id` and nothing was appended to that session since, it resends
+    that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
+    head, with a new compile_id. The answer's step_id is empty.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -347,7 +352,9 @@ class ResumeRequest(_message.Message):
     """The last compile the agent received completely."""
     @_builtins.property
     def compile(self) -> Global___CompileRequest:
-        """The compile to run if that compile is unknown or stale."""
+        """The compile to run if that view is no longer kept or the session has moved on; its
+        session_id must be the session of `compile_id` for the kept view to be resent.
+        """
 
     def __init__(
         self,

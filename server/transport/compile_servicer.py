@@ -11,6 +11,7 @@ import grpc
 
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
+from ctxcc.v1 import view_pb2
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import Usage
 from server.service.checkpoints import CheckpointUseCases
@@ -22,6 +23,7 @@ from server.transport.convert_view import compile_options_in, result_out
 from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
+from server.transport.recent_views import RecentViews
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 # Views with less text than this are converted on the event loop (a thread hop costs
@@ -56,6 +58,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._chunk = chunk_bytes
         self._drain = drain or Drain()
         self._max_message = max_message_bytes
+        self._recent = RecentViews()
 
     @unary
     async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
@@ -161,7 +164,13 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                             )
                         )
                     result = await self._c.compile(compile_options_in(step.compile))
+                    session_id = step.compile.session_id
                 case "resume":
+                    session_id = msg.resume.compile.session_id
+                    kept = await self._unchanged(msg.resume.compile_id, session_id)
+                    if kept is not None:
+                        out.view.CopyFrom(kept)
+                        return out
                     result = await self._c.compile(compile_options_in(msg.resume.compile))
                 case _:
                     raise invalid("request", "a stream message needs a step or a resume")
@@ -169,11 +178,20 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                 out.view.CopyFrom(result_out(result))
             else:
                 await asyncio.to_thread(lambda: out.view.CopyFrom(result_out(result)))
+            self._recent.keep(session_id, out.view)
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
         except Exception as exc:
             out.error.CopyFrom(_step_error(internal_error(exc)))
         return out
+
+    async def _unchanged(self, compile_id: str, session_id: str) -> view_pb2.CompiledView | None:
+        """The kept view of `compile_id` if nothing was appended to its session since."""
+        kept = self._recent.get(compile_id)
+        if kept is None or kept.session_id != session_id:
+            return None
+        session = await self._s.get(session_id)
+        return kept.view if session.head_seq == kept.view.event_boundary else None
 
     @unary
     async def ReportUsage(

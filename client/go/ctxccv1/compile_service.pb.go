@@ -547,7 +547,7 @@ type CompileStreamRequest_Step struct {
 }
 
 type CompileStreamRequest_Resume struct {
-	// After a reconnect: resend the view of this compile, or compile afresh if expired.
+	// After a reconnect: resend the view of a compile, or compile afresh (see ResumeRequest).
 	Resume *ResumeRequest `protobuf:"bytes,2,opt,name=resume,proto3,oneof"`
 }
 
@@ -637,12 +637,17 @@ func (x *StepRequest) GetCompile() *CompileRequest {
 	return nil
 }
 
-// ResumeRequest continues a stream after a reconnect.
+// ResumeRequest continues a stream after a reconnect. The daemon keeps the recent views it
+// sent on compile streams in memory (bounded; none survive a daemon restart). If it still
+// holds the view of `compile_id` and nothing was appended to that session since, it resends
+// that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
+// head, with a new compile_id. The answer's step_id is empty.
 type ResumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The last compile the agent received completely.
 	CompileId string `protobuf:"bytes,1,opt,name=compile_id,json=compileId,proto3" json:"compile_id,omitempty"`
-	// The compile to run if that compile is unknown or stale.
+	// The compile to run if that view is no longer kept or the session has moved on; its
+	// session_id must be the session of `compile_id` for the kept view to be resent.
 	Compile       *CompileRequest `protobuf:"bytes,2,opt,name=compile,proto3" json:"compile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

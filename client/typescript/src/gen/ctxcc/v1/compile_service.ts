@@ -227,7 +227,7 @@ export interface CompileStreamRequest {
     /** Append (optionally) and compile one step. */
     { $case: "step"; value: StepRequest }
     | //
-    /** After a reconnect: resend the view of this compile, or compile afresh if expired. */
+    /** After a reconnect: resend the view of a compile, or compile afresh (see ResumeRequest). */
     { $case: "resume"; value: ResumeRequest }
     | undefined;
 }
@@ -248,11 +248,20 @@ export interface StepRequest {
   compile?: CompileRequest | undefined;
 }
 
-/** ResumeRequest continues a stream after a reconnect. */
+/**
+ * ResumeRequest continues a stream after a reconnect. The daemon keeps the recent views it
+ * sent on compile streams in memory (bounded; none survive a daemon restart). If it still
+ * holds the view of `compile_id` and nothing was appended to that session since, it resends
+ * that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
+ * head, with a new compile_id. The answer's step_id is empty.
+ */
 export interface ResumeRequest {
   /** The last compile the agent received completely. */
   compileId: string;
-  /** The compile to run if that compile is unknown or stale. */
+  /**
+   * The compile to run if that view is no longer kept or the session has moved on; its
+   * session_id must be the session of `compile_id` for the kept view to be resent.
+   */
   compile?: CompileRequest | undefined;
 }
 
