@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import appends, rpc, scale, tokenizers
+from bench import appends, clients, rpc, scale, tokenizers
 from bench.paths import dev_traces
 from server.replay import run as replay
 
@@ -79,6 +79,7 @@ def main() -> None:
         detail: dict[str, float] = {}
         detail |= rpc.run(root / "rpc", scale=s)
         detail |= appends.run(scale=s)
+        detail |= clients.run(root / "clients", scale=s)
         events = 1_000_000 if not args.smoke else 20_000
         detail["cold_start_1m_events_s"] = scale.cold_start(root, events)
         sessions, each = (1000, 100) if not args.smoke else (20, 30)

@@ -15,6 +15,12 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
+# The example agent loop of each client, as `make clients` builds them.
+CLIENT_LOOPS = {
+    "go": [str(REPO / ".tools" / "bin" / "agentloop-go")],
+    "typescript": ["node", str(REPO / "client/typescript/dist/examples/agent-loop.js")],
+    "python": [sys.executable, str(REPO / "client/python/examples/agent_loop.py")],
+}
 
 
 class DaemonProcess:

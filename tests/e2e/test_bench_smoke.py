@@ -25,3 +25,5 @@ def test_bench_smoke_prints_every_figure() -> None:
     assert list(last) == list(TARGETS)
     assert all(isinstance(v, float | int) and v > 0 for v in last.values())
     assert "compile_p50_ms" in done.stdout and "echo_p50_ms" in done.stdout
+    for client in ("go", "python", "typescript"):
+        assert f"client_{client}_step_p50_ms" in done.stdout

@@ -11,7 +11,6 @@ import queue
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -23,13 +22,9 @@ import pytest
 
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import session_service_pb2_grpc
-from tests.e2e.proc import REPO, DaemonProcess
+from tests.e2e.proc import CLIENT_LOOPS, DaemonProcess
 
-CLIENTS = {
-    "go": [str(REPO / ".tools" / "bin" / "agentloop-go")],
-    "typescript": ["node", str(REPO / "client/typescript/dist/examples/agent-loop.js")],
-    "python": [sys.executable, str(REPO / "client/python/examples/agent_loop.py")],
-}
+CLIENTS = CLIENT_LOOPS
 OK = re.compile(r"ok (\d+) steps session (\S+) seq (\d+)(?: largest_view_bytes (\d+))?")
 
 
