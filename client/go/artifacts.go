@@ -18,12 +18,12 @@ import (
 const chunkSize = 1 << 20
 
 // UploadArtifact uploads bytes (e.g. an image) and returns the ref to put in a message
-// (see UserWith). A repeat after a lost answer stores the same bytes again under a new id,
-// which is harmless, so it is retried on Unavailable like the idempotent calls.
+// (see UserWith). Its request id is fixed before the first attempt, so a retry on
+// Unavailable is answered with what the first attempt stored, never stored twice.
 func (c *Client) UploadArtifact(ctx context.Context, sessionID string, data []byte, mimeType string, width, height uint32) (*ctxccv1.ArtifactRef, error) {
 	sum := sha256.Sum256(data)
 	header := &ctxccv1.ArtifactHeader{SessionId: sessionID, MimeType: mimeType, SizeBytes: uint64(len(data)),
-		Sha256: hex.EncodeToString(sum[:]), Width: width, Height: height}
+		Sha256: hex.EncodeToString(sum[:]), Width: width, Height: height, RequestId: NewRequestID()}
 	return retry(ctx, c.RetryFor, func() (*ctxccv1.ArtifactRef, error) {
 		up, err := c.Artifacts.UploadArtifact(ctx)
 		if err != nil {

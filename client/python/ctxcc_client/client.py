@@ -74,19 +74,27 @@ def _usage_request(
 
 
 def _upload_requests(
-    session_id: str, data: bytes, mime_type: str, width: int, height: int
+    header: apb.ArtifactHeader, data: bytes
 ) -> Iterator[apb.UploadArtifactRequest]:
-    header = apb.ArtifactHeader(
+    yield apb.UploadArtifactRequest(header=header)
+    for start in range(0, len(data), CHUNK):
+        yield apb.UploadArtifactRequest(data=data[start : start + CHUNK])
+
+
+def _upload_header(
+    session_id: str, data: bytes, mime_type: str, width: int, height: int, request_id: str
+) -> apb.ArtifactHeader:
+    # The id is fixed here, before the first attempt: a retry is answered with the artifact
+    # the first attempt stored.
+    return apb.ArtifactHeader(
         session_id=session_id,
         mime_type=mime_type,
         size_bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
         width=width,
         height=height,
+        request_id=request_id or new_request_id(),
     )
-    yield apb.UploadArtifactRequest(header=header)
-    for start in range(0, len(data), CHUNK):
-        yield apb.UploadArtifactRequest(data=data[start : start + CHUNK])
 
 
 class _Download:
@@ -223,14 +231,21 @@ class AsyncClient:
         return CompileStream(self._compile_stub, self.retry_seconds)
 
     async def upload_artifact(
-        self, session_id: str, data: bytes, mime_type: str, *, width: int = 0, height: int = 0
+        self,
+        session_id: str,
+        data: bytes,
+        mime_type: str,
+        *,
+        width: int = 0,
+        height: int = 0,
+        request_id: str = "",
     ) -> common_pb2.ArtifactRef:
-        """Uploads bytes (e.g. an image) and returns the ref to put in a ContentPart."""
+        """Uploads bytes (e.g. an image) and returns the ref to put in a message (see
+        `user_with`). Retried with one request id, so a repeat stores nothing twice."""
         stub: Any = self._artifact_stub
+        header = _upload_header(session_id, data, mime_type, width, height, request_id)
         resp = await retry_async(
-            lambda: stub.UploadArtifact(
-                _upload_requests(session_id, data, mime_type, width, height)
-            ),
+            lambda: stub.UploadArtifact(_upload_requests(header, data)),
             True,
             self.retry_seconds,
         )
@@ -367,13 +382,19 @@ class Client:
         return self.compiles.ReportUsage(req)
 
     def upload_artifact(
-        self, session_id: str, data: bytes, mime_type: str, *, width: int = 0, height: int = 0
+        self,
+        session_id: str,
+        data: bytes,
+        mime_type: str,
+        *,
+        width: int = 0,
+        height: int = 0,
+        request_id: str = "",
     ) -> common_pb2.ArtifactRef:
         stub: Any = self._artifact_stub
+        header = _upload_header(session_id, data, mime_type, width, height, request_id)
         resp = retry_sync(
-            lambda: stub.UploadArtifact(
-                _upload_requests(session_id, data, mime_type, width, height)
-            ),
+            lambda: stub.UploadArtifact(_upload_requests(header, data)),
             True,
             self.retry_seconds,
         )

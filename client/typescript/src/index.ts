@@ -161,15 +161,23 @@ export class Client {
     return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata);
   }
 
-  /** Uploads bytes (e.g. an image) and returns the ref to put in a user message. */
-  uploadArtifact(sessionId: string, data: Uint8Array, mimeType: string, size: { width?: number; height?: number } = {}): Promise<ArtifactRef> {
+  /** Uploads bytes (e.g. an image) and returns the ref to put in a user message; retried
+   * with one request id, so a repeat stores nothing twice. */
+  uploadArtifact(
+    sessionId: string,
+    data: Uint8Array,
+    mimeType: string,
+    options: { width?: number; height?: number; requestId?: string } = {},
+  ): Promise<ArtifactRef> {
     const header = {
       sessionId,
       mimeType,
       sizeBytes: data.length,
       sha256: createHash("sha256").update(data).digest("hex"),
-      width: size.width ?? 0,
-      height: size.height ?? 0,
+      width: options.width ?? 0,
+      height: options.height ?? 0,
+      // Fixed before the first attempt: a retry is answered with what the first one stored.
+      requestId: options.requestId ?? newRequestId(),
     };
     const once = () =>
       new Promise<ArtifactRef>((resolve, reject) => {
@@ -180,7 +188,6 @@ export class Client {
         }
         call.end();
       });
-    // A repeat after a lost answer stores the same bytes again under a new id: harmless.
     return retry(once, true, this.settings.retrySeconds);
   }
 
