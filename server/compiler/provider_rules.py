@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from server.compiler.textscan import parse_json
+from server.compiler.textscan import MAX_JSON_DEPTH, parse_json
 from server.compiler.view import Authority, ViewMessage, ViewPart
 from server.domain.model import Role
 
@@ -27,7 +27,18 @@ def _arguments_object(arguments_json: str) -> str | None:
     that carries it."""
     if not arguments_json:
         return None
-    ok, value = parse_json(arguments_json)
+    text = arguments_json.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        ok, value = False, None
+    elif text.count("{") + text.count("[") < MAX_JSON_DEPTH:
+        # Too few brackets to nest past the limit: a plain parse decides (the hot path,
+        # several times cheaper than the depth-checking reader).
+        try:
+            ok, value = True, json.loads(text)
+        except (ValueError, RecursionError):
+            ok, value = False, None
+    else:
+        ok, value = parse_json(text)
     if ok and isinstance(value, dict):
         return None
     return json.dumps({INVALID_ARGUMENTS_KEY: arguments_json}, ensure_ascii=False)

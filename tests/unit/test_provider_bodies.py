@@ -191,3 +191,15 @@ def test_activating_a_deferred_tool_changes_the_cache_signal() -> None:
         previous_sections=section_digests(before.system_sections, before.tools),
     )
     assert same.prefix_digest == before.prefix_digest and same.changed_sections == ()
+
+
+def test_arguments_nested_at_the_readers_limit_are_judged_like_the_reader() -> None:
+    from server.compiler.provider_rules import _arguments_object
+    from server.compiler.textscan import MAX_JSON_DEPTH, parse_json
+
+    for depth in range(MAX_JSON_DEPTH - 3, MAX_JSON_DEPTH + 3):
+        for leaf in ("1", "[]", '"x"'):
+            text = '{"a":' * depth + leaf + "}" * depth
+            ok, value = parse_json(text)
+            kept = _arguments_object(text) is None
+            assert kept == (ok and isinstance(value, dict)), (depth, leaf)
