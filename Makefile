@@ -56,7 +56,7 @@ $(NPM_TARBALL): client/typescript/dist/examples/agent-loop.js client/typescript/
 	cd client/typescript && npm pack --silent --ignore-scripts --pack-destination ../../$(CLIENT_DIST) >/dev/null
 
 # The wheel carries the generated ctxcc.v1 code, so it installs anywhere.
-$(PY_WHEEL): $(STAMP) $(shell find client/python/ctxcc_client ctxcc/v1 -name '*.py*') client/python/pyproject.toml client/python/README.md
+$(PY_WHEEL): $(STAMP) $(shell find client/python/ctxcc_client ctxcc/v1 -name '*.py' -o -name '*.pyi' -o -name py.typed) client/python/pyproject.toml client/python/README.md
 	mkdir -p $(CLIENT_DIST)
 	rm -rf client/python/build
 	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(CLIENT_DIST) ./client/python

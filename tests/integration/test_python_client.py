@@ -1,13 +1,15 @@
 """The Python client across a daemon that goes away and comes back: typed errors (never a
-raw AioRpcError, never a dead iterator), and the same stream object working again."""
+raw AioRpcError, never a dead iterator), the same stream object working again, and a
+step's request id fixed before its first attempt."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from ctxcc_client import AsyncClient, CtxccError, user
+from ctxcc_client import AsyncClient, CompileStream, CtxccError, user
 
 from ctxcc.v1 import common_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -47,3 +49,48 @@ async def test_stream_survives_a_daemon_that_is_gone_then_back(short_tmp: Path) 
             assert missing.value.reason == "SESSION_NOT_FOUND"
         finally:
             await second.stop()
+
+
+class _Unavailable:
+    """A CompileStream call that takes each request and fails it as a dropped connection."""
+
+    def __init__(self, requests: Any, sent: list[cpb.CompileStreamRequest]) -> None:
+        self._requests = requests.__aiter__()
+        self._sent = sent
+
+    def __aiter__(self) -> _Unavailable:
+        return self
+
+    async def __anext__(self) -> cpb.CompileStreamResponse:
+        self._sent.append(await self._requests.__anext__())
+        empty = grpc.aio.Metadata()
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "gone")
+
+    def cancel(self) -> None:
+        pass
+
+
+class _Stub:
+    def __init__(self) -> None:
+        self.sent: list[cpb.CompileStreamRequest] = []
+
+    def CompileStream(self, requests: Any) -> _Unavailable:
+        return _Unavailable(requests, self.sent)
+
+
+async def test_a_step_keeps_its_request_id_through_retries_and_a_second_try() -> None:
+    stub = _Stub()
+    stream = CompileStream(stub, retry_seconds=0.3)
+    req = cpb.CompileRequest(session_id="s", route=ROUTE)
+    with pytest.raises(CtxccError):
+        await stream.step(req, [user("one")])
+    first = {m.step.request_id for m in stub.sent}
+    assert len(stub.sent) >= 2 and len(first) == 1 and "" not in first
+    stub.sent.clear()
+    with pytest.raises(CtxccError):  # the agent tries the same step again
+        await stream.step(req, [user("one")])
+    assert {m.step.request_id for m in stub.sent} == first
+    stub.sent.clear()
+    with pytest.raises(CtxccError):  # a different step gets its own id
+        await stream.step(req, [user("two")])
+    assert {m.step.request_id for m in stub.sent}.isdisjoint(first)
