@@ -13,9 +13,11 @@ or the configured roots.
 from __future__ import annotations
 
 import os
+import posixpath
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
+from server.adapters.confined import Refused, read_confined
 from server.domain.errors import CtxccError
 from server.domain.frontmatter import parse_front_matter
 from server.domain.sources import (
@@ -62,20 +64,18 @@ class WorkspaceReader:
         return f"global:{rel}" if is_global else rel
 
     def _read(self, path: Path, root: Path, notes: list[str]) -> tuple[str, bool] | None:
-        """Text of a regular file resolving under `root`, or None (with a note)."""
+        """Text of a regular file under `root`, or None (with a note). The walk holds a
+        directory descriptor at every step, so no swap on disk can lead it outside."""
         try:
-            if not path.is_file():
-                return None
-            real = Path(os.path.realpath(path))
-            if not within(str(real), str(root)):
-                notes.append(f"refused {self._shown(path, root)}: it resolves outside its root")
-                return None
-            with open(real, "rb") as f:
-                data = f.read(MAX_READ_BYTES)
-        except OSError as exc:
-            # strerror only: str(exc) would carry the absolute file name.
-            reason = exc.strerror or type(exc).__name__
-            notes.append(f"skipped {self._shown(path, root)}: {reason}")
+            parts = list(path.relative_to(root).parts)
+        except ValueError:
+            notes.append(f"refused {self._shown(path, root)}: it resolves outside its root")
+            return None
+        data = read_confined(str(root), parts, MAX_READ_BYTES)
+        if isinstance(data, Refused):
+            verb = "refused" if data.outside else "skipped"
+            if not data.missing:
+                notes.append(f"{verb} {self._shown(path, root)}: {data.why}")
             return None
         try:
             return data.decode("utf-8"), False
@@ -99,11 +99,20 @@ class WorkspaceReader:
         return real
 
     def read(self, project_root: str, working_directory: str) -> WorkspaceSources:
-        notes: list[str] = []
         try:
             check_session_paths(project_root, working_directory)
         except CtxccError as exc:
             return WorkspaceSources(notes=(f"project files not read: {exc.message}",))
+        try:
+            return self._read_all(project_root, working_directory)
+        except (OSError, ValueError) as exc:
+            # A directory vanishing or turning into a link mid-listing: a note, not an
+            # error, so a changing repository never fails a compile.
+            why = getattr(exc, "strerror", None) or type(exc).__name__
+            return WorkspaceSources(notes=(f"workspace files not read: {why}",))
+
+    def _read_all(self, project_root: str, working_directory: str) -> WorkspaceSources:
+        notes: list[str] = []
         files: list[InstructionFile] = []
         skills: list[SkillEntry] = []
         rules: list[RuleEntry] = []
@@ -118,7 +127,7 @@ class WorkspaceReader:
         root = self._project_root(project_root, notes)
         if root is not None:
             files += self._instructions(
-                self._chain(root, working_directory), root, Scope.PROJECT, notes
+                self._chain(root, project_root, working_directory), root, Scope.PROJECT, notes
             )
             skills += self._skills(
                 [root / d for d in self.cfg.project_skill_dirs], root, Scope.PROJECT, notes
@@ -129,14 +138,17 @@ class WorkspaceReader:
             tuple(files), tuple(skills), tuple(rules), tuple(memory), tuple(notes)
         )
 
-    def _chain(self, root: Path, working_directory: str) -> list[Path]:
-        """The project root, then each directory down to the working directory."""
+    def _chain(self, root: Path, project_root: str, working_directory: str) -> list[Path]:
+        """The project root, then each directory down to the working directory. Worked
+        out from the names alone (resolving them would race with changes on disk); the
+        confined reads resolve links inside the root themselves."""
         dirs = [root]
-        if working_directory:
-            wd = Path(os.path.realpath(working_directory))
-            if within(str(wd), str(root)) and wd != root:
-                for part in wd.relative_to(root).parts:
+        wd, raw = posixpath.normpath(working_directory), posixpath.normpath(project_root)
+        for base in (raw, str(root)):
+            if working_directory and within(wd, base) and wd != base:
+                for part in PurePosixPath(wd).relative_to(base).parts:
                     dirs.append(dirs[-1] / part)
+                break
         return dirs
 
     def _instructions(

@@ -381,6 +381,49 @@ def _big_history(env: Env) -> None:
         )
 
 
+def _swap_race(env: Env) -> list[str]:
+    """200 compiles whose working directory is swapped, all along, between a real
+    directory and a symlink to a directory outside every workspace root."""
+    root = env.workspace / "race"
+    real = root / "sub.real"
+    real.mkdir(parents=True)
+    (real / "AGENTS.md").write_text("inside sub")
+    outside = env.workspace.parent / "outside"
+    outside.mkdir()
+    (outside / "AGENTS.md").write_text("OUTSIDE-SECRET")
+    sub, link = root / "sub", root / "sub.link"
+    link.symlink_to(outside)
+    env.current = "race"
+    env.session("race", project_root=str(root), working_directory=str(sub))
+    env.user("race", "hello")
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            os.rename(real, sub)
+            os.rename(sub, real)
+            os.rename(link, sub)
+            os.rename(sub, link)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        return [env.compile("race").view.system_prompt for _ in range(200)]
+    finally:
+        stop.set()
+        swapper.join()
+
+
+def _no_outside_bytes(env: Env, prompts: list[str]) -> None:
+    leaked = sum("OUTSIDE-SECRET" in p for p in prompts)
+    inside = sum("inside sub" in p for p in prompts)
+    print(
+        f"swap race: {leaked} of {len(prompts)} views held outside bytes, {inside} the inside file"
+    )
+    assert leaked == 0
+    assert inside > 0  # the race really ran both ways
+
+
 INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
 OUTSIDE = (grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_ROOT")
 
@@ -559,6 +602,12 @@ CASES += [
         (OK, ""),
         _big_events,
         lambda e, seqs: None if seqs == list(range(1, 201)) else pytest.fail(f"pages {seqs}"),
+    ),
+    Case(
+        "symlink swap under the working directory during 200 compiles",
+        _swap_race,
+        (OK, ""),
+        after=_no_outside_bytes,
     ),
 ]
 

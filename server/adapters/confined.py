@@ -1,0 +1,136 @@
+"""Reads files under a root without ever leaving it, whatever changes on disk meanwhile.
+
+Resolving a path and then opening it by name races with anyone who can swap a
+directory for a symlink in between. Here every step opens one name relative to the
+directory descriptor already held, with O_NOFOLLOW: a symlink is never followed by
+the kernel. Symlinks met on the way are read (readlinkat) and resolved by this module
+against the root, so links inside the tree keep working (CLAUDE.md -> AGENTS.md) and
+any link or swap that points outside ends the walk. Only regular files are read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+# Symlinks followed in one walk, as the kernel's own limit (40) but tighter.
+MAX_LINKS = 16
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a file was not read; shown in the view's notes, never raised."""
+
+    why: str
+    # Nothing there: the common case for optional files, not worth a note.
+    missing: bool = False
+    # It leads outside the root.
+    outside: bool = False
+
+
+class _Outside(Exception):
+    pass
+
+
+def _relative(root: str, target: str) -> list[str]:
+    """An absolute link target as components under `root`, or _Outside."""
+    norm = os.path.normpath(target)
+    if norm != root and not norm.startswith(root.rstrip("/") + "/"):
+        raise _Outside
+    return [p for p in PurePosixPath(norm).relative_to(root).parts if p != "/"]
+
+
+def _root_fd(root: str) -> int:
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _walk(root: str, parts: list[str]) -> int:
+    """A descriptor of the regular file at root/parts, resolved inside root only.
+    Raises _Outside, or OSError for anything missing, looping or not a file."""
+    links = 0
+    todo = list(parts)
+    done: list[str] = []  # real directories under root, opened one by one
+    fd = _root_fd(root)
+    try:
+        while todo:
+            name = todo.pop(0)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if not done:
+                    raise _Outside
+                done.pop()
+                os.close(fd)
+                fd = _reopen(root, done)
+                continue
+            last = not todo
+            try:
+                nfd = os.open(name, _FILE if last else _DIR, dir_fd=fd)
+            except OSError as exc:
+                target = _link_target(fd, name, exc)
+                links += 1
+                if links > MAX_LINKS:
+                    raise OSError(errno.ELOOP, "too many levels of symbolic links") from None
+                if os.path.isabs(target):
+                    done = []
+                    os.close(fd)
+                    fd = _root_fd(root)
+                    todo = _relative(root, target) + todo
+                else:
+                    todo = [p for p in target.split("/") if p] + todo
+                continue
+            os.close(fd)
+            fd = nfd
+            if last:
+                break
+            done.append(name)
+        else:
+            raise OSError(errno.EISDIR, "is a directory")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _link_target(fd: int, name: str, exc: OSError) -> str:
+    """The target of the symlink `name` that refused to open, else re-raise."""
+    if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        raise exc
+    try:
+        return os.readlink(name, dir_fd=fd)
+    except OSError:
+        raise exc from None
+
+
+def _reopen(root: str, parts: list[str]) -> int:
+    fd = _root_fd(root)
+    for name in parts:
+        try:
+            nfd = os.open(name, _DIR, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = nfd
+    return fd
+
+
+def read_confined(root: str, parts: list[str], limit: int) -> bytes | Refused:
+    """Up to `limit` bytes of the regular file root/parts, never from outside root."""
+    try:
+        fd = _walk(root, parts)
+    except _Outside:
+        return Refused("it resolves outside its root", outside=True)
+    except OSError as exc:
+        # strerror only: str(exc) would carry the absolute file name.
+        return Refused(exc.strerror or type(exc).__name__, exc.errno == errno.ENOENT)
+    try:
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit)
+    except OSError as exc:
+        return Refused(exc.strerror or type(exc).__name__)
