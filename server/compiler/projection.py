@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from server.compiler.provider_rules import opened, well_formed_calls
+from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.text import escape_fences
 from server.compiler.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
@@ -440,7 +440,7 @@ def project(
         replace(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
         for m in _merge_calls(raw)
     ]
-    paired = opened(well_formed_calls(pair_tool_messages(layered, notes), notes))
+    paired = opened(well_formed_calls(pair_tool_messages(non_empty(layered), notes), notes))
     imaged = _apply_images(paired, images, notes)
     sized = tuple(with_tokens(m, message_tokens(m, counter)) for m in imaged)
     blobs = elided > 0 or any(

@@ -1,6 +1,8 @@
 """What every provider API requires of a conversation, applied to the view itself so
 that all formats send the same content and the estimate covers it.
 
+- No message is empty: a step with nothing model-visible (reasoning only, not kept)
+  leaves no message, which OpenAI Chat would refuse.
 - The first turn is the user's: a view that would start with an assistant message
   opens with OPENER, the only text the compiler adds to a conversation on its own.
 - A call's arguments are a JSON object. Text that is not one (truncated or malformed
@@ -66,6 +68,10 @@ def well_formed_calls(messages: list[ViewMessage], notes: list[str]) -> list[Vie
             calls.append(replace(c, arguments_json=f))
         out.append(replace(m, tool_calls=tuple(calls)))
     return out
+
+
+def non_empty(messages: list[ViewMessage]) -> list[ViewMessage]:
+    return [m for m in messages if m.parts or m.tool_calls or m.role is Role.TOOL]
 
 
 def opened(messages: list[ViewMessage]) -> list[ViewMessage]:

@@ -116,6 +116,7 @@ async def build(api: Stubs) -> list[Case]:
     await b.session(
         "text",
         user("Summarise the design in two lines. " + CJK),
+        assistant("", reasoning="A step with nothing model-visible."),
         assistant("It is a sidecar that compiles context. " + CJK),
         user("And the storage?"),
     )

@@ -167,6 +167,7 @@ def _chat(body: dict[str, Any]) -> None:
             open_ids.remove(m["tool_call_id"])
             continue
         assert not open_ids, f"calls left unanswered: {open_ids}"
+        assert m.get("content") or m.get("tool_calls"), "an empty message"
         for c in m.get("tool_calls", []):
             assert c["id"] not in seen, f"call id repeats: {c['id']}"
             seen.add(c["id"])

@@ -203,3 +203,12 @@ def test_arguments_nested_at_the_readers_limit_are_judged_like_the_reader() -> N
             ok, value = parse_json(text)
             kept = _arguments_object(text) is None
             assert kept == (ok and isinstance(value, dict)), (depth, leaf)
+
+
+def test_an_assistant_step_with_nothing_to_show_leaves_no_empty_message() -> None:
+    # Reasoning only (not kept): nothing model-visible. An empty assistant message is
+    # refused by OpenAI Chat ("content" or "tool_calls" required).
+    v = compiled(user("think"), AssistantMessage((), (), reasoning="hmm"), user("and?"))
+    assert all(m.parts or m.tool_calls or m.role is Role.TOOL for m in v.messages)
+    chat = bodies(v)[RenderFormat.OPENAI_CHAT]["messages"]
+    assert all(m.get("content") or m.get("tool_calls") for m in chat)
