@@ -33,6 +33,7 @@ from server.domain.records import (
     ArtifactRecord,
     Checkpoint,
     CompileRecord,
+    DamagedCheckpoint,
     RouteModel,
     RouteState,
     Usage,
@@ -48,7 +49,13 @@ from server.domain.sources import (
     kind_of_entry,
 )
 from server.domain.tools import ToolActivations, ToolSpec
-from storage.codec import decode_event, decode_value, encode_event, encode_value
+from storage.codec import (
+    CorruptRecordError,
+    decode_event,
+    decode_value,
+    encode_event,
+    encode_value,
+)
 from storage.kv import KV, Batch, Footprint
 from storage.schema import ensure_schema
 
@@ -452,11 +459,25 @@ class KVEventStore:
             self._kv.write(batch)
             return checkpoint
 
+    def list_checkpoint_entries(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
+        """Newest first; a record that does not decode is listed as damaged, not raised."""
+        prefix = _prefix(session_id)
+        out: list[Checkpoint | DamagedCheckpoint] = []
+        for key, raw in self._kv.scan(
+            "checkpoints", prefix, session_id.encode() + _END, reverse=True
+        ):
+            try:
+                out.append(decode_value(raw, Checkpoint))
+            except CorruptRecordError:
+                rest = key[len(prefix) :]
+                ckpt_id = rest[8:].decode(errors="replace")
+                out.append(DamagedCheckpoint(ckpt_id, session_id, int.from_bytes(rest[:8], "big")))
+        return out
+
     def list_checkpoints(self, session_id: str) -> list[Checkpoint]:
-        items = self._kv.scan(
-            "checkpoints", _prefix(session_id), session_id.encode() + _END, reverse=True
-        )
-        return [decode_value(raw, Checkpoint) for _, raw in items]
+        """Newest first, damaged records left out."""
+        entries = self.list_checkpoint_entries(session_id)
+        return [c for c in entries if isinstance(c, Checkpoint)]
 
     def put_compile(
         self, record: CompileRecord, parts: tuple[tuple[str, object], ...] = ()

@@ -26,15 +26,15 @@ from ctxcc.v1 import common_pb2 as ctxcc_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63txcc/v1/checkpoint.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x02\n\nCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63overs_through_seq\x18\x03 \x01(\x04\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12%\n\x0csource_route\x18\x05 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12\x10\n\x08portable\x18\x06 \x01(\x08\x12\x16\n\x0e\x63overed_digest\x18\x07 \x01(\t\x12&\n\x04kind\x18\x08 \x01(\x0e\x32\x18.ctxcc.v1.CheckpointKind\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11origin_session_id\x18\n \x01(\t*q\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12!\n\x1d\x43HECKPOINT_KIND_MODEL_SUMMARY\x10\x01\x12\x1b\n\x17\x43HECKPOINT_KIND_BUILTIN\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x63txcc/v1/checkpoint.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x02\n\nCheckpoint\x12\x15\n\rcheckpoint_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x1a\n\x12\x63overs_through_seq\x18\x03 \x01(\x04\x12\x0f\n\x07summary\x18\x04 \x01(\t\x12%\n\x0csource_route\x18\x05 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12\x10\n\x08portable\x18\x06 \x01(\x08\x12\x16\n\x0e\x63overed_digest\x18\x07 \x01(\t\x12&\n\x04kind\x18\x08 \x01(\x0e\x32\x18.ctxcc.v1.CheckpointKind\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11origin_session_id\x18\n \x01(\t\x12\x0f\n\x07\x64\x61maged\x18\x0b \x01(\x08*q\n\x0e\x43heckpointKind\x12\x1f\n\x1b\x43HECKPOINT_KIND_UNSPECIFIED\x10\x00\x12!\n\x1d\x43HECKPOINT_KIND_MODEL_SUMMARY\x10\x01\x12\x1b\n\x17\x43HECKPOINT_KIND_BUILTIN\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ctxcc.v1.checkpoint_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKPOINTKIND']._serialized_start=395
-  _globals['_CHECKPOINTKIND']._serialized_end=508
+  _globals['_CHECKPOINTKIND']._serialized_start=412
+  _globals['_CHECKPOINTKIND']._serialized_end=525
   _globals['_CHECKPOINT']._serialized_start=96
-  _globals['_CHECKPOINT']._serialized_end=393
+  _globals['_CHECKPOINT']._serialized_end=410
 # @@protoc_insertion_point(module_scope)

@@ -61,6 +61,7 @@ class Checkpoint(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     CREATE_TIME_FIELD_NUMBER: _builtins.int
     ORIGIN_SESSION_ID_FIELD_NUMBER: _builtins.int
+    DAMAGED_FIELD_NUMBER: _builtins.int
     checkpoint_id: _builtins.str
     """Daemon-assigned id."""
     session_id: _builtins.str
@@ -72,11 +73,47 @@ class Checkpoint(_message.Message):
     portable: _builtins.bool
     """Portable checkpoints are plain text and usable on any route after their source is verified."""
     covered_digest: _builtins.str
-    """Lower-case hex sha256 over the covered events' canonical encoding (see ListEvents)."""
+    """Lower-case hex sha256 over events 1..covers_through_seq of the session, in seq order,
+    each as ListEvents returns it (large tool results as their blob reference), encoded as
+      enc(list [seq, event_id, payload])
+    where enc is a tagged, length-prefixed encoding (decimal numbers in ASCII; lengths
+    count bytes; strings are UTF-8):
+      integer n: "I" n ";"          string s: "S" len(s) ":" s     bytes b: "B" len(b) ":" b
+      bool: "T" or "F"              absent (an unset optional field or oneof member): "N"
+      list of k items: "L" k ":" then each item
+      record R of k fields: "D" len(R) ":" R k ":" then each field in the order below
+      enums: their number, as an integer
+    Payload records, by Event.payload case, with their fields (absent-able ones marked ?):
+      user_message      UserMessage(parts)
+      assistant_message AssistantMessage(parts, tool_calls, reasoning, native_state?, route?)
+      tool_call         ToolCall(call_id, name, arguments_json)
+      tool_result       ToolResult(call_id, tool_name, text?, blob?, is_error)
+      imported_message  ImportedMessage(origin_session_id, origin_seq, role, parts)
+      attachment        Attachment(ref) with ref an ArtifactRef
+      browser_element   BrowserSelection(element) with element a BrowserElement
+      turn_started      TurnStarted(turn_id)
+      turn_cancelled    TurnCancelled(reason, keep_reasoning)
+      turn_completed    TurnCompleted() (zero fields)
+    Nested records: ContentPart(text?, attachment?, browser_element?) with exactly one
+    present; ArtifactRef(artifact_id, mime_type, size_bytes, sha256, width, height);
+    BlobRef(sha256, size_bytes, preview); BrowserElement(url, selector, tag, text,
+    attributes) with attributes a list of [key, value] lists sorted by key (bytewise);
+    NativeState(route_id, kind, data) for ProviderNativeState (data as bytes);
+    Route(connection, protocol, endpoint, model). Lists keep their wire order. Example:
+    event 1, id "e1", TurnStarted{turn_id "t"} encodes as
+      L3:I1;S2:e1D11:TurnStarted1:S1:t
+    Go and TypeScript implementations: client/go/digest.go, client/typescript/src/digest.ts.
+    How it is checked on CreateCheckpoint: CreateCheckpointRequest.covered_digest_mode.
+    """
     kind: Global___CheckpointKind.ValueType
     """How the checkpoint was made."""
     origin_session_id: _builtins.str
     """For an imported portable checkpoint: the session it was made in."""
+    damaged: _builtins.bool
+    """Set by ListCheckpoints when the stored record no longer decodes (storage damage):
+    only checkpoint_id, session_id and create_time are known. Compiles pass over a
+    damaged checkpoint to the next older valid one and report PROJECTION_CORRUPT.
+    """
     @_builtins.property
     def source_route(self) -> _common_pb2.Route:
         """Route whose model wrote the summary."""
@@ -98,10 +135,11 @@ class Checkpoint(_message.Message):
         kind: Global___CheckpointKind.ValueType = ...,
         create_time: _timestamp_pb2.Timestamp | None = ...,
         origin_session_id: _builtins.str = ...,
+        damaged: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "source_route", b"source_route"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "covered_digest", b"covered_digest", "covers_through_seq", b"covers_through_seq", "create_time", b"create_time", "kind", b"kind", "origin_session_id", b"origin_session_id", "portable", b"portable", "session_id", b"session_id", "source_route", b"source_route", "summary", b"summary"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_id", b"checkpoint_id", "covered_digest", b"covered_digest", "covers_through_seq", b"covers_through_seq", "create_time", b"create_time", "damaged", b"damaged", "kind", b"kind", "origin_session_id", b"origin_session_id", "portable", b"portable", "session_id", b"session_id", "source_route", b"source_route", "summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,6 +79,44 @@ IMAGE_MODE_REFERENCE: ImageMode.ValueType  # 2
 """Include references only; the agent downloads what it needs."""
 Global___ImageMode: _TypeAlias = ImageMode  # noqa: Y015
 
+class _CoveredDigestMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CoveredDigestModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CoveredDigestMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    COVERED_DIGEST_MODE_UNSPECIFIED: _CoveredDigestMode.ValueType  # 0
+    """VERIFY when covered_digest is set, COMPUTE when it is empty (the response says which)."""
+    COVERED_DIGEST_MODE_VERIFY: _CoveredDigestMode.ValueType  # 1
+    """covered_digest is required and must equal the digest of events 1..covers_through_seq
+    of the log; empty answers INVALID_ARGUMENT (INVALID_FIELD), a mismatch
+    FAILED_PRECONDITION (CHECKPOINT_INVALID). Use it when the summary was written from
+    events the client holds: the check proves they are the log's.
+    """
+    COVERED_DIGEST_MODE_COMPUTE: _CoveredDigestMode.ValueType  # 2
+    """The daemon computes covered_digest from the log itself and checks nothing; a digest
+    sent anyway is still verified. Use it only when the summary was written from this
+    session's log as the daemon serves it (e.g. from a CompactionRequest's messages).
+    """
+
+class CoveredDigestMode(_CoveredDigestMode, metaclass=_CoveredDigestModeEnumTypeWrapper):
+    """CoveredDigestMode says whether a checkpoint's covered_digest is checked or computed."""
+
+COVERED_DIGEST_MODE_UNSPECIFIED: CoveredDigestMode.ValueType  # 0
+"""VERIFY when covered_digest is set, COMPUTE when it is empty (the response says which)."""
+COVERED_DIGEST_MODE_VERIFY: CoveredDigestMode.ValueType  # 1
+"""covered_digest is required and must equal the digest of events 1..covers_through_seq
+of the log; empty answers INVALID_ARGUMENT (INVALID_FIELD), a mismatch
+FAILED_PRECONDITION (CHECKPOINT_INVALID). Use it when the summary was written from
+events the client holds: the check proves they are the log's.
+"""
+COVERED_DIGEST_MODE_COMPUTE: CoveredDigestMode.ValueType  # 2
+"""The daemon computes covered_digest from the log itself and checks nothing; a digest
+sent anyway is still verified. Use it only when the summary was written from this
+session's log as the daemon serves it (e.g. from a CompactionRequest's messages).
+"""
+Global___CoveredDigestMode: _TypeAlias = CoveredDigestMode  # noqa: Y015
+
 @_typing.final
 class ModelLimits(_message.Message):
     """ModelLimits overrides what the model catalog knows about a model."""
@@ -606,8 +644,13 @@ class CreateCheckpointRequest(_message.Message):
 
     CHECKPOINT_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    COVERED_DIGEST_MODE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Idempotency key."""
+    covered_digest_mode: Global___CoveredDigestMode.ValueType
+    """What the daemon does with checkpoint.covered_digest (see Checkpoint.covered_digest
+    for how to compute it).
+    """
     @_builtins.property
     def checkpoint(self) -> _checkpoint_pb2.Checkpoint:
         """The checkpoint; checkpoint_id and create_time are assigned by the daemon."""
@@ -617,10 +660,11 @@ class CreateCheckpointRequest(_message.Message):
         *,
         checkpoint: _checkpoint_pb2.Checkpoint | None = ...,
         request_id: _builtins.str = ...,
+        covered_digest_mode: Global___CoveredDigestMode.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "covered_digest_mode", b"covered_digest_mode", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -633,6 +677,11 @@ class CreateCheckpointResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHECKPOINT_FIELD_NUMBER: _builtins.int
+    DIGEST_COMPUTED_FIELD_NUMBER: _builtins.int
+    digest_computed: _builtins.bool
+    """True when the daemon computed covered_digest (nothing was checked against a digest
+    from the client).
+    """
     @_builtins.property
     def checkpoint(self) -> _checkpoint_pb2.Checkpoint:
         """The checkpoint as stored."""
@@ -641,10 +690,11 @@ class CreateCheckpointResponse(_message.Message):
         self,
         *,
         checkpoint: _checkpoint_pb2.Checkpoint | None = ...,
+        digest_computed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "digest_computed", b"digest_computed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -99,7 +99,8 @@ class CompileServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCheckpoints(self, request, context):
-        """Lists a session's checkpoints, newest first.
+        """Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+        `damaged` set instead of failing the whole list.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

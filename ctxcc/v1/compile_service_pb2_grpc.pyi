@@ -47,7 +47,9 @@ class CompileServiceStub:
     CreateCheckpoint: _grpc.UnaryUnaryMultiCallable[_compile_service_pb2.CreateCheckpointRequest, _compile_service_pb2.CreateCheckpointResponse]
     """Stores a checkpoint after verifying its digest against the log."""
     ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_compile_service_pb2.ListCheckpointsRequest, _compile_service_pb2.ListCheckpointsResponse]
-    """Lists a session's checkpoints, newest first."""
+    """Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+    `damaged` set instead of failing the whole list.
+    """
 
 @_typing.type_check_only
 class CompileServiceAsyncStub(CompileServiceStub):
@@ -68,7 +70,9 @@ class CompileServiceAsyncStub(CompileServiceStub):
     CreateCheckpoint: _aio.UnaryUnaryMultiCallable[_compile_service_pb2.CreateCheckpointRequest, _compile_service_pb2.CreateCheckpointResponse]  # type: ignore[assignment]
     """Stores a checkpoint after verifying its digest against the log."""
     ListCheckpoints: _aio.UnaryUnaryMultiCallable[_compile_service_pb2.ListCheckpointsRequest, _compile_service_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
-    """Lists a session's checkpoints, newest first."""
+    """Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+    `damaged` set instead of failing the whole list.
+    """
 
 class CompileServiceServicer(metaclass=_abc_1.ABCMeta):
     """CompileService builds the request view of every step, takes usage reports and
@@ -116,6 +120,8 @@ class CompileServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _compile_service_pb2.ListCheckpointsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_compile_service_pb2.ListCheckpointsResponse, _abc.Awaitable[_compile_service_pb2.ListCheckpointsResponse]]:
-        """Lists a session's checkpoints, newest first."""
+        """Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+        `damaged` set instead of failing the whole list.
+        """
 
 def add_CompileServiceServicer_to_server(servicer: CompileServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -113,6 +113,14 @@ Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 class Event(_message.Message):
     """Event is one immutable entry of a session's canonical history (SPEC R-HIST-1).
     Events are appended, never updated or deleted one by one.
+
+    Turns: a UserMessage, an ImportedMessage with role USER, or a TurnStarted each start a
+    turn, which lasts until the next one. That one definition decides which deferred tools
+    are activated (an activation lasts for its turn), where the working set begins (the
+    turn's first event), which user message a checkpointed view re-injects, and whose
+    reasoning a TurnCancelled with keep_reasoning keeps. A TurnStarted directly followed
+    by a UserMessage makes an empty turn and then the user's, which changes nothing a view
+    shows. TurnCompleted and TurnCancelled end nothing by themselves: the next start does.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -160,7 +168,12 @@ class Event(_message.Message):
 
     @_builtins.property
     def attachment(self) -> _common_pb2.ArtifactRef:
-        """An attachment added to the conversation by reference."""
+        """An attachment added to the conversation by reference. The artifact must have been
+        uploaded to this session (else NOT_FOUND, reason ARTIFACT_NOT_FOUND, nothing is
+        appended); mime_type, size_bytes, sha256, width and height are taken from the
+        stored artifact, whatever the client sent. The same holds for attachments in
+        message parts.
+        """
 
     @_builtins.property
     def browser_element(self) -> _common_pb2.BrowserElement:
@@ -168,7 +181,7 @@ class Event(_message.Message):
 
     @_builtins.property
     def turn_started(self) -> Global___TurnStarted:
-        """An explicit turn start marker."""
+        """An explicit turn start marker: starts a turn like a user message does."""
 
     @_builtins.property
     def turn_cancelled(self) -> Global___TurnCancelled:
@@ -359,7 +372,7 @@ Global___ImportedMessage: _TypeAlias = ImportedMessage  # noqa: Y015
 
 @_typing.final
 class TurnStarted(_message.Message):
-    """TurnStarted marks the start of a turn explicitly (a user message does so implicitly)."""
+    """TurnStarted starts a turn without a user message (see Event for what a turn decides)."""
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -85,7 +85,9 @@ class Session(_message.Message):
 
     @_builtins.property
     def current_route(self) -> _common_pb2.Route:
-        """The route of the most recent compile or usage report."""
+        """The route of the most recent recorded compile or usage report (dry runs and rebuilds
+        are not recorded and leave it alone).
+        """
 
     def __init__(
         self,

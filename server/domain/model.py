@@ -258,7 +258,10 @@ class DeleteResult:
 
 
 def starts_turn(payload: Payload) -> bool:
-    """A user message (original or imported) starts a turn."""
-    return isinstance(payload, UserMessage) or (
+    """The one definition of a turn's start, for tool activations, the working set, the
+    re-injected request and kept reasoning: a user message (original or imported) or an
+    explicit TurnStarted marker. A marker followed by a user message makes an empty turn
+    and then the user's, which changes nothing a view shows."""
+    return isinstance(payload, (UserMessage, TurnStarted)) or (
         isinstance(payload, ImportedMessage) and payload.role == Role.USER
     )

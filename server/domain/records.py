@@ -28,6 +28,16 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class DamagedCheckpoint:
+    """A checkpoint record that no longer decodes. Its id and creation time survive in
+    its key; compiles pass over it to the next older checkpoint, listings mark it."""
+
+    checkpoint_id: str
+    session_id: str
+    create_time_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int
     output_tokens: int

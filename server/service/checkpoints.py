@@ -7,7 +7,7 @@ import hashlib
 
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason, invalid
-from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
 from server.service.ports import Clock, EventStore, IdSource
@@ -26,10 +26,19 @@ class CheckpointUseCases:
         self._clock = clock
         self._ids = ids
 
-    async def create(self, template: Checkpoint, request_id: str = "") -> Checkpoint:
+    async def create(
+        self, template: Checkpoint, request_id: str = "", *, require_digest: bool = False
+    ) -> Checkpoint:
+        """`require_digest` is the explicit VERIFY mode: without it an empty covered_digest
+        is computed from the log, so nothing is checked (the COMPUTE mode)."""
         sid = template.session_id
         check_id("checkpoint.session_id", sid)
         check_id("request_id", request_id, required=False)
+        if require_digest and not template.covered_digest:
+            raise invalid(
+                "checkpoint.covered_digest",
+                "covered_digest is required in COVERED_DIGEST_MODE_VERIFY",
+            )
         if template.kind == CheckpointKind.BUILTIN:
             # The daemon's own compaction: no summary, usable on any route.
             template = dataclasses.replace(template, summary="", portable=True)
@@ -72,7 +81,8 @@ class CheckpointUseCases:
             self._hub.publish(sid, [checkpoint], session.head_seq)
         return stored
 
-    async def list_for(self, session_id: str) -> list[Checkpoint]:
+    async def list_for(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
+        """Newest first; damaged records are listed (marked) rather than failing the list."""
         check_id("session_id", session_id)
         await self._blocking.run(self._store.get_session, session_id)
-        return await self._blocking.run(self._store.list_checkpoints, session_id)
+        return await self._blocking.run(self._store.list_checkpoint_entries, session_id)

@@ -17,7 +17,7 @@ from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Attachment, Event, Route, Session, UserMessage, starts_turn
-from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.tools import ToolSpec
 from server.service.ports import EventStore
 
@@ -75,13 +75,8 @@ class HistoryLoader:
 
     def _checkpoints(
         self, session: Session, boundary: int, until_ns: int | None = None
-    ) -> tuple[list[Checkpoint], tuple[FallbackReason, ...]]:
-        try:
-            checkpoints = self._store.list_checkpoints(session.session_id)
-        except CtxccError as err:
-            if err.reason is not Reason.RECORD_CORRUPT:
-                raise
-            return [], (FallbackReason.PROJECTION_CORRUPT,)
+    ) -> list[Checkpoint | DamagedCheckpoint]:
+        checkpoints = self._store.list_checkpoint_entries(session.session_id)
         if boundary < session.head_seq:
             # Time travel: only checkpoints that existed when event boundary+1 arrived.
             nxt = self._store.read_events(session.session_id, boundary, 1)
@@ -89,7 +84,7 @@ class HistoryLoader:
                 checkpoints = [c for c in checkpoints if c.create_time_ns < nxt[0].create_time_ns]
         if until_ns is not None:
             checkpoints = [c for c in checkpoints if c.create_time_ns <= until_ns]
-        return checkpoints, ()
+        return checkpoints
 
     def load(
         self,
@@ -115,9 +110,12 @@ class HistoryLoader:
                 if chosen is None:
                     raise CtxccError(Reason.RECORD_CORRUPT, "a recorded checkpoint is missing")
         else:
-            found, early = self._checkpoints(session, boundary, until_ns)
-            reasons = list(early)
-            for ck in found:
+            reasons = []
+            for ck in self._checkpoints(session, boundary, until_ns):
+                if isinstance(ck, DamagedCheckpoint):
+                    # A damaged record is passed over for the next older checkpoint.
+                    reasons.append(FallbackReason.PROJECTION_CORRUPT)
+                    continue
                 pick, why = choose_checkpoint(
                     [self._candidate(session, ck, boundary)], sid, route, boundary
                 )

@@ -23,6 +23,7 @@ from server.domain.records import (
     ArtifactRecord,
     Checkpoint,
     CompileRecord,
+    DamagedCheckpoint,
     RouteModel,
     RouteState,
     Usage,
@@ -78,6 +79,8 @@ class EventStore(Protocol):
     def put_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint: ...
 
     def list_checkpoints(self, session_id: str) -> list[Checkpoint]: ...
+
+    def list_checkpoint_entries(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]: ...
 
     def put_compile(
         self, record: CompileRecord, parts: tuple[tuple[str, object], ...] = ()

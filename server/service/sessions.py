@@ -25,6 +25,7 @@ from server.domain.validation import check_id, check_session_paths
 from server.service.blocking import Blocking
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
+from server.service.references import resolve_references
 from server.service.watch import Closed, Resync, Update, WatchHub
 
 _encoder = msgspec.msgpack.Encoder()
@@ -151,7 +152,8 @@ class SessionUseCases:
         size = 0
         for i, new in enumerate(events):
             check_id(f"events[{i}].event_id", new.event_id, required=False)
-            payload, blob = self._externalize(i, new.payload)
+            payload = resolve_references(self._store, session_id, new.payload, f"events[{i}]")
+            payload, blob = self._externalize(i, payload)
             if blob is not None:
                 blobs[blob[0]] = blob[1]
             encoded = len(_encoder.encode(payload))

@@ -217,8 +217,18 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
     async def CreateCheckpoint(
         self, request: pb.CreateCheckpointRequest, context: Ctx
     ) -> pb.CreateCheckpointResponse:
-        stored = await self._k.create(checkpoint_in(request.checkpoint), request.request_id)
-        return pb.CreateCheckpointResponse(checkpoint=checkpoint_out(stored))
+        mode = request.covered_digest_mode
+        if mode not in pb.CoveredDigestMode.values():
+            raise invalid("covered_digest_mode", f"unknown covered_digest_mode {mode}")
+        stored = await self._k.create(
+            checkpoint_in(request.checkpoint),
+            request.request_id,
+            require_digest=mode == pb.COVERED_DIGEST_MODE_VERIFY,
+        )
+        return pb.CreateCheckpointResponse(
+            checkpoint=checkpoint_out(stored),
+            digest_computed=not request.checkpoint.covered_digest,
+        )
 
     @unary
     async def ListCheckpoints(

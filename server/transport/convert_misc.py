@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from ctxcc.v1 import checkpoint_pb2
 from server.domain.errors import invalid
-from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.transport.convert_events import route_in, route_out, timestamp
 
 
-def checkpoint_out(c: Checkpoint) -> checkpoint_pb2.Checkpoint:
+def checkpoint_out(c: Checkpoint | DamagedCheckpoint) -> checkpoint_pb2.Checkpoint:
+    if isinstance(c, DamagedCheckpoint):
+        return checkpoint_pb2.Checkpoint(
+            checkpoint_id=c.checkpoint_id,
+            session_id=c.session_id,
+            create_time=timestamp(c.create_time_ns),
+            damaged=True,
+        )
     out = checkpoint_pb2.Checkpoint(
         checkpoint_id=c.checkpoint_id,
         session_id=c.session_id,

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from ctxcc.v1 import common_pb2, session_pb2
+from ctxcc.v1 import common_pb2, event_pb2, session_pb2, tool_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from server.compiler.text import sanitize
 from tests.conftest import Stubs, make_config, stubs_for
-from tests.helpers import ROUTE, compile_request, tool_result, user
+from tests.helpers import ROUTE, assistant, compile_request, tool_result, user
 
 
 @pytest.fixture
@@ -132,3 +133,64 @@ async def test_a_result_without_its_call_is_repaired_with_a_note(
     restored = [m for m in view.messages if m.synthetic and m.tool_calls]
     assert [c.call_id for m in restored for c in m.tool_calls] == ["lost-call"]
     assert any("lost-call" in n and "restored" in n for n in view.notes)
+
+
+def _marker(kind: str, keep: bool = False) -> event_pb2.Event:
+    ev = event_pb2.Event()
+    if kind == "started":
+        ev.turn_started.turn_id = "t2"
+    elif kind == "completed":
+        ev.turn_completed.SetInParent()
+    else:
+        ev.turn_cancelled.keep_reasoning = keep
+    return ev
+
+
+async def test_turn_started_starts_a_turn_for_activations_working_set_and_reasoning(
+    configured: tuple[Stubs, Path],
+) -> None:
+    api, proj = configured
+    await _session(api, "t", proj)
+    await api.tools.RegisterTools(
+        tpb.RegisterToolsRequest(
+            session_id="t",
+            tools=[
+                tool_pb2.ToolDefinition(
+                    name="deploy",
+                    description="Deploy the service",
+                    visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+                )
+            ],
+        )
+    )
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="t", events=[user("ship it"), assistant("looking", reasoning="first")]
+        )
+    )
+    await api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
+
+    def names(v: view_pb2.CompiledView) -> list[str]:
+        return [t.definition.name for t in v.tools]
+
+    view = (await api.compiles.Compile(compile_request("t"))).view
+    assert "deploy" in names(view)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="t",
+            events=[
+                _marker("completed"),
+                _marker("started"),
+                assistant("checking again", reasoning="second"),
+                _marker("cancelled", keep=True),
+            ],
+        )
+    )
+    view = (await api.compiles.Compile(compile_request("t"))).view
+    assert "deploy" not in names(view)  # the activation belonged to the previous turn
+    texts = {"\n".join(p.text for p in m.parts): m.layer for m in view.messages}
+    assert texts["ship it"] == view_pb2.LAYER_HISTORY
+    # Only the cancelled turn's reasoning is kept, and that turn is the working set.
+    second = "[reasoning kept from a cancelled turn]\nsecond\nchecking again"
+    assert texts[second] == view_pb2.LAYER_WORKING_SET
+    assert "looking" in texts and "first" not in view.SerializeToString().decode(errors="replace")

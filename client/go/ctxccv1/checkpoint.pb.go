@@ -91,7 +91,45 @@ type Checkpoint struct {
 	SourceRoute *Route `protobuf:"bytes,5,opt,name=source_route,json=sourceRoute,proto3" json:"source_route,omitempty"`
 	// Portable checkpoints are plain text and usable on any route after their source is verified.
 	Portable bool `protobuf:"varint,6,opt,name=portable,proto3" json:"portable,omitempty"`
-	// Lower-case hex sha256 over the covered events' canonical encoding (see ListEvents).
+	// Lower-case hex sha256 over events 1..covers_through_seq of the session, in seq order,
+	// each as ListEvents returns it (large tool results as their blob reference), encoded as
+	//
+	//	enc(list [seq, event_id, payload])
+	//
+	// where enc is a tagged, length-prefixed encoding (decimal numbers in ASCII; lengths
+	// count bytes; strings are UTF-8):
+	//
+	//	integer n: "I" n ";"          string s: "S" len(s) ":" s     bytes b: "B" len(b) ":" b
+	//	bool: "T" or "F"              absent (an unset optional field or oneof member): "N"
+	//	list of k items: "L" k ":" then each item
+	//	record R of k fields: "D" len(R) ":" R k ":" then each field in the order below
+	//	enums: their number, as an integer
+	//
+	// Payload records, by Event.payload case, with their fields (absent-able ones marked ?):
+	//
+	//	user_message      UserMessage(parts)
+	//	assistant_message AssistantMessage(parts, tool_calls, reasoning, native_state?, route?)
+	//	tool_call         ToolCall(call_id, name, arguments_json)
+	//	tool_result       ToolResult(call_id, tool_name, text?, blob?, is_error)
+	//	imported_message  ImportedMessage(origin_session_id, origin_seq, role, parts)
+	//	attachment        Attachment(ref) with ref an ArtifactRef
+	//	browser_element   BrowserSelection(element) with element a BrowserElement
+	//	turn_started      TurnStarted(turn_id)
+	//	turn_cancelled    TurnCancelled(reason, keep_reasoning)
+	//	turn_completed    TurnCompleted() (zero fields)
+	//
+	// Nested records: ContentPart(text?, attachment?, browser_element?) with exactly one
+	// present; ArtifactRef(artifact_id, mime_type, size_bytes, sha256, width, height);
+	// BlobRef(sha256, size_bytes, preview); BrowserElement(url, selector, tag, text,
+	// attributes) with attributes a list of [key, value] lists sorted by key (bytewise);
+	// NativeState(route_id, kind, data) for ProviderNativeState (data as bytes);
+	// Route(connection, protocol, endpoint, model). Lists keep their wire order. Example:
+	// event 1, id "e1", TurnStarted{turn_id "t"} encodes as
+	//
+	//	L3:I1;S2:e1D11:TurnStarted1:S1:t
+	//
+	// Go and TypeScript implementations: client/go/digest.go, client/typescript/src/digest.ts.
+	// How it is checked on CreateCheckpoint: CreateCheckpointRequest.covered_digest_mode.
 	CoveredDigest string `protobuf:"bytes,7,opt,name=covered_digest,json=coveredDigest,proto3" json:"covered_digest,omitempty"`
 	// How the checkpoint was made.
 	Kind CheckpointKind `protobuf:"varint,8,opt,name=kind,proto3,enum=ctxcc.v1.CheckpointKind" json:"kind,omitempty"`
@@ -99,8 +137,12 @@ type Checkpoint struct {
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// For an imported portable checkpoint: the session it was made in.
 	OriginSessionId string `protobuf:"bytes,10,opt,name=origin_session_id,json=originSessionId,proto3" json:"origin_session_id,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Set by ListCheckpoints when the stored record no longer decodes (storage damage):
+	// only checkpoint_id, session_id and create_time are known. Compiles pass over a
+	// damaged checkpoint to the next older valid one and report PROJECTION_CORRUPT.
+	Damaged       bool `protobuf:"varint,11,opt,name=damaged,proto3" json:"damaged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Checkpoint) Reset() {
@@ -203,11 +245,18 @@ func (x *Checkpoint) GetOriginSessionId() string {
 	return ""
 }
 
+func (x *Checkpoint) GetDamaged() bool {
+	if x != nil {
+		return x.Damaged
+	}
+	return false
+}
+
 var File_ctxcc_v1_checkpoint_proto protoreflect.FileDescriptor
 
 const file_ctxcc_v1_checkpoint_proto_rawDesc = "" +
 	"\n" +
-	"\x19ctxcc/v1/checkpoint.proto\x12\bctxcc.v1\x1a\x15ctxcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x03\n" +
+	"\x19ctxcc/v1/checkpoint.proto\x12\bctxcc.v1\x1a\x15ctxcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x03\n" +
 	"\n" +
 	"Checkpoint\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x12\x1d\n" +
@@ -222,7 +271,8 @@ const file_ctxcc_v1_checkpoint_proto_rawDesc = "" +
 	"\vcreate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12*\n" +
 	"\x11origin_session_id\x18\n" +
-	" \x01(\tR\x0foriginSessionId*q\n" +
+	" \x01(\tR\x0foriginSessionId\x12\x18\n" +
+	"\adamaged\x18\v \x01(\bR\adamaged*q\n" +
 	"\x0eCheckpointKind\x12\x1f\n" +
 	"\x1bCHECKPOINT_KIND_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dCHECKPOINT_KIND_MODEL_SUMMARY\x10\x01\x12\x1b\n" +

@@ -135,6 +135,64 @@ func (ImageMode) EnumDescriptor() ([]byte, []int) {
 	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{1}
 }
 
+// CoveredDigestMode says whether a checkpoint's covered_digest is checked or computed.
+type CoveredDigestMode int32
+
+const (
+	// VERIFY when covered_digest is set, COMPUTE when it is empty (the response says which).
+	CoveredDigestMode_COVERED_DIGEST_MODE_UNSPECIFIED CoveredDigestMode = 0
+	// covered_digest is required and must equal the digest of events 1..covers_through_seq
+	// of the log; empty answers INVALID_ARGUMENT (INVALID_FIELD), a mismatch
+	// FAILED_PRECONDITION (CHECKPOINT_INVALID). Use it when the summary was written from
+	// events the client holds: the check proves they are the log's.
+	CoveredDigestMode_COVERED_DIGEST_MODE_VERIFY CoveredDigestMode = 1
+	// The daemon computes covered_digest from the log itself and checks nothing; a digest
+	// sent anyway is still verified. Use it only when the summary was written from this
+	// session's log as the daemon serves it (e.g. from a CompactionRequest's messages).
+	CoveredDigestMode_COVERED_DIGEST_MODE_COMPUTE CoveredDigestMode = 2
+)
+
+// Enum value maps for CoveredDigestMode.
+var (
+	CoveredDigestMode_name = map[int32]string{
+		0: "COVERED_DIGEST_MODE_UNSPECIFIED",
+		1: "COVERED_DIGEST_MODE_VERIFY",
+		2: "COVERED_DIGEST_MODE_COMPUTE",
+	}
+	CoveredDigestMode_value = map[string]int32{
+		"COVERED_DIGEST_MODE_UNSPECIFIED": 0,
+		"COVERED_DIGEST_MODE_VERIFY":      1,
+		"COVERED_DIGEST_MODE_COMPUTE":     2,
+	}
+)
+
+func (x CoveredDigestMode) Enum() *CoveredDigestMode {
+	p := new(CoveredDigestMode)
+	*p = x
+	return p
+}
+
+func (x CoveredDigestMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CoveredDigestMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_ctxcc_v1_compile_service_proto_enumTypes[2].Descriptor()
+}
+
+func (CoveredDigestMode) Type() protoreflect.EnumType {
+	return &file_ctxcc_v1_compile_service_proto_enumTypes[2]
+}
+
+func (x CoveredDigestMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CoveredDigestMode.Descriptor instead.
+func (CoveredDigestMode) EnumDescriptor() ([]byte, []int) {
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{2}
+}
+
 // ModelLimits overrides what the model catalog knows about a model.
 type ModelLimits struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1208,9 +1266,12 @@ type CreateCheckpointRequest struct {
 	// The checkpoint; checkpoint_id and create_time are assigned by the daemon.
 	Checkpoint *Checkpoint `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	// Idempotency key.
-	RequestId     string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId string `protobuf:"bytes,2,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// What the daemon does with checkpoint.covered_digest (see Checkpoint.covered_digest
+	// for how to compute it).
+	CoveredDigestMode CoveredDigestMode `protobuf:"varint,3,opt,name=covered_digest_mode,json=coveredDigestMode,proto3,enum=ctxcc.v1.CoveredDigestMode" json:"covered_digest_mode,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CreateCheckpointRequest) Reset() {
@@ -1257,13 +1318,23 @@ func (x *CreateCheckpointRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *CreateCheckpointRequest) GetCoveredDigestMode() CoveredDigestMode {
+	if x != nil {
+		return x.CoveredDigestMode
+	}
+	return CoveredDigestMode_COVERED_DIGEST_MODE_UNSPECIFIED
+}
+
 // CreateCheckpointResponse returns the stored checkpoint.
 type CreateCheckpointResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The checkpoint as stored.
-	Checkpoint    *Checkpoint `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Checkpoint *Checkpoint `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// True when the daemon computed covered_digest (nothing was checked against a digest
+	// from the client).
+	DigestComputed bool `protobuf:"varint,2,opt,name=digest_computed,json=digestComputed,proto3" json:"digest_computed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CreateCheckpointResponse) Reset() {
@@ -1301,6 +1372,13 @@ func (x *CreateCheckpointResponse) GetCheckpoint() *Checkpoint {
 		return x.Checkpoint
 	}
 	return nil
+}
+
+func (x *CreateCheckpointResponse) GetDigestComputed() bool {
+	if x != nil {
+		return x.DigestComputed
+	}
+	return false
 }
 
 // ListCheckpointsRequest names a session.
@@ -1506,17 +1584,19 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\ferror_tokens\x18\x02 \x01(\x03R\verrorTokens\x12%\n" +
 	"\x0erelative_error\x18\x03 \x01(\x01R\rrelativeError\x12\x1a\n" +
 	"\breplayed\x18\x04 \x01(\bR\breplayed\x12.\n" +
-	"\x13next_output_reserve\x18\x05 \x01(\rR\x11nextOutputReserve\"n\n" +
+	"\x13next_output_reserve\x18\x05 \x01(\rR\x11nextOutputReserve\"\xbb\x01\n" +
 	"\x17CreateCheckpointRequest\x124\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x14.ctxcc.v1.CheckpointR\n" +
 	"checkpoint\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x02 \x01(\tR\trequestId\"P\n" +
+	"request_id\x18\x02 \x01(\tR\trequestId\x12K\n" +
+	"\x13covered_digest_mode\x18\x03 \x01(\x0e2\x1b.ctxcc.v1.CoveredDigestModeR\x11coveredDigestMode\"y\n" +
 	"\x18CreateCheckpointResponse\x124\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2\x14.ctxcc.v1.CheckpointR\n" +
-	"checkpoint\"s\n" +
+	"checkpoint\x12'\n" +
+	"\x0fdigest_computed\x18\x02 \x01(\bR\x0edigestComputed\"s\n" +
 	"\x16ListCheckpointsRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
@@ -1535,7 +1615,11 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\tImageMode\x12\x1a\n" +
 	"\x16IMAGE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11IMAGE_MODE_INLINE\x10\x01\x12\x18\n" +
-	"\x14IMAGE_MODE_REFERENCE\x10\x022\xa5\x03\n" +
+	"\x14IMAGE_MODE_REFERENCE\x10\x02*y\n" +
+	"\x11CoveredDigestMode\x12#\n" +
+	"\x1fCOVERED_DIGEST_MODE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aCOVERED_DIGEST_MODE_VERIFY\x10\x01\x12\x1f\n" +
+	"\x1bCOVERED_DIGEST_MODE_COMPUTE\x10\x022\xa5\x03\n" +
 	"\x0eCompileService\x12>\n" +
 	"\aCompile\x12\x18.ctxcc.v1.CompileRequest\x1a\x19.ctxcc.v1.CompileResponse\x12T\n" +
 	"\rCompileStream\x12\x1e.ctxcc.v1.CompileStreamRequest\x1a\x1f.ctxcc.v1.CompileStreamResponse(\x010\x01\x12J\n" +
@@ -1555,72 +1639,74 @@ func file_ctxcc_v1_compile_service_proto_rawDescGZIP() []byte {
 	return file_ctxcc_v1_compile_service_proto_rawDescData
 }
 
-var file_ctxcc_v1_compile_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_ctxcc_v1_compile_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_ctxcc_v1_compile_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_ctxcc_v1_compile_service_proto_goTypes = []any{
 	(ApprovalMode)(0),                // 0: ctxcc.v1.ApprovalMode
 	(ImageMode)(0),                   // 1: ctxcc.v1.ImageMode
-	(*ModelLimits)(nil),              // 2: ctxcc.v1.ModelLimits
-	(*Environment)(nil),              // 3: ctxcc.v1.Environment
-	(*CompileRequest)(nil),           // 4: ctxcc.v1.CompileRequest
-	(*CompileResponse)(nil),          // 5: ctxcc.v1.CompileResponse
-	(*CompileStreamRequest)(nil),     // 6: ctxcc.v1.CompileStreamRequest
-	(*StepRequest)(nil),              // 7: ctxcc.v1.StepRequest
-	(*ResumeRequest)(nil),            // 8: ctxcc.v1.ResumeRequest
-	(*CompileStreamResponse)(nil),    // 9: ctxcc.v1.CompileStreamResponse
-	(*ViewChunk)(nil),                // 10: ctxcc.v1.ViewChunk
-	(*StepError)(nil),                // 11: ctxcc.v1.StepError
-	(*AppendResult)(nil),             // 12: ctxcc.v1.AppendResult
-	(*ReportUsageRequest)(nil),       // 13: ctxcc.v1.ReportUsageRequest
-	(*ReportUsageResponse)(nil),      // 14: ctxcc.v1.ReportUsageResponse
-	(*CreateCheckpointRequest)(nil),  // 15: ctxcc.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil), // 16: ctxcc.v1.CreateCheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 17: ctxcc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 18: ctxcc.v1.ListCheckpointsResponse
-	(*Route)(nil),                    // 19: ctxcc.v1.Route
-	(SectionKind)(0),                 // 20: ctxcc.v1.SectionKind
-	(RenderFormat)(0),                // 21: ctxcc.v1.RenderFormat
-	(*CompiledView)(nil),             // 22: ctxcc.v1.CompiledView
-	(*Event)(nil),                    // 23: ctxcc.v1.Event
-	(*Checkpoint)(nil),               // 24: ctxcc.v1.Checkpoint
+	(CoveredDigestMode)(0),           // 2: ctxcc.v1.CoveredDigestMode
+	(*ModelLimits)(nil),              // 3: ctxcc.v1.ModelLimits
+	(*Environment)(nil),              // 4: ctxcc.v1.Environment
+	(*CompileRequest)(nil),           // 5: ctxcc.v1.CompileRequest
+	(*CompileResponse)(nil),          // 6: ctxcc.v1.CompileResponse
+	(*CompileStreamRequest)(nil),     // 7: ctxcc.v1.CompileStreamRequest
+	(*StepRequest)(nil),              // 8: ctxcc.v1.StepRequest
+	(*ResumeRequest)(nil),            // 9: ctxcc.v1.ResumeRequest
+	(*CompileStreamResponse)(nil),    // 10: ctxcc.v1.CompileStreamResponse
+	(*ViewChunk)(nil),                // 11: ctxcc.v1.ViewChunk
+	(*StepError)(nil),                // 12: ctxcc.v1.StepError
+	(*AppendResult)(nil),             // 13: ctxcc.v1.AppendResult
+	(*ReportUsageRequest)(nil),       // 14: ctxcc.v1.ReportUsageRequest
+	(*ReportUsageResponse)(nil),      // 15: ctxcc.v1.ReportUsageResponse
+	(*CreateCheckpointRequest)(nil),  // 16: ctxcc.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil), // 17: ctxcc.v1.CreateCheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 18: ctxcc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 19: ctxcc.v1.ListCheckpointsResponse
+	(*Route)(nil),                    // 20: ctxcc.v1.Route
+	(SectionKind)(0),                 // 21: ctxcc.v1.SectionKind
+	(RenderFormat)(0),                // 22: ctxcc.v1.RenderFormat
+	(*CompiledView)(nil),             // 23: ctxcc.v1.CompiledView
+	(*Event)(nil),                    // 24: ctxcc.v1.Event
+	(*Checkpoint)(nil),               // 25: ctxcc.v1.Checkpoint
 }
 var file_ctxcc_v1_compile_service_proto_depIdxs = []int32{
-	19, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
-	2,  // 1: ctxcc.v1.CompileRequest.limits:type_name -> ctxcc.v1.ModelLimits
+	20, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
+	3,  // 1: ctxcc.v1.CompileRequest.limits:type_name -> ctxcc.v1.ModelLimits
 	0,  // 2: ctxcc.v1.CompileRequest.approval_mode:type_name -> ctxcc.v1.ApprovalMode
-	3,  // 3: ctxcc.v1.CompileRequest.environment:type_name -> ctxcc.v1.Environment
-	20, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
+	4,  // 3: ctxcc.v1.CompileRequest.environment:type_name -> ctxcc.v1.Environment
+	21, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
 	1,  // 5: ctxcc.v1.CompileRequest.image_mode:type_name -> ctxcc.v1.ImageMode
-	21, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
-	22, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
-	7,  // 8: ctxcc.v1.CompileStreamRequest.step:type_name -> ctxcc.v1.StepRequest
-	8,  // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
-	23, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
-	4,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	4,  // 12: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	22, // 13: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
-	10, // 14: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
-	11, // 15: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
-	12, // 16: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
-	19, // 17: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
-	24, // 18: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	24, // 19: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	24, // 20: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
-	4,  // 21: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
-	6,  // 22: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
-	13, // 23: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
-	15, // 24: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
-	17, // 25: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
-	5,  // 26: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
-	9,  // 27: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
-	14, // 28: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
-	16, // 29: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
-	18, // 30: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	22, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
+	23, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
+	8,  // 8: ctxcc.v1.CompileStreamRequest.step:type_name -> ctxcc.v1.StepRequest
+	9,  // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
+	24, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
+	5,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
+	5,  // 12: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
+	23, // 13: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
+	11, // 14: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
+	12, // 15: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
+	13, // 16: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
+	20, // 17: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
+	25, // 18: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	2,  // 19: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
+	25, // 20: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	25, // 21: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
+	5,  // 22: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
+	7,  // 23: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
+	14, // 24: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
+	16, // 25: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
+	18, // 26: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
+	6,  // 27: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
+	10, // 28: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
+	15, // 29: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
+	17, // 30: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
+	19, // 31: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_compile_service_proto_init() }
@@ -1648,7 +1734,7 @@ func file_ctxcc_v1_compile_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctxcc_v1_compile_service_proto_rawDesc), len(file_ctxcc_v1_compile_service_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -43,7 +43,8 @@ type CompileServiceClient interface {
 	ReportUsage(ctx context.Context, in *ReportUsageRequest, opts ...grpc.CallOption) (*ReportUsageResponse, error)
 	// Stores a checkpoint after verifying its digest against the log.
 	CreateCheckpoint(ctx context.Context, in *CreateCheckpointRequest, opts ...grpc.CallOption) (*CreateCheckpointResponse, error)
-	// Lists a session's checkpoints, newest first.
+	// Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+	// `damaged` set instead of failing the whole list.
 	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
 }
 
@@ -125,7 +126,8 @@ type CompileServiceServer interface {
 	ReportUsage(context.Context, *ReportUsageRequest) (*ReportUsageResponse, error)
 	// Stores a checkpoint after verifying its digest against the log.
 	CreateCheckpoint(context.Context, *CreateCheckpointRequest) (*CreateCheckpointResponse, error)
-	// Lists a session's checkpoints, newest first.
+	// Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+	// `damaged` set instead of failing the whole list.
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	mustEmbedUnimplementedCompileServiceServer()
 }

@@ -170,6 +170,14 @@ func (EventKind) EnumDescriptor() ([]byte, []int) {
 
 // Event is one immutable entry of a session's canonical history (SPEC R-HIST-1).
 // Events are appended, never updated or deleted one by one.
+//
+// Turns: a UserMessage, an ImportedMessage with role USER, or a TurnStarted each start a
+// turn, which lasts until the next one. That one definition decides which deferred tools
+// are activated (an activation lasts for its turn), where the working set begins (the
+// turn's first event), which user message a checkpointed view re-injects, and whose
+// reasoning a TurnCancelled with keep_reasoning keeps. A TurnStarted directly followed
+// by a UserMessage makes an empty turn and then the user's, which changes nothing a view
+// shows. TurnCompleted and TurnCancelled end nothing by themselves: the next start does.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Position in the session, 1-based and contiguous; assigned by the daemon.
@@ -375,7 +383,11 @@ type Event_ImportedMessage struct {
 }
 
 type Event_Attachment struct {
-	// An attachment added to the conversation by reference.
+	// An attachment added to the conversation by reference. The artifact must have been
+	// uploaded to this session (else NOT_FOUND, reason ARTIFACT_NOT_FOUND, nothing is
+	// appended); mime_type, size_bytes, sha256, width and height are taken from the
+	// stored artifact, whatever the client sent. The same holds for attachments in
+	// message parts.
 	Attachment *ArtifactRef `protobuf:"bytes,15,opt,name=attachment,proto3,oneof"`
 }
 
@@ -385,7 +397,7 @@ type Event_BrowserElement struct {
 }
 
 type Event_TurnStarted struct {
-	// An explicit turn start marker.
+	// An explicit turn start marker: starts a turn like a user message does.
 	TurnStarted *TurnStarted `protobuf:"bytes,17,opt,name=turn_started,json=turnStarted,proto3,oneof"`
 }
 
@@ -736,7 +748,7 @@ func (x *ImportedMessage) GetParts() []*ContentPart {
 	return nil
 }
 
-// TurnStarted marks the start of a turn explicitly (a user message does so implicitly).
+// TurnStarted starts a turn without a user message (see Event for what a turn decides).
 type TurnStarted struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Client-chosen turn id.

@@ -37,7 +37,8 @@ type Session struct {
 	ProjectId string `protobuf:"bytes,5,opt,name=project_id,json=projectId,proto3" json:"project_id,omitempty"`
 	// Free-form labels.
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// The route of the most recent compile or usage report.
+	// The route of the most recent recorded compile or usage report (dry runs and rebuilds
+	// are not recorded and leave it alone).
 	CurrentRoute *Route `protobuf:"bytes,7,opt,name=current_route,json=currentRoute,proto3" json:"current_route,omitempty"`
 	// Sequence number of the last event, 0 when empty.
 	HeadSeq uint64 `protobuf:"varint,8,opt,name=head_seq,json=headSeq,proto3" json:"head_seq,omitempty"`

@@ -246,3 +246,5 @@ export function connect(target: string, options: ConnectOptions = {}): Client {
 }
 
 export type { Route };
+
+export { coveredDigest } from "./digest.js";

@@ -75,7 +75,39 @@ export interface Checkpoint {
     | undefined;
   /** Portable checkpoints are plain text and usable on any route after their source is verified. */
   portable: boolean;
-  /** Lower-case hex sha256 over the covered events' canonical encoding (see ListEvents). */
+  /**
+   * Lower-case hex sha256 over events 1..covers_through_seq of the session, in seq order,
+   * each as ListEvents returns it (large tool results as their blob reference), encoded as
+   *   enc(list [seq, event_id, payload])
+   * where enc is a tagged, length-prefixed encoding (decimal numbers in ASCII; lengths
+   * count bytes; strings are UTF-8):
+   *   integer n: "I" n ";"          string s: "S" len(s) ":" s     bytes b: "B" len(b) ":" b
+   *   bool: "T" or "F"              absent (an unset optional field or oneof member): "N"
+   *   list of k items: "L" k ":" then each item
+   *   record R of k fields: "D" len(R) ":" R k ":" then each field in the order below
+   *   enums: their number, as an integer
+   * Payload records, by Event.payload case, with their fields (absent-able ones marked ?):
+   *   user_message      UserMessage(parts)
+   *   assistant_message AssistantMessage(parts, tool_calls, reasoning, native_state?, route?)
+   *   tool_call         ToolCall(call_id, name, arguments_json)
+   *   tool_result       ToolResult(call_id, tool_name, text?, blob?, is_error)
+   *   imported_message  ImportedMessage(origin_session_id, origin_seq, role, parts)
+   *   attachment        Attachment(ref) with ref an ArtifactRef
+   *   browser_element   BrowserSelection(element) with element a BrowserElement
+   *   turn_started      TurnStarted(turn_id)
+   *   turn_cancelled    TurnCancelled(reason, keep_reasoning)
+   *   turn_completed    TurnCompleted() (zero fields)
+   * Nested records: ContentPart(text?, attachment?, browser_element?) with exactly one
+   * present; ArtifactRef(artifact_id, mime_type, size_bytes, sha256, width, height);
+   * BlobRef(sha256, size_bytes, preview); BrowserElement(url, selector, tag, text,
+   * attributes) with attributes a list of [key, value] lists sorted by key (bytewise);
+   * NativeState(route_id, kind, data) for ProviderNativeState (data as bytes);
+   * Route(connection, protocol, endpoint, model). Lists keep their wire order. Example:
+   * event 1, id "e1", TurnStarted{turn_id "t"} encodes as
+   *   L3:I1;S2:e1D11:TurnStarted1:S1:t
+   * Go and TypeScript implementations: client/go/digest.go, client/typescript/src/digest.ts.
+   * How it is checked on CreateCheckpoint: CreateCheckpointRequest.covered_digest_mode.
+   */
   coveredDigest: string;
   /** How the checkpoint was made. */
   kind: CheckpointKind;
@@ -85,6 +117,12 @@ export interface Checkpoint {
     | undefined;
   /** For an imported portable checkpoint: the session it was made in. */
   originSessionId: string;
+  /**
+   * Set by ListCheckpoints when the stored record no longer decodes (storage damage):
+   * only checkpoint_id, session_id and create_time are known. Compiles pass over a
+   * damaged checkpoint to the next older valid one and report PROJECTION_CORRUPT.
+   */
+  damaged: boolean;
 }
 
 function createBaseCheckpoint(): Checkpoint {
@@ -99,6 +137,7 @@ function createBaseCheckpoint(): Checkpoint {
     kind: 0,
     createTime: undefined,
     originSessionId: "",
+    damaged: false,
   };
 }
 
@@ -133,6 +172,9 @@ export const Checkpoint: MessageFns<Checkpoint> = {
     }
     if (message.originSessionId !== "") {
       writer.uint32(82).string(message.originSessionId);
+    }
+    if (message.damaged !== false) {
+      writer.uint32(88).bool(message.damaged);
     }
     return writer;
   },
@@ -230,6 +272,14 @@ export const Checkpoint: MessageFns<Checkpoint> = {
             message.originSessionId = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.damaged = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -282,6 +332,7 @@ export const Checkpoint: MessageFns<Checkpoint> = {
         : isSet(object.origin_session_id)
         ? globalThis.String(object.origin_session_id)
         : "",
+      damaged: isSet(object.damaged) ? globalThis.Boolean(object.damaged) : false,
     };
   },
 
@@ -317,6 +368,9 @@ export const Checkpoint: MessageFns<Checkpoint> = {
     if (message.originSessionId !== "") {
       obj.originSessionId = message.originSessionId;
     }
+    if (message.damaged !== false) {
+      obj.damaged = message.damaged;
+    }
     return obj;
   },
 
@@ -337,6 +391,7 @@ export const Checkpoint: MessageFns<Checkpoint> = {
     message.kind = object.kind ?? 0;
     message.createTime = object.createTime ?? undefined;
     message.originSessionId = object.originSessionId ?? "";
+    message.damaged = object.damaged ?? false;
     return message;
   },
 };

@@ -137,6 +137,58 @@ export function imageModeToJSON(object: ImageMode): string {
   }
 }
 
+/** CoveredDigestMode says whether a checkpoint's covered_digest is checked or computed. */
+export enum CoveredDigestMode {
+  /** COVERED_DIGEST_MODE_UNSPECIFIED - VERIFY when covered_digest is set, COMPUTE when it is empty (the response says which). */
+  COVERED_DIGEST_MODE_UNSPECIFIED = 0,
+  /**
+   * COVERED_DIGEST_MODE_VERIFY - covered_digest is required and must equal the digest of events 1..covers_through_seq
+   * of the log; empty answers INVALID_ARGUMENT (INVALID_FIELD), a mismatch
+   * FAILED_PRECONDITION (CHECKPOINT_INVALID). Use it when the summary was written from
+   * events the client holds: the check proves they are the log's.
+   */
+  COVERED_DIGEST_MODE_VERIFY = 1,
+  /**
+   * COVERED_DIGEST_MODE_COMPUTE - The daemon computes covered_digest from the log itself and checks nothing; a digest
+   * sent anyway is still verified. Use it only when the summary was written from this
+   * session's log as the daemon serves it (e.g. from a CompactionRequest's messages).
+   */
+  COVERED_DIGEST_MODE_COMPUTE = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function coveredDigestModeFromJSON(object: any): CoveredDigestMode {
+  switch (object) {
+    case 0:
+    case "COVERED_DIGEST_MODE_UNSPECIFIED":
+      return CoveredDigestMode.COVERED_DIGEST_MODE_UNSPECIFIED;
+    case 1:
+    case "COVERED_DIGEST_MODE_VERIFY":
+      return CoveredDigestMode.COVERED_DIGEST_MODE_VERIFY;
+    case 2:
+    case "COVERED_DIGEST_MODE_COMPUTE":
+      return CoveredDigestMode.COVERED_DIGEST_MODE_COMPUTE;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return CoveredDigestMode.UNRECOGNIZED;
+  }
+}
+
+export function coveredDigestModeToJSON(object: CoveredDigestMode): string {
+  switch (object) {
+    case CoveredDigestMode.COVERED_DIGEST_MODE_UNSPECIFIED:
+      return "COVERED_DIGEST_MODE_UNSPECIFIED";
+    case CoveredDigestMode.COVERED_DIGEST_MODE_VERIFY:
+      return "COVERED_DIGEST_MODE_VERIFY";
+    case CoveredDigestMode.COVERED_DIGEST_MODE_COMPUTE:
+      return "COVERED_DIGEST_MODE_COMPUTE";
+    case CoveredDigestMode.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /** ModelLimits overrides what the model catalog knows about a model. */
 export interface ModelLimits {
   /** Context window in tokens, 0 to use the catalog. */
@@ -359,12 +411,24 @@ export interface CreateCheckpointRequest {
     | undefined;
   /** Idempotency key. */
   requestId: string;
+  /**
+   * What the daemon does with checkpoint.covered_digest (see Checkpoint.covered_digest
+   * for how to compute it).
+   */
+  coveredDigestMode: CoveredDigestMode;
 }
 
 /** CreateCheckpointResponse returns the stored checkpoint. */
 export interface CreateCheckpointResponse {
   /** The checkpoint as stored. */
-  checkpoint?: Checkpoint | undefined;
+  checkpoint?:
+    | Checkpoint
+    | undefined;
+  /**
+   * True when the daemon computed covered_digest (nothing was checked against a digest
+   * from the client).
+   */
+  digestComputed: boolean;
 }
 
 /** ListCheckpointsRequest names a session. */
@@ -2162,7 +2226,7 @@ export const ReportUsageResponse: MessageFns<ReportUsageResponse> = {
 };
 
 function createBaseCreateCheckpointRequest(): CreateCheckpointRequest {
-  return { checkpoint: undefined, requestId: "" };
+  return { checkpoint: undefined, requestId: "", coveredDigestMode: 0 };
 }
 
 export const CreateCheckpointRequest: MessageFns<CreateCheckpointRequest> = {
@@ -2172,6 +2236,9 @@ export const CreateCheckpointRequest: MessageFns<CreateCheckpointRequest> = {
     }
     if (message.requestId !== "") {
       writer.uint32(18).string(message.requestId);
+    }
+    if (message.coveredDigestMode !== 0) {
+      writer.uint32(24).int32(message.coveredDigestMode);
     }
     return writer;
   },
@@ -2205,6 +2272,14 @@ export const CreateCheckpointRequest: MessageFns<CreateCheckpointRequest> = {
             message.requestId = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.coveredDigestMode = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2225,6 +2300,11 @@ export const CreateCheckpointRequest: MessageFns<CreateCheckpointRequest> = {
         : isSet(object.request_id)
         ? globalThis.String(object.request_id)
         : "",
+      coveredDigestMode: isSet(object.coveredDigestMode)
+        ? coveredDigestModeFromJSON(object.coveredDigestMode)
+        : isSet(object.covered_digest_mode)
+        ? coveredDigestModeFromJSON(object.covered_digest_mode)
+        : 0,
     };
   },
 
@@ -2235,6 +2315,9 @@ export const CreateCheckpointRequest: MessageFns<CreateCheckpointRequest> = {
     }
     if (message.requestId !== "") {
       obj.requestId = message.requestId;
+    }
+    if (message.coveredDigestMode !== 0) {
+      obj.coveredDigestMode = coveredDigestModeToJSON(message.coveredDigestMode);
     }
     return obj;
   },
@@ -2248,18 +2331,22 @@ export const CreateCheckpointRequest: MessageFns<CreateCheckpointRequest> = {
       ? Checkpoint.fromPartial(object.checkpoint)
       : undefined;
     message.requestId = object.requestId ?? "";
+    message.coveredDigestMode = object.coveredDigestMode ?? 0;
     return message;
   },
 };
 
 function createBaseCreateCheckpointResponse(): CreateCheckpointResponse {
-  return { checkpoint: undefined };
+  return { checkpoint: undefined, digestComputed: false };
 }
 
 export const CreateCheckpointResponse: MessageFns<CreateCheckpointResponse> = {
   encode(message: CreateCheckpointResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.checkpoint !== undefined) {
       Checkpoint.encode(message.checkpoint, writer.uint32(10).fork()).join();
+    }
+    if (message.digestComputed !== false) {
+      writer.uint32(16).bool(message.digestComputed);
     }
     return writer;
   },
@@ -2285,6 +2372,14 @@ export const CreateCheckpointResponse: MessageFns<CreateCheckpointResponse> = {
             message.checkpoint = Checkpoint.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.digestComputed = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2298,13 +2393,23 @@ export const CreateCheckpointResponse: MessageFns<CreateCheckpointResponse> = {
   },
 
   fromJSON(object: any): CreateCheckpointResponse {
-    return { checkpoint: isSet(object.checkpoint) ? Checkpoint.fromJSON(object.checkpoint) : undefined };
+    return {
+      checkpoint: isSet(object.checkpoint) ? Checkpoint.fromJSON(object.checkpoint) : undefined,
+      digestComputed: isSet(object.digestComputed)
+        ? globalThis.Boolean(object.digestComputed)
+        : isSet(object.digest_computed)
+        ? globalThis.Boolean(object.digest_computed)
+        : false,
+    };
   },
 
   toJSON(message: CreateCheckpointResponse): unknown {
     const obj: any = {};
     if (message.checkpoint !== undefined) {
       obj.checkpoint = Checkpoint.toJSON(message.checkpoint);
+    }
+    if (message.digestComputed !== false) {
+      obj.digestComputed = message.digestComputed;
     }
     return obj;
   },
@@ -2317,6 +2422,7 @@ export const CreateCheckpointResponse: MessageFns<CreateCheckpointResponse> = {
     message.checkpoint = (object.checkpoint !== undefined && object.checkpoint !== null)
       ? Checkpoint.fromPartial(object.checkpoint)
       : undefined;
+    message.digestComputed = object.digestComputed ?? false;
     return message;
   },
 };
@@ -2578,7 +2684,10 @@ export const CompileServiceService = {
       Buffer.from(CreateCheckpointResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CreateCheckpointResponse => CreateCheckpointResponse.decode(value),
   },
-  /** Lists a session's checkpoints, newest first. */
+  /**
+   * Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+   * `damaged` set instead of failing the whole list.
+   */
   listCheckpoints: {
     path: "/ctxcc.v1.CompileService/ListCheckpoints" as const,
     requestStream: false as const,
@@ -2605,7 +2714,10 @@ export interface CompileServiceServer extends UntypedServiceImplementation {
   reportUsage: handleUnaryCall<ReportUsageRequest, ReportUsageResponse>;
   /** Stores a checkpoint after verifying its digest against the log. */
   createCheckpoint: handleUnaryCall<CreateCheckpointRequest, CreateCheckpointResponse>;
-  /** Lists a session's checkpoints, newest first. */
+  /**
+   * Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+   * `damaged` set instead of failing the whole list.
+   */
   listCheckpoints: handleUnaryCall<ListCheckpointsRequest, ListCheckpointsResponse>;
 }
 
@@ -2669,7 +2781,10 @@ export interface CompileServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: CreateCheckpointResponse) => void,
   ): ClientUnaryCall;
-  /** Lists a session's checkpoints, newest first. */
+  /**
+   * Lists a session's checkpoints, newest first. A record damaged on disk is listed with
+   * `damaged` set instead of failing the whole list.
+   */
   listCheckpoints(
     request: ListCheckpointsRequest,
     callback: (error: ServiceError | null, response: ListCheckpointsResponse) => void,

@@ -172,6 +172,14 @@ export function eventKindToJSON(object: EventKind): string {
 /**
  * Event is one immutable entry of a session's canonical history (SPEC R-HIST-1).
  * Events are appended, never updated or deleted one by one.
+ *
+ * Turns: a UserMessage, an ImportedMessage with role USER, or a TurnStarted each start a
+ * turn, which lasts until the next one. That one definition decides which deferred tools
+ * are activated (an activation lasts for its turn), where the working set begins (the
+ * turn's first event), which user message a checkpointed view re-injects, and whose
+ * reasoning a TurnCancelled with keep_reasoning keeps. A TurnStarted directly followed
+ * by a UserMessage makes an empty turn and then the user's, which changes nothing a view
+ * shows. TurnCompleted and TurnCancelled end nothing by themselves: the next start does.
  */
 export interface Event {
   /** Position in the session, 1-based and contiguous; assigned by the daemon. */
@@ -200,13 +208,19 @@ export interface Event {
     /** A message imported from another session. */
     { $case: "importedMessage"; value: ImportedMessage }
     | //
-    /** An attachment added to the conversation by reference. */
+    /**
+     * An attachment added to the conversation by reference. The artifact must have been
+     * uploaded to this session (else NOT_FOUND, reason ARTIFACT_NOT_FOUND, nothing is
+     * appended); mime_type, size_bytes, sha256, width and height are taken from the
+     * stored artifact, whatever the client sent. The same holds for attachments in
+     * message parts.
+     */
     { $case: "attachment"; value: ArtifactRef }
     | //
     /** A browser element the user selected; untrusted. */
     { $case: "browserElement"; value: BrowserElement }
     | //
-    /** An explicit turn start marker. */
+    /** An explicit turn start marker: starts a turn like a user message does. */
     { $case: "turnStarted"; value: TurnStarted }
     | //
     /** The current turn was cancelled. */
@@ -276,7 +290,7 @@ export interface ImportedMessage {
   parts: ContentPart[];
 }
 
-/** TurnStarted marks the start of a turn explicitly (a user message does so implicitly). */
+/** TurnStarted starts a turn without a user message (see Event for what a turn decides). */
 export interface TurnStarted {
   /** Client-chosen turn id. */
   turnId: string;

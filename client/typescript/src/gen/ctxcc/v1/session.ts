@@ -31,7 +31,10 @@ export interface Session {
   projectId: string;
   /** Free-form labels. */
   labels: { [key: string]: string };
-  /** The route of the most recent compile or usage report. */
+  /**
+   * The route of the most recent recorded compile or usage report (dry runs and rebuilds
+   * are not recorded and leave it alone).
+   */
   currentRoute?:
     | Route
     | undefined;
