@@ -104,8 +104,13 @@ dashboard: $(STAMP)
 	$(BIN)/pip download --quiet -d .tools/wheels -r deploy/requirements.txt "setuptools>=69" wheel
 	touch $@
 
+# grpcurl, pinned: the reflection test describes the whole API with the real tool.
+GRPCURL_VERSION := v1.9.3
+.tools/bin/grpcurl:
+	GOBIN=$(CURDIR)/.tools/bin go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
+
 ## test: everything CI runs
-test: $(STAMP) proto-check lint .tools/promtool .tools/prometheus .tools/chromium .tools/checkov/.stamp .tools/wheels/.stamp clients
+test: $(STAMP) proto-check lint .tools/promtool .tools/prometheus .tools/chromium .tools/checkov/.stamp .tools/wheels/.stamp clients .tools/bin/grpcurl
 	$(BIN)/pytest -q
 
 unit: $(STAMP)
