@@ -239,6 +239,8 @@ class RocksKV:
             try:
                 if not self._gate.wait_for(lambda: self._active == 0, timeout=_REOPEN_WAIT_S):
                     return False
+                if self._closed:  # the daemon stopped meanwhile
+                    return False
                 errors = self._close_db()
                 if errors:
                     log.info("closed RocksDB after the failed write: %s", errors[0])
