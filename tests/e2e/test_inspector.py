@@ -557,3 +557,30 @@ def test_an_open_live_page_does_not_hold_up_shutdown(short_tmp: Path) -> None:
         conn.close()
     finally:
         d.ensure_stopped()
+
+
+def test_a_data_dir_from_before_the_inspector_is_shown(short_tmp: Path, page: Page) -> None:
+    """Compile records written before they kept the timeline's figures read as they are:
+    grey bars with the estimate alone, "-" for their layers, and their steps compiled as
+    of their seq (they recorded no source versions either)."""
+    fixture = REPO / "tests" / "fixtures" / "data-v1"
+    manifest = json.loads((fixture / "manifest.json").read_text())
+    shutil.copytree(fixture / "db", short_tmp / "data" / "db")
+    d = DaemonProcess(short_tmp / "data").start()
+    try:
+        ui = "http://" + str(d.wait_ready()["ui"])
+        sid = manifest["session_id"]
+        page.goto(f"{ui}/s/{sid}")
+        rows = page.locator("#compiles tbody tr")
+        assert rows.count() >= 2
+        assert page.locator("#timeline-chart rect.unrecorded").count() == rows.count()
+        usage = page.locator(f'#compiles tr[data-compile="{manifest["usage_compile_id"]}"]')
+        assert (
+            n(usage.locator('[data-field="estimate"]').inner_text()) == (manifest["usage_estimate"])
+        )
+        assert usage.locator('[data-layer="history"]').inner_text() == "-"
+        page.goto(f"{ui}/s/{sid}/step?compile={manifest['usage_compile_id']}")
+        expect(page.locator("#provenance")).to_contain_text("compiled now as of seq")
+        assert page.locator("#messages article.msg").count() > 0
+    finally:
+        assert d.terminate() == 0
