@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -63,8 +65,10 @@ from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
 from server.transport.wire import request_caps
-from server.web.server import WebServer, WebSettings, start_web
 from storage import KVEventStore, StoreLimits, open_rocks
+
+if TYPE_CHECKING:
+    from server.web.server import WebServer
 
 log = logging.getLogger("ctxcc")
 
@@ -360,6 +364,11 @@ class Daemon:
         """The web inspector: another transport over the same use cases, read-only."""
         if self.cfg.ui_listen == "none":
             return None
+        # The web stack (aiohttp, Jinja2) takes a good part of a second to import: it
+        # loads in a thread once gRPC already serves, never in the daemon's start-up path.
+        await asyncio.to_thread(importlib.import_module, "server.web.server")
+        from server.web.server import WebSettings, start_web
+
         settings = WebSettings(self.cfg.ui_listen, self._auth_token())
         try:
             self._web = await start_web(inspect, settings)
