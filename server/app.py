@@ -105,6 +105,10 @@ class Endpoints:
 
 
 ECHO_METHOD = "/ctxcc.debug.Echo/Echo"
+# A health service name that is SERVING while the process runs, whatever the disk:
+# liveness and startup probes ask it, so a full disk (overall NOT_SERVING, reads still
+# served) never makes kubelet restart the daemon in a loop.
+LIVENESS_SERVICE = "ctxcc.liveness"
 # How often a full disk is checked for freed space.
 DISK_POLL_S = 1.0
 # grpc's own stop, after the drain: only idle streams remain to be cancelled.
@@ -306,6 +310,7 @@ class Daemon:
         metrics = self._start_metrics()
         writable = await asyncio.to_thread(store.writable)
         await self._set_health(writable)
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._disk_watch = asyncio.create_task(self._watch_disk(store, writable))
         health_at = await self._start_health()
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))

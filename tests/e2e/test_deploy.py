@@ -29,6 +29,7 @@ from ctxcc.v1 import (
     session_service_pb2_grpc,
 )
 from ctxcc.v1 import session_service_pb2 as spb
+from server.app import LIVENESS_SERVICE
 from server.config import resolve
 from tests.e2e.proc import REPO, DaemonProcess
 from tests.helpers import ROUTE, user
@@ -139,6 +140,10 @@ def test_pods_are_restricted_native_sidecars_with_working_probes(overlay: str) -
     health_port = int(cfg.health_listen.rsplit(":", 1)[1])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert sidecar[probe]["grpc"]["port"] == health_port
+    # A full disk turns overall health NOT_SERVING: only readiness may follow it.
+    assert "service" not in sidecar["readinessProbe"]["grpc"]
+    for probe in ("startupProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"]["service"] == LIVENESS_SERVICE
     assert cfg.listen.startswith("127.0.0.1:"), "the API must not listen on the pod IP"
     mounts = {m["name"]: m["mountPath"] for m in sidecar["volumeMounts"]}
     agent = spec["containers"][0]

@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2
 
 from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
+from server.app import LIVENESS_SERVICE
 from tests.e2e.proc import DaemonProcess
 from tests.helpers import compile_request, error_info, user
 
@@ -149,6 +150,8 @@ def test_full_disk_refuses_writes_keeps_reads_and_recovers_in_place(small_fs: Pa
         assert agent.append_until_refused() == "RESOURCE_EXHAUSTED/DISK_FULL"
         print(f"\nfull: {len(agent.acked)} appends acknowledged")
         wait_health(d, NOT_SERVING)
+        # Alive all the same: liveness probes must not restart it for a full disk.
+        assert d.health(LIVENESS_SERVICE) == SERVING
         # Reads answer, quickly; a compile still gives the agent its view.
         assert agent.stored() == agent.acked
         view = agent.compiles.Compile(compile_request("a"), timeout=READ_DEADLINE_S).view
