@@ -450,12 +450,17 @@ class KVEventStore:
         sid = checkpoint.session_id
         key = _key(sid, _be64(checkpoint.create_time_ns) + checkpoint.checkpoint_id.encode())
         with self._lock(sid):
-            self.get_session(sid)
             for existing in self.list_checkpoints(sid):
                 if existing.checkpoint_id == checkpoint.checkpoint_id:
                     return existing
+            session = self.get_session(sid)
+            encoded = encode_value(checkpoint)
+            # Summaries count against the session's byte quota like events do.
+            self._check_quota(session, len(encoded))
             batch = Batch()
-            batch.put("checkpoints", key, encode_value(checkpoint))
+            batch.put("checkpoints", key, encoded)
+            updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + len(encoded))
+            batch.put("sessions", sid.encode(), encode_value(updated))
             self._kv.write(batch)
             return checkpoint
 

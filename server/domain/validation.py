@@ -55,3 +55,32 @@ def check_session_paths(project_root: str, working_directory: str) -> None:
             "working_directory must lie under project_root",
             field="working_directory",
         )
+
+
+# Route fields name a connection, protocol, endpoint and model: short strings. Bounded,
+# so no compile record or baseline key grows with what a client sends.
+MAX_ROUTE_FIELD_CHARS = 256
+MAX_LABELS = 64
+MAX_LABEL_KEY_CHARS = 128
+MAX_LABEL_VALUE_CHARS = 1_024
+
+
+def check_route_fields(fields: dict[str, str]) -> None:
+    for name, value in fields.items():
+        if len(value) > MAX_ROUTE_FIELD_CHARS:
+            raise invalid(
+                f"route.{name}", f"route.{name} is over {MAX_ROUTE_FIELD_CHARS} characters"
+            )
+
+
+def check_labels(labels: dict[str, str]) -> None:
+    """Labels ride in the session record, rewritten by every append: kept small."""
+    if len(labels) > MAX_LABELS:
+        raise invalid("session.labels", f"at most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        if not key or len(key) > MAX_LABEL_KEY_CHARS:
+            raise invalid("session.labels", f"label keys are 1-{MAX_LABEL_KEY_CHARS} characters")
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            raise invalid(
+                "session.labels", f"label values are at most {MAX_LABEL_VALUE_CHARS} characters"
+            )

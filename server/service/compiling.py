@@ -33,7 +33,7 @@ from server.domain.records import (
     RouteState,
     Usage,
 )
-from server.domain.validation import check_id, check_path_form
+from server.domain.validation import check_id, check_path_form, check_route_fields
 from server.service.basis import basis_of
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
@@ -42,6 +42,15 @@ from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
+
+
+def _route_fields(route: Route) -> dict[str, str]:
+    return {
+        "connection": route.connection,
+        "protocol": route.protocol,
+        "endpoint": route.endpoint,
+        "model": route.model,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +153,7 @@ class CompileUseCases:
         if not opts.route.model and not opts.rebuild_compile_id:
             raise invalid("route.model", "route.model is required")
         check_path_form("environment.working_directory", opts.working_directory)
+        check_route_fields(_route_fields(opts.route))
         # One hop to the I/O pool for all the loading and the pure compile: thread
         # handoffs, not the work, dominated small compiles when each read hopped alone.
         session, history, view, counter, inputs, info = await self._blocking.compute(
@@ -297,6 +307,8 @@ class CompileUseCases:
     async def report_usage(self, compile_id: str, route: Route | None, usage: Usage) -> UsageResult:
         if not compile_id:
             raise invalid("compile_id", "compile_id is required")
+        if route is not None:
+            check_route_fields(_route_fields(route))
         for field in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
             if getattr(usage, field) > MAX_USAGE_TOKENS:
                 raise invalid(

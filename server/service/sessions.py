@@ -21,7 +21,7 @@ from server.domain.model import (
     Session,
     ToolResult,
 )
-from server.domain.validation import check_id, check_session_paths
+from server.domain.validation import check_id, check_labels, check_session_paths
 from server.service.blocking import Blocking
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
@@ -66,6 +66,7 @@ class SessionUseCases:
         check_id("session.session_id", sid)
         check_session_paths(template.project_root, template.working_directory)
         check_id("session.project_id", template.project_id, required=False)
+        check_labels(dict(template.labels))
         now = self._clock.now_ns()
         session = dataclasses.replace(
             template,

@@ -25,6 +25,7 @@ from server.service.blocking import Blocking
 from server.service.ports import Clock, EventStore, Workspace
 
 MAX_SOURCE_TEXT = 64 << 10
+MAX_ENTRIES_PER_SCOPE = 256
 T = TypeVar("T")
 
 
@@ -79,9 +80,28 @@ class SourceUseCases:
             problem = globs_problem(entry.path_globs)
             if problem is not None:
                 raise invalid("rule.path_globs", problem)
+        await self._blocking.run(self._check_room, entry)
         stored = dataclasses.replace(entry, update_time_ns=self._clock.now_ns(), origin="")
         await self._blocking.run(self._store.put_source, stored)
         return stored
+
+    def _check_room(self, entry: SourceEntry) -> None:
+        """Blocking: a scope holds a bounded number of entries of each kind. Global and
+        project entries belong to no session's byte quota, and every compile reads all
+        it can see, so this cap is what bounds them."""
+        kind = {MemoryEntry: SourceKind.MEMORY, RuleEntry: SourceKind.RULE}.get(
+            type(entry), SourceKind.SKILL
+        )
+        present = self._store.list_sources(kind, entry.scope, entry.scope_id)
+        if len(present) >= MAX_ENTRIES_PER_SCOPE and entry_id(entry) not in {
+            entry_id(e) for e in present
+        }:
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"this scope already holds {MAX_ENTRIES_PER_SCOPE} entries of this kind",
+                quota="max_entries_per_scope",
+                limit=str(MAX_ENTRIES_PER_SCOPE),
+            )
 
     async def list_entries(
         self, kind: SourceKind, scope: Scope | None, scope_id: str

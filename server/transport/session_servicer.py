@@ -49,11 +49,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         after = decode_token(request.page_token, query)
         size = self._s.page_size(request.page_size)
         found = await self._s.list_sessions(str(after or ""), size + 1, request.project_id)
-        page = found[:size]
-        token = encode_token(page[-1].session_id, query) if len(found) > size else ""
-        return pb.ListSessionsResponse(
-            sessions=[session_out(s) for s in page], next_page_token=token
-        )
+        # Pages end by size as well as by count, so a default 4 MiB client can read them.
+        page: list[Any] = []
+        total = 0
+        for s in found[:size]:
+            msg = session_out(s)
+            total += msg.ByteSize()
+            if page and total > MAX_PAGE_BYTES:
+                break
+            page.append(msg)
+        more = len(page) < len(found)
+        token = encode_token(found[len(page) - 1].session_id, query) if more else ""
+        return pb.ListSessionsResponse(sessions=page, next_page_token=token)
 
     @unary
     async def DeleteSession(

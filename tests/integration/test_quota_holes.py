@@ -1,0 +1,130 @@
+"""What a client stores counts against a quota or has a bound: checkpoints use the
+session's byte quota, route fields and labels are bounded, each source scope holds a
+bounded number of entries, and ListSessions pages end by size."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2, source_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
+from server.app import Daemon
+from server.service.sources import MAX_ENTRIES_PER_SCOPE
+from server.transport.paging import MAX_PAGE_BYTES
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import compile_request, error_info, user
+
+
+@pytest.fixture
+async def api(short_tmp: Path) -> AsyncIterator[Stubs]:
+    d = Daemon(make_config(short_tmp, max_session_bytes="300000"))
+    await d.start()
+    assert d.endpoints.unix is not None
+    stubs = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        yield stubs
+    finally:
+        await stubs.channel.close()
+        await d.stop()
+
+
+async def _fails(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await call  # type: ignore[misc]
+    return exc.value.code(), error_info(exc.value).reason
+
+
+async def test_checkpoints_use_the_session_quota(api: Stubs) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="q"))
+    )
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="q", events=[user("hi")]))
+    before = (await api.sessions.GetSession(spb.GetSessionRequest(session_id="q"))).session
+
+    def create() -> object:
+        return api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id="q", covers_through_seq=1, summary="s" * 100_000
+                )
+            )
+        )
+
+    await create()
+    after = (await api.sessions.GetSession(spb.GetSessionRequest(session_id="q"))).session
+    assert after.stored_bytes >= before.stored_bytes + 100_000
+    await create()
+    assert await _fails(create()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED")
+
+
+async def test_route_fields_and_labels_are_bounded(api: Stubs) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="r"))
+    )
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="r", events=[user("hi")]))
+    huge = common_pb2.Route(model="m" * (1 << 20))
+    request = cpb.CompileRequest(session_id="r", route=huge)
+    assert await _fails(api.compiles.Compile(request)) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
+    view = (await api.compiles.Compile(compile_request("r"))).view
+    report = cpb.ReportUsageRequest(compile_id=view.compile_id, route=huge, input_tokens=5)
+    assert await _fails(api.compiles.ReportUsage(report)) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "INVALID_FIELD",
+    )
+    for labels in ({"k": "v" * (20 << 20)}, {f"k{i}": "v" for i in range(65)}, {"": "v"}):
+        session = session_pb2.Session(session_id="l", labels=labels)
+        code, reason = await _fails(
+            api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+        )
+        assert (code, reason) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
+    ok = session_pb2.Session(session_id="l", labels={f"k{i}": "v" * 1_000 for i in range(64)})
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=ok))
+
+
+async def test_a_scope_holds_a_bounded_number_of_entries(api: Stubs) -> None:
+    def put(i: int) -> object:
+        return api.sources.PutMemory(
+            rpb.PutMemoryRequest(
+                memory=source_pb2.MemoryEntry(
+                    memory_id=f"m{i}", scope=common_pb2.SCOPE_GLOBAL, text=f"fact {i}"
+                )
+            )
+        )
+
+    for i in range(MAX_ENTRIES_PER_SCOPE):
+        await put(i)
+    assert await _fails(put(MAX_ENTRIES_PER_SCOPE)) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "QUOTA_EXCEEDED",
+    )
+    await put(0)  # replacing an entry needs no room
+
+
+async def test_list_sessions_pages_end_by_size(api: Stubs) -> None:
+    labels = {f"k{i}": "v" * 1_000 for i in range(64)}  # about 66 KB a session
+    for i in range(60):
+        session = session_pb2.Session(session_id=f"s{i:03}", labels=labels)
+        await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    seen: list[str] = []
+    token = ""
+    pages = 0
+    while True:
+        page = await api.sessions.ListSessions(
+            spb.ListSessionsRequest(page_size=1_000, page_token=token)
+        )
+        assert page.ByteSize() <= MAX_PAGE_BYTES + (100 << 10)
+        seen += [s.session_id for s in page.sessions]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert seen == [f"s{i:03}" for i in range(60)] and pages >= 2
