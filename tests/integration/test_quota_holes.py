@@ -4,8 +4,9 @@ bounded number of entries, and ListSessions pages end by size."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -34,9 +35,9 @@ async def api(short_tmp: Path) -> AsyncIterator[Stubs]:
         await d.stop()
 
 
-async def _fails(call: object) -> tuple[grpc.StatusCode, str]:
+async def _fails(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await call  # type: ignore[misc]
+        await call
     return exc.value.code(), error_info(exc.value).reason
 
 
@@ -47,7 +48,7 @@ async def test_checkpoints_use_the_session_quota(api: Stubs) -> None:
     await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="q", events=[user("hi")]))
     before = (await api.sessions.GetSession(spb.GetSessionRequest(session_id="q"))).session
 
-    def create() -> object:
+    def create() -> Awaitable[Any]:
         return api.compiles.CreateCheckpoint(
             cpb.CreateCheckpointRequest(
                 checkpoint=checkpoint_pb2.Checkpoint(
@@ -91,7 +92,7 @@ async def test_route_fields_and_labels_are_bounded(api: Stubs) -> None:
 
 
 async def test_a_scope_holds_a_bounded_number_of_entries(api: Stubs) -> None:
-    def put(i: int) -> object:
+    def put(i: int) -> Awaitable[Any]:
         return api.sources.PutMemory(
             rpb.PutMemoryRequest(
                 memory=source_pb2.MemoryEntry(
