@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,7 +43,7 @@ from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tls import TlsFileError, load_tls
-from server.adapters.tokenizer import CounterRegistry, load_offline_encoding
+from server.adapters.tokenizer import CounterRegistry, load_offline_encoding, warm_tokenizers
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL
@@ -185,6 +186,10 @@ class Daemon:
         # Building the tokenizer's tables holds the GIL for ~0.1-0.2 s: do it before
         # serving, not inside the first compile while other RPCs wait.
         await asyncio.to_thread(load_offline_encoding)
+        # o200k takes 1-2 s more, with the GIL mostly released: serve meanwhile, so a
+        # restarted sidecar is back at once; a GPT-4o compile that comes first waits
+        # for this one load (the loaders share a lock) instead of starting its own.
+        threading.Thread(target=warm_tokenizers, name="ctxcc-tokenizers", daemon=True).start()
         kv = open_rocks(
             cfg.db_path,
             sync=cfg.durability == "sync",

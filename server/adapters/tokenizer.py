@@ -77,12 +77,22 @@ class CharClassCounter:
         return max(1, math.ceil(total))
 
 
+# functools.cache alone lets two threads that miss at once both build a table (seconds
+# of CPU for o200k); the lock makes a compile that arrives mid-load wait for the one load.
+_LOAD_LOCK = threading.Lock()
+
+
 @functools.cache
-def load_offline_encoding() -> Any:
-    """cl100k_base from an installed package; raises instead of downloading."""
+def _cl100k() -> Any:
     import tiktoken
 
     return tiktoken.get_encoding(OFFLINE_ENCODING)
+
+
+def load_offline_encoding() -> Any:
+    """cl100k_base from an installed package; raises instead of downloading."""
+    with _LOAD_LOCK:
+        return _cl100k()
 
 
 class TiktokenCounter:
@@ -120,14 +130,27 @@ O200K = "o200k_base"
 
 
 @functools.cache
+def _o200k() -> Any:
+    from bpe_openai import _bindings
+
+    return _bindings.tokenizer_for_encoding(O200K)
+
+
 def load_o200k() -> Any:
     """bpe-openai's o200k_base tokenizer, from ranks inside the package (no network).
 
     The Rust bindings are used directly: their `count` skips building the id list, and
-    the tiktoken-style wrapper refuses texts of a million characters or more."""
-    from bpe_openai import _bindings
+    the tiktoken-style wrapper refuses texts of a million characters or more. Building
+    it takes 1-2 s of CPU, mostly with the GIL released; the daemon starts it in the
+    background at start-up (`warm_tokenizers`)."""
+    with _LOAD_LOCK:
+        return _o200k()
 
-    return _bindings.tokenizer_for_encoding(O200K)
+
+def warm_tokenizers() -> None:
+    """Build every offline table now, so no compile waits for one later."""
+    load_offline_encoding()
+    load_o200k()
 
 
 class O200kCounter:

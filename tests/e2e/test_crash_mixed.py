@@ -31,6 +31,13 @@ from tests.e2e.proc import DaemonProcess
 from tests.helpers import assistant, user
 
 ROUTE = common_pb2.Route(model="gpt-4o")
+# A client beside a sidecar should retry its connection quickly: grpc's default backoff
+# grows past the seconds a restarted daemon is up between two kills here.
+FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 300),
+]
 RETRYABLE = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -64,7 +71,7 @@ class Worker(threading.Thread):
 
     def run(self) -> None:
         try:
-            with grpc.insecure_channel(self.target) as ch:
+            with grpc.insecure_channel(self.target, options=FAST_RECONNECT) as ch:
                 s: Any = session_service_pb2_grpc.SessionServiceStub(ch)
                 c: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
                 a: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
@@ -148,12 +155,25 @@ def test_sigkill_during_checkpoints_uploads_compiles_and_usage(short_tmp: Path) 
     for w in workers:
         w.start()
     rng = random.Random(7)
+
+    def acked() -> int:
+        return sum(len(x) for w in workers for x in (w.checkpoints, w.artifacts, w.usages))
+
+    def await_progress(since: int) -> None:
+        # Kill only once the restarted daemon has acknowledged more work, so each
+        # restart is proven by traffic however slow the machine is.
+        deadline = time.monotonic() + 60
+        while acked() < since + 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     try:
         for _ in range(6):
+            await_progress(acked())
             time.sleep(rng.uniform(0.4, 1.2))
             d.kill()
             d.start()
             d.wait_ready()
+        await_progress(acked())
         time.sleep(0.5)
     finally:
         stop.set()
