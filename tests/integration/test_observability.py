@@ -219,3 +219,25 @@ def test_every_panel_has_one_unit_on_its_axis() -> None:
         assert p["fieldConfig"]["overrides"] == [], p["title"]
         got = {_unit_of(t["expr"]) for t in p["targets"]}
         assert got == {"ops" if unit == "reqps" else unit}, (p["title"], unit, got)
+
+
+def test_dashboard_layout_and_variables_are_consistent() -> None:
+    board = json.loads((REPO / "deploy/grafana/ctxcc-dashboard.json").read_text())
+    panels = board["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    cells = set()
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        area = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & area, f"{p['title']} overlaps another panel"
+        cells |= area
+        refs = [t["refId"] for t in p["targets"]]
+        assert len(set(refs)) == len(refs), p["title"]
+    defined = {v["name"] for v in board["templating"]["list"]} | {"__rate_interval"}
+    used = {
+        name for p in panels for t in p["targets"] for name in re.findall(r"\$\{?(\w+)", t["expr"])
+    }
+    assert used == defined - {"datasource"}
