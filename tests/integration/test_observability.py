@@ -225,7 +225,7 @@ def test_dashboard_layout_and_variables_are_consistent() -> None:
     board = json.loads((REPO / "deploy/grafana/ctxcc-dashboard.json").read_text())
     panels = board["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
-    cells = set()
+    cells: set[tuple[int, int]] = set()
     for p in panels:
         g = p["gridPos"]
         assert g["x"] + g["w"] <= 24, p["title"]
