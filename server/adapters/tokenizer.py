@@ -147,6 +147,13 @@ def load_o200k() -> Any:
         return _o200k()
 
 
+def forget_tokenizers() -> None:
+    """Drop the built tables, so the next use loads afresh (tests prove it is offline)."""
+    with _LOAD_LOCK:
+        _cl100k.cache_clear()
+        _o200k.cache_clear()
+
+
 def warm_tokenizers() -> None:
     """Build every offline table now, so no compile waits for one later."""
     load_offline_encoding()

@@ -55,7 +55,7 @@ def test_tiktoken_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(socket, "create_connection", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    load_offline_encoding.cache_clear()
+    tokenizer.forget_tokenizers()
     enc = load_offline_encoding()
     assert enc.name == tokenizer.OFFLINE_ENCODING
     assert enc.encode("hello world") == [15339, 1917]  # cl100k_base's ids for these words
