@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import appends, clients, rpc, scale, tokenizers
+from bench import appends, clients, isolation, rpc, scale, tokenizers
 from bench.paths import dev_traces
 from server.replay import run as replay
 
@@ -33,6 +33,7 @@ TARGETS = {
     "replay_dev_with_baseline_mape_pct": ("<=", 0.3),
     "replay_dev_with_baseline_p95_ape_pct": ("<=", 0.6),
     "o200k_speed_vs_tiktoken": (">=", 1.0),
+    "compile_1mib_prose_cpu_ms": ("<=", 50.0),
 }
 
 
@@ -97,6 +98,7 @@ def main() -> None:
         detail["replay_dev_with_baseline_mape_pct"] = float(r["with_baseline_mape_pct"])
         detail["replay_dev_with_baseline_p95_ape_pct"] = float(r["with_baseline_p95_ape_pct"])
         detail |= tokenizers.run(DEV, scale=s)
+        detail |= isolation.run(root / "isolation", compiles=3 if args.smoke else 20)
     result = {k: round(detail[k], 3) for k in TARGETS}
     print(f"{'measure':<36}{'value':>12}")
     for k, v in sorted(detail.items()):

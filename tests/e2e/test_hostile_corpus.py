@@ -428,7 +428,15 @@ INVALID = (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD")
 OUTSIDE = (grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_ROOT")
 
 CASES: list[Case] = [
-    Case("path scan on a 1 MiB word run", lambda e: e.compile("paths"), (OK, ""), _path_scan),
+    Case(
+        "path scan on a 1 MiB word run",
+        lambda e: e.compile("paths"),
+        (OK, ""),
+        _path_scan,
+        # Known: the first count of a 1 MiB single word runs tiktoken's BPE for 0.6-3 s
+        # of CPU; it releases the GIL, but not for all of it. Later compiles: ~5 ms.
+        allowance_s=0.25,
+    ),
     Case(
         "backtracking rule glob",
         lambda e: e.compile("globs"),
