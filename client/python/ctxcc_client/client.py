@@ -8,8 +8,7 @@ cover the calls whose shape is awkward by hand (streams, uploads, idempotency ke
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import grpc
@@ -29,104 +28,15 @@ from ctxcc.v1 import (
 )
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc_client import build
 from ctxcc_client.errors import CtxccError, from_rpc_error
 from ctxcc_client.retry import (
-    OPTIONS,
     RETRY_SECONDS,
-    AsyncService,
     Backoff,
-    SyncService,
-    new_request_id,
     retry_async,
     retry_sync,
 )
 from ctxcc_client.stream import CompileStream
-
-CHUNK = 1 << 20
-
-
-def _compile_request(
-    session_id: str, model: str, route: common_pb2.Route | None, fields: dict[str, Any]
-) -> cpb.CompileRequest:
-    return cpb.CompileRequest(
-        session_id=session_id,
-        route=route if route is not None else common_pb2.Route(model=model),
-        **fields,
-    )
-
-
-def _append_request(
-    session_id: str, events: list[event_pb2.Event], request_id: str, expected: int | None
-) -> spb.AppendEventsRequest:
-    # The id is fixed here, before the first attempt: every retry resends it.
-    req = spb.AppendEventsRequest(
-        session_id=session_id, events=events, request_id=request_id or new_request_id()
-    )
-    if expected is not None:
-        req.expected_last_seq = expected
-    return req
-
-
-def _usage_request(
-    compile_id: str, route: common_pb2.Route | None, **counts: int
-) -> cpb.ReportUsageRequest:
-    return cpb.ReportUsageRequest(compile_id=compile_id, route=route, **counts)
-
-
-def _upload_requests(
-    header: apb.ArtifactHeader, data: bytes
-) -> Iterator[apb.UploadArtifactRequest]:
-    yield apb.UploadArtifactRequest(header=header)
-    for start in range(0, len(data), CHUNK):
-        yield apb.UploadArtifactRequest(data=data[start : start + CHUNK])
-
-
-def _upload_header(
-    session_id: str, data: bytes, mime_type: str, width: int, height: int, request_id: str
-) -> apb.ArtifactHeader:
-    # The id is fixed here, before the first attempt: a retry is answered with the artifact
-    # the first attempt stored.
-    return apb.ArtifactHeader(
-        session_id=session_id,
-        mime_type=mime_type,
-        size_bytes=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        width=width,
-        height=height,
-        request_id=request_id or new_request_id(),
-    )
-
-
-class _Download:
-    """Collects a DownloadArtifact stream and checks the bytes against the ref's sha256."""
-
-    def __init__(self) -> None:
-        self.ref = common_pb2.ArtifactRef()
-        self.parts: list[bytes] = []
-
-    def add(self, msg: apb.DownloadArtifactResponse) -> None:
-        if msg.HasField("artifact"):
-            self.ref = msg.artifact
-        else:
-            self.parts.append(msg.data)
-
-    def result(self) -> tuple[common_pb2.ArtifactRef, bytes]:
-        data = b"".join(self.parts)
-        if hashlib.sha256(data).hexdigest() != self.ref.sha256:
-            raise ValueError(f"artifact {self.ref.artifact_id} arrived damaged")
-        return self.ref, data
-
-
-def _async(stub: Any, channel: grpc.aio.Channel, seconds: float) -> Any:
-    return AsyncService(stub(channel), seconds)
-
-
-def _sync(stub: Any, channel: grpc.Channel, seconds: float) -> Any:
-    return SyncService(stub(channel), seconds)
-
-
-def _channel_options(extra: list[tuple[str, Any]] | None) -> list[tuple[str, Any]]:
-    return [*OPTIONS, *(extra or [])]
 
 
 class AsyncClient:
@@ -141,7 +51,7 @@ class AsyncClient:
         options: list[tuple[str, Any]] | None = None,
         retry_seconds: float = RETRY_SECONDS,
     ) -> None:
-        opts = _channel_options(options)
+        opts = build.channel_options(options)
         self._channel = (
             grpc.aio.secure_channel(target, credentials, options=opts)
             if credentials is not None
@@ -149,19 +59,19 @@ class AsyncClient:
         )
         self.retry_seconds = retry_seconds
         ch, s = self._channel, retry_seconds
-        self.sessions: session_service_pb2_grpc.SessionServiceAsyncStub = _async(
+        self.sessions: session_service_pb2_grpc.SessionServiceAsyncStub = build.async_service(
             session_service_pb2_grpc.SessionServiceStub, ch, s
         )
-        self.compiles: compile_service_pb2_grpc.CompileServiceAsyncStub = _async(
+        self.compiles: compile_service_pb2_grpc.CompileServiceAsyncStub = build.async_service(
             compile_service_pb2_grpc.CompileServiceStub, ch, s
         )
-        self.tools: tool_service_pb2_grpc.ToolServiceAsyncStub = _async(
+        self.tools: tool_service_pb2_grpc.ToolServiceAsyncStub = build.async_service(
             tool_service_pb2_grpc.ToolServiceStub, ch, s
         )
-        self.sources: source_service_pb2_grpc.SourceServiceAsyncStub = _async(
+        self.sources: source_service_pb2_grpc.SourceServiceAsyncStub = build.async_service(
             source_service_pb2_grpc.SourceServiceStub, ch, s
         )
-        self.artifacts: artifact_service_pb2_grpc.ArtifactServiceAsyncStub = _async(
+        self.artifacts: artifact_service_pb2_grpc.ArtifactServiceAsyncStub = build.async_service(
             artifact_service_pb2_grpc.ArtifactServiceStub, ch, s
         )
         self._compile_stub = compile_service_pb2_grpc.CompileServiceStub(ch)
@@ -194,7 +104,7 @@ class AsyncClient:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> spb.AppendEventsResponse:
-        req = _append_request(session_id, events, request_id, expected_last_seq)
+        req = build.append_request(session_id, events, request_id, expected_last_seq)
         return await self.sessions.AppendEvents(req)
 
     async def compile(
@@ -205,7 +115,7 @@ class AsyncClient:
         route: common_pb2.Route | None = None,
         **fields: Any,
     ) -> view_pb2.CompiledView:
-        req = _compile_request(session_id, model, route, fields)
+        req = build.compile_request(session_id, model, route, fields)
         return (await self.compiles.Compile(req)).view
 
     async def report_usage(
@@ -217,7 +127,7 @@ class AsyncClient:
         cached_input_tokens: int = 0,
         route: common_pb2.Route | None = None,
     ) -> cpb.ReportUsageResponse:
-        req = _usage_request(
+        req = build.usage_request(
             compile_id,
             route,
             input_tokens=input_tokens,
@@ -243,9 +153,9 @@ class AsyncClient:
         """Uploads bytes (e.g. an image) and returns the ref to put in a message (see
         `user_with`). Retried with one request id, so a repeat stores nothing twice."""
         stub: Any = self._artifact_stub
-        header = _upload_header(session_id, data, mime_type, width, height, request_id)
+        header = build.upload_header(session_id, data, mime_type, width, height, request_id)
         resp = await retry_async(
-            lambda: stub.UploadArtifact(_upload_requests(header, data)),
+            lambda: stub.UploadArtifact(build.upload_requests(header, data)),
             True,
             self.retry_seconds,
         )
@@ -258,7 +168,7 @@ class AsyncClient:
         stub: Any = self._artifact_stub
 
         async def once() -> tuple[common_pb2.ArtifactRef, bytes]:
-            out = _Download()
+            out = build.Download()
             async for msg in stub.DownloadArtifact(req):
                 out.add(msg)
             return out.result()
@@ -300,7 +210,7 @@ class Client:
         options: list[tuple[str, Any]] | None = None,
         retry_seconds: float = RETRY_SECONDS,
     ) -> None:
-        opts = _channel_options(options)
+        opts = build.channel_options(options)
         self._channel = (
             grpc.secure_channel(target, credentials, options=opts)
             if credentials is not None
@@ -308,19 +218,19 @@ class Client:
         )
         self.retry_seconds = retry_seconds
         ch, s = self._channel, retry_seconds
-        self.sessions: session_service_pb2_grpc.SessionServiceStub = _sync(
+        self.sessions: session_service_pb2_grpc.SessionServiceStub = build.sync_service(
             session_service_pb2_grpc.SessionServiceStub, ch, s
         )
-        self.compiles: compile_service_pb2_grpc.CompileServiceStub = _sync(
+        self.compiles: compile_service_pb2_grpc.CompileServiceStub = build.sync_service(
             compile_service_pb2_grpc.CompileServiceStub, ch, s
         )
-        self.tools: tool_service_pb2_grpc.ToolServiceStub = _sync(
+        self.tools: tool_service_pb2_grpc.ToolServiceStub = build.sync_service(
             tool_service_pb2_grpc.ToolServiceStub, ch, s
         )
-        self.sources: source_service_pb2_grpc.SourceServiceStub = _sync(
+        self.sources: source_service_pb2_grpc.SourceServiceStub = build.sync_service(
             source_service_pb2_grpc.SourceServiceStub, ch, s
         )
-        self.artifacts: artifact_service_pb2_grpc.ArtifactServiceStub = _sync(
+        self.artifacts: artifact_service_pb2_grpc.ArtifactServiceStub = build.sync_service(
             artifact_service_pb2_grpc.ArtifactServiceStub, ch, s
         )
         self._artifact_stub = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
@@ -350,7 +260,7 @@ class Client:
         expected_last_seq: int | None = None,
     ) -> spb.AppendEventsResponse:
         return self.sessions.AppendEvents(
-            _append_request(session_id, events, request_id, expected_last_seq)
+            build.append_request(session_id, events, request_id, expected_last_seq)
         )
 
     def compile(
@@ -361,7 +271,7 @@ class Client:
         route: common_pb2.Route | None = None,
         **fields: Any,
     ) -> view_pb2.CompiledView:
-        return self.compiles.Compile(_compile_request(session_id, model, route, fields)).view
+        return self.compiles.Compile(build.compile_request(session_id, model, route, fields)).view
 
     def report_usage(
         self,
@@ -372,7 +282,7 @@ class Client:
         cached_input_tokens: int = 0,
         route: common_pb2.Route | None = None,
     ) -> cpb.ReportUsageResponse:
-        req = _usage_request(
+        req = build.usage_request(
             compile_id,
             route,
             input_tokens=input_tokens,
@@ -392,9 +302,9 @@ class Client:
         request_id: str = "",
     ) -> common_pb2.ArtifactRef:
         stub: Any = self._artifact_stub
-        header = _upload_header(session_id, data, mime_type, width, height, request_id)
+        header = build.upload_header(session_id, data, mime_type, width, height, request_id)
         resp = retry_sync(
-            lambda: stub.UploadArtifact(_upload_requests(header, data)),
+            lambda: stub.UploadArtifact(build.upload_requests(header, data)),
             True,
             self.retry_seconds,
         )
@@ -407,7 +317,7 @@ class Client:
         stub: Any = self._artifact_stub
 
         def once() -> tuple[common_pb2.ArtifactRef, bytes]:
-            out = _Download()
+            out = build.Download()
             for msg in stub.DownloadArtifact(req):
                 out.add(msg)
             return out.result()
