@@ -134,7 +134,13 @@ export class Stream {
 
   private async attempt(msg: CompileStreamRequest): Promise<StepResult> {
     const call = this.open();
-    call.write(msg);
+    try {
+      call.write(msg);
+    } catch {
+      // Written after the daemon ended the call but before its status arrived.
+      this.drop();
+      throw streamEnded();
+    }
     try {
       return await this.receive();
     } catch (err) {
