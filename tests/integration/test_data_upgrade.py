@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from ctxcc.v1 import (
@@ -37,7 +38,7 @@ from storage.rocks import open_rocks
 from storage.schema import SCHEMA_VERSION, stored_version
 from storage.store import KVEventStore
 from tests.conftest import Stubs, make_config, stubs_for
-from tests.helpers import user
+from tests.helpers import error_info, user
 
 FIXTURES = sorted((Path(__file__).parents[1] / "fixtures").glob("data-v*"))
 
@@ -144,6 +145,17 @@ async def test_an_old_data_dir_reads_back_whole(
     assert view.checkpoint_id == m["checkpoint_id"] and not view.fallback_reasons
     assert "memory fact 2" in view.system_prompt and "Text of r-always." in view.system_prompt
     assert view.event_boundary == m["head_seq"]
+    # Compiles recorded before bases were kept cannot be rebuilt exactly, and say so.
+    if m["schema_version"] == 1:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=m["last_compile_id"]))
+        assert error_info(exc.value).reason == "COMPILE_NOT_FOUND"
+        assert "without its basis" in (exc.value.details() or "")
+    # A compile recorded now can be rebuilt byte for byte.
+    rebuilt = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+    assert rebuilt.view.SerializeToString(deterministic=True) == view.SerializeToString(
+        deterministic=True
+    )
 
 
 async def test_an_old_data_dir_is_migrated_and_stays_writable(
