@@ -11,6 +11,8 @@ Rules this module keeps:
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import threading
 import zlib
 from collections.abc import Callable
@@ -68,6 +70,18 @@ _END = b"\x01"  # sid + _END sorts right after every key with prefix sid + _SEP
 _ROUTE_MODEL = _SEP + b"model" + _SEP
 _COUNT_KEY = b"session_count"
 _STRIPES = 256
+
+log = logging.getLogger("ctxcc.storage")
+
+
+def _finite(model: RouteModel) -> bool:
+    """A NaN or an infinity decodes fine but would turn every estimate on the route into
+    an error (an integer cannot be rounded from it)."""
+    figures = [model.ratio, model.overhead, model.overhead_spread, model.full_local]
+    figures += [x for pair in model.ratio_observations for x in pair]
+    return all(math.isfinite(x) for x in figures)
+
+
 # Key suffix of the copy of a session's latest compile record; compile suffixes are hex.
 _LAST_COMPILE = b"\xff"
 # Key infix of the parts compiles read (sources, tools, settings), by content digest.
@@ -574,8 +588,20 @@ class KVEventStore:
             return updated, False
 
     def get_route_model(self, route_id: str) -> RouteModel | None:
+        """None also for a damaged model: it is only learned advice, so the route starts
+        over (the next report rewrites it) instead of failing every compile on it."""
         raw = self._kv.get("routes", _ROUTE_MODEL + route_id.encode())
-        return None if raw is None else decode_value(raw, RouteModel)
+        if raw is None:
+            return None
+        try:
+            model = decode_value(raw, RouteModel)
+        except CorruptRecordError as exc:
+            log.warning("route model %s ignored and relearned: %s", route_id, exc.detail)
+            return None
+        if not _finite(model):
+            log.warning("route model %s ignored and relearned: a non-finite figure", route_id)
+            return None
+        return model
 
     # -- sources: memory, rules, skills registered over the API ------------------------
 
