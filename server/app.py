@@ -228,6 +228,7 @@ class Daemon:
             kernel_text=kernel,
             time_granularity_s=cfg.time_granularity,
             budget=cfg.budget,
+            memo_bytes=cfg.compile_memo_bytes,
             caps=SourceCaps(
                 instruction_file_chars=cfg.instruction_file_cap,
                 instructions_total_chars=cfg.instructions_cap,

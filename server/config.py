@@ -89,6 +89,12 @@ SETTINGS: tuple[Setting, ...] = (
         str(1 << 20),
         "CompileStream sends views larger than this as ordered chunks",
     ),
+    Setting(
+        "compile_memo_bytes",
+        str(64 << 20),
+        "memory for compile memos (each session's projected history, so a step compiles only "
+        "its new events); 0 compiles every view from scratch",
+    ),
     Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
     Setting(
         "workspace_roots",
@@ -177,6 +183,7 @@ class Config:
     max_message_bytes: int
     disk_reserve_bytes: int
     stream_chunk_bytes: int
+    compile_memo_bytes: int
     kernel_file: str
     workspace_roots: tuple[Path, ...]
     global_dir: Path | None
@@ -377,6 +384,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         max_message_bytes=_int(raw, "max_message_bytes", minimum=1 << 20),
         disk_reserve_bytes=_int(raw, "disk_reserve_bytes"),
         stream_chunk_bytes=_int(raw, "stream_chunk_bytes", minimum=1024),
+        compile_memo_bytes=_int(raw, "compile_memo_bytes", minimum=0),
         kernel_file=raw["kernel_file"],
         workspace_roots=tuple(Path(p) for p in _csv(raw["workspace_roots"])),
         global_dir=Path(raw["global_dir"]) if raw["global_dir"] else None,

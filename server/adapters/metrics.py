@@ -106,6 +106,21 @@ class PrometheusTelemetry:
             ["kind", "performed"],
             registry=r,
         )
+        self.memo_lookups = Counter(
+            "ctxcc_compile_memo_lookups_total",
+            "Compiles by what their session's memo gave: hit (only new events compiled), "
+            "miss (no memo kept) or stale (a memo that did not verify: compiled from scratch).",
+            ["outcome"],
+            registry=r,
+        )
+        self.memo_evictions = Counter(
+            "ctxcc_compile_memo_evictions_total",
+            "Memos dropped to keep the cache within compile_memo_bytes.",
+            registry=r,
+        )
+        self.memo_bytes = Gauge(
+            "ctxcc_compile_memo_bytes", "Approximate bytes held by compile memos.", registry=r
+        )
         self.events_appended = Counter(
             "ctxcc_events_appended_total", "Events appended to session logs.", registry=r
         )
@@ -164,6 +179,8 @@ class PrometheusTelemetry:
         for kind in ("builtin", "model_summary"):
             for performed in ("true", "false"):
                 self.compactions.labels(kind, performed)
+        for outcome in ("hit", "miss", "stale"):
+            self.memo_lookups.labels(outcome)
 
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self.registry.register(_StoreCollector(sessions, footprint))
@@ -198,6 +215,14 @@ class PrometheusTelemetry:
 
     def compaction(self, kind: str, performed: bool) -> None:
         self.compactions.labels(kind, "true" if performed else "false").inc()
+
+    def memo_used(self, outcome: str) -> None:
+        self.memo_lookups.labels(outcome).inc()
+
+    def memo_changed(self, evicted: int, size_bytes: int) -> None:
+        if evicted:
+            self.memo_evictions.inc(evicted)
+        self.memo_bytes.set(size_bytes)
 
     def watchers_changed(self, delta: int) -> None:
         self.watchers.inc(delta)

@@ -14,8 +14,9 @@ from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
 from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
+from server.compiler.incremental import ProjectionMemo, project_incremental
 from server.compiler.output_cap import output_cap
-from server.compiler.projection import ImagePolicy, is_user_turn_start, project
+from server.compiler.projection import ImagePolicy, is_user_turn_start
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, build_source_sections
 from server.compiler.system import (
@@ -229,6 +230,19 @@ def native_state_tokens(state: NativeState | None) -> int:
 
 
 def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
+    """From scratch, the history projected in one piece."""
+    return compile_incremental(inputs, counter, None, remember=False)[0]
+
+
+def compile_incremental(
+    inputs: CompileInputs,
+    counter: TokenCounter,
+    memo: ProjectionMemo | None,
+    *,
+    remember: bool = True,
+) -> tuple[CompiledView, ProjectionMemo | None, bool]:
+    """The view, the memo for the next compile (when `remember`), and whether `memo` was
+    verified and used; the view is the same byte for byte either way."""
     named = paths_in_texts(active_texts(inputs.events, inputs.current_user))
     built = build_source_sections(inputs.sources, named.paths, counter)
     sections = assemble(
@@ -239,14 +253,17 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         exclude=inputs.exclude_sections,
         counter=counter,
     )
-    projection = project(
+    run = project_incremental(
         inputs.events,
         counter,
         checkpoint=inputs.checkpoint,
         current_user=inputs.current_user,
         route_id=inputs.route.route_id,
         images=inputs.images,
+        memo=memo,
+        remember=remember,
     )
+    projection = run.projection
     loadable = bool(built.loadable_rules) and SectionKind.RULE_INDEX not in inputs.exclude_sections
     tools = select_tools(
         inputs, counter, references_blobs=projection.references_blobs, loadable_rules=loadable
@@ -267,7 +284,9 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
     bounds = BOUNDS[inputs.counter_kind]
     model = inputs.route_model
-    value, method, basis = estimate(layers, projection.messages, inputs.route_state, model, bounds)
+    value, method, basis = estimate(
+        layers, projection.messages, inputs.route_state, model, bounds, run.digests
+    )
     pressure = max(layers, key=lambda row: (row.tokens, -int(row.layer))).layer
     last_output = inputs.route_state.last_output_tokens if inputs.route_state else None
     budget, decision = judge(
@@ -307,7 +326,7 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
             min((s for s in ws if s), default=None),
             inputs.event_boundary,
         )
-    return CompiledView(
+    view = CompiledView(
         compile_id=inputs.compile_id,
         session_id=inputs.session.session_id,
         event_boundary=inputs.event_boundary,
@@ -334,3 +353,4 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
         basis=basis,
         compaction=compaction,
     )
+    return view, run.memo, run.reused

@@ -28,7 +28,7 @@ from server.domain.records import RouteModel, RouteState
 DIGEST_PREFIX = 8
 
 
-def _fingerprint(m: ViewMessage) -> bytes:
+def fingerprint(m: ViewMessage) -> bytes:
     """Content identity of a message; layer and token counts change as the conversation
     moves on, content does not. Length-prefixed fields keep boundaries unambiguous."""
     fields: list[str] = [
@@ -50,7 +50,7 @@ def _fingerprint(m: ViewMessage) -> bytes:
 
 
 def message_digests(messages: Sequence[ViewMessage]) -> list[bytes]:
-    return [hashlib.sha256(_fingerprint(m)).digest() for m in messages]
+    return [hashlib.sha256(fingerprint(m)).digest() for m in messages]
 
 
 def messages_digest(messages: Sequence[ViewMessage]) -> str:
@@ -92,12 +92,16 @@ def estimate(
     route_state: RouteState | None,
     route_model: RouteModel | None,
     bounds: RatioBounds,
+    digests: Sequence[bytes] | None = None,
 ) -> tuple[int, EstimateMethod, EstimateBasis]:
+    """`digests` are the messages' fingerprints when the caller already has them."""
     ledger = sum(row.tokens for row in layers)
     history = {Layer.HISTORY, Layer.WORKING_SET}
     fixed = sum(row.tokens for row in layers if row.layer not in history)
     rs = route_state
-    digests = message_digests(messages)  # once: both the prefix check and the record use them
+    if digests is None:
+        # Once: both the prefix check and the record use them.
+        digests = message_digests(messages)
     full = _fold(digests)
     table = b"".join(d[:DIGEST_PREFIX] for d in digests)
     tokens = tuple(m.tokens for m in messages)

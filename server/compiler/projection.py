@@ -21,7 +21,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.text import escape_fences
 from server.compiler.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
@@ -42,9 +41,7 @@ from server.domain.model import (
     UserMessage,
     starts_turn,
 )
-from server.domain.records import Checkpoint, CheckpointKind
-
-MISSING_RESULT = "[no result was recorded for this call: it was interrupted or never finished]"
+from server.domain.records import Checkpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,81 +260,6 @@ def _merge_calls(messages: list[ViewMessage]) -> list[ViewMessage]:
     return out
 
 
-def pair_tool_messages(messages: list[ViewMessage], notes: list[str]) -> list[ViewMessage]:
-    """Every result directly follows its call; every call gets exactly one result.
-
-    One pass: calls stay open until their result; a message that is not a result closes
-    the open calls with synthetic results (the call's id, so the pair is stable across
-    compiles). A result with no open call gets its call back, folded into the open
-    assistant message when there is one so results stay contiguous. A call id reused
-    after its pair closed is renamed `<id>~<n>` in the view, since providers require
-    unique ids within a request.
-    """
-    out: list[ViewMessage] = []
-    open_calls: list[tuple[str, ToolCall]] = []  # (original id, call as shown), in order
-    used: dict[str, int] = {}
-    block_start = -1  # index in `out` of the assistant message whose calls are open
-
-    def show(call: ToolCall) -> ToolCall:
-        n = used.get(call.call_id, 0) + 1
-        used[call.call_id] = n
-        return call if n == 1 else replace(call, call_id=f"{call.call_id}~{n}")
-
-    def close(layer: Layer) -> None:
-        for _, call in open_calls:
-            out.append(
-                ViewMessage(
-                    Role.TOOL,
-                    (ViewPart(text=MISSING_RESULT),),
-                    layer,
-                    0,
-                    tool_call_id=call.call_id,
-                    tool_name=call.name,
-                    synthetic=True,
-                    is_error=True,
-                )
-            )
-        open_calls.clear()
-
-    answered: set[str] = set()  # original ids answered since the last non-result message
-    seen: dict[str, ToolCall] = {}  # original id -> the latest call logged with it
-    for m in messages:
-        if m.role != Role.TOOL:
-            close(m.layer)
-            answered.clear()
-            seen.update((c.call_id, c) for c in m.tool_calls)
-            shown = tuple(show(c) for c in m.tool_calls)
-            open_calls.extend((c.call_id, s) for c, s in zip(m.tool_calls, shown, strict=True))
-            if shown:
-                block_start = len(out)
-            out.append(m if shown == m.tool_calls else replace(m, tool_calls=shown))
-            continue
-        idx = next((i for i, (orig, _) in enumerate(open_calls) if orig == m.tool_call_id), None)
-        call = open_calls.pop(idx)[1] if idx is not None else None
-        if call is None:
-            if m.tool_call_id in answered:
-                notes.append(f"dropped a second result for call {m.tool_call_id}")
-                continue
-            # The call's pair was closed early, or the call is not in view (summarised
-            # away or never logged): restore it, with its arguments when they are known.
-            logged = seen.get(m.tool_call_id)
-            call = show(logged or ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}"))
-            why = "its pair was closed early" if logged else "its call is not in the view"
-            notes.append(f"restored a call for result {m.tool_call_id}: {why}")
-            if open_calls and block_start >= 0:
-                host = out[block_start]
-                out[block_start] = replace(host, tool_calls=(*host.tool_calls, call))
-            else:
-                out.append(
-                    ViewMessage(Role.ASSISTANT, (), m.layer, 0, tool_calls=(call,), synthetic=True)
-                )
-                block_start = len(out) - 1
-        answered.add(m.tool_call_id)
-        out.append(m if call.call_id == m.tool_call_id else replace(m, tool_call_id=call.call_id))
-    close(out[-1].layer if out else Layer.HISTORY)
-    return out
-
-
 def _apply_images(
     messages: list[ViewMessage], policy: ImagePolicy, notes: list[str]
 ) -> list[ViewMessage]:
@@ -389,61 +311,3 @@ def _native_state(events: Sequence[Event], route_id: str) -> NativeState | None:
             state = e.payload.native_state
             return state if state is not None and state.route_id == route_id else None
     return None
-
-
-def project(
-    events: Sequence[Event],
-    counter: TokenCounter,
-    *,
-    checkpoint: Checkpoint | None = None,
-    current_user: Event | None = None,
-    route_id: str = "",
-    images: ImagePolicy = ImagePolicy(),
-) -> Projection:
-    """`events` are the whole log (no checkpoint) or the events after the checkpoint;
-    `current_user` is the latest user message when the checkpoint covers it."""
-    notes: list[str] = []
-    if current_user is None:
-        starts = [e for e in events if is_user_turn_start(e)]
-        current_user = starts[-1] if starts else None
-    ws_seq = current_user.seq if current_user is not None else None
-    kept = _kept_reasoning_seqs(events)
-    raw: list[ViewMessage] = []
-    builtin = checkpoint is not None and checkpoint.kind == CheckpointKind.BUILTIN
-    if checkpoint is not None and not builtin:
-        raw.append(
-            ViewMessage(
-                Role.USER,
-                (ViewPart(text=render_summary(checkpoint), authority=Authority.OPERATOR),),
-                Layer.HISTORY,
-                0,
-                synthetic=True,
-            )
-        )
-        if current_user is not None and current_user.seq <= checkpoint.covers_through_seq:
-            msg = _message(current_user, False)
-            if msg is not None:
-                raw.append(msg)
-    elided = 0
-    for event in events:
-        msg = _message(event, event.seq in kept)
-        if msg is None:
-            continue
-        if builtin and checkpoint is not None and event.seq <= checkpoint.covers_through_seq:
-            shorter = elide_result(event)
-            if shorter is not None:
-                msg, elided = replace(msg, parts=(ViewPart(text=shorter),)), elided + 1
-        raw.append(msg)
-    if elided:
-        notes.append(f"built-in compaction: {elided} older tool result(s) shown by reference")
-    layered = [
-        replace(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
-        for m in _merge_calls(raw)
-    ]
-    paired = opened(well_formed_calls(pair_tool_messages(non_empty(layered), notes), notes))
-    imaged = _apply_images(paired, images, notes)
-    sized = tuple(with_tokens(m, message_tokens(m, counter)) for m in imaged)
-    blobs = elided > 0 or any(
-        isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events
-    )
-    return Projection(sized, tuple(notes), _native_state(events, route_id), blobs)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
-from server.compiler.compile import CompileInputs, compile_view, section_digests
+from server.compiler.compile import CompileInputs, compile_incremental, section_digests
 from server.compiler.projection import has_elidable
 from server.compiler.render import RenderFormat, render
 from server.compiler.route_model import (
@@ -39,6 +39,7 @@ from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
 from server.service.inputs import MAX_USAGE_TOKENS, InputAssembler, effective_limits
 from server.service.loading import HistoryLoader, LoadedHistory
+from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
@@ -109,6 +110,8 @@ class CompilerSettings:
     learning: LearningConfig = LearningConfig()
     # Built-in compaction when the budget asks for it (R-MISC-5 a).
     auto_compact: bool = True
+    # Memory for compile memos; 0 compiles every view from scratch.
+    memo_bytes: int = 64 << 20
 
 
 class CompileUseCases:
@@ -141,6 +144,7 @@ class CompileUseCases:
         self._assembler = InputAssembler(
             store, self._loader, sources, catalog, settings, clock, ids
         )
+        self._memos = MemoCache(settings.memo_bytes, telemetry)
 
     async def compile(self, opts: CompileOptions, *, may_compact: bool = True) -> CompileResult:
         started = time.perf_counter()
@@ -256,9 +260,19 @@ class CompileUseCases:
         self, opts: CompileOptions
     ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo]:
         """Blocking: load everything the compile needs, then run the pure compiler."""
-        session, inputs, info, history = self._assembler.assemble(opts)
+        # Only compiles at the head continue from a memo (and leave one): time travel
+        # compiles against another boundary and sources than the next step will.
+        at_head = not opts.as_of_seq and not opts.rebuild_compile_id and self._settings.memo_bytes
+        session = self._store.get_session(opts.session_id) if at_head else None
+        key = (opts.session_id, session.create_time_ns if session else 0, opts.route.route_id)
+        memo = self._memos.get(key) if session is not None else None
+        session, inputs, info, history = self._assembler.assemble(opts, memo)
         counter = self._tokenizers.for_model(info)
-        return session, history, compile_view(inputs, counter), counter, inputs, info
+        view, new_memo, reused = compile_incremental(inputs, counter, memo)
+        if at_head:
+            self._telemetry.memo_used("hit" if reused else "stale" if memo else "miss")
+            self._memos.put(key, new_memo)
+        return session, history, view, counter, inputs, info
 
     async def _builtin_compaction(
         self, session: Session, history: LoadedHistory, view: CompiledView

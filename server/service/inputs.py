@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from server.compiler.budget import ModelLimits
 from server.compiler.compile import CompileInputs
+from server.compiler.incremental import ProjectionMemo
 from server.compiler.projection import ImagePolicy
 from server.compiler.route_model import counter_kind
 from server.compiler.system import EnvironmentInfo
@@ -88,8 +89,9 @@ class InputAssembler:
         return recall(self._store, session.session_id, record.basis_digest), record
 
     def assemble(
-        self, opts: CompileOptions
+        self, opts: CompileOptions, memo: ProjectionMemo | None = None
     ) -> tuple[Session, CompileInputs, ModelInfo, LoadedHistory]:
+        """`memo`: the previous compile's, whose events need not be read again."""
         session = self._store.get_session(opts.session_id)
         if opts.as_of_seq > session.head_seq:
             raise CtxccError(
@@ -100,7 +102,7 @@ class InputAssembler:
         found = self._recalled(opts, session)
         if found is not None and opts.rebuild_compile_id:
             return session, *self._rebuilt_inputs(session, *found)
-        return session, *self._inputs(opts, session, found)
+        return session, *self._inputs(opts, session, found, memo)
 
     def _rebuilt_inputs(
         self, session: Session, old: Recalled, record: CompileRecord
@@ -150,6 +152,7 @@ class InputAssembler:
         opts: CompileOptions,
         session: Session,
         found: tuple[Recalled, CompileRecord] | None,
+        memo: ProjectionMemo | None = None,
     ) -> tuple[CompileInputs, ModelInfo, LoadedHistory]:
         """A compile's inputs: the request's own parameters, with the sources and state read
         now, or, for `as_of_seq` at a recorded step, as that step read them."""
@@ -177,7 +180,7 @@ class InputAssembler:
             previous: tuple[tuple[int, str], ...] | None = b.previous_sections
             time_text = b.environment.time_text
         else:
-            history = self._loader.load(session, boundary, opts.route)
+            history = self._loader.load(session, boundary, opts.route, known=memo)
             route_state = self._route_state(opts)
             route_model = self._store.get_route_model(opts.route.route_id)
             sources = self._sources.session_sources(

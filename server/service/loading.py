@@ -13,6 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
+from server.compiler.incremental import ProjectionMemo
 from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
@@ -94,9 +95,12 @@ class HistoryLoader:
         *,
         until_ns: int | None = None,
         recorded: tuple[str, tuple[FallbackReason, ...]] | None = None,
+        known: ProjectionMemo | None = None,
     ) -> LoadedHistory:
         """`until_ns` hides checkpoints made later; `recorded` (checkpoint id, reasons)
-        repeats the choice a recorded compile made instead of choosing again."""
+        repeats the choice a recorded compile made instead of choosing again; `known`
+        holds events already read after the same checkpoint choice (the log is
+        append-only, so only later ones are read)."""
         sid = session.session_id
         chosen: Checkpoint | None = None
         if recorded is not None:
@@ -123,18 +127,13 @@ class HistoryLoader:
                 if pick is not None:
                     chosen = pick
                     break
-        if chosen is None:
-            events = self._store.read_events(sid, 0, None, frozenset(), boundary)
-            current = None
-        elif chosen.kind == CheckpointKind.BUILTIN:
+        if chosen is None or chosen.kind == CheckpointKind.BUILTIN:
             # A built-in checkpoint keeps every message and shortens old tool results:
             # the projection needs the covered events too.
-            events = self._store.read_events(sid, 0, None, frozenset(), boundary)
+            events = self._read(sid, 0, boundary, chosen, known)
             current = None
         else:
-            events = self._store.read_events(
-                sid, chosen.covers_through_seq, None, frozenset(), boundary
-            )
+            events = self._read(sid, chosen.covers_through_seq, boundary, chosen, known)
             current = None
             if not any(starts_turn(e.payload) for e in events):
                 current = self._store.last_turn_start(sid, chosen.covers_through_seq)
@@ -149,6 +148,25 @@ class HistoryLoader:
             activated=activated,
             artifacts=self._artifact_sizes(sid, [*events, *([current] if current else [])]),
         )
+
+    def _read(
+        self,
+        sid: str,
+        after: int,
+        boundary: int,
+        chosen: Checkpoint | None,
+        known: ProjectionMemo | None,
+    ) -> list[Event]:
+        ck_id = chosen.checkpoint_id if chosen is not None else ""
+        if known is not None and known.checkpoint_id == ck_id:
+            last = known.events[-1].seq if known.events else after
+            first = known.events[0].seq if known.events else after + 1
+            if first == after + 1 and last <= boundary:
+                return [
+                    *known.events,
+                    *self._store.read_events(sid, last, None, frozenset(), boundary),
+                ]
+        return self._store.read_events(sid, after, None, frozenset(), boundary)
 
     def _artifact_sizes(self, sid: str, events: list[Event]) -> tuple[tuple[str, int], ...]:
         wanted: list[str] = []

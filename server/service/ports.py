@@ -149,6 +149,11 @@ class Telemetry(Protocol):
 
     def compaction(self, kind: str, performed: bool) -> None: ...
 
+    def memo_used(self, outcome: str) -> None:
+        """A compile's memo lookup: hit, miss (none kept) or stale (kept, not valid)."""
+
+    def memo_changed(self, evicted: int, size_bytes: int) -> None: ...
+
 
 class Workspace(Protocol):
     """Reads instruction files, skills, rules and memory files under configured roots."""

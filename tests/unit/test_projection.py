@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
 from server.compiler.compile import CompileInputs, compile_view
-from server.compiler.projection import ImagePolicy, project
+from server.compiler.incremental import project
+from server.compiler.projection import ImagePolicy
 from server.compiler.view import FallbackReason, Layer, ToolOrigin, ViewMessage
 from server.domain.canonical import events_digest
 from server.domain.model import (

@@ -1,0 +1,303 @@
+"""The history projection, run from scratch or continued from the previous compile's memo.
+
+Rules this module keeps:
+- the log is append-only, so what the projection made of the events before the latest
+  turn start is final: those messages are history (the working set starts at the
+  latest user message), their pairs are closed by that user message, and reasoning is
+  kept or dropped per turn. The memo holds them, sized and fingerprinted, with the
+  pairing state at that point; the next compile processes only the events from there;
+- a memo is used only when every input it depends on is verifiably the same: the same
+  checkpoint, the same events before its boundary (the very objects, or equal ones), a
+  cut that is still a turn start, and no current user re-injected from behind a
+  checkpoint. Anything else projects from scratch, so both ways give the same view
+  byte for byte (the property tests check it);
+- images are chosen newest first across the whole view, so a part holding an
+  attachment never enters the memo: the cut stops before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from server.compiler.estimate import fingerprint
+from server.compiler.pairing import PairState, pair_tool_messages
+from server.compiler.projection import (
+    ImagePolicy,
+    Projection,
+    _apply_images,
+    _kept_reasoning_seqs,
+    _merge_calls,
+    _message,
+    _native_state,
+    elide_result,
+    is_user_turn_start,
+    message_tokens,
+    render_summary,
+    with_tokens,
+)
+from server.compiler.provider_rules import non_empty, opened, well_formed_calls
+from server.compiler.tokens import TokenCounter
+from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
+from server.domain.model import Attachment, ContentPart, Event, Role, ToolResult
+from server.domain.records import Checkpoint, CheckpointKind
+
+# The default image policy (a shared frozen value).
+NO_LIMITS = ImagePolicy()
+# Rough bytes a memo holds beyond its texts, per message and per event.
+_OVERHEAD_BYTES = 400
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionMemo:
+    """What one compile's projection leaves for the next (a frozen value)."""
+
+    checkpoint_id: str
+    # Every event the compile saw, the log after its checkpoint (or all of it).
+    events: tuple[Event, ...]
+    # events[:cut] are done: `messages` is their final part of the view.
+    cut: int
+    messages: tuple[ViewMessage, ...]
+    digests: tuple[bytes, ...]
+    pair: PairState
+    pair_notes: tuple[str, ...]
+    form_notes: tuple[str, ...]
+    elided: int
+    blobs: bool
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class IncrementalProjection:
+    projection: Projection
+    # sha256 fingerprints of projection.messages, in order.
+    digests: tuple[bytes, ...]
+    memo: ProjectionMemo | None
+    # True when the previous memo was verified and used.
+    reused: bool
+
+
+@dataclass(slots=True)
+class _Run:
+    """Accumulates one projection: the part taken from a memo, then fresh segments."""
+
+    messages: list[ViewMessage]
+    digests: list[bytes]
+    pair: PairState
+    pair_notes: list[str]
+    form_notes: list[str]
+    elided: int
+
+
+def _usable(
+    memo: ProjectionMemo | None,
+    events: Sequence[Event],
+    checkpoint: Checkpoint | None,
+    current_user: Event | None,
+) -> bool:
+    if memo is None or current_user is not None:
+        return False
+    ck_id = checkpoint.checkpoint_id if checkpoint is not None else ""
+    n = len(memo.events)
+    return (
+        memo.checkpoint_id == ck_id
+        and n <= len(events)
+        and tuple(events[:n]) == memo.events
+        and (memo.cut == 0 or (memo.cut < n and is_user_turn_start(events[memo.cut])))
+    )
+
+
+def _good_cut(event: Event) -> bool:
+    """A turn start whose message survives as a non-empty user message: it closes every
+    open call, so the part after it never reaches back into the part before."""
+    msg = _message(event, False)
+    return msg is not None and msg.role is Role.USER and bool(msg.parts)
+
+
+def _segment(
+    run: _Run,
+    events: Sequence[Event],
+    head: list[ViewMessage],
+    ws_seq: int | None,
+    checkpoint: Checkpoint | None,
+    *,
+    final: bool,
+) -> list[ViewMessage]:
+    """Projects `events` (from a turn start, or the log's first event) up to pairing and
+    well-formed calls, continuing `run`'s pairing state."""
+    kept = _kept_reasoning_seqs(events)
+    builtin = checkpoint is not None and checkpoint.kind == CheckpointKind.BUILTIN
+    raw = list(head)
+    for event in events:
+        msg = _message(event, event.seq in kept)
+        if msg is None:
+            continue
+        if builtin and checkpoint is not None and event.seq <= checkpoint.covers_through_seq:
+            shorter = elide_result(event)
+            if shorter is not None:
+                msg, run.elided = replace(msg, parts=(ViewPart(text=shorter),)), run.elided + 1
+        raw.append(msg)
+    layered = [
+        replace(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
+        for m in _merge_calls(raw)
+    ]
+    paired, run.pair = pair_tool_messages(non_empty(layered), run.pair_notes, run.pair, final=final)
+    formed = well_formed_calls(paired, run.form_notes)
+    return opened(formed) if not run.messages else formed
+
+
+def _head(checkpoint: Checkpoint | None, current_user: Event | None) -> list[ViewMessage]:
+    """The summary, and the current user's request when the checkpoint covers it."""
+    if checkpoint is None or checkpoint.kind == CheckpointKind.BUILTIN:
+        return []
+    out = [
+        ViewMessage(
+            Role.USER,
+            (ViewPart(text=render_summary(checkpoint), authority=Authority.OPERATOR),),
+            Layer.HISTORY,
+            0,
+            synthetic=True,
+        )
+    ]
+    if current_user is not None and current_user.seq <= checkpoint.covers_through_seq:
+        msg = _message(current_user, False)
+        if msg is not None:
+            out.append(msg)
+    return out
+
+
+def _sized(messages: Sequence[ViewMessage], counter: TokenCounter) -> list[ViewMessage]:
+    return [with_tokens(m, message_tokens(m, counter)) for m in messages]
+
+
+def _digests(messages: Sequence[ViewMessage]) -> list[bytes]:
+    return [hashlib.sha256(fingerprint(m)).digest() for m in messages]
+
+
+def _size(messages: Sequence[ViewMessage], events: Sequence[Event]) -> int:
+    text = sum(len(p.text or "") for m in messages for p in m.parts) + sum(
+        len(c.arguments_json) for m in messages for c in m.tool_calls
+    )
+    return 2 * text + _OVERHEAD_BYTES * (len(messages) + len(events))
+
+
+def project_incremental(
+    events: Sequence[Event],
+    counter: TokenCounter,
+    *,
+    checkpoint: Checkpoint | None = None,
+    current_user: Event | None = None,
+    route_id: str = "",
+    images: ImagePolicy = NO_LIMITS,
+    memo: ProjectionMemo | None = None,
+    remember: bool = True,
+) -> IncrementalProjection:
+    """`events` are the whole log (no checkpoint) or the events after the checkpoint;
+    `current_user` is the latest user message when the checkpoint covers it. Without
+    `remember` the events are projected in one piece and no memo is made: the plain
+    from-scratch projection the incremental one is held to."""
+    reused = _usable(memo, events, checkpoint, current_user)
+    if reused and memo is not None:
+        start = memo.cut
+        run = _Run(
+            list(memo.messages),
+            list(memo.digests),
+            memo.pair,
+            list(memo.pair_notes),
+            list(memo.form_notes),
+            memo.elided,
+        )
+    else:
+        start = 0
+        run = _Run([], [], PairState(), [], [], 0)
+    tail = events[start:]
+    user = current_user
+    if user is None:
+        user = next((e for e in reversed(tail) if is_user_turn_start(e)), None)
+    ws_seq = user.seq if user is not None else None
+    head = _head(checkpoint, current_user) if start == 0 else []
+    # The new cut: the latest turn start, when it is a clean one and nothing before it
+    # in the tail carries an attachment (a memo never holds one).
+    cut = start
+    if remember and current_user is None and user is not None and _good_cut(user):
+        at = start + next(i for i in range(len(tail) - 1, -1, -1) if tail[i] is user)
+        if not any(_has_attachment(e) for e in events[start:at]):
+            cut = at
+    done: list[ViewMessage] = []
+    if cut > start:
+        done = _segment(run, events[start:cut], head, ws_seq, checkpoint, final=False)
+        head = []
+    done_sized = _sized(done, counter)
+    run.messages += done_sized
+    run.digests += _digests(done_sized)
+    kept_state = (run.pair, len(run.pair_notes), len(run.form_notes), run.elided)
+    rest = _segment(run, events[cut:], head, ws_seq, checkpoint, final=True)
+    notes: list[str] = []
+    rest_notes: list[str] = []
+    imaged = _apply_images(rest, images, rest_notes)
+    rest_sized = _sized(imaged, counter)
+    messages = tuple(run.messages + rest_sized)
+    digests = tuple(run.digests + _digests(rest_sized))
+    if run.elided:
+        notes.append(f"built-in compaction: {run.elided} older tool result(s) shown by reference")
+    notes += run.pair_notes + run.form_notes + rest_notes
+    pre_blobs = memo.blobs if (reused and memo is not None) else False
+    done_blobs = pre_blobs or any(
+        isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events[start:cut]
+    )
+    blobs = (
+        run.elided > 0
+        or done_blobs
+        or any(
+            isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events[cut:]
+        )
+    )
+    projection = Projection(messages, tuple(notes), _native_state(events, route_id), blobs)
+    new_memo = None
+    if remember and current_user is None:
+        pair, n_pair, n_form, elided = kept_state
+        prefix = tuple(run.messages)
+        new_memo = ProjectionMemo(
+            checkpoint_id=checkpoint.checkpoint_id if checkpoint is not None else "",
+            events=tuple(events),
+            cut=cut,
+            messages=prefix,
+            digests=tuple(run.digests),
+            pair=pair,
+            pair_notes=tuple(run.pair_notes[:n_pair]),
+            form_notes=tuple(run.form_notes[:n_form]),
+            elided=elided,
+            blobs=done_blobs,
+            size_bytes=_size(prefix, events),
+        )
+    return IncrementalProjection(projection, digests, new_memo, reused)
+
+
+def _has_attachment(event: Event) -> bool:
+    p = event.payload
+    if isinstance(p, Attachment):
+        return True
+    parts: Sequence[ContentPart] = getattr(p, "parts", ())
+    return any(part.attachment is not None for part in parts)
+
+
+def project(
+    events: Sequence[Event],
+    counter: TokenCounter,
+    *,
+    checkpoint: Checkpoint | None = None,
+    current_user: Event | None = None,
+    route_id: str = "",
+    images: ImagePolicy = NO_LIMITS,
+) -> Projection:
+    """The projection from scratch."""
+    return project_incremental(
+        events,
+        counter,
+        checkpoint=checkpoint,
+        current_user=current_user,
+        route_id=route_id,
+        images=images,
+        remember=False,
+    ).projection

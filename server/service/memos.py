@@ -1,0 +1,59 @@
+"""The compile memos of recent sessions: a bounded LRU by bytes.
+
+A memo is a frozen value (compiler/incremental.py), so a compile reads one without a
+lock held and two compiles of one session at once simply race to store theirs: either
+is valid for the next compile, which verifies it anyway. Keyed by (session, route):
+an agent switching routes keeps both memos warm.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from server.compiler.incremental import ProjectionMemo
+from server.service.ports import Telemetry
+
+MemoKey = tuple[str, int, str]  # session id, session create time, route id
+
+
+class MemoCache:
+    def __init__(self, max_bytes: int, telemetry: Telemetry) -> None:
+        self._max = max_bytes
+        self._telemetry = telemetry
+        self._items: OrderedDict[MemoKey, ProjectionMemo] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: MemoKey) -> ProjectionMemo | None:
+        with self._lock:
+            memo = self._items.get(key)
+            if memo is not None:
+                self._items.move_to_end(key)
+            return memo
+
+    def put(self, key: MemoKey, memo: ProjectionMemo | None) -> None:
+        evicted = 0
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old.size_bytes
+            if memo is None or memo.size_bytes > self._max:
+                return  # one memo over the whole budget is not kept
+            self._items[key] = memo
+            self._bytes += memo.size_bytes
+            while self._bytes > self._max:
+                _, gone = self._items.popitem(last=False)
+                self._bytes -= gone.size_bytes
+                evicted += 1
+            size = self._bytes
+        self._telemetry.memo_changed(evicted, size)
+
+    def drop_session(self, session_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._items if k[0] == session_id]:
+                self._bytes -= self._items.pop(key).size_bytes
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes

@@ -1,0 +1,79 @@
+"""Incremental compilation through a real daemon: steps continue from the session's memo
+(counted on /metrics), and every view equals the recorded compile rebuilt from the store
+from scratch, byte for byte."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import make_config, stubs_for
+from tests.helpers import assistant, compile_request, tool_result, user
+
+
+def lookups(d: Daemon) -> dict[str, float]:
+    url = f"http://{d.endpoints.metrics}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    found = re.findall(r'ctxcc_compile_memo_lookups_total\{outcome="(\w+)"\} (\S+)', text)
+    return {k: float(v) for k, v in found}
+
+
+async def steps(d: Daemon) -> list[tuple[cpb.CompileResponse, cpb.CompileResponse]]:
+    api = stubs_for(str(d.endpoints.tcp))
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="inc"))
+        )
+        out = []
+        for i in range(6):
+            events = [user(f"task {i}")] if i % 2 == 0 else []
+            events += [
+                assistant(f"step {i}", (f"c{i}", "shell", '{"cmd": "ls"}')),
+                tool_result(f"c{i}", f"files {i}"),
+                assistant("", (f"open{i}", "shell", "{}")),  # left open: paired synthetically
+            ]
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="inc", events=events)
+            )
+            got = await api.compiles.Compile(compile_request("inc"))
+            again = await api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=got.view.compile_id)
+            )
+            out.append((got, again))
+        return out
+    finally:
+        await api.channel.close()
+
+
+async def test_steps_hit_the_memo_and_match_a_rebuild_from_scratch(short_tmp: Path) -> None:
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        for got, rebuilt in await steps(d):
+            assert got.view.messages, "the view has the session's history"
+            assert [m.SerializeToString() for m in got.view.messages] == [
+                m.SerializeToString() for m in rebuilt.view.messages
+            ]
+            assert got.view.SerializeToString() == rebuilt.view.SerializeToString()
+        counted = lookups(d)
+        assert counted["miss"] == 1  # the first compile of the session
+        assert counted["hit"] == 5
+        assert counted["stale"] == 0
+    finally:
+        await d.stop()
+
+
+async def test_memo_off_compiles_from_scratch_with_the_same_views(short_tmp: Path) -> None:
+    d = Daemon(make_config(short_tmp, compile_memo_bytes="0"))
+    await d.start()
+    try:
+        for got, rebuilt in await steps(d):
+            assert got.view.SerializeToString() == rebuilt.view.SerializeToString()
+        assert lookups(d) == {"hit": 0, "miss": 0, "stale": 0}
+    finally:
+        await d.stop()

@@ -1,0 +1,182 @@
+"""Incremental compilation: a view compiled from the previous compile's memo is the view
+compiled from scratch, byte for byte, over random histories."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from server.compiler.compile import CompileInputs, compile_incremental, compile_view
+from server.compiler.incremental import ProjectionMemo
+from server.compiler.projection import ImagePolicy
+from server.domain.model import (
+    ArtifactRef,
+    AssistantMessage,
+    Attachment,
+    BlobRef,
+    ContentPart,
+    Event,
+    NativeState,
+    Payload,
+    Route,
+    Session,
+    ToolCall,
+    ToolResult,
+    TurnCancelled,
+    UserMessage,
+    starts_turn,
+)
+from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.tools import ToolSpec, ToolVisibility
+from server.transport.convert_view import view_out
+from tests.unit.test_system_prompt import WordCounter
+
+C = WordCounter()
+ROUTES = (Route(model="claude-sonnet-4"), Route(connection="b", model="gpt-4o"))
+SESSION = Session("s", 1, 1)
+IMAGE = ArtifactRef("img1", "image/png", 100, "ab", 10, 10)
+TOOLS = (
+    ToolSpec("shell", "Run a command", '{"type":"object"}', ToolVisibility.DIRECT),
+    ToolSpec("grep", "Search files", '{"type":"object"}', ToolVisibility.DEFERRED),
+)
+
+words = st.sampled_from(["fix", "the", "bug", "in", "a.py", "", "ok"])
+texts = st.lists(words, min_size=1, max_size=4).map(" ".join)
+call_ids = st.sampled_from(["c1", "c2", "c3"])
+arguments = st.sampled_from(['{"path": "a.py"}', "{bad", "", '{"q": "grep"}'])
+calls = st.builds(ToolCall, call_ids, st.sampled_from(["shell", "tool_search"]), arguments)
+parts = st.one_of(texts.map(lambda t: ContentPart(text=t)), st.just(ContentPart(attachment=IMAGE)))
+payloads: st.SearchStrategy[Payload] = st.one_of(
+    st.lists(parts, max_size=2).map(lambda ps: UserMessage(tuple(ps))),
+    st.builds(
+        AssistantMessage,
+        st.lists(parts, max_size=1).map(tuple),
+        st.lists(calls, max_size=2).map(tuple),
+        st.sampled_from(["", "thinking"]),
+        st.sampled_from(
+            [None, NativeState(ROUTES[0].route_id, "k", b"x"), NativeState("other", "k", b"y")]
+        ),
+    ),
+    calls,
+    st.builds(
+        ToolResult,
+        call_ids,
+        st.just("shell"),
+        st.sampled_from(["done", "x" * 2100, None]),
+        st.just(None),
+        st.booleans(),
+    ),
+    st.builds(TurnCancelled, st.just(""), st.booleans()),
+    st.just(Attachment(IMAGE)),
+)
+
+
+def _fix(p: Payload) -> Payload:
+    # A result without text stands for one stored as a blob.
+    if isinstance(p, ToolResult) and p.text is None:
+        return ToolResult(p.call_id, p.tool_name, None, BlobRef("ff", 5000, "head"), p.is_error)
+    return p
+
+
+@dataclass(frozen=True)
+class Step:
+    new: list[Payload]
+    route: int
+    checkpoint: str  # "", "summary" or "builtin"
+    covers: float
+    restart: bool
+    activate: bool
+
+
+steps = st.builds(
+    Step,
+    st.lists(payloads, max_size=6),
+    st.integers(0, 1),
+    st.sampled_from(["", "", "summary", "builtin"]),
+    st.floats(0, 1),
+    st.integers(0, 5).map(lambda n: n == 0),
+    st.booleans(),
+)
+
+
+def inputs_for(log: list[Event], step: Step, n: int) -> CompileInputs:
+    """What the loader hands the core: the log after a summary checkpoint (with the
+    covered current user) or all of it."""
+    ck = None
+    events = tuple(log)
+    current = None
+    if step.checkpoint and log:
+        through = max(1, int(step.covers * len(log)))
+        kind = (
+            CheckpointKind.BUILTIN if step.checkpoint == "builtin" else CheckpointKind.MODEL_SUMMARY
+        )
+        ck = Checkpoint(f"k{through}{kind}", "s", through, "so far", None, True, "", kind, 0)
+        if kind is CheckpointKind.MODEL_SUMMARY:
+            events = tuple(log[through:])
+            if not any(starts_turn(e.payload) for e in events):
+                current = next((e for e in reversed(log[:through]) if starts_turn(e.payload)), None)
+    return CompileInputs(
+        compile_id=f"s:{n}",
+        session=SESSION,
+        events=events,
+        event_boundary=len(log),
+        route=ROUTES[step.route],
+        tools=TOOLS,
+        activated_tools=("grep",) if step.activate else (),
+        checkpoint=ck,
+        current_user=current,
+        images=ImagePolicy(existing=(("img1", 100),), max_images=1),
+    )
+
+
+def wire(view: object) -> bytes:
+    return view_out(view).SerializeToString(deterministic=True)  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(steps, min_size=1, max_size=8))
+def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]) -> None:
+    log: list[Event] = []
+    memos: dict[int, ProjectionMemo | None] = {}
+    for n, step in enumerate(script):
+        for p in step.new:
+            log.append(Event(len(log) + 1, f"e{len(log) + 1}", n, _fix(p)))
+        if step.restart:
+            memos.clear()  # a daemon restart: memos live in memory only
+        inputs = inputs_for(log, step, n)
+        view, memos[step.route], _ = compile_incremental(inputs, C, memos.get(step.route))
+        scratch = compile_view(inputs, C)
+        assert view.messages == scratch.messages
+        assert view.notes == scratch.notes
+        assert view == scratch
+        assert wire(view) == wire(scratch)
+
+
+def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
+    said = AssistantMessage((ContentPart(text="reading"),), (ToolCall("c1", "shell", "{}"),))
+    turn: list[Payload] = [
+        UserMessage((ContentPart(text="fix it"),)),
+        said,
+        ToolResult("c1", "shell", "ok"),
+    ]
+    log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn * 3)]
+    step = Step([], 0, "", 0, False, False)
+    view, memo, reused = compile_incremental(inputs_for(log, step, 0), C, None)
+    assert not reused and memo is not None and memo.cut == 6  # the third turn starts at 7
+    log.append(Event(10, "e10", 0, UserMessage((ContentPart(text="next"),))))
+    later, memo2, reused = compile_incremental(inputs_for(log, step, 1), C, memo)
+    assert reused and memo2 is not None and memo2.cut == 9
+    assert later.messages[:6] == view.messages[:6]
+    assert later.messages[6] is memo2.messages[6]  # the memo's own objects, not copies
+
+
+def test_a_memo_from_another_checkpoint_is_not_used() -> None:
+    turn: list[Payload] = [UserMessage((ContentPart(text="go"),)), ToolCall("c1", "shell", "{}")]
+    log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn * 3)]
+    _, memo, _ = compile_incremental(inputs_for(log, Step([], 0, "", 0, False, False), 0), C, None)
+    with_ck = inputs_for(log, Step([], 0, "builtin", 0.5, False, False), 1)
+    view, _, reused = compile_incremental(with_ck, C, memo)
+    assert not reused
+    assert view == compile_view(with_ck, C)
