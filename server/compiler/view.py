@@ -91,7 +91,9 @@ class ViewPart:
     authority: Authority = Authority.USER_CONTROLLABLE
 
 
-@dataclass(frozen=True, slots=True)
+# weakref_slot: the transport caches each message's encoding for as long as it lives
+# (memos keep the messages of old turns alive from one compile to the next).
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ViewMessage:
     role: Role
     parts: tuple[ViewPart, ...]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2, tool_pb2, view_pb2
@@ -87,6 +88,43 @@ def _message_out(m: ViewMessage) -> view_pb2.ViewMessage:
             out.parts.append(view_pb2.ViewPart(attachment=att, authority=authority))
     out.tool_calls.extend(call_out(c) for c in m.tool_calls)
     return out
+
+
+# CompiledView.messages is field 10: each message goes on the wire as this tag, its
+# length and its bytes, so a view's messages are the concatenation of those records.
+_MESSAGES_TAG = bytes([(10 << 3) | 2])
+# id(message) -> (weak reference to it, its tagged record); an entry leaves with its
+# message, so the cache holds what memos and views in flight hold and nothing more.
+_RECORDS: dict[int, tuple[weakref.ref[ViewMessage], bytes]] = {}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _forget(key: int) -> Callable[[object], None]:
+    def drop(_: object) -> None:
+        _RECORDS.pop(key, None)
+
+    return drop
+
+
+def message_record(m: ViewMessage) -> bytes:
+    """The message as one record of CompiledView.messages, encoded once per message
+    object: the messages a memo carries over are not converted again."""
+    key = id(m)
+    entry = _RECORDS.get(key)
+    if entry is not None and entry[0]() is m:
+        return entry[1]
+    data = _message_out(m).SerializeToString()
+    record = _MESSAGES_TAG + _varint(len(data)) + data
+    _RECORDS[key] = (weakref.ref(m, _forget(key)), record)
+    return record
 
 
 def _tool_out(t: ViewTool) -> view_pb2.ViewTool:
@@ -173,7 +211,8 @@ def view_out(
                 stable=s.stable,
             )
         )
-    out.messages.extend(_message_out(m) for m in v.messages)
+    # One parse of the concatenated records instead of a Python object per message.
+    out.MergeFromString(b"".join(message_record(m) for m in v.messages))
     if attachments:
         data = dict(attachments)
         for msg in out.messages:

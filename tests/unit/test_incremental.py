@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
 from server.compiler.incremental import ProjectionMemo
 from server.compiler.projection import ImagePolicy
+from server.compiler.view import CompiledView
 from server.domain.model import (
     ArtifactRef,
     AssistantMessage,
@@ -30,7 +31,7 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint, CheckpointKind
 from server.domain.tools import ToolSpec, ToolVisibility
-from server.transport.convert_view import view_out
+from server.transport.convert_view import _message_out, view_out
 from tests.unit.test_system_prompt import WordCounter
 
 C = WordCounter()
@@ -131,8 +132,17 @@ def inputs_for(log: list[Event], step: Step, n: int) -> CompileInputs:
     )
 
 
-def wire(view: object) -> bytes:
-    return view_out(view).SerializeToString(deterministic=True)  # type: ignore[arg-type]
+def wire(view: CompiledView) -> bytes:
+    """The view as sent: messages from their cached encoded records."""
+    return view_out(view).SerializeToString(deterministic=True)
+
+
+def wire_object_by_object(view: CompiledView) -> bytes:
+    """The same view with a protobuf object built for every message."""
+    out = view_out(view)
+    del out.messages[:]
+    out.messages.extend(_message_out(m) for m in view.messages)
+    return out.SerializeToString(deterministic=True)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -151,7 +161,7 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
         assert view.messages == scratch.messages
         assert view.notes == scratch.notes
         assert view == scratch
-        assert wire(view) == wire(scratch)
+        assert wire(view) == wire(scratch) == wire_object_by_object(scratch)
 
 
 def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
