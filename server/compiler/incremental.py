@@ -40,7 +40,14 @@ from server.compiler.projection import (
 from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
-from server.domain.model import Attachment, ContentPart, Event, Role, ToolResult
+from server.domain.model import (
+    Attachment,
+    ContentPart,
+    Event,
+    Role,
+    ToolResult,
+    TurnCancelled,
+)
 from server.domain.records import Checkpoint, CheckpointKind
 
 # The default image policy (a shared frozen value).
@@ -59,6 +66,10 @@ class ProjectionMemo:
     # events[:cut] are done: `messages` is their final part of the view.
     cut: int
     messages: tuple[ViewMessage, ...]
+    # The working set's first seq then (None: no user message yet), and how many of
+    # `messages` came before it (the rest are working set until the next turn starts).
+    ws_seq: int | None
+    ws_index: int
     digests: tuple[bytes, ...]
     pair: PairState
     pair_notes: tuple[str, ...]
@@ -103,16 +114,47 @@ def _usable(
     return (
         memo.checkpoint_id == ck_id
         and n <= len(events)
+        and memo.cut <= n
         and tuple(events[:n]) == memo.events
-        and (memo.cut == 0 or (memo.cut < n and is_user_turn_start(events[memo.cut])))
+        # Reasoning kept by a cancel reaches back to the turn's start, before the cut.
+        and not any(
+            isinstance(e.payload, TurnCancelled) and e.payload.keep_reasoning
+            for e in events[memo.cut :]
+        )
     )
 
 
-def _good_cut(event: Event) -> bool:
-    """A turn start whose message survives as a non-empty user message: it closes every
-    open call, so the part after it never reaches back into the part before."""
-    msg = _message(event, False)
-    return msg is not None and msg.role is Role.USER and bool(msg.parts)
+def _cut(events: Sequence[Event], start: int) -> int:
+    """The latest clean place to stop, after `start`: an event whose message survives
+    as a non-empty user or assistant message that does not merge into the one before
+    (parallel calls). Pairing closes every open call there, so the part after it never
+    reaches back into the part before (see pairing.py). Nothing before it in the tail
+    may carry an attachment."""
+    clean: int | None = None  # the latest clean candidate seen so far, scanning back
+    for i in range(len(events) - 1, -1, -1):
+        msg = _message(events[i], False)
+        if msg is None:
+            continue
+        if clean is not None:
+            # `msg` is the message before the candidate: a call-only assistant message
+            # after an assistant message would merge into it.
+            later = _message(events[clean], False)
+            merges = (
+                later is not None
+                and later.role is Role.ASSISTANT
+                and not later.parts
+                and msg.role is Role.ASSISTANT
+            )
+            if not merges and not any(_has_attachment(e) for e in events[start:clean]):
+                return clean
+            clean = None
+        if i <= start:
+            break
+        if msg.role is not Role.TOOL and (msg.parts or msg.tool_calls):
+            clean = i
+    if clean is not None and not any(_has_attachment(e) for e in events[start:clean]):
+        return clean  # nothing before it: nothing to merge into
+    return start
 
 
 def _segment(
@@ -120,13 +162,13 @@ def _segment(
     events: Sequence[Event],
     head: list[ViewMessage],
     ws_seq: int | None,
+    kept: set[int],
     checkpoint: Checkpoint | None,
     *,
     final: bool,
 ) -> list[ViewMessage]:
-    """Projects `events` (from a turn start, or the log's first event) up to pairing and
+    """Projects `events` (from a clean cut, or the log's first event) up to pairing and
     well-formed calls, continuing `run`'s pairing state."""
-    kept = _kept_reasoning_seqs(events)
     builtin = checkpoint is not None and checkpoint.kind == CheckpointKind.BUILTIN
     raw = list(head)
     for event in events:
@@ -198,10 +240,25 @@ def project_incremental(
     `remember` the events are projected in one piece and no memo is made: the plain
     from-scratch projection the incremental one is held to."""
     reused = _usable(memo, events, checkpoint, current_user)
+    tail_start = 0 if not (reused and memo is not None) else memo.cut
+    tail_users = [e.seq for e in events[tail_start:] if is_user_turn_start(e)]
+    if current_user is not None:
+        ws_seq: int | None = current_user.seq
+    elif tail_users:
+        ws_seq = tail_users[-1]
+    else:
+        ws_seq = memo.ws_seq if (reused and memo is not None) else None
     if reused and memo is not None:
         start = memo.cut
+        kept_messages = list(memo.messages)
+        if ws_seq != memo.ws_seq:
+            # A new turn began: the old working set is history now (layers only; token
+            # counts and fingerprints do not depend on them).
+            kept_messages[memo.ws_index :] = [
+                replace(m, layer=Layer.HISTORY) for m in kept_messages[memo.ws_index :]
+            ]
         run = _Run(
-            list(memo.messages),
+            kept_messages,
             list(memo.digests),
             memo.pair,
             list(memo.pair_notes),
@@ -211,28 +268,19 @@ def project_incremental(
     else:
         start = 0
         run = _Run([], [], PairState(), [], [], 0)
-    tail = events[start:]
-    user = current_user
-    if user is None:
-        user = next((e for e in reversed(tail) if is_user_turn_start(e)), None)
-    ws_seq = user.seq if user is not None else None
     head = _head(checkpoint, current_user) if start == 0 else []
-    # The new cut: the latest turn start, when it is a clean one and nothing before it
-    # in the tail carries an attachment (a memo never holds one).
-    cut = start
-    if remember and current_user is None and user is not None and _good_cut(user):
-        at = start + next(i for i in range(len(tail) - 1, -1, -1) if tail[i] is user)
-        if not any(_has_attachment(e) for e in events[start:at]):
-            cut = at
+    cut = _cut(events, start) if remember and current_user is None else start
+    # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
+    kept = _kept_reasoning_seqs(events[start:])
     done: list[ViewMessage] = []
     if cut > start:
-        done = _segment(run, events[start:cut], head, ws_seq, checkpoint, final=False)
+        done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
         head = []
     done_sized = _sized(done, counter)
     run.messages += done_sized
     run.digests += _digests(done_sized)
     kept_state = (run.pair, len(run.pair_notes), len(run.form_notes), run.elided)
-    rest = _segment(run, events[cut:], head, ws_seq, checkpoint, final=True)
+    rest = _segment(run, events[cut:], head, ws_seq, kept, checkpoint, final=True)
     notes: list[str] = []
     rest_notes: list[str] = []
     imaged = _apply_images(rest, images, rest_notes)
@@ -258,11 +306,16 @@ def project_incremental(
     if remember and current_user is None:
         pair, n_pair, n_form, elided = kept_state
         prefix = tuple(run.messages)
+        ws_index = next(
+            (i for i, m in enumerate(prefix) if m.layer is Layer.WORKING_SET), len(prefix)
+        )
         new_memo = ProjectionMemo(
             checkpoint_id=checkpoint.checkpoint_id if checkpoint is not None else "",
             events=tuple(events),
             cut=cut,
             messages=prefix,
+            ws_seq=ws_seq,
+            ws_index=ws_index,
             digests=tuple(run.digests),
             pair=pair,
             pair_notes=tuple(run.pair_notes[:n_pair]),

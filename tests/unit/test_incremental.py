@@ -48,9 +48,11 @@ texts = st.lists(words, min_size=1, max_size=4).map(" ".join)
 call_ids = st.sampled_from(["c1", "c2", "c3"])
 arguments = st.sampled_from(['{"path": "a.py"}', "{bad", "", '{"q": "grep"}'])
 calls = st.builds(ToolCall, call_ids, st.sampled_from(["shell", "tool_search"]), arguments)
-parts = st.one_of(texts.map(lambda t: ContentPart(text=t)), st.just(ContentPart(attachment=IMAGE)))
+text_parts = texts.map(lambda t: ContentPart(text=t))
+parts = st.one_of(text_parts, text_parts, text_parts, st.just(ContentPart(attachment=IMAGE)))
 payloads: st.SearchStrategy[Payload] = st.one_of(
     st.lists(parts, max_size=2).map(lambda ps: UserMessage(tuple(ps))),
+    st.lists(text_parts, min_size=1, max_size=2).map(lambda ps: UserMessage(tuple(ps))),
     st.builds(
         AssistantMessage,
         st.lists(parts, max_size=1).map(tuple),
@@ -174,11 +176,14 @@ def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
     log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn * 3)]
     step = Step([], 0, "", 0, False, False)
     view, memo, reused = compile_incremental(inputs_for(log, step, 0), C, None)
-    assert not reused and memo is not None and memo.cut == 6  # the third turn starts at 7
+    # Up to the last assistant message (seq 8): its result may still be followed by more.
+    assert not reused and memo is not None and memo.cut == 7
+    assert memo.ws_index == 6  # the third turn is the working set
     log.append(Event(10, "e10", 0, UserMessage((ContentPart(text="next"),))))
     later, memo2, reused = compile_incremental(inputs_for(log, step, 1), C, memo)
     assert reused and memo2 is not None and memo2.cut == 9
-    assert later.messages[:6] == view.messages[:6]
+    assert all(a is b for a, b in zip(later.messages[:6], view.messages[:6], strict=True))
+    assert [m.layer.name for m in later.messages[6:]] == ["HISTORY"] * 3 + ["WORKING_SET"]
     assert later.messages[6] is memo2.messages[6]  # the memo's own objects, not copies
 
 
