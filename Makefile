@@ -5,6 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The daemon alone needs far less than the test suite (SDKs, a browser driver, linters):
+# `make run` installs only that; `make test` adds the rest to the same venv.
+RUN_STAMP := $(VENV)/.installed-run
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
 .PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard clients
@@ -16,10 +19,20 @@ $(STAMP): pyproject.toml constraints.txt client/python/pyproject.toml
 	$(BIN)/pip install --quiet -c constraints.txt -e client/python
 	touch $(STAMP)
 
+$(RUN_STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]; then \
+	  :; \
+	else \
+	  $(BIN)/pip install --quiet --upgrade pip && \
+	  $(BIN)/pip install --quiet -c constraints.txt -e .; \
+	fi
+	touch $(RUN_STAMP)
+
 venv: $(STAMP)
 
 ## run: start the daemon in the foreground on its embedded defaults (./data)
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/ctxcc serve $(ARGS)
 
 ## proto: regenerate Python, Go and TypeScript code from proto/
@@ -101,7 +114,7 @@ dashboard: $(STAMP)
 # Wheels for the image-environment test: fetched here, so the test itself never downloads.
 .tools/wheels/.stamp: deploy/requirements.txt $(STAMP)
 	mkdir -p .tools/wheels
-	$(BIN)/pip download --quiet -d .tools/wheels -r deploy/requirements.txt "setuptools>=69" wheel
+	$(BIN)/pip download --quiet -d .tools/wheels -r deploy/requirements.txt "setuptools>=77" wheel
 	touch $@
 
 # grpcurl, pinned: the reflection test describes the whole API with the real tool.
