@@ -124,12 +124,13 @@ def _usable(
     )
 
 
-def _cut(events: Sequence[Event], start: int) -> int:
+def _cut(events: Sequence[Event], start: int, *, results: bool) -> int:
     """The latest clean place to stop, after `start`: an event whose message survives
     as a non-empty user or assistant message that does not merge into the one before
-    (parallel calls). Pairing closes every open call there, so the part after it never
-    reaches back into the part before (see pairing.py). Nothing before it in the tail
-    may carry an attachment."""
+    (parallel calls), or with `results` a tool result (clean only when no call is open
+    there, which the caller checks). Either way the part after it never reaches back
+    into the part before (see pairing.py). Nothing before it in the tail may carry an
+    attachment."""
     clean: int | None = None  # the latest clean candidate seen so far, scanning back
     for i in range(len(events) - 1, -1, -1):
         msg = _message(events[i], False)
@@ -150,7 +151,9 @@ def _cut(events: Sequence[Event], start: int) -> int:
             clean = None
         if i <= start:
             break
-        if msg.role is not Role.TOOL and (msg.parts or msg.tool_calls):
+        if (msg.role is Role.TOOL and results) or (
+            msg.role is not Role.TOOL and (msg.parts or msg.tool_calls)
+        ):
             clean = i
     if clean is not None and not any(_has_attachment(e) for e in events[start:clean]):
         return clean  # nothing before it: nothing to merge into
@@ -224,6 +227,32 @@ def _size(messages: Sequence[ViewMessage], events: Sequence[Event]) -> int:
     return 2 * text + _OVERHEAD_BYTES * (len(messages) + len(events))
 
 
+def _advance(
+    run: _Run,
+    events: Sequence[Event],
+    start: int,
+    cut: int,
+    head: list[ViewMessage],
+    ws_seq: int | None,
+    kept: set[int],
+    checkpoint: Checkpoint | None,
+) -> tuple[int, list[ViewMessage]]:
+    """Projects events[start:cut] into `run`, moving the cut back to the last message
+    that is not a result when a result there would find calls open."""
+    if cut <= start:
+        return start, []
+    before = (run.pair, list(run.pair_notes), list(run.form_notes), run.elided)
+    done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
+    if run.pair.open_calls and isinstance(events[cut].payload, ToolResult):
+        # A result while calls are open may fold a call back into the part before.
+        run.pair, run.pair_notes, run.form_notes, run.elided = before
+        cut = _cut(events, start, results=False)
+        if cut <= start:
+            return start, []
+        done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
+    return cut, done
+
+
 def project_incremental(
     events: Sequence[Event],
     counter: TokenCounter,
@@ -269,12 +298,11 @@ def project_incremental(
         start = 0
         run = _Run([], [], PairState(), [], [], 0)
     head = _head(checkpoint, current_user) if start == 0 else []
-    cut = _cut(events, start) if remember and current_user is None else start
+    cut = _cut(events, start, results=True) if remember and current_user is None else start
     # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
     kept = _kept_reasoning_seqs(events[start:])
-    done: list[ViewMessage] = []
+    cut, done = _advance(run, events, start, cut, head, ws_seq, kept, checkpoint)
     if cut > start:
-        done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
         head = []
     done_sized = _sized(done, counter)
     run.messages += done_sized

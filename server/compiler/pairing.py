@@ -10,8 +10,9 @@ unique ids within a request.
 
 The pass can stop between two messages and go on later from a frozen `PairState`
 (incremental compilation). That is exact when the next run starts with a message that
-is not a result: it closes the open calls at once, so nothing after it refers back to
-messages the earlier run emitted.
+is not a result (it closes the open calls at once), or with a result while no call is
+open: either way nothing after it folds a call back into a message the earlier run
+emitted.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class PairState:
     used: tuple[tuple[str, int], ...] = ()
     # original id -> the latest call logged with it.
     seen: tuple[tuple[str, ToolCall], ...] = ()
+    # original ids answered since the last message that is not a result.
+    answered: tuple[str, ...] = ()
 
 
 def pair_tool_messages(
@@ -71,7 +74,7 @@ def pair_tool_messages(
             )
         open_calls.clear()
 
-    answered: set[str] = set()  # original ids answered since the last non-result message
+    answered = set(state.answered)
     for m in messages:
         if m.role != Role.TOOL:
             close(m.layer)
@@ -107,4 +110,6 @@ def pair_tool_messages(
         out.append(m if call.call_id == m.tool_call_id else replace(m, tool_call_id=call.call_id))
     if final:
         close(out[-1].layer if out else Layer.HISTORY)
-    return out, PairState(tuple(open_calls), tuple(used.items()), tuple(seen.items()))
+    return out, PairState(
+        tuple(open_calls), tuple(used.items()), tuple(seen.items()), tuple(sorted(answered))
+    )

@@ -195,3 +195,19 @@ def test_a_memo_from_another_checkpoint_is_not_used() -> None:
     view, _, reused = compile_incremental(with_ck, C, memo)
     assert not reused
     assert view == compile_view(with_ck, C)
+
+
+def test_a_result_while_calls_are_open_is_no_place_to_cut() -> None:
+    # The result for c3 has no open call while c1 and c2 are open: its call is folded
+    # back into the assistant message before it, so the memo must stop before that one.
+    turn: list[Payload] = [
+        UserMessage((ContentPart(text="go"),)),
+        AssistantMessage((), (ToolCall("c1", "shell", "{}"), ToolCall("c2", "shell", "{}"))),
+        ToolResult("c3", "shell", "late"),
+    ]
+    log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn)]
+    inputs = inputs_for(log, Step([], 0, "", 0, False, False), 0)
+    view, memo, _ = compile_incremental(inputs, C, None)
+    assert memo is not None and memo.cut == 1
+    assert view == compile_view(inputs, C)
+    assert [c.call_id for c in view.messages[1].tool_calls] == ["c1", "c2", "c3"]
