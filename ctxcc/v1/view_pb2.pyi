@@ -378,8 +378,11 @@ class CompiledView(_message.Message):
 
     @_builtins.property
     def changed_sections(self) -> _containers.RepeatedScalarFieldContainer[Global___SectionKind.ValueType]:
-        """Sections whose content changed since the previous compile of the session;
-        SECTION_KIND_TOOLS when the tool definitions offered changed.
+        """Parts of the prefix_digest prefix whose content changed since the previous compile
+        of the session: stable sections, and SECTION_KIND_TOOLS when the tool definitions
+        offered changed. Each is a provider prompt-cache bust. The volatile
+        SECTION_KIND_ENVIRONMENT (the clock ticking) is after the cache breakpoints and
+        never listed.
         """
 
     @_builtins.property

@@ -14,7 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from server.compiler.view import CompiledView, Decision, FallbackReason, SectionKind
+from server.compiler.view import (
+    VOLATILE_SECTIONS,
+    CompiledView,
+    Decision,
+    FallbackReason,
+    SectionKind,
+)
 from storage.kv import Footprint
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -95,8 +101,9 @@ class PrometheusTelemetry:
         )
         self.prefix_changes = Counter(
             "ctxcc_prefix_changes_total",
-            "System prompt sections that changed since the session's previous compile "
-            "(provider prompt-cache busts), by section.",
+            "Parts of the cached prompt prefix (stable system sections, tools) that changed "
+            "since the session's previous compile: provider prompt-cache busts, by section. "
+            "The volatile environment section is never counted.",
             ["section"],
             registry=r,
         )
@@ -175,7 +182,8 @@ class PrometheusTelemetry:
         for reason in FallbackReason:
             self.fallbacks.labels(reason.name.lower())
         for section in SectionKind:
-            self.prefix_changes.labels(section.name.lower())
+            if section not in VOLATILE_SECTIONS:
+                self.prefix_changes.labels(section.name.lower())
         for kind in ("builtin", "model_summary"):
             for performed in ("true", "false"):
                 self.compactions.labels(kind, performed)

@@ -31,6 +31,7 @@ from server.compiler.textscan import FoundPaths, paths_in_texts
 from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
+    VOLATILE_SECTIONS,
     CompiledView,
     Decision,
     FallbackReason,
@@ -192,10 +193,17 @@ def cache_prefix_digest(sections: Sequence[SystemSection], tools: Sequence[ViewT
 def changed_sections(
     now: tuple[tuple[int, str], ...], before: tuple[tuple[int, str], ...] | None
 ) -> tuple[SectionKind, ...]:
+    """The cached prefix's parts (stable sections and tools) that differ from `before`:
+    each is a prompt-cache bust. Volatile sections sit after the breakpoints and count
+    for nothing."""
     if before is None:
         return ()
     a, b = dict(now), dict(before)
-    return tuple(SectionKind(k) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+    return tuple(
+        SectionKind(k)
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and k not in VOLATILE_SECTIONS
+    )
 
 
 def active_texts(events: Sequence[Event], current_user: Event | None) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from server.compiler.tokens import TokenCounter
-from server.compiler.view import Authority, Scope, SectionKind, SystemSection
+from server.compiler.view import VOLATILE_SECTIONS, Authority, Scope, SectionKind, SystemSection
 
 DEFAULT_KERNEL = (
     "You are a coding agent working for the user inside their workspace.\n"
@@ -77,7 +77,7 @@ def section(
         text=text,
         tokens=counter.count(text),
         truncated=truncated,
-        stable=kind != SectionKind.ENVIRONMENT,
+        stable=kind not in VOLATILE_SECTIONS,
     )
 
 

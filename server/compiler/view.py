@@ -27,6 +27,11 @@ class SectionKind(enum.IntEnum):
     TOOLS = 9
 
 
+# After the providers' cache breakpoints: these change (the clock ticks) without busting
+# any prompt cache, so they are outside prefix_digest and never among changed sections.
+VOLATILE_SECTIONS = frozenset({SectionKind.ENVIRONMENT})
+
+
 class Layer(enum.IntEnum):
     PINNED = 1
     HISTORY = 2

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from server.compiler.view import SectionKind
 from server.domain.records import CompileRecord
-from server.web.present import LAYER_ORDER, decision_name, layer_tokens, name
+from server.web.present import LAYER_ORDER, busts, decision_name, layer_tokens
 
 WIDTH = 1000
 HEIGHT = 300
@@ -112,7 +111,7 @@ def timeline(records: tuple[CompileRecord, ...], full_window: bool = False) -> T
                 continue  # a negative overhead (estimate below the ledger) draws nothing
             segments.append(Segment(layer, y(base + tokens), y(base) - y(base + tokens), tokens))
             base += tokens
-        busts = tuple(name(k, SectionKind) for k in r.changed_sections)
+        changed = tuple(busts(r.changed_sections))
         checkpoint = r.checkpoint_id if r.checkpoint_id != previous_checkpoint else ""
         previous_checkpoint = r.checkpoint_id
         reported = r.usage.input_tokens if r.usage else None
@@ -121,7 +120,7 @@ def timeline(records: tuple[CompileRecord, ...], full_window: bool = False) -> T
             f"seq {r.event_boundary}: estimate {r.estimated_input_tokens:,}"
             + (f", reported {reported:,}" if reported is not None else "")
             + f", {decision}"
-            + (f", prefix changed: {', '.join(busts)}" if busts else "")
+            + (f", prefix changed: {', '.join(changed)}" if changed else "")
         )
         bars.append(
             Bar(
@@ -136,7 +135,7 @@ def timeline(records: tuple[CompileRecord, ...], full_window: bool = False) -> T
                 reported=reported,
                 reported_y=y(reported) if reported is not None else None,
                 decision=decision.replace(" ", "_"),
-                cache_bust=busts,
+                cache_bust=changed,
                 checkpoint=checkpoint,
                 recorded=bool(r.layer_tokens),
                 title=title,

@@ -12,7 +12,6 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from server.compiler.view import SectionKind
 from server.domain.errors import invalid
 from server.domain.model import Event
 from server.domain.records import Checkpoint
@@ -106,7 +105,7 @@ async def timeline_page(request: web.Request) -> web.Response:
                 "layers": layers if r.layer_tokens else None,
                 "decision": present.decision_name(r.decision),
                 "error": relative_error(r),
-                "busts": [present.name(k, SectionKind) for k in r.changed_sections],
+                "busts": present.busts(r.changed_sections),
                 "previous_seq": previous.event_boundary if previous else None,
                 "fallbacks": [present.name(k, present.FallbackReason) for k in r.fallback_reasons],
             }

@@ -7,7 +7,7 @@ import json
 import time
 
 from server.compiler.render import RenderFormat
-from server.compiler.view import Decision, FallbackReason, Layer
+from server.compiler.view import VOLATILE_SECTIONS, Decision, FallbackReason, Layer, SectionKind
 from server.domain.model import (
     AssistantMessage,
     Attachment,
@@ -67,6 +67,12 @@ def when(ns: int) -> str:
     if not ns:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9)) + "Z"
+
+
+def busts(kinds: tuple[int, ...]) -> list[str]:
+    """Recorded prefix changes (cache busts) by name. Compiles recorded by older daemons
+    may list the volatile environment section, which busts no cache: left out."""
+    return [name(k, SectionKind) for k in kinds if k not in VOLATILE_SECTIONS]
 
 
 def decision_name(value: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.compiler.view import Authority, SectionKind, ToolOrigin, ViewMessage
+from server.compiler.view import Authority, ToolOrigin, ViewMessage
 from server.domain.tools import ToolVisibility
 from server.service.inspection import Step, relative_error
 from server.web import charts, present
@@ -125,9 +125,7 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
         ),
         "recorded_decision": present.decision_name(record.decision) if record else "",
         "recorded_error": relative_error(record) if record else None,
-        "recorded_busts": [present.name(k, SectionKind) for k in record.changed_sections]
-        if record
-        else [],
+        "recorded_busts": present.busts(record.changed_sections) if record else [],
         "changed_sections": [present.name(k) for k in view.changed_sections],
         "previous_seq": earlier[-1] if earlier else None,
         "next_seq": later[0] if later else None,

@@ -559,8 +559,11 @@ type CompiledView struct {
 	// breakpoints: the tool definitions and the stable sections (all but the volatile
 	// environment). When it changes, provider prompt caches miss.
 	PrefixDigest string `protobuf:"bytes,8,opt,name=prefix_digest,json=prefixDigest,proto3" json:"prefix_digest,omitempty"`
-	// Sections whose content changed since the previous compile of the session;
-	// SECTION_KIND_TOOLS when the tool definitions offered changed.
+	// Parts of the prefix_digest prefix whose content changed since the previous compile
+	// of the session: stable sections, and SECTION_KIND_TOOLS when the tool definitions
+	// offered changed. Each is a provider prompt-cache bust. The volatile
+	// SECTION_KIND_ENVIRONMENT (the clock ticking) is after the cache breakpoints and
+	// never listed.
 	ChangedSections []SectionKind `protobuf:"varint,9,rep,packed,name=changed_sections,json=changedSections,proto3,enum=ctxcc.v1.SectionKind" json:"changed_sections,omitempty"`
 	// History projection and working set, in order.
 	Messages []*ViewMessage `protobuf:"bytes,10,rep,name=messages,proto3" json:"messages,omitempty"`

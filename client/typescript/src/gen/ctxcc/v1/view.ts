@@ -561,8 +561,11 @@ export interface CompiledView {
    */
   prefixDigest: string;
   /**
-   * Sections whose content changed since the previous compile of the session;
-   * SECTION_KIND_TOOLS when the tool definitions offered changed.
+   * Parts of the prefix_digest prefix whose content changed since the previous compile
+   * of the session: stable sections, and SECTION_KIND_TOOLS when the tool definitions
+   * offered changed. Each is a provider prompt-cache bust. The volatile
+   * SECTION_KIND_ENVIRONMENT (the clock ticking) is after the cache breakpoints and
+   * never listed.
    */
   changedSections: SectionKind[];
   /** History projection and working set, in order. */
