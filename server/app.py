@@ -129,6 +129,24 @@ def echo_handler() -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler("ctxcc.debug.Echo", {"Echo": handler})
 
 
+def _add_port(
+    server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials | None, setting: str
+) -> int:
+    """Binds one TCP address; a busy or unusable one is a configuration error naming the
+    setting (exit 2), like a busy metrics or inspector port. gRPC reports the failure
+    either as port 0 or, in newer releases, as a RuntimeError."""
+    try:
+        if creds is not None:
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0  # its text only says to turn on gRPC's debug log; gRPC logged the cause
+    if port == 0:
+        raise ConfigError(f"cannot serve gRPC on {address} ({setting}): address in use or invalid")
+    return port
+
+
 def _gid(group: str) -> int:
     if group.isdigit():
         return int(group)
@@ -305,8 +323,7 @@ class Daemon:
             ),
             server,
         )
-        tcp = self._bind_tcp(server)
-        unix = self._bind_unix(server)
+        tcp, unix = await self._bind(server)
         await server.start()
         if unix is not None:
             os.chmod(unix, cfg.socket_mode)
@@ -364,9 +381,13 @@ class Daemon:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         host, _, _ = self.cfg.health_listen.rpartition(":")
-        port = server.add_insecure_port(self.cfg.health_listen)
-        if port == 0:
-            raise ConfigError(f"cannot listen on {self.cfg.health_listen} for health checks")
+        try:
+            port = _add_port(server, self.cfg.health_listen, None, "health_listen")
+        except ConfigError:
+            # Never started, yet it must be stopped on this loop, or its shutdown runs
+            # unawaited once the loop has closed.
+            await server.stop(None)
+            raise
         await server.start()
         self._health_server = server
         return f"{host}:{port}"
@@ -387,17 +408,18 @@ class Daemon:
             raise ConfigError(f"cannot serve the inspector on {self.cfg.ui_listen}: {exc}") from exc
         return self._web.address
 
+    async def _bind(self, server: grpc.aio.Server) -> tuple[str | None, str | None]:
+        try:
+            return self._bind_tcp(server), self._bind_unix(server)
+        except ConfigError:
+            await server.stop(None)  # see _start_health: an unstarted server needs it too
+            raise
+
     def _bind_tcp(self, server: grpc.aio.Server) -> str | None:
         if self.cfg.listen == "none":
             return None
         host, _, _ = self.cfg.listen.rpartition(":")
-        creds = self._tls()
-        if creds is not None:
-            port = server.add_secure_port(self.cfg.listen, creds)
-        else:
-            port = server.add_insecure_port(self.cfg.listen)
-        if port == 0:
-            raise ConfigError(f"cannot listen on {self.cfg.listen}: address in use or invalid")
+        port = _add_port(server, self.cfg.listen, self._tls(), "listen")
         return f"{host}:{port}"
 
     def _tls(self) -> grpc.ServerCredentials | None:
@@ -423,8 +445,12 @@ class Daemon:
                 path.unlink()
         old = os.umask(0o117)  # the socket is born 0660, never briefly world-accessible
         try:
-            if server.add_insecure_port(f"unix:{path}") == 0:
-                raise ConfigError(f"cannot bind Unix socket {path}")
+            try:
+                bound = server.add_insecure_port(f"unix:{path}")
+            except RuntimeError:
+                bound = 0  # as in _add_port
+            if bound == 0:
+                raise ConfigError(f"cannot bind Unix socket {path} (socket)")
         finally:
             os.umask(old)
         return str(path)

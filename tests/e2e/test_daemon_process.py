@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -152,3 +153,45 @@ def test_make_run_starts_the_daemon(short_tmp: Path) -> None:
         assert d.proc is not None and d.proc.wait(15) == 0
     finally:
         d.ensure_stopped()
+
+
+@pytest.mark.parametrize("setting", ["listen", "health_listen"])
+def test_a_busy_grpc_or_health_port_exits_2_naming_the_setting(
+    short_tmp: Path, setting: str
+) -> None:
+    """Like a busy metrics or inspector port: exit 2 with one line naming the setting, no
+    traceback, and nothing left behind (socket file, servers, the data directory's lock)."""
+    data = short_tmp / "data"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy = f"127.0.0.1:{held.getsockname()[1]}"
+        flag = "--" + setting.replace("_", "-")
+        flags = {
+            "--listen": "127.0.0.1:0",
+            "--health-listen": "none",
+            "--metrics-listen": "127.0.0.1:0",
+            "--ui-listen": "none",
+        }
+        flags[flag] = busy
+        args = [x for kv in flags.items() for x in kv]
+        r = subprocess.run(
+            [sys.executable, "-m", "server", "serve", "--data-dir", str(data), *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert r.returncode == 2, r.stderr
+    assert f"cannot serve gRPC on {busy} ({setting})" in r.stderr
+    for noise in ("Traceback", "never awaited", "Event loop is closed", "RuntimeError"):
+        assert noise not in r.stderr, r.stderr
+    assert not (data / "ctxcc.sock").exists()
+    # The lock was released: the same data directory serves at once.
+    again = DaemonProcess(data).start()
+    try:
+        again.wait_ready()
+        assert again.health() == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        assert again.terminate() == 0
