@@ -1,7 +1,8 @@
 """`ctxcc health`: asks a daemon's grpc.health.v1 whether it is SERVING — for container
 HEALTHCHECKs, scripts and people. With no `--target` it finds the daemon the way
-`ctxcc serve` would listen with the same flags, environment and config file: the Unix
-socket, else the health port, else the API port.
+`ctxcc serve` would listen with the same flags, environment and config file: it tries
+the Unix socket, then the health port, then the API port, and the first that answers
+decides.
 
 Exit codes: 0 serving; 1 not serving, unknown service or unreachable; 2 bad arguments or
 configuration. Docker reads 0 as healthy and 1 as unhealthy (it reserves 2).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import Any
 
 import grpc
@@ -30,7 +32,8 @@ def add_parser(sub: Any) -> None:
         description=(
             "Ask a ctxcc daemon's grpc.health.v1 service whether it is SERVING. Without "
             "--target, the daemon is found from the same flags-environment-config as "
-            "`ctxcc serve`: the Unix socket, else the health port, else the API port. "
+            "`ctxcc serve`: it tries the Unix socket, then the health port, then the API port; "
+            "the first that answers decides. "
             "Exit 0 serving, 1 not serving or unreachable, 2 bad arguments."
         ),
     )
@@ -47,17 +50,21 @@ def _loopback(hostport: str) -> str:
     return f"127.0.0.1:{port}" if host in wildcard else hostport
 
 
-def default_target(config: str | None) -> str:
+def default_targets(config: str | None) -> list[str]:
+    """Where `ctxcc serve` would listen with the same settings, in the order to try."""
     cfg = resolve({"config": config})
+    targets = []
     if cfg.socket_path is not None:
-        return f"unix:{cfg.socket_path}"
+        targets.append(f"unix:{cfg.socket_path}")
     if cfg.health_listen != "none":
-        return _loopback(cfg.health_listen)
-    return _loopback(cfg.listen)
+        targets.append(_loopback(cfg.health_listen))
+    if cfg.listen != "none":
+        targets.append(_loopback(cfg.listen))
+    return targets
 
 
-def check(target: str, service: str, timeout: float) -> tuple[int, str]:
-    """(exit code, one line saying why)."""
+def _ask(target: str, service: str, timeout: float) -> tuple[int, str, bool]:
+    """(exit code, one line saying why, whether a daemon answered at all)."""
     with grpc.insecure_channel(target) as channel:
         stub: Any = health_pb2_grpc.HealthStub(channel)
         try:
@@ -65,21 +72,36 @@ def check(target: str, service: str, timeout: float) -> tuple[int, str]:
         except grpc.RpcError as err:
             code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
             if code == grpc.StatusCode.NOT_FOUND:
-                return EXIT_UNHEALTHY, f"unknown service {service!r} at {target}"
+                return EXIT_UNHEALTHY, f"unknown service {service!r} at {target}", True
             details = err.details() if isinstance(err, grpc.Call) else str(err)
-            return EXIT_UNHEALTHY, f"unreachable: {code.name}: {details} ({target})"
+            return EXIT_UNHEALTHY, f"unreachable: {code.name}: {details} ({target})", False
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
     ok = answer.status == health_pb2.HealthCheckResponse.SERVING
-    return (EXIT_SERVING if ok else EXIT_UNHEALTHY), f"{status} ({target})"
+    return (EXIT_SERVING if ok else EXIT_UNHEALTHY), f"{status} ({target})", True
+
+
+def _find(targets: list[str], service: str, timeout: float) -> tuple[int, str]:
+    """The first target where a daemon answers decides (NOT_SERVING included); one that
+    cannot be reached — a relative socket path seen from another directory, a port that
+    is off — passes to the next. All of them share the one `--timeout`."""
+    deadline = time.monotonic() + timeout
+    misses = []
+    for target in targets:
+        left = max(deadline - time.monotonic(), 0.05)
+        code, line, answered = _ask(target, service, left)
+        if answered:
+            return code, line
+        misses.append(line)
+    return EXIT_UNHEALTHY, "; ".join(misses) or "no socket or port configured"
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        target = args.target or default_target(args.config)
+        targets = [args.target] if args.target else default_targets(args.config)
     except ConfigError as exc:
         print(f"ctxcc health: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    code, line = check(target, args.service, args.timeout)
+    code, line = _find(targets, args.service, args.timeout)
     if code == EXIT_SERVING:
         print(line)
     else:

@@ -43,11 +43,11 @@ def _errors(scrape: str) -> dict[tuple[str, str], float]:
 
 
 def _ctxcc(
-    *args: str, env: dict[str, str] | None = None, **kw: object
+    *args: str, env: dict[str, str] | None = None, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "server", *args],
-        cwd=REPO,
+        cwd=cwd,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
@@ -131,6 +131,27 @@ async def test_health_command_reports_serving_not_serving_and_unreachable(
     gone = f"unix:{short_tmp / 'absent.sock'}"
     away = await asyncio.to_thread(_ctxcc, "health", "--target", gone, "--timeout", "1")
     assert away.returncode == 1 and "unreachable: UNAVAILABLE" in away.stderr
+
+
+async def test_health_without_target_falls_back_from_the_socket_to_the_ports(
+    short_tmp: Path, daemon: Daemon
+) -> None:
+    # From another directory the default relative socket (data/ctxcc.sock) is not there:
+    # the API port the same settings name answers instead.
+    tcp = str(daemon.endpoints.tcp)
+    env = {"CTXCC_LISTEN": tcp, "CTXCC_HEALTH_LISTEN": "none"}
+    found = await asyncio.to_thread(_ctxcc, "health", env=env, cwd=short_tmp)
+    assert (found.returncode, found.stdout.strip()) == (0, f"SERVING ({tcp})"), found.stderr
+    # The first that answers decides: a NOT_SERVING port is not passed over for the next.
+    await daemon._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    env = {"CTXCC_HEALTH_LISTEN": tcp, "CTXCC_LISTEN": "127.0.0.1:1"}
+    down = await asyncio.to_thread(_ctxcc, "health", env=env, cwd=short_tmp)
+    assert down.returncode == 1 and f"NOT_SERVING ({tcp})" in down.stderr
+    # Nothing answers: every target tried is named.
+    env = {"CTXCC_LISTEN": "127.0.0.1:1", "CTXCC_HEALTH_LISTEN": "none"}
+    away = await asyncio.to_thread(_ctxcc, "health", "--timeout", "2", env=env, cwd=short_tmp)
+    assert away.returncode == 1
+    assert "(unix:data/ctxcc.sock)" in away.stderr and "(127.0.0.1:1)" in away.stderr
 
 
 async def test_sessions_into_a_closed_pipe_ends_quietly(daemon: Daemon) -> None:
