@@ -37,7 +37,13 @@ from server.domain.validation import check_id, check_path_form, check_route_fiel
 from server.service.basis import basis_of
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
-from server.service.inputs import MAX_USAGE_TOKENS, InputAssembler, effective_limits
+from server.service.inputs import (
+    MAX_USAGE_TOKENS,
+    UNRECORDED_PREFIX,
+    InputAssembler,
+    effective_limits,
+    is_recorded,
+)
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
@@ -69,7 +75,7 @@ class CompileOptions:
     exclude_sections: frozenset[SectionKind] = frozenset()
     # True when the request said whether the model accepts images (else the catalog says).
     images_given: bool = False
-    # Inspection only: nothing recorded, published or compacted.
+    # Inspection only: nothing recorded, published or compacted (as with as_of_seq).
     dry_run: bool = False
     # Provider bodies to render along with the view.
     render_formats: tuple[RenderFormat, ...] = ()
@@ -164,13 +170,8 @@ class CompileUseCases:
             self._prepare, opts
         )
         rebuild = bool(opts.rebuild_compile_id)
-        wants = (
-            view.decision is not Decision.OK
-            and may_compact
-            and opts.as_of_seq == 0
-            and not opts.dry_run
-            and not rebuild
-        )
+        recorded = is_recorded(opts)
+        wants = view.decision is not Decision.OK and may_compact and recorded
         if wants and await self._builtin_compaction(session, history, view):
             return await self.compile(opts, may_compact=False)
         if view.compaction is not None:
@@ -184,9 +185,10 @@ class CompileUseCases:
             # A rebuild repeats a recorded compile: nothing new to record or publish.
             return await self._blocking.run(self._finish, None, (), view, opts, counter)
         basis = view.basis
-        # What the compile read, for exact time travel; a dry run records nothing.
+        # What the compile read, for exact time travel; a dry run or time travel records
+        # nothing, so it never becomes the session's latest compile or route baseline.
         basis_digest, parts = (
-            ("", ()) if opts.dry_run else basis_of(inputs, info, self._assembler.settings_part())
+            basis_of(inputs, info, self._assembler.settings_part()) if recorded else ("", ())
         )
         record = CompileRecord(
             compile_id=view.compile_id,
@@ -215,7 +217,7 @@ class CompileUseCases:
             fallback_reasons=tuple(int(r) for r in view.fallback_reasons),
             basis_digest=basis_digest,
         )
-        if opts.dry_run:
+        if not recorded:
             if not opts.render_formats:
                 return CompileResult(view)
             # Looking may still render provider bodies; it records nothing.
@@ -329,6 +331,14 @@ class CompileUseCases:
                     field, f"{field} is over {MAX_USAGE_TOKENS}, more than any model reads"
                 )
         check_usage(usage)
+        if compile_id.partition(":")[2].startswith(UNRECORDED_PREFIX):
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {compile_id!r} was a dry run or a time-travel (as_of_seq) compile: "
+                "neither is recorded, so no usage can be reported for it; report the usage "
+                "of the compile at the session head that the request was sent from",
+                compile_id=compile_id,
+            )
         record = await self._blocking.run(self._store.get_compile, compile_id)
         if route is not None and route.route_id != record.route.route_id:
             raise CtxccError(

@@ -36,6 +36,21 @@ if TYPE_CHECKING:
 MAX_USAGE_TOKENS = 1 << 28
 
 
+# Ids of compiles that are not recorded start with this (recorded ones are plain hex), so
+# a usage report against one is refused saying why rather than only "not found".
+UNRECORDED_PREFIX = "unrecorded-"
+
+
+def is_recorded(opts: CompileOptions) -> bool:
+    """Only compiles at the head are recorded: a dry run or a time-travel (`as_of_seq`)
+    compile must never become the session's latest compile or its route's baseline."""
+    return not (opts.dry_run or opts.as_of_seq or opts.rebuild_compile_id)
+
+
+def id_prefix(opts: CompileOptions) -> str:
+    return "" if is_recorded(opts) else UNRECORDED_PREFIX
+
+
 def effective_limits(info: ModelInfo, request: ModelLimits, images_given: bool) -> ModelLimits:
     """Catalog values, overridden by the request's non-zero fields (R-BUD-5)."""
     return ModelLimits(
@@ -191,7 +206,7 @@ class InputAssembler:
             previous = last.section_digests if last else None
             time_text = self._time_text()
         inputs = CompileInputs(
-            compile_id=f"{opts.session_id}:{self._ids.new_id('')}",
+            compile_id=f"{opts.session_id}:{self._ids.new_id(id_prefix(opts))}",
             session=session,
             events=history.events,
             event_boundary=boundary,

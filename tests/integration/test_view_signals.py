@@ -7,13 +7,16 @@ import asyncio
 import re
 import urllib.request
 
+import grpc
+import pytest
+
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2, tool_pb2, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, stubs_for
-from tests.helpers import compile_request, user
+from tests.helpers import ROUTE, compile_request, error_info, user
 
 
 async def _get(url: str) -> str:
@@ -76,5 +79,52 @@ async def test_the_environment_changing_is_no_cache_bust(daemon: Daemon) -> None
 
         page = await _get(f"http://{daemon.endpoints.ui}/s/env")
         assert page.count('class="bust"') == 1, "only the tool change is a cache bust"
+    finally:
+        await api.channel.close()
+
+
+async def test_a_time_travel_compile_is_never_the_latest_nor_a_baseline(daemon: Daemon) -> None:
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        await _session(api, "tt", "first question")
+        await api.compiles.Compile(compile_request("tt"))
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(
+                session_id="tt", events=[user("second question " * 40), user("third " * 40)]
+            )
+        )
+        head = (await api.compiles.Compile(compile_request("tt"))).view
+        await api.compiles.ReportUsage(
+            cpb.ReportUsageRequest(
+                compile_id=head.compile_id, route=ROUTE, input_tokens=5000, output_tokens=10
+            )
+        )
+        past = (await api.compiles.Compile(compile_request("tt", as_of_seq=1))).view
+        assert past.event_boundary == 1 and past.compile_id != head.compile_id
+        with pytest.raises(grpc.RpcError) as refused:
+            await api.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=past.compile_id, route=ROUTE, input_tokens=777, output_tokens=10
+                )
+            )
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+        assert error_info(refused.value).reason == "COMPILE_NOT_FOUND"
+        assert "time-travel" in (refused.value.details() or "")
+
+        # The inspector still shows the head compile as the session's latest, and draws
+        # only the two compiles the agent made.
+        sessions = await _get(f"http://{daemon.endpoints.ui}/")
+        shown = re.findall(r'data-field="estimate">([^<]+)<', sessions)
+        assert shown == [f"{head.budget.estimated_input_tokens:,}"]
+        timeline = await _get(f"http://{daemon.endpoints.ui}/s/tt")
+        assert timeline.count('class="bar"') == 2
+
+        # The next step's delta starts from the head compile's reported usage.
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="tt", events=[user("fourth")])
+        )
+        nxt = (await api.compiles.Compile(compile_request("tt"))).view
+        assert nxt.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+        assert nxt.budget.baseline_tokens == 5000
     finally:
         await api.channel.close()

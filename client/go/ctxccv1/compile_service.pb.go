@@ -348,7 +348,10 @@ type CompileRequest struct {
 	// exclusions and images come from this request. The same request therefore gets that
 	// step's view again, byte for byte but for its new compile_id. With no recorded compile
 	// at that seq, sources are read as they are now and only checkpoints that existed when
-	// event as_of_seq + 1 arrived are used.
+	// event as_of_seq + 1 arrived are used. A compile with as_of_seq is treated like a
+	// dry_run: it is not recorded, so it never becomes the session's latest compile nor
+	// its route's baseline; its compile_id contains "unrecorded-" and ReportUsage with it
+	// answers COMPILE_NOT_FOUND saying why.
 	AsOfSeq uint64 `protobuf:"varint,4,opt,name=as_of_seq,json=asOfSeq,proto3" json:"as_of_seq,omitempty"`
 	// Approval mode for the approval section.
 	ApprovalMode ApprovalMode `protobuf:"varint,5,opt,name=approval_mode,json=approvalMode,proto3,enum=ctxcc.v1.ApprovalMode" json:"approval_mode,omitempty"`
@@ -361,7 +364,7 @@ type CompileRequest struct {
 	// Provider bodies to render along with the view.
 	RenderFormats []RenderFormat `protobuf:"varint,9,rep,packed,name=render_formats,json=renderFormats,proto3,enum=ctxcc.v1.RenderFormat" json:"render_formats,omitempty"`
 	// Compile for inspection only: no compile record is kept (so no usage can be reported
-	// against it), watchers are not told, and no compaction is performed.
+	// against it: COMPILE_NOT_FOUND), watchers are not told, and no compaction is performed.
 	DryRun bool `protobuf:"varint,10,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// Rebuild the view of this earlier compile byte for byte, compile_id and clock
 	// included, from the log and the versions the compile recorded. Only session_id (which

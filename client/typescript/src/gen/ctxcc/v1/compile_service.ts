@@ -235,7 +235,10 @@ export interface CompileRequest {
    * exclusions and images come from this request. The same request therefore gets that
    * step's view again, byte for byte but for its new compile_id. With no recorded compile
    * at that seq, sources are read as they are now and only checkpoints that existed when
-   * event as_of_seq + 1 arrived are used.
+   * event as_of_seq + 1 arrived are used. A compile with as_of_seq is treated like a
+   * dry_run: it is not recorded, so it never becomes the session's latest compile nor
+   * its route's baseline; its compile_id contains "unrecorded-" and ReportUsage with it
+   * answers COMPILE_NOT_FOUND saying why.
    */
   asOfSeq: number;
   /** Approval mode for the approval section. */
@@ -252,7 +255,7 @@ export interface CompileRequest {
   renderFormats: RenderFormat[];
   /**
    * Compile for inspection only: no compile record is kept (so no usage can be reported
-   * against it), watchers are not told, and no compaction is performed.
+   * against it: COMPILE_NOT_FOUND), watchers are not told, and no compaction is performed.
    */
   dryRun: boolean;
   /**
