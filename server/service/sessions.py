@@ -95,6 +95,16 @@ class SessionUseCases:
             return self.limits.default_page_size
         return min(requested, self.limits.max_page_size)
 
+    def check_event_count(self, count: int) -> None:
+        """Before any per-event work: transports call it before converting events."""
+        if count > self.limits.max_events_per_append:
+            raise CtxccError(
+                Reason.TOO_MANY_EVENTS,
+                f"{count} events in one append, over the limit of "
+                f"{self.limits.max_events_per_append}",
+                limit=str(self.limits.max_events_per_append),
+            )
+
     async def append(
         self,
         session_id: str,
@@ -106,13 +116,7 @@ class SessionUseCases:
         check_id("request_id", request_id, required=False)
         if not events:
             raise invalid("events", "an append needs at least one event")
-        if len(events) > self.limits.max_events_per_append:
-            raise CtxccError(
-                Reason.TOO_MANY_EVENTS,
-                f"{len(events)} events in one append, over the limit of "
-                f"{self.limits.max_events_per_append}",
-                limit=str(self.limits.max_events_per_append),
-            )
+        self.check_event_count(len(events))
         # Digests, encodes and blob hashing of large results run on the I/O pool, with
         # the write itself: a 32 MiB tool result must not stall the event loop.
         batch, size, result = await self._blocking.run(

@@ -147,6 +147,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                     step = msg.step
                     out.step_id = step.step_id
                     if step.events:
+                        self._s.check_event_count(len(step.events))
                         expected = (
                             step.expected_last_seq if step.HasField("expected_last_seq") else None
                         )

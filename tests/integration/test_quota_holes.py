@@ -129,3 +129,21 @@ async def test_list_sessions_pages_end_by_size(api: Stubs) -> None:
         if not token:
             break
     assert seen == [f"s{i:03}" for i in range(60)] and pages >= 2
+
+
+async def test_a_stream_step_over_the_event_limit_is_refused_before_conversion(
+    api: Stubs,
+) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="st"))
+    )
+    step = cpb.StepRequest(step_id="s1", compile=compile_request("st"))
+    step.events.extend([user("x")] * 1_001)
+
+    async def one() -> AsyncIterator[cpb.CompileStreamRequest]:
+        yield cpb.CompileStreamRequest(step=step)
+
+    replies = [r async for r in api.compiles.CompileStream(one())]
+    assert [r.error.reason for r in replies] == ["TOO_MANY_EVENTS"]
+    head = (await api.sessions.GetSession(spb.GetSessionRequest(session_id="st"))).session
+    assert head.head_seq == 0
