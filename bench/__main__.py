@@ -25,6 +25,7 @@ TARGETS = {
     "step_vs_echo_p50": ("<=", 3.5),
     "history_10k_vs_200_p50": ("<=", 1.2),
     "steps_vs_echo_throughput": (">=", 0.6),
+    "step_2000_vs_200_msgs_p50": ("<=", 1.3),
     "durable_appends_vs_fsync": (">=", 0.5),
     "cold_start_1m_events_s": ("<=", 2.0),
     "rss_mb_1k_sessions": ("<=", 300.0),

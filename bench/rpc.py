@@ -91,6 +91,30 @@ def conversation(turns: int, tag: str) -> list[event_pb2.Event]:
     return out
 
 
+def stepper(api: Api, sid: str) -> Callable[[], None]:
+    """An agent step: append a tool result, compile, report usage."""
+    count = [0]
+
+    def step() -> None:
+        count[0] += 1
+        api.sessions.AppendEvents(
+            spb.AppendEventsRequest(
+                session_id=sid, events=[_result(f"{sid}{count[0]}", "ok " * 40)]
+            )
+        )
+        view = api.compile(sid).view
+        api.compiles.ReportUsage(
+            cpb.ReportUsageRequest(
+                compile_id=view.compile_id,
+                route=ROUTE,
+                input_tokens=view.budget.estimated_input_tokens,
+                output_tokens=50,
+            )
+        )
+
+    return step
+
+
 def p50(fn: Callable[[], object], n: int, warmup: int = 5) -> float:
     for _ in range(warmup):
         fn()
@@ -129,6 +153,9 @@ def history(api: Api, n: int) -> tuple[float, float]:
 
 
 def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
+    # Imported here: bench.isolation imports this module.
+    from bench.isolation import daemon_cpu_s
+
     n = max(20, int(200 * scale))
     d = BenchDaemon(data_dir)
     d.start_timed()
@@ -139,25 +166,14 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         echo_p50 = p50(lambda: api.echo(view_bytes), n)
         compile_p50 = p50(lambda: api.compile("view200"), n)
 
-        step_n = [0]
         api.session("steps", conversation(67, "s"))
-
-        def step() -> None:
-            i = step_n[0] = step_n[0] + 1
-            api.sessions.AppendEvents(
-                spb.AppendEventsRequest(session_id="steps", events=[_result(f"s{i}", "ok " * 40)])
-            )
-            view = api.compile("steps").view
-            api.compiles.ReportUsage(
-                cpb.ReportUsageRequest(
-                    compile_id=view.compile_id,
-                    route=ROUTE,
-                    input_tokens=view.budget.estimated_input_tokens,
-                    output_tokens=50,
-                )
-            )
-
-        step_p50 = p50(step, n)
+        assert d.proc is not None
+        cpu_before = daemon_cpu_s(d.proc.pid)
+        step_p50 = p50(stepper(api, "steps"), n, warmup=0)
+        cpu_per_step = (daemon_cpu_s(d.proc.pid) - cpu_before) / n
+        # The same step against a ~2,000-message view: with memos it costs what is new.
+        api.session("steps2k", conversation(667, "k"))
+        step_2k_p50 = p50(stepper(api, "steps2k"), n)
 
         short_p50, long_p50 = history(api, n)
 
@@ -215,6 +231,9 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         "echo_p50_ms": echo_p50 * 1000,
         "compile_p50_ms": compile_p50 * 1000,
         "step_p50_ms": step_p50 * 1000,
+        "step_2000_msgs_p50_ms": step_2k_p50 * 1000,
+        "daemon_cpu_ms_per_step": cpu_per_step * 1000,
+        "step_2000_vs_200_msgs_p50": step_2k_p50 / step_p50,
         "compile_200_events_p50_ms": short_p50 * 1000,
         "compile_10k_events_p50_ms": long_p50 * 1000,
         "steps_per_s_8_agents": steps_per_s,

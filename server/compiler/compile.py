@@ -101,8 +101,11 @@ def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
 
 
 def current_turn(events: Sequence[Event]) -> Sequence[Event]:
-    start = max((i for i, e in enumerate(events) if is_user_turn_start(e)), default=None)
-    return () if start is None else events[start:]
+    # From the end: the turn is short beside the log.
+    for i in range(len(events) - 1, -1, -1):
+        if is_user_turn_start(events[i]):
+            return events[i:]
+    return ()
 
 
 def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set[str]:

@@ -350,7 +350,9 @@ def project_incremental(
             form_notes=tuple(run.form_notes[:n_form]),
             elided=elided,
             blobs=done_blobs,
-            size_bytes=_size(prefix, events),
+            # What this compile added to the memo's size (the rest was counted before).
+            size_bytes=(memo.size_bytes if reused and memo is not None else 0)
+            + _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
         )
     return IncrementalProjection(projection, digests, new_memo, reused)
 
