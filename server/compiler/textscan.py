@@ -30,9 +30,10 @@ MAX_PATH_CHARS = 1_024
 # Distinct paths a compile matches rule globs against, and their joined size.
 MAX_PATHS = 4_096
 MAX_PATH_BYTES = 256 << 10
-# Search patterns (ReadToolResult) and the automaton memory RE2 may use for one.
+# Search patterns (ReadToolResult) and the automaton memory RE2 may use for one (the
+# re2 module keeps the last 128 programs: at most 1 GiB however hostile they are).
 MAX_PATTERN_CHARS = 1_000
-MAX_PATTERN_MEMORY = 32 << 20
+MAX_PATTERN_MEMORY = 8 << 20
 # Bytes of text one search step scans: each RE2 call holds the GIL, so steps stay short.
 SEARCH_STEP_BYTES = 256 << 10
 
