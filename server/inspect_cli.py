@@ -1,5 +1,8 @@
 """`ctxcc inspect SESSION` and `ctxcc sessions`: what fills a session's window, from a
-running daemon. Both compile with `dry_run`, so looking changes nothing."""
+running daemon. Both show the view the agent got: the recorded compile (the latest, or
+the latest at `--at-seq`) rebuilt byte for byte with `rebuild_compile_id`, as the web
+inspector does; only where no compile was recorded (or for another `--model`) a
+`dry_run` compile stands in. Either way looking changes nothing."""
 
 from __future__ import annotations
 
@@ -70,12 +73,14 @@ def _items(view: view_pb2.CompiledView, top: int) -> dict[str, list[dict[str, An
     return {k: sorted(v, key=lambda i: -i["tokens"])[:top] for k, v in out.items() if v}
 
 
-def summarize(view: view_pb2.CompiledView, top: int = 3) -> dict[str, Any]:
+def summarize(view: view_pb2.CompiledView, top: int = 3, shown: str = "") -> dict[str, Any]:
     b = view.budget
     window = b.context_window or (b.input_budget + b.output_reserve)
     layers = {_name(view_pb2.Layer, r.layer, "LAYER_"): r.tokens for r in view.layers}
     return {
         "session_id": view.session_id,
+        # "recorded compile <id>" or "dry run (...)": which view the numbers are from.
+        "shown": shown,
         "event_boundary": view.event_boundary,
         "model": view.route.model,
         "context_window": b.context_window,
@@ -131,6 +136,7 @@ def render(s: dict[str, Any]) -> str:
     lines = [
         f"session {s['session_id']}  seq {s['event_boundary']}  model {s['model']}  "
         f"window {window}",
+        f"showing {s['shown']}",
         bar(s),
         "  "
         + "  ".join(f"{GLYPHS[k]} {k} {v}" for k, v in s["layers"].items() if v)
@@ -165,11 +171,33 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _session(stub: Any, sid: str) -> Any:
-    return (await stub.GetSession(session_service_pb2.GetSessionRequest(session_id=sid))).session
+async def _session(stub: Any, sid: str, at_seq: int = 0) -> Any:
+    """The session and the id of its compile recorded at `at_seq` (0: the latest)."""
+    return await stub.GetSession(
+        session_service_pb2.GetSessionRequest(session_id=sid, compile_at_seq=at_seq)
+    )
 
 
-async def _view(cstub: Any, session: Any, model: str, at_seq: int) -> view_pb2.CompiledView:
+async def _view(
+    cstub: Any, found: Any, model: str, at_seq: int
+) -> tuple[view_pb2.CompiledView, str]:
+    """The view the agent got, rebuilt from its record, or a dry run where none was
+    recorded (or another model was asked for); and which of the two it is."""
+    session = found.session
+    why = "--model given" if found.compile_id else "no compile recorded"
+    if found.compile_id and not model:
+        rebuilt = compile_service_pb2.CompileRequest(
+            rebuild_compile_id=found.compile_id,
+            image_mode=compile_service_pb2.IMAGE_MODE_REFERENCE,
+        )
+        try:
+            view: view_pb2.CompiledView = (await cstub.Compile(rebuilt)).view
+            return view, f"recorded compile {found.compile_id}"
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            # Recorded by a daemon that kept no versions of its sources: not rebuildable.
+            why = f"compile {found.compile_id} cannot be rebuilt"
     route = common_pb2.Route(model=model) if model else session.current_route
     if not route.model:
         raise SystemExit(
@@ -183,16 +211,18 @@ async def _view(cstub: Any, session: Any, model: str, at_seq: int) -> view_pb2.C
         dry_run=True,
         image_mode=compile_service_pb2.IMAGE_MODE_REFERENCE,
     )
-    view: view_pb2.CompiledView = (await cstub.Compile(req)).view
-    return view
+    view = (await cstub.Compile(req)).view
+    where = f"seq {at_seq}" if at_seq else "the head"
+    return view, f"dry run at {where} ({why})"
 
 
 async def inspect(args: argparse.Namespace) -> int:
     async with grpc.aio.insecure_channel(args.target) as ch:
         sstub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
         cstub: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
-        view = await _view(cstub, await _session(sstub, args.session), args.model, args.at_seq)
-    s = summarize(view, args.top)
+        found = await _session(sstub, args.session, args.at_seq)
+        view, shown = await _view(cstub, found, args.model, args.at_seq)
+    s = summarize(view, args.top, shown)
     print(json.dumps(s, indent=2) if args.json else render(s))
     return 0
 
@@ -212,10 +242,20 @@ async def sessions(args: argparse.Namespace) -> int:
                 "model": session.current_route.model or args.model,
             }
             if row["model"] and session.head_seq:
-                s = summarize(await _view(cstub, session, args.model, 0))
+                found = await _session(sstub, session.session_id)
+                # --model here only stands in for an unknown route: a recorded compile wins.
+                model = "" if found.compile_id else args.model
+                view, shown = await _view(cstub, found, model, 0)
+                s = summarize(view, shown=shown)
                 row |= {
                     k: s[k]
-                    for k in ("estimated_input_tokens", "utilization", "decision", "pressure_layer")
+                    for k in (
+                        "estimated_input_tokens",
+                        "utilization",
+                        "decision",
+                        "pressure_layer",
+                        "shown",
+                    )
                 }
             rows.append(row)
     if args.json:
@@ -239,8 +279,17 @@ def add_parsers(sub: Any) -> None:
     target = os.environ.get("CTXCC_TARGET", DEFAULT_TARGET)
     p = sub.add_parser("inspect", help="show what fills a session's window")
     p.add_argument("session", help="session id")
-    p.add_argument("--at-seq", type=int, default=0, help="as of this seq (default: the head)")
-    p.add_argument("--model", default="", help="route model (default: the session's current route)")
+    p.add_argument(
+        "--at-seq",
+        type=int,
+        default=0,
+        help="the compile recorded at this seq (default: the latest)",
+    )
+    p.add_argument(
+        "--model",
+        default="",
+        help="dry-run compile for this route model instead of the recorded view",
+    )
     p.add_argument("--top", type=int, default=3, help="biggest items shown per layer")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(

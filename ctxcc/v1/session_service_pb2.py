@@ -27,7 +27,7 @@ from ctxcc.v1 import event_pb2 as ctxcc_dot_v1_dot_event__pb2
 from ctxcc.v1 import session_pb2 as ctxcc_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63txcc/v1/session_service.proto\x12\x08\x63txcc.v1\x1a\x19\x63txcc/v1/checkpoint.proto\x1a\x14\x63txcc/v1/event.proto\x1a\x16\x63txcc/v1/session.proto\":\n\x14\x43reateSessionRequest\x12\"\n\x07session\x18\x01 \x01(\x0b\x32\x11.ctxcc.v1.Session\";\n\x15\x43reateSessionResponse\x12\"\n\x07session\x18\x01 \x01(\x0b\x32\x11.ctxcc.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"8\n\x12GetSessionResponse\x12\"\n\x07session\x18\x01 \x01(\x0b\x32\x11.ctxcc.v1.Session\"P\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x12\n\nproject_id\x18\x03 \x01(\t\"T\n\x14ListSessionsResponse\x12#\n\x08sessions\x18\x01 \x03(\x0b\x32\x11.ctxcc.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"F\n\x15\x44\x65leteSessionResponse\x12\x16\n\x0e\x64\x65leted_events\x18\x01 \x01(\x04\x12\x15\n\rdeleted_blobs\x18\x02 \x01(\x04\"\x94\x01\n\x13\x41ppendEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x0f.ctxcc.v1.Event\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1e\n\x11\x65xpected_last_seq\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x14\n\x12_expected_last_seq\"`\n\x14\x41ppendEventsResponse\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x11\n\tevent_ids\x18\x03 \x03(\t\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"\x85\x01\n\x11ListEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x11\n\tafter_seq\x18\x04 \x01(\x04\x12\"\n\x05kinds\x18\x05 \x03(\x0e\x32\x13.ctxcc.v1.EventKind\"N\n\x12ListEventsResponse\x12\x1f\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x0f.ctxcc.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\xbe\x01\n\x14WatchSessionResponse\x12 \n\x05\x65vent\x18\x01 \x01(\x0b\x32\x0f.ctxcc.v1.EventH\x00\x12*\n\ncheckpoint\x18\x02 \x01(\x0b\x32\x14.ctxcc.v1.CheckpointH\x00\x12*\n\x07\x63ompile\x18\x03 \x01(\x0b\x32\x17.ctxcc.v1.CompileNoticeH\x00\x12\"\n\x06resync\x18\x04 \x01(\x0b\x32\x10.ctxcc.v1.ResyncH\x00\x42\x08\n\x06update\"[\n\rCompileNotice\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65vent_boundary\x18\x02 \x01(\x04\x12\x1e\n\x16\x65stimated_input_tokens\x18\x03 \x01(\r\"\x1a\n\x06Resync\x12\x10\n\x08head_seq\x18\x01 \x01(\x04\x32\xb5\x04\n\x0eSessionService\x12P\n\rCreateSession\x12\x1e.ctxcc.v1.CreateSessionRequest\x1a\x1f.ctxcc.v1.CreateSessionResponse\x12G\n\nGetSession\x12\x1b.ctxcc.v1.GetSessionRequest\x1a\x1c.ctxcc.v1.GetSessionResponse\x12M\n\x0cListSessions\x12\x1d.ctxcc.v1.ListSessionsRequest\x1a\x1e.ctxcc.v1.ListSessionsResponse\x12P\n\rDeleteSession\x12\x1e.ctxcc.v1.DeleteSessionRequest\x1a\x1f.ctxcc.v1.DeleteSessionResponse\x12M\n\x0c\x41ppendEvents\x12\x1d.ctxcc.v1.AppendEventsRequest\x1a\x1e.ctxcc.v1.AppendEventsResponse\x12G\n\nListEvents\x12\x1b.ctxcc.v1.ListEventsRequest\x1a\x1c.ctxcc.v1.ListEventsResponse\x12O\n\x0cWatchSession\x12\x1d.ctxcc.v1.WatchSessionRequest\x1a\x1e.ctxcc.v1.WatchSessionResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63txcc/v1/session_service.proto\x12\x08\x63txcc.v1\x1a\x19\x63txcc/v1/checkpoint.proto\x1a\x14\x63txcc/v1/event.proto\x1a\x16\x63txcc/v1/session.proto\":\n\x14\x43reateSessionRequest\x12\"\n\x07session\x18\x01 \x01(\x0b\x32\x11.ctxcc.v1.Session\";\n\x15\x43reateSessionResponse\x12\"\n\x07session\x18\x01 \x01(\x0b\x32\x11.ctxcc.v1.Session\"?\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ompile_at_seq\x18\x02 \x01(\x04\"L\n\x12GetSessionResponse\x12\"\n\x07session\x18\x01 \x01(\x0b\x32\x11.ctxcc.v1.Session\x12\x12\n\ncompile_id\x18\x02 \x01(\t\"P\n\x13ListSessionsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\r\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x12\n\nproject_id\x18\x03 \x01(\t\"T\n\x14ListSessionsResponse\x12#\n\x08sessions\x18\x01 \x03(\x0b\x32\x11.ctxcc.v1.Session\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x14\x44\x65leteSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"F\n\x15\x44\x65leteSessionResponse\x12\x16\n\x0e\x64\x65leted_events\x18\x01 \x01(\x04\x12\x15\n\rdeleted_blobs\x18\x02 \x01(\x04\"\x94\x01\n\x13\x41ppendEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1f\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x0f.ctxcc.v1.Event\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1e\n\x11\x65xpected_last_seq\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x14\n\x12_expected_last_seq\"`\n\x14\x41ppendEventsResponse\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x11\n\tevent_ids\x18\x03 \x03(\t\x12\x10\n\x08replayed\x18\x04 \x01(\x08\"\x85\x01\n\x11ListEventsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x11\n\tafter_seq\x18\x04 \x01(\x04\x12\"\n\x05kinds\x18\x05 \x03(\x0e\x32\x13.ctxcc.v1.EventKind\"N\n\x12ListEventsResponse\x12\x1f\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x0f.ctxcc.v1.Event\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"<\n\x13WatchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\xbe\x01\n\x14WatchSessionResponse\x12 \n\x05\x65vent\x18\x01 \x01(\x0b\x32\x0f.ctxcc.v1.EventH\x00\x12*\n\ncheckpoint\x18\x02 \x01(\x0b\x32\x14.ctxcc.v1.CheckpointH\x00\x12*\n\x07\x63ompile\x18\x03 \x01(\x0b\x32\x17.ctxcc.v1.CompileNoticeH\x00\x12\"\n\x06resync\x18\x04 \x01(\x0b\x32\x10.ctxcc.v1.ResyncH\x00\x42\x08\n\x06update\"[\n\rCompileNotice\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12\x16\n\x0e\x65vent_boundary\x18\x02 \x01(\x04\x12\x1e\n\x16\x65stimated_input_tokens\x18\x03 \x01(\r\"\x1a\n\x06Resync\x12\x10\n\x08head_seq\x18\x01 \x01(\x04\x32\xb5\x04\n\x0eSessionService\x12P\n\rCreateSession\x12\x1e.ctxcc.v1.CreateSessionRequest\x1a\x1f.ctxcc.v1.CreateSessionResponse\x12G\n\nGetSession\x12\x1b.ctxcc.v1.GetSessionRequest\x1a\x1c.ctxcc.v1.GetSessionResponse\x12M\n\x0cListSessions\x12\x1d.ctxcc.v1.ListSessionsRequest\x1a\x1e.ctxcc.v1.ListSessionsResponse\x12P\n\rDeleteSession\x12\x1e.ctxcc.v1.DeleteSessionRequest\x1a\x1f.ctxcc.v1.DeleteSessionResponse\x12M\n\x0c\x41ppendEvents\x12\x1d.ctxcc.v1.AppendEventsRequest\x1a\x1e.ctxcc.v1.AppendEventsResponse\x12G\n\nListEvents\x12\x1b.ctxcc.v1.ListEventsRequest\x1a\x1c.ctxcc.v1.ListEventsResponse\x12O\n\x0cWatchSession\x12\x1d.ctxcc.v1.WatchSessionRequest\x1a\x1e.ctxcc.v1.WatchSessionResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,33 +39,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATESESSIONRESPONSE']._serialized_start=177
   _globals['_CREATESESSIONRESPONSE']._serialized_end=236
   _globals['_GETSESSIONREQUEST']._serialized_start=238
-  _globals['_GETSESSIONREQUEST']._serialized_end=277
-  _globals['_GETSESSIONRESPONSE']._serialized_start=279
-  _globals['_GETSESSIONRESPONSE']._serialized_end=335
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=337
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=417
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=419
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=503
-  _globals['_DELETESESSIONREQUEST']._serialized_start=505
-  _globals['_DELETESESSIONREQUEST']._serialized_end=547
-  _globals['_DELETESESSIONRESPONSE']._serialized_start=549
-  _globals['_DELETESESSIONRESPONSE']._serialized_end=619
-  _globals['_APPENDEVENTSREQUEST']._serialized_start=622
-  _globals['_APPENDEVENTSREQUEST']._serialized_end=770
-  _globals['_APPENDEVENTSRESPONSE']._serialized_start=772
-  _globals['_APPENDEVENTSRESPONSE']._serialized_end=868
-  _globals['_LISTEVENTSREQUEST']._serialized_start=871
-  _globals['_LISTEVENTSREQUEST']._serialized_end=1004
-  _globals['_LISTEVENTSRESPONSE']._serialized_start=1006
-  _globals['_LISTEVENTSRESPONSE']._serialized_end=1084
-  _globals['_WATCHSESSIONREQUEST']._serialized_start=1086
-  _globals['_WATCHSESSIONREQUEST']._serialized_end=1146
-  _globals['_WATCHSESSIONRESPONSE']._serialized_start=1149
-  _globals['_WATCHSESSIONRESPONSE']._serialized_end=1339
-  _globals['_COMPILENOTICE']._serialized_start=1341
-  _globals['_COMPILENOTICE']._serialized_end=1432
-  _globals['_RESYNC']._serialized_start=1434
-  _globals['_RESYNC']._serialized_end=1460
-  _globals['_SESSIONSERVICE']._serialized_start=1463
-  _globals['_SESSIONSERVICE']._serialized_end=2028
+  _globals['_GETSESSIONREQUEST']._serialized_end=301
+  _globals['_GETSESSIONRESPONSE']._serialized_start=303
+  _globals['_GETSESSIONRESPONSE']._serialized_end=379
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=381
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=461
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=463
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=547
+  _globals['_DELETESESSIONREQUEST']._serialized_start=549
+  _globals['_DELETESESSIONREQUEST']._serialized_end=591
+  _globals['_DELETESESSIONRESPONSE']._serialized_start=593
+  _globals['_DELETESESSIONRESPONSE']._serialized_end=663
+  _globals['_APPENDEVENTSREQUEST']._serialized_start=666
+  _globals['_APPENDEVENTSREQUEST']._serialized_end=814
+  _globals['_APPENDEVENTSRESPONSE']._serialized_start=816
+  _globals['_APPENDEVENTSRESPONSE']._serialized_end=912
+  _globals['_LISTEVENTSREQUEST']._serialized_start=915
+  _globals['_LISTEVENTSREQUEST']._serialized_end=1048
+  _globals['_LISTEVENTSRESPONSE']._serialized_start=1050
+  _globals['_LISTEVENTSRESPONSE']._serialized_end=1128
+  _globals['_WATCHSESSIONREQUEST']._serialized_start=1130
+  _globals['_WATCHSESSIONREQUEST']._serialized_end=1190
+  _globals['_WATCHSESSIONRESPONSE']._serialized_start=1193
+  _globals['_WATCHSESSIONRESPONSE']._serialized_end=1383
+  _globals['_COMPILENOTICE']._serialized_start=1385
+  _globals['_COMPILENOTICE']._serialized_end=1476
+  _globals['_RESYNC']._serialized_start=1478
+  _globals['_RESYNC']._serialized_end=1504
+  _globals['_SESSIONSERVICE']._serialized_start=1507
+  _globals['_SESSIONSERVICE']._serialized_end=2072
 # @@protoc_insertion_point(module_scope)

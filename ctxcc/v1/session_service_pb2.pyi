@@ -79,16 +79,22 @@ class GetSessionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_ID_FIELD_NUMBER: _builtins.int
+    COMPILE_AT_SEQ_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """The session id."""
+    compile_at_seq: _builtins.int
+    """Also name the latest compile recorded at this event boundary in compile_id; 0 names
+    the session's latest recorded compile, whatever its boundary.
+    """
     def __init__(
         self,
         *,
         session_id: _builtins.str = ...,
+        compile_at_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile_at_seq", b"compile_at_seq", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -101,6 +107,11 @@ class GetSessionResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SESSION_FIELD_NUMBER: _builtins.int
+    COMPILE_ID_FIELD_NUMBER: _builtins.int
+    compile_id: _builtins.str
+    """The recorded compile asked for by compile_at_seq (the view an agent got; rebuild it
+    with CompileRequest.rebuild_compile_id), empty when none was recorded there.
+    """
     @_builtins.property
     def session(self) -> _session_pb2.Session:
         """The session."""
@@ -109,10 +120,11 @@ class GetSessionResponse(_message.Message):
         self,
         *,
         session: _session_pb2.Session | None = ...,
+        compile_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile_id", b"compile_id", "session", b"session"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -83,6 +83,20 @@ class SessionUseCases:
         check_id("session_id", session_id)
         return await self._blocking.run(self._store.get_session, session_id)
 
+    async def recorded_compile(self, session_id: str, at_seq: int) -> str:
+        """Id of the latest compile recorded at event boundary `at_seq` (0: the session's
+        latest recorded compile), "" when none: the view an agent got there."""
+        check_id("session_id", session_id)
+
+        def find() -> str:
+            if at_seq:
+                record = self._store.compile_at(session_id, at_seq)
+            else:
+                record = self._store.get_last_compile(session_id)
+            return record.compile_id if record else ""
+
+        return await self._blocking.run(find)
+
     async def list_sessions(self, after: str, limit: int, project_id: str) -> list[Session]:
         return await self._blocking.run(self._store.list_sessions, after, limit, project_id)
 

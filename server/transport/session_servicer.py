@@ -39,7 +39,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSession(
         self, request: pb.GetSessionRequest, context: Ctx
     ) -> pb.GetSessionResponse:
-        return pb.GetSessionResponse(session=session_out(await self._s.get(request.session_id)))
+        session = session_out(await self._s.get(request.session_id))
+        compile_id = await self._s.recorded_compile(request.session_id, request.compile_at_seq)
+        return pb.GetSessionResponse(session=session, compile_id=compile_id)
 
     @unary
     async def ListSessions(

@@ -4,8 +4,13 @@ busts (changed sections, their metric and the inspector's marker) and time trave
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -17,6 +22,8 @@ from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, stubs_for
 from tests.helpers import ROUTE, compile_request, error_info, user
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def _get(url: str) -> str:
@@ -128,3 +135,67 @@ async def test_a_time_travel_compile_is_never_the_latest_nor_a_baseline(daemon: 
         assert nxt.budget.baseline_tokens == 5000
     finally:
         await api.channel.close()
+
+
+def _ctxcc(daemon: Daemon, *args: str) -> Any:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server",
+            *args,
+            "--json",
+            "--target",
+            f"unix:{daemon.endpoints.unix}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _layers(view: view_pb2.CompiledView) -> dict[str, int]:
+    return {
+        view_pb2.Layer.Name(r.layer).removeprefix("LAYER_").lower(): r.tokens for r in view.layers
+    }
+
+
+async def test_ctxcc_inspect_shows_the_view_the_agent_got(daemon: Daemon) -> None:
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    # The agent sends its own system prompt: ctxcc's kernel and approval text stay out.
+    own = [view_pb2.SECTION_KIND_KERNEL, view_pb2.SECTION_KIND_APPROVAL]
+    try:
+        await _session(api, "cli", "read the README " * 30)
+        first = (await api.compiles.Compile(compile_request("cli", exclude_sections=own))).view
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="cli", events=[user("and the tests " * 50)])
+        )
+        latest = (await api.compiles.Compile(compile_request("cli", exclude_sections=own))).view
+        await api.compiles.ReportUsage(
+            cpb.ReportUsageRequest(
+                compile_id=latest.compile_id, route=ROUTE, input_tokens=900, output_tokens=5
+            )
+        )
+        # Events after the latest compile are not in what the agent got.
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="cli", events=[user("later " * 80)])
+        )
+    finally:
+        await api.channel.close()
+
+    for args, view in ((("cli",), latest), (("cli", "--at-seq", "1"), first)):
+        shown = await asyncio.to_thread(_ctxcc, daemon, "inspect", *args)
+        assert shown["event_boundary"] == view.event_boundary
+        assert shown["estimated_input_tokens"] == view.budget.estimated_input_tokens
+        assert shown["layers"] == _layers(view)
+        assert shown["shown"] == f"recorded compile {view.compile_id}"
+    # Where nothing was recorded, a dry run stands in and says so.
+    dry = await asyncio.to_thread(_ctxcc, daemon, "inspect", "cli", "--at-seq", "3")
+    assert dry["event_boundary"] == 3
+    assert str(dry["shown"]).startswith("dry run at seq 3 (no compile recorded")
+    listed = await asyncio.to_thread(_ctxcc, daemon, "sessions")
+    assert [r["estimated_input_tokens"] for r in listed] == [latest.budget.estimated_input_tokens]

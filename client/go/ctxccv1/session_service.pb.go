@@ -119,7 +119,10 @@ func (x *CreateSessionResponse) GetSession() *Session {
 type GetSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session id.
-	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Also name the latest compile recorded at this event boundary in compile_id; 0 names
+	// the session's latest recorded compile, whatever its boundary.
+	CompileAtSeq  uint64 `protobuf:"varint,2,opt,name=compile_at_seq,json=compileAtSeq,proto3" json:"compile_at_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -161,11 +164,21 @@ func (x *GetSessionRequest) GetSessionId() string {
 	return ""
 }
 
+func (x *GetSessionRequest) GetCompileAtSeq() uint64 {
+	if x != nil {
+		return x.CompileAtSeq
+	}
+	return 0
+}
+
 // GetSessionResponse returns a session.
 type GetSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session.
-	Session       *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	Session *Session `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// The recorded compile asked for by compile_at_seq (the view an agent got; rebuild it
+	// with CompileRequest.rebuild_compile_id), empty when none was recorded there.
+	CompileId     string `protobuf:"bytes,2,opt,name=compile_id,json=compileId,proto3" json:"compile_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -205,6 +218,13 @@ func (x *GetSessionResponse) GetSession() *Session {
 		return x.Session
 	}
 	return nil
+}
+
+func (x *GetSessionResponse) GetCompileId() string {
+	if x != nil {
+		return x.CompileId
+	}
+	return ""
 }
 
 // ListSessionsRequest pages through sessions.
@@ -1005,12 +1025,15 @@ const file_ctxcc_v1_session_service_proto_rawDesc = "" +
 	"\x14CreateSessionRequest\x12+\n" +
 	"\asession\x18\x01 \x01(\v2\x11.ctxcc.v1.SessionR\asession\"D\n" +
 	"\x15CreateSessionResponse\x12+\n" +
-	"\asession\x18\x01 \x01(\v2\x11.ctxcc.v1.SessionR\asession\"2\n" +
+	"\asession\x18\x01 \x01(\v2\x11.ctxcc.v1.SessionR\asession\"X\n" +
 	"\x11GetSessionRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"A\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12$\n" +
+	"\x0ecompile_at_seq\x18\x02 \x01(\x04R\fcompileAtSeq\"`\n" +
 	"\x12GetSessionResponse\x12+\n" +
-	"\asession\x18\x01 \x01(\v2\x11.ctxcc.v1.SessionR\asession\"p\n" +
+	"\asession\x18\x01 \x01(\v2\x11.ctxcc.v1.SessionR\asession\x12\x1d\n" +
+	"\n" +
+	"compile_id\x18\x02 \x01(\tR\tcompileId\"p\n" +
 	"\x13ListSessionsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +

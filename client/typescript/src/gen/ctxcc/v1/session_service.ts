@@ -48,12 +48,24 @@ export interface CreateSessionResponse {
 export interface GetSessionRequest {
   /** The session id. */
   sessionId: string;
+  /**
+   * Also name the latest compile recorded at this event boundary in compile_id; 0 names
+   * the session's latest recorded compile, whatever its boundary.
+   */
+  compileAtSeq: number;
 }
 
 /** GetSessionResponse returns a session. */
 export interface GetSessionResponse {
   /** The session. */
-  session?: Session | undefined;
+  session?:
+    | Session
+    | undefined;
+  /**
+   * The recorded compile asked for by compile_at_seq (the view an agent got; rebuild it
+   * with CompileRequest.rebuild_compile_id), empty when none was recorded there.
+   */
+  compileId: string;
 }
 
 /** ListSessionsRequest pages through sessions. */
@@ -319,13 +331,16 @@ export const CreateSessionResponse: MessageFns<CreateSessionResponse> = {
 };
 
 function createBaseGetSessionRequest(): GetSessionRequest {
-  return { sessionId: "" };
+  return { sessionId: "", compileAtSeq: 0 };
 }
 
 export const GetSessionRequest: MessageFns<GetSessionRequest> = {
   encode(message: GetSessionRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.sessionId !== "") {
       writer.uint32(10).string(message.sessionId);
+    }
+    if (message.compileAtSeq !== 0) {
+      writer.uint32(16).uint64(message.compileAtSeq);
     }
     return writer;
   },
@@ -351,6 +366,14 @@ export const GetSessionRequest: MessageFns<GetSessionRequest> = {
             message.sessionId = reader.string();
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.compileAtSeq = longToNumber(reader.uint64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -370,6 +393,11 @@ export const GetSessionRequest: MessageFns<GetSessionRequest> = {
         : isSet(object.session_id)
         ? globalThis.String(object.session_id)
         : "",
+      compileAtSeq: isSet(object.compileAtSeq)
+        ? globalThis.Number(object.compileAtSeq)
+        : isSet(object.compile_at_seq)
+        ? globalThis.Number(object.compile_at_seq)
+        : 0,
     };
   },
 
@@ -377,6 +405,9 @@ export const GetSessionRequest: MessageFns<GetSessionRequest> = {
     const obj: any = {};
     if (message.sessionId !== "") {
       obj.sessionId = message.sessionId;
+    }
+    if (message.compileAtSeq !== 0) {
+      obj.compileAtSeq = Math.round(message.compileAtSeq);
     }
     return obj;
   },
@@ -387,18 +418,22 @@ export const GetSessionRequest: MessageFns<GetSessionRequest> = {
   fromPartial<I extends Exact<DeepPartial<GetSessionRequest>, I>>(object: I): GetSessionRequest {
     const message = createBaseGetSessionRequest();
     message.sessionId = object.sessionId ?? "";
+    message.compileAtSeq = object.compileAtSeq ?? 0;
     return message;
   },
 };
 
 function createBaseGetSessionResponse(): GetSessionResponse {
-  return { session: undefined };
+  return { session: undefined, compileId: "" };
 }
 
 export const GetSessionResponse: MessageFns<GetSessionResponse> = {
   encode(message: GetSessionResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     if (message.session !== undefined) {
       Session.encode(message.session, writer.uint32(10).fork()).join();
+    }
+    if (message.compileId !== "") {
+      writer.uint32(18).string(message.compileId);
     }
     return writer;
   },
@@ -424,6 +459,14 @@ export const GetSessionResponse: MessageFns<GetSessionResponse> = {
             message.session = Session.decode(reader, reader.uint32());
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.compileId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -437,13 +480,23 @@ export const GetSessionResponse: MessageFns<GetSessionResponse> = {
   },
 
   fromJSON(object: any): GetSessionResponse {
-    return { session: isSet(object.session) ? Session.fromJSON(object.session) : undefined };
+    return {
+      session: isSet(object.session) ? Session.fromJSON(object.session) : undefined,
+      compileId: isSet(object.compileId)
+        ? globalThis.String(object.compileId)
+        : isSet(object.compile_id)
+        ? globalThis.String(object.compile_id)
+        : "",
+    };
   },
 
   toJSON(message: GetSessionResponse): unknown {
     const obj: any = {};
     if (message.session !== undefined) {
       obj.session = Session.toJSON(message.session);
+    }
+    if (message.compileId !== "") {
+      obj.compileId = message.compileId;
     }
     return obj;
   },
@@ -456,6 +509,7 @@ export const GetSessionResponse: MessageFns<GetSessionResponse> = {
     message.session = (object.session !== undefined && object.session !== null)
       ? Session.fromPartial(object.session)
       : undefined;
+    message.compileId = object.compileId ?? "";
     return message;
   },
 };
