@@ -91,7 +91,7 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "compile_memo_bytes",
-        str(64 << 20),
+        str(32 << 20),
         "memory for compile memos (each session's projected history, so a step compiles only "
         "its new events); 0 compiles every view from scratch",
     ),

@@ -117,7 +117,7 @@ class CompilerSettings:
     # Built-in compaction when the budget asks for it (R-MISC-5 a).
     auto_compact: bool = True
     # Memory for compile memos; 0 compiles every view from scratch.
-    memo_bytes: int = 64 << 20
+    memo_bytes: int = 32 << 20
 
 
 class CompileUseCases:

@@ -48,12 +48,3 @@ class MemoCache:
                 evicted += 1
             size = self._bytes
         self._telemetry.memo_changed(evicted, size)
-
-    def drop_session(self, session_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._items if k[0] == session_id]:
-                self._bytes -= self._items.pop(key).size_bytes
-
-    @property
-    def size_bytes(self) -> int:
-        return self._bytes
