@@ -343,12 +343,20 @@ class StepRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     EXPECTED_LAST_SEQ_FIELD_NUMBER: _builtins.int
     COMPILE_FIELD_NUMBER: _builtins.int
+    DELTA_BASE_COMPILE_ID_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """Client-chosen id echoed in the answer."""
     request_id: _builtins.str
     """Idempotency key of the append."""
     expected_last_seq: _builtins.int
     """Optimistic check of the append."""
+    delta_base_compile_id: _builtins.str
+    """Opt-in to a delta answer: the compile_id of the last view the client applied completely
+    on this stream and whose digest it checked (a whole view, or a ViewDelta it applied).
+    When the daemon still holds that view for this stream, it may answer with a ViewDelta
+    against it instead of the whole view; it sends the whole view (or its chunks) when it
+    no longer holds that view, when the delta would not be smaller, or when it is empty.
+    """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]:
         """Events to append before compiling (same rules as AppendEvents)."""
@@ -365,10 +373,11 @@ class StepRequest(_message.Message):
         request_id: _builtins.str = ...,
         expected_last_seq: _builtins.int | None = ...,
         compile: Global___CompileRequest | None = ...,
+        delta_base_compile_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "expected_last_seq", b"expected_last_seq"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_seq: _TypeAlias = _typing.Literal["expected_last_seq"]  # noqa: Y015
     _WhichOneofArgType__expected_last_seq: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq"]  # noqa: Y015
@@ -378,7 +387,9 @@ Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015
 
 @_typing.final
 class ResumeRequest(_message.Message):
-    """ResumeRequest continues a stream after a reconnect. The daemon keeps the recent views it
+    """ResumeRequest continues a stream after a reconnect, or fetches a whole view again after a
+    ViewDelta failed its digest check (quote the delta's head.compile_id: the view is then
+    resent whole as long as nothing was appended to the session since). The daemon keeps the recent views it
     sent on compile streams in memory (bounded; none survive a daemon restart). If it still
     holds the view of `compile_id` and nothing was appended to that session since, it resends
     that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
@@ -421,6 +432,7 @@ class CompileStreamResponse(_message.Message):
     VIEW_FIELD_NUMBER: _builtins.int
     CHUNK_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     APPEND_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """The step this answers."""
@@ -437,6 +449,10 @@ class CompileStreamResponse(_message.Message):
         """The step failed; the stream stays open."""
 
     @_builtins.property
+    def delta(self) -> Global___ViewDelta:
+        """The view as a change against the view named by the step's delta_base_compile_id."""
+
+    @_builtins.property
     def append(self) -> Global___AppendResult:
         """The append's result, when the step appended events."""
 
@@ -447,17 +463,122 @@ class CompileStreamResponse(_message.Message):
         view: _view_pb2.CompiledView | None = ...,
         chunk: Global___ViewChunk | None = ...,
         error: Global___StepError | None = ...,
+        delta: Global___ViewDelta | None = ...,
         append: Global___AppendResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "error", b"error", "response", b"response", "view", b"view"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "delta", b"delta", "error", b"error", "response", b"response", "view", b"view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "error", b"error", "response", b"response", "step_id", b"step_id", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "delta", b"delta", "error", b"error", "response", b"response", "step_id", b"step_id", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["view", "chunk", "error"]  # noqa: Y015
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["view", "chunk", "error", "delta"]  # noqa: Y015
     _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
 
 Global___CompileStreamResponse: _TypeAlias = CompileStreamResponse  # noqa: Y015
+
+@_typing.final
+class ViewDelta(_message.Message):
+    """ViewDelta is a compiled view expressed against a base view the client holds (the view of
+    base_compile_id). The client rebuilds the new view as: a copy of `head`, whose messages are
+    the first kept_messages messages of the base followed by appended_messages, whose
+    system_sections are `sections` resolved against the base's system_sections, whose
+    system_prompt is the texts of those sections joined by two newlines ("\\n\\n"), and whose
+    tools are the base's tools unless tools_changed (then `tools`). It then checks view_sha256;
+    on a mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
+    head.compile_id.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_COMPILE_ID_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    KEPT_MESSAGES_FIELD_NUMBER: _builtins.int
+    APPENDED_MESSAGES_FIELD_NUMBER: _builtins.int
+    SECTIONS_FIELD_NUMBER: _builtins.int
+    TOOLS_CHANGED_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    VIEW_SHA256_FIELD_NUMBER: _builtins.int
+    base_compile_id: _builtins.str
+    """The compile whose view this delta applies to."""
+    kept_messages: _builtins.int
+    """How many messages at the start of the base view's messages the new view keeps, in order."""
+    tools_changed: _builtins.bool
+    """True when the new view's tools differ from the base's; `tools` is then the whole list."""
+    view_sha256: _builtins.str
+    """Lower-case hex sha256 of the new view's deterministic serialization: fields in field
+    number order, map entries sorted by key, no unknown fields (Python
+    SerializeToString(deterministic=True), Go MarshalOptions{Deterministic: true}, ts-proto's
+    encode of a decoded view).
+    """
+    @_builtins.property
+    def head(self) -> _view_pb2.CompiledView:
+        """The new view with messages, system_sections, system_prompt and tools left empty; every
+        other field (compile_id, budget, layers, renderings, notes...) is whole.
+        """
+
+    @_builtins.property
+    def appended_messages(self) -> _containers.RepeatedCompositeFieldContainer[_view_pb2.ViewMessage]:
+        """The new view's messages after the kept ones."""
+
+    @_builtins.property
+    def sections(self) -> _containers.RepeatedCompositeFieldContainer[Global___SectionSlot]:
+        """The new view's system sections, in order."""
+
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_view_pb2.ViewTool]:
+        """The new view's tools when tools_changed."""
+
+    def __init__(
+        self,
+        *,
+        base_compile_id: _builtins.str = ...,
+        head: _view_pb2.CompiledView | None = ...,
+        kept_messages: _builtins.int = ...,
+        appended_messages: _abc.Iterable[_view_pb2.ViewMessage] | None = ...,
+        sections: _abc.Iterable[Global___SectionSlot] | None = ...,
+        tools_changed: _builtins.bool = ...,
+        tools: _abc.Iterable[_view_pb2.ViewTool] | None = ...,
+        view_sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["head", b"head"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended_messages", b"appended_messages", "base_compile_id", b"base_compile_id", "head", b"head", "kept_messages", b"kept_messages", "sections", b"sections", "tools", b"tools", "tools_changed", b"tools_changed", "view_sha256", b"view_sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ViewDelta: _TypeAlias = ViewDelta  # noqa: Y015
+
+@_typing.final
+class SectionSlot(_message.Message):
+    """SectionSlot is one system section of a ViewDelta: the base view's section at an index, or a
+    section given whole.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BASE_INDEX_FIELD_NUMBER: _builtins.int
+    SECTION_FIELD_NUMBER: _builtins.int
+    base_index: _builtins.int
+    """Index into the base view's system_sections."""
+    @_builtins.property
+    def section(self) -> _view_pb2.SystemSection:
+        """The section itself (new or changed)."""
+
+    def __init__(
+        self,
+        *,
+        base_index: _builtins.int = ...,
+        section: _view_pb2.SystemSection | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["base_index", b"base_index", "section", b"section", "slot", b"slot"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_index", b"base_index", "section", b"section", "slot", b"slot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_slot: _TypeAlias = _typing.Literal["base_index", "section"]  # noqa: Y015
+    _WhichOneofArgType_slot: _TypeAlias = _typing.Literal["slot", b"slot"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_slot) -> _WhichOneofReturnType_slot | None: ...
+
+Global___SectionSlot: _TypeAlias = SectionSlot  # noqa: Y015
 
 @_typing.final
 class ViewChunk(_message.Message):

@@ -628,9 +628,15 @@ type StepRequest struct {
 	// Optimistic check of the append.
 	ExpectedLastSeq *uint64 `protobuf:"varint,4,opt,name=expected_last_seq,json=expectedLastSeq,proto3,oneof" json:"expected_last_seq,omitempty"`
 	// The compile to run after the append.
-	Compile       *CompileRequest `protobuf:"bytes,5,opt,name=compile,proto3" json:"compile,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Compile *CompileRequest `protobuf:"bytes,5,opt,name=compile,proto3" json:"compile,omitempty"`
+	// Opt-in to a delta answer: the compile_id of the last view the client applied completely
+	// on this stream and whose digest it checked (a whole view, or a ViewDelta it applied).
+	// When the daemon still holds that view for this stream, it may answer with a ViewDelta
+	// against it instead of the whole view; it sends the whole view (or its chunks) when it
+	// no longer holds that view, when the delta would not be smaller, or when it is empty.
+	DeltaBaseCompileId string `protobuf:"bytes,6,opt,name=delta_base_compile_id,json=deltaBaseCompileId,proto3" json:"delta_base_compile_id,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StepRequest) Reset() {
@@ -698,7 +704,16 @@ func (x *StepRequest) GetCompile() *CompileRequest {
 	return nil
 }
 
-// ResumeRequest continues a stream after a reconnect. The daemon keeps the recent views it
+func (x *StepRequest) GetDeltaBaseCompileId() string {
+	if x != nil {
+		return x.DeltaBaseCompileId
+	}
+	return ""
+}
+
+// ResumeRequest continues a stream after a reconnect, or fetches a whole view again after a
+// ViewDelta failed its digest check (quote the delta's head.compile_id: the view is then
+// resent whole as long as nothing was appended to the session since). The daemon keeps the recent views it
 // sent on compile streams in memory (bounded; none survive a daemon restart). If it still
 // holds the view of `compile_id` and nothing was appended to that session since, it resends
 // that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
@@ -770,6 +785,7 @@ type CompileStreamResponse struct {
 	//	*CompileStreamResponse_View
 	//	*CompileStreamResponse_Chunk
 	//	*CompileStreamResponse_Error
+	//	*CompileStreamResponse_Delta
 	Response isCompileStreamResponse_Response `protobuf_oneof:"response"`
 	// The append's result, when the step appended events.
 	Append        *AppendResult `protobuf:"bytes,5,opt,name=append,proto3" json:"append,omitempty"`
@@ -848,6 +864,15 @@ func (x *CompileStreamResponse) GetError() *StepError {
 	return nil
 }
 
+func (x *CompileStreamResponse) GetDelta() *ViewDelta {
+	if x != nil {
+		if x, ok := x.Response.(*CompileStreamResponse_Delta); ok {
+			return x.Delta
+		}
+	}
+	return nil
+}
+
 func (x *CompileStreamResponse) GetAppend() *AppendResult {
 	if x != nil {
 		return x.Append
@@ -874,11 +899,226 @@ type CompileStreamResponse_Error struct {
 	Error *StepError `protobuf:"bytes,4,opt,name=error,proto3,oneof"`
 }
 
+type CompileStreamResponse_Delta struct {
+	// The view as a change against the view named by the step's delta_base_compile_id.
+	Delta *ViewDelta `protobuf:"bytes,6,opt,name=delta,proto3,oneof"`
+}
+
 func (*CompileStreamResponse_View) isCompileStreamResponse_Response() {}
 
 func (*CompileStreamResponse_Chunk) isCompileStreamResponse_Response() {}
 
 func (*CompileStreamResponse_Error) isCompileStreamResponse_Response() {}
+
+func (*CompileStreamResponse_Delta) isCompileStreamResponse_Response() {}
+
+// ViewDelta is a compiled view expressed against a base view the client holds (the view of
+// base_compile_id). The client rebuilds the new view as: a copy of `head`, whose messages are
+// the first kept_messages messages of the base followed by appended_messages, whose
+// system_sections are `sections` resolved against the base's system_sections, whose
+// system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
+// tools are the base's tools unless tools_changed (then `tools`). It then checks view_sha256;
+// on a mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
+// head.compile_id.
+type ViewDelta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The compile whose view this delta applies to.
+	BaseCompileId string `protobuf:"bytes,1,opt,name=base_compile_id,json=baseCompileId,proto3" json:"base_compile_id,omitempty"`
+	// The new view with messages, system_sections, system_prompt and tools left empty; every
+	// other field (compile_id, budget, layers, renderings, notes...) is whole.
+	Head *CompiledView `protobuf:"bytes,2,opt,name=head,proto3" json:"head,omitempty"`
+	// How many messages at the start of the base view's messages the new view keeps, in order.
+	KeptMessages uint32 `protobuf:"varint,3,opt,name=kept_messages,json=keptMessages,proto3" json:"kept_messages,omitempty"`
+	// The new view's messages after the kept ones.
+	AppendedMessages []*ViewMessage `protobuf:"bytes,4,rep,name=appended_messages,json=appendedMessages,proto3" json:"appended_messages,omitempty"`
+	// The new view's system sections, in order.
+	Sections []*SectionSlot `protobuf:"bytes,5,rep,name=sections,proto3" json:"sections,omitempty"`
+	// True when the new view's tools differ from the base's; `tools` is then the whole list.
+	ToolsChanged bool `protobuf:"varint,6,opt,name=tools_changed,json=toolsChanged,proto3" json:"tools_changed,omitempty"`
+	// The new view's tools when tools_changed.
+	Tools []*ViewTool `protobuf:"bytes,7,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Lower-case hex sha256 of the new view's deterministic serialization: fields in field
+	// number order, map entries sorted by key, no unknown fields (Python
+	// SerializeToString(deterministic=True), Go MarshalOptions{Deterministic: true}, ts-proto's
+	// encode of a decoded view).
+	ViewSha256    string `protobuf:"bytes,8,opt,name=view_sha256,json=viewSha256,proto3" json:"view_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ViewDelta) Reset() {
+	*x = ViewDelta{}
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ViewDelta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ViewDelta) ProtoMessage() {}
+
+func (x *ViewDelta) ProtoReflect() protoreflect.Message {
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ViewDelta.ProtoReflect.Descriptor instead.
+func (*ViewDelta) Descriptor() ([]byte, []int) {
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ViewDelta) GetBaseCompileId() string {
+	if x != nil {
+		return x.BaseCompileId
+	}
+	return ""
+}
+
+func (x *ViewDelta) GetHead() *CompiledView {
+	if x != nil {
+		return x.Head
+	}
+	return nil
+}
+
+func (x *ViewDelta) GetKeptMessages() uint32 {
+	if x != nil {
+		return x.KeptMessages
+	}
+	return 0
+}
+
+func (x *ViewDelta) GetAppendedMessages() []*ViewMessage {
+	if x != nil {
+		return x.AppendedMessages
+	}
+	return nil
+}
+
+func (x *ViewDelta) GetSections() []*SectionSlot {
+	if x != nil {
+		return x.Sections
+	}
+	return nil
+}
+
+func (x *ViewDelta) GetToolsChanged() bool {
+	if x != nil {
+		return x.ToolsChanged
+	}
+	return false
+}
+
+func (x *ViewDelta) GetTools() []*ViewTool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ViewDelta) GetViewSha256() string {
+	if x != nil {
+		return x.ViewSha256
+	}
+	return ""
+}
+
+// SectionSlot is one system section of a ViewDelta: the base view's section at an index, or a
+// section given whole.
+type SectionSlot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Where the section comes from.
+	//
+	// Types that are valid to be assigned to Slot:
+	//
+	//	*SectionSlot_BaseIndex
+	//	*SectionSlot_Section
+	Slot          isSectionSlot_Slot `protobuf_oneof:"slot"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SectionSlot) Reset() {
+	*x = SectionSlot{}
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SectionSlot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SectionSlot) ProtoMessage() {}
+
+func (x *SectionSlot) ProtoReflect() protoreflect.Message {
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SectionSlot.ProtoReflect.Descriptor instead.
+func (*SectionSlot) Descriptor() ([]byte, []int) {
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SectionSlot) GetSlot() isSectionSlot_Slot {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+func (x *SectionSlot) GetBaseIndex() uint32 {
+	if x != nil {
+		if x, ok := x.Slot.(*SectionSlot_BaseIndex); ok {
+			return x.BaseIndex
+		}
+	}
+	return 0
+}
+
+func (x *SectionSlot) GetSection() *SystemSection {
+	if x != nil {
+		if x, ok := x.Slot.(*SectionSlot_Section); ok {
+			return x.Section
+		}
+	}
+	return nil
+}
+
+type isSectionSlot_Slot interface {
+	isSectionSlot_Slot()
+}
+
+type SectionSlot_BaseIndex struct {
+	// Index into the base view's system_sections.
+	BaseIndex uint32 `protobuf:"varint,1,opt,name=base_index,json=baseIndex,proto3,oneof"`
+}
+
+type SectionSlot_Section struct {
+	// The section itself (new or changed).
+	Section *SystemSection `protobuf:"bytes,2,opt,name=section,proto3,oneof"`
+}
+
+func (*SectionSlot_BaseIndex) isSectionSlot_Slot() {}
+
+func (*SectionSlot_Section) isSectionSlot_Slot() {}
 
 // ViewChunk is one part of a serialized CompiledView.
 type ViewChunk struct {
@@ -899,7 +1139,7 @@ type ViewChunk struct {
 
 func (x *ViewChunk) Reset() {
 	*x = ViewChunk{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[8]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -911,7 +1151,7 @@ func (x *ViewChunk) String() string {
 func (*ViewChunk) ProtoMessage() {}
 
 func (x *ViewChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[8]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -924,7 +1164,7 @@ func (x *ViewChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ViewChunk.ProtoReflect.Descriptor instead.
 func (*ViewChunk) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{8}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ViewChunk) GetCompileId() string {
@@ -977,7 +1217,7 @@ type StepError struct {
 
 func (x *StepError) Reset() {
 	*x = StepError{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[9]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -989,7 +1229,7 @@ func (x *StepError) String() string {
 func (*StepError) ProtoMessage() {}
 
 func (x *StepError) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[9]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1002,7 +1242,7 @@ func (x *StepError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepError.ProtoReflect.Descriptor instead.
 func (*StepError) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{9}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StepError) GetCode() int32 {
@@ -1041,7 +1281,7 @@ type AppendResult struct {
 
 func (x *AppendResult) Reset() {
 	*x = AppendResult{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[10]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1053,7 +1293,7 @@ func (x *AppendResult) String() string {
 func (*AppendResult) ProtoMessage() {}
 
 func (x *AppendResult) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[10]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1306,7 @@ func (x *AppendResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AppendResult.ProtoReflect.Descriptor instead.
 func (*AppendResult) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{10}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AppendResult) GetFirstSeq() uint64 {
@@ -1111,7 +1351,7 @@ type ReportUsageRequest struct {
 
 func (x *ReportUsageRequest) Reset() {
 	*x = ReportUsageRequest{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[11]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1123,7 +1363,7 @@ func (x *ReportUsageRequest) String() string {
 func (*ReportUsageRequest) ProtoMessage() {}
 
 func (x *ReportUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[11]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1136,7 +1376,7 @@ func (x *ReportUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUsageRequest.ProtoReflect.Descriptor instead.
 func (*ReportUsageRequest) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{11}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReportUsageRequest) GetCompileId() string {
@@ -1200,7 +1440,7 @@ type ReportUsageResponse struct {
 
 func (x *ReportUsageResponse) Reset() {
 	*x = ReportUsageResponse{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[12]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1452,7 @@ func (x *ReportUsageResponse) String() string {
 func (*ReportUsageResponse) ProtoMessage() {}
 
 func (x *ReportUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[12]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1465,7 @@ func (x *ReportUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportUsageResponse.ProtoReflect.Descriptor instead.
 func (*ReportUsageResponse) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{12}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReportUsageResponse) GetEstimatedInputTokens() uint32 {
@@ -1279,7 +1519,7 @@ type CreateCheckpointRequest struct {
 
 func (x *CreateCheckpointRequest) Reset() {
 	*x = CreateCheckpointRequest{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[13]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1291,7 +1531,7 @@ func (x *CreateCheckpointRequest) String() string {
 func (*CreateCheckpointRequest) ProtoMessage() {}
 
 func (x *CreateCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[13]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1304,7 +1544,7 @@ func (x *CreateCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*CreateCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{13}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateCheckpointRequest) GetCheckpoint() *Checkpoint {
@@ -1342,7 +1582,7 @@ type CreateCheckpointResponse struct {
 
 func (x *CreateCheckpointResponse) Reset() {
 	*x = CreateCheckpointResponse{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[14]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1594,7 @@ func (x *CreateCheckpointResponse) String() string {
 func (*CreateCheckpointResponse) ProtoMessage() {}
 
 func (x *CreateCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[14]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1607,7 @@ func (x *CreateCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*CreateCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{14}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateCheckpointResponse) GetCheckpoint() *Checkpoint {
@@ -1399,7 +1639,7 @@ type ListCheckpointsRequest struct {
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[15]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1651,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[15]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1664,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{15}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListCheckpointsRequest) GetSessionId() string {
@@ -1461,7 +1701,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[16]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1713,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[16]
+	mi := &file_ctxcc_v1_compile_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1726,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{16}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*Checkpoint {
@@ -1538,27 +1778,44 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x14CompileStreamRequest\x12+\n" +
 	"\x04step\x18\x01 \x01(\v2\x15.ctxcc.v1.StepRequestH\x00R\x04step\x121\n" +
 	"\x06resume\x18\x02 \x01(\v2\x17.ctxcc.v1.ResumeRequestH\x00R\x06resumeB\t\n" +
-	"\arequest\"\xe9\x01\n" +
+	"\arequest\"\x9c\x02\n" +
 	"\vStepRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12'\n" +
 	"\x06events\x18\x02 \x03(\v2\x0f.ctxcc.v1.EventR\x06events\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12/\n" +
 	"\x11expected_last_seq\x18\x04 \x01(\x04H\x00R\x0fexpectedLastSeq\x88\x01\x01\x122\n" +
-	"\acompile\x18\x05 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompileB\x14\n" +
+	"\acompile\x18\x05 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\x121\n" +
+	"\x15delta_base_compile_id\x18\x06 \x01(\tR\x12deltaBaseCompileIdB\x14\n" +
 	"\x12_expected_last_seq\"b\n" +
 	"\rResumeRequest\x12\x1d\n" +
 	"\n" +
 	"compile_id\x18\x01 \x01(\tR\tcompileId\x122\n" +
-	"\acompile\x18\x02 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\"\xf4\x01\n" +
+	"\acompile\x18\x02 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\"\xa1\x02\n" +
 	"\x15CompileStreamResponse\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12,\n" +
 	"\x04view\x18\x02 \x01(\v2\x16.ctxcc.v1.CompiledViewH\x00R\x04view\x12+\n" +
 	"\x05chunk\x18\x03 \x01(\v2\x13.ctxcc.v1.ViewChunkH\x00R\x05chunk\x12+\n" +
-	"\x05error\x18\x04 \x01(\v2\x13.ctxcc.v1.StepErrorH\x00R\x05error\x12.\n" +
+	"\x05error\x18\x04 \x01(\v2\x13.ctxcc.v1.StepErrorH\x00R\x05error\x12+\n" +
+	"\x05delta\x18\x06 \x01(\v2\x13.ctxcc.v1.ViewDeltaH\x00R\x05delta\x12.\n" +
 	"\x06append\x18\x05 \x01(\v2\x16.ctxcc.v1.AppendResultR\x06appendB\n" +
 	"\n" +
-	"\bresponse\"\x82\x01\n" +
+	"\bresponse\"\xeb\x02\n" +
+	"\tViewDelta\x12&\n" +
+	"\x0fbase_compile_id\x18\x01 \x01(\tR\rbaseCompileId\x12*\n" +
+	"\x04head\x18\x02 \x01(\v2\x16.ctxcc.v1.CompiledViewR\x04head\x12#\n" +
+	"\rkept_messages\x18\x03 \x01(\rR\fkeptMessages\x12B\n" +
+	"\x11appended_messages\x18\x04 \x03(\v2\x15.ctxcc.v1.ViewMessageR\x10appendedMessages\x121\n" +
+	"\bsections\x18\x05 \x03(\v2\x15.ctxcc.v1.SectionSlotR\bsections\x12#\n" +
+	"\rtools_changed\x18\x06 \x01(\bR\ftoolsChanged\x12(\n" +
+	"\x05tools\x18\a \x03(\v2\x12.ctxcc.v1.ViewToolR\x05tools\x12\x1f\n" +
+	"\vview_sha256\x18\b \x01(\tR\n" +
+	"viewSha256\"k\n" +
+	"\vSectionSlot\x12\x1f\n" +
+	"\n" +
+	"base_index\x18\x01 \x01(\rH\x00R\tbaseIndex\x123\n" +
+	"\asection\x18\x02 \x01(\v2\x17.ctxcc.v1.SystemSectionH\x00R\asectionB\x06\n" +
+	"\x04slot\"\x82\x01\n" +
 	"\tViewChunk\x12\x1d\n" +
 	"\n" +
 	"compile_id\x18\x01 \x01(\tR\tcompileId\x12\x14\n" +
@@ -1643,7 +1900,7 @@ func file_ctxcc_v1_compile_service_proto_rawDescGZIP() []byte {
 }
 
 var file_ctxcc_v1_compile_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_ctxcc_v1_compile_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_ctxcc_v1_compile_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_ctxcc_v1_compile_service_proto_goTypes = []any{
 	(ApprovalMode)(0),                // 0: ctxcc.v1.ApprovalMode
 	(ImageMode)(0),                   // 1: ctxcc.v1.ImageMode
@@ -1656,60 +1913,71 @@ var file_ctxcc_v1_compile_service_proto_goTypes = []any{
 	(*StepRequest)(nil),              // 8: ctxcc.v1.StepRequest
 	(*ResumeRequest)(nil),            // 9: ctxcc.v1.ResumeRequest
 	(*CompileStreamResponse)(nil),    // 10: ctxcc.v1.CompileStreamResponse
-	(*ViewChunk)(nil),                // 11: ctxcc.v1.ViewChunk
-	(*StepError)(nil),                // 12: ctxcc.v1.StepError
-	(*AppendResult)(nil),             // 13: ctxcc.v1.AppendResult
-	(*ReportUsageRequest)(nil),       // 14: ctxcc.v1.ReportUsageRequest
-	(*ReportUsageResponse)(nil),      // 15: ctxcc.v1.ReportUsageResponse
-	(*CreateCheckpointRequest)(nil),  // 16: ctxcc.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil), // 17: ctxcc.v1.CreateCheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 18: ctxcc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 19: ctxcc.v1.ListCheckpointsResponse
-	(*Route)(nil),                    // 20: ctxcc.v1.Route
-	(SectionKind)(0),                 // 21: ctxcc.v1.SectionKind
-	(RenderFormat)(0),                // 22: ctxcc.v1.RenderFormat
-	(*CompiledView)(nil),             // 23: ctxcc.v1.CompiledView
-	(*Event)(nil),                    // 24: ctxcc.v1.Event
-	(*Checkpoint)(nil),               // 25: ctxcc.v1.Checkpoint
+	(*ViewDelta)(nil),                // 11: ctxcc.v1.ViewDelta
+	(*SectionSlot)(nil),              // 12: ctxcc.v1.SectionSlot
+	(*ViewChunk)(nil),                // 13: ctxcc.v1.ViewChunk
+	(*StepError)(nil),                // 14: ctxcc.v1.StepError
+	(*AppendResult)(nil),             // 15: ctxcc.v1.AppendResult
+	(*ReportUsageRequest)(nil),       // 16: ctxcc.v1.ReportUsageRequest
+	(*ReportUsageResponse)(nil),      // 17: ctxcc.v1.ReportUsageResponse
+	(*CreateCheckpointRequest)(nil),  // 18: ctxcc.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil), // 19: ctxcc.v1.CreateCheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 20: ctxcc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 21: ctxcc.v1.ListCheckpointsResponse
+	(*Route)(nil),                    // 22: ctxcc.v1.Route
+	(SectionKind)(0),                 // 23: ctxcc.v1.SectionKind
+	(RenderFormat)(0),                // 24: ctxcc.v1.RenderFormat
+	(*CompiledView)(nil),             // 25: ctxcc.v1.CompiledView
+	(*Event)(nil),                    // 26: ctxcc.v1.Event
+	(*ViewMessage)(nil),              // 27: ctxcc.v1.ViewMessage
+	(*ViewTool)(nil),                 // 28: ctxcc.v1.ViewTool
+	(*SystemSection)(nil),            // 29: ctxcc.v1.SystemSection
+	(*Checkpoint)(nil),               // 30: ctxcc.v1.Checkpoint
 }
 var file_ctxcc_v1_compile_service_proto_depIdxs = []int32{
-	20, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
+	22, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
 	3,  // 1: ctxcc.v1.CompileRequest.limits:type_name -> ctxcc.v1.ModelLimits
 	0,  // 2: ctxcc.v1.CompileRequest.approval_mode:type_name -> ctxcc.v1.ApprovalMode
 	4,  // 3: ctxcc.v1.CompileRequest.environment:type_name -> ctxcc.v1.Environment
-	21, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
+	23, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
 	1,  // 5: ctxcc.v1.CompileRequest.image_mode:type_name -> ctxcc.v1.ImageMode
-	22, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
-	23, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
+	24, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
+	25, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
 	8,  // 8: ctxcc.v1.CompileStreamRequest.step:type_name -> ctxcc.v1.StepRequest
 	9,  // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
-	24, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
+	26, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
 	5,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
 	5,  // 12: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	23, // 13: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
-	11, // 14: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
-	12, // 15: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
-	13, // 16: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
-	20, // 17: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
-	25, // 18: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	2,  // 19: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
-	25, // 20: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	25, // 21: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
-	5,  // 22: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
-	7,  // 23: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
-	14, // 24: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
-	16, // 25: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
-	18, // 26: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
-	6,  // 27: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
-	10, // 28: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
-	15, // 29: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
-	17, // 30: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
-	19, // 31: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
-	27, // [27:32] is the sub-list for method output_type
-	22, // [22:27] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	25, // 13: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
+	13, // 14: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
+	14, // 15: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
+	11, // 16: ctxcc.v1.CompileStreamResponse.delta:type_name -> ctxcc.v1.ViewDelta
+	15, // 17: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
+	25, // 18: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
+	27, // 19: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
+	12, // 20: ctxcc.v1.ViewDelta.sections:type_name -> ctxcc.v1.SectionSlot
+	28, // 21: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
+	29, // 22: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
+	22, // 23: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
+	30, // 24: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	2,  // 25: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
+	30, // 26: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	30, // 27: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
+	5,  // 28: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
+	7,  // 29: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
+	16, // 30: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
+	18, // 31: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
+	20, // 32: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
+	6,  // 33: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
+	10, // 34: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
+	17, // 35: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
+	19, // 36: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
+	21, // 37: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
+	33, // [33:38] is the sub-list for method output_type
+	28, // [28:33] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_compile_service_proto_init() }
@@ -1731,6 +1999,11 @@ func file_ctxcc_v1_compile_service_proto_init() {
 		(*CompileStreamResponse_View)(nil),
 		(*CompileStreamResponse_Chunk)(nil),
 		(*CompileStreamResponse_Error)(nil),
+		(*CompileStreamResponse_Delta)(nil),
+	}
+	file_ctxcc_v1_compile_service_proto_msgTypes[9].OneofWrappers = []any{
+		(*SectionSlot_BaseIndex)(nil),
+		(*SectionSlot_Section)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1738,7 +2011,7 @@ func file_ctxcc_v1_compile_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctxcc_v1_compile_service_proto_rawDesc), len(file_ctxcc_v1_compile_service_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

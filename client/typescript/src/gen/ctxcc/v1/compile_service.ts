@@ -31,6 +31,9 @@ import {
   SectionKind,
   sectionKindFromJSON,
   sectionKindToJSON,
+  SystemSection,
+  ViewMessage,
+  ViewTool,
 } from "./view.js";
 
 export const protobufPackage = "ctxcc.v1";
@@ -300,11 +303,23 @@ export interface StepRequest {
     | number
     | undefined;
   /** The compile to run after the append. */
-  compile?: CompileRequest | undefined;
+  compile?:
+    | CompileRequest
+    | undefined;
+  /**
+   * Opt-in to a delta answer: the compile_id of the last view the client applied completely
+   * on this stream and whose digest it checked (a whole view, or a ViewDelta it applied).
+   * When the daemon still holds that view for this stream, it may answer with a ViewDelta
+   * against it instead of the whole view; it sends the whole view (or its chunks) when it
+   * no longer holds that view, when the delta would not be smaller, or when it is empty.
+   */
+  deltaBaseCompileId: string;
 }
 
 /**
- * ResumeRequest continues a stream after a reconnect. The daemon keeps the recent views it
+ * ResumeRequest continues a stream after a reconnect, or fetches a whole view again after a
+ * ViewDelta failed its digest check (quote the delta's head.compile_id: the view is then
+ * resent whole as long as nothing was appended to the session since). The daemon keeps the recent views it
  * sent on compile streams in memory (bounded; none survive a daemon restart). If it still
  * holds the view of `compile_id` and nothing was appended to that session since, it resends
  * that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
@@ -335,9 +350,67 @@ export interface CompileStreamResponse {
     | //
     /** The step failed; the stream stays open. */
     { $case: "error"; value: StepError }
+    | //
+    /** The view as a change against the view named by the step's delta_base_compile_id. */
+    { $case: "delta"; value: ViewDelta }
     | undefined;
   /** The append's result, when the step appended events. */
   append?: AppendResult | undefined;
+}
+
+/**
+ * ViewDelta is a compiled view expressed against a base view the client holds (the view of
+ * base_compile_id). The client rebuilds the new view as: a copy of `head`, whose messages are
+ * the first kept_messages messages of the base followed by appended_messages, whose
+ * system_sections are `sections` resolved against the base's system_sections, whose
+ * system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
+ * tools are the base's tools unless tools_changed (then `tools`). It then checks view_sha256;
+ * on a mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
+ * head.compile_id.
+ */
+export interface ViewDelta {
+  /** The compile whose view this delta applies to. */
+  baseCompileId: string;
+  /**
+   * The new view with messages, system_sections, system_prompt and tools left empty; every
+   * other field (compile_id, budget, layers, renderings, notes...) is whole.
+   */
+  head?:
+    | CompiledView
+    | undefined;
+  /** How many messages at the start of the base view's messages the new view keeps, in order. */
+  keptMessages: number;
+  /** The new view's messages after the kept ones. */
+  appendedMessages: ViewMessage[];
+  /** The new view's system sections, in order. */
+  sections: SectionSlot[];
+  /** True when the new view's tools differ from the base's; `tools` is then the whole list. */
+  toolsChanged: boolean;
+  /** The new view's tools when tools_changed. */
+  tools: ViewTool[];
+  /**
+   * Lower-case hex sha256 of the new view's deterministic serialization: fields in field
+   * number order, map entries sorted by key, no unknown fields (Python
+   * SerializeToString(deterministic=True), Go MarshalOptions{Deterministic: true}, ts-proto's
+   * encode of a decoded view).
+   */
+  viewSha256: string;
+}
+
+/**
+ * SectionSlot is one system section of a ViewDelta: the base view's section at an index, or a
+ * section given whole.
+ */
+export interface SectionSlot {
+  /** Where the section comes from. */
+  slot?:
+    | //
+    /** Index into the base view's system_sections. */
+    { $case: "baseIndex"; value: number }
+    | //
+    /** The section itself (new or changed). */
+    { $case: "section"; value: SystemSection }
+    | undefined;
 }
 
 /** ViewChunk is one part of a serialized CompiledView. */
@@ -1166,7 +1239,14 @@ export const CompileStreamRequest: MessageFns<CompileStreamRequest> = {
 };
 
 function createBaseStepRequest(): StepRequest {
-  return { stepId: "", events: [], requestId: "", expectedLastSeq: undefined, compile: undefined };
+  return {
+    stepId: "",
+    events: [],
+    requestId: "",
+    expectedLastSeq: undefined,
+    compile: undefined,
+    deltaBaseCompileId: "",
+  };
 }
 
 export const StepRequest: MessageFns<StepRequest> = {
@@ -1185,6 +1265,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     }
     if (message.compile !== undefined) {
       CompileRequest.encode(message.compile, writer.uint32(42).fork()).join();
+    }
+    if (message.deltaBaseCompileId !== "") {
+      writer.uint32(50).string(message.deltaBaseCompileId);
     }
     return writer;
   },
@@ -1242,6 +1325,14 @@ export const StepRequest: MessageFns<StepRequest> = {
             message.compile = CompileRequest.decode(reader, reader.uint32());
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.deltaBaseCompileId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1273,6 +1364,11 @@ export const StepRequest: MessageFns<StepRequest> = {
         ? globalThis.Number(object.expected_last_seq)
         : undefined,
       compile: isSet(object.compile) ? CompileRequest.fromJSON(object.compile) : undefined,
+      deltaBaseCompileId: isSet(object.deltaBaseCompileId)
+        ? globalThis.String(object.deltaBaseCompileId)
+        : isSet(object.delta_base_compile_id)
+        ? globalThis.String(object.delta_base_compile_id)
+        : "",
     };
   },
 
@@ -1293,6 +1389,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     if (message.compile !== undefined) {
       obj.compile = CompileRequest.toJSON(message.compile);
     }
+    if (message.deltaBaseCompileId !== "") {
+      obj.deltaBaseCompileId = message.deltaBaseCompileId;
+    }
     return obj;
   },
 
@@ -1308,6 +1407,7 @@ export const StepRequest: MessageFns<StepRequest> = {
     message.compile = (object.compile !== undefined && object.compile !== null)
       ? CompileRequest.fromPartial(object.compile)
       : undefined;
+    message.deltaBaseCompileId = object.deltaBaseCompileId ?? "";
     return message;
   },
 };
@@ -1422,6 +1522,9 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
       case "error":
         StepError.encode(message.response.value, writer.uint32(34).fork()).join();
         break;
+      case "delta":
+        ViewDelta.encode(message.response.value, writer.uint32(50).fork()).join();
+        break;
     }
     if (message.append !== undefined) {
       AppendResult.encode(message.append, writer.uint32(42).fork()).join();
@@ -1474,6 +1577,14 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
             message.response = { $case: "error", value: StepError.decode(reader, reader.uint32()) };
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.response = { $case: "delta", value: ViewDelta.decode(reader, reader.uint32()) };
+            continue;
+          }
           case 5: {
             if (tag !== 42) {
               break;
@@ -1507,6 +1618,8 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
         ? { $case: "chunk", value: ViewChunk.fromJSON(object.chunk) }
         : isSet(object.error)
         ? { $case: "error", value: StepError.fromJSON(object.error) }
+        : isSet(object.delta)
+        ? { $case: "delta", value: ViewDelta.fromJSON(object.delta) }
         : undefined,
       append: isSet(object.append) ? AppendResult.fromJSON(object.append) : undefined,
     };
@@ -1523,6 +1636,8 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
       obj.chunk = ViewChunk.toJSON(message.response.value);
     } else if (message.response?.$case === "error") {
       obj.error = StepError.toJSON(message.response.value);
+    } else if (message.response?.$case === "delta") {
+      obj.delta = ViewDelta.toJSON(message.response.value);
     }
     if (message.append !== undefined) {
       obj.append = AppendResult.toJSON(message.append);
@@ -1555,10 +1670,335 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
         }
         break;
       }
+      case "delta": {
+        if (object.response?.value !== undefined && object.response?.value !== null) {
+          message.response = { $case: "delta", value: ViewDelta.fromPartial(object.response.value) };
+        }
+        break;
+      }
     }
     message.append = (object.append !== undefined && object.append !== null)
       ? AppendResult.fromPartial(object.append)
       : undefined;
+    return message;
+  },
+};
+
+function createBaseViewDelta(): ViewDelta {
+  return {
+    baseCompileId: "",
+    head: undefined,
+    keptMessages: 0,
+    appendedMessages: [],
+    sections: [],
+    toolsChanged: false,
+    tools: [],
+    viewSha256: "",
+  };
+}
+
+export const ViewDelta: MessageFns<ViewDelta> = {
+  encode(message: ViewDelta, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.baseCompileId !== "") {
+      writer.uint32(10).string(message.baseCompileId);
+    }
+    if (message.head !== undefined) {
+      CompiledView.encode(message.head, writer.uint32(18).fork()).join();
+    }
+    if (message.keptMessages !== 0) {
+      writer.uint32(24).uint32(message.keptMessages);
+    }
+    for (const v of message.appendedMessages) {
+      ViewMessage.encode(v!, writer.uint32(34).fork()).join();
+    }
+    for (const v of message.sections) {
+      SectionSlot.encode(v!, writer.uint32(42).fork()).join();
+    }
+    if (message.toolsChanged !== false) {
+      writer.uint32(48).bool(message.toolsChanged);
+    }
+    for (const v of message.tools) {
+      ViewTool.encode(v!, writer.uint32(58).fork()).join();
+    }
+    if (message.viewSha256 !== "") {
+      writer.uint32(66).string(message.viewSha256);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ViewDelta {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseViewDelta();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.baseCompileId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.head = CompiledView.decode(reader, reader.uint32());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.keptMessages = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.appendedMessages.push(ViewMessage.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.sections.push(SectionSlot.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.toolsChanged = reader.bool();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.tools.push(ViewTool.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.viewSha256 = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ViewDelta {
+    return {
+      baseCompileId: isSet(object.baseCompileId)
+        ? globalThis.String(object.baseCompileId)
+        : isSet(object.base_compile_id)
+        ? globalThis.String(object.base_compile_id)
+        : "",
+      head: isSet(object.head) ? CompiledView.fromJSON(object.head) : undefined,
+      keptMessages: isSet(object.keptMessages)
+        ? globalThis.Number(object.keptMessages)
+        : isSet(object.kept_messages)
+        ? globalThis.Number(object.kept_messages)
+        : 0,
+      appendedMessages: globalThis.Array.isArray(object?.appendedMessages)
+        ? object.appendedMessages.map((e: any) => ViewMessage.fromJSON(e))
+        : globalThis.Array.isArray(object?.appended_messages)
+        ? object.appended_messages.map((e: any) => ViewMessage.fromJSON(e))
+        : [],
+      sections: globalThis.Array.isArray(object?.sections)
+        ? object.sections.map((e: any) => SectionSlot.fromJSON(e))
+        : [],
+      toolsChanged: isSet(object.toolsChanged)
+        ? globalThis.Boolean(object.toolsChanged)
+        : isSet(object.tools_changed)
+        ? globalThis.Boolean(object.tools_changed)
+        : false,
+      tools: globalThis.Array.isArray(object?.tools)
+        ? object.tools.map((e: any) => ViewTool.fromJSON(e))
+        : [],
+      viewSha256: isSet(object.viewSha256)
+        ? globalThis.String(object.viewSha256)
+        : isSet(object.view_sha256)
+        ? globalThis.String(object.view_sha256)
+        : "",
+    };
+  },
+
+  toJSON(message: ViewDelta): unknown {
+    const obj: any = {};
+    if (message.baseCompileId !== "") {
+      obj.baseCompileId = message.baseCompileId;
+    }
+    if (message.head !== undefined) {
+      obj.head = CompiledView.toJSON(message.head);
+    }
+    if (message.keptMessages !== 0) {
+      obj.keptMessages = Math.round(message.keptMessages);
+    }
+    if (message.appendedMessages?.length) {
+      obj.appendedMessages = message.appendedMessages.map((e) => ViewMessage.toJSON(e));
+    }
+    if (message.sections?.length) {
+      obj.sections = message.sections.map((e) => SectionSlot.toJSON(e));
+    }
+    if (message.toolsChanged !== false) {
+      obj.toolsChanged = message.toolsChanged;
+    }
+    if (message.tools?.length) {
+      obj.tools = message.tools.map((e) => ViewTool.toJSON(e));
+    }
+    if (message.viewSha256 !== "") {
+      obj.viewSha256 = message.viewSha256;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ViewDelta>, I>>(base?: I): ViewDelta {
+    return ViewDelta.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ViewDelta>, I>>(object: I): ViewDelta {
+    const message = createBaseViewDelta();
+    message.baseCompileId = object.baseCompileId ?? "";
+    message.head = (object.head !== undefined && object.head !== null)
+      ? CompiledView.fromPartial(object.head)
+      : undefined;
+    message.keptMessages = object.keptMessages ?? 0;
+    message.appendedMessages = object.appendedMessages?.map((e) => ViewMessage.fromPartial(e)) || [];
+    message.sections = object.sections?.map((e) => SectionSlot.fromPartial(e)) || [];
+    message.toolsChanged = object.toolsChanged ?? false;
+    message.tools = object.tools?.map((e) => ViewTool.fromPartial(e)) || [];
+    message.viewSha256 = object.viewSha256 ?? "";
+    return message;
+  },
+};
+
+function createBaseSectionSlot(): SectionSlot {
+  return { slot: undefined };
+}
+
+export const SectionSlot: MessageFns<SectionSlot> = {
+  encode(message: SectionSlot, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    switch (message.slot?.$case) {
+      case "baseIndex":
+        writer.uint32(8).uint32(message.slot.value);
+        break;
+      case "section":
+        SystemSection.encode(message.slot.value, writer.uint32(18).fork()).join();
+        break;
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SectionSlot {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSectionSlot();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.slot = { $case: "baseIndex", value: reader.uint32() };
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.slot = { $case: "section", value: SystemSection.decode(reader, reader.uint32()) };
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SectionSlot {
+    return {
+      slot: isSet(object.baseIndex)
+        ? { $case: "baseIndex", value: globalThis.Number(object.baseIndex) }
+        : isSet(object.base_index)
+        ? { $case: "baseIndex", value: globalThis.Number(object.base_index) }
+        : isSet(object.section)
+        ? { $case: "section", value: SystemSection.fromJSON(object.section) }
+        : undefined,
+    };
+  },
+
+  toJSON(message: SectionSlot): unknown {
+    const obj: any = {};
+    if (message.slot?.$case === "baseIndex") {
+      obj.baseIndex = Math.round(message.slot.value);
+    } else if (message.slot?.$case === "section") {
+      obj.section = SystemSection.toJSON(message.slot.value);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SectionSlot>, I>>(base?: I): SectionSlot {
+    return SectionSlot.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SectionSlot>, I>>(object: I): SectionSlot {
+    const message = createBaseSectionSlot();
+    switch (object.slot?.$case) {
+      case "baseIndex": {
+        if (object.slot?.value !== undefined && object.slot?.value !== null) {
+          message.slot = { $case: "baseIndex", value: object.slot.value };
+        }
+        break;
+      }
+      case "section": {
+        if (object.slot?.value !== undefined && object.slot?.value !== null) {
+          message.slot = { $case: "section", value: SystemSection.fromPartial(object.slot.value) };
+        }
+        break;
+      }
+    }
     return message;
   },
 };
