@@ -278,7 +278,7 @@ class Daemon:
                     self.telemetry.rpc_done,
                     self._auth_token(),
                     self._drain,
-                    request_caps(cfg.max_events_per_append),
+                    request_caps(cfg.max_events_per_append, cfg.max_tools),
                 )
             ],
             options=[

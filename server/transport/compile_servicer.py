@@ -24,6 +24,7 @@ from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
 from server.transport.recent_views import RecentViews
+from server.transport.wire import RefusedMessage
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 # Views with less text than this are converted on the event loop (a thread hop costs
@@ -138,8 +139,12 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             chunks.append(part)
         return chunks
 
-    async def _step(self, msg: pb.CompileStreamRequest) -> pb.CompileStreamResponse:
+    async def _step(
+        self, msg: pb.CompileStreamRequest | RefusedMessage
+    ) -> pb.CompileStreamResponse:
         """One step; its failure is reported in-band so the stream stays open."""
+        if isinstance(msg, RefusedMessage):  # over a cap, seen on the wire: never decoded
+            return pb.CompileStreamResponse(step_id=msg.ident, error=_step_error(msg.error))
         out = pb.CompileStreamResponse()
         try:
             match msg.WhichOneof("request"):

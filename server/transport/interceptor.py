@@ -25,7 +25,7 @@ import grpc
 from server.domain.errors import CtxccError, Reason
 from server.transport.drain import Drain, Ticket, shutting_down
 from server.transport.errors import CODES, status_for
-from server.transport.wire import RepeatedCap, count_over
+from server.transport.wire import RefusedMessage, RepeatedCap, count_over, string_at
 
 RpcObserver = Callable[[str, str, float], None]
 _OPEN_SERVICES = ("grpc.health.v1.Health",)
@@ -61,6 +61,8 @@ def _safe(
     def decode(data: bytes) -> Any:
         if cap is not None:
             over = count_over(data, cap)
+            if over is not None and cap.id_path:
+                return RefusedMessage(string_at(data, cap.id_path), cap.error(over))
             if over is not None:
                 return _Malformed(cap.error(over))
         try:

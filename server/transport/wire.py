@@ -1,9 +1,11 @@
 """Element counts of repeated request fields, read from the wire before decoding.
 
 Decoding a message of millions of tiny elements holds the GIL for seconds (2,000,000
-one-character events: about 3 s), stalling every other RPC. Counting them first costs
-at most `limit + 1` steps of a walk over the raw bytes, so an over-long list is
-refused before the decoder ever sees it.
+one-character events: about 3 s; a rule with 200,000 globs: 100-200 ms), stalling every
+other RPC. Counting them first costs at most `limit + 1` steps of a walk over the raw
+bytes, so an over-long list is refused before the decoder ever sees it. A capped field
+may sit inside nested messages (a rule's globs, a session's labels, a stream step's
+events): the walk descends through the fields of `path` without decoding them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from server.compiler.textscan import MAX_GLOBS
 from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.validation import MAX_LABELS
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,21 @@ class RepeatedCap:
     error: Callable[[int], CtxccError]
     # Packed scalars (enums): one length-delimited run holds many elements.
     packed: bool = False
+    # Message fields leading to the capped one, outermost first. Occurrences of a
+    # singular message field merge when decoded, so their counts add up.
+    path: tuple[int, ...] = ()
+    # On a stream whose failures are answered in-band: the path of the string that
+    # names the refused message (a step's step_id), so the stream stays open.
+    id_path: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedMessage:
+    """A stream message refused from its raw bytes, to be answered in-band under `ident`
+    (the servicer sees this in place of the decoded message)."""
+
+    ident: str
+    error: CtxccError
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:
@@ -40,43 +59,92 @@ def count_over(data: bytes, cap: RepeatedCap) -> int | None:
     """How many elements the capped field holds when that is over its limit, else
     None. Counting stops at `limit + 1`. Malformed bytes answer None: the real decoder
     reports them."""
-    count, i = 0, 0
     try:
-        while i < len(data):
-            tag, i = _varint(data, i)
-            number, wire = tag >> 3, tag & 7
-            if wire == 0:
-                _, i = _varint(data, i)
-                count += number == cap.field
-            elif wire == 1:
-                i += 8
-            elif wire == 5:
-                i += 4
-            elif wire == 2:
-                size, i = _varint(data, i)
-                if number == cap.field:
-                    count += _packed_count(data, i, i + size, cap) if cap.packed else 1
-                i += size
-            else:
-                return None
-            if count > cap.limit:
-                return count
+        count = _count(data, 0, len(data), cap, 0, 0)
     except ValueError:
         return None
-    return None
+    return count if count > cap.limit else None
 
 
-def _packed_count(data: bytes, start: int, end: int, cap: RepeatedCap) -> int:
-    """Varints in a packed run: each ends with a byte below 0x80. Stops past the limit."""
+def _count(data: bytes, i: int, end: int, cap: RepeatedCap, depth: int, count: int) -> int:
+    """`count` plus the capped elements in data[i:end], a message at `depth` of the path."""
+    target = cap.path[depth] if depth < len(cap.path) else cap.field
+    leaf = depth == len(cap.path)
+    while i < end:
+        tag, i = _varint(data, i)
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            _, i = _varint(data, i)
+            count += leaf and number == target
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            size, i = _varint(data, i)
+            if i + size > end:
+                raise ValueError("length past the end")
+            if number == target:
+                if not leaf:
+                    count = _count(data, i, i + size, cap, depth + 1, count)
+                elif cap.packed:
+                    count += _packed_count(data, i, i + size, cap.limit - count)
+                else:
+                    count += 1
+            i += size
+        else:
+            raise ValueError("unknown wire type")
+        if count > cap.limit:
+            return count
+    if i > end:
+        raise ValueError("field past the end")
+    return count
+
+
+def string_at(data: bytes, path: tuple[int, ...]) -> str:
+    """The first string at `path` (message fields, then the string's field), "" if none
+    or malformed; reads only the bytes on the way."""
+    i, end = 0, len(data)
+    try:
+        for depth, number in enumerate(path):
+            while i < end:
+                tag, i = _varint(data, i)
+                if tag & 7 == 0:
+                    _, i = _varint(data, i)
+                    continue
+                if tag & 7 in (1, 5):
+                    i += 8 if tag & 7 == 1 else 4
+                    continue
+                if tag & 7 != 2:
+                    return ""
+                size, i = _varint(data, i)
+                if tag >> 3 == number and i + size <= end:
+                    if depth == len(path) - 1:
+                        return data[i : i + size].decode("utf-8", "replace")
+                    end = i + size
+                    break
+                i += size
+            else:
+                return ""
+    except ValueError:
+        return ""
+    return ""
+
+
+def _packed_count(data: bytes, start: int, end: int, room: int) -> int:
+    """Varints in a packed run: each ends with a byte below 0x80. Stops past `room`."""
     n = 0
-    for i in range(start, min(end, len(data))):
+    for i in range(start, end):
         n += data[i] < 0x80
-        if n > cap.limit:
+        if n > room:
             break
     return n
 
 
-def request_caps(max_events_per_append: int) -> dict[str, RepeatedCap]:
+STREAM_STEP = 1  # CompileStreamRequest.step
+
+
+def request_caps(max_events_per_append: int, max_tools: int) -> dict[str, RepeatedCap]:
     def too_many(n: int) -> CtxccError:
         return CtxccError(
             Reason.TOO_MANY_EVENTS,
@@ -87,9 +155,28 @@ def request_caps(max_events_per_append: int) -> dict[str, RepeatedCap]:
     def kinds(n: int) -> CtxccError:
         return invalid("kinds", f"kinds lists at most {MAX_KINDS} event kinds")
 
+    def globs(n: int) -> CtxccError:
+        return invalid("rule.path_globs", f"at most {MAX_GLOBS} globs per rule")
+
+    def labels(n: int) -> CtxccError:
+        return invalid("session.labels", f"at most {MAX_LABELS} labels")
+
+    def tools(n: int) -> CtxccError:
+        return invalid("tools", f"at most {max_tools} tools per session (max_tools)")
+
     return {
         "/ctxcc.v1.SessionService/AppendEvents": RepeatedCap(2, max_events_per_append, too_many),
         "/ctxcc.v1.SessionService/ListEvents": RepeatedCap(5, MAX_KINDS, kinds, packed=True),
+        # CreateSessionRequest.session -> Session.labels (map entries)
+        "/ctxcc.v1.SessionService/CreateSession": RepeatedCap(6, MAX_LABELS, labels, path=(1,)),
+        # PutRuleRequest.rule -> Rule.path_globs
+        "/ctxcc.v1.SourceService/PutRule": RepeatedCap(8, MAX_GLOBS, globs, path=(1,)),
+        # CompileStreamRequest.step -> StepRequest.events, checked per stream message
+        # answered in-band under the step's step_id, as the servicer's own check did
+        "/ctxcc.v1.CompileService/CompileStream": RepeatedCap(
+            2, max_events_per_append, too_many, path=(STREAM_STEP,), id_path=(STREAM_STEP, 1)
+        ),
+        "/ctxcc.v1.ToolService/RegisterTools": RepeatedCap(2, max_tools, tools),
     }
 
 

@@ -10,6 +10,7 @@ Adding a case: append a `Case` to `CASES` (or build one in a fixture-aware helpe
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import statistics
@@ -93,18 +94,23 @@ class Case:
     # Extra probe latency this case is known to cause, with the reason beside the case.
     # Zero for every case the daemon fully isolates.
     allowance_s: float = 0.0
+    # ErrorInfo metadata the refusal must carry (e.g. which field was over its limit).
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
+    e: Any = err
+    info = error_details_pb2.ErrorInfo()
+    for key, value in e.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                detail.Unpack(info)
+    return info
 
 
 def error_of(err: grpc.RpcError) -> tuple[grpc.StatusCode, str]:
     e: Any = err
-    reason = ""
-    for key, value in e.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            for detail in status_pb2.Status.FromString(value).details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    reason = info.reason
-    return e.code(), reason
+    return e.code(), error_info(err).reason
 
 
 class Probe:
@@ -356,6 +362,105 @@ def _million_events(env: Env) -> Any:
     return call(body, timeout=60)
 
 
+# Each over-limit list below ends with an element that is not valid UTF-8: decoding the
+# request would fail on it (INVALID_FIELD, field "request"), so an answer naming the
+# capped field shows the count was read from the raw bytes, before any decoding.
+_BAD_STRING = b"\xff\xfe"
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _raw_unary(env: Env, method: str, body: bytes) -> Any:
+    call: Any = env.channel.unary_unary(method)
+    return call(body, timeout=60)
+
+
+def _many_globs(env: Env) -> Any:
+    """PutRuleRequest.rule (1) -> Rule.path_globs (8) x 200,000."""
+    rule = source_pb2.Rule(
+        rule_id="many",
+        scope=common_pb2.SCOPE_SESSION,
+        scope_id="many",
+        name="many",
+        text="follow the rule",
+        activation=source_pb2.RULE_ACTIVATION_MATCHED,
+    ).SerializeToString()
+    rule += _len_field(8, b"*.py") * 200_000 + _len_field(8, _BAD_STRING)
+    return _raw_unary(env, "/ctxcc.v1.SourceService/PutRule", _len_field(1, rule))
+
+
+@functools.cache
+def _labels_body() -> bytes:
+    """CreateSessionRequest.session (1) -> Session.labels (6) x 200,000 map entries.
+    Built before the probe window (its setup), as the client's work would skew it."""
+    session = session_pb2.Session(session_id="labels").SerializeToString()
+    entries = b"".join(
+        _len_field(6, _len_field(1, b"k%d" % i) + _len_field(2, b"v")) for i in range(200_000)
+    )
+    session += entries + _len_field(6, _len_field(1, _BAD_STRING))
+    return _len_field(1, session)
+
+
+def _labels_setup(env: Env) -> None:
+    _labels_body()
+
+
+def _many_labels(env: Env) -> Any:
+    env.current = "labels"
+    return _raw_unary(env, "/ctxcc.v1.SessionService/CreateSession", _labels_body())
+
+
+_FLOOD_ROUTE = common_pb2.Route(model="gpt-4o")
+
+
+@functools.cache
+def _flood_body() -> bytes:
+    """CompileStreamRequest.step (1) -> StepRequest.events (2) x 2,000,000."""
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text="x")
+    one = _len_field(2, ev.SerializeToString())
+    bad = ev.SerializeToString().replace(b"x", _BAD_STRING)
+    compile_req = cpb.CompileRequest(session_id="sflood", route=_FLOOD_ROUTE)
+    step = (
+        _len_field(1, b"s1")
+        + one * 2_000_000
+        + _len_field(2, bad)
+        + _len_field(5, compile_req.SerializeToString())
+    )
+    return _len_field(1, step)
+
+
+def _stream_flood_setup(env: Env) -> None:
+    env.current = "sflood"
+    env.session("sflood")
+    _flood_body()
+
+
+def _stream_flood(env: Env) -> Any:
+    # Then an ordinary step on the same stream: a refused step is answered in-band.
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text="y")
+    fine = cpb.CompileStreamRequest(
+        step=cpb.StepRequest(
+            step_id="s2",
+            events=[ev],
+            compile=cpb.CompileRequest(session_id="sflood", route=_FLOOD_ROUTE),
+        )
+    ).SerializeToString()
+    call: Any = env.channel.stream_stream("/ctxcc.v1.CompileService/CompileStream")
+    replies = call(iter([_flood_body(), fine]), timeout=60)
+    return [cpb.CompileStreamResponse.FromString(r) for r in replies]
+
+
+def _flood_step_refused(env: Env, replies: list[cpb.CompileStreamResponse]) -> None:
+    got = [(r.step_id, r.WhichOneof("response"), r.error.reason) for r in replies]
+    assert got == [("s1", "error", "TOO_MANY_EVENTS"), ("s2", "view", "")], got
+    events = env.sessions.ListEvents(spb.ListEventsRequest(session_id="sflood")).events
+    assert [e.seq for e in events] == [1]  # only the second step's event
+
+
 def _million_kinds(env: Env) -> Any:
     env.current = "kinds"
     env.session("kinds")
@@ -444,10 +549,26 @@ CASES: list[Case] = [
         _glob_backtrack,
     ),
     Case(
-        "200,000 globs over the API",
-        lambda e: _rule(e, "many", ["*.py"] * 200_000),
+        "200,000 globs over the API, refused before decoding",
+        _many_globs,
         (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
         lambda e: e.session("many"),
+        metadata={"field": "rule.path_globs"},
+    ),
+    Case(
+        "200,000 session labels, refused before decoding",
+        _many_labels,
+        (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_FIELD"),
+        _labels_setup,
+        after=_no_session,
+        metadata={"field": "session.labels"},
+    ),
+    Case(
+        "2,000,000 events in one CompileStream step, refused before decoding",
+        _stream_flood,
+        (OK, ""),
+        _stream_flood_setup,
+        _flood_step_refused,
     ),
     Case(
         "30,000 backtracking globs in a rule file",
@@ -680,6 +801,8 @@ def test_hostile_case(env: Env, case: Case) -> None:
         got: tuple[grpc.StatusCode, str] = (OK, "")
     except grpc.RpcError as err:
         got = error_of(err)
+        metadata = dict(error_info(err).metadata)
+        assert metadata.items() >= case.metadata.items(), metadata
     took = time.monotonic() - t0
     samples = env.probe.window(t0, t0 + took)
     health = [s[1] for s in samples if s[2] == "health"]

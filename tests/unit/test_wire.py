@@ -7,9 +7,9 @@ from __future__ import annotations
 from ctxcc.v1 import event_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.domain.errors import CtxccError, Reason
-from server.transport.wire import RepeatedCap, count_over, request_caps
+from server.transport.wire import RepeatedCap, count_over, request_caps, string_at
 
-CAPS = request_caps(1_000)
+CAPS = request_caps(1_000, 512)
 APPEND = CAPS["/ctxcc.v1.SessionService/AppendEvents"]
 LIST = CAPS["/ctxcc.v1.SessionService/ListEvents"]
 
@@ -42,3 +42,76 @@ def test_malformed_bytes_are_left_to_the_decoder() -> None:
     cap = RepeatedCap(2, 1, APPEND.error)
     assert count_over(b"\x12\xff", cap) is None  # truncated length
     assert count_over(b"\x0f", cap) is None  # wire type 7
+
+
+def _rule(globs: int) -> bytes:
+    from ctxcc.v1 import source_pb2
+    from ctxcc.v1 import source_service_pb2 as rpb
+
+    rule = source_pb2.Rule(rule_id="r", name="n", text="t" * 300, path_globs=["src/*.py"] * globs)
+    return rpb.PutRuleRequest(rule=rule).SerializeToString()
+
+
+def test_nested_globs_are_counted_inside_the_rule() -> None:
+    cap = CAPS["/ctxcc.v1.SourceService/PutRule"]
+    assert count_over(_rule(64), cap) is None
+    assert count_over(_rule(65), cap) == 65
+    assert count_over(_rule(200_000), cap) == 65  # stops at the limit + 1
+    err = cap.error(65)
+    assert err.reason is Reason.INVALID_FIELD and err.metadata["field"] == "rule.path_globs"
+
+
+def test_labels_are_counted_as_map_entries_of_the_session() -> None:
+    from ctxcc.v1 import session_pb2
+
+    cap = CAPS["/ctxcc.v1.SessionService/CreateSession"]
+
+    def request(n: int) -> bytes:
+        s = session_pb2.Session(session_id="s", project_root="/p")
+        s.labels.update({f"k{i}": "v" * 300 for i in range(n)})
+        return spb.CreateSessionRequest(session=s).SerializeToString()
+
+    assert count_over(request(64), cap) is None
+    assert count_over(request(65), cap) == 65
+    # Session.head_seq (field 8) and an unrelated field 6 at the top level are not labels.
+    assert count_over(b"\x32\x00" * 100, cap) is None
+
+
+def test_step_events_are_counted_per_stream_message() -> None:
+    from ctxcc.v1 import common_pb2
+    from ctxcc.v1 import compile_service_pb2 as cpb
+
+    cap = CAPS["/ctxcc.v1.CompileService/CompileStream"]
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text="y" * 200)
+
+    def step(n: int) -> bytes:
+        compile_req = cpb.CompileRequest(session_id="s", route=common_pb2.Route(model="m"))
+        return cpb.CompileStreamRequest(
+            step=cpb.StepRequest(step_id="1", events=[ev] * n, compile=compile_req)
+        ).SerializeToString()
+
+    assert count_over(step(1_000), cap) is None
+    assert count_over(step(1_001), cap) == 1_001
+    # A resume (field 2) holds no events whatever its size.
+    resume = cpb.CompileStreamRequest(resume=cpb.ResumeRequest(compile_id="c" * 5_000))
+    assert count_over(resume.SerializeToString(), cap) is None
+
+
+def test_a_nested_length_past_its_parent_is_left_to_the_decoder() -> None:
+    cap = CAPS["/ctxcc.v1.SourceService/PutRule"]
+    # rule of 2 bytes whose only field claims 100 bytes
+    assert count_over(b"\x0a\x02\x42\x64", cap) is None
+
+
+def test_the_refused_step_is_named_from_the_raw_bytes() -> None:
+    from ctxcc.v1 import compile_service_pb2 as cpb
+
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text="z")
+    step = cpb.StepRequest(events=[ev] * 3, request_id="r", step_id="step-7")
+    data = cpb.CompileStreamRequest(step=step).SerializeToString()
+    assert string_at(data, (1, 1)) == "step-7"  # found after the events
+    resume = cpb.CompileStreamRequest(resume=cpb.ResumeRequest(compile_id="c"))
+    assert string_at(resume.SerializeToString(), (1, 1)) == ""
+    assert string_at(data[:-3], (1, 1)) == ""  # cut short: no name rather than garbage
