@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,7 +12,6 @@ import grpc
 
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
-from ctxcc.v1 import view_pb2
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import Usage
 from server.service.checkpoints import CheckpointUseCases
@@ -23,13 +23,17 @@ from server.transport.convert_view import compile_options_in, result_out
 from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
-from server.transport.recent_views import RecentViews
+from server.transport.recent_views import KeptView, RecentViews
+from server.transport.view_bytes import ViewBytes, delta_record, view_bytes
 from server.transport.wire import RefusedMessage
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 # Views with less text than this are converted on the event loop (a thread hop costs
 # more than converting them); larger ones in a thread.
 _ON_LOOP_CHARS = 256 << 10
+# How many of the views a stream sent may serve as the base of a delta: the client names
+# the last one it applied, so a few cover a step it is still checking.
+_DELTA_BASES = 4
 
 
 def view_chars(result: CompileResult) -> int:
@@ -99,27 +103,53 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         # Agents hold this stream open between steps: at shutdown an idle stream is ended
         # at once (UNAVAILABLE, SHUTTING_DOWN) and a step in progress is answered first.
         closed = asyncio.ensure_future(self._drain.closed())
+        # The compile ids of the last views this stream sent: the bases a step may name
+        # for a delta. Another stream's view is no base here: its client may not hold it.
+        sent: deque[str] = deque(maxlen=_DELTA_BASES)
         try:
             while (msg := await _next_or_shutdown(request, closed)) is not None:
                 with self._drain.busy():
-                    out = await self._step(msg)
-                    if out.WhichOneof("response") == "view" and out.view.ByteSize() > self._chunk:
-                        # Serializing and hashing a multi-MiB view is CPU work: off the loop.
-                        for part in await asyncio.to_thread(self._chunked, out):
-                            yield part
-                    else:
-                        yield out
+                    for part in await self._answer(msg, sent):
+                        yield part
         finally:
             closed.cancel()
 
-    def _chunked(self, out: pb.CompileStreamResponse) -> list[pb.CompileStreamResponse]:
-        """A view over the chunk size goes as ordered ViewChunks of its serialized bytes,
-        each small enough for any client's default message limit (4 MiB)."""
-        if out.WhichOneof("response") != "view":
+    async def _answer(
+        self, msg: pb.CompileStreamRequest | RefusedMessage, sent: deque[str]
+    ) -> list[pb.CompileStreamResponse]:
+        out, found, base_id = await self._step(msg)
+        if found is None:
             return [out]
-        data = out.view.SerializeToString()
-        if len(data) <= self._chunk:
+        base = self._recent.get(base_id) if base_id and base_id in sent else None
+        view, large = found
+        sent.append(view.compile_id)
+        self._recent.keep(view.session_id, view)
+        if not large:
+            return self._reply(out, view, base)
+        # Hashing, joining and parsing a multi-MiB view is CPU work: off the event loop.
+        return await asyncio.to_thread(self._reply, out, view, base)
+
+    def _reply(
+        self, out: pb.CompileStreamResponse, view: ViewBytes, base: KeptView | None
+    ) -> list[pb.CompileStreamResponse]:
+        """The view as a ViewDelta against `base` when that is smaller (and fits in one
+        message), else whole, in chunks when it is over the chunk size."""
+        if base is not None and base.session_id == view.session_id:
+            delta = delta_record(base.view, view)
+            if delta is not None and len(delta) < min(view.size, self._chunk):
+                out.delta.MergeFromString(delta)
+                return [out]
+        whole = view.whole()
+        if len(whole) <= self._chunk:
+            out.view.MergeFromString(whole)
             return [out]
+        return self._chunked(out, view.compile_id, whole)
+
+    def _chunked(
+        self, out: pb.CompileStreamResponse, compile_id: str, data: bytes
+    ) -> list[pb.CompileStreamResponse]:
+        """A view over the chunk size goes as ordered ViewChunks of its encoding, each
+        small enough for any client's default message limit (4 MiB)."""
         digest = hashlib.sha256(data).hexdigest()
         count = (len(data) + self._chunk - 1) // self._chunk
         chunks = []
@@ -127,7 +157,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             part = pb.CompileStreamResponse(step_id=out.step_id)
             part.chunk.CopyFrom(
                 pb.ViewChunk(
-                    compile_id=out.view.compile_id,
+                    compile_id=compile_id,
                     index=i,
                     count=count,
                     data=data[i * self._chunk : (i + 1) * self._chunk],
@@ -141,10 +171,13 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
 
     async def _step(
         self, msg: pb.CompileStreamRequest | RefusedMessage
-    ) -> pb.CompileStreamResponse:
-        """One step; its failure is reported in-band so the stream stays open."""
+    ) -> tuple[pb.CompileStreamResponse, tuple[ViewBytes, bool] | None, str]:
+        """One step: the answer so far (step id, append result, or the step's error, which
+        is reported in-band so the stream stays open), the view with whether it is large,
+        and the delta base the step named."""
         if isinstance(msg, RefusedMessage):  # over a cap, seen on the wire: never decoded
-            return pb.CompileStreamResponse(step_id=msg.ident, error=_step_error(msg.error))
+            error = pb.CompileStreamResponse(step_id=msg.ident, error=_step_error(msg.error))
+            return error, None, ""
         out = pb.CompileStreamResponse()
         try:
             match msg.WhichOneof("request"):
@@ -170,28 +203,27 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                             )
                         )
                     result = await self._c.compile(compile_options_in(step.compile))
-                    session_id = step.compile.session_id
+                    base_id = step.delta_base_compile_id
                 case "resume":
                     session_id = msg.resume.compile.session_id
                     kept = await self._unchanged(msg.resume.compile_id, session_id)
                     if kept is not None:
-                        out.view.CopyFrom(kept)
-                        return out
+                        return out, (kept, kept.size > _ON_LOOP_CHARS), ""
                     result = await self._c.compile(compile_options_in(msg.resume.compile))
+                    base_id = ""
                 case _:
                     raise invalid("request", "a stream message needs a step or a resume")
             if view_chars(result) < _ON_LOOP_CHARS:
-                out.view.CopyFrom(result_out(result))
-            else:
-                await asyncio.to_thread(lambda: out.view.CopyFrom(result_out(result)))
-            self._recent.keep(session_id, out.view)
+                return out, (view_bytes(result), False), base_id
+            # Encoding the new messages of a large view is CPU work: off the event loop.
+            return out, (await asyncio.to_thread(view_bytes, result), True), base_id
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
         except Exception as exc:
             out.error.CopyFrom(_step_error(internal_error(exc)))
-        return out
+        return out, None, ""
 
-    async def _unchanged(self, compile_id: str, session_id: str) -> view_pb2.CompiledView | None:
+    async def _unchanged(self, compile_id: str, session_id: str) -> ViewBytes | None:
         """The kept view of `compile_id` if nothing was appended to its session since."""
         kept = self._recent.get(compile_id)
         if kept is None or kept.session_id != session_id:

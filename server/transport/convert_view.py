@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import weakref
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -11,7 +12,13 @@ from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2, tool_pb2, view_
 from server.compiler.budget import ModelLimits
 from server.compiler.render import RenderFormat
 from server.compiler.system import ApprovalMode
-from server.compiler.view import CompiledView, SectionKind, ViewMessage, ViewTool
+from server.compiler.view import (
+    CompiledView,
+    SectionKind,
+    SystemSection,
+    ViewMessage,
+    ViewTool,
+)
 from server.domain.errors import invalid
 from server.service.compiling import CompileOptions, CompileResult
 from server.transport.convert_events import artifact_out, call_out, route_in, route_out
@@ -90,21 +97,24 @@ def _message_out(m: ViewMessage) -> view_pb2.ViewMessage:
     return out
 
 
-# CompiledView.messages is field 10: each message goes on the wire as this tag, its
-# length and its bytes, so a view's messages are the concatenation of those records.
-_MESSAGES_TAG = bytes([(10 << 3) | 2])
 # id(message) -> (weak reference to it, its tagged record); an entry leaves with its
 # message, so the cache holds what memos and views in flight hold and nothing more.
 _RECORDS: dict[int, tuple[weakref.ref[ViewMessage], bytes]] = {}
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def tagged(field: int, data: bytes) -> bytes:
+    """A length-delimited field: its key, its length, its bytes. A repeated message field
+    on the wire is the concatenation of such records, one per element."""
+    return varint((field << 3) | 2) + varint(len(data)) + data
 
 
 def _forget(key: int) -> Callable[[object], None]:
@@ -115,16 +125,28 @@ def _forget(key: int) -> Callable[[object], None]:
 
 
 def message_record(m: ViewMessage) -> bytes:
-    """The message as one record of CompiledView.messages, encoded once per message
-    object: the messages a memo carries over are not converted again."""
+    """The message as one tagged record of CompiledView.messages (field 10), encoded
+    deterministically once per message object: the messages a memo carries over are not
+    converted again."""
     key = id(m)
     entry = _RECORDS.get(key)
     if entry is not None and entry[0]() is m:
         return entry[1]
-    data = _message_out(m).SerializeToString()
-    record = _MESSAGES_TAG + _varint(len(data)) + data
+    record = tagged(10, _message_out(m).SerializeToString(deterministic=True))
     _RECORDS[key] = (weakref.ref(m, _forget(key)), record)
     return record
+
+
+def message_record_inline(m: ViewMessage, data: dict[str, bytes]) -> bytes:
+    """message_record with the bytes of inline attachments filled in. Not cached: the
+    bytes belong to this compile's result, and messages with images are few."""
+    if not any(p.attachment is not None and p.attachment.artifact_id in data for p in m.parts):
+        return message_record(m)
+    out = _message_out(m)
+    for part in out.parts:
+        if part.HasField("attachment") and part.attachment.ref.artifact_id in data:
+            part.attachment.data = data[part.attachment.ref.artifact_id]
+    return tagged(10, out.SerializeToString(deterministic=True))
 
 
 def _tool_out(t: ViewTool) -> view_pb2.ViewTool:
@@ -142,32 +164,76 @@ def _tool_out(t: ViewTool) -> view_pb2.ViewTool:
     )
 
 
+def _section_out(s: SystemSection) -> view_pb2.SystemSection:
+    return view_pb2.SystemSection(
+        kind=view_pb2.SectionKind.ValueType(int(s.kind)),
+        sources=list(s.sources),
+        scope=common_pb2.Scope.ValueType(int(s.scope)),
+        authority=common_pb2.Authority.ValueType(int(s.authority)),
+        text=s.text,
+        tokens=s.tokens,
+        truncated=s.truncated,
+        stable=s.stable,
+    )
+
+
+# Sections and tools repeat from step to step as equal values: their encodings are cached
+# by value (bounded), so a step encodes only what changed.
+@functools.lru_cache(maxsize=512)
+def section_record(s: SystemSection) -> bytes:
+    """The section as one tagged record of CompiledView.system_sections (field 6)."""
+    return tagged(6, _section_out(s).SerializeToString(deterministic=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def tool_record(t: ViewTool) -> bytes:
+    """The tool as one tagged record of CompiledView.tools (field 11)."""
+    return tagged(11, _tool_out(t).SerializeToString(deterministic=True))
+
+
 def result_out(result: CompileResult) -> view_pb2.CompiledView:
     out = view_out(result.view, result.attachments)
-    for fmt, body, tokens in result.renderings:
-        out.renderings.append(
-            view_pb2.ProviderRendering(
-                format=view_pb2.RenderFormat.ValueType(int(fmt)),
-                body_json=body,
-                estimated_input_tokens=tokens,
-            )
-        )
+    out.renderings.extend(renderings_out(result.renderings))
     return out
 
 
-def view_out(
-    v: CompiledView, attachments: tuple[tuple[str, bytes], ...] = ()
-) -> view_pb2.CompiledView:
-    b = v.budget
-    out = view_pb2.CompiledView(
+def renderings_out(
+    renderings: Iterable[tuple[RenderFormat, str, int]],
+) -> list[view_pb2.ProviderRendering]:
+    return [
+        view_pb2.ProviderRendering(
+            format=view_pb2.RenderFormat.ValueType(int(fmt)),
+            body_json=body,
+            estimated_input_tokens=tokens,
+        )
+        for fmt, body, tokens in renderings
+    ]
+
+
+# CompiledView's fields in number order: 1-5 (head_front), 6 system_sections,
+# 7 system_prompt, 8-9 (head_middle), 10 messages, 11 tools, 12-21 (head_back). A
+# deterministic encoding writes them in that order, so the three head parts and the
+# records of fields 6, 7, 10 and 11 concatenate to the encoding of the whole view.
+def head_front(v: CompiledView) -> view_pb2.CompiledView:
+    return view_pb2.CompiledView(
         compile_id=v.compile_id,
         session_id=v.session_id,
         event_boundary=v.event_boundary,
         route=route_out(v.route),
         route_id=v.route.route_id,
-        system_prompt=v.system_prompt,
+    )
+
+
+def head_middle(v: CompiledView) -> view_pb2.CompiledView:
+    return view_pb2.CompiledView(
         prefix_digest=v.prefix_digest,
         changed_sections=[view_pb2.SectionKind.ValueType(int(k)) for k in v.changed_sections],
+    )
+
+
+def head_back(v: CompiledView) -> view_pb2.CompiledView:
+    b = v.budget
+    out = view_pb2.CompiledView(
         pressure_layer=view_pb2.Layer.ValueType(int(v.pressure_layer)),
         budget=view_pb2.Budget(
             context_window=b.context_window,
@@ -198,28 +264,6 @@ def view_out(
         checkpoint_id=v.checkpoint_id,
         notes=list(v.notes),
     )
-    for s in v.system_sections:
-        out.system_sections.append(
-            view_pb2.SystemSection(
-                kind=view_pb2.SectionKind.ValueType(int(s.kind)),
-                sources=list(s.sources),
-                scope=common_pb2.Scope.ValueType(int(s.scope)),
-                authority=common_pb2.Authority.ValueType(int(s.authority)),
-                text=s.text,
-                tokens=s.tokens,
-                truncated=s.truncated,
-                stable=s.stable,
-            )
-        )
-    # One parse of the concatenated records instead of a Python object per message.
-    out.MergeFromString(b"".join(message_record(m) for m in v.messages))
-    if attachments:
-        data = dict(attachments)
-        for msg in out.messages:
-            for part in msg.parts:
-                if part.HasField("attachment") and part.attachment.ref.artifact_id in data:
-                    part.attachment.data = data[part.attachment.ref.artifact_id]
-    out.tools.extend(_tool_out(t) for t in v.tools)
     for row in v.layers:
         out.layers.append(
             view_pb2.LayerTokens(
@@ -241,4 +285,24 @@ def view_out(
                 covered_digest=c.covered_digest,
             )
         )
+    return out
+
+
+def view_out(
+    v: CompiledView, attachments: tuple[tuple[str, bytes], ...] = ()
+) -> view_pb2.CompiledView:
+    out = head_front(v)
+    out.MergeFrom(head_middle(v))
+    out.MergeFrom(head_back(v))
+    out.system_prompt = v.system_prompt
+    out.system_sections.extend(_section_out(s) for s in v.system_sections)
+    # One parse of the concatenated records instead of a Python object per message.
+    out.MergeFromString(b"".join(message_record(m) for m in v.messages))
+    if attachments:
+        data = dict(attachments)
+        for msg in out.messages:
+            for part in msg.parts:
+                if part.HasField("attachment") and part.attachment.ref.artifact_id in data:
+                    part.attachment.data = data[part.attachment.ref.artifact_id]
+    out.tools.extend(_tool_out(t) for t in v.tools)
     return out

@@ -1,21 +1,29 @@
-"""The last views sent on compile streams, so that a ResumeRequest after a reconnect gets the
-very view it names (same compile_id, so usage reports still match) when nothing was
-appended since. Bounded by count and bytes; kept in memory only: after a daemon restart
-there are none and a resume compiles afresh, as the proto says."""
+"""The last views sent on compile streams, kept as the parts of their encoding
+(`ViewBytes`), for two uses:
+
+- a ResumeRequest after a reconnect, or after a ViewDelta failed its digest check, gets the
+  very view it names (same compile_id, so usage reports still match) when nothing was
+  appended since;
+- a StepRequest naming one of them in delta_base_compile_id (on the stream that sent it)
+  can be answered with a ViewDelta against it.
+
+Bounded by count and by bytes (each view counted at its whole encoded size, although
+consecutive views of a session share most of their message records, so the memory
+really held is usually far less); kept in memory only: after a daemon restart there are
+none, a resume compiles afresh and a delta base is unknown, as the proto says."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ctxcc.v1 import view_pb2
+from server.transport.view_bytes import ViewBytes
 
 
 @dataclass(frozen=True, slots=True)
 class KeptView:
     session_id: str
-    view: view_pb2.CompiledView
-    size: int
+    view: ViewBytes
 
 
 class RecentViews:
@@ -25,19 +33,18 @@ class RecentViews:
         self._max_bytes = max_bytes
         self._bytes = 0
 
-    def keep(self, session_id: str, view: view_pb2.CompiledView) -> None:
-        """Remembers a view that was just sent; the message must not change afterwards."""
-        size = view.ByteSize()
-        if size > self._max_bytes // 4:  # one huge view must not push out all the others
+    def keep(self, session_id: str, view: ViewBytes) -> None:
+        """Remembers a view that was just sent."""
+        if view.size > self._max_bytes // 4:  # one huge view must not push out all the others
             return
         old = self._views.pop(view.compile_id, None)
         if old is not None:
-            self._bytes -= old.size
-        self._views[view.compile_id] = KeptView(session_id, view, size)
-        self._bytes += size
+            self._bytes -= old.view.size
+        self._views[view.compile_id] = KeptView(session_id, view)
+        self._bytes += view.size
         while len(self._views) > self._max_views or self._bytes > self._max_bytes:
             _, dropped = self._views.popitem(last=False)
-            self._bytes -= dropped.size
+            self._bytes -= dropped.view.size
 
     def get(self, compile_id: str) -> KeptView | None:
         kept = self._views.get(compile_id)

@@ -1,0 +1,156 @@
+"""A compiled view as the parts of its deterministic encoding, and ViewDeltas between two
+of them.
+
+A CompileStream step answers with a ViewDelta against a view the client already holds
+when that is smaller than the whole view. Both views are kept as these parts (the
+encoded head fields, one record per section, message and tool) so that the delta is
+found by comparing bytes: the messages two consecutive views share are neither decoded
+nor re-encoded, and the records themselves are the cached encodings of
+`message_record`, shared with the compile memo."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from itertools import chain
+
+from server.service.compiling import CompileResult
+from server.transport.convert_view import (
+    head_back,
+    head_front,
+    head_middle,
+    message_record,
+    message_record_inline,
+    renderings_out,
+    section_record,
+    tagged,
+    tool_record,
+    varint,
+)
+
+# Keys of the length-delimited CompiledView fields held as records (all one byte).
+_SECTIONS_KEY, _MESSAGES_KEY, _TOOLS_KEY = 0x32, 0x52, 0x5A
+
+
+@dataclass(frozen=True, slots=True)
+class ViewBytes:
+    """The deterministic encoding of a CompiledView cut at its repeated fields: `front`
+    (fields 1-5), the records of system_sections (6), of system_prompt (7, empty when
+    the prompt is), `middle` (8-9), the records of messages (10) and tools (11), and
+    `back` (12-21). Their concatenation, in this order, is the whole view."""
+
+    compile_id: str
+    session_id: str
+    event_boundary: int
+    front: bytes
+    sections: tuple[bytes, ...]
+    prompt: bytes
+    middle: bytes
+    messages: tuple[bytes, ...]
+    tools: tuple[bytes, ...]
+    back: bytes
+    # A ViewDelta's reader rebuilds system_prompt as the sections' texts joined by two
+    # newlines; a view whose prompt is anything else is only ever sent whole.
+    prompt_is_joined: bool
+    size: int
+
+    def whole(self) -> bytes:
+        return b"".join(
+            chain(
+                (self.front,),
+                self.sections,
+                (self.prompt, self.middle),
+                self.messages,
+                self.tools,
+                (self.back,),
+            )
+        )
+
+    def head(self) -> bytes:
+        """The view without messages, sections, system prompt and tools: ViewDelta.head."""
+        return self.front + self.middle + self.back
+
+
+def view_bytes(result: CompileResult) -> ViewBytes:
+    v = result.view
+    front = head_front(v).SerializeToString(deterministic=True)
+    middle = head_middle(v).SerializeToString(deterministic=True)
+    back_out = head_back(v)
+    back_out.renderings.extend(renderings_out(result.renderings))
+    back = back_out.SerializeToString(deterministic=True)
+    sections = tuple(map(section_record, v.system_sections))
+    prompt = tagged(7, v.system_prompt.encode()) if v.system_prompt else b""
+    if result.attachments:
+        data = dict(result.attachments)
+        messages = tuple(message_record_inline(m, data) for m in v.messages)
+    else:
+        messages = tuple(map(message_record, v.messages))
+    tools = tuple(map(tool_record, v.tools))
+    size = (
+        len(front)
+        + sum(map(len, sections))
+        + len(prompt)
+        + len(middle)
+        + sum(map(len, messages))
+        + sum(map(len, tools))
+        + len(back)
+    )
+    return ViewBytes(
+        compile_id=v.compile_id,
+        session_id=v.session_id,
+        event_boundary=v.event_boundary,
+        front=front,
+        sections=sections,
+        prompt=prompt,
+        middle=middle,
+        messages=messages,
+        tools=tools,
+        back=back,
+        prompt_is_joined=v.system_prompt == "\n\n".join(s.text for s in v.system_sections),
+        size=size,
+    )
+
+
+def common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
+    """How many records at the start of `a` and `b` are equal."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual step: the base's messages all kept (compared in C)
+        return n
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _retag(record: bytes, old_key: int, field: int) -> bytes:
+    """A record of one length-delimited field as a record of another field number."""
+    assert record[0] == old_key, "records carry their one-byte key"
+    return varint((field << 3) | 2) + record[1:]
+
+
+def delta_record(base: ViewBytes, new: ViewBytes) -> bytes | None:
+    """The encoded ViewDelta that turns `base` into `new`, or None when `new` must go whole
+    (its system prompt is not the joined sections). Its size is not judged here."""
+    if not new.prompt_is_joined:
+        return None
+    kept = common_prefix(base.messages, new.messages)
+    parts = [tagged(1, base.compile_id.encode()), tagged(2, new.head())]
+    if kept:
+        parts.append(varint(3 << 3) + varint(kept))
+    parts.extend(_retag(r, _MESSAGES_KEY, 4) for r in new.messages[kept:])
+    in_base = {record: i for i, record in enumerate(base.sections)}
+    for record in new.sections:
+        index = in_base.get(record)
+        # SectionSlot: base_index (field 1, sent even when 0: it is in a oneof) or the
+        # section itself (field 2).
+        slot = (
+            varint(1 << 3) + varint(index)
+            if index is not None
+            else _retag(record, _SECTIONS_KEY, 2)
+        )
+        parts.append(tagged(5, slot))
+    if new.tools != base.tools:
+        parts.append(varint(6 << 3) + varint(1))
+        parts.extend(_retag(r, _TOOLS_KEY, 7) for r in new.tools)
+    parts.append(tagged(8, hashlib.sha256(new.whole()).hexdigest().encode()))
+    return b"".join(parts)

@@ -1,0 +1,168 @@
+"""Delta views on CompileStream, daemon side, read with the generated stub and the
+proto's own rebuild rule (tests/integration/delta_session.py): every step of a scripted
+session rebuilds to the recorded compile byte for byte with the digest the daemon sent,
+deltas are the smallest ones (kept_messages is the longest common prefix), sections and
+tools are sent only when they changed; a base this stream did not send gets a whole view;
+a resume quoting a delta's compile returns it whole; a delta over the chunk size goes as a
+chunked whole view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import event_pb2, session_pb2, view_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import assistant, compile_request, user
+from tests.integration.delta_session import (
+    RawStream,
+    common_prefix,
+    encoded,
+    scripted_session,
+)
+
+
+async def test_every_step_rebuilds_from_a_minimal_delta(api: Stubs) -> None:
+    stream = RawStream(api)
+    try:
+        out = await scripted_session(api, "ds", stream.step)
+    finally:
+        await stream.close()
+    kinds = [a.WhichOneof("response") for a in stream.answers]
+    assert kinds[0] == "view" and kinds[1:] == ["delta"] * (len(out.views) - 1), kinds
+    whole_sizes = [v.ByteSize() for v in out.views]
+    shrunk = False
+    for (base, delta), view in zip(stream.applied, out.views[1:], strict=True):
+        assert delta.kept_messages == common_prefix(base, view), "the smallest delta"
+        assert len(delta.appended_messages) == len(view.messages) - delta.kept_messages
+        shrunk |= delta.kept_messages < len(base.messages)
+        base_sections = [encoded_section(s) for s in base.system_sections]
+        for slot, section in zip(delta.sections, view.system_sections, strict=True):
+            if encoded_section(section) in base_sections:
+                assert slot.WhichOneof("slot") == "base_index"
+            else:
+                assert slot.WhichOneof("slot") == "section"
+        assert delta.tools_changed == (list(base.tools) != list(view.tools))
+        assert not delta.head.messages and not delta.head.system_sections
+        assert not delta.head.system_prompt and not delta.head.tools
+    assert shrunk, "the checkpoint and the new user turns must drop kept messages"
+    changed_tools = [d.tools_changed for _, d in stream.applied]
+    assert any(changed_tools) and not all(changed_tools)
+    new_sections = [
+        sum(s.WhichOneof("slot") == "section" for s in d.sections) for _, d in stream.applied
+    ]
+    # The clock's environment section is volatile; memory and rule changes add more.
+    assert max(new_sections) >= 2 and min(new_sections) <= 1
+    # Once the history is long, a step sends far less than its whole view.
+    late = [d.ByteSize() for _, d in stream.applied[-3:]]
+    assert all(size * 3 < whole for size, whole in zip(late, whole_sizes[-3:], strict=True))
+
+
+def encoded_section(section: view_pb2.SystemSection) -> bytes:
+    return section.SerializeToString(deterministic=True)
+
+
+async def _session(api: Stubs, sid: str) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+
+
+async def test_a_base_this_stream_did_not_send_gets_a_whole_view(api: Stubs) -> None:
+    await _session(api, "fb")
+    first, second = RawStream(api), RawStream(api)
+    try:
+        a = await first.step(compile_request("fb"), [user("one")])
+        await first.step(compile_request("fb"), [user("two")])
+        assert first.answers[-1].WhichOneof("response") == "delta"
+        # Another stream's view, an unknown id: whole views.
+        await second.step(compile_request("fb"), [user("three")], base=a.compile_id)
+        await second.step(compile_request("fb"), [user("four")], base="k-unknown")
+        assert [r.WhichOneof("response") for r in second.answers] == ["view", "view"]
+        # No base named (deltas off): whole views.
+        await second.step(compile_request("fb"), [user("five")], base="")
+        assert second.answers[-1].WhichOneof("response") == "view"
+        # Its own last view: a delta again.
+        await second.step(compile_request("fb"), [user("six")])
+        assert second.answers[-1].WhichOneof("response") == "delta"
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_resume_after_a_delta_sends_that_view_whole(api: Stubs) -> None:
+    await _session(api, "rd")
+    stream = RawStream(api)
+    try:
+        await stream.step(compile_request("rd"), [user("one")])
+        view = await stream.step(compile_request("rd"), [user("two")])
+        assert stream.answers[-1].WhichOneof("response") == "delta"
+        # What a client does when the digest does not match: ask for the view whole.
+        again = await stream.send(
+            cpb.CompileStreamRequest(
+                resume=cpb.ResumeRequest(
+                    compile_id=stream.answers[-1].delta.head.compile_id,
+                    compile=compile_request("rd"),
+                )
+            )
+        )
+        assert again.step_id == "" and again.WhichOneof("response") == "view"
+        assert encoded(again.view) == encoded(view)
+        # The resent view is a base for the next step's delta.
+        stream.view = again.view
+        await stream.step(compile_request("rd"), [user("three")])
+        assert stream.answers[-1].WhichOneof("response") == "delta"
+    finally:
+        await stream.close()
+
+
+async def test_a_delta_over_the_chunk_size_goes_whole_in_chunks(short_tmp: Path) -> None:
+    d = Daemon(make_config(short_tmp, stream_chunk_bytes="4096"))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    stream = RawStream(api)
+    try:
+        await _session(api, "big")
+        await stream.step(compile_request("big"), [user("short")])
+        await stream.step(compile_request("big"), [user("still short")])
+        assert stream.answers[-1].WhichOneof("response") == "delta"
+        before = len(stream.answers)
+        view = await stream.step(compile_request("big"), [user("long " * 2000)])
+        kinds = {a.WhichOneof("response") for a in stream.answers[before:]}
+        assert kinds == {"chunk"}
+        rebuilt = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+        assert encoded(view) == encoded(rebuilt.view)
+        # And the chunked view is a base like any other (the same turn goes on: the long
+        # message stays as it is).
+        await stream.step(compile_request("big"), [assistant("a short answer")])
+        assert stream.answers[-1].WhichOneof("response") == "delta"
+    finally:
+        await stream.close()
+        await api.channel.close()
+        await d.stop()
+
+
+def _with_element() -> event_pb2.Event:
+    ev = event_pb2.Event()
+    el = ev.user_message.parts.add().browser_element
+    el.url, el.tag = "https://x.test/", "a"
+    el.attributes.update({"href": "/z", "class": "k", "id": "q", "title": "t", "rel": "r"})
+    return ev
+
+
+async def test_digest_is_the_deterministic_encoding_of_the_parsed_view(api: Stubs) -> None:
+    """The daemon's digest is over its spliced encoding; it must equal the digest of the
+    view decoded and encoded again by protobuf, attributes map and image included."""
+    await _session(api, "dg")
+    stream = RawStream(api)
+    try:
+        await stream.step(compile_request("dg"), [user("one")])
+        view = await stream.step(compile_request("dg"), [_with_element()])
+        # RawStream.step checked the delta's digest against encoded(view).
+        assert stream.answers[-1].WhichOneof("response") == "delta"
+        text = view.messages[-1].parts[0].text
+        assert all(f"{k}: " in text for k in ("class", "href", "id", "rel", "title"))
+    finally:
+        await stream.close()
