@@ -43,7 +43,7 @@ from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tls import TlsFileError, load_tls
-from server.adapters.tokenizer import CounterRegistry, load_offline_encoding, warm_tokenizers
+from server.adapters.tokenizer import CounterRegistry, load_cl100k, warm_tokenizers
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL
@@ -201,9 +201,9 @@ class Daemon:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self._private_data_dir()
-        # Building the tokenizer's tables holds the GIL for ~0.1-0.2 s: do it before
-        # serving, not inside the first compile while other RPCs wait.
-        await asyncio.to_thread(load_offline_encoding)
+        # Building cl100k's tables holds the GIL for ~0.05 s: do it before serving, not
+        # inside the first compile while other RPCs wait.
+        await asyncio.to_thread(load_cl100k)
         # o200k takes 1-2 s more, with the GIL mostly released: serve meanwhile, so a
         # restarted sidecar is back at once; a GPT-4o compile that comes first waits
         # for this one load (the loaders share a lock) instead of starting its own.

