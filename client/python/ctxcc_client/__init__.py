@@ -18,13 +18,14 @@ from ctxcc_client.client import AsyncClient, Client
 from ctxcc_client.errors import CtxccError
 from ctxcc_client.events import assistant, tool_result, user, user_with
 from ctxcc_client.retry import new_request_id
-from ctxcc_client.stream import CompileStream, ViewAssembler
+from ctxcc_client.stream import CompileStream, StreamStats, ViewAssembler
 
 __all__ = [
     "AsyncClient",
     "Client",
     "CompileStream",
     "CtxccError",
+    "StreamStats",
     "ViewAssembler",
     "assistant",
     "new_request_id",

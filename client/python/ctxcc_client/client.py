@@ -136,9 +136,11 @@ class AsyncClient:
         )
         return await self.compiles.ReportUsage(req)
 
-    def stream(self) -> CompileStream:
-        """One long-lived CompileStream; hold one per agent session."""
-        return CompileStream(self._compile_stub, self.retry_seconds)
+    def stream(self, *, deltas: bool = True) -> CompileStream:
+        """One long-lived CompileStream; hold one per agent session. With `deltas` (the
+        default) steps are answered with only what changed since the last view, rebuilt
+        and checked here; `deltas=False` asks for every view whole."""
+        return CompileStream(self._compile_stub, self.retry_seconds, deltas=deltas)
 
     async def upload_artifact(
         self,

@@ -3,19 +3,27 @@ the stream's chunk size arrive as ViewChunks and are reassembled and verified he
 
 When the daemon goes away (a restart, SIGTERM ending idle streams with UNAVAILABLE, a
 dropped connection) the stream reopens itself and resends the step that was in flight with
-the same request id, so its append is replayed, never stored twice."""
+the same request id, so its append is replayed, never stored twice.
+
+With deltas (the default) each step names the last view applied on this stream, and the
+daemon may answer with only what changed against it (a ViewDelta); the view is rebuilt
+here and checked against the digest the daemon sent, and on a mismatch asked for again
+whole (a ResumeRequest quoting its compile id). Callers always get a whole CompiledView.
+A reopened stream starts without a base, so its first answer is whole."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import event_pb2, view_pb2
+from ctxcc_client.deltas import DeltaMismatch, HeldView
 from ctxcc_client.errors import CtxccError, from_rpc_error, from_step_error, stream_ended
 from ctxcc_client.retry import RETRY_SECONDS, Backoff, new_request_id
 
@@ -43,12 +51,30 @@ def _events_key(events: list[event_pb2.Event]) -> bytes:
     ).digest()
 
 
-class CompileStream:
-    """`await stream.step(...)` sends one step and returns its view (or raises CtxccError)."""
+@dataclass
+class StreamStats:
+    """What a CompileStream received: answers by kind, and their encoded bytes."""
 
-    def __init__(self, stub: Any, retry_seconds: float = RETRY_SECONDS) -> None:
+    whole_views: int = 0
+    deltas: int = 0
+    # Deltas that failed their digest check and were fetched again whole.
+    resumed: int = 0
+    bytes_received: int = 0
+
+
+class CompileStream:
+    """`await stream.step(...)` sends one step and returns its view (or raises CtxccError).
+    `deltas=False` asks for whole views only."""
+
+    def __init__(
+        self, stub: Any, retry_seconds: float = RETRY_SECONDS, *, deltas: bool = True
+    ) -> None:
         self._stub = stub
         self._retry_seconds = retry_seconds
+        self._deltas = deltas
+        # The last view applied on the open stream: the base the next step names.
+        self._held: HeldView | None = None
+        self.stats = StreamStats()
         self._queue: asyncio.Queue[cpb.CompileStreamRequest | None] | None = None
         self._call: Any = None
         self._responses: AsyncIterator[cpb.CompileStreamResponse] | None = None
@@ -79,6 +105,7 @@ class CompileStream:
         if self._call is not None:
             self._call.cancel()
         self._call = self._queue = self._responses = None
+        self._held = None  # a new stream holds no view of ours
 
     def _request_id(self, events: list[event_pb2.Event], given: str) -> str:
         if given or not events:
@@ -129,9 +156,12 @@ class CompileStream:
         self, msg: cpb.CompileStreamRequest
     ) -> tuple[view_pb2.CompiledView, cpb.AppendResult | None]:
         queue, responses = self._open()
+        held = self._held
+        msg.step.delta_base_compile_id = held.view.compile_id if held is not None else ""
         await queue.put(msg)
         assembler = ViewAssembler()
         append = None
+        resumed = False
         while True:
             try:
                 resp = await responses.__anext__()
@@ -141,17 +171,38 @@ class CompileStream:
             except StopAsyncIteration:
                 self._drop()
                 raise stream_ended() from None
+            self.stats.bytes_received += resp.ByteSize()
             if resp.HasField("append"):
                 append = resp.append
             kind = resp.WhichOneof("response")
             if kind == "error":
                 raise from_step_error(resp.error)
+            view = None
             if kind == "view":
-                return resp.view, append
-            if kind == "chunk":
+                view = resp.view
+            elif kind == "chunk":
                 view = assembler.add(resp.chunk)
-                if view is not None:
-                    return view, append
+            elif kind == "delta":
+                self.stats.deltas += 1
+                try:
+                    if held is None:
+                        raise DeltaMismatch("a delta without a base")
+                    self._held = held.apply(resp.delta)
+                    return self._held.view, append
+                except DeltaMismatch:
+                    if resumed:
+                        raise
+                # Not usable: ask for the view whole; the answer comes on this stream.
+                resumed = True
+                self.stats.resumed += 1
+                resume = cpb.ResumeRequest(
+                    compile_id=resp.delta.head.compile_id, compile=msg.step.compile
+                )
+                await queue.put(cpb.CompileStreamRequest(resume=resume))
+            if view is not None:
+                self.stats.whole_views += 1
+                self._held = HeldView.of(view) if self._deltas else None
+                return view, append
 
     async def close(self) -> None:
         self._drop()
