@@ -141,28 +141,10 @@ class RocksKV:
             self._db = None
         return errors
 
-    @contextlib.contextmanager
-    def _use(self) -> Iterator[None]:
+    def _use(self) -> _InUse:
         """Counts an operation in progress; a reopen waits for none to be left. Nested
         use on one thread (a write inside a scan) never waits, so it cannot deadlock."""
-        depth = getattr(self._depth, "n", 0)
-        with self._gate:
-            if depth == 0:
-                self._gate.wait_for(lambda: not self._reopening)
-            if self._db is None:
-                raise CtxccError(
-                    Reason.STORAGE_FAILURE, "the database is reopening after a full disk"
-                )
-            self._active += 1
-        self._depth.n = depth + 1
-        try:
-            yield
-        finally:
-            self._depth.n = depth
-            with self._gate:
-                self._active -= 1
-                if self._active == 0:
-                    self._gate.notify_all()
+        return _InUse(self)
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         with self._use():
@@ -295,6 +277,39 @@ class RocksKV:
             # Only after a failed write: the log keeps what was acknowledged.
             log.warning("RocksDB closed without flushing: %s", errors[0])
         self._lock_file.close()
+
+
+class _InUse:
+    """One operation in progress (see RocksKV._use). A plain object rather than a
+    generator context manager: every read passes here, dozens per compile."""
+
+    __slots__ = ("_depth", "_kv")
+
+    def __init__(self, kv: RocksKV) -> None:
+        self._kv = kv
+        self._depth = 0
+
+    def __enter__(self) -> None:
+        kv = self._kv
+        depth = self._depth = getattr(kv._depth, "n", 0)
+        with kv._gate:
+            if depth == 0 and kv._reopening:
+                kv._gate.wait_for(lambda: not kv._reopening)
+            if kv._db is None:
+                raise CtxccError(
+                    Reason.STORAGE_FAILURE, "the database is reopening after a full disk"
+                )
+            kv._active += 1
+        kv._depth.n = depth + 1
+
+    def __exit__(self, *exc: object) -> None:
+        kv = self._kv
+        kv._depth.n = self._depth
+        with kv._gate:
+            kv._active -= 1
+            # Only a reopen waits for the count to reach zero.
+            if kv._active == 0 and kv._reopening:
+                kv._gate.notify_all()
 
 
 def _make_private(path: Path) -> None:

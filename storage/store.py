@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -106,6 +107,10 @@ def _source_prefix(kind: SourceKind, scope: Scope | None = None, scope_id: str =
 
 
 _MAX_SEQ = (1 << 64) - 1
+# Source lists kept decoded (three scopes and three kinds per session compiled).
+_SOURCE_LISTS = 4_096
+# Compile part keys remembered as stored.
+_KNOWN_PARTS = 8_192
 
 
 def _be64(n: int) -> bytes:
@@ -155,6 +160,15 @@ class KVEventStore:
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._sessions_lock = threading.Lock()
         self._models_lock = threading.Lock()
+        # Decoded source lists by key prefix: every compile reads nine of them, and
+        # they change only through this store. A write bumps the generation, so a
+        # list read before it is never kept after it.
+        self._sources: OrderedDict[bytes, tuple[SourceEntry, ...]] = OrderedDict()
+        self._sources_gen = 0
+        self._sources_lock = threading.Lock()
+        # Compile parts (content-addressed) known to be stored: most compiles repeat
+        # their sources and settings, so their existence is not read again each time.
+        self._parts: OrderedDict[bytes, None] = OrderedDict()
 
     def _lock(self, session_id: str) -> threading.Lock:
         return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
@@ -236,6 +250,7 @@ class KVEventStore:
             batch.delete("sessions", session_id.encode())
             batch.put("meta", _COUNT_KEY, _be64(max(0, self.count_sessions() - 1)))
             self._kv.write(batch)
+            self._sources_changed()
             return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)
 
     # -- events -------------------------------------------------------------------
@@ -508,9 +523,11 @@ class KVEventStore:
         # A compile record lost in a machine crash only turns its usage report into
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
-        for digest, value in parts:
-            key = _key(sid, _PART + digest.encode())
-            if self._kv.get("compiles", key) is None:
+        keys = [_key(sid, _PART + digest.encode()) for digest, _ in parts]
+        with self._sources_lock:
+            known = [key in self._parts for key in keys]
+        for key, (_, value), stored in zip(keys, parts, known, strict=True):
+            if not stored and self._kv.get("compiles", key) is None:
                 batch.put("compiles", key, encode_value(value))
         batch.put("compiles", _key(sid, suffix), encoded)
         batch.put("compiles", _key(sid, _LAST_COMPILE), encoded)
@@ -518,6 +535,12 @@ class KVEventStore:
         with self._lock(sid):
             self._move_route(batch, sid, record.route)
             self._kv.write(batch)
+        with self._sources_lock:
+            for key in keys:
+                self._parts[key] = None
+                self._parts.move_to_end(key)
+            while len(self._parts) > _KNOWN_PARTS:
+                self._parts.popitem(last=False)
 
     def _move_route(self, batch: Batch, sid: str, route: Route) -> None:
         """Session.current_route follows the latest compile or usage report."""
@@ -611,15 +634,28 @@ class KVEventStore:
         batch = Batch()
         batch.put("sources", key, encode_value(entry))
         self._kv.write(batch)
+        self._sources_changed()
 
     def list_sources(
         self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
     ) -> list[SourceEntry]:
         prefix = _source_prefix(kind, scope, scope_id)
+        with self._sources_lock:
+            hit = self._sources.get(prefix)
+            if hit is not None:
+                self._sources.move_to_end(prefix)
+                return list(hit)
+            gen = self._sources_gen
         cls = _SOURCE_TYPES[kind]
-        return [
+        found = tuple(
             decode_value(raw, cls) for _, raw in self._kv.scan("sources", prefix, _after(prefix))
-        ]
+        )
+        with self._sources_lock:
+            if gen == self._sources_gen:
+                self._sources[prefix] = found
+                if len(self._sources) > _SOURCE_LISTS:
+                    self._sources.popitem(last=False)
+        return list(found)
 
     def delete_source(self, kind: SourceKind, scope: Scope, scope_id: str, ident: str) -> None:
         key = _source_prefix(kind, scope, scope_id) + ident.encode()
@@ -630,6 +666,14 @@ class KVEventStore:
         batch = Batch()
         batch.delete("sources", key)
         self._kv.write(batch)
+        self._sources_changed()
+
+    def _sources_changed(self) -> None:
+        with self._sources_lock:
+            self._sources_gen += 1
+            self._sources.clear()
+            # Also after a session is deleted: its compile parts went with it.
+            self._parts.clear()
 
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None:
         raw = self._kv.get("routes", _key(session_id, route_id.encode()))

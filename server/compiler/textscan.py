@@ -150,23 +150,75 @@ class _Memo:
 _MEMO = _Memo(1_024)
 
 
-def paths_in_texts(texts: Iterable[str]) -> FoundPaths:
+@dataclass(frozen=True, slots=True)
+class _Union:
+    """The union over some leading texts of a list, with what identifies those texts
+    (how many, and a hash of their (hash, length) keys: no text is kept alive)."""
+
+    count: int
+    key: int
+    seen: dict[str, None]
+    size: int
+    capped: bool
+    full: bool  # the caps were reached: later texts add nothing
+
+
+class _Unions:
+    """Unions of recent text lists by their first text. A turn grows at its end, so
+    the next compile's list starts with the last one's: only the new texts are looked
+    at. A memo of a pure function, like `_Memo`."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[int, int], _Union] = OrderedDict()
+
+    def get(self, texts: Sequence[str]) -> FoundPaths:
+        keys = tuple((hash(t), len(t)) for t in texts)
+        if not keys:
+            return FoundPaths(())
+        with self._lock:
+            known = self._items.get(keys[0])
+        if (
+            known is not None
+            and known.count <= len(keys)
+            and hash(keys[: known.count]) == known.key
+        ):
+            if known.full or known.count == len(keys):
+                return FoundPaths(tuple(known.seen), known.capped)
+            start, seen, size, capped = known.count, dict(known.seen), known.size, known.capped
+        else:
+            start, seen, size, capped = 0, {}, 0, False
+        full = False
+        for text in texts[start:]:
+            found = _MEMO.get(text)
+            capped = capped or found.capped
+            for path in found.paths:
+                if path in seen:
+                    continue
+                size += len(path) + 1
+                if len(seen) >= MAX_PATHS or size > MAX_PATH_BYTES:
+                    capped = full = True
+                    break
+                seen[path] = None
+            if full:
+                break
+        union = _Union(len(keys), hash(keys), seen, size, capped, full)
+        with self._lock:
+            self._items[keys[0]] = union
+            self._items.move_to_end(keys[0])
+            if len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return FoundPaths(tuple(seen), capped)
+
+
+_UNIONS = _Unions(256)
+
+
+def paths_in_texts(texts: Sequence[str]) -> FoundPaths:
     """`paths_in` over several texts (the messages of a turn), each scanned once and
     remembered; the union keeps first-appearance order and the same caps."""
-    seen: dict[str, None] = {}
-    size = 0
-    capped = False
-    for text in texts:
-        found = _MEMO.get(text)
-        capped = capped or found.capped
-        for path in found.paths:
-            if path in seen:
-                continue
-            size += len(path) + 1
-            if len(seen) >= MAX_PATHS or size > MAX_PATH_BYTES:
-                return FoundPaths(tuple(seen), capped=True)
-            seen[path] = None
-    return FoundPaths(tuple(seen), capped)
+    return _UNIONS.get(texts)
 
 
 # -- rule globs -----------------------------------------------------------------------

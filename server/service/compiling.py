@@ -164,11 +164,13 @@ class CompileUseCases:
             raise invalid("route.model", "route.model is required")
         check_path_form("environment.working_directory", opts.working_directory)
         check_route_fields(_route_fields(opts.route))
-        # One hop to the I/O pool for all the loading and the pure compile: thread
-        # handoffs, not the work, dominated small compiles when each read hopped alone.
-        session, history, view, counter, inputs, info = await self._blocking.compute(
-            self._prepare, opts
-        )
+        # One hop to the compute pool for the loading, the pure compile, the record and
+        # the rendering: thread handoffs, not the work, dominated small compiles.
+        prepared, done = await self._blocking.compute(self._prepare_and_finish, opts, may_compact)
+        session, history, view, counter, inputs, info = prepared
+        if done is not None:
+            self._published(opts, session, done.view, started)
+            return done
         rebuild = bool(opts.rebuild_compile_id)
         recorded = is_recorded(opts)
         wants = view.decision is not Decision.OK and may_compact and recorded
@@ -184,12 +186,57 @@ class CompileUseCases:
         if rebuild:
             # A rebuild repeats a recorded compile: nothing new to record or publish.
             return await self._blocking.run(self._finish, None, (), view, opts, counter)
-        basis = view.basis
-        # What the compile read, for exact time travel; a dry run or time travel records
-        # nothing, so it never becomes the session's latest compile or route baseline.
-        basis_digest, parts = (
-            basis_of(inputs, info, self._assembler.settings_part()) if recorded else ("", ())
+        record, parts = self._record(opts, view, inputs, info)
+        if record is None:
+            if not opts.render_formats:
+                return CompileResult(view)
+            # Looking may still render provider bodies; it records nothing.
+            return await self._blocking.compute(self._finish, None, (), view, opts, counter)
+        result = await self._blocking.compute(self._finish, record, parts, view, opts, counter)
+        self._published(opts, session, view, started)
+        return result
+
+    def _prepare_and_finish(
+        self, opts: CompileOptions, may_compact: bool
+    ) -> tuple[
+        tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo],
+        CompileResult | None,
+    ]:
+        """Blocking: the whole compile when it needs nothing from the event loop (no
+        compaction to make or to digest, not a rebuild); else only the prepared parts."""
+        prepared = self._prepare(opts)
+        _, _, view, counter, inputs, info = prepared
+        recorded = is_recorded(opts)
+        if (
+            opts.rebuild_compile_id
+            or (view.decision is not Decision.OK and may_compact and recorded)
+            or view.compaction is not None
+            or not recorded
+        ):
+            return prepared, None
+        record, parts = self._record(opts, view, inputs, info)
+        return prepared, self._finish(record, parts, view, opts, counter)
+
+    def _published(
+        self, opts: CompileOptions, session: Session, view: CompiledView, started: float
+    ) -> None:
+        """A recorded compile at the head is announced to watchers and measured."""
+        notice = CompileNotice(
+            view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
         )
+        self._hub.publish(opts.session_id, [notice], session.head_seq)
+        self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
+
+    def _record(
+        self, opts: CompileOptions, view: CompiledView, inputs: CompileInputs, info: ModelInfo
+    ) -> tuple[CompileRecord | None, tuple[tuple[str, object], ...]]:
+        """The record of a compile at the head, with the basis parts it names; none for a
+        dry run or time travel, so neither becomes the latest compile or route baseline."""
+        if not is_recorded(opts):
+            return None, ()
+        basis = view.basis
+        # What the compile read, for exact time travel.
+        basis_digest, parts = basis_of(inputs, info, self._assembler.settings_part())
         record = CompileRecord(
             compile_id=view.compile_id,
             session_id=opts.session_id,
@@ -217,18 +264,7 @@ class CompileUseCases:
             fallback_reasons=tuple(int(r) for r in view.fallback_reasons),
             basis_digest=basis_digest,
         )
-        if not recorded:
-            if not opts.render_formats:
-                return CompileResult(view)
-            # Looking may still render provider bodies; it records nothing.
-            return await self._blocking.compute(self._finish, None, (), view, opts, counter)
-        result = await self._blocking.compute(self._finish, record, parts, view, opts, counter)
-        notice = CompileNotice(
-            view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
-        )
-        self._hub.publish(opts.session_id, [notice], session.head_seq)
-        self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
-        return result
+        return record, parts
 
     def _finish(
         self,
@@ -339,7 +375,33 @@ class CompileUseCases:
                 "of the compile at the session head that the request was sent from",
                 compile_id=compile_id,
             )
-        record = await self._blocking.run(self._store.get_compile, compile_id)
+        # One hop for the read and the write: the handoff costs more than either.
+        stored, replayed = await self._blocking.run(self._report, compile_id, route, usage)
+        actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
+        output = stored.usage.output_tokens if stored.usage else usage.output_tokens
+        estimated = stored.estimated_input_tokens
+        if not replayed:
+            method = EstimateMethod(stored.estimate_method).name.lower()
+            model = stored.route.model
+            key = self._catalog.lookup(model).key or "other"
+            self._telemetry.usage_reported(estimated, actual, family_of(model), method, key)
+        return UsageResult(
+            estimated_input_tokens=estimated,
+            error_tokens=actual - estimated,
+            relative_error=(actual - estimated) / actual if actual else 0.0,
+            replayed=replayed,
+            next_output_reserve=output_reserve(
+                effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False),
+                output,
+                self._settings.budget,
+            ),
+        )
+
+    def _report(
+        self, compile_id: str, route: Route | None, usage: Usage
+    ) -> tuple[CompileRecord, bool]:
+        """Blocking: the usage, the session's new baseline and what the route learns."""
+        record = self._store.get_compile(compile_id)
         if route is not None and route.route_id != record.route.route_id:
             raise CtxccError(
                 Reason.ROUTE_MISMATCH,
@@ -360,28 +422,7 @@ class CompileUseCases:
             message_tokens=record.message_tokens,
         )
         learn = self._learner(record, usage, now)
-        stored, replayed = await self._blocking.run(
-            self._store.record_usage, compile_id, usage, state, learn
-        )
-        actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
-        output = stored.usage.output_tokens if stored.usage else usage.output_tokens
-        estimated = stored.estimated_input_tokens
-        if not replayed:
-            method = EstimateMethod(stored.estimate_method).name.lower()
-            model = stored.route.model
-            key = self._catalog.lookup(model).key or "other"
-            self._telemetry.usage_reported(estimated, actual, family_of(model), method, key)
-        return UsageResult(
-            estimated_input_tokens=estimated,
-            error_tokens=actual - estimated,
-            relative_error=(actual - estimated) / actual if actual else 0.0,
-            replayed=replayed,
-            next_output_reserve=output_reserve(
-                effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False),
-                output,
-                self._settings.budget,
-            ),
-        )
+        return self._store.record_usage(compile_id, usage, state, learn)
 
     def _learner(
         self, record: CompileRecord, usage: Usage, now_ns: int

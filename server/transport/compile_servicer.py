@@ -19,13 +19,13 @@ from server.service.compiling import CompileResult, CompileUseCases
 from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in, route_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
-from server.transport.convert_view import compile_options_in, result_out
+from server.transport.convert_view import compile_options_in, result_out, tagged
 from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import ViewBytes, delta_record, view_bytes
-from server.transport.wire import RefusedMessage
+from server.transport.wire import Encoded, RefusedMessage
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 # Views with less text than this are converted on the event loop (a thread hop costs
@@ -66,10 +66,14 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._recent = RecentViews()
 
     @unary
-    async def Compile(self, request: pb.CompileRequest, context: Ctx) -> pb.CompileResponse:
+    async def Compile(
+        self, request: pb.CompileRequest, context: Ctx
+    ) -> pb.CompileResponse | Encoded:
         result = await self._c.compile(compile_options_in(request))
         if view_chars(result) < _ON_LOOP_CHARS:
-            return pb.CompileResponse(view=result_out(result))
+            # CompileResponse is the view as its field 1: sent as the bytes the view's
+            # cached records make, without a protobuf object per message.
+            return Encoded(tagged(1, view_bytes(result).whole()))
         # Converting (and sizing) a multi-MiB view is CPU work: off the event loop.
         return await asyncio.to_thread(self._large_response, result)
 

@@ -25,7 +25,7 @@ import grpc
 from server.domain.errors import CtxccError, Reason
 from server.transport.drain import Drain, Ticket, shutting_down
 from server.transport.errors import CODES, status_for
-from server.transport.wire import RefusedMessage, RepeatedCap, count_over, string_at
+from server.transport.wire import RefusedMessage, RepeatedCap, count_over, passing, string_at
 
 RpcObserver = Callable[[str, str, float], None]
 _OPEN_SERVICES = ("grpc.health.v1.Health",)
@@ -183,7 +183,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         name = method_label(full)
         kw = {
             "request_deserializer": _safe(handler.request_deserializer, self._caps.get(full)),
-            "response_serializer": handler.response_serializer,
+            "response_serializer": passing(handler.response_serializer),
         }
         if handler.unary_unary:
             fn = self._wrap(handler.unary_unary, name, service, False, True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from server.compiler.textscan import MAX_GLOBS
 from server.domain.errors import CtxccError, Reason, invalid
@@ -40,6 +41,24 @@ class RefusedMessage:
 
     ident: str
     error: CtxccError
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A response its handler has already serialized (see `passing`)."""
+
+    data: bytes
+
+
+def passing(serialize: Callable[[Any], bytes] | None) -> Callable[[Any], bytes] | None:
+    """A method's response serializer that lets `Encoded` responses through as they are."""
+    if serialize is None:
+        return None
+
+    def encode(message: Any) -> bytes:
+        return message.data if type(message) is Encoded else serialize(message)
+
+    return encode
 
 
 def _varint(data: bytes, i: int) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from server.domain.records import (
     RouteState,
     Usage,
 )
+from server.domain.sources import MemoryEntry, Scope, SourceKind
 from storage import KVEventStore, MemoryKV, StoreLimits, open_rocks
 
 
@@ -278,3 +279,40 @@ def test_list_compiles_is_oldest_first_and_per_session(make_store: object) -> No
     assert [r.compile_id for r in st.list_compiles("s")] == ["s:ff", "s:cc", "s:aa"]
     assert [r.compile_id for r in st.list_compiles("s2")] == ["s2:ab"]
     assert st.list_compiles("nobody") == []
+
+
+def test_source_lists_follow_every_write_although_kept_decoded(make_store: object) -> None:
+    """Compiles read source lists from memory: a put, a delete and a session's removal
+    must each show in the next read."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    kind, scope = SourceKind.MEMORY, Scope.SESSION
+    assert st.list_sources(kind, scope, "s") == []
+    first = MemoryEntry("m1", scope, "s", "use tabs")
+    st.put_source(first)
+    assert st.list_sources(kind, scope, "s") == [first]
+    changed = MemoryEntry("m1", scope, "s", "use spaces")
+    st.put_source(changed)
+    st.put_source(MemoryEntry("g1", Scope.GLOBAL, "", "be brief"))
+    assert st.list_sources(kind, scope, "s") == [changed]
+    assert st.list_sources(kind) == [MemoryEntry("g1", Scope.GLOBAL, "", "be brief"), changed]
+    st.delete_source(kind, Scope.GLOBAL, "", "g1")
+    assert st.list_sources(kind, Scope.GLOBAL, "") == []
+    assert st.list_sources(kind, scope, "s") == [changed]
+    st.delete_session("s")
+    assert st.list_sources(kind, scope, "s") == []
+
+
+def test_compile_parts_are_stored_again_after_their_session_is_deleted(
+    make_store: object,
+) -> None:
+    """Parts already stored are not written twice; a recreated session has none."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    part = RouteModel(route_id="r")
+    st.put_compile(CompileRecord("s:x1", "s", Route(model="m"), 1, 100, 1, 5), (("d1", part),))
+    assert st.get_compile_part("s", "d1", RouteModel) == part
+    st.delete_session("s")
+    st.create_session(Session("s", 2, 2))
+    st.put_compile(CompileRecord("s:x2", "s", Route(model="m"), 1, 100, 1, 5), (("d1", part),))
+    assert st.get_compile_part("s", "d1", RouteModel) == part

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
 from server.compiler.incremental import ProjectionMemo
 from server.compiler.projection import ImagePolicy
+from server.compiler.render import RenderFormat
 from server.compiler.view import CompiledView
 from server.domain.model import (
     ArtifactRef,
@@ -31,7 +32,9 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint, CheckpointKind
 from server.domain.tools import ToolSpec, ToolVisibility
-from server.transport.convert_view import _message_out, view_out
+from server.service.compiling import CompileResult
+from server.transport.convert_view import _message_out, result_out, view_out
+from server.transport.view_bytes import view_bytes
 from tests.unit.test_system_prompt import WordCounter
 
 C = WordCounter()
@@ -164,6 +167,11 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
         assert view.notes == scratch.notes
         assert view == scratch
         assert wire(view) == wire(scratch) == wire_object_by_object(scratch)
+        # What Compile and CompileStream send: the head parts and cached records joined.
+        assert view_bytes(CompileResult(view)).whole() == wire(scratch)
+        rendered = CompileResult(view, renderings=((RenderFormat.OPENAI_CHAT, "{}", 7),))
+        expected = result_out(rendered).SerializeToString(deterministic=True)
+        assert view_bytes(rendered).whole() == expected
 
 
 def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:

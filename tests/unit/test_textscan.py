@@ -4,7 +4,10 @@ bounded, whatever the text or pattern."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from server.compiler import textscan
 from server.compiler.textscan import (
     MAX_GLOB_CHARS,
     MAX_GLOBS,
@@ -18,6 +21,7 @@ from server.compiler.textscan import (
     globs_problem,
     matches_any,
     paths_in,
+    paths_in_texts,
 )
 
 
@@ -133,3 +137,41 @@ def test_path_scan_slices_never_cut_a_path() -> None:
     # Slices end at a non-path character at or after 64 Ki characters.
     text = "x" * ((64 << 10) - 3) + " src/abc/d.py " + "y " * 40_000 + "lib/e.go"
     assert paths_in(text).paths == ("src/abc/d.py", "lib/e.go")
+
+
+def _union(texts: list[str], most: int) -> tuple[tuple[str, ...], bool]:
+    """The definition: paths of each text in order, distinct, at most `most` of them."""
+    out: list[str] = []
+    for text in texts:
+        for path in paths_in(text).paths:
+            if path not in out:
+                if len(out) >= most:
+                    return tuple(out), True
+                out.append(path)
+    return tuple(out), False
+
+
+_TEXTS = st.lists(
+    st.lists(
+        st.sampled_from(["a.py", "src/b.go", "c/d/e", "plain", "x.md", "a.py"]), max_size=3
+    ).map(" ".join),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_TEXTS, st.booleans()), min_size=1, max_size=6), st.booleans())
+def test_path_unions_of_growing_turns_equal_a_scan_of_every_text(
+    steps: list[tuple[list[str], bool]], small_cap: bool
+) -> None:
+    """A turn's texts are scanned once as it grows; lists that share only their first
+    text (another session, a rewritten turn) must not take each other's union."""
+    most = 3 if small_cap else MAX_PATHS
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(textscan, "MAX_PATHS", most)
+        turn = ["open a.py please"]
+        for more, restart in steps:
+            turn = (["open a.py please", *more]) if restart else [*turn, *more]
+            found = paths_in_texts(turn)
+            assert (found.paths, found.capped) == _union(turn, most)
