@@ -507,8 +507,9 @@ class ViewDelta(_message.Message):
     view_sha256: _builtins.str
     """Lower-case hex sha256 of the new view's deterministic serialization: fields in field
     number order, map entries sorted by key, no unknown fields (Python
-    SerializeToString(deterministic=True), Go MarshalOptions{Deterministic: true}, ts-proto's
-    encode of a decoded view).
+    SerializeToString(deterministic=True), ts-proto's encode of a decoded view; not Go's
+    MarshalOptions{Deterministic: true}, which writes oneof fields after all others, so the
+    Go client serializes in field number order itself).
     """
     @_builtins.property
     def head(self) -> _view_pb2.CompiledView:

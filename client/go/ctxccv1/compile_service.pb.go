@@ -939,8 +939,9 @@ type ViewDelta struct {
 	Tools []*ViewTool `protobuf:"bytes,7,rep,name=tools,proto3" json:"tools,omitempty"`
 	// Lower-case hex sha256 of the new view's deterministic serialization: fields in field
 	// number order, map entries sorted by key, no unknown fields (Python
-	// SerializeToString(deterministic=True), Go MarshalOptions{Deterministic: true}, ts-proto's
-	// encode of a decoded view).
+	// SerializeToString(deterministic=True), ts-proto's encode of a decoded view; not Go's
+	// MarshalOptions{Deterministic: true}, which writes oneof fields after all others, so the
+	// Go client serializes in field number order itself).
 	ViewSha256    string `protobuf:"bytes,8,opt,name=view_sha256,json=viewSha256,proto3" json:"view_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
