@@ -64,7 +64,7 @@ client/typescript/node_modules/.stamp: client/typescript/package-lock.json
 	cd client/typescript && npm ci --silent
 	touch $@
 
-client/typescript/dist/examples/agent-loop.js: client/typescript/node_modules/.stamp $(shell find client/typescript/src client/typescript/examples -name '*.ts') client/typescript/tsconfig.json
+client/typescript/dist/examples/agent-loop.js: client/typescript/node_modules/.stamp $(shell find client/typescript/src client/typescript/examples client/typescript/test -name '*.ts') client/typescript/tsconfig.json
 	cd client/typescript && npx tsc -p tsconfig.json
 
 $(NPM_TARBALL): client/typescript/dist/examples/agent-loop.js client/typescript/package.json client/typescript/README.md

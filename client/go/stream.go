@@ -18,10 +18,18 @@ import (
 )
 
 // Stream is one long-lived CompileStream. Step sends events and a compile request and
-// returns the view, reassembling chunked views. When the daemon goes away (a restart,
-// SIGTERM ending idle streams with Unavailable, a dropped connection) Step reopens the
-// stream and resends the step with the same request id: the append is replayed, never
-// duplicated.
+// returns the whole view, reassembling chunked views and applying delta views. When the
+// daemon goes away (a restart, SIGTERM ending idle streams with Unavailable, a dropped
+// connection) Step reopens the stream and resends the step with the same request id: the
+// append is replayed, never duplicated.
+//
+// Deltas are on unless WithoutDeltas: each step names the last view this stream received
+// and checked, and the daemon may answer with only what changed against it (a ViewDelta).
+// Step rebuilds the whole view from it and checks its sha256; on a mismatch it fetches the
+// view whole (a ResumeRequest) and returns that. The views Step returns are the bases of
+// later deltas and share their unchanged messages, sections and tools: treat them as
+// read-only (a changed one costs no correctness, the digest check catches it, only a
+// refetch).
 type Stream struct {
 	c      *Client
 	ctx    context.Context
@@ -32,10 +40,57 @@ type Stream struct {
 	// The request id of a step that failed, by its events: calling Step again with the
 	// same events (the natural "try again") reuses it instead of appending them twice.
 	unfinishedKey, unfinishedID string
+	deltas                      bool
+	hook                        func(*ctxccv1.ViewDelta)
+	// The last view received completely and checked on the current stream: the base of the
+	// next delta. A reopened stream starts without one (the daemon keeps views per stream).
+	base *ctxccv1.CompiledView
+	// Deltas that failed in a row; at maxMismatches the stream stops asking for them.
+	mismatchRun int
+	stats       StreamStats
+}
+
+// A daemon whose views this client cannot rebuild (e.g. one with fields this client does
+// not know) would otherwise cost a refetch at every step.
+const maxMismatches = 3
+
+// StreamStats counts how a stream's views arrived.
+type StreamStats struct {
+	// Views that arrived whole (in one message or in chunks), refetches included.
+	Whole int
+	// Views rebuilt from a ViewDelta whose digest checked.
+	Deltas int
+	// Deltas that could not be applied or failed the digest check; each was fetched whole.
+	Mismatches int
+}
+
+// StreamOption configures OpenStream.
+type StreamOption func(*Stream)
+
+// WithoutDeltas makes every step ask for the whole view.
+func WithoutDeltas() StreamOption { return func(s *Stream) { s.deltas = false } }
+
+// WithDeltaHook calls fn with every ViewDelta as it arrives, before it is applied (for
+// tracing; tests change one to see a mismatch handled).
+func WithDeltaHook(fn func(*ctxccv1.ViewDelta)) StreamOption {
+	return func(s *Stream) { s.hook = fn }
 }
 
 // OpenStream opens a compile stream; it reopens itself when the connection drops.
-func (c *Client) OpenStream(ctx context.Context) *Stream { return &Stream{c: c, ctx: ctx} }
+func (c *Client) OpenStream(ctx context.Context, opts ...StreamOption) *Stream {
+	s := &Stream{c: c, ctx: ctx, deltas: true}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Stats reports how the stream's views arrived so far.
+func (s *Stream) Stats() StreamStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
 
 // Close ends the stream.
 func (s *Stream) Close() error {
@@ -53,7 +108,7 @@ func (s *Stream) drop() {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	s.stream, s.cancel = nil, nil
+	s.stream, s.cancel, s.base = nil, nil, nil
 }
 
 func eventsKey(events []*ctxccv1.Event) string {
@@ -82,8 +137,8 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 		}
 	}
 	s.step++
-	msg := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Step{Step: &ctxccv1.StepRequest{
-		StepId: fmt.Sprint(s.step), Events: events, RequestId: requestID, Compile: req}}}
+	step := &ctxccv1.StepRequest{StepId: fmt.Sprint(s.step), Events: events, RequestId: requestID, Compile: req}
+	msg := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Step{Step: step}}
 	view, appended, err := retry2(s.ctx, s.c.RetryFor, func() (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
 		if s.stream == nil {
 			ctx, cancel := context.WithCancel(s.ctx)
@@ -94,7 +149,12 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 			}
 			s.stream, s.cancel = st, cancel
 		}
-		view, appended, err := s.roundTrip(msg)
+		// Set at each attempt: a reopened stream has no base.
+		step.DeltaBaseCompileId = ""
+		if s.deltas && s.base != nil {
+			step.DeltaBaseCompileId = s.base.GetCompileId()
+		}
+		view, appended, err := s.roundTrip(msg, req)
 		if err != nil && status.Code(err) == codes.Unavailable {
 			s.drop() // reopen on the next attempt
 		}
@@ -109,30 +169,92 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 	return view, appended, err
 }
 
-func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
-	if err := s.stream.Send(msg); err != nil {
-		_, err = s.stream.Recv() // the real status is on Recv
+// roundTrip sends a step and returns its whole view: as sent, reassembled from chunks, or
+// rebuilt from a delta (fetched whole when that fails).
+func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.CompileRequest) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+	if err := s.send(msg); err != nil {
 		return nil, nil, err
 	}
+	view, delta, appended, err := s.receive()
+	if err != nil {
+		return nil, appended, err
+	}
+	if delta == nil {
+		s.keep(view)
+		return view, appended, nil
+	}
+	if s.hook != nil {
+		s.hook(delta)
+	}
+	headID := delta.GetHead().GetCompileId()
+	if view, err = ApplyDelta(s.base, delta); err == nil {
+		s.stats.Deltas++
+		s.mismatchRun = 0
+		s.keep(view)
+		return view, appended, nil
+	}
+	s.stats.Mismatches++
+	s.mismatchRun++
+	s.base = nil
+	resume := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Resume{
+		Resume: &ctxccv1.ResumeRequest{CompileId: headID, Compile: compile}}}
+	if err := s.send(resume); err != nil {
+		return nil, appended, err
+	}
+	view, delta, _, err = s.receive()
+	if err == nil && delta != nil {
+		err = fmt.Errorf("the daemon answered a ResumeRequest with a delta")
+	}
+	if err != nil {
+		return nil, appended, err
+	}
+	s.keep(view)
+	return view, appended, nil
+}
+
+// keep records a view received whole or rebuilt and checked as the next delta's base.
+func (s *Stream) keep(view *ctxccv1.CompiledView) {
+	if s.deltas && s.mismatchRun >= maxMismatches {
+		s.deltas = false
+	}
+	if s.deltas {
+		s.base = view
+	}
+}
+
+func (s *Stream) send(msg *ctxccv1.CompileStreamRequest) error {
+	if err := s.stream.Send(msg); err != nil {
+		_, err = s.stream.Recv() // the real status is on Recv
+		return err
+	}
+	return nil
+}
+
+// receive reads one answer: a whole view (reassembled from chunks when chunked), a delta,
+// or the step's error.
+func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.AppendResult, error) {
 	var chunks [][]byte
 	var appended *ctxccv1.AppendResult
 	for {
 		resp, err := s.stream.Recv()
 		if err == io.EOF {
 			// Closed without a status: the daemon went away; reconnect and resend.
-			return nil, nil, status.Error(codes.Unavailable, "the stream ended")
+			return nil, nil, nil, status.Error(codes.Unavailable, "the stream ended")
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if resp.GetAppend() != nil {
 			appended = resp.GetAppend()
 		}
 		switch r := resp.GetResponse().(type) {
 		case *ctxccv1.CompileStreamResponse_View:
-			return r.View, appended, nil
+			s.stats.Whole++
+			return r.View, nil, appended, nil
+		case *ctxccv1.CompileStreamResponse_Delta:
+			return nil, r.Delta, appended, nil
 		case *ctxccv1.CompileStreamResponse_Error:
-			return nil, appended, &Error{Code: codes.Code(r.Error.GetCode()), Reason: r.Error.GetReason(), Message: r.Error.GetMessage()}
+			return nil, nil, appended, &Error{Code: codes.Code(r.Error.GetCode()), Reason: r.Error.GetReason(), Message: r.Error.GetMessage()}
 		case *ctxccv1.CompileStreamResponse_Chunk:
 			ch := r.Chunk
 			if chunks == nil {
@@ -148,13 +270,14 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest) (*ctxccv1.Compiled
 			}
 			sum := sha256.Sum256(data)
 			if hex.EncodeToString(sum[:]) != ch.GetSha256() {
-				return nil, appended, fmt.Errorf("view %s arrived damaged", ch.GetCompileId())
+				return nil, nil, appended, fmt.Errorf("view %s arrived damaged", ch.GetCompileId())
 			}
 			view := &ctxccv1.CompiledView{}
 			if err := proto.Unmarshal(data, view); err != nil {
-				return nil, appended, err
+				return nil, nil, appended, err
 			}
-			return view, appended, nil
+			s.stats.Whole++
+			return view, nil, appended, nil
 		}
 	}
 }

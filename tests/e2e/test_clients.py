@@ -1,8 +1,9 @@
 """Interop: the Go, TypeScript and Python example agents run 20-step loops against a
 daemon started here, over the Unix socket and TCP, receive a chunked view larger than
 4 MB intact, and survive restarts without duplicating an event: the daemon down for 2 s
-between steps, and SIGKILLed in the middle of a step. `make test` builds the clients first
-(`make clients`); tests/e2e/test_client_install.py installs them as their READMEs say."""
+between steps, and SIGKILLed in the middle of a step. The Go and TypeScript clients' own
+unit tests run here too. `make test` builds the clients first (`make clients`);
+tests/e2e/test_client_install.py installs them as their READMEs say."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import pytest
 
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import session_service_pb2_grpc
-from tests.e2e.proc import CLIENT_LOOPS, DaemonProcess
+from tests.e2e.proc import CLIENT_LOOPS, REPO, DaemonProcess
 
 CLIENTS = CLIENT_LOOPS
 OK = re.compile(r"ok (\d+) steps session (\S+) seq (\d+)(?: largest_view_bytes (\d+))?")
@@ -229,3 +230,36 @@ def test_sigkill_mid_step_then_retry(client: str, short_tmp: Path) -> None:
         assert step_line(agent, 5)[0] == ("10", "17", "true")
         assert finished_seq(agent) == 1 + 7 * 2 + 6
         assert _events(daemon.target, sid) == expected_texts(8, big_step=5)
+
+
+def _run_suite(args: list[str], cwd: Path) -> str:
+    done = subprocess.run(
+        args,
+        cwd=cwd,
+        # Offline: `make clients` fetched every module the Go tests need.
+        env={**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=mod"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_go_client_unit_tests() -> None:
+    """Delta views applied against real views, digest mismatches, the stream helper against
+    a scripted CompileService (client/go/*_test.go)."""
+    out = _run_suite(["go", "test", "-count=1", "-v", "."], REPO / "client/go")
+    passed = re.findall(r"^--- PASS: (\w+)", out, re.M)
+    assert len(passed) >= 8 and "FAIL" not in out, out
+
+
+def test_typescript_client_unit_tests() -> None:
+    """The same for the TypeScript client (client/typescript/test, compiled by `make
+    clients`, run by node's built-in test runner)."""
+    files = sorted(str(p) for p in (REPO / "client/typescript/dist/test").glob("*.test.js"))
+    assert len(files) >= 2, "run `make clients`"
+    out = _run_suite(["node", "--test", *files], REPO / "client/typescript")
+    passed = re.search(r"^# pass (\d+)$", out, re.M)
+    assert passed and int(passed.group(1)) >= 8 and re.search(r"^# fail 0$", out, re.M), out

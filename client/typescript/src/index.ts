@@ -29,7 +29,7 @@ import { ToolServiceClient } from "./gen/ctxcc/v1/tool_service.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
 import { Backoff, RETRY_SECONDS, isUnavailable, newRequestId, retry, sleep } from "./retry.js";
 import { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
-import { Stream } from "./stream.js";
+import { Stream, type StreamOptions } from "./stream.js";
 
 export * from "./gen/ctxcc/v1/artifact_service.js";
 export * from "./gen/ctxcc/v1/checkpoint.js";
@@ -51,7 +51,8 @@ export * as views from "./gen/ctxcc/v1/view.js";
 export { CtxccError, toCtxccError } from "./errors.js";
 export { RETRY_SECONDS, newRequestId } from "./retry.js";
 export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
-export { Stream, type StepOptions, type StepResult } from "./stream.js";
+export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats } from "./stream.js";
+export { applyDelta, DeltaMismatch, viewDigest } from "./delta.js";
 
 const CHUNK = 1 << 20;
 
@@ -156,9 +157,10 @@ export class Client {
     return this.compiles.reportUsage(req);
   }
 
-  /** One long-lived CompileStream; hold one per agent session. */
-  openStream(): Stream {
-    return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata);
+  /** One long-lived CompileStream; hold one per agent session. Delta views are on unless
+   * `{ deltas: false }`. */
+  openStream(options: StreamOptions = {}): Stream {
+    return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata, options);
   }
 
   /** Uploads bytes (e.g. an image) and returns the ref to put in a user message; retried

@@ -1,12 +1,14 @@
 /**
  * One long-lived CompileStream: steps are answered in order, chunked views reassembled and
- * checked. When the daemon goes away (a restart, SIGTERM ending idle streams with
- * UNAVAILABLE, a dropped connection) the stream reopens itself and resends the step in flight
- * with the same request id, so its append is replayed, never stored twice.
+ * checked, delta views rebuilt and checked. When the daemon goes away (a restart, SIGTERM
+ * ending idle streams with UNAVAILABLE, a dropped connection) the stream reopens itself and
+ * resends the step in flight with the same request id, so its append is replayed, never
+ * stored twice.
  */
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
+import { applyDelta, DeltaMismatch } from "./delta.js";
 import { CtxccError, toCtxccError } from "./errors.js";
 import type { DeepPartial } from "./gen/ctxcc/v1/common.js";
 import {
@@ -15,6 +17,7 @@ import {
   CompileServiceClient,
   CompileStreamRequest,
   CompileStreamResponse,
+  ViewDelta,
 } from "./gen/ctxcc/v1/compile_service.js";
 import { Event } from "./gen/ctxcc/v1/event.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
@@ -34,6 +37,31 @@ export interface StepOptions {
   expectedLastSeq?: number;
 }
 
+export interface StreamOptions {
+  /** Ask for delta views (default true): each step names the last view this stream received
+   * and checked, and the daemon may answer with only what changed against it. */
+  deltas?: boolean;
+  /** Called with every ViewDelta as it arrives, before it is applied (for tracing; tests
+   * change one to see a mismatch handled). */
+  onDelta?: (delta: ViewDelta) => void;
+}
+
+/** How a stream's views arrived. */
+export interface StreamStats {
+  /** Views that arrived whole (in one message or in chunks), refetches included. */
+  whole: number;
+  /** Views rebuilt from a ViewDelta whose digest checked. */
+  deltas: number;
+  /** Deltas that could not be applied or failed the digest check; each was fetched whole. */
+  mismatches: number;
+}
+
+// A daemon whose views this client cannot rebuild (e.g. one with fields this client does not
+// know) would otherwise cost a refetch at every step.
+const MAX_MISMATCHES = 3;
+
+type Answer = { view: CompiledView; delta?: undefined; append?: AppendResult } | { view?: undefined; delta: ViewDelta; append?: AppendResult };
+
 const streamEnded = () => new CtxccError(grpc.status.UNAVAILABLE, "UNAVAILABLE", "the stream ended");
 
 function eventsKey(events: Event[]): string {
@@ -42,6 +70,11 @@ function eventsKey(events: Event[]): string {
   return h.digest("hex");
 }
 
+/**
+ * Views returned by `step` are the bases of later deltas and share their unchanged messages,
+ * sections and tools: treat them as read-only (a changed one costs no correctness, the digest
+ * check catches it, only a refetch).
+ */
 export class Stream {
   private call: Duplex | null = null;
   private waiting: Array<{ resolve: (r: CompileStreamResponse) => void; reject: (e: unknown) => void }> = [];
@@ -52,18 +85,34 @@ export class Stream {
   // The request id of a step that failed, by its events: calling `step` again with the same
   // events (the natural "try again") reuses it instead of appending them twice.
   private unfinished: { key: string; requestId: string } | null = null;
+  private deltas: boolean;
+  // The last view received completely and checked on the current call: the base of the next
+  // delta. A reopened call starts without one (the daemon keeps views per stream).
+  private base: CompiledView | null = null;
+  // Deltas that failed in a row; at MAX_MISMATCHES the stream stops asking for them.
+  private mismatchRun = 0;
+  private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0 };
 
   constructor(
     private readonly client: CompileServiceClient,
     private readonly retrySeconds: number,
     private readonly metadata?: grpc.Metadata,
-  ) {}
+    private readonly options: StreamOptions = {},
+  ) {
+    this.deltas = options.deltas ?? true;
+  }
+
+  /** How the stream's views arrived so far. */
+  get stats(): StreamStats {
+    return { ...this.counts };
+  }
 
   private open(): Duplex {
     if (this.call) return this.call;
     const call = this.client.compileStream(this.metadata?.clone() ?? new grpc.Metadata());
     this.failure = null;
     this.buffered = [];
+    this.base = null;
     call.on("data", (r: CompileStreamResponse) => {
       if (this.call !== call) return;
       const w = this.waiting.shift();
@@ -87,6 +136,7 @@ export class Stream {
     this.call = null;
     this.failure = null;
     this.buffered = [];
+    this.base = null;
     call?.cancel();
   }
 
@@ -104,17 +154,14 @@ export class Stream {
     const requestId =
       options.requestId ?? (!events.length ? "" : this.unfinished?.key === key ? this.unfinished.requestId : newRequestId());
     const stepId = String(++this.counter);
-    const msg = CompileStreamRequest.fromPartial({
-      request: {
-        $case: "step",
-        value: { stepId, events, requestId, expectedLastSeq: options.expectedLastSeq, compile: CompileRequest.fromPartial(compile) },
-      },
-    });
+    const request = CompileRequest.fromPartial(compile);
+    const step = { stepId, events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
+    const msg = CompileStreamRequest.fromPartial({ request: { $case: "step", value: step } });
     const run = async (): Promise<StepResult> => {
       const backoff = new Backoff(this.retrySeconds);
       for (;;) {
         try {
-          const out = await this.attempt(msg);
+          const out = await this.attempt(msg, request);
           this.unfinished = null;
           return out;
         } catch (err) {
@@ -132,24 +179,55 @@ export class Stream {
     return result;
   }
 
-  private async attempt(msg: CompileStreamRequest): Promise<StepResult> {
+  private async attempt(msg: CompileStreamRequest, compile: CompileRequest): Promise<StepResult> {
     const call = this.open();
+    // Set at each attempt: a reopened call has no base.
+    if (msg.request?.$case === "step") msg.request.value.deltaBaseCompileId = this.deltas ? (this.base?.compileId ?? "") : "";
     try {
-      call.write(msg);
-    } catch {
-      // Written after the daemon ended the call but before its status arrived.
-      this.drop();
-      throw streamEnded();
-    }
-    try {
-      return await this.receive();
+      this.send(call, msg);
+      const first = await this.receive();
+      if (!first.delta) return { view: this.keep(first.view), append: first.append };
+      this.options.onDelta?.(first.delta);
+      const headId = first.delta.head?.compileId ?? "";
+      try {
+        const view = applyDelta(this.base, first.delta);
+        this.counts.deltas++;
+        this.mismatchRun = 0;
+        return { view: this.keep(view), append: first.append };
+      } catch (err) {
+        if (!(err instanceof DeltaMismatch)) throw err;
+      }
+      this.counts.mismatches++;
+      this.mismatchRun++;
+      this.base = null;
+      this.send(call, CompileStreamRequest.fromPartial({ request: { $case: "resume", value: { compileId: headId, compile } } }));
+      const again = await this.receive();
+      if (!again.view) throw new Error("the daemon answered a ResumeRequest with a delta");
+      return { view: this.keep(again.view), append: first.append };
     } catch (err) {
       if (isUnavailable(err)) this.drop();
       throw err;
     }
   }
 
-  private async receive(): Promise<StepResult> {
+  private send(call: Duplex, msg: CompileStreamRequest): void {
+    try {
+      call.write(msg);
+    } catch {
+      // Written after the daemon ended the call but before its status arrived.
+      throw streamEnded();
+    }
+  }
+
+  /** Records a view received whole or rebuilt and checked as the next delta's base. */
+  private keep(view: CompiledView): CompiledView {
+    if (this.mismatchRun >= MAX_MISMATCHES) this.deltas = false;
+    if (this.deltas) this.base = view;
+    return view;
+  }
+
+  /** One answer: a whole view (reassembled from chunks when chunked), a delta, or the step's error. */
+  private async receive(): Promise<Answer> {
     const parts: Uint8Array[] = [];
     let append: AppendResult | undefined;
     for (;;) {
@@ -157,7 +235,11 @@ export class Stream {
       append = r.append ?? append;
       const resp = r.response;
       if (!resp) continue;
-      if (resp.$case === "view") return { view: resp.value, append };
+      if (resp.$case === "view") {
+        this.counts.whole++;
+        return { view: resp.value, append };
+      }
+      if (resp.$case === "delta") return { delta: resp.value, append };
       if (resp.$case === "error") throw new CtxccError(resp.value.code, resp.value.reason, resp.value.message);
       const chunk = resp.value;
       parts[chunk.index] = chunk.data;
@@ -166,6 +248,7 @@ export class Stream {
       if (createHash("sha256").update(data).digest("hex") !== chunk.sha256) {
         throw new Error(`view ${chunk.compileId} arrived damaged`);
       }
+      this.counts.whole++;
       return { view: CompiledView.decode(data), append };
     }
   }

@@ -1,0 +1,81 @@
+package ctxcc
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+// ViewDigest is the lower-case hex sha256 of a view's serialization in field-number order,
+// the digest a ViewDelta's view_sha256 states for the view it describes.
+func ViewDigest(view *ctxccv1.CompiledView) (string, error) {
+	b, err := canonicalMarshal(view.ProtoReflect())
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:]), nil
+}
+
+// ApplyDelta rebuilds the whole view that d describes against base, the view named by
+// d.BaseCompileId, and checks it against d.ViewSha256. On any error the result must not be
+// used; ask for the view whole instead (Stream.Step does).
+//
+// The result is d's head with its messages, sections, system prompt and tools filled in
+// (so d is used up), and the messages, sections and tools it keeps from base are the same
+// objects as base's: nothing is copied, so treat views as read-only.
+func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, error) {
+	if base == nil || base.GetCompileId() != d.GetBaseCompileId() {
+		return nil, fmt.Errorf("delta against %q, but the view held is %q", d.GetBaseCompileId(), base.GetCompileId())
+	}
+	if d.GetHead() == nil {
+		return nil, fmt.Errorf("delta %q has no head", d.GetBaseCompileId())
+	}
+	kept := int(d.GetKeptMessages())
+	if kept > len(base.GetMessages()) {
+		return nil, fmt.Errorf("delta keeps %d messages of a view with %d", kept, len(base.GetMessages()))
+	}
+	// The head becomes the view: cloning it would copy its renderings, often the largest
+	// part of a view, at every step.
+	view := d.GetHead()
+	// A fresh slice: appending into base.Messages[:kept] would overwrite base's own.
+	view.Messages = make([]*ctxccv1.ViewMessage, 0, kept+len(d.GetAppendedMessages()))
+	view.Messages = append(view.Messages, base.GetMessages()[:kept]...)
+	view.Messages = append(view.Messages, d.GetAppendedMessages()...)
+	view.SystemSections = make([]*ctxccv1.SystemSection, 0, len(d.GetSections()))
+	texts := make([]string, 0, len(d.GetSections()))
+	for _, slot := range d.GetSections() {
+		var s *ctxccv1.SystemSection
+		switch v := slot.GetSlot().(type) {
+		case *ctxccv1.SectionSlot_BaseIndex:
+			if int(v.BaseIndex) >= len(base.GetSystemSections()) {
+				return nil, fmt.Errorf("delta names section %d of a view with %d", v.BaseIndex, len(base.GetSystemSections()))
+			}
+			s = base.GetSystemSections()[v.BaseIndex]
+		case *ctxccv1.SectionSlot_Section:
+			s = v.Section
+		default:
+			return nil, fmt.Errorf("delta has an empty section slot")
+		}
+		view.SystemSections = append(view.SystemSections, s)
+		texts = append(texts, s.GetText())
+	}
+	view.SystemPrompt = strings.Join(texts, "\n\n")
+	if d.GetToolsChanged() {
+		view.Tools = d.GetTools()
+	} else {
+		view.Tools = base.GetTools()
+	}
+	digest, err := ViewDigest(view)
+	if err != nil {
+		return nil, err
+	}
+	if digest != d.GetViewSha256() {
+		return nil, fmt.Errorf("view %s rebuilt from a delta has sha256 %s, the daemon's is %s",
+			view.GetCompileId(), digest, d.GetViewSha256())
+	}
+	return view, nil
+}

@@ -1,0 +1,251 @@
+package ctxcc
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+// scripted is a CompileService whose stream answers each request with what answer returns
+// for it (an error ends the stream with that status), and records every request with the
+// number of the stream it came on.
+type scripted struct {
+	ctxccv1.UnimplementedCompileServiceServer
+	mu      sync.Mutex
+	streams int
+	got     []recorded
+	answer  func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error)
+}
+
+type recorded struct {
+	stream int
+	req    *ctxccv1.CompileStreamRequest
+}
+
+func (s *scripted) CompileStream(st grpc.BidiStreamingServer[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]) error {
+	s.mu.Lock()
+	s.streams++
+	n := s.streams
+	s.mu.Unlock()
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		s.mu.Lock()
+		s.got = append(s.got, recorded{n, req})
+		count := len(s.got)
+		s.mu.Unlock()
+		out, err := s.answer(count, req)
+		if err != nil {
+			return err
+		}
+		for _, r := range out {
+			if err := st.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func serve(t *testing.T, s *scripted) *Client {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	ctxccv1.RegisterCompileServiceServer(srv, s)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	c, err := Dial(lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.RetryFor = 5 * time.Second
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func whole(v *ctxccv1.CompiledView) *ctxccv1.CompileStreamResponse {
+	return &ctxccv1.CompileStreamResponse{Response: &ctxccv1.CompileStreamResponse_View{View: v}}
+}
+
+func asDelta(d *ctxccv1.ViewDelta, appended *ctxccv1.AppendResult) *ctxccv1.CompileStreamResponse {
+	return &ctxccv1.CompileStreamResponse{Response: &ctxccv1.CompileStreamResponse_Delta{Delta: d}, Append: appended}
+}
+
+// chunked sends a view in two chunks, as the daemon does above its chunk size.
+func chunked(t *testing.T, v *ctxccv1.CompiledView) []*ctxccv1.CompileStreamResponse {
+	data := marshal(t, v)
+	sum := sha256.Sum256(data)
+	var out []*ctxccv1.CompileStreamResponse
+	for i, part := range [][]byte{data[:len(data)/2], data[len(data)/2:]} {
+		out = append(out, &ctxccv1.CompileStreamResponse{Response: &ctxccv1.CompileStreamResponse_Chunk{Chunk: &ctxccv1.ViewChunk{
+			CompileId: v.GetCompileId(), Index: uint32(i), Count: 2, Data: part, Sha256: hex.EncodeToString(sum[:])}}})
+	}
+	return out
+}
+
+func baseOf(r recorded) string { return r.req.GetStep().GetDeltaBaseCompileId() }
+
+func TestStreamAppliesDeltasAndRefetchesOnMismatch(t *testing.T) {
+	v1, want1 := fixture(t, 1)
+	v2, want2 := fixture(t, 2)
+	v3, want3 := fixture(t, 3)
+	d12, d23 := makeDelta(t, v1, v2), makeDelta(t, v2, v3)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		switch n {
+		case 1:
+			return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+		case 2:
+			return []*ctxccv1.CompileStreamResponse{asDelta(d12, &ctxccv1.AppendResult{FirstSeq: 2, LastSeq: 3})}, nil
+		case 3:
+			return []*ctxccv1.CompileStreamResponse{asDelta(d23, &ctxccv1.AppendResult{FirstSeq: 4, LastSeq: 5})}, nil
+		case 4: // the resume after the mismatch
+			return chunked(t, v3), nil
+		case 5: // the daemon goes away
+			return nil, status.Error(codes.Unavailable, "restarting")
+		default:
+			return []*ctxccv1.CompileStreamResponse{whole(v3)}, nil
+		}
+	}
+	c := serve(t, s)
+	corrupt := 0
+	st := c.OpenStream(context.Background(), WithDeltaHook(func(d *ctxccv1.ViewDelta) {
+		if d.GetHead().GetCompileId() == v3.GetCompileId() {
+			corrupt++
+			d.AppendedMessages[0].Tokens++
+		}
+	}))
+	defer st.Close()
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	want := [][]byte{want1, want2, want3, want3}
+	var appends []*ctxccv1.AppendResult
+	for i, w := range want {
+		view, appended, err := st.Step(req, []*ctxccv1.Event{User("step")}, "")
+		if err != nil {
+			t.Fatalf("step %d: %v", i+1, err)
+		}
+		if !bytes.Equal(marshal(t, view), w) {
+			t.Fatalf("step %d: the view differs from the daemon's", i+1)
+		}
+		appends = append(appends, appended)
+	}
+	if corrupt != 1 {
+		t.Fatalf("the hook saw %d deltas for v3", corrupt)
+	}
+	if got := st.Stats(); got != (StreamStats{Whole: 3, Deltas: 1, Mismatches: 1}) {
+		t.Fatalf("stats %+v", got)
+	}
+	// The refetched view comes with the append of the step whose delta failed.
+	if appends[2].GetFirstSeq() != 4 {
+		t.Fatalf("step 3's append: %v", appends[2])
+	}
+	got := s.got
+	if len(got) != 6 {
+		t.Fatalf("%d requests", len(got))
+	}
+	// Each step names the last view applied and checked; after a mismatch the resume quotes
+	// the delta's compile with the step's compile request; a reopened stream names none.
+	for i, wantBase := range []string{"", v1.GetCompileId(), v2.GetCompileId()} {
+		if baseOf(got[i]) != wantBase {
+			t.Fatalf("request %d names base %q, not %q", i+1, baseOf(got[i]), wantBase)
+		}
+	}
+	resume := got[3].req.GetResume()
+	if resume.GetCompileId() != v3.GetCompileId() || !proto.Equal(resume.GetCompile(), req) {
+		t.Fatalf("no resume of %s after the mismatch: %v", v3.GetCompileId(), got[3].req)
+	}
+	if baseOf(got[4]) != v3.GetCompileId() || got[4].stream != 1 {
+		t.Fatalf("the step after the refetch names %q", baseOf(got[4]))
+	}
+	if baseOf(got[5]) != "" || got[5].stream != 2 || got[5].req.GetStep().GetRequestId() != got[4].req.GetStep().GetRequestId() {
+		t.Fatalf("the resent step on a new stream: %v (stream %d)", got[5].req, got[5].stream)
+	}
+}
+
+func TestStreamWithoutDeltas(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	v2, want2 := fixture(t, 2)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		switch n {
+		case 1:
+			return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+		case 2: // a delta nobody asked for cannot be applied: fetched whole
+			return []*ctxccv1.CompileStreamResponse{asDelta(makeDelta(t, v1, v2), nil)}, nil
+		default:
+			return []*ctxccv1.CompileStreamResponse{whole(v2)}, nil
+		}
+	}
+	c := serve(t, s)
+	st := c.OpenStream(context.Background(), WithoutDeltas())
+	defer st.Close()
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId()}
+	var view *ctxccv1.CompiledView
+	for range 3 {
+		var err error
+		if view, _, err = st.Step(req, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(marshal(t, view), want2) {
+		t.Fatal("the last view differs")
+	}
+	for i, r := range s.got {
+		if r.req.GetStep() != nil && baseOf(r) != "" {
+			t.Fatalf("request %d asks for a delta against %q", i+1, baseOf(r))
+		}
+	}
+	if len(s.got) != 4 || s.got[2].req.GetResume().GetCompileId() != v2.GetCompileId() {
+		t.Fatalf("requests: %v", s.got)
+	}
+	if got := st.Stats(); got != (StreamStats{Whole: 3, Deltas: 0, Mismatches: 1}) {
+		t.Fatalf("stats %+v", got)
+	}
+}
+
+// A daemon whose deltas never check out (say, views with fields this client does not know)
+// is asked for whole views after three failures in a row.
+func TestStreamStopsAskingAfterRepeatedMismatches(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	v2, _ := fixture(t, 2)
+	bad := makeDelta(t, v1, v2)
+	bad.ViewSha256 = hex.EncodeToString(make([]byte, 32))
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		if base := req.GetStep().GetDeltaBaseCompileId(); base != "" {
+			return []*ctxccv1.CompileStreamResponse{asDelta(proto.Clone(bad).(*ctxccv1.ViewDelta), nil)}, nil
+		}
+		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+	}
+	c := serve(t, s)
+	st := c.OpenStream(context.Background())
+	defer st.Close()
+	for range 6 {
+		if _, _, err := st.Step(&ctxccv1.CompileRequest{}, nil, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := st.Stats(); got.Mismatches != 3 || got.Deltas != 0 {
+		t.Fatalf("stats %+v", got)
+	}
+	last := s.got[len(s.got)-1]
+	if baseOf(last) != "" {
+		t.Fatalf("still asks for deltas: %v", last.req)
+	}
+}

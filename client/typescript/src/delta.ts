@@ -1,0 +1,56 @@
+/**
+ * Delta views: a step's view sent as what changed against the last view the stream holds
+ * (a ViewDelta), rebuilt whole here and checked against the digest the daemon states.
+ */
+import { createHash } from "node:crypto";
+
+import type { ViewDelta } from "./gen/ctxcc/v1/compile_service.js";
+import { CompiledView, type SystemSection } from "./gen/ctxcc/v1/view.js";
+
+/** Lower-case hex sha256 of a view's serialization, the digest a ViewDelta states. ts-proto
+ * writes fields in number order and map entries in the order they were decoded, which for a
+ * view from the daemon is the deterministic one. */
+export function viewDigest(view: CompiledView): string {
+  return createHash("sha256").update(CompiledView.encode(view).finish()).digest("hex");
+}
+
+export class DeltaMismatch extends Error {}
+
+/**
+ * Rebuilds the whole view that `delta` describes against `base` (the view named by
+ * delta.baseCompileId) and checks it against delta.viewSha256; throws DeltaMismatch when it
+ * cannot be rebuilt or its digest differs (then ask for it whole; Stream.step does).
+ *
+ * The result is a new object, but the messages, sections and tools it keeps from `base`
+ * are the same objects as base's: nothing is copied, so treat views as read-only.
+ */
+export function applyDelta(base: CompiledView | null, delta: ViewDelta): CompiledView {
+  if (!base || base.compileId !== delta.baseCompileId) {
+    throw new DeltaMismatch(`delta against "${delta.baseCompileId}", but the view held is "${base?.compileId ?? ""}"`);
+  }
+  if (!delta.head) throw new DeltaMismatch(`delta against "${delta.baseCompileId}" has no head`);
+  if (delta.keptMessages > base.messages.length) {
+    throw new DeltaMismatch(`delta keeps ${delta.keptMessages} messages of a view with ${base.messages.length}`);
+  }
+  const sections: SystemSection[] = delta.sections.map((slot) => {
+    if (slot.slot?.$case === "section") return slot.slot.value;
+    if (slot.slot?.$case === "baseIndex") {
+      const s = base.systemSections[slot.slot.value];
+      if (!s) throw new DeltaMismatch(`delta names section ${slot.slot.value} of a view with ${base.systemSections.length}`);
+      return s;
+    }
+    throw new DeltaMismatch("delta has an empty section slot");
+  });
+  const view: CompiledView = {
+    ...delta.head,
+    messages: [...base.messages.slice(0, delta.keptMessages), ...delta.appendedMessages],
+    systemSections: sections,
+    systemPrompt: sections.map((s) => s.text).join("\n\n"),
+    tools: delta.toolsChanged ? delta.tools : base.tools,
+  };
+  const digest = viewDigest(view);
+  if (digest !== delta.viewSha256) {
+    throw new DeltaMismatch(`view ${view.compileId} rebuilt from a delta has sha256 ${digest}, the daemon's is ${delta.viewSha256}`);
+  }
+  return view;
+}

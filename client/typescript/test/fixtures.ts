@@ -1,0 +1,48 @@
+/** Helpers of the client's tests: the real views of tests/fixtures/client-views (three
+ * successive views of one session as the daemon serialized them, written by
+ * scripts/gen_view_fixtures.py) and deltas built between them by hand. */
+import { readFileSync } from "node:fs";
+
+import type { MessageFns } from "../src/gen/ctxcc/v1/common.js";
+import { SectionSlot, ViewDelta } from "../src/gen/ctxcc/v1/compile_service.js";
+import { CompiledView, SystemSection, ViewMessage, ViewTool } from "../src/gen/ctxcc/v1/view.js";
+import { viewDigest } from "../src/delta.js";
+
+const DIR = new URL("../../../../tests/fixtures/client-views/", import.meta.url);
+
+export function fixture(n: number): { view: CompiledView; bytes: Buffer } {
+  const bytes = readFileSync(new URL(`view${n}.binpb`, DIR));
+  return { view: CompiledView.decode(bytes), bytes };
+}
+
+export const encoded = (v: CompiledView): Buffer => Buffer.from(CompiledView.encode(v).finish());
+
+function same<T>(fns: MessageFns<T>, a: T, b: T): boolean {
+  return Buffer.compare(fns.encode(a).finish(), fns.encode(b).finish()) === 0;
+}
+
+/** Describes target against base the way the proto says a daemon may: the common prefix of
+ * messages kept, sections found in base by index, tools sent only when they differ. */
+export function makeDelta(base: CompiledView, target: CompiledView): ViewDelta {
+  let kept = 0;
+  while (kept < base.messages.length && kept < target.messages.length && same(ViewMessage, base.messages[kept], target.messages[kept])) kept++;
+  const sections = target.systemSections.map((s): SectionSlot => {
+    const i = base.systemSections.findIndex((b) => same(SystemSection, b, s));
+    return i >= 0 ? { slot: { $case: "baseIndex", value: i } } : { slot: { $case: "section", value: s } };
+  });
+  const toolsChanged =
+    base.tools.length !== target.tools.length || target.tools.some((t, i) => !same(ViewTool, t, base.tools[i]));
+  const head = CompiledView.fromPartial({ ...target, messages: [], systemSections: [], systemPrompt: "", tools: [] });
+  const delta = ViewDelta.fromPartial({
+    baseCompileId: base.compileId,
+    head,
+    keptMessages: kept,
+    appendedMessages: target.messages.slice(kept),
+    sections,
+    toolsChanged,
+    tools: toolsChanged ? target.tools : [],
+    viewSha256: viewDigest(target),
+  });
+  // A copy of its own, as one decoded from the wire would be.
+  return ViewDelta.decode(ViewDelta.encode(delta).finish());
+}

@@ -1,0 +1,155 @@
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { test } from "node:test";
+import * as grpc from "@grpc/grpc-js";
+
+import {
+  AppendResult,
+  CompileServiceService,
+  CompileStreamRequest,
+  CompileStreamResponse,
+  ViewDelta,
+} from "../src/gen/ctxcc/v1/compile_service.js";
+import type { CompiledView } from "../src/gen/ctxcc/v1/view.js";
+import { connect, user, type Client } from "../src/index.js";
+import { encoded, fixture, makeDelta } from "./fixtures.js";
+
+type Answer = CompileStreamResponse[] | grpc.StatusObject;
+
+/** A CompileService whose stream answers each request with what `answer` returns for it (a
+ * status ends the stream), recording every request with the number of its stream. */
+async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer) {
+  const got: Array<{ stream: number; req: CompileStreamRequest }> = [];
+  let streams = 0;
+  const server = new grpc.Server();
+  server.addService(CompileServiceService, {
+    compileStream: (call: grpc.ServerDuplexStream<CompileStreamRequest, CompileStreamResponse>) => {
+      const stream = ++streams;
+      call.on("data", (req: CompileStreamRequest) => {
+        got.push({ stream, req });
+        const out = answer(got.length, req);
+        if (Array.isArray(out)) for (const r of out) call.write(r);
+        else call.emit("error", out);
+      });
+      call.on("end", () => call.end());
+    },
+  } as unknown as grpc.UntypedServiceImplementation);
+  const port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+  );
+  const client: Client = connect(`127.0.0.1:${port}`, { retrySeconds: 5 });
+  const stop = () => {
+    client.close();
+    server.forceShutdown();
+  };
+  return { got, client, stop };
+}
+
+const whole = (view: CompiledView): CompileStreamResponse[] => [CompileStreamResponse.fromPartial({ response: { $case: "view", value: view } })];
+const delta = (d: ViewDelta, append?: Partial<AppendResult>): CompileStreamResponse[] => [
+  CompileStreamResponse.fromPartial({ response: { $case: "delta", value: d }, append }),
+];
+
+/** A view in two chunks, as the daemon sends one above its chunk size. */
+function chunked(view: CompiledView): CompileStreamResponse[] {
+  const data = encoded(view);
+  const sha256 = createHash("sha256").update(data).digest("hex");
+  return [data.subarray(0, data.length >> 1), data.subarray(data.length >> 1)].map((part, index) =>
+    CompileStreamResponse.fromPartial({ response: { $case: "chunk", value: { compileId: view.compileId, index, count: 2, data: part, sha256 } } }),
+  );
+}
+
+const baseOf = (r: { req: CompileStreamRequest }): string | undefined =>
+  r.req.request?.$case === "step" ? r.req.request.value.deltaBaseCompileId : undefined;
+
+test("deltas are applied, a mismatch is fetched whole, a reopened stream names no base", async () => {
+  const [v1, v2, v3] = [fixture(1), fixture(2), fixture(3)];
+  const d12 = makeDelta(v1.view, v2.view);
+  const d23 = makeDelta(v2.view, v3.view);
+  const { got, client, stop } = await scripted((n) => {
+    switch (n) {
+      case 1: return whole(v1.view);
+      case 2: return delta(d12, { firstSeq: 2, lastSeq: 3 });
+      case 3: return delta(d23, { firstSeq: 4, lastSeq: 5 });
+      case 4: return chunked(v3.view); // the resume after the mismatch
+      case 5: return { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() };
+      default: return whole(v3.view);
+    }
+  });
+  let corrupted = 0;
+  const stream = client.openStream({
+    onDelta: (d) => {
+      if (d.head?.compileId === v3.view.compileId) {
+        corrupted++;
+        d.appendedMessages[0].tokens++;
+      }
+    },
+  });
+  try {
+    const compile = { sessionId: v1.view.sessionId, route: v1.view.route };
+    const results = [];
+    for (const want of [v1.bytes, v2.bytes, v3.bytes, v3.bytes]) {
+      const r = await stream.step(compile, [user("step")]);
+      assert.ok(encoded(r.view).equals(want), `step ${results.length + 1}`);
+      results.push(r);
+    }
+    assert.equal(corrupted, 1);
+    assert.deepEqual(stream.stats, { whole: 3, deltas: 1, mismatches: 1 });
+    // The refetched view comes with the append of the step whose delta failed.
+    assert.equal(results[2].append?.firstSeq, 4);
+    assert.equal(got.length, 6);
+    assert.deepEqual(got.slice(0, 3).map(baseOf), ["", v1.view.compileId, v2.view.compileId]);
+    const resume = got[3].req.request;
+    assert.equal(resume?.$case, "resume");
+    assert.equal(resume.value.compileId, v3.view.compileId);
+    assert.equal(resume.value.compile?.sessionId, v1.view.sessionId);
+    assert.deepEqual(resume.value.compile?.route, v1.view.route);
+    assert.equal(baseOf(got[4]), v3.view.compileId);
+    assert.equal(got[4].stream, 1);
+    // The step resent after the daemon went away: a new stream, no base, the same request id.
+    assert.equal(baseOf(got[5]), "");
+    assert.equal(got[5].stream, 2);
+    const ids = [got[4], got[5]].map((r) => (r.req.request?.$case === "step" ? r.req.request.value.requestId : ""));
+    assert.ok(ids[0] && ids[0] === ids[1]);
+  } finally {
+    stream.close();
+    stop();
+  }
+});
+
+test("without deltas no step names a base; an unasked-for delta is fetched whole", async () => {
+  const [v1, v2] = [fixture(1), fixture(2)];
+  const { got, client, stop } = await scripted((n) => (n === 1 ? whole(v1.view) : n === 2 ? delta(makeDelta(v1.view, v2.view)) : whole(v2.view)));
+  const stream = client.openStream({ deltas: false });
+  try {
+    let view: CompiledView | undefined;
+    for (let i = 0; i < 3; i++) view = (await stream.step({ sessionId: v1.view.sessionId })).view;
+    assert.ok(encoded(view!).equals(v2.bytes));
+    for (const r of got) if (r.req.request?.$case === "step") assert.equal(baseOf(r), "");
+    assert.equal(got.length, 4);
+    assert.equal(got[2].req.request?.$case, "resume");
+    assert.deepEqual(stream.stats, { whole: 3, deltas: 0, mismatches: 1 });
+  } finally {
+    stream.close();
+    stop();
+  }
+});
+
+test("a daemon whose deltas never check out is asked for whole views after three failures", async () => {
+  const [v1, v2] = [fixture(1), fixture(2)];
+  const bad = makeDelta(v1.view, v2.view);
+  bad.viewSha256 = "0".repeat(64);
+  const { got, client, stop } = await scripted((_n, req) =>
+    req.request?.$case === "step" && req.request.value.deltaBaseCompileId ? delta(bad) : whole(v1.view),
+  );
+  const stream = client.openStream();
+  try {
+    for (let i = 0; i < 6; i++) await stream.step({});
+    assert.equal(stream.stats.mismatches, 3);
+    assert.equal(stream.stats.deltas, 0);
+    assert.equal(baseOf(got[got.length - 1]), "");
+  } finally {
+    stream.close();
+    stop();
+  }
+});
