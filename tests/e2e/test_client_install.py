@@ -3,7 +3,8 @@ outside the checkout (the README's install block is run as written, with `/path/
 pointing here and package managers kept offline), and the same scripted agent
 (tests/e2e/interop/agent.{py,ts,go}) runs against one daemon over the Unix socket and over
 TCP. Its result must be the one the script implies, in every language, and the daemon's own
-record of the session must agree."""
+record of the session must agree. The Go and TypeScript agents then run a session on delta
+views (`DELTAS {json}`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,20 @@ EXPECTED = {
     "view1_tools": ["load_rule", "read_file", "tool_search"],
     "view3_boundary": 4,
     "watch_first": ["event", 4],
+}
+# The delta session: 10 steps (a tool registered at step 3, a memory changed at step 5): the
+# first view whole, then deltas, but the one at step 7 damaged by the agent's hook, so it is
+# fetched whole; every view equals by digest the same compile rebuilt whole. The last three
+# steps also on a stream with deltas off: whole views only.
+EXPECTED_DELTAS = {
+    "steps": 10,
+    "identical": 10,
+    "deltas": 8,
+    "whole": 2,
+    "mismatches": 1,
+    "plain_identical": 3,
+    "plain_deltas": 0,
+    "plain_whole": 3,
 }
 
 
@@ -194,6 +209,11 @@ def test_scripted_agent(
     result = json.loads(line.removeprefix("RESULT "))
     sid = result.pop("session_id")
     assert result == EXPECTED
+    deltas = next((ln for ln in done.stdout.splitlines() if ln.startswith("DELTAS ")), None)
+    if client in ("go", "typescript"):
+        assert deltas, done.stdout + done.stderr
+    if deltas:
+        assert json.loads(deltas.removeprefix("DELTAS ")) == EXPECTED_DELTAS
     # The daemon's own record agrees with what the agent saw.
     with grpc.insecure_channel(daemon.target) as ch:
         sessions = session_service_pb2_grpc.SessionServiceStub(ch)

@@ -1,6 +1,6 @@
 // The scripted agent of the interop suite in Go: the same script as agent.py and agent.ts,
 // built in a temp module that requires the client the way its README says. Prints one
-// line, `RESULT {json}`.
+// line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views.
 package main
 
 import (
@@ -22,13 +22,72 @@ var png, _ = hex.DecodeString("89504e470d0a1a0a0000000d4948445200000001000000010
 	"0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082")
 
 func main() {
-	out, err := run(os.Getenv("CTXCC_TARGET"))
+	out, deltas, err := run(os.Getenv("CTXCC_TARGET"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "agent:", err)
 		os.Exit(1)
 	}
 	line, _ := json.Marshal(out) // map keys come out sorted
 	fmt.Println("RESULT " + string(line))
+	line, _ = json.Marshal(deltas)
+	fmt.Println("DELTAS " + string(line))
+}
+
+// deltaSession runs steps on a stream with delta views (a tool registered and a memory
+// changed on the way, one delta damaged by the hook) and on one without, and counts the
+// views that equal, by digest, the same compile rebuilt whole with a unary Compile.
+func deltaSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (map[string]any, error) {
+	sid := must(c.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
+	const steps, damageAt = 10, 7
+	step := 0
+	stream := c.OpenStream(ctx, ctxcc.WithDeltaHook(func(d *ctxccv1.ViewDelta) {
+		if step == damageAt && len(d.GetAppendedMessages()) > 0 {
+			part := d.GetAppendedMessages()[0].GetParts()[0]
+			text := []byte(part.GetText())
+			text[0] ^= 1
+			part.Part = &ctxccv1.ViewPart_Text{Text: string(text)}
+		}
+	}))
+	plain := c.OpenStream(ctx, ctxcc.WithoutDeltas())
+	identical := func(view *ctxccv1.CompiledView) int {
+		whole := must(c.Compile(ctx, &ctxccv1.CompileRequest{RebuildCompileId: view.GetCompileId()}))
+		if must(ctxcc.ViewDigest(view)) == must(ctxcc.ViewDigest(whole)) {
+			return 1
+		}
+		return 0
+	}
+	same, plainSame := 0, 0
+	pending := []*ctxccv1.Event{ctxcc.User("Start the task.")}
+	for step = 0; step < steps; step++ {
+		switch step {
+		case 3:
+			must(c.Tools.RegisterTools(ctx, &ctxccv1.RegisterToolsRequest{SessionId: sid, Tools: []*ctxccv1.ToolDefinition{
+				{Name: "list_dir", Description: "Lists a directory.", InputSchemaJson: `{"type":"object"}`,
+					Visibility: ctxccv1.ToolVisibility_TOOL_VISIBILITY_DIRECT}}}))
+		case 5:
+			must(c.Sources.PutMemory(ctx, &ctxccv1.PutMemoryRequest{Memory: &ctxccv1.MemoryEntry{
+				MemoryId: "m1", Scope: ctxccv1.Scope_SCOPE_SESSION, ScopeId: sid, Text: "Tests run with make test."}}))
+		}
+		req := &ctxccv1.CompileRequest{SessionId: sid, Route: route}
+		view, _, err := stream.Step(req, pending, "")
+		if err != nil {
+			return nil, err
+		}
+		same += identical(view)
+		if step >= steps-3 {
+			view, _, err = plain.Step(req, nil, "")
+			if err != nil {
+				return nil, err
+			}
+			plainSame += identical(view)
+		}
+		pending = []*ctxccv1.Event{ctxcc.Assistant(fmt.Sprintf("Done with part %d.", step)), ctxcc.User(fmt.Sprintf("Now part %d.", step+1))}
+	}
+	stats, plainStats := stream.Stats(), plain.Stats()
+	_, _ = stream.Close(), plain.Close()
+	return map[string]any{"steps": steps, "identical": same, "whole": stats.Whole, "deltas": stats.Deltas,
+		"mismatches": stats.Mismatches, "plain_identical": plainSame, "plain_deltas": plainStats.Deltas,
+		"plain_whole": plainStats.Whole}, nil
 }
 
 func must[T any](v T, err error) T {
@@ -38,7 +97,7 @@ func must[T any](v T, err error) T {
 	return v
 }
 
-func run(target string) (out map[string]any, err error) {
+func run(target string) (out, deltas map[string]any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%v", r)
@@ -92,7 +151,7 @@ func run(target string) (out map[string]any, err error) {
 	req := &ctxccv1.CompileRequest{SessionId: sid, Route: route}
 	view, _, err := stream.Step(req, []*ctxccv1.Event{ctxcc.User("Read README.md, then deploy.")}, "")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var tools []string
 	for _, t := range view.GetTools() {
@@ -113,7 +172,7 @@ func run(target string) (out map[string]any, err error) {
 		ctxcc.ToolCalls("", [3]string{"c1", "read_file", `{"path":"README.md"}`}),
 		ctxcc.ToolResult("c1", "read_file", strings.Join(lines, "\n"), false),
 	}, ""); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	read := must(c.Tools.ReadToolResult(ctx, &ctxccv1.ReadToolResultRequest{SessionId: sid, CallId: "c1",
 		Read: &ctxccv1.ReadToolResultRequest_Lines{Lines: &ctxccv1.LineRange{Offset: 10, Limit: 3}}}))
@@ -121,7 +180,7 @@ func run(target string) (out map[string]any, err error) {
 	ref := must(c.UploadArtifact(ctx, sid, png, "image/png", 1, 1))
 	backRef, back, err := c.DownloadArtifact(ctx, sid, ref.GetArtifactId())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out["artifact"] = []any{ref.GetSha256(), bytes.Equal(back, png), backRef.GetMimeType()}
 	every := &ctxccv1.CompileRequest{SessionId: sid, Route: route, RenderFormats: []ctxccv1.RenderFormat{
@@ -129,7 +188,7 @@ func run(target string) (out map[string]any, err error) {
 		ctxccv1.RenderFormat_RENDER_FORMAT_ANTHROPIC_MESSAGES, ctxccv1.RenderFormat_RENDER_FORMAT_GEMINI}}
 	view, appended, err := stream.Step(every, []*ctxccv1.Event{ctxcc.UserWith("What is in this image?", ref)}, "")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var formats []int
 	for _, r := range view.GetRenderings() {
@@ -159,7 +218,7 @@ func run(target string) (out map[string]any, err error) {
 		return false
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	past := must(c.Compile(ctx, &ctxccv1.CompileRequest{SessionId: sid, Route: route, AsOfSeq: 1}))
 	out["time_travel"] = []int{int(past.GetEventBoundary()), len(past.GetMessages())}
@@ -196,5 +255,6 @@ func run(target string) (out map[string]any, err error) {
 	if e, ok := ctxcc.AsError(err); ok {
 		out["missing_reason"] = e.Reason
 	}
-	return out, nil
+	deltas, err = deltaSession(ctx, c, route)
+	return out, deltas, err
 }

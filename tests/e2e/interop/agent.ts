@@ -1,7 +1,8 @@
 /**
  * The scripted agent of the interop suite in TypeScript: the same script as agent.py and
  * agent.go, built in a temp project against @ctxcc/client installed from its npm pack
- * tarball. Prints one line, `RESULT {json}`.
+ * tarball. Prints one line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on
+ * delta views.
  */
 import {
   assistant,
@@ -14,6 +15,10 @@ import {
   toolResult,
   ToolVisibility,
   user,
+  viewDigest,
+  type Client,
+  type CompiledView,
+  type Event,
   type Route,
 } from "@ctxcc/client";
 
@@ -134,9 +139,60 @@ async function main(): Promise<void> {
   } catch (err) {
     out.missing_reason = (err as CtxccError).reason;
   }
+  const deltas = await deltaSession(ctx);
   ctx.close();
-  const sorted = Object.fromEntries(Object.entries(out).sort(([a], [b]) => (a < b ? -1 : 1)));
-  console.log("RESULT " + JSON.stringify(sorted));
+  console.log("RESULT " + JSON.stringify(sortedKeys(out)));
+  console.log("DELTAS " + JSON.stringify(sortedKeys(deltas)));
+}
+
+const sortedKeys = (o: Record<string, unknown>) => Object.fromEntries(Object.entries(o).sort(([a], [b]) => (a < b ? -1 : 1)));
+
+/** Steps on a stream with delta views (a tool registered and a memory changed on the way, one
+ * delta damaged by the hook) and on one without; counts the views that equal, by digest, the
+ * same compile rebuilt whole with a unary compile. */
+async function deltaSession(ctx: Client): Promise<Record<string, unknown>> {
+  const sid = (await ctx.createSession()).sessionId;
+  const steps = 10;
+  const damageAt = 7;
+  let step = 0;
+  const stream = ctx.openStream({
+    onDelta: (d) => {
+      const part = d.appendedMessages[0]?.parts[0]?.part;
+      if (step === damageAt && part?.$case === "text") {
+        const text = Buffer.from(part.value);
+        text[0] ^= 1;
+        part.value = text.toString();
+      }
+    },
+  });
+  const plain = ctx.openStream({ deltas: false });
+  const identical = async (view: CompiledView) =>
+    viewDigest(view) === viewDigest(await ctx.compile({ rebuildCompileId: view.compileId })) ? 1 : 0;
+  let same = 0;
+  let plainSame = 0;
+  let pending: Event[] = [user("Start the task.")];
+  for (step = 0; step < steps; step++) {
+    if (step === 3) {
+      await ctx.tools.registerTools({
+        sessionId: sid,
+        tools: [{ name: "list_dir", description: "Lists a directory.", inputSchemaJson: '{"type":"object"}', visibility: ToolVisibility.TOOL_VISIBILITY_DIRECT }],
+      });
+    } else if (step === 5) {
+      await ctx.sources.putMemory({ memory: { memoryId: "m1", scope: Scope.SCOPE_SESSION, scopeId: sid, text: "Tests run with make test." } });
+    }
+    const req = { sessionId: sid, route };
+    same += await identical((await stream.step(req, pending)).view);
+    if (step >= steps - 3) plainSame += await identical((await plain.step(req)).view);
+    pending = [assistant(`Done with part ${step}.`), user(`Now part ${step + 1}.`)];
+  }
+  const stats = stream.stats;
+  const plainStats = plain.stats;
+  stream.close();
+  plain.close();
+  return {
+    steps, identical: same, whole: stats.whole, deltas: stats.deltas, mismatches: stats.mismatches,
+    plain_identical: plainSame, plain_deltas: plainStats.deltas, plain_whole: plainStats.whole,
+  };
 }
 
 main().catch((err) => {
