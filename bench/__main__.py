@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import appends, clients, isolation, rpc, scale, tokenizers
+from bench import appends, claude_vocab, clients, isolation, rpc, scale, tokenizers
 from bench.paths import dev_traces
 from server.replay import run as replay
 
@@ -99,6 +99,7 @@ def main() -> None:
         detail["replay_dev_with_baseline_mape_pct"] = float(r["with_baseline_mape_pct"])
         detail["replay_dev_with_baseline_p95_ape_pct"] = float(r["with_baseline_p95_ape_pct"])
         detail |= tokenizers.run(DEV, scale=s)
+        detail |= claude_vocab.run(DEV, scale=s)
         detail |= isolation.run(root / "isolation", compiles=3 if args.smoke else 20)
     result = {k: round(detail[k], 3) for k in TARGETS}
     print(f"{'measure':<36}{'value':>12}")

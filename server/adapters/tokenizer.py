@@ -6,15 +6,22 @@ the `bpe-openai` package, from ranks inside it, never from the network. Its bund
 files are byte-identical to the files tiktoken pins by sha256 and its token ids equal
 tiktoken's (tests/unit/test_o200k.py). It is used rather than tiktoken because its BPE is
 linear in the text: tiktoken needs 0.6-3 s of CPU for one 1 MiB word (its merge loop is
-quadratic in a pre-token's length), bpe-openai ~15 ms. Other families use cl100k_base
-times a catalog factor, refined online per route by the route model. `CharClassCounter`
-is the conservative estimator of R-EST-2 for families without a known tokenizer.
+quadratic in a pre-token's length), bpe-openai ~15 ms. `ClaudeCounter` counts Anthropic
+models with the Claude vocabulary Anthropic published (65,000 tokens, shipped in
+`anthropic` SDK releases up to 0.38 as `tokenizer.json`), embedded in the
+`anthropic-tokenizer` package: its vocabulary and ids equal the published file's
+(tests/unit/test_claude_tokenizer.py). Claude 3 and later tokenize differently, but that
+vocabulary follows their counts across content kinds far better than cl100k_base does;
+the route model learns the rest. Other families use cl100k_base times a catalog factor,
+refined online per route by the route model. `CharClassCounter` is the conservative
+estimator of R-EST-2 for families without a known tokenizer.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -114,34 +121,38 @@ def forget_tokenizers() -> None:
     """Drop the built tables, so the next use loads afresh (tests prove it is offline)."""
     with _LOAD_LOCK:
         _bpe.cache_clear()
+        _claude.cache_clear()
 
 
 def warm_tokenizers() -> None:
     """Build every offline table now, so no compile waits for one later."""
     load_cl100k()
     load_o200k()
+    load_claude()
 
 
-class BpeCounter:
-    """Exact counts of one encoding (times a family factor), with a small LRU for long
-    texts that reappear compile after compile (history messages, tool schemas)."""
+class _CachedCounter:
+    """Counts of a tokenizer times a family factor, with a small LRU for long texts that
+    reappear compile after compile (history messages, tool schemas)."""
 
-    def __init__(self, encoding: str, factor: float = 1.0) -> None:
-        self.encoding = encoding
+    def __init__(self, name: str, factor: float = 1.0) -> None:
         self.factor = factor
-        self.name = f"bpe-openai:{encoding}*{factor:g}"
+        self.name = f"{name}*{factor:g}"
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, int] = OrderedDict()
 
+    def _count(self, text: str) -> int:
+        raise NotImplementedError
+
     def raw(self, text: str) -> int:
         if len(text) < _CACHE_MIN_CHARS:
-            return int(load_bpe(self.encoding).count(text))
+            return self._count(text)
         with self._lock:
             hit = self._cache.get(text)
             if hit is not None:
                 self._cache.move_to_end(text)
                 return hit
-        n = int(load_bpe(self.encoding).count(text))
+        n = self._count(text)
         with self._lock:
             self._cache[text] = n
             if len(self._cache) > _CACHE_SIZE:
@@ -153,6 +164,70 @@ class BpeCounter:
             return 0
         raw = self.raw(text)
         return raw if self.factor == 1.0 else math.ceil(raw * self.factor)
+
+
+class BpeCounter(_CachedCounter):
+    """Exact counts of one OpenAI encoding (times a family factor)."""
+
+    def __init__(self, encoding: str, factor: float = 1.0) -> None:
+        super().__init__(f"bpe-openai:{encoding}", factor)
+        self.encoding = encoding
+
+    def _count(self, text: str) -> int:
+        return int(load_bpe(self.encoding).count(text))
+
+
+@functools.cache
+def _claude() -> Any:
+    import anthropic_tokenizer
+
+    anthropic_tokenizer.count_tokens("")  # builds the embedded vocabulary (~0.3 s)
+    return anthropic_tokenizer.count_tokens
+
+
+def load_claude() -> Any:
+    """`count_tokens` of the Claude vocabulary inside `anthropic-tokenizer` (no network:
+    only its `ApiTokenizer` class talks to a server, and ctxcc never uses it)."""
+    with _LOAD_LOCK:
+        return _claude()
+
+
+# The Claude tokenizer holds the GIL for a whole call and counts ~0.8 M characters/s
+# (one 1 MiB word: ~3 s): long texts are counted in pieces, so that other requests are
+# served between them.
+_CLAUDE_PIECE = 8_192
+_PIECE_CUT = re.compile(r"\s(?=\S)")
+
+
+def claude_pieces(text: str) -> list[str]:
+    """Pieces of at most about _CLAUDE_PIECE characters, cut just before the last
+    whitespace character ahead of a non-whitespace one: its byte-level pre-tokenizer
+    never joins across such a point, so the pieces' counts add up to the whole text's.
+    A run with no such point is cut hard (a few tokens off, once per 8K characters)."""
+    if len(text) <= _CLAUDE_PIECE:
+        return [text]
+    out: list[str] = []
+    start = 0
+    while len(text) - start > _CLAUDE_PIECE:
+        end = start + _CLAUDE_PIECE
+        cut = None
+        for m in _PIECE_CUT.finditer(text, start + _CLAUDE_PIECE // 2, end):
+            cut = m.start()
+        out.append(text[start : cut if cut is not None else end])
+        start = cut if cut is not None else end
+    out.append(text[start:])
+    return out
+
+
+class ClaudeCounter(_CachedCounter):
+    """Claude-vocabulary counts times a family factor."""
+
+    def __init__(self, factor: float = 1.0) -> None:
+        super().__init__("anthropic-tokenizer:claude", factor)
+
+    def _count(self, text: str) -> int:
+        count = load_claude()
+        return sum(int(count(p)) for p in claude_pieces(text))
 
 
 class CounterRegistry:
@@ -171,6 +246,8 @@ class CounterRegistry:
                     counter = BpeCounter(O200K)  # exact: no factor
                 elif info.tokenizer == "cl100k":
                     counter = BpeCounter(CL100K, info.token_factor)
+                elif info.tokenizer == "claude":
+                    counter = ClaudeCounter(info.token_factor)
                 else:
                     counter = CharClassCounter()
                 self._counters[key] = counter

@@ -67,8 +67,9 @@ BOUNDS = {
 
 def counter_kind(info: ModelInfo) -> CounterKind:
     """o200k_base and cl100k_base are OpenAI's own tokenizers; for any other family
-    they stand in for a tokenizer we do not have."""
-    if info.tokenizer not in {"o200k", "cl100k"}:
+    they stand in for a tokenizer we do not have, and so does the Claude vocabulary
+    Anthropic published (it predates Claude 3)."""
+    if info.tokenizer not in {"o200k", "cl100k", "claude"}:
         return CounterKind.CONSERVATIVE
     if info.family == "openai" and info.token_factor == 1.0:
         return CounterKind.EXACT

@@ -38,7 +38,7 @@ def parse_catalog(data: Mapping[str, object]) -> dict[str, ModelInfo]:
         if not isinstance(raw, Mapping):
             raise ValueError(f"catalog: entry {key!r} must be an object")
         tokenizer = str(raw.get("tokenizer", UNKNOWN_TOKENIZER))
-        if tokenizer not in {"o200k", "cl100k", UNKNOWN_TOKENIZER}:
+        if tokenizer not in {"o200k", "cl100k", "claude", UNKNOWN_TOKENIZER}:
             raise ValueError(f"catalog: {key!r} has unknown tokenizer {tokenizer!r}")
         out[str(key).lower()] = ModelInfo(
             key=str(key).lower(),

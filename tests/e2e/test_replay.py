@@ -30,8 +30,10 @@ async def test_dev_traces_meet_the_estimation_targets(tmp_path: Path) -> None:
     # (before the route model: 5.0% and 28%, every new session started cold).
     assert last["mape_pct"] <= 2.0
     assert last["p95_ape_pct"] <= 6.0
-    assert last["with_baseline_mape_pct"] <= 0.4
-    assert last["with_baseline_p95_ape_pct"] <= 1.2
+    # With a baseline (0.333% / p95 1.027% when Claude was counted as cl100k x 1.13; the
+    # Claude vocabulary brings 0.324% / 0.774%).
+    assert last["with_baseline_mape_pct"] <= 0.34
+    assert last["with_baseline_p95_ape_pct"] <= 0.85
     # Only the first request of each route is estimated cold; every later session
     # starts from what the route taught.
     assert last["full_requests"] == 4

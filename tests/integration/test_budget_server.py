@@ -63,7 +63,7 @@ async def test_baseline_plus_delta_on_numbers_and_route_isolation(api: Stubs) ->
     assert second.budget.baseline_tokens == 5_000
     # Calibration starts at 1.0: the estimate is the baseline plus the ledger's growth.
     growth = second.budget.ledger_tokens - first.budget.ledger_tokens
-    assert growth > 100
+    assert growth > 80  # 20 x "please list the files " and two messages
     assert second.budget.estimated_input_tokens == 5_000 + growth
     # Another route: the old baseline is not reused (R-ROUTE-2).
     other = (await api.compiles.Compile(cpb.CompileRequest(session_id="est", route=OTHER))).view
@@ -119,7 +119,7 @@ async def test_over_budget_is_compiled_and_sent_anyway(api: Stubs) -> None:
 
 
 async def test_builtin_compaction_shortens_old_tool_results(api: Stubs) -> None:
-    big = "\n".join(f"row {i} " + "z" * 60 for i in range(300))
+    big = "\n".join(f"row {i} " + "zq" * 30 for i in range(300))
     await _session(
         api,
         "bc",

@@ -69,7 +69,7 @@ def test_catalog(tmp_path: Path) -> None:
         200_000,
         64_000,
     )
-    assert sonnet.tokenizer == "cl100k" and sonnet.token_factor == pytest.approx(1.13)
+    assert sonnet.tokenizer == "claude" and sonnet.token_factor == pytest.approx(1.0)
     assert c.lookup("meta-llama/llama-4-maverick").family == "llama"
     assert c.lookup("gpt-5-mini").max_input_tokens == 272_000
     assert not c.lookup("gpt-3.5-turbo").accepts_images
