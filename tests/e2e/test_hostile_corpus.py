@@ -546,7 +546,8 @@ CASES: list[Case] = [
         _path_scan,
     ),
     Case(
-        # cl100k_base x 1.13: tiktoken's BPE took 0.6-3 s of CPU for this one word.
+        # The Claude vocabulary, counted in 8K-character pieces so that other requests
+        # are served between them (once tiktoken's cl100k BPE: 0.6-3 s for this word).
         "first count of a 1 MiB word for a Claude model",
         lambda e: e.compile("cl100k", model="claude-sonnet-4-20250514"),
         (OK, ""),

@@ -28,8 +28,8 @@ from server.adapters.tokenizer import (
     ClaudeCounter,
     CounterRegistry,
     claude_pieces,
-    load_claude,
     load_cl100k,
+    load_claude,
 )
 
 # scripts/claude_vocab_reference.py on anthropic-0.38.0-py3-none-any.whl, tokenizers 0.23.3.
