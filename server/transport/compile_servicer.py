@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -24,7 +26,7 @@ from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.paging import decode_token, encode_token
 from server.transport.recent_views import KeptView, RecentViews
-from server.transport.view_bytes import ViewBytes, delta_record, view_bytes
+from server.transport.view_bytes import LentRecords, ViewBytes, delta_record, view_bytes
 from server.transport.wire import Encoded, RefusedMessage
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -45,6 +47,26 @@ def view_chars(result: CompileResult) -> int:
         + sum(len(b) for _, b in result.attachments)
         + sum(len(body) for _, body, _ in result.renderings)
     )
+
+
+def size_hint(result: CompileResult) -> int:
+    """About the bytes of the view, without walking its messages: ~4 bytes a token."""
+    return (
+        4 * result.view.budget.ledger_tokens
+        + sum(len(b) for _, b in result.attachments)
+        + sum(len(body) for _, body, _ in result.renderings)
+    )
+
+
+@dataclass
+class _Stream:
+    """What one CompileStream remembers between its steps."""
+
+    # The compile ids of the last views this stream sent: the bases a step may name for
+    # a delta. Another stream's view is no base here: its client may not hold it.
+    sent: deque[str] = field(default_factory=lambda: deque(maxlen=_DELTA_BASES))
+    # The last view's messages and records, lent to the next view's encoding.
+    last: LentRecords = LentRecords()
 
 
 class CompileServicer(pb_grpc.CompileServiceServicer):
@@ -107,31 +129,54 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         # Agents hold this stream open between steps: at shutdown an idle stream is ended
         # at once (UNAVAILABLE, SHUTTING_DOWN) and a step in progress is answered first.
         closed = asyncio.ensure_future(self._drain.closed())
-        # The compile ids of the last views this stream sent: the bases a step may name
-        # for a delta. Another stream's view is no base here: its client may not hold it.
-        sent: deque[str] = deque(maxlen=_DELTA_BASES)
+        stream = _Stream()
         try:
             while (msg := await _next_or_shutdown(request, closed)) is not None:
                 with self._drain.busy():
-                    for part in await self._answer(msg, sent):
+                    for part in await self._answer(msg, stream):
                         yield part
         finally:
             closed.cancel()
 
     async def _answer(
-        self, msg: pb.CompileStreamRequest | RefusedMessage, sent: deque[str]
+        self, msg: pb.CompileStreamRequest | RefusedMessage, stream: _Stream
     ) -> list[pb.CompileStreamResponse]:
-        out, found, base_id = await self._step(msg)
-        if found is None:
+        out, source, base_id = await self._step(msg)
+        if source is None:
             return [out]
-        base = self._recent.get(base_id) if base_id and base_id in sent else None
-        view, large = found
-        sent.append(view.compile_id)
+        base = self._recent.get(base_id) if base_id and base_id in stream.sent else None
+        size = source.size if isinstance(source, ViewBytes) else size_hint(source)
+        work = functools.partial(self._encode, out, source, base, stream.last)
+        try:
+            # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
+            view, stream.last, answer = (
+                await asyncio.to_thread(work) if size >= _ON_LOOP_CHARS else work()
+            )
+        except Exception as exc:
+            out.error.CopyFrom(_step_error(internal_error(exc)))
+            return [out]
+        stream.sent.append(view.compile_id)
         self._recent.keep(view.session_id, view)
-        if not large:
-            return self._reply(out, view, base)
-        # Hashing, joining and parsing a multi-MiB view is CPU work: off the event loop.
-        return await asyncio.to_thread(self._reply, out, view, base)
+        return answer
+
+    def _encode(
+        self,
+        out: pb.CompileStreamResponse,
+        source: CompileResult | ViewBytes,
+        base: KeptView | None,
+        last: LentRecords,
+    ) -> tuple[ViewBytes, LentRecords, list[pb.CompileStreamResponse]]:
+        """The view's parts, what the stream lends the next view's encoding, the answer."""
+        if isinstance(source, ViewBytes):  # a kept view, resent
+            return source, last, self._reply(out, source, base)
+        view = view_bytes(source, last)
+        # Records with inline attachment bytes are this compile's only: not lent.
+        lent = (
+            LentRecords(source.view.messages, view.messages)
+            if not source.attachments
+            else LentRecords()
+        )
+        return view, lent, self._reply(out, view, base)
 
     def _reply(
         self, out: pb.CompileStreamResponse, view: ViewBytes, base: KeptView | None
@@ -175,10 +220,10 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
 
     async def _step(
         self, msg: pb.CompileStreamRequest | RefusedMessage
-    ) -> tuple[pb.CompileStreamResponse, tuple[ViewBytes, bool] | None, str]:
+    ) -> tuple[pb.CompileStreamResponse, CompileResult | ViewBytes | None, str]:
         """One step: the answer so far (step id, append result, or the step's error, which
-        is reported in-band so the stream stays open), the view with whether it is large,
-        and the delta base the step named."""
+        is reported in-band so the stream stays open), the compile's result or the kept
+        view a resume resends, and the delta base the step named."""
         if isinstance(msg, RefusedMessage):  # over a cap, seen on the wire: never decoded
             error = pb.CompileStreamResponse(step_id=msg.ident, error=_step_error(msg.error))
             return error, None, ""
@@ -212,15 +257,12 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                     session_id = msg.resume.compile.session_id
                     kept = await self._unchanged(msg.resume.compile_id, session_id)
                     if kept is not None:
-                        return out, (kept, kept.size > _ON_LOOP_CHARS), ""
+                        return out, kept, ""
                     result = await self._c.compile(compile_options_in(msg.resume.compile))
                     base_id = ""
                 case _:
                     raise invalid("request", "a stream message needs a step or a resume")
-            if view_chars(result) < _ON_LOOP_CHARS:
-                return out, (view_bytes(result), False), base_id
-            # Encoding the new messages of a large view is CPU work: off the event loop.
-            return out, (await asyncio.to_thread(view_bytes, result), True), base_id
+            return out, result, base_id
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
         except Exception as exc:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, compress, count
+from operator import is_not
 
+from server.compiler.view import ViewMessage
 from server.service.compiling import CompileResult
 from server.transport.convert_view import (
     head_back,
@@ -71,7 +73,25 @@ class ViewBytes:
         return self.front + self.middle + self.back
 
 
-def view_bytes(result: CompileResult) -> ViewBytes:
+@dataclass(frozen=True, slots=True)
+class LentRecords:
+    """The messages of a stream's last view with their records: the memo hands the next
+    compile the same message objects for the history it carries over, so their records
+    are found by identity, compared in C, instead of one cache lookup per message."""
+
+    messages: tuple[ViewMessage, ...] = ()
+    records: tuple[bytes, ...] = ()
+
+
+def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[bytes, ...]:
+    old = last.messages
+    same = next(compress(count(), map(is_not, old, messages)), min(len(old), len(messages)))
+    return last.records[:same] + tuple(map(message_record, messages[same:]))
+
+
+def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> ViewBytes:
+    """The view's parts; `last` (a stream's previous view without inline attachments)
+    lends the records of the messages both share."""
     v = result.view
     front = head_front(v).SerializeToString(deterministic=True)
     middle = head_middle(v).SerializeToString(deterministic=True)
@@ -84,7 +104,7 @@ def view_bytes(result: CompileResult) -> ViewBytes:
         data = dict(result.attachments)
         messages = tuple(message_record_inline(m, data) for m in v.messages)
     else:
-        messages = tuple(map(message_record, v.messages))
+        messages = _records(v.messages, last)
     tools = tuple(map(tool_record, v.tools))
     size = (
         len(front)
