@@ -14,7 +14,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import appends, claude_vocab, clients, isolation, rpc, scale, tokenizers
+from bench import appends, claude_vocab, clients, delta, isolation, rpc, scale, tokenizers
 from bench.paths import dev_traces
 from server.replay import run as replay
 
@@ -26,6 +26,7 @@ TARGETS = {
     "history_10k_vs_200_p50": ("<=", 1.2),
     "steps_vs_echo_throughput": (">=", 0.6),
     "step_2000_vs_200_msgs_p50": ("<=", 1.3),
+    "delta_bytes_per_step_vs_new_event_bytes": ("<=", 3.0),
     "durable_appends_vs_fsync": (">=", 0.5),
     "cold_start_1m_events_s": ("<=", 2.0),
     "rss_mb_1k_sessions": ("<=", 300.0),
@@ -80,6 +81,7 @@ def main() -> None:
         root = Path(tmp)
         detail: dict[str, float] = {}
         detail |= rpc.run(root / "rpc", scale=s)
+        detail |= delta.run(root / "delta", scale=s)
         detail |= appends.run(scale=s)
         detail |= clients.run(root / "clients", scale=s)
         events = 1_000_000 if not args.smoke else 20_000

@@ -70,6 +70,7 @@ async def _measure(target: str, n: int) -> dict[str, float]:
     return {
         "delta_step_200_msgs_p50_ms": short_p50 * 1000,
         "delta_step_2000_msgs_p50_ms": long_p50 * 1000,
+        "delta_bytes_per_step_200_msgs": short_bytes,
         "delta_bytes_per_step_2000_msgs": long_bytes,
         "step_new_event_bytes": event_bytes,
         "step_2000_vs_200_msgs_p50": long_p50 / short_p50,

@@ -171,9 +171,6 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         cpu_before = daemon_cpu_s(d.proc.pid)
         step_p50 = p50(stepper(api, "steps"), n, warmup=0)
         cpu_per_step = (daemon_cpu_s(d.proc.pid) - cpu_before) / n
-        # The same step against a ~2,000-message view: with memos it costs what is new.
-        api.session("steps2k", conversation(667, "k"))
-        step_2k_p50 = p50(stepper(api, "steps2k"), n)
 
         short_p50, long_p50 = history(api, n)
 
@@ -231,9 +228,7 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         "echo_p50_ms": echo_p50 * 1000,
         "compile_p50_ms": compile_p50 * 1000,
         "step_p50_ms": step_p50 * 1000,
-        "step_2000_msgs_p50_ms": step_2k_p50 * 1000,
         "daemon_cpu_ms_per_step": cpu_per_step * 1000,
-        "step_2000_vs_200_msgs_p50": step_2k_p50 / step_p50,
         "compile_200_events_p50_ms": short_p50 * 1000,
         "compile_10k_events_p50_ms": long_p50 * 1000,
         "steps_per_s_8_agents": steps_per_s,
