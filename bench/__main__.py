@@ -104,14 +104,14 @@ def main() -> None:
         detail |= claude_vocab.run(DEV, scale=s)
         detail |= isolation.run(root / "isolation", compiles=3 if args.smoke else 20)
     result = {k: round(detail[k], 3) for k in TARGETS}
-    print(f"{'measure':<36}{'value':>12}")
+    print(f"{'measure':<40}{'value':>12}")
     for k, v in sorted(detail.items()):
-        print(f"{k:<36}{v:>12.3f}")
+        print(f"{k:<40}{v:>12.3f}")
     print()
-    print(f"{'target':<36}{'value':>10}  {'goal':>8}  met")
+    print(f"{'target':<40}{'value':>10}  {'goal':>8}  met")
     for k, v in result.items():
         op, goal = TARGETS[k]
-        print(f"{k:<36}{v:>10.3f}  {op}{goal:>6g}  {'yes' if meets(k, v) else 'NO'}")
+        print(f"{k:<40}{v:>10.3f}  {op}{goal:>6g}  {'yes' if meets(k, v) else 'NO'}")
     if not args.smoke:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot(result, args.plot)
