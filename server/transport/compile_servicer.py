@@ -30,6 +30,8 @@ from server.transport.view_bytes import LentRecords, ViewBytes, delta_record, vi
 from server.transport.wire import Encoded, RefusedMessage
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+# A stream's answer to one request: responses, or their bytes already encoded.
+Answer = list[pb.CompileStreamResponse | Encoded]
 # Views with less text than this are converted on the event loop (a thread hop costs
 # more than converting them); larger ones in a thread.
 _ON_LOOP_CHARS = 256 << 10
@@ -125,7 +127,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
     @streaming
     async def CompileStream(
         self, request: AsyncIterator[pb.CompileStreamRequest], context: Ctx
-    ) -> AsyncIterator[pb.CompileStreamResponse]:
+    ) -> AsyncIterator[pb.CompileStreamResponse | Encoded]:
         # Agents hold this stream open between steps: at shutdown an idle stream is ended
         # at once (UNAVAILABLE, SHUTTING_DOWN) and a step in progress is answered first.
         closed = asyncio.ensure_future(self._drain.closed())
@@ -140,7 +142,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
 
     async def _answer(
         self, msg: pb.CompileStreamRequest | RefusedMessage, stream: _Stream
-    ) -> list[pb.CompileStreamResponse]:
+    ) -> Answer:
         out, source, base_id = await self._step(msg)
         if source is None:
             return [out]
@@ -165,7 +167,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         source: CompileResult | ViewBytes,
         base: KeptView | None,
         last: LentRecords,
-    ) -> tuple[ViewBytes, LentRecords, list[pb.CompileStreamResponse]]:
+    ) -> tuple[ViewBytes, LentRecords, Answer]:
         """The view's parts, what the stream lends the next view's encoding, the answer."""
         if isinstance(source, ViewBytes):  # a kept view, resent
             return source, last, self._reply(out, source, base)
@@ -180,28 +182,24 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
 
     def _reply(
         self, out: pb.CompileStreamResponse, view: ViewBytes, base: KeptView | None
-    ) -> list[pb.CompileStreamResponse]:
+    ) -> Answer:
         """The view as a ViewDelta against `base` when that is smaller (and fits in one
         message), else whole, in chunks when it is over the chunk size."""
         if base is not None and base.session_id == view.session_id:
             delta = delta_record(base.view, view)
             if delta is not None and len(delta) < min(view.size, self._chunk):
-                out.delta.MergeFromString(delta)
-                return [out]
+                return [_encoded(out, 6, delta)]
         whole = view.whole()
         if len(whole) <= self._chunk:
-            out.view.MergeFromString(whole)
-            return [out]
+            return [_encoded(out, 2, whole)]
         return self._chunked(out, view.compile_id, whole)
 
-    def _chunked(
-        self, out: pb.CompileStreamResponse, compile_id: str, data: bytes
-    ) -> list[pb.CompileStreamResponse]:
+    def _chunked(self, out: pb.CompileStreamResponse, compile_id: str, data: bytes) -> Answer:
         """A view over the chunk size goes as ordered ViewChunks of its encoding, each
         small enough for any client's default message limit (4 MiB)."""
         digest = hashlib.sha256(data).hexdigest()
         count = (len(data) + self._chunk - 1) // self._chunk
-        chunks = []
+        chunks: Answer = []
         for i in range(count):
             part = pb.CompileStreamResponse(step_id=out.step_id)
             part.chunk.CopyFrom(
@@ -348,6 +346,14 @@ async def _next_or_shutdown(
         return reading.result()
     reading.cancel()
     raise shutting_down()
+
+
+def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encoded:
+    """`out` (step id, append result) with an encoded view (2) or ViewDelta (6): sent as
+    these bytes, without decoding the payload into a protobuf object first."""
+    step_id = tagged(1, out.step_id.encode()) if out.step_id else b""
+    append = tagged(5, out.append.SerializeToString()) if out.HasField("append") else b""
+    return Encoded(step_id + tagged(field, payload) + append)
 
 
 def _step_error(err: CtxccError) -> pb.StepError:
