@@ -1,9 +1,15 @@
 """Cost of a compile and of an agent step against the transport floor (an echo RPC in
 the same server returning the same number of bytes), history-length independence and
-throughput with 8 concurrent agents."""
+throughput with 8 concurrent agents.
+
+A step is what the clients do: one CompileStream round trip (append + compile, answered
+with a ViewDelta against the view the client holds, applied and digest-checked here with
+the Python client's own code) and one ReportUsage. A unary Compile of an unchanged
+session is measured on its own (`compile_vs_echo_p50`)."""
 
 from __future__ import annotations
 
+import queue
 import statistics
 import threading
 import time
@@ -11,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from ctxcc_client import ViewAssembler
+from ctxcc_client.deltas import HeldView
 
 from bench.daemon import BenchDaemon
 from ctxcc.v1 import (
@@ -91,19 +99,54 @@ def conversation(turns: int, tag: str) -> list[event_pb2.Event]:
     return out
 
 
-def stepper(api: Api, sid: str) -> Callable[[], None]:
-    """An agent step: append a tool result, compile, report usage."""
-    count = [0]
+class StreamAgent:
+    """One agent's open CompileStream, stepped as the clients step it: each step names
+    the last view applied as its delta base, and the answer is applied to that view."""
 
-    def step() -> None:
-        count[0] += 1
-        api.sessions.AppendEvents(
-            spb.AppendEventsRequest(
-                session_id=sid, events=[_result(f"{sid}{count[0]}", "ok " * 40)]
+    def __init__(self, api: Api, sid: str) -> None:
+        self.api, self.sid = api, sid
+        self._requests: queue.SimpleQueue[cpb.CompileStreamRequest | None] = queue.SimpleQueue()
+        self._answers: Any = api.compiles.CompileStream(iter(self._requests.get, None))
+        self.held: HeldView | None = None
+        self._chunks = ViewAssembler()
+        self.steps = 0
+        self.deltas = 0
+        self.bytes_received = 0
+
+    def step(self, events: list[event_pb2.Event]) -> None:
+        self.steps += 1
+        self._requests.put(
+            cpb.CompileStreamRequest(
+                step=cpb.StepRequest(
+                    step_id=str(self.steps),
+                    events=events,
+                    request_id=f"{self.sid}-{self.steps}",
+                    compile=cpb.CompileRequest(session_id=self.sid, route=ROUTE),
+                    delta_base_compile_id=self.held.view.compile_id if self.held else "",
+                )
             )
         )
-        view = api.compile(sid).view
-        api.compiles.ReportUsage(
+        out: cpb.CompileStreamResponse = next(self._answers)
+        self.bytes_received += out.ByteSize()
+        kind = out.WhichOneof("response")
+        while kind == "chunk":  # a whole view over the chunk size
+            whole = self._chunks.add(out.chunk)
+            if whole is not None:
+                self.held = HeldView.of(whole)
+                break
+            out = next(self._answers)
+            self.bytes_received += out.ByteSize()
+            kind = out.WhichOneof("response")
+        if kind == "delta" and self.held is not None:
+            self.held = self.held.apply(out.delta)
+            self.deltas += 1
+        elif kind == "view":
+            self.held = HeldView.of(out.view)
+        elif kind != "chunk":
+            raise RuntimeError(f"step {self.steps} answered {kind}: {out.error}")
+        assert self.held is not None
+        view = self.held.view
+        self.api.compiles.ReportUsage(
             cpb.ReportUsageRequest(
                 compile_id=view.compile_id,
                 route=ROUTE,
@@ -111,6 +154,18 @@ def stepper(api: Api, sid: str) -> Callable[[], None]:
                 output_tokens=50,
             )
         )
+
+    def close(self) -> None:
+        self._requests.put(None)
+
+
+def stepper(api: Api, sid: str, opened: list[StreamAgent]) -> Callable[[], None]:
+    """An agent step over its stream: append a tool result, compile, report usage."""
+    agent = StreamAgent(api, sid)
+    opened.append(agent)
+
+    def step() -> None:
+        agent.step([_result(f"{sid}{agent.steps + 1}", "ok " * 40)])
 
     return step
 
@@ -169,7 +224,8 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         api.session("steps", conversation(67, "s"))
         assert d.proc is not None
         cpu_before = daemon_cpu_s(d.proc.pid)
-        step_p50 = p50(stepper(api, "steps"), n, warmup=0)
+        opened: list[StreamAgent] = []
+        step_p50 = p50(stepper(api, "steps", opened), n, warmup=0)
         cpu_per_step = (daemon_cpu_s(d.proc.pid) - cpu_before) / n
 
         short_p50, long_p50 = history(api, n)
@@ -196,25 +252,11 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         agents = [Api(d.target) for _ in range(8)]
         for k, a in enumerate(agents):
             a.session(f"agent{k}", conversation(20, f"g{k}"))
-        seqs = [0] * 8
+        streams = [StreamAgent(a, f"agent{k}") for k, a in enumerate(agents)]
+        opened += streams
 
         def agent_step(k: int) -> None:
-            a = agents[k]
-            seqs[k] += 1
-            a.sessions.AppendEvents(
-                spb.AppendEventsRequest(
-                    session_id=f"agent{k}", events=[_user(f"step {seqs[k]} " * 10)]
-                )
-            )
-            view = a.compile(f"agent{k}").view
-            a.compiles.ReportUsage(
-                cpb.ReportUsageRequest(
-                    compile_id=view.compile_id,
-                    route=ROUTE,
-                    input_tokens=view.budget.estimated_input_tokens,
-                    output_tokens=50,
-                )
-            )
+            streams[k].step([_user(f"step {streams[k].steps + 1} " * 10)])
 
         steps_per_s = hammer(agent_step)
 
@@ -222,6 +264,9 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
             agents[k].echo(view_bytes)
 
         echo_per_s = hammer(echo)
+        deltas = sum(a.deltas for a in opened) / max(1, sum(a.steps for a in opened))
+        for agent in opened:
+            agent.close()
     finally:
         d.stop()
     return {
@@ -234,8 +279,10 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         "steps_per_s_8_agents": steps_per_s,
         "echo_per_s_8_in_flight": echo_per_s,
         "view_bytes": float(view_bytes),
+        "stream_steps_answered_by_delta": deltas,
         "compile_vs_echo_p50": compile_p50 / echo_p50,
         "step_vs_echo_p50": step_p50 / echo_p50,
         "history_10k_vs_200_p50": long_p50 / short_p50,
-        "steps_vs_echo_throughput": steps_per_s / (echo_per_s / 3),
+        # A step is two round trips (the stream step and the usage report).
+        "steps_vs_echo_throughput": steps_per_s / (echo_per_s / 2),
     }

@@ -115,3 +115,41 @@ def test_footprint_counts_what_sits_in_the_wal_and_memtables(tmp_path: Path) -> 
         assert 0 < now.disk_free_bytes <= now.disk_capacity_bytes
     finally:
         kv.close()
+
+
+class _Recording:
+    """The engine's RocksDB handle, recording the calls that decide durability."""
+
+    def __init__(self, db: object) -> None:
+        self._db = db
+        self.calls: list[tuple[str, bool]] = []
+
+    def write(self, batch: object, opts: object) -> None:
+        self.calls.append(("write", bool(getattr(opts, "sync", False))))
+        self._db.write(batch, opts)  # type: ignore[attr-defined]
+
+    def flush_wal(self, sync: bool) -> None:
+        self.calls.append(("flush_wal", sync))
+        self._db.flush_wal(sync)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_durable_batches_are_synced_with_the_gil_released(tmp_path: Path, sync: bool) -> None:
+    """rocksdict holds the GIL through Rdict.write, fsync included, and releases it in
+    flush_wal: a durable batch is written unsynced and the log synced before write()
+    returns; other batches (and every batch with durability off) are never synced."""
+    kv = open_rocks(tmp_path / "db", sync=sync)
+    recording = _Recording(kv._db)
+    kv._db = recording  # type: ignore[assignment]
+    try:
+        durable, lazy = Batch(), Batch(durable=False)
+        durable.put("meta", b"k1", b"v")
+        lazy.put("meta", b"k2", b"v")
+        kv.write(durable)
+        kv.write(lazy)
+        synced = [("write", False), ("flush_wal", True)] if sync else [("write", False)]
+        assert recording.calls == [*synced, ("write", False)]
+        assert kv.get("meta", b"k1") == kv.get("meta", b"k2") == b"v"
+    finally:
+        kv._db = recording._db  # type: ignore[assignment]
+        kv.close()
