@@ -62,6 +62,8 @@ type StreamStats struct {
 	Deltas int
 	// Deltas that could not be applied or failed the digest check; each was fetched whole.
 	Mismatches int
+	// Bytes of the answers received (their encoded messages).
+	Bytes int64
 }
 
 // StreamOption configures OpenStream.
@@ -244,6 +246,7 @@ func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		s.stats.Bytes += int64(proto.Size(resp))
 		if resp.GetAppend() != nil {
 			appended = resp.GetAppend()
 		}

@@ -26,6 +26,7 @@ type scripted struct {
 	mu      sync.Mutex
 	streams int
 	got     []recorded
+	sent    int64 // bytes of the answers sent
 	answer  func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error)
 }
 
@@ -53,11 +54,20 @@ func (s *scripted) CompileStream(st grpc.BidiStreamingServer[ctxccv1.CompileStre
 			return err
 		}
 		for _, r := range out {
+			s.mu.Lock()
+			s.sent += int64(proto.Size(r))
+			s.mu.Unlock()
 			if err := st.Send(r); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+func (s *scripted) sentBytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
 }
 
 func serve(t *testing.T, s *scripted) *Client {
@@ -148,7 +158,7 @@ func TestStreamAppliesDeltasAndRefetchesOnMismatch(t *testing.T) {
 	if corrupt != 1 {
 		t.Fatalf("the hook saw %d deltas for v3", corrupt)
 	}
-	if got := st.Stats(); got != (StreamStats{Whole: 3, Deltas: 1, Mismatches: 1}) {
+	if got := st.Stats(); got != (StreamStats{Whole: 3, Deltas: 1, Mismatches: 1, Bytes: s.sentBytes()}) || got.Bytes == 0 {
 		t.Fatalf("stats %+v", got)
 	}
 	// The refetched view comes with the append of the step whose delta failed.
@@ -214,7 +224,7 @@ func TestStreamWithoutDeltas(t *testing.T) {
 	if len(s.got) != 4 || s.got[2].req.GetResume().GetCompileId() != v2.GetCompileId() {
 		t.Fatalf("requests: %v", s.got)
 	}
-	if got := st.Stats(); got != (StreamStats{Whole: 3, Deltas: 0, Mismatches: 1}) {
+	if got := st.Stats(); got != (StreamStats{Whole: 3, Deltas: 0, Mismatches: 1, Bytes: s.sentBytes()}) {
 		t.Fatalf("stats %+v", got)
 	}
 }

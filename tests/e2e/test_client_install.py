@@ -59,9 +59,9 @@ EXPECTED = {
     "watch_first": ["event", 4],
 }
 # The delta session: 10 steps (a tool registered at step 3, a memory changed at step 5): the
-# first view whole, then deltas, but the one at step 7 damaged by the agent's hook, so it is
+# first view whole, then deltas, but the one at step 6 damaged by the agent's hook, so it is
 # fetched whole; every view equals by digest the same compile rebuilt whole. The last three
-# steps also on a stream with deltas off: whole views only.
+# steps also on a stream with deltas off: whole views only, more bytes received.
 EXPECTED_DELTAS = {
     "steps": 10,
     "identical": 10,
@@ -71,6 +71,7 @@ EXPECTED_DELTAS = {
     "plain_identical": 3,
     "plain_deltas": 0,
     "plain_whole": 3,
+    "delta_bytes_smaller": True,
 }
 
 

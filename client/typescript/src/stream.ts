@@ -15,6 +15,7 @@ import {
   AppendResult,
   CompileRequest,
   CompileServiceClient,
+  CompileServiceService,
   CompileStreamRequest,
   CompileStreamResponse,
   ViewDelta,
@@ -54,6 +55,8 @@ export interface StreamStats {
   deltas: number;
   /** Deltas that could not be applied or failed the digest check; each was fetched whole. */
   mismatches: number;
+  /** Bytes of the answers received (their encoded messages). */
+  bytes: number;
 }
 
 // A daemon whose views this client cannot rebuild (e.g. one with fields this client does not
@@ -91,7 +94,7 @@ export class Stream {
   private base: CompiledView | null = null;
   // Deltas that failed in a row; at MAX_MISMATCHES the stream stops asking for them.
   private mismatchRun = 0;
-  private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0 };
+  private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0, bytes: 0 };
 
   constructor(
     private readonly client: CompileServiceClient,
@@ -109,7 +112,17 @@ export class Stream {
 
   private open(): Duplex {
     if (this.call) return this.call;
-    const call = this.client.compileStream(this.metadata?.clone() ?? new grpc.Metadata());
+    // The generated method's own call, with a decoder that also counts the bytes received.
+    const method = CompileServiceService.compileStream;
+    const call = this.client.makeBidiStreamRequest(
+      method.path,
+      method.requestSerialize,
+      (data: Buffer) => {
+        this.counts.bytes += data.length;
+        return method.responseDeserialize(data);
+      },
+      this.metadata?.clone() ?? new grpc.Metadata(),
+    );
     this.failure = null;
     this.buffered = [];
     this.base = null;

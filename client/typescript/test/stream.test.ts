@@ -20,6 +20,7 @@ type Answer = CompileStreamResponse[] | grpc.StatusObject;
  * status ends the stream), recording every request with the number of its stream. */
 async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer) {
   const got: Array<{ stream: number; req: CompileStreamRequest }> = [];
+  const sent = { bytes: 0 };
   let streams = 0;
   const server = new grpc.Server();
   server.addService(CompileServiceService, {
@@ -28,7 +29,12 @@ async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer
       call.on("data", (req: CompileStreamRequest) => {
         got.push({ stream, req });
         const out = answer(got.length, req);
-        if (Array.isArray(out)) for (const r of out) call.write(r);
+        if (Array.isArray(out)) {
+          for (const r of out) {
+            sent.bytes += CompileStreamResponse.encode(r).finish().length;
+            call.write(r);
+          }
+        }
         else call.emit("error", out);
       });
       call.on("end", () => call.end());
@@ -42,7 +48,7 @@ async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer
     client.close();
     server.forceShutdown();
   };
-  return { got, client, stop };
+  return { got, sent, client, stop };
 }
 
 const whole = (view: CompiledView): CompileStreamResponse[] => [CompileStreamResponse.fromPartial({ response: { $case: "view", value: view } })];
@@ -66,7 +72,7 @@ test("deltas are applied, a mismatch is fetched whole, a reopened stream names n
   const [v1, v2, v3] = [fixture(1), fixture(2), fixture(3)];
   const d12 = makeDelta(v1.view, v2.view);
   const d23 = makeDelta(v2.view, v3.view);
-  const { got, client, stop } = await scripted((n) => {
+  const { got, sent, client, stop } = await scripted((n) => {
     switch (n) {
       case 1: return whole(v1.view);
       case 2: return delta(d12, { firstSeq: 2, lastSeq: 3 });
@@ -94,7 +100,8 @@ test("deltas are applied, a mismatch is fetched whole, a reopened stream names n
       results.push(r);
     }
     assert.equal(corrupted, 1);
-    assert.deepEqual(stream.stats, { whole: 3, deltas: 1, mismatches: 1 });
+    assert.deepEqual(stream.stats, { whole: 3, deltas: 1, mismatches: 1, bytes: sent.bytes });
+    assert.ok(sent.bytes > 0);
     // The refetched view comes with the append of the step whose delta failed.
     assert.equal(results[2].append?.firstSeq, 4);
     assert.equal(got.length, 6);
@@ -119,7 +126,7 @@ test("deltas are applied, a mismatch is fetched whole, a reopened stream names n
 
 test("without deltas no step names a base; an unasked-for delta is fetched whole", async () => {
   const [v1, v2] = [fixture(1), fixture(2)];
-  const { got, client, stop } = await scripted((n) => (n === 1 ? whole(v1.view) : n === 2 ? delta(makeDelta(v1.view, v2.view)) : whole(v2.view)));
+  const { got, sent, client, stop } = await scripted((n) => (n === 1 ? whole(v1.view) : n === 2 ? delta(makeDelta(v1.view, v2.view)) : whole(v2.view)));
   const stream = client.openStream({ deltas: false });
   try {
     let view: CompiledView | undefined;
@@ -128,7 +135,7 @@ test("without deltas no step names a base; an unasked-for delta is fetched whole
     for (const r of got) if (r.req.request?.$case === "step") assert.equal(baseOf(r), "");
     assert.equal(got.length, 4);
     assert.equal(got[2].req.request?.$case, "resume");
-    assert.deepEqual(stream.stats, { whole: 3, deltas: 0, mismatches: 1 });
+    assert.deepEqual(stream.stats, { whole: 3, deltas: 0, mismatches: 1, bytes: sent.bytes });
   } finally {
     stream.close();
     stop();

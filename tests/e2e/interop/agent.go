@@ -38,7 +38,7 @@ func main() {
 // views that equal, by digest, the same compile rebuilt whole with a unary Compile.
 func deltaSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (map[string]any, error) {
 	sid := must(c.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
-	const steps, damageAt = 10, 7
+	const steps, damageAt = 10, 6
 	step := 0
 	stream := c.OpenStream(ctx, ctxcc.WithDeltaHook(func(d *ctxccv1.ViewDelta) {
 		if step == damageAt && len(d.GetAppendedMessages()) > 0 {
@@ -57,6 +57,7 @@ func deltaSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (m
 		return 0
 	}
 	same, plainSame := 0, 0
+	var deltaBytes, plainBytes int64 // over the steps both streams take
 	pending := []*ctxccv1.Event{ctxcc.User("Start the task.")}
 	for step = 0; step < steps; step++ {
 		switch step {
@@ -69,6 +70,7 @@ func deltaSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (m
 				MemoryId: "m1", Scope: ctxccv1.Scope_SCOPE_SESSION, ScopeId: sid, Text: "Tests run with make test."}}))
 		}
 		req := &ctxccv1.CompileRequest{SessionId: sid, Route: route}
+		before, plainBefore := stream.Stats().Bytes, plain.Stats().Bytes
 		view, _, err := stream.Step(req, pending, "")
 		if err != nil {
 			return nil, err
@@ -80,14 +82,17 @@ func deltaSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (m
 				return nil, err
 			}
 			plainSame += identical(view)
+			deltaBytes += stream.Stats().Bytes - before
+			plainBytes += plain.Stats().Bytes - plainBefore
 		}
 		pending = []*ctxccv1.Event{ctxcc.Assistant(fmt.Sprintf("Done with part %d.", step)), ctxcc.User(fmt.Sprintf("Now part %d.", step+1))}
 	}
 	stats, plainStats := stream.Stats(), plain.Stats()
 	_, _ = stream.Close(), plain.Close()
+	fmt.Fprintf(os.Stderr, "bytes over the last 3 steps: deltas %d, whole views %d\n", deltaBytes, plainBytes)
 	return map[string]any{"steps": steps, "identical": same, "whole": stats.Whole, "deltas": stats.Deltas,
 		"mismatches": stats.Mismatches, "plain_identical": plainSame, "plain_deltas": plainStats.Deltas,
-		"plain_whole": plainStats.Whole}, nil
+		"plain_whole": plainStats.Whole, "delta_bytes_smaller": deltaBytes < plainBytes}, nil
 }
 
 func must[T any](v T, err error) T {

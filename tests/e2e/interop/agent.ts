@@ -153,7 +153,7 @@ const sortedKeys = (o: Record<string, unknown>) => Object.fromEntries(Object.ent
 async function deltaSession(ctx: Client): Promise<Record<string, unknown>> {
   const sid = (await ctx.createSession()).sessionId;
   const steps = 10;
-  const damageAt = 7;
+  const damageAt = 6;
   let step = 0;
   const stream = ctx.openStream({
     onDelta: (d) => {
@@ -170,6 +170,8 @@ async function deltaSession(ctx: Client): Promise<Record<string, unknown>> {
     viewDigest(view) === viewDigest(await ctx.compile({ rebuildCompileId: view.compileId })) ? 1 : 0;
   let same = 0;
   let plainSame = 0;
+  let deltaBytes = 0; // over the steps both streams take
+  let plainBytes = 0;
   let pending: Event[] = [user("Start the task.")];
   for (step = 0; step < steps; step++) {
     if (step === 3) {
@@ -181,17 +183,24 @@ async function deltaSession(ctx: Client): Promise<Record<string, unknown>> {
       await ctx.sources.putMemory({ memory: { memoryId: "m1", scope: Scope.SCOPE_SESSION, scopeId: sid, text: "Tests run with make test." } });
     }
     const req = { sessionId: sid, route };
+    const [before, plainBefore] = [stream.stats.bytes, plain.stats.bytes];
     same += await identical((await stream.step(req, pending)).view);
-    if (step >= steps - 3) plainSame += await identical((await plain.step(req)).view);
+    if (step >= steps - 3) {
+      plainSame += await identical((await plain.step(req)).view);
+      deltaBytes += stream.stats.bytes - before;
+      plainBytes += plain.stats.bytes - plainBefore;
+    }
     pending = [assistant(`Done with part ${step}.`), user(`Now part ${step + 1}.`)];
   }
   const stats = stream.stats;
   const plainStats = plain.stats;
   stream.close();
   plain.close();
+  console.error(`bytes over the last 3 steps: deltas ${deltaBytes}, whole views ${plainBytes}`);
   return {
     steps, identical: same, whole: stats.whole, deltas: stats.deltas, mismatches: stats.mismatches,
     plain_identical: plainSame, plain_deltas: plainStats.deltas, plain_whole: plainStats.whole,
+    delta_bytes_smaller: deltaBytes < plainBytes,
   };
 }
 
