@@ -223,6 +223,12 @@ def _word_for_cl100k(env: Env) -> None:
     env.user("cl100k", "b" * 1_000_000)
 
 
+def _word_for_gpt4(env: Env) -> None:
+    env.current = "gpt4word"
+    env.session("gpt4word")
+    env.user("gpt4word", "c" * 1_000_000)
+
+
 def _glob_backtrack(env: Env) -> None:
     env.current = "globs"
     env.session("globs")
@@ -549,6 +555,13 @@ CASES: list[Case] = [
         lambda e: e.compile("cl100k", model="claude-sonnet-4-20250514"),
         (OK, ""),
         _word_for_cl100k,
+    ),
+    Case(
+        # cl100k_base through bpe-openai, linear (tiktoken's BPE: 0.6-3 s for this word).
+        "first count of a 1 MiB word for GPT-4",
+        lambda e: e.compile("gpt4word", model="gpt-4-turbo"),
+        (OK, ""),
+        _word_for_gpt4,
     ),
     Case(
         "backtracking rule glob",

