@@ -113,7 +113,7 @@ class StreamAgent:
         self.deltas = 0
         self.bytes_received = 0
 
-    def step(self, events: list[event_pb2.Event]) -> None:
+    def step(self, events: list[event_pb2.Event], *, report: bool = True) -> None:
         self.steps += 1
         self._requests.put(
             cpb.CompileStreamRequest(
@@ -144,6 +144,11 @@ class StreamAgent:
             self.held = HeldView.of(out.view)
         elif kind != "chunk":
             raise RuntimeError(f"step {self.steps} answered {kind}: {out.error}")
+        assert self.held is not None
+        if report:
+            self.report()
+
+    def report(self) -> None:
         assert self.held is not None
         view = self.held.view
         self.api.compiles.ReportUsage(

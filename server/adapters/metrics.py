@@ -9,6 +9,7 @@ RPC method and status code. No session id ever becomes a label.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.core import GaugeMetricFamily
@@ -64,6 +65,7 @@ class _StoreCollector(Collector):
 
 class PrometheusTelemetry:
     def __init__(self, version: str) -> None:
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("ctxcc_build", "Build information of the ctxcc daemon.", registry=r).info(
@@ -193,16 +195,27 @@ class PrometheusTelemetry:
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self.registry.register(_StoreCollector(sessions, footprint))
 
+    def _of(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), remembered: every compile and RPC records a dozen
+        series, and the client's lookup validates and locks each time. Label values
+        are bounded sets (enum names, methods, catalog families), so is this."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None:
-        self.compile_seconds.labels(model_family).observe(seconds)
+        self._of(self.compile_seconds, model_family).observe(seconds)
         for row in view.layers:
-            self.view_tokens.labels(row.layer.name.lower()).observe(row.tokens)
+            self._of(self.view_tokens, row.layer.name.lower()).observe(row.tokens)
         # With the layers it adds up to the estimate (negative when the provider counts
         # fewer tokens than the ledger, so the family's _sum stays exact).
-        self.view_tokens.labels("provider_overhead").observe(view.budget.provider_overhead_tokens)
+        overhead = view.budget.provider_overhead_tokens
+        self._of(self.view_tokens, "provider_overhead").observe(overhead)
         if view.budget.input_budget:
-            self.utilization.labels(model_family).observe(view.budget.utilization)
-        self.decisions.labels(view.decision.name.lower()).inc()
+            self._of(self.utilization, model_family).observe(view.budget.utilization)
+        self._of(self.decisions, view.decision.name.lower()).inc()
         for reason in view.fallback_reasons:
             self.fallbacks.labels(reason.name.lower()).inc()
         for section in view.changed_sections:
@@ -225,7 +238,7 @@ class PrometheusTelemetry:
         self.compactions.labels(kind, "true" if performed else "false").inc()
 
     def memo_used(self, outcome: str) -> None:
-        self.memo_lookups.labels(outcome).inc()
+        self._of(self.memo_lookups, outcome).inc()
 
     def memo_changed(self, evicted: int, size_bytes: int) -> None:
         if evicted:
@@ -244,7 +257,7 @@ class PrometheusTelemetry:
                 self.rpc_errors.labels(method, code)
 
     def rpc_done(self, method: str, code: str, seconds: float) -> None:
-        self.rpc_seconds.labels(method, code).observe(seconds)
+        self._of(self.rpc_seconds, method, code).observe(seconds)
         if code != "OK":
             self.rpc_errors.labels(method, code).inc()
 

@@ -134,8 +134,10 @@ def select_tools(
     direct = sorted(
         (s for s in registry if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
     )
-    activated_names = set(inputs.activated_tools) | searched_in_turn(
-        current_turn(inputs.events), registry
+    deferred = any(s.visibility == ToolVisibility.DEFERRED for s in registry)
+    # Only deferred tools are activated: without any, the turn need not be searched.
+    activated_names = set(inputs.activated_tools) | (
+        searched_in_turn(current_turn(inputs.events), registry) if deferred else set()
     )
     activated = sorted(
         (
@@ -149,7 +151,7 @@ def select_tools(
         (s, ToolOrigin.ACTIVATED) for s in activated
     ]
     # Built-ins come last so registry tools keep their cache-friendly positions.
-    if any(s.visibility == ToolVisibility.DEFERRED for s in registry):
+    if deferred:
         chosen.append((TOOL_SEARCH, ToolOrigin.BUILTIN_TOOL_SEARCH))
     if references_blobs:
         chosen.append((READ_TOOL_RESULT, ToolOrigin.BUILTIN_READ_TOOL_RESULT))

@@ -157,6 +157,7 @@ class _Union:
 
     count: int
     key: int
+    caps: tuple[int, int]
     seen: dict[str, None]
     size: int
     capped: bool
@@ -181,6 +182,7 @@ class _Unions:
             known = self._items.get(keys[0])
         if (
             known is not None
+            and known.caps == (MAX_PATHS, MAX_PATH_BYTES)
             and known.count <= len(keys)
             and hash(keys[: known.count]) == known.key
         ):
@@ -203,7 +205,7 @@ class _Unions:
                 seen[path] = None
             if full:
                 break
-        union = _Union(len(keys), hash(keys), seen, size, capped, full)
+        union = _Union(len(keys), hash(keys), (MAX_PATHS, MAX_PATH_BYTES), seen, size, capped, full)
         with self._lock:
             self._items[keys[0]] = union
             self._items.move_to_end(keys[0])

@@ -94,7 +94,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self, request: pb.CompileRequest, context: Ctx
     ) -> pb.CompileResponse | Encoded:
         result = await self._c.compile(compile_options_in(request))
-        if view_chars(result) < _ON_LOOP_CHARS:
+        if size_hint(result) < _ON_LOOP_CHARS:
             # CompileResponse is the view as its field 1: sent as the bytes the view's
             # cached records make, without a protobuf object per message.
             return Encoded(tagged(1, view_bytes(result).whole()))
