@@ -27,6 +27,15 @@ from tests.e2e.proc import CLIENT_LOOPS, REPO, DaemonProcess
 
 CLIENTS = CLIENT_LOOPS
 OK = re.compile(r"ok (\d+) steps session (\S+) seq (\d+)(?: largest_view_bytes (\d+))?")
+# The Go and TypeScript loops end their `ok` line with how their stream's views arrived.
+ARRIVED = re.compile(r"whole (\d+) deltas (\d+) mismatches (\d+)$")
+
+
+def arrived(client: str, ok_line: str) -> tuple[int, int, int] | None:
+    """(whole views, deltas, mismatches) of a loop's stream; None for the Python loop."""
+    m = ARRIVED.search(ok_line)
+    assert m or client == "python", ok_line
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
 
 
 def _events(target: str, sid: str) -> list[str]:
@@ -87,6 +96,14 @@ def test_twenty_step_loop_with_a_chunked_view(
     # Six ~840 KB messages: the view is over 4 MB, came in chunks, and is intact.
     assert int(m.group(4)) == 5_040_375
     assert "missing_reason SESSION_NOT_FOUND" in done.stdout
+    # Whole views at step 0 and at step 5 (its ~5 MB of new messages would make a delta
+    # over the chunk size, and deltas are never chunked); deltas otherwise (18 today; a few
+    # more whole views are the daemon's right when a delta would not be smaller).
+    ok_line = next(ln for ln in done.stdout.splitlines() if OK.match(ln))
+    counts = arrived(client, ok_line)
+    if counts:
+        whole, deltas, mismatches = counts
+        assert whole + deltas == 20 and whole >= 2 and deltas >= 15 and mismatches == 0, counts
     events = _events(str(daemon.endpoints["tcp"]), sid)
     assert len(events) == seq
     assert events[-1].startswith("next step 19") or events[-2].startswith("reply 18")
@@ -100,6 +117,7 @@ class Agent:
     each stamped with the time it arrived."""
 
     def __init__(self, client: str, target: str, *args: str) -> None:
+        self.client = client
         self.proc = subprocess.Popen(
             [*CLIENTS[client], *args],
             env={**os.environ, "CTXCC_TARGET": target},
@@ -187,10 +205,11 @@ def step_line(agent: Agent, step: int) -> tuple[tuple[str, ...], float]:
     return m.group(1, 2, 3), at
 
 
-def finished_seq(agent: Agent) -> int:
+def finished(agent: Agent) -> tuple[int, tuple[int, int, int] | None]:
+    """The loop's last seq, and how its stream's views arrived (Go and TypeScript)."""
     done = agent.expect(OK.pattern + r".*")[0]
     assert agent.proc.wait(30) == 0
-    return int(done.group(3))
+    return int(done.group(3)), arrived(agent.client, done.group(0))
 
 
 @pytest.mark.parametrize("client", sorted(CLIENTS))
@@ -210,7 +229,10 @@ def test_daemon_down_two_seconds_between_steps(client: str, short_tmp: Path) -> 
         landed = wait_for_head(daemon, sid, 21) - back
         assert landed < 2.5, f"step 10's append came {landed:.2f}s after the daemon was back"
         assert step_line(agent, 10)[0] == ("20", "21", "false")  # it never landed before
-        assert finished_seq(agent) == 39
+        seq, counts = finished(agent)
+        assert seq == 39
+        # Whole views at step 0 and on the stream reopened at step 10; deltas otherwise.
+        assert counts in (None, (2, 18, 0)), counts
         assert _events(daemon.target, sid) == expected_texts(20)
 
 
@@ -228,7 +250,7 @@ def test_sigkill_mid_step_then_retry(client: str, short_tmp: Path) -> None:
         daemon.start()
         daemon.wait_ready()
         assert step_line(agent, 5)[0] == ("10", "17", "true")
-        assert finished_seq(agent) == 1 + 7 * 2 + 6
+        assert finished(agent)[0] == 1 + 7 * 2 + 6
         assert _events(daemon.target, sid) == expected_texts(8, big_step=5)
 
 

@@ -52,7 +52,11 @@ async function main(): Promise<void> {
   } catch (err) {
     reason = (err as CtxccError).reason;
   }
-  console.log(`ok ${steps} steps session ${session.sessionId} seq ${last} largest_view_bytes ${largest} missing_reason ${reason}`);
+  const { whole, deltas, mismatches } = stream.stats;
+  console.log(
+    `ok ${steps} steps session ${session.sessionId} seq ${last} largest_view_bytes ${largest} missing_reason ${reason}` +
+      ` whole ${whole} deltas ${deltas} mismatches ${mismatches}`,
+  );
   stream.close();
   ctx.close();
 }

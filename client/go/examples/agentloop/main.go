@@ -92,7 +92,8 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 	}
 	_, err = c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: "no-such-session"})
 	e, _ := ctxcc.AsError(err)
-	fmt.Printf("ok %d steps session %s seq %d largest_view_bytes %d missing_reason %s\n",
-		steps, session.GetSessionId(), view.GetEventBoundary(), largest, e.Reason)
+	stats := stream.Stats()
+	fmt.Printf("ok %d steps session %s seq %d largest_view_bytes %d missing_reason %s whole %d deltas %d mismatches %d\n",
+		steps, session.GetSessionId(), view.GetEventBoundary(), largest, e.Reason, stats.Whole, stats.Deltas, stats.Mismatches)
 	return nil
 }
