@@ -14,7 +14,17 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench import appends, claude_vocab, clients, delta, isolation, rpc, scale, tokenizers
+from bench import (
+    appends,
+    claude_vocab,
+    clients,
+    delta,
+    isolation,
+    rpc,
+    scale,
+    stepcost,
+    tokenizers,
+)
 from bench.paths import dev_traces
 from server.replay import run as replay
 
@@ -81,6 +91,7 @@ def main() -> None:
         root = Path(tmp)
         detail: dict[str, float] = {}
         detail |= rpc.run(root / "rpc", scale=s)
+        detail |= stepcost.run(root / "stepcost", scale=s)
         detail |= delta.run(root / "delta", scale=s)
         detail |= appends.run(scale=s)
         detail |= clients.run(root / "clients", scale=s)
