@@ -33,15 +33,14 @@ from ctxcc.v1 import (
     common_pb2,
     compile_service_pb2,
     compile_service_pb2_grpc,
-    event_pb2,
     session_pb2,
     session_service_pb2,
     session_service_pb2_grpc,
-    tool_pb2,
     tool_service_pb2,
     tool_service_pb2_grpc,
     view_pb2,
 )
+from server.replay_events import events_of, tools_of
 
 MIN_REPORTED = 100
 KEYS = (
@@ -93,43 +92,6 @@ def read_trace(path: Path) -> Iterator[dict[str, Any]]:
                 raise SystemExit(f"ctxcc replay: {path}:{n}: not JSON ({exc})") from None
 
 
-def _event(message: dict[str, Any]) -> event_pb2.Event | None:
-    text = message.get("content") or ""
-    if not isinstance(text, str):
-        text = json.dumps(text)
-    if not text:
-        return None
-    ev = event_pb2.Event()
-    role = message.get("role")
-    if role == "assistant":
-        ev.assistant_message.parts.add(text=text)
-    elif role == "system":
-        ev.imported_message.origin_session_id = "trace"
-        ev.imported_message.role = event_pb2.MESSAGE_ROLE_SYSTEM
-        ev.imported_message.parts.add(text=text)
-    else:  # user, and tool results flattened to text (the trace has no call structure)
-        ev.user_message.parts.add(text=text)
-    return ev
-
-
-def _tools(raw: Any) -> list[tool_pb2.ToolDefinition]:
-    out = []
-    for t in raw or []:
-        fn = t.get("function", t) if isinstance(t, dict) else {}
-        name = fn.get("name")
-        if not isinstance(name, str):
-            continue
-        schema = fn.get("parameters", fn.get("input_schema", {}))
-        out.append(
-            tool_pb2.ToolDefinition(
-                name=name,
-                description=str(fn.get("description", "")),
-                input_schema_json=json.dumps(schema),
-            )
-        )
-    return out
-
-
 class Stubs:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.sessions: Any = session_service_pb2_grpc.SessionServiceStub(channel)
@@ -165,7 +127,7 @@ async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]
                     )
                 )
             new = messages
-        events = [e for e in (_event(m) for m in new) if e is not None]
+        events = [e for m in new for e in events_of(m)]
         for i in range(0, len(events), 500):
             result = await stubs.sessions.AppendEvents(
                 session_service_pb2.AppendEventsRequest(session_id=sid, events=events[i : i + 500])
@@ -175,7 +137,7 @@ async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]
         if req.get("tools") and encoded != tools_json:
             await stubs.tools.RegisterTools(
                 tool_service_pb2.RegisterToolsRequest(
-                    session_id=sid, tools=_tools(req["tools"]), replace_all=True
+                    session_id=sid, tools=tools_of(req["tools"]), replace_all=True
                 )
             )
             tools_json = encoded
@@ -274,6 +236,9 @@ async def _target(address: str | None) -> AsyncIterator[grpc.aio.Channel]:
                 "metrics_listen": "none",
                 "ui_listen": "none",
                 "durability": "buffered",
+                # The provider read every tool result whole: keep them inline, as
+                # the view would otherwise show a large one as a stored preview.
+                "blob_threshold_bytes": str(64 << 20),
             },
             env={},
         )

@@ -79,6 +79,7 @@ def _finite(model: RouteModel) -> bool:
     """A NaN or an infinity decodes fine but would turn every estimate on the route into
     an error (an integer cannot be rounded from it)."""
     figures = [model.ratio, model.overhead, model.overhead_spread, model.full_local]
+    figures.append(model.framing)
     figures += [x for pair in model.ratio_observations for x in pair]
     return all(math.isfinite(x) for x in figures)
 

@@ -249,6 +249,9 @@ def claude_pieces(text: str) -> list[str]:
 class ClaudeCounter(_CachedCounter):
     """Claude-vocabulary counts times a family factor."""
 
+    # Anthropic's API takes tool-call arguments as an object (compiler/tokens.py).
+    arguments_as_parameters = True
+
     def __init__(self, factor: float = 1.0) -> None:
         super().__init__("anthropic-tokenizer:claude", factor)
 

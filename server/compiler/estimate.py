@@ -2,7 +2,8 @@
 
 With a real baseline on the same route — the input tokens the provider reported for a
 previous view of this session — the estimate is that baseline plus the change since,
-in the provider's tokens (the route model's ratio times the local change): the
+in the provider's tokens (the route model's ratio times the local change, plus its
+framing per message that entered, minus per message that left): the
 messages that entered the view, minus those that left it (a checkpoint, a compaction,
 an edited message), plus the change in fixed parts (system prompt, tools, native
 state). Tokens of what left are the counts recorded at the baseline compile, so a
@@ -69,21 +70,23 @@ def removal_change(
     baseline_tokens: Sequence[int],
     digests: Sequence[bytes],
     messages: Sequence[ViewMessage],
-) -> tuple[int, int]:
-    """Tokens of messages that entered the view and of those that left it, matching
-    messages by content (a multiset: a message repeated twice counts twice)."""
+) -> tuple[int, int, int]:
+    """Tokens of messages that entered the view and of those that left it, and the
+    change in the number of messages, matching messages by content (a multiset: a
+    message repeated twice counts twice)."""
     kept: dict[bytes, list[int]] = defaultdict(list)
     for i, tokens in enumerate(baseline_tokens):
         kept[baseline_digests[i * DIGEST_PREFIX : (i + 1) * DIGEST_PREFIX]].append(tokens)
-    added = 0
+    added = entered = 0
     for d, m in zip(digests, messages, strict=True):
         left = kept.get(d[:DIGEST_PREFIX])
         if left:
             left.pop()
         else:
             added += m.tokens
-    removed = sum(t for rest in kept.values() for t in rest)
-    return added, removed
+            entered += 1
+    rest = [t for tokens in kept.values() for t in tokens]
+    return added, sum(rest), entered - len(rest)
 
 
 def estimate(
@@ -106,19 +109,20 @@ def estimate(
     table = b"".join(d[:DIGEST_PREFIX] for d in digests)
     tokens = tuple(m.tokens for m in messages)
     added: int | None = None
-    removed = 0
+    removed = count_change = 0
     if rs is not None and rs.messages_digest:
         if rs.message_count <= len(messages) and (
             _fold(digests[: rs.message_count]) == rs.messages_digest
         ):
             added = sum(tokens[rs.message_count :])
+            count_change = len(messages) - rs.message_count
         elif len(rs.message_tokens) == rs.message_count and rs.message_digests:
-            added, removed = removal_change(
+            added, removed, count_change = removal_change(
                 rs.message_digests, rs.message_tokens, digests, messages
             )
     if rs is not None and added is not None:
         raw = added - removed + fixed - rs.fixed_tokens
-        value = predict_delta(route_model, rs.baseline_input_tokens, raw, bounds)
+        value = predict_delta(route_model, rs.baseline_input_tokens, raw, count_change, bounds)
         basis = EstimateBasis(
             len(messages),
             full,
@@ -129,6 +133,7 @@ def estimate(
             table,
             tokens,
             removed,
+            count_change,
         )
         return value, EstimateMethod.BASELINE_DELTA, basis
     basis = EstimateBasis(len(messages), full, fixed, ledger, None, 0, table, tokens)

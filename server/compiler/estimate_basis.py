@@ -20,3 +20,5 @@ class EstimateBasis:
     message_tokens: tuple[int, ...] = ()
     # Tokens of the baseline's messages that left the view (0 for a pure append).
     removed_tokens: int = 0
+    # Messages that entered the view minus those that left it.
+    message_change: int = 0

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from server.compiler.text import escape_fences
-from server.compiler.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter
+from server.compiler.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter, arguments_text
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
 from server.domain.model import (
     ArtifactRef,
@@ -125,14 +125,19 @@ def image_tokens(ref: ArtifactRef) -> int:
 
 
 def message_tokens(msg: ViewMessage, counter: TokenCounter) -> int:
-    total = MESSAGE_OVERHEAD
+    # Call ids travel in the request with each call and again with its result.
+    total = MESSAGE_OVERHEAD + counter.count(msg.tool_call_id)
     for part in msg.parts:
         if part.text is not None:
             total += counter.count(part.text)
         elif part.attachment is not None:
             total += image_tokens(part.attachment)
+    # Counters for providers that take arguments as parameters say so (ClaudeCounter).
+    as_parameters = bool(getattr(counter, "arguments_as_parameters", False))
     for call in msg.tool_calls:
-        total += counter.count(call.name) + counter.count(call.arguments_json) + MESSAGE_OVERHEAD
+        args = arguments_text(call.arguments_json, as_parameters)
+        total += counter.count(call.call_id) + counter.count(call.name) + counter.count(args)
+        total += MESSAGE_OVERHEAD
     return total
 
 

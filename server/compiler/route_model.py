@@ -3,23 +3,23 @@
     reported input tokens ~ ratio * local count + overhead
 
 Rules this module keeps:
-- The ratio (the provider's tokenizer against ours) is learned from in-session changes:
-  reported change over local change between a baseline and the next report. A change
-  is free of everything constant in a session (hidden system prompt, tool preamble,
-  chat template), so it isolates the tokenizer. The ratio is the weighted median of
-  the last `window` observations and the prior, each weighing the size of its change
-  (capped at the prior's weight): a 2K-token change says more than a 300-token one,
-  and no single change outweighs the prior.
+- Ratio and framing (the provider's tokenizer against ours, and what it counts per
+  message beyond our framing: chat-template tokens, tool-call blocks) are learned from
+  in-session changes: between a baseline and the next report, reported change ~
+  ratio * local change + framing * messages added. A change is free of everything
+  constant in a session (hidden system prompt, tool preamble), so it isolates them.
+- Both come from one fit over the last `window` changes: least squares with priors
+  (ratio 1.0, framing 0), each change weighed by how noisy a change of its size is (a
+  fixed part for what no count sees, plus a share of the change: content kinds
+  tokenize differently), and Huber weights so that one odd change cannot swing them.
 - The overhead (what the provider counts that no local item explains) is learned from
   reports on requests that had no session baseline: reported - ratio * local count.
-- Priors: ratio 1.0 worth `prior_weight` tokens of change; no overhead until a report.
-  Before any feedback the estimate stays the local count (R-EST-2's conservatism).
-- Robust: a median for the ratio (tokenizer ratios of single changes are skewed: a
-  burst of code or JSON runs far above the rest); for the overhead, each report moves
-  it by at most `clip` * its running spread (a Huber step). One odd report cannot
-  swing either.
+- Priors: ratio 1.0, framing 0; no overhead until a report. Before any feedback the
+  estimate stays the local count (R-EST-2's conservatism).
+- Robust: Huber weights for the fit; for the overhead, each report moves it by at most
+  `clip` * its running spread (a Huber step).
 - Smoothed: the overhead is a running mean until `1 / alpha` reports, an exponential
-  average after; the ratio forgets changes older than its window. Both follow an agent
+  average after; the fit forgets changes older than its window. Both follow an agent
   whose prompt or content changes over weeks.
 - Bounded by counter kind: an exact tokenizer keeps the ratio near 1.0; a borrowed
   tokenizer may be off both ways; the conservative per-character estimator runs high
@@ -31,6 +31,7 @@ Pure: no I/O, no clock. The service loads the model, calls these functions, stor
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 
 from server.domain.catalog import ModelInfo
@@ -78,13 +79,21 @@ def counter_kind(info: ModelInfo) -> CounterKind:
 
 @dataclass(frozen=True, slots=True)
 class LearningConfig:
-    # Weight of the ratio prior (1.0), in tokens of observed change; also the most a
-    # single change may weigh.
-    prior_weight: float = 2_000.0
-    # Changes the ratio remembers.
+    # Prior spread of the ratio around 1.0, and of the framing around 0 (tokens/message).
+    ratio_prior_sd: float = 0.3
+    framing_prior_sd: float = 20.0
+    # Noise of one change: tokens no local count sees, plus this share of the change.
+    change_noise_tokens: float = 30.0
+    change_noise_share: float = 0.05
+    # Changes the fit remembers, and the Huber cut (in noise units) and passes.
     window: int = 32
-    # Changes smaller than this (tokens) say too little about a tokenizer.
-    min_delta: int = 200
+    huber: float = 2.5
+    passes: int = 6
+    # Framing is kept within these bounds (tokens per message).
+    framing_low: float = -50.0
+    framing_high: float = 200.0
+    # Weight, in tokens of change, of one pre-framing observation (reported / local).
+    legacy_weight_cap: float = 2_000.0
     # Smoothing of the overhead once 1 / alpha reports have been seen.
     alpha: float = 0.5
     # An overhead step is cut to this many running spreads (Huber); spread smoothing.
@@ -112,10 +121,16 @@ def predict_full(model: RouteModel | None, local: int, bounds: RatioBounds) -> i
 
 
 def predict_delta(
-    model: RouteModel | None, baseline: int, local_change: int, bounds: RatioBounds
+    model: RouteModel | None,
+    baseline: int,
+    local_change: int,
+    message_change: int,
+    bounds: RatioBounds,
 ) -> int:
-    """A session baseline plus the local change since, in the provider's tokens."""
-    return max(0, baseline + round(ratio_of(model, bounds) * local_change))
+    """A session baseline plus the change since, in the provider's tokens."""
+    framing = 0.0 if model is None else model.framing
+    change = ratio_of(model, bounds) * local_change + framing * message_change
+    return max(0, baseline + round(change))
 
 
 def _step(value: float, observed: float, spread: float, gain: float, clip: float) -> float:
@@ -129,39 +144,74 @@ def _spread(spread: float, observed: float, value: float, cfg: LearningConfig) -
     return spread + cfg.spread_alpha * (dev - spread)
 
 
-def weighted_median(pairs: tuple[tuple[float, float], ...]) -> float:
-    """The lower weighted median of (value, weight) pairs."""
-    ordered = sorted(pairs)
-    half = sum(w for _, w in ordered) / 2
-    acc = 0.0
-    for value, weight in ordered:
-        acc += weight
-        if acc >= half:
-            return value
-    return 1.0
+def _solve(a: list[list[float]], b: list[float]) -> tuple[float, float]:
+    det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+    return (
+        (b[0] * a[1][1] - a[0][1] * b[1]) / det,
+        (a[0][0] * b[1] - a[1][0] * b[0]) / det,
+    )
+
+
+def fit_change(
+    changes: tuple[tuple[int, int, int], ...], cfg: LearningConfig
+) -> tuple[float, float]:
+    """(ratio, framing) from (local, reported, messages) changes: iteratively reweighted
+    least squares with the priors as two extra observations."""
+    ratio, framing = 1.0, 0.0
+    for _ in range(cfg.passes):
+        # Normal equations; the priors keep them regular with a single change.
+        a = [[cfg.ratio_prior_sd**-2, 0.0], [0.0, cfg.framing_prior_sd**-2]]
+        b = [cfg.ratio_prior_sd**-2, 0.0]
+        for local, reported, messages in changes:
+            sd = math.hypot(cfg.change_noise_tokens, cfg.change_noise_share * local)
+            off = abs(reported - ratio * local - framing * messages) / sd
+            w = (1.0 if off <= cfg.huber else cfg.huber / off) / (sd * sd)
+            a[0][0] += w * local * local
+            a[0][1] += w * local * messages
+            a[1][1] += w * messages * messages
+            b[0] += w * local * reported
+            b[1] += w * messages * reported
+        a[1][0] = a[0][1]
+        ratio, framing = _solve(a, b)
+    return ratio, framing
+
+
+def _changes_of(model: RouteModel, cfg: LearningConfig) -> tuple[tuple[int, int, int], ...]:
+    """The model's changes; a model learned before framing existed seeds them with its
+    ratio observations (no message counts)."""
+    if model.changes or not model.ratio_observations:
+        return model.changes
+    out = []
+    for ratio, weight in model.ratio_observations:
+        local = round(min(weight, cfg.legacy_weight_cap))
+        out.append((local, round(ratio * local), 0))
+    return tuple(out)
 
 
 def observe_delta(
     model: RouteModel,
-    local_change: int,
-    reported_change: int,
+    change: tuple[int, int, int],
     bounds: RatioBounds,
     cfg: LearningConfig,
 ) -> RouteModel:
-    """One in-session change: reported change / local change updates the ratio."""
-    if local_change < cfg.min_delta or reported_change <= 0:
-        return model
-    observed = bounds.clamp(reported_change / local_change)
-    weight = float(min(local_change, cfg.prior_weight))
-    kept = (*model.ratio_observations, (round(observed, 6), weight))[-cfg.window :]
-    ratio = bounds.clamp(weighted_median(((1.0, cfg.prior_weight), *kept)))
+    """One in-session change (local change, reported change, messages added) refits
+    ratio and framing."""
+    local, reported, messages = change
+    if local <= 0 or reported <= 0 or messages < 0:
+        return model  # nothing entered, or the report shrank: no tokenizer to learn
+    kept = (*_changes_of(model, cfg), (local, reported, messages))[-cfg.window :]
+    raw_ratio, raw_framing = fit_change(kept, cfg)
+    ratio = bounds.clamp(raw_ratio)
+    framing = min(cfg.framing_high, max(cfg.framing_low, raw_framing))
     # The overhead was learned as reported - ratio * local: re-express it under the new
     # ratio at the typical local size of the requests it was learned from.
     shift = (ratio - ratio_of(model, bounds)) * model.full_local
     return replace(
         model,
         ratio=ratio,
-        ratio_observations=kept,
+        framing=framing,
+        changes=kept,
+        ratio_observations=(),
         delta_samples=model.delta_samples + 1,
         overhead=model.overhead - shift,
     )

@@ -73,6 +73,8 @@ class CompileRecord:
     message_tokens: tuple[int, ...] = ()
     # Tokens of the baseline's messages that had left the view (0: a pure append).
     removed_tokens: int = 0
+    # Messages that entered the view since the baseline minus those that left it.
+    message_change: int = 0
     # What the inspector's timeline draws. Records written before these fields existed
     # read with the defaults (empty layers, zero budget) and are shown as "not recorded".
     layer_tokens: tuple[tuple[int, int], ...] = ()  # (layer number, tokens)
@@ -115,7 +117,8 @@ class RouteModel:
 
     route_id: str
     ratio: float = 1.0
-    # The latest in-session changes behind the ratio: (reported / local, weight).
+    # Models written before `changes` existed: (reported / local, weight) per change.
+    # They seed the fit as changes without message counts until new changes replace them.
     ratio_observations: tuple[tuple[float, float], ...] = ()
     delta_samples: int = 0
     overhead: float = 0.0
@@ -124,6 +127,12 @@ class RouteModel:
     # Smoothed local count of the requests the overhead was learned from.
     full_local: float = 0.0
     update_time_ns: int = 0
+    # Provider tokens per message beyond the local count's framing (chat templates,
+    # tool-call blocks), learned with the ratio.
+    framing: float = 0.0
+    # The latest in-session changes behind ratio and framing:
+    # (local change, reported change, messages added).
+    changes: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,6 +255,7 @@ class CompileUseCases:
             message_digests=basis.message_digests if basis else b"",
             message_tokens=basis.message_tokens if basis else (),
             removed_tokens=basis.removed_tokens if basis else 0,
+            message_change=basis.message_change if basis else 0,
             layer_tokens=tuple((int(r.layer), r.tokens) for r in view.layers),
             context_window=view.budget.context_window,
             input_budget=view.budget.input_budget,
@@ -439,7 +440,8 @@ class CompileUseCases:
                 # change can be small beside large gross changes.
                 if record.removed_tokens == 0:
                     reported = usage.input_tokens - record.baseline_tokens
-                    m = observe_delta(m, record.raw_delta, reported, bounds, cfg)
+                    change = (record.raw_delta, reported, record.message_change)
+                    m = observe_delta(m, change, bounds, cfg)
             elif not delta:
                 # Records written before the ledger was kept: a FULL estimate was the ledger.
                 local = record.ledger_tokens or record.estimated_input_tokens

@@ -189,7 +189,8 @@ async def test_inspect_and_sessions_after_a_replay(replayed: tuple[Daemon, str])
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[0].startswith(f"session {sid}  seq 3")
     assert text.stdout.splitlines()[1].startswith("showing ")
-    assert text.stdout.splitlines()[2].startswith("[") and "▓" in text.stdout
+    # Seq 3 is the first request's tool result: all of it is the current turn.
+    assert text.stdout.splitlines()[2].startswith("[") and "▒" in text.stdout.splitlines()[2]
     # Inspecting changes nothing: no compile is recorded, the estimate basis stays.
     again = json.loads((await asyncio.to_thread(ctxcc, "inspect", sid, "--json")).stdout)
     assert again["estimated_input_tokens"] == s["estimated_input_tokens"]

@@ -16,6 +16,7 @@ import lzma
 import socket
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import anthropic_tokenizer
 import pytest
@@ -31,6 +32,8 @@ from server.adapters.tokenizer import (
     load_cl100k,
     load_claude,
 )
+from server.compiler.tokens import arguments_text
+from server.replay_events import events_of
 
 # scripts/claude_vocab_reference.py on anthropic-0.38.0-py3-none-any.whl, tokenizers 0.23.3.
 PUBLISHED_VOCAB_DIGEST = "b7d4614435940dccb0742fb9dd2e6abfbca3293f3e34f8ce9ec499e3d0dfb610"
@@ -85,9 +88,9 @@ def test_anthropic_models_count_with_the_claude_vocabulary() -> None:
     assert isinstance(registry.for_model(catalog.lookup("claude-opus-4-1")), ClaudeCounter)
 
 
-def _claude_changes() -> list[tuple[int, int, list[str]]]:
-    """(reported change, reported total, new message texts) of every pure append on the
-    Claude Code route of the development traces."""
+def _claude_changes(with_roles: bool = False) -> list[tuple[int, int, list[Any]]]:
+    """(reported change, reported total, new message texts — or (text, role) pairs) of
+    every pure append on the Claude Code route of the development traces."""
     sessions: dict[str, list[dict[str, object]]] = defaultdict(list)
     with lzma.open(dev_traces(), "rt", encoding="utf-8") as f:
         for line in f:
@@ -103,7 +106,8 @@ def _claude_changes() -> list[tuple[int, int, list[str]]]:
             if cm[: len(pm)] != pm:
                 continue
             before, after = (int(str(r["reported_input_tokens"])) for r in (a, b))
-            out.append((after - before, after, [str(m["content"]) for m in cm[len(pm) :]]))
+            new = [(str(m["content"]), m["role"]) for m in cm[len(pm) :]]
+            out.append((after - before, after, new if with_roles else [t for t, _ in new]))
     return out
 
 
@@ -126,3 +130,49 @@ def test_claude_counts_follow_reported_usage_better_than_cl100k() -> None:
     reference = residual(lambda t: int(cl100k.count(t)))
     assert ours < 0.85 * reference, (ours, reference)
     assert ours < 0.26 / 100
+
+
+def _fit_residual(changes: list[tuple[int, int, int, int]]) -> float:
+    """Mean miss (share of the request) of reported change ~ ratio * local + framing *
+    messages, both chosen in hindsight by weighted least squares."""
+    s = [[0.0, 0.0], [0.0, 0.0]]
+    b = [0.0, 0.0]
+    for rep, total, local, n in changes:
+        w = 1 / total**2
+        s[0][0] += w * local * local
+        s[0][1] += w * local * n
+        s[1][1] += w * n * n
+        b[0] += w * local * rep
+        b[1] += w * n * rep
+    det = s[0][0] * s[1][1] - s[0][1] ** 2
+    ratio = (b[0] * s[1][1] - s[0][1] * b[1]) / det
+    framing = (s[0][0] * b[1] - s[0][1] * b[0]) / det
+    return sum(abs(rep - ratio * x - framing * n) / t for rep, t, x, n in changes) / len(changes)
+
+
+def test_tool_call_arguments_counted_as_parameters_follow_reported_usage() -> None:
+    """Claude reads a tool call's input as parameters with their values as is: counting
+    the values explains Claude Code's reported changes better than counting the escaped
+    JSON (measured: 0.235% against 0.240% of the request, mean)."""
+    counter = ClaudeCounter()
+
+    def count(texts: list[Any], as_parameters: bool) -> int:
+        n = 0
+        for ev in (e for t, role in texts for e in events_of({"role": role, "content": t})):
+            kind = ev.WhichOneof("payload")
+            if kind == "assistant_message":
+                n += sum(counter.count(p.text) for p in ev.assistant_message.parts)
+                for c in ev.assistant_message.tool_calls:
+                    args = arguments_text(c.arguments_json, as_parameters)
+                    n += counter.count(c.call_id) + counter.count(c.name) + counter.count(args)
+            elif kind == "tool_result":
+                n += counter.count(ev.tool_result.text) + counter.count(ev.tool_result.call_id)
+            else:
+                n += sum(counter.count(p.text) for p in ev.user_message.parts)
+        return n
+
+    changes = _claude_changes(with_roles=True)
+    values = [(rep, t, count(texts, True), len(texts)) for rep, t, texts in changes]
+    escaped = [(rep, t, count(texts, False), len(texts)) for rep, t, texts in changes]
+    assert sum(v[2] for v in values) < 0.97 * sum(e[2] for e in escaped)
+    assert _fit_residual(values) < 0.99 * _fit_residual(escaped)
