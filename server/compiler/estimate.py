@@ -59,10 +59,8 @@ def messages_digest(messages: Sequence[ViewMessage]) -> str:
 
 
 def _fold(digests: Sequence[bytes]) -> str:
-    h = hashlib.sha256()
-    for d in digests:
-        h.update(d)
-    return h.hexdigest()
+    # One update of the joined digests: the same hash as one update per digest.
+    return hashlib.sha256(b"".join(digests)).hexdigest()
 
 
 def removal_change(
