@@ -1,5 +1,6 @@
 """Daemon CPU per compile of a session holding a 1 MiB user message, and how long a
-health check and an append of another session take meanwhile.
+health check and an append of another session take meanwhile; and the CPU of the first
+compile of ordinary big sessions, against the default compile CPU budget.
 
 CPU is read from /proc for the daemon's threads (time on a CPU), so client work and
 machine load do not count; the latency figures do feel the load.
@@ -20,10 +21,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.daemon import BenchDaemon
-from bench.rpc import OPTIONS, ROUTE, Api, _user
+from bench.rpc import OPTIONS, ROUTE, Api, _assistant, _result, _user
+from ctxcc.v1 import common_pb2, event_pb2, session_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
+from server.service.compiling import CompilerSettings
 
 MESSAGE_BYTES = 1 << 20
 
@@ -46,7 +48,7 @@ def _words(n: int) -> str:
     return (line * (n // len(line) + 1))[:n]
 
 
-def run(root: Path, compiles: int = 10) -> dict[str, float]:
+def run(root: Path, compiles: int = 10, first_compiles: bool = True) -> dict[str, float]:
     root.mkdir(parents=True, exist_ok=True)
     d = BenchDaemon(root / "data", "--max-event-bytes", str(2 * MESSAGE_BYTES))
     d.start_timed()
@@ -74,10 +76,64 @@ def run(root: Path, compiles: int = 10) -> dict[str, float]:
             out[f"compile_1mib_{name}_cpu_ms"] = cpu * 1000
             out[f"compile_1mib_{name}_wall_p50_ms"] = statistics.median(walls) * 1000
         out |= _probe_during_compiles(d.target, api, compiles)
+        if first_compiles:  # ~40 MB of setup: left out of the smoke run
+            out |= _first_compiles(d, api)
         api.channel.close()
         return out
     finally:
         d.stop()
+
+
+def _first_compile_ms(d: BenchDaemon, api: Api, sid: str, model: str) -> float:
+    assert d.proc is not None
+    request = cpb.CompileRequest(session_id=sid, route=common_pb2.Route(model=model))
+    before = daemon_cpu_s(d.proc.pid)
+    try:
+        api.compiles.Compile(request, timeout=300)
+    except grpc.RpcError as err:
+        # A view over the unary limit is refused after the compile did its work.
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+    return (daemon_cpu_s(d.proc.pid) - before) * 1000
+
+
+def _first_compiles(d: BenchDaemon, api: Api) -> dict[str, float]:
+    """First compiles (nothing counted or scanned before) of big but ordinary sessions:
+    2,000 messages of an agent loop (~1 MB), and 34 MB of history (17 user/assistant
+    pairs of 1 MB, the hostile corpus' case), on a GPT (o200k) and a Claude route."""
+    out: dict[str, float] = {}
+    budget_ms = CompilerSettings().cpu_budget_ms
+    for model, tag in (("gpt-4o", "gpt"), ("claude-sonnet-4", "claude")):
+        sid = f"loop-{tag}"
+        api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+        )
+        events = [_user(f"task {tag}: fix the failing test in src/pkg/module.py")]
+        for i in range(666):
+            call = f"c{i}"
+            events += [
+                _assistant(f"step {i} ({tag}): reading the file to see what fails", call),
+                _result(call, f"line {i}: def handler_{i}(x): return x * {i}  # {tag}\n" * 8),
+            ]
+        events.append(_user(f"and now run the tests ({tag})"))
+        for lo in range(0, len(events), 500):
+            api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=sid, events=events[lo : lo + 500])
+            )
+        out[f"first_compile_2000_msgs_{tag}_cpu_ms"] = _first_compile_ms(d, api, sid, model)
+    line = "the build failed in src/pkg/module_42/handler.py, retrying with a clean cache\n"
+    api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="history"))
+    )
+    for i in range(17):
+        body = f"message {i}\n" + line * (1_000_000 // len(line))
+        reply = event_pb2.Event()
+        reply.assistant_message.parts.add(text=body)
+        pair = [_user(body), reply]
+        api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="history", events=pair))
+    out["first_compile_34mb_history_gpt_cpu_ms"] = _first_compile_ms(d, api, "history", "gpt-4o")
+    out["budget_over_worst_first_compile"] = budget_ms / max(out.values())
+    out["compile_cpu_budget_ms"] = float(budget_ms)
+    return out
 
 
 def _probe_during_compiles(target: str, api: Api, compiles: int) -> dict[str, float]:

@@ -247,6 +247,7 @@ class Daemon:
             time_granularity_s=cfg.time_granularity,
             budget=cfg.budget,
             memo_bytes=cfg.compile_memo_bytes,
+            cpu_budget_ms=cfg.compile_cpu_budget_ms,
             caps=SourceCaps(
                 instruction_file_chars=cfg.instruction_file_cap,
                 instructions_total_chars=cfg.instructions_cap,

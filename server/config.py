@@ -95,6 +95,12 @@ SETTINGS: tuple[Setting, ...] = (
         "memory for compile memos (each session's projected history, so a step compiles only "
         "its new events); 0 compiles every view from scratch",
     ),
+    Setting(
+        "compile_cpu_budget_ms",
+        "30000",
+        "CPU milliseconds one compile (its loading, projection and renderings) may use "
+        "before it is stopped with RESOURCE_EXHAUSTED/QUOTA_EXCEEDED; 0 = no limit",
+    ),
     Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
     Setting(
         "workspace_roots",
@@ -184,6 +190,7 @@ class Config:
     disk_reserve_bytes: int
     stream_chunk_bytes: int
     compile_memo_bytes: int
+    compile_cpu_budget_ms: int
     kernel_file: str
     workspace_roots: tuple[Path, ...]
     global_dir: Path | None
@@ -385,6 +392,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         disk_reserve_bytes=_int(raw, "disk_reserve_bytes"),
         stream_chunk_bytes=_int(raw, "stream_chunk_bytes", minimum=1024),
         compile_memo_bytes=_int(raw, "compile_memo_bytes", minimum=0),
+        compile_cpu_budget_ms=_int(raw, "compile_cpu_budget_ms", minimum=0),
         kernel_file=raw["kernel_file"],
         workspace_roots=tuple(Path(p) for p in _csv(raw["workspace_roots"])),
         global_dir=Path(raw["global_dir"]) if raw["global_dir"] else None,

@@ -165,7 +165,10 @@ class _CachedCounter:
         self.factor = factor
         self.name = f"{name}*{factor:g}"
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, int] = OrderedDict()
+        # Keyed by the text's hash and length, not the text: a cache of 8,192 counts must
+        # not keep 8,192 texts of up to 1 MiB alive. (str hashes are salted per process,
+        # so no client can aim at a collision.)
+        self._cache: OrderedDict[tuple[int, int], int] = OrderedDict()
 
     def _count(self, text: str) -> int:
         raise NotImplementedError
@@ -173,14 +176,15 @@ class _CachedCounter:
     def raw(self, text: str) -> int:
         if len(text) < _CACHE_MIN_CHARS:
             return self._count(text)
+        key = (hash(text), len(text))
         with self._lock:
-            hit = self._cache.get(text)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(text)
+                self._cache.move_to_end(key)
                 return hit
         n = self._count(text)
         with self._lock:
-            self._cache[text] = n
+            self._cache[key] = n
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         return n

@@ -45,6 +45,7 @@ from server.compiler.view import (
     ToolVisibility,
     ViewTool,
 )
+from server.compiler.work import Check, checked, unchecked
 from server.domain.model import (
     AssistantMessage,
     Event,
@@ -253,10 +254,13 @@ def compile_incremental(
     memo: ProjectionMemo | None,
     *,
     remember: bool = True,
+    check: Check = unchecked,
 ) -> tuple[CompiledView, ProjectionMemo | None, bool]:
     """The view, the memo for the next compile (when `remember`), and whether `memo` was
-    verified and used; the view is the same byte for byte either way."""
-    named = paths_in_texts(active_texts(inputs.events, inputs.current_user))
+    verified and used; the view is the same byte for byte either way. `check` runs
+    between units of work and may raise to stop the compile (work.py)."""
+    counter = checked(counter, check)
+    named = paths_in_texts(active_texts(inputs.events, inputs.current_user), check)
     built = build_source_sections(inputs.sources, named.paths, counter)
     sections = assemble(
         kernel_text=inputs.kernel_text,
@@ -277,6 +281,7 @@ def compile_incremental(
         remember=remember,
     )
     projection = run.projection
+    check()
     loadable = bool(built.loadable_rules) and SectionKind.RULE_INDEX not in inputs.exclude_sections
     tools = select_tools(
         inputs, counter, references_blobs=projection.references_blobs, loadable_rules=loadable

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import re2
 
+from server.compiler.work import Check, unchecked
+
 # Globs: per rule and per character. Registration refuses more; files and old
 # records over the caps are cut with a note (never a compile failure).
 MAX_GLOBS = 64
@@ -174,7 +176,7 @@ class _Unions:
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, int], _Union] = OrderedDict()
 
-    def get(self, texts: Sequence[str]) -> FoundPaths:
+    def get(self, texts: Sequence[str], check: Check) -> FoundPaths:
         keys = tuple((hash(t), len(t)) for t in texts)
         if not keys:
             return FoundPaths(())
@@ -193,6 +195,7 @@ class _Unions:
             start, seen, size, capped = 0, {}, 0, False
         full = False
         for text in texts[start:]:
+            check()
             found = _MEMO.get(text)
             capped = capped or found.capped
             for path in found.paths:
@@ -217,10 +220,11 @@ class _Unions:
 _UNIONS = _Unions(256)
 
 
-def paths_in_texts(texts: Sequence[str]) -> FoundPaths:
+def paths_in_texts(texts: Sequence[str], check: Check = unchecked) -> FoundPaths:
     """`paths_in` over several texts (the messages of a turn), each scanned once and
-    remembered; the union keeps first-appearance order and the same caps."""
-    return _UNIONS.get(texts)
+    remembered; the union keeps first-appearance order and the same caps. `check` runs
+    before each text not yet remembered (a compile's work budget, see work.py)."""
+    return _UNIONS.get(texts, check)
 
 
 # -- rule globs -----------------------------------------------------------------------

@@ -37,6 +37,7 @@ from server.domain.validation import check_id, check_path_form, check_route_fiel
 from server.service.basis import basis_of
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
+from server.service.cpu_budget import CpuBudget
 from server.service.inputs import (
     MAX_USAGE_TOKENS,
     UNRECORDED_PREFIX,
@@ -118,6 +119,8 @@ class CompilerSettings:
     auto_compact: bool = True
     # Memory for compile memos; 0 compiles every view from scratch.
     memo_bytes: int = 32 << 20
+    # CPU one compile may use (loading, projection, renderings); 0 = no limit.
+    cpu_budget_ms: int = 30_000
 
 
 class CompileUseCases:
@@ -152,8 +155,12 @@ class CompileUseCases:
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
 
-    async def compile(self, opts: CompileOptions, *, may_compact: bool = True) -> CompileResult:
+    async def compile(
+        self, opts: CompileOptions, *, may_compact: bool = True, budget: CpuBudget | None = None
+    ) -> CompileResult:
         started = time.perf_counter()
+        # One budget for the whole request, a built-in compaction's second compile included.
+        budget = budget or CpuBudget(self._settings.cpu_budget_ms)
         if opts.rebuild_compile_id:
             sid = opts.rebuild_compile_id.partition(":")[0]
             if opts.session_id and opts.session_id != sid:
@@ -166,7 +173,9 @@ class CompileUseCases:
         check_route_fields(_route_fields(opts.route))
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
-        prepared, done = await self._blocking.compute(self._prepare_and_finish, opts, may_compact)
+        prepared, done = await self._blocking.compute(
+            self._prepare_and_finish, opts, may_compact, budget
+        )
         session, history, view, counter, inputs, info = prepared
         if done is not None:
             self._published(opts, session, done.view, started)
@@ -175,7 +184,7 @@ class CompileUseCases:
         recorded = is_recorded(opts)
         wants = view.decision is not Decision.OK and may_compact and recorded
         if wants and await self._builtin_compaction(session, history, view):
-            return await self.compile(opts, may_compact=False)
+            return await self.compile(opts, may_compact=False, budget=budget)
         if view.compaction is not None:
             digest = await self._blocking.run(
                 self._loader.range_digest, session, view.compaction.through_seq
@@ -185,26 +194,28 @@ class CompileUseCases:
                 self._telemetry.compaction("model_summary", performed=False)
         if rebuild:
             # A rebuild repeats a recorded compile: nothing new to record or publish.
-            return await self._blocking.run(self._finish, None, (), view, opts, counter)
+            return await self._blocking.run(self._finish, None, (), view, opts, counter, budget)
         record, parts = self._record(opts, view, inputs, info)
         if record is None:
             if not opts.render_formats:
                 return CompileResult(view)
             # Looking may still render provider bodies; it records nothing.
-            return await self._blocking.compute(self._finish, None, (), view, opts, counter)
-        result = await self._blocking.compute(self._finish, record, parts, view, opts, counter)
+            return await self._blocking.compute(self._finish, None, (), view, opts, counter, budget)
+        result = await self._blocking.compute(
+            self._finish, record, parts, view, opts, counter, budget
+        )
         self._published(opts, session, view, started)
         return result
 
     def _prepare_and_finish(
-        self, opts: CompileOptions, may_compact: bool
+        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
     ) -> tuple[
         tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo],
         CompileResult | None,
     ]:
         """Blocking: the whole compile when it needs nothing from the event loop (no
         compaction to make or to digest, not a rebuild); else only the prepared parts."""
-        prepared = self._prepare(opts)
+        prepared = self._prepare(opts, budget)
         _, _, view, counter, inputs, info = prepared
         recorded = is_recorded(opts)
         if (
@@ -215,7 +226,7 @@ class CompileUseCases:
         ):
             return prepared, None
         record, parts = self._record(opts, view, inputs, info)
-        return prepared, self._finish(record, parts, view, opts, counter)
+        return prepared, self._finish(record, parts, view, opts, counter, budget)
 
     def _published(
         self, opts: CompileOptions, session: Session, view: CompiledView, started: float
@@ -274,8 +285,22 @@ class CompileUseCases:
         view: CompiledView,
         opts: CompileOptions,
         counter: TokenCounter,
+        budget: CpuBudget,
     ) -> CompileResult:
-        """Blocking: record the compile (unless a dry run), read image bytes, render bodies."""
+        """Blocking: read image bytes, render bodies, then record the compile (unless a dry
+        run): last, so that a compile stopped by its CPU budget leaves no record."""
+        with budget.running():
+            attachments: tuple[tuple[str, bytes], ...] = ()
+            if opts.inline_images or opts.render_formats:
+                attachments = self._materialize(opts.session_id, view)
+            # Renderers add no content of their own, so the view's estimate is the body's.
+            data = dict(attachments)
+            renderings = []
+            for fmt in opts.render_formats:
+                budget.check()
+                body = render(view, fmt, data)
+                renderings.append((fmt, body, view.budget.estimated_input_tokens))
+            budget.check()
         if record is not None:
             try:
                 self._store.put_compile(record, parts)
@@ -284,21 +309,19 @@ class CompileUseCases:
                 # usage report for this compile answers COMPILE_NOT_FOUND, as after a crash.
                 if err.reason is not Reason.DISK_FULL:
                     raise
-        attachments: tuple[tuple[str, bytes], ...] = ()
-        if opts.inline_images or opts.render_formats:
-            attachments = self._materialize(opts.session_id, view)
-        # Renderers add no content of their own, so the view's estimate is the body's.
-        data = dict(attachments)
-        renderings = tuple(
-            (fmt, render(view, fmt, data), view.budget.estimated_input_tokens)
-            for fmt in opts.render_formats
-        )
-        return CompileResult(view, attachments if opts.inline_images else (), renderings)
+        shown = attachments if opts.inline_images else ()
+        return CompileResult(view, shown, tuple(renderings))
 
     def _prepare(
-        self, opts: CompileOptions
+        self, opts: CompileOptions, budget: CpuBudget
     ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo]:
         """Blocking: load everything the compile needs, then run the pure compiler."""
+        with budget.running():
+            return self._prepare_within(opts, budget)
+
+    def _prepare_within(
+        self, opts: CompileOptions, budget: CpuBudget
+    ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo]:
         # Only compiles at the head continue from a memo (and leave one): time travel
         # compiles against another boundary and sources than the next step will.
         at_head = not opts.as_of_seq and not opts.rebuild_compile_id and self._settings.memo_bytes
@@ -306,8 +329,9 @@ class CompileUseCases:
         key = (opts.session_id, session.create_time_ns if session else 0, opts.route.route_id)
         memo = self._memos.get(key) if session is not None else None
         session, inputs, info, history = self._assembler.assemble(opts, memo)
+        budget.check()
         counter = self._tokenizers.for_model(info)
-        view, new_memo, reused = compile_incremental(inputs, counter, memo)
+        view, new_memo, reused = compile_incremental(inputs, counter, memo, check=budget.check)
         if at_head:
             self._telemetry.memo_used("hit" if reused else "stale" if memo else "miss")
             self._memos.put(key, new_memo)

@@ -1,0 +1,41 @@
+"""Cooperative limits on a compile's work, injected so the core stays pure.
+
+The core never reads a clock. The service hands it a `Check`, a function the core calls
+between units of work (each token count, each scanned text, between phases); the check
+raises when the request's budget is spent, and the exception leaves the core untouched
+(nothing is half-built: the view is only made at the end). With `unchecked`, the default,
+nothing is ever interrupted and the view is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from server.compiler.tokens import TokenCounter
+
+Check = Callable[[], None]
+
+
+def unchecked() -> None:
+    """The check of a compile without a budget."""
+
+
+class CheckedCounter:
+    """A token counter that runs `check` before each count: counting is most of a first
+    compile's work, one message at a time."""
+
+    def __init__(self, counter: TokenCounter, check: Check) -> None:
+        self._counter = counter
+        self._check = check
+
+    @property
+    def name(self) -> str:
+        return self._counter.name
+
+    def count(self, text: str) -> int:
+        self._check()
+        return self._counter.count(text)
+
+
+def checked(counter: TokenCounter, check: Check) -> TokenCounter:
+    return counter if check is unchecked else CheckedCounter(counter, check)
