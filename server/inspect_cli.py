@@ -102,6 +102,7 @@ def summarize(view: view_pb2.CompiledView, top: int = 3, shown: str = "") -> dic
             "delta_samples": b.route_model.delta_samples,
             "full_samples": b.route_model.full_samples,
             "counter_kind": b.route_model.counter_kind,
+            "framing_tokens": round(b.route_model.framing_tokens, 1),
         },
         "free_tokens": max(0, window - b.estimated_input_tokens - b.output_reserve),
         "checkpoint_id": view.checkpoint_id or None,
@@ -154,7 +155,8 @@ def render(s: dict[str, Any]) -> str:
             else "  no usage reported on this route yet"
         )
         + f"  budget {s['input_budget']}  utilization {s['utilization']:.1%}",
-        "route model: ratio {ratio}  overhead {overhead_tokens}  learned from {delta_samples} "
+        "route model: ratio {ratio}  framing {framing_tokens}/message  overhead {overhead_tokens}"
+        "  learned from {delta_samples} "
         "changes and {full_samples} first requests  ({counter_kind} counter)".format(
             **s["route_model"]
         ),

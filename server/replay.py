@@ -78,6 +78,7 @@ class Row:
     provider_overhead: int = 0
     route_ratio: float = 1.0
     route_overhead: int = 0
+    route_framing: float = 0.0
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
@@ -178,6 +179,7 @@ async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]
                     provider_overhead=view.budget.provider_overhead_tokens,
                     route_ratio=view.budget.route_model.ratio,
                     route_overhead=view.budget.route_model.overhead_tokens,
+                    route_framing=round(view.budget.route_model.framing_tokens, 3),
                 )
             )
         if reported:

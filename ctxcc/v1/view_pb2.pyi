@@ -788,7 +788,8 @@ Global___Budget: _TypeAlias = Budget  # noqa: Y015
 @_typing.final
 class RouteModel(_message.Message):
     """RouteModel is what usage reports on a route (any session) taught the daemon:
-    reported input tokens ≈ ratio × local count + overhead_tokens.
+    reported input tokens ≈ ratio × local count + overhead_tokens, and a change within
+    a session ≈ ratio × local change + framing_tokens × messages added.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -798,6 +799,7 @@ class RouteModel(_message.Message):
     DELTA_SAMPLES_FIELD_NUMBER: _builtins.int
     FULL_SAMPLES_FIELD_NUMBER: _builtins.int
     COUNTER_KIND_FIELD_NUMBER: _builtins.int
+    FRAMING_TOKENS_FIELD_NUMBER: _builtins.int
     ratio: _builtins.float
     """Provider tokens per local token, learned from in-session changes."""
     overhead_tokens: _builtins.int
@@ -810,6 +812,10 @@ class RouteModel(_message.Message):
     """How the local count is made: "exact" (the provider's tokenizer), "scaled" (another
     family's tokenizer times a factor) or "conservative" (per-character weights).
     """
+    framing_tokens: _builtins.float
+    """Provider tokens per message beyond the local count's own framing (chat templates,
+    tool-call blocks), learned with the ratio from in-session changes.
+    """
     def __init__(
         self,
         *,
@@ -818,10 +824,11 @@ class RouteModel(_message.Message):
         delta_samples: _builtins.int = ...,
         full_samples: _builtins.int = ...,
         counter_kind: _builtins.str = ...,
+        framing_tokens: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counter_kind", b"counter_kind", "delta_samples", b"delta_samples", "full_samples", b"full_samples", "overhead_tokens", b"overhead_tokens", "ratio", b"ratio"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counter_kind", b"counter_kind", "delta_samples", b"delta_samples", "framing_tokens", b"framing_tokens", "full_samples", b"full_samples", "overhead_tokens", b"overhead_tokens", "ratio", b"ratio"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -326,6 +326,7 @@ def compile_incremental(
             delta_samples=model.delta_samples if model else 0,
             full_samples=model.full_samples if model else 0,
             counter_kind=inputs.counter_kind.value,
+            framing_tokens=round(model.framing, 3) if model else 0.0,
         ),
     )
     cap, cap_source, cap_note = output_cap(

@@ -138,6 +138,8 @@ class RouteParams:
     full_samples: int
     # How the local count was made: exact, scaled or conservative.
     counter_kind: str
+    # Provider tokens per message that entered the view beyond the local framing.
+    framing_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,6 +255,7 @@ def head_back(v: CompiledView) -> view_pb2.CompiledView:
                 delta_samples=b.route.delta_samples,
                 full_samples=b.route.full_samples,
                 counter_kind=b.route.counter_kind,
+                framing_tokens=b.route.framing_tokens,
             ),
             output_cap=b.output_cap,
             output_cap_source=view_pb2.OutputCapSource.ValueType(int(b.output_cap_source or 0)),

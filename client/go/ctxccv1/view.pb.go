@@ -1473,7 +1473,8 @@ func (x *Budget) GetOutputCapSource() OutputCapSource {
 }
 
 // RouteModel is what usage reports on a route (any session) taught the daemon:
-// reported input tokens ≈ ratio × local count + overhead_tokens.
+// reported input tokens ≈ ratio × local count + overhead_tokens, and a change within
+// a session ≈ ratio × local change + framing_tokens × messages added.
 type RouteModel struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Provider tokens per local token, learned from in-session changes.
@@ -1486,7 +1487,10 @@ type RouteModel struct {
 	FullSamples uint32 `protobuf:"varint,4,opt,name=full_samples,json=fullSamples,proto3" json:"full_samples,omitempty"`
 	// How the local count is made: "exact" (the provider's tokenizer), "scaled" (another
 	// family's tokenizer times a factor) or "conservative" (per-character weights).
-	CounterKind   string `protobuf:"bytes,5,opt,name=counter_kind,json=counterKind,proto3" json:"counter_kind,omitempty"`
+	CounterKind string `protobuf:"bytes,5,opt,name=counter_kind,json=counterKind,proto3" json:"counter_kind,omitempty"`
+	// Provider tokens per message beyond the local count's own framing (chat templates,
+	// tool-call blocks), learned with the ratio from in-session changes.
+	FramingTokens float64 `protobuf:"fixed64,6,opt,name=framing_tokens,json=framingTokens,proto3" json:"framing_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1554,6 +1558,13 @@ func (x *RouteModel) GetCounterKind() string {
 		return x.CounterKind
 	}
 	return ""
+}
+
+func (x *RouteModel) GetFramingTokens() float64 {
+	if x != nil {
+		return x.FramingTokens
+	}
+	return 0
 }
 
 // CompactionRequest asks the agent for a model-written summary (SPEC R-MISC-5).
@@ -1789,14 +1800,15 @@ const file_ctxcc_v1_view_proto_rawDesc = "" +
 	"routeModel\x12\x1d\n" +
 	"\n" +
 	"output_cap\x18\r \x01(\rR\toutputCap\x12E\n" +
-	"\x11output_cap_source\x18\x0e \x01(\x0e2\x19.ctxcc.v1.OutputCapSourceR\x0foutputCapSource\"\xb6\x01\n" +
+	"\x11output_cap_source\x18\x0e \x01(\x0e2\x19.ctxcc.v1.OutputCapSourceR\x0foutputCapSource\"\xdd\x01\n" +
 	"\n" +
 	"RouteModel\x12\x14\n" +
 	"\x05ratio\x18\x01 \x01(\x01R\x05ratio\x12'\n" +
 	"\x0foverhead_tokens\x18\x02 \x01(\x03R\x0eoverheadTokens\x12#\n" +
 	"\rdelta_samples\x18\x03 \x01(\rR\fdeltaSamples\x12!\n" +
 	"\ffull_samples\x18\x04 \x01(\rR\vfullSamples\x12!\n" +
-	"\fcounter_kind\x18\x05 \x01(\tR\vcounterKind\"\x8e\x01\n" +
+	"\fcounter_kind\x18\x05 \x01(\tR\vcounterKind\x12%\n" +
+	"\x0eframing_tokens\x18\x06 \x01(\x01R\rframingTokens\"\x8e\x01\n" +
 	"\x11CompactionRequest\x12\x19\n" +
 	"\bfrom_seq\x18\x01 \x01(\x04R\afromSeq\x12\x1f\n" +
 	"\vthrough_seq\x18\x02 \x01(\x04R\n" +

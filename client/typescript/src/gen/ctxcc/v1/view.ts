@@ -743,7 +743,8 @@ export interface Budget {
 
 /**
  * RouteModel is what usage reports on a route (any session) taught the daemon:
- * reported input tokens ≈ ratio × local count + overhead_tokens.
+ * reported input tokens ≈ ratio × local count + overhead_tokens, and a change within
+ * a session ≈ ratio × local change + framing_tokens × messages added.
  */
 export interface RouteModel {
   /** Provider tokens per local token, learned from in-session changes. */
@@ -759,6 +760,11 @@ export interface RouteModel {
    * family's tokenizer times a factor) or "conservative" (per-character weights).
    */
   counterKind: string;
+  /**
+   * Provider tokens per message beyond the local count's own framing (chat templates,
+   * tool-call blocks), learned with the ratio from in-session changes.
+   */
+  framingTokens: number;
 }
 
 /** CompactionRequest asks the agent for a model-written summary (SPEC R-MISC-5). */
@@ -2504,7 +2510,7 @@ export const Budget: MessageFns<Budget> = {
 };
 
 function createBaseRouteModel(): RouteModel {
-  return { ratio: 0, overheadTokens: 0, deltaSamples: 0, fullSamples: 0, counterKind: "" };
+  return { ratio: 0, overheadTokens: 0, deltaSamples: 0, fullSamples: 0, counterKind: "", framingTokens: 0 };
 }
 
 export const RouteModel: MessageFns<RouteModel> = {
@@ -2523,6 +2529,9 @@ export const RouteModel: MessageFns<RouteModel> = {
     }
     if (message.counterKind !== "") {
       writer.uint32(42).string(message.counterKind);
+    }
+    if (message.framingTokens !== 0) {
+      writer.uint32(49).double(message.framingTokens);
     }
     return writer;
   },
@@ -2580,6 +2589,14 @@ export const RouteModel: MessageFns<RouteModel> = {
             message.counterKind = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 49) {
+              break;
+            }
+
+            message.framingTokens = reader.double();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2615,6 +2632,11 @@ export const RouteModel: MessageFns<RouteModel> = {
         : isSet(object.counter_kind)
         ? globalThis.String(object.counter_kind)
         : "",
+      framingTokens: isSet(object.framingTokens)
+        ? globalThis.Number(object.framingTokens)
+        : isSet(object.framing_tokens)
+        ? globalThis.Number(object.framing_tokens)
+        : 0,
     };
   },
 
@@ -2635,6 +2657,9 @@ export const RouteModel: MessageFns<RouteModel> = {
     if (message.counterKind !== "") {
       obj.counterKind = message.counterKind;
     }
+    if (message.framingTokens !== 0) {
+      obj.framingTokens = floatToJson(message.framingTokens);
+    }
     return obj;
   },
 
@@ -2648,6 +2673,7 @@ export const RouteModel: MessageFns<RouteModel> = {
     message.deltaSamples = object.deltaSamples ?? 0;
     message.fullSamples = object.fullSamples ?? 0;
     message.counterKind = object.counterKind ?? "";
+    message.framingTokens = object.framingTokens ?? 0;
     return message;
   },
 };
