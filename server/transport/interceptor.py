@@ -53,13 +53,13 @@ class _Malformed:
 
 
 def _safe(
-    deserializer: Callable[[bytes], Any] | None, cap: RepeatedCap | None = None
+    deserializer: Callable[[bytes], Any] | None, caps: tuple[RepeatedCap, ...] = ()
 ) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
 
     def decode(data: bytes) -> Any:
-        if cap is not None:
+        for cap in caps:
             over = count_over(data, cap)
             if over is not None and cap.id_path:
                 return RefusedMessage(string_at(data, cap.id_path), cap.error(over))
@@ -94,7 +94,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         observe: RpcObserver,
         auth_token: str = "",
         drain: Drain | None = None,
-        caps: Mapping[str, RepeatedCap] | None = None,
+        caps: Mapping[str, tuple[RepeatedCap, ...]] | None = None,
     ) -> None:
         self._observe = observe
         self._token = auth_token
@@ -182,7 +182,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         service = full.strip("/").split("/")[0]
         name = method_label(full)
         kw = {
-            "request_deserializer": _safe(handler.request_deserializer, self._caps.get(full)),
+            "request_deserializer": _safe(handler.request_deserializer, self._caps.get(full, ())),
             "response_serializer": passing(handler.response_serializer),
         }
         if handler.unary_unary:

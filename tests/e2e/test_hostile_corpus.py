@@ -470,6 +470,20 @@ def _flood_step_refused(env: Env, replies: list[cpb.CompileStreamResponse]) -> N
     assert [e.seq for e in events] == [1]  # only the second step's event
 
 
+@functools.cache
+def _parts_body() -> bytes:
+    """AppendEventsRequest.events (2) -> Event.user_message (10) -> parts (1): one event
+    of 10,000,000 empty parts (20 MB), the last one's text not UTF-8."""
+    parts = _len_field(1, b"") * 10_000_000 + _len_field(1, _len_field(1, _BAD_STRING))
+    return _len_field(1, b"parts") + _len_field(2, _len_field(10, parts))
+
+
+def _parts_setup(env: Env) -> None:
+    env.current = "parts"
+    env.session("parts")
+    _parts_body()
+
+
 def _million_kinds(env: Env) -> Any:
     env.current = "kinds"
     env.session("kinds")
@@ -675,6 +689,18 @@ CASES: list[Case] = [
         ),
     ),
     Case("1,000,000 kinds in ListEvents", _million_kinds, INVALID),
+    Case(
+        "10,000,000 empty content parts in one event, refused before decoding",
+        lambda e: _raw_unary(e, "/ctxcc.v1.SessionService/AppendEvents", _parts_body()),
+        INVALID,
+        _parts_setup,
+        lambda e, _: (
+            None
+            if not e.sessions.ListEvents(spb.ListEventsRequest(session_id="parts")).events
+            else pytest.fail("a refused append wrote events")
+        ),
+        metadata={"field": "events"},
+    ),
     Case(
         "a session with 34 MB of history",
         lambda e: e.compile("history"),

@@ -4,14 +4,20 @@
 
 from __future__ import annotations
 
-from ctxcc.v1 import event_pb2
+from ctxcc.v1 import common_pb2, event_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.domain.errors import CtxccError, Reason
-from server.transport.wire import RepeatedCap, count_over, request_caps, string_at
+from server.transport.wire import (
+    MAX_EVENT_ELEMENTS,
+    RepeatedCap,
+    count_over,
+    request_caps,
+    string_at,
+)
 
 CAPS = request_caps(1_000, 512)
-APPEND = CAPS["/ctxcc.v1.SessionService/AppendEvents"]
-LIST = CAPS["/ctxcc.v1.SessionService/ListEvents"]
+APPEND = CAPS["/ctxcc.v1.SessionService/AppendEvents"][0]
+LIST = CAPS["/ctxcc.v1.SessionService/ListEvents"][0]
 
 
 def _append(n: int) -> bytes:
@@ -53,7 +59,7 @@ def _rule(globs: int) -> bytes:
 
 
 def test_nested_globs_are_counted_inside_the_rule() -> None:
-    cap = CAPS["/ctxcc.v1.SourceService/PutRule"]
+    cap = CAPS["/ctxcc.v1.SourceService/PutRule"][0]
     assert count_over(_rule(64), cap) is None
     assert count_over(_rule(65), cap) == 65
     assert count_over(_rule(200_000), cap) == 65  # stops at the limit + 1
@@ -64,7 +70,7 @@ def test_nested_globs_are_counted_inside_the_rule() -> None:
 def test_labels_are_counted_as_map_entries_of_the_session() -> None:
     from ctxcc.v1 import session_pb2
 
-    cap = CAPS["/ctxcc.v1.SessionService/CreateSession"]
+    cap = CAPS["/ctxcc.v1.SessionService/CreateSession"][0]
 
     def request(n: int) -> bytes:
         s = session_pb2.Session(session_id="s", project_root="/p")
@@ -81,7 +87,7 @@ def test_step_events_are_counted_per_stream_message() -> None:
     from ctxcc.v1 import common_pb2
     from ctxcc.v1 import compile_service_pb2 as cpb
 
-    cap = CAPS["/ctxcc.v1.CompileService/CompileStream"]
+    cap = CAPS["/ctxcc.v1.CompileService/CompileStream"][0]
     ev = event_pb2.Event()
     ev.user_message.parts.add(text="y" * 200)
 
@@ -99,7 +105,7 @@ def test_step_events_are_counted_per_stream_message() -> None:
 
 
 def test_a_nested_length_past_its_parent_is_left_to_the_decoder() -> None:
-    cap = CAPS["/ctxcc.v1.SourceService/PutRule"]
+    cap = CAPS["/ctxcc.v1.SourceService/PutRule"][0]
     # rule of 2 bytes whose only field claims 100 bytes
     assert count_over(b"\x0a\x02\x42\x64", cap) is None
 
@@ -115,3 +121,48 @@ def test_the_refused_step_is_named_from_the_raw_bytes() -> None:
     resume = cpb.CompileStreamRequest(resume=cpb.ResumeRequest(compile_id="c"))
     assert string_at(resume.SerializeToString(), (1, 1)) == ""
     assert string_at(data[:-3], (1, 1)) == ""  # cut short: no name rather than garbage
+
+
+def _events_with(kind: str, per_event: int, events: int) -> list[event_pb2.Event]:
+    out = []
+    for _ in range(events):
+        ev = event_pb2.Event()
+        if kind == "user":
+            ev.user_message.parts.extend([common_pb2.ContentPart(text="p")] * per_event)
+        elif kind == "calls":
+            ev.assistant_message.parts.add(text="calling")
+            for i in range(per_event - 1):
+                ev.assistant_message.tool_calls.add(call_id=f"c{i}", name="t")
+        else:
+            ev.imported_message.parts.extend([common_pb2.ContentPart(text="p")] * per_event)
+        out.append(ev)
+    return out
+
+
+def test_parts_and_tool_calls_of_all_events_are_counted_together() -> None:
+    cap = CAPS["/ctxcc.v1.SessionService/AppendEvents"][1]
+    limit = MAX_EVENT_ELEMENTS
+    for kind in ("user", "calls", "imported"):
+        ok = _events_with(kind, limit // 16, 16)
+        data = spb.AppendEventsRequest(session_id="s", events=ok).SerializeToString()
+        assert count_over(data, cap) is None, kind
+        over = ok + _events_with(kind, 1, 1)
+        data = spb.AppendEventsRequest(session_id="s", events=over).SerializeToString()
+        assert count_over(data, cap) == limit + 1, kind
+    mixed = _events_with("user", 6_000, 1) + _events_with("calls", 6_000, 1)
+    mixed += _events_with("imported", 5_000, 1)
+    data = spb.AppendEventsRequest(session_id="s", events=mixed).SerializeToString()
+    assert count_over(data, cap) == limit + 1
+    err = cap.error(limit + 1)
+    assert err.reason is Reason.INVALID_FIELD and err.metadata["field"] == "events"
+
+
+def test_ten_million_empty_parts_are_refused_from_the_wire() -> None:
+    """One event of 10,000,000 empty parts (20 MB; decoding it held the GIL ~1.8 s): the
+    count stops at the limit + 1."""
+    from tests.e2e.test_hostile_corpus import _len_field
+
+    one_event = _len_field(10, _len_field(1, b"") * 10_000_000)
+    data = _len_field(1, b"s") + _len_field(2, one_event)
+    cap = CAPS["/ctxcc.v1.SessionService/AppendEvents"][1]
+    assert count_over(data, cap) == MAX_EVENT_ELEMENTS + 1
