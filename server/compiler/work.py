@@ -32,6 +32,11 @@ class CheckedCounter:
     def name(self) -> str:
         return self._counter.name
 
+    @property
+    def arguments_as_parameters(self) -> bool:
+        """How the wrapped counter counts tool-call arguments (tokens.arguments_text)."""
+        return bool(getattr(self._counter, "arguments_as_parameters", False))
+
     def count(self, text: str) -> int:
         self._check()
         return self._counter.count(text)

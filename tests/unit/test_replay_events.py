@@ -9,6 +9,7 @@ from server.adapters.tokenizer import CL100K, BpeCounter, ClaudeCounter
 from server.compiler.projection import message_tokens
 from server.compiler.tokens import arguments_text
 from server.compiler.view import Layer, ViewMessage, ViewPart
+from server.compiler.work import checked
 from server.domain.model import Role, ToolCall
 from server.replay_events import events_of
 
@@ -63,6 +64,10 @@ def test_arguments_are_counted_as_parameters_for_claude() -> None:
         tool_calls=(ToolCall(call_id="toolu_1", name="Write", arguments_json=args),),
     )
     claude, cl100k = ClaudeCounter(), BpeCounter(CL100K)
+    # A compile with a CPU budget wraps the counter: it still counts the same.
+    budgeted = checked(claude, lambda: None)
+    assert budgeted is not claude
+    assert message_tokens(msg, budgeted) == message_tokens(msg, claude)
     # The escaped JSON (\\n, \\") costs more than the values; the OpenAI-style counter
     # keeps the JSON string, which those APIs take as is.
     assert message_tokens(msg, claude) < claude.count(args) + claude.count("writing")
