@@ -1,0 +1,146 @@
+"""The daemon's ViewDelta encoder (server/transport/view_bytes.py) against the Python
+client's reader (ctxcc_client/deltas.py) on the edges a session rarely reaches: the first
+message differs (nothing kept), the base has more messages than the new view, the tools
+change to none, a section kept at index 0 (a oneof field sent although it is 0), a
+system prompt that is not the joined sections (no delta). Views are built as protobuf
+messages and cut into ViewBytes with protobuf itself, so neither side's splitting is
+trusted."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from ctxcc_client.deltas import DeltaMismatch, HeldView
+
+from ctxcc.v1 import common_pb2, compile_service_pb2, tool_pb2, view_pb2
+from server.transport.view_bytes import ViewBytes, delta_record
+
+_FRONT, _MIDDLE = (1, 2, 3, 4, 5), (8, 9)
+
+
+def _only(view: view_pb2.CompiledView, numbers: tuple[int, ...]) -> bytes:
+    part = view_pb2.CompiledView()
+    part.CopyFrom(view)
+    for f in view_pb2.CompiledView.DESCRIPTOR.fields:
+        if f.number not in numbers:
+            part.ClearField(f.name)  # type: ignore[arg-type]
+    return part.SerializeToString(deterministic=True)
+
+
+def _records(number: int, items: list[bytes]) -> tuple[bytes, ...]:
+    out = []
+    for data in items:
+        one = view_pb2.CompiledView()
+        field = view_pb2.CompiledView.DESCRIPTOR.fields_by_number[number].name
+        getattr(one, field).add().MergeFromString(data)
+        out.append(one.SerializeToString(deterministic=True))
+    return tuple(out)
+
+
+def cut(view: view_pb2.CompiledView) -> ViewBytes:
+    det = [
+        _records(6, [s.SerializeToString(deterministic=True) for s in view.system_sections]),
+        _records(10, [m.SerializeToString(deterministic=True) for m in view.messages]),
+        _records(11, [t.SerializeToString(deterministic=True) for t in view.tools]),
+    ]
+    back = tuple(f.number for f in view_pb2.CompiledView.DESCRIPTOR.fields if f.number > 11)
+    vb = ViewBytes(
+        compile_id=view.compile_id,
+        session_id=view.session_id,
+        event_boundary=view.event_boundary,
+        front=_only(view, _FRONT),
+        sections=det[0],
+        prompt=_only(view, (7,)),
+        middle=_only(view, _MIDDLE),
+        messages=det[1],
+        tools=det[2],
+        back=_only(view, back),
+        prompt_is_joined=view.system_prompt == "\n\n".join(s.text for s in view.system_sections),
+        size=view.ByteSize(),
+    )
+    assert vb.whole() == view.SerializeToString(deterministic=True)
+    return vb
+
+
+def _view(
+    cid: str, messages: list[str], sections: list[str], tools: list[str]
+) -> view_pb2.CompiledView:
+    v = view_pb2.CompiledView(
+        compile_id=cid,
+        session_id="s",
+        event_boundary=len(messages),
+        route=common_pb2.Route(model="m"),
+        prefix_digest="ab" * 32,
+        changed_sections=[view_pb2.SECTION_KIND_MEMORY],
+        notes=["n"],
+    )
+    for text in messages:
+        m = v.messages.add(first_seq=1)
+        m.parts.add(text=text)
+    for i, text in enumerate(sections):
+        v.system_sections.add(kind=view_pb2.SectionKind.ValueType(i + 1), text=text)
+    v.system_prompt = "\n\n".join(sections)
+    for name in tools:
+        v.tools.add(definition=tool_pb2.ToolDefinition(name=name, input_schema_json="{}"))
+    v.layers.add(layer=view_pb2.LAYER_HISTORY, tokens=len(messages))
+    return v
+
+
+def roundtrip(
+    base: view_pb2.CompiledView, new: view_pb2.CompiledView
+) -> compile_service_pb2.ViewDelta:
+    encoded = delta_record(cut(base), cut(new))
+    assert encoded is not None
+    delta = compile_service_pb2.ViewDelta.FromString(encoded)
+    want = new.SerializeToString(deterministic=True)
+    assert delta.view_sha256 == hashlib.sha256(want).hexdigest()
+    rebuilt = HeldView.of(base).apply(delta)
+    assert rebuilt.view.SerializeToString(deterministic=True) == want
+    return delta
+
+
+def test_nothing_kept_when_the_first_message_differs() -> None:
+    delta = roundtrip(
+        _view("a", ["x", "y"], ["k"], ["t"]), _view("b", ["summary", "y"], ["k"], ["t"])
+    )
+    assert (delta.kept_messages, len(delta.appended_messages)) == (0, 2)
+
+
+def test_a_shorter_view_keeps_a_prefix() -> None:
+    delta = roundtrip(_view("a", ["x", "y", "z"], ["k"], []), _view("b", ["x"], ["k"], []))
+    assert (delta.kept_messages, len(delta.appended_messages)) == (1, 0)
+
+
+def test_tools_that_change_to_none_are_sent_as_changed() -> None:
+    delta = roundtrip(_view("a", ["x"], ["k"], ["t", "u"]), _view("b", ["x", "y"], ["k"], []))
+    assert delta.tools_changed and not delta.tools
+    same = roundtrip(_view("a", ["x"], ["k"], ["t"]), _view("b", ["x"], ["k"], ["t"]))
+    assert not same.tools_changed
+
+
+def test_sections_by_index_zero_and_whole() -> None:
+    delta = roundtrip(
+        _view("a", ["x"], ["kernel", "memory"], []),
+        _view("b", ["x"], ["kernel", "memory changed"], []),
+    )
+    kinds = [s.WhichOneof("slot") for s in delta.sections]
+    assert kinds == ["base_index", "section"] and delta.sections[0].base_index == 0
+
+
+def test_no_delta_when_the_prompt_is_not_the_joined_sections() -> None:
+    new = _view("b", ["x"], ["k", "m"], [])
+    new.system_prompt = "k\nm"
+    assert delta_record(cut(_view("a", ["x"], ["k"], [])), cut(new)) is None
+
+
+def test_the_reader_refuses_a_delta_for_another_base_or_too_many_kept() -> None:
+    base, new = _view("a", ["x"], ["k"], []), _view("b", ["x", "y"], ["k"], [])
+    encoded = delta_record(cut(base), cut(new))
+    assert encoded is not None
+    delta = compile_service_pb2.ViewDelta.FromString(encoded)
+    with pytest.raises(DeltaMismatch):
+        HeldView.of(_view("other", ["x"], ["k"], [])).apply(delta)
+    delta.kept_messages = 5
+    with pytest.raises(DeltaMismatch):
+        HeldView.of(base).apply(delta)
