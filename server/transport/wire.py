@@ -36,19 +36,20 @@ class RepeatedCap:
     also: tuple[tuple[int, ...], ...] = ()
 
     def trie(self) -> _Node:
-        """The fields to descend into (a dict) and to count (None), from the root."""
+        """The fields to descend into, from the root; a field whose node holds COUNTED is
+        counted (and still descended into when its node holds more)."""
         root: _Node = {}
         for full in ((*self.path, self.field), *self.also):
             node = root
-            for number in full[:-1]:
-                child = node.setdefault(number, {})
-                assert child is not None, "a counted field cannot also be descended into"
-                node = child
-            node[full[-1]] = None
+            for number in full:
+                node = node.setdefault(number, {})
+            node[COUNTED] = {}
         return root
 
 
-_Node = dict[int, "_Node | None"]
+_Node = dict[int, "_Node"]
+# No protobuf field has number 0: the key marks a counted field in the trie.
+COUNTED = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
         number, wire = tag >> 3, tag & 7
         if wire == 0:
             _, i = _varint(data, i)
-            count += number in node and node[number] is None
+            count += number in node and COUNTED in node[number]
         elif wire == 1:
             i += 8
         elif wire == 5:
@@ -119,14 +120,15 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
             size, i = _varint(data, i)
             if i + size > end:
                 raise ValueError("length past the end")
-            if number in node:
-                child = node[number]
-                if child is not None:
+            child = node.get(number)
+            if child is not None:
+                if COUNTED in child:
+                    if cap.packed:
+                        count += _packed_count(data, i, i + size, cap.limit - count)
+                    else:
+                        count += 1
+                if len(child) > (COUNTED in child):
                     count = _count(data, i, i + size, child, cap, count)
-                elif cap.packed:
-                    count += _packed_count(data, i, i + size, cap.limit - count)
-                else:
-                    count += 1
             i += size
         else:
             raise ValueError("unknown wire type")
@@ -180,9 +182,19 @@ def _packed_count(data: bytes, start: int, end: int, room: int) -> int:
 STREAM_STEP = 1  # CompileStreamRequest.step
 
 
-# Parts and tool calls inside an Event: user_message (10) and assistant_message (11)
-# parts (1), assistant tool_calls (2), imported_message (14) parts (4).
-_EVENT_ELEMENTS = ((10, 1), (11, 1), (11, 2), (14, 4))
+# Repeated elements inside an Event: user_message (10) and assistant_message (11) parts
+# (1), assistant tool_calls (2), imported_message (14) parts (4), the attributes (5) of a
+# browser element (16), alone or in a part (3).
+_PARTS = ((10, 1), (11, 1), (14, 4))
+_EVENT_ELEMENTS = (
+    *_PARTS,
+    (11, 2),
+    (16, 5),
+    *((*part, 3, 5) for part in _PARTS),
+)
+# CompileRequest's packed enums: exclude_sections (7), render_formats (9).
+_COMPILE_ENUMS = ((7,), (9,))
+STEP_COMPILE = 5  # StepRequest.compile
 
 
 def _elements_of_events(events: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
@@ -211,7 +223,17 @@ def request_caps(max_events_per_append: int, max_tools: int) -> dict[str, tuple[
 
     def parts(n: int) -> CtxccError:
         return invalid(
-            "events", f"at most {MAX_EVENT_ELEMENTS} content parts and tool calls in one append"
+            "events",
+            f"at most {MAX_EVENT_ELEMENTS} content parts, tool calls and element attributes "
+            "in one append",
+        )
+
+    def keywords(n: int) -> CtxccError:
+        return invalid("tools", f"at most {MAX_KEYWORDS} search keywords in one request")
+
+    def enums(n: int) -> CtxccError:
+        return invalid(
+            "compile", f"at most {MAX_KINDS} exclude_sections and render_formats in a compile"
         )
 
     first = _elements_of_events((2,))
@@ -243,8 +265,24 @@ def request_caps(max_events_per_append: int, max_tools: int) -> dict[str, tuple[
                 also=in_step[1:],
                 id_path=(STREAM_STEP, 1),
             ),
+            RepeatedCap(
+                7,
+                MAX_KINDS,
+                enums,
+                packed=True,
+                path=(STREAM_STEP, STEP_COMPILE),
+                also=((STREAM_STEP, STEP_COMPILE, 9),),
+                id_path=(STREAM_STEP, 1),
+            ),
         ),
-        "/ctxcc.v1.ToolService/RegisterTools": (RepeatedCap(2, max_tools, tools),),
+        "/ctxcc.v1.ToolService/RegisterTools": (
+            RepeatedCap(2, max_tools, tools),
+            # RegisterToolsRequest.tools -> ToolDefinition.search_keywords
+            RepeatedCap(5, MAX_KEYWORDS, keywords, path=(2,)),
+        ),
+        "/ctxcc.v1.CompileService/Compile": (
+            RepeatedCap(7, MAX_KINDS, enums, packed=True, also=_COMPILE_ENUMS[1:]),
+        ),
     }
 
 
@@ -252,5 +290,7 @@ def request_caps(max_events_per_append: int, max_tools: int) -> dict[str, tuple[
 # more than agents send (a message has a few parts), far fewer than the millions of
 # empty parts whose decoding held the GIL for seconds (10,000,000 in 20 MB: 1.8 s).
 MAX_EVENT_ELEMENTS = 16_384
+# Search keywords of all tools of one RegisterTools (at most --max-tools tools).
+MAX_KEYWORDS = 16_384
 # More than every event kind there is, with room for repeats.
 MAX_KINDS = 64

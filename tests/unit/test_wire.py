@@ -166,3 +166,38 @@ def test_ten_million_empty_parts_are_refused_from_the_wire() -> None:
     data = _len_field(1, b"s") + _len_field(2, one_event)
     cap = CAPS["/ctxcc.v1.SessionService/AppendEvents"][1]
     assert count_over(data, cap) == MAX_EVENT_ELEMENTS + 1
+
+
+def test_browser_element_attributes_count_with_the_parts() -> None:
+    cap = CAPS["/ctxcc.v1.SessionService/AppendEvents"][1]
+    attrs = {f"data-{i}": "v" for i in range(MAX_EVENT_ELEMENTS)}
+    alone = event_pb2.Event()
+    alone.browser_element.attributes.update(attrs)
+    in_part = event_pb2.Event()
+    in_part.user_message.parts.add().browser_element.attributes.update(attrs)
+    for ev, total in ((alone, MAX_EVENT_ELEMENTS), (in_part, MAX_EVENT_ELEMENTS + 1)):
+        data = spb.AppendEventsRequest(session_id="s", events=[ev]).SerializeToString()
+        # the part itself counts too: one over
+        assert count_over(data, cap) == (None if total == MAX_EVENT_ELEMENTS else total)
+
+
+def test_search_keywords_and_compile_enums_are_capped() -> None:
+    from ctxcc.v1 import compile_service_pb2 as cpb
+    from ctxcc.v1 import tool_pb2, view_pb2
+    from ctxcc.v1 import tool_service_pb2 as tpb
+
+    keywords = CAPS["/ctxcc.v1.ToolService/RegisterTools"][1]
+    tools = [tool_pb2.ToolDefinition(name=f"t{i}", search_keywords=["k"] * 4_096) for i in range(4)]
+    ok = tpb.RegisterToolsRequest(session_id="s", tools=tools).SerializeToString()
+    assert count_over(ok, keywords) is None
+    tools.append(tool_pb2.ToolDefinition(name="t", search_keywords=["k"]))
+    over = tpb.RegisterToolsRequest(session_id="s", tools=tools).SerializeToString()
+    assert count_over(over, keywords) == 16_385
+    enums = CAPS["/ctxcc.v1.CompileService/Compile"][0]
+    req = cpb.CompileRequest(session_id="s", exclude_sections=[1] * 40, render_formats=[1] * 24)
+    assert count_over(req.SerializeToString(), enums) is None
+    req.render_formats.append(view_pb2.RENDER_FORMAT_OPENAI_CHAT)
+    assert count_over(req.SerializeToString(), enums) == 65
+    step_enums = CAPS["/ctxcc.v1.CompileService/CompileStream"][2]
+    step = cpb.CompileStreamRequest(step=cpb.StepRequest(step_id="x", compile=req))
+    assert count_over(step.SerializeToString(), step_enums) == 65
