@@ -238,9 +238,6 @@ async def _target(address: str | None) -> AsyncIterator[grpc.aio.Channel]:
                 "metrics_listen": "none",
                 "ui_listen": "none",
                 "durability": "buffered",
-                # The provider read every tool result whole: keep them inline, as
-                # the view would otherwise show a large one as a stored preview.
-                "blob_threshold_bytes": str(64 << 20),
             },
             env={},
         )

@@ -6,7 +6,9 @@ or `[tool_call name=X id=Y]` followed by the arguments' JSON in an assistant mes
 replay turns them back into what an agent appends: assistant messages with their tool
 calls, and tool results, so that the daemon counts them as it counts real traffic
 (tool-call arguments as the provider sees them, results with their own framing).
-Text a marker does not explain stays a message of its own.
+Text a marker does not explain stays a message of its own. A result over the daemon's
+default blob threshold stays text too: as a tool result the daemon would store it and
+show the model a preview, while the trace's provider read it whole.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from ctxcc.v1 import common_pb2, event_pb2, tool_pb2
 
 _CALL = re.compile(r"\[tool_(?:use|call) name=(\S+) id=(\S+)\]\n")
 _RESULT = re.compile(r"\[tool_result id=([^\s\]]+)(?: name=([^\s\]]+))?\]\n?")
+# The daemon's default --blob-threshold-bytes.
+INLINE_RESULT_BYTES = 16 << 10
 
 
 def _text_event(role: Any, text: str) -> event_pb2.Event:
@@ -65,17 +69,24 @@ def _results(role: Any, text: str) -> list[event_pb2.Event]:
     marks = list(_RESULT.finditer(text))
     if not marks:
         return [_text_event(role, text)]
+    if any(len(r.encode()) > INLINE_RESULT_BYTES for r in _split(text, marks)):
+        return [_text_event(role, text)]
     out = []
     if before := text[: marks[0].start()].strip():
         out.append(_text_event(role, before))
-    for i, m in enumerate(marks):
-        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+    for m, result in zip(marks, _split(text, marks), strict=True):
         ev = event_pb2.Event()
         ev.tool_result.call_id = m.group(1)
         ev.tool_result.tool_name = m.group(2) or ""
-        ev.tool_result.text = text[m.end() : end].rstrip("\n")
+        ev.tool_result.text = result
         out.append(ev)
     return out
+
+
+def _split(text: str, marks: list[re.Match[str]]) -> list[str]:
+    """Each marker's result: the text up to the next marker."""
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return [text[m.end() : end].rstrip("\n") for m, end in zip(marks, ends, strict=True)]
 
 
 def events_of(message: dict[str, Any]) -> list[event_pb2.Event]:

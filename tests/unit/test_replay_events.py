@@ -44,6 +44,10 @@ def test_result_markers_become_tool_results() -> None:
     assert (first.tool_result.call_id, first.tool_result.text) == ("a", "file one")
     assert (second.tool_result.call_id, second.tool_result.tool_name) == ("b", "Bash")
     assert second.tool_result.text == "ok"
+    # A result the daemon would store as a blob (a preview in the view) stays text.
+    big = "[tool_result id=c]\n" + "x" * ((16 << 10) + 1)
+    (kept,) = events_of({"role": "user", "content": big})
+    assert kept.user_message.parts[0].text == big
     (only,) = events_of({"role": "tool", "content": "no marker"})
     assert only.user_message.parts[0].text == "no marker"
     assert events_of({"role": "user", "content": ""}) == []
