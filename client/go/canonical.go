@@ -7,16 +7,67 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
 )
 
 // canonicalMarshal serializes m with every field in field-number order, map entries sorted
 // by key: the daemon's deterministic serialization, of which a ViewDelta states the digest.
 // proto.MarshalOptions{Deterministic: true} is not that: protobuf-go writes the fields of a
 // oneof after all other fields (ViewPart's text, field 1, after its authority, field 3).
-// Unknown fields go last, as they were received.
+// Unknown fields go last, as they were received. Messages with no oneof anywhere in them
+// are left to protobuf-go, whose order is then the same and which is several times faster.
 func canonicalMarshal(m protoreflect.Message) ([]byte, error) {
-	return appendMessage(nil, m)
+	var e *encoder
+	return e.appendMessage(nil, m)
+}
+
+// encoder remembers the encoding of each view message object: a view rebuilt from a delta
+// shares its kept messages with its base, so only the new ones are encoded again. A nil
+// encoder remembers nothing.
+type encoder struct {
+	prev, next records
+}
+
+// records are encodings of view messages by object.
+type records map[*ctxccv1.ViewMessage][]byte
+
+func newEncoder(prev records) *encoder { return &encoder{prev: prev, next: records{}} }
+
+// Per message type: whether it or a message type it holds has a (non-synthetic) oneof.
+var hasOneof sync.Map // protoreflect.FullName -> bool
+
+func needsOrder(md protoreflect.MessageDescriptor) bool {
+	if v, ok := hasOneof.Load(md.FullName()); ok {
+		return v.(bool)
+	}
+	found := oneofWithin(md, map[protoreflect.FullName]bool{})
+	hasOneof.Store(md.FullName(), found)
+	return found
+}
+
+func oneofWithin(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) bool {
+	if seen[md.FullName()] {
+		return false // a recursive type's cycle: its types are looked at elsewhere
+	}
+	seen[md.FullName()] = true
+	for i := 0; i < md.Oneofs().Len(); i++ {
+		if !md.Oneofs().Get(i).IsSynthetic() {
+			return true
+		}
+	}
+	for i := 0; i < md.Fields().Len(); i++ {
+		fd := md.Fields().Get(i)
+		if fd.IsMap() {
+			fd = fd.MapValue()
+		}
+		if fd.Message() != nil && oneofWithin(fd.Message(), seen) {
+			return true
+		}
+	}
+	return false
 }
 
 // Fields of each message type in number order, computed once per type.
@@ -36,7 +87,18 @@ func orderedFields(md protoreflect.MessageDescriptor) []protoreflect.FieldDescri
 	return fs
 }
 
-func appendMessage(b []byte, m protoreflect.Message) ([]byte, error) {
+func (e *encoder) appendMessage(b []byte, m protoreflect.Message) ([]byte, error) {
+	err := e.eachPart(m, func(part []byte) {
+		b = append(b, part...)
+	})
+	return b, err
+}
+
+// eachPart calls emit with m's encoding in consecutive parts (a field, or one element of a
+// repeated message field), each valid only during the call: a digest hashes them as they
+// come instead of growing one buffer the size of the view.
+func (e *encoder) eachPart(m protoreflect.Message, emit func([]byte)) error {
+	var part []byte
 	var err error
 	for _, fd := range orderedFields(m.Descriptor()) {
 		if !m.Has(fd) {
@@ -45,20 +107,32 @@ func appendMessage(b []byte, m protoreflect.Message) ([]byte, error) {
 		v := m.Get(fd)
 		switch {
 		case fd.IsMap():
-			b, err = appendMap(b, fd, v.Map())
+			part, err = e.appendMap(part[:0], fd, v.Map())
+		case fd.IsList() && fd.Kind() == protoreflect.MessageKind:
+			for i, list := 0, v.List(); i < list.Len() && err == nil; i++ {
+				if part, err = e.appendField(part[:0], fd, list.Get(i)); err == nil {
+					emit(part)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			continue
 		case fd.IsList():
-			b, err = appendList(b, fd, v.List())
+			part, err = e.appendList(part[:0], fd, v.List())
 		default:
-			b, err = appendField(b, fd, v)
+			part, err = e.appendField(part[:0], fd, v)
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
+		emit(part)
 	}
-	return append(b, m.GetUnknown()...), nil
+	emit(m.GetUnknown())
+	return nil
 }
 
-func appendList(b []byte, fd protoreflect.FieldDescriptor, list protoreflect.List) ([]byte, error) {
+func (e *encoder) appendList(b []byte, fd protoreflect.FieldDescriptor, list protoreflect.List) ([]byte, error) {
 	var err error
 	if fd.IsPacked() {
 		var packed []byte
@@ -71,14 +145,14 @@ func appendList(b []byte, fd protoreflect.FieldDescriptor, list protoreflect.Lis
 		return protowire.AppendBytes(b, packed), nil
 	}
 	for i := 0; i < list.Len(); i++ {
-		if b, err = appendField(b, fd, list.Get(i)); err != nil {
+		if b, err = e.appendField(b, fd, list.Get(i)); err != nil {
 			return nil, err
 		}
 	}
 	return b, nil
 }
 
-func appendMap(b []byte, fd protoreflect.FieldDescriptor, m protoreflect.Map) ([]byte, error) {
+func (e *encoder) appendMap(b []byte, fd protoreflect.FieldDescriptor, m protoreflect.Map) ([]byte, error) {
 	keys := make([]protoreflect.MapKey, 0, m.Len())
 	m.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
 		keys = append(keys, k)
@@ -86,11 +160,11 @@ func appendMap(b []byte, fd protoreflect.FieldDescriptor, m protoreflect.Map) ([
 	})
 	sort.Slice(keys, func(i, j int) bool { return lessKey(keys[i], keys[j]) })
 	for _, k := range keys {
-		entry, err := appendField(nil, fd.MapKey(), k.Value())
+		entry, err := e.appendField(nil, fd.MapKey(), k.Value())
 		if err != nil {
 			return nil, err
 		}
-		if entry, err = appendField(entry, fd.MapValue(), m.Get(k)); err != nil {
+		if entry, err = e.appendField(entry, fd.MapValue(), m.Get(k)); err != nil {
 			return nil, err
 		}
 		b = protowire.AppendTag(b, fd.Number(), protowire.BytesType)
@@ -112,10 +186,10 @@ func lessKey(x, y protoreflect.MapKey) bool {
 	}
 }
 
-func appendField(b []byte, fd protoreflect.FieldDescriptor, v protoreflect.Value) ([]byte, error) {
+func (e *encoder) appendField(b []byte, fd protoreflect.FieldDescriptor, v protoreflect.Value) ([]byte, error) {
 	switch fd.Kind() {
 	case protoreflect.MessageKind:
-		inner, err := appendMessage(nil, v.Message())
+		inner, err := e.messageBytes(v.Message())
 		if err != nil {
 			return nil, err
 		}
@@ -123,7 +197,7 @@ func appendField(b []byte, fd protoreflect.FieldDescriptor, v protoreflect.Value
 		return protowire.AppendBytes(b, inner), nil
 	case protoreflect.GroupKind:
 		b = protowire.AppendTag(b, fd.Number(), protowire.StartGroupType)
-		b, err := appendMessage(b, v.Message())
+		b, err := e.appendMessage(b, v.Message())
 		if err != nil {
 			return nil, err
 		}
@@ -138,6 +212,27 @@ func appendField(b []byte, fd protoreflect.FieldDescriptor, v protoreflect.Value
 		b = protowire.AppendTag(b, fd.Number(), protowire.VarintType)
 	}
 	return appendValue(b, fd, v)
+}
+
+func (e *encoder) messageBytes(m protoreflect.Message) ([]byte, error) {
+	vm, isView := m.Interface().(*ctxccv1.ViewMessage)
+	if e != nil && isView {
+		if b, ok := e.prev[vm]; ok {
+			e.next[vm] = b
+			return b, nil
+		}
+	}
+	var b []byte
+	var err error
+	if needsOrder(m.Descriptor()) {
+		b, err = e.appendMessage(nil, m)
+	} else {
+		b, err = proto.MarshalOptions{Deterministic: true}.Marshal(m.Interface())
+	}
+	if e != nil && isView && err == nil {
+		e.next[vm] = b
+	}
+	return b, err
 }
 
 // appendValue appends a scalar without its tag.

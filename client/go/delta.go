@@ -12,12 +12,15 @@ import (
 // ViewDigest is the lower-case hex sha256 of a view's serialization in field-number order,
 // the digest a ViewDelta's view_sha256 states for the view it describes.
 func ViewDigest(view *ctxccv1.CompiledView) (string, error) {
-	b, err := canonicalMarshal(view.ProtoReflect())
-	if err != nil {
+	return digest(view, nil)
+}
+
+func digest(view *ctxccv1.CompiledView, e *encoder) (string, error) {
+	h := sha256.New()
+	if err := e.eachPart(view.ProtoReflect(), func(part []byte) { h.Write(part) }); err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:]), nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // ApplyDelta rebuilds the whole view that d describes against base, the view named by
@@ -28,15 +31,22 @@ func ViewDigest(view *ctxccv1.CompiledView) (string, error) {
 // (so d is used up), and the messages, sections and tools it keeps from base are the same
 // objects as base's: nothing is copied, so treat views as read-only.
 func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, error) {
+	view, _, err := applyDelta(base, d, nil)
+	return view, err
+}
+
+// applyDelta is ApplyDelta reusing the encodings of base's messages (baseRecords, may be
+// nil); it returns the new view's.
+func applyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseRecords records) (*ctxccv1.CompiledView, records, error) {
 	if base == nil || base.GetCompileId() != d.GetBaseCompileId() {
-		return nil, fmt.Errorf("delta against %q, but the view held is %q", d.GetBaseCompileId(), base.GetCompileId())
+		return nil, nil, fmt.Errorf("delta against %q, but the view held is %q", d.GetBaseCompileId(), base.GetCompileId())
 	}
 	if d.GetHead() == nil {
-		return nil, fmt.Errorf("delta %q has no head", d.GetBaseCompileId())
+		return nil, nil, fmt.Errorf("delta %q has no head", d.GetBaseCompileId())
 	}
 	kept := int(d.GetKeptMessages())
 	if kept > len(base.GetMessages()) {
-		return nil, fmt.Errorf("delta keeps %d messages of a view with %d", kept, len(base.GetMessages()))
+		return nil, nil, fmt.Errorf("delta keeps %d messages of a view with %d", kept, len(base.GetMessages()))
 	}
 	// The head becomes the view: cloning it would copy its renderings, often the largest
 	// part of a view, at every step.
@@ -52,13 +62,13 @@ func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.Comp
 		switch v := slot.GetSlot().(type) {
 		case *ctxccv1.SectionSlot_BaseIndex:
 			if int(v.BaseIndex) >= len(base.GetSystemSections()) {
-				return nil, fmt.Errorf("delta names section %d of a view with %d", v.BaseIndex, len(base.GetSystemSections()))
+				return nil, nil, fmt.Errorf("delta names section %d of a view with %d", v.BaseIndex, len(base.GetSystemSections()))
 			}
 			s = base.GetSystemSections()[v.BaseIndex]
 		case *ctxccv1.SectionSlot_Section:
 			s = v.Section
 		default:
-			return nil, fmt.Errorf("delta has an empty section slot")
+			return nil, nil, fmt.Errorf("delta has an empty section slot")
 		}
 		view.SystemSections = append(view.SystemSections, s)
 		texts = append(texts, s.GetText())
@@ -69,13 +79,14 @@ func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.Comp
 	} else {
 		view.Tools = base.GetTools()
 	}
-	digest, err := ViewDigest(view)
+	e := newEncoder(baseRecords)
+	sum, err := digest(view, e)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if digest != d.GetViewSha256() {
-		return nil, fmt.Errorf("view %s rebuilt from a delta has sha256 %s, the daemon's is %s",
-			view.GetCompileId(), digest, d.GetViewSha256())
+	if sum != d.GetViewSha256() {
+		return nil, nil, fmt.Errorf("view %s rebuilt from a delta has sha256 %s, the daemon's is %s",
+			view.GetCompileId(), sum, d.GetViewSha256())
 	}
-	return view, nil
+	return view, e.next, nil
 }

@@ -224,3 +224,39 @@ func TestMismatchesAreDetected(t *testing.T) {
 		t.Error("a delta without a base: not detected")
 	}
 }
+
+// A rebuilt view's message encodings are kept for the next delta, which encodes only its
+// new messages: a chain of deltas gives the daemon's bytes, and the kept encodings are
+// really the ones used (a spoiled one is caught by the digest).
+func TestMessageEncodingsCarryOver(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	v2, want2 := fixture(t, 2)
+	v3, want3 := fixture(t, 3)
+	got2, recs, err := applyDelta(v1, makeDelta(t, v1, v2), nil)
+	if err != nil || !bytes.Equal(marshal(t, got2), want2) || len(recs) != len(got2.GetMessages()) {
+		t.Fatalf("v1->v2: %v, %d records", err, len(recs))
+	}
+	// v3 keeps none of v2's messages (their layer changes): a delta from v2 to v2
+	// itself keeps them all.
+	again, recs2, err := applyDelta(got2, makeDelta(t, got2, v2), recs)
+	if err != nil || !bytes.Equal(marshal(t, again), want2) {
+		t.Fatalf("v2->v2: %v", err)
+	}
+	for m, b := range recs2 {
+		if &recs[m][0] != &b[0] {
+			t.Fatal("a kept message was encoded again")
+		}
+	}
+	got3, _, err := applyDelta(again, makeDelta(t, again, v3), recs2)
+	if err != nil || !bytes.Equal(marshal(t, got3), want3) {
+		t.Fatalf("v2->v3: %v", err)
+	}
+	spoiled := records{}
+	for m, b := range recs2 {
+		spoiled[m] = append([]byte{}, b...)
+		spoiled[m][len(b)-1] ^= 1
+	}
+	if _, _, err := applyDelta(again, makeDelta(t, again, v2), spoiled); err == nil {
+		t.Fatal("spoiled encodings were not used")
+	}
+}

@@ -27,9 +27,8 @@ import (
 // and checked, and the daemon may answer with only what changed against it (a ViewDelta).
 // Step rebuilds the whole view from it and checks its sha256; on a mismatch it fetches the
 // view whole (a ResumeRequest) and returns that. The views Step returns are the bases of
-// later deltas and share their unchanged messages, sections and tools: treat them as
-// read-only (a changed one costs no correctness, the digest check catches it, only a
-// refetch).
+// later deltas and share their unchanged messages, sections and tools, whose encodings the
+// stream remembers by object: treat them as read-only (proto.Clone one to change it).
 type Stream struct {
 	c      *Client
 	ctx    context.Context
@@ -45,6 +44,9 @@ type Stream struct {
 	// The last view received completely and checked on the current stream: the base of the
 	// next delta. A reopened stream starts without one (the daemon keeps views per stream).
 	base *ctxccv1.CompiledView
+	// The encodings of base's messages when it was rebuilt from a delta: the next delta
+	// keeps most of them, and only the new ones are encoded for its digest.
+	baseRecords records
 	// Deltas that failed in a row; at maxMismatches the stream stops asking for them.
 	mismatchRun int
 	stats       StreamStats
@@ -110,7 +112,7 @@ func (s *Stream) drop() {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	s.stream, s.cancel, s.base = nil, nil, nil
+	s.stream, s.cancel, s.base, s.baseRecords = nil, nil, nil, nil
 }
 
 func eventsKey(events []*ctxccv1.Event) string {
@@ -182,22 +184,23 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 		return nil, appended, err
 	}
 	if delta == nil {
-		s.keep(view)
+		s.keep(view, nil)
 		return view, appended, nil
 	}
 	if s.hook != nil {
 		s.hook(delta)
 	}
 	headID := delta.GetHead().GetCompileId()
-	if view, err = ApplyDelta(s.base, delta); err == nil {
+	view, recs, err := applyDelta(s.base, delta, s.baseRecords)
+	if err == nil {
 		s.stats.Deltas++
 		s.mismatchRun = 0
-		s.keep(view)
+		s.keep(view, recs)
 		return view, appended, nil
 	}
 	s.stats.Mismatches++
 	s.mismatchRun++
-	s.base = nil
+	s.base, s.baseRecords = nil, nil
 	resume := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Resume{
 		Resume: &ctxccv1.ResumeRequest{CompileId: headID, Compile: compile}}}
 	if err := s.send(resume); err != nil {
@@ -210,17 +213,17 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 	if err != nil {
 		return nil, appended, err
 	}
-	s.keep(view)
+	s.keep(view, nil)
 	return view, appended, nil
 }
 
 // keep records a view received whole or rebuilt and checked as the next delta's base.
-func (s *Stream) keep(view *ctxccv1.CompiledView) {
+func (s *Stream) keep(view *ctxccv1.CompiledView, recs records) {
 	if s.deltas && s.mismatchRun >= maxMismatches {
 		s.deltas = false
 	}
 	if s.deltas {
-		s.base = view
+		s.base, s.baseRecords = view, recs
 	}
 }
 

@@ -3,15 +3,53 @@
  * (a ViewDelta), rebuilt whole here and checked against the digest the daemon states.
  */
 import { createHash } from "node:crypto";
+import { BinaryReader, BinaryWriter } from "@bufbuild/protobuf/wire";
 
 import type { ViewDelta } from "./gen/ctxcc/v1/compile_service.js";
-import { CompiledView, type SystemSection } from "./gen/ctxcc/v1/view.js";
+import { CompiledView, ViewMessage, type SystemSection } from "./gen/ctxcc/v1/view.js";
 
 /** Lower-case hex sha256 of a view's serialization, the digest a ViewDelta states. ts-proto
  * writes fields in number order and map entries in the order they were decoded, which for a
  * view from the daemon is the deterministic one. */
 export function viewDigest(view: CompiledView): string {
   return createHash("sha256").update(CompiledView.encode(view).finish()).digest("hex");
+}
+
+/** Encodings of view messages by object, as field 10 of a view (tag and length included). A
+ * view rebuilt from a delta shares its kept messages with its base, so with these only its new
+ * messages are encoded for its digest. */
+export type MessageRecords = WeakMap<ViewMessage, Uint8Array>;
+
+const MESSAGES_FIELD = 10;
+
+/** viewDigest, encoding each message once per object: the view without its messages is
+ * encoded whole, and the messages' records (CompiledView.messages is field 10) are hashed
+ * where field 10 goes, before the first field above it. */
+function digestWith(view: CompiledView, records: MessageRecords): string {
+  const rest = CompiledView.encode({ ...view, messages: [] }).finish();
+  const reader = new BinaryReader(rest);
+  let at = rest.length;
+  while (reader.pos < reader.len) {
+    const start = reader.pos;
+    const [fieldNo, wireType] = reader.tag();
+    if (fieldNo > MESSAGES_FIELD) {
+      at = start;
+      break;
+    }
+    reader.skip(wireType, fieldNo);
+  }
+  const parts: Uint8Array[] = [rest.subarray(0, at)];
+  for (const m of view.messages) {
+    let record = records.get(m);
+    if (!record) {
+      record = ViewMessage.encode(m, new BinaryWriter().uint32((MESSAGES_FIELD << 3) | 2).fork()).join().finish();
+      records.set(m, record);
+    }
+    parts.push(record);
+  }
+  parts.push(rest.subarray(at));
+  // One update: hashing in 200 small pieces costs more than copying them into one buffer.
+  return createHash("sha256").update(Buffer.concat(parts)).digest("hex");
 }
 
 export class DeltaMismatch extends Error {}
@@ -22,9 +60,10 @@ export class DeltaMismatch extends Error {}
  * cannot be rebuilt or its digest differs (then ask for it whole; Stream.step does).
  *
  * The result is a new object, but the messages, sections and tools it keeps from `base`
- * are the same objects as base's: nothing is copied, so treat views as read-only.
+ * are the same objects as base's: nothing is copied, so treat views as read-only. With
+ * `records`, message encodings are remembered there and reused by object.
  */
-export function applyDelta(base: CompiledView | null, delta: ViewDelta): CompiledView {
+export function applyDelta(base: CompiledView | null, delta: ViewDelta, records?: MessageRecords): CompiledView {
   if (!base || base.compileId !== delta.baseCompileId) {
     throw new DeltaMismatch(`delta against "${delta.baseCompileId}", but the view held is "${base?.compileId ?? ""}"`);
   }
@@ -48,7 +87,7 @@ export function applyDelta(base: CompiledView | null, delta: ViewDelta): Compile
     systemPrompt: sections.map((s) => s.text).join("\n\n"),
     tools: delta.toolsChanged ? delta.tools : base.tools,
   };
-  const digest = viewDigest(view);
+  const digest = records ? digestWith(view, records) : viewDigest(view);
   if (digest !== delta.viewSha256) {
     throw new DeltaMismatch(`view ${view.compileId} rebuilt from a delta has sha256 ${digest}, the daemon's is ${delta.viewSha256}`);
   }

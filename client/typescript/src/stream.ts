@@ -8,7 +8,7 @@
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
-import { applyDelta, DeltaMismatch } from "./delta.js";
+import { applyDelta, DeltaMismatch, type MessageRecords } from "./delta.js";
 import { CtxccError, toCtxccError } from "./errors.js";
 import type { DeepPartial } from "./gen/ctxcc/v1/common.js";
 import {
@@ -75,8 +75,8 @@ function eventsKey(events: Event[]): string {
 
 /**
  * Views returned by `step` are the bases of later deltas and share their unchanged messages,
- * sections and tools: treat them as read-only (a changed one costs no correctness, the digest
- * check catches it, only a refetch).
+ * sections and tools, whose encodings the stream remembers by object: treat them as read-only
+ * (copy one to change it, e.g. `CompiledView.fromPartial(view)`).
  */
 export class Stream {
   private call: Duplex | null = null;
@@ -94,6 +94,8 @@ export class Stream {
   private base: CompiledView | null = null;
   // Deltas that failed in a row; at MAX_MISMATCHES the stream stops asking for them.
   private mismatchRun = 0;
+  // Encodings of the messages of views rebuilt here: the next delta keeps most of them.
+  private readonly records: MessageRecords = new WeakMap();
   private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0, bytes: 0 };
 
   constructor(
@@ -203,7 +205,7 @@ export class Stream {
       this.options.onDelta?.(first.delta);
       const headId = first.delta.head?.compileId ?? "";
       try {
-        const view = applyDelta(this.base, first.delta);
+        const view = applyDelta(this.base, first.delta, this.records);
         this.counts.deltas++;
         this.mismatchRun = 0;
         return { view: this.keep(view), append: first.append };

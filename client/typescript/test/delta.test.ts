@@ -121,3 +121,23 @@ test("every way a delta can go wrong is caught before the view is used", () => {
   }
   assert.throws(() => applyDelta(null, makeDelta(v2, v3)), DeltaMismatch, "no base");
 });
+
+test("message encodings carry over from view to view, and are really the ones hashed", () => {
+  const [v1, v2, v3] = [fixture(1), fixture(2), fixture(3)];
+  const records = new WeakMap();
+  const got2 = applyDelta(v1.view, makeDelta(v1.view, v2.view), records);
+  assert.ok(encoded(got2).equals(v2.bytes));
+  assert.ok(got2.messages.every((m) => records.has(m)));
+  // A delta from v2 to v2 itself keeps all of its messages; then on to v3.
+  const again = applyDelta(got2, makeDelta(got2, v2.view), records);
+  assert.ok(encoded(again).equals(v2.bytes));
+  const got3 = applyDelta(again, makeDelta(again, v3.view), records);
+  assert.ok(encoded(got3).equals(v3.bytes));
+  const spoiled = new WeakMap();
+  for (const m of again.messages) {
+    const r = Uint8Array.from(records.get(m)!);
+    r[r.length - 1] ^= 1;
+    spoiled.set(m, r);
+  }
+  assert.throws(() => applyDelta(again, makeDelta(again, v2.view), spoiled), DeltaMismatch);
+});
