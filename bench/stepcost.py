@@ -5,19 +5,32 @@ Parts: an echo of a view-sized answer and of a tiny one (gRPC and the intercepto
 work of ours), a unary Compile of an unchanged session, a CompileStream step without
 events (compile + delta answer), the same step appending one tool result (+ a durable
 append), a ReportUsage, and a bare write+fsync of 200 bytes on the data directory's disk.
-A step is the stream step with its append plus the usage report."""
+A step is the stream step with its append plus the usage report.
+
+The same calls are then made in-process, on the daemon's own handlers without gRPC (the
+daemon's objects started in this process, its handlers awaited directly, its thread
+pools as in production): their CPU is what the daemon spends of its own, so the
+difference to the CPU of the same call over gRPC is what gRPC (and its interceptor)
+costs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from bench.daemon import BenchDaemon
 from bench.isolation import daemon_cpu_s
-from bench.rpc import Api, StreamAgent, _result, conversation
+from bench.rpc import ROUTE, Api, StreamAgent, _result, conversation
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from server.config import resolve
 
 PARTS = (
     "echo_view",
@@ -92,6 +105,102 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         agent.close()
     finally:
         d.stop()
+    return out | asyncio.run(_in_process(data_dir.parent / f"{data_dir.name}-inproc", n))
+
+
+class _Context:
+    """What the handlers use of a gRPC context when nothing fails."""
+
+    async def abort_with_status(self, status: object) -> None:
+        raise RuntimeError(f"the handler failed: {status}")
+
+
+IN_PROCESS = ("compile_unary", "stream_compile", "stream_append_compile", "report_usage")
+
+
+async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
+    cfg = resolve(
+        {
+            "data_dir": str(data_dir),
+            "listen": "127.0.0.1:0",
+            "metrics_listen": "none",
+            "ui_listen": "none",
+        },
+        env={},
+    )
+    d = Daemon(cfg)
+    await d.start()
+    try:
+        ss, cs = d.session_servicer, d.compile_servicer
+        ctx: Any = _Context()
+        assert ss is not None and cs is not None
+        for sid, tag in (("unchanged", "u"), ("stepped", "p")):
+            session = session_pb2.Session(session_id=sid)
+            await ss.CreateSession(spb.CreateSessionRequest(session=session), ctx)
+            events = conversation(67, tag)
+            await ss.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=events), ctx)
+        requests: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
+
+        async def feed() -> AsyncIterator[cpb.CompileStreamRequest]:
+            while (req := await requests.get()) is not None:
+                yield req
+
+        answers = aiter(cs.CompileStream(feed(), ctx))
+        last = [""]
+        compile_req = cpb.CompileRequest(session_id="stepped", route=ROUTE)
+
+        async def stream_step(events: list[Any]) -> Any:
+            step = cpb.StepRequest(
+                step_id="s", events=events, compile=compile_req, delta_base_compile_id=last[0]
+            )
+            await requests.put(cpb.CompileStreamRequest(step=step))
+            return await anext(answers)
+
+        def compile_id(answer: Any) -> str:
+            out = answer if isinstance(answer, cpb.CompileStreamResponse) else None
+            if out is None:
+                out = cpb.CompileStreamResponse.FromString(answer.data)
+            kind = out.WhichOneof("response")
+            assert kind in ("view", "delta"), kind
+            return str(out.view.compile_id if kind == "view" else out.delta.head.compile_id)
+
+        unchanged = cpb.CompileRequest(session_id="unchanged", route=ROUTE)
+        count = [0]
+
+        def appended() -> list[Any]:
+            count[0] += 1
+            return [_result(f"p{count[0]}", "ok " * 40)]
+
+        calls: dict[str, Callable[[], Awaitable[Any]]] = {
+            "compile_unary": lambda: cs.Compile(unchanged, ctx),
+            "stream_compile": lambda: stream_step([]),
+            "stream_append_compile": lambda: stream_step(appended()),
+            "report_usage": lambda: cs.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=last[0], route=ROUTE, input_tokens=30_000, output_tokens=50
+                ),
+                ctx,
+            ),
+        }
+        last[0] = compile_id(await stream_step([]))
+        out: dict[str, float] = {}
+        for name in IN_PROCESS:
+            times, cpu = [], 0.0
+            for i in range(n + 3):
+                started, cpu_started = time.perf_counter(), time.process_time()
+                answer = await calls[name]()
+                if i >= 3:
+                    times.append(time.perf_counter() - started)
+                    cpu += time.process_time() - cpu_started
+                if name.startswith("stream"):
+                    last[0] = compile_id(answer)  # the client's part: not timed
+            out[f"inproc_{name}_p50_ms"] = statistics.median(times) * 1000
+            out[f"inproc_{name}_cpu_ms"] = cpu / n * 1000
+        await requests.put(None)
+        async for _ in answers:  # the stream ends with its requests
+            pass
+    finally:
+        await d.stop()
     return out
 
 
@@ -100,13 +209,20 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="ctxcc-stepcost-", dir="/tmp") as tmp:
         rows = run(Path(tmp) / "data")
-    print(f"{'part':<24}{'p50 ms':>9}{'daemon CPU ms':>15}{'client CPU ms':>15}")
+    print(
+        f"{'part':<24}{'p50 ms':>9}{'daemon CPU ms':>15}{'client CPU ms':>15}"
+        f"{'no gRPC: CPU ms':>17}{'p50 ms':>9}"
+    )
     for name in PARTS:
         daemon = rows.get(f"part_{name}_daemon_cpu_ms")
+        own = rows.get(f"inproc_{name}_cpu_ms")
+        own_p50 = rows.get(f"inproc_{name}_p50_ms")
         print(
             f"{name:<24}{rows[f'part_{name}_p50_ms']:>9.3f}"
             f"{'' if daemon is None else f'{daemon:.3f}':>15}"
             f"{rows[f'part_{name}_client_cpu_ms']:>15.3f}"
+            f"{'' if own is None else f'{own:.3f}':>17}"
+            f"{'' if own_p50 is None else f'{own_p50:.3f}':>9}"
         )
 
 

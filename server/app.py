@@ -173,6 +173,8 @@ class Daemon:
         self._disk_watch: asyncio.Task[None] | None = None
         self.hub = WatchHub(ServiceLimits().watch_queue_size)
         self.endpoints = Endpoints(None, None, None)
+        self.session_servicer: SessionServicer | None = None
+        self.compile_servicer: CompileServicer | None = None
 
     def _auth_token(self) -> str:
         if not self.cfg.auth_token_file:
@@ -292,20 +294,7 @@ class Daemon:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ],
         )
-        session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(sessions), server
-        )
-        compile_service_pb2_grpc.add_CompileServiceServicer_to_server(
-            CompileServicer(
-                compiles,
-                sessions,
-                checkpoints,
-                cfg.stream_chunk_bytes,
-                self._drain,
-                cfg.max_message_bytes,
-            ),
-            server,
-        )
+        self._add_core_services(server, sessions, compiles, checkpoints)
         artifact_service_pb2_grpc.add_ArtifactServiceServicer_to_server(
             ArtifactServicer(artifacts), server
         )
@@ -340,6 +329,27 @@ class Daemon:
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
+
+    def _add_core_services(
+        self,
+        server: grpc.aio.Server,
+        sessions: SessionUseCases,
+        compiles: CompileUseCases,
+        checkpoints: CheckpointUseCases,
+    ) -> None:
+        cfg = self.cfg
+        # Kept for benchmarks that call the handlers without gRPC (bench/stepcost.py).
+        self.session_servicer = SessionServicer(sessions)
+        self.compile_servicer = CompileServicer(
+            compiles,
+            sessions,
+            checkpoints,
+            cfg.stream_chunk_bytes,
+            self._drain,
+            cfg.max_message_bytes,
+        )
+        session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.session_servicer, server)
+        compile_service_pb2_grpc.add_CompileServiceServicer_to_server(self.compile_servicer, server)
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse
