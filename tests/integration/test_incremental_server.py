@@ -4,6 +4,7 @@ from scratch, byte for byte."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import urllib.request
 from pathlib import Path
@@ -16,9 +17,10 @@ from tests.conftest import make_config, stubs_for
 from tests.helpers import assistant, compile_request, tool_result, user
 
 
-def lookups(d: Daemon) -> dict[str, float]:
+async def lookups(d: Daemon) -> dict[str, float]:
     url = f"http://{d.endpoints.metrics}/metrics"
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    # The daemon serves on this test's event loop: a blocking read here would stall it.
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=30).read().decode())
     found = re.findall(r'ctxcc_compile_memo_lookups_total\{outcome="(\w+)"\} (\S+)', text)
     return {k: float(v) for k, v in found}
 
@@ -60,7 +62,7 @@ async def test_steps_hit_the_memo_and_match_a_rebuild_from_scratch(short_tmp: Pa
                 m.SerializeToString() for m in rebuilt.view.messages
             ]
             assert got.view.SerializeToString() == rebuilt.view.SerializeToString()
-        counted = lookups(d)
+        counted = await lookups(d)
         assert counted["miss"] == 1  # the first compile of the session
         assert counted["hit"] == 5
         assert counted["stale"] == 0
@@ -74,6 +76,6 @@ async def test_memo_off_compiles_from_scratch_with_the_same_views(short_tmp: Pat
     try:
         for got, rebuilt in await steps(d):
             assert got.view.SerializeToString() == rebuilt.view.SerializeToString()
-        assert lookups(d) == {"hit": 0, "miss": 0, "stale": 0}
+        assert await lookups(d) == {"hit": 0, "miss": 0, "stale": 0}
     finally:
         await d.stop()
