@@ -276,7 +276,15 @@ class RocksKV:
             return
         self._closed = True
         with self._gate:
-            errors = self._close_db()
+            # A synced write syncs the log with the GIL released: closing meanwhile would
+            # free the database under it. New operations wait, then find it closed.
+            self._reopening = True
+            try:
+                self._gate.wait_for(lambda: self._active == 0, timeout=_REOPEN_WAIT_S)
+                errors = self._close_db()
+            finally:
+                self._reopening = False
+                self._gate.notify_all()
         if errors:
             # Only after a failed write: the log keeps what was acknowledged.
             log.warning("RocksDB closed without flushing: %s", errors[0])

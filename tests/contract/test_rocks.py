@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,3 +155,38 @@ def test_durable_batches_are_synced_with_the_gil_released(tmp_path: Path, sync: 
     finally:
         kv._db = recording._db  # type: ignore[assignment]
         kv.close()
+
+
+def test_close_waits_for_a_write_syncing_the_log(tmp_path: Path) -> None:
+    """The log sync runs with the GIL released: close() must not free the database
+    under it (a segfault at shutdown), and a write after close fails cleanly."""
+    kv = open_rocks(tmp_path / "db", sync=True)
+    recording = _Recording(kv._db)
+    started, release = threading.Event(), threading.Event()
+
+    def slow_flush(sync: bool) -> None:
+        started.set()
+        release.wait(5)
+        recording.flush_wal(sync)
+
+    slow: Any = type("Slow", (), {"write": recording.write, "flush_wal": staticmethod(slow_flush)})
+    kv._db = slow()
+    batch = Batch()
+    batch.put("meta", b"k", b"v")
+    writer = threading.Thread(target=kv.write, args=(batch,))
+    writer.start()
+    assert started.wait(5)
+
+    def close() -> None:
+        kv._db = recording._db  # type: ignore[assignment]
+        kv.close()
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close() must wait for the write in progress"
+    release.set()
+    writer.join(5)
+    closer.join(5)
+    assert not closer.is_alive() and not writer.is_alive()
+    assert recording.calls == [("write", False), ("flush_wal", True)]
