@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
 import os
@@ -55,6 +56,9 @@ async def _serve(flags: dict[str, object]) -> int:
     # runs, 5 ms per take made health checks and appends of other sessions wait 50-100 ms;
     # at 1 ms they wait 10-20 ms (hostile corpus, 34 MB history case).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # A native crash (RocksDB, grpc core) prints every thread's Python stack to the
+    # log instead of vanishing with a bare exit status.
+    faulthandler.enable(all_threads=True)
     logging.basicConfig(
         level=cfg.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

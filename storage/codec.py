@@ -7,6 +7,7 @@ decoded with type validation, so a torn or foreign record fails loudly as
 
 from __future__ import annotations
 
+import threading
 from typing import Any, TypeVar
 
 import msgspec
@@ -21,6 +22,11 @@ T = TypeVar("T")
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+# msgspec (0.22) builds a dataclass's type info lazily and caches it on the class while
+# building it; two threads building it at once crash the process (SIGSEGV in worker
+# threads reading records right after a restart). Decoders are built one at a time;
+# a built decoder is safe to share.
+_decoders_lock = threading.Lock()
 
 
 class CorruptRecordError(CtxccError):
@@ -34,7 +40,10 @@ class CorruptRecordError(CtxccError):
 def _decoder(cls: type[T]) -> msgspec.msgpack.Decoder[T]:
     dec = _decoders.get(cls)
     if dec is None:
-        dec = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+        with _decoders_lock:
+            dec = _decoders.get(cls)
+            if dec is None:
+                dec = _decoders[cls] = msgspec.msgpack.Decoder(cls)
     return dec
 
 

@@ -110,7 +110,11 @@ class DaemonProcess:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        rc = self.proc.wait(timeout)
+        if rc < 0:
+            # Killed by a signal (a native crash): the log holds the stacks faulthandler wrote.
+            print(f"daemon exited with signal {-rc}; its log:\n{self.log()[-20000:]}")
+        return rc
 
     def ensure_stopped(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
