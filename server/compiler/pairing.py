@@ -13,16 +13,59 @@ The pass can stop between two messages and go on later from a frozen `PairState`
 is not a result (it closes the open calls at once), or with a result while no call is
 open: either way nothing after it folds a call back into a message the earlier run
 emitted.
+
+The ids seen so far grow with the whole history, so the state keeps them in a persistent
+map (`Ids`): a pass reads through it and adds only what it saw itself, and a continued
+pass costs what its own messages cost, not a copy of every id logged before.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from server.compiler.view import Layer, ViewMessage, ViewPart
 from server.domain.model import Role, ToolCall
 
 MISSING_RESULT = "[no result was recorded for this call: it was interrupted or never finished]"
+
+
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class Ids(Generic[V]):
+    """A persistent map of call ids: levels of dicts that are never changed once made,
+    newest last. Each level is over twice the size of the next one (merging keeps it
+    so), so a lookup tries at most ~log2(n) levels and each id is copied ~log2(n) times
+    over its life, instead of every id on every pass."""
+
+    levels: tuple[Mapping[str, V], ...] = ()
+
+    def get(self, key: str) -> V | None:
+        for level in reversed(self.levels):
+            found = level.get(key)
+            if found is not None:
+                return found
+        return None
+
+    def plus(self, new: dict[str, V]) -> Ids[V]:
+        """This map with `new`'s entries over it (`new` is not kept: copied)."""
+        if not new:
+            return self
+        levels = [*self.levels, dict(new)]
+        while len(levels) > 1 and len(levels[-2]) <= 2 * len(levels[-1]):
+            newer = levels.pop()
+            levels[-1] = {**levels[-1], **newer}
+        return Ids(tuple(levels))
+
+    def as_dict(self) -> dict[str, V]:
+        """The whole map (for tests and inspection: O(n))."""
+        out: dict[str, V] = {}
+        for level in self.levels:
+            out.update(level)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +75,9 @@ class PairState:
     # (original id, call as shown), in order: calls still waiting for their result.
     open_calls: tuple[tuple[str, ToolCall], ...] = ()
     # original id -> how many calls have been shown with it.
-    used: tuple[tuple[str, int], ...] = ()
+    used: Ids[int] = Ids()
     # original id -> the latest call logged with it.
-    seen: tuple[tuple[str, ToolCall], ...] = ()
+    seen: Ids[ToolCall] = Ids()
     # original ids answered since the last message that is not a result.
     answered: tuple[str, ...] = ()
 
@@ -49,12 +92,14 @@ def pair_tool_messages(
     """Pairs `messages`, continuing from `state`; `final` closes the calls left open."""
     out: list[ViewMessage] = []
     open_calls = list(state.open_calls)
-    used = dict(state.used)
-    seen = dict(state.seen)
+    # This pass's own entries, read over the state's (which are never changed).
+    used: dict[str, int] = {}
+    seen: dict[str, ToolCall] = {}
     block_start = -1  # index in `out` of the assistant message whose calls are open
 
     def show(call: ToolCall) -> ToolCall:
-        n = used.get(call.call_id, 0) + 1
+        before = used.get(call.call_id)
+        n = (before if before is not None else state.used.get(call.call_id) or 0) + 1
         used[call.call_id] = n
         return call if n == 1 else replace(call, call_id=f"{call.call_id}~{n}")
 
@@ -94,7 +139,7 @@ def pair_tool_messages(
                 continue
             # The call's pair was closed early, or the call is not in view (summarised
             # away or never logged): restore it, with its arguments when they are known.
-            logged = seen.get(m.tool_call_id)
+            logged = seen.get(m.tool_call_id) or state.seen.get(m.tool_call_id)
             call = show(logged or ToolCall(m.tool_call_id, m.tool_name or "unknown_tool", "{}"))
             why = "its pair was closed early" if logged else "its call is not in the view"
             notes.append(f"restored a call for result {m.tool_call_id}: {why}")
@@ -111,5 +156,5 @@ def pair_tool_messages(
     if final:
         close(out[-1].layer if out else Layer.HISTORY)
     return out, PairState(
-        tuple(open_calls), tuple(used.items()), tuple(seen.items()), tuple(sorted(answered))
+        tuple(open_calls), state.used.plus(used), state.seen.plus(seen), tuple(sorted(answered))
     )
