@@ -47,6 +47,7 @@ from server.domain.model import (
     Role,
     ToolResult,
     TurnCancelled,
+    UserMessage,
 )
 from server.domain.records import Checkpoint, CheckpointKind
 
@@ -77,6 +78,8 @@ class ProjectionMemo:
     elided: int
     blobs: bool
     size_bytes: int
+    # The artifacts `events` name, each once, in order (the loader sizes them).
+    artifact_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,29 +335,75 @@ def project_incremental(
     projection = Projection(messages, tuple(notes), _native_state(events, route_id), blobs)
     new_memo = None
     if remember and current_user is None:
-        pair, n_pair, n_form, elided = kept_state
-        prefix = tuple(run.messages)
-        ws_index = next(
-            (i for i, m in enumerate(prefix) if m.layer is Layer.WORKING_SET), len(prefix)
-        )
-        new_memo = ProjectionMemo(
-            checkpoint_id=checkpoint.checkpoint_id if checkpoint is not None else "",
-            events=tuple(events),
-            cut=cut,
-            messages=prefix,
-            ws_seq=ws_seq,
-            ws_index=ws_index,
-            digests=tuple(run.digests),
-            pair=pair,
-            pair_notes=tuple(run.pair_notes[:n_pair]),
-            form_notes=tuple(run.form_notes[:n_form]),
-            elided=elided,
-            blobs=done_blobs,
-            # What this compile added to the memo's size (the rest was counted before).
-            size_bytes=(memo.size_bytes if reused and memo is not None else 0)
-            + _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
+        new_memo = _next_memo(
+            memo if reused else None,
+            run,
+            kept_state,
+            events,
+            cut,
+            ws_seq,
+            checkpoint,
+            done_blobs,
+            _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
         )
     return IncrementalProjection(projection, digests, new_memo, reused)
+
+
+def _next_memo(
+    memo: ProjectionMemo | None,
+    run: _Run,
+    kept_state: tuple[PairState, int, int, int],
+    events: Sequence[Event],
+    cut: int,
+    ws_seq: int | None,
+    checkpoint: Checkpoint | None,
+    blobs: bool,
+    added_bytes: int,
+) -> ProjectionMemo:
+    """The memo this compile leaves; `memo` is the one it continued (None: from scratch).
+    What the memo already knew is carried over, so it costs only the new messages."""
+    pair, n_pair, n_form, elided = kept_state
+    prefix = tuple(run.messages)
+    # Only messages that were not working set in the old memo can have become it.
+    known = 0
+    if memo is not None:
+        same_turn = ws_seq == memo.ws_seq and memo.ws_index < len(memo.messages)
+        known = memo.ws_index if same_turn else len(memo.messages)
+    ws_index = next(
+        (i for i in range(known, len(prefix)) if prefix[i].layer is Layer.WORKING_SET),
+        len(prefix),
+    )
+    seen_before = len(memo.events) if memo is not None else 0
+    ids_before = memo.artifact_ids if memo is not None else ()
+    return ProjectionMemo(
+        checkpoint_id=checkpoint.checkpoint_id if checkpoint is not None else "",
+        events=tuple(events),
+        cut=cut,
+        messages=prefix,
+        ws_seq=ws_seq,
+        ws_index=ws_index,
+        digests=tuple(run.digests),
+        pair=pair,
+        pair_notes=tuple(run.pair_notes[:n_pair]),
+        form_notes=tuple(run.form_notes[:n_form]),
+        elided=elided,
+        blobs=blobs,
+        # What this compile added to the memo's size (the rest was counted before).
+        size_bytes=(memo.size_bytes if memo is not None else 0) + added_bytes,
+        artifact_ids=tuple(dict.fromkeys((*ids_before, *artifact_ids(events[seen_before:])))),
+    )
+
+
+def artifact_ids(events: Sequence[Event]) -> list[str]:
+    """The artifacts the events name (attachments, parts of user messages), in order."""
+    out: list[str] = []
+    for e in events:
+        p = e.payload
+        if isinstance(p, Attachment):
+            out.append(p.ref.artifact_id)
+        elif isinstance(p, UserMessage):
+            out += [c.attachment.artifact_id for c in p.parts if c.attachment]
+    return out
 
 
 def _has_attachment(event: Event) -> bool:

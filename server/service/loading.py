@@ -13,11 +13,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
-from server.compiler.incremental import ProjectionMemo
+from server.compiler.incremental import ProjectionMemo, artifact_ids
 from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
-from server.domain.model import Attachment, Event, Route, Session, UserMessage, starts_turn
+from server.domain.model import Event, Route, Session, starts_turn
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.tools import ToolSpec
 from server.service.ports import EventStore
@@ -130,10 +130,10 @@ class HistoryLoader:
         if chosen is None or chosen.kind == CheckpointKind.BUILTIN:
             # A built-in checkpoint keeps every message and shortens old tool results:
             # the projection needs the covered events too.
-            events = self._read(sid, 0, boundary, chosen, known)
+            events, reread = self._read(sid, 0, boundary, chosen, known)
             current = None
         else:
-            events = self._read(sid, chosen.covers_through_seq, boundary, chosen, known)
+            events, reread = self._read(sid, chosen.covers_through_seq, boundary, chosen, known)
             current = None
             if not any(starts_turn(e.payload) for e in events):
                 current = self._store.last_turn_start(sid, chosen.covers_through_seq)
@@ -146,7 +146,7 @@ class HistoryLoader:
             fallback_reasons=tuple(dict.fromkeys(reasons)),
             tools=tuple(self._store.list_tools(sid)),
             activated=activated,
-            artifacts=self._artifact_sizes(sid, [*events, *([current] if current else [])]),
+            artifacts=self._artifact_sizes(sid, events, current, known if reread else None),
         )
 
     def _read(
@@ -156,26 +156,32 @@ class HistoryLoader:
         boundary: int,
         chosen: Checkpoint | None,
         known: ProjectionMemo | None,
-    ) -> list[Event]:
+    ) -> tuple[list[Event], bool]:
+        """The events, and whether they start with `known`'s (only later ones read)."""
         ck_id = chosen.checkpoint_id if chosen is not None else ""
         if known is not None and known.checkpoint_id == ck_id:
             last = known.events[-1].seq if known.events else after
             first = known.events[0].seq if known.events else after + 1
             if first == after + 1 and last <= boundary:
-                return [
-                    *known.events,
-                    *self._store.read_events(sid, last, None, frozenset(), boundary),
-                ]
-        return self._store.read_events(sid, after, None, frozenset(), boundary)
+                later = self._store.read_events(sid, last, None, frozenset(), boundary)
+                return [*known.events, *later], True
+        return self._store.read_events(sid, after, None, frozenset(), boundary), False
 
-    def _artifact_sizes(self, sid: str, events: list[Event]) -> tuple[tuple[str, int], ...]:
-        wanted: list[str] = []
-        for e in events:
-            p = e.payload
-            if isinstance(p, Attachment):
-                wanted.append(p.ref.artifact_id)
-            elif isinstance(p, UserMessage):
-                wanted += [c.attachment.artifact_id for c in p.parts if c.attachment]
+    def _artifact_sizes(
+        self,
+        sid: str,
+        events: list[Event],
+        current: Event | None,
+        known: ProjectionMemo | None,
+    ) -> tuple[tuple[str, int], ...]:
+        """Sizes of the artifacts the events name; `known` (whose events `events` start
+        with) has named its own already, so only the events after them are walked."""
+        start = len(known.events) if known is not None else 0
+        wanted = [
+            *(known.artifact_ids if known is not None else ()),
+            *artifact_ids(events[start:]),
+            *(artifact_ids([current]) if current else ()),
+        ]
         out = []
         for aid in dict.fromkeys(wanted):
             record = self._store.get_artifact_record(sid, aid)

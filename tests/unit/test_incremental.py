@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
-from server.compiler.incremental import ProjectionMemo
+from server.compiler.incremental import ProjectionMemo, artifact_ids
 from server.compiler.projection import ImagePolicy
 from server.compiler.render import RenderFormat
-from server.compiler.view import CompiledView
+from server.compiler.view import CompiledView, Layer
 from server.domain.model import (
     ArtifactRef,
     AssistantMessage,
@@ -150,6 +150,16 @@ def wire_object_by_object(view: CompiledView) -> bytes:
     return out.SerializeToString(deterministic=True)
 
 
+def memo_is_what_scratch_finds(memo: ProjectionMemo | None) -> None:
+    """What a memo carries over from the memo before (the artifacts its events name, where
+    the working set starts) is what a walk over all of it finds."""
+    if memo is None:
+        return
+    assert memo.artifact_ids == tuple(dict.fromkeys(artifact_ids(memo.events)))
+    first_ws = (i for i, m in enumerate(memo.messages) if m.layer is Layer.WORKING_SET)
+    assert memo.ws_index == next(first_ws, len(memo.messages))
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(steps, min_size=1, max_size=8))
 def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]) -> None:
@@ -162,6 +172,7 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
             memos.clear()  # a daemon restart: memos live in memory only
         inputs = inputs_for(log, step, n)
         view, memos[step.route], _ = compile_incremental(inputs, C, memos.get(step.route))
+        memo_is_what_scratch_finds(memos[step.route])
         scratch = compile_view(inputs, C)
         assert view.messages == scratch.messages
         assert view.notes == scratch.notes
