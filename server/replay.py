@@ -79,6 +79,8 @@ class Row:
     route_ratio: float = 1.0
     route_overhead: int = 0
     route_framing: float = 0.0
+    # Messages in the view: with the layers, what a change between two rows consists of.
+    messages: int = 0
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
@@ -180,6 +182,7 @@ async def replay_session(stubs: Stubs, name: str, requests: list[dict[str, Any]]
                     route_ratio=view.budget.route_model.ratio,
                     route_overhead=view.budget.route_model.overhead_tokens,
                     route_framing=round(view.budget.route_model.framing_tokens, 3),
+                    messages=len(view.messages),
                 )
             )
         if reported:

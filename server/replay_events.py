@@ -2,7 +2,8 @@
 
 Traces flatten tool calls and results into text with markers — `[tool_use name=X id=Y]`
 or `[tool_call name=X id=Y]` followed by the arguments' JSON in an assistant message,
-`[tool_result id=Y name=X]` followed by the result in a user or tool message. The
+`[tool_result id=Y name=X]` (`is_error=true` after the id for a failed call) followed by
+the result in a user or tool message. The
 replay turns them back into what an agent appends: assistant messages with their tool
 calls, and tool results, so that the daemon counts them as it counts real traffic
 (tool-call arguments as the provider sees them, results with their own framing).
@@ -20,7 +21,7 @@ from typing import Any
 from ctxcc.v1 import common_pb2, event_pb2, tool_pb2
 
 _CALL = re.compile(r"\[tool_(?:use|call) name=(\S+) id=(\S+)\]\n")
-_RESULT = re.compile(r"\[tool_result id=([^\s\]]+)(?: name=([^\s\]]+))?\]\n?")
+_RESULT = re.compile(r"\[tool_result id=([^\s\]]+)(?: name=([^\s\]]+))?( is_error=true)?\]\n?")
 # The daemon's default --blob-threshold-bytes.
 INLINE_RESULT_BYTES = 16 << 10
 
@@ -79,6 +80,7 @@ def _results(role: Any, text: str) -> list[event_pb2.Event]:
         ev.tool_result.call_id = m.group(1)
         ev.tool_result.tool_name = m.group(2) or ""
         ev.tool_result.text = result
+        ev.tool_result.is_error = m.group(3) is not None
         out.append(ev)
     return out
 

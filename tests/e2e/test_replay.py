@@ -32,9 +32,11 @@ async def test_dev_traces_meet_the_estimation_targets(tmp_path: Path) -> None:
     assert last["p95_ape_pct"] <= 6.0
     # With a baseline: 0.333% / p95 1.027% with Claude counted as cl100k x 1.13 and a
     # ratio alone; 0.290% / 0.649% with the Claude vocabulary, tool calls and results
-    # replayed as such (arguments counted as Claude reads them) and a framing term.
+    # replayed as such (arguments counted as Claude reads them) and a framing term;
+    # 0.254% / 0.531% with failed calls' results replayed as results and nested
+    # arguments counted as compact JSON.
     assert last["with_baseline_mape_pct"] <= 0.30
-    assert last["with_baseline_p95_ape_pct"] <= 0.68
+    assert last["with_baseline_p95_ape_pct"] <= 0.60
     # Only the first request of each route is estimated cold; every later session
     # starts from what the route taught.
     assert last["full_requests"] == 4

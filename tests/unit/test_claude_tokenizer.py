@@ -176,3 +176,45 @@ def test_tool_call_arguments_counted_as_parameters_follow_reported_usage() -> No
     escaped = [(rep, t, count(texts, False), len(texts)) for rep, t, texts in changes]
     assert sum(v[2] for v in values) < 0.97 * sum(e[2] for e in escaped)
     assert _fit_residual(values) < 0.99 * _fit_residual(escaped)
+
+
+def test_nested_arguments_counted_as_compact_ascii_json_follow_reported_usage() -> None:
+    """Lists and objects among a call's parameters (a to-do list, a batch of edits)
+    reach Claude as compact JSON with non-ASCII characters escaped: counting them so
+    explains Claude Code's reported changes better than JSON with spaces after the
+    separators and non-ASCII as is (a batch of edits of box-drawing text was a third
+    short)."""
+    counter = ClaudeCounter()
+
+    def spaced(arguments_json: str) -> str:
+        args = json.loads(arguments_json)
+        return "\n".join(
+            f"{k}: {v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
+            for k, v in args.items()
+        )
+
+    def count(texts: list[Any], render: Callable[[str], str]) -> int:
+        n = 0
+        for ev in (e for t, role in texts for e in events_of({"role": role, "content": t})):
+            if ev.WhichOneof("payload") == "assistant_message":
+                n += sum(counter.count(p.text) for p in ev.assistant_message.parts)
+                for c in ev.assistant_message.tool_calls:
+                    n += counter.count(render(c.arguments_json)) + counter.count(c.call_id)
+            elif ev.WhichOneof("payload") == "tool_result":
+                n += counter.count(ev.tool_result.text) + counter.count(ev.tool_result.call_id)
+            else:
+                n += sum(counter.count(p.text) for p in ev.user_message.parts)
+        return n
+
+    changes = _claude_changes(with_roles=True)
+    ours = [
+        (rep, t, count(texts, lambda a: arguments_text(a, True)), len(texts))
+        for rep, t, texts in changes
+    ]
+    other = [(rep, t, count(texts, spaced), len(texts)) for rep, t, texts in changes]
+    nested = [i for i, (o, s) in enumerate(zip(ours, other, strict=True)) if o[2] != s[2]]
+    assert len(nested) >= 20  # to-do lists and edit batches are common
+    assert _fit_residual(ours) < 0.95 * _fit_residual(other)
+    # Where the two differ most (the batch of box-drawing edits), ours is nearer.
+    i = max(nested, key=lambda j: abs(ours[j][2] - other[j][2]))
+    assert abs(ours[i][0] - ours[i][2]) < 0.5 * abs(other[i][0] - other[i][2])

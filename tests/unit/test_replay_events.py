@@ -44,6 +44,16 @@ def test_result_markers_become_tool_results() -> None:
     assert (first.tool_result.call_id, first.tool_result.text) == ("a", "file one")
     assert (second.tool_result.call_id, second.tool_result.tool_name) == ("b", "Bash")
     assert second.tool_result.text == "ok"
+    # A failed call's result (Claude Code marks it after the id) is a tool result too,
+    # not user text that leaves its call unanswered.
+    failed = (
+        "[tool_result id=d is_error=true]\n<tool_use_error>File has not been read</tool_use_error>"
+    )
+    (err,) = events_of({"role": "user", "content": failed})
+    assert err.WhichOneof("payload") == "tool_result"
+    assert (err.tool_result.call_id, err.tool_result.is_error) == ("d", True)
+    assert err.tool_result.text == "<tool_use_error>File has not been read</tool_use_error>"
+    assert not first.tool_result.is_error
     # A result the daemon would store as a blob (a preview in the view) stays text.
     big = "[tool_result id=c]\n" + "x" * ((16 << 10) + 1)
     (kept,) = events_of({"role": "user", "content": big})
@@ -60,6 +70,10 @@ def test_arguments_are_counted_as_parameters_for_claude() -> None:
     assert arguments_text(args, False) == args
     for odd in ("", "[1, 2]", "{not json"):
         assert arguments_text(odd, True) == odd
+    # Nested values: compact JSON, non-ASCII escaped.
+    todos = json.dumps({"todos": [{"content": "tree ├── a", "done": False}], "n": 2})
+    expected = 'todos: [{"content":"tree \\u251c\\u2500\\u2500 a","done":false}]\nn: 2'
+    assert arguments_text(todos, True) == expected
     msg = ViewMessage(
         role=Role.ASSISTANT,
         parts=(ViewPart(text="writing"),),
