@@ -56,6 +56,10 @@ type Stream struct {
 // not know) would otherwise cost a refetch at every step.
 const maxMismatches = 3
 
+// maxChunks bounds the chunk count a view may announce: 65,536 chunks of the daemon's
+// 1 MiB default are far beyond any view it serves (its gRPC messages stop at 64 MiB).
+const maxChunks = 1 << 16
+
 // StreamStats counts how a stream's views arrived.
 type StreamStats struct {
 	// Views that arrived whole (in one message or in chunks), refetches included.
@@ -264,7 +268,14 @@ func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.
 		case *ctxccv1.CompileStreamResponse_Chunk:
 			ch := r.Chunk
 			if chunks == nil {
+				// A count far above any real view would allocate on the daemon's word alone.
+				if ch.GetCount() == 0 || ch.GetCount() > maxChunks {
+					return nil, nil, appended, fmt.Errorf("view %s: chunk count %d out of range", ch.GetCompileId(), ch.GetCount())
+				}
 				chunks = make([][]byte, ch.GetCount())
+			}
+			if ch.GetIndex() >= uint32(len(chunks)) || int(ch.GetCount()) != len(chunks) {
+				return nil, nil, appended, fmt.Errorf("view %s: chunk %d of %d does not fit a view of %d chunks", ch.GetCompileId(), ch.GetIndex(), ch.GetCount(), len(chunks))
 			}
 			chunks[ch.GetIndex()] = ch.GetData()
 			if int(ch.GetIndex()) != len(chunks)-1 {

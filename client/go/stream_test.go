@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,5 +258,35 @@ func TestStreamStopsAskingAfterRepeatedMismatches(t *testing.T) {
 	last := s.got[len(s.got)-1]
 	if baseOf(last) != "" {
 		t.Fatalf("still asks for deltas: %v", last.req)
+	}
+}
+
+// Chunks whose index or count do not fit the view they belong to are an error of the step,
+// not a panic of the agent.
+func TestStreamRefusesChunksOutOfRange(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	for name, bad := range map[string][]*ctxccv1.ViewChunk{
+		"index past count": {{CompileId: "c", Index: 2, Count: 2}},
+		"count zero":       {{CompileId: "c", Index: 0, Count: 0}},
+		"count too large":  {{CompileId: "c", Index: 0, Count: maxChunks + 1}},
+		"count changes":    {{CompileId: "c", Index: 0, Count: 2}, {CompileId: "c", Index: 2, Count: 3}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := &scripted{}
+			s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+				var out []*ctxccv1.CompileStreamResponse
+				for _, ch := range bad {
+					out = append(out, &ctxccv1.CompileStreamResponse{Response: &ctxccv1.CompileStreamResponse_Chunk{Chunk: ch}})
+				}
+				return out, nil
+			}
+			c := serve(t, s)
+			st := c.OpenStream(context.Background(), WithoutDeltas())
+			defer st.Close()
+			_, _, err := st.Step(&ctxccv1.CompileRequest{SessionId: v1.GetSessionId()}, nil, "")
+			if err == nil || !strings.Contains(err.Error(), "chunk") {
+				t.Fatalf("err = %v, want a chunk error", err)
+			}
+		})
 	}
 }
