@@ -303,7 +303,7 @@ def compile_incremental(
     bounds = BOUNDS[inputs.counter_kind]
     model = inputs.route_model
     value, method, basis = estimate(
-        layers, projection.messages, inputs.route_state, model, bounds, run.digests
+        layers, projection.messages, inputs.route_state, model, bounds, known=run.table
     )
     pressure = max(layers, key=lambda row: (row.tokens, -int(row.layer))).layer
     last_output = inputs.route_state.last_output_tokens if inputs.route_state else None

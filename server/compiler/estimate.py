@@ -20,13 +20,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from server.compiler.estimate_basis import EstimateBasis
+from server.compiler.message_table import DIGEST_PREFIX, MessageTable, message_table
 from server.compiler.route_model import RatioBounds, learned, predict_delta, predict_full
 from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage
 from server.domain.records import RouteModel, RouteState
-
-# Bytes of each message digest kept for removal accounting: collisions among one
-# session's messages are negligible at 64 bits.
-DIGEST_PREFIX = 8
 
 
 def fingerprint(m: ViewMessage) -> bytes:
@@ -94,23 +91,27 @@ def estimate(
     route_model: RouteModel | None,
     bounds: RatioBounds,
     digests: Sequence[bytes] | None = None,
+    known: MessageTable | None = None,
 ) -> tuple[int, EstimateMethod, EstimateBasis]:
-    """`digests` are the messages' fingerprints when the caller already has them."""
+    """`digests` are the messages' fingerprints when the caller already has them, `known`
+    their table (with the messages' tokens: what an incremental compile carries over)."""
     ledger = sum(row.tokens for row in layers)
     history = {Layer.HISTORY, Layer.WORKING_SET}
     fixed = sum(row.tokens for row in layers if row.layer not in history)
     rs = route_state
-    if digests is None:
+    if known is None:
         # Once: both the prefix check and the record use them.
-        digests = message_digests(messages)
-    full = _fold(digests)
-    table = b"".join(d[:DIGEST_PREFIX] for d in digests)
-    tokens = tuple(m.tokens for m in messages)
+        found = digests if digests is not None else message_digests(messages)
+        known = message_table(found, [m.tokens for m in messages])
+    digests = known.digests
+    full = known.fold()
+    table = known.table
+    tokens = known.tokens
     added: int | None = None
     removed = count_change = 0
     if rs is not None and rs.messages_digest:
         if rs.message_count <= len(messages) and (
-            _fold(digests[: rs.message_count]) == rs.messages_digest
+            known.fold(rs.message_count) == rs.messages_digest
         ):
             added = sum(tokens[rs.message_count :])
             count_change = len(messages) - rs.message_count

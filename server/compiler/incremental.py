@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from server.compiler.estimate import fingerprint
+from server.compiler.message_table import EMPTY, MessageTable
 from server.compiler.pairing import PairState, pair_tool_messages
 from server.compiler.projection import (
     ImagePolicy,
@@ -71,7 +72,8 @@ class ProjectionMemo:
     # `messages` came before it (the rest are working set until the next turn starts).
     ws_seq: int | None
     ws_index: int
-    digests: tuple[bytes, ...]
+    # Fingerprints and tokens of `messages`.
+    table: MessageTable
     pair: PairState
     pair_notes: tuple[str, ...]
     form_notes: tuple[str, ...]
@@ -85,8 +87,8 @@ class ProjectionMemo:
 @dataclass(frozen=True, slots=True)
 class IncrementalProjection:
     projection: Projection
-    # sha256 fingerprints of projection.messages, in order.
-    digests: tuple[bytes, ...]
+    # sha256 fingerprints and tokens of projection.messages, in order.
+    table: MessageTable
     memo: ProjectionMemo | None
     # True when the previous memo was verified and used.
     reused: bool
@@ -97,7 +99,7 @@ class _Run:
     """Accumulates one projection: the part taken from a memo, then fresh segments."""
 
     messages: list[ViewMessage]
-    digests: list[bytes]
+    table: MessageTable
     pair: PairState
     pair_notes: list[str]
     form_notes: list[str]
@@ -219,8 +221,9 @@ def _sized(messages: Sequence[ViewMessage], counter: TokenCounter) -> list[ViewM
     return [with_tokens(m, message_tokens(m, counter)) for m in messages]
 
 
-def _digests(messages: Sequence[ViewMessage]) -> list[bytes]:
-    return [hashlib.sha256(fingerprint(m)).digest() for m in messages]
+def _extended(table: MessageTable, messages: Sequence[ViewMessage]) -> MessageTable:
+    digests = [hashlib.sha256(fingerprint(m)).digest() for m in messages]
+    return table.extend(digests, [m.tokens for m in messages])
 
 
 def _size(messages: Sequence[ViewMessage], events: Sequence[Event]) -> int:
@@ -291,7 +294,7 @@ def project_incremental(
             ]
         run = _Run(
             kept_messages,
-            list(memo.digests),
+            memo.table,
             memo.pair,
             list(memo.pair_notes),
             list(memo.form_notes),
@@ -299,7 +302,7 @@ def project_incremental(
         )
     else:
         start = 0
-        run = _Run([], [], PairState(), [], [], 0)
+        run = _Run([], EMPTY, PairState(), [], [], 0)
     head = _head(checkpoint, current_user) if start == 0 else []
     cut = _cut(events, start, results=True) if remember and current_user is None else start
     # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
@@ -309,7 +312,7 @@ def project_incremental(
         head = []
     done_sized = _sized(done, counter)
     run.messages += done_sized
-    run.digests += _digests(done_sized)
+    run.table = _extended(run.table, done_sized)
     kept_state = (run.pair, len(run.pair_notes), len(run.form_notes), run.elided)
     rest = _segment(run, events[cut:], head, ws_seq, kept, checkpoint, final=True)
     notes: list[str] = []
@@ -317,7 +320,7 @@ def project_incremental(
     imaged = _apply_images(rest, images, rest_notes)
     rest_sized = _sized(imaged, counter)
     messages = tuple(run.messages + rest_sized)
-    digests = tuple(run.digests + _digests(rest_sized))
+    table = _extended(run.table, rest_sized)
     if run.elided:
         notes.append(f"built-in compaction: {run.elided} older tool result(s) shown by reference")
     notes += run.pair_notes + run.form_notes + rest_notes
@@ -346,7 +349,7 @@ def project_incremental(
             done_blobs,
             _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
         )
-    return IncrementalProjection(projection, digests, new_memo, reused)
+    return IncrementalProjection(projection, table, new_memo, reused)
 
 
 def _next_memo(
@@ -382,7 +385,7 @@ def _next_memo(
         messages=prefix,
         ws_seq=ws_seq,
         ws_index=ws_index,
-        digests=tuple(run.digests),
+        table=run.table,
         pair=pair,
         pair_notes=tuple(run.pair_notes[:n_pair]),
         form_notes=tuple(run.form_notes[:n_form]),

@@ -15,7 +15,8 @@ import pytest
 from server.adapters import tokenizer
 from server.adapters.catalog import load_catalog
 from server.adapters.tokenizer import CL100K, BpeCounter, CharClassCounter, load_cl100k
-from server.compiler.estimate import DIGEST_PREFIX, estimate, message_digests, messages_digest
+from server.compiler.estimate import estimate, message_digests, messages_digest
+from server.compiler.message_table import DIGEST_PREFIX
 from server.compiler.route_model import BOUNDS, CounterKind
 from server.compiler.view import EstimateMethod, Layer, LayerTokens, ViewMessage, ViewPart
 from server.domain.model import Role

@@ -30,7 +30,7 @@ from server.domain.model import (
     UserMessage,
     starts_turn,
 )
-from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.records import Checkpoint, CheckpointKind, RouteState
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.compiling import CompileResult
 from server.transport.convert_view import _message_out, result_out, view_out
@@ -94,6 +94,8 @@ class Step:
     covers: float
     restart: bool
     activate: bool
+    # Usage is reported for this step's view: it is the next step's baseline.
+    report: bool
 
 
 steps = st.builds(
@@ -104,10 +106,13 @@ steps = st.builds(
     st.floats(0, 1),
     st.integers(0, 5).map(lambda n: n == 0),
     st.booleans(),
+    st.booleans(),
 )
 
 
-def inputs_for(log: list[Event], step: Step, n: int) -> CompileInputs:
+def inputs_for(
+    log: list[Event], step: Step, n: int, route_state: RouteState | None = None
+) -> CompileInputs:
     """What the loader hands the core: the log after a summary checkpoint (with the
     covered current user) or all of it."""
     ck = None
@@ -134,6 +139,25 @@ def inputs_for(log: list[Event], step: Step, n: int) -> CompileInputs:
         checkpoint=ck,
         current_user=current,
         images=ImagePolicy(existing=(("img1", 100),), max_images=1),
+        route_state=route_state,
+    )
+
+
+def reported(view: CompiledView) -> RouteState:
+    """The route state a usage report for `view` leaves (its baseline for the next step)."""
+    b = view.basis
+    assert b is not None
+    return RouteState(
+        route_id=view.route.route_id,
+        baseline_input_tokens=view.budget.estimated_input_tokens + 7,
+        baseline_compile_id=view.compile_id,
+        last_output_tokens=10,
+        update_time_ns=0,
+        message_count=b.message_count,
+        messages_digest=b.messages_digest,
+        fixed_tokens=b.fixed_tokens,
+        message_digests=b.message_digests,
+        message_tokens=b.message_tokens,
     )
 
 
@@ -165,12 +189,13 @@ def memo_is_what_scratch_finds(memo: ProjectionMemo | None) -> None:
 def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]) -> None:
     log: list[Event] = []
     memos: dict[int, ProjectionMemo | None] = {}
+    baselines: dict[int, RouteState] = {}
     for n, step in enumerate(script):
         for p in step.new:
             log.append(Event(len(log) + 1, f"e{len(log) + 1}", n, _fix(p)))
         if step.restart:
             memos.clear()  # a daemon restart: memos live in memory only
-        inputs = inputs_for(log, step, n)
+        inputs = inputs_for(log, step, n, baselines.get(step.route))
         view, memos[step.route], _ = compile_incremental(inputs, C, memos.get(step.route))
         memo_is_what_scratch_finds(memos[step.route])
         scratch = compile_view(inputs, C)
@@ -183,6 +208,8 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
         rendered = CompileResult(view, renderings=((RenderFormat.OPENAI_CHAT, "{}", 7),))
         expected = result_out(rendered).SerializeToString(deterministic=True)
         assert view_bytes(rendered).whole() == expected
+        if step.report:
+            baselines[step.route] = reported(view)
 
 
 def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
@@ -193,7 +220,7 @@ def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
         ToolResult("c1", "shell", "ok"),
     ]
     log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn * 3)]
-    step = Step([], 0, "", 0, False, False)
+    step = Step([], 0, "", 0, False, False, False)
     view, memo, reused = compile_incremental(inputs_for(log, step, 0), C, None)
     # Up to the last assistant message (seq 8): its result may still be followed by more.
     assert not reused and memo is not None and memo.cut == 7
@@ -209,8 +236,10 @@ def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
 def test_a_memo_from_another_checkpoint_is_not_used() -> None:
     turn: list[Payload] = [UserMessage((ContentPart(text="go"),)), ToolCall("c1", "shell", "{}")]
     log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn * 3)]
-    _, memo, _ = compile_incremental(inputs_for(log, Step([], 0, "", 0, False, False), 0), C, None)
-    with_ck = inputs_for(log, Step([], 0, "builtin", 0.5, False, False), 1)
+    _, memo, _ = compile_incremental(
+        inputs_for(log, Step([], 0, "", 0, False, False, False), 0), C, None
+    )
+    with_ck = inputs_for(log, Step([], 0, "builtin", 0.5, False, False, False), 1)
     view, _, reused = compile_incremental(with_ck, C, memo)
     assert not reused
     assert view == compile_view(with_ck, C)
@@ -225,7 +254,7 @@ def test_a_result_while_calls_are_open_is_no_place_to_cut() -> None:
         ToolResult("c3", "shell", "late"),
     ]
     log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn)]
-    inputs = inputs_for(log, Step([], 0, "", 0, False, False), 0)
+    inputs = inputs_for(log, Step([], 0, "", 0, False, False, False), 0)
     view, memo, _ = compile_incremental(inputs, C, None)
     assert memo is not None and memo.cut == 1
     assert view == compile_view(inputs, C)
