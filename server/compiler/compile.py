@@ -290,9 +290,10 @@ def compile_incremental(
     for s in sections:
         ledger[Layer.PINNED][0] += s.tokens
         ledger[Layer.PINNED][1] += 1
-    for m in projection.messages:
-        ledger[m.layer][0] += m.tokens
-        ledger[m.layer][1] += 1
+    # Carried over from the memo with the messages: a step counts its new ones only.
+    for layer, tokens, n in run.tally:
+        ledger[layer][0] += tokens
+        ledger[layer][1] += n
     for t in tools:
         ledger[Layer.TOOL_SCHEMA][0] += t.tokens
         ledger[Layer.TOOL_SCHEMA][1] += 1

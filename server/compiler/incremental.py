@@ -56,6 +56,8 @@ from server.domain.records import Checkpoint, CheckpointKind
 NO_LIMITS = ImagePolicy()
 # Rough bytes a memo holds beyond its texts, per message and per event.
 _OVERHEAD_BYTES = 400
+# (layer, tokens, messages) for each layer that has messages, in layer order.
+Tally = tuple[tuple[Layer, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +74,9 @@ class ProjectionMemo:
     # `messages` came before it (the rest are working set until the next turn starts).
     ws_seq: int | None
     ws_index: int
-    # Fingerprints and tokens of `messages`.
+    # Fingerprints and tokens of `messages`, and their tokens and count per layer.
     table: MessageTable
+    tally: Tally
     pair: PairState
     pair_notes: tuple[str, ...]
     form_notes: tuple[str, ...]
@@ -89,6 +92,8 @@ class IncrementalProjection:
     projection: Projection
     # sha256 fingerprints and tokens of projection.messages, in order.
     table: MessageTable
+    # Their tokens and count per layer.
+    tally: Tally
     memo: ProjectionMemo | None
     # True when the previous memo was verified and used.
     reused: bool
@@ -100,6 +105,7 @@ class _Run:
 
     messages: list[ViewMessage]
     table: MessageTable
+    tally: dict[Layer, list[int]]
     pair: PairState
     pair_notes: list[str]
     form_notes: list[str]
@@ -226,6 +232,44 @@ def _extended(table: MessageTable, messages: Sequence[ViewMessage]) -> MessageTa
     return table.extend(digests, [m.tokens for m in messages])
 
 
+def _started(memo: ProjectionMemo | None, ws_seq: int | None) -> tuple[int, _Run]:
+    """Where the projection starts and what it starts with: from the verified `memo`'s
+    cut with its messages, or from the first event with nothing."""
+    if memo is None:
+        return 0, _Run([], EMPTY, {}, PairState(), [], [], 0)
+    kept_messages = list(memo.messages)
+    tally = {layer: [tokens, n] for layer, tokens, n in memo.tally}
+    if ws_seq != memo.ws_seq:
+        # A new turn began: the old working set is history now (layers only; token
+        # counts and fingerprints do not depend on them).
+        old = kept_messages[memo.ws_index :]
+        history = [replace(m, layer=Layer.HISTORY) for m in old]
+        _count(tally, old, -1)
+        _count(tally, history)
+        kept_messages[memo.ws_index :] = history
+    run = _Run(
+        kept_messages,
+        memo.table,
+        tally,
+        memo.pair,
+        list(memo.pair_notes),
+        list(memo.form_notes),
+        memo.elided,
+    )
+    return memo.cut, run
+
+
+def _count(tally: dict[Layer, list[int]], messages: Sequence[ViewMessage], sign: int = 1) -> None:
+    for m in messages:
+        row = tally.setdefault(m.layer, [0, 0])
+        row[0] += sign * m.tokens
+        row[1] += sign
+
+
+def _frozen(tally: dict[Layer, list[int]]) -> Tally:
+    return tuple((layer, t, n) for layer, (t, n) in sorted(tally.items()) if n)
+
+
 def _size(messages: Sequence[ViewMessage], events: Sequence[Event]) -> int:
     text = sum(len(p.text or "") for m in messages for p in m.parts) + sum(
         len(c.arguments_json) for m in messages for c in m.tool_calls
@@ -283,26 +327,7 @@ def project_incremental(
         ws_seq = tail_users[-1]
     else:
         ws_seq = memo.ws_seq if (reused and memo is not None) else None
-    if reused and memo is not None:
-        start = memo.cut
-        kept_messages = list(memo.messages)
-        if ws_seq != memo.ws_seq:
-            # A new turn began: the old working set is history now (layers only; token
-            # counts and fingerprints do not depend on them).
-            kept_messages[memo.ws_index :] = [
-                replace(m, layer=Layer.HISTORY) for m in kept_messages[memo.ws_index :]
-            ]
-        run = _Run(
-            kept_messages,
-            memo.table,
-            memo.pair,
-            list(memo.pair_notes),
-            list(memo.form_notes),
-            memo.elided,
-        )
-    else:
-        start = 0
-        run = _Run([], EMPTY, PairState(), [], [], 0)
+    start, run = _started(memo if reused else None, ws_seq)
     head = _head(checkpoint, current_user) if start == 0 else []
     cut = _cut(events, start, results=True) if remember and current_user is None else start
     # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
@@ -313,6 +338,8 @@ def project_incremental(
     done_sized = _sized(done, counter)
     run.messages += done_sized
     run.table = _extended(run.table, done_sized)
+    _count(run.tally, done_sized)
+    memo_tally = _frozen(run.tally)
     kept_state = (run.pair, len(run.pair_notes), len(run.form_notes), run.elided)
     rest = _segment(run, events[cut:], head, ws_seq, kept, checkpoint, final=True)
     notes: list[str] = []
@@ -321,6 +348,7 @@ def project_incremental(
     rest_sized = _sized(imaged, counter)
     messages = tuple(run.messages + rest_sized)
     table = _extended(run.table, rest_sized)
+    _count(run.tally, rest_sized)
     if run.elided:
         notes.append(f"built-in compaction: {run.elided} older tool result(s) shown by reference")
     notes += run.pair_notes + run.form_notes + rest_notes
@@ -347,9 +375,10 @@ def project_incremental(
             ws_seq,
             checkpoint,
             done_blobs,
+            memo_tally,
             _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
         )
-    return IncrementalProjection(projection, table, new_memo, reused)
+    return IncrementalProjection(projection, table, _frozen(run.tally), new_memo, reused)
 
 
 def _next_memo(
@@ -361,6 +390,7 @@ def _next_memo(
     ws_seq: int | None,
     checkpoint: Checkpoint | None,
     blobs: bool,
+    tally: Tally,
     added_bytes: int,
 ) -> ProjectionMemo:
     """The memo this compile leaves; `memo` is the one it continued (None: from scratch).
@@ -386,6 +416,7 @@ def _next_memo(
         ws_seq=ws_seq,
         ws_index=ws_index,
         table=run.table,
+        tally=tally,
         pair=pair,
         pair_notes=tuple(run.pair_notes[:n_pair]),
         form_notes=tuple(run.form_notes[:n_form]),
