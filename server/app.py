@@ -14,7 +14,6 @@ import importlib
 import logging
 import os
 import stat
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,11 +42,12 @@ from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tls import TlsFileError, load_tls
-from server.adapters.tokenizer import CounterRegistry, load_cl100k, warm_tokenizers
+from server.adapters.tokenizer import CounterRegistry, loaded_tokenizers, preload_tokenizers
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL
 from server.config import Config, ConfigError
+from server.domain.catalog import TOKENIZER_TABLES
 from server.service.artifacts import ArtifactUseCases
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
@@ -203,13 +203,7 @@ class Daemon:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         self._private_data_dir()
-        # Building cl100k's tables holds the GIL for ~0.05 s: do it before serving, not
-        # inside the first compile while other RPCs wait.
-        await asyncio.to_thread(load_cl100k)
-        # o200k takes 1-2 s more, with the GIL mostly released: serve meanwhile, so a
-        # restarted sidecar is back at once; a GPT-4o compile that comes first waits
-        # for this one load (the loaders share a lock) instead of starting its own.
-        threading.Thread(target=warm_tokenizers, name="ctxcc-tokenizers", daemon=True).start()
+        preload = self._preload_tokenizers()
         kv = open_rocks(
             cfg.db_path,
             sync=cfg.durability == "sync",
@@ -219,6 +213,7 @@ class Daemon:
         store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
         self._store = store
         self.telemetry.watch_store(store.count_sessions, store.footprint)
+        self.telemetry.watch_tokenizers(TOKENIZER_TABLES, loaded_tokenizers)
         limits = ServiceLimits(
             max_events_per_append=cfg.max_events_per_append,
             max_event_bytes=cfg.max_event_bytes,
@@ -321,6 +316,8 @@ class Daemon:
                 os.chown(unix, -1, _gid(cfg.socket_group))
         self._server = server
         metrics = self._start_metrics()
+        if preload is not None:
+            await preload
         writable = await asyncio.to_thread(store.writable)
         await self._set_health(writable)
         await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
@@ -329,6 +326,15 @@ class Daemon:
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
+
+    def _preload_tokenizers(self) -> asyncio.Future[None] | None:
+        """Tokenizer tables are built by the first compile that needs one, in its worker
+        (a sidecar serving Claude routes never holds o200k's). Those the operator asks to
+        preload are built beside the store's opening, and SERVING waits for them."""
+        names = self.cfg.preload_tokenizers
+        if not names:
+            return None
+        return asyncio.get_running_loop().run_in_executor(None, preload_tokenizers, names)
 
     def _add_core_services(
         self,

@@ -15,6 +15,7 @@ from typing import Any
 
 from server.compiler.budget import BudgetConfig
 from server.compiler.textscan import MAX_JSON_DEPTH
+from server.domain.catalog import TOKENIZER_TABLES
 
 
 class ConfigError(ValueError):
@@ -124,6 +125,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "model_catalog", "", "JSON file of model entries added to or replacing the shipped catalog"
     ),
+    Setting(
+        "preload_tokenizers",
+        "none",
+        "tokenizer tables built before the daemon reports SERVING: comma-separated o200k, "
+        "cl100k, claude, or 'all' or 'none'; the others are built on their first compile",
+    ),
     # Budget parameters (R-BUD-1..5): local scheduling choices, not provider claims.
     Setting(
         "first_reserve_fraction",
@@ -209,6 +216,7 @@ class Config:
     max_tool_description_chars: int = 65_536
     max_tool_schema_bytes: int = 256 << 10
     max_tool_schema_depth: int = 64
+    preload_tokenizers: tuple[str, ...] = ()
 
     @property
     def db_path(self) -> Path:
@@ -325,6 +333,21 @@ def _names(value: str) -> tuple[str, ...]:
     return names
 
 
+def _tokenizers(value: str) -> tuple[str, ...]:
+    names = _csv(value)
+    if names in (["none"], []):
+        return ()
+    if names == ["all"]:
+        return TOKENIZER_TABLES
+    unknown = [n for n in names if n not in TOKENIZER_TABLES]
+    if unknown:
+        raise ConfigError(
+            f"preload_tokenizers takes {', '.join(TOKENIZER_TABLES)}, 'all' or 'none', "
+            f"got {value!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
 def _fraction(raw: Mapping[str, str], name: str) -> float:
     try:
         value = float(raw[name])
@@ -411,6 +434,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         max_tool_description_chars=_int(raw, "max_tool_description_chars", minimum=1024),
         max_tool_schema_bytes=_int(raw, "max_tool_schema_bytes", minimum=1024),
         max_tool_schema_depth=_schema_depth(raw),
+        preload_tokenizers=_tokenizers(raw["preload_tokenizers"]),
     )
     sock = cfg.socket_path
     # sun_path holds 108 bytes including the terminating NUL.

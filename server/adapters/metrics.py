@@ -2,13 +2,13 @@
 composition root and served by prometheus-client's HTTP server.
 
 Names carry the `ctxcc_` prefix and base units; counters end in `_total`. Labels are
-bounded: model family, catalog model key, layer, decision, reason, section, method, kind,
+bounded: model family, catalog model key, tokenizer, layer, decision, reason, section, method, kind,
 RPC method and status code. No session id ever becomes a label.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
@@ -61,6 +61,25 @@ class _StoreCollector(Collector):
             "Size of the data directory's filesystem.",
             now.disk_capacity_bytes,
         )
+
+
+class _TokenizerCollector(Collector):
+    """1 for each tokenizer whose table is built, 0 for the others, read at scrape time."""
+
+    def __init__(self, names: Iterable[str], loaded: Callable[[], Collection[str]]) -> None:
+        self._names = tuple(names)
+        self._loaded = loaded
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        loaded = self._loaded()
+        gauge = GaugeMetricFamily(
+            "ctxcc_tokenizer_loaded",
+            "1 when the tokenizer's table is built (on first use or preloaded), else 0.",
+            labels=["tokenizer"],
+        )
+        for name in self._names:
+            gauge.add_metric([name], 1.0 if name in loaded else 0.0)
+        yield gauge
 
 
 class PrometheusTelemetry:
@@ -194,6 +213,9 @@ class PrometheusTelemetry:
 
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self.registry.register(_StoreCollector(sessions, footprint))
+
+    def watch_tokenizers(self, names: Iterable[str], loaded: Callable[[], Collection[str]]) -> None:
+        self.registry.register(_TokenizerCollector(names, loaded))
 
     def _of(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), remembered: every compile and RPC records a dozen

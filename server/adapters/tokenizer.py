@@ -20,11 +20,16 @@ estimator of R-EST-2 for families without a known tokenizer.
 from __future__ import annotations
 
 import functools
+import importlib.machinery
+import importlib.util
+import logging
 import math
 import re
+import sys
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from server.compiler.tokens import TokenCounter
@@ -84,30 +89,107 @@ class CharClassCounter:
         return max(1, math.ceil(total))
 
 
-# functools.cache alone lets two threads that miss at once both build a table (seconds
-# of CPU for o200k); the lock makes a compile that arrives mid-load wait for the one load.
-_LOAD_LOCK = threading.Lock()
-
 O200K = "o200k_base"
 CL100K = "cl100k_base"
 
+log = logging.getLogger("ctxcc.tokenizer")
 
-@functools.cache
-def _bpe(encoding: str) -> Any:
-    from bpe_openai import _bindings
 
-    return _bindings.tokenizer_for_encoding(encoding)
+class TokenizerTable:
+    """One tokenizer's table, built on its first use and then kept for the process.
+
+    Tables are large (o200k ~65 MB, Claude ~40 MB, cl100k ~30 MB) and a daemon usually
+    serves one or two tokenizer families, so none is built before a compile needs it
+    (or the operator asks for it: `--preload-tokenizers`). A build is CPU work that
+    holds the GIL for its whole call (cl100k ~0.03 s, o200k ~0.09 s, Claude ~0.2 s):
+    it runs in the compile worker that needs it, never on the event loop. Each table has
+    its own lock, so a Claude compile never waits for o200k's build, and first uses
+    that meet build it once: the later ones wait for the first's result."""
+
+    def __init__(self, name: str, build: Callable[[], Any]) -> None:
+        self.name = name
+        self._build = build
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self.builds = 0
+
+    def get(self) -> Any:
+        value = self._value  # once built, a count takes no lock
+        if value is None:
+            with self._lock:
+                if self._value is None:
+                    started = time.perf_counter()
+                    self._value = self._build()
+                    self.builds += 1
+                    took = time.perf_counter() - started
+                    log.info("tokenizer %s built in %.2f s", self.name, took)
+                value = self._value
+        return value
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+    def forget(self) -> None:
+        with self._lock:
+            self._value = None
+
+
+_BINDINGS = "bpe_openai._bindings"
+_IMPORT_LOCK = threading.Lock()
+
+
+def _bpe_bindings() -> Any:
+    """bpe-openai's Rust extension, loaded without running the package's `__init__`,
+    which builds Python dicts of every rank file the package ships (cl100k, o200k,
+    voyage3: ~68 MB and ~0.6 s of CPU, kept for good) for a tiktoken-style API ctxcc
+    does not use: the extension embeds its own ranks."""
+    with _IMPORT_LOCK:
+        module = sys.modules.get(_BINDINGS)
+        if module is not None:  # the package was imported after all (tests, benchmarks)
+            return module
+        package = importlib.util.find_spec("bpe_openai")  # a top-level spec: found, not run
+        if package is None or not package.submodule_search_locations:
+            raise ImportError("bpe-openai is not installed")
+        finder = importlib.machinery.FileFinder(
+            next(iter(package.submodule_search_locations)),
+            (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+        )
+        spec = finder.find_spec(_BINDINGS)
+        if spec is None or spec.loader is None:
+            raise ImportError("bpe-openai has no compiled _bindings module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        # Registered, so that importing the package later reuses this module.
+        sys.modules[_BINDINGS] = module
+        return module
+
+
+def _build_bpe(encoding: str) -> Any:
+    """The Rust bindings are used directly: their `count` skips building the id list,
+    and the tiktoken-style wrapper refuses texts of a million characters or more."""
+    return _bpe_bindings().tokenizer_for_encoding(encoding)
+
+
+def _build_claude() -> Any:
+    import anthropic_tokenizer
+
+    anthropic_tokenizer.count_tokens("")  # builds the embedded vocabulary
+    return anthropic_tokenizer.count_tokens
+
+
+# Keyed by the catalog's tokenizer names (TOKENIZER_TABLES).
+TABLES: dict[str, TokenizerTable] = {
+    "o200k": TokenizerTable("o200k", functools.partial(_build_bpe, O200K)),
+    "cl100k": TokenizerTable("cl100k", functools.partial(_build_bpe, CL100K)),
+    "claude": TokenizerTable("claude", _build_claude),
+}
+_BY_ENCODING = {O200K: TABLES["o200k"], CL100K: TABLES["cl100k"]}
 
 
 def load_bpe(encoding: str) -> Any:
-    """bpe-openai's tokenizer for `encoding`, from ranks inside the package (no network).
-
-    The Rust bindings are used directly: their `count` skips building the id list, and
-    the tiktoken-style wrapper refuses texts of a million characters or more. Building
-    o200k takes 1-2 s of CPU, mostly with the GIL released, cl100k ~0.05 s; the daemon
-    builds them at start-up (`warm_tokenizers`)."""
-    with _LOAD_LOCK:
-        return _bpe(encoding)
+    """bpe-openai's tokenizer for `encoding`, from ranks inside the package (no network)."""
+    return _BY_ENCODING[encoding].get()
 
 
 def load_o200k() -> Any:
@@ -118,18 +200,28 @@ def load_cl100k() -> Any:
     return load_bpe(CL100K)
 
 
+def load_claude() -> Any:
+    """`count_tokens` of the Claude vocabulary inside `anthropic-tokenizer` (no network:
+    only its `ApiTokenizer` class talks to a server, and ctxcc never uses it)."""
+    return TABLES["claude"].get()
+
+
+def loaded_tokenizers() -> frozenset[str]:
+    """The tokenizers whose table is built (the `ctxcc_tokenizer_loaded` gauge)."""
+    return frozenset(name for name, table in TABLES.items() if table.loaded)
+
+
+def preload_tokenizers(names: Iterable[str]) -> None:
+    """Build these tables now (blocking), for operators who pay at start rather than on
+    the first compile of each family."""
+    for name in names:
+        TABLES[name].get()
+
+
 def forget_tokenizers() -> None:
     """Drop the built tables, so the next use loads afresh (tests prove it is offline)."""
-    with _LOAD_LOCK:
-        _bpe.cache_clear()
-        _claude.cache_clear()
-
-
-def warm_tokenizers() -> None:
-    """Build every offline table now, so no compile waits for one later."""
-    load_cl100k()
-    load_o200k()
-    load_claude()
+    for table in TABLES.values():
+        table.forget()
 
 
 # A count holds the GIL for its whole call (~18 ms a MiB): long texts are counted in
@@ -206,21 +298,6 @@ class BpeCounter(_CachedCounter):
     def _count(self, text: str) -> int:
         bpe = load_bpe(self.encoding)
         return sum(int(bpe.count(piece)) for piece in pieces(text))
-
-
-@functools.cache
-def _claude() -> Any:
-    import anthropic_tokenizer
-
-    anthropic_tokenizer.count_tokens("")  # builds the embedded vocabulary (~0.3 s)
-    return anthropic_tokenizer.count_tokens
-
-
-def load_claude() -> Any:
-    """`count_tokens` of the Claude vocabulary inside `anthropic-tokenizer` (no network:
-    only its `ApiTokenizer` class talks to a server, and ctxcc never uses it)."""
-    with _LOAD_LOCK:
-        return _claude()
 
 
 # The Claude tokenizer holds the GIL for a whole call and counts ~0.8 M characters/s

@@ -27,6 +27,8 @@ class ModelInfo:
 
 
 UNKNOWN_TOKENIZER = "charclass"
+# The tokenizers that count with a table of their own (the daemon builds each on first use).
+TOKENIZER_TABLES = ("o200k", "cl100k", "claude")
 
 
 def parse_catalog(data: Mapping[str, object]) -> dict[str, ModelInfo]:
@@ -38,7 +40,7 @@ def parse_catalog(data: Mapping[str, object]) -> dict[str, ModelInfo]:
         if not isinstance(raw, Mapping):
             raise ValueError(f"catalog: entry {key!r} must be an object")
         tokenizer = str(raw.get("tokenizer", UNKNOWN_TOKENIZER))
-        if tokenizer not in {"o200k", "cl100k", "claude", UNKNOWN_TOKENIZER}:
+        if tokenizer not in {*TOKENIZER_TABLES, UNKNOWN_TOKENIZER}:
             raise ValueError(f"catalog: {key!r} has unknown tokenizer {tokenizer!r}")
         out[str(key).lower()] = ModelInfo(
             key=str(key).lower(),

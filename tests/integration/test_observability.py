@@ -85,9 +85,13 @@ async def test_real_scrape_passes_promtool_and_has_the_metrics(
         "ctxcc_sessions",
         "ctxcc_rocksdb_size_bytes",
         "ctxcc_watchers",
+        "ctxcc_tokenizer_loaded",
         "ctxcc_build_info",
     ):
         assert name in names, name
+    # The replay compiled Claude routes: their table is built (others may be, by other
+    # tests in this process; tests/e2e/test_tokenizer_loading.py checks a fresh daemon).
+    assert 'ctxcc_tokenizer_loaded{tokenizer="claude"} 1.0' in scrape
     assert 'layer="history"' in scrape and 'model_family="anthropic"' in scrape
     assert re.search(
         r'ctxcc_usage_reports_total\{method="baseline_delta",model="claude-sonnet-4",'

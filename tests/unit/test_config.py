@@ -40,11 +40,27 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"workers": "0"}, "workers must be at least 1"),
         ({"socket": "none", "listen": "none"}, "unreachable"),
         ({"socket": "/tmp/" + "x" * 120}, "107 bytes"),
+        ({"preload_tokenizers": "o200k,gpt2"}, "preload_tokenizers takes o200k, cl100k, claude"),
+        ({"preload_tokenizers": "all,claude"}, "preload_tokenizers takes"),
     ],
 )
 def test_bad_settings_are_named(flags: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve(flags, env={})
+
+
+@pytest.mark.parametrize(
+    ("value", "tables"),
+    [
+        ("none", ()),
+        ("", ()),
+        ("all", ("o200k", "cl100k", "claude")),
+        (" claude , o200k,claude", ("claude", "o200k")),
+    ],
+)
+def test_preload_tokenizers(value: str, tables: tuple[str, ...]) -> None:
+    assert resolve({}, env={}).preload_tokenizers == ()  # lazy unless asked
+    assert resolve({}, env={"CTXCC_PRELOAD_TOKENIZERS": value}).preload_tokenizers == tables
 
 
 def test_unknown_file_keys_are_refused(tmp_path: Path) -> None:
