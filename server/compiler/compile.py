@@ -28,7 +28,7 @@ from server.compiler.system import (
     prefix_digest,
 )
 from server.compiler.textscan import FoundPaths, paths_in_texts
-from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
+from server.compiler.tokens import COUNTING, MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     VOLATILE_SECTIONS,
@@ -90,6 +90,9 @@ class CompileInputs:
     previous_sections: tuple[tuple[int, str], ...] | None = None
     # The caller's own output cap for provider bodies, 0 when it gave none.
     requested_max_output: int = 0
+    # How tool-call arguments are counted (tokens.COUNTING): a rebuild counts as the
+    # daemon that recorded the compile did.
+    counting: int = COUNTING
 
 
 def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
@@ -259,7 +262,7 @@ def compile_incremental(
     """The view, the memo for the next compile (when `remember`), and whether `memo` was
     verified and used; the view is the same byte for byte either way. `check` runs
     between units of work and may raise to stop the compile (work.py)."""
-    counter = checked(counter, check)
+    counter = checked(counter, check, inputs.counting)
     named = paths_in_texts(active_texts(inputs.events, inputs.current_user), check)
     built = build_source_sections(inputs.sources, named.paths, counter)
     sections = assemble(

@@ -22,7 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from server.compiler.text import escape_fences
-from server.compiler.tokens import IMAGE_TOKENS, MESSAGE_OVERHEAD, TokenCounter, arguments_text
+from server.compiler.tokens import (
+    COUNTING,
+    IMAGE_TOKENS,
+    MESSAGE_OVERHEAD,
+    TokenCounter,
+    arguments_text,
+)
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
 from server.domain.model import (
     ArtifactRef,
@@ -134,8 +140,10 @@ def message_tokens(msg: ViewMessage, counter: TokenCounter) -> int:
             total += image_tokens(part.attachment)
     # Counters for providers that take arguments as parameters say so (ClaudeCounter).
     as_parameters = bool(getattr(counter, "arguments_as_parameters", False))
+    # A rebuild of an earlier daemon's compile counts as that daemon did (work.py).
+    counting = int(getattr(counter, "arguments_counting", COUNTING))
     for call in msg.tool_calls:
-        args = arguments_text(call.arguments_json, as_parameters)
+        args = arguments_text(call.arguments_json, as_parameters, counting)
         total += counter.count(call.call_id) + counter.count(call.name) + counter.count(args)
         total += MESSAGE_OVERHEAD
     return total

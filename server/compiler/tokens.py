@@ -22,11 +22,16 @@ MESSAGE_OVERHEAD = 4
 IMAGE_TOKENS = 1_600
 
 
+# How tool-call arguments are counted. Each compile records it, so that a compile an
+# earlier daemon recorded is rebuilt counting as that daemon did (exact time travel):
+# 0: nested parameter values as JSON with spaces, non-ASCII as is;
+# 1: nested values as compact JSON, non-ASCII escaped (what Claude's counts follow).
+COUNTING = 1
 # Separators of the JSON a provider renders nested parameter values with.
 _COMPACT = (",", ":")
 
 
-def arguments_text(arguments_json: str, as_parameters: bool) -> str:
+def arguments_text(arguments_json: str, as_parameters: bool, counting: int = COUNTING) -> str:
     """What a provider tokenizes of a tool call's arguments. OpenAI-style APIs take them
     as one JSON string, read as is. Anthropic takes them as an object and shows the
     model each parameter with its value as is: strings unescaped (a file's new lines
@@ -45,6 +50,12 @@ def arguments_text(arguments_json: str, as_parameters: bool) -> str:
     if not isinstance(args, dict):
         return arguments_json
     return "\n".join(
-        f"{key}: {value if isinstance(value, str) else json.dumps(value, separators=_COMPACT)}"
+        f"{key}: {value if isinstance(value, str) else _nested(value, counting)}"
         for key, value in args.items()
     )
+
+
+def _nested(value: object, counting: int) -> str:
+    if counting == 0:
+        return json.dumps(value, ensure_ascii=False)
+    return json.dumps(value, separators=_COMPACT)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from server.compiler.tokens import TokenCounter
+from server.compiler.tokens import COUNTING, TokenCounter
 
 Check = Callable[[], None]
 
@@ -22,11 +22,13 @@ def unchecked() -> None:
 
 class CheckedCounter:
     """A token counter that runs `check` before each count: counting is most of a first
-    compile's work, one message at a time."""
+    compile's work, one message at a time. It counts tool-call arguments as `counting`
+    says (tokens.COUNTING): a rebuild counts as the daemon that recorded the compile."""
 
-    def __init__(self, counter: TokenCounter, check: Check) -> None:
+    def __init__(self, counter: TokenCounter, check: Check, counting: int = COUNTING) -> None:
         self._counter = counter
         self._check = check
+        self.arguments_counting = counting
 
     @property
     def name(self) -> str:
@@ -42,5 +44,7 @@ class CheckedCounter:
         return self._counter.count(text)
 
 
-def checked(counter: TokenCounter, check: Check) -> TokenCounter:
-    return counter if check is unchecked else CheckedCounter(counter, check)
+def checked(counter: TokenCounter, check: Check, counting: int = COUNTING) -> TokenCounter:
+    if check is unchecked and counting == COUNTING:
+        return counter
+    return CheckedCounter(counter, check, counting)

@@ -69,6 +69,9 @@ class CompileBasis:
     fallback_reasons: tuple[FallbackReason, ...]
     previous_sections: tuple[tuple[int, str], ...] | None
     requested_max_output: int = 0
+    # tokens.COUNTING of the daemon that recorded it; bases stored before it was kept
+    # were counted the first way (0).
+    counting: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ def basis_of(
         fallback_reasons=inputs.fallback_reasons,
         previous_sections=inputs.previous_sections,
         requested_max_output=inputs.requested_max_output,
+        counting=inputs.counting,
     )
     digest = digest_of(basis)
     parts.append((digest, basis))

@@ -19,6 +19,7 @@ from server.compiler.incremental import ProjectionMemo
 from server.compiler.projection import ImagePolicy
 from server.compiler.route_model import counter_kind
 from server.compiler.system import EnvironmentInfo
+from server.compiler.tokens import COUNTING
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Session
@@ -148,6 +149,7 @@ class InputAssembler:
             sources=old.sources,
             previous_sections=b.previous_sections,
             requested_max_output=b.requested_max_output,
+            counting=b.counting,
             tools=old.tools,
             activated_tools=b.activated_tools,
             checkpoint=history.checkpoint,
@@ -228,6 +230,8 @@ class InputAssembler:
             sources=sources,
             previous_sections=previous,
             requested_max_output=opts.limits.max_output_tokens,
+            # A recorded step's view again: counted as the daemon that recorded it did.
+            counting=old.basis.counting if old is not None else COUNTING,
             tools=history.tools,
             activated_tools=history.activated,
             checkpoint=history.checkpoint,

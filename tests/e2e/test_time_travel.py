@@ -6,10 +6,13 @@ and the views must come back byte for byte."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import os
 import shutil
+import subprocess
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +39,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
-from tests.e2e.proc import DaemonProcess
+from tests.e2e.proc import REPO, DaemonProcess
 from tests.helpers import ROUTE, assistant, error_info, tool_result, user
 
 OTHER_ROUTE = common_pb2.Route(
@@ -365,6 +368,85 @@ def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> Non
             fresh = compiles.Compile(req).view
             assert "Kernel of the second daemon." in fresh.system_prompt
             assert fresh.budget.output_reserve != original.budget.output_reserve
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` before tool-call arguments were counted with tokens.COUNTING 1.
+PREVIOUS_DAEMON = "1528c0c7beb365b9c752eb3fbc2e5d7a95cfbfff"
+
+
+def test_compiles_of_the_previous_daemon_are_rebuilt_byte_for_byte(tmp_path: Path) -> None:
+    """A data directory written by the previous daemon (its code from the repository's
+    history): compiles whose tool calls it counted another way (nested arguments with
+    spaces, non-ASCII as is) are rebuilt by today's daemon exactly as it made them, while
+    new compiles count today's way."""
+    known = subprocess.run(
+        ["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS_DAEMON}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if known.returncode != 0:
+        pytest.skip(f"this checkout lacks the previous daemon's commit {PREVIOUS_DAEMON[:12]}")
+    archive = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(REPO),
+            "archive",
+            "--format=tar",
+            PREVIOUS_DAEMON,
+            "server",
+            "storage",
+            "ctxcc",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
+    previous = tmp_path / "previous"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(previous, filter="data")
+    base = Path("/tmp") / f"ctxcc-tt-prev-{os.getpid()}"
+    base.mkdir()
+    # A to-do list of box-drawing text: the two ways count it differently.
+    todos = json.dumps({"todos": [{"content": "tree ├── src", "status": "pending"}]})
+    d = DaemonProcess(base / "data", cwd=previous).start()
+    try:
+        d.wait_ready()
+        views = []
+        with grpc.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="p"))
+            )
+            for i in range(3):
+                events = [user(f"step {i}"), assistant("", (f"c{i}", "TodoWrite", todos))]
+                events.append(tool_result(f"c{i}", "updated"))
+                sessions.AppendEvents(spb.AppendEventsRequest(session_id="p", events=events))
+                view = compiles.Compile(cpb.CompileRequest(session_id="p", route=ROUTE)).view
+                views.append(view)
+                compiles.ReportUsage(
+                    cpb.ReportUsageRequest(
+                        compile_id=view.compile_id,
+                        route=ROUTE,
+                        input_tokens=view.budget.estimated_input_tokens + 400 + 9 * i,
+                    )
+                )
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            for view in views:
+                rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+                assert _bytes(rebuilt.view) == _bytes(view)
+            # Today's count of the same history differs: the rebuild did not just agree.
+            fresh = compiles.Compile(
+                cpb.CompileRequest(session_id="p", route=ROUTE, dry_run=True)
+            ).view
+            assert fresh.budget.ledger_tokens != views[-1].budget.ledger_tokens
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)
