@@ -146,6 +146,12 @@ class PrometheusTelemetry:
             "Memos dropped to keep the cache within compile_memo_bytes.",
             registry=r,
         )
+        self.abandoned = Counter(
+            "ctxcc_compiles_abandoned_total",
+            "Compiles stopped mid-work because their caller went away (client deadline or "
+            "cancel, stream closed, shutdown after the grace period): the CPU not spent.",
+            registry=r,
+        )
         self.memo_bytes = Gauge(
             "ctxcc_compile_memo_bytes", "Approximate bytes held by compile memos.", registry=r
         )
@@ -266,6 +272,9 @@ class PrometheusTelemetry:
         if evicted:
             self.memo_evictions.inc(evicted)
         self.memo_bytes.set(size_bytes)
+
+    def compile_abandoned(self) -> None:
+        self.abandoned.inc()
 
     def watchers_changed(self, delta: int) -> None:
         self.watchers.inc(delta)

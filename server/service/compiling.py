@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -155,12 +156,21 @@ class CompileUseCases:
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
 
-    async def compile(
-        self, opts: CompileOptions, *, may_compact: bool = True, budget: CpuBudget | None = None
+    async def compile(self, opts: CompileOptions) -> CompileResult:
+        # One budget for the whole request, a built-in compaction's second compile included.
+        budget = CpuBudget(self._settings.cpu_budget_ms, self._telemetry.compile_abandoned)
+        try:
+            return await self._compile(opts, True, budget)
+        except asyncio.CancelledError:
+            # The caller went away (deadline, cancel, closed stream, shutdown): this
+            # coroutine stops here, the worker thread at its next budget check.
+            budget.abandon()
+            raise
+
+    async def _compile(
+        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
     ) -> CompileResult:
         started = time.perf_counter()
-        # One budget for the whole request, a built-in compaction's second compile included.
-        budget = budget or CpuBudget(self._settings.cpu_budget_ms)
         if opts.rebuild_compile_id:
             sid = opts.rebuild_compile_id.partition(":")[0]
             if opts.session_id and opts.session_id != sid:
@@ -184,7 +194,7 @@ class CompileUseCases:
         recorded = is_recorded(opts)
         wants = view.decision is not Decision.OK and may_compact and recorded
         if wants and await self._builtin_compaction(session, history, view):
-            return await self.compile(opts, may_compact=False, budget=budget)
+            return await self._compile(opts, False, budget)
         if view.compaction is not None:
             digest = await self._blocking.run(
                 self._loader.range_digest, session, view.compaction.through_seq

@@ -154,6 +154,9 @@ class Telemetry(Protocol):
 
     def memo_changed(self, evicted: int, size_bytes: int) -> None: ...
 
+    def compile_abandoned(self) -> None:
+        """A compile stopped mid-work because its caller went away."""
+
 
 class Workspace(Protocol):
     """Reads instruction files, skills, rules and memory files under configured roots."""

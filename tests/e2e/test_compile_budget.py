@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from ctxcc.v1 import common_pb2, event_pb2, session_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -154,3 +157,38 @@ def test_retries_continue_where_the_budget_stopped_the_last_attempt(base: Path) 
         api.channel.close()
     finally:
         assert daemon.terminate() == 0
+
+
+def _abandoned(daemon: DaemonProcess) -> float:
+    metrics = daemon.endpoints["metrics"]
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "ctxcc_compiles_abandoned":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError("ctxcc_compiles_abandoned_total is not exported")
+
+
+def test_a_compile_whose_caller_went_away_stops_and_records_nothing(base: Path) -> None:
+    """A client deadline far below the CPU 24 distinct 1 MB messages take to count (~450 ms
+    on the machines this runs on, more under load): the call ends DEADLINE_EXCEEDED at
+    once, and the daemon stops the compile's work too instead of finishing it unread."""
+    daemon = DaemonProcess(base / "data").start()
+    try:
+        daemon.wait_ready()
+        api = Api(daemon.target)
+        api.session("gone", *(_prose(i) for i in range(24)))
+        assert _abandoned(daemon) == 0
+        with pytest.raises(grpc.RpcError) as caught:
+            api.compiles.Compile(cpb.CompileRequest(session_id="gone", route=ROUTE), timeout=0.02)
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The worker stops at its next check: counted once, whichever check saw it.
+        for _ in range(600):
+            if _abandoned(daemon) >= 1:
+                break
+            time.sleep(0.05)
+        assert _abandoned(daemon) == 1
+        api.channel.close()
+    finally:
+        assert daemon.terminate() == 0
+    assert _compiles_recorded(base / "data", "gone") == 0
