@@ -27,19 +27,34 @@ from ctxcc_client.deltas import DeltaMismatch, HeldView
 from ctxcc_client.errors import CtxccError, from_rpc_error, from_step_error, stream_ended
 from ctxcc_client.retry import RETRY_SECONDS, Backoff, new_request_id
 
+MAX_CHUNKS = 1 << 16
+
 
 class ViewAssembler:
     """Collects the chunks of one view; `add` returns the view once it is complete."""
 
     def __init__(self) -> None:
         self._parts: dict[int, bytes] = {}
+        self._count = 0
 
     def add(self, chunk: cpb.ViewChunk) -> view_pb2.CompiledView | None:
+        count = self._count or chunk.count
+        # A chunk that does not fit its view fails the step instead of leaving it waiting
+        # for chunks that never come (65,536 x 1 MiB is beyond any view the daemon sends).
+        if not 0 < chunk.count <= MAX_CHUNKS or chunk.count != count or chunk.index >= count:
+            self._parts.clear()
+            self._count = 0
+            raise ValueError(
+                f"view {chunk.compile_id}: chunk {chunk.index} of {chunk.count} does not "
+                f"fit a view of {count} chunks"
+            )
+        self._count = count
         self._parts[chunk.index] = chunk.data
-        if len(self._parts) < chunk.count:
+        if len(self._parts) < count:
             return None
-        data = b"".join(self._parts[i] for i in range(chunk.count))
+        data = b"".join(self._parts[i] for i in range(count))
         self._parts.clear()
+        self._count = 0
         if hashlib.sha256(data).hexdigest() != chunk.sha256:
             raise ValueError(f"view {chunk.compile_id} arrived damaged (sha256 mismatch)")
         return view_pb2.CompiledView.FromString(data)

@@ -62,6 +62,8 @@ export interface StreamStats {
 // A daemon whose views this client cannot rebuild (e.g. one with fields this client does not
 // know) would otherwise cost a refetch at every step.
 const MAX_MISMATCHES = 3;
+/** The most chunks a view may announce. */
+const MAX_CHUNKS = 1 << 16;
 
 type Answer = { view: CompiledView; delta?: undefined; append?: AppendResult } | { view?: undefined; delta: ViewDelta; append?: AppendResult };
 
@@ -257,8 +259,15 @@ export class Stream {
       if (resp.$case === "delta") return { delta: resp.value, append };
       if (resp.$case === "error") throw new CtxccError(resp.value.code, resp.value.reason, resp.value.message);
       const chunk = resp.value;
+      // A chunk that does not fit its view is an error of the step, not a wait for
+      // chunks that never come (65,536 × 1 MiB is far beyond any view the daemon sends).
+      const count = parts.length > 0 ? parts.length : chunk.count;
+      if (chunk.count === 0 || chunk.count > MAX_CHUNKS || chunk.count !== count || chunk.index >= count) {
+        throw new Error(`view ${chunk.compileId}: chunk ${chunk.index} of ${chunk.count} does not fit a view of ${count} chunks`);
+      }
+      if (parts.length === 0) parts.length = count;
       parts[chunk.index] = chunk.data;
-      if (chunk.index !== chunk.count - 1) continue;
+      if (chunk.index !== count - 1) continue;
       const data = Buffer.concat(parts);
       if (createHash("sha256").update(data).digest("hex") !== chunk.sha256) {
         throw new Error(`view ${chunk.compileId} arrived damaged`);

@@ -160,3 +160,25 @@ test("a daemon whose deltas never check out is asked for whole views after three
     stop();
   }
 });
+
+test("chunks that do not fit their view fail the step instead of waiting for more", async () => {
+  const v1 = fixture(1);
+  const cases: Array<Array<{ index: number; count: number }>> = [
+    [{ index: 2, count: 2 }],
+    [{ index: 0, count: 0 }],
+    [{ index: 0, count: (1 << 16) + 1 }],
+    [{ index: 0, count: 2 }, { index: 2, count: 3 }],
+  ];
+  for (const chunks of cases) {
+    const { client, stop } = await scripted(() =>
+      chunks.map((c) => CompileStreamResponse.fromPartial({ response: { $case: "chunk", value: { compileId: "c", ...c, data: Buffer.from("x"), sha256: "" } } })),
+    );
+    const stream = client.openStream({ deltas: false });
+    try {
+      await assert.rejects(stream.step({ sessionId: v1.view.sessionId }), /chunk/, JSON.stringify(chunks));
+    } finally {
+      stream.close();
+      stop();
+    }
+  }
+});
