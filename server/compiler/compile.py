@@ -14,9 +14,15 @@ from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
 from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
-from server.compiler.incremental import ProjectionMemo, project_incremental
+from server.compiler.incremental import (
+    ActiveTurn,
+    ProjectionMemo,
+    active_turn,
+    event_texts,
+    project_incremental,
+)
 from server.compiler.output_cap import output_cap
-from server.compiler.projection import ImagePolicy, is_user_turn_start
+from server.compiler.projection import ImagePolicy
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, build_source_sections
 from server.compiler.system import (
@@ -54,7 +60,6 @@ from server.domain.model import (
     Session,
     ToolCall,
     ToolResult,
-    UserMessage,
 )
 from server.domain.records import Checkpoint, RouteModel, RouteState
 
@@ -104,14 +109,6 @@ def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
     )
 
 
-def current_turn(events: Sequence[Event]) -> Sequence[Event]:
-    # From the end: the turn is short beside the log.
-    for i in range(len(events) - 1, -1, -1):
-        if is_user_turn_start(events[i]):
-            return events[i:]
-    return ()
-
-
 def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set[str]:
     """Deferred tools found by tool_search calls of this turn that have a result: the
     search is re-run, deterministically, on the call's query (R-TOOL-2)."""
@@ -131,7 +128,12 @@ def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set
 
 
 def select_tools(
-    inputs: CompileInputs, counter: TokenCounter, *, references_blobs: bool, loadable_rules: bool
+    inputs: CompileInputs,
+    counter: TokenCounter,
+    *,
+    references_blobs: bool,
+    loadable_rules: bool,
+    turn_start: int,
 ) -> tuple[ViewTool, ...]:
     registry = inputs.tools
     by_name = {s.name: s for s in registry}
@@ -141,7 +143,9 @@ def select_tools(
     deferred = any(s.visibility == ToolVisibility.DEFERRED for s in registry)
     # Only deferred tools are activated: without any, the turn need not be searched.
     activated_names = set(inputs.activated_tools) | (
-        searched_in_turn(current_turn(inputs.events), registry) if deferred else set()
+        searched_in_turn(inputs.events[turn_start:] if turn_start >= 0 else (), registry)
+        if deferred
+        else set()
     )
     activated = sorted(
         (
@@ -215,23 +219,12 @@ def changed_sections(
     )
 
 
-def active_texts(events: Sequence[Event], current_user: Event | None) -> list[str]:
+def active_texts(inputs: CompileInputs, turn: ActiveTurn) -> tuple[str, ...]:
     """What the model is working on: the latest user message and every step after it."""
-    turn = list(current_turn(events))
-    if current_user is not None and (not turn or turn[0].seq != current_user.seq):
-        turn.insert(0, current_user)
-    chunks: list[str] = []
-    for event in turn:
-        p = event.payload
-        if isinstance(p, UserMessage):
-            chunks.extend(part.text for part in p.parts if part.text)
-        elif isinstance(p, AssistantMessage):
-            chunks.extend(c.arguments_json for c in p.tool_calls)
-        elif isinstance(p, ToolCall):
-            chunks.append(p.arguments_json)
-        elif isinstance(p, ToolResult):
-            chunks.append(p.text if p.text is not None else (p.blob.preview if p.blob else ""))
-    return chunks
+    user = inputs.current_user
+    if user is not None and (turn.start < 0 or inputs.events[turn.start].seq != user.seq):
+        return (*event_texts(user), *turn.texts)
+    return turn.texts
 
 
 def _scan_notes(named: FoundPaths) -> tuple[str, ...]:
@@ -263,7 +256,8 @@ def compile_incremental(
     verified and used; the view is the same byte for byte either way. `check` runs
     between units of work and may raise to stop the compile (work.py)."""
     counter = checked(counter, check, inputs.counting)
-    named = paths_in_texts(active_texts(inputs.events, inputs.current_user), check)
+    turn = active_turn(inputs.events, memo)
+    named = paths_in_texts(active_texts(inputs, turn), check)
     built = build_source_sections(inputs.sources, named.paths, counter)
     sections = assemble(
         kernel_text=inputs.kernel_text,
@@ -282,12 +276,17 @@ def compile_incremental(
         images=inputs.images,
         memo=memo,
         remember=remember,
+        turn=turn,
     )
     projection = run.projection
     check()
     loadable = bool(built.loadable_rules) and SectionKind.RULE_INDEX not in inputs.exclude_sections
     tools = select_tools(
-        inputs, counter, references_blobs=projection.references_blobs, loadable_rules=loadable
+        inputs,
+        counter,
+        references_blobs=projection.references_blobs,
+        loadable_rules=loadable,
+        turn_start=turn.start,
     )
     ledger = {layer: [0, 0] for layer in Layer}
     for s in sections:

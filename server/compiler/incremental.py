@@ -42,10 +42,12 @@ from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
 from server.domain.model import (
+    AssistantMessage,
     Attachment,
     ContentPart,
     Event,
     Role,
+    ToolCall,
     ToolResult,
     TurnCancelled,
     UserMessage,
@@ -58,6 +60,47 @@ NO_LIMITS = ImagePolicy()
 _OVERHEAD_BYTES = 400
 # (layer, tokens, messages) for each layer that has messages, in layer order.
 Tally = tuple[tuple[Layer, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveTurn:
+    """The current turn of a log: the index of its latest turn start (-1: none) and the
+    texts of the events from there on (what rule globs are matched against)."""
+
+    start: int
+    texts: tuple[str, ...]
+
+
+NO_TURN = ActiveTurn(-1, ())
+
+
+def event_texts(event: Event) -> list[str]:
+    """What an event of the current turn names: user text, call arguments, result text."""
+    p = event.payload
+    if isinstance(p, UserMessage):
+        return [part.text for part in p.parts if part.text]
+    if isinstance(p, AssistantMessage):
+        return [c.arguments_json for c in p.tool_calls]
+    if isinstance(p, ToolCall):
+        return [p.arguments_json]
+    if isinstance(p, ToolResult):
+        return [p.text if p.text is not None else (p.blob.preview if p.blob else "")]
+    return []
+
+
+def active_turn(events: Sequence[Event], memo: ProjectionMemo | None = None) -> ActiveTurn:
+    """The current turn of `events`. The turn grows at the log's end: when `memo`'s events
+    are the first of `events` (compared in C), only the events after them are looked at."""
+    n = len(memo.events) if memo is not None else 0
+    if memo is None or n > len(events) or tuple(events[:n]) != memo.events:
+        memo, n = None, 0
+    for i in range(len(events) - 1, n - 1, -1):
+        if is_user_turn_start(events[i]):
+            return ActiveTurn(i, tuple(t for e in events[i:] for t in event_texts(e)))
+    if memo is None or memo.turn.start < 0:
+        return NO_TURN
+    added = tuple(t for e in events[n:] for t in event_texts(e))
+    return ActiveTurn(memo.turn.start, memo.turn.texts + added)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +128,8 @@ class ProjectionMemo:
     size_bytes: int
     # The artifacts `events` name, each once, in order (the loader sizes them).
     artifact_ids: tuple[str, ...] = ()
+    # The current turn in `events`: where it starts and the texts it names.
+    turn: ActiveTurn = NO_TURN
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,11 +358,13 @@ def project_incremental(
     images: ImagePolicy = NO_LIMITS,
     memo: ProjectionMemo | None = None,
     remember: bool = True,
+    turn: ActiveTurn = NO_TURN,
 ) -> IncrementalProjection:
     """`events` are the whole log (no checkpoint) or the events after the checkpoint;
     `current_user` is the latest user message when the checkpoint covers it. Without
     `remember` the events are projected in one piece and no memo is made: the plain
-    from-scratch projection the incremental one is held to."""
+    from-scratch projection the incremental one is held to. `turn` is the current turn of
+    `events`, kept in the memo for the next compile."""
     reused = _usable(memo, events, checkpoint, current_user)
     tail_start = 0 if not (reused and memo is not None) else memo.cut
     tail_users = [e.seq for e in events[tail_start:] if is_user_turn_start(e)]
@@ -376,6 +423,7 @@ def project_incremental(
             checkpoint,
             done_blobs,
             memo_tally,
+            turn,
             _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
         )
     return IncrementalProjection(projection, table, _frozen(run.tally), new_memo, reused)
@@ -391,6 +439,7 @@ def _next_memo(
     checkpoint: Checkpoint | None,
     blobs: bool,
     tally: Tally,
+    turn: ActiveTurn,
     added_bytes: int,
 ) -> ProjectionMemo:
     """The memo this compile leaves; `memo` is the one it continued (None: from scratch).
@@ -425,6 +474,7 @@ def _next_memo(
         # What this compile added to the memo's size (the rest was counted before).
         size_bytes=(memo.size_bytes if memo is not None else 0) + added_bytes,
         artifact_ids=tuple(dict.fromkeys((*ids_before, *artifact_ids(events[seen_before:])))),
+        turn=turn,
     )
 
 

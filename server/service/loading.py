@@ -13,11 +13,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
-from server.compiler.incremental import ProjectionMemo, artifact_ids
+from server.compiler.incremental import ProjectionMemo, active_turn, artifact_ids
 from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
-from server.domain.model import Event, Route, Session, starts_turn
+from server.domain.model import Event, Route, Session
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.tools import ToolSpec
 from server.service.ports import EventStore
@@ -131,13 +131,14 @@ class HistoryLoader:
             # A built-in checkpoint keeps every message and shortens old tool results:
             # the projection needs the covered events too.
             events, reread = self._read(sid, 0, boundary, chosen, known)
-            current = None
         else:
             events, reread = self._read(sid, chosen.covers_through_seq, boundary, chosen, known)
-            current = None
-            if not any(starts_turn(e.payload) for e in events):
-                current = self._store.last_turn_start(sid, chosen.covers_through_seq)
-        turn = next((e for e in reversed(events) if starts_turn(e.payload)), current)
+        current = None
+        # The events `known` saw are not looked at again for the turn.
+        active = active_turn(events, known if reread else None)
+        if chosen is not None and chosen.kind != CheckpointKind.BUILTIN and active.start < 0:
+            current = self._store.last_turn_start(sid, chosen.covers_through_seq)
+        turn = events[active.start] if active.start >= 0 else current
         activated = self._store.get_activations(sid, turn.seq) if turn is not None else ()
         return LoadedHistory(
             events=tuple(events),

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
-from server.compiler.incremental import ProjectionMemo, artifact_ids
+from server.compiler.incremental import ProjectionMemo, active_turn, artifact_ids
 from server.compiler.projection import ImagePolicy
 from server.compiler.render import RenderFormat
 from server.compiler.view import CompiledView, Layer
@@ -176,10 +176,11 @@ def wire_object_by_object(view: CompiledView) -> bytes:
 
 def memo_is_what_scratch_finds(memo: ProjectionMemo | None) -> None:
     """What a memo carries over from the memo before (the artifacts its events name, where
-    the working set starts) is what a walk over all of it finds."""
+    the working set starts, the current turn) is what a walk over all of it finds."""
     if memo is None:
         return
     assert memo.artifact_ids == tuple(dict.fromkeys(artifact_ids(memo.events)))
+    assert memo.turn == active_turn(memo.events)
     first_ws = (i for i, m in enumerate(memo.messages) if m.layer is Layer.WORKING_SET)
     assert memo.ws_index == next(first_ws, len(memo.messages))
 
@@ -196,6 +197,8 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
         if step.restart:
             memos.clear()  # a daemon restart: memos live in memory only
         inputs = inputs_for(log, step, n, baselines.get(step.route))
+        # The turn continued from the memo is the turn found in all the events.
+        assert active_turn(inputs.events, memos.get(step.route)) == active_turn(inputs.events)
         view, memos[step.route], _ = compile_incremental(inputs, C, memos.get(step.route))
         memo_is_what_scratch_finds(memos[step.route])
         scratch = compile_view(inputs, C)
