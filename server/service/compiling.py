@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
@@ -21,7 +21,14 @@ from server.compiler.route_model import (
 from server.compiler.sources import SourceCaps
 from server.compiler.system import DEFAULT_KERNEL, ApprovalMode
 from server.compiler.tokens import TokenCounter
-from server.compiler.view import CompiledView, Decision, EstimateMethod, Layer, SectionKind
+from server.compiler.view import (
+    CompiledView,
+    Decision,
+    EstimateMethod,
+    Layer,
+    SectionKind,
+    ViewMessage,
+)
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.families import family_of
@@ -60,6 +67,11 @@ def _route_fields(route: Route) -> dict[str, str]:
         "endpoint": route.endpoint,
         "model": route.model,
     }
+
+
+# What a compile prepared: the session, the history it loaded, the view, the counter, the
+# inputs and model, and how many of the view's first messages are known to hold no image.
+_Prepared = tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +198,7 @@ class CompileUseCases:
         prepared, done = await self._blocking.compute(
             self._prepare_and_finish, opts, may_compact, budget
         )
-        session, history, view, counter, inputs, info = prepared
+        session, history, view, counter, inputs, info, _ = prepared
         if done is not None:
             self._published(opts, session, done.view, started)
             return done
@@ -220,13 +232,13 @@ class CompileUseCases:
     def _prepare_and_finish(
         self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
     ) -> tuple[
-        tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo],
+        _Prepared,
         CompileResult | None,
     ]:
         """Blocking: the whole compile when it needs nothing from the event loop (no
         compaction to make or to digest, not a rebuild); else only the prepared parts."""
         prepared = self._prepare(opts, budget)
-        _, _, view, counter, inputs, info = prepared
+        _, _, view, counter, inputs, info, plain = prepared
         recorded = is_recorded(opts)
         if (
             opts.rebuild_compile_id
@@ -236,7 +248,7 @@ class CompileUseCases:
         ):
             return prepared, None
         record, parts = self._record(opts, view, inputs, info)
-        return prepared, self._finish(record, parts, view, opts, counter, budget)
+        return prepared, self._finish(record, parts, view, opts, counter, budget, plain)
 
     def _published(
         self, opts: CompileOptions, session: Session, view: CompiledView, started: float
@@ -296,13 +308,15 @@ class CompileUseCases:
         opts: CompileOptions,
         counter: TokenCounter,
         budget: CpuBudget,
+        plain: int = 0,
     ) -> CompileResult:
         """Blocking: read image bytes, render bodies, then record the compile (unless a dry
-        run): last, so that a compile stopped by its CPU budget leaves no record."""
+        run): last, so that a compile stopped by its CPU budget leaves no record. The
+        view's first `plain` messages are known to hold no image."""
         with budget.running():
             attachments: tuple[tuple[str, bytes], ...] = ()
             if opts.inline_images or opts.render_formats:
-                attachments = self._materialize(opts.session_id, view)
+                attachments = self._materialize(opts.session_id, view.messages[plain:])
             # Renderers add no content of their own, so the view's estimate is the body's.
             data = dict(attachments)
             renderings = []
@@ -322,16 +336,12 @@ class CompileUseCases:
         shown = attachments if opts.inline_images else ()
         return CompileResult(view, shown, tuple(renderings))
 
-    def _prepare(
-        self, opts: CompileOptions, budget: CpuBudget
-    ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo]:
+    def _prepare(self, opts: CompileOptions, budget: CpuBudget) -> _Prepared:
         """Blocking: load everything the compile needs, then run the pure compiler."""
         with budget.running():
             return self._prepare_within(opts, budget)
 
-    def _prepare_within(
-        self, opts: CompileOptions, budget: CpuBudget
-    ) -> tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo]:
+    def _prepare_within(self, opts: CompileOptions, budget: CpuBudget) -> _Prepared:
         # Only compiles at the head continue from a memo (and leave one): time travel
         # compiles against another boundary and sources than the next step will.
         at_head = not opts.as_of_seq and not opts.rebuild_compile_id and self._settings.memo_bytes
@@ -345,7 +355,10 @@ class CompileUseCases:
         if at_head:
             self._telemetry.memo_used("hit" if reused else "stale" if memo else "miss")
             self._memos.put(key, new_memo)
-        return session, history, view, counter, inputs, info
+        # A memo's messages never hold an image (its cut stops before one), and they are
+        # the view's first messages: their images need not be looked for.
+        plain = len(new_memo.messages) if new_memo is not None else 0
+        return session, history, view, counter, inputs, info, plain
 
     async def _builtin_compaction(
         self, session: Session, history: LoadedHistory, view: CompiledView
@@ -381,13 +394,13 @@ class CompileUseCases:
         self._telemetry.compaction("builtin", performed=True)
         return True
 
-    def _materialize(self, session_id: str, view: CompiledView) -> tuple[tuple[str, bytes], ...]:
-        """Blocking: bytes of the view's images, read only now (R-CTX-3, R-IMG-1)."""
+    def _materialize(
+        self, session_id: str, messages: Sequence[ViewMessage]
+    ) -> tuple[tuple[str, bytes], ...]:
+        """Blocking: bytes of the images of these messages of a view, read only now
+        (R-CTX-3, R-IMG-1)."""
         wanted = dict.fromkeys(
-            p.attachment.artifact_id
-            for m in view.messages
-            for p in m.parts
-            if p.attachment is not None
+            p.attachment.artifact_id for m in messages for p in m.parts if p.attachment is not None
         )
         return tuple((aid, self._store.get_artifact(session_id, aid)[1]) for aid in wanted)
 

@@ -181,6 +181,8 @@ def memo_is_what_scratch_finds(memo: ProjectionMemo | None) -> None:
         return
     assert memo.artifact_ids == tuple(dict.fromkeys(artifact_ids(memo.events)))
     assert memo.turn == active_turn(memo.events)
+    # The daemon looks for the images to inline only after the memo's messages.
+    assert not any(p.attachment for m in memo.messages for p in m.parts)
     first_ws = (i for i, m in enumerate(memo.messages) if m.layer is Layer.WORKING_SET)
     assert memo.ws_index == next(first_ws, len(memo.messages))
 
