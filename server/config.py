@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -250,6 +249,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _read_toml(path: str) -> dict[str, Any]:
+    import tomllib  # only with --config: not on every start-up
+
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)

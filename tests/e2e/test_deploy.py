@@ -310,6 +310,16 @@ def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
     ]
     subprocess.run([*pip, "-r", str(REPO / "deploy" / "requirements.txt")], check=True, timeout=600)
     subprocess.run([*pip, "--no-deps", str(src)], check=True, timeout=600)
+    # The build stage's proof that every tokenizer table loads from the installed packages.
+    build_check = re.search(r'/opt/ctxcc/bin/python -c\s+"([^"]+)"', text.replace("\\\n", " "))
+    assert build_check, "the Dockerfile no longer checks the tokenizers at build time"
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-c", build_check.group(1)],
+        check=True,
+        timeout=120,
+        cwd=short_tmp,
+        env={"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": ""},
+    )
     # The runtime stage: read-only code, a non-root user, data and socket in volumes.
     data, run_dir = short_tmp / "var-lib-ctxcc", short_tmp / "run-ctxcc"
     for volume in (data, run_dir):
