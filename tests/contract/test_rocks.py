@@ -136,9 +136,10 @@ class _Recording:
 
 
 @pytest.mark.parametrize("sync", [True, False])
-def test_durable_batches_are_synced(tmp_path: Path, sync: bool) -> None:
-    """A durable batch is written synced (fsync before write() returns); other batches
-    (and every batch with durability off) are never synced."""
+def test_durable_batches_are_synced_with_the_gil_released(tmp_path: Path, sync: bool) -> None:
+    """rocksdict holds the GIL through Rdict.write, fsync included, and releases it in
+    flush_wal: a durable batch is written unsynced and the log synced before write()
+    returns; other batches (and every batch with durability off) are never synced."""
     kv = open_rocks(tmp_path / "db", sync=sync)
     recording = _Recording(kv._db)
     kv._db = recording  # type: ignore[assignment]
@@ -148,26 +149,27 @@ def test_durable_batches_are_synced(tmp_path: Path, sync: bool) -> None:
         lazy.put("meta", b"k2", b"v")
         kv.write(durable)
         kv.write(lazy)
-        assert recording.calls == [("write", sync), ("write", False)]
+        synced = [("write", False), ("flush_wal", True)] if sync else [("write", False)]
+        assert recording.calls == [*synced, ("write", False)]
         assert kv.get("meta", b"k1") == kv.get("meta", b"k2") == b"v"
     finally:
         kv._db = recording._db  # type: ignore[assignment]
         kv.close()
 
 
-def test_close_waits_for_a_write_in_progress(tmp_path: Path) -> None:
-    """close() must not free the database under a write in progress on another thread
-    (a segfault at shutdown), and a write after close fails cleanly."""
+def test_close_waits_for_a_write_syncing_the_log(tmp_path: Path) -> None:
+    """The log sync runs with the GIL released: close() must not free the database
+    under it (a segfault at shutdown), and a write after close fails cleanly."""
     kv = open_rocks(tmp_path / "db", sync=True)
     recording = _Recording(kv._db)
     started, release = threading.Event(), threading.Event()
 
-    def slow_write(batch: object, opts: object) -> None:
+    def slow_flush(sync: bool) -> None:
         started.set()
         release.wait(5)
-        recording.write(batch, opts)
+        recording.flush_wal(sync)
 
-    slow: Any = type("Slow", (), {"write": staticmethod(slow_write)})
+    slow: Any = type("Slow", (), {"write": recording.write, "flush_wal": staticmethod(slow_flush)})
     kv._db = slow()
     batch = Batch()
     batch.put("meta", b"k", b"v")
@@ -187,4 +189,4 @@ def test_close_waits_for_a_write_in_progress(tmp_path: Path) -> None:
     writer.join(5)
     closer.join(5)
     assert not closer.is_alive() and not writer.is_alive()
-    assert recording.calls == [("write", True)]
+    assert recording.calls == [("write", False), ("flush_wal", True)]
