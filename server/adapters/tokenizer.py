@@ -98,13 +98,14 @@ log = logging.getLogger("ctxcc.tokenizer")
 class TokenizerTable:
     """One tokenizer's table, built on its first use and then kept for the process.
 
-    Tables are large (o200k ~65 MB, Claude ~40 MB, cl100k ~30 MB) and a daemon usually
-    serves one or two tokenizer families, so none is built before a compile needs it
-    (or the operator asks for it: `--preload-tokenizers`). A build is CPU work that
-    holds the GIL for its whole call (cl100k ~0.03 s, o200k ~0.09 s, Claude ~0.2 s):
-    it runs in the compile worker that needs it, never on the event loop. Each table has
-    its own lock, so a Claude compile never waits for o200k's build, and first uses
-    that meet build it once: the later ones wait for the first's result."""
+    Tables are large (o200k ~69 MB, Claude ~42 MB, cl100k ~33 MB) and a daemon usually
+    serves one or two tokenizer families, so a table is built when a compile first needs
+    it, unless start-up preloads it (`--preload-tokenizers`, Claude's by default). A
+    build is CPU work in native code that holds the GIL for its whole call (cl100k
+    ~0.03 s, o200k ~0.05-0.1 s, Claude ~0.1-0.16 s): it runs in the compile worker that
+    needs it, never on the event loop. Each table has its own lock, so a Claude compile
+    never waits for o200k's build, and first uses that meet build it once: the later
+    ones wait for the first's result."""
 
     def __init__(self, name: str, build: Callable[[], Any]) -> None:
         self.name = name

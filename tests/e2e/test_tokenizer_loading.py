@@ -1,7 +1,8 @@
-"""Tokenizer tables in a real daemon, seen through a real /metrics scrape: a daemon
-started as operators start it builds none until the first compile of a family, and
-builds only that family's; `--preload-tokenizers all` has every table built when health
-first answers SERVING; the two compile the same views to the token."""
+"""Tokenizer tables in a real daemon, seen through a real /metrics scrape: by default
+only the Claude table is built before SERVING and the OpenAI tables wait for their
+family's first compile; with `--preload-tokenizers none` no table is built until the
+first compile of its family, and only that family's; `--preload-tokenizers all` has every
+table built when health first answers SERVING; all compile the same views to the token."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ class Api:
 
 @pytest.fixture
 def daemons(short_tmp: Path) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    lazy = DaemonProcess(short_tmp / "lazy")
+    lazy = DaemonProcess(short_tmp / "lazy", "--preload-tokenizers", "none")
     eager = DaemonProcess(short_tmp / "eager", "--preload-tokenizers", "all")
     try:
         for d in (lazy, eager):
@@ -129,3 +130,22 @@ def test_tables_are_built_by_their_familys_first_compile_or_preloaded(
         estimates.add(lazy_view.budget.estimated_input_tokens)
     assert len(estimates) == 4  # the families really count differently
     assert _loaded(eager) == set(ALL)
+
+
+def test_a_default_daemon_builds_claude_before_serving_and_openai_tables_on_first_use(
+    short_tmp: Path,
+) -> None:
+    d = DaemonProcess(short_tmp / "default")
+    try:
+        d.start()
+        d.wait_ready()
+        assert _loaded(d) == {"claude"}
+        api = Api(d)
+        api.conversation("s")
+        api.compile("s", "claude-sonnet-4-20250514")
+        assert _loaded(d) == {"claude"}
+        api.compile("s", "gpt-4o")
+        assert _loaded(d) == {"claude", "o200k"}
+        assert d.terminate() == 0
+    finally:
+        d.ensure_stopped()

@@ -59,7 +59,7 @@ def test_bad_settings_are_named(flags: dict[str, str], message: str) -> None:
     ],
 )
 def test_preload_tokenizers(value: str, tables: tuple[str, ...]) -> None:
-    assert resolve({}, env={}).preload_tokenizers == ()  # lazy unless asked
+    assert resolve({}, env={}).preload_tokenizers == ("claude",)
     assert resolve({}, env={"CTXCC_PRELOAD_TOKENIZERS": value}).preload_tokenizers == tables
 
 
