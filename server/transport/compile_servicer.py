@@ -21,9 +21,10 @@ from server.service.compiling import CompileResult, CompileUseCases
 from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in, route_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
-from server.transport.convert_view import compile_options_in, result_out, tagged
+from server.transport.convert_view import compile_options_in, tagged
 from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
+from server.transport.lent import LentBySession
 from server.transport.paging import decode_token, encode_token
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import LentRecords, ViewBytes, delta_record, view_bytes
@@ -88,32 +89,41 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._drain = drain or Drain()
         self._max_message = max_message_bytes
         self._recent = RecentViews()
+        self._lent = LentBySession()
 
     @unary
     async def Compile(
         self, request: pb.CompileRequest, context: Ctx
     ) -> pb.CompileResponse | Encoded:
         result = await self._c.compile(compile_options_in(request))
+        # CompileResponse is the view as its field 1: sent as the bytes the view's cached
+        # records make, without a protobuf object per message; the records of the
+        # messages the session's last view shared are lent by that view.
+        last = self._lent.get(result.view.session_id)
         if size_hint(result) < _ON_LOOP_CHARS:
-            # CompileResponse is the view as its field 1: sent as the bytes the view's
-            # cached records make, without a protobuf object per message.
-            return Encoded(tagged(1, view_bytes(result).whole()))
-        # Converting (and sizing) a multi-MiB view is CPU work: off the event loop.
-        return await asyncio.to_thread(self._large_response, result)
+            view = view_bytes(result, last)
+            data = tagged(1, view.whole())
+        else:
+            # Encoding (and sizing) a multi-MiB view is CPU work: off the event loop.
+            view, data = await asyncio.to_thread(self._large_response, result, last)
+        if not request.rebuild_compile_id and not request.as_of_seq:
+            self._lent.keep(result, view)
+        return Encoded(data)
 
-    def _large_response(self, result: CompileResult) -> pb.CompileResponse:
+    def _large_response(self, result: CompileResult, last: LentRecords) -> tuple[ViewBytes, bytes]:
         # grpc would refuse to send an oversized view with a bare RESOURCE_EXHAUSTED;
         # say why instead. Characters never outnumber encoded bytes, so a view whose
-        # text alone is over the limit is refused before the costly conversion.
-        chars = view_chars(result)
-        if chars > self._max_message:
-            raise self._too_large(chars)
-        response = pb.CompileResponse()
-        response.view.CopyFrom(result_out(result))
-        size = response.ByteSize()
-        if size > self._max_message:
-            raise self._too_large(size)
-        return response
+        # text alone is over the limit is refused before it is encoded (counted only
+        # when the estimate is near: it walks every message).
+        if size_hint(result) > self._max_message // 16:
+            chars = view_chars(result)
+            if chars > self._max_message:
+                raise self._too_large(chars)
+        view = view_bytes(result, last)
+        data = tagged(1, view.whole())
+        if len(data) > self._max_message:
+            raise self._too_large(len(data))
+        return view, data
 
     def _too_large(self, size: int) -> CtxccError:
         return CtxccError(

@@ -9,6 +9,8 @@ import re
 import urllib.request
 from pathlib import Path
 
+import grpc
+
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
@@ -78,4 +80,49 @@ async def test_memo_off_compiles_from_scratch_with_the_same_views(short_tmp: Pat
             assert got.view.SerializeToString() == rebuilt.view.SerializeToString()
         assert await lookups(d) == {"hit": 0, "miss": 0, "stale": 0}
     finally:
+        await d.stop()
+
+
+async def test_a_view_over_256_kib_compiled_unary_matches_its_rebuild(short_tmp: Path) -> None:
+    """Views too large to encode on the event loop are encoded on a thread from the same
+    cached records: each step's view equals its rebuild from scratch, and one over
+    --max-message-bytes is refused with the reason instead of grpc's bare error."""
+    d = Daemon(make_config(short_tmp, max_message_bytes=str(1 << 20)))
+    await d.start()
+    api = stubs_for(str(d.endpoints.tcp))
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="big"))
+        )
+        req = compile_request("big")
+        req.limits.context_window = 2_000_000
+        sizes: list[int] = []
+        refused = None
+        for i in range(12):
+            events = [user(f"task {i}")]
+            for k in range(150):
+                events += [
+                    assistant(f"step {i}.{k}", (f"c{i}.{k}", "shell", '{"cmd": "ls"}')),
+                    tool_result(f"c{i}.{k}", f"file {k} " + "content of the file " * 40),
+                ]
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="big", events=events)
+            )
+            try:
+                got = await api.compiles.Compile(req)
+            except grpc.aio.AioRpcError as err:
+                refused = err
+                break
+            again = await api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=got.view.compile_id)
+            )
+            assert got.view.SerializeToString() == again.view.SerializeToString()
+            assert len(got.view.messages) > 300 * (i + 1)
+            sizes.append(got.ByteSize())
+        assert sizes[0] < 256 << 10 < sizes[-1] <= 1 << 20
+        assert refused is not None, "the view grew over the limit"
+        assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "message limit" in str(refused.details())
+    finally:
+        await api.channel.close()
         await d.stop()

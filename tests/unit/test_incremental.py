@@ -264,3 +264,21 @@ def test_a_result_while_calls_are_open_is_no_place_to_cut() -> None:
     assert memo is not None and memo.cut == 1
     assert view == compile_view(inputs, C)
     assert [c.call_id for c in view.messages[1].tool_calls] == ["c1", "c2", "c3"]
+
+
+def test_inline_images_are_encoded_as_a_protobuf_object_per_message_would_be() -> None:
+    """A view with image bytes inline (a unary Compile of any size and a stream step send
+    the joined records) is the view converted message by message, bytes included."""
+    turn: list[Payload] = [
+        UserMessage((ContentPart(text="look"), ContentPart(attachment=IMAGE))),
+        AssistantMessage((ContentPart(text="a cat"),), ()),
+        UserMessage((ContentPart(text="and this"),)),
+    ]
+    log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn)]
+    inputs = inputs_for(log, Step([], 0, "", 0, False, False, False), 0)
+    view, _, _ = compile_incremental(inputs, C, None)
+    assert any(p.attachment for m in view.messages for p in m.parts)
+    result = CompileResult(view, (("img1", b"\x89PNG-bytes"),))
+    expected = result_out(result).SerializeToString(deterministic=True)
+    assert b"\x89PNG-bytes" in expected
+    assert view_bytes(result).whole() == expected

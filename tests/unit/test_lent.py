@@ -1,0 +1,48 @@
+"""The records a unary Compile's view lends to the session's next view: kept per
+session, bounded by sessions and bytes, never for a view with inline image bytes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from server.compiler.compile import compile_view
+from server.domain.model import ContentPart, Event, UserMessage
+from server.service.compiling import CompileResult
+from server.transport.lent import LentBySession
+from server.transport.view_bytes import view_bytes
+from tests.unit.test_incremental import C, Step, inputs_for
+
+LOG = [Event(i + 1, f"e{i + 1}", 0, UserMessage((ContentPart(text=f"hi {i}"),))) for i in range(3)]
+VIEW = compile_view(inputs_for(LOG, Step([], 0, "", 0, False, False, False), 0), C)
+
+
+def _sent(session_id: str) -> tuple[CompileResult, int]:
+    result = CompileResult(replace(VIEW, session_id=session_id))
+    return result, view_bytes(result).size
+
+
+def test_records_are_lent_to_the_sessions_next_view_and_bounded() -> None:
+    one, size = _sent("a")
+    lent = LentBySession(max_sessions=2, max_bytes=10 * size)
+    assert lent.get("a").messages == ()
+    lent.keep(one, view_bytes(one))
+    got = lent.get("a")
+    assert got.messages == one.view.messages and got.messages[0] is one.view.messages[0]
+    assert got.records == view_bytes(one).messages
+    for sid in ("b", "c"):  # a third session pushes out the oldest
+        r, _ = _sent(sid)
+        lent.keep(r, view_bytes(r))
+    assert lent.get("a").messages == () and lent.get("c").messages
+    small = LentBySession(max_sessions=10, max_bytes=4 * size + 3)
+    for sid in ("a", "b", "c", "d", "e"):
+        r, _ = _sent(sid)
+        small.keep(r, view_bytes(r))
+    kept = [sid for sid in "abcde" if small.get(sid).messages]
+    assert kept == ["b", "c", "d", "e"]  # the bytes bound holds four
+
+
+def test_a_view_with_inline_image_bytes_lends_nothing() -> None:
+    result = CompileResult(VIEW, (("img1", b"png"),))
+    lent = LentBySession()
+    lent.keep(result, view_bytes(CompileResult(VIEW)))
+    assert lent.get(VIEW.session_id).messages == ()
