@@ -23,7 +23,10 @@ async def test_stream_survives_a_daemon_that_is_gone_then_back(short_tmp: Path) 
     first = Daemon(make_config(short_tmp))
     await first.start()
     target = f"unix:{first.endpoints.unix}"
-    async with AsyncClient(target, retry_seconds=0.5) as ctx:
+    # The retry budget must outlast the client's longest reconnect backoff (500 ms plus
+    # grpc's 20 % jitter): with 0.5 s a restarted daemon was sometimes never tried again
+    # before the step gave up ("No such file or directory" on the old socket, under load).
+    async with AsyncClient(target, retry_seconds=2.0) as ctx:
         session = await ctx.create_session()
         req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
         stream = ctx.stream()
