@@ -98,7 +98,7 @@ def main() -> None:
         events = 1_000_000 if not args.smoke else 20_000
         detail["cold_start_1m_events_s"] = scale.cold_start(root, events)
         sessions, each = (1000, 100) if not args.smoke else (20, 30)
-        detail["rss_mb_1k_sessions"] = scale.rss_after_sessions(root, sessions, each)
+        detail |= scale.rss(root, sessions, each)
         trace = DEV
         if args.smoke:
             import lzma

@@ -38,16 +38,20 @@ def cold_start(root: Path, events: int) -> float:
         d.stop()
 
 
-def rss_after_sessions(root: Path, sessions: int, events_each: int) -> float:
+def rss(root: Path, sessions: int, events_each: int) -> dict[str, float]:
+    """Daemon RSS once SERVING (`rss_mb_idle`: code, libraries and the tokenizer tables
+    preloaded by default) and after `sessions` sessions with a GPT-4o compile every tenth
+    (`rss_mb_1k_sessions`: plus o200k's table, memos and RocksDB's memory)."""
     d = BenchDaemon(root / "rss")
     d.start_timed()
     try:
+        idle = d.rss_mb()
         api = Api(d.target)
         turns = max(1, events_each // 3)
         for s in range(sessions):
             api.session(f"rss{s}", conversation(turns, f"r{s}")[:events_each])
             if s % 10 == 0:  # compiles too, as agents would: caches and counters warm up
                 api.compile(f"rss{s}")
-        return d.rss_mb()
+        return {"rss_mb_idle": idle, "rss_mb_1k_sessions": d.rss_mb()}
     finally:
         d.stop()

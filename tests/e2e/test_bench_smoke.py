@@ -25,6 +25,7 @@ def test_bench_smoke_prints_every_figure() -> None:
     assert list(last) == list(TARGETS)
     assert all(isinstance(v, float | int) and v > 0 for v in last.values())
     assert "compile_p50_ms" in done.stdout and "echo_p50_ms" in done.stdout
+    assert "rss_mb_idle" in done.stdout
     for part in ("echo_small", "stream_append_compile", "report_usage", "fsync"):
         assert f"part_{part}_p50_ms" in done.stdout
     for client in ("go", "python", "typescript"):
