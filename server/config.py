@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -296,7 +297,8 @@ def _int(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) ->
     try:
         value = int(raw[name], base)
     except ValueError:
-        raise ConfigError(f"{name} must be a whole number, got {raw[name]!r}") from None
+        kind = "an octal mode such as 0660" if base == 8 else "a whole number"
+        raise ConfigError(f"{name} must be {kind}, got {raw[name]!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
     return value
@@ -390,7 +392,11 @@ def _build(raw: Mapping[str, str]) -> Config:
     try:
         grace = float(raw["grace_period"])
     except ValueError:
-        raise ConfigError(f"grace_period must be a number, got {raw['grace_period']!r}") from None
+        grace = math.nan
+    if not 0 <= grace < math.inf:  # NaN fails both comparisons
+        raise ConfigError(
+            f"grace_period must be a number of seconds, 0 or more, got {raw['grace_period']!r}"
+        )
     cfg = Config(
         data_dir=Path(raw["data_dir"]),
         socket=raw["socket"],

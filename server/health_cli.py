@@ -31,7 +31,7 @@ def add_parser(sub: Any) -> None:
         help="check that a daemon is serving (exit 0) or not (exit 1)",
         description=(
             "Ask a ctxcc daemon's grpc.health.v1 service whether it is SERVING. Without "
-            "--target, the daemon is found from the same flags-environment-config as "
+            "--target, the daemon is found from the same CTXCC_* environment and --config file as "
             "`ctxcc serve`: it tries the Unix socket, then the health port, then the API port; "
             "the first that answers decides. "
             "Exit 0 serving, 1 not serving or unreachable, 2 bad arguments."

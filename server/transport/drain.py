@@ -88,7 +88,8 @@ class Drain:
             if self._busy == 0 and quiet > (PENDING_SETTLE_S if self._pending else SETTLE_S):
                 return True
             await asyncio.sleep(_POLL_S)
-        return False
+        # At the deadline (at once with a grace of 0): idle is idle, settled or not.
+        return self._busy == 0 and not self._pending
 
 
 class Ticket:

@@ -42,6 +42,11 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"socket": "/tmp/" + "x" * 120}, "107 bytes"),
         ({"preload_tokenizers": "o200k,gpt2"}, "preload_tokenizers takes o200k, cl100k, claude"),
         ({"preload_tokenizers": "all,claude"}, "preload_tokenizers takes"),
+        ({"grace_period": "-1"}, "grace_period must be a number of seconds, 0 or more"),
+        ({"grace_period": "nan"}, "grace_period must be a number of seconds, 0 or more"),
+        ({"grace_period": "inf"}, "grace_period must be a number of seconds, 0 or more"),
+        ({"grace_period": "soon"}, "grace_period must be a number of seconds, 0 or more"),
+        ({"socket_mode": "999"}, "socket_mode must be an octal mode such as 0660"),
     ],
 )
 def test_bad_settings_are_named(flags: dict[str, str], message: str) -> None:
