@@ -273,7 +273,7 @@ class Daemon:
         server = grpc.aio.server(
             interceptors=[
                 BoundaryInterceptor(
-                    self.telemetry.rpc_done,
+                    self.telemetry,
                     self._auth_token(),
                     self._drain,
                     request_caps(cfg.max_events_per_append, cfg.max_tools),

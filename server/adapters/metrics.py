@@ -189,6 +189,13 @@ class PrometheusTelemetry:
             buckets=_LATENCY,
             registry=r,
         )
+        self.rpcs_in_flight = Gauge(
+            "ctxcc_rpcs_in_flight",
+            "Calls in a handler now (taken, not yet answered), by method; a graceful "
+            "shutdown waits for these.",
+            ["method"],
+            registry=r,
+        )
         self.rpc_errors = Counter(
             "ctxcc_rpc_errors_total",
             "RPCs that ended with a status other than OK, by method and code.",
@@ -284,10 +291,15 @@ class PrometheusTelemetry:
         samples); every method and code that can occur starts at zero instead."""
         codes = tuple(codes)
         for method in methods:
+            self.rpcs_in_flight.labels(method)
             for code in codes:
                 self.rpc_errors.labels(method, code)
 
+    def rpc_started(self, method: str) -> None:
+        self.rpcs_in_flight.labels(method).inc()
+
     def rpc_done(self, method: str, code: str, seconds: float) -> None:
+        self.rpcs_in_flight.labels(method).dec()
         self._of(self.rpc_seconds, method, code).observe(seconds)
         if code != "OK":
             self.rpc_errors.labels(method, code).inc()

@@ -5,7 +5,7 @@
 - with an auth token configured, TCP peers must send `authorization: Bearer <token>`
   (Unix-socket peers are trusted: the socket's mode and group guard it; health checks are
   open, as kubelet cannot send headers);
-- count, latency and status code of every RPC, by method;
+- calls in flight, and count, latency and status code of every RPC, by method;
 - during shutdown, new calls answer UNAVAILABLE/SHUTTING_DOWN and running ones are
   counted busy until they return (see `drain.py`; bidirectional streams count their
   own busy steps).
@@ -18,7 +18,7 @@ import hmac
 import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -27,7 +27,15 @@ from server.transport.drain import Drain, Ticket, shutting_down
 from server.transport.errors import CODES, status_for
 from server.transport.wire import RefusedMessage, RepeatedCap, count_over, passing, string_at
 
-RpcObserver = Callable[[str, str, float], None]
+
+class RpcObserver(Protocol):
+    """Where the interceptor reports each call: when its handler starts, and when it ends."""
+
+    def rpc_started(self, method: str) -> None: ...
+
+    def rpc_done(self, method: str, code: str, seconds: float) -> None: ...
+
+
 _OPEN_SERVICES = ("grpc.health.v1.Health",)
 # Codes the gRPC runtime ends calls with besides the error table's: the client cancels or
 # its deadline passes, a message exceeds the size limit, a handler fails unguarded.
@@ -114,7 +122,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(
         self, behavior: Any, name: str, service: str, streaming_in: bool, counted: bool
     ) -> Any:
-        observe, denied = self._observe, self._denied
+        observer, denied = self._observe, self._denied
         # Health answers NOT_SERVING through the drain; other calls are turned away.
         open_service = service in _OPEN_SERVICES
         ticket: Ticket | None = None
@@ -141,6 +149,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 started, failed = time.perf_counter(), False
+                observer.rpc_started(name)
                 try:
                     with running():
                         request = await gate(request, context)
@@ -150,12 +159,13 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                     failed = True
                     raise
                 finally:
-                    observe(name, _code(context, failed), time.perf_counter() - started)
+                    observer.rpc_done(name, _code(context, failed), time.perf_counter() - started)
 
             return stream
 
         async def unary(request: Any, context: Any) -> Any:
             started, failed = time.perf_counter(), False
+            observer.rpc_started(name)
             try:
                 with running():
                     request = await gate(request, context)
@@ -164,7 +174,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 failed = True
                 raise
             finally:
-                observe(name, _code(context, failed), time.perf_counter() - started)
+                observer.rpc_done(name, _code(context, failed), time.perf_counter() - started)
 
         return unary
 
