@@ -200,14 +200,16 @@ def panels() -> list[dict[str, Any]]:
         ),
         panel(
             9,
-            "Sessions and watchers",
+            "Sessions, watchers and calls in flight",
             0,
             32,
             [
                 (f"sum({m('ctxcc_sessions')})", "sessions"),
                 (f"sum({m('ctxcc_watchers')})", "watchers"),
+                (f"sum({m('ctxcc_rpcs_in_flight')})", "calls in flight"),
             ],
             unit="short",
+            description="Calls in flight are those a graceful shutdown waits for.",
         ),
         panel(
             10,
