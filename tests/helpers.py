@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import urllib.request
 from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
+from prometheus_client.parser import text_string_to_metric_families
 
 from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2
 
@@ -54,3 +56,19 @@ ROUTE = common_pb2.Route(
 
 def compile_request(session_id: str, **kw: object) -> compile_service_pb2.CompileRequest:
     return compile_service_pb2.CompileRequest(session_id=session_id, route=ROUTE, **kw)  # type: ignore[arg-type]
+
+
+def usage_counts(metrics_address: str) -> tuple[float, float]:
+    """(usage reports recorded, unary ReportUsage calls) from a daemon's /metrics."""
+    url = f"http://{metrics_address}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    reports = unary = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "ctxcc_usage_reports_total":
+                reports += s.value
+            if s.name == "ctxcc_rpc_duration_seconds_count" and s.labels.get("method") == (
+                "CompileService/ReportUsage"
+            ):
+                unary += s.value
+    return reports, unary

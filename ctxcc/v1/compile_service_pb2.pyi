@@ -344,6 +344,7 @@ class StepRequest(_message.Message):
     EXPECTED_LAST_SEQ_FIELD_NUMBER: _builtins.int
     COMPILE_FIELD_NUMBER: _builtins.int
     DELTA_BASE_COMPILE_ID_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """Client-chosen id echoed in the answer."""
     request_id: _builtins.str
@@ -365,6 +366,25 @@ class StepRequest(_message.Message):
     def compile(self) -> Global___CompileRequest:
         """The compile to run after the append."""
 
+    @_builtins.property
+    def usage(self) -> Global___ReportUsageRequest:
+        """The provider's usage for an earlier compile of this step's session (usually the view
+        the previous step returned), reported on the way so that a step is one round trip
+        instead of a step and a ReportUsage. Its compile_id is required and its fields mean
+        what they mean in ReportUsage. The daemon records it first, before the append and the
+        compile, through the same use case as ReportUsage: this step's compile uses it as its
+        baseline exactly as if ReportUsage had been called just before the step, the usage
+        metrics count it once like a unary report, and it is idempotent the same way (a
+        report for a compile that already has one, e.g. the same step resent after a
+        reconnect, is answered with `replayed` and changes nothing). Its result comes back in
+        CompileStreamResponse.usage. A report ReportUsage would refuse (USAGE_INVALID,
+        INVALID_FIELD, COMPILE_NOT_FOUND, ROUTE_MISMATCH), or one for a compile of another
+        session (COMPILE_NOT_FOUND), fails the whole step before anything else: the answer is
+        a StepError with usage_refused set, nothing is appended and nothing is compiled, so
+        the step can be resent without the report (or with a corrected one). A report that
+        was recorded stays recorded when the append or the compile after it fails.
+        """
+
     def __init__(
         self,
         *,
@@ -374,10 +394,11 @@ class StepRequest(_message.Message):
         expected_last_seq: _builtins.int | None = ...,
         compile: Global___CompileRequest | None = ...,
         delta_base_compile_id: _builtins.str = ...,
+        usage: Global___ReportUsageRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "expected_last_seq", b"expected_last_seq"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "expected_last_seq", b"expected_last_seq", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_seq: _TypeAlias = _typing.Literal["expected_last_seq"]  # noqa: Y015
     _WhichOneofArgType__expected_last_seq: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq"]  # noqa: Y015
@@ -434,6 +455,7 @@ class CompileStreamResponse(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     APPEND_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """The step this answers."""
     @_builtins.property
@@ -456,6 +478,14 @@ class CompileStreamResponse(_message.Message):
     def append(self) -> Global___AppendResult:
         """The append's result, when the step appended events."""
 
+    @_builtins.property
+    def usage(self) -> Global___ReportUsageResponse:
+        """The result of the step's usage report (StepRequest.usage), when the step carried one
+        and it was recorded or replayed; also sent with a StepError when the append or the
+        compile failed after the report was recorded. With a chunked view it rides on the
+        first chunk, like `append`.
+        """
+
     def __init__(
         self,
         *,
@@ -465,10 +495,11 @@ class CompileStreamResponse(_message.Message):
         error: Global___StepError | None = ...,
         delta: Global___ViewDelta | None = ...,
         append: Global___AppendResult | None = ...,
+        usage: Global___ReportUsageResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "delta", b"delta", "error", b"error", "response", b"response", "view", b"view"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "delta", b"delta", "error", b"error", "response", b"response", "usage", b"usage", "view", b"view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "delta", b"delta", "error", b"error", "response", b"response", "step_id", b"step_id", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append", b"append", "chunk", b"chunk", "delta", b"delta", "error", b"error", "response", b"response", "step_id", b"step_id", "usage", b"usage", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["view", "chunk", "error", "delta"]  # noqa: Y015
     _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
@@ -628,22 +659,28 @@ class StepError(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    USAGE_REFUSED_FIELD_NUMBER: _builtins.int
     code: _builtins.int
     """gRPC status code number the unary call would have returned."""
     reason: _builtins.str
     """ErrorReason name without its prefix."""
     message: _builtins.str
     """Human-readable message."""
+    usage_refused: _builtins.bool
+    """True when the step failed because the usage report it carried (StepRequest.usage) was
+    refused; `reason` says why. Nothing of the step was done: no append, no compile.
+    """
     def __init__(
         self,
         *,
         code: _builtins.int = ...,
         reason: _builtins.str = ...,
         message: _builtins.str = ...,
+        usage_refused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "usage_refused", b"usage_refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -85,7 +85,8 @@ class CompileServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportUsage(self, request, context):
-        """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent.
+        """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+        CompileStream step can carry the same report instead (StepRequest.usage).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

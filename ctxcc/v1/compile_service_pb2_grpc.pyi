@@ -43,7 +43,9 @@ class CompileServiceStub:
     the stream's chunk size arrive as ordered chunks.
     """
     ReportUsage: _grpc.UnaryUnaryMultiCallable[_compile_service_pb2.ReportUsageRequest, _compile_service_pb2.ReportUsageResponse]
-    """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent."""
+    """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+    CompileStream step can carry the same report instead (StepRequest.usage).
+    """
     CreateCheckpoint: _grpc.UnaryUnaryMultiCallable[_compile_service_pb2.CreateCheckpointRequest, _compile_service_pb2.CreateCheckpointResponse]
     """Stores a checkpoint after verifying its digest against the log."""
     ListCheckpoints: _grpc.UnaryUnaryMultiCallable[_compile_service_pb2.ListCheckpointsRequest, _compile_service_pb2.ListCheckpointsResponse]
@@ -66,7 +68,9 @@ class CompileServiceAsyncStub(CompileServiceStub):
     the stream's chunk size arrive as ordered chunks.
     """
     ReportUsage: _aio.UnaryUnaryMultiCallable[_compile_service_pb2.ReportUsageRequest, _compile_service_pb2.ReportUsageResponse]  # type: ignore[assignment]
-    """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent."""
+    """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+    CompileStream step can carry the same report instead (StepRequest.usage).
+    """
     CreateCheckpoint: _aio.UnaryUnaryMultiCallable[_compile_service_pb2.CreateCheckpointRequest, _compile_service_pb2.CreateCheckpointResponse]  # type: ignore[assignment]
     """Stores a checkpoint after verifying its digest against the log."""
     ListCheckpoints: _aio.UnaryUnaryMultiCallable[_compile_service_pb2.ListCheckpointsRequest, _compile_service_pb2.ListCheckpointsResponse]  # type: ignore[assignment]
@@ -104,7 +108,9 @@ class CompileServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _compile_service_pb2.ReportUsageRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_compile_service_pb2.ReportUsageResponse, _abc.Awaitable[_compile_service_pb2.ReportUsageResponse]]:
-        """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent."""
+        """Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+        CompileStream step can carry the same report instead (StepRequest.usage).
+        """
 
     @_abc_1.abstractmethod
     def CreateCheckpoint(

@@ -404,9 +404,20 @@ class CompileUseCases:
         )
         return tuple((aid, self._store.get_artifact(session_id, aid)[1]) for aid in wanted)
 
-    async def report_usage(self, compile_id: str, route: Route | None, usage: Usage) -> UsageResult:
+    async def report_usage(
+        self, compile_id: str, route: Route | None, usage: Usage, session_id: str | None = None
+    ) -> UsageResult:
+        """`session_id`: the session the report arrived for (a step's), which the compile
+        must belong to; None when the report names only its compile (ReportUsage)."""
         if not compile_id:
             raise invalid("compile_id", "compile_id is required")
+        if session_id is not None and compile_id.partition(":")[0] != session_id:
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {compile_id!r} is not a compile of session {session_id!r}: a step "
+                "carries the usage of its own session's compiles only",
+                compile_id=compile_id,
+            )
         if route is not None:
             check_route_fields(_route_fields(route))
         for field in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):

@@ -223,6 +223,8 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             )
             if i == 0 and out.HasField("append"):
                 part.append.CopyFrom(out.append)
+            if i == 0 and out.HasField("usage"):
+                part.usage.CopyFrom(out.usage)
             chunks.append(part)
         return chunks
 
@@ -241,6 +243,8 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                 case "step":
                     step = msg.step
                     out.step_id = step.step_id
+                    if step.HasField("usage") and not await self._step_usage(step, out):
+                        return out, None, ""
                     if step.events:
                         self._s.check_event_count(len(step.events))
                         expected = (
@@ -285,10 +289,31 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         session = await self._s.get(session_id)
         return kept.view if session.head_seq == kept.view.event_boundary else None
 
+    async def _step_usage(self, step: pb.StepRequest, out: pb.CompileStreamResponse) -> bool:
+        """Records the usage report a step carries, before its append and compile, so the
+        compile uses it as its baseline. False (with `out.error` set) when it was refused:
+        then nothing else of the step is done."""
+        session_id = step.compile.session_id
+        try:
+            if not session_id:
+                raise invalid("compile.session_id", "a step needs compile.session_id")
+            out.usage.CopyFrom(await self._usage(step.usage, session_id))
+        except CtxccError as err:
+            out.error.CopyFrom(_step_error(err))
+            out.error.usage_refused = True
+            return False
+        return True
+
     @unary
     async def ReportUsage(
         self, request: pb.ReportUsageRequest, context: Ctx
     ) -> pb.ReportUsageResponse:
+        return await self._usage(request, None)
+
+    async def _usage(
+        self, request: pb.ReportUsageRequest, session_id: str | None
+    ) -> pb.ReportUsageResponse:
+        """One usage report, unary or on a step: the same use case, the same answer."""
         usage = Usage(
             input_tokens=request.input_tokens,
             output_tokens=request.output_tokens,
@@ -296,7 +321,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             reasoning_tokens=request.reasoning_tokens,
         )
         route = route_in(request.route) if request.HasField("route") else None
-        result = await self._c.report_usage(request.compile_id, route, usage)
+        result = await self._c.report_usage(request.compile_id, route, usage, session_id)
         return pb.ReportUsageResponse(
             estimated_input_tokens=result.estimated_input_tokens,
             error_tokens=result.error_tokens,
@@ -359,11 +384,12 @@ async def _next_or_shutdown(
 
 
 def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encoded:
-    """`out` (step id, append result) with an encoded view (2) or ViewDelta (6): sent as
-    these bytes, without decoding the payload into a protobuf object first."""
+    """`out` (step id, append and usage results) with an encoded view (2) or ViewDelta
+    (6): sent as these bytes, without decoding the payload into a protobuf object first."""
     step_id = tagged(1, out.step_id.encode()) if out.step_id else b""
     append = tagged(5, out.append.SerializeToString()) if out.HasField("append") else b""
-    return Encoded(step_id + tagged(field, payload) + append)
+    usage = tagged(7, out.usage.SerializeToString()) if out.HasField("usage") else b""
+    return Encoded(step_id + tagged(field, payload) + append + usage)
 
 
 def _step_error(err: CtxccError) -> pb.StepError:

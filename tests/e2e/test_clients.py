@@ -24,11 +24,20 @@ import pytest
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import session_service_pb2_grpc
 from tests.e2e.proc import CLIENT_LOOPS, REPO, DaemonProcess
+from tests.helpers import usage_counts as counts_at
 
 CLIENTS = CLIENT_LOOPS
 OK = re.compile(r"ok (\d+) steps session (\S+) seq (\d+)(?: largest_view_bytes (\d+))?")
 # The Go and TypeScript loops end their `ok` line with how their stream's views arrived.
 ARRIVED = re.compile(r"whole (\d+) deltas (\d+) mismatches (\d+)$")
+# How many steps were answered with the result of the usage report they carried.
+CARRIED = re.compile(r"usage_carried (\d+)")
+# The loops that carry each view's usage on their next step.
+CARRYING = {"python"}
+
+
+def usage_counts(daemon: DaemonProcess) -> tuple[float, float]:
+    return counts_at(str(daemon.endpoints["metrics"]))
 
 
 def arrived(client: str, ok_line: str) -> tuple[int, int, int] | None:
@@ -80,6 +89,7 @@ def test_twenty_step_loop_with_a_chunked_view(
         else str(daemon.endpoints["tcp"])
     )
     args = [*cmd, "--steps", "20", "--big-step", "5"]
+    reports, unary = usage_counts(daemon)
     done = subprocess.run(
         args,
         env={**os.environ, "CTXCC_TARGET": target},
@@ -104,6 +114,14 @@ def test_twenty_step_loop_with_a_chunked_view(
     if counts:
         whole, deltas, mismatches = counts
         assert whole + deltas == 20 and whole >= 2 and deltas >= 15 and mismatches == 0, counts
+    # Each view's usage rode on the next step: 19 answered with their report's result,
+    # the last view's report went by the unary ReportUsage at close. All 20 are recorded.
+    now_reports, now_unary = usage_counts(daemon)
+    assert now_reports - reports == 20
+    if client in CARRYING:
+        carried = CARRIED.search(ok_line)
+        assert carried and int(carried.group(1)) == 19, ok_line
+        assert now_unary - unary == 1
     events = _events(str(daemon.endpoints["tcp"]), sid)
     assert len(events) == seq
     assert events[-1].startswith("next step 19") or events[-2].startswith("reply 18")

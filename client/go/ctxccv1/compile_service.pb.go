@@ -635,8 +635,24 @@ type StepRequest struct {
 	// against it instead of the whole view; it sends the whole view (or its chunks) when it
 	// no longer holds that view, when the delta would not be smaller, or when it is empty.
 	DeltaBaseCompileId string `protobuf:"bytes,6,opt,name=delta_base_compile_id,json=deltaBaseCompileId,proto3" json:"delta_base_compile_id,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The provider's usage for an earlier compile of this step's session (usually the view
+	// the previous step returned), reported on the way so that a step is one round trip
+	// instead of a step and a ReportUsage. Its compile_id is required and its fields mean
+	// what they mean in ReportUsage. The daemon records it first, before the append and the
+	// compile, through the same use case as ReportUsage: this step's compile uses it as its
+	// baseline exactly as if ReportUsage had been called just before the step, the usage
+	// metrics count it once like a unary report, and it is idempotent the same way (a
+	// report for a compile that already has one, e.g. the same step resent after a
+	// reconnect, is answered with `replayed` and changes nothing). Its result comes back in
+	// CompileStreamResponse.usage. A report ReportUsage would refuse (USAGE_INVALID,
+	// INVALID_FIELD, COMPILE_NOT_FOUND, ROUTE_MISMATCH), or one for a compile of another
+	// session (COMPILE_NOT_FOUND), fails the whole step before anything else: the answer is
+	// a StepError with usage_refused set, nothing is appended and nothing is compiled, so
+	// the step can be resent without the report (or with a corrected one). A report that
+	// was recorded stays recorded when the append or the compile after it fails.
+	Usage         *ReportUsageRequest `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepRequest) Reset() {
@@ -709,6 +725,13 @@ func (x *StepRequest) GetDeltaBaseCompileId() string {
 		return x.DeltaBaseCompileId
 	}
 	return ""
+}
+
+func (x *StepRequest) GetUsage() *ReportUsageRequest {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
 }
 
 // ResumeRequest continues a stream after a reconnect, or fetches a whole view again after a
@@ -788,7 +811,12 @@ type CompileStreamResponse struct {
 	//	*CompileStreamResponse_Delta
 	Response isCompileStreamResponse_Response `protobuf_oneof:"response"`
 	// The append's result, when the step appended events.
-	Append        *AppendResult `protobuf:"bytes,5,opt,name=append,proto3" json:"append,omitempty"`
+	Append *AppendResult `protobuf:"bytes,5,opt,name=append,proto3" json:"append,omitempty"`
+	// The result of the step's usage report (StepRequest.usage), when the step carried one
+	// and it was recorded or replayed; also sent with a StepError when the append or the
+	// compile failed after the report was recorded. With a chunked view it rides on the
+	// first chunk, like `append`.
+	Usage         *ReportUsageResponse `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -876,6 +904,13 @@ func (x *CompileStreamResponse) GetDelta() *ViewDelta {
 func (x *CompileStreamResponse) GetAppend() *AppendResult {
 	if x != nil {
 		return x.Append
+	}
+	return nil
+}
+
+func (x *CompileStreamResponse) GetUsage() *ReportUsageResponse {
+	if x != nil {
+		return x.Usage
 	}
 	return nil
 }
@@ -1211,7 +1246,10 @@ type StepError struct {
 	// ErrorReason name without its prefix.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Human-readable message.
-	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// True when the step failed because the usage report it carried (StepRequest.usage) was
+	// refused; `reason` says why. Nothing of the step was done: no append, no compile.
+	UsageRefused  bool `protobuf:"varint,4,opt,name=usage_refused,json=usageRefused,proto3" json:"usage_refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1265,6 +1303,13 @@ func (x *StepError) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *StepError) GetUsageRefused() bool {
+	if x != nil {
+		return x.UsageRefused
+	}
+	return false
 }
 
 // AppendResult reports a step's append.
@@ -1779,7 +1824,7 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x14CompileStreamRequest\x12+\n" +
 	"\x04step\x18\x01 \x01(\v2\x15.ctxcc.v1.StepRequestH\x00R\x04step\x121\n" +
 	"\x06resume\x18\x02 \x01(\v2\x17.ctxcc.v1.ResumeRequestH\x00R\x06resumeB\t\n" +
-	"\arequest\"\x9c\x02\n" +
+	"\arequest\"\xd0\x02\n" +
 	"\vStepRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12'\n" +
 	"\x06events\x18\x02 \x03(\v2\x0f.ctxcc.v1.EventR\x06events\x12\x1d\n" +
@@ -1787,19 +1832,21 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12/\n" +
 	"\x11expected_last_seq\x18\x04 \x01(\x04H\x00R\x0fexpectedLastSeq\x88\x01\x01\x122\n" +
 	"\acompile\x18\x05 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\x121\n" +
-	"\x15delta_base_compile_id\x18\x06 \x01(\tR\x12deltaBaseCompileIdB\x14\n" +
+	"\x15delta_base_compile_id\x18\x06 \x01(\tR\x12deltaBaseCompileId\x122\n" +
+	"\x05usage\x18\a \x01(\v2\x1c.ctxcc.v1.ReportUsageRequestR\x05usageB\x14\n" +
 	"\x12_expected_last_seq\"b\n" +
 	"\rResumeRequest\x12\x1d\n" +
 	"\n" +
 	"compile_id\x18\x01 \x01(\tR\tcompileId\x122\n" +
-	"\acompile\x18\x02 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\"\xa1\x02\n" +
+	"\acompile\x18\x02 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\"\xd6\x02\n" +
 	"\x15CompileStreamResponse\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12,\n" +
 	"\x04view\x18\x02 \x01(\v2\x16.ctxcc.v1.CompiledViewH\x00R\x04view\x12+\n" +
 	"\x05chunk\x18\x03 \x01(\v2\x13.ctxcc.v1.ViewChunkH\x00R\x05chunk\x12+\n" +
 	"\x05error\x18\x04 \x01(\v2\x13.ctxcc.v1.StepErrorH\x00R\x05error\x12+\n" +
 	"\x05delta\x18\x06 \x01(\v2\x13.ctxcc.v1.ViewDeltaH\x00R\x05delta\x12.\n" +
-	"\x06append\x18\x05 \x01(\v2\x16.ctxcc.v1.AppendResultR\x06appendB\n" +
+	"\x06append\x18\x05 \x01(\v2\x16.ctxcc.v1.AppendResultR\x06append\x123\n" +
+	"\x05usage\x18\a \x01(\v2\x1d.ctxcc.v1.ReportUsageResponseR\x05usageB\n" +
 	"\n" +
 	"\bresponse\"\xeb\x02\n" +
 	"\tViewDelta\x12&\n" +
@@ -1823,11 +1870,12 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
-	"\x06sha256\x18\x05 \x01(\tR\x06sha256\"Q\n" +
+	"\x06sha256\x18\x05 \x01(\tR\x06sha256\"v\n" +
 	"\tStepError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"b\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12#\n" +
+	"\rusage_refused\x18\x04 \x01(\bR\fusageRefused\"b\n" +
 	"\fAppendResult\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1a\n" +
@@ -1948,37 +1996,39 @@ var file_ctxcc_v1_compile_service_proto_depIdxs = []int32{
 	9,  // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
 	26, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
 	5,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	5,  // 12: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	25, // 13: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
-	13, // 14: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
-	14, // 15: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
-	11, // 16: ctxcc.v1.CompileStreamResponse.delta:type_name -> ctxcc.v1.ViewDelta
-	15, // 17: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
-	25, // 18: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
-	27, // 19: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
-	12, // 20: ctxcc.v1.ViewDelta.sections:type_name -> ctxcc.v1.SectionSlot
-	28, // 21: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
-	29, // 22: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
-	22, // 23: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
-	30, // 24: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	2,  // 25: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
-	30, // 26: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	30, // 27: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
-	5,  // 28: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
-	7,  // 29: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
-	16, // 30: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
-	18, // 31: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
-	20, // 32: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
-	6,  // 33: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
-	10, // 34: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
-	17, // 35: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
-	19, // 36: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
-	21, // 37: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
-	33, // [33:38] is the sub-list for method output_type
-	28, // [28:33] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	16, // 12: ctxcc.v1.StepRequest.usage:type_name -> ctxcc.v1.ReportUsageRequest
+	5,  // 13: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
+	25, // 14: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
+	13, // 15: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
+	14, // 16: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
+	11, // 17: ctxcc.v1.CompileStreamResponse.delta:type_name -> ctxcc.v1.ViewDelta
+	15, // 18: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
+	17, // 19: ctxcc.v1.CompileStreamResponse.usage:type_name -> ctxcc.v1.ReportUsageResponse
+	25, // 20: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
+	27, // 21: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
+	12, // 22: ctxcc.v1.ViewDelta.sections:type_name -> ctxcc.v1.SectionSlot
+	28, // 23: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
+	29, // 24: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
+	22, // 25: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
+	30, // 26: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	2,  // 27: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
+	30, // 28: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	30, // 29: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
+	5,  // 30: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
+	7,  // 31: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
+	16, // 32: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
+	18, // 33: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
+	20, // 34: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
+	6,  // 35: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
+	10, // 36: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
+	17, // 37: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
+	19, // 38: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
+	21, // 39: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
+	35, // [35:40] is the sub-list for method output_type
+	30, // [30:35] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_compile_service_proto_init() }

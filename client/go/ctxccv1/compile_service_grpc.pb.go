@@ -39,7 +39,8 @@ type CompileServiceClient interface {
 	// append riding along) is answered by its view, in order. Views larger than
 	// the stream's chunk size arrive as ordered chunks.
 	CompileStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CompileStreamRequest, CompileStreamResponse], error)
-	// Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent.
+	// Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+	// CompileStream step can carry the same report instead (StepRequest.usage).
 	ReportUsage(ctx context.Context, in *ReportUsageRequest, opts ...grpc.CallOption) (*ReportUsageResponse, error)
 	// Stores a checkpoint after verifying its digest against the log.
 	CreateCheckpoint(ctx context.Context, in *CreateCheckpointRequest, opts ...grpc.CallOption) (*CreateCheckpointResponse, error)
@@ -122,7 +123,8 @@ type CompileServiceServer interface {
 	// append riding along) is answered by its view, in order. Views larger than
 	// the stream's chunk size arrive as ordered chunks.
 	CompileStream(grpc.BidiStreamingServer[CompileStreamRequest, CompileStreamResponse]) error
-	// Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent.
+	// Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+	// CompileStream step can carry the same report instead (StepRequest.usage).
 	ReportUsage(context.Context, *ReportUsageRequest) (*ReportUsageResponse, error)
 	// Stores a checkpoint after verifying its digest against the log.
 	CreateCheckpoint(context.Context, *CreateCheckpointRequest) (*CreateCheckpointResponse, error)

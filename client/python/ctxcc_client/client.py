@@ -139,8 +139,14 @@ class AsyncClient:
     def stream(self, *, deltas: bool = True) -> CompileStream:
         """One long-lived CompileStream; hold one per agent session. With `deltas` (the
         default) steps are answered with only what changed since the last view, rebuilt
-        and checked here; `deltas=False` asks for every view whole."""
-        return CompileStream(self._compile_stub, self.retry_seconds, deltas=deltas)
+        and checked here; `deltas=False` asks for every view whole. `stream.report_usage`
+        queues a view's usage for the next step to carry (one round trip per step)."""
+        return CompileStream(
+            self._compile_stub,
+            self.retry_seconds,
+            deltas=deltas,
+            report=self.compiles.ReportUsage,
+        )
 
     async def upload_artifact(
         self,

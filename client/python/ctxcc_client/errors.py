@@ -14,13 +14,22 @@ class CtxccError(Exception):
     """A failed call: gRPC code, stable reason (e.g. "SEQUENCE_MISMATCH"), metadata."""
 
     def __init__(
-        self, code: grpc.StatusCode, reason: str, message: str, metadata: dict[str, str]
+        self,
+        code: grpc.StatusCode,
+        reason: str,
+        message: str,
+        metadata: dict[str, str],
+        *,
+        usage_refused: bool = False,
     ) -> None:
         super().__init__(f"{code.name} {reason}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
         self.metadata = metadata
+        # A stream step failed because the usage report it carried was refused: nothing
+        # of the step was done (no append, no compile).
+        self.usage_refused = usage_refused
 
 
 def from_rpc_error(err: grpc.RpcError) -> CtxccError:
@@ -39,7 +48,7 @@ def from_rpc_error(err: grpc.RpcError) -> CtxccError:
 def from_step_error(err: cpb.StepError) -> CtxccError:
     """A step's in-band error (the stream stays open) as the same typed error."""
     code = next((c for c in grpc.StatusCode if c.value[0] == err.code), grpc.StatusCode.UNKNOWN)
-    return CtxccError(code, err.reason, err.message, {})
+    return CtxccError(code, err.reason, err.message, {}, usage_refused=err.usage_refused)
 
 
 def stream_ended() -> CtxccError:

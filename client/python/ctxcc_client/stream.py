@@ -9,20 +9,26 @@ With deltas (the default) each step names the last view applied on this stream, 
 daemon may answer with only what changed against it (a ViewDelta); the view is rebuilt
 here and checked against the digest the daemon sent, and on a mismatch asked for again
 whole (a ResumeRequest quoting its compile id). Callers always get a whole CompiledView.
-A reopened stream starts without a base, so its first answer is whole."""
+A reopened stream starts without a base, so its first answer is whole.
+
+`report_usage` queues the provider's usage of a view and the next step carries it: the
+daemon records it before that step's append and compile, so a step is one round trip
+instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
+closed, or a second report is queued first) goes by the unary ReportUsage."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from ctxcc.v1 import common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import event_pb2, view_pb2
+from ctxcc_client import build
 from ctxcc_client.deltas import DeltaMismatch, HeldView
 from ctxcc_client.errors import CtxccError, from_rpc_error, from_step_error, stream_ended
 from ctxcc_client.retry import RETRY_SECONDS, Backoff, new_request_id
@@ -77,16 +83,30 @@ class StreamStats:
     bytes_received: int = 0
 
 
+Report = Callable[[cpb.ReportUsageRequest], Awaitable[cpb.ReportUsageResponse]]
+
+
 class CompileStream:
     """`await stream.step(...)` sends one step and returns its view (or raises CtxccError).
-    `deltas=False` asks for whole views only."""
+    `deltas=False` asks for whole views only. `report`: the unary ReportUsage a report
+    with no step to ride on is sent by (default: the stub's, without retries)."""
 
     def __init__(
-        self, stub: Any, retry_seconds: float = RETRY_SECONDS, *, deltas: bool = True
+        self,
+        stub: Any,
+        retry_seconds: float = RETRY_SECONDS,
+        *,
+        deltas: bool = True,
+        report: Report | None = None,
     ) -> None:
         self._stub = stub
         self._retry_seconds = retry_seconds
         self._deltas = deltas
+        self._report = report
+        # The usage report the next step carries.
+        self._usage: cpb.ReportUsageRequest | None = None
+        # The daemon's answer to the report the last step carried (None: it carried none).
+        self.last_usage: cpb.ReportUsageResponse | None = None
         # The last view applied on the open stream: the base the next step names.
         self._held: HeldView | None = None
         self.stats = StreamStats()
@@ -130,6 +150,53 @@ class CompileStream:
             return self._unfinished[1]
         return new_request_id()
 
+    async def report_usage(
+        self,
+        compile_id: str,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        route: common_pb2.Route | None = None,
+    ) -> cpb.ReportUsageResponse | None:
+        """Queues the provider's usage of the view `compile_id`: the next `step` carries
+        it, and the daemon records it before that step's append and compile (the step's
+        view is estimated from it; its answer is then `last_usage`). If a report for
+        another compile is still queued, that one is sent now by the unary ReportUsage
+        and its answer returned; otherwise nothing is sent and None is returned. A step
+        whose report is refused raises CtxccError with `usage_refused` set, having appended
+        nothing: the report is dropped, so calling `step` again goes without it."""
+        earlier, self._usage = (
+            self._usage,
+            build.usage_request(
+                compile_id,
+                route,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens,
+                cached_input_tokens=cached_input_tokens,
+                reasoning_tokens=reasoning_tokens,
+            ),
+        )
+        if earlier is None or earlier.compile_id == compile_id:
+            return None
+        return await self._unary(earlier)
+
+    async def flush_usage(self) -> cpb.ReportUsageResponse | None:
+        """Sends the queued usage report now by the unary ReportUsage (None: none queued);
+        for a view after which no step follows. `close` does it too."""
+        usage, self._usage = self._usage, None
+        return None if usage is None else await self._unary(usage)
+
+    async def _unary(self, usage: cpb.ReportUsageRequest) -> cpb.ReportUsageResponse:
+        if self._report is not None:
+            return await self._report(usage)
+        try:
+            resp: cpb.ReportUsageResponse = await self._stub.ReportUsage(usage)
+        except grpc.aio.AioRpcError as err:
+            raise from_rpc_error(err) from None
+        return resp
+
     async def step(
         self,
         compile_request: cpb.CompileRequest,
@@ -150,6 +217,10 @@ class CompileStream:
             )
             if expected_last_seq is not None:
                 step.expected_last_seq = expected_last_seq
+            usage, self._usage = self._usage, None
+            if usage is not None:
+                step.usage.CopyFrom(usage)
+            self.last_usage = None
             msg = cpb.CompileStreamRequest(step=step)
             backoff = Backoff(self._retry_seconds)
             while True:
@@ -164,6 +235,11 @@ class CompileStream:
                     if pause is None:
                         if events and err.code == grpc.StatusCode.UNAVAILABLE:
                             self._unfinished = (_events_key(events), step.request_id)
+                        # A report the daemon neither recorded nor refused rides on the
+                        # next step (or goes by the unary call at close).
+                        recorded = self.last_usage is not None or err.usage_refused
+                        if usage is not None and not recorded and self._usage is None:
+                            self._usage = usage
                         raise
                     await asyncio.sleep(pause)
 
@@ -189,6 +265,8 @@ class CompileStream:
             self.stats.bytes_received += resp.ByteSize()
             if resp.HasField("append"):
                 append = resp.append
+            if resp.HasField("usage"):
+                self.last_usage = resp.usage
             kind = resp.WhichOneof("response")
             if kind == "error":
                 raise from_step_error(resp.error)
@@ -220,4 +298,7 @@ class CompileStream:
                 return view, append
 
     async def close(self) -> None:
+        """Ends the stream; a usage report still queued is sent by the unary ReportUsage
+        (its error, if any, is raised)."""
         self._drop()
+        await self.flush_usage()

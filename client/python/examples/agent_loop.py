@@ -1,5 +1,6 @@
 """A 20-step agent loop against a running ctxcc: append -> compile (stream) -> call a
-fake provider -> report usage -> append the reply. Usage: CTXCC_TARGET=... python agent_loop.py"""
+fake provider -> queue its usage for the next step -> append the reply: one round trip per
+step. Usage: CTXCC_TARGET=... python agent_loop.py"""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ async def main(
         try:
             pending = [user("start the task")]
             largest = 0
+            carried = 0  # steps whose answer says the usage they carried was recorded
             for step in range(steps):
                 if step == big_step:  # ~5 MB of text: the view arrives in chunks
                     pending += [user(f"chunk {i} line. " * 60000) for i in range(6)]
@@ -53,7 +55,10 @@ async def main(
                 size = sum(len(p.text) for m in view.messages for p in m.parts)
                 largest = max(largest, size)
                 reply, used_in, used_out = fake_provider(view.budget.estimated_input_tokens, step)
-                await ctx.report_usage(
+                if stream.last_usage is not None and not stream.last_usage.replayed:
+                    carried += 1
+                # Rides on the next step (the last one goes by ReportUsage at close).
+                await stream.report_usage(
                     view.compile_id, input_tokens=used_in, output_tokens=used_out, route=ROUTE
                 )
                 pending = [assistant(reply), user(f"next step {step + 1}")]
@@ -69,7 +74,7 @@ async def main(
             reason = err.reason
         print(
             f"ok {steps} steps session {session.session_id} seq {view.event_boundary} "
-            f"largest_view_bytes {largest} missing_reason {reason}"
+            f"largest_view_bytes {largest} missing_reason {reason} usage_carried {carried}"
         )
     return 0
 

@@ -314,6 +314,24 @@ export interface StepRequest {
    * no longer holds that view, when the delta would not be smaller, or when it is empty.
    */
   deltaBaseCompileId: string;
+  /**
+   * The provider's usage for an earlier compile of this step's session (usually the view
+   * the previous step returned), reported on the way so that a step is one round trip
+   * instead of a step and a ReportUsage. Its compile_id is required and its fields mean
+   * what they mean in ReportUsage. The daemon records it first, before the append and the
+   * compile, through the same use case as ReportUsage: this step's compile uses it as its
+   * baseline exactly as if ReportUsage had been called just before the step, the usage
+   * metrics count it once like a unary report, and it is idempotent the same way (a
+   * report for a compile that already has one, e.g. the same step resent after a
+   * reconnect, is answered with `replayed` and changes nothing). Its result comes back in
+   * CompileStreamResponse.usage. A report ReportUsage would refuse (USAGE_INVALID,
+   * INVALID_FIELD, COMPILE_NOT_FOUND, ROUTE_MISMATCH), or one for a compile of another
+   * session (COMPILE_NOT_FOUND), fails the whole step before anything else: the answer is
+   * a StepError with usage_refused set, nothing is appended and nothing is compiled, so
+   * the step can be resent without the report (or with a corrected one). A report that
+   * was recorded stays recorded when the append or the compile after it fails.
+   */
+  usage?: ReportUsageRequest | undefined;
 }
 
 /**
@@ -355,7 +373,16 @@ export interface CompileStreamResponse {
     { $case: "delta"; value: ViewDelta }
     | undefined;
   /** The append's result, when the step appended events. */
-  append?: AppendResult | undefined;
+  append?:
+    | AppendResult
+    | undefined;
+  /**
+   * The result of the step's usage report (StepRequest.usage), when the step carried one
+   * and it was recorded or replayed; also sent with a StepError when the append or the
+   * compile failed after the report was recorded. With a chunked view it rides on the
+   * first chunk, like `append`.
+   */
+  usage?: ReportUsageResponse | undefined;
 }
 
 /**
@@ -436,6 +463,11 @@ export interface StepError {
   reason: string;
   /** Human-readable message. */
   message: string;
+  /**
+   * True when the step failed because the usage report it carried (StepRequest.usage) was
+   * refused; `reason` says why. Nothing of the step was done: no append, no compile.
+   */
+  usageRefused: boolean;
 }
 
 /** AppendResult reports a step's append. */
@@ -1247,6 +1279,7 @@ function createBaseStepRequest(): StepRequest {
     expectedLastSeq: undefined,
     compile: undefined,
     deltaBaseCompileId: "",
+    usage: undefined,
   };
 }
 
@@ -1269,6 +1302,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     }
     if (message.deltaBaseCompileId !== "") {
       writer.uint32(50).string(message.deltaBaseCompileId);
+    }
+    if (message.usage !== undefined) {
+      ReportUsageRequest.encode(message.usage, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -1334,6 +1370,14 @@ export const StepRequest: MessageFns<StepRequest> = {
             message.deltaBaseCompileId = reader.string();
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.usage = ReportUsageRequest.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1370,6 +1414,7 @@ export const StepRequest: MessageFns<StepRequest> = {
         : isSet(object.delta_base_compile_id)
         ? globalThis.String(object.delta_base_compile_id)
         : "",
+      usage: isSet(object.usage) ? ReportUsageRequest.fromJSON(object.usage) : undefined,
     };
   },
 
@@ -1393,6 +1438,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     if (message.deltaBaseCompileId !== "") {
       obj.deltaBaseCompileId = message.deltaBaseCompileId;
     }
+    if (message.usage !== undefined) {
+      obj.usage = ReportUsageRequest.toJSON(message.usage);
+    }
     return obj;
   },
 
@@ -1409,6 +1457,9 @@ export const StepRequest: MessageFns<StepRequest> = {
       ? CompileRequest.fromPartial(object.compile)
       : undefined;
     message.deltaBaseCompileId = object.deltaBaseCompileId ?? "";
+    message.usage = (object.usage !== undefined && object.usage !== null)
+      ? ReportUsageRequest.fromPartial(object.usage)
+      : undefined;
     return message;
   },
 };
@@ -1505,7 +1556,7 @@ export const ResumeRequest: MessageFns<ResumeRequest> = {
 };
 
 function createBaseCompileStreamResponse(): CompileStreamResponse {
-  return { stepId: "", response: undefined, append: undefined };
+  return { stepId: "", response: undefined, append: undefined, usage: undefined };
 }
 
 export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
@@ -1529,6 +1580,9 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
     }
     if (message.append !== undefined) {
       AppendResult.encode(message.append, writer.uint32(42).fork()).join();
+    }
+    if (message.usage !== undefined) {
+      ReportUsageResponse.encode(message.usage, writer.uint32(58).fork()).join();
     }
     return writer;
   },
@@ -1594,6 +1648,14 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
             message.append = AppendResult.decode(reader, reader.uint32());
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.usage = ReportUsageResponse.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1623,6 +1685,7 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
         ? { $case: "delta", value: ViewDelta.fromJSON(object.delta) }
         : undefined,
       append: isSet(object.append) ? AppendResult.fromJSON(object.append) : undefined,
+      usage: isSet(object.usage) ? ReportUsageResponse.fromJSON(object.usage) : undefined,
     };
   },
 
@@ -1642,6 +1705,9 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
     }
     if (message.append !== undefined) {
       obj.append = AppendResult.toJSON(message.append);
+    }
+    if (message.usage !== undefined) {
+      obj.usage = ReportUsageResponse.toJSON(message.usage);
     }
     return obj;
   },
@@ -1680,6 +1746,9 @@ export const CompileStreamResponse: MessageFns<CompileStreamResponse> = {
     }
     message.append = (object.append !== undefined && object.append !== null)
       ? AppendResult.fromPartial(object.append)
+      : undefined;
+    message.usage = (object.usage !== undefined && object.usage !== null)
+      ? ReportUsageResponse.fromPartial(object.usage)
       : undefined;
     return message;
   },
@@ -2142,7 +2211,7 @@ export const ViewChunk: MessageFns<ViewChunk> = {
 };
 
 function createBaseStepError(): StepError {
-  return { code: 0, reason: "", message: "" };
+  return { code: 0, reason: "", message: "", usageRefused: false };
 }
 
 export const StepError: MessageFns<StepError> = {
@@ -2155,6 +2224,9 @@ export const StepError: MessageFns<StepError> = {
     }
     if (message.message !== "") {
       writer.uint32(26).string(message.message);
+    }
+    if (message.usageRefused !== false) {
+      writer.uint32(32).bool(message.usageRefused);
     }
     return writer;
   },
@@ -2196,6 +2268,14 @@ export const StepError: MessageFns<StepError> = {
             message.message = reader.string();
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.usageRefused = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2213,6 +2293,11 @@ export const StepError: MessageFns<StepError> = {
       code: isSet(object.code) ? globalThis.Number(object.code) : 0,
       reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
       message: isSet(object.message) ? globalThis.String(object.message) : "",
+      usageRefused: isSet(object.usageRefused)
+        ? globalThis.Boolean(object.usageRefused)
+        : isSet(object.usage_refused)
+        ? globalThis.Boolean(object.usage_refused)
+        : false,
     };
   },
 
@@ -2227,6 +2312,9 @@ export const StepError: MessageFns<StepError> = {
     if (message.message !== "") {
       obj.message = message.message;
     }
+    if (message.usageRefused !== false) {
+      obj.usageRefused = message.usageRefused;
+    }
     return obj;
   },
 
@@ -2238,6 +2326,7 @@ export const StepError: MessageFns<StepError> = {
     message.code = object.code ?? 0;
     message.reason = object.reason ?? "";
     message.message = object.message ?? "";
+    message.usageRefused = object.usageRefused ?? false;
     return message;
   },
 };
@@ -3106,7 +3195,10 @@ export const CompileServiceService = {
       Buffer.from(CompileStreamResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CompileStreamResponse => CompileStreamResponse.decode(value),
   },
-  /** Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. */
+  /**
+   * Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+   * CompileStream step can carry the same report instead (StepRequest.usage).
+   */
   reportUsage: {
     path: "/ctxcc.v1.CompileService/ReportUsage" as const,
     requestStream: false as const,
@@ -3154,7 +3246,10 @@ export interface CompileServiceServer extends UntypedServiceImplementation {
    * the stream's chunk size arrive as ordered chunks.
    */
   compileStream: handleBidiStreamingCall<CompileStreamRequest, CompileStreamResponse>;
-  /** Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. */
+  /**
+   * Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+   * CompileStream step can carry the same report instead (StepRequest.usage).
+   */
   reportUsage: handleUnaryCall<ReportUsageRequest, ReportUsageResponse>;
   /** Stores a checkpoint after verifying its digest against the log. */
   createCheckpoint: handleUnaryCall<CreateCheckpointRequest, CreateCheckpointResponse>;
@@ -3193,7 +3288,10 @@ export interface CompileServiceClient extends Client {
     metadata: Metadata,
     options?: Partial<CallOptions>,
   ): ClientDuplexStream<CompileStreamRequest, CompileStreamResponse>;
-  /** Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. */
+  /**
+   * Reports the provider's real usage for a compile (SPEC R-EST-5). Idempotent. A
+   * CompileStream step can carry the same report instead (StepRequest.usage).
+   */
   reportUsage(
     request: ReportUsageRequest,
     callback: (error: ServiceError | null, response: ReportUsageResponse) => void,

@@ -1,0 +1,122 @@
+"""The Python client's stream carries a view's usage on the next step (one round trip per
+step), against a real daemon: the report is recorded before that step's compile and no
+unary ReportUsage is made; a report with no step to ride on goes by the unary call (at
+close, or when a second one is queued); a refused report fails its step with
+`usage_refused` and is dropped, so trying the step again appends it; a report whose step
+could not reach the daemon rides on the next step after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+from ctxcc_client import AsyncClient, CtxccError, user
+
+from ctxcc.v1 import common_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from server.app import Daemon
+from tests.conftest import make_config
+from tests.helpers import usage_counts
+
+ROUTE = common_pb2.Route(connection="t", protocol="fake", endpoint="local", model="gpt-4o")
+
+
+def _counts(daemon: Daemon) -> tuple[float, float]:
+    return usage_counts(str(daemon.endpoints.metrics))
+
+
+async def test_a_queued_report_rides_on_the_next_step(daemon: Daemon) -> None:
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        session = await ctx.create_session()
+        req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
+        stream = ctx.stream()
+        view, _ = await stream.step(req, [user("one")])
+        assert stream.last_usage is None
+        used = view.budget.estimated_input_tokens + 40
+        queued = await stream.report_usage(
+            view.compile_id, input_tokens=used, output_tokens=77, route=ROUTE
+        )
+        assert queued is None, "nothing is sent until the next step"
+        assert await asyncio.to_thread(_counts, daemon) == (0, 0)
+        second, appended = await stream.step(req, [user("two")])
+        assert appended is not None and appended.first_seq == 2
+        assert stream.last_usage is not None and stream.last_usage.error_tokens == 40
+        assert not stream.last_usage.replayed
+        assert second.budget.baseline_tokens == used, "the step's compile used the report"
+        assert await asyncio.to_thread(_counts, daemon) == (1, 0), "no unary call"
+        third, _ = await stream.step(req, [user("three")])
+        assert stream.last_usage is None and third.budget.baseline_tokens == used
+        # A report with no step after it goes by the unary call when the stream closes.
+        await stream.report_usage(third.compile_id, input_tokens=used + 50, output_tokens=5)
+        await stream.close()
+        assert await asyncio.to_thread(_counts, daemon) == (2, 1)
+        again = await ctx.report_usage(third.compile_id, input_tokens=1, output_tokens=1)
+        assert again.replayed
+
+
+async def test_a_second_queued_report_sends_the_first_by_the_unary_call(daemon: Daemon) -> None:
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        session = await ctx.create_session()
+        req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
+        stream = ctx.stream()
+        first, _ = await stream.step(req, [user("one")])
+        second, _ = await stream.step(req, [])
+        await stream.report_usage(first.compile_id, input_tokens=900, output_tokens=10)
+        sent = await stream.report_usage(second.compile_id, input_tokens=950, output_tokens=10)
+        assert sent is not None and not sent.replayed
+        assert sent.estimated_input_tokens == first.budget.estimated_input_tokens
+        third, _ = await stream.step(req, [user("two")])
+        assert stream.last_usage is not None
+        assert stream.last_usage.estimated_input_tokens == second.budget.estimated_input_tokens
+        assert third.budget.baseline_tokens == 950
+        assert await asyncio.to_thread(_counts, daemon) == (2, 1)
+        await stream.close()
+
+
+async def test_a_refused_report_fails_its_step_and_is_dropped(daemon: Daemon) -> None:
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        session = await ctx.create_session()
+        sid = session.session_id
+        req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+        stream = ctx.stream()
+        await stream.step(req, [user("one")])
+        await stream.report_usage(f"{sid}:no-such-compile", input_tokens=9, output_tokens=1)
+        with pytest.raises(CtxccError) as err:
+            await stream.step(req, [user("two")])
+        assert err.value.reason == "COMPILE_NOT_FOUND" and err.value.usage_refused
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+        assert (await ctx.get_session(sid)).head_seq == 1, "nothing appended"
+        view, appended = await stream.step(req, [user("two")])
+        assert appended is not None and appended.first_seq == 2 and not appended.replayed
+        assert stream.last_usage is None and view.event_boundary == 2
+        await stream.close()
+        assert (await asyncio.to_thread(_counts, daemon))[1] == 0
+
+
+async def test_a_report_whose_step_failed_rides_on_the_next_one(short_tmp: Path) -> None:
+    first = Daemon(make_config(short_tmp))
+    await first.start()
+    target = f"unix:{first.endpoints.unix}"
+    async with AsyncClient(target, retry_seconds=2.0) as ctx:
+        session = await ctx.create_session()
+        req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
+        stream = ctx.stream()
+        view, _ = await stream.step(req, [user("one")])
+        used = view.budget.estimated_input_tokens + 8
+        await stream.report_usage(view.compile_id, input_tokens=used, output_tokens=3)
+        await first.stop()
+        with pytest.raises(CtxccError) as err:
+            await stream.step(req, [user("two")])
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE and not err.value.usage_refused
+        second = Daemon(make_config(short_tmp))
+        await second.start()
+        try:
+            after, _ = await stream.step(req, [user("two")])
+            assert stream.last_usage is not None and not stream.last_usage.replayed
+            assert after.budget.baseline_tokens == used
+            await stream.close()
+            assert await asyncio.to_thread(_counts, second) == (1, 0)
+        finally:
+            await second.stop()
