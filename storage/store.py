@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from server.domain.errors import CtxccError, Reason, session_not_found
+from server.domain.generation import Generation
 from server.domain.model import (
     AppendBatch,
     AppendResult,
@@ -59,6 +60,7 @@ from storage.codec import (
     encode_event,
     encode_value,
 )
+from storage.generations import Generations
 from storage.kv import KV, Batch, Footprint
 from storage.schema import ensure_schema
 
@@ -170,6 +172,18 @@ class KVEventStore:
         # Compile parts (content-addressed) known to be stored: most compiles repeat
         # their sources and settings, so their existence is not read again each time.
         self._parts: OrderedDict[bytes, None] = OrderedDict()
+        # Bumped by every write (through `_write`), so the service can keep what a
+        # compile read for as long as nothing it read was written.
+        self._generations = Generations()
+
+    def generation(self, session_id: str, route_id: str) -> Generation:
+        return self._generations.of(session_id, route_id)
+
+    def _write(self, batch: Batch, session_id: str = "", route_id: str = "") -> None:
+        """Every write goes through here. One that names no session (sources) may change
+        what any session's compile reads."""
+        self._kv.write(batch)
+        self._generations.wrote(session_id, route_id, everything=not session_id)
 
     def _lock(self, session_id: str) -> threading.Lock:
         return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
@@ -194,7 +208,7 @@ class KVEventStore:
             batch = Batch()
             batch.put("sessions", session.session_id.encode(), encode_value(session))
             batch.put("meta", _COUNT_KEY, _be64(count + 1))
-            self._kv.write(batch)
+            self._write(batch, session.session_id)
             return session
 
     def get_session(self, session_id: str) -> Session:
@@ -251,6 +265,7 @@ class KVEventStore:
             batch.delete("sessions", session_id.encode())
             batch.put("meta", _COUNT_KEY, _be64(max(0, self.count_sessions() - 1)))
             self._kv.write(batch)
+            self._generations.forget(session_id)
             self._sources_changed()
             return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)
 
@@ -295,7 +310,7 @@ class KVEventStore:
                 stored_bytes=session.stored_bytes + added,
             )
             batch.put("sessions", sid.encode(), encode_value(updated))
-            self._kv.write(batch)
+            self._write(batch, sid)
             return result
 
     def _replayed(self, sid: str, batch_in: AppendBatch) -> AppendResult | None:
@@ -404,7 +419,7 @@ class KVEventStore:
                 current = set()
             for spec in specs:
                 batch.put("tools", _key(session_id, spec.name.encode()), encode_value(spec))
-            self._kv.write(batch)
+            self._write(batch, session_id)
             return len(current | {s.name for s in specs})
 
     def list_tools(self, session_id: str) -> list[ToolSpec]:
@@ -418,7 +433,7 @@ class KVEventStore:
             merged = ToolActivations(turn_seq, tuple(sorted(set(old) | set(names))))
             batch = Batch()
             batch.put("tools", key, encode_value(merged))
-            self._kv.write(batch)
+            self._write(batch, session_id)
 
     def get_activations(self, session_id: str, turn_seq: int) -> tuple[str, ...]:
         raw = self._kv.get("tools", _key(session_id, _ACTIVATIONS + _be64(turn_seq)))
@@ -451,7 +466,7 @@ class KVEventStore:
             batch.put("artifacts", _key(sid, record.artifact_id.encode()), encoded)
             updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + added)
             batch.put("sessions", sid.encode(), encode_value(updated))
-            self._kv.write(batch)
+            self._write(batch, sid)
             return record
 
     def get_artifact_record(self, session_id: str, artifact_id: str) -> ArtifactRecord | None:
@@ -491,7 +506,7 @@ class KVEventStore:
             batch.put("checkpoints", key, encoded)
             updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + len(encoded))
             batch.put("sessions", sid.encode(), encode_value(updated))
-            self._kv.write(batch)
+            self._write(batch, sid)
             return checkpoint
 
     def list_checkpoint_entries(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
@@ -535,7 +550,7 @@ class KVEventStore:
         batch.put("compiles", _key(sid, _AT_BOUNDARY + _be64(record.event_boundary)), suffix)
         with self._lock(sid):
             self._move_route(batch, sid, record.route)
-            self._kv.write(batch)
+            self._write(batch, sid)
         with self._sources_lock:
             for key in keys:
                 self._parts[key] = None
@@ -603,12 +618,12 @@ class KVEventStore:
             self._move_route(batch, sid, record.route)
             batch.put("routes", _key(sid, route_state.route_id.encode()), encode_value(route_state))
             if learn is None:
-                self._kv.write(batch)
+                self._write(batch, sid)
                 return updated, False
             with self._models_lock:  # sessions on one route report concurrently
                 model = learn(self.get_route_model(route_state.route_id))
                 batch.put("routes", _ROUTE_MODEL + model.route_id.encode(), encode_value(model))
-                self._kv.write(batch)
+                self._write(batch, sid, model.route_id)
             return updated, False
 
     def get_route_model(self, route_id: str) -> RouteModel | None:
@@ -634,7 +649,7 @@ class KVEventStore:
         key = _source_prefix(kind, entry.scope, entry.scope_id) + entry_id(entry).encode()
         batch = Batch()
         batch.put("sources", key, encode_value(entry))
-        self._kv.write(batch)
+        self._write(batch)
         self._sources_changed()
 
     def list_sources(
@@ -666,7 +681,7 @@ class KVEventStore:
             )
         batch = Batch()
         batch.delete("sources", key)
-        self._kv.write(batch)
+        self._write(batch)
         self._sources_changed()
 
     def _sources_changed(self) -> None:

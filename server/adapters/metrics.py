@@ -137,7 +137,8 @@ class PrometheusTelemetry:
         self.memo_lookups = Counter(
             "ctxcc_compile_memo_lookups_total",
             "Compiles by what their session's memo gave: hit (only new events compiled), "
-            "miss (no memo kept) or stale (a memo that did not verify: compiled from scratch).",
+            "miss (no memo kept), stale (a memo that did not verify: compiled from scratch) or "
+            "repeat (nothing written since the last compile: its view sent again).",
             ["outcome"],
             registry=r,
         )
@@ -221,7 +222,7 @@ class PrometheusTelemetry:
         for kind in ("builtin", "model_summary"):
             for performed in ("true", "false"):
                 self.compactions.labels(kind, performed)
-        for outcome in ("hit", "miss", "stale"):
+        for outcome in ("hit", "miss", "stale", "repeat"):
             self.memo_lookups.labels(outcome)
 
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:

@@ -98,6 +98,9 @@ class WorkspaceReader:
             return None
         return real
 
+    def reads_files(self, project_root: str) -> bool:
+        return bool(project_root) or self.cfg.global_dir is not None
+
     def read(self, project_root: str, working_directory: str) -> WorkspaceSources:
         try:
             check_session_paths(project_root, working_directory)

@@ -56,6 +56,7 @@ from server.service.inputs import (
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
+from server.service.repeats import Repeats
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
 
@@ -167,6 +168,9 @@ class CompileUseCases:
             store, self._loader, sources, catalog, settings, clock, ids
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
+        self._repeats = Repeats(
+            store, sources, settings.caps, self._assembler.time_text, ids, clock
+        )
 
     async def compile(self, opts: CompileOptions) -> CompileResult:
         # One budget for the whole request, a built-in compaction's second compile included.
@@ -193,6 +197,9 @@ class CompileUseCases:
             raise invalid("route.model", "route.model is required")
         check_path_form("environment.working_directory", opts.working_directory)
         check_route_fields(_route_fields(opts.route))
+        repeated = await self._repeat(opts)
+        if repeated is not None:
+            return repeated
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
         prepared, done = await self._blocking.compute(
@@ -229,6 +236,24 @@ class CompileUseCases:
         self._published(opts, session, view, started)
         return result
 
+    async def _repeat(self, opts: CompileOptions) -> CompileResult | None:
+        """The session's last view again when nothing it depends on changed (repeats.py):
+        on the event loop (a read and an unsynced write) unless workspace files are read."""
+        if not is_recorded(opts) or not self._settings.memo_bytes:
+            return None
+        entry = self._repeats.candidate(opts)
+        if entry is None:
+            return None
+        started = time.perf_counter()
+        if self._repeats.reads_files(entry):
+            result = await self._blocking.run(self._repeats.repeat, entry)
+        else:
+            result = self._repeats.repeat(entry)
+        if result is not None:
+            self._telemetry.memo_used("repeat")
+            self._published(opts, entry.session, result.view, started)
+        return result
+
     def _prepare_and_finish(
         self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
     ) -> tuple[
@@ -237,6 +262,8 @@ class CompileUseCases:
     ]:
         """Blocking: the whole compile when it needs nothing from the event loop (no
         compaction to make or to digest, not a rebuild); else only the prepared parts."""
+        # Taken before anything is read: see repeats.py.
+        before = self._store.generation(opts.session_id, opts.route.route_id)
         prepared = self._prepare(opts, budget)
         _, _, view, counter, inputs, info, plain = prepared
         recorded = is_recorded(opts)
@@ -248,7 +275,10 @@ class CompileUseCases:
         ):
             return prepared, None
         record, parts = self._record(opts, view, inputs, info)
-        return prepared, self._finish(record, parts, view, opts, counter, budget, plain)
+        done = self._finish(record, parts, view, opts, counter, budget, plain)
+        if record is not None and self._settings.memo_bytes:
+            self._repeats.remember(opts, before, inputs, done, record)
+        return prepared, done
 
     def _published(
         self, opts: CompileOptions, session: Session, view: CompiledView, started: float

@@ -206,7 +206,7 @@ class InputAssembler:
             settings = self.settings_part()
             last = self._store.get_last_compile(opts.session_id)
             previous = last.section_digests if last else None
-            time_text = self._time_text()
+            time_text = self.time_text()
         inputs = CompileInputs(
             compile_id=f"{opts.session_id}:{self._ids.new_id(id_prefix(opts))}",
             session=session,
@@ -256,7 +256,7 @@ class InputAssembler:
         s = self._settings
         return SettingsPart(s.kernel_text, s.budget, s.max_images, s.max_image_bytes)
 
-    def _time_text(self) -> str:
+    def time_text(self) -> str:
         g = max(1, self._settings.time_granularity_s)
         seconds = self._clock.now_ns() // 1_000_000_000 // g * g
         return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))

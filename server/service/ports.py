@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView
 from server.domain.catalog import ModelInfo
+from server.domain.generation import Generation
 from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
 from server.domain.records import (
     ArtifactRecord,
@@ -38,6 +39,12 @@ class EventStore(Protocol):
     def create_session(self, session: Session) -> Session: ...
 
     def get_session(self, session_id: str) -> Session: ...
+
+    def generation(self, session_id: str, route_id: str) -> Generation:
+        """Where the write counters stand for what a compile of this session on this
+        route reads: every write bumps them once it landed, so an equal generation
+        later means nothing the compile read was written since."""
+        ...
 
     def list_sessions(self, after: str, limit: int, project_id: str = "") -> list[Session]: ...
 
@@ -150,7 +157,8 @@ class Telemetry(Protocol):
     def compaction(self, kind: str, performed: bool) -> None: ...
 
     def memo_used(self, outcome: str) -> None:
-        """A compile's memo lookup: hit, miss (none kept) or stale (kept, not valid)."""
+        """A compile's memo lookup: hit, miss (none kept) or stale (kept, not valid); repeat
+        when the last view was sent again, nothing written since (repeats.py)."""
 
     def memo_changed(self, evicted: int, size_bytes: int) -> None: ...
 
@@ -162,6 +170,11 @@ class Workspace(Protocol):
     """Reads instruction files, skills, rules and memory files under configured roots."""
 
     def read(self, project_root: str, working_directory: str) -> WorkspaceSources: ...
+
+    def reads_files(self, project_root: str) -> bool:
+        """Whether `read` looks at the disk for this project root: when not, what it
+        returns follows from its arguments alone."""
+        ...
 
 
 class Tokenizers(Protocol):

@@ -124,6 +124,11 @@ class SourceUseCases:
             out += self._store.list_sources(kind, Scope.PROJECT, project_id)
         return out + self._store.list_sources(kind, Scope.SESSION, session_id)
 
+    def reads_files(self, session: Session) -> bool:
+        """Whether this session's sources include a read of workspace files (else they
+        are the store's entries alone)."""
+        return self._workspace.reads_files(session.project_root)
+
     def session_sources(
         self,
         session: Session,

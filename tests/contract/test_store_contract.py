@@ -30,6 +30,8 @@ from server.domain.records import (
     Usage,
 )
 from server.domain.sources import MemoryEntry, Scope, SourceKind
+from server.domain.tools import ToolSpec
+from server.service.ports import EventStore
 from storage import KVEventStore, MemoryKV, StoreLimits, open_rocks
 
 
@@ -316,3 +318,89 @@ def test_compile_parts_are_stored_again_after_their_session_is_deleted(
     st.create_session(Session("s", 2, 2))
     st.put_compile(CompileRecord("s:x2", "s", Route(model="m"), 1, 100, 1, 5), (("d1", part),))
     assert st.get_compile_part("s", "d1", RouteModel) == part
+
+
+# Every method of the store that writes, with a call that makes it write, and what its
+# write must bump: "s" (the session's generation), "r" (the route's), "*" (every
+# session's). Methods of the port not listed here must be reads: the test below fails
+# for a new write method until it is listed (and bumps what it changes).
+_READS = frozenset(
+    {
+        "get_session",
+        "generation",
+        "list_sessions",
+        "count_sessions",
+        "read_events",
+        "get_blob",
+        "last_turn_start",
+        "find_tool_result",
+        "list_tools",
+        "get_activations",
+        "get_artifact",
+        "get_artifact_record",
+        "list_checkpoints",
+        "list_checkpoint_entries",
+        "get_compile_part",
+        "compile_at",
+        "get_compile",
+        "get_route_state",
+        "get_route_model",
+        "get_last_compile",
+        "list_compiles",
+        "list_sources",
+        "approximate_size",
+        "close",
+    }
+)
+
+
+def _writes(st: KVEventStore) -> dict[str, tuple[object, str]]:
+    route = Route(model="m")
+    memory = MemoryEntry("m1", Scope.GLOBAL, "", "text", 1)
+    art = ArtifactRecord("s", "a-1", "image/png", 3, "b" * 64, 1, 1, 5)
+    ck = Checkpoint("c1", "s", 1, "sum", None, True, "d", CheckpointKind.MODEL_SUMMARY, 7)
+    rec = CompileRecord("s:x2", "s", route, 1, 100, 1, 5)
+    state = RouteState(route.route_id, 120, "s:x1", 30, 6)
+    return {
+        "create_session": (lambda: st.create_session(Session("s3", 1, 1)), "s3"),
+        "append": (lambda: st.append(batch("s", msg("b", "e2"))), "s"),
+        "put_tools": (lambda: st.put_tools("s", (ToolSpec("t", "d", "{}"),), False), "s"),
+        "add_activations": (lambda: st.add_activations("s", 1, ("t",)), "s"),
+        "put_artifact": (lambda: st.put_artifact(art, b"abc"), "s"),
+        "put_checkpoint": (lambda: st.put_checkpoint(ck), "s"),
+        "put_compile": (lambda: st.put_compile(rec), "s"),
+        "record_usage": (lambda: st.record_usage("s:x1", Usage(130, 5), state), "s"),
+        "put_source": (lambda: st.put_source(memory), "*"),
+        "delete_source": (lambda: st.delete_source(SourceKind.MEMORY, Scope.GLOBAL, "", "m1"), "*"),
+        "delete_session": (lambda: st.delete_session("s2"), "*"),
+    }
+
+
+def test_every_write_bumps_the_generation_of_what_it_changes(make_store: object) -> None:
+    """Compiles are repeated while the generation they read at holds (service/repeats.py):
+    a write that bumped nothing would leave a stale view repeated."""
+    st = new_store(make_store)
+    for sid in ("s", "s2"):
+        st.create_session(Session(sid, 1, 1))
+    st.append(batch("s", msg("a", "e1")))
+    route = Route(model="m")
+    st.put_compile(CompileRecord("s:x1", "s", route, 1, 100, 1, 5))
+    writes = _writes(st)
+    port = {n for n in vars(EventStore) if not n.startswith("_")}
+    assert port - _READS == set(writes), "a write method of the store is not checked here"
+    for name, (call, bumps) in writes.items():
+        sid = bumps if bumps != "*" else "s"
+        before = {x: st.generation(x, route.route_id) for x in ("s", "s3")}
+        call()  # type: ignore[operator]
+        after = {x: st.generation(x, route.route_id) for x in ("s", "s3")}
+        if bumps == "*":
+            assert after["s"].everything > before["s"].everything, name
+        else:
+            assert after[sid].session == before[sid].session + 1, name
+            assert after[sid].everything == before[sid].everything, name
+    # Usage that teaches the route model moves every session's generation on the route.
+    st.put_compile(CompileRecord("s:x3", "s", route, 1, 100, 1, 5))
+    other = st.generation("s2", route.route_id)
+    state = RouteState(route.route_id, 140, "s:x3", 5, 8)
+    st.record_usage("s:x3", Usage(140, 5), state, lambda _: RouteModel(route_id=route.route_id))
+    assert st.generation("s2", route.route_id).route == other.route + 1

@@ -78,7 +78,7 @@ async def test_memo_off_compiles_from_scratch_with_the_same_views(short_tmp: Pat
     try:
         for got, rebuilt in await steps(d):
             assert got.view.SerializeToString() == rebuilt.view.SerializeToString()
-        assert await lookups(d) == {"hit": 0, "miss": 0, "stale": 0}
+        assert await lookups(d) == {"hit": 0, "miss": 0, "stale": 0, "repeat": 0}
     finally:
         await d.stop()
 

@@ -1,0 +1,176 @@
+"""Repeated compiles: the view of a session in which nothing was written since its last
+compile, answered without loading or compiling again.
+
+A compile at the head is a function of what it reads (the store's records of the
+session, its route's learned model, every source scope), of the request, of the clock
+cut to the environment's granularity and of workspace files. The store bumps a write
+generation for each write once it landed (the daemon is its only writer), so when the
+generation taken before a compile's reads is, after its own record was written, exactly
+one write further, the compile saw everything current. While that generation holds and
+the request, the clock's time text and the workspace files are the same, the next
+compile's view is this one's with another compile id: only the compile id and the
+record's time change. A view is remembered only when its changed sections are the ones
+a repeat has (its previous sections equal its own), so the repeat is byte for byte what
+the full compile would make. A record is still written for every compile (usage reports
+and the inspector read it), from the remembered record.
+
+Bounded by sessions x routes (LRU); in memory only, so a restart starts empty."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from server.compiler.compile import CompileInputs
+from server.compiler.sources import SourceCaps, SourceInputs
+from server.domain.errors import CtxccError, Reason
+from server.domain.generation import Generation
+from server.domain.model import Session
+from server.domain.records import CompileRecord
+from server.service.ports import Clock, EventStore, IdSource
+from server.service.sources import SourceUseCases
+
+if TYPE_CHECKING:
+    from server.service.compiling import CompileOptions, CompileResult
+
+_MAX_ENTRIES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Repeatable:
+    """A compile whose view the next one may repeat, and what it depended on."""
+
+    opts: CompileOptions
+    # The store's generation right after this compile's record was written.
+    generation: Generation
+    time_text: str
+    session: Session
+    sources: SourceInputs
+    result: CompileResult
+    record: CompileRecord
+
+    def again(self, compile_id: str, now_ns: int) -> tuple[CompileResult, CompileRecord]:
+        """This compile's view and record under a new compile id and time."""
+        view = replace(self.result.view, compile_id=compile_id)
+        record = replace(self.record, compile_id=compile_id, create_time_ns=now_ns)
+        return replace(self.result, view=view), record
+
+
+class Repeats:
+    def __init__(
+        self,
+        store: EventStore,
+        sources: SourceUseCases,
+        caps: SourceCaps,
+        time_text: Callable[[], str],
+        ids: IdSource,
+        clock: Clock,
+        max_entries: int = _MAX_ENTRIES,
+    ) -> None:
+        self._store = store
+        self._sources = sources
+        self._caps = caps
+        self._time_text = time_text
+        self._ids = ids
+        self._clock = clock
+        self._entries: OrderedDict[tuple[str, str], Repeatable] = OrderedDict()
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def candidate(self, opts: CompileOptions) -> Repeatable | None:
+        """The remembered compile this request would repeat, if nothing was written since
+        (the clock and workspace files are checked by `repeat`)."""
+        key = (opts.session_id, opts.route.route_id)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+        if entry.opts != opts:
+            return None
+        if self._store.generation(*key) != entry.generation:
+            return None
+        return entry
+
+    def reads_files(self, entry: Repeatable) -> bool:
+        """Whether checking `entry` reads workspace files (then: not on the event loop)."""
+        return self._sources.reads_files(entry.session)
+
+    def repeat(self, entry: Repeatable) -> CompileResult | None:
+        """Blocking when `reads_files`: the view again under a new compile id, its record
+        written, or None when the clock or the workspace files moved on."""
+        opts = entry.opts
+        if self._time_text() != entry.time_text:
+            return None
+        if self._sources.reads_files(entry.session):
+            wd = opts.working_directory or entry.session.working_directory
+            now = self._sources.session_sources(
+                entry.session, wd, self._caps, opts.exclude_sections
+            )
+            if now != entry.sources:
+                return None
+        compile_id = f"{opts.session_id}:{self._ids.new_id('')}"
+        result, record = entry.again(compile_id, self._clock.now_ns())
+        try:
+            self._store.put_compile(record)
+        except CtxccError as err:
+            # As for any compile: without its record a usage report answers
+            # COMPILE_NOT_FOUND, the view is still sent.
+            if err.reason is not Reason.DISK_FULL:
+                raise
+            self._forget(opts)
+            return result
+        self._remember(replace(entry, result=result, record=record), entry.generation)
+        return result
+
+    def remember(
+        self,
+        opts: CompileOptions,
+        before: Generation,
+        inputs: CompileInputs,
+        result: CompileResult,
+        record: CompileRecord,
+    ) -> None:
+        """After a compile at the head wrote `record`: remembers it when a repeat of it is
+        exact (see the module's docstring), else forgets what the route had."""
+        repeatable = (
+            not result.attachments
+            and not result.renderings
+            and inputs.previous_sections == record.section_digests
+            and record.compile_id == result.view.compile_id
+        )
+        if not repeatable:
+            self._forget(opts)
+            return
+        entry = Repeatable(
+            opts=opts,
+            generation=before,
+            time_text=inputs.environment.time_text,
+            session=inputs.session,
+            sources=inputs.sources,
+            result=result,
+            record=record,
+        )
+        self._remember(entry, before)
+
+    def _remember(self, entry: Repeatable, before: Generation) -> None:
+        """Keeps `entry` when its record was the only write since `before`."""
+        opts = entry.opts
+        now = self._store.generation(opts.session_id, opts.route.route_id)
+        if now != before.after_own_write():
+            self._forget(opts)
+            return
+        entry = replace(entry, generation=now)
+        key = (opts.session_id, opts.route.route_id)
+        with self._lock:
+            self._entries[key] = entry
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max:
+                self._entries.popitem(last=False)
+
+    def _forget(self, opts: CompileOptions) -> None:
+        with self._lock:
+            self._entries.pop((opts.session_id, opts.route.route_id), None)
