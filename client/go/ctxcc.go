@@ -39,6 +39,9 @@ type Error struct {
 	Reason   string
 	Message  string
 	Metadata map[string]string
+	// UsageRefused: a stream step failed because the usage report it carried was refused;
+	// nothing of the step was done (no append, no compile).
+	UsageRefused bool
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s %s: %s", e.Code, e.Reason, e.Message) }

@@ -29,6 +29,11 @@ import (
 // view whole (a ResumeRequest) and returns that. The views Step returns are the bases of
 // later deltas and share their unchanged messages, sections and tools, whose encodings the
 // stream remembers by object: treat them as read-only (proto.Clone one to change it).
+//
+// ReportUsage queues the provider's usage of a view and the next Step carries it: the
+// daemon records it before that step's append and compile, so a step is one round trip
+// instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
+// closed, or a second report is queued first) goes by the unary ReportUsage.
 type Stream struct {
 	c      *Client
 	ctx    context.Context
@@ -50,6 +55,10 @@ type Stream struct {
 	// Deltas that failed in a row; at maxMismatches the stream stops asking for them.
 	mismatchRun int
 	stats       StreamStats
+	// The usage report the next step carries, and the daemon's answer to the one the last
+	// step carried (nil: it carried none).
+	usage     *ctxccv1.ReportUsageRequest
+	lastUsage *ctxccv1.ReportUsageResponse
 }
 
 // A daemon whose views this client cannot rebuild (e.g. one with fields this client does
@@ -100,15 +109,58 @@ func (s *Stream) Stats() StreamStats {
 	return s.stats
 }
 
-// Close ends the stream.
-func (s *Stream) Close() error {
+// ReportUsage queues the provider's usage of a view (req.CompileId): the next Step carries
+// it, and the daemon records it before that step's append and compile (the step's view is
+// estimated from it; its answer is then LastUsage). If a report for another compile is
+// still queued, that one is sent now by the unary ReportUsage and its answer returned;
+// otherwise nothing is sent and the answer is nil. A step whose report is refused fails
+// with an *Error whose UsageRefused is set, having appended nothing: the report is
+// dropped, so calling Step again goes without it.
+func (s *Stream) ReportUsage(ctx context.Context, req *ctxccv1.ReportUsageRequest) (*ctxccv1.ReportUsageResponse, error) {
+	s.mu.Lock()
+	earlier := s.usage
+	s.usage = req
+	s.mu.Unlock()
+	if earlier == nil || earlier.GetCompileId() == req.GetCompileId() {
+		return nil, nil
+	}
+	return s.c.ReportUsage(ctx, earlier)
+}
+
+// LastUsage is the daemon's answer to the usage report the last step carried (nil when it
+// carried none).
+func (s *Stream) LastUsage() *ctxccv1.ReportUsageResponse {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stream == nil {
-		return nil
+	return s.lastUsage
+}
+
+// FlushUsage sends the queued usage report now by the unary ReportUsage (nil, nil: none
+// queued); for a view after which no step follows. Close does it too.
+func (s *Stream) FlushUsage(ctx context.Context) (*ctxccv1.ReportUsageResponse, error) {
+	s.mu.Lock()
+	usage := s.usage
+	s.usage = nil
+	s.mu.Unlock()
+	if usage == nil {
+		return nil, nil
 	}
-	err := s.stream.CloseSend()
-	s.drop()
+	return s.c.ReportUsage(ctx, usage)
+}
+
+// Close ends the stream; a usage report still queued is sent by the unary ReportUsage
+// (its error, if any, is returned).
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	var err error
+	if s.stream != nil {
+		err = s.stream.CloseSend()
+		s.drop()
+	}
+	s.mu.Unlock()
+	if _, uerr := s.FlushUsage(s.ctx); uerr != nil {
+		return uerr
+	}
 	return err
 }
 
@@ -145,7 +197,9 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 		}
 	}
 	s.step++
-	step := &ctxccv1.StepRequest{StepId: fmt.Sprint(s.step), Events: events, RequestId: requestID, Compile: req}
+	step := &ctxccv1.StepRequest{StepId: fmt.Sprint(s.step), Events: events, RequestId: requestID, Compile: req, Usage: s.usage}
+	usage := s.usage
+	s.usage, s.lastUsage = nil, nil
 	msg := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Step{Step: step}}
 	view, appended, err := retry2(s.ctx, s.c.RetryFor, func() (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
 		if s.stream == nil {
@@ -173,6 +227,13 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 		s.unfinishedKey, s.unfinishedID = "", ""
 	case len(events) > 0 && status.Code(err) == codes.Unavailable:
 		s.unfinishedKey, s.unfinishedID = key, requestID
+	}
+	// A report the daemon neither recorded nor refused rides on the next step (or goes by
+	// the unary call at Close).
+	if err != nil && usage != nil && s.lastUsage == nil && s.usage == nil {
+		if e, ok := AsError(err); !ok || !e.UsageRefused {
+			s.usage = usage
+		}
 	}
 	return view, appended, err
 }
@@ -257,6 +318,9 @@ func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.
 		if resp.GetAppend() != nil {
 			appended = resp.GetAppend()
 		}
+		if resp.GetUsage() != nil {
+			s.lastUsage = resp.GetUsage()
+		}
 		switch r := resp.GetResponse().(type) {
 		case *ctxccv1.CompileStreamResponse_View:
 			s.stats.Whole++
@@ -264,7 +328,8 @@ func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.
 		case *ctxccv1.CompileStreamResponse_Delta:
 			return nil, r.Delta, appended, nil
 		case *ctxccv1.CompileStreamResponse_Error:
-			return nil, nil, appended, &Error{Code: codes.Code(r.Error.GetCode()), Reason: r.Error.GetReason(), Message: r.Error.GetMessage()}
+			return nil, nil, appended, &Error{Code: codes.Code(r.Error.GetCode()), Reason: r.Error.GetReason(),
+				Message: r.Error.GetMessage(), UsageRefused: r.Error.GetUsageRefused()}
 		case *ctxccv1.CompileStreamResponse_Chunk:
 			ch := r.Chunk
 			if chunks == nil {

@@ -28,6 +28,7 @@ type scripted struct {
 	streams int
 	got     []recorded
 	sent    int64 // bytes of the answers sent
+	reports []*ctxccv1.ReportUsageRequest
 	answer  func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error)
 }
 
@@ -63,6 +64,14 @@ func (s *scripted) CompileStream(st grpc.BidiStreamingServer[ctxccv1.CompileStre
 			}
 		}
 	}
+}
+
+// ReportUsage records the unary reports (the ones no step carried).
+func (s *scripted) ReportUsage(_ context.Context, req *ctxccv1.ReportUsageRequest) (*ctxccv1.ReportUsageResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reports = append(s.reports, req)
+	return &ctxccv1.ReportUsageResponse{EstimatedInputTokens: 1}, nil
 }
 
 func (s *scripted) sentBytes() int64 {

@@ -54,6 +54,15 @@ EXPECTED = {
     "step3_append": [4, 4],
     "time_travel": [1, 1],
     "usage_estimate_matches": True,
+    # The usage of view 2 rode on step 3 (recorded, not a replay, its error 10) and step 3's
+    # view was estimated from it; a report for an unknown compile failed its step with
+    # usage_refused and appended nothing; the next step carried no report; the report
+    # queued last went by the unary ReportUsage at close (a second one is a replay).
+    "carried_usage": [True, 10, False],
+    "step3_baseline": True,
+    "refused": ["COMPILE_NOT_FOUND", True],
+    "after_refusal": [4, False],
+    "flushed_at_close": True,
     "view1_tools": ["load_rule", "read_file", "tool_search"],
     "view3_boundary": 4,
     "watch_first": ["event", 4],

@@ -33,7 +33,7 @@ ARRIVED = re.compile(r"whole (\d+) deltas (\d+) mismatches (\d+)$")
 # How many steps were answered with the result of the usage report they carried.
 CARRIED = re.compile(r"usage_carried (\d+)")
 # The loops that carry each view's usage on their next step.
-CARRYING = {"python"}
+CARRYING = {"go", "python", "typescript"}
 
 
 def usage_counts(daemon: DaemonProcess) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 /**
  * An agent loop against a running ctxcc: append -> compile over the stream -> call a fake
- * provider -> report usage -> append the reply.
+ * provider -> queue its usage for the next step -> append the reply: one round trip per step.
  *   CTXCC_TARGET=unix:///run/ctxcc/ctxcc.sock node dist/examples/agent-loop.js --steps 20
  */
 import { existsSync } from "node:fs";
@@ -24,19 +24,22 @@ async function main(): Promise<void> {
   let pending: Event[] = [user("start the task")];
   let last = 0;
   let largest = 0;
+  let carried = 0; // steps whose answer says the usage they carried was recorded
   for (let step = 0; step < steps; step++) {
     if (step === bigStep) {
       for (let i = 0; i < 6; i++) pending.push(user(`chunk ${i} line. `.repeat(60000)));
     }
     const started = performance.now();
-    const { view, append } = await stream.step({ sessionId: session.sessionId, route }, pending);
+    const { view, append, usage } = await stream.step({ sessionId: session.sessionId, route }, pending);
+    if (usage && !usage.replayed) carried++;
     const ms = (performance.now() - started).toFixed(2);
     console.log(`step ${step} append ${append?.firstSeq ?? 0}-${append?.lastSeq ?? 0} replayed ${append?.replayed ?? false} ms ${ms}`);
     const size = view.messages.reduce(
       (n, m) => n + m.parts.reduce((k, p) => k + (p.part?.$case === "text" ? p.part.value.length : 0), 0), 0);
     largest = Math.max(largest, size);
     const estimate = view.budget!.estimatedInputTokens;
-    await ctx.reportUsage({
+    // Rides on the next step (the last one goes by ReportUsage at close).
+    await stream.reportUsage({
       compileId: view.compileId, route, inputTokens: estimate + Math.floor(estimate / 50) + 7, outputTokens: 40 + step,
     });
     pending = [assistant(`reply ${step}`), user(`next step ${step + 1}`)];
@@ -52,12 +55,12 @@ async function main(): Promise<void> {
   } catch (err) {
     reason = (err as CtxccError).reason;
   }
+  await stream.close();
   const { whole, deltas, mismatches } = stream.stats;
   console.log(
     `ok ${steps} steps session ${session.sessionId} seq ${last} largest_view_bytes ${largest} missing_reason ${reason}` +
-      ` whole ${whole} deltas ${deltas} mismatches ${mismatches}`,
+      ` usage_carried ${carried} whole ${whole} deltas ${deltas} mismatches ${mismatches}`,
   );
-  stream.close();
   ctx.close();
 }
 

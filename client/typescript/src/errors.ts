@@ -9,6 +9,9 @@ export class CtxccError extends Error {
     readonly reason: string,
     message: string,
     readonly metadata: Record<string, string> = {},
+    /** A stream step failed because the usage report it carried was refused: nothing of the
+     * step was done (no append, no compile). */
+    readonly usageRefused = false,
   ) {
     super(`${grpc.status[code] ?? code} ${reason}: ${message}`);
   }

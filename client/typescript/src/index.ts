@@ -51,7 +51,7 @@ export * as views from "./gen/ctxcc/v1/view.js";
 export { CtxccError, toCtxccError } from "./errors.js";
 export { RETRY_SECONDS, newRequestId } from "./retry.js";
 export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
-export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats } from "./stream.js";
+export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats, type UsageReporter } from "./stream.js";
 export { applyDelta, DeltaMismatch, viewDigest } from "./delta.js";
 
 const CHUNK = 1 << 20;
@@ -160,7 +160,9 @@ export class Client {
   /** One long-lived CompileStream; hold one per agent session. Delta views are on unless
    * `{ deltas: false }`. */
   openStream(options: StreamOptions = {}): Stream {
-    return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata, options);
+    return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata, options, (req) =>
+      this.compiles.reportUsage(req),
+    );
   }
 
   /** Uploads bytes (e.g. an image) and returns the ref to put in a user message; retried

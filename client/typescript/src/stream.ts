@@ -4,6 +4,11 @@
  * ending idle streams with UNAVAILABLE, a dropped connection) the stream reopens itself and
  * resends the step in flight with the same request id, so its append is replayed, never
  * stored twice.
+ *
+ * `reportUsage` queues the provider's usage of a view and the next step carries it: the
+ * daemon records it before that step's append and compile, so a step is one round trip
+ * instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
+ * closed, or a second report is queued first) goes by the unary ReportUsage.
  */
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -18,6 +23,8 @@ import {
   CompileServiceService,
   CompileStreamRequest,
   CompileStreamResponse,
+  ReportUsageRequest,
+  ReportUsageResponse,
   ViewDelta,
 } from "./gen/ctxcc/v1/compile_service.js";
 import { Event } from "./gen/ctxcc/v1/event.js";
@@ -30,7 +37,12 @@ export interface StepResult {
   view: CompiledView;
   /** The append's result when the step carried events (`replayed` after a resend). */
   append?: AppendResult;
+  /** The daemon's answer to the usage report the step carried (see `Stream.reportUsage`). */
+  usage?: ReportUsageResponse;
 }
+
+/** The unary ReportUsage a report with no step to ride on is sent by. */
+export type UsageReporter = (req: ReportUsageRequest) => Promise<ReportUsageResponse>;
 
 export interface StepOptions {
   /** Idempotency key of the append; by default fixed once per step before its first attempt. */
@@ -99,14 +111,56 @@ export class Stream {
   // Encodings of the messages of views rebuilt here: the next delta keeps most of them.
   private readonly records: MessageRecords = new WeakMap();
   private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0, bytes: 0 };
+  // The usage report the next step carries, and the answer to the one the last step carried.
+  private queued: ReportUsageRequest | null = null;
+  private last: ReportUsageResponse | undefined = undefined;
 
   constructor(
     private readonly client: CompileServiceClient,
     private readonly retrySeconds: number,
     private readonly metadata?: grpc.Metadata,
     private readonly options: StreamOptions = {},
+    private readonly reporter?: UsageReporter,
   ) {
     this.deltas = options.deltas ?? true;
+  }
+
+  /** The daemon's answer to the usage report the last step carried (undefined: it carried none). */
+  get lastUsage(): ReportUsageResponse | undefined {
+    return this.last;
+  }
+
+  /**
+   * Queues the provider's usage of a view (`req.compileId`): the next `step` carries it, and
+   * the daemon records it before that step's append and compile (the step's view is estimated
+   * from it; its answer is then `StepResult.usage` and `lastUsage`). If a report for another
+   * compile is still queued, that one is sent now by the unary ReportUsage and its answer
+   * returned; otherwise nothing is sent. A step whose report is refused rejects with a
+   * CtxccError whose `usageRefused` is set, having appended nothing: the report is dropped, so
+   * calling `step` again goes without it.
+   */
+  async reportUsage(req: DeepPartial<ReportUsageRequest>): Promise<ReportUsageResponse | undefined> {
+    const earlier = this.queued;
+    this.queued = ReportUsageRequest.fromPartial(req);
+    if (!earlier || earlier.compileId === this.queued.compileId) return undefined;
+    return this.unary(earlier);
+  }
+
+  /** Sends the queued usage report now by the unary ReportUsage (undefined: none queued); for a
+   * view after which no step follows. `close` does it too. */
+  async flushUsage(): Promise<ReportUsageResponse | undefined> {
+    const usage = this.queued;
+    this.queued = null;
+    return usage ? this.unary(usage) : undefined;
+  }
+
+  private unary(req: ReportUsageRequest): Promise<ReportUsageResponse> {
+    if (this.reporter) return this.reporter(req);
+    return new Promise((resolve, reject) =>
+      this.client.reportUsage(req, this.metadata?.clone() ?? new grpc.Metadata(), (err, resp) =>
+        err ? reject(toCtxccError(err)) : resolve(resp),
+      ),
+    );
   }
 
   /** How the stream's views arrived so far. */
@@ -175,17 +229,26 @@ export class Stream {
     const step = { stepId, events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
     const msg = CompileStreamRequest.fromPartial({ request: { $case: "step", value: step } });
     const run = async (): Promise<StepResult> => {
+      // The report queued when the step runs rides on it.
+      const usage = this.queued;
+      this.queued = null;
+      this.last = undefined;
+      if (msg.request?.$case === "step") msg.request.value.usage = usage ?? undefined;
       const backoff = new Backoff(this.retrySeconds);
       for (;;) {
         try {
           const out = await this.attempt(msg, request);
           this.unfinished = null;
-          return out;
+          return { ...out, usage: this.last };
         } catch (err) {
           const pause = isUnavailable(err) ? backoff.next() : null;
           if (pause === null) {
             if (events.length && isUnavailable(err)) this.unfinished = { key, requestId };
-            throw toCtxccError(err);
+            const failed = toCtxccError(err);
+            // A report the daemon neither recorded nor refused rides on the next step (or goes
+            // by the unary call at close).
+            if (usage && !this.last && !failed.usageRefused && !this.queued) this.queued = usage;
+            throw failed;
           }
           await sleep(pause);
         }
@@ -250,6 +313,7 @@ export class Stream {
     for (;;) {
       const r = await this.next();
       append = r.append ?? append;
+      if (r.usage) this.last = r.usage;
       const resp = r.response;
       if (!resp) continue;
       if (resp.$case === "view") {
@@ -257,7 +321,10 @@ export class Stream {
         return { view: resp.value, append };
       }
       if (resp.$case === "delta") return { delta: resp.value, append };
-      if (resp.$case === "error") throw new CtxccError(resp.value.code, resp.value.reason, resp.value.message);
+      if (resp.$case === "error") {
+        const e = resp.value;
+        throw new CtxccError(e.code, e.reason, e.message, {}, e.usageRefused);
+      }
       const chunk = resp.value;
       // A chunk that does not fit its view is an error of the step, not a wait for
       // chunks that never come (65,536 × 1 MiB is far beyond any view the daemon sends).
@@ -277,9 +344,12 @@ export class Stream {
     }
   }
 
-  close(): void {
+  /** Ends the stream; a usage report still queued is sent by the unary ReportUsage (await it:
+   * its error, if any, rejects). */
+  async close(): Promise<void> {
     const call = this.call;
     this.call = null;
     call?.end();
+    await this.flushUsage();
   }
 }

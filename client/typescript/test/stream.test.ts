@@ -8,10 +8,12 @@ import {
   CompileServiceService,
   CompileStreamRequest,
   CompileStreamResponse,
+  ReportUsageRequest,
+  ReportUsageResponse,
   ViewDelta,
 } from "../src/gen/ctxcc/v1/compile_service.js";
 import type { CompiledView } from "../src/gen/ctxcc/v1/view.js";
-import { connect, user, type Client } from "../src/index.js";
+import { connect, CtxccError, Stream, user, type Client } from "../src/index.js";
 import { encoded, fixture, makeDelta } from "./fixtures.js";
 
 type Answer = CompileStreamResponse[] | grpc.StatusObject;
@@ -20,6 +22,7 @@ type Answer = CompileStreamResponse[] | grpc.StatusObject;
  * status ends the stream), recording every request with the number of its stream. */
 async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer) {
   const got: Array<{ stream: number; req: CompileStreamRequest }> = [];
+  const reports: ReportUsageRequest[] = []; // the unary ones
   const sent = { bytes: 0 };
   let streams = 0;
   const server = new grpc.Server();
@@ -39,6 +42,10 @@ async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer
       });
       call.on("end", () => call.end());
     },
+    reportUsage: (call: grpc.ServerUnaryCall<ReportUsageRequest, ReportUsageResponse>, done: grpc.sendUnaryData<ReportUsageResponse>) => {
+      reports.push(call.request);
+      done(null, ReportUsageResponse.fromPartial({ estimatedInputTokens: 1 }));
+    },
   } as unknown as grpc.UntypedServiceImplementation);
   const port = await new Promise<number>((resolve, reject) =>
     server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
@@ -48,7 +55,7 @@ async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer
     client.close();
     server.forceShutdown();
   };
-  return { got, sent, client, stop };
+  return { got, sent, client, stop, reports };
 }
 
 const whole = (view: CompiledView): CompileStreamResponse[] => [CompileStreamResponse.fromPartial({ response: { $case: "view", value: view } })];
@@ -180,5 +187,42 @@ test("chunks that do not fit their view fail the step instead of waiting for mor
       stream.close();
       stop();
     }
+  }
+});
+
+test("a queued usage report rides on the next step; refused it is dropped, unsent it is kept", async () => {
+  const v1 = fixture(1);
+  const { got, client, stop, reports } = await scripted((n, req) => {
+    if (n === 2) {
+      const error = { code: grpc.status.NOT_FOUND, reason: "COMPILE_NOT_FOUND", message: "no such compile", usageRefused: true };
+      return [CompileStreamResponse.fromPartial({ response: { $case: "error", value: error } })];
+    }
+    if (n === 4) return { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() };
+    const carried = req.request?.$case === "step" && req.request.value.usage;
+    return [CompileStreamResponse.fromPartial({ response: { $case: "view", value: v1.view }, usage: carried ? { errorTokens: 5 } : undefined })];
+  });
+  // No retries: the daemon that goes away fails its step at once.
+  const stream = new Stream(client.compiles.raw, 0, undefined, {}, (req) => client.compiles.reportUsage(req));
+  try {
+    const compile = { sessionId: v1.view.sessionId };
+    assert.equal((await stream.step(compile)).usage, undefined);
+    assert.equal(await stream.reportUsage({ compileId: "bad", inputTokens: 9 }), undefined);
+    await assert.rejects(stream.step(compile), (err: CtxccError) => err.usageRefused && err.reason === "COMPILE_NOT_FOUND");
+    assert.equal((await stream.step(compile)).usage, undefined, "the refused report was dropped");
+    await stream.reportUsage({ compileId: "good", inputTokens: 9 });
+    await assert.rejects(stream.step(compile), (err: CtxccError) => !err.usageRefused && err.code === grpc.status.UNAVAILABLE);
+    const after = await stream.step(compile);
+    assert.equal(after.usage?.errorTokens, 5);
+    assert.equal(stream.lastUsage?.errorTokens, 5);
+    const carried = got.map((r) => (r.req.request?.$case === "step" ? (r.req.request.value.usage?.compileId ?? "") : "?"));
+    assert.deepEqual(carried, ["", "bad", "", "good", "good"]);
+    await stream.reportUsage({ compileId: "third" });
+    const sent = await stream.reportUsage({ compileId: "fourth" });
+    assert.equal(sent?.estimatedInputTokens, 1, "a second queued report sends the first");
+    await stream.close();
+    assert.deepEqual(reports.map((r) => r.compileId), ["third", "fourth"]);
+  } finally {
+    await stream.close();
+    stop();
   }
 });

@@ -173,12 +173,17 @@ func run(target string) (out, deltas map[string]any, err error) {
 	for i := range lines {
 		lines[i] = fmt.Sprintf("line %d", i+1)
 	}
-	if _, _, err = stream.Step(req, []*ctxccv1.Event{
+	view2, _, err := stream.Step(req, []*ctxccv1.Event{
 		ctxcc.ToolCalls("", [3]string{"c1", "read_file", `{"path":"README.md"}`}),
 		ctxcc.ToolResult("c1", "read_file", strings.Join(lines, "\n"), false),
-	}, ""); err != nil {
+	}, "")
+	if err != nil {
 		return nil, nil, err
 	}
+	// Its usage rides on the next step.
+	estimate2 := view2.GetBudget().GetEstimatedInputTokens()
+	must(stream.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view2.GetCompileId(), Route: route,
+		InputTokens: estimate2 + 10, OutputTokens: 20}))
 	read := must(c.Tools.ReadToolResult(ctx, &ctxccv1.ReadToolResultRequest{SessionId: sid, CallId: "c1",
 		Read: &ctxccv1.ReadToolResultRequest_Lines{Lines: &ctxccv1.LineRange{Offset: 10, Limit: 3}}}))
 	out["slice"] = read.GetSlice().GetText()
@@ -203,11 +208,29 @@ func run(target string) (out, deltas map[string]any, err error) {
 	out["render_formats"] = formats
 	out["step3_append"] = []uint64{appended.GetFirstSeq(), appended.GetLastSeq()}
 	out["view3_boundary"] = view.GetEventBoundary()
+	carried := stream.LastUsage()
+	out["carried_usage"] = []any{carried.GetEstimatedInputTokens() == estimate2, carried.GetErrorTokens(), carried.GetReplayed()}
+	out["step3_baseline"] = view.GetBudget().GetBaselineTokens() == estimate2+10
 	estimate := view.GetBudget().GetEstimatedInputTokens()
 	usage := must(c.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view.GetCompileId(), Route: route,
 		InputTokens: estimate + 10, OutputTokens: 20}))
 	out["usage_estimate_matches"] = usage.GetEstimatedInputTokens() == estimate
-	_ = stream.Close()
+	must(stream.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: sid + ":no-such-compile", InputTokens: 5, OutputTokens: 1}))
+	_, _, err = stream.Step(req, []*ctxccv1.Event{ctxcc.User("never appended")}, "")
+	if e, ok := ctxcc.AsError(err); ok {
+		out["refused"] = []any{e.Reason, e.UsageRefused}
+	}
+	view4, _, err := stream.Step(req, nil, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	out["after_refusal"] = []any{view4.GetEventBoundary(), stream.LastUsage() != nil}
+	must(stream.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view4.GetCompileId(), InputTokens: estimate, OutputTokens: 20}))
+	if err := stream.Close(); err != nil { // sends the report queued last by the unary ReportUsage
+		return nil, nil, err
+	}
+	again := must(c.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view4.GetCompileId(), InputTokens: 1, OutputTokens: 1}))
+	out["flushed_at_close"] = again.GetReplayed()
 
 	made := must(c.Compiles.CreateCheckpoint(ctx, &ctxccv1.CreateCheckpointRequest{Checkpoint: &ctxccv1.Checkpoint{
 		SessionId: sid, CoversThroughSeq: 3, Summary: "Read README.md with read_file.",

@@ -157,7 +157,14 @@ async def run(target: str) -> dict[str, Any]:
             )
             out["search"] = [t.name for t in found.tools]
             call = assistant(tool_calls=[("c1", "read_file", '{"path":"README.md"}')])
-            await stream.step(compile_req, [call, tool_result("c1", TOOL_OUTPUT, "read_file")])
+            view2, _ = await stream.step(
+                compile_req, [call, tool_result("c1", TOOL_OUTPUT, "read_file")]
+            )
+            # Its usage rides on the next step.
+            estimate2 = view2.budget.estimated_input_tokens
+            await stream.report_usage(
+                view2.compile_id, input_tokens=estimate2 + 10, output_tokens=20, route=ROUTE
+            )
             read = await ctx.tools.ReadToolResult(
                 tpb.ReadToolResultRequest(
                     session_id=sid, call_id="c1", lines=tpb.LineRange(offset=10, limit=3)
@@ -172,11 +179,30 @@ async def run(target: str) -> dict[str, Any]:
             out["render_formats"] = sorted(r.format for r in view.renderings)
             out["step3_append"] = [appended.first_seq, appended.last_seq] if appended else []
             out["view3_boundary"] = view.event_boundary
+            carried = stream.last_usage
+            assert carried is not None
+            out["carried_usage"] = [
+                carried.estimated_input_tokens == estimate2,
+                carried.error_tokens,
+                carried.replayed,
+            ]
+            out["step3_baseline"] = view.budget.baseline_tokens == estimate2 + 10
             estimate = view.budget.estimated_input_tokens
             usage = await ctx.report_usage(
                 view.compile_id, input_tokens=estimate + 10, output_tokens=20, route=ROUTE
             )
             out["usage_estimate_matches"] = usage.estimated_input_tokens == estimate
+            await stream.report_usage(f"{sid}:no-such-compile", input_tokens=5, output_tokens=1)
+            try:
+                await stream.step(compile_req, [user("never appended")])
+            except CtxccError as err:
+                out["refused"] = [err.reason, err.usage_refused]
+            view4, _ = await stream.step(compile_req, [])
+            out["after_refusal"] = [view4.event_boundary, stream.last_usage is not None]
+            await stream.report_usage(view4.compile_id, input_tokens=estimate, output_tokens=20)
+            await stream.close()  # sends the report queued last by the unary ReportUsage
+            again = await ctx.report_usage(view4.compile_id, input_tokens=1, output_tokens=1)
+            out["flushed_at_close"] = again.replayed
         finally:
             await stream.close()
         made = await ctx.compiles.CreateCheckpoint(

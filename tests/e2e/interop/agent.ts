@@ -87,10 +87,13 @@ async function main(): Promise<void> {
   let { view } = await stream.step(compileReq, [user("Read README.md, then deploy.")]);
   out.view1_tools = view.tools.map((t) => t.definition?.name ?? "").sort();
   out.search = (await ctx.tools.searchTools({ sessionId: sid, query: "deploy", maxResults: 5 })).tools.map((t) => t.name);
-  await stream.step(compileReq, [
+  const second = await stream.step(compileReq, [
     assistant("", [["c1", "read_file", '{"path":"README.md"}']]),
     toolResult("c1", TOOL_OUTPUT, "read_file"),
   ]);
+  // Its usage rides on the next step.
+  const estimate2 = second.view.budget!.estimatedInputTokens;
+  await stream.reportUsage({ compileId: second.view.compileId, route, inputTokens: estimate2 + 10, outputTokens: 20 });
   const read = await ctx.tools.readToolResult({ sessionId: sid, callId: "c1", read: { $case: "lines", value: { offset: 10, limit: 3 } } });
   out.slice = read.slice?.text;
   const ref = await ctx.uploadArtifact(sid, PNG, "image/png", { width: 1, height: 1 });
@@ -101,10 +104,23 @@ async function main(): Promise<void> {
   out.render_formats = view.renderings.map((r) => r.format).sort();
   out.step3_append = third.append ? [third.append.firstSeq, third.append.lastSeq] : [];
   out.view3_boundary = view.eventBoundary;
+  out.carried_usage = [third.usage?.estimatedInputTokens === estimate2, third.usage?.errorTokens, third.usage?.replayed];
+  out.step3_baseline = view.budget!.baselineTokens === estimate2 + 10;
   const estimate = view.budget!.estimatedInputTokens;
   const usage = await ctx.reportUsage({ compileId: view.compileId, route, inputTokens: estimate + 10, outputTokens: 20 });
   out.usage_estimate_matches = usage.estimatedInputTokens === estimate;
-  stream.close();
+  await stream.reportUsage({ compileId: `${sid}:no-such-compile`, inputTokens: 5, outputTokens: 1 });
+  try {
+    await stream.step(compileReq, [user("never appended")]);
+  } catch (err) {
+    out.refused = [(err as CtxccError).reason, (err as CtxccError).usageRefused];
+  }
+  const fourth = await stream.step(compileReq, []);
+  out.after_refusal = [fourth.view.eventBoundary, stream.lastUsage !== undefined];
+  await stream.reportUsage({ compileId: fourth.view.compileId, inputTokens: estimate, outputTokens: 20 });
+  await stream.close(); // sends the report queued last by the unary ReportUsage
+  const again = await ctx.reportUsage({ compileId: fourth.view.compileId, inputTokens: 1, outputTokens: 1 });
+  out.flushed_at_close = again.replayed;
 
   const made = await ctx.compiles.createCheckpoint({
     checkpoint: {
@@ -194,8 +210,8 @@ async function deltaSession(ctx: Client): Promise<Record<string, unknown>> {
   }
   const stats = stream.stats;
   const plainStats = plain.stats;
-  stream.close();
-  plain.close();
+  await stream.close();
+  await plain.close();
   console.error(`bytes over the last 3 steps: deltas ${deltaBytes}, whole views ${plainBytes}`);
   return {
     steps, identical: same, whole: stats.whole, deltas: stats.deltas, mismatches: stats.mismatches,

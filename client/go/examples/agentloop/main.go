@@ -1,5 +1,6 @@
 // agentloop runs an agent loop against a running ctxcc: append -> compile over the
-// stream -> call a fake provider -> report usage -> append the reply.
+// stream -> call a fake provider -> queue its usage for the next step -> append the reply:
+// one round trip per step.
 //
 //	CTXCC_TARGET=unix:///run/ctxcc/ctxcc.sock go run ./examples/agentloop -steps 20
 package main
@@ -51,6 +52,7 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 	pending := []*ctxccv1.Event{ctxcc.User("start the task")}
 	var view *ctxccv1.CompiledView
 	largest := 0
+	carried := 0 // steps whose answer says the usage they carried was recorded
 	for step := 0; step < steps; step++ {
 		if step == big {
 			for i := 0; i < 6; i++ {
@@ -73,8 +75,12 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 			}
 		}
 		largest = max(largest, size)
+		if u := stream.LastUsage(); u != nil && !u.GetReplayed() {
+			carried++
+		}
+		// Rides on the next step (the last one goes by ReportUsage at Close).
 		estimate := view.GetBudget().GetEstimatedInputTokens()
-		_, err = c.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view.GetCompileId(),
+		_, err = stream.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view.GetCompileId(),
 			Route: route, InputTokens: estimate + estimate/50 + 7, OutputTokens: uint32(40 + step)})
 		if err != nil {
 			return fmt.Errorf("usage %d: %w", step, err)
@@ -92,8 +98,11 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 	}
 	_, err = c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: "no-such-session"})
 	e, _ := ctxcc.AsError(err)
+	if err := stream.Close(); err != nil {
+		return fmt.Errorf("close: %w", err)
+	}
 	stats := stream.Stats()
-	fmt.Printf("ok %d steps session %s seq %d largest_view_bytes %d missing_reason %s whole %d deltas %d mismatches %d\n",
-		steps, session.GetSessionId(), view.GetEventBoundary(), largest, e.Reason, stats.Whole, stats.Deltas, stats.Mismatches)
+	fmt.Printf("ok %d steps session %s seq %d largest_view_bytes %d missing_reason %s usage_carried %d whole %d deltas %d mismatches %d\n",
+		steps, session.GetSessionId(), view.GetEventBoundary(), largest, e.Reason, carried, stats.Whole, stats.Deltas, stats.Mismatches)
 	return nil
 }
