@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from ctxcc.v1 import artifact_service_pb2 as apb
 
 REPO = Path(__file__).resolve().parents[2]
+# A client beside a sidecar should retry its connection quickly: grpc's default backoff
+# (1 s, growing 1.6x) outgrows the second or so a restarted daemon is up between two kills.
+FAST_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 300),
+]
 # The example agent loop of each client, as `make clients` builds them.
 CLIENT_LOOPS = {
     "go": [str(REPO / ".tools" / "bin" / "agentloop-go")],
@@ -101,6 +113,36 @@ class DaemonProcess:
                 return None
             return int(resp.status)
 
+    def wait_health(self, want: int, timeout: float = 60) -> None:
+        """Polls the health check until it answers `want`: a state change the test waits
+        for rather than sleeps through (a loaded machine may take seconds to get there)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while (seen := self.health()) != want:
+            assert self.proc.poll() is None, f"daemon exited before health {want}:\n{self.log()}"
+            assert time.monotonic() < deadline, f"health is {seen}, not {want}, after {timeout}s"
+            time.sleep(0.02)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples called `name` whose labels include `labels`, as the
+        daemon's /metrics shows them now."""
+        url = f"http://{self.endpoints['metrics']}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            text = resp.read().decode()
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )
+
+    def wait_in_flight(self, method: str, calls: int, timeout: float = 60) -> None:
+        """Polls `ctxcc_rpcs_in_flight` until `calls` calls of `method` are in their handler."""
+        deadline = time.monotonic() + timeout
+        while self.metric("ctxcc_rpcs_in_flight", method=method) < calls:
+            assert time.monotonic() < deadline, f"{calls} {method} never reached their handler"
+            time.sleep(0.05)
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
@@ -120,3 +162,22 @@ class DaemonProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+UPLOAD = "ArtifactService/UploadArtifact"
+
+
+async def open_upload(artifacts: Any, session_id: str, blob: bytes, first: int = 65536) -> Any:
+    """An UploadArtifact call (on an aio ArtifactService stub) that has sent its header and
+    the first `first` bytes of `blob`, and stays in its handler until the caller writes the
+    rest: a call in flight for exactly as long as the test wants, however slow the machine."""
+    call = artifacts.UploadArtifact()
+    head = apb.ArtifactHeader(
+        session_id=session_id,
+        mime_type="image/png",
+        size_bytes=len(blob),
+        sha256=hashlib.sha256(blob).hexdigest(),
+    )
+    await call.write(apb.UploadArtifactRequest(header=head))
+    await call.write(apb.UploadArtifactRequest(data=blob[:first]))
+    return call
