@@ -18,7 +18,7 @@ import pytest
 
 from ctxcc.v1 import event_pb2, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.e2e.proc import DaemonProcess
+from tests.e2e.proc import FAST_RECONNECT, DaemonProcess
 from tests.helpers import user
 
 CLIENTS = 6
@@ -37,7 +37,7 @@ class Client(threading.Thread):
         self.errors: list[str] = []
 
     def run(self) -> None:
-        with grpc.insecure_channel(self.target) as ch:
+        with grpc.insecure_channel(self.target, options=FAST_RECONNECT) as ch:
             stub = session_service_pb2_grpc.SessionServiceStub(ch)
             i = 0
             while not self.stop_flag.is_set():
@@ -87,12 +87,25 @@ def test_sigkill_never_loses_or_duplicates_acknowledged_events(short_tmp: Path) 
     clients = [Client(n, daemon.target, stop) for n in range(CLIENTS)]
     for c in clients:
         c.start()
+
+    def acks() -> int:
+        return sum(len(c.acked) for c in clients)
+
+    def await_acked(at_least: int) -> None:
+        # However slow the machine, each daemon is killed only once it has acknowledged
+        # appends of its own, and the run ends with enough of them to prove something.
+        deadline = time.monotonic() + 60
+        while acks() < at_least and time.monotonic() < deadline:
+            time.sleep(0.02)
+
     try:
         for _ in range(KILLS):
+            await_acked(acks() + 5)
             time.sleep(rng.uniform(0.3, 1.2))
             daemon.kill()
             daemon.start()
             daemon.wait_ready()
+        await_acked(max(acks() + 5, 51))
         time.sleep(0.5)
     finally:
         stop.set()

@@ -27,17 +27,10 @@ from ctxcc.v1 import (
 )
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.e2e.proc import DaemonProcess
+from tests.e2e.proc import FAST_RECONNECT, DaemonProcess
 from tests.helpers import assistant, user
 
 ROUTE = common_pb2.Route(model="gpt-4o")
-# A client beside a sidecar should retry its connection quickly: grpc's default backoff
-# grows past the seconds a restarted daemon is up between two kills here.
-FAST_RECONNECT = [
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 300),
-]
 RETRYABLE = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -173,7 +166,8 @@ def test_sigkill_during_checkpoints_uploads_compiles_and_usage(short_tmp: Path) 
             d.kill()
             d.start()
             d.wait_ready()
-        await_progress(acked())
+        # The last daemon too proves itself by traffic, and the run ends with enough.
+        await_progress(max(acked(), 19))
         time.sleep(0.5)
     finally:
         stop.set()
