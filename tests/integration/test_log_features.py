@@ -54,10 +54,10 @@ async def test_watch_resumes_then_streams_live(api: Stubs) -> None:
     call = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="w", after_seq=3))
     it = call.__aiter__()
     await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("4")]))
-    first = await asyncio.wait_for(it.__anext__(), 5)
+    first = await asyncio.wait_for(it.__anext__(), 30)  # a bound, not a wait
     assert first.event.seq == 4
     await api.compiles.Compile(compile_request("w"))
-    notice = await asyncio.wait_for(it.__anext__(), 5)
+    notice = await asyncio.wait_for(it.__anext__(), 30)
     assert notice.WhichOneof("update") == "compile" and notice.compile.event_boundary == 4
     call.cancel()
 
