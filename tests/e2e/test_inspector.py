@@ -46,6 +46,9 @@ from tests.e2e.proc import REPO, DaemonProcess
 from tests.helpers import assistant, user
 
 CHROMIUM = shutil.which("chromium") or str(REPO / ".tools" / "chromium")
+# Playwright's `expect` retries for 5 s by default: a bound, not a wait, and a loaded
+# machine's browser may take longer to render a page or open its live stream.
+expect.set_options(timeout=30_000)
 # Screenshots go to a temp dir; `CTXCC_INSPECTOR_SCREENSHOTS=docs/inspector` refreshes the
 # README's pictures.
 _SHOTS_ENV = os.environ.get("CTXCC_INSPECTOR_SCREENSHOTS", "")
@@ -396,7 +399,7 @@ def test_timeline_updates_live_while_the_agent_runs(world: World, page: Page) ->
     expect(page.locator("#compile-count")).to_have_text(f"{before} compiles")
     agent.append(user("one more thing"))
     agent.step(report=10)
-    expect(page.locator("#compile-count")).to_have_text(f"{before + 1} compiles", timeout=15_000)
+    expect(page.locator("#compile-count")).to_have_text(f"{before + 1} compiles")
     assert page.evaluate("window.__sameDocument") is True  # updated in place, not reloaded
     assert page.locator("#compiles tbody tr").count() == before + 1
 
@@ -539,7 +542,7 @@ def test_fallbacks_and_an_over_budget_step_are_shown(world: World, page: Page) -
 
 
 def test_an_open_live_page_does_not_hold_up_shutdown(short_tmp: Path) -> None:
-    d = DaemonProcess(short_tmp / "data", "--grace-period", "5").start()
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "30").start()
     try:
         ui = str(d.wait_ready()["ui"])
         with grpc.insecure_channel(d.target) as ch:
@@ -552,8 +555,9 @@ def test_an_open_live_page_does_not_hold_up_shutdown(short_tmp: Path) -> None:
         assert "script-src 'self'" in response.getheader("Content-Security-Policy", "")
         assert response.readline() == b": live\n"
         started = time.monotonic()
-        assert d.terminate(timeout=20) == 0
-        assert time.monotonic() - started < 4  # not the 5 s grace period, nor stuck
+        assert d.terminate(timeout=60) == 0
+        # Not the 30 s grace period, nor stuck (about 1 s; a loaded machine may take a few).
+        assert time.monotonic() - started < 15
         conn.close()
     finally:
         d.ensure_stopped()
