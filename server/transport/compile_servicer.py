@@ -184,7 +184,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         view = view_bytes(source, last)
         # Records with inline attachment bytes are this compile's only: not lent.
         lent = (
-            LentRecords(source.view.messages, view.messages)
+            LentRecords(source.view.messages, view.messages, source.view, view)
             if not source.attachments
             else LentRecords()
         )

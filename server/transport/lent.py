@@ -33,7 +33,7 @@ class LentBySession:
         (those records are this compile's only)."""
         if result.attachments or view.size > self._max_bytes // 4:
             return
-        lent = LentRecords(result.view.messages, view.messages)
+        lent = LentRecords(result.view.messages, view.messages, result.view, view)
         with self._lock:
             old = self._lent.pop(view.session_id, None)
             if old is not None:

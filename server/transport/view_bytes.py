@@ -11,11 +11,11 @@ nor re-encoded, and the records themselves are the cached encodings of
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, count
 from operator import is_not
 
-from server.compiler.view import ViewMessage
+from server.compiler.view import CompiledView, ViewMessage
 from server.service.compiling import CompileResult
 from server.transport.convert_view import (
     head_back,
@@ -81,6 +81,27 @@ class LentRecords:
 
     messages: tuple[ViewMessage, ...] = ()
     records: tuple[bytes, ...] = ()
+    # The last view itself and its parts: a repeat of it (the same view under a new
+    # compile id, see service/repeats.py) re-encodes only the head field that holds the id.
+    view: CompiledView | None = None
+    parts: ViewBytes | None = None
+
+
+# Every field of a view but its compile id: a view whose fields are all these same
+# objects (frozen values) is a repeat of the other.
+_REPEATED = tuple(f.name for f in fields(CompiledView) if f.name != "compile_id")
+
+
+def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
+    """`last`'s parts for `new` when `new` is `last`'s view under another compile id."""
+    old, parts = last.view, last.parts
+    if old is None or parts is None:
+        return None
+    if not all(getattr(new, name) is getattr(old, name) for name in _REPEATED):
+        return None
+    front = head_front(new).SerializeToString(deterministic=True)
+    size = parts.size - len(parts.front) + len(front)
+    return replace(parts, compile_id=new.compile_id, front=front, size=size)
 
 
 def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[bytes, ...]:
@@ -93,6 +114,10 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     """The view's parts; `last` (a stream's previous view without inline attachments)
     lends the records of the messages both share."""
     v = result.view
+    if not result.attachments and not result.renderings:
+        repeated = _repeat_of(v, last)
+        if repeated is not None:
+            return repeated
     front = head_front(v).SerializeToString(deterministic=True)
     middle = head_middle(v).SerializeToString(deterministic=True)
     back_out = head_back(v)

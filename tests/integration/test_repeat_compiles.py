@@ -25,6 +25,7 @@ from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import ROUTE, assistant, tool_result, user
+from tests.integration.delta_session import RawStream, encoded
 
 SID = "rep"
 
@@ -309,3 +310,43 @@ async def test_a_restart_starts_without_repeats(short_tmp: Path) -> None:
             await api.channel.close()
             await d.stop()
     assert _without_id(views[0]) == _without_id(views[2])
+
+
+async def test_stream_steps_without_events_repeat_and_match_their_rebuilds(
+    session: Session,
+) -> None:
+    """Over CompileStream, repeated views go as deltas (and whole when no base is named),
+    their encodings spliced from the previous view's parts with only the head that holds
+    the compile id made again: each equals its rebuild from the store, byte for byte."""
+    stream = RawStream(session.api)
+    try:
+        before = await _repeats(session.d)
+        views = [await stream.step(session.request(), []) for _ in range(4)]
+        views.append(await stream.step(session.request(), [], base=""))  # whole
+        await _append(session)
+        views += [await stream.step(session.request(), []) for _ in range(3)]
+        assert await _repeats(session.d) == before + 2 + 1 + 2
+        assert len(stream.applied) == 6, "views after the first and the whole one are deltas"
+        for view in views:
+            rebuilt = await session.api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+            )
+            assert encoded(view) == encoded(rebuilt.view)
+        assert len({v.compile_id for v in views}) == len(views)
+        assert _without_id(views[4]) == _without_id(views[2])
+        assert _without_id(views[-1]) != _without_id(views[2])
+    finally:
+        await stream.close()
+
+
+async def test_unary_repeats_back_to_back_match_their_rebuilds(session: Session) -> None:
+    """Repeated unary views are spliced from the session's last view sent (see above)."""
+    before = await _repeats(session.d)
+    views = [(await session.api.compiles.Compile(session.request())).view for _ in range(4)]
+    assert await _repeats(session.d) == before + 2
+    for view in views:
+        rebuilt = await session.api.compiles.Compile(
+            cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+        )
+        assert view.SerializeToString() == rebuilt.view.SerializeToString()
+    assert len({v.compile_id for v in views}) == 4
