@@ -1,6 +1,7 @@
-"""Median time of one agent step (append and compile over the CompileStream, the view
-received) as each client's example agent loop measures it, against one daemon on its Unix
-socket. The first step (connection set-up) is left out."""
+"""Median time of one agent step (append and compile over the CompileStream, carrying the
+previous view's usage report, the view received) as each client's example agent loop
+measures it, against one daemon on its Unix socket. The first step (connection set-up)
+is left out."""
 
 from __future__ import annotations
 

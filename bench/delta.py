@@ -1,7 +1,8 @@
 """An agent step over the CompileStream with delta views, through the Python client as an
 agent uses it (deltas on, the default): a model turn with a tool call and its result
 appended, the view compiled and received whole by the caller (rebuilt from the delta and
-its digest checked), usage reported. Its time with a ~2,000-message view against a
+its digest checked), the previous view's usage report riding on the step (the client's
+`stream.report_usage`): one round trip. Its time with a ~2,000-message view against a
 ~200-message one, and the bytes the stream received per step against the bytes of the
 step's new events."""
 
@@ -30,7 +31,7 @@ def _step_events(tag: str, i: int) -> list[event_pb2.Event]:
 
 
 async def _steps(
-    ctx: AsyncClient, stream: CompileStream, sid: str, n: int, warmup: int
+    stream: CompileStream, sid: str, n: int, warmup: int
 ) -> tuple[float, float, float]:
     """(p50 seconds of a step, bytes received per step, bytes of new events per step)."""
     # A window the ~270k-token view fits in: over budget, every answer (delta or whole)
@@ -45,7 +46,8 @@ async def _steps(
         before = stream.stats.bytes_received
         started = time.perf_counter()
         view, _ = await stream.step(req, events)
-        await ctx.report_usage(
+        # Queued: the next step carries it.
+        await stream.report_usage(
             view.compile_id,
             input_tokens=view.budget.estimated_input_tokens,
             output_tokens=50,
@@ -55,14 +57,15 @@ async def _steps(
             times.append(time.perf_counter() - started)
             received += stream.stats.bytes_received - before
             sent += sum(e.ByteSize() for e in events)
+    assert stream.last_usage is not None and not stream.last_usage.replayed
     return statistics.median(times), received / n, sent / n
 
 
 async def _measure(target: str, n: int) -> dict[str, float]:
     async with AsyncClient(target) as ctx:
         short, long = ctx.stream(), ctx.stream()
-        short_p50, short_bytes, event_bytes = await _steps(ctx, short, "delta200", n, 5)
-        long_p50, long_bytes, _ = await _steps(ctx, long, "delta2k", n, 5)
+        short_p50, short_bytes, event_bytes = await _steps(short, "delta200", n, 5)
+        long_p50, long_bytes, _ = await _steps(long, "delta2k", n, 5)
         assert short.stats.deltas >= n and long.stats.deltas >= n, "steps must use deltas"
         assert short.stats.resumed == long.stats.resumed == 0
         await short.close()

@@ -4,8 +4,12 @@ daemon, with the daemon's CPU and this client's CPU per call beside the wall tim
 Parts: an echo of a view-sized answer and of a tiny one (gRPC and the interceptor, no
 work of ours), a unary Compile of an unchanged session, a CompileStream step without
 events (compile + delta answer), the same step appending one tool result (+ a durable
-append), a ReportUsage, and a bare write+fsync of 200 bytes on the data directory's disk.
-A step is the stream step with its append plus the usage report.
+append), that step also carrying the usage report of the previous step's view
+(StepRequest.usage: what an agent step is, one round trip), the same step as two round
+trips (the stream step, then a unary ReportUsage of its view: what a step was before
+reports rode on steps), a unary ReportUsage alone (a repeat of one compile's report, so
+`replayed` after the first: the call's floor, not a fresh report's cost), and a bare
+write+fsync of 200 bytes on the data directory's disk.
 
 The same calls are then made in-process, on the daemon's own handlers without gRPC (the
 daemon's objects started in this process, its handlers awaited directly, its thread
@@ -38,6 +42,8 @@ PARTS = (
     "compile_unary",
     "stream_compile",
     "stream_append_compile",
+    "stream_step_with_usage",
+    "step_then_report_usage",
     "report_usage",
     "fsync",
 )
@@ -82,6 +88,11 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         api.session("stepped", conversation(67, "p"))
         agent = StreamAgent(api, "stepped")
         agent.step([], report=False)  # the stream's first view is whole
+
+        def two_trips() -> None:
+            agent.step([_result(f"p{agent.steps}", "ok " * 40)], report=False)
+            agent.report()
+
         fns: dict[str, tuple[Callable[[], object], int | None]] = {
             "echo_view": (lambda: api.echo(size), pid),
             "echo_small": (lambda: api.echo(32), pid),
@@ -91,6 +102,11 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
                 lambda: agent.step([_result(f"p{agent.steps}", "ok " * 40)], report=False),
                 pid,
             ),
+            "stream_step_with_usage": (
+                lambda: agent.step([_result(f"p{agent.steps}", "ok " * 40)]),
+                pid,
+            ),
+            "step_then_report_usage": (two_trips, pid),
             "report_usage": (agent.report, pid),
             "fsync": (_fsync(data_dir), None),
         }
@@ -115,7 +131,24 @@ class _Context:
         raise RuntimeError(f"the handler failed: {status}")
 
 
-IN_PROCESS = ("compile_unary", "stream_compile", "stream_append_compile", "report_usage")
+# The parts that are calls of the daemon's own handlers (not echoes, not the disk).
+IN_PROCESS = tuple(p for p in PARTS if not p.startswith(("echo", "fsync")))
+
+
+def _usage(compile_id: str) -> cpb.ReportUsageRequest:
+    return cpb.ReportUsageRequest(
+        compile_id=compile_id, route=ROUTE, input_tokens=30_000, output_tokens=50
+    )
+
+
+def _compile_id(answer: Any) -> str:
+    """The compile id of a stream answer (a response, or its encoded bytes)."""
+    out = answer if isinstance(answer, cpb.CompileStreamResponse) else None
+    if out is None:
+        out = cpb.CompileStreamResponse.FromString(answer.data)
+    kind = out.WhichOneof("response")
+    assert kind in ("view", "delta"), kind
+    return str(out.view.compile_id if kind == "view" else out.delta.head.compile_id)
 
 
 async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
@@ -149,20 +182,19 @@ async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
         last = [""]
         compile_req = cpb.CompileRequest(session_id="stepped", route=ROUTE)
 
-        async def stream_step(events: list[Any]) -> Any:
+        async def stream_step(events: list[Any], carry: bool = False) -> Any:
             step = cpb.StepRequest(
                 step_id="s", events=events, compile=compile_req, delta_base_compile_id=last[0]
             )
+            if carry:  # the usage of the view the previous step returned
+                step.usage.CopyFrom(_usage(last[0]))
             await requests.put(cpb.CompileStreamRequest(step=step))
             return await anext(answers)
 
-        def compile_id(answer: Any) -> str:
-            out = answer if isinstance(answer, cpb.CompileStreamResponse) else None
-            if out is None:
-                out = cpb.CompileStreamResponse.FromString(answer.data)
-            kind = out.WhichOneof("response")
-            assert kind in ("view", "delta"), kind
-            return str(out.view.compile_id if kind == "view" else out.delta.head.compile_id)
+        async def two_trips(events: list[Any]) -> Any:
+            answer = await stream_step(events)
+            await cs.ReportUsage(_usage(_compile_id(answer)), ctx)
+            return answer
 
         unchanged = cpb.CompileRequest(session_id="unchanged", route=ROUTE)
         count = [0]
@@ -175,14 +207,11 @@ async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
             "compile_unary": lambda: cs.Compile(unchanged, ctx),
             "stream_compile": lambda: stream_step([]),
             "stream_append_compile": lambda: stream_step(appended()),
-            "report_usage": lambda: cs.ReportUsage(
-                cpb.ReportUsageRequest(
-                    compile_id=last[0], route=ROUTE, input_tokens=30_000, output_tokens=50
-                ),
-                ctx,
-            ),
+            "stream_step_with_usage": lambda: stream_step(appended(), carry=True),
+            "step_then_report_usage": lambda: two_trips(appended()),
+            "report_usage": lambda: cs.ReportUsage(_usage(last[0]), ctx),
         }
-        last[0] = compile_id(await stream_step([]))
+        last[0] = _compile_id(await stream_step([]))
         out: dict[str, float] = {}
         for name in IN_PROCESS:
             times, cpu = [], 0.0
@@ -192,8 +221,8 @@ async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
                 if i >= 3:
                     times.append(time.perf_counter() - started)
                     cpu += time.process_time() - cpu_started
-                if name.startswith("stream"):
-                    last[0] = compile_id(answer)  # the client's part: not timed
+                if name.startswith(("stream", "step")):
+                    last[0] = _compile_id(answer)  # the client's part: not timed
             out[f"inproc_{name}_p50_ms"] = statistics.median(times) * 1000
             out[f"inproc_{name}_cpu_ms"] = cpu / n * 1000
         await requests.put(None)

@@ -36,6 +36,10 @@ Answer = list[pb.CompileStreamResponse | Encoded]
 # Views with less text than this are converted on the event loop (a thread hop costs
 # more than converting them); larger ones in a thread.
 _ON_LOOP_CHARS = 256 << 10
+# Failures of a step's usage report that say nothing about the report itself.
+_PASSING = frozenset(
+    {Reason.DISK_FULL, Reason.STORAGE_FAILURE, Reason.SHUTTING_DOWN, Reason.INTERNAL}
+)
 # How many of the views a stream sent may serve as the base of a delta: the client names
 # the last one it applied, so a few cover a step it is still checking.
 _DELTA_BASES = 4
@@ -300,7 +304,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             out.usage.CopyFrom(await self._usage(step.usage, session_id))
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
-            out.error.usage_refused = True
+            # Only a report that can never be recorded is refused; after a passing
+            # failure the same report may be resent with the step.
+            out.error.usage_refused = err.reason not in _PASSING
             return False
         return True
 

@@ -2,13 +2,15 @@
 step), against a real daemon: the report is recorded before that step's compile and no
 unary ReportUsage is made; a report with no step to ride on goes by the unary call (at
 close, or when a second one is queued); a refused report fails its step with
-`usage_refused` and is dropped, so trying the step again appends it; a report whose step
+`usage_refused` and is dropped, so trying the step again appends it (one the daemon
+could not write for a passing reason stays queued); a report whose step
 could not reach the daemon rides on the next step after a restart."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -17,6 +19,8 @@ from ctxcc_client import AsyncClient, CtxccError, user
 from ctxcc.v1 import common_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from server.app import Daemon
+from server.domain.errors import CtxccError as DomainError
+from server.domain.errors import Reason
 from tests.conftest import make_config
 from tests.helpers import usage_counts
 
@@ -120,3 +124,30 @@ async def test_a_report_whose_step_failed_rides_on_the_next_one(short_tmp: Path)
             assert await asyncio.to_thread(_counts, second) == (1, 0)
         finally:
             await second.stop()
+
+
+async def test_a_report_not_written_for_a_passing_reason_stays_queued(
+    daemon: Daemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_cases: Any = daemon.compile_servicer._c  # type: ignore[union-attr]
+    real = use_cases.report_usage
+
+    async def disk_full(*args: Any, **kw: Any) -> Any:
+        raise DomainError(Reason.DISK_FULL, "the disk is full")
+
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        session = await ctx.create_session()
+        req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
+        stream = ctx.stream()
+        view, _ = await stream.step(req, [user("one")])
+        await stream.report_usage(view.compile_id, input_tokens=500, output_tokens=5)
+        monkeypatch.setattr(use_cases, "report_usage", disk_full)
+        with pytest.raises(CtxccError) as err:
+            await stream.step(req, [user("two")])
+        assert err.value.reason == "DISK_FULL" and not err.value.usage_refused
+        monkeypatch.setattr(use_cases, "report_usage", real)
+        after, appended = await stream.step(req, [user("two")])
+        assert appended is not None and appended.first_seq == 2
+        assert stream.last_usage is not None and not stream.last_usage.replayed
+        assert after.budget.baseline_tokens == 500
+        await stream.close()

@@ -3,8 +3,9 @@ it is recorded before the step's append and compile, so the step's view is estim
 it exactly as after a unary ReportUsage (same budgets, same answers, same metrics, on two
 fresh daemons driven the two ways); a replay is `replayed` and changes nothing; a report
 ReportUsage would refuse, or one for another session's compile, fails the whole step with
-`usage_refused` and appends nothing; a report recorded before a failing append stays
-recorded; the answer carries the report's result on whole views, deltas and chunks."""
+`usage_refused` and appends nothing (a report not written for a passing reason, a full
+disk, fails the step without `usage_refused`); a report recorded before a failing append
+stays recorded; the answer carries the report's result on whole views, deltas and chunks."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ctxcc.v1 import common_pb2, event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from server.domain.errors import CtxccError, Reason
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import ROUTE, assistant, tool_result, user
 
@@ -285,3 +288,30 @@ async def test_the_result_rides_on_deltas_and_on_the_first_chunk(short_tmp: Path
         await steps.close()
         await api.channel.close()
         await d.stop()
+
+
+async def test_a_report_not_written_for_a_passing_reason_is_not_refused(
+    daemon: Daemon, api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while recording the report: the step fails before its append, without
+    usage_refused (the same report may be resent), and the resent step records it."""
+    await _new_session(api, "dk")
+    steps = Steps(api)
+    try:
+        v1, _ = await steps.view(_compile("dk"), [user("one")])
+        use_cases: Any = daemon.compile_servicer._c  # type: ignore[union-attr]
+        real = use_cases.report_usage
+
+        async def disk_full(*args: Any, **kw: Any) -> Any:
+            raise CtxccError(Reason.DISK_FULL, "the disk is full")
+
+        monkeypatch.setattr(use_cases, "report_usage", disk_full)
+        (answer,) = await steps.step(_compile("dk"), [user("two")], usage=_usage(v1, 4, 10))
+        assert answer.error.reason == "DISK_FULL" and not answer.error.usage_refused
+        assert not answer.HasField("append") and await _head(api, "dk") == 1
+        monkeypatch.setattr(use_cases, "report_usage", real)
+        v2, again = await steps.view(_compile("dk"), [user("two")], usage=_usage(v1, 4, 10))
+        assert not again.usage.replayed and again.append.first_seq == 2
+        assert v2.budget.baseline_tokens == v1.budget.estimated_input_tokens + 4
+    finally:
+        await steps.close()

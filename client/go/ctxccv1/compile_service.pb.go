@@ -644,12 +644,15 @@ type StepRequest struct {
 	// metrics count it once like a unary report, and it is idempotent the same way (a
 	// report for a compile that already has one, e.g. the same step resent after a
 	// reconnect, is answered with `replayed` and changes nothing). Its result comes back in
-	// CompileStreamResponse.usage. A report ReportUsage would refuse (USAGE_INVALID,
-	// INVALID_FIELD, COMPILE_NOT_FOUND, ROUTE_MISMATCH), or one for a compile of another
-	// session (COMPILE_NOT_FOUND), fails the whole step before anything else: the answer is
-	// a StepError with usage_refused set, nothing is appended and nothing is compiled, so
-	// the step can be resent without the report (or with a corrected one). A report that
-	// was recorded stays recorded when the append or the compile after it fails.
+	// CompileStreamResponse.usage. A report that is not recorded fails the whole step before
+	// anything else: the answer is a StepError, nothing is appended and nothing is compiled.
+	// For a report ReportUsage would refuse (USAGE_INVALID, INVALID_FIELD, COMPILE_NOT_FOUND,
+	// ROUTE_MISMATCH, RECORD_CORRUPT), or one for a compile of another session
+	// (COMPILE_NOT_FOUND), the StepError has usage_refused set: resend the step without the
+	// report (or with a corrected one). When the report could not be written for a passing
+	// reason (DISK_FULL, STORAGE_FAILURE, SHUTTING_DOWN, INTERNAL) usage_refused is false:
+	// resend the step with it later. A report that was recorded stays recorded when the
+	// append or the compile after it fails.
 	Usage         *ReportUsageRequest `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1248,7 +1251,8 @@ type StepError struct {
 	// Human-readable message.
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// True when the step failed because the usage report it carried (StepRequest.usage) was
-	// refused; `reason` says why. Nothing of the step was done: no append, no compile.
+	// refused and can never be recorded as it is; `reason` says why. Nothing of the step was
+	// done: no append, no compile.
 	UsageRefused  bool `protobuf:"varint,4,opt,name=usage_refused,json=usageRefused,proto3" json:"usage_refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
