@@ -812,6 +812,14 @@ def env() -> Iterator[Env]:
                 sources=source_service_pb2_grpc.SourceServiceStub(ch),
                 daemon=daemon,
             )
+            # The OpenAI tokenizer tables are built by the first compile that needs one,
+            # holding the GIL (o200k ~65 ms on a quiet machine, several times that on a
+            # loaded one): a start-up cost, not a hostile input. Built here, before the
+            # probe, so that each case's window measures the case alone.
+            e.session("warm")
+            e.user("warm", "hello")
+            for model in ("gpt-4o", "gpt-4-turbo"):
+                e.compile("warm", model=model)
             probe = Probe(daemon.target)
             e.stubs["probe"] = probe
             try:
