@@ -243,6 +243,23 @@ async def test_a_refused_report_fails_the_whole_step(api: Stubs) -> None:
         await steps.close()
 
 
+async def test_a_step_without_events_is_estimated_from_its_report(api: Stubs) -> None:
+    """Nothing appended, only the report is new: the view is compiled again from the new
+    baseline, not answered as the repeat of the previous view."""
+    await _new_session(api, "ne")
+    steps = Steps(api)
+    try:
+        v1, _ = await steps.view(_compile("ne"), [user("one")])
+        assert v1.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+        v2, answer = await steps.view(_compile("ne"), [], usage=_usage(v1, 25, 10))
+        assert not answer.usage.replayed and not answer.HasField("append")
+        assert v2.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+        assert v2.budget.baseline_tokens == v1.budget.estimated_input_tokens + 25
+        assert v2.budget.estimated_input_tokens == v2.budget.baseline_tokens
+    finally:
+        await steps.close()
+
+
 async def test_a_recorded_report_stays_when_the_append_fails(api: Stubs) -> None:
     await _new_session(api, "af")
     steps = Steps(api)
