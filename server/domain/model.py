@@ -9,6 +9,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -44,9 +45,16 @@ class Route:
 
     @property
     def route_id(self) -> str:
-        # A unit separator keeps ("a", "bc") and ("ab", "c") apart.
-        raw = "\x1f".join((self.connection, self.protocol, self.endpoint, self.model))
-        return hashlib.sha256(raw.encode()).hexdigest()[:24]
+        # Asked for several times per compile (keys, records, states): hashed once per
+        # distinct route.
+        return _route_id(self.connection, self.protocol, self.endpoint, self.model)
+
+
+@functools.lru_cache(maxsize=1024)
+def _route_id(connection: str, protocol: str, endpoint: str, model: str) -> str:
+    # A unit separator keeps ("a", "bc") and ("ab", "c") apart.
+    raw = "\x1f".join((connection, protocol, endpoint, model))
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True, slots=True)

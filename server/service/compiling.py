@@ -168,8 +168,15 @@ class CompileUseCases:
             store, self._loader, sources, catalog, settings, clock, ids
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
+        # Repeated views get as much memory as the memos (they share most of it).
         self._repeats = Repeats(
-            store, sources, settings.caps, self._assembler.time_text, ids, clock
+            store,
+            sources,
+            settings.caps,
+            self._assembler.time_text,
+            ids,
+            clock,
+            settings.memo_bytes,
         )
 
     async def compile(self, opts: CompileOptions) -> CompileResult:

@@ -14,7 +14,9 @@ a repeat has (its previous sections equal its own), so the repeat is byte for by
 the full compile would make. A record is still written for every compile (usage reports
 and the inspector read it), from the remembered record.
 
-Bounded by sessions x routes (LRU); in memory only, so a restart starts empty."""
+Bounded (LRU) by entries and by the approximate bytes of their views, which they keep
+alive after the memos and lent records that share them are gone; in memory only, so a
+restart starts empty."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from server.service.compiling import CompileOptions, CompileResult
 
 _MAX_ENTRIES = 1024
+# A view's size without walking it: ~4 bytes a token, plus its fixed fields.
+_BYTES_PER_TOKEN, _ENTRY_BYTES = 4, 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,10 @@ class Repeatable:
     sources: SourceInputs
     result: CompileResult
     record: CompileRecord
+
+    @property
+    def size(self) -> int:
+        return _ENTRY_BYTES + _BYTES_PER_TOKEN * self.result.view.budget.ledger_tokens
 
     def again(self, compile_id: str, now_ns: int) -> tuple[CompileResult, CompileRecord]:
         """This compile's view and record under a new compile id and time."""
@@ -68,6 +76,7 @@ class Repeats:
         time_text: Callable[[], str],
         ids: IdSource,
         clock: Clock,
+        max_bytes: int,
         max_entries: int = _MAX_ENTRIES,
     ) -> None:
         self._store = store
@@ -78,6 +87,8 @@ class Repeats:
         self._clock = clock
         self._entries: OrderedDict[tuple[str, str], Repeatable] = OrderedDict()
         self._max = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def candidate(self, opts: CompileOptions) -> Repeatable | None:
@@ -166,11 +177,21 @@ class Repeats:
         entry = replace(entry, generation=now)
         key = (opts.session_id, opts.route.route_id)
         with self._lock:
+            old = self._entries.pop(key, None)
+            self._bytes += entry.size - (old.size if old is not None else 0)
             self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+            while self._entries and (
+                len(self._entries) > self._max or self._bytes > self._max_bytes
+            ):
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= dropped.size
 
     def _forget(self, opts: CompileOptions) -> None:
         with self._lock:
-            self._entries.pop((opts.session_id, opts.route.route_id), None)
+            old = self._entries.pop((opts.session_id, opts.route.route_id), None)
+            if old is not None:
+                self._bytes -= old.size
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
