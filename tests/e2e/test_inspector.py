@@ -390,18 +390,32 @@ def test_diff_between_two_steps(world: World, page: Page) -> None:
     shoot(page, "diff")
 
 
-def test_timeline_updates_live_while_the_agent_runs(world: World, page: Page) -> None:
-    agent = drive_demo(world.channel, "live")
-    page.goto(world.ui + "/s/live")
-    expect(page.locator("#live-status")).to_have_text("● live")
-    page.evaluate("window.__sameDocument = true")
-    before = len(agent.views)
-    expect(page.locator("#compile-count")).to_have_text(f"{before} compiles")
-    agent.append(user("one more thing"))
-    agent.step(report=10)
-    expect(page.locator("#compile-count")).to_have_text(f"{before + 1} compiles")
-    assert page.evaluate("window.__sameDocument") is True  # updated in place, not reloaded
-    assert page.locator("#compiles tbody tr").count() == before + 1
+def test_timeline_updates_live_while_the_agent_runs(short_tmp: Path, page: Page) -> None:
+    # A daemon of its own: its one watcher is this page's stream. The page shows "live"
+    # when the stream's headers arrive, a moment before the daemon has subscribed it to
+    # the session; an update in between is not sent. So the step waits for the
+    # subscription (ctxcc_watchers), seen in a daemon no other page has watched.
+    d = DaemonProcess(short_tmp / "data").start()
+    try:
+        ui = "http://" + str(d.wait_ready()["ui"])
+        with grpc.insecure_channel(d.target) as channel:
+            agent = drive_demo(channel, "live")
+            page.goto(ui + "/s/live")
+            expect(page.locator("#live-status")).to_have_text("● live")
+            deadline = time.monotonic() + 60
+            while d.metric("ctxcc_watchers") < 1:
+                assert time.monotonic() < deadline, "the live page never subscribed"
+                time.sleep(0.02)
+            page.evaluate("window.__sameDocument = true")
+            before = len(agent.views)
+            expect(page.locator("#compile-count")).to_have_text(f"{before} compiles")
+            agent.append(user("one more thing"))
+            agent.step(report=10)
+            expect(page.locator("#compile-count")).to_have_text(f"{before + 1} compiles")
+            assert page.evaluate("window.__sameDocument") is True  # updated in place
+            assert page.locator("#compiles tbody tr").count() == before + 1
+    finally:
+        d.ensure_stopped()
 
 
 HOSTILE = (XSS_USER, XSS_RESULT, XSS_MEMORY, XSS_SUMMARY, XSS_MODEL)
