@@ -90,7 +90,10 @@ class DaemonProcess:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            lines = [ln for ln in self.log().splitlines() if "serving {" in ln]
+            # Whole lines only: the daemon may be writing the one read here.
+            text = self.log()
+            whole = text[: text.rfind("\n") + 1]
+            lines = [ln for ln in whole.splitlines() if "serving {" in ln]
             if len(lines) > self._ready_lines:
                 self.endpoints = json.loads(lines[-1].split("serving ", 1)[1])
                 if self.health() == health_pb2.HealthCheckResponse.SERVING:
