@@ -151,7 +151,9 @@ class DaemonProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
-    def terminate(self, timeout: float = 15) -> int:
+    def terminate(self, timeout: float = 30) -> int:
+        # A bound, not a wait: the default grace period is 10 s, and a loaded machine
+        # may take seconds more to stop the servers and close RocksDB.
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
