@@ -15,12 +15,11 @@ import grpc
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
 from server.domain.errors import CtxccError, Reason, invalid
-from server.domain.records import Usage
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compiling import CompileResult, CompileUseCases
 from server.service.sessions import SessionUseCases
-from server.transport.convert_events import events_in, route_in
-from server.transport.convert_misc import checkpoint_in, checkpoint_out
+from server.transport.convert_events import events_in
+from server.transport.convert_misc import checkpoint_in, checkpoint_out, usage_in, usage_out
 from server.transport.convert_view import compile_options_in, tagged
 from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
@@ -320,21 +319,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self, request: pb.ReportUsageRequest, session_id: str | None
     ) -> pb.ReportUsageResponse:
         """One usage report, unary or on a step: the same use case, the same answer."""
-        usage = Usage(
-            input_tokens=request.input_tokens,
-            output_tokens=request.output_tokens,
-            cached_input_tokens=request.cached_input_tokens,
-            reasoning_tokens=request.reasoning_tokens,
-        )
-        route = route_in(request.route) if request.HasField("route") else None
+        usage, route = usage_in(request)
         result = await self._c.report_usage(request.compile_id, route, usage, session_id)
-        return pb.ReportUsageResponse(
-            estimated_input_tokens=result.estimated_input_tokens,
-            error_tokens=result.error_tokens,
-            relative_error=result.relative_error,
-            replayed=result.replayed,
-            next_output_reserve=result.next_output_reserve,
-        )
+        return usage_out(result)
 
     @unary
     async def CreateCheckpoint(

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from ctxcc.v1 import checkpoint_pb2
+from ctxcc.v1 import compile_service_pb2 as pb
 from server.domain.errors import invalid
-from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
+from server.domain.model import Route
+from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint, Usage
+from server.service.compiling import UsageResult
 from server.transport.convert_events import route_in, route_out, timestamp
 
 
@@ -47,4 +50,25 @@ def checkpoint_in(msg: checkpoint_pb2.Checkpoint) -> Checkpoint:
         kind=CheckpointKind(kind),
         create_time_ns=0,
         origin_session_id=msg.origin_session_id,
+    )
+
+
+def usage_in(msg: pb.ReportUsageRequest) -> tuple[Usage, Route | None]:
+    """A usage report's counts and the route it names (None: not given)."""
+    usage = Usage(
+        input_tokens=msg.input_tokens,
+        output_tokens=msg.output_tokens,
+        cached_input_tokens=msg.cached_input_tokens,
+        reasoning_tokens=msg.reasoning_tokens,
+    )
+    return usage, route_in(msg.route) if msg.HasField("route") else None
+
+
+def usage_out(result: UsageResult) -> pb.ReportUsageResponse:
+    return pb.ReportUsageResponse(
+        estimated_input_tokens=result.estimated_input_tokens,
+        error_tokens=result.error_tokens,
+        relative_error=result.relative_error,
+        replayed=result.replayed,
+        next_output_reserve=result.next_output_reserve,
     )
