@@ -4,12 +4,15 @@ step's request id fixed before its first attempt."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
-from ctxcc_client import AsyncClient, CompileStream, CtxccError, user
+from ctxcc_client import AsyncClient, CompileStream, CtxccError, retry, user
 
 from ctxcc.v1 import common_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -81,7 +84,15 @@ class _Stub:
         return _Unavailable(requests, self.sent)
 
 
-async def test_a_step_keeps_its_request_id_through_retries_and_a_second_try() -> None:
+async def test_a_step_keeps_its_request_id_through_retries_and_a_second_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The retry budget is read from a clock that moves 0.1 s per reading, so that each step
+    # makes the same attempts however loaded the machine (on the real clock, a first
+    # attempt stalled for 0.3 s left no time for the second one this test needs).
+    ticks = itertools.count()
+    clock = SimpleNamespace(monotonic=lambda: next(ticks) / 10, sleep=time.sleep)
+    monkeypatch.setattr(retry, "time", clock)
     stub = _Stub()
     stream = CompileStream(stub, retry_seconds=0.3)
     req = cpb.CompileRequest(session_id="s", route=ROUTE)
