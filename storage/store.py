@@ -530,10 +530,15 @@ class KVEventStore:
         return [c for c in entries if isinstance(c, Checkpoint)]
 
     def put_compile(
-        self, record: CompileRecord, parts: tuple[tuple[str, object], ...] = ()
-    ) -> None:
+        self,
+        record: CompileRecord,
+        parts: tuple[tuple[str, object], ...] = (),
+        wait: bool = True,
+    ) -> bool:
         """Stores the record, the parts it names that are not stored yet (content-addressed
-        by the caller's digest, so unchanged sources cost nothing), and the boundary index."""
+        by the caller's digest, so unchanged sources cost nothing), and the boundary index.
+        Without `wait`, writes nothing and answers False when the session's lock is held
+        (an append may hold it through its fsync)."""
         sid, suffix = split_compile_id(record.compile_id)
         encoded = encode_value(record)
         # A compile record lost in a machine crash only turns its usage report into
@@ -548,15 +553,21 @@ class KVEventStore:
         batch.put("compiles", _key(sid, suffix), encoded)
         batch.put("compiles", _key(sid, _LAST_COMPILE), encoded)
         batch.put("compiles", _key(sid, _AT_BOUNDARY + _be64(record.event_boundary)), suffix)
-        with self._lock(sid):
+        lock = self._lock(sid)
+        if not lock.acquire(blocking=wait):
+            return False
+        try:
             self._move_route(batch, sid, record.route)
             self._write(batch, sid)
+        finally:
+            lock.release()
         with self._sources_lock:
             for key in keys:
                 self._parts[key] = None
                 self._parts.move_to_end(key)
             while len(self._parts) > _KNOWN_PARTS:
                 self._parts.popitem(last=False)
+        return True
 
     def _move_route(self, batch: Batch, sid: str, route: Route) -> None:
         """Session.current_route follows the latest compile or usage report."""

@@ -56,7 +56,7 @@ from server.service.inputs import (
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
-from server.service.repeats import Repeats
+from server.service.repeats import Busy, Repeats
 from server.service.sources import SourceUseCases
 from server.service.watch import CompileNotice, WatchHub
 
@@ -253,9 +253,12 @@ class CompileUseCases:
             return None
         started = time.perf_counter()
         if self._repeats.reads_files(entry):
-            result = await self._blocking.run(self._repeats.repeat, entry)
+            found = await self._blocking.run(self._repeats.repeat, entry)
         else:
-            result = self._repeats.repeat(entry)
+            found = self._repeats.repeat(entry, False)
+            if isinstance(found, Busy):
+                found = await self._blocking.run(self._repeats.repeat, entry)
+        result = found if isinstance(found, CompileResult) else None
         if result is not None:
             self._telemetry.memo_used("repeat")
             self._published(opts, entry.session, result.view, started)

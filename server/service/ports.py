@@ -90,8 +90,14 @@ class EventStore(Protocol):
     def list_checkpoint_entries(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]: ...
 
     def put_compile(
-        self, record: CompileRecord, parts: tuple[tuple[str, object], ...] = ()
-    ) -> None: ...
+        self,
+        record: CompileRecord,
+        parts: tuple[tuple[str, object], ...] = (),
+        wait: bool = True,
+    ) -> bool:
+        """True once written; without `wait`, False (nothing written) when the session's
+        lock is held, so a caller on the event loop never waits behind an fsync."""
+        ...
 
     def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None: ...
 

@@ -38,6 +38,13 @@ from server.service.sources import SourceUseCases
 if TYPE_CHECKING:
     from server.service.compiling import CompileOptions, CompileResult
 
+
+class Busy:
+    """The session's store lock was held (an append's fsync, say): repeat on a thread."""
+
+
+BUSY = Busy()
+
 _MAX_ENTRIES = 1024
 # A view's size without walking it: ~4 bytes a token, plus its fixed fields.
 _BYTES_PER_TOKEN, _ENTRY_BYTES = 4, 2048
@@ -110,12 +117,16 @@ class Repeats:
         """Whether checking `entry` reads workspace files (then: not on the event loop)."""
         return self._sources.reads_files(entry.session)
 
-    def repeat(self, entry: Repeatable) -> CompileResult | None:
-        """Blocking when `reads_files`: the view again under a new compile id, its record
-        written, or None when the clock or the workspace files moved on."""
+    def repeat(self, entry: Repeatable, wait: bool = True) -> CompileResult | Busy | None:
+        """Blocking when `reads_files` or `wait`: the view again under a new compile id,
+        its record written, or None when the clock or the workspace files moved on; BUSY
+        (nothing written) when not `wait` and the record would wait for the store's
+        session lock."""
         opts = entry.opts
         if self._time_text() != entry.time_text:
             return None
+        if self._store.generation(opts.session_id, opts.route.route_id) != entry.generation:
+            return None  # written since `candidate` (this may run on a thread after it)
         if self._sources.reads_files(entry.session):
             wd = opts.working_directory or entry.session.working_directory
             now = self._sources.session_sources(
@@ -126,7 +137,8 @@ class Repeats:
         compile_id = f"{opts.session_id}:{self._ids.new_id('')}"
         result, record = entry.again(compile_id, self._clock.now_ns())
         try:
-            self._store.put_compile(record)
+            if not self._store.put_compile(record, wait=wait):
+                return BUSY
         except CtxccError as err:
             # As for any compile: without its record a usage report answers
             # COMPILE_NOT_FOUND, the view is still sent.

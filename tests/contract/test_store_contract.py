@@ -404,3 +404,17 @@ def test_every_write_bumps_the_generation_of_what_it_changes(make_store: object)
     state = RouteState(route.route_id, 140, "s:x3", 5, 8)
     st.record_usage("s:x3", Usage(140, 5), state, lambda _: RouteModel(route_id=route.route_id))
     assert st.generation("s2", route.route_id).route == other.route + 1
+
+
+def test_a_compile_record_need_not_wait_for_the_session_lock(make_store: object) -> None:
+    """A caller on the event loop writes a compile record only if it need not wait (an
+    append may hold the session's lock through its fsync)."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    rec = CompileRecord("s:x1", "s", Route(model="m"), 1, 100, 1, 5)
+    with st._lock("s"):
+        assert st.put_compile(rec, wait=False) is False
+    with pytest.raises(CtxccError):
+        st.get_compile("s:x1")  # nothing was written
+    assert st.put_compile(rec, wait=False) is True
+    assert st.get_compile("s:x1") == rec

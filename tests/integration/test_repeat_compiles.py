@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -350,3 +351,41 @@ async def test_unary_repeats_back_to_back_match_their_rebuilds(session: Session)
         )
         assert view.SerializeToString() == rebuilt.view.SerializeToString()
     assert len({v.compile_id for v in views}) == 4
+
+
+async def test_a_repeat_never_waits_for_the_session_lock_on_the_event_loop(
+    session: Session,
+) -> None:
+    """While an append holds the session's store lock (through its fsync), a repeat's
+    record is written from a thread: other calls are answered meanwhile (the lock is
+    released by a timer, so a daemon that waited on its event loop fails, not hangs),
+    and the repeat completes once the lock is free."""
+    await session.settled()
+    store = session.d._store
+    assert store is not None
+    lock = store._lock(SID)
+    await asyncio.to_thread(lock.acquire)
+    released = threading.Event()
+
+    def release() -> None:
+        released.set()
+        lock.release()
+
+    timer = threading.Timer(1.5, release)
+    timer.start()
+    try:
+        before = await _repeats(session.d)
+        compiling = asyncio.ensure_future(session.api.compiles.Compile(session.request()))
+        await asyncio.sleep(0.2)
+        other = await session.api.sessions.GetSession(spb.GetSessionRequest(session_id=SID))
+        assert other.session.session_id == SID
+        assert not released.is_set(), "the event loop waited for the session's lock"
+        assert not compiling.done()  # its record waits for the lock, on a thread
+    finally:
+        timer.join()
+    got = (await compiling).view
+    assert await _repeats(session.d) == before + 1
+    rebuilt = await session.api.compiles.Compile(
+        cpb.CompileRequest(rebuild_compile_id=got.compile_id)
+    )
+    assert got.SerializeToString() == rebuilt.view.SerializeToString()

@@ -12,7 +12,7 @@ from server.domain.generation import Generation
 from server.domain.model import ContentPart, Event, UserMessage
 from server.domain.records import CompileRecord
 from server.service.compiling import CompileOptions, CompileResult
-from server.service.repeats import Repeatable, Repeats
+from server.service.repeats import BUSY, Repeatable, Repeats
 from tests.unit.test_incremental import C, Step, inputs_for
 
 LOG = [Event(i + 1, f"e{i + 1}", 0, UserMessage((ContentPart(text=f"hi {i}"),))) for i in range(3)]
@@ -25,13 +25,19 @@ class _Store:
         self.everything = 0
         self.sessions: dict[str, int] = {}
         self.written: list[CompileRecord] = []
+        self.locked = False
 
     def generation(self, session_id: str, route_id: str) -> Generation:
         return Generation(self.everything, self.sessions.get(session_id, 0), 0)
 
-    def put_compile(self, record: CompileRecord, parts: tuple[Any, ...] = ()) -> None:
+    def put_compile(
+        self, record: CompileRecord, parts: tuple[Any, ...] = (), wait: bool = True
+    ) -> bool:
+        if not wait and self.locked:
+            return False
         self.written.append(record)
         self.sessions[record.session_id] = self.sessions.get(record.session_id, 0) + 1
+        return True
 
 
 class _Sources:
@@ -87,14 +93,18 @@ def test_a_kept_view_repeats_under_new_ids_while_nothing_moves() -> None:
     opts = _compiled(store, repeats, "a")
     entry = repeats.candidate(opts)
     assert entry is not None
-    first = repeats.repeat(entry)
-    assert first is not None
+    store.locked = True  # an append holds the session's lock: nothing written
+    assert repeats.repeat(entry, wait=False) is BUSY
+    assert len(store.written) == 1 and repeats.candidate(opts) is not None
+    store.locked = False
+    first = repeats.repeat(entry, wait=False)
+    assert isinstance(first, CompileResult)
     again = repeats.candidate(opts)
     assert again is not None, "its own record does not end the repeat"
     second = repeats.repeat(again)
-    assert second is not None
+    assert isinstance(second, CompileResult)
     ids = [first.view.compile_id, second.view.compile_id]
-    assert ids == ["a:r1", "a:r2"]
+    assert ids == ["a:r2", "a:r3"]  # r1 went to the try that found the lock held
     assert replace(second.view, compile_id="a:1") == entry.result.view
     assert [r.compile_id for r in store.written[1:]] == ids
     assert all(r.create_time_ns == 42 for r in store.written[1:])
