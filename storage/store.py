@@ -617,8 +617,33 @@ class KVEventStore:
     ) -> tuple[CompileRecord, bool]:
         """Usage, the session's new baseline and (through `learn`, called once per
         report, never on a repeat) the route's model, in one atomic batch."""
+        done = self._record_usage(compile_id, usage, route_state, learn, True)
+        assert done is not None  # waiting, it always gets its locks
+        return done
+
+    def try_record_usage(
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+    ) -> tuple[CompileRecord, bool] | None:
+        """record_usage, or None (nothing written) when it would wait for a lock."""
+        return self._record_usage(compile_id, usage, route_state, learn, False)
+
+    def _record_usage(
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None,
+        wait: bool,
+    ) -> tuple[CompileRecord, bool] | None:
         sid, suffix = split_compile_id(compile_id)
-        with self._lock(sid):
+        lock = self._lock(sid)
+        if not lock.acquire(blocking=wait):
+            return None
+        try:
             record = self.get_compile(compile_id)
             if record.usage is not None:
                 return record, True
@@ -631,11 +656,18 @@ class KVEventStore:
             if learn is None:
                 self._write(batch, sid)
                 return updated, False
-            with self._models_lock:  # sessions on one route report concurrently
+            # Sessions on one route report concurrently.
+            if not self._models_lock.acquire(blocking=wait):
+                return None
+            try:
                 model = learn(self.get_route_model(route_state.route_id))
                 batch.put("routes", _ROUTE_MODEL + model.route_id.encode(), encode_value(model))
                 self._write(batch, sid, model.route_id)
+            finally:
+                self._models_lock.release()
             return updated, False
+        finally:
+            lock.release()
 
     def get_route_model(self, route_id: str) -> RouteModel | None:
         """None also for a damaged model: it is only learned advice, so the route starts

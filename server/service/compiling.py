@@ -474,8 +474,14 @@ class CompileUseCases:
                 "of the compile at the session head that the request was sent from",
                 compile_id=compile_id,
             )
-        # One hop for the read and the write: the handoff costs more than either.
-        stored, replayed = await self._blocking.run(self._report, compile_id, route, usage)
+        # A read and an unsynced write: on the event loop (a thread hop costs about as
+        # much CPU as both), unless it would wait for a lock an append may hold through
+        # its fsync; then on the I/O pool.
+        done = self._report(compile_id, route, usage, wait=False)
+        if done is None:
+            done = await self._blocking.run(self._report, compile_id, route, usage)
+        assert done is not None  # waiting, it always gets its locks
+        stored, replayed = done
         actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
         output = stored.usage.output_tokens if stored.usage else usage.output_tokens
         estimated = stored.estimated_input_tokens
@@ -497,9 +503,11 @@ class CompileUseCases:
         )
 
     def _report(
-        self, compile_id: str, route: Route | None, usage: Usage
-    ) -> tuple[CompileRecord, bool]:
-        """Blocking: the usage, the session's new baseline and what the route learns."""
+        self, compile_id: str, route: Route | None, usage: Usage, wait: bool = True
+    ) -> tuple[CompileRecord, bool] | None:
+        """Blocking when `wait`: the usage, the session's new baseline and what the route
+        learns; without `wait`, None (nothing written) when the store would wait for a
+        lock."""
         record = self._store.get_compile(compile_id)
         if route is not None and route.route_id != record.route.route_id:
             raise CtxccError(
@@ -521,7 +529,9 @@ class CompileUseCases:
             message_tokens=record.message_tokens,
         )
         learn = self._learner(record, usage, now)
-        return self._store.record_usage(compile_id, usage, state, learn)
+        if wait:
+            return self._store.record_usage(compile_id, usage, state, learn)
+        return self._store.try_record_usage(compile_id, usage, state, learn)
 
     def _learner(
         self, record: CompileRecord, usage: Usage, now_ns: int

@@ -113,6 +113,17 @@ class EventStore(Protocol):
         learn: Callable[[RouteModel | None], RouteModel] | None = None,
     ) -> tuple[CompileRecord, bool]: ...
 
+    def try_record_usage(
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+    ) -> tuple[CompileRecord, bool] | None:
+        """record_usage, or None (nothing written, `learn` not called) when it would wait
+        for a lock: a caller on the event loop never waits behind an append's fsync."""
+        ...
+
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None: ...
 
     def get_route_model(self, route_id: str) -> RouteModel | None: ...

@@ -370,6 +370,7 @@ def _writes(st: KVEventStore) -> dict[str, tuple[object, str]]:
         "put_checkpoint": (lambda: st.put_checkpoint(ck), "s"),
         "put_compile": (lambda: st.put_compile(rec), "s"),
         "record_usage": (lambda: st.record_usage("s:x1", Usage(130, 5), state), "s"),
+        "try_record_usage": (lambda: st.try_record_usage("s:x2", Usage(130, 5), state), "s"),
         "put_source": (lambda: st.put_source(memory), "*"),
         "delete_source": (lambda: st.delete_source(SourceKind.MEMORY, Scope.GLOBAL, "", "m1"), "*"),
         "delete_session": (lambda: st.delete_session("s2"), "*"),
@@ -418,3 +419,28 @@ def test_a_compile_record_need_not_wait_for_the_session_lock(make_store: object)
         st.get_compile("s:x1")  # nothing was written
     assert st.put_compile(rec, wait=False) is True
     assert st.get_compile("s:x1") == rec
+
+
+def test_a_usage_report_need_not_wait_for_a_lock(make_store: object) -> None:
+    """try_record_usage declines (nothing written, nothing learned) while the session's
+    lock or the route models' lock is held, and records as record_usage otherwise."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    route = Route(model="m")
+    st.put_compile(CompileRecord("s:x1", "s", route, 1, 100, 1, 5))
+    state = RouteState(route.route_id, 120, "s:x1", 30, 6)
+    learned: list[RouteModel | None] = []
+
+    def learn(model: RouteModel | None) -> RouteModel:
+        learned.append(model)
+        return RouteModel(route_id=route.route_id)
+
+    for lock in (st._lock("s"), st._models_lock):
+        with lock:
+            assert st.try_record_usage("s:x1", Usage(120, 30), state, learn) is None
+        assert st.get_compile("s:x1").usage is None and not learned
+        assert st.get_route_state("s", route.route_id) is None
+    done = st.try_record_usage("s:x1", Usage(120, 30), state, learn)
+    assert done is not None and done[0].usage == Usage(120, 30) and not done[1]
+    assert len(learned) == 1 and st.get_route_model(route.route_id) is not None
+    assert st.get_route_state("s", route.route_id) == state

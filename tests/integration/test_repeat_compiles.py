@@ -389,3 +389,41 @@ async def test_a_repeat_never_waits_for_the_session_lock_on_the_event_loop(
         cpb.CompileRequest(rebuild_compile_id=got.compile_id)
     )
     assert got.SerializeToString() == rebuilt.view.SerializeToString()
+
+
+async def test_a_usage_report_never_waits_for_the_session_lock_on_the_event_loop(
+    session: Session,
+) -> None:
+    """A usage report is recorded on the event loop, unless the session's store lock is
+    held (an append's fsync): then from a thread, other calls being answered meanwhile."""
+    view = await session.compile()
+    store = session.d._store
+    assert store is not None
+    lock = store._lock(SID)
+    await asyncio.to_thread(lock.acquire)
+    released = threading.Event()
+
+    def release() -> None:
+        released.set()
+        lock.release()
+
+    timer = threading.Timer(1.5, release)
+    timer.start()
+    try:
+        reporting = asyncio.ensure_future(
+            session.api.compiles.ReportUsage(
+                cpb.ReportUsageRequest(compile_id=view.compile_id, route=ROUTE, input_tokens=4_000)
+            )
+        )
+        await asyncio.sleep(0.2)
+        other = await session.api.sessions.GetSession(spb.GetSessionRequest(session_id=SID))
+        assert other.session.session_id == SID
+        assert not released.is_set(), "the event loop waited for the session's lock"
+        assert not reporting.done()
+    finally:
+        timer.join()
+    answer = await reporting
+    assert answer.estimated_input_tokens == view.budget.estimated_input_tokens
+    assert not answer.replayed
+    again = await session.compile()  # estimated from the reported baseline now
+    assert again.budget.baseline_tokens == 4_000
