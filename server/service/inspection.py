@@ -9,7 +9,7 @@ Everything goes through the same paths the gRPC API uses: a step is a dry-run co
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 
 from server.compiler.render import RenderFormat
@@ -220,8 +220,9 @@ class InspectUseCases:
             limit = max(0, min(limit, through_seq - after_seq))
         return await self._blocking.run(self._store.read_events, session_id, after_seq, limit)
 
-    async def watch(self, session_id: str) -> AsyncIterator[Update]:
-        """Live updates of a session from now on (events, checkpoints, compiles)."""
+    async def watch(self, session_id: str) -> AsyncGenerator[Update, None]:
+        """Live updates of a session from now on (events, checkpoints, compiles), led by a
+        Resync once subscribed."""
         session = await self._sessions.get(session_id)
-        async for update in self._sessions.watch(session_id, session.head_seq):
+        async for update in self._sessions.watch(session_id, session.head_seq, announce=True):
             yield update

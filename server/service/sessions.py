@@ -221,13 +221,20 @@ class SessionUseCases:
             self._store.read_events, session_id, after_seq, limit, kinds
         )
 
-    async def watch(self, session_id: str, after_seq: int) -> AsyncIterator[Update]:
-        """Backlog after `after_seq` from the log, then live updates, without gaps or repeats."""
+    async def watch(
+        self, session_id: str, after_seq: int, *, announce: bool = False
+    ) -> AsyncIterator[Update]:
+        """Backlog after `after_seq` from the log, then live updates, without gaps or repeats.
+        With `announce`, a Resync of the head comes first, once the watch is subscribed: a
+        reader that took its snapshot before subscribing (a rendered page) re-reads then,
+        and misses nothing written between its snapshot and the subscription."""
         await self.get(session_id)
         async with self._hub.subscribe(session_id) as watcher:
             self._telemetry.watchers_changed(1)
             try:
                 last = after_seq
+                if announce:
+                    yield Resync((await self.get(session_id)).head_seq)
                 while True:  # catch up in pages; live updates queue up meanwhile
                     page = await self._blocking.run(
                         self._store.read_events, session_id, last, self.limits.max_page_size

@@ -197,11 +197,18 @@ def _sse(update: object) -> str | None:
 
 
 async def live(request: web.Request) -> web.StreamResponse:
-    """Server-sent events fed by the watch hub: the page refreshes its figures on each."""
+    """Server-sent events fed by the watch hub: the page refreshes its figures on each.
+
+    The stream opens (the page shows "live") only once the watch is subscribed, and its
+    first update is a resync: what was written between the page's render and the
+    subscription is re-read then rather than lost."""
     sid = request.match_info["sid"]
     await _uses(request).session(sid)  # an unknown session is a 404 page, not a dead stream
     updates = _uses(request).watch(sid)
     queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=64)
+    first = _sse(await anext(updates))
+    if first is not None:
+        queue.put_nowait(first)
 
     async def pump() -> None:
         try:
@@ -214,9 +221,9 @@ async def live(request: web.Request) -> web.StreamResponse:
 
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     response.headers.update(request.app[HEADERS])
-    await response.prepare(request)
     task = asyncio.create_task(pump())
     try:
+        await response.prepare(request)
         await response.write(b": live\n\n")
         while True:
             try:
@@ -232,6 +239,7 @@ async def live(request: web.Request) -> web.StreamResponse:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await updates.aclose()  # a pump cancelled before it ran leaves the watch subscribed
     return response
 
 
