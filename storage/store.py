@@ -164,8 +164,9 @@ class KVEventStore:
         self._sessions_lock = threading.Lock()
         self._models_lock = threading.Lock()
         # Decoded source lists by key prefix: every compile reads nine of them, and
-        # they change only through this store. A write bumps the generation, so a
-        # list read before it is never kept after it.
+        # they change only through this store. A write bumps `_sources_gen`, so a
+        # list read before it is never kept after it, and clears them before the write
+        # generation moves.
         self._sources: OrderedDict[bytes, tuple[SourceEntry, ...]] = OrderedDict()
         self._sources_gen = 0
         self._sources_lock = threading.Lock()
@@ -183,6 +184,11 @@ class KVEventStore:
         """Every write goes through here. One that names no session (sources) may change
         what any session's compile reads."""
         self._kv.write(batch)
+        if not session_id:
+            # Before the bump: a compile that takes the new generation on another thread
+            # must not read a source list kept from before the write (it would be
+            # repeated as current until the next write).
+            self._sources_changed()
         self._generations.wrote(session_id, route_id, everything=not session_id)
 
     def _lock(self, session_id: str) -> threading.Lock:
@@ -265,8 +271,8 @@ class KVEventStore:
             batch.delete("sessions", session_id.encode())
             batch.put("meta", _COUNT_KEY, _be64(max(0, self.count_sessions() - 1)))
             self._kv.write(batch)
+            self._sources_changed()  # before the bump, as in `_write`
             self._generations.forget(session_id)
-            self._sources_changed()
             return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)
 
     # -- events -------------------------------------------------------------------
@@ -693,7 +699,6 @@ class KVEventStore:
         batch = Batch()
         batch.put("sources", key, encode_value(entry))
         self._write(batch)
-        self._sources_changed()
 
     def list_sources(
         self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
@@ -725,7 +730,6 @@ class KVEventStore:
         batch = Batch()
         batch.delete("sources", key)
         self._write(batch)
-        self._sources_changed()
 
     def _sources_changed(self) -> None:
         with self._sources_lock:

@@ -305,6 +305,49 @@ def test_source_lists_follow_every_write_although_kept_decoded(make_store: objec
     assert st.list_sources(kind, scope, "s") == []
 
 
+def test_a_source_write_is_read_by_whoever_sees_its_generation_move(
+    make_store: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compile takes the generation before it reads and is repeated while it holds
+    (service/repeats.py): one that takes it just after a source write's bump, on another
+    thread, must read that write, not the decoded list kept from before it; else its
+    stale view is repeated until the next write. Reading at each bump stands for it."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    kind = SourceKind.MEMORY
+    gens = st._generations
+    seen: list[tuple[list[object], list[object]]] = []
+
+    def read() -> tuple[list[object], list[object]]:
+        return list(st.list_sources(kind, Scope.GLOBAL, "")), list(
+            st.list_sources(kind, Scope.SESSION, "s")
+        )
+
+    wrote, forget = gens.wrote, gens.forget
+
+    def wrote_then_read(session_id: str = "", route_id: str = "", everything: bool = False) -> None:
+        wrote(session_id, route_id, everything)
+        seen.append(read())
+
+    def forget_then_read(session_id: str) -> None:
+        forget(session_id)
+        seen.append(read())
+
+    monkeypatch.setattr(gens, "wrote", wrote_then_read)
+    monkeypatch.setattr(gens, "forget", forget_then_read)
+    glob = MemoryEntry("g1", Scope.GLOBAL, "", "be brief", 1)
+    mine = MemoryEntry("m1", Scope.SESSION, "s", "tabs", 1)
+    read()  # the lists are kept decoded from here on
+    st.put_source(glob)
+    assert seen[-1] == ([glob], [])
+    st.put_source(mine)
+    assert seen[-1] == ([glob], [mine])
+    st.delete_source(kind, Scope.GLOBAL, "", "g1")
+    assert seen[-1] == ([], [mine])
+    st.delete_session("s")
+    assert seen[-1] == ([], [])
+
+
 def test_compile_parts_are_stored_again_after_their_session_is_deleted(
     make_store: object,
 ) -> None:
