@@ -70,6 +70,23 @@ def _route_fields(route: Route) -> dict[str, str]:
     }
 
 
+def checked(opts: CompileOptions) -> CompileOptions:
+    """The request's own checks, which read nothing; `opts` with the session a rebuild
+    names. A stream step makes them before its usage report and its append, so a step
+    whose compile is refused for what it asks does nothing at all."""
+    if opts.rebuild_compile_id:
+        sid = opts.rebuild_compile_id.partition(":")[0]
+        if opts.session_id and opts.session_id != sid:
+            raise invalid("rebuild_compile_id", "the compile belongs to another session")
+        opts = replace(opts, session_id=sid)
+    check_id("session_id", opts.session_id)
+    if not opts.route.model and not opts.rebuild_compile_id:
+        raise invalid("route.model", "route.model is required")
+    check_path_form("environment.working_directory", opts.working_directory)
+    check_route_fields(_route_fields(opts.route))
+    return opts
+
+
 # What a compile prepared: the session, the history it loaded, the view, the counter, the
 # inputs and model, and how many of the view's first messages are known to hold no image.
 _Prepared = tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo, int]
@@ -194,16 +211,7 @@ class CompileUseCases:
         self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
     ) -> CompileResult:
         started = time.perf_counter()
-        if opts.rebuild_compile_id:
-            sid = opts.rebuild_compile_id.partition(":")[0]
-            if opts.session_id and opts.session_id != sid:
-                raise invalid("rebuild_compile_id", "the compile belongs to another session")
-            opts = replace(opts, session_id=sid)
-        check_id("session_id", opts.session_id)
-        if not opts.route.model and not opts.rebuild_compile_id:
-            raise invalid("route.model", "route.model is required")
-        check_path_form("environment.working_directory", opts.working_directory)
-        check_route_fields(_route_fields(opts.route))
+        opts = checked(opts)
         repeated = await self._repeat(opts)
         if repeated is not None:
             return repeated

@@ -16,7 +16,7 @@ from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.checkpoints import CheckpointUseCases
-from server.service.compiling import CompileResult, CompileUseCases
+from server.service.compiling import CompileResult, CompileUseCases, checked
 from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out, usage_in, usage_out
@@ -246,6 +246,8 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                 case "step":
                     step = msg.step
                     out.step_id = step.step_id
+                    # Refused for what it asks: before anything of the step is done.
+                    opts = checked(compile_options_in(step.compile))
                     if step.HasField("usage") and not await self._step_usage(step, out):
                         return out, None, ""
                     if step.events:
@@ -266,7 +268,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                                 replayed=appended.replayed,
                             )
                         )
-                    result = await self._c.compile(compile_options_in(step.compile))
+                    result = await self._c.compile(opts)
                     base_id = step.delta_base_compile_id
                 case "resume":
                     session_id = msg.resume.compile.session_id

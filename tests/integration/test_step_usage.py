@@ -332,3 +332,37 @@ async def test_a_report_not_written_for_a_passing_reason_is_not_refused(
         assert v2.budget.baseline_tokens == v1.budget.estimated_input_tokens + 4
     finally:
         await steps.close()
+
+
+async def test_a_step_whose_compile_is_refused_does_nothing(api: Stubs) -> None:
+    """A compile request refused for what it asks (bad input, no store read needed) fails
+    the step before its report and its append, like a refused report: the same step
+    fixed goes through once, its events appended once (the code before appended them and
+    recorded the report, then refused the compile)."""
+    await _new_session(api, "cr")
+    steps = Steps(api)
+    try:
+        v1, _ = await steps.view(_compile("cr"), [user("one")])
+        no_model = _compile("cr")
+        no_model.route.model = ""
+        no_route = cpb.CompileRequest(session_id="cr")
+        bad_dir = _compile("cr")
+        bad_dir.environment.working_directory = "/tmp/a\x00b"
+        bad_mode = _compile("cr")
+        bad_mode.approval_mode = 99  # type: ignore[assignment]
+        for req in (no_model, no_route, bad_dir, bad_mode):
+            (answer,) = await steps.step(
+                req, [user("two")], usage=_usage(v1, 5, 10), request_id="same"
+            )
+            assert answer.WhichOneof("response") == "error", answer
+            assert answer.error.reason == "INVALID_FIELD" and not answer.error.usage_refused
+            assert not answer.HasField("append") and not answer.HasField("usage"), answer
+            assert await _head(api, "cr") == 1, "nothing appended"
+        v2, answer = await steps.view(
+            _compile("cr"), [user("two")], usage=_usage(v1, 5, 10), request_id="same"
+        )
+        assert answer.append.first_seq == 2 and not answer.append.replayed
+        assert not answer.usage.replayed, "the report was not recorded before"
+        assert v2.budget.baseline_tokens == v1.budget.estimated_input_tokens + 5
+    finally:
+        await steps.close()
