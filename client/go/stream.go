@@ -225,7 +225,10 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 	switch {
 	case err == nil:
 		s.unfinishedKey, s.unfinishedID = "", ""
-	case len(events) > 0 && status.Code(err) == codes.Unavailable:
+	case len(events) > 0:
+		// Whatever the error: the events may have been appended before it (a compile over
+		// its CPU budget fails after the append), and an id that appended nothing appends
+		// them as new.
 		s.unfinishedKey, s.unfinishedID = key, requestID
 	}
 	// A report the daemon neither recorded nor refused rides on the next step (or goes by

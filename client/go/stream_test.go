@@ -299,3 +299,41 @@ func TestStreamRefusesChunksOutOfRange(t *testing.T) {
 		})
 	}
 }
+
+// A step whose compile failed in-band after its events may have been appended (over the
+// daemon's CPU budget, say) keeps its request id when Step is called again with the same
+// events, so the append is replayed; a step after a success gets a new id.
+func TestStreamReusesTheRequestIDOfAStepThatFailedInBand(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		if n == 1 {
+			return []*ctxccv1.CompileStreamResponse{{
+				Append: &ctxccv1.AppendResult{FirstSeq: 1, LastSeq: 1},
+				Response: &ctxccv1.CompileStreamResponse_Error{Error: &ctxccv1.StepError{
+					Code: int32(codes.ResourceExhausted), Reason: "QUOTA_EXCEEDED", Message: "over budget"}},
+			}}, nil
+		}
+		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+	}
+	c := serve(t, s)
+	c.RetryFor = 0
+	st := c.OpenStream(context.Background())
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	events := []*ctxccv1.Event{User("one")}
+	if _, _, err := st.Step(req, events, ""); err == nil {
+		t.Fatal("step 1 should fail in-band")
+	}
+	for i := 0; i < 2; i++ {
+		if _, _, err := st.Step(req, events, ""); err != nil {
+			t.Fatalf("step %d: %v", i+2, err)
+		}
+	}
+	var ids []string
+	for _, r := range s.got {
+		ids = append(ids, r.req.GetStep().GetRequestId())
+	}
+	if len(ids) != 3 || ids[0] == "" || ids[1] != ids[0] || ids[2] == ids[0] {
+		t.Fatalf("request ids %q: want the failed step's again, then a new one", ids)
+	}
+}

@@ -108,3 +108,35 @@ async def test_a_step_keeps_its_request_id_through_retries_and_a_second_try(
     with pytest.raises(CtxccError):  # a different step gets its own id
         await stream.step(req, [user("two")])
     assert {m.step.request_id for m in stub.sent}.isdisjoint(first)
+
+
+async def test_a_step_tried_again_after_its_compile_failed_appends_once(
+    short_tmp: Path,
+) -> None:
+    """A step's compile may fail after its events were appended (here `as_of_seq` beyond
+    the head; a compile over its CPU budget is the everyday case, and the README says to
+    retry it): `step` again with the same events reuses the request id, so the append is
+    replayed (the client before picked a new id on any error but UNAVAILABLE, and the
+    events went into the log twice)."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        async with AsyncClient(f"unix:{d.endpoints.unix}") as ctx:
+            sid = (await ctx.create_session()).session_id
+            stream = ctx.stream()
+            events = [user("one")]
+            bad = cpb.CompileRequest(session_id=sid, route=ROUTE, as_of_seq=9)
+            with pytest.raises(CtxccError) as err:
+                await stream.step(bad, events)
+            assert err.value.reason == "SEQ_OUT_OF_RANGE"
+            req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            view, appended = await stream.step(req, events)
+            assert appended is not None and appended.replayed, appended
+            assert (appended.first_seq, appended.last_seq) == (1, 1)
+            assert view.event_boundary == 1
+            _, next_step = await stream.step(req, events)  # a new step after a success
+            assert next_step is not None and not next_step.replayed
+            assert (await ctx.get_session(sid)).head_seq == 2
+            await stream.close()
+    finally:
+        await d.stop()

@@ -233,7 +233,10 @@ class CompileStream:
                         backoff.next_pause() if err.code == grpc.StatusCode.UNAVAILABLE else None
                     )
                     if pause is None:
-                        if events and err.code == grpc.StatusCode.UNAVAILABLE:
+                        # Whatever the error: the events may have been appended before
+                        # it (a compile over its CPU budget fails after the append), and
+                        # reusing an id that appended nothing appends them as new.
+                        if events:
                             self._unfinished = (_events_key(events), step.request_id)
                         # A report the daemon neither recorded nor refused rides on the
                         # next step (or goes by the unary call at close).

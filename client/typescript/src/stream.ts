@@ -243,7 +243,10 @@ export class Stream {
         } catch (err) {
           const pause = isUnavailable(err) ? backoff.next() : null;
           if (pause === null) {
-            if (events.length && isUnavailable(err)) this.unfinished = { key, requestId };
+            // Whatever the error: the events may have been appended before it (a compile over
+            // its CPU budget fails after the append), and an id that appended nothing appends
+            // them as new.
+            if (events.length) this.unfinished = { key, requestId };
             const failed = toCtxccError(err);
             // A report the daemon neither recorded nor refused rides on the next step (or goes
             // by the unary call at close).

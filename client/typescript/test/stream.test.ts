@@ -226,3 +226,31 @@ test("a queued usage report rides on the next step; refused it is dropped, unsen
     stop();
   }
 });
+
+test("a step that failed in-band keeps its request id for the same events; the next step gets a new one", async () => {
+  const v1 = fixture(1);
+  const { got, client, stop } = await scripted((n) => {
+    if (n === 1) {
+      // The compile failed after the append (over the daemon's CPU budget, say).
+      const error = { code: grpc.status.RESOURCE_EXHAUSTED, reason: "QUOTA_EXCEEDED", message: "over budget" };
+      return [CompileStreamResponse.fromPartial({ response: { $case: "error", value: error }, append: { firstSeq: 1, lastSeq: 1 } })];
+    }
+    return whole(v1.view);
+  });
+  const stream = client.openStream();
+  try {
+    const compile = { sessionId: v1.view.sessionId };
+    const events = [user("one")];
+    await assert.rejects(stream.step(compile, events), (err: CtxccError) => err.reason === "QUOTA_EXCEEDED");
+    await stream.step(compile, events);
+    await stream.step(compile, events);
+    const ids = got.map((r) => (r.req.request?.$case === "step" ? r.req.request.value.requestId : "?"));
+    assert.equal(ids.length, 3);
+    assert.notEqual(ids[0], "");
+    assert.equal(ids[1], ids[0], "the failed step's events were appended: the same id replays them");
+    assert.notEqual(ids[2], ids[0], "a step after a success is a new step");
+  } finally {
+    await stream.close();
+    stop();
+  }
+});
