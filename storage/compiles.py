@@ -1,0 +1,254 @@
+"""Checkpoints, compile records and routes (per-session state and daemon-wide models)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import Route
+from server.domain.records import (
+    Checkpoint,
+    CompileRecord,
+    DamagedCheckpoint,
+    RouteModel,
+    RouteState,
+    Usage,
+)
+from storage.codec import CorruptRecordError, decode_value, encode_value
+from storage.keys import (
+    AT_BOUNDARY,
+    END,
+    LAST_COMPILE,
+    PART,
+    ROUTE_MODEL,
+    be64,
+    session_key,
+    session_prefix,
+    split_compile_id,
+)
+from storage.kv import Batch
+from storage.store_core import StoreCore
+
+T = TypeVar("T")
+
+# Compile part keys remembered as stored.
+_KNOWN_PARTS = 8_192
+
+log = logging.getLogger("ctxcc.storage")
+
+
+def _finite(model: RouteModel) -> bool:
+    """A NaN or an infinity decodes fine but would turn every estimate on the route into
+    an error (an integer cannot be rounded from it)."""
+    figures = [model.ratio, model.overhead, model.overhead_spread, model.full_local]
+    figures.append(model.framing)
+    figures += [x for pair in model.ratio_observations for x in pair]
+    return all(math.isfinite(x) for x in figures)
+
+
+class CompileRecords(StoreCore):
+    def put_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Stores the checkpoint, or returns the one already stored under its id: creates
+        racing with one request id store one record (the session lock orders them)."""
+        sid = checkpoint.session_id
+        key = session_key(sid, be64(checkpoint.create_time_ns) + checkpoint.checkpoint_id.encode())
+        with self._lock(sid):
+            for existing in self.list_checkpoints(sid):
+                if existing.checkpoint_id == checkpoint.checkpoint_id:
+                    return existing
+            session = self.get_session(sid)
+            encoded = encode_value(checkpoint)
+            # Summaries count against the session's byte quota like events do.
+            self._check_quota(session, len(encoded))
+            batch = Batch()
+            batch.put("checkpoints", key, encoded)
+            updated = dataclasses.replace(session, stored_bytes=session.stored_bytes + len(encoded))
+            batch.put("sessions", sid.encode(), encode_value(updated))
+            self._write(batch, sid)
+            return checkpoint
+
+    def list_checkpoint_entries(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
+        """Newest first; a record that does not decode is listed as damaged, not raised."""
+        prefix = session_prefix(session_id)
+        out: list[Checkpoint | DamagedCheckpoint] = []
+        for key, raw in self._kv.scan(
+            "checkpoints", prefix, session_id.encode() + END, reverse=True
+        ):
+            try:
+                out.append(decode_value(raw, Checkpoint))
+            except CorruptRecordError:
+                rest = key[len(prefix) :]
+                ckpt_id = rest[8:].decode(errors="replace")
+                out.append(DamagedCheckpoint(ckpt_id, session_id, int.from_bytes(rest[:8], "big")))
+        return out
+
+    def list_checkpoints(self, session_id: str) -> list[Checkpoint]:
+        """Newest first, damaged records left out."""
+        entries = self.list_checkpoint_entries(session_id)
+        return [c for c in entries if isinstance(c, Checkpoint)]
+
+    def put_compile(
+        self,
+        record: CompileRecord,
+        parts: tuple[tuple[str, object], ...] = (),
+        wait: bool = True,
+    ) -> bool:
+        """Stores the record, the parts it names that are not stored yet (content-addressed
+        by the caller's digest, so unchanged sources cost nothing), and the boundary index.
+        Without `wait`, writes nothing and answers False when the session's lock is held
+        (an append may hold it through its fsync)."""
+        sid, suffix = split_compile_id(record.compile_id)
+        encoded = encode_value(record)
+        # A compile record lost in a machine crash only turns its usage report into
+        # COMPILE_NOT_FOUND: not worth an fsync on every step.
+        batch = Batch(durable=False)
+        keys = [session_key(sid, PART + digest.encode()) for digest, _ in parts]
+        with self._sources_lock:
+            known = [key in self._parts for key in keys]
+        for key, (_, value), stored in zip(keys, parts, known, strict=True):
+            if not stored and self._kv.get("compiles", key) is None:
+                batch.put("compiles", key, encode_value(value))
+        batch.put("compiles", session_key(sid, suffix), encoded)
+        batch.put("compiles", session_key(sid, LAST_COMPILE), encoded)
+        batch.put("compiles", session_key(sid, AT_BOUNDARY + be64(record.event_boundary)), suffix)
+        lock = self._lock(sid)
+        if not lock.acquire(blocking=wait):
+            return False
+        try:
+            self._move_route(batch, sid, record.route)
+            self._write(batch, sid)
+        finally:
+            lock.release()
+        with self._sources_lock:
+            for key in keys:
+                self._parts[key] = None
+                self._parts.move_to_end(key)
+            while len(self._parts) > _KNOWN_PARTS:
+                self._parts.popitem(last=False)
+        return True
+
+    def _move_route(self, batch: Batch, sid: str, route: Route) -> None:
+        """Session.current_route follows the latest compile or usage report."""
+        session = self.get_session(sid)
+        if session.current_route != route:
+            moved = dataclasses.replace(session, current_route=route)
+            batch.put("sessions", sid.encode(), encode_value(moved))
+
+    def get_last_compile(self, session_id: str) -> CompileRecord | None:
+        raw = self._kv.get("compiles", session_key(session_id, LAST_COMPILE))
+        return None if raw is None else decode_value(raw, CompileRecord)
+
+    def list_compiles(self, session_id: str) -> list[CompileRecord]:
+        # Suffixes are random hex, so key order is not time order; the boundary index,
+        # the parts and the copy of the latest record sit at 0xfd..0xff, past every hex
+        # suffix, and are excluded.
+        prefix = session_prefix(session_id)
+        items = self._kv.scan("compiles", prefix, prefix + AT_BOUNDARY)
+        records = [decode_value(raw, CompileRecord) for _, raw in items]
+        return sorted(records, key=lambda r: (r.create_time_ns, r.compile_id))
+
+    def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None:
+        raw = self._kv.get("compiles", session_key(session_id, PART + digest.encode()))
+        return None if raw is None else decode_value(raw, cls)
+
+    def compile_at(self, session_id: str, boundary: int) -> CompileRecord | None:
+        """The latest recorded compile whose event boundary is `boundary`."""
+        suffix = self._kv.get("compiles", session_key(session_id, AT_BOUNDARY + be64(boundary)))
+        if suffix is None:
+            return None
+        raw = self._kv.get("compiles", session_key(session_id, suffix))
+        return None if raw is None else decode_value(raw, CompileRecord)
+
+    def get_compile(self, compile_id: str) -> CompileRecord:
+        sid, suffix = split_compile_id(compile_id)
+        raw = self._kv.get("compiles", session_key(sid, suffix))
+        if raw is None:
+            raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
+        return decode_value(raw, CompileRecord)
+
+    def record_usage(
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+    ) -> tuple[CompileRecord, bool]:
+        """Usage, the session's new baseline and (through `learn`, called once per
+        report, never on a repeat) the route's model, in one atomic batch."""
+        done = self._record_usage(compile_id, usage, route_state, learn, True)
+        assert done is not None  # waiting, it always gets its locks
+        return done
+
+    def try_record_usage(
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+    ) -> tuple[CompileRecord, bool] | None:
+        """record_usage, or None (nothing written) when it would wait for a lock."""
+        return self._record_usage(compile_id, usage, route_state, learn, False)
+
+    def _record_usage(
+        self,
+        compile_id: str,
+        usage: Usage,
+        route_state: RouteState,
+        learn: Callable[[RouteModel | None], RouteModel] | None,
+        wait: bool,
+    ) -> tuple[CompileRecord, bool] | None:
+        sid, suffix = split_compile_id(compile_id)
+        lock = self._lock(sid)
+        if not lock.acquire(blocking=wait):
+            return None
+        try:
+            record = self.get_compile(compile_id)
+            if record.usage is not None:
+                return record, True
+            updated = dataclasses.replace(record, usage=usage)
+            # Losing a baseline only means the next estimate is a full one.
+            batch = Batch(durable=False)
+            batch.put("compiles", session_key(sid, suffix), encode_value(updated))
+            self._move_route(batch, sid, record.route)
+            batch.put(
+                "routes", session_key(sid, route_state.route_id.encode()), encode_value(route_state)
+            )
+            if learn is None:
+                self._write(batch, sid)
+                return updated, False
+            # Sessions on one route report concurrently.
+            if not self._models_lock.acquire(blocking=wait):
+                return None
+            try:
+                model = learn(self.get_route_model(route_state.route_id))
+                batch.put("routes", ROUTE_MODEL + model.route_id.encode(), encode_value(model))
+                self._write(batch, sid, model.route_id)
+            finally:
+                self._models_lock.release()
+            return updated, False
+        finally:
+            lock.release()
+
+    def get_route_model(self, route_id: str) -> RouteModel | None:
+        """None also for a damaged model: it is only learned advice, so the route starts
+        over (the next report rewrites it) instead of failing every compile on it."""
+        raw = self._kv.get("routes", ROUTE_MODEL + route_id.encode())
+        if raw is None:
+            return None
+        try:
+            model = decode_value(raw, RouteModel)
+        except CorruptRecordError as exc:
+            log.warning("route model %s ignored and relearned: %s", route_id, exc.detail)
+            return None
+        if not _finite(model):
+            log.warning("route model %s ignored and relearned: a non-finite figure", route_id)
+            return None
+        return model
+
+    def get_route_state(self, session_id: str, route_id: str) -> RouteState | None:
+        raw = self._kv.get("routes", session_key(session_id, route_id.encode()))
+        return None if raw is None else decode_value(raw, RouteState)

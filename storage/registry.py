@@ -1,0 +1,104 @@
+"""What clients register per scope or session: memory, rules and skills; tools and activations."""
+
+from __future__ import annotations
+
+from server.domain.errors import CtxccError, Reason
+from server.domain.sources import (
+    MemoryEntry,
+    RuleEntry,
+    Scope,
+    SkillEntry,
+    SourceEntry,
+    SourceKind,
+    entry_id,
+    kind_of_entry,
+)
+from server.domain.tools import ToolActivations, ToolSpec
+from storage.codec import decode_value, encode_value
+from storage.keys import ACTIVATIONS, be64, key_after, session_key, session_prefix, source_prefix
+from storage.kv import Batch
+from storage.store_core import StoreCore
+
+_SOURCE_TYPES: dict[SourceKind, type[SourceEntry]] = {
+    SourceKind.MEMORY: MemoryEntry,
+    SourceKind.RULE: RuleEntry,
+    SourceKind.SKILL: SkillEntry,
+}
+
+# Source lists kept decoded (three scopes and three kinds per session compiled).
+_SOURCE_LISTS = 4_096
+
+
+class RegistryRecords(StoreCore):
+    # -- sources: memory, rules, skills registered over the API ------------------------
+
+    def put_source(self, entry: SourceEntry) -> None:
+        kind = kind_of_entry(entry)
+        key = source_prefix(kind, entry.scope, entry.scope_id) + entry_id(entry).encode()
+        batch = Batch()
+        batch.put("sources", key, encode_value(entry))
+        self._write(batch)
+
+    def list_sources(
+        self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
+    ) -> list[SourceEntry]:
+        prefix = source_prefix(kind, scope, scope_id)
+        with self._sources_lock:
+            hit = self._sources.get(prefix)
+            if hit is not None:
+                self._sources.move_to_end(prefix)
+                return list(hit)
+            gen = self._sources_gen
+        cls = _SOURCE_TYPES[kind]
+        found = tuple(
+            decode_value(raw, cls) for _, raw in self._kv.scan("sources", prefix, key_after(prefix))
+        )
+        with self._sources_lock:
+            if gen == self._sources_gen:
+                self._sources[prefix] = found
+                if len(self._sources) > _SOURCE_LISTS:
+                    self._sources.popitem(last=False)
+        return list(found)
+
+    def delete_source(self, kind: SourceKind, scope: Scope, scope_id: str, ident: str) -> None:
+        key = source_prefix(kind, scope, scope_id) + ident.encode()
+        if self._kv.get("sources", key) is None:
+            raise CtxccError(
+                Reason.SOURCE_NOT_FOUND, f"{kind.value} {ident!r} does not exist in that scope"
+            )
+        batch = Batch()
+        batch.delete("sources", key)
+        self._write(batch)
+
+    # -- tool registry ------------------------------------------------------------
+
+    def put_tools(self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool) -> int:
+        with self._lock(session_id):
+            self.get_session(session_id)
+            batch = Batch()
+            current = {s.name for s in self.list_tools(session_id)}
+            if replace_all:
+                for name in current - {s.name for s in specs}:
+                    batch.delete("tools", session_key(session_id, name.encode()))
+                current = set()
+            for spec in specs:
+                batch.put("tools", session_key(session_id, spec.name.encode()), encode_value(spec))
+            self._write(batch, session_id)
+            return len(current | {s.name for s in specs})
+
+    def list_tools(self, session_id: str) -> list[ToolSpec]:
+        lo, hi = session_prefix(session_id), session_key(session_id, ACTIVATIONS)
+        return [decode_value(raw, ToolSpec) for _, raw in self._kv.scan("tools", lo, hi)]
+
+    def add_activations(self, session_id: str, turn_seq: int, names: tuple[str, ...]) -> None:
+        key = session_key(session_id, ACTIVATIONS + be64(turn_seq))
+        with self._lock(session_id):
+            old = self.get_activations(session_id, turn_seq)
+            merged = ToolActivations(turn_seq, tuple(sorted(set(old) | set(names))))
+            batch = Batch()
+            batch.put("tools", key, encode_value(merged))
+            self._write(batch, session_id)
+
+    def get_activations(self, session_id: str, turn_seq: int) -> tuple[str, ...]:
+        raw = self._kv.get("tools", session_key(session_id, ACTIVATIONS + be64(turn_seq)))
+        return () if raw is None else decode_value(raw, ToolActivations).names

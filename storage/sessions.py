@@ -1,0 +1,86 @@
+"""Session records of the event store: create, count, list, delete (with all they hold)."""
+
+from __future__ import annotations
+
+from server.domain.errors import CtxccError, Reason
+from server.domain.model import DeleteResult, Session
+from server.domain.sources import Scope, SourceKind
+from storage.codec import decode_value, encode_value
+from storage.keys import COUNT_KEY, END, SEP, be64, key_after, session_prefix, source_prefix
+from storage.kv import Batch
+from storage.store_core import StoreCore
+
+
+class SessionRecords(StoreCore):
+    def create_session(self, session: Session) -> Session:
+        with self._sessions_lock, self._lock(session.session_id):
+            if self._kv.get("sessions", session.session_id.encode()) is not None:
+                raise CtxccError(
+                    Reason.SESSION_ALREADY_EXISTS,
+                    f"session {session.session_id!r} already exists",
+                    session_id=session.session_id,
+                )
+            count = self.count_sessions()
+            if count >= self.limits.max_sessions:
+                raise CtxccError(
+                    Reason.QUOTA_EXCEEDED,
+                    f"the daemon holds {count} sessions, its limit",
+                    quota="max_sessions",
+                )
+            batch = Batch()
+            batch.put("sessions", session.session_id.encode(), encode_value(session))
+            batch.put("meta", COUNT_KEY, be64(count + 1))
+            self._write(batch, session.session_id)
+            return session
+
+    def count_sessions(self) -> int:
+        raw = self._kv.get("meta", COUNT_KEY)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    def list_sessions(self, after: str, limit: int, project_id: str = "") -> list[Session]:
+        start = after.encode() + SEP if after else b""
+        out: list[Session] = []
+        for _, raw in self._kv.scan("sessions", start, b"\xff"):
+            session = decode_value(raw, Session)
+            if project_id and session.project_id != project_id:
+                continue
+            out.append(session)
+            if len(out) >= limit:
+                break
+        return out
+
+    def delete_session(self, session_id: str) -> DeleteResult:
+        with self._sessions_lock, self._lock(session_id):
+            session = self.get_session(session_id)
+            batch = Batch()
+            deleted_blobs = 0
+            ref_prefix = b"S" + session_prefix(session_id)
+            for key, _ in self._kv.scan("refs", ref_prefix, b"S" + session_id.encode() + END):
+                sha = key[len(ref_prefix) :]
+                batch.delete("refs", key)
+                batch.delete("refs", b"B" + sha + SEP + session_id.encode())
+                holders = self._kv.scan("refs", b"B" + sha + SEP, b"B" + sha + END)
+                if all(k[len(sha) + 2 :] == session_id.encode() for k, _ in holders):
+                    batch.delete("blobs", sha)
+                    deleted_blobs += 1
+            lo, hi = session_prefix(session_id), session_id.encode() + END
+            for cf in (
+                "events",
+                "event_ids",
+                "requests",
+                "artifacts",
+                "checkpoints",
+                "routes",
+                "tools",
+            ):
+                batch.delete_range(cf, lo, hi)
+            batch.delete_range("compiles", lo, hi)
+            for kind in SourceKind:  # session-scoped memory, rules and skills go too
+                prefix = source_prefix(kind, Scope.SESSION, session_id)
+                batch.delete_range("sources", prefix, key_after(prefix))
+            batch.delete("sessions", session_id.encode())
+            batch.put("meta", COUNT_KEY, be64(max(0, self.count_sessions() - 1)))
+            self._kv.write(batch)
+            self._sources_changed()  # before the bump, as in `_write`
+            self._generations.forget(session_id)
+            return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)

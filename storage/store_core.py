@@ -1,0 +1,109 @@
+"""What every part of the event store shares: engine, locks, caches, generations.
+
+The per-record-kind parts (`storage.sessions`, `storage.events`, `storage.compiles`,
+`storage.registry`) extend `StoreCore`; `storage.store.KVEventStore` combines them.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from server.domain.errors import CtxccError, Reason, session_not_found
+from server.domain.generation import Generation
+from server.domain.model import Session
+from server.domain.sources import SourceEntry
+from storage.codec import decode_value
+from storage.generations import Generations
+from storage.keys import SEP, session_key
+from storage.kv import KV, Batch
+from storage.schema import ensure_schema
+
+_STRIPES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    max_sessions: int = 100_000
+    max_session_bytes: int = 1 << 30
+
+
+class StoreCore:
+    def __init__(self, kv: KV, limits: StoreLimits | None = None) -> None:
+        self._kv = kv
+        self.limits = limits or StoreLimits()
+        self.opened_schema_version = ensure_schema(kv)
+        self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._sessions_lock = threading.Lock()
+        self._models_lock = threading.Lock()
+        # Decoded source lists by key prefix: every compile reads nine of them, and
+        # they change only through this store. A write bumps `_sources_gen`, so a
+        # list read before it is never kept after it, and clears them before the write
+        # generation moves.
+        self._sources: OrderedDict[bytes, tuple[SourceEntry, ...]] = OrderedDict()
+        self._sources_gen = 0
+        self._sources_lock = threading.Lock()
+        # Compile parts (content-addressed) known to be stored: most compiles repeat
+        # their sources and settings, so their existence is not read again each time.
+        self._parts: OrderedDict[bytes, None] = OrderedDict()
+        # Bumped by every write (through `_write`), so the service can keep what a
+        # compile read for as long as nothing it read was written.
+        self._generations = Generations()
+
+    def generation(self, session_id: str, route_id: str) -> Generation:
+        return self._generations.of(session_id, route_id)
+
+    def _write(self, batch: Batch, session_id: str = "", route_id: str = "") -> None:
+        """Every write goes through here. One that names no session (sources) may change
+        what any session's compile reads."""
+        self._kv.write(batch)
+        if not session_id:
+            # Before the bump: a compile that takes the new generation on another thread
+            # must not read a source list kept from before the write (it would be
+            # repeated as current until the next write).
+            self._sources_changed()
+        self._generations.wrote(session_id, route_id, everything=not session_id)
+
+    def _lock(self, session_id: str) -> threading.Lock:
+        return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
+
+    def get_session(self, session_id: str) -> Session:
+        raw = self._kv.get("sessions", session_id.encode())
+        if raw is None:
+            raise session_not_found(session_id)
+        return decode_value(raw, Session)
+
+    def _check_quota(self, session: Session, added: int) -> None:
+        if session.stored_bytes + added > self.limits.max_session_bytes:
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"session {session.session_id!r} would hold {session.stored_bytes + added} bytes, "
+                f"over its limit of {self.limits.max_session_bytes}",
+                quota="max_session_bytes",
+            )
+
+    def _add_blobs(self, batch: Batch, sid: str, blobs: tuple[tuple[str, bytes], ...]) -> int:
+        """Stage content-addressed blobs and this session's references; returns new bytes."""
+        added = 0
+        for sha, data in blobs:
+            ref = b"S" + session_key(sid, sha.encode())
+            if self._kv.get("refs", ref) is not None:
+                continue  # the session already holds this blob
+            if self._kv.get("blobs", sha.encode()) is None:
+                batch.put("blobs", sha.encode(), data)
+            batch.put("refs", ref, b"")
+            batch.put("refs", b"B" + sha.encode() + SEP + sid.encode(), b"")
+            added += len(data)
+        return added
+
+    def get_blob(self, sha256: str) -> bytes | None:
+        return self._kv.get("blobs", sha256.encode())
+
+    def _sources_changed(self) -> None:
+        with self._sources_lock:
+            self._sources_gen += 1
+            self._sources.clear()
+            # Also after a session is deleted: its compile parts went with it.
+            self._parts.clear()
