@@ -25,7 +25,7 @@ from bench.rpc import OPTIONS, ROUTE, Api, _assistant, _result, _user
 from ctxcc.v1 import common_pb2, event_pb2, session_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
-from server.service.compiling import CompilerSettings
+from server.service.compile_types import CompilerSettings
 
 MESSAGE_BYTES = 1 << 20
 

@@ -51,7 +51,8 @@ from server.domain.catalog import TOKENIZER_TABLES
 from server.service.artifacts import ArtifactUseCases
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
-from server.service.compiling import CompilerSettings, CompileUseCases
+from server.service.compile_types import CompilerSettings
+from server.service.compiling import CompileUseCases
 from server.service.inspection import InspectUseCases
 from server.service.limits import ServiceLimits
 from server.service.sessions import SessionUseCases

@@ -1,32 +1,21 @@
-"""Compile and usage use cases: load everything, call the pure core, record, publish."""
+"""The compile use case: load everything, call the pure core, record, publish (usage
+reports: server/service/usage.py; the request and result values: compile_types.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
-from server.compiler.budget import BudgetConfig, ModelLimits, output_reserve
 from server.compiler.compile import CompileInputs, compile_incremental, section_digests
 from server.compiler.projection import has_elidable
-from server.compiler.render import RenderFormat, render
-from server.compiler.route_model import (
-    BOUNDS,
-    LearningConfig,
-    counter_kind,
-    observe_delta,
-    observe_full,
-)
-from server.compiler.sources import SourceCaps
-from server.compiler.system import DEFAULT_KERNEL, ApprovalMode
+from server.compiler.render import render
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import (
     CompiledView,
     Decision,
-    EstimateMethod,
     Layer,
-    SectionKind,
     ViewMessage,
 )
 from server.domain.catalog import Catalog, ModelInfo
@@ -37,20 +26,22 @@ from server.domain.records import (
     Checkpoint,
     CheckpointKind,
     CompileRecord,
-    RouteModel,
-    RouteState,
     Usage,
 )
 from server.domain.validation import check_id, check_path_form, check_route_fields
 from server.service.basis import basis_of
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
+from server.service.compile_types import (
+    CompileOptions,
+    CompileResult,
+    CompilerSettings,
+    UsageResult,
+    route_fields,
+)
 from server.service.cpu_budget import CpuBudget
 from server.service.inputs import (
-    MAX_USAGE_TOKENS,
-    UNRECORDED_PREFIX,
     InputAssembler,
-    effective_limits,
     is_recorded,
 )
 from server.service.loading import HistoryLoader, LoadedHistory
@@ -58,16 +49,8 @@ from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
 from server.service.repeats import Busy, Repeats
 from server.service.sources import SourceUseCases
+from server.service.usage import UsageReports
 from server.service.watch import CompileNotice, WatchHub
-
-
-def _route_fields(route: Route) -> dict[str, str]:
-    return {
-        "connection": route.connection,
-        "protocol": route.protocol,
-        "endpoint": route.endpoint,
-        "model": route.model,
-    }
 
 
 def checked(opts: CompileOptions) -> CompileOptions:
@@ -83,75 +66,13 @@ def checked(opts: CompileOptions) -> CompileOptions:
     if not opts.route.model and not opts.rebuild_compile_id:
         raise invalid("route.model", "route.model is required")
     check_path_form("environment.working_directory", opts.working_directory)
-    check_route_fields(_route_fields(opts.route))
+    check_route_fields(route_fields(opts.route))
     return opts
 
 
 # What a compile prepared: the session, the history it loaded, the view, the counter, the
 # inputs and model, and how many of the view's first messages are known to hold no image.
 _Prepared = tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo, int]
-
-
-@dataclass(frozen=True, slots=True)
-class CompileOptions:
-    """One compile request, transport-neutral."""
-
-    session_id: str
-    route: Route
-    limits: ModelLimits = ModelLimits()
-    as_of_seq: int = 0
-    approval_mode: ApprovalMode | None = None
-    working_directory: str = ""
-    platform: str = ""
-    shell: str = ""
-    exclude_sections: frozenset[SectionKind] = frozenset()
-    # True when the request said whether the model accepts images (else the catalog says).
-    images_given: bool = False
-    # Inspection only: nothing recorded, published or compacted (as with as_of_seq).
-    dry_run: bool = False
-    # Provider bodies to render along with the view.
-    render_formats: tuple[RenderFormat, ...] = ()
-    # Materialize attachment bytes (IMAGE_MODE_INLINE) or send references only.
-    inline_images: bool = True
-    # Rebuild this recorded compile from its stored basis instead (exact time travel).
-    rebuild_compile_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class CompileResult:
-    view: CompiledView
-    # artifact id -> bytes for the view's attachments, when inline images were asked for.
-    attachments: tuple[tuple[str, bytes], ...] = ()
-    # (format, body JSON, estimated input tokens of that body)
-    renderings: tuple[tuple[RenderFormat, str, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class UsageResult:
-    estimated_input_tokens: int
-    error_tokens: int
-    relative_error: float
-    replayed: bool
-    next_output_reserve: int
-
-
-@dataclass(frozen=True, slots=True)
-class CompilerSettings:
-    kernel_text: str = DEFAULT_KERNEL
-    default_approval: ApprovalMode = ApprovalMode.ON_REQUEST
-    # Time in the environment section is cut to this many seconds so it changes rarely.
-    time_granularity_s: int = 60
-    budget: BudgetConfig = BudgetConfig()
-    caps: SourceCaps = SourceCaps()
-    max_images: int = 20
-    max_image_bytes: int = 20 << 20
-    learning: LearningConfig = LearningConfig()
-    # Built-in compaction when the budget asks for it (R-MISC-5 a).
-    auto_compact: bool = True
-    # Memory for compile memos; 0 compiles every view from scratch.
-    memo_bytes: int = 32 << 20
-    # CPU one compile may use (loading, projection, renderings); 0 = no limit.
-    cpu_budget_ms: int = 30_000
 
 
 class CompileUseCases:
@@ -175,7 +96,6 @@ class CompileUseCases:
         self._clock = clock
         self._ids = ids
         self._tokenizers = tokenizers
-        self._catalog = catalog
         self._settings = settings
         self._telemetry = telemetry
         self._sources = sources
@@ -185,6 +105,7 @@ class CompileUseCases:
             store, self._loader, sources, catalog, settings, clock, ids
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
+        self._usage = UsageReports(store, blocking, clock, catalog, settings, telemetry)
         # Repeated views get as much memory as the memos (they share most of it).
         self._repeats = Repeats(
             store,
@@ -455,131 +376,5 @@ class CompileUseCases:
     async def report_usage(
         self, compile_id: str, route: Route | None, usage: Usage, session_id: str | None = None
     ) -> UsageResult:
-        """`session_id`: the session the report arrived for (a step's), which the compile
-        must belong to; None when the report names only its compile (ReportUsage)."""
-        if not compile_id:
-            raise invalid("compile_id", "compile_id is required")
-        if session_id is not None and compile_id.partition(":")[0] != session_id:
-            raise CtxccError(
-                Reason.COMPILE_NOT_FOUND,
-                f"compile {compile_id!r} is not a compile of session {session_id!r}: a step "
-                "carries the usage of its own session's compiles only",
-                compile_id=compile_id,
-            )
-        if route is not None:
-            check_route_fields(_route_fields(route))
-        for field in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
-            if getattr(usage, field) > MAX_USAGE_TOKENS:
-                raise invalid(
-                    field, f"{field} is over {MAX_USAGE_TOKENS}, more than any model reads"
-                )
-        check_usage(usage)
-        if compile_id.partition(":")[2].startswith(UNRECORDED_PREFIX):
-            raise CtxccError(
-                Reason.COMPILE_NOT_FOUND,
-                f"compile {compile_id!r} was a dry run or a time-travel (as_of_seq) compile: "
-                "neither is recorded, so no usage can be reported for it; report the usage "
-                "of the compile at the session head that the request was sent from",
-                compile_id=compile_id,
-            )
-        # A read and an unsynced write: on the event loop (a thread hop costs about as
-        # much CPU as both), unless it would wait for a lock an append may hold through
-        # its fsync; then on the I/O pool.
-        done = self._report(compile_id, route, usage, wait=False)
-        if done is None:
-            done = await self._blocking.run(self._report, compile_id, route, usage)
-        assert done is not None  # waiting, it always gets its locks
-        stored, replayed = done
-        actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
-        output = stored.usage.output_tokens if stored.usage else usage.output_tokens
-        estimated = stored.estimated_input_tokens
-        if not replayed:
-            method = EstimateMethod(stored.estimate_method).name.lower()
-            model = stored.route.model
-            key = self._catalog.lookup(model).key or "other"
-            self._telemetry.usage_reported(estimated, actual, family_of(model), method, key)
-        return UsageResult(
-            estimated_input_tokens=estimated,
-            error_tokens=actual - estimated,
-            relative_error=(actual - estimated) / actual if actual else 0.0,
-            replayed=replayed,
-            next_output_reserve=output_reserve(
-                effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False),
-                output,
-                self._settings.budget,
-            ),
-        )
-
-    def _report(
-        self, compile_id: str, route: Route | None, usage: Usage, wait: bool = True
-    ) -> tuple[CompileRecord, bool] | None:
-        """Blocking when `wait`: the usage, the session's new baseline and what the route
-        learns; without `wait`, None (nothing written) when the store would wait for a
-        lock."""
-        record = self._store.get_compile(compile_id)
-        if route is not None and route.route_id != record.route.route_id:
-            raise CtxccError(
-                Reason.ROUTE_MISMATCH,
-                "the usage report's route differs from the route the view was compiled for",
-                compile_id=compile_id,
-            )
-        now = self._clock.now_ns()
-        state = RouteState(
-            route_id=record.route.route_id,
-            baseline_input_tokens=usage.input_tokens,
-            baseline_compile_id=compile_id,
-            last_output_tokens=usage.output_tokens,
-            update_time_ns=now,
-            message_count=record.message_count,
-            messages_digest=record.messages_digest,
-            fixed_tokens=record.fixed_tokens,
-            message_digests=record.message_digests,
-            message_tokens=record.message_tokens,
-        )
-        learn = self._learner(record, usage, now)
-        if wait:
-            return self._store.record_usage(compile_id, usage, state, learn)
-        return self._store.try_record_usage(compile_id, usage, state, learn)
-
-    def _learner(
-        self, record: CompileRecord, usage: Usage, now_ns: int
-    ) -> Callable[[RouteModel | None], RouteModel]:
-        """What this report teaches the route model (run once, inside the store's write)."""
-        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
-        cfg = self._settings.learning
-        delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
-
-        def learn(model: RouteModel | None) -> RouteModel:
-            m = model or RouteModel(route_id=record.route.route_id)
-            if delta and record.raw_delta is not None:
-                # Only a pure append isolates the tokenizer: with removals the net
-                # change can be small beside large gross changes.
-                if record.removed_tokens == 0:
-                    reported = usage.input_tokens - record.baseline_tokens
-                    change = (record.raw_delta, reported, record.message_change)
-                    m = observe_delta(m, change, bounds, cfg)
-            elif not delta:
-                # Records written before the ledger was kept: a FULL estimate was the ledger.
-                local = record.ledger_tokens or record.estimated_input_tokens
-                m = observe_full(m, local, usage.input_tokens, bounds, cfg)
-            return replace(m, update_time_ns=now_ns)
-
-        return learn
-
-
-def check_usage(usage: Usage) -> None:
-    """A report the provider cannot have made is refused before it teaches anything."""
-    if usage.input_tokens <= 0:
-        raise CtxccError(
-            Reason.USAGE_INVALID,
-            "input_tokens must be positive: every provider request has input",
-            field="input_tokens",
-        )
-    if usage.cached_input_tokens > usage.input_tokens:
-        raise CtxccError(
-            Reason.USAGE_INVALID,
-            "cached_input_tokens cannot exceed input_tokens: input_tokens counts cached tokens "
-            "too (Anthropic: input_tokens + cache_creation_input_tokens + "
-            "cache_read_input_tokens)",
-            field="cached_input_tokens",
-        )
+        """See `UsageReports.report_usage` (server/service/usage.py)."""
+        return await self._usage.report_usage(compile_id, route, usage, session_id)

@@ -30,7 +30,7 @@ from server.service.ports import Clock, EventStore, IdSource
 from server.service.sources import SourceUseCases
 
 if TYPE_CHECKING:
-    from server.service.compiling import CompileOptions, CompilerSettings
+    from server.service.compile_types import CompileOptions, CompilerSettings
 
 # Reported token counts above this are refused: no model reads that much, and a
 # baseline this large would overflow the 32-bit estimates of every later compile.

@@ -20,7 +20,8 @@ from server.domain.records import Checkpoint, CompileRecord
 from server.domain.tools import ToolSpec
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
-from server.service.compiling import CompileOptions, CompileUseCases
+from server.service.compile_types import CompileOptions
+from server.service.compiling import CompileUseCases
 from server.service.ports import EventStore
 from server.service.sessions import SessionUseCases
 from server.service.watch import Update

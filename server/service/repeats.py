@@ -36,7 +36,7 @@ from server.service.ports import Clock, EventStore, IdSource
 from server.service.sources import SourceUseCases
 
 if TYPE_CHECKING:
-    from server.service.compiling import CompileOptions, CompileResult
+    from server.service.compile_types import CompileOptions, CompileResult
 
 
 class Busy:

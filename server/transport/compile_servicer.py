@@ -16,7 +16,8 @@ from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.checkpoints import CheckpointUseCases
-from server.service.compiling import CompileResult, CompileUseCases, checked
+from server.service.compile_types import CompileResult
+from server.service.compiling import CompileUseCases, checked
 from server.service.sessions import SessionUseCases
 from server.transport.convert_events import events_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out, usage_in, usage_out

@@ -7,7 +7,7 @@ from ctxcc.v1 import compile_service_pb2 as pb
 from server.domain.errors import invalid
 from server.domain.model import Route
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint, Usage
-from server.service.compiling import UsageResult
+from server.service.compile_types import UsageResult
 from server.transport.convert_events import route_in, route_out, timestamp
 
 

@@ -20,7 +20,7 @@ from server.compiler.view import (
     ViewTool,
 )
 from server.domain.errors import invalid
-from server.service.compiling import CompileOptions, CompileResult
+from server.service.compile_types import CompileOptions, CompileResult
 from server.transport.convert_events import artifact_out, call_out, route_in, route_out
 
 E = TypeVar("E", bound=enum.IntEnum)

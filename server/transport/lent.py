@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from server.service.compiling import CompileResult
+from server.service.compile_types import CompileResult
 from server.transport.view_bytes import LentRecords, ViewBytes
 
 

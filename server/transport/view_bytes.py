@@ -16,7 +16,7 @@ from itertools import chain, compress, count
 from operator import is_not
 
 from server.compiler.view import CompiledView, ViewMessage
-from server.service.compiling import CompileResult
+from server.service.compile_types import CompileResult
 from server.transport.convert_view import (
     head_back,
     head_front,

@@ -32,7 +32,7 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint, CheckpointKind, RouteState
 from server.domain.tools import ToolSpec, ToolVisibility
-from server.service.compiling import CompileResult
+from server.service.compile_types import CompileResult
 from server.transport.convert_view import _message_out, result_out, view_out
 from server.transport.view_bytes import view_bytes
 from tests.unit.test_system_prompt import WordCounter

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from server.compiler.compile import compile_view
 from server.domain.model import ContentPart, Event, UserMessage
-from server.service.compiling import CompileResult
+from server.service.compile_types import CompileResult
 from server.transport.lent import LentBySession
 from server.transport.view_bytes import view_bytes
 from tests.unit.test_incremental import C, Step, inputs_for

@@ -11,7 +11,7 @@ from server.compiler.compile import compile_view, section_digests
 from server.domain.generation import Generation
 from server.domain.model import ContentPart, Event, UserMessage
 from server.domain.records import CompileRecord
-from server.service.compiling import CompileOptions, CompileResult
+from server.service.compile_types import CompileOptions, CompileResult
 from server.service.repeats import BUSY, Repeatable, Repeats
 from tests.unit.test_incremental import C, Step, inputs_for
 

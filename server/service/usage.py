@@ -1,0 +1,170 @@
+"""The usage use case: check a provider's report, record it, and let the route learn."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from server.compiler.budget import ModelLimits, output_reserve
+from server.compiler.route_model import BOUNDS, counter_kind, observe_delta, observe_full
+from server.compiler.view import EstimateMethod
+from server.domain.catalog import Catalog
+from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.families import family_of
+from server.domain.model import Route
+from server.domain.records import CompileRecord, RouteModel, RouteState, Usage
+from server.domain.validation import check_route_fields
+from server.service.blocking import Blocking
+from server.service.compile_types import CompilerSettings, UsageResult, route_fields
+from server.service.inputs import MAX_USAGE_TOKENS, UNRECORDED_PREFIX, effective_limits
+from server.service.ports import Clock, EventStore, Telemetry
+
+
+class UsageReports:
+    def __init__(
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        clock: Clock,
+        catalog: Catalog,
+        settings: CompilerSettings,
+        telemetry: Telemetry,
+    ) -> None:
+        self._store = store
+        self._blocking = blocking
+        self._clock = clock
+        self._catalog = catalog
+        self._settings = settings
+        self._telemetry = telemetry
+
+    async def report_usage(
+        self, compile_id: str, route: Route | None, usage: Usage, session_id: str | None = None
+    ) -> UsageResult:
+        """`session_id`: the session the report arrived for (a step's), which the compile
+        must belong to; None when the report names only its compile (ReportUsage)."""
+        if not compile_id:
+            raise invalid("compile_id", "compile_id is required")
+        if session_id is not None and compile_id.partition(":")[0] != session_id:
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {compile_id!r} is not a compile of session {session_id!r}: a step "
+                "carries the usage of its own session's compiles only",
+                compile_id=compile_id,
+            )
+        if route is not None:
+            check_route_fields(route_fields(route))
+        for field in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
+            if getattr(usage, field) > MAX_USAGE_TOKENS:
+                raise invalid(
+                    field, f"{field} is over {MAX_USAGE_TOKENS}, more than any model reads"
+                )
+        check_usage(usage)
+        if compile_id.partition(":")[2].startswith(UNRECORDED_PREFIX):
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {compile_id!r} was a dry run or a time-travel (as_of_seq) compile: "
+                "neither is recorded, so no usage can be reported for it; report the usage "
+                "of the compile at the session head that the request was sent from",
+                compile_id=compile_id,
+            )
+        # A read and an unsynced write: on the event loop (a thread hop costs about as
+        # much CPU as both), unless it would wait for a lock an append may hold through
+        # its fsync; then on the I/O pool.
+        done = self._report(compile_id, route, usage, wait=False)
+        if done is None:
+            done = await self._blocking.run(self._report, compile_id, route, usage)
+        assert done is not None  # waiting, it always gets its locks
+        stored, replayed = done
+        actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
+        output = stored.usage.output_tokens if stored.usage else usage.output_tokens
+        estimated = stored.estimated_input_tokens
+        if not replayed:
+            method = EstimateMethod(stored.estimate_method).name.lower()
+            model = stored.route.model
+            key = self._catalog.lookup(model).key or "other"
+            self._telemetry.usage_reported(estimated, actual, family_of(model), method, key)
+        return UsageResult(
+            estimated_input_tokens=estimated,
+            error_tokens=actual - estimated,
+            relative_error=(actual - estimated) / actual if actual else 0.0,
+            replayed=replayed,
+            next_output_reserve=output_reserve(
+                effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False),
+                output,
+                self._settings.budget,
+            ),
+        )
+
+    def _report(
+        self, compile_id: str, route: Route | None, usage: Usage, wait: bool = True
+    ) -> tuple[CompileRecord, bool] | None:
+        """Blocking when `wait`: the usage, the session's new baseline and what the route
+        learns; without `wait`, None (nothing written) when the store would wait for a
+        lock."""
+        record = self._store.get_compile(compile_id)
+        if route is not None and route.route_id != record.route.route_id:
+            raise CtxccError(
+                Reason.ROUTE_MISMATCH,
+                "the usage report's route differs from the route the view was compiled for",
+                compile_id=compile_id,
+            )
+        now = self._clock.now_ns()
+        state = RouteState(
+            route_id=record.route.route_id,
+            baseline_input_tokens=usage.input_tokens,
+            baseline_compile_id=compile_id,
+            last_output_tokens=usage.output_tokens,
+            update_time_ns=now,
+            message_count=record.message_count,
+            messages_digest=record.messages_digest,
+            fixed_tokens=record.fixed_tokens,
+            message_digests=record.message_digests,
+            message_tokens=record.message_tokens,
+        )
+        learn = self._learner(record, usage, now)
+        if wait:
+            return self._store.record_usage(compile_id, usage, state, learn)
+        return self._store.try_record_usage(compile_id, usage, state, learn)
+
+    def _learner(
+        self, record: CompileRecord, usage: Usage, now_ns: int
+    ) -> Callable[[RouteModel | None], RouteModel]:
+        """What this report teaches the route model (run once, inside the store's write)."""
+        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+        cfg = self._settings.learning
+        delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
+
+        def learn(model: RouteModel | None) -> RouteModel:
+            m = model or RouteModel(route_id=record.route.route_id)
+            if delta and record.raw_delta is not None:
+                # Only a pure append isolates the tokenizer: with removals the net
+                # change can be small beside large gross changes.
+                if record.removed_tokens == 0:
+                    reported = usage.input_tokens - record.baseline_tokens
+                    change = (record.raw_delta, reported, record.message_change)
+                    m = observe_delta(m, change, bounds, cfg)
+            elif not delta:
+                # Records written before the ledger was kept: a FULL estimate was the ledger.
+                local = record.ledger_tokens or record.estimated_input_tokens
+                m = observe_full(m, local, usage.input_tokens, bounds, cfg)
+            return replace(m, update_time_ns=now_ns)
+
+        return learn
+
+
+def check_usage(usage: Usage) -> None:
+    """A report the provider cannot have made is refused before it teaches anything."""
+    if usage.input_tokens <= 0:
+        raise CtxccError(
+            Reason.USAGE_INVALID,
+            "input_tokens must be positive: every provider request has input",
+            field="input_tokens",
+        )
+    if usage.cached_input_tokens > usage.input_tokens:
+        raise CtxccError(
+            Reason.USAGE_INVALID,
+            "cached_input_tokens cannot exceed input_tokens: input_tokens counts cached tokens "
+            "too (Anthropic: input_tokens + cache_creation_input_tokens + "
+            "cache_read_input_tokens)",
+            field="cached_input_tokens",
+        )
