@@ -14,15 +14,10 @@ from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
 from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
-from server.compiler.incremental import (
-    ActiveTurn,
-    ProjectionMemo,
-    active_turn,
-    event_texts,
-    project_incremental,
-)
+from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
 from server.compiler.projection import ImagePolicy
+from server.compiler.projection_memo import ActiveTurn, ProjectionMemo, active_turn, event_texts
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, build_source_sections
 from server.compiler.system import (

@@ -5,14 +5,10 @@ Rules this module keeps:
   turn start is final: those messages are history (the working set starts at the
   latest user message), their pairs are closed by that user message, and reasoning is
   kept or dropped per turn. The memo holds them, sized and fingerprinted, with the
-  pairing state at that point; the next compile processes only the events from there;
-- a memo is used only when every input it depends on is verifiably the same: the same
-  checkpoint, the same events before its boundary (the very objects, or equal ones), a
-  cut that is still a turn start, and no current user re-injected from behind a
-  checkpoint. Anything else projects from scratch, so both ways give the same view
-  byte for byte (the property tests check it);
-- images are chosen newest first across the whole view, so a part holding an
-  attachment never enters the memo: the cut stops before it.
+  pairing state at that point; the next compile processes only the events from there.
+
+The memo is a value of its own (projection_memo.py); whether one may be continued and
+where the next one is cut is memo_cut.py.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from server.compiler.estimate import fingerprint
+from server.compiler.memo_cut import clean_cut, memo_usable
 from server.compiler.message_table import EMPTY, MessageTable
 from server.compiler.pairing import PairState, pair_tool_messages
 from server.compiler.projection import (
@@ -38,19 +35,20 @@ from server.compiler.projection import (
     render_summary,
     with_tokens,
 )
+from server.compiler.projection_memo import (
+    NO_TURN,
+    ActiveTurn,
+    ProjectionMemo,
+    Tally,
+    artifact_ids,
+)
 from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
 from server.domain.model import (
-    AssistantMessage,
-    Attachment,
-    ContentPart,
     Event,
     Role,
-    ToolCall,
     ToolResult,
-    TurnCancelled,
-    UserMessage,
 )
 from server.domain.records import Checkpoint, CheckpointKind
 
@@ -58,78 +56,6 @@ from server.domain.records import Checkpoint, CheckpointKind
 NO_LIMITS = ImagePolicy()
 # Rough bytes a memo holds beyond its texts, per message and per event.
 _OVERHEAD_BYTES = 400
-# (layer, tokens, messages) for each layer that has messages, in layer order.
-Tally = tuple[tuple[Layer, int, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ActiveTurn:
-    """The current turn of a log: the index of its latest turn start (-1: none) and the
-    texts of the events from there on (what rule globs are matched against)."""
-
-    start: int
-    texts: tuple[str, ...]
-
-
-NO_TURN = ActiveTurn(-1, ())
-
-
-def event_texts(event: Event) -> list[str]:
-    """What an event of the current turn names: user text, call arguments, result text."""
-    p = event.payload
-    if isinstance(p, UserMessage):
-        return [part.text for part in p.parts if part.text]
-    if isinstance(p, AssistantMessage):
-        return [c.arguments_json for c in p.tool_calls]
-    if isinstance(p, ToolCall):
-        return [p.arguments_json]
-    if isinstance(p, ToolResult):
-        return [p.text if p.text is not None else (p.blob.preview if p.blob else "")]
-    return []
-
-
-def active_turn(events: Sequence[Event], memo: ProjectionMemo | None = None) -> ActiveTurn:
-    """The current turn of `events`. The turn grows at the log's end: when `memo`'s events
-    are the first of `events` (compared in C), only the events after them are looked at."""
-    n = len(memo.events) if memo is not None else 0
-    if memo is None or n > len(events) or tuple(events[:n]) != memo.events:
-        memo, n = None, 0
-    for i in range(len(events) - 1, n - 1, -1):
-        if is_user_turn_start(events[i]):
-            return ActiveTurn(i, tuple(t for e in events[i:] for t in event_texts(e)))
-    if memo is None or memo.turn.start < 0:
-        return NO_TURN
-    added = tuple(t for e in events[n:] for t in event_texts(e))
-    return ActiveTurn(memo.turn.start, memo.turn.texts + added)
-
-
-@dataclass(frozen=True, slots=True)
-class ProjectionMemo:
-    """What one compile's projection leaves for the next (a frozen value)."""
-
-    checkpoint_id: str
-    # Every event the compile saw, the log after its checkpoint (or all of it).
-    events: tuple[Event, ...]
-    # events[:cut] are done: `messages` is their final part of the view.
-    cut: int
-    messages: tuple[ViewMessage, ...]
-    # The working set's first seq then (None: no user message yet), and how many of
-    # `messages` came before it (the rest are working set until the next turn starts).
-    ws_seq: int | None
-    ws_index: int
-    # Fingerprints and tokens of `messages`, and their tokens and count per layer.
-    table: MessageTable
-    tally: Tally
-    pair: PairState
-    pair_notes: tuple[str, ...]
-    form_notes: tuple[str, ...]
-    elided: int
-    blobs: bool
-    size_bytes: int
-    # The artifacts `events` name, each once, in order (the loader sizes them).
-    artifact_ids: tuple[str, ...] = ()
-    # The current turn in `events`: where it starts and the texts it names.
-    turn: ActiveTurn = NO_TURN
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,65 +81,6 @@ class _Run:
     pair_notes: list[str]
     form_notes: list[str]
     elided: int
-
-
-def _usable(
-    memo: ProjectionMemo | None,
-    events: Sequence[Event],
-    checkpoint: Checkpoint | None,
-    current_user: Event | None,
-) -> bool:
-    if memo is None or current_user is not None:
-        return False
-    ck_id = checkpoint.checkpoint_id if checkpoint is not None else ""
-    n = len(memo.events)
-    return (
-        memo.checkpoint_id == ck_id
-        and n <= len(events)
-        and memo.cut <= n
-        and tuple(events[:n]) == memo.events
-        # Reasoning kept by a cancel reaches back to the turn's start, before the cut.
-        and not any(
-            isinstance(e.payload, TurnCancelled) and e.payload.keep_reasoning
-            for e in events[memo.cut :]
-        )
-    )
-
-
-def _cut(events: Sequence[Event], start: int, *, results: bool) -> int:
-    """The latest clean place to stop, after `start`: an event whose message survives
-    as a non-empty user or assistant message that does not merge into the one before
-    (parallel calls), or with `results` a tool result (clean only when no call is open
-    there, which the caller checks). Either way the part after it never reaches back
-    into the part before (see pairing.py). Nothing before it in the tail may carry an
-    attachment."""
-    clean: int | None = None  # the latest clean candidate seen so far, scanning back
-    for i in range(len(events) - 1, -1, -1):
-        msg = _message(events[i], False)
-        if msg is None:
-            continue
-        if clean is not None:
-            # `msg` is the message before the candidate: a call-only assistant message
-            # after an assistant message would merge into it.
-            later = _message(events[clean], False)
-            merges = (
-                later is not None
-                and later.role is Role.ASSISTANT
-                and not later.parts
-                and msg.role is Role.ASSISTANT
-            )
-            if not merges and not any(_has_attachment(e) for e in events[start:clean]):
-                return clean
-            clean = None
-        if i <= start:
-            break
-        if (msg.role is Role.TOOL and results) or (
-            msg.role is not Role.TOOL and (msg.parts or msg.tool_calls)
-        ):
-            clean = i
-    if clean is not None and not any(_has_attachment(e) for e in events[start:clean]):
-        return clean  # nothing before it: nothing to merge into
-    return start
 
 
 def _segment(
@@ -341,7 +208,7 @@ def _advance(
     if run.pair.open_calls and isinstance(events[cut].payload, ToolResult):
         # A result while calls are open may fold a call back into the part before.
         run.pair, run.pair_notes, run.form_notes, run.elided = before
-        cut = _cut(events, start, results=False)
+        cut = clean_cut(events, start, results=False)
         if cut <= start:
             return start, []
         done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
@@ -365,7 +232,7 @@ def project_incremental(
     `remember` the events are projected in one piece and no memo is made: the plain
     from-scratch projection the incremental one is held to. `turn` is the current turn of
     `events`, kept in the memo for the next compile."""
-    reused = _usable(memo, events, checkpoint, current_user)
+    reused = memo_usable(memo, events, checkpoint, current_user)
     tail_start = 0 if not (reused and memo is not None) else memo.cut
     tail_users = [e.seq for e in events[tail_start:] if is_user_turn_start(e)]
     if current_user is not None:
@@ -376,7 +243,7 @@ def project_incremental(
         ws_seq = memo.ws_seq if (reused and memo is not None) else None
     start, run = _started(memo if reused else None, ws_seq)
     head = _head(checkpoint, current_user) if start == 0 else []
-    cut = _cut(events, start, results=True) if remember and current_user is None else start
+    cut = clean_cut(events, start, results=True) if remember and current_user is None else start
     # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
     kept = _kept_reasoning_seqs(events[start:])
     cut, done = _advance(run, events, start, cut, head, ws_seq, kept, checkpoint)
@@ -476,26 +343,6 @@ def _next_memo(
         artifact_ids=tuple(dict.fromkeys((*ids_before, *artifact_ids(events[seen_before:])))),
         turn=turn,
     )
-
-
-def artifact_ids(events: Sequence[Event]) -> list[str]:
-    """The artifacts the events name (attachments, parts of user messages), in order."""
-    out: list[str] = []
-    for e in events:
-        p = e.payload
-        if isinstance(p, Attachment):
-            out.append(p.ref.artifact_id)
-        elif isinstance(p, UserMessage):
-            out += [c.attachment.artifact_id for c in p.parts if c.attachment]
-    return out
-
-
-def _has_attachment(event: Event) -> bool:
-    p = event.payload
-    if isinstance(p, Attachment):
-        return True
-    parts: Sequence[ContentPart] = getattr(p, "parts", ())
-    return any(part.attachment is not None for part in parts)
 
 
 def project(

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from server.compiler.budget import ModelLimits
 from server.compiler.compile import CompileInputs
-from server.compiler.incremental import ProjectionMemo
 from server.compiler.projection import ImagePolicy
+from server.compiler.projection_memo import ProjectionMemo
 from server.compiler.route_model import counter_kind
 from server.compiler.system import EnvironmentInfo
 from server.compiler.tokens import COUNTING

@@ -1,6 +1,6 @@
 """The compile memos of recent sessions: a bounded LRU by bytes.
 
-A memo is a frozen value (compiler/incremental.py), so a compile reads one without a
+A memo is a frozen value (compiler/projection_memo.py), so a compile reads one without a
 lock held and two compiles of one session at once simply race to store theirs: either
 is valid for the next compile, which verifies it anyway. Keyed by (session, route):
 an agent switching routes keeps both memos warm.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from server.compiler.incremental import ProjectionMemo
+from server.compiler.projection_memo import ProjectionMemo
 from server.service.ports import Telemetry
 
 MemoKey = tuple[str, int, str]  # session id, session create time, route id

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
-from server.compiler.incremental import ProjectionMemo, active_turn, artifact_ids
 from server.compiler.projection import ImagePolicy
+from server.compiler.projection_memo import ProjectionMemo, active_turn, artifact_ids
 from server.compiler.render import RenderFormat
 from server.compiler.view import CompiledView, Layer
 from server.domain.model import (

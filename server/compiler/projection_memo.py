@@ -1,0 +1,108 @@
+"""What one compile's projection leaves for the next: the memo, and the current turn it holds.
+
+A memo is a frozen value, so the service keeps and shares it without copying
+(server/service/memos.py); incremental.py makes it and continues from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from server.compiler.message_table import MessageTable
+from server.compiler.pairing import PairState
+from server.compiler.projection import is_user_turn_start
+from server.compiler.view import Layer, ViewMessage
+from server.domain.model import (
+    AssistantMessage,
+    Attachment,
+    Event,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+
+# (layer, tokens, messages) for each layer that has messages, in layer order.
+Tally = tuple[tuple[Layer, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveTurn:
+    """The current turn of a log: the index of its latest turn start (-1: none) and the
+    texts of the events from there on (what rule globs are matched against)."""
+
+    start: int
+    texts: tuple[str, ...]
+
+
+NO_TURN = ActiveTurn(-1, ())
+
+
+def event_texts(event: Event) -> list[str]:
+    """What an event of the current turn names: user text, call arguments, result text."""
+    p = event.payload
+    if isinstance(p, UserMessage):
+        return [part.text for part in p.parts if part.text]
+    if isinstance(p, AssistantMessage):
+        return [c.arguments_json for c in p.tool_calls]
+    if isinstance(p, ToolCall):
+        return [p.arguments_json]
+    if isinstance(p, ToolResult):
+        return [p.text if p.text is not None else (p.blob.preview if p.blob else "")]
+    return []
+
+
+def active_turn(events: Sequence[Event], memo: ProjectionMemo | None = None) -> ActiveTurn:
+    """The current turn of `events`. The turn grows at the log's end: when `memo`'s events
+    are the first of `events` (compared in C), only the events after them are looked at."""
+    n = len(memo.events) if memo is not None else 0
+    if memo is None or n > len(events) or tuple(events[:n]) != memo.events:
+        memo, n = None, 0
+    for i in range(len(events) - 1, n - 1, -1):
+        if is_user_turn_start(events[i]):
+            return ActiveTurn(i, tuple(t for e in events[i:] for t in event_texts(e)))
+    if memo is None or memo.turn.start < 0:
+        return NO_TURN
+    added = tuple(t for e in events[n:] for t in event_texts(e))
+    return ActiveTurn(memo.turn.start, memo.turn.texts + added)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectionMemo:
+    """What one compile's projection leaves for the next (a frozen value)."""
+
+    checkpoint_id: str
+    # Every event the compile saw, the log after its checkpoint (or all of it).
+    events: tuple[Event, ...]
+    # events[:cut] are done: `messages` is their final part of the view.
+    cut: int
+    messages: tuple[ViewMessage, ...]
+    # The working set's first seq then (None: no user message yet), and how many of
+    # `messages` came before it (the rest are working set until the next turn starts).
+    ws_seq: int | None
+    ws_index: int
+    # Fingerprints and tokens of `messages`, and their tokens and count per layer.
+    table: MessageTable
+    tally: Tally
+    pair: PairState
+    pair_notes: tuple[str, ...]
+    form_notes: tuple[str, ...]
+    elided: int
+    blobs: bool
+    size_bytes: int
+    # The artifacts `events` name, each once, in order (the loader sizes them).
+    artifact_ids: tuple[str, ...] = ()
+    # The current turn in `events`: where it starts and the texts it names.
+    turn: ActiveTurn = NO_TURN
+
+
+def artifact_ids(events: Sequence[Event]) -> list[str]:
+    """The artifacts the events name (attachments, parts of user messages), in order."""
+    out: list[str] = []
+    for e in events:
+        p = e.payload
+        if isinstance(p, Attachment):
+            out.append(p.ref.artifact_id)
+        elif isinstance(p, UserMessage):
+            out += [c.attachment.artifact_id for c in p.parts if c.attachment]
+    return out
