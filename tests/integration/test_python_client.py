@@ -4,6 +4,7 @@ step's request id fixed before its first attempt."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from pathlib import Path
@@ -140,3 +141,51 @@ async def test_a_step_tried_again_after_its_compile_failed_appends_once(
             await stream.close()
     finally:
         await d.stop()
+
+
+class _Held:
+    """A CompileStream call that takes each request and fails it as a dropped connection
+    once `release` is set."""
+
+    def __init__(self, requests: Any, release: asyncio.Event) -> None:
+        self._requests = requests.__aiter__()
+        self._release = release
+
+    def __aiter__(self) -> _Held:
+        return self
+
+    async def __anext__(self) -> cpb.CompileStreamResponse:
+        await self._requests.__anext__()
+        await self._release.wait()
+        empty = grpc.aio.Metadata()
+        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "gone")
+
+    def cancel(self) -> None:
+        pass
+
+
+async def test_a_report_queued_while_a_step_runs_never_loses_the_steps_own() -> None:
+    """The step carrying c1 is in flight when c2 is queued, then fails without the daemon
+    recording c1: c1 goes by the unary call, c2 rides on. The client before queued c2 at
+    once, and the failed step, finding the queue taken, dropped c1 unsent."""
+    release = asyncio.Event()
+    unary: list[str] = []
+
+    async def report(req: cpb.ReportUsageRequest) -> cpb.ReportUsageResponse:
+        unary.append(req.compile_id)
+        return cpb.ReportUsageResponse()
+
+    stub = SimpleNamespace(CompileStream=lambda requests: _Held(requests, release))
+    stream = CompileStream(stub, retry_seconds=0, report=report)
+    req = cpb.CompileRequest(session_id="s", route=ROUTE)
+    await stream.report_usage("s:c1", input_tokens=10, output_tokens=1)
+    step = asyncio.create_task(stream.step(req, [user("one")]))
+    await asyncio.sleep(0.05)  # the step carrying c1 is waiting for its answer
+    second = asyncio.create_task(stream.report_usage("s:c2", input_tokens=10, output_tokens=1))
+    await asyncio.sleep(0.05)
+    release.set()
+    with pytest.raises(CtxccError):
+        await step
+    await second
+    await stream.flush_usage()
+    assert unary == ["s:c1", "s:c2"]

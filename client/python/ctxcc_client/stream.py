@@ -166,18 +166,19 @@ class CompileStream:
         another compile is still queued, that one is sent now by the unary ReportUsage
         and its answer returned; otherwise nothing is sent and None is returned. A step
         whose report is refused raises CtxccError with `usage_refused` set, having appended
-        nothing: the report is dropped, so calling `step` again goes without it."""
-        earlier, self._usage = (
-            self._usage,
-            build.usage_request(
-                compile_id,
-                route,
-                input_tokens=input_tokens,
-                output_tokens=output_tokens,
-                cached_input_tokens=cached_input_tokens,
-                reasoning_tokens=reasoning_tokens,
-            ),
+        nothing: the report is dropped, so calling `step` again goes without it. While a
+        step is running this waits for it: that step puts its own report back if the daemon
+        did not record it, and that report is then the earlier one, sent now."""
+        usage = build.usage_request(
+            compile_id,
+            route,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+            reasoning_tokens=reasoning_tokens,
         )
+        async with self._lock:
+            earlier, self._usage = self._usage, usage
         if earlier is None or earlier.compile_id == compile_id:
             return None
         return await self._unary(earlier)

@@ -99,6 +99,8 @@ export class Stream {
   private failure: unknown = null;
   private counter = 0;
   private chain: Promise<unknown> = Promise.resolve();
+  // Steps called and not yet settled.
+  private running = 0;
   // The request id of a step that failed, by its events: calling `step` again with the same
   // events (the natural "try again") reuses it instead of appending them twice.
   private unfinished: { key: string; requestId: string } | null = null;
@@ -137,12 +139,16 @@ export class Stream {
    * compile is still queued, that one is sent now by the unary ReportUsage and its answer
    * returned; otherwise nothing is sent. A step whose report is refused rejects with a
    * CtxccError whose `usageRefused` is set, having appended nothing: the report is dropped, so
-   * calling `step` again goes without it.
+   * calling `step` again goes without it. While a step is running this waits for it.
    */
   async reportUsage(req: DeepPartial<ReportUsageRequest>): Promise<ReportUsageResponse | undefined> {
+    const report = ReportUsageRequest.fromPartial(req);
+    // After the steps running now: one whose report the daemon did not record puts it back,
+    // and it is then the earlier one, sent now. With none running, queued at once.
+    if (this.running) await this.chain;
     const earlier = this.queued;
-    this.queued = ReportUsageRequest.fromPartial(req);
-    if (!earlier || earlier.compileId === this.queued.compileId) return undefined;
+    this.queued = report;
+    if (!earlier || earlier.compileId === report.compileId) return undefined;
     return this.unary(earlier);
   }
 
@@ -257,8 +263,12 @@ export class Stream {
         }
       }
     };
+    this.running++;
     const result = this.chain.then(run, run);
-    this.chain = result.catch(() => undefined);
+    const settled = () => {
+      this.running--;
+    };
+    this.chain = result.then(settled, settled);
     return result;
   }
 

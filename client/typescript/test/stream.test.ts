@@ -254,3 +254,29 @@ test("a step that failed in-band keeps its request id for the same events; the n
     stop();
   }
 });
+
+test("a report queued while a step runs never loses the step's own", async () => {
+  // The step carrying c1 waits for its answer when c2 is queued, then its stream fails
+  // without the daemon recording c1: c1 goes by the unary call, c2 rides on. The client
+  // before queued c2 at once, and the failed step, finding the queue taken, dropped c1.
+  const { client, stop } = await scripted(() => []);
+  const unary: string[] = [];
+  const stream = new Stream(client.compiles.raw, 0, undefined, {}, async (req) => {
+    unary.push(req.compileId);
+    return ReportUsageResponse.fromPartial({});
+  });
+  try {
+    await stream.reportUsage({ compileId: "c1", inputTokens: 9 });
+    const step = stream.step({ sessionId: "s" }, [user("one")]);
+    await new Promise((r) => setTimeout(r, 50));
+    const second = stream.reportUsage({ compileId: "c2", inputTokens: 9 });
+    await new Promise((r) => setTimeout(r, 20));
+    stop();
+    await assert.rejects(step);
+    await second;
+    await stream.flushUsage();
+    assert.deepEqual(unary, ["c1", "c2"]);
+  } finally {
+    await stream.close();
+  }
+});
