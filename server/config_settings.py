@@ -1,0 +1,165 @@
+"""The daemon's settings: one row a setting (name, default, help), the one name it has as
+a flag, an environment variable and a TOML key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A setting is missing, malformed or contradictory; the message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    name: str
+    default: str
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("data_dir", "./data", "directory for RocksDB (<data-dir>/db) and the socket"),
+    Setting("socket", "", "Unix socket path; empty means <data-dir>/ctxcc.sock; 'none' disables"),
+    Setting("socket_mode", "0660", "permissions of the Unix socket (octal)"),
+    Setting(
+        "socket_group", "", "group (name or gid) given the Unix socket; empty keeps the process's"
+    ),
+    Setting("tls_cert_file", "", "PEM certificate for TLS on the TCP port (with tls_key_file)"),
+    Setting("tls_key_file", "", "PEM private key for TLS on the TCP port"),
+    Setting(
+        "tls_client_ca_file",
+        "",
+        "PEM CA bundle: with it, TCP clients must present a certificate it signed (mTLS)",
+    ),
+    Setting(
+        "auth_token_file",
+        "",
+        "file holding a bearer token TCP clients must send; required to listen beyond loopback",
+    ),
+    Setting("listen", "127.0.0.1:50551", "TCP host:port for gRPC, or 'none'"),
+    Setting("metrics_listen", "127.0.0.1:9464", "host:port for Prometheus /metrics, or 'none'"),
+    Setting(
+        "health_listen",
+        "none",
+        "host:port serving only grpc.health.v1 (for kubelet probes), or 'none'",
+    ),
+    Setting(
+        "ui_listen",
+        "127.0.0.1:9465",
+        "host:port of the read-only web inspector, or 'none'; beyond loopback it needs "
+        "auth_token_file",
+    ),
+    Setting(
+        "durability", "sync", "'sync' fsyncs every append batch; 'buffered' leaves it to the OS"
+    ),
+    Setting("grace_period", "10", "seconds in-flight calls get to finish on SIGTERM/SIGINT"),
+    Setting("workers", "8", "threads for blocking storage work"),
+    Setting(
+        "compile_workers",
+        "2",
+        "threads for compiles and result searches, apart from storage work",
+    ),
+    Setting("log_level", "info", "debug, info, warning or error"),
+    Setting("max_sessions", "100000", "sessions the daemon holds at most"),
+    Setting("max_session_bytes", str(1 << 30), "bytes one session may store"),
+    Setting("max_events_per_append", "1000", "events one AppendEvents may carry"),
+    Setting("max_event_bytes", str(1 << 20), "encoded bytes of one event (after blob offload)"),
+    Setting("blob_threshold_bytes", str(16 << 10), "tool results above this become blobs"),
+    Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact"),
+    Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
+    Setting(
+        "disk_reserve_bytes",
+        str(64 << 20),
+        "space held back beside RocksDB so it can always recover from a full disk; writes "
+        "resume when this much is free again (0 disables)",
+    ),
+    Setting(
+        "stream_chunk_bytes",
+        str(1 << 20),
+        "CompileStream sends views larger than this as ordered chunks",
+    ),
+    Setting(
+        "compile_memo_bytes",
+        str(32 << 20),
+        "memory for compile memos (each session's projected history, so a step compiles only "
+        "its new events); 0 compiles every view from scratch",
+    ),
+    Setting(
+        "compile_cpu_budget_ms",
+        "30000",
+        "CPU milliseconds one compile (its loading, projection and renderings) may use "
+        "before it is stopped with RESOURCE_EXHAUSTED/QUOTA_EXCEEDED; 0 = no limit",
+    ),
+    Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
+    Setting(
+        "workspace_roots",
+        "",
+        "comma-separated directories a session's project_root may lie under; "
+        "project files are read only there (empty: none)",
+    ),
+    Setting(
+        "global_dir",
+        "",
+        "user-global directory: AGENTS.md/CLAUDE.md/GEMINI.md, skills/, rules/, MEMORY.md",
+    ),
+    Setting("instruction_files", "AGENTS.md,CLAUDE.md,GEMINI.md", "instruction file names"),
+    Setting("time_granularity", "60", "seconds the environment section's time is rounded to"),
+    Setting("instruction_file_cap", "16000", "characters of one instruction file"),
+    Setting("instructions_cap", "48000", "characters of all instruction files"),
+    Setting("skills_cap", "8000", "characters of the skills catalog"),
+    Setting("rules_cap", "16000", "characters of the rules in direct effect"),
+    Setting("rule_index_cap", "4000", "characters of the on-demand rule index"),
+    Setting("memory_cap", "8000", "characters of memory"),
+    Setting(
+        "model_catalog", "", "JSON file of model entries added to or replacing the shipped catalog"
+    ),
+    # The Claude table's build holds the GIL ~0.15 s (more on a busy node): long enough to
+    # push other sessions' calls past the 250 ms latency bound, so it is built before
+    # SERVING; the OpenAI tables build in under ~0.1 s and wait for their first compile.
+    Setting(
+        "preload_tokenizers",
+        "claude",
+        "tokenizer tables built before the daemon reports SERVING: comma-separated o200k, "
+        "cl100k, claude, or 'all' or 'none'; the others are built on their first compile",
+    ),
+    # Budget parameters (R-BUD-1..5): local scheduling choices, not provider claims.
+    Setting(
+        "first_reserve_fraction",
+        "0.25",
+        "share of a known window reserved for output before any usage is known (0..1]",
+    ),
+    Setting("first_reserve_max", "16384", "cap in tokens on that first output reserve"),
+    Setting(
+        "reserve_last_output_factor",
+        "2",
+        "once usage is known, the output reserve is this many times the last output",
+    ),
+    Setting("reserve_min", "1024", "lower clamp in tokens of the usage-based output reserve"),
+    Setting("reserve_max", "8192", "upper clamp in tokens of the usage-based output reserve"),
+    Setting(
+        "unknown_window_watermark",
+        "32768",
+        "history high watermark in tokens when the model's window is unknown",
+    ),
+    Setting(
+        "unknown_window_reserve", "16384", "output reserve in tokens when the window is unknown"
+    ),
+    # Tool registry limits guard against abuse; the defaults take real agents' tool sets
+    # (descriptions of 9-12K characters, deeply nested schemas) with room to spare.
+    Setting("max_tools", "512", "tools one session may register"),
+    Setting("max_tool_description_chars", "65536", "characters of one tool's description"),
+    Setting("max_tool_schema_bytes", str(256 << 10), "bytes of one tool's input schema JSON"),
+    Setting("max_tool_schema_depth", "64", "nesting depth of one tool's input schema (4..100)"),
+    Setting(
+        "debug_echo",
+        "false",
+        "serve ctxcc.debug.Echo/Echo (benchmarks only: a transport baseline); true or false",
+    ),
+)
+
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def env_name(name: str) -> str:
+    return "CTXCC_" + name.upper()

@@ -1,0 +1,109 @@
+"""Parsing and checking of single setting values; a bad one raises ConfigError naming it."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+
+from server.compiler.budget import BudgetConfig
+from server.compiler.textscan import MAX_JSON_DEPTH
+from server.config_settings import ConfigError
+from server.domain.catalog import TOKENIZER_TABLES
+
+
+def hostport(name: str, value: str) -> str:
+    if value == "none":
+        return value
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"{name} must be host:port or 'none', got {value!r}")
+    return value
+
+
+def int_setting(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) -> int:
+    try:
+        value = int(raw[name], base)
+    except ValueError:
+        kind = "an octal mode such as 0660" if base == 8 else "a whole number"
+        raise ConfigError(f"{name} must be {kind}, got {raw[name]!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def schema_depth(raw: Mapping[str, str]) -> int:
+    depth = int_setting(raw, "max_tool_schema_depth", minimum=4)
+    # Bodies render JSON nested deeper than textscan.MAX_JSON_DEPTH as malformed.
+    if depth > MAX_JSON_DEPTH:
+        raise ConfigError(f"max_tool_schema_depth must be at most {MAX_JSON_DEPTH}, got {depth}")
+    return depth
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bool_setting(raw: Mapping[str, str], name: str) -> bool:
+    value = raw[name].lower()
+    if value not in {"true", "false"}:
+        raise ConfigError(f"{name} must be true or false, got {raw[name]!r}")
+    return value == "true"
+
+
+def csv_list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def file_names(value: str) -> tuple[str, ...]:
+    names = tuple(csv_list(value))
+    if any("/" in n or n in {".", ".."} for n in names):
+        raise ConfigError(f"instruction_files takes plain file names, got {value!r}")
+    return names
+
+
+def tokenizer_names(value: str) -> tuple[str, ...]:
+    names = csv_list(value)
+    if names in (["none"], []):
+        return ()
+    if names == ["all"]:
+        return TOKENIZER_TABLES
+    unknown = [n for n in names if n not in TOKENIZER_TABLES]
+    if unknown:
+        raise ConfigError(
+            f"preload_tokenizers takes {', '.join(TOKENIZER_TABLES)}, 'all' or 'none', "
+            f"got {value!r}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def fraction_setting(raw: Mapping[str, str], name: str) -> float:
+    try:
+        value = float(raw[name])
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw[name]!r}") from None
+    if not 0 < value <= 1:
+        raise ConfigError(f"{name} must be above 0 and at most 1, got {raw[name]}")
+    return value
+
+
+def budget_config(raw: Mapping[str, str]) -> BudgetConfig:
+    cfg = BudgetConfig(
+        first_reserve_fraction=fraction_setting(raw, "first_reserve_fraction"),
+        first_reserve_max=int_setting(raw, "first_reserve_max", minimum=1),
+        dynamic_reserve_factor=int_setting(raw, "reserve_last_output_factor", minimum=1),
+        dynamic_reserve_min=int_setting(raw, "reserve_min", minimum=1),
+        dynamic_reserve_max=int_setting(raw, "reserve_max", minimum=1),
+        unknown_history_watermark=int_setting(raw, "unknown_window_watermark", minimum=1),
+        unknown_output_reserve=int_setting(raw, "unknown_window_reserve", minimum=1),
+    )
+    if cfg.dynamic_reserve_min > cfg.dynamic_reserve_max:
+        raise ConfigError(
+            f"reserve_min ({cfg.dynamic_reserve_min}) is above reserve_max "
+            f"({cfg.dynamic_reserve_max})"
+        )
+    return cfg
