@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 import pytest
-from ctxcc_client import AsyncClient, CtxccError, user
+from ctxcc_client import AsyncClient, Client, CtxccError, user
 
 from ctxcc.v1 import common_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -151,3 +151,37 @@ async def test_a_report_not_written_for_a_passing_reason_stays_queued(
         assert stream.last_usage is not None and not stream.last_usage.replayed
         assert after.budget.baseline_tokens == 500
         await stream.close()
+
+
+async def test_the_unary_helpers_report_reasoning_tokens_like_the_stream(daemon: Daemon) -> None:
+    """`report_usage` of AsyncClient and Client takes `reasoning_tokens` as the stream's
+    does and sends it: the daemon judges it (over its bound: INVALID_FIELD naming it).
+    Before, both helpers had no such argument."""
+    too_many = (1 << 28) + 1
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        view = await ctx.compile(sid, route=ROUTE)
+        with pytest.raises(CtxccError) as err:
+            await ctx.report_usage(
+                view.compile_id, input_tokens=900, output_tokens=10, reasoning_tokens=too_many
+            )
+        assert err.value.reason == "INVALID_FIELD" and "reasoning_tokens" in err.value.message
+
+        def blocking() -> cpb.ReportUsageResponse:
+            with Client(str(daemon.endpoints.tcp)) as sync:
+                with pytest.raises(CtxccError) as refused:
+                    sync.report_usage(
+                        view.compile_id,
+                        input_tokens=900,
+                        output_tokens=10,
+                        reasoning_tokens=too_many,
+                    )
+                assert "reasoning_tokens" in refused.value.message
+                return sync.report_usage(
+                    view.compile_id, input_tokens=900, output_tokens=10, reasoning_tokens=4
+                )
+
+        answer = await asyncio.to_thread(blocking)
+        assert (
+            not answer.replayed and answer.error_tokens == 900 - view.budget.estimated_input_tokens
+        )

@@ -125,6 +125,7 @@ class AsyncClient:
         input_tokens: int,
         output_tokens: int,
         cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
         route: common_pb2.Route | None = None,
     ) -> cpb.ReportUsageResponse:
         req = build.usage_request(
@@ -133,6 +134,7 @@ class AsyncClient:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached_input_tokens,
+            reasoning_tokens=reasoning_tokens,
         )
         return await self.compiles.ReportUsage(req)
 
@@ -288,6 +290,7 @@ class Client:
         input_tokens: int,
         output_tokens: int,
         cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
         route: common_pb2.Route | None = None,
     ) -> cpb.ReportUsageResponse:
         req = build.usage_request(
@@ -296,6 +299,7 @@ class Client:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached_input_tokens,
+            reasoning_tokens=reasoning_tokens,
         )
         return self.compiles.ReportUsage(req)
 
