@@ -249,7 +249,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                     out.step_id = step.step_id
                     # Refused for what it asks: before anything of the step is done.
                     opts = checked(compile_options_in(step.compile))
-                    if step.HasField("usage") and not await self._step_usage(step, out):
+                    if step.HasField("usage") and not await self._step_usage(
+                        step.usage, opts.session_id, out
+                    ):
                         return out, None, ""
                     if step.events:
                         self._s.check_event_count(len(step.events))
@@ -295,15 +297,15 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         session = await self._s.get(session_id)
         return kept.view if session.head_seq == kept.view.event_boundary else None
 
-    async def _step_usage(self, step: pb.StepRequest, out: pb.CompileStreamResponse) -> bool:
+    async def _step_usage(
+        self, usage: pb.ReportUsageRequest, session_id: str, out: pb.CompileStreamResponse
+    ) -> bool:
         """Records the usage report a step carries, before its append and compile, so the
         compile uses it as its baseline. False (with `out.error` set) when it was refused:
-        then nothing else of the step is done."""
-        session_id = step.compile.session_id
+        then nothing else of the step is done. `session_id` is the step's compile's (the
+        one its rebuild_compile_id names, when it names one)."""
         try:
-            if not session_id:
-                raise invalid("compile.session_id", "a step needs compile.session_id")
-            out.usage.CopyFrom(await self._usage(step.usage, session_id))
+            out.usage.CopyFrom(await self._usage(usage, session_id))
         except CtxccError as err:
             out.error.CopyFrom(_step_error(err))
             # Only a report that can never be recorded is refused; after a passing

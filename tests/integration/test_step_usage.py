@@ -366,3 +366,22 @@ async def test_a_step_whose_compile_is_refused_does_nothing(api: Stubs) -> None:
         assert v2.budget.baseline_tokens == v1.budget.estimated_input_tokens + 5
     finally:
         await steps.close()
+
+
+async def test_a_rebuild_step_carries_its_sessions_report(api: Stubs) -> None:
+    """A step that rebuilds a compile may leave compile.session_id empty (the compile id
+    names the session): its report is for that session, recorded like any other. Before,
+    the report was refused (`usage_refused`, so the clients dropped it) for the empty
+    session id the request is allowed to have."""
+    await _new_session(api, "rb")
+    steps = Steps(api)
+    try:
+        v1, _ = await steps.view(_compile("rb"), [user("one")])
+        rebuild = cpb.CompileRequest(rebuild_compile_id=v1.compile_id)
+        again, answer = await steps.view(rebuild, [], usage=_usage(v1, 7, 10))
+        assert again.SerializeToString() == v1.SerializeToString()
+        assert answer.HasField("usage") and not answer.usage.replayed
+        assert answer.usage.error_tokens == 7
+        assert (await api.compiles.ReportUsage(_usage(v1, 7, 10))).replayed
+    finally:
+        await steps.close()
