@@ -30,7 +30,7 @@ from storage.keys import (
     session_prefix,
     split_compile_id,
 )
-from storage.kv import Batch
+from storage.kv import Batch, WriteWouldWait
 from storage.store_core import StoreCore
 
 T = TypeVar("T")
@@ -100,7 +100,7 @@ class CompileRecords(StoreCore):
         """Stores the record, the parts it names that are not stored yet (content-addressed
         by the caller's digest, so unchanged sources cost nothing), and the boundary index.
         Without `wait`, writes nothing and answers False when the session's lock is held
-        (an append may hold it through its fsync)."""
+        (an append may hold it through its fsync) or RocksDB would stall the write."""
         sid, suffix = split_compile_id(record.compile_id)
         encoded = encode_value(record)
         # A compile record lost in a machine crash only turns its usage report into
@@ -115,12 +115,15 @@ class CompileRecords(StoreCore):
         batch.put("compiles", session_key(sid, suffix), encoded)
         batch.put("compiles", session_key(sid, LAST_COMPILE), encoded)
         batch.put("compiles", session_key(sid, AT_BOUNDARY + be64(record.event_boundary)), suffix)
+        batch.no_wait = not wait
         lock = self._lock(sid)
         if not lock.acquire(blocking=wait):
             return False
         try:
             self._move_route(batch, sid, record.route)
             self._write(batch, sid)
+        except WriteWouldWait:
+            return False
         finally:
             lock.release()
         with self._sources_lock:
@@ -190,7 +193,8 @@ class CompileRecords(StoreCore):
         route_state: RouteState,
         learn: Callable[[RouteModel | None], RouteModel] | None = None,
     ) -> tuple[CompileRecord, bool] | None:
-        """record_usage, or None (nothing written) when it would wait for a lock."""
+        """record_usage, or None (nothing written) when it would wait for a lock or for a
+        RocksDB write stall."""
         return self._record_usage(compile_id, usage, route_state, learn, False)
 
     def _record_usage(
@@ -211,7 +215,7 @@ class CompileRecords(StoreCore):
                 return record, True
             updated = dataclasses.replace(record, usage=usage)
             # Losing a baseline only means the next estimate is a full one.
-            batch = Batch(durable=False)
+            batch = Batch(durable=False, no_wait=not wait)
             batch.put("compiles", session_key(sid, suffix), encode_value(updated))
             self._move_route(batch, sid, record.route)
             batch.put(
@@ -230,6 +234,8 @@ class CompileRecords(StoreCore):
             finally:
                 self._models_lock.release()
             return updated, False
+        except WriteWouldWait:
+            return None
         finally:
             lock.release()
 

@@ -25,6 +25,10 @@ COLUMN_FAMILIES = (
 )
 
 
+class WriteWouldWait(Exception):
+    """A `no_wait` batch met a write stall: nothing was written."""
+
+
 @dataclass(slots=True)
 class Batch:
     """Writes applied together or not at all."""
@@ -35,6 +39,10 @@ class Batch:
     # False for writes whose loss in a machine crash is harmless (compile records, route
     # baselines): they skip the fsync even in `sync` durability. The log never does.
     durable: bool = True
+    # True for writes made on the event loop: rather than wait out a RocksDB write stall
+    # (memtables full, too many level-0 files), the write fails with WriteWouldWait,
+    # writing nothing, and the caller makes it again from a thread.
+    no_wait: bool = False
 
     def put(self, cf: str, key: bytes, value: bytes) -> None:
         self.puts.append((cf, key, value))

@@ -31,7 +31,7 @@ from typing import IO
 import rocksdict
 
 from server.domain.errors import CtxccError, Reason
-from storage.kv import COLUMN_FAMILIES, Batch, Footprint
+from storage.kv import COLUMN_FAMILIES, Batch, Footprint, WriteWouldWait
 from storage.space import Reserve, free_bytes, is_no_space
 
 log = logging.getLogger("ctxcc.storage")
@@ -74,6 +74,12 @@ def disk_full() -> CtxccError:
     )
 
 
+def is_write_stall(exc: BaseException) -> bool:
+    """A write with `no_slowdown` that would have waited fails with RocksDB's
+    `Status::Incomplete("Write stall")`, shown as `Result incomplete: Write stall`."""
+    return "incomplete" in str(exc).lower()
+
+
 class RocksKV:
     def __init__(
         self,
@@ -107,6 +113,9 @@ class RocksKV:
         self._sync = sync
         self._lazy_opts = rocksdict.WriteOptions()
         self._lazy_opts.sync = False
+        self._no_wait_opts = rocksdict.WriteOptions()
+        self._no_wait_opts.sync = False
+        self._no_wait_opts.no_slowdown = True
         self._closed = False
         self._on_write = on_write
         # True while writes are refused for lack of space.
@@ -191,10 +200,12 @@ class RocksKV:
             started = time.perf_counter()
             try:
                 assert self._db is not None
-                self._db.write(wb, self._lazy_opts)
+                self._db.write(wb, self._no_wait_opts if batch.no_wait else self._lazy_opts)
                 if batch.durable and self._sync:
                     self._db.flush_wal(True)
             except Exception as exc:
+                if batch.no_wait and is_write_stall(exc):
+                    raise WriteWouldWait(str(exc)) from None
                 if not is_no_space(exc):
                     raise
                 if not self._full:

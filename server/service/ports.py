@@ -96,7 +96,8 @@ class EventStore(Protocol):
         wait: bool = True,
     ) -> bool:
         """True once written; without `wait`, False (nothing written) when the session's
-        lock is held, so a caller on the event loop never waits behind an fsync."""
+        lock is held or the engine would stall the write, so a caller on the event loop
+        never waits behind an fsync or a RocksDB write stall."""
         ...
 
     def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None: ...
@@ -120,8 +121,9 @@ class EventStore(Protocol):
         route_state: RouteState,
         learn: Callable[[RouteModel | None], RouteModel] | None = None,
     ) -> tuple[CompileRecord, bool] | None:
-        """record_usage, or None (nothing written, `learn` not called) when it would wait
-        for a lock: a caller on the event loop never waits behind an append's fsync."""
+        """record_usage, or None (nothing written; `learn` is pure, so a call of it is
+        lost with nothing else) when it would wait for a lock or for a write stall: a
+        caller on the event loop never waits behind an append's fsync or the engine."""
         ...
 
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None: ...

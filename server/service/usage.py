@@ -69,7 +69,7 @@ class UsageReports:
             )
         # A read and an unsynced write: on the event loop (a thread hop costs about as
         # much CPU as both), unless it would wait for a lock an append may hold through
-        # its fsync; then on the I/O pool.
+        # its fsync or for a RocksDB write stall; then on the I/O pool.
         done = self._report(compile_id, route, usage, wait=False)
         if done is None:
             done = await self._blocking.run(self._report, compile_id, route, usage)
@@ -100,7 +100,7 @@ class UsageReports:
     ) -> tuple[CompileRecord, bool] | None:
         """Blocking when `wait`: the usage, the session's new baseline and what the route
         learns; without `wait`, None (nothing written) when the store would wait for a
-        lock."""
+        lock or a write stall."""
         record = self._store.get_compile(compile_id)
         if route is not None and route.route_id != record.route.route_id:
             raise CtxccError(

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from server.domain.model import AppendBatch, ContentPart, NewEvent, Session, UserMessage
+from server.domain.errors import CtxccError
+from server.domain.model import AppendBatch, ContentPart, NewEvent, Route, Session, UserMessage
+from server.domain.records import CompileRecord, RouteState, Usage
 from storage import KVEventStore, StoreLockedError, open_rocks
 from storage.codec import CorruptRecordError
 from storage.kv import Batch
@@ -190,3 +192,55 @@ def test_close_waits_for_a_write_syncing_the_log(tmp_path: Path) -> None:
     closer.join(5)
     assert not closer.is_alive() and not writer.is_alive()
     assert recording.calls == [("write", False), ("flush_wal", True)]
+
+
+class _Stalling:
+    """The engine's RocksDB handle in a write stall (memtables full, too many level-0
+    files): a write with `no_slowdown` fails with the status RocksDB gives it, any other
+    write goes through (as RocksDB's would, once it has waited the stall out)."""
+
+    def __init__(self, db: object) -> None:
+        self._db = db
+        self.no_slowdown: list[bool] = []
+
+    def write(self, batch: object, opts: Any) -> None:
+        self.no_slowdown.append(bool(opts.no_slowdown))
+        if opts.no_slowdown:
+            raise Exception("Result incomplete: Write stall")
+        self._db.write(batch, opts)  # type: ignore[attr-defined]
+
+    def flush_wal(self, sync: bool) -> None:
+        self._db.flush_wal(sync)  # type: ignore[attr-defined]
+
+
+def test_writes_made_on_the_event_loop_never_wait_out_a_write_stall(tmp_path: Path) -> None:
+    """A compile record or usage report written without `wait` (on the event loop) asks
+    RocksDB not to stall it: in a stall it is declined, nothing written and no generation
+    moved, and made again with `wait` (from a thread) it is written."""
+    kv = open_rocks(tmp_path / "db")
+    store = KVEventStore(kv)
+    store.create_session(Session("s", 1, 1))
+    route = Route(model="m")
+    rec = CompileRecord("s:x1", "s", route, 1, 100, 1, 5)
+    assert store.put_compile(rec, wait=False) is True  # the real engine takes it
+    stalling = _Stalling(kv._db)
+    kv._db = stalling  # type: ignore[assignment]
+    try:
+        rec2 = CompileRecord("s:x2", "s", route, 1, 100, 1, 5)
+        before = store.generation("s", route.route_id)
+        assert store.put_compile(rec2, wait=False) is False
+        with pytest.raises(CtxccError):
+            store.get_compile("s:x2")
+        state = RouteState(route.route_id, 120, "s:x1", 30, 6)
+        assert store.try_record_usage("s:x1", Usage(120, 30), state) is None
+        assert store.get_compile("s:x1").usage is None
+        assert store.generation("s", route.route_id) == before
+        assert stalling.no_slowdown == [True, True]
+        assert store.put_compile(rec2) is True
+        done = store.record_usage("s:x1", Usage(120, 30), state)
+        assert done[0].usage == Usage(120, 30)
+        assert store.get_compile("s:x2") == rec2
+        assert stalling.no_slowdown[2:] == [False, False]
+    finally:
+        kv._db = stalling._db  # type: ignore[assignment]
+        kv.close()
