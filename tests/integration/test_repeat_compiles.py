@@ -10,6 +10,7 @@ write and checks that the next view changed as a compile would change it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import urllib.request
@@ -353,14 +354,11 @@ async def test_unary_repeats_back_to_back_match_their_rebuilds(session: Session)
     assert len({v.compile_id for v in views}) == 4
 
 
-async def test_a_repeat_never_waits_for_the_session_lock_on_the_event_loop(
-    session: Session,
-) -> None:
-    """While an append holds the session's store lock (through its fsync), a repeat's
-    record is written from a thread: other calls are answered meanwhile (the lock is
-    released by a timer, so a daemon that waited on its event loop fails, not hangs),
-    and the repeat completes once the lock is free."""
-    await session.settled()
+@contextlib.asynccontextmanager
+async def _session_lock_held(session: Session, seconds: float) -> AsyncIterator[threading.Event]:
+    """Holds the session's store lock (as an append does through its fsync) until a
+    timer releases it after `seconds`, so a daemon that waits for it on its event loop
+    fails the test rather than hanging it; yields the event set at the release."""
     store = session.d._store
     assert store is not None
     lock = store._lock(SID)
@@ -371,9 +369,23 @@ async def test_a_repeat_never_waits_for_the_session_lock_on_the_event_loop(
         released.set()
         lock.release()
 
-    timer = threading.Timer(1.5, release)
+    timer = threading.Timer(seconds, release)
     timer.start()
     try:
+        yield released
+    finally:
+        await asyncio.to_thread(timer.join)
+
+
+async def test_a_repeat_never_waits_for_the_session_lock_on_the_event_loop(
+    session: Session,
+) -> None:
+    """While an append holds the session's store lock (through its fsync), a repeat's
+    record is written from a thread: other calls are answered meanwhile (the lock is
+    released by a timer, so a daemon that waited on its event loop fails, not hangs),
+    and the repeat completes once the lock is free."""
+    await session.settled()
+    async with _session_lock_held(session, 1.5) as released:
         before = await _repeats(session.d)
         compiling = asyncio.ensure_future(session.api.compiles.Compile(session.request()))
         await asyncio.sleep(0.2)
@@ -381,8 +393,6 @@ async def test_a_repeat_never_waits_for_the_session_lock_on_the_event_loop(
         assert other.session.session_id == SID
         assert not released.is_set(), "the event loop waited for the session's lock"
         assert not compiling.done()  # its record waits for the lock, on a thread
-    finally:
-        timer.join()
     got = (await compiling).view
     assert await _repeats(session.d) == before + 1
     rebuilt = await session.api.compiles.Compile(
@@ -397,19 +407,7 @@ async def test_a_usage_report_never_waits_for_the_session_lock_on_the_event_loop
     """A usage report is recorded on the event loop, unless the session's store lock is
     held (an append's fsync): then from a thread, other calls being answered meanwhile."""
     view = await session.compile()
-    store = session.d._store
-    assert store is not None
-    lock = store._lock(SID)
-    await asyncio.to_thread(lock.acquire)
-    released = threading.Event()
-
-    def release() -> None:
-        released.set()
-        lock.release()
-
-    timer = threading.Timer(1.5, release)
-    timer.start()
-    try:
+    async with _session_lock_held(session, 1.5) as released:
         reporting = asyncio.ensure_future(
             session.api.compiles.ReportUsage(
                 cpb.ReportUsageRequest(compile_id=view.compile_id, route=ROUTE, input_tokens=4_000)
@@ -420,8 +418,6 @@ async def test_a_usage_report_never_waits_for_the_session_lock_on_the_event_loop
         assert other.session.session_id == SID
         assert not released.is_set(), "the event loop waited for the session's lock"
         assert not reporting.done()
-    finally:
-        timer.join()
     answer = await reporting
     assert answer.estimated_input_tokens == view.budget.estimated_input_tokens
     assert not answer.replayed
