@@ -7,6 +7,7 @@ Healthy load must leave every panel with data and every alert quiet."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -108,17 +109,34 @@ def test_rpc_error_panel_shows_the_first_error_of_a_method(run: Run) -> None:
     assert seen.get(("SessionService/GetSession", "NOT_FOUND"), 0) > 0, seen
 
 
+def _host_disk_free_ratio() -> float:
+    """Free share of the filesystem the daemons' data dirs are on, as they report it."""
+    st = os.statvfs("/tmp")  # where replay_under_prometheus puts them
+    return st.f_bavail / st.f_blocks
+
+
 def test_no_alert_fires_on_healthy_load(run: Run) -> None:
     rules = _rules()
     assert len(rules) == 5
+    # The data dirs are on the host's disk: on a host whose disk is itself nearly full,
+    # CtxccDataDirLowSpace is right to fire, and then it must show that disk's free share.
+    host_low = _host_disk_free_ratio() < 0.11
     for rule in rules:
-        assert run.prom.query(rule["expr"], at=run.at) == [], rule["alert"]
+        got = run.prom.query(rule["expr"], at=run.at)
+        if rule["alert"] == "CtxccDataDirLowSpace" and host_low:
+            ratio = _host_disk_free_ratio()
+            assert all(abs(s.values[0][1] - ratio) < 0.01 for s in got), (got, ratio)
+            continue
+        assert got == [], rule["alert"]
     # Prometheus evaluated the same file every second: loaded, healthy, nothing pending.
     groups = run.prom.api("rules")["groups"]
     loaded = [r for g in groups for r in g["rules"]]
     assert {r["name"] for r in loaded} == {r["alert"] for r in rules}
     assert all(r["health"] == "ok" for r in loaded), loaded
-    assert run.prom.api("alerts")["alerts"] == []
+    alerts = run.prom.api("alerts")["alerts"]
+    if host_low:
+        alerts = [a for a in alerts if a["labels"]["alertname"] != "CtxccDataDirLowSpace"]
+    assert alerts == []
 
 
 def test_this_load_would_fire_a_mixed_method_estimation_rule(run: Run) -> None:
