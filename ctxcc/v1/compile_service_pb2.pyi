@@ -79,6 +79,38 @@ IMAGE_MODE_REFERENCE: ImageMode.ValueType  # 2
 """Include references only; the agent downloads what it needs."""
 Global___ImageMode: _TypeAlias = ImageMode  # noqa: Y015
 
+class _DeltaDigest:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeltaDigestEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeltaDigest.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DELTA_DIGEST_UNSPECIFIED: _DeltaDigest.ValueType  # 0
+    """ViewDelta.view_sha256: the sha256 of the whole new view's encoding. Both sides hash the
+    whole view (about 1 MB for a 2,000-message view) at every step.
+    """
+    DELTA_DIGEST_MESSAGE_CHAIN: _DeltaDigest.ValueType  # 1
+    """ViewDelta.chain_sha256 (view_sha256 is left empty): a digest continued from the base
+    view's, so each side hashes only the new messages plus the view without its messages.
+    A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
+    predates it) checks view_sha256 instead.
+    """
+
+class DeltaDigest(_DeltaDigest, metaclass=_DeltaDigestEnumTypeWrapper):
+    """DeltaDigest is the digest a ViewDelta states for the view it rebuilds to."""
+
+DELTA_DIGEST_UNSPECIFIED: DeltaDigest.ValueType  # 0
+"""ViewDelta.view_sha256: the sha256 of the whole new view's encoding. Both sides hash the
+whole view (about 1 MB for a 2,000-message view) at every step.
+"""
+DELTA_DIGEST_MESSAGE_CHAIN: DeltaDigest.ValueType  # 1
+"""ViewDelta.chain_sha256 (view_sha256 is left empty): a digest continued from the base
+view's, so each side hashes only the new messages plus the view without its messages.
+A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
+predates it) checks view_sha256 instead.
+"""
+Global___DeltaDigest: _TypeAlias = DeltaDigest  # noqa: Y015
+
 class _CoveredDigestMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -345,6 +377,7 @@ class StepRequest(_message.Message):
     COMPILE_FIELD_NUMBER: _builtins.int
     DELTA_BASE_COMPILE_ID_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    DELTA_DIGEST_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """Client-chosen id echoed in the answer."""
     request_id: _builtins.str
@@ -357,6 +390,10 @@ class StepRequest(_message.Message):
     When the daemon still holds that view for this stream, it may answer with a ViewDelta
     against it instead of the whole view; it sends the whole view (or its chunks) when it
     no longer holds that view, when the delta would not be smaller, or when it is empty.
+    """
+    delta_digest: Global___DeltaDigest.ValueType
+    """The digest a ViewDelta answering this step carries (see DeltaDigest). Unspecified: the
+    whole view's sha256 in ViewDelta.view_sha256, as before this field existed.
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]:
@@ -398,10 +435,11 @@ class StepRequest(_message.Message):
         compile: Global___CompileRequest | None = ...,
         delta_base_compile_id: _builtins.str = ...,
         usage: Global___ReportUsageRequest | None = ...,
+        delta_digest: Global___DeltaDigest.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "expected_last_seq", b"expected_last_seq", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "delta_digest", b"delta_digest", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_seq: _TypeAlias = _typing.Literal["expected_last_seq"]  # noqa: Y015
     _WhichOneofArgType__expected_last_seq: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq"]  # noqa: Y015
@@ -532,6 +570,7 @@ class ViewDelta(_message.Message):
     TOOLS_CHANGED_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     VIEW_SHA256_FIELD_NUMBER: _builtins.int
+    CHAIN_SHA256_FIELD_NUMBER: _builtins.int
     base_compile_id: _builtins.str
     """The compile whose view this delta applies to."""
     kept_messages: _builtins.int
@@ -544,6 +583,20 @@ class ViewDelta(_message.Message):
     SerializeToString(deterministic=True), ts-proto's encode of a decoded view; not Go's
     MarshalOptions{Deterministic: true}, which writes oneof fields after all others, so the
     Go client serializes in field number order itself).
+    """
+    chain_sha256: _builtins.str
+    """Set instead of view_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN: the
+    lower-case hex of sha256(R || C) over the new view V, where, with E(x) the same
+    deterministic serialization as view_sha256's:
+    - R = sha256(E(V with its messages left out)): 32 bytes over every other field (head
+      fields, system_sections, system_prompt, tools) exactly as E writes them;
+    - C = c_n for V's messages m_1..m_n: c_0 is 32 zero bytes, c_i = sha256(c_{i-1} ||
+      sha256(E(m_i))), where E(m_i) is the ViewMessage alone (no field key or length).
+    `||` joins raw 32-byte digests. The client keeps c_0..c_n of the view it holds; for a
+    delta it continues from c_kept of its base with sha256 of each appended message, so
+    neither side hashes the kept messages again. A kept message that differs between the
+    client's base and the daemon's, a wrong kept_messages, or any other field of the
+    rebuilt view that differs, changes the digest.
     """
     @_builtins.property
     def head(self) -> _view_pb2.CompiledView:
@@ -574,10 +627,11 @@ class ViewDelta(_message.Message):
         tools_changed: _builtins.bool = ...,
         tools: _abc.Iterable[_view_pb2.ViewTool] | None = ...,
         view_sha256: _builtins.str = ...,
+        chain_sha256: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["head", b"head"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended_messages", b"appended_messages", "base_compile_id", b"base_compile_id", "head", b"head", "kept_messages", b"kept_messages", "sections", b"sections", "tools", b"tools", "tools_changed", b"tools_changed", "view_sha256", b"view_sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended_messages", b"appended_messages", "base_compile_id", b"base_compile_id", "chain_sha256", b"chain_sha256", "head", b"head", "kept_messages", b"kept_messages", "sections", b"sections", "tools", b"tools", "tools_changed", b"tools_changed", "view_sha256", b"view_sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

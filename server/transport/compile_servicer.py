@@ -27,7 +27,13 @@ from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.lent import LentBySession
 from server.transport.paging import decode_token, encode_token
 from server.transport.recent_views import KeptView, RecentViews
-from server.transport.view_bytes import LentRecords, ViewBytes, delta_record, view_bytes
+from server.transport.view_bytes import (
+    LentRecords,
+    ViewBytes,
+    chained_delta_record,
+    delta_record,
+    view_bytes,
+)
 from server.transport.wire import Encoded, RefusedMessage
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -74,6 +80,9 @@ class _Stream:
     sent: deque[str] = field(default_factory=lambda: deque(maxlen=_DELTA_BASES))
     # The last view's messages and records, lent to the next view's encoding.
     last: LentRecords = LentRecords()
+    # The chain values of the views in `sent` that went as chained deltas (the base's
+    # value at the kept count starts the next view's chained digest).
+    chains: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
 
 
 class CompileServicer(pb_grpc.CompileServiceServicer):
@@ -161,17 +170,25 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         if source is None:
             return [out]
         base = self._recent.get(base_id) if base_id and base_id in stream.sent else None
+        # A chained digest continues from the base's chain values (None: hashed once).
+        chained = isinstance(msg, pb.CompileStreamRequest) and msg.step.delta_digest == (
+            pb.DELTA_DIGEST_MESSAGE_CHAIN
+        )
+        digest = (chained, stream.chains.get(base_id))
         size = source.size if isinstance(source, ViewBytes) else size_hint(source)
-        work = functools.partial(self._encode, out, source, base, stream.last)
+        work = functools.partial(self._encode, out, source, base, stream.last, digest)
         try:
             # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
-            view, stream.last, answer = (
+            view, stream.last, (answer, values) = (
                 await asyncio.to_thread(work) if size >= _ON_LOOP_CHARS else work()
             )
         except Exception as exc:
             out.error.CopyFrom(_step_error(internal_error(exc)))
             return [out]
         stream.sent.append(view.compile_id)
+        stream.chains = {k: v for k, v in stream.chains.items() if k in stream.sent}
+        if values is not None:
+            stream.chains[view.compile_id] = values
         self._recent.keep(view.session_id, view)
         return answer
 
@@ -181,10 +198,12 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         source: CompileResult | ViewBytes,
         base: KeptView | None,
         last: LentRecords,
-    ) -> tuple[ViewBytes, LentRecords, Answer]:
-        """The view's parts, what the stream lends the next view's encoding, the answer."""
+        digest: tuple[bool, tuple[bytes, ...] | None],
+    ) -> tuple[ViewBytes, LentRecords, tuple[Answer, tuple[bytes, ...] | None]]:
+        """The view's parts, what the stream lends the next view's encoding, the answer
+        (with the view's chain values when it went as a chained delta)."""
         if isinstance(source, ViewBytes):  # a kept view, resent
-            return source, last, self._reply(out, source, base)
+            return source, last, self._reply(out, source, base, digest)
         view = view_bytes(source, last)
         # Records with inline attachment bytes are this compile's only: not lent.
         lent = (
@@ -192,21 +211,31 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             if not source.attachments
             else LentRecords()
         )
-        return view, lent, self._reply(out, view, base)
+        return view, lent, self._reply(out, view, base, digest)
 
     def _reply(
-        self, out: pb.CompileStreamResponse, view: ViewBytes, base: KeptView | None
-    ) -> Answer:
+        self,
+        out: pb.CompileStreamResponse,
+        view: ViewBytes,
+        base: KeptView | None,
+        digest: tuple[bool, tuple[bytes, ...] | None],
+    ) -> tuple[Answer, tuple[bytes, ...] | None]:
         """The view as a ViewDelta against `base` when that is smaller (and fits in one
         message), else whole, in chunks when it is over the chunk size."""
         if base is not None and base.session_id == view.session_id:
-            delta = delta_record(base.view, view)
+            chained, base_chain = digest
+            values = None
+            if chained:
+                found = chained_delta_record(base.view, view, base_chain)
+                delta, values = found if found is not None else (None, None)
+            else:
+                delta = delta_record(base.view, view)
             if delta is not None and len(delta) < min(view.size, self._chunk):
-                return [_encoded(out, 6, delta)]
+                return [_encoded(out, 6, delta)], values
         whole = view.whole()
         if len(whole) <= self._chunk:
-            return [_encoded(out, 2, whole)]
-        return self._chunked(out, view.compile_id, whole)
+            return [_encoded(out, 2, whole)], None
+        return self._chunked(out, view.compile_id, whole), None
 
     def _chunked(self, out: pb.CompileStreamResponse, compile_id: str, data: bytes) -> Answer:
         """A view over the chunk size goes as ordered ViewChunks of its encoding, each

@@ -17,6 +17,7 @@ from operator import is_not
 
 from server.compiler.view import CompiledView, ViewMessage
 from server.service.compile_types import CompileResult
+from server.transport import view_digest
 from server.transport.convert_view import (
     head_back,
     head_front,
@@ -65,6 +66,14 @@ class ViewBytes:
                 self.messages,
                 self.tools,
                 (self.back,),
+            )
+        )
+
+    def without_messages(self) -> bytes:
+        """The view's encoding with its messages left out (R of the chained digest)."""
+        return b"".join(
+            chain(
+                (self.front,), self.sections, (self.prompt, self.middle), self.tools, (self.back,)
             )
         )
 
@@ -174,8 +183,37 @@ def _retag(record: bytes, old_key: int, field: int) -> bytes:
 
 
 def delta_record(base: ViewBytes, new: ViewBytes) -> bytes | None:
-    """The encoded ViewDelta that turns `base` into `new`, or None when `new` must go whole
-    (its system prompt is not the joined sections). Its size is not judged here."""
+    """The encoded ViewDelta that turns `base` into `new` with the whole view's sha256
+    (view_sha256), or None when `new` must go whole (its system prompt is not the joined
+    sections). Its size is not judged here."""
+    found = _delta_parts(base, new)
+    if found is None:
+        return None
+    parts, _ = found
+    parts.append(tagged(8, hashlib.sha256(new.whole()).hexdigest().encode()))
+    return b"".join(parts)
+
+
+def chained_delta_record(
+    base: ViewBytes, new: ViewBytes, base_chain: tuple[bytes, ...] | None
+) -> tuple[bytes, tuple[bytes, ...]] | None:
+    """delta_record with the chained digest (chain_sha256) instead of view_sha256, and the
+    new view's chain values. `base_chain` (None: not kept) are the base's; without them
+    the base's kept messages are hashed once here."""
+    found = _delta_parts(base, new)
+    if found is None:
+        return None
+    parts, kept = found
+    if base_chain is None:
+        base_chain = view_digest.chain(view_digest.CHAIN_START, base.messages[:kept])
+    values = view_digest.continued(base_chain, kept, new.messages)
+    digest = view_digest.chain_digest(new.without_messages(), values)
+    parts.append(tagged(9, digest.encode()))
+    return b"".join(parts), values
+
+
+def _delta_parts(base: ViewBytes, new: ViewBytes) -> tuple[list[bytes], int] | None:
+    """The ViewDelta's fields but its digest, and the kept message count."""
     if not new.prompt_is_joined:
         return None
     kept = common_prefix(base.messages, new.messages)
@@ -197,5 +235,4 @@ def delta_record(base: ViewBytes, new: ViewBytes) -> bytes | None:
     if new.tools != base.tools:
         parts.append(varint(6 << 3) + varint(1))
         parts.extend(_retag(r, _TOOLS_KEY, 7) for r in new.tools)
-    parts.append(tagged(8, hashlib.sha256(new.whole()).hexdigest().encode()))
-    return b"".join(parts)
+    return parts, kept

@@ -41,7 +41,7 @@ OTHER_ROUTE = common_pb2.Route(
 Stepper = Callable[[cpb.CompileRequest, list[event_pb2.Event]], Awaitable[view_pb2.CompiledView]]
 
 
-def encoded(view: view_pb2.CompiledView) -> bytes:
+def encoded(view: view_pb2.CompiledView | view_pb2.ViewMessage) -> bytes:
     return view.SerializeToString(deterministic=True)
 
 
@@ -62,6 +62,18 @@ def apply_delta(base: view_pb2.CompiledView, delta: cpb.ViewDelta) -> view_pb2.C
     return view
 
 
+def chained_digest(view: view_pb2.CompiledView) -> str:
+    """ViewDelta.chain_sha256 of a whole view, computed in one go from the proto's comment
+    (the daemon continues it from the base's chain values instead)."""
+    rest = view_pb2.CompiledView()
+    rest.CopyFrom(view)
+    rest.ClearField("messages")
+    chain = bytes(32)
+    for m in view.messages:
+        chain = hashlib.sha256(chain + hashlib.sha256(encoded(m)).digest()).digest()
+    return hashlib.sha256(hashlib.sha256(encoded(rest)).digest() + chain).hexdigest()
+
+
 def common_prefix(a: view_pb2.CompiledView, b: view_pb2.CompiledView) -> int:
     """How many messages at the start of two views are equal (the smallest delta's
     kept_messages)."""
@@ -75,10 +87,14 @@ def common_prefix(a: view_pb2.CompiledView, b: view_pb2.CompiledView) -> int:
 
 class RawStream:
     """A CompileStream driven with the generated stub: names its last view as the delta
-    base (when `deltas`), applies deltas with `apply_delta`, checks their digest, and
-    records every answer."""
+    base (when `deltas`), applies deltas with `apply_delta`, checks their digest (the one
+    `digest` asks for: view_sha256 and no chain_sha256 when unspecified, chain_sha256 and
+    no view_sha256 for the chained one), and records every answer."""
 
-    def __init__(self, api: Stubs, deltas: bool = True) -> None:
+    def __init__(
+        self, api: Stubs, deltas: bool = True, digest: int = cpb.DELTA_DIGEST_UNSPECIFIED
+    ) -> None:
+        self.digest = digest
         self._queue: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
         self._call: Any = api.compiles.CompileStream(self._requests())
         self._it = self._call.__aiter__()
@@ -123,6 +139,7 @@ class RawStream:
                 request_id=f"r{self._count}-{id(self)}",
                 compile=req,
                 delta_base_compile_id=base,
+                delta_digest=self.digest,  # type: ignore[arg-type]
             )
         )
         resp = await self.send(msg)
@@ -133,7 +150,12 @@ class RawStream:
         else:
             assert self.view is not None
             view = apply_delta(self.view, resp.delta)
-            assert hashlib.sha256(encoded(view)).hexdigest() == resp.delta.view_sha256
+            if self.digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN:
+                assert not resp.delta.view_sha256, "not computed when the chain is asked for"
+                assert resp.delta.chain_sha256 == chained_digest(view)
+            else:
+                assert not resp.delta.chain_sha256
+                assert hashlib.sha256(encoded(view)).hexdigest() == resp.delta.view_sha256
             self.applied.append((self.view, resp.delta))
             self.view = view
         return self.view

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
@@ -23,9 +25,14 @@ from tests.integration.delta_session import (
     scripted_session,
 )
 
+DIGESTS = pytest.mark.parametrize(
+    "digest", [cpb.DELTA_DIGEST_UNSPECIFIED, cpb.DELTA_DIGEST_MESSAGE_CHAIN]
+)
 
-async def test_every_step_rebuilds_from_a_minimal_delta(api: Stubs) -> None:
-    stream = RawStream(api)
+
+@DIGESTS
+async def test_every_step_rebuilds_from_a_minimal_delta(api: Stubs, digest: int) -> None:
+    stream = RawStream(api, digest=digest)
     try:
         out = await scripted_session(api, "ds", stream.step)
     finally:
@@ -152,11 +159,14 @@ def _with_element() -> event_pb2.Event:
     return ev
 
 
-async def test_digest_is_the_deterministic_encoding_of_the_parsed_view(api: Stubs) -> None:
+@DIGESTS
+async def test_digest_is_the_deterministic_encoding_of_the_parsed_view(
+    api: Stubs, digest: int
+) -> None:
     """The daemon's digest is over its spliced encoding; it must equal the digest of the
     view decoded and encoded again by protobuf, attributes map and image included."""
     await _session(api, "dg")
-    stream = RawStream(api)
+    stream = RawStream(api, digest=digest)
     try:
         await stream.step(compile_request("dg"), [user("one")])
         view = await stream.step(compile_request("dg"), [_with_element()])

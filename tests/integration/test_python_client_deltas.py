@@ -1,13 +1,17 @@
 """The Python client's CompileStream with delta views, against a real daemon on its Unix
 socket: every view it hands out over a scripted session equals the same compile rebuilt
-whole, while the wire carried deltas; a damaged delta is fetched again whole and never
-reaches the caller; deltas off means whole views; a reopened stream starts whole."""
+whole, while the wire carried deltas with the digest asked for (chained by default, the
+whole view's sha256 when not); a damaged delta (appended text, kept count, head) is
+fetched again whole and never reaches the caller; deltas off means whole views; a
+reopened stream starts whole."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from ctxcc_client import AsyncClient, CompileStream
 
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -26,17 +30,24 @@ def _stepper(stream: CompileStream) -> Any:
     return step
 
 
-async def test_client_hands_out_whole_views_rebuilt_from_deltas(daemon: Daemon) -> None:
+@pytest.mark.parametrize("chained", [True, False])
+async def test_client_hands_out_whole_views_rebuilt_from_deltas(
+    daemon: Daemon, chained: bool
+) -> None:
     target = f"unix:{daemon.endpoints.unix}"
     api = stubs_for(target)
+    recording = _Damaging(api.compiles, lambda delta: None)
+    # The stream as the client makes it, on a stub that records the answers.
+    stream = CompileStream(recording) if chained else CompileStream(recording, chained_digest=False)
     try:
-        async with AsyncClient(target) as ctx:
-            stream = ctx.stream()
-            out = await scripted_session(api, "pc", _stepper(stream))
-            await stream.close()
+        out = await scripted_session(api, "pc", _stepper(stream))
     finally:
+        await stream.close()
         await api.channel.close()
     steps = len(out.views)
+    assert len(recording.deltas) == steps - 1
+    for delta in recording.deltas:  # the digest asked for, and only it
+        assert bool(delta.chain_sha256) == chained and bool(delta.view_sha256) != chained
     assert (stream.stats.whole_views, stream.stats.deltas) == (1, steps - 1)
     assert stream.stats.resumed == 0, "every delta matched its digest"
     # What crossed the wire after the first view, against those views whole.
@@ -44,29 +55,53 @@ async def test_client_hands_out_whole_views_rebuilt_from_deltas(daemon: Daemon) 
     assert later * 3 < sum(v.ByteSize() for v in out.views[1:])
 
 
+Damage = Callable[[cpb.ViewDelta], str | None]
+
+
+def _damage_text(delta: cpb.ViewDelta) -> str | None:
+    """One character of the last appended text changed (the damaged text)."""
+    for part in reversed(delta.appended_messages[-1].parts):
+        if part.text:
+            part.text = ("#" if part.text[0] != "#" else "%") + part.text[1:]
+            return part.text
+    return None
+
+
+def _damage_kept(delta: cpb.ViewDelta) -> str | None:
+    if not delta.kept_messages:
+        return None
+    delta.kept_messages -= 1
+    return "kept"
+
+
+def _damage_head(delta: cpb.ViewDelta) -> str | None:
+    delta.head.notes.append("a note the daemon did not write")
+    return "head"
+
+
 class _Damaging:
     """A stub whose CompileStream answers pass through, except that every other delta
-    with appended messages gets one character of its last appended text changed."""
+    with appended messages is damaged by `damage` (it returns what it damaged, or None).
+    Every delta that arrives is recorded as it came."""
 
-    def __init__(self, stub: Any) -> None:
+    def __init__(self, stub: Any, damage: Damage = _damage_text) -> None:
         self._stub = stub
+        self._damage = damage
         self.damaged: list[str] = []
-        self._deltas = 0
+        self.deltas: list[cpb.ViewDelta] = []
 
     def CompileStream(self, requests: Any) -> Any:
         return _DamagingCall(self._stub.CompileStream(requests), self)
 
     def damage(self, resp: cpb.CompileStreamResponse) -> None:
-        if resp.WhichOneof("response") != "delta" or not resp.delta.appended_messages:
+        if resp.WhichOneof("response") != "delta":
             return
-        self._deltas += 1
-        if self._deltas % 2:
+        self.deltas.append(cpb.ViewDelta.FromString(resp.delta.SerializeToString()))
+        if not resp.delta.appended_messages or len(self.deltas) % 2:
             return
-        for part in reversed(resp.delta.appended_messages[-1].parts):
-            if part.text:
-                part.text = ("#" if part.text[0] != "#" else "%") + part.text[1:]
-                self.damaged.append(part.text)
-                return
+        damaged = self._damage(resp.delta)
+        if damaged is not None:
+            self.damaged.append(damaged)
 
 
 class _DamagingCall:
@@ -87,18 +122,25 @@ class _DamagingCall:
         return bool(self._call.cancel())
 
 
-async def test_a_damaged_delta_is_fetched_whole(daemon: Daemon) -> None:
+@pytest.mark.parametrize("chained", [True, False])
+@pytest.mark.parametrize("damage", [_damage_text, _damage_kept, _damage_head])
+async def test_a_damaged_delta_is_fetched_whole(
+    daemon: Daemon, damage: Damage, chained: bool
+) -> None:
     target = f"unix:{daemon.endpoints.unix}"
     api = stubs_for(target)
-    damaging = _Damaging(api.compiles)
-    stream = CompileStream(damaging)
+    damaging = _Damaging(api.compiles, damage)
+    stream = CompileStream(damaging, chained_digest=chained)
     try:
         out = await scripted_session(api, "dm", _stepper(stream))
     finally:
         await stream.close()
         await api.channel.close()
     assert len(damaging.damaged) >= 5
+    # Each damaged delta was refetched whole (scripted_session checked every view the
+    # caller got against its rebuild), and the others were used.
     assert stream.stats.resumed == len(damaging.damaged)
+    assert stream.stats.deltas == len(damaging.deltas) > 2 * len(damaging.damaged) - 2
     texts = {p.text for v in out.views for m in v.messages for p in m.parts}
     assert not texts & set(damaging.damaged)
 

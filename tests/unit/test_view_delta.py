@@ -2,19 +2,24 @@
 client's reader (ctxcc_client/deltas.py) on the edges a session rarely reaches: the first
 message differs (nothing kept), the base has more messages than the new view, the tools
 change to none, a section kept at index 0 (a oneof field sent although it is 0), a
-system prompt that is not the joined sections (no delta). Views are built as protobuf
-messages and cut into ViewBytes with protobuf itself, so neither side's splitting is
-trusted."""
+system prompt that is not the joined sections (no delta); each with the whole view's
+sha256 and with the chained digest, whose value is checked against the proto's rule
+computed from the whole view in one go; a damaged base, kept count, head, section or
+tools flag is refused with either digest. Views are built as protobuf messages and cut
+into ViewBytes with protobuf itself, so neither side's splitting is trusted."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
+from typing import Any
 
 import pytest
 from ctxcc_client.deltas import DeltaMismatch, HeldView
 
 from ctxcc.v1 import common_pb2, compile_service_pb2, tool_pb2, view_pb2
-from server.transport.view_bytes import ViewBytes, delta_record
+from server.transport.view_bytes import ViewBytes, chained_delta_record, delta_record
+from tests.integration.delta_session import chained_digest
 
 _FRONT, _MIDDLE = (1, 2, 3, 4, 5), (8, 9)
 
@@ -97,6 +102,36 @@ def roundtrip(
     assert delta.view_sha256 == hashlib.sha256(want).hexdigest()
     rebuilt = HeldView.of(base).apply(delta)
     assert rebuilt.view.SerializeToString(deterministic=True) == want
+    chained = chained_roundtrip(base, new)
+    assert chained.SerializeToString() == delta.SerializeToString().replace(
+        _digest_field(8, delta.view_sha256), b""
+    ) + _digest_field(9, chained.chain_sha256)
+    return delta
+
+
+def _digest_field(number: int, hexdigest: str) -> bytes:
+    return bytes([number << 3 | 2, 64]) + hexdigest.encode()
+
+
+def chained_roundtrip(
+    base: view_pb2.CompiledView, new: view_pb2.CompiledView
+) -> compile_service_pb2.ViewDelta:
+    """The delta with the chained digest, from the base's chain values kept and not."""
+    found = chained_delta_record(cut(base), cut(new), None)
+    assert found is not None
+    encoded, values = found
+    base_values = chained_delta_record(cut(_view("z", [], [], [])), cut(base), None)
+    assert base_values is not None
+    assert chained_delta_record(cut(base), cut(new), base_values[1]) == found
+    delta = compile_service_pb2.ViewDelta.FromString(encoded)
+    assert not delta.view_sha256 and delta.chain_sha256 == chained_digest(new)
+    assert len(values) == len(new.messages)
+    held = HeldView.of(base, chained=True)
+    rebuilt = held.apply(delta)
+    assert rebuilt.view.SerializeToString(deterministic=True) == new.SerializeToString(
+        deterministic=True
+    )
+    assert rebuilt.chain == values, "the client's chain values are the daemon's"
     return delta
 
 
@@ -144,3 +179,92 @@ def test_the_reader_refuses_a_delta_for_another_base_or_too_many_kept() -> None:
     delta.kept_messages = 5
     with pytest.raises(DeltaMismatch):
         HeldView.of(base).apply(delta)
+
+
+def _delta(base: view_pb2.CompiledView, new: view_pb2.CompiledView, chained: bool) -> Any:
+    if chained:
+        found = chained_delta_record(cut(base), cut(new), None)
+        assert found is not None
+        return compile_service_pb2.ViewDelta.FromString(found[0])
+    encoded = delta_record(cut(base), cut(new))
+    assert encoded is not None
+    return compile_service_pb2.ViewDelta.FromString(encoded)
+
+
+def _damage_base(base: view_pb2.CompiledView, delta: Any) -> view_pb2.CompiledView:
+    # The client's base differs from the daemon's in a kept message (its chain values
+    # are of the damaged one: as if it had been received so).
+    damaged = view_pb2.CompiledView()
+    damaged.CopyFrom(base)
+    damaged.messages[1].parts[0].text = "y!"
+    return damaged
+
+
+def _damage_kept(base: view_pb2.CompiledView, delta: Any) -> view_pb2.CompiledView:
+    delta.kept_messages -= 1
+    return base
+
+
+def _damage_head(base: view_pb2.CompiledView, delta: Any) -> view_pb2.CompiledView:
+    delta.head.notes.append("x")
+    return base
+
+
+def _damage_section(base: view_pb2.CompiledView, delta: Any) -> view_pb2.CompiledView:
+    delta.sections[0].base_index = 1
+    return base
+
+
+def _damage_tools(base: view_pb2.CompiledView, delta: Any) -> view_pb2.CompiledView:
+    delta.tools_changed = True  # and no tools: the base's are dropped
+    return base
+
+
+@pytest.mark.parametrize("chained", [False, True])
+@pytest.mark.parametrize(
+    "damage", [_damage_base, _damage_kept, _damage_head, _damage_section, _damage_tools]
+)
+def test_a_damaged_rebuild_fails_its_digest(chained: bool, damage: Any) -> None:
+    base = _view("a", ["x", "y", "z"], ["k", "m"], ["t"])
+    new = _view("b", ["x", "y", "z", "w"], ["k", "m"], ["t"])
+    delta = _delta(base, new, chained)
+    assert delta.kept_messages == 3
+    HeldView.of(base, chained).apply(delta)  # undamaged, it checks
+    held = damage(base, delta)
+    with pytest.raises(DeltaMismatch):
+        HeldView.of(held, chained).apply(delta)
+
+
+@pytest.mark.parametrize("caller_edits", [False, True])
+def test_views_handed_out_are_never_changed_and_changing_them_changes_nothing(
+    caller_edits: bool,
+) -> None:
+    views = [_view(str(i), ["x"] * i, ["k", f"m{i}"], ["t"] * (i % 2)) for i in range(1, 6)]
+    held = HeldView.of(views[0], chained=True)
+    handed = [(held.view, views[0].SerializeToString(deterministic=True))]
+    for base, new in itertools.pairwise(views):
+        if caller_edits:  # the next rebuild must not see what the caller did to its view
+            held.view.messages[0].parts[0].text = "the caller's"
+            held.view.notes.append("the caller's")
+        held = held.apply(_delta(base, new, chained=True))
+        want = new.SerializeToString(deterministic=True)
+        assert held.view.SerializeToString(deterministic=True) == want
+        handed.append((held.view, want))
+    if not caller_edits:  # later steps did not change the views handed out before
+        assert [v.SerializeToString(deterministic=True) for v, _ in handed] == [
+            w for _, w in handed
+        ]
+
+
+def test_a_held_view_rebuilds_once_and_takes_a_whole_view_digest_too() -> None:
+    base = _view("a", ["x"], ["k"], [])
+    new = _view("b", ["x", "y"], ["k"], [])
+    held = HeldView.of(base, chained=True)
+    held.apply(_delta(base, new, chained=True))
+    with pytest.raises(DeltaMismatch):  # its internal copy became the new view's
+        held.apply(_delta(base, new, chained=True))
+    # A daemon that ignores the chained digest answers with view_sha256: still checked.
+    again = HeldView.of(base, chained=True).apply(_delta(base, new, chained=False))
+    assert again.view.SerializeToString(deterministic=True) == new.SerializeToString(
+        deterministic=True
+    )

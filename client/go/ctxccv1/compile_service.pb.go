@@ -135,6 +135,59 @@ func (ImageMode) EnumDescriptor() ([]byte, []int) {
 	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{1}
 }
 
+// DeltaDigest is the digest a ViewDelta states for the view it rebuilds to.
+type DeltaDigest int32
+
+const (
+	// ViewDelta.view_sha256: the sha256 of the whole new view's encoding. Both sides hash the
+	// whole view (about 1 MB for a 2,000-message view) at every step.
+	DeltaDigest_DELTA_DIGEST_UNSPECIFIED DeltaDigest = 0
+	// ViewDelta.chain_sha256 (view_sha256 is left empty): a digest continued from the base
+	// view's, so each side hashes only the new messages plus the view without its messages.
+	// A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
+	// predates it) checks view_sha256 instead.
+	DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN DeltaDigest = 1
+)
+
+// Enum value maps for DeltaDigest.
+var (
+	DeltaDigest_name = map[int32]string{
+		0: "DELTA_DIGEST_UNSPECIFIED",
+		1: "DELTA_DIGEST_MESSAGE_CHAIN",
+	}
+	DeltaDigest_value = map[string]int32{
+		"DELTA_DIGEST_UNSPECIFIED":   0,
+		"DELTA_DIGEST_MESSAGE_CHAIN": 1,
+	}
+)
+
+func (x DeltaDigest) Enum() *DeltaDigest {
+	p := new(DeltaDigest)
+	*p = x
+	return p
+}
+
+func (x DeltaDigest) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeltaDigest) Descriptor() protoreflect.EnumDescriptor {
+	return file_ctxcc_v1_compile_service_proto_enumTypes[2].Descriptor()
+}
+
+func (DeltaDigest) Type() protoreflect.EnumType {
+	return &file_ctxcc_v1_compile_service_proto_enumTypes[2]
+}
+
+func (x DeltaDigest) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeltaDigest.Descriptor instead.
+func (DeltaDigest) EnumDescriptor() ([]byte, []int) {
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{2}
+}
+
 // CoveredDigestMode says whether a checkpoint's covered_digest is checked or computed.
 type CoveredDigestMode int32
 
@@ -177,11 +230,11 @@ func (x CoveredDigestMode) String() string {
 }
 
 func (CoveredDigestMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_ctxcc_v1_compile_service_proto_enumTypes[2].Descriptor()
+	return file_ctxcc_v1_compile_service_proto_enumTypes[3].Descriptor()
 }
 
 func (CoveredDigestMode) Type() protoreflect.EnumType {
-	return &file_ctxcc_v1_compile_service_proto_enumTypes[2]
+	return &file_ctxcc_v1_compile_service_proto_enumTypes[3]
 }
 
 func (x CoveredDigestMode) Number() protoreflect.EnumNumber {
@@ -190,7 +243,7 @@ func (x CoveredDigestMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use CoveredDigestMode.Descriptor instead.
 func (CoveredDigestMode) EnumDescriptor() ([]byte, []int) {
-	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{2}
+	return file_ctxcc_v1_compile_service_proto_rawDescGZIP(), []int{3}
 }
 
 // ModelLimits overrides what the model catalog knows about a model.
@@ -653,7 +706,10 @@ type StepRequest struct {
 	// reason (DISK_FULL, STORAGE_FAILURE, SHUTTING_DOWN, INTERNAL) usage_refused is false:
 	// resend the step with it later. A report that was recorded stays recorded when the
 	// append or the compile after it fails.
-	Usage         *ReportUsageRequest `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
+	Usage *ReportUsageRequest `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
+	// The digest a ViewDelta answering this step carries (see DeltaDigest). Unspecified: the
+	// whole view's sha256 in ViewDelta.view_sha256, as before this field existed.
+	DeltaDigest   DeltaDigest `protobuf:"varint,8,opt,name=delta_digest,json=deltaDigest,proto3,enum=ctxcc.v1.DeltaDigest" json:"delta_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -735,6 +791,13 @@ func (x *StepRequest) GetUsage() *ReportUsageRequest {
 		return x.Usage
 	}
 	return nil
+}
+
+func (x *StepRequest) GetDeltaDigest() DeltaDigest {
+	if x != nil {
+		return x.DeltaDigest
+	}
+	return DeltaDigest_DELTA_DIGEST_UNSPECIFIED
 }
 
 // ResumeRequest continues a stream after a reconnect, or fetches a whole view again after a
@@ -980,7 +1043,21 @@ type ViewDelta struct {
 	// SerializeToString(deterministic=True), ts-proto's encode of a decoded view; not Go's
 	// MarshalOptions{Deterministic: true}, which writes oneof fields after all others, so the
 	// Go client serializes in field number order itself).
-	ViewSha256    string `protobuf:"bytes,8,opt,name=view_sha256,json=viewSha256,proto3" json:"view_sha256,omitempty"`
+	ViewSha256 string `protobuf:"bytes,8,opt,name=view_sha256,json=viewSha256,proto3" json:"view_sha256,omitempty"`
+	// Set instead of view_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN: the
+	// lower-case hex of sha256(R || C) over the new view V, where, with E(x) the same
+	// deterministic serialization as view_sha256's:
+	//   - R = sha256(E(V with its messages left out)): 32 bytes over every other field (head
+	//     fields, system_sections, system_prompt, tools) exactly as E writes them;
+	//   - C = c_n for V's messages m_1..m_n: c_0 is 32 zero bytes, c_i = sha256(c_{i-1} ||
+	//     sha256(E(m_i))), where E(m_i) is the ViewMessage alone (no field key or length).
+	//
+	// `||` joins raw 32-byte digests. The client keeps c_0..c_n of the view it holds; for a
+	// delta it continues from c_kept of its base with sha256 of each appended message, so
+	// neither side hashes the kept messages again. A kept message that differs between the
+	// client's base and the daemon's, a wrong kept_messages, or any other field of the
+	// rebuilt view that differs, changes the digest.
+	ChainSha256   string `protobuf:"bytes,9,opt,name=chain_sha256,json=chainSha256,proto3" json:"chain_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1067,6 +1144,13 @@ func (x *ViewDelta) GetTools() []*ViewTool {
 func (x *ViewDelta) GetViewSha256() string {
 	if x != nil {
 		return x.ViewSha256
+	}
+	return ""
+}
+
+func (x *ViewDelta) GetChainSha256() string {
+	if x != nil {
+		return x.ChainSha256
 	}
 	return ""
 }
@@ -1828,7 +1912,7 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x14CompileStreamRequest\x12+\n" +
 	"\x04step\x18\x01 \x01(\v2\x15.ctxcc.v1.StepRequestH\x00R\x04step\x121\n" +
 	"\x06resume\x18\x02 \x01(\v2\x17.ctxcc.v1.ResumeRequestH\x00R\x06resumeB\t\n" +
-	"\arequest\"\xd0\x02\n" +
+	"\arequest\"\x8a\x03\n" +
 	"\vStepRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12'\n" +
 	"\x06events\x18\x02 \x03(\v2\x0f.ctxcc.v1.EventR\x06events\x12\x1d\n" +
@@ -1837,7 +1921,8 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x11expected_last_seq\x18\x04 \x01(\x04H\x00R\x0fexpectedLastSeq\x88\x01\x01\x122\n" +
 	"\acompile\x18\x05 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\x121\n" +
 	"\x15delta_base_compile_id\x18\x06 \x01(\tR\x12deltaBaseCompileId\x122\n" +
-	"\x05usage\x18\a \x01(\v2\x1c.ctxcc.v1.ReportUsageRequestR\x05usageB\x14\n" +
+	"\x05usage\x18\a \x01(\v2\x1c.ctxcc.v1.ReportUsageRequestR\x05usage\x128\n" +
+	"\fdelta_digest\x18\b \x01(\x0e2\x15.ctxcc.v1.DeltaDigestR\vdeltaDigestB\x14\n" +
 	"\x12_expected_last_seq\"b\n" +
 	"\rResumeRequest\x12\x1d\n" +
 	"\n" +
@@ -1852,7 +1937,7 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x06append\x18\x05 \x01(\v2\x16.ctxcc.v1.AppendResultR\x06append\x123\n" +
 	"\x05usage\x18\a \x01(\v2\x1d.ctxcc.v1.ReportUsageResponseR\x05usageB\n" +
 	"\n" +
-	"\bresponse\"\xeb\x02\n" +
+	"\bresponse\"\x8e\x03\n" +
 	"\tViewDelta\x12&\n" +
 	"\x0fbase_compile_id\x18\x01 \x01(\tR\rbaseCompileId\x12*\n" +
 	"\x04head\x18\x02 \x01(\v2\x16.ctxcc.v1.CompiledViewR\x04head\x12#\n" +
@@ -1862,7 +1947,8 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\rtools_changed\x18\x06 \x01(\bR\ftoolsChanged\x12(\n" +
 	"\x05tools\x18\a \x03(\v2\x12.ctxcc.v1.ViewToolR\x05tools\x12\x1f\n" +
 	"\vview_sha256\x18\b \x01(\tR\n" +
-	"viewSha256\"k\n" +
+	"viewSha256\x12!\n" +
+	"\fchain_sha256\x18\t \x01(\tR\vchainSha256\"k\n" +
 	"\vSectionSlot\x12\x1f\n" +
 	"\n" +
 	"base_index\x18\x01 \x01(\rH\x00R\tbaseIndex\x123\n" +
@@ -1928,7 +2014,10 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\tImageMode\x12\x1a\n" +
 	"\x16IMAGE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11IMAGE_MODE_INLINE\x10\x01\x12\x18\n" +
-	"\x14IMAGE_MODE_REFERENCE\x10\x02*y\n" +
+	"\x14IMAGE_MODE_REFERENCE\x10\x02*K\n" +
+	"\vDeltaDigest\x12\x1c\n" +
+	"\x18DELTA_DIGEST_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aDELTA_DIGEST_MESSAGE_CHAIN\x10\x01*y\n" +
 	"\x11CoveredDigestMode\x12#\n" +
 	"\x1fCOVERED_DIGEST_MODE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aCOVERED_DIGEST_MODE_VERIFY\x10\x01\x12\x1f\n" +
@@ -1952,87 +2041,89 @@ func file_ctxcc_v1_compile_service_proto_rawDescGZIP() []byte {
 	return file_ctxcc_v1_compile_service_proto_rawDescData
 }
 
-var file_ctxcc_v1_compile_service_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_ctxcc_v1_compile_service_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_ctxcc_v1_compile_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_ctxcc_v1_compile_service_proto_goTypes = []any{
 	(ApprovalMode)(0),                // 0: ctxcc.v1.ApprovalMode
 	(ImageMode)(0),                   // 1: ctxcc.v1.ImageMode
-	(CoveredDigestMode)(0),           // 2: ctxcc.v1.CoveredDigestMode
-	(*ModelLimits)(nil),              // 3: ctxcc.v1.ModelLimits
-	(*Environment)(nil),              // 4: ctxcc.v1.Environment
-	(*CompileRequest)(nil),           // 5: ctxcc.v1.CompileRequest
-	(*CompileResponse)(nil),          // 6: ctxcc.v1.CompileResponse
-	(*CompileStreamRequest)(nil),     // 7: ctxcc.v1.CompileStreamRequest
-	(*StepRequest)(nil),              // 8: ctxcc.v1.StepRequest
-	(*ResumeRequest)(nil),            // 9: ctxcc.v1.ResumeRequest
-	(*CompileStreamResponse)(nil),    // 10: ctxcc.v1.CompileStreamResponse
-	(*ViewDelta)(nil),                // 11: ctxcc.v1.ViewDelta
-	(*SectionSlot)(nil),              // 12: ctxcc.v1.SectionSlot
-	(*ViewChunk)(nil),                // 13: ctxcc.v1.ViewChunk
-	(*StepError)(nil),                // 14: ctxcc.v1.StepError
-	(*AppendResult)(nil),             // 15: ctxcc.v1.AppendResult
-	(*ReportUsageRequest)(nil),       // 16: ctxcc.v1.ReportUsageRequest
-	(*ReportUsageResponse)(nil),      // 17: ctxcc.v1.ReportUsageResponse
-	(*CreateCheckpointRequest)(nil),  // 18: ctxcc.v1.CreateCheckpointRequest
-	(*CreateCheckpointResponse)(nil), // 19: ctxcc.v1.CreateCheckpointResponse
-	(*ListCheckpointsRequest)(nil),   // 20: ctxcc.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil),  // 21: ctxcc.v1.ListCheckpointsResponse
-	(*Route)(nil),                    // 22: ctxcc.v1.Route
-	(SectionKind)(0),                 // 23: ctxcc.v1.SectionKind
-	(RenderFormat)(0),                // 24: ctxcc.v1.RenderFormat
-	(*CompiledView)(nil),             // 25: ctxcc.v1.CompiledView
-	(*Event)(nil),                    // 26: ctxcc.v1.Event
-	(*ViewMessage)(nil),              // 27: ctxcc.v1.ViewMessage
-	(*ViewTool)(nil),                 // 28: ctxcc.v1.ViewTool
-	(*SystemSection)(nil),            // 29: ctxcc.v1.SystemSection
-	(*Checkpoint)(nil),               // 30: ctxcc.v1.Checkpoint
+	(DeltaDigest)(0),                 // 2: ctxcc.v1.DeltaDigest
+	(CoveredDigestMode)(0),           // 3: ctxcc.v1.CoveredDigestMode
+	(*ModelLimits)(nil),              // 4: ctxcc.v1.ModelLimits
+	(*Environment)(nil),              // 5: ctxcc.v1.Environment
+	(*CompileRequest)(nil),           // 6: ctxcc.v1.CompileRequest
+	(*CompileResponse)(nil),          // 7: ctxcc.v1.CompileResponse
+	(*CompileStreamRequest)(nil),     // 8: ctxcc.v1.CompileStreamRequest
+	(*StepRequest)(nil),              // 9: ctxcc.v1.StepRequest
+	(*ResumeRequest)(nil),            // 10: ctxcc.v1.ResumeRequest
+	(*CompileStreamResponse)(nil),    // 11: ctxcc.v1.CompileStreamResponse
+	(*ViewDelta)(nil),                // 12: ctxcc.v1.ViewDelta
+	(*SectionSlot)(nil),              // 13: ctxcc.v1.SectionSlot
+	(*ViewChunk)(nil),                // 14: ctxcc.v1.ViewChunk
+	(*StepError)(nil),                // 15: ctxcc.v1.StepError
+	(*AppendResult)(nil),             // 16: ctxcc.v1.AppendResult
+	(*ReportUsageRequest)(nil),       // 17: ctxcc.v1.ReportUsageRequest
+	(*ReportUsageResponse)(nil),      // 18: ctxcc.v1.ReportUsageResponse
+	(*CreateCheckpointRequest)(nil),  // 19: ctxcc.v1.CreateCheckpointRequest
+	(*CreateCheckpointResponse)(nil), // 20: ctxcc.v1.CreateCheckpointResponse
+	(*ListCheckpointsRequest)(nil),   // 21: ctxcc.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil),  // 22: ctxcc.v1.ListCheckpointsResponse
+	(*Route)(nil),                    // 23: ctxcc.v1.Route
+	(SectionKind)(0),                 // 24: ctxcc.v1.SectionKind
+	(RenderFormat)(0),                // 25: ctxcc.v1.RenderFormat
+	(*CompiledView)(nil),             // 26: ctxcc.v1.CompiledView
+	(*Event)(nil),                    // 27: ctxcc.v1.Event
+	(*ViewMessage)(nil),              // 28: ctxcc.v1.ViewMessage
+	(*ViewTool)(nil),                 // 29: ctxcc.v1.ViewTool
+	(*SystemSection)(nil),            // 30: ctxcc.v1.SystemSection
+	(*Checkpoint)(nil),               // 31: ctxcc.v1.Checkpoint
 }
 var file_ctxcc_v1_compile_service_proto_depIdxs = []int32{
-	22, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
-	3,  // 1: ctxcc.v1.CompileRequest.limits:type_name -> ctxcc.v1.ModelLimits
+	23, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
+	4,  // 1: ctxcc.v1.CompileRequest.limits:type_name -> ctxcc.v1.ModelLimits
 	0,  // 2: ctxcc.v1.CompileRequest.approval_mode:type_name -> ctxcc.v1.ApprovalMode
-	4,  // 3: ctxcc.v1.CompileRequest.environment:type_name -> ctxcc.v1.Environment
-	23, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
+	5,  // 3: ctxcc.v1.CompileRequest.environment:type_name -> ctxcc.v1.Environment
+	24, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
 	1,  // 5: ctxcc.v1.CompileRequest.image_mode:type_name -> ctxcc.v1.ImageMode
-	24, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
-	25, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
-	8,  // 8: ctxcc.v1.CompileStreamRequest.step:type_name -> ctxcc.v1.StepRequest
-	9,  // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
-	26, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
-	5,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	16, // 12: ctxcc.v1.StepRequest.usage:type_name -> ctxcc.v1.ReportUsageRequest
-	5,  // 13: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	25, // 14: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
-	13, // 15: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
-	14, // 16: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
-	11, // 17: ctxcc.v1.CompileStreamResponse.delta:type_name -> ctxcc.v1.ViewDelta
-	15, // 18: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
-	17, // 19: ctxcc.v1.CompileStreamResponse.usage:type_name -> ctxcc.v1.ReportUsageResponse
-	25, // 20: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
-	27, // 21: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
-	12, // 22: ctxcc.v1.ViewDelta.sections:type_name -> ctxcc.v1.SectionSlot
-	28, // 23: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
-	29, // 24: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
-	22, // 25: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
-	30, // 26: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	2,  // 27: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
-	30, // 28: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	30, // 29: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
-	5,  // 30: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
-	7,  // 31: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
-	16, // 32: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
-	18, // 33: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
-	20, // 34: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
-	6,  // 35: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
-	10, // 36: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
-	17, // 37: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
-	19, // 38: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
-	21, // 39: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
-	35, // [35:40] is the sub-list for method output_type
-	30, // [30:35] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	25, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
+	26, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
+	9,  // 8: ctxcc.v1.CompileStreamRequest.step:type_name -> ctxcc.v1.StepRequest
+	10, // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
+	27, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
+	6,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
+	17, // 12: ctxcc.v1.StepRequest.usage:type_name -> ctxcc.v1.ReportUsageRequest
+	2,  // 13: ctxcc.v1.StepRequest.delta_digest:type_name -> ctxcc.v1.DeltaDigest
+	6,  // 14: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
+	26, // 15: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
+	14, // 16: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
+	15, // 17: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
+	12, // 18: ctxcc.v1.CompileStreamResponse.delta:type_name -> ctxcc.v1.ViewDelta
+	16, // 19: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
+	18, // 20: ctxcc.v1.CompileStreamResponse.usage:type_name -> ctxcc.v1.ReportUsageResponse
+	26, // 21: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
+	28, // 22: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
+	13, // 23: ctxcc.v1.ViewDelta.sections:type_name -> ctxcc.v1.SectionSlot
+	29, // 24: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
+	30, // 25: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
+	23, // 26: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
+	31, // 27: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	3,  // 28: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
+	31, // 29: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	31, // 30: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
+	6,  // 31: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
+	8,  // 32: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
+	17, // 33: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
+	19, // 34: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
+	21, // 35: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
+	7,  // 36: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
+	11, // 37: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
+	18, // 38: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
+	20, // 39: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
+	22, // 40: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
+	36, // [36:41] is the sub-list for method output_type
+	31, // [31:36] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_compile_service_proto_init() }
@@ -2065,7 +2156,7 @@ func file_ctxcc_v1_compile_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctxcc_v1_compile_service_proto_rawDesc), len(file_ctxcc_v1_compile_service_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,

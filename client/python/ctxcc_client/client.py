@@ -138,15 +138,18 @@ class AsyncClient:
         )
         return await self.compiles.ReportUsage(req)
 
-    def stream(self, *, deltas: bool = True) -> CompileStream:
+    def stream(self, *, deltas: bool = True, chained_digest: bool = True) -> CompileStream:
         """One long-lived CompileStream; hold one per agent session. With `deltas` (the
         default) steps are answered with only what changed since the last view, rebuilt
-        and checked here; `deltas=False` asks for every view whole. `stream.report_usage`
-        queues a view's usage for the next step to carry (one round trip per step)."""
+        and checked here; `deltas=False` asks for every view whole. `chained_digest=False`
+        checks deltas by the whole view's sha256 instead of the chained digest (which
+        hashes only what is new). `stream.report_usage` queues a view's usage for the next
+        step to carry (one round trip per step)."""
         return CompileStream(
             self._compile_stub,
             self.retry_seconds,
             deltas=deltas,
+            chained_digest=chained_digest,
             report=self.compiles.ReportUsage,
         )
 

@@ -2,17 +2,24 @@
 view this client applied; `HeldView.apply` rebuilds the whole view from it and checks the
 digest the daemon sent.
 
-A view is held as the records of its deterministic encoding (one per system section,
-message and tool), so a step joins bytes instead of copying protobuf messages: the
-kept messages are a slice of the base's records, only the appended ones are encoded,
-and the joined bytes are both what the digest is checked on and what the view handed
-out is decoded from."""
+With the chained digest (DELTA_DIGEST_MESSAGE_CHAIN, what the stream asks for) a view is
+held as an internal copy that is never handed out, the chain values of its messages and
+the records of its sections and tools: a delta is checked by hashing only its appended
+messages and the view without messages, the internal copy is then changed in place (kept
+messages are neither encoded nor parsed again) and the caller gets a copy of it (one
+copy in C, cheaper than parsing the view's bytes). With the whole view's sha256
+(view_sha256) a view is held as the records of its deterministic encoding (one per
+system section, message and tool): the kept messages are a slice of the base's records,
+and the joined bytes are both what the digest is checked on and what the view handed out
+is decoded from."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import view_pb2
@@ -75,70 +82,177 @@ def _split(data: bytes) -> dict[int, list[bytes]]:
     return out
 
 
+# c_0 of the chained digest: the chain value of no messages.
+_CHAIN_START = bytes(32)
+
+
+def _chain(start: bytes, messages: Iterable[bytes | memoryview]) -> tuple[bytes, ...]:
+    """The chain values after `start` for messages given as their encodings (the
+    ViewMessage alone, no key or length)."""
+    sha = hashlib.sha256
+    out = []
+    for encoded in messages:
+        start = sha(start + sha(encoded).digest()).digest()
+        out.append(start)
+    return tuple(out)
+
+
+def _value(record: bytes) -> memoryview:
+    """A record's value: what follows its one-byte key and its length varint."""
+    _, pos = _read_varint(record, 1)
+    return memoryview(record)[pos:]
+
+
+# Fields of CompiledView a delta's head carries: all but the ones rebuilt from the base
+# (names ClearField accepts; its stub types them as literals).
+_HEAD_FIELDS: tuple[Any, ...] = tuple(
+    f.name
+    for f in view_pb2.CompiledView.DESCRIPTOR.fields
+    if f.number not in (_SECTIONS, _PROMPT, _MESSAGES, _TOOLS)
+)
+
+
 @dataclass(frozen=True, slots=True)
 class HeldView:
-    """A view the client applied completely, with the records of its encoding."""
+    """A view the client applied completely: `view` as handed out, and what the next
+    delta is rebuilt from. `chain` (c_1..c_n) and `own` (a copy of `view` that is never
+    handed out) when held for the chained digest, else `messages`, the records."""
 
     view: view_pb2.CompiledView
     sections: tuple[bytes, ...]
-    messages: tuple[bytes, ...]
+    messages: tuple[bytes, ...] | None
     tools: tuple[bytes, ...]
+    chain: tuple[bytes, ...] | None = None
+    # `own` in a one-slot list: the next view takes it over (changing it in place), after
+    # which this HeldView cannot be applied again.
+    own: list[view_pb2.CompiledView] = field(default_factory=list)
 
     @classmethod
-    def of(cls, view: view_pb2.CompiledView) -> HeldView:
+    def of(cls, view: view_pb2.CompiledView, chained: bool = False) -> HeldView:
+        """`view` held for deltas with the whole view's digest, or with `chained`."""
         fields = _split(view.SerializeToString(deterministic=True))
-        return cls(
-            view,
-            tuple(fields.get(_SECTIONS, ())),
-            tuple(fields.get(_MESSAGES, ())),
-            tuple(fields.get(_TOOLS, ())),
-        )
+        records = tuple(fields.get(_MESSAGES, ()))
+        sections, tools = tuple(fields.get(_SECTIONS, ())), tuple(fields.get(_TOOLS, ()))
+        if not chained:
+            return cls(view, sections, records, tools)
+        own = view_pb2.CompiledView()
+        own.CopyFrom(view)
+        return cls(view, sections, None, tools, _chain(_CHAIN_START, map(_value, records)), [own])
 
     def apply(self, delta: cpb.ViewDelta) -> HeldView:
         """The view `delta` describes against this one, as the proto's ViewDelta comment
         says to rebuild it; DeltaMismatch when it cannot be rebuilt or its digest differs."""
         if delta.base_compile_id != self.view.compile_id:
             raise DeltaMismatch(f"the delta is against {delta.base_compile_id!r}")
-        if delta.kept_messages > len(self.messages):
-            raise DeltaMismatch("the delta keeps more messages than the base has")
+        if delta.chain_sha256:
+            return self._apply_chained(delta)
+        return self._apply_whole(delta)
+
+    def _head_and_slots(
+        self, delta: cpb.ViewDelta, base_sections: Callable[[int], view_pb2.SystemSection]
+    ) -> tuple[dict[int, list[bytes]], list[bytes], list[view_pb2.SystemSection], str]:
+        """The head's records by field, the new sections' records and messages, the prompt."""
         head = _split(delta.head.SerializeToString(deterministic=True))
-        messages = self.messages[: delta.kept_messages] + tuple(
-            _record(_MESSAGES, m.SerializeToString(deterministic=True))
-            for m in delta.appended_messages
-        )
-        sections, texts = [], []
+        records, sections = [], []
         for slot in delta.sections:
             if slot.WhichOneof("slot") == "section":
-                sections.append(
+                records.append(
                     _record(_SECTIONS, slot.section.SerializeToString(deterministic=True))
                 )
-                texts.append(slot.section.text)
+                sections.append(slot.section)
             elif slot.base_index < len(self.sections):
-                sections.append(self.sections[slot.base_index])
-                texts.append(self.view.system_sections[slot.base_index].text)
+                records.append(self.sections[slot.base_index])
+                sections.append(base_sections(slot.base_index))
             else:
                 raise DeltaMismatch(f"no section {slot.base_index} in the base")
-        prompt = "\n\n".join(texts)
+        return head, records, sections, "\n\n".join(s.text for s in sections)
+
+    def _apply_chained(self, delta: cpb.ViewDelta) -> HeldView:
+        if not self.own or self.chain is None:
+            raise DeltaMismatch("the base is held for the whole view's digest, or was used")
+        own, kept = self.own[0], delta.kept_messages
+        if kept > len(self.chain):
+            raise DeltaMismatch("the delta keeps more messages than the base has")
+
+        def copy(index: int) -> view_pb2.SystemSection:
+            out = view_pb2.SystemSection()
+            out.CopyFrom(own.system_sections[index])
+            return out
+
+        head, sections, section_msgs, prompt = self._head_and_slots(delta, copy)
         tools = (
             tuple(_record(_TOOLS, t.SerializeToString(deterministic=True)) for t in delta.tools)
             if delta.tools_changed
             else self.tools
         )
-        # The head's fields around the records, in field number order.
-        front = (r for n in sorted(head) if n < _SECTIONS for r in head[n])
-        middle = (r for n in sorted(head) if _PROMPT < n < _MESSAGES for r in head[n])
-        back = (r for n in sorted(head) if n > _TOOLS for r in head[n])
-        data = b"".join(
-            chain(
-                front,
-                sections,
-                (_record(_PROMPT, prompt.encode()) if prompt else b"",),
-                middle,
-                messages,
-                tools,
-                back,
-            )
+        start = self.chain[kept - 1] if kept else _CHAIN_START
+        chain = self.chain[:kept] + _chain(
+            start, (m.SerializeToString(deterministic=True) for m in delta.appended_messages)
         )
+        rest = b"".join(_parts(head, sections, prompt, (), tools))
+        digest = hashlib.sha256(hashlib.sha256(rest).digest() + (chain[-1] if chain else start))
+        if digest.hexdigest() != delta.chain_sha256:
+            raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
+        # Checked: the internal copy becomes the new view, changed in place (only what is
+        # new is copied into it), and the caller gets a copy of that.
+        self.own.clear()
+        for name in _HEAD_FIELDS:
+            own.ClearField(name)
+        own.MergeFrom(delta.head)
+        del own.messages[kept:]
+        own.messages.extend(delta.appended_messages)
+        del own.system_sections[:]
+        own.system_sections.extend(section_msgs)
+        own.system_prompt = prompt
+        if delta.tools_changed:
+            del own.tools[:]
+            own.tools.extend(delta.tools)
+        view = view_pb2.CompiledView()
+        view.CopyFrom(own)
+        return HeldView(view, tuple(sections), None, tools, chain, [own])
+
+    def _apply_whole(self, delta: cpb.ViewDelta) -> HeldView:
+        records = self.messages
+        if records is None:  # held for the chained digest; a daemon without it answered
+            if not self.own:
+                raise DeltaMismatch("the base was used")
+            serialized = self.own[0].SerializeToString(deterministic=True)
+            records = tuple(_split(serialized).get(_MESSAGES, ()))
+        if delta.kept_messages > len(records):
+            raise DeltaMismatch("the delta keeps more messages than the base has")
+        head, sections, _, prompt = self._head_and_slots(
+            delta, lambda i: self.view.system_sections[i]
+        )
+        messages = records[: delta.kept_messages] + tuple(
+            _record(_MESSAGES, m.SerializeToString(deterministic=True))
+            for m in delta.appended_messages
+        )
+        tools = (
+            tuple(_record(_TOOLS, t.SerializeToString(deterministic=True)) for t in delta.tools)
+            if delta.tools_changed
+            else self.tools
+        )
+        data = b"".join(_parts(head, sections, prompt, messages, tools))
         if hashlib.sha256(data).hexdigest() != delta.view_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         return HeldView(view_pb2.CompiledView.FromString(data), tuple(sections), messages, tools)
+
+
+def _parts(
+    head: dict[int, list[bytes]],
+    sections: list[bytes],
+    prompt: str,
+    messages: tuple[bytes, ...],
+    tools: tuple[bytes, ...],
+) -> Iterator[bytes]:
+    """A view's encoding in field number order: the head's fields around the records."""
+    numbers = sorted(head)
+    return chain(
+        (r for n in numbers if n < _SECTIONS for r in head[n]),
+        sections,
+        (_record(_PROMPT, prompt.encode()) if prompt else b"",),
+        (r for n in numbers if _PROMPT < n < _MESSAGES for r in head[n]),
+        messages,
+        tools,
+        (r for n in numbers if n > _TOOLS for r in head[n]),
+    )

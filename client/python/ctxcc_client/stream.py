@@ -8,8 +8,12 @@ the same request id, so its append is replayed, never stored twice.
 With deltas (the default) each step names the last view applied on this stream, and the
 daemon may answer with only what changed against it (a ViewDelta); the view is rebuilt
 here and checked against the digest the daemon sent, and on a mismatch asked for again
-whole (a ResumeRequest quoting its compile id). Callers always get a whole CompiledView.
-A reopened stream starts without a base, so its first answer is whole.
+whole (a ResumeRequest quoting its compile id); after three mismatches in a row the
+stream asks for whole views only. The digest asked for is the chained one
+(DELTA_DIGEST_MESSAGE_CHAIN: only the new messages and the view without messages are
+hashed); `chained_digest=False` asks for the whole view's sha256. Callers always get a
+whole CompiledView, never one the stream changes later. A reopened stream starts without a
+base, so its first answer is whole.
 
 `report_usage` queues the provider's usage of a view and the next step carries it: the
 daemon records it before that step's append and compile, so a step is one round trip
@@ -34,6 +38,8 @@ from ctxcc_client.errors import CtxccError, from_rpc_error, from_step_error, str
 from ctxcc_client.retry import RETRY_SECONDS, Backoff, new_request_id
 
 MAX_CHUNKS = 1 << 16
+# Deltas that fail their digest in a row before a stream asks for whole views only.
+MAX_MISMATCHES = 3
 
 
 class ViewAssembler:
@@ -88,7 +94,8 @@ Report = Callable[[cpb.ReportUsageRequest], Awaitable[cpb.ReportUsageResponse]]
 
 class CompileStream:
     """`await stream.step(...)` sends one step and returns its view (or raises CtxccError).
-    `deltas=False` asks for whole views only. `report`: the unary ReportUsage a report
+    `deltas=False` asks for whole views only; `chained_digest=False` has deltas checked
+    by the whole view's sha256 (view_sha256). `report`: the unary ReportUsage a report
     with no step to ride on is sent by (default: the stub's, without retries)."""
 
     def __init__(
@@ -97,11 +104,17 @@ class CompileStream:
         retry_seconds: float = RETRY_SECONDS,
         *,
         deltas: bool = True,
+        chained_digest: bool = True,
         report: Report | None = None,
     ) -> None:
         self._stub = stub
         self._retry_seconds = retry_seconds
         self._deltas = deltas
+        self._digest = (
+            cpb.DELTA_DIGEST_MESSAGE_CHAIN if chained_digest else cpb.DELTA_DIGEST_UNSPECIFIED
+        )
+        # Deltas that failed in a row; at MAX_MISMATCHES the stream stops asking for them.
+        self._mismatch_run = 0
         self._report = report
         # The usage report the next step carries.
         self._usage: cpb.ReportUsageRequest | None = None
@@ -253,6 +266,7 @@ class CompileStream:
         queue, responses = self._open()
         held = self._held
         msg.step.delta_base_compile_id = held.view.compile_id if held is not None else ""
+        msg.step.delta_digest = self._digest if held is not None else cpb.DELTA_DIGEST_UNSPECIFIED
         await queue.put(msg)
         assembler = ViewAssembler()
         append = None
@@ -281,14 +295,9 @@ class CompileStream:
                 view = assembler.add(resp.chunk)
             elif kind == "delta":
                 self.stats.deltas += 1
-                try:
-                    if held is None:
-                        raise DeltaMismatch("a delta without a base")
-                    self._held = held.apply(resp.delta)
-                    return self._held.view, append
-                except DeltaMismatch:
-                    if resumed:
-                        raise
+                applied = self._apply(held, resp.delta, last_try=resumed)
+                if applied is not None:
+                    return applied, append
                 # Not usable: ask for the view whole; the answer comes on this stream.
                 resumed = True
                 self.stats.resumed += 1
@@ -298,8 +307,29 @@ class CompileStream:
                 await queue.put(cpb.CompileStreamRequest(resume=resume))
             if view is not None:
                 self.stats.whole_views += 1
-                self._held = HeldView.of(view) if self._deltas else None
+                chained = self._digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN
+                self._held = HeldView.of(view, chained) if self._deltas else None
                 return view, append
+
+    def _apply(
+        self, held: HeldView | None, delta: cpb.ViewDelta, *, last_try: bool
+    ) -> view_pb2.CompiledView | None:
+        """The view `delta` rebuilds to, or None when it does not check (then the stream
+        holds no base until a whole view comes; DeltaMismatch on the `last_try`)."""
+        try:
+            if held is None:
+                raise DeltaMismatch("a delta without a base")
+            self._held = held.apply(delta)
+            self._mismatch_run = 0
+            return self._held.view
+        except DeltaMismatch:
+            self._held = None
+            if last_try:
+                raise
+        self._mismatch_run += 1
+        if self._mismatch_run >= MAX_MISMATCHES:
+            self._deltas = False
+        return None
 
     async def close(self) -> None:
         """Ends the stream; a usage report still queued is sent by the unary ReportUsage

@@ -140,6 +140,50 @@ export function imageModeToJSON(object: ImageMode): string {
   }
 }
 
+/** DeltaDigest is the digest a ViewDelta states for the view it rebuilds to. */
+export enum DeltaDigest {
+  /**
+   * DELTA_DIGEST_UNSPECIFIED - ViewDelta.view_sha256: the sha256 of the whole new view's encoding. Both sides hash the
+   * whole view (about 1 MB for a 2,000-message view) at every step.
+   */
+  DELTA_DIGEST_UNSPECIFIED = 0,
+  /**
+   * DELTA_DIGEST_MESSAGE_CHAIN - ViewDelta.chain_sha256 (view_sha256 is left empty): a digest continued from the base
+   * view's, so each side hashes only the new messages plus the view without its messages.
+   * A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
+   * predates it) checks view_sha256 instead.
+   */
+  DELTA_DIGEST_MESSAGE_CHAIN = 1,
+  UNRECOGNIZED = -1,
+}
+
+export function deltaDigestFromJSON(object: any): DeltaDigest {
+  switch (object) {
+    case 0:
+    case "DELTA_DIGEST_UNSPECIFIED":
+      return DeltaDigest.DELTA_DIGEST_UNSPECIFIED;
+    case 1:
+    case "DELTA_DIGEST_MESSAGE_CHAIN":
+      return DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return DeltaDigest.UNRECOGNIZED;
+  }
+}
+
+export function deltaDigestToJSON(object: DeltaDigest): string {
+  switch (object) {
+    case DeltaDigest.DELTA_DIGEST_UNSPECIFIED:
+      return "DELTA_DIGEST_UNSPECIFIED";
+    case DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN:
+      return "DELTA_DIGEST_MESSAGE_CHAIN";
+    case DeltaDigest.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /** CoveredDigestMode says whether a checkpoint's covered_digest is checked or computed. */
 export enum CoveredDigestMode {
   /** COVERED_DIGEST_MODE_UNSPECIFIED - VERIFY when covered_digest is set, COMPUTE when it is empty (the response says which). */
@@ -334,7 +378,14 @@ export interface StepRequest {
    * resend the step with it later. A report that was recorded stays recorded when the
    * append or the compile after it fails.
    */
-  usage?: ReportUsageRequest | undefined;
+  usage?:
+    | ReportUsageRequest
+    | undefined;
+  /**
+   * The digest a ViewDelta answering this step carries (see DeltaDigest). Unspecified: the
+   * whole view's sha256 in ViewDelta.view_sha256, as before this field existed.
+   */
+  deltaDigest: DeltaDigest;
 }
 
 /**
@@ -426,6 +477,21 @@ export interface ViewDelta {
    * Go client serializes in field number order itself).
    */
   viewSha256: string;
+  /**
+   * Set instead of view_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN: the
+   * lower-case hex of sha256(R || C) over the new view V, where, with E(x) the same
+   * deterministic serialization as view_sha256's:
+   * - R = sha256(E(V with its messages left out)): 32 bytes over every other field (head
+   *   fields, system_sections, system_prompt, tools) exactly as E writes them;
+   * - C = c_n for V's messages m_1..m_n: c_0 is 32 zero bytes, c_i = sha256(c_{i-1} ||
+   *   sha256(E(m_i))), where E(m_i) is the ViewMessage alone (no field key or length).
+   * `||` joins raw 32-byte digests. The client keeps c_0..c_n of the view it holds; for a
+   * delta it continues from c_kept of its base with sha256 of each appended message, so
+   * neither side hashes the kept messages again. A kept message that differs between the
+   * client's base and the daemon's, a wrong kept_messages, or any other field of the
+   * rebuilt view that differs, changes the digest.
+   */
+  chainSha256: string;
 }
 
 /**
@@ -1284,6 +1350,7 @@ function createBaseStepRequest(): StepRequest {
     compile: undefined,
     deltaBaseCompileId: "",
     usage: undefined,
+    deltaDigest: 0,
   };
 }
 
@@ -1309,6 +1376,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     }
     if (message.usage !== undefined) {
       ReportUsageRequest.encode(message.usage, writer.uint32(58).fork()).join();
+    }
+    if (message.deltaDigest !== 0) {
+      writer.uint32(64).int32(message.deltaDigest);
     }
     return writer;
   },
@@ -1382,6 +1452,14 @@ export const StepRequest: MessageFns<StepRequest> = {
             message.usage = ReportUsageRequest.decode(reader, reader.uint32());
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.deltaDigest = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1419,6 +1497,11 @@ export const StepRequest: MessageFns<StepRequest> = {
         ? globalThis.String(object.delta_base_compile_id)
         : "",
       usage: isSet(object.usage) ? ReportUsageRequest.fromJSON(object.usage) : undefined,
+      deltaDigest: isSet(object.deltaDigest)
+        ? deltaDigestFromJSON(object.deltaDigest)
+        : isSet(object.delta_digest)
+        ? deltaDigestFromJSON(object.delta_digest)
+        : 0,
     };
   },
 
@@ -1445,6 +1528,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     if (message.usage !== undefined) {
       obj.usage = ReportUsageRequest.toJSON(message.usage);
     }
+    if (message.deltaDigest !== 0) {
+      obj.deltaDigest = deltaDigestToJSON(message.deltaDigest);
+    }
     return obj;
   },
 
@@ -1464,6 +1550,7 @@ export const StepRequest: MessageFns<StepRequest> = {
     message.usage = (object.usage !== undefined && object.usage !== null)
       ? ReportUsageRequest.fromPartial(object.usage)
       : undefined;
+    message.deltaDigest = object.deltaDigest ?? 0;
     return message;
   },
 };
@@ -1768,6 +1855,7 @@ function createBaseViewDelta(): ViewDelta {
     toolsChanged: false,
     tools: [],
     viewSha256: "",
+    chainSha256: "",
   };
 }
 
@@ -1796,6 +1884,9 @@ export const ViewDelta: MessageFns<ViewDelta> = {
     }
     if (message.viewSha256 !== "") {
       writer.uint32(66).string(message.viewSha256);
+    }
+    if (message.chainSha256 !== "") {
+      writer.uint32(74).string(message.chainSha256);
     }
     return writer;
   },
@@ -1877,6 +1968,14 @@ export const ViewDelta: MessageFns<ViewDelta> = {
             message.viewSha256 = reader.string();
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.chainSha256 = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1923,6 +2022,11 @@ export const ViewDelta: MessageFns<ViewDelta> = {
         : isSet(object.view_sha256)
         ? globalThis.String(object.view_sha256)
         : "",
+      chainSha256: isSet(object.chainSha256)
+        ? globalThis.String(object.chainSha256)
+        : isSet(object.chain_sha256)
+        ? globalThis.String(object.chain_sha256)
+        : "",
     };
   },
 
@@ -1952,6 +2056,9 @@ export const ViewDelta: MessageFns<ViewDelta> = {
     if (message.viewSha256 !== "") {
       obj.viewSha256 = message.viewSha256;
     }
+    if (message.chainSha256 !== "") {
+      obj.chainSha256 = message.chainSha256;
+    }
     return obj;
   },
 
@@ -1970,6 +2077,7 @@ export const ViewDelta: MessageFns<ViewDelta> = {
     message.toolsChanged = object.toolsChanged ?? false;
     message.tools = object.tools?.map((e) => ViewTool.fromPartial(e)) || [];
     message.viewSha256 = object.viewSha256 ?? "";
+    message.chainSha256 = object.chainSha256 ?? "";
     return message;
   },
 };

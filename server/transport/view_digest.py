@@ -1,0 +1,47 @@
+"""The chained digest of a ViewDelta (DELTA_DIGEST_MESSAGE_CHAIN in compile_service.proto):
+sha256(R || c_n), R the sha256 of the view's encoding without its messages, c_i =
+sha256(c_{i-1} || sha256(message i's encoding)), c_0 zero. A view's chain values are kept
+per stream, so the digest of the next view continues from the base's value at the kept
+count and hashes only the appended messages and the (small) rest of the view, where the
+whole view's sha256 hashed every message at every step."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+# c_0: the chain value of no messages.
+CHAIN_START = bytes(32)
+
+
+def _payload(record: bytes) -> memoryview:
+    """A tagged record's value: what follows its one-byte key and its length varint."""
+    pos = 1
+    while record[pos] & 0x80:
+        pos += 1
+    return memoryview(record)[pos + 1 :]
+
+
+def chain(start: bytes, records: Iterable[bytes]) -> tuple[bytes, ...]:
+    """c_{k+1}.. for the message records after the one whose chain value is `start`."""
+    sha = hashlib.sha256
+    out = []
+    last = start
+    for record in records:
+        last = sha(last + sha(_payload(record)).digest()).digest()
+        out.append(last)
+    return tuple(out)
+
+
+def continued(base: tuple[bytes, ...], kept: int, records: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The chain values (c_1..c_n) of a view whose first `kept` messages are the base's (its
+    chain values `base`) and the rest `records[kept:]`."""
+    start = base[kept - 1] if kept else CHAIN_START
+    return base[:kept] + chain(start, records[kept:])
+
+
+def chain_digest(rest: bytes, values: tuple[bytes, ...]) -> str:
+    """The lower-case hex digest of a view whose encoding without messages is `rest` and
+    whose messages' chain values are `values`."""
+    last = values[-1] if values else CHAIN_START
+    return hashlib.sha256(hashlib.sha256(rest).digest() + last).hexdigest()
