@@ -11,8 +11,9 @@ the request, the clock's time text and the workspace files are the same, the nex
 compile's view is this one's with another compile id: only the compile id and the
 record's time change. A view is remembered only when its changed sections are the ones
 a repeat has (its previous sections equal its own), so the repeat is byte for byte what
-the full compile would make. A record is still written for every compile (usage reports
-and the inspector read it), from the remembered record.
+the full compile would make, and only when no checkpoint in it waits on another session
+(an imported one whose origin could not verify it yet). A record is still written for
+every compile (usage reports and the inspector read it), from the remembered record.
 
 Bounded (LRU) by entries and by the approximate bytes of their views, which they keep
 alive after the memos and lent records that share them are gone; in memory only, so a
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from server.compiler.compile import CompileInputs
 from server.compiler.sources import SourceCaps, SourceInputs
+from server.compiler.view import FallbackReason
 from server.domain.errors import CtxccError, Reason
 from server.domain.generation import Generation
 from server.domain.model import Session
@@ -48,6 +50,12 @@ BUSY = Busy()
 _MAX_ENTRIES = 1024
 # A view's size without walking it: ~4 bytes a token, plus its fixed fields.
 _BYTES_PER_TOKEN, _ENTRY_BYTES = 4, 2048
+# A checkpoint passed over for these may be verified by its origin session later (the
+# origin created, or its log grown to the covered range): writes of another session,
+# which this session's generation does not count, so such a view is never repeated.
+_ORIGIN_PENDING = frozenset(
+    {FallbackReason.CHECKPOINT_FOREIGN, FallbackReason.CHECKPOINT_BOUNDARY_MISSING}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +172,7 @@ class Repeats:
             and not result.renderings
             and inputs.previous_sections == record.section_digests
             and record.compile_id == result.view.compile_id
+            and _ORIGIN_PENDING.isdisjoint(result.view.fallback_reasons)
         )
         if not repeatable:
             self._forget(opts)
