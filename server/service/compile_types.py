@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from server.compiler.budget import BudgetConfig, ModelLimits
 from server.compiler.render import RenderFormat
@@ -45,6 +47,18 @@ class CompileOptions:
     inline_images: bool = True
     # Rebuild this recorded compile from its stored basis instead (exact time travel).
     rebuild_compile_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """Storage work a compile must see done first (a stream step's append): `run` goes on
+    the storage pool right before the compile's hop to the compute pool, in one hop of
+    the event loop (Blocking.run_then_compute); `landed` takes its result on the event
+    loop before the compile is published, also when the compile then fails. A failure
+    of `run` fails the compile before it starts."""
+
+    run: Callable[[], Any]
+    landed: Callable[[Any], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ reports: server/service/usage.py; the request and result values: compile_types.p
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,6 +37,7 @@ from server.service.compile_types import (
     CompileOptions,
     CompileResult,
     CompilerSettings,
+    Prior,
     UsageResult,
     route_fields,
 )
@@ -117,11 +119,12 @@ class CompileUseCases:
             settings.memo_bytes,
         )
 
-    async def compile(self, opts: CompileOptions) -> CompileResult:
+    async def compile(self, opts: CompileOptions, prior: Prior | None = None) -> CompileResult:
+        """`prior`: storage work to do first, in the same hop off the event loop."""
         # One budget for the whole request, a built-in compaction's second compile included.
         budget = CpuBudget(self._settings.cpu_budget_ms, self._telemetry.compile_abandoned)
         try:
-            return await self._compile(opts, True, budget)
+            return await self._compile(opts, True, budget, prior)
         except asyncio.CancelledError:
             # The caller went away (deadline, cancel, closed stream, shutdown): this
             # coroutine stops here, the worker thread at its next budget check.
@@ -129,18 +132,26 @@ class CompileUseCases:
             raise
 
     async def _compile(
-        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
+        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget, prior: Prior | None = None
     ) -> CompileResult:
         started = time.perf_counter()
         opts = checked(opts)
-        repeated = await self._repeat(opts)
+        # After a write (`prior`) nothing is a repeat: its generation moved (a replayed
+        # append that wrote nothing just compiles, to the same view).
+        repeated = await self._repeat(opts) if prior is None else None
         if repeated is not None:
             return repeated
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
-        prepared, done = await self._blocking.compute(
-            self._prepare_and_finish, opts, may_compact, budget
-        )
+        work = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
+        if prior is None:
+            prepared, done = await self._blocking.compute(work)
+        else:
+            value, outcome = await self._blocking.run_then_compute(prior.run, work)
+            prior.landed(value)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            prepared, done = outcome
         session, history, view, counter, inputs, info, _ = prepared
         if done is not None:
             self._published(opts, session, done.view, started)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import msgspec
 
@@ -29,6 +30,9 @@ from server.service.references import resolve_references
 from server.service.watch import Closed, Resync, Update, WatchHub
 
 _encoder = msgspec.msgpack.Encoder()
+
+# What an append's write returns: the batch it wrote, the events' encoded bytes, the result.
+Written = tuple[AppendBatch, int, AppendResult]
 
 
 def request_digest(events: Sequence[NewEvent], expected_last_seq: int | None) -> str:
@@ -126,6 +130,19 @@ class SessionUseCases:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> AppendResult:
+        write = self.writer(session_id, events, request_id, expected_last_seq)
+        return self.landed(session_id, await self._blocking.run(write))
+
+    def writer(
+        self,
+        session_id: str,
+        events: Sequence[NewEvent],
+        request_id: str = "",
+        expected_last_seq: int | None = None,
+    ) -> Callable[[], Written]:
+        """The append's checks (now), and its blocking write for the I/O pool; `landed`
+        takes what the write returns, on the event loop. A stream step hands the write
+        to its compile, which runs it in the same hop (Prior)."""
         check_id("session_id", session_id)
         check_id("request_id", request_id, required=False)
         if not events:
@@ -133,9 +150,11 @@ class SessionUseCases:
         self.check_event_count(len(events))
         # Digests, encodes and blob hashing of large results run on the I/O pool, with
         # the write itself: a 32 MiB tool result must not stall the event loop.
-        batch, size, result = await self._blocking.run(
-            self._write, session_id, events, request_id, expected_last_seq
-        )
+        return functools.partial(self._write, session_id, events, request_id, expected_last_seq)
+
+    def landed(self, session_id: str, written: Written) -> AppendResult:
+        """A written append, measured and published to the session's watchers."""
+        batch, size, result = written
         prepared, blobs = batch.events, dict(batch.blobs)
         if not result.replayed:
             self._telemetry.appended(len(prepared), size + sum(len(b) for b in blobs.values()))
@@ -154,7 +173,7 @@ class SessionUseCases:
         events: Sequence[NewEvent],
         request_id: str,
         expected_last_seq: int | None,
-    ) -> tuple[AppendBatch, int, AppendResult]:
+    ) -> Written:
         batch, size = self._prepare_batch(session_id, events, request_id, expected_last_seq)
         return batch, size, self._store.append(batch)
 

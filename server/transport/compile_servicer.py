@@ -16,9 +16,9 @@ from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.checkpoints import CheckpointUseCases
-from server.service.compile_types import CompileResult
+from server.service.compile_types import CompileResult, Prior
 from server.service.compiling import CompileUseCases, checked
-from server.service.sessions import SessionUseCases
+from server.service.sessions import SessionUseCases, Written
 from server.transport.convert_events import events_in
 from server.transport.convert_misc import checkpoint_in, checkpoint_out, usage_in, usage_out
 from server.transport.convert_view import compile_options_in, tagged
@@ -282,25 +282,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                         step.usage, opts.session_id, out
                     ):
                         return out, None, ""
-                    if step.events:
-                        self._s.check_event_count(len(step.events))
-                        expected = (
-                            step.expected_last_seq if step.HasField("expected_last_seq") else None
-                        )
-                        appended = await self._s.append(
-                            step.compile.session_id,
-                            events_in(list(step.events)),
-                            step.request_id,
-                            expected,
-                        )
-                        out.append.CopyFrom(
-                            pb.AppendResult(
-                                first_seq=appended.first_seq,
-                                last_seq=appended.last_seq,
-                                replayed=appended.replayed,
-                            )
-                        )
-                    result = await self._c.compile(opts)
+                    # The append goes with the compile, in one hop off the event loop.
+                    prior = self._append(step, out) if step.events else None
+                    result = await self._c.compile(opts, prior)
                     base_id = step.delta_base_compile_id
                 case "resume":
                     session_id = msg.resume.compile.session_id
@@ -317,6 +301,26 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         except Exception as exc:
             out.error.CopyFrom(_step_error(internal_error(exc)))
         return out, None, ""
+
+    def _append(self, step: pb.StepRequest, out: pb.CompileStreamResponse) -> Prior:
+        """The step's append (checked now), to be written before its compile, and its
+        result put in `out` once written (also when the compile then fails)."""
+        sid = step.compile.session_id
+        self._s.check_event_count(len(step.events))
+        expected = step.expected_last_seq if step.HasField("expected_last_seq") else None
+        write = self._s.writer(sid, events_in(list(step.events)), step.request_id, expected)
+
+        def landed(written: Written) -> None:
+            appended = self._s.landed(sid, written)
+            out.append.CopyFrom(
+                pb.AppendResult(
+                    first_seq=appended.first_seq,
+                    last_seq=appended.last_seq,
+                    replayed=appended.replayed,
+                )
+            )
+
+        return Prior(write, landed)
 
     async def _unchanged(self, compile_id: str, session_id: str) -> ViewBytes | None:
         """The kept view of `compile_id` if nothing was appended to its session since."""

@@ -1,0 +1,106 @@
+"""Blocking.run_then_compute: a stream step's append and compile in one hop of the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from server.service.blocking import Blocking
+
+
+def test_the_second_part_starts_while_the_event_loop_is_busy() -> None:
+    """The storage thread hands the work to the compute pool itself: `then` runs while
+    the loop is still blocked (a hand-over through the loop would wait for it, and the
+    loop here waits for `then`: the version with two awaited hops times out)."""
+    blocking = Blocking(2, 2)
+    threads: dict[str, str] = {}
+    then_ran = threading.Event()
+
+    def first() -> int:
+        threads["first"] = threading.current_thread().name
+        return 41
+
+    def then() -> str:
+        threads["then"] = threading.current_thread().name
+        then_ran.set()
+        return "compiled"
+
+    async def main() -> tuple[int, str | BaseException]:
+        call = asyncio.ensure_future(blocking.run_then_compute(first, then))
+        await asyncio.sleep(0)  # the call submits `first` and waits
+        # The loop is blocked from here until `then` has run.
+        assert then_ran.wait(5), "`then` waited for the event loop"
+        return await call
+
+    try:
+        assert asyncio.run(main()) == (41, "compiled")
+    finally:
+        blocking.shutdown()
+    assert threads["first"].startswith("ctxcc-io")
+    assert threads["then"].startswith("ctxcc-compute")
+
+
+def test_a_failure_of_the_first_part_is_raised_and_the_second_does_not_run() -> None:
+    blocking = Blocking(1, 1)
+    ran: list[str] = []
+
+    def first() -> int:
+        raise ValueError("sequence mismatch")
+
+    async def main() -> None:
+        await blocking.run_then_compute(first, lambda: ran.append("then"))
+
+    try:
+        with pytest.raises(ValueError, match="sequence mismatch"):
+            asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert ran == []
+
+
+def test_a_failure_of_the_second_part_comes_back_beside_the_first_result() -> None:
+    """The first part's result stands (an append that was written): the caller gets it
+    with the second part's exception instead of losing it to a raise."""
+    blocking = Blocking(1, 1)
+
+    def then() -> str:
+        raise RuntimeError("over budget")
+
+    async def main() -> tuple[int, str | BaseException]:
+        return await blocking.run_then_compute(lambda: 7, then)
+
+    try:
+        value, outcome = asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert value == 7
+    assert isinstance(outcome, RuntimeError) and str(outcome) == "over budget"
+
+
+def test_a_cancelled_call_gets_nothing_and_the_work_still_finishes() -> None:
+    """Like run_in_executor: cancelling the awaiting call does not stop a started write."""
+    blocking = Blocking(1, 1)
+    release, finished = threading.Event(), threading.Event()
+
+    def first() -> int:
+        release.wait(5)
+        return 1
+
+    async def main() -> None:
+        call = asyncio.ensure_future(blocking.run_then_compute(first, finished.set))
+        await asyncio.sleep(0.01)
+        call.cancel()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        # The late result reaches a loop whose future is already done: dropped quietly.
+        await asyncio.get_running_loop().run_in_executor(None, finished.wait, 5)
+        await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert finished.is_set()
