@@ -283,7 +283,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                     ):
                         return out, None, ""
                     # The append goes with the compile, in one hop off the event loop.
-                    prior = self._append(step, out) if step.events else None
+                    prior = self._append(step, opts.session_id, out) if step.events else None
                     result = await self._c.compile(opts, prior)
                     base_id = step.delta_base_compile_id
                 case "resume":
@@ -302,10 +302,10 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             out.error.CopyFrom(_step_error(internal_error(exc)))
         return out, None, ""
 
-    def _append(self, step: pb.StepRequest, out: pb.CompileStreamResponse) -> Prior:
-        """The step's append (checked now), to be written before its compile, and its
-        result put in `out` once written (also when the compile then fails)."""
-        sid = step.compile.session_id
+    def _append(self, step: pb.StepRequest, sid: str, out: pb.CompileStreamResponse) -> Prior:
+        """The step's append (checked now) to session `sid` (the compile's, which a
+        rebuild's compile id names), to be written before its compile, and its result
+        put in `out` once written (also when the compile then fails)."""
         self._s.check_event_count(len(step.events))
         expected = step.expected_last_seq if step.HasField("expected_last_seq") else None
         write = self._s.writer(sid, events_in(list(step.events)), step.request_id, expected)
