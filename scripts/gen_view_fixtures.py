@@ -1,9 +1,10 @@
 """Writes tests/fixtures/client-views/view{1,2,3}.binpb: three successive views of one
 session, as a daemon compiled them, in their deterministic serialization (the bytes a
 ViewDelta's view_sha256 is the digest of). The Go and TypeScript clients' delta tests build
-deltas between them by hand. Between the views, messages are appended, a memory entry
-changes, a rule in direct effect adds a section, a tool is registered, an inline image
-arrives and every render format is asked for.
+deltas between them by hand, and check their chained digests against chain_sha256.txt
+(each view's ViewDelta.chain_sha256 as the daemon's code computes it). Between the views,
+messages are appended, a memory entry changes, a rule in direct effect adds a section, a
+tool is registered, an inline image arrives and every render format is asked for.
 
 Usage: a daemon running, then `python scripts/gen_view_fixtures.py TARGET`."""
 
@@ -19,6 +20,8 @@ from ctxcc.v1 import common_pb2, source_pb2, tool_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import source_service_pb2 as srcpb
 from ctxcc.v1 import tool_service_pb2 as tpb
+from server.transport import view_digest
+from server.transport.convert_view import tagged
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "client-views"
 ROUTE = common_pb2.Route(connection="fixture", protocol="fake", endpoint="local", model="gpt-4o")
@@ -89,10 +92,23 @@ async def run(target: str) -> list[view_pb2.CompiledView]:
     return [v1, v2, v3]
 
 
+def chain_sha256(view: view_pb2.CompiledView) -> str:
+    """The view's chained digest as the daemon computes it (server/transport/view_digest.py)."""
+    rest = view_pb2.CompiledView()
+    rest.CopyFrom(view)
+    rest.ClearField("messages")
+    records = [tagged(10, m.SerializeToString(deterministic=True)) for m in view.messages]
+    values = view_digest.chain(view_digest.CHAIN_START, records)
+    return view_digest.chain_digest(rest.SerializeToString(deterministic=True), values)
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    lines = []
     for i, view in enumerate(asyncio.run(run(sys.argv[1])), 1):
         (OUT / f"view{i}.binpb").write_bytes(view.SerializeToString(deterministic=True))
+        lines.append(f"view{i} {chain_sha256(view)}\n")
+    (OUT / "chain_sha256.txt").write_text("".join(lines))
 
 
 if __name__ == "__main__":

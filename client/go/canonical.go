@@ -98,10 +98,15 @@ func (e *encoder) appendMessage(b []byte, m protoreflect.Message) ([]byte, error
 // repeated message field), each valid only during the call: a digest hashes them as they
 // come instead of growing one buffer the size of the view.
 func (e *encoder) eachPart(m protoreflect.Message, emit func([]byte)) error {
+	return e.eachPartExcept(m, 0, emit)
+}
+
+// eachPartExcept is eachPart leaving out the field numbered skip (0: none).
+func (e *encoder) eachPartExcept(m protoreflect.Message, skip protoreflect.FieldNumber, emit func([]byte)) error {
 	var part []byte
 	var err error
 	for _, fd := range orderedFields(m.Descriptor()) {
-		if !m.Has(fd) {
+		if !m.Has(fd) || fd.Number() == skip {
 			continue
 		}
 		v := m.Get(fd)

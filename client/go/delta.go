@@ -25,12 +25,21 @@ func digest(view *ctxccv1.CompiledView, e *encoder) (string, error) {
 
 // ApplyDelta rebuilds the whole view that d describes against base, the view named by
 // d.BaseCompileId, and checks it against d.ViewSha256. On any error the result must not be
-// used; ask for the view whole instead (Stream.Step does).
+// used; ask for the view whole instead (Stream.Step does). A delta with ChainSha256 (the
+// chained digest, DELTA_DIGEST_MESSAGE_CHAIN) is checked against that instead.
 //
 // The result is d's head with its messages, sections, system prompt and tools filled in
 // (so d is used up), and the messages, sections and tools it keeps from base are the same
 // objects as base's: nothing is copied, so treat views as read-only.
 func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, error) {
+	if d.GetChainSha256() != "" {
+		baseChain, err := extendChain(nil, 0, base.GetMessages())
+		if err != nil {
+			return nil, err
+		}
+		view, _, err := applyChainedDelta(base, d, baseChain)
+		return view, err
+	}
 	view, _, err := applyDelta(base, d, nil)
 	return view, err
 }
@@ -38,15 +47,61 @@ func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.Comp
 // applyDelta is ApplyDelta reusing the encodings of base's messages (baseRecords, may be
 // nil); it returns the new view's.
 func applyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseRecords records) (*ctxccv1.CompiledView, records, error) {
+	view, err := rebuild(base, d)
+	if err != nil {
+		return nil, nil, err
+	}
+	e := newEncoder(baseRecords)
+	sum, err := digest(view, e)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sum != d.GetViewSha256() {
+		return nil, nil, fmt.Errorf("view %s rebuilt from a delta has sha256 %s, the daemon's is %s",
+			view.GetCompileId(), sum, d.GetViewSha256())
+	}
+	return view, e.next, nil
+}
+
+// applyChainedDelta rebuilds the view d describes against base and checks it against
+// d.ChainSha256, continuing from baseChain (base's chain values): only the appended
+// messages and the view without its messages are encoded and hashed. It returns the new
+// view's chain values.
+func applyChainedDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseChain chain) (*ctxccv1.CompiledView, chain, error) {
+	kept := int(d.GetKeptMessages())
+	if base != nil && len(baseChain) != len(base.GetMessages()) {
+		return nil, nil, fmt.Errorf("the base's chain has %d values for %d messages", len(baseChain), len(base.GetMessages()))
+	}
+	view, err := rebuild(base, d)
+	if err != nil {
+		return nil, nil, err
+	}
+	values, err := extendChain(baseChain, kept, d.GetAppendedMessages())
+	if err != nil {
+		return nil, nil, err
+	}
+	sum, err := chainDigest(view, values)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sum != d.GetChainSha256() {
+		return nil, nil, fmt.Errorf("view %s rebuilt from a delta has chained digest %s, the daemon's is %s",
+			view.GetCompileId(), sum, d.GetChainSha256())
+	}
+	return view, values, nil
+}
+
+// rebuild makes the view d describes against base, without checking its digest.
+func rebuild(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, error) {
 	if base == nil || base.GetCompileId() != d.GetBaseCompileId() {
-		return nil, nil, fmt.Errorf("delta against %q, but the view held is %q", d.GetBaseCompileId(), base.GetCompileId())
+		return nil, fmt.Errorf("delta against %q, but the view held is %q", d.GetBaseCompileId(), base.GetCompileId())
 	}
 	if d.GetHead() == nil {
-		return nil, nil, fmt.Errorf("delta %q has no head", d.GetBaseCompileId())
+		return nil, fmt.Errorf("delta %q has no head", d.GetBaseCompileId())
 	}
 	kept := int(d.GetKeptMessages())
 	if kept > len(base.GetMessages()) {
-		return nil, nil, fmt.Errorf("delta keeps %d messages of a view with %d", kept, len(base.GetMessages()))
+		return nil, fmt.Errorf("delta keeps %d messages of a view with %d", kept, len(base.GetMessages()))
 	}
 	// The head becomes the view: cloning it would copy its renderings, often the largest
 	// part of a view, at every step.
@@ -62,13 +117,13 @@ func applyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseRecords re
 		switch v := slot.GetSlot().(type) {
 		case *ctxccv1.SectionSlot_BaseIndex:
 			if int(v.BaseIndex) >= len(base.GetSystemSections()) {
-				return nil, nil, fmt.Errorf("delta names section %d of a view with %d", v.BaseIndex, len(base.GetSystemSections()))
+				return nil, fmt.Errorf("delta names section %d of a view with %d", v.BaseIndex, len(base.GetSystemSections()))
 			}
 			s = base.GetSystemSections()[v.BaseIndex]
 		case *ctxccv1.SectionSlot_Section:
 			s = v.Section
 		default:
-			return nil, nil, fmt.Errorf("delta has an empty section slot")
+			return nil, fmt.Errorf("delta has an empty section slot")
 		}
 		view.SystemSections = append(view.SystemSections, s)
 		texts = append(texts, s.GetText())
@@ -79,14 +134,5 @@ func applyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseRecords re
 	} else {
 		view.Tools = base.GetTools()
 	}
-	e := newEncoder(baseRecords)
-	sum, err := digest(view, e)
-	if err != nil {
-		return nil, nil, err
-	}
-	if sum != d.GetViewSha256() {
-		return nil, nil, fmt.Errorf("view %s rebuilt from a delta has sha256 %s, the daemon's is %s",
-			view.GetCompileId(), sum, d.GetViewSha256())
-	}
-	return view, e.next, nil
+	return view, nil
 }

@@ -25,8 +25,10 @@ import (
 //
 // Deltas are on unless WithoutDeltas: each step names the last view this stream received
 // and checked, and the daemon may answer with only what changed against it (a ViewDelta).
-// Step rebuilds the whole view from it and checks its sha256; on a mismatch it fetches the
-// view whole (a ResumeRequest) and returns that. The views Step returns are the bases of
+// Step rebuilds the whole view from it and checks its digest; on a mismatch it fetches the
+// view whole (a ResumeRequest) and returns that. The digest asked for is the chained one
+// (DELTA_DIGEST_MESSAGE_CHAIN: continued from the base's, so only the new messages and the
+// view without messages are hashed); WithWholeViewDigest asks for the whole view's sha256. The views Step returns are the bases of
 // later deltas and share their unchanged messages, sections and tools, whose encodings the
 // stream remembers by object: treat them as read-only (proto.Clone one to change it).
 //
@@ -45,6 +47,7 @@ type Stream struct {
 	// same events (the natural "try again") reuses it instead of appending them twice.
 	unfinishedKey, unfinishedID string
 	deltas                      bool
+	digest                      ctxccv1.DeltaDigest
 	hook                        func(*ctxccv1.ViewDelta)
 	// The last view received completely and checked on the current stream: the base of the
 	// next delta. A reopened stream starts without one (the daemon keeps views per stream).
@@ -52,6 +55,9 @@ type Stream struct {
 	// The encodings of base's messages when it was rebuilt from a delta: the next delta
 	// keeps most of them, and only the new ones are encoded for its digest.
 	baseRecords records
+	// The chain values of base's messages when it was rebuilt from a chained delta (nil:
+	// computed from base when the next chained delta comes).
+	baseChain chain
 	// Deltas that failed in a row; at maxMismatches the stream stops asking for them.
 	mismatchRun int
 	stats       StreamStats
@@ -87,6 +93,12 @@ type StreamOption func(*Stream)
 // WithoutDeltas makes every step ask for the whole view.
 func WithoutDeltas() StreamOption { return func(s *Stream) { s.deltas = false } }
 
+// WithWholeViewDigest has deltas checked by the sha256 of the whole view (view_sha256)
+// instead of the chained digest, as clients did before the chained one.
+func WithWholeViewDigest() StreamOption {
+	return func(s *Stream) { s.digest = ctxccv1.DeltaDigest_DELTA_DIGEST_UNSPECIFIED }
+}
+
 // WithDeltaHook calls fn with every ViewDelta as it arrives, before it is applied (for
 // tracing; tests change one to see a mismatch handled).
 func WithDeltaHook(fn func(*ctxccv1.ViewDelta)) StreamOption {
@@ -95,7 +107,7 @@ func WithDeltaHook(fn func(*ctxccv1.ViewDelta)) StreamOption {
 
 // OpenStream opens a compile stream; it reopens itself when the connection drops.
 func (c *Client) OpenStream(ctx context.Context, opts ...StreamOption) *Stream {
-	s := &Stream{c: c, ctx: ctx, deltas: true}
+	s := &Stream{c: c, ctx: ctx, deltas: true, digest: ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN}
 	for _, o := range opts {
 		o(s)
 	}
@@ -168,7 +180,7 @@ func (s *Stream) drop() {
 	if s.cancel != nil {
 		s.cancel()
 	}
-	s.stream, s.cancel, s.base, s.baseRecords = nil, nil, nil, nil
+	s.stream, s.cancel, s.base, s.baseRecords, s.baseChain = nil, nil, nil, nil, nil
 }
 
 func eventsKey(events []*ctxccv1.Event) string {
@@ -212,9 +224,9 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 			s.stream, s.cancel = st, cancel
 		}
 		// Set at each attempt: a reopened stream has no base.
-		step.DeltaBaseCompileId = ""
+		step.DeltaBaseCompileId, step.DeltaDigest = "", ctxccv1.DeltaDigest_DELTA_DIGEST_UNSPECIFIED
 		if s.deltas && s.base != nil {
-			step.DeltaBaseCompileId = s.base.GetCompileId()
+			step.DeltaBaseCompileId, step.DeltaDigest = s.base.GetCompileId(), s.digest
 		}
 		view, appended, err := s.roundTrip(msg, req)
 		if err != nil && status.Code(err) == codes.Unavailable {
@@ -252,23 +264,23 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 		return nil, appended, err
 	}
 	if delta == nil {
-		s.keep(view, nil)
+		s.keep(view, nil, nil)
 		return view, appended, nil
 	}
 	if s.hook != nil {
 		s.hook(delta)
 	}
 	headID := delta.GetHead().GetCompileId()
-	view, recs, err := applyDelta(s.base, delta, s.baseRecords)
+	view, recs, values, err := s.apply(delta)
 	if err == nil {
 		s.stats.Deltas++
 		s.mismatchRun = 0
-		s.keep(view, recs)
+		s.keep(view, recs, values)
 		return view, appended, nil
 	}
 	s.stats.Mismatches++
 	s.mismatchRun++
-	s.base, s.baseRecords = nil, nil
+	s.base, s.baseRecords, s.baseChain = nil, nil, nil
 	resume := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Resume{
 		Resume: &ctxccv1.ResumeRequest{CompileId: headID, Compile: compile}}}
 	if err := s.send(resume); err != nil {
@@ -281,17 +293,36 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 	if err != nil {
 		return nil, appended, err
 	}
-	s.keep(view, nil)
+	s.keep(view, nil, nil)
 	return view, appended, nil
 }
 
+// apply rebuilds and checks a delta against the base with the digest it carries: the
+// chained one when the daemon sent it, else the whole view's sha256 (a daemon that does
+// not know the chained digest sends that one).
+func (s *Stream) apply(d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, records, chain, error) {
+	if d.GetChainSha256() == "" {
+		view, recs, err := applyDelta(s.base, d, s.baseRecords)
+		return view, recs, nil, err
+	}
+	values := s.baseChain
+	if values == nil && s.base != nil { // the base came whole: its chain, once
+		var err error
+		if values, err = extendChain(nil, 0, s.base.GetMessages()); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	view, values, err := applyChainedDelta(s.base, d, values)
+	return view, nil, values, err
+}
+
 // keep records a view received whole or rebuilt and checked as the next delta's base.
-func (s *Stream) keep(view *ctxccv1.CompiledView, recs records) {
+func (s *Stream) keep(view *ctxccv1.CompiledView, recs records, values chain) {
 	if s.deltas && s.mismatchRun >= maxMismatches {
 		s.deltas = false
 	}
 	if s.deltas {
-		s.base, s.baseRecords = view, recs
+		s.base, s.baseRecords, s.baseChain = view, recs, values
 	}
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -268,3 +269,19 @@ def test_a_held_view_rebuilds_once_and_takes_a_whole_view_digest_too() -> None:
     assert again.view.SerializeToString(deterministic=True) == new.SerializeToString(
         deterministic=True
     )
+
+
+def test_the_client_fixtures_chained_digests_follow_the_proto() -> None:
+    """tests/fixtures/client-views/chain_sha256.txt, which the Go and TypeScript clients'
+    tests check their digests against, holds the daemon's digests of the fixture views and
+    they are the proto's rule computed from the whole views."""
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "client-views"
+    lines = (folder / "chain_sha256.txt").read_text().split()
+    stated = dict(zip(lines[::2], lines[1::2], strict=True))
+    assert sorted(stated) == ["view1", "view2", "view3"]
+    for name, digest in stated.items():
+        view = view_pb2.CompiledView.FromString((folder / f"{name}.binpb").read_bytes())
+        assert chained_digest(view) == digest
+        found = chained_delta_record(cut(_view("z", [], [], [])), cut(view), None)
+        assert found is not None
+        assert compile_service_pb2.ViewDelta.FromString(found[0]).chain_sha256 == digest

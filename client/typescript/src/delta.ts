@@ -54,16 +54,8 @@ function digestWith(view: CompiledView, records: MessageRecords): string {
 
 export class DeltaMismatch extends Error {}
 
-/**
- * Rebuilds the whole view that `delta` describes against `base` (the view named by
- * delta.baseCompileId) and checks it against delta.viewSha256; throws DeltaMismatch when it
- * cannot be rebuilt or its digest differs (then ask for it whole; Stream.step does).
- *
- * The result is a new object, but the messages, sections and tools it keeps from `base`
- * are the same objects as base's: nothing is copied, so treat views as read-only. With
- * `records`, message encodings are remembered there and reused by object.
- */
-export function applyDelta(base: CompiledView | null, delta: ViewDelta, records?: MessageRecords): CompiledView {
+/** Builds the view `delta` describes against `base`, without checking its digest. */
+function rebuild(base: CompiledView | null, delta: ViewDelta): CompiledView {
   if (!base || base.compileId !== delta.baseCompileId) {
     throw new DeltaMismatch(`delta against "${delta.baseCompileId}", but the view held is "${base?.compileId ?? ""}"`);
   }
@@ -80,16 +72,84 @@ export function applyDelta(base: CompiledView | null, delta: ViewDelta, records?
     }
     throw new DeltaMismatch("delta has an empty section slot");
   });
-  const view: CompiledView = {
+  return {
     ...delta.head,
     messages: [...base.messages.slice(0, delta.keptMessages), ...delta.appendedMessages],
     systemSections: sections,
     systemPrompt: sections.map((s) => s.text).join("\n\n"),
     tools: delta.toolsChanged ? delta.tools : base.tools,
   };
+}
+
+/**
+ * Rebuilds the whole view that `delta` describes against `base` (the view named by
+ * delta.baseCompileId) and checks it against delta.viewSha256, or against delta.chainSha256
+ * when the delta carries the chained digest; throws DeltaMismatch when it cannot be rebuilt
+ * or its digest differs (then ask for it whole; Stream.step does).
+ *
+ * The result is a new object, but the messages, sections and tools it keeps from `base`
+ * are the same objects as base's: nothing is copied, so treat views as read-only. With
+ * `records`, message encodings are remembered there and reused by object.
+ */
+export function applyDelta(base: CompiledView | null, delta: ViewDelta, records?: MessageRecords): CompiledView {
+  if (delta.chainSha256) return applyChainedDelta(base, delta, extendChain([], 0, base?.messages ?? [])).view;
+  const view = rebuild(base, delta);
   const digest = records ? digestWith(view, records) : viewDigest(view);
   if (digest !== delta.viewSha256) {
     throw new DeltaMismatch(`view ${view.compileId} rebuilt from a delta has sha256 ${digest}, the daemon's is ${delta.viewSha256}`);
   }
   return view;
+}
+
+/** c_0 of the chained digest: the chain value of no messages. */
+const CHAIN_START = Buffer.alloc(32);
+
+/** The chain values c_1..c_n of a view whose first `kept` messages are those of the view
+ * whose chain values are `base`, followed by `messages` (the only ones encoded and hashed):
+ * c_i = sha256(c_{i-1} || sha256(encoding of message i)). */
+export function extendChain(base: readonly Buffer[], kept: number, messages: readonly ViewMessage[]): Buffer[] {
+  const out = base.slice(0, kept);
+  let last = kept > 0 ? base[kept - 1] : CHAIN_START;
+  for (const m of messages) {
+    const h = createHash("sha256").update(ViewMessage.encode(m).finish()).digest();
+    last = createHash("sha256").update(last).update(h).digest();
+    out.push(last);
+  }
+  return out;
+}
+
+/** The chained digest (ViewDelta.chain_sha256) of `view`, whose messages' chain values are
+ * `values`: sha256(sha256(the view's encoding without its messages) || c_n), hex. */
+function chainDigestWith(view: CompiledView, values: readonly Buffer[]): string {
+  const rest = createHash("sha256").update(CompiledView.encode({ ...view, messages: [] }).finish()).digest();
+  const last = values.length > 0 ? values[values.length - 1] : CHAIN_START;
+  return createHash("sha256").update(rest).update(last).digest("hex");
+}
+
+/** The chained digest of a whole view, over all its messages (a stream continues it from its
+ * base's chain values instead). */
+export function chainDigest(view: CompiledView): string {
+  return chainDigestWith(view, extendChain([], 0, view.messages));
+}
+
+/**
+ * applyDelta for a delta with the chained digest, continued from `baseChain` (the chain
+ * values of base's messages): only the appended messages and the view without its messages
+ * are encoded and hashed. Returns the view and its chain values, the next delta's base.
+ */
+export function applyChainedDelta(
+  base: CompiledView | null,
+  delta: ViewDelta,
+  baseChain: readonly Buffer[],
+): { view: CompiledView; chain: Buffer[] } {
+  if (base && baseChain.length !== base.messages.length) {
+    throw new DeltaMismatch(`the base's chain has ${baseChain.length} values for ${base.messages.length} messages`);
+  }
+  const view = rebuild(base, delta);
+  const chain = extendChain(baseChain, delta.keptMessages, delta.appendedMessages);
+  const digest = chainDigestWith(view, chain);
+  if (digest !== delta.chainSha256) {
+    throw new DeltaMismatch(`view ${view.compileId} rebuilt from a delta has chained digest ${digest}, the daemon's is ${delta.chainSha256}`);
+  }
+  return { view, chain };
 }

@@ -13,7 +13,7 @@
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
-import { applyDelta, DeltaMismatch, type MessageRecords } from "./delta.js";
+import { applyChainedDelta, applyDelta, DeltaMismatch, extendChain, type MessageRecords } from "./delta.js";
 import { CtxccError, toCtxccError } from "./errors.js";
 import type { DeepPartial } from "./gen/ctxcc/v1/common.js";
 import {
@@ -23,6 +23,7 @@ import {
   CompileServiceService,
   CompileStreamRequest,
   CompileStreamResponse,
+  DeltaDigest,
   ReportUsageRequest,
   ReportUsageResponse,
   ViewDelta,
@@ -57,6 +58,10 @@ export interface StreamOptions {
   /** Called with every ViewDelta as it arrives, before it is applied (for tracing; tests
    * change one to see a mismatch handled). */
   onDelta?: (delta: ViewDelta) => void;
+  /** Check deltas by the chained digest (default true: continued from the base's, so only
+   * the new messages and the view without messages are hashed); false asks for the whole
+   * view's sha256 (view_sha256) as before. */
+  chainedDigest?: boolean;
 }
 
 /** How a stream's views arrived. */
@@ -108,6 +113,9 @@ export class Stream {
   // The last view received completely and checked on the current call: the base of the next
   // delta. A reopened call starts without one (the daemon keeps views per stream).
   private base: CompiledView | null = null;
+  // The chain values of base's messages when it was rebuilt from a chained delta (null:
+  // computed from base when the next chained delta comes).
+  private baseChain: Buffer[] | null = null;
   // Deltas that failed in a row; at MAX_MISMATCHES the stream stops asking for them.
   private mismatchRun = 0;
   // Encodings of the messages of views rebuilt here: the next delta keeps most of them.
@@ -190,6 +198,7 @@ export class Stream {
     this.failure = null;
     this.buffered = [];
     this.base = null;
+    this.baseChain = null;
     call.on("data", (r: CompileStreamResponse) => {
       if (this.call !== call) return;
       const w = this.waiting.shift();
@@ -214,6 +223,7 @@ export class Stream {
     this.failure = null;
     this.buffered = [];
     this.base = null;
+    this.baseChain = null;
     call?.cancel();
   }
 
@@ -275,7 +285,14 @@ export class Stream {
   private async attempt(msg: CompileStreamRequest, compile: CompileRequest): Promise<StepResult> {
     const call = this.open();
     // Set at each attempt: a reopened call has no base.
-    if (msg.request?.$case === "step") msg.request.value.deltaBaseCompileId = this.deltas ? (this.base?.compileId ?? "") : "";
+    if (msg.request?.$case === "step") {
+      const step = msg.request.value;
+      step.deltaBaseCompileId = this.deltas ? (this.base?.compileId ?? "") : "";
+      step.deltaDigest =
+        step.deltaBaseCompileId && (this.options.chainedDigest ?? true)
+          ? DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN
+          : DeltaDigest.DELTA_DIGEST_UNSPECIFIED;
+    }
     try {
       this.send(call, msg);
       const first = await this.receive();
@@ -283,16 +300,17 @@ export class Stream {
       this.options.onDelta?.(first.delta);
       const headId = first.delta.head?.compileId ?? "";
       try {
-        const view = applyDelta(this.base, first.delta, this.records);
+        const { view, chain } = this.apply(first.delta);
         this.counts.deltas++;
         this.mismatchRun = 0;
-        return { view: this.keep(view), append: first.append };
+        return { view: this.keep(view, chain), append: first.append };
       } catch (err) {
         if (!(err instanceof DeltaMismatch)) throw err;
       }
       this.counts.mismatches++;
       this.mismatchRun++;
       this.base = null;
+      this.baseChain = null;
       this.send(call, CompileStreamRequest.fromPartial({ request: { $case: "resume", value: { compileId: headId, compile } } }));
       const again = await this.receive();
       if (!again.view) throw new Error("the daemon answered a ResumeRequest with a delta");
@@ -312,10 +330,22 @@ export class Stream {
     }
   }
 
+  /** Rebuilds and checks a delta with the digest it carries: the chained one when the daemon
+   * sent it, else the whole view's sha256 (a daemon that does not know the chained one). */
+  private apply(delta: ViewDelta): { view: CompiledView; chain: Buffer[] | null } {
+    if (!delta.chainSha256) return { view: applyDelta(this.base, delta, this.records), chain: null };
+    // A base that came whole gets its chain values once, here.
+    const values = this.baseChain ?? extendChain([], 0, this.base?.messages ?? []);
+    return applyChainedDelta(this.base, delta, values);
+  }
+
   /** Records a view received whole or rebuilt and checked as the next delta's base. */
-  private keep(view: CompiledView): CompiledView {
+  private keep(view: CompiledView, chain: Buffer[] | null = null): CompiledView {
     if (this.mismatchRun >= MAX_MISMATCHES) this.deltas = false;
-    if (this.deltas) this.base = view;
+    if (this.deltas) {
+      this.base = view;
+      this.baseChain = chain;
+    }
     return view;
   }
 

@@ -46,3 +46,19 @@ export function makeDelta(base: CompiledView, target: CompiledView): ViewDelta {
   // A copy of its own, as one decoded from the wire would be.
   return ViewDelta.decode(ViewDelta.encode(delta).finish());
 }
+
+/** The chained digest of fixture view `n` as the daemon's code computes it (chain_sha256.txt
+ * beside the views, checked against the proto's rule by the Python tests). */
+export function daemonChain(n: number): string {
+  const lines = readFileSync(new URL("chain_sha256.txt", DIR), "utf8").split("\n");
+  const found = lines.map((l) => l.split(" ")).find(([name]) => name === `view${n}`);
+  if (!found) throw new Error(`no chained digest for view${n}`);
+  return found[1];
+}
+
+/** `d` with the chained digest `sum` instead of view_sha256. */
+export function chained(d: ViewDelta, sum: string): ViewDelta {
+  d.viewSha256 = "";
+  d.chainSha256 = sum;
+  return d;
+}

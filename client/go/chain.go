@@ -1,0 +1,68 @@
+package ctxcc
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+// messagesField is CompiledView.messages, left out of the chained digest's R.
+const messagesField = 10
+
+// chain holds a view's chain values c_1..c_n (ViewDelta.chain_sha256 in the proto):
+// c_i = sha256(c_{i-1} || sha256(message i's encoding)), c_0 all zero.
+type chain [][sha256.Size]byte
+
+// extendChain is the chain of a view whose first kept messages are those of the view
+// whose chain values are base, followed by msgs: only msgs are encoded and hashed.
+func extendChain(base chain, kept int, msgs []*ctxccv1.ViewMessage) (chain, error) {
+	out := make(chain, kept, kept+len(msgs))
+	copy(out, base[:kept])
+	var last [sha256.Size]byte
+	if kept > 0 {
+		last = base[kept-1]
+	}
+	var e *encoder
+	var pair [2 * sha256.Size]byte
+	for _, m := range msgs {
+		b, err := e.messageBytes(m.ProtoReflect())
+		if err != nil {
+			return nil, err
+		}
+		h := sha256.Sum256(b)
+		copy(pair[:sha256.Size], last[:])
+		copy(pair[sha256.Size:], h[:])
+		last = sha256.Sum256(pair[:])
+		out = append(out, last)
+	}
+	return out, nil
+}
+
+// chainDigest is the chained digest of view, whose messages' chain values are values:
+// sha256(sha256(the view's encoding without its messages) || c_n), in lower-case hex.
+func chainDigest(view *ctxccv1.CompiledView, values chain) (string, error) {
+	rest := sha256.New()
+	var e *encoder
+	if err := e.eachPartExcept(view.ProtoReflect(), messagesField, func(part []byte) { rest.Write(part) }); err != nil {
+		return "", err
+	}
+	var last [sha256.Size]byte
+	if len(values) > 0 {
+		last = values[len(values)-1]
+	}
+	h := sha256.New()
+	h.Write(rest.Sum(nil))
+	h.Write(last[:])
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ChainDigest is the chained digest (ViewDelta.chain_sha256) of a whole view, computed
+// over all its messages; a stream continues it from its base's instead.
+func ChainDigest(view *ctxccv1.CompiledView) (string, error) {
+	values, err := extendChain(nil, 0, view.GetMessages())
+	if err != nil {
+		return "", err
+	}
+	return chainDigest(view, values)
+}
