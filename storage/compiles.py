@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable
 from typing import TypeVar
 
 from server.domain.errors import CtxccError, Reason
@@ -14,9 +13,11 @@ from server.domain.records import (
     Checkpoint,
     CompileRecord,
     DamagedCheckpoint,
+    Learn,
     RouteModel,
     RouteState,
     Usage,
+    UsagePlan,
 )
 from storage.codec import CorruptRecordError, decode_value, encode_value
 from storage.keys import (
@@ -177,11 +178,13 @@ class CompileRecords(StoreCore):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState,
-        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+        route_state: RouteState | UsagePlan,
+        learn: Learn | None = None,
     ) -> tuple[CompileRecord, bool]:
         """Usage, the session's new baseline and (through `learn`, called once per
-        report, never on a repeat) the route's model, in one atomic batch."""
+        report, never on a repeat) the route's model, in one atomic batch. A plan
+        instead of a route state makes both from the record as read here (see
+        ports.UsagePlan), so the record is read once."""
         done = self._record_usage(compile_id, usage, route_state, learn, True)
         assert done is not None  # waiting, it always gets its locks
         return done
@@ -190,8 +193,8 @@ class CompileRecords(StoreCore):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState,
-        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+        route_state: RouteState | UsagePlan,
+        learn: Learn | None = None,
     ) -> tuple[CompileRecord, bool] | None:
         """record_usage, or None (nothing written) when it would wait for a lock or for a
         RocksDB write stall."""
@@ -201,8 +204,8 @@ class CompileRecords(StoreCore):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState,
-        learn: Callable[[RouteModel | None], RouteModel] | None,
+        route_state: RouteState | UsagePlan,
+        learn: Learn | None,
         wait: bool,
     ) -> tuple[CompileRecord, bool] | None:
         sid, suffix = split_compile_id(compile_id)
@@ -211,6 +214,10 @@ class CompileRecords(StoreCore):
             return None
         try:
             record = self.get_compile(compile_id)
+            if not isinstance(route_state, RouteState):
+                # Made before the repeat check: its refusals (a route mismatch) hold
+                # for a repeated report too.
+                route_state, learn = route_state(record)
             if record.usage is not None:
                 return record, True
             updated = dataclasses.replace(record, usage=usage)

@@ -264,11 +264,11 @@ class PrometheusTelemetry:
     def usage_reported(
         self, estimated: int, actual: int, model_family: str, method: str, model: str
     ) -> None:
-        self.usage_reports.labels(model_family, model, method).inc()
+        self._of(self.usage_reports, model_family, model, method).inc()
         if actual > 0:
             err = abs(actual - estimated)
-            self.estimation_error.labels(model_family, model, method).observe(err / actual)
-            self.estimation_error_tokens.labels(model_family, model, method).observe(err)
+            self._of(self.estimation_error, model_family, model, method).observe(err / actual)
+            self._of(self.estimation_error_tokens, model_family, model, method).observe(err)
 
     def compaction(self, kind: str, performed: bool) -> None:
         self.compactions.labels(kind, "true" if performed else "false").inc()

@@ -29,6 +29,8 @@ class ModelInfo:
 UNKNOWN_TOKENIZER = "charclass"
 # The tokenizers that count with a table of their own (the daemon builds each on first use).
 TOKENIZER_TABLES = ("o200k", "cl100k", "claude")
+# Model names whose lookup is remembered.
+_REMEMBERED = 1_024
 
 
 def parse_catalog(data: Mapping[str, object]) -> dict[str, ModelInfo]:
@@ -59,8 +61,20 @@ class Catalog:
     def __init__(self, entries: Mapping[str, ModelInfo]) -> None:
         self._entries = dict(entries)
         self._keys = sorted(self._entries, key=len, reverse=True)
+        # Answers by model name: a step looks its model up four times (compile, usage
+        # report), each a scan of every key. The catalog never changes once built.
+        self._found: dict[str, ModelInfo] = {}
 
     def lookup(self, model: str) -> ModelInfo:
+        found = self._found.get(model)
+        if found is None:
+            found = self._scan(model)
+            if len(self._found) >= _REMEMBERED:  # names come from clients: bounded
+                self._found.clear()
+            self._found[model] = found
+        return found
+
+    def _scan(self, model: str) -> ModelInfo:
         name = model.lower()
         for key in self._keys:
             # The key must start a name segment: "o3" matches "o3-mini", not "foo3".

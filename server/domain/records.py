@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.domain.model import Route
@@ -133,6 +134,13 @@ class RouteModel:
     # The latest in-session changes behind ratio and framing:
     # (local change, reported change, messages added).
     changes: tuple[tuple[int, int, int], ...] = ()
+
+
+# What a usage report teaches its route's model (called once, inside the store's write).
+Learn = Callable[[RouteModel | None], RouteModel]
+# A usage report's route state and learner, made from the compile's record as the store
+# reads it for the report.
+UsagePlan = Callable[[CompileRecord], tuple[RouteState, Learn | None]]
 
 
 @dataclass(frozen=True, slots=True)

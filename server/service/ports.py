@@ -12,7 +12,6 @@ Contract (checked by tests/contract for every implementation):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from server.compiler.tokens import TokenCounter
@@ -25,9 +24,11 @@ from server.domain.records import (
     Checkpoint,
     CompileRecord,
     DamagedCheckpoint,
+    Learn,
     RouteModel,
     RouteState,
     Usage,
+    UsagePlan,
 )
 from server.domain.sources import Scope, SourceEntry, SourceKind, WorkspaceSources
 from server.domain.tools import ToolSpec
@@ -110,16 +111,20 @@ class EventStore(Protocol):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState,
-        learn: Callable[[RouteModel | None], RouteModel] | None = None,
-    ) -> tuple[CompileRecord, bool]: ...
+        route_state: RouteState | UsagePlan,
+        learn: Learn | None = None,
+    ) -> tuple[CompileRecord, bool]:
+        """A `UsagePlan` instead of a route state is called with the compile's record as
+        read under the session's lock, also for a repeated report (it may refuse it), and
+        makes the route state and the learner from it: the record is read once."""
+        ...
 
     def try_record_usage(
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState,
-        learn: Callable[[RouteModel | None], RouteModel] | None = None,
+        route_state: RouteState | UsagePlan,
+        learn: Learn | None = None,
     ) -> tuple[CompileRecord, bool] | None:
         """record_usage, or None (nothing written; `learn` is pure, so a call of it is
         lost with nothing else) when it would wait for a lock or for a write stall: a

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 from server.compiler.budget import ModelLimits, output_reserve
@@ -12,7 +11,7 @@ from server.domain.catalog import Catalog
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.families import family_of
 from server.domain.model import Route
-from server.domain.records import CompileRecord, RouteModel, RouteState, Usage
+from server.domain.records import CompileRecord, Learn, RouteModel, RouteState, Usage
 from server.domain.validation import check_route_fields
 from server.service.blocking import Blocking
 from server.service.compile_types import CompilerSettings, UsageResult, route_fields
@@ -101,34 +100,35 @@ class UsageReports:
         """Blocking when `wait`: the usage, the session's new baseline and what the route
         learns; without `wait`, None (nothing written) when the store would wait for a
         lock or a write stall."""
-        record = self._store.get_compile(compile_id)
-        if route is not None and route.route_id != record.route.route_id:
-            raise CtxccError(
-                Reason.ROUTE_MISMATCH,
-                "the usage report's route differs from the route the view was compiled for",
-                compile_id=compile_id,
-            )
         now = self._clock.now_ns()
-        state = RouteState(
-            route_id=record.route.route_id,
-            baseline_input_tokens=usage.input_tokens,
-            baseline_compile_id=compile_id,
-            last_output_tokens=usage.output_tokens,
-            update_time_ns=now,
-            message_count=record.message_count,
-            messages_digest=record.messages_digest,
-            fixed_tokens=record.fixed_tokens,
-            message_digests=record.message_digests,
-            message_tokens=record.message_tokens,
-        )
-        learn = self._learner(record, usage, now)
-        if wait:
-            return self._store.record_usage(compile_id, usage, state, learn)
-        return self._store.try_record_usage(compile_id, usage, state, learn)
 
-    def _learner(
-        self, record: CompileRecord, usage: Usage, now_ns: int
-    ) -> Callable[[RouteModel | None], RouteModel]:
+        def plan(record: CompileRecord) -> tuple[RouteState, Learn]:
+            """From the record the store reads under the session's lock (once)."""
+            if route is not None and route.route_id != record.route.route_id:
+                raise CtxccError(
+                    Reason.ROUTE_MISMATCH,
+                    "the usage report's route differs from the route the view was compiled for",
+                    compile_id=compile_id,
+                )
+            state = RouteState(
+                route_id=record.route.route_id,
+                baseline_input_tokens=usage.input_tokens,
+                baseline_compile_id=compile_id,
+                last_output_tokens=usage.output_tokens,
+                update_time_ns=now,
+                message_count=record.message_count,
+                messages_digest=record.messages_digest,
+                fixed_tokens=record.fixed_tokens,
+                message_digests=record.message_digests,
+                message_tokens=record.message_tokens,
+            )
+            return state, self._learner(record, usage, now)
+
+        if wait:
+            return self._store.record_usage(compile_id, usage, plan)
+        return self._store.try_record_usage(compile_id, usage, plan)
+
+    def _learner(self, record: CompileRecord, usage: Usage, now_ns: int) -> Learn:
         """What this report teaches the route model (run once, inside the store's write)."""
         bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
         cfg = self._settings.learning

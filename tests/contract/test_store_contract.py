@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from server.domain.records import (
     Checkpoint,
     CheckpointKind,
     CompileRecord,
+    Learn,
     RouteModel,
     RouteState,
     Usage,
@@ -199,6 +201,43 @@ def test_artifacts_checkpoints_compiles_routes(make_store: object) -> None:
         st.get_compile("s:x1")
     assert st.list_checkpoints("s") == []
     assert st.get_route_state("s", state.route_id) is None
+
+
+def test_a_usage_plan_is_made_from_the_stored_record_and_may_refuse_a_repeat(
+    make_store: object,
+) -> None:
+    """A plan instead of a route state: called with the record as stored (the one read
+    of it), for a repeated report too, where its refusal is raised and nothing moves."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    route = Route(model="m")
+    rec = CompileRecord("s:x1", "s", route, 1, 100, 1, 5, message_tokens=(7, 8))
+    st.put_compile(rec)
+    seen: list[CompileRecord] = []
+
+    def plan(record: CompileRecord) -> tuple[RouteState, Learn | None]:
+        seen.append(record)
+        state = RouteState(route.route_id, 120, record.compile_id, 30, 6)
+        state = replace(state, message_tokens=record.message_tokens)
+        return state, lambda m: RouteModel(route.route_id, overhead=float(len(seen)))
+
+    stored, replayed = st.record_usage("s:x1", Usage(120, 30), plan)
+    assert not replayed and seen == [rec] and stored == replace(rec, usage=Usage(120, 30))
+    assert st.get_route_state("s", route.route_id) == replace(
+        RouteState(route.route_id, 120, "s:x1", 30, 6), message_tokens=(7, 8)
+    )
+    assert st.get_route_model(route.route_id) == RouteModel(route.route_id, overhead=1.0)
+    generation = st.generation("s", route.route_id)
+
+    def refuse(record: CompileRecord) -> tuple[RouteState, Learn | None]:
+        seen.append(record)
+        raise CtxccError(Reason.ROUTE_MISMATCH, "another route")
+
+    with pytest.raises(CtxccError) as exc:
+        st.record_usage("s:x1", Usage(120, 30), refuse)
+    assert exc.value.reason is Reason.ROUTE_MISMATCH and seen[-1].usage == Usage(120, 30)
+    assert st.generation("s", route.route_id) == generation
+    assert st.get_route_model(route.route_id) == RouteModel(route.route_id, overhead=1.0)
 
 
 def test_route_models_are_learned_once_per_report_and_outlive_sessions(

@@ -95,6 +95,15 @@ def test_catalog(tmp_path: Path) -> None:
         )
     )
     assert load_catalog(str(extra)).lookup("my-local-model-q4").context_window == 32768
+    # Answers are remembered per catalog: a merged catalog answers from its own entries,
+    # the same name in another case is looked up on its own, and the memory is bounded.
+    merged = c.merged(load_catalog(str(extra))._entries)
+    assert merged.lookup("my-local-model").context_window == 32768
+    assert c.lookup("my-local-model").context_window == 0
+    assert c.lookup("O3-MINI").key == "o3" and c.lookup("o3-mini") is c.lookup("o3-mini")
+    for i in range(3_000):
+        assert c.lookup(f"client-{i}/gpt-4o").key == "gpt-4o"
+    assert len(c._found) <= 1_024
 
 
 def _msg(text: str, tokens: int) -> ViewMessage:
