@@ -37,19 +37,53 @@ class Blocking:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._compute, functools.partial(fn, *args, **kwargs))
 
+    async def run_landing(self, write: Callable[[], T], landed: Callable[[T], U]) -> U:
+        """`write` on the storage pool, then `landed` with its result on the event loop,
+        also when the awaiting call was cancelled meanwhile (a client gone, a deadline):
+        what `write` wrote stands, so what follows it on the loop (watchers told, metrics)
+        must happen too."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[U] = loop.create_future()
+
+        def finish(wrote: asyncio.Future[T]) -> None:
+            failed = wrote.exception()
+            try:
+                if failed is not None:
+                    raise failed
+                value = landed(wrote.result())
+            except BaseException as exc:  # raised in the awaiting call, if it is there
+                if not done.done():
+                    done.set_exception(exc)
+                return
+            if not done.done():
+                done.set_result(value)
+
+        loop.run_in_executor(self._pool, write).add_done_callback(finish)
+        return await done
+
     async def run_then_compute(
-        self, first: Callable[[], T], then: Callable[[], U]
+        self,
+        first: Callable[[], T],
+        then: Callable[[], U],
+        landed: Callable[[T], object] | None = None,
     ) -> tuple[T, U | BaseException]:
         """`first` on the storage pool, then `then` on the compute pool, handed from the
         one thread to the other: the event loop is woken once for both (each wake-up of
         the loop costs a step ~0.1-0.2 ms of CPU: the GIL handed over and back, the
         self-pipe, a callback round). A failure of `first` is raised and `then` does not
-        run; one of `then` is returned beside the result of `first`, which stands.
+        run; one of `then` is returned beside the result of `first`, which stands:
+        `landed` takes that result on the loop first, also when the awaiting call was
+        cancelled meanwhile (see `run_landing`).
         The storage pool never runs `then`, so appends still never queue behind compiles."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[T, U | BaseException]] = loop.create_future()
 
         def deliver(value: tuple[T, U | BaseException] | BaseException) -> None:
+            if landed is not None and not isinstance(value, BaseException):
+                try:
+                    landed(value[0])
+                except BaseException as exc:  # as a failure of `first`
+                    value = exc
             if done.done():  # the awaiting call was cancelled
                 return
             if isinstance(value, BaseException):

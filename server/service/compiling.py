@@ -147,8 +147,7 @@ class CompileUseCases:
         if prior is None:
             prepared, done = await self._blocking.compute(work)
         else:
-            value, outcome = await self._blocking.run_then_compute(prior.run, work)
-            prior.landed(value)
+            _, outcome = await self._blocking.run_then_compute(prior.run, work, prior.landed)
             if isinstance(outcome, BaseException):
                 raise outcome
             prepared, done = outcome

@@ -131,7 +131,7 @@ class SessionUseCases:
         expected_last_seq: int | None = None,
     ) -> AppendResult:
         write = self.writer(session_id, events, request_id, expected_last_seq)
-        return self.landed(session_id, await self._blocking.run(write))
+        return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
 
     def writer(
         self,

@@ -3,8 +3,15 @@ raw stream of test_step_usage.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
 from tests.conftest import Stubs
 from tests.helpers import user
 from tests.integration.test_step_usage import Steps, _compile, _head, _new_session, _usage
@@ -31,3 +38,76 @@ async def test_a_rebuild_step_appends_its_events_to_the_rebuilt_compiles_session
         assert [e.user_message.parts[0].text for e in listed.events] == ["one", "two"]
     finally:
         await steps.close()
+
+
+async def _cut_step(api: Stubs) -> None:
+    """A step whose client goes away while its append waits, then resent (a replay)."""
+    cut = Steps(api)
+    stepping = asyncio.ensure_future(cut.step(_compile("w"), [user("3")], request_id="cut"))
+    await asyncio.sleep(0.3)  # the append waits for the lock, on a storage thread
+    assert not stepping.done()
+    await cut.close()  # the client goes away mid-step
+    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+        await stepping
+
+
+async def _resent_step(api: Stubs) -> None:
+    again = Steps(api)
+    try:
+        answers = await again.step(_compile("w"), [user("3")], request_id="cut")
+        assert answers[0].append.replayed and answers[0].append.last_seq == 3
+    finally:
+        await again.close()
+
+
+async def _cut_append(api: Stubs) -> None:
+    """A unary append whose deadline passes while it waits."""
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="w", events=[user("3")]), timeout=0.3
+        )
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def _nothing(api: Stubs) -> None:
+    pass
+
+
+@pytest.mark.parametrize("how", ["stream", "unary"])
+async def test_an_append_cut_off_by_its_caller_still_tells_watchers_its_events(
+    daemon: Daemon, api: Stubs, how: str
+) -> None:
+    """An append whose caller goes away while it waits for the session's store lock (a
+    stream step whose client reconnects, then resends it; a unary append past its
+    deadline) lands anyway. Watchers must still get its events, in order (or a
+    resync): before, they reached no watcher (the cut call never took its append's
+    result, and a replay publishes nothing) and the appended-events metrics missed
+    them."""
+    cut, resend = (_cut_step, _resent_step) if how == "stream" else (_cut_append, _nothing)
+    await _new_session(api, "w")
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("1")]))
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="w", after_seq=1))
+    updates = watch.__aiter__()
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("2")]))
+    assert (await asyncio.wait_for(updates.__anext__(), 30)).event.seq == 2  # subscribed
+    store = daemon._store
+    assert store is not None
+    lock = store._lock("w")
+    await asyncio.to_thread(lock.acquire)
+    try:
+        await cut(api)
+        await asyncio.sleep(0.2)
+    finally:
+        lock.release()
+    await resend(api)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("4")]))
+    seen: list[str] = []
+    while "event 4" not in seen:
+        update = await asyncio.wait_for(updates.__anext__(), 30)
+        kind = update.WhichOneof("update")
+        if kind == "event":
+            seen.append(f"event {update.event.seq}")
+        elif kind == "resync":
+            seen.append(f"resync {update.resync.head_seq}")
+    watch.cancel()
+    assert seen[0] in ("event 3", "resync 3", "resync 4"), seen
