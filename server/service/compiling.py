@@ -43,6 +43,7 @@ from server.service.compile_types import (
 )
 from server.service.cpu_budget import CpuBudget
 from server.service.inputs import (
+    UNRECORDED_PREFIX,
     InputAssembler,
     is_recorded,
 )
@@ -388,3 +389,17 @@ class CompileUseCases:
     ) -> UsageResult:
         """See `UsageReports.report_usage` (server/service/usage.py)."""
         return await self._usage.report_usage(compile_id, route, usage, session_id)
+
+    async def gone(self, compile_id: str) -> bool:
+        """Whether this compile was recorded and its record is no longer stored (its
+        session was deleted, maybe made again since) or no longer decodes. An unrecorded
+        compile (a dry run, time travel) never had a record: not gone."""
+        if compile_id.partition(":")[2].startswith(UNRECORDED_PREFIX):
+            return False
+        try:
+            await self._blocking.run(self._store.get_compile, compile_id)
+        except CtxccError as err:
+            if err.reason not in (Reason.COMPILE_NOT_FOUND, Reason.RECORD_CORRUPT):
+                raise
+            return True
+        return False

@@ -328,7 +328,11 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         if kept is None or kept.session_id != session_id:
             return None
         session = await self._s.get(session_id)
-        return kept.view if session.head_seq == kept.view.event_boundary else None
+        if session.head_seq != kept.view.event_boundary:
+            return None
+        # The session may have been deleted and made again under its id, as long: its
+        # view is then of a conversation that is gone, and so is its compile's record.
+        return None if await self._c.gone(compile_id) else kept.view
 
     async def _step_usage(
         self, usage: pb.ReportUsageRequest, session_id: str, out: pb.CompileStreamResponse

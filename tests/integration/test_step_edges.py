@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -111,3 +112,34 @@ async def test_an_append_cut_off_by_its_caller_still_tells_watchers_its_events(
             seen.append(f"resync {update.resync.head_seq}")
     watch.cancel()
     assert seen[0] in ("event 3", "resync 3", "resync 4"), seen
+
+
+async def test_resume_after_the_session_was_deleted_and_made_again_compiles_afresh(
+    api: Stubs,
+) -> None:
+    """The view a ResumeRequest names belongs to a session that was deleted and created
+    again under the same id, with as many events: that view is of a conversation that is
+    gone (its compile no longer exists, a usage report for it is COMPILE_NOT_FOUND), so
+    the answer is a fresh compile of the session as it is. Before, the gone view was
+    resent because the head had the same seq."""
+
+    async def one(msg: cpb.CompileStreamRequest) -> cpb.CompileStreamResponse:
+        async def requests() -> AsyncIterator[cpb.CompileStreamRequest]:
+            yield msg
+
+        out = [r async for r in api.compiles.CompileStream(requests())]
+        assert len(out) == 1
+        return out[0]
+
+    await _new_session(api, "rd")
+    step = cpb.StepRequest(step_id="1", events=[user("old ask")], compile=_compile("rd"))
+    old = (await one(cpb.CompileStreamRequest(step=step))).view
+    await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="rd"))
+    await _new_session(api, "rd")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="rd", events=[user("new ask")])
+    )
+    resume = cpb.ResumeRequest(compile_id=old.compile_id, compile=_compile("rd"))
+    got = (await one(cpb.CompileStreamRequest(resume=resume))).view
+    assert got.compile_id != old.compile_id
+    assert [p.text for m in got.messages for p in m.parts] == ["new ask"]
