@@ -8,6 +8,7 @@ import math
 from typing import TypeVar
 
 from server.domain.errors import CtxccError, Reason
+from server.domain.generation import Generation
 from server.domain.model import Route
 from server.domain.records import (
     Checkpoint,
@@ -97,11 +98,14 @@ class CompileRecords(StoreCore):
         record: CompileRecord,
         parts: tuple[tuple[str, object], ...] = (),
         wait: bool = True,
+        route_since: Generation | None = None,
     ) -> bool:
         """Stores the record, the parts it names that are not stored yet (content-addressed
         by the caller's digest, so unchanged sources cost nothing), and the boundary index.
         Without `wait`, writes nothing and answers False when the session's lock is held
-        (an append may hold it through its fsync) or RocksDB would stall the write."""
+        (an append may hold it through its fsync) or RocksDB would stall the write.
+        `route_since`: a generation after which the session's current route was the
+        record's; while it holds, the session is not read to check that again."""
         sid, suffix = split_compile_id(record.compile_id)
         encoded = encode_value(record)
         # A compile record lost in a machine crash only turns its usage report into
@@ -121,12 +125,17 @@ class CompileRecords(StoreCore):
         if not lock.acquire(blocking=wait):
             return False
         try:
-            self._move_route(batch, sid, record.route)
+            # Every write of the session record holds this lock and moves the generation
+            # before it lets go: an unmoved generation is an unchanged current route.
+            if route_since is None or self.generation(sid, record.route.route_id) != route_since:
+                self._move_route(batch, sid, record.route)
             self._write(batch, sid)
         except WriteWouldWait:
             return False
         finally:
             lock.release()
+        if not keys:
+            return True
         with self._sources_lock:
             for key in keys:
                 self._parts[key] = None

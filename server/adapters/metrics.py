@@ -20,6 +20,7 @@ from server.compiler.view import (
     CompiledView,
     Decision,
     FallbackReason,
+    Layer,
     SectionKind,
 )
 from storage.kv import Footprint
@@ -212,8 +213,10 @@ class PrometheusTelemetry:
 
         # Bounded label sets start at zero, so dashboards and alert ratios see the series
         # before the first event of each kind.
-        for decision in Decision:
-            self.decisions.labels(decision.name.lower())
+        # The series every compile records, looked up once.
+        self._decided = {d: self.decisions.labels(d.name.lower()) for d in Decision}
+        self._layer_tokens = {layer: self.view_tokens.labels(layer.name.lower()) for layer in Layer}
+        self._overhead_tokens = self.view_tokens.labels("provider_overhead")
         for reason in FallbackReason:
             self.fallbacks.labels(reason.name.lower())
         for section in SectionKind:
@@ -243,15 +246,15 @@ class PrometheusTelemetry:
 
     def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None:
         self._of(self.compile_seconds, model_family).observe(seconds)
+        layers = self._layer_tokens
         for row in view.layers:
-            self._of(self.view_tokens, row.layer.name.lower()).observe(row.tokens)
+            layers[row.layer].observe(row.tokens)
         # With the layers it adds up to the estimate (negative when the provider counts
         # fewer tokens than the ledger, so the family's _sum stays exact).
-        overhead = view.budget.provider_overhead_tokens
-        self._of(self.view_tokens, "provider_overhead").observe(overhead)
+        self._overhead_tokens.observe(view.budget.provider_overhead_tokens)
         if view.budget.input_budget:
             self._of(self.utilization, model_family).observe(view.budget.utilization)
-        self._of(self.decisions, view.decision.name.lower()).inc()
+        self._decided[view.decision].inc()
         for reason in view.fallback_reasons:
             self.fallbacks.labels(reason.name.lower()).inc()
         for section in view.changed_sections:
@@ -297,10 +300,10 @@ class PrometheusTelemetry:
                 self.rpc_errors.labels(method, code)
 
     def rpc_started(self, method: str) -> None:
-        self.rpcs_in_flight.labels(method).inc()
+        self._of(self.rpcs_in_flight, method).inc()
 
     def rpc_done(self, method: str, code: str, seconds: float) -> None:
-        self.rpcs_in_flight.labels(method).dec()
+        self._of(self.rpcs_in_flight, method).dec()
         self._of(self.rpc_seconds, method, code).observe(seconds)
         if code != "OK":
             self.rpc_errors.labels(method, code).inc()

@@ -122,6 +122,14 @@ class CompileUseCases:
 
     async def compile(self, opts: CompileOptions, prior: Prior | None = None) -> CompileResult:
         """`prior`: storage work to do first, in the same hop off the event loop."""
+        # A repeat neither loads nor compiles, so it needs no CPU budget; nor checks: the
+        # options it matches were checked by the compile it repeats. After a write
+        # (`prior`) nothing is a repeat: its generation moved (a replayed append that
+        # wrote nothing just compiles, to the same view).
+        if prior is None:
+            repeated = await self._repeat(opts)
+            if repeated is not None:
+                return repeated
         # One budget for the whole request, a built-in compaction's second compile included.
         budget = CpuBudget(self._settings.cpu_budget_ms, self._telemetry.compile_abandoned)
         try:
@@ -137,11 +145,6 @@ class CompileUseCases:
     ) -> CompileResult:
         started = time.perf_counter()
         opts = checked(opts)
-        # After a write (`prior`) nothing is a repeat: its generation moved (a replayed
-        # append that wrote nothing just compiles, to the same view).
-        repeated = await self._repeat(opts) if prior is None else None
-        if repeated is not None:
-            return repeated
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
         work = functools.partial(self._prepare_and_finish, opts, may_compact, budget)

@@ -80,6 +80,8 @@ class InputAssembler:
         self._settings = settings
         self._clock = clock
         self._ids = ids
+        # (the granule's first second, its text): one pair, replaced whole.
+        self._time_texts: tuple[int, str] = (-1, "")
 
     def _recalled(
         self, opts: CompileOptions, session: Session
@@ -259,4 +261,11 @@ class InputAssembler:
     def time_text(self) -> str:
         g = max(1, self._settings.time_granularity_s)
         seconds = self._clock.now_ns() // 1_000_000_000 // g * g
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+        # Formatted once per granule: every compile and every repeat asks for it.
+        last = self._time_texts
+        if last[0] != seconds:
+            last = self._time_texts = (
+                seconds,
+                time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)),
+            )
+        return last[1]

@@ -95,10 +95,13 @@ class EventStore(Protocol):
         record: CompileRecord,
         parts: tuple[tuple[str, object], ...] = (),
         wait: bool = True,
+        route_since: Generation | None = None,
     ) -> bool:
         """True once written; without `wait`, False (nothing written) when the session's
         lock is held or the engine would stall the write, so a caller on the event loop
-        never waits behind an fsync or a RocksDB write stall."""
+        never waits behind an fsync or a RocksDB write stall. While the store's
+        generation is still `route_since`, the session's current route is taken to be
+        the record's already (not read again)."""
         ...
 
     def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None: ...

@@ -25,6 +25,7 @@ from server.transport.convert_view import compile_options_in, tagged
 from server.transport.drain import Drain, shutting_down
 from server.transport.errors import CODES, internal_error, streaming, unary
 from server.transport.lent import LentBySession
+from server.transport.options_memo import OptionsMemo
 from server.transport.paging import decode_token, encode_token
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import (
@@ -103,19 +104,20 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._max_message = max_message_bytes
         self._recent = RecentViews()
         self._lent = LentBySession()
+        self._options = OptionsMemo()
 
     @unary
     async def Compile(
         self, request: pb.CompileRequest, context: Ctx
     ) -> pb.CompileResponse | Encoded:
-        result = await self._c.compile(compile_options_in(request))
+        result = await self._c.compile(self._options.options(request))
         # CompileResponse is the view as its field 1: sent as the bytes the view's cached
         # records make, without a protobuf object per message; the records of the
         # messages the session's last view shared are lent by that view.
         last = self._lent.get(result.view.session_id)
         if size_hint(result) < _ON_LOOP_CHARS:
             view = view_bytes(result, last)
-            data = tagged(1, view.whole())
+            data = view.whole(1)
         else:
             # Encoding (and sizing) a multi-MiB view is CPU work: off the event loop.
             view, data = await asyncio.to_thread(self._large_response, result, last)
@@ -133,7 +135,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             if chars > self._max_message:
                 raise self._too_large(chars)
         view = view_bytes(result, last)
-        data = tagged(1, view.whole())
+        data = view.whole(1)
         if len(data) > self._max_message:
             raise self._too_large(len(data))
         return view, data

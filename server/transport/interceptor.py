@@ -65,10 +65,11 @@ def _safe(
 ) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
+    tries = tuple((cap, cap.trie()) for cap in caps)
 
     def decode(data: bytes) -> Any:
-        for cap in caps:
-            over = count_over(data, cap)
+        for cap, trie in tries:
+            over = count_over(data, cap, trie)
             if over is not None and cap.id_path:
                 return RefusedMessage(string_at(data, cap.id_path), cap.error(over))
             if over is not None:
@@ -108,6 +109,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         self._token = auth_token
         self._drain = drain or Drain()
         self._caps = dict(caps or {})
+        # (request decoder, response encoder) by method: the same for every call of it.
+        self._codecs: dict[str, tuple[Any, Any]] = {}
 
     def _denied(self, context: Any, service: str) -> CtxccError | None:
         if not self._token or service in _OPEN_SERVICES:
@@ -191,10 +194,13 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         full = handler_call_details.method or ""
         service = full.strip("/").split("/")[0]
         name = method_label(full)
-        kw = {
-            "request_deserializer": _safe(handler.request_deserializer, self._caps.get(full, ())),
-            "response_serializer": passing(handler.response_serializer),
-        }
+        codecs = self._codecs.get(full)
+        if codecs is None:
+            codecs = self._codecs[full] = (
+                _safe(handler.request_deserializer, self._caps.get(full, ())),
+                passing(handler.response_serializer),
+            )
+        kw = {"request_deserializer": codecs[0], "response_serializer": codecs[1]}
         if handler.unary_unary:
             fn = self._wrap(handler.unary_unary, name, service, False, True)
             return grpc.unary_unary_rpc_method_handler(fn, **kw)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, count
-from operator import is_not
+from operator import attrgetter, is_, is_not
 
 from server.compiler.view import CompiledView, ViewMessage
 from server.service.compile_types import CompileResult
@@ -57,10 +57,13 @@ class ViewBytes:
     prompt_is_joined: bool
     size: int
 
-    def whole(self) -> bytes:
+    def whole(self, field: int = 0) -> bytes:
+        """The view's encoding; with `field`, as that length-delimited field of another
+        message (a CompileResponse's view), joined in one copy."""
+        key = varint((field << 3) | 2) + varint(self.size) if field else b""
         return b"".join(
             chain(
-                (self.front,),
+                (key, self.front),
                 self.sections,
                 (self.prompt, self.middle),
                 self.messages,
@@ -98,7 +101,7 @@ class LentRecords:
 
 # Every field of a view but its compile id: a view whose fields are all these same
 # objects (frozen values) is a repeat of the other.
-_REPEATED = tuple(f.name for f in fields(CompiledView) if f.name != "compile_id")
+_fields_but_id = attrgetter(*(f.name for f in fields(CompiledView) if f.name != "compile_id"))
 
 
 def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
@@ -106,9 +109,14 @@ def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
     old, parts = last.view, last.parts
     if old is None or parts is None:
         return None
-    if not all(getattr(new, name) is getattr(old, name) for name in _REPEATED):
+    if not all(map(is_, _fields_but_id(new), _fields_but_id(old))):
         return None
-    front = head_front(new).SerializeToString(deterministic=True)
+    # The compile id is field 1, first in the deterministic encoding of the head's front.
+    old_id = tagged(1, old.compile_id.encode())
+    if parts.front.startswith(old_id):
+        front = tagged(1, new.compile_id.encode()) + parts.front[len(old_id) :]
+    else:
+        front = head_front(new).SerializeToString(deterministic=True)
     size = parts.size - len(parts.front) + len(front)
     return replace(parts, compile_id=new.compile_id, front=front, size=size)
 

@@ -92,12 +92,14 @@ def _varint(data: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def count_over(data: bytes, cap: RepeatedCap) -> int | None:
+def count_over(data: bytes, cap: RepeatedCap, trie: _Node | None = None) -> int | None:
     """How many elements the capped fields hold when that is over the limit, else None.
     Counting stops at `limit + 1`. Malformed bytes answer None: the real decoder
-    reports them."""
+    reports them. `trie`: `cap.trie()`, when the caller keeps it."""
+    if len(data) <= cap.limit:
+        return None  # every element takes at least one byte
     try:
-        count = _count(data, 0, len(data), cap.trie(), cap, 0)
+        count = _count(data, 0, len(data), trie or cap.trie(), cap, 0)
     except ValueError:
         return None
     return count if count > cap.limit else None

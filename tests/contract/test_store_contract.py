@@ -526,3 +526,30 @@ def test_a_usage_report_need_not_wait_for_a_lock(make_store: object) -> None:
     assert done is not None and done[0].usage == Usage(120, 30) and not done[1]
     assert len(learned) == 1 and st.get_route_model(route.route_id) is not None
     assert st.get_route_state("s", route.route_id) == state
+
+
+def test_a_compile_record_keeps_the_current_route_while_its_generation_holds(
+    make_store: object,
+) -> None:
+    """A repeat names the generation after the compile it repeats (`route_since`): while
+    nothing wrote since, the session's current route is the record's without reading
+    the session; once another route's compile moved it, the record moves it back."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    a, b = Route(model="a"), Route(model="b")
+    st.put_compile(CompileRecord("s:x1", "s", a, 1, 100, 1, 5))
+    since = st.generation("s", a.route_id)
+
+    def unread(session_id: str) -> Session:
+        raise AssertionError("the session was read although its generation held")
+
+    reads = st.get_session
+    st.get_session = unread  # type: ignore[method-assign]
+    assert st.put_compile(CompileRecord("s:x2", "s", a, 1, 100, 1, 6), route_since=since)
+    st.get_session = reads  # type: ignore[method-assign]
+    assert st.get_session("s").current_route == a
+    assert st.get_compile("s:x2").create_time_ns == 6
+    st.put_compile(CompileRecord("s:x3", "s", b, 1, 100, 1, 7))
+    assert st.get_session("s").current_route == b
+    st.put_compile(CompileRecord("s:x4", "s", a, 1, 100, 1, 8), route_since=since)
+    assert st.get_session("s").current_route == a, "a stale generation reads the session"

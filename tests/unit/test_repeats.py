@@ -31,7 +31,11 @@ class _Store:
         return Generation(self.everything, self.sessions.get(session_id, 0), 0)
 
     def put_compile(
-        self, record: CompileRecord, parts: tuple[Any, ...] = (), wait: bool = True
+        self,
+        record: CompileRecord,
+        parts: tuple[Any, ...] = (),
+        wait: bool = True,
+        route_since: Generation | None = None,
     ) -> bool:
         if not wait and self.locked:
             return False
