@@ -130,6 +130,8 @@ class CompileRecords(StoreCore):
             if route_since is None or self.generation(sid, record.route.route_id) != route_since:
                 self._move_route(batch, sid, record.route)
             self._write(batch, sid)
+            self._remember_decoded("compiles", session_key(sid, suffix), record)
+            self._remember_decoded("compiles", session_key(sid, LAST_COMPILE), record)
         except WriteWouldWait:
             return False
         finally:
@@ -152,7 +154,11 @@ class CompileRecords(StoreCore):
             batch.put("sessions", sid.encode(), encode_value(moved))
 
     def get_last_compile(self, session_id: str) -> CompileRecord | None:
-        raw = self._kv.get("compiles", session_key(session_id, LAST_COMPILE))
+        key = session_key(session_id, LAST_COMPILE)
+        kept = self._decoded_value("compiles", key, CompileRecord)
+        if kept is not None:
+            return kept
+        raw = self._kv.get("compiles", key)
         return None if raw is None else decode_value(raw, CompileRecord)
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
@@ -178,7 +184,11 @@ class CompileRecords(StoreCore):
 
     def get_compile(self, compile_id: str) -> CompileRecord:
         sid, suffix = split_compile_id(compile_id)
-        raw = self._kv.get("compiles", session_key(sid, suffix))
+        key = session_key(sid, suffix)
+        kept = self._decoded_value("compiles", key, CompileRecord)
+        if kept is not None:
+            return kept
+        raw = self._kv.get("compiles", key)
         if raw is None:
             raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
         return decode_value(raw, CompileRecord)
@@ -232,23 +242,25 @@ class CompileRecords(StoreCore):
             updated = dataclasses.replace(record, usage=usage)
             # Losing a baseline only means the next estimate is a full one.
             batch = Batch(durable=False, no_wait=not wait)
-            batch.put("compiles", session_key(sid, suffix), encode_value(updated))
+            record_key = session_key(sid, suffix)
+            state_key = session_key(sid, route_state.route_id.encode())
+            batch.put("compiles", record_key, encode_value(updated))
             self._move_route(batch, sid, record.route)
-            batch.put(
-                "routes", session_key(sid, route_state.route_id.encode()), encode_value(route_state)
-            )
+            batch.put("routes", state_key, encode_value(route_state))
             if learn is None:
                 self._write(batch, sid)
-                return updated, False
-            # Sessions on one route report concurrently.
-            if not self._models_lock.acquire(blocking=wait):
-                return None
-            try:
-                model = learn(self.get_route_model(route_state.route_id))
-                batch.put("routes", ROUTE_MODEL + model.route_id.encode(), encode_value(model))
-                self._write(batch, sid, model.route_id)
-            finally:
-                self._models_lock.release()
+            else:
+                # Sessions on one route report concurrently.
+                if not self._models_lock.acquire(blocking=wait):
+                    return None
+                try:
+                    model = learn(self.get_route_model(route_state.route_id))
+                    batch.put("routes", ROUTE_MODEL + model.route_id.encode(), encode_value(model))
+                    self._write(batch, sid, model.route_id)
+                finally:
+                    self._models_lock.release()
+            self._remember_decoded("compiles", record_key, updated)
+            self._remember_decoded("routes", state_key, route_state)
             return updated, False
         except WriteWouldWait:
             return None
@@ -272,5 +284,9 @@ class CompileRecords(StoreCore):
         return model
 
     def get_route_state(self, session_id: str, route_id: str) -> RouteState | None:
-        raw = self._kv.get("routes", session_key(session_id, route_id.encode()))
+        key = session_key(session_id, route_id.encode())
+        kept = self._decoded_value("routes", key, RouteState)
+        if kept is not None:
+            return kept
+        raw = self._kv.get("routes", key)
         return None if raw is None else decode_value(raw, RouteState)

@@ -80,6 +80,7 @@ class SessionRecords(StoreCore):
                 batch.delete_range("sources", prefix, key_after(prefix))
             batch.delete("sessions", session_id.encode())
             batch.put("meta", COUNT_KEY, be64(max(0, self.count_sessions() - 1)))
+            self._forget_decoded(batch)
             self._kv.write(batch)
             self._sources_changed()  # before the bump, as in `_write`
             self._generations.forget(session_id)

@@ -240,6 +240,56 @@ def test_a_usage_plan_is_made_from_the_stored_record_and_may_refuse_a_repeat(
     assert st.get_route_model(route.route_id) == RouteModel(route.route_id, overhead=1.0)
 
 
+def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) -> None:
+    """The store keeps the compile records and route states it wrote, decoded, for the
+    reads that follow (a usage report, the next compile): after every kind of write to
+    them its answers are those of a second store over the same engine, which decodes
+    what is stored."""
+    st = new_store(make_store)
+    twin = KVEventStore(st._kv)
+    route, other = Route(model="m"), Route(model="n")
+    st.create_session(Session("s", 1, 1))
+
+    def same() -> None:
+        for cid in ("s:x1", "s:x2", "s:x3"):
+            try:
+                mine: CompileRecord | str = st.get_compile(cid)
+            except CtxccError as err:
+                mine = err.reason.value
+            try:
+                theirs: CompileRecord | str = twin.get_compile(cid)
+            except CtxccError as err:
+                theirs = err.reason.value
+            assert mine == theirs, cid
+        assert st.get_last_compile("s") == twin.get_last_compile("s")
+        for r in (route, other):
+            assert st.get_route_state("s", r.route_id) == twin.get_route_state("s", r.route_id)
+
+    def state(cid: str, tokens: int) -> RouteState:
+        return RouteState(route.route_id, tokens, cid, 30, 6, message_tokens=(tokens, 1))
+
+    table = {"message_digests": b"d" * 16, "message_tokens": (5, 6)}
+    st.put_compile(CompileRecord("s:x1", "s", route, 1, 100, 1, 5, **table))  # type: ignore[arg-type]
+    same()
+    st.record_usage("s:x1", Usage(120, 30), state("s:x1", 120))
+    same()
+    assert st.get_compile("s:x1").usage == Usage(120, 30)
+    assert st.put_compile(CompileRecord("s:x2", "s", route, 2, 110, 1, 6), wait=False)
+    same()
+    st.record_usage("s:x2", Usage(130, 30), state("s:x2", 130))
+    st.record_usage("s:x2", Usage(999, 1), state("s:x2", 999))  # a repeat: nothing moves
+    same()
+    assert st.get_route_state("s", route.route_id) == state("s:x2", 130)
+    st.put_compile(CompileRecord("s:x3", "s", other, 3, 120, 1, 7))
+    st.record_usage("s:x3", Usage(140, 30), replace(state("s:x3", 140), route_id=other.route_id))
+    same()
+    st.delete_session("s")
+    same()
+    assert st.get_last_compile("s") is None and st.get_route_state("s", route.route_id) is None
+    st.create_session(Session("s", 2, 2))  # the same id again starts empty
+    same()
+
+
 def test_route_models_are_learned_once_per_report_and_outlive_sessions(
     make_store: object,
 ) -> None:
