@@ -80,6 +80,16 @@ class ViewBytes:
             )
         )
 
+    def size_without_messages(self) -> int:
+        return (
+            len(self.front)
+            + sum(map(len, self.sections))
+            + len(self.prompt)
+            + len(self.middle)
+            + sum(map(len, self.tools))
+            + len(self.back)
+        )
+
     def head(self) -> bytes:
         """The view without messages, sections, system prompt and tools: ViewDelta.head."""
         return self.front + self.middle + self.back
@@ -121,10 +131,23 @@ def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
     return replace(parts, compile_id=new.compile_id, front=front, size=size)
 
 
-def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[bytes, ...]:
-    old = last.messages
-    same = next(compress(count(), map(is_not, old, messages)), min(len(old), len(messages)))
-    return last.records[:same] + tuple(map(message_record, messages[same:]))
+def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tuple[bytes, ...], int]:
+    """The messages' records and their total size: both follow only the messages after
+    those `last` lends when it lends all of its own (the usual step)."""
+    old, parts = last.messages, last.parts
+    n = len(old)
+    # The usual step keeps every message of the last view (the same objects): one tuple
+    # comparison in C; equal values that are other objects have the same records too.
+    if n <= len(messages) and messages[:n] == old:
+        same = n
+    else:
+        same = next(compress(count(), map(is_not, old, messages)), min(n, len(messages)))
+    new = tuple(map(message_record, messages[same:]))
+    if same == n and parts is not None and parts.messages is last.records:
+        lent_size = parts.size - parts.size_without_messages()
+        return last.records + new, lent_size + sum(map(len, new))
+    records = last.records[:same] + new
+    return records, sum(map(len, records))
 
 
 def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> ViewBytes:
@@ -145,15 +168,16 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     if result.attachments:
         data = dict(result.attachments)
         messages = tuple(message_record_inline(m, data) for m in v.messages)
+        messages_size = sum(map(len, messages))
     else:
-        messages = _records(v.messages, last)
+        messages, messages_size = _records(v.messages, last)
     tools = tuple(map(tool_record, v.tools))
     size = (
         len(front)
         + sum(map(len, sections))
         + len(prompt)
         + len(middle)
-        + sum(map(len, messages))
+        + messages_size
         + sum(map(len, tools))
         + len(back)
     )

@@ -9,7 +9,7 @@ from server.compiler.compile import compile_view
 from server.domain.model import ContentPart, Event, UserMessage
 from server.service.compile_types import CompileResult
 from server.transport.lent import LentBySession
-from server.transport.view_bytes import view_bytes
+from server.transport.view_bytes import LentRecords, view_bytes
 from tests.unit.test_incremental import C, Step, inputs_for
 
 LOG = [Event(i + 1, f"e{i + 1}", 0, UserMessage((ContentPart(text=f"hi {i}"),))) for i in range(3)]
@@ -46,3 +46,22 @@ def test_a_view_with_inline_image_bytes_lends_nothing() -> None:
     lent = LentBySession()
     lent.keep(result, view_bytes(CompileResult(VIEW)))
     assert lent.get(VIEW.session_id).messages == ()
+
+
+def test_lent_records_give_the_next_views_records_and_size() -> None:
+    """The next view's size is the lent view's message bytes plus its new records when it
+    keeps every lent message (counted without walking them), and counted whole otherwise."""
+    one = CompileResult(VIEW)
+    first = view_bytes(one)
+    lent = LentRecords(VIEW.messages, first.messages, VIEW, first)
+    extra = replace(VIEW.messages[-1], first_seq=9, last_seq=9)
+    for messages in (
+        (*VIEW.messages, extra, extra),  # every lent message kept, two appended
+        (*VIEW.messages[:1], extra),  # a prefix kept
+        (extra, *VIEW.messages),  # nothing kept
+    ):
+        result = CompileResult(replace(VIEW, compile_id="next", messages=messages))
+        view = view_bytes(result, lent)
+        alone = view_bytes(result)
+        assert view.whole() == alone.whole() and view.messages == alone.messages
+        assert view.size == len(view.whole())
