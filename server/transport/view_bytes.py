@@ -132,22 +132,35 @@ def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
 
 
 def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tuple[bytes, ...], int]:
-    """The messages' records and their total size: both follow only the messages after
-    those `last` lends when it lends all of its own (the usual step)."""
-    old, parts = last.messages, last.parts
-    n = len(old)
-    # The usual step keeps every message of the last view (the same objects): one tuple
-    # comparison in C; equal values that are other objects have the same records too.
-    if n <= len(messages) and messages[:n] == old:
-        same = n
-    else:
-        same = next(compress(count(), map(is_not, old, messages)), min(n, len(messages)))
+    """The messages' records and their total size. Both follow only the messages that are
+    not `last`'s (the lent view's size is known, the records it lends are not summed)."""
+    parts = last.parts
+    same = _kept(last.messages, messages)
     new = tuple(map(message_record, messages[same:]))
-    if same == n and parts is not None and parts.messages is last.records:
-        lent_size = parts.size - parts.size_without_messages()
-        return last.records + new, lent_size + sum(map(len, new))
     records = last.records[:same] + new
+    if parts is not None and parts.messages is last.records:
+        lent = parts.size - parts.size_without_messages() - sum(map(len, last.records[same:]))
+        return records, lent + sum(map(len, new))
     return records, sum(map(len, records))
+
+
+# How far from the end of the lent messages the first one a step kept is looked for.
+_TAIL = 16
+
+
+def _kept(old: tuple[ViewMessage, ...], new: tuple[ViewMessage, ...]) -> int:
+    """How many messages at the start of `new` have `old`'s records. A step usually keeps
+    all of the last view's message objects but the last few (projected again after the
+    memo's cut): the last one kept is looked for from the end, and the ones before it
+    compared in one tuple comparison in C (equal values that are other objects have the
+    same records too)."""
+    n = min(len(old), len(new))
+    k = n
+    while k > n - _TAIL and k > 0 and old[k - 1] is not new[k - 1]:
+        k -= 1
+    if old[:k] == new[:k]:
+        return k
+    return next(compress(count(), map(is_not, old, new)), n)
 
 
 def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> ViewBytes:

@@ -59,6 +59,8 @@ def test_lent_records_give_the_next_views_records_and_size() -> None:
         (*VIEW.messages, extra, extra),  # every lent message kept, two appended
         (*VIEW.messages[:1], extra),  # a prefix kept
         (extra, *VIEW.messages),  # nothing kept
+        # the last message projected again (an equal value, another object), one appended
+        (*VIEW.messages[:-1], replace(VIEW.messages[-1]), extra),
     ):
         result = CompileResult(replace(VIEW, compile_id="next", messages=messages))
         view = view_bytes(result, lent)

@@ -52,7 +52,7 @@ export { CtxccError, toCtxccError } from "./errors.js";
 export { RETRY_SECONDS, newRequestId } from "./retry.js";
 export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
 export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats, type UsageReporter } from "./stream.js";
-export { applyDelta, DeltaMismatch, viewDigest } from "./delta.js";
+export { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, viewDigest } from "./delta.js";
 
 const CHUNK = 1 << 20;
 
@@ -158,7 +158,7 @@ export class Client {
   }
 
   /** One long-lived CompileStream; hold one per agent session. Delta views are on unless
-   * `{ deltas: false }`. */
+   * `{ deltas: false }`, checked by the chained digest unless `{ chainedDigest: false }`. */
   openStream(options: StreamOptions = {}): Stream {
     return new Stream(this.compiles.raw, this.settings.retrySeconds, this.settings.metadata, options, (req) =>
       this.compiles.reportUsage(req),
