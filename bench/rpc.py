@@ -125,6 +125,8 @@ class StreamAgent:
             request_id=f"{self.sid}-{self.steps}",
             compile=cpb.CompileRequest(session_id=self.sid, route=ROUTE),
             delta_base_compile_id=self.held.view.compile_id if self.held else "",
+            # The digest the clients' stream helpers ask for.
+            delta_digest=cpb.DELTA_DIGEST_MESSAGE_CHAIN,
         )
         if report and self.held is not None:
             step.usage.CopyFrom(self._usage(self.held.view))
@@ -137,7 +139,7 @@ class StreamAgent:
         while kind == "chunk":  # a whole view over the chunk size
             whole = self._chunks.add(out.chunk)
             if whole is not None:
-                self.held = HeldView.of(whole)
+                self.held = HeldView.of(whole, chained=True)
                 break
             out = next(self._answers)
             self.bytes_received += out.ByteSize()
@@ -146,7 +148,7 @@ class StreamAgent:
             self.held = self.held.apply(out.delta)
             self.deltas += 1
         elif kind == "view":
-            self.held = HeldView.of(out.view)
+            self.held = HeldView.of(out.view, chained=True)
         elif kind != "chunk":
             raise RuntimeError(f"step {self.steps} answered {kind}: {out.error}")
         assert self.held is not None
