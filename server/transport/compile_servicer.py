@@ -124,18 +124,24 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self, request: pb.CompileRequest, context: Ctx
     ) -> pb.CompileResponse | Encoded:
         result = await self._c.compile(self._options.options(request))
+        plain = not result.attachments and not result.renderings
+        repeated = self._lent.repeated(result.view) if plain else None
+        if repeated is not None:  # the session's last answer under the new compile id
+            return Encoded(repeated)
         # CompileResponse is the view as its field 1: sent as the bytes the view's cached
         # records make, without a protobuf object per message; the records of the
         # messages the session's last view shared are lent by that view.
         last = self._lent.get(result.view.session_id)
         if size_hint(result) < _ON_LOOP_CHARS:
             view = view_bytes(result, last)
-            data = view.whole(1)
+            data = kept = view.whole(1)
         else:
-            # Encoding (and sizing) a multi-MiB view is CPU work: off the event loop.
+            # Encoding (and sizing) a multi-MiB view is CPU work: off the event loop, and
+            # so is a repeat's copy of it (its answer is not kept).
             view, data = await asyncio.to_thread(self._large_response, result, last)
+            kept = b""
         if not request.rebuild_compile_id and not request.as_of_seq:
-            self._lent.keep(result, view)
+            self._lent.keep(result, view, kept if plain else b"")
         return Encoded(data)
 
     def _large_response(self, result: CompileResult, last: LentRecords) -> tuple[ViewBytes, bytes]:

@@ -114,12 +114,15 @@ class LentRecords:
 _fields_but_id = attrgetter(*(f.name for f in fields(CompiledView) if f.name != "compile_id"))
 
 
+def same_but_id(new: CompiledView, old: CompiledView) -> bool:
+    """Whether `new` is `old` under another compile id (a repeat, service/repeats.py)."""
+    return all(map(is_, _fields_but_id(new), _fields_but_id(old)))
+
+
 def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
     """`last`'s parts for `new` when `new` is `last`'s view under another compile id."""
     old, parts = last.view, last.parts
-    if old is None or parts is None:
-        return None
-    if not all(map(is_, _fields_but_id(new), _fields_but_id(old))):
+    if old is None or parts is None or not same_but_id(new, old):
         return None
     # The compile id is field 1, first in the deterministic encoding of the head's front.
     old_id = tagged(1, old.compile_id.encode())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ctxcc.v1 import compile_service_pb2 as cpb
 from server.compiler.compile import compile_view
 from server.domain.model import ContentPart, Event, UserMessage
 from server.service.compile_types import CompileResult
@@ -67,3 +68,26 @@ def test_lent_records_give_the_next_views_records_and_size() -> None:
         alone = view_bytes(result)
         assert view.whole() == alone.whole() and view.messages == alone.messages
         assert view.size == len(view.whole())
+
+
+def test_a_repeat_is_the_last_answer_under_its_new_compile_id() -> None:
+    one, _ = _sent("a")
+    parts = view_bytes(one)
+    lent = LentBySession()
+    lent.keep(one, parts, parts.whole(1))
+    # A repeat shares every field but the compile id with the view sent (repeats.py).
+    for new_id in ("a:2", "a:" + "9" * 300):  # a longer id: the lengths change too
+        again = replace(one.view, compile_id=new_id)
+        answer = lent.repeated(again)
+        assert answer is not None
+        response = cpb.CompileResponse.FromString(answer)
+        assert response.view.compile_id == new_id
+        assert answer == view_bytes(CompileResult(again)).whole(1)
+    # An equal view made anew is no repeat, nor is a view of another session, nor one
+    # whose kept answer was not its encoding.
+    anew = replace(one.view, compile_id="a:3", messages=tuple(list(one.view.messages)))
+    assert anew.messages == one.view.messages and lent.repeated(anew) is None
+    assert lent.repeated(replace(one.view, session_id="b")) is None
+    lent.keep(one, parts, b"\x0a\x03abc")
+    assert lent.repeated(replace(one.view, compile_id="a:4")) is None
+    assert lent.get("a").records == parts.messages
