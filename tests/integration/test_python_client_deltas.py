@@ -89,6 +89,8 @@ class _Damaging:
         self._damage = damage
         self.damaged: list[str] = []
         self.deltas: list[cpb.ViewDelta] = []
+        # Which deltas with appended messages are damaged: every `every`-th.
+        self.every = 2
 
     def CompileStream(self, requests: Any) -> Any:
         return _DamagingCall(self._stub.CompileStream(requests), self)
@@ -97,7 +99,7 @@ class _Damaging:
         if resp.WhichOneof("response") != "delta":
             return
         self.deltas.append(cpb.ViewDelta.FromString(resp.delta.SerializeToString()))
-        if not resp.delta.appended_messages or len(self.deltas) % 2:
+        if not resp.delta.appended_messages or len(self.deltas) % self.every:
             return
         damaged = self._damage(resp.delta)
         if damaged is not None:
@@ -185,3 +187,29 @@ async def test_a_reopened_stream_starts_with_a_whole_view(short_tmp: Path) -> No
         finally:
             await stream.close()
             await second.stop()
+
+
+async def test_after_three_mismatches_in_a_row_the_stream_asks_for_whole_views(
+    daemon: Daemon,
+) -> None:
+    target = f"unix:{daemon.endpoints.unix}"
+    api = stubs_for(target)
+    damaging = _Damaging(api.compiles, _damage_head)
+    damaging.every = 1  # every delta damaged
+    stream = CompileStream(damaging)
+    try:
+        async with AsyncClient(target) as ctx:
+            session = await ctx.create_session()
+            req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
+            for i in range(7):
+                view, _ = await stream.step(req, [user(f"step {i}")])
+                again = await ctx.compiles.Compile(
+                    cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+                )
+                assert encoded(view) == encoded(again.view)
+    finally:
+        await stream.close()
+        await api.channel.close()
+    # Steps 2-4 got deltas that failed and were fetched whole; then whole views only.
+    assert (stream.stats.deltas, stream.stats.resumed) == (3, 3)
+    assert stream.stats.whole_views == 7
