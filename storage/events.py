@@ -72,6 +72,7 @@ class EventRecords(StoreCore):
             )
             batch.put("sessions", sid.encode(), encode_value(updated))
             self._write(batch, sid)
+            self._remember_decoded("sessions", sid.encode(), updated)
             return result
 
     def _replayed(self, sid: str, batch_in: AppendBatch) -> AppendResult | None:

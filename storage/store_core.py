@@ -25,7 +25,7 @@ from storage.schema import ensure_schema
 _STRIPES = 256
 # Decoded records kept (see StoreCore._decoded), and the column families they come from.
 _DECODED = 256
-_DECODED_CFS = frozenset({"compiles", "routes"})
+_DECODED_CFS = frozenset({"compiles", "routes", "sessions"})
 T = TypeVar("T")
 
 
@@ -58,11 +58,12 @@ class StoreCore:
         self._generations = Generations()
         # Records a step reads back right after they were written, kept as the values
         # written: a compile's record (read by its usage report), the session's latest
-        # compile (its section digests, read by the next compile) and a route state (the
-        # baseline a report writes, read by the next compile). Each holds the view's
-        # per-message table, which msgspec decodes at ~35 ns a message, and they cost a
-        # read each. Only writers fill it, under the session's lock and after their write;
-        # every write drops the keys it touches first (see `_write`).
+        # compile (its section digests, read by the next compile), a route state (the
+        # baseline a report writes, read by the next compile); each holds the view's
+        # per-message table, which msgspec decodes at ~35 ns a message. And the session
+        # an append wrote, which the step then reads four times (~8 us a read). Only
+        # writers fill it, under the session's lock and after their write; every write
+        # drops the keys it touches first (see `_write`).
         self._decoded: OrderedDict[tuple[str, bytes], object] = OrderedDict()
         self._decoded_lock = threading.Lock()
 
@@ -112,6 +113,9 @@ class StoreCore:
         return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
 
     def get_session(self, session_id: str) -> Session:
+        kept = self._decoded_value("sessions", session_id.encode(), Session)
+        if kept is not None:
+            return kept
         raw = self._kv.get("sessions", session_id.encode())
         if raw is None:
             raise session_not_found(session_id)

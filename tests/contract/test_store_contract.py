@@ -241,10 +241,10 @@ def test_a_usage_plan_is_made_from_the_stored_record_and_may_refuse_a_repeat(
 
 
 def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) -> None:
-    """The store keeps the compile records and route states it wrote, decoded, for the
-    reads that follow (a usage report, the next compile): after every kind of write to
-    them its answers are those of a second store over the same engine, which decodes
-    what is stored."""
+    """The store keeps the compile records, route states and sessions it wrote, decoded,
+    for the reads that follow (a usage report, the next compile): after every kind of
+    write to them its answers are those of a second store over the same engine, which
+    decodes what is stored."""
     st = new_store(make_store)
     twin = KVEventStore(st._kv)
     route, other = Route(model="m"), Route(model="n")
@@ -262,14 +262,25 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
                 theirs = err.reason.value
             assert mine == theirs, cid
         assert st.get_last_compile("s") == twin.get_last_compile("s")
+        try:
+            assert st.get_session("s") == twin.get_session("s")
+        except CtxccError as err:
+            assert err.reason is Reason.SESSION_NOT_FOUND
+            with pytest.raises(CtxccError):
+                twin.get_session("s")
         for r in (route, other):
             assert st.get_route_state("s", r.route_id) == twin.get_route_state("s", r.route_id)
 
     def state(cid: str, tokens: int) -> RouteState:
         return RouteState(route.route_id, tokens, cid, 30, 6, message_tokens=(tokens, 1))
 
+    st.append(batch("s", msg("a", "e1")))
+    same()
     table = {"message_digests": b"d" * 16, "message_tokens": (5, 6)}
     st.put_compile(CompileRecord("s:x1", "s", route, 1, 100, 1, 5, **table))  # type: ignore[arg-type]
+    same()
+    st.append(batch("s", msg("b", "e2")))
+    st.put_checkpoint(Checkpoint("c1", "s", 1, "sum", None, False, "d", CheckpointKind.BUILTIN, 9))
     same()
     st.record_usage("s:x1", Usage(120, 30), state("s:x1", 120))
     same()
@@ -288,6 +299,10 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
     assert st.get_last_compile("s") is None and st.get_route_state("s", route.route_id) is None
     st.create_session(Session("s", 2, 2))  # the same id again starts empty
     same()
+    st.append(batch("s", msg("c", "e3")))
+    st.put_compile(CompileRecord("s:x1", "s", other, 1, 100, 1, 5))  # moves current_route
+    same()
+    assert st.get_session("s").current_route == other and st.get_session("s").head_seq == 1
 
 
 def test_route_models_are_learned_once_per_report_and_outlive_sessions(
