@@ -1018,8 +1018,9 @@ func (*CompileStreamResponse_Delta) isCompileStreamResponse_Response() {}
 // the first kept_messages messages of the base followed by appended_messages, whose
 // system_sections are `sections` resolved against the base's system_sections, whose
 // system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
-// tools are the base's tools unless tools_changed (then `tools`). It then checks view_sha256;
-// on a mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
+// tools are the base's tools unless tools_changed (then `tools`). It then checks the digest
+// (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
+// mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
 // head.compile_id.
 type ViewDelta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
