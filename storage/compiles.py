@@ -255,8 +255,11 @@ class CompileRecords(StoreCore):
                     return None
                 try:
                     model = learn(self.get_route_model(route_state.route_id))
-                    batch.put("routes", ROUTE_MODEL + model.route_id.encode(), encode_value(model))
+                    model_key = ROUTE_MODEL + model.route_id.encode()
+                    batch.put("routes", model_key, encode_value(model))
                     self._write(batch, sid, model.route_id)
+                    if _finite(model):  # as a read of it would find it
+                        self._remember_decoded("routes", model_key, model)
                 finally:
                     self._models_lock.release()
             self._remember_decoded("compiles", record_key, updated)
@@ -270,7 +273,11 @@ class CompileRecords(StoreCore):
     def get_route_model(self, route_id: str) -> RouteModel | None:
         """None also for a damaged model: it is only learned advice, so the route starts
         over (the next report rewrites it) instead of failing every compile on it."""
-        raw = self._kv.get("routes", ROUTE_MODEL + route_id.encode())
+        key = ROUTE_MODEL + route_id.encode()
+        kept = self._decoded_value("routes", key, RouteModel)
+        if kept is not None:
+            return kept
+        raw = self._kv.get("routes", key)
         if raw is None:
             return None
         try:

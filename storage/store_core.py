@@ -61,9 +61,10 @@ class StoreCore:
         # compile (its section digests, read by the next compile), a route state (the
         # baseline a report writes, read by the next compile); each holds the view's
         # per-message table, which msgspec decodes at ~35 ns a message. And the session
-        # an append wrote, which the step then reads four times (~8 us a read). Only
-        # writers fill it, under the session's lock and after their write; every write
-        # drops the keys it touches first (see `_write`).
+        # an append wrote, which the step then reads four times (~8 us a read), and the
+        # route model a report wrote (read by the next compile). Only writers fill it,
+        # under the lock its writers hold (the session's; the models' for a route model)
+        # and after their write; every write drops the keys it touches first (`_write`).
         self._decoded: OrderedDict[tuple[str, bytes], object] = OrderedDict()
         self._decoded_lock = threading.Lock()
 

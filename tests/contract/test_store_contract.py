@@ -270,6 +270,7 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
                 twin.get_session("s")
         for r in (route, other):
             assert st.get_route_state("s", r.route_id) == twin.get_route_state("s", r.route_id)
+            assert st.get_route_model(r.route_id) == twin.get_route_model(r.route_id)
 
     def state(cid: str, tokens: int) -> RouteState:
         return RouteState(route.route_id, tokens, cid, 30, 6, message_tokens=(tokens, 1))
@@ -287,10 +288,25 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
     assert st.get_compile("s:x1").usage == Usage(120, 30)
     assert st.put_compile(CompileRecord("s:x2", "s", route, 2, 110, 1, 6), wait=False)
     same()
-    st.record_usage("s:x2", Usage(130, 30), state("s:x2", 130))
-    st.record_usage("s:x2", Usage(999, 1), state("s:x2", 999))  # a repeat: nothing moves
+    models = iter((1.0, 2.0, float("nan")))
+
+    def learn(model: RouteModel | None) -> RouteModel:
+        return RouteModel(route.route_id, overhead=next(models), full_samples=1)
+
+    st.record_usage("s:x2", Usage(130, 30), state("s:x2", 130), learn)
+    st.record_usage("s:x2", Usage(999, 1), state("s:x2", 999), learn)  # a repeat: nothing moves
     same()
-    assert st.get_route_state("s", route.route_id) == state("s:x2", 130)
+    assert st.get_route_model(route.route_id) == RouteModel(route.route_id, 1.0, (), 0, 1.0, 0.0, 1)
+    st.put_compile(CompileRecord("s:x4", "s", route, 2, 110, 1, 6))
+    st.record_usage("s:x4", Usage(150, 30), state("s:x4", 150), learn)
+    same()
+    st.put_compile(CompileRecord("s:x5", "s", route, 2, 110, 1, 6))
+    st.record_usage("s:x5", Usage(160, 30), state("s:x5", 160), learn)  # a model not finite
+    same()
+    assert st.get_route_model(route.route_id) is None  # a read finds it damaged: relearned
+    st.record_usage("s:x1", Usage(1, 1), state("s:x1", 1))  # a repeat again: nothing moves
+    same()
+    assert st.get_route_state("s", route.route_id) == state("s:x5", 160)
     st.put_compile(CompileRecord("s:x3", "s", other, 3, 120, 1, 7))
     st.record_usage("s:x3", Usage(140, 30), replace(state("s:x3", 140), route_id=other.route_id))
     same()
