@@ -112,13 +112,15 @@ class CompileRecords(StoreCore):
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
         keys = [session_key(sid, PART + digest.encode()) for digest, _ in parts]
-        with self._sources_lock:
-            known = [key in self._parts for key in keys]
-        for key, (_, value), stored in zip(keys, parts, known, strict=True):
-            if not stored and self._kv.get("compiles", key) is None:
-                batch.put("compiles", key, encode_value(value))
-        batch.put("compiles", session_key(sid, suffix), encoded)
-        batch.put("compiles", session_key(sid, LAST_COMPILE), encoded)
+        if keys:  # a repeat names none
+            with self._sources_lock:
+                known = [key in self._parts for key in keys]
+            for key, (_, value), stored in zip(keys, parts, known, strict=True):
+                if not stored and self._kv.get("compiles", key) is None:
+                    batch.put("compiles", key, encode_value(value))
+        record_key, last_key = session_key(sid, suffix), session_key(sid, LAST_COMPILE)
+        batch.put("compiles", record_key, encoded)
+        batch.put("compiles", last_key, encoded)
         batch.put("compiles", session_key(sid, AT_BOUNDARY + be64(record.event_boundary)), suffix)
         batch.no_wait = not wait
         lock = self._lock(sid)
@@ -130,8 +132,8 @@ class CompileRecords(StoreCore):
             if route_since is None or self.generation(sid, record.route.route_id) != route_since:
                 self._move_route(batch, sid, record.route)
             self._write(batch, sid)
-            self._remember_decoded("compiles", session_key(sid, suffix), record)
-            self._remember_decoded("compiles", session_key(sid, LAST_COMPILE), record)
+            self._remember_decoded("compiles", record_key, record)
+            self._remember_decoded("compiles", last_key, record)
         except WriteWouldWait:
             return False
         finally:

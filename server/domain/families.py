@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 
+
+@functools.lru_cache(maxsize=1024)
 def family_of(model: str) -> str:
-    """A bounded label from an unbounded model name."""
+    """A bounded label from an unbounded model name (remembered: every compile asks)."""
     m = model.lower()
     for family, needles in (
         ("openai", ("gpt", "o1", "o3", "o4", "chatgpt")),
