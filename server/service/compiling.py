@@ -228,8 +228,10 @@ class CompileUseCases:
         ):
             return prepared, None
         record, parts = self._record(opts, view, inputs, info)
-        done = self._finish(record, parts, view, opts, counter, budget, plain)
-        if record is not None and self._settings.memo_bytes:
+        done = self._finish(None, (), view, opts, counter, budget, plain)
+        # Only a record that was written may be remembered: one refused for a full disk
+        # beside another write that landed meanwhile is also one write further.
+        if record is not None and self._put(record, parts) and self._settings.memo_bytes:
             self._repeats.remember(opts, before, inputs, done, record)
         return prepared, done
 
@@ -309,15 +311,21 @@ class CompileUseCases:
                 renderings.append((fmt, body, view.budget.estimated_input_tokens))
             budget.check()
         if record is not None:
-            try:
-                self._store.put_compile(record, parts)
-            except CtxccError as err:
-                # A full disk must not keep agents from their views: without the record, a
-                # usage report for this compile answers COMPILE_NOT_FOUND, as after a crash.
-                if err.reason is not Reason.DISK_FULL:
-                    raise
+            self._put(record, parts)
         shown = attachments if opts.inline_images else ()
         return CompileResult(view, shown, tuple(renderings))
+
+    def _put(self, record: CompileRecord, parts: tuple[tuple[str, object], ...]) -> bool:
+        """Blocking: writes the record; False when a full disk refused it."""
+        try:
+            self._store.put_compile(record, parts)
+        except CtxccError as err:
+            # A full disk must not keep agents from their views: without the record, a
+            # usage report for this compile answers COMPILE_NOT_FOUND, as after a crash.
+            if err.reason is not Reason.DISK_FULL:
+                raise
+            return False
+        return True
 
     def _prepare(self, opts: CompileOptions, budget: CpuBudget) -> _Prepared:
         """Blocking: load everything the compile needs, then run the pure compiler."""

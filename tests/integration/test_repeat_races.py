@@ -15,7 +15,9 @@ from ctxcc.v1 import common_pb2, tool_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import tool_service_pb2 as tpb
+from server.domain.errors import CtxccError, Reason
 from server.domain.sources import MemoryEntry, Scope
+from server.domain.tools import ToolSpec
 from tests.helpers import ROUTE, user
 from tests.integration import test_repeat_compiles as repeats
 from tests.integration.test_repeat_compiles import SID, Session, _memory, _repeats
@@ -90,3 +92,37 @@ async def test_a_write_landing_during_a_compiles_reads_is_not_repeated_over(
     monkeypatch.undo()
     after = await session.compile()  # equal to a dry run made just before it
     assert "Landed mid-compile." in after.system_prompt
+
+
+async def test_a_compile_whose_record_was_not_written_is_not_repeated(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compile's record refused for a full disk (the view is still sent), and another
+    write of the session landing right after, once space is back: the session is then
+    one write further, as if the record had been the only write, but the view was
+    compiled before that write. It must not be remembered as current: the next view
+    shows the write."""
+    store = session.d._store
+    assert store is not None
+    await session.settled()
+    put = store.put_compile
+    tool = ToolSpec("late", "Registered as space came back", "{}")
+    failed: list[str] = []
+
+    def refused_then_a_write(record: Any, *args: Any, **kwargs: Any) -> bool:
+        if failed:
+            return put(record, *args, **kwargs)
+        failed.append(record.compile_id)
+        store.put_tools(SID, (tool,), False)
+        raise CtxccError(Reason.DISK_FULL, "no space left on the data directory")
+
+    monkeypatch.setattr(store, "put_compile", refused_then_a_write)
+    await session.api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id=SID, events=[user("one more thing")])
+    )
+    sent = (await session.api.compiles.Compile(session.request())).view
+    assert failed == [sent.compile_id], "its record was refused"
+    assert "late" not in [t.definition.name for t in sent.tools], "compiled before the write"
+    monkeypatch.undo()
+    after = await session.compile()  # equal to a dry run made just before it
+    assert "late" in [t.definition.name for t in after.tools]
