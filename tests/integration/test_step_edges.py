@@ -14,8 +14,20 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs
-from tests.helpers import user
+from tests.helpers import usage_counts, user
+from tests.integration.test_repeat_compiles import _repeats
 from tests.integration.test_step_usage import Steps, _compile, _head, _new_session, _usage
+
+
+async def _one(api: Stubs, msg: cpb.CompileStreamRequest) -> cpb.CompileStreamResponse:
+    """The one answer to `msg` on a stream of its own (a client after a reconnect)."""
+
+    async def requests() -> AsyncIterator[cpb.CompileStreamRequest]:
+        yield msg
+
+    out = [r async for r in api.compiles.CompileStream(requests())]
+    assert len(out) == 1
+    return out[0]
 
 
 async def test_a_rebuild_step_appends_its_events_to_the_rebuilt_compiles_session(
@@ -123,23 +135,41 @@ async def test_resume_after_the_session_was_deleted_and_made_again_compiles_afre
     the answer is a fresh compile of the session as it is. Before, the gone view was
     resent because the head had the same seq."""
 
-    async def one(msg: cpb.CompileStreamRequest) -> cpb.CompileStreamResponse:
-        async def requests() -> AsyncIterator[cpb.CompileStreamRequest]:
-            yield msg
-
-        out = [r async for r in api.compiles.CompileStream(requests())]
-        assert len(out) == 1
-        return out[0]
-
     await _new_session(api, "rd")
     step = cpb.StepRequest(step_id="1", events=[user("old ask")], compile=_compile("rd"))
-    old = (await one(cpb.CompileStreamRequest(step=step))).view
+    old = (await _one(api, cpb.CompileStreamRequest(step=step))).view
     await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="rd"))
     await _new_session(api, "rd")
     await api.sessions.AppendEvents(
         spb.AppendEventsRequest(session_id="rd", events=[user("new ask")])
     )
     resume = cpb.ResumeRequest(compile_id=old.compile_id, compile=_compile("rd"))
-    got = (await one(cpb.CompileStreamRequest(resume=resume))).view
+    got = (await _one(api, cpb.CompileStreamRequest(resume=resume))).view
     assert got.compile_id != old.compile_id
     assert [p.text for m in got.messages for p in m.parts] == ["new ask"]
+
+
+async def test_resume_and_usage_of_a_repeated_view(daemon: Daemon, api: Stubs) -> None:
+    """A step's view repeated (nothing written since the last compile: sent again under
+    a new compile id without compiling) is a view like any other: a ResumeRequest naming
+    it on a new stream gets it back byte for byte, and its usage report is recorded and
+    becomes the next compile's baseline."""
+    await _new_session(api, "rp")
+    steps = Steps(api)
+    try:
+        await steps.view(_compile("rp"), [user("one")])
+        await steps.view(_compile("rp"), [])  # its previous sections are its own
+        before = await asyncio.to_thread(usage_counts, str(daemon.endpoints.metrics))
+        repeated, _ = await steps.view(_compile("rp"), [])
+    finally:
+        await steps.close()
+    assert await _repeats(daemon) == 1
+    resume = cpb.ResumeRequest(compile_id=repeated.compile_id, compile=_compile("rp"))
+    got = await _one(api, cpb.CompileStreamRequest(resume=resume))
+    assert got.view.SerializeToString() == repeated.SerializeToString()
+    answer = await api.compiles.ReportUsage(_usage(repeated, 9, 10))
+    assert not answer.replayed and answer.error_tokens == 9
+    after = await asyncio.to_thread(usage_counts, str(daemon.endpoints.metrics))
+    assert after[0] == before[0] + 1
+    nxt = await api.compiles.Compile(_compile("rp"))
+    assert nxt.view.budget.baseline_tokens == repeated.budget.estimated_input_tokens + 9
