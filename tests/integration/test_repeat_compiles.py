@@ -213,6 +213,16 @@ async def _workspace_file(s: Session) -> None:
     await asyncio.to_thread(Path(s.project_root, "AGENTS.md").write_text, "Run the linter.\n")
 
 
+async def _recreated(s: Session) -> None:
+    """The session deleted and made again under its id, as long, with other text."""
+    await s.api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=SID))
+    await s.api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID, project_id="p"))
+    )
+    events = [user("fix the build"), assistant("", ("c1", "read", "{}")), tool_result("c1", "ok")]
+    await s.api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=SID, events=events))
+
+
 # Each write, with whether it changes the view itself (a usage report changes the next
 # estimate; a checkpoint the history; the others a section, the tools or the messages).
 WRITES: dict[str, Callable[[Session], Awaitable[None]]] = {
@@ -226,6 +236,7 @@ WRITES: dict[str, Callable[[Session], Awaitable[None]]] = {
     "deleted_memory": _deleted_memory,
     "usage": _usage,
     "workspace_file": _workspace_file,
+    "recreated": _recreated,
 }
 
 
