@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -16,18 +15,8 @@ from server.app import Daemon
 from tests.conftest import Stubs
 from tests.helpers import usage_counts, user
 from tests.integration.test_repeat_compiles import _repeats
+from tests.integration.test_resume import _one
 from tests.integration.test_step_usage import Steps, _compile, _head, _new_session, _usage
-
-
-async def _one(api: Stubs, msg: cpb.CompileStreamRequest) -> cpb.CompileStreamResponse:
-    """The one answer to `msg` on a stream of its own (a client after a reconnect)."""
-
-    async def requests() -> AsyncIterator[cpb.CompileStreamRequest]:
-        yield msg
-
-    out = [r async for r in api.compiles.CompileStream(requests())]
-    assert len(out) == 1
-    return out[0]
 
 
 async def test_a_rebuild_step_appends_its_events_to_the_rebuilt_compiles_session(
