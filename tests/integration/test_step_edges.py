@@ -162,3 +162,31 @@ async def test_resume_and_usage_of_a_repeated_view(daemon: Daemon, api: Stubs) -
     assert after[0] == before[0] + 1
     nxt = await api.compiles.Compile(_compile("rp"))
     assert nxt.view.budget.baseline_tokens == repeated.budget.estimated_input_tokens + 9
+
+
+async def test_reports_of_one_compile_racing_each_other_are_recorded_once(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """The same compile's usage reported at once by two streams' steps and a unary
+    ReportUsage (a client resending on a new stream while its flush goes by the unary
+    call): one is recorded, the others are replays answered from it, and the metrics
+    count it once."""
+    await _new_session(api, "race")
+    one, two = Steps(api), Steps(api)
+    try:
+        view, _ = await one.view(_compile("race"), [user("hello")], request_id="a")
+        before = await asyncio.to_thread(usage_counts, str(daemon.endpoints.metrics))
+        first, unary, second = await asyncio.gather(
+            one.step(_compile("race"), [], usage=_usage(view, 5, 1)),
+            api.compiles.ReportUsage(_usage(view, 6, 1)),
+            two.step(_compile("race"), [], usage=_usage(view, 8, 1), request_id="b"),
+        )
+    finally:
+        await one.close()
+        await two.close()
+    answers = [first[0].usage, unary, second[0].usage]
+    assert sorted(a.replayed for a in answers) == [False, True, True]
+    recorded = next(a for a in answers if not a.replayed)
+    assert {a.error_tokens for a in answers} == {recorded.error_tokens}
+    after = await asyncio.to_thread(usage_counts, str(daemon.endpoints.metrics))
+    assert after[0] == before[0] + 1
