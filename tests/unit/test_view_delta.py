@@ -285,3 +285,21 @@ def test_the_client_fixtures_chained_digests_follow_the_proto() -> None:
         found = chained_delta_record(cut(_view("z", [], [], [])), cut(view), None)
         assert found is not None
         assert compile_service_pb2.ViewDelta.FromString(found[0]).chain_sha256 == digest
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_what_a_head_should_leave_empty_is_rebuilt_from_the_base(chained: bool) -> None:
+    """The rule rebuilds messages, sections, prompt and tools; a head that carries some
+    anyway does not add them to the view (the Python client merges the head into its
+    own copy of the view)."""
+    base = _view("a", ["x"], ["k"], ["t"])
+    new = _view("b", ["x", "y"], ["k"], ["t"])
+    delta = _delta(base, new, chained)
+    delta.head.tools.add().definition.name = "extra"
+    delta.head.messages.add().parts.add(text="extra")
+    delta.head.system_sections.add(text="extra")
+    delta.head.system_prompt = "extra"
+    rebuilt = HeldView.of(base, chained).apply(delta)
+    assert rebuilt.view.SerializeToString(deterministic=True) == new.SerializeToString(
+        deterministic=True
+    )

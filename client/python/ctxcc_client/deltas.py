@@ -198,7 +198,7 @@ class HeldView:
         self.own.clear()
         for name in _HEAD_FIELDS:
             own.ClearField(name)
-        own.MergeFrom(delta.head)
+        own.MergeFrom(_head_only(delta.head, head))
         del own.messages[kept:]
         own.messages.extend(delta.appended_messages)
         del own.system_sections[:]
@@ -236,6 +236,18 @@ class HeldView:
         if hashlib.sha256(data).hexdigest() != delta.view_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         return HeldView(view_pb2.CompiledView.FromString(data), tuple(sections), messages, tools)
+
+
+def _head_only(head: view_pb2.CompiledView, fields: dict[int, list[bytes]]) -> Any:
+    """`head` without the fields the rule rebuilds from the base (a head leaves them
+    empty; one that does not would add its own to the view it is merged into)."""
+    if not fields.keys() & {_SECTIONS, _PROMPT, _MESSAGES, _TOOLS}:
+        return head
+    out = view_pb2.CompiledView()
+    out.CopyFrom(head)
+    for name in ("system_sections", "system_prompt", "messages", "tools"):
+        out.ClearField(name)
+    return out
 
 
 def _parts(
