@@ -143,7 +143,9 @@ class Repeats:
             if entry is None:
                 return None
             self._entries.move_to_end(key)
-        if entry.opts != opts:
+        # Equal requests share one options value (transport/options_memo.py): compared by
+        # identity first.
+        if entry.opts is not opts and entry.opts != opts:
             return None
         if self._store.generation(*key) != entry.generation:
             return None
