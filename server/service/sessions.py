@@ -271,7 +271,21 @@ class SessionUseCases:
                         last = max(last, update.head_seq)
                     if isinstance(update, Event):
                         if update.seq <= last:
-                            continue  # already sent from the backlog
+                            continue  # already sent from the backlog (or a gap's read)
+                        # An earlier append can be published after a later one (its
+                        # thread handed its result back later): the log holds the gap.
+                        while last < update.seq - 1:
+                            page = await self._blocking.run(
+                                self._store.read_events,
+                                session_id,
+                                last,
+                                min(update.seq - 1 - last, self.limits.max_page_size),
+                            )
+                            if not page:
+                                break
+                            for event in page:
+                                last = event.seq
+                                yield event
                         last = update.seq
                     yield update
             finally:

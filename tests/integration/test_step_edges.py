@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
+from typing import Any
 
 import grpc
 import pytest
@@ -190,3 +192,50 @@ async def test_reports_of_one_compile_racing_each_other_are_recorded_once(
     assert {a.error_tokens for a in answers} == {recorded.error_tokens}
     after = await asyncio.to_thread(usage_counts, str(daemon.endpoints.metrics))
     assert after[0] == before[0] + 1
+
+
+async def test_an_append_published_after_a_later_one_still_reaches_watchers_in_order(
+    daemon: Daemon, api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two appends to one session at once: the first writes seq 3, then its storage
+    thread is descheduled before handing its result back, while the second writes seq 4
+    and is answered (published) first. A watcher must still get 3 then 4: before, 4 went out and
+    3, arriving later, was dropped as already sent (no resync), so the watcher never
+    saw it."""
+    await _new_session(api, "o")
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="o", events=[user("1")]))
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="o", after_seq=1))
+    updates = watch.__aiter__()
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="o", events=[user("2")]))
+    assert (await asyncio.wait_for(updates.__anext__(), 30)).event.seq == 2  # subscribed
+    store = daemon._store
+    assert store is not None
+    append = store.append
+    slowed: list[int] = []
+    wrote, release = threading.Event(), threading.Event()
+
+    def descheduled_after_the_first_write(batch: Any) -> Any:
+        written = append(batch)
+        if not slowed:
+            slowed.append(written.first_seq)
+            wrote.set()
+            # The GIL elsewhere (a long count), this thread waiting: until the other
+            # append was answered, so published.
+            release.wait(30)
+        return written
+
+    monkeypatch.setattr(store, "append", descheduled_after_the_first_write)
+
+    def one(text: str) -> Any:
+        request = spb.AppendEventsRequest(session_id="o", events=[user(text)])
+        return api.sessions.AppendEvents(request)
+
+    first = asyncio.ensure_future(one("3"))
+    assert await asyncio.to_thread(wrote.wait, 30)
+    second = await one("4")
+    release.set()
+    assert second.last_seq == 4 and slowed == [3], "3 was written first"
+    assert (await first).last_seq == 3
+    seen = [(await asyncio.wait_for(updates.__anext__(), 30)).event.seq for _ in range(2)]
+    watch.cancel()
+    assert seen == [3, 4]
