@@ -44,6 +44,18 @@ async def test_a_rebuild_step_appends_its_events_to_the_rebuilt_compiles_session
         await steps.close()
 
 
+async def _watched(api: Stubs, sid: str) -> tuple[Any, Any]:
+    """A new session with events 1 and 2, and a watch (its call and its updates) that
+    has seen 2 live, so it is subscribed."""
+    await _new_session(api, sid)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[user("1")]))
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid, after_seq=1))
+    updates = watch.__aiter__()
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[user("2")]))
+    assert (await asyncio.wait_for(updates.__anext__(), 30)).event.seq == 2
+    return watch, updates
+
+
 async def _cut_step(api: Stubs) -> None:
     """A step whose client goes away while its append waits, then resent (a replay)."""
     cut = Steps(api)
@@ -88,12 +100,7 @@ async def test_an_append_cut_off_by_its_caller_still_tells_watchers_its_events(
     result, and a replay publishes nothing) and the appended-events metrics missed
     them."""
     cut, resend = (_cut_step, _resent_step) if how == "stream" else (_cut_append, _nothing)
-    await _new_session(api, "w")
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("1")]))
-    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="w", after_seq=1))
-    updates = watch.__aiter__()
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("2")]))
-    assert (await asyncio.wait_for(updates.__anext__(), 30)).event.seq == 2  # subscribed
+    watch, updates = await _watched(api, "w")
     store = daemon._store
     assert store is not None
     lock = store._lock("w")
@@ -199,15 +206,10 @@ async def test_an_append_published_after_a_later_one_still_reaches_watchers_in_o
 ) -> None:
     """Two appends to one session at once: the first writes seq 3, then its storage
     thread is descheduled before handing its result back, while the second writes seq 4
-    and is answered (published) first. A watcher must still get 3 then 4: before, 4 went out and
-    3, arriving later, was dropped as already sent (no resync), so the watcher never
-    saw it."""
-    await _new_session(api, "o")
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="o", events=[user("1")]))
-    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="o", after_seq=1))
-    updates = watch.__aiter__()
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="o", events=[user("2")]))
-    assert (await asyncio.wait_for(updates.__anext__(), 30)).event.seq == 2  # subscribed
+    and is answered (published) first. A watcher must still get 3 then 4: before, 4
+    went out and 3, arriving later, was dropped as already sent (no resync), so the
+    watcher never saw it."""
+    watch, updates = await _watched(api, "o")
     store = daemon._store
     assert store is not None
     append = store.append
