@@ -7,7 +7,7 @@ import logging
 import math
 from typing import TypeVar
 
-from server.domain.errors import CtxccError, Reason
+from server.domain.errors import CtxccError, Reason, session_not_found
 from server.domain.generation import Generation
 from server.domain.model import Route
 from server.domain.records import (
@@ -129,28 +129,41 @@ class CompileRecords(StoreCore):
         try:
             # Every write of the session record holds this lock and moves the generation
             # before it lets go: an unmoved generation is an unchanged current route.
+            # A deletion moves the generation too: one that holds also holds the session
+            # the compile read.
             if route_since is None or self.generation(sid, record.route.route_id) != route_since:
-                self._move_route(batch, sid, record.route)
+                self._move_route(batch, sid, record.route, record.session_create_time_ns)
             self._write(batch, sid)
             self._remember_decoded("compiles", record_key, record)
             self._remember_decoded("compiles", last_key, record)
+            if keys:
+                # Still under the session's lock, which its deletion takes: parts known
+                # after a deletion cleared the set would be taken as stored in the
+                # session created next under its id.
+                self._known_parts(keys)
         except WriteWouldWait:
             return False
         finally:
             lock.release()
-        if not keys:
-            return True
+        return True
+
+    def _known_parts(self, keys: list[bytes]) -> None:
         with self._sources_lock:
             for key in keys:
                 self._parts[key] = None
                 self._parts.move_to_end(key)
             while len(self._parts) > _KNOWN_PARTS:
                 self._parts.popitem(last=False)
-        return True
 
-    def _move_route(self, batch: Batch, sid: str, route: Route) -> None:
-        """Session.current_route follows the latest compile or usage report."""
+    def _move_route(self, batch: Batch, sid: str, route: Route, created_ns: int = 0) -> None:
+        """Session.current_route follows the latest compile or usage report. `created_ns`:
+        the create time of the session the record's compile read, when it is checked."""
         session = self.get_session(sid)
+        if created_ns and session.create_time_ns != created_ns:
+            # Deleted during the compile and created again under its id: the compile
+            # answers as one whose session is gone, and this session gets nothing of it
+            # (the parts it names may have gone with the deletion).
+            raise session_not_found(sid)
         if session.current_route != route:
             moved = dataclasses.replace(session, current_route=route)
             batch.put("sessions", sid.encode(), encode_value(moved))

@@ -88,6 +88,10 @@ class CompileRecord:
     # Content digest of the stored basis (everything the compile read besides the log),
     # from which the view can be rebuilt; empty in records written before bases existed.
     basis_digest: str = ""
+    # The create time of the session the compile read: a session deleted and created
+    # again under its id while the compile ran is another one, and must not take its
+    # record. 0 (not checked) in records written before it was kept.
+    session_create_time_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,6 +282,7 @@ class CompileUseCases:
             checkpoint_id=view.checkpoint_id,
             fallback_reasons=tuple(int(r) for r in view.fallback_reasons),
             basis_digest=basis_digest,
+            session_create_time_ns=inputs.session.create_time_ns,
         )
         return record, parts
 

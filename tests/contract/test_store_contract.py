@@ -483,6 +483,27 @@ def test_compile_parts_are_stored_again_after_their_session_is_deleted(
     assert st.get_compile_part("s", "d1", RouteModel) == part
 
 
+def test_a_compile_of_a_deleted_session_is_not_recorded_in_the_one_created_after_it(
+    make_store: object,
+) -> None:
+    """A record names the create time of the session its compile read: the session made
+    again under that id after a deletion refuses it, writing nothing (no record, no part)."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    st.delete_session("s")
+    st.create_session(Session("s", 2, 2))
+    old = CompileRecord("s:x1", "s", Route(model="m"), 1, 100, 1, 5, session_create_time_ns=1)
+    with pytest.raises(CtxccError) as raised:
+        st.put_compile(old, (("d1", RouteModel(route_id="r")),))
+    assert raised.value.reason is Reason.SESSION_NOT_FOUND
+    assert st.list_compiles("s") == [] and st.get_last_compile("s") is None
+    assert st.get_compile_part("s", "d1", RouteModel) is None
+    assert st.get_session("s").current_route is None
+    ok = replace(old, compile_id="s:x2", session_create_time_ns=2)
+    assert st.put_compile(ok, (("d1", RouteModel(route_id="r")),))
+    assert [r.compile_id for r in st.list_compiles("s")] == ["s:x2"]
+
+
 # Every method of the store that writes, with a call that makes it write, and what its
 # write must bump: "s" (the session's generation), "r" (the route's), "*" (every
 # session's). Methods of the port not listed here must be reads: the test below fails
