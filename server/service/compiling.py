@@ -1,5 +1,6 @@
 """The compile use case: load everything, call the pure core, record, publish (usage
-reports: server/service/usage.py; the request and result values: compile_types.py)."""
+reports: server/service/usage.py; the request and result values: compile_types.py; the
+request's checks and the compile's record: compile_records.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from server.compiler.compile import CompileInputs, compile_incremental, section_digests
+from server.compiler.compile import CompileInputs, compile_incremental
 from server.compiler.projection import has_elidable
 from server.compiler.render import render
 from server.compiler.tokens import TokenCounter
@@ -20,7 +21,7 @@ from server.compiler.view import (
     ViewMessage,
 )
 from server.domain.catalog import Catalog, ModelInfo
-from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.errors import CtxccError, Reason
 from server.domain.families import family_of
 from server.domain.model import Route, Session
 from server.domain.records import (
@@ -29,17 +30,15 @@ from server.domain.records import (
     CompileRecord,
     Usage,
 )
-from server.domain.validation import check_id, check_path_form, check_route_fields
-from server.service.basis import basis_of
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
+from server.service.compile_records import checked, put_record, record_of
 from server.service.compile_types import (
     CompileOptions,
     CompileResult,
     CompilerSettings,
     Prior,
     UsageResult,
-    route_fields,
 )
 from server.service.cpu_budget import CpuBudget
 from server.service.inputs import (
@@ -54,24 +53,6 @@ from server.service.repeats import Busy, Repeats
 from server.service.sources import SourceUseCases
 from server.service.usage import UsageReports
 from server.service.watch import CompileNotice, WatchHub
-
-
-def checked(opts: CompileOptions) -> CompileOptions:
-    """The request's own checks, which read nothing; `opts` with the session a rebuild
-    names. A stream step makes them before its usage report and its append, so a step
-    whose compile is refused for what it asks does nothing at all."""
-    if opts.rebuild_compile_id:
-        sid = opts.rebuild_compile_id.partition(":")[0]
-        if opts.session_id and opts.session_id != sid:
-            raise invalid("rebuild_compile_id", "the compile belongs to another session")
-        opts = replace(opts, session_id=sid)
-    check_id("session_id", opts.session_id)
-    if not opts.route.model and not opts.rebuild_compile_id:
-        raise invalid("route.model", "route.model is required")
-    check_path_form("environment.working_directory", opts.working_directory)
-    check_route_fields(route_fields(opts.route))
-    return opts
-
 
 # What a compile prepared: the session, the history it loaded, the view, the counter, the
 # inputs and model, and how many of the view's first messages are known to hold no image.
@@ -231,7 +212,11 @@ class CompileUseCases:
         done = self._finish(None, (), view, opts, counter, budget, plain)
         # Only a record that was written may be remembered: one refused for a full disk
         # beside another write that landed meanwhile is also one write further.
-        if record is not None and self._put(record, parts) and self._settings.memo_bytes:
+        if (
+            record is not None
+            and put_record(self._store, record, parts)
+            and self._settings.memo_bytes
+        ):
             self._repeats.remember(opts, before, inputs, done, record)
         return prepared, done
 
@@ -248,43 +233,8 @@ class CompileUseCases:
     def _record(
         self, opts: CompileOptions, view: CompiledView, inputs: CompileInputs, info: ModelInfo
     ) -> tuple[CompileRecord | None, tuple[tuple[str, object], ...]]:
-        """The record of a compile at the head, with the basis parts it names; none for a
-        dry run or time travel, so neither becomes the latest compile or route baseline."""
-        if not is_recorded(opts):
-            return None, ()
-        basis = view.basis
-        # What the compile read, for exact time travel.
-        basis_digest, parts = basis_of(inputs, info, self._assembler.settings_part())
-        record = CompileRecord(
-            compile_id=view.compile_id,
-            session_id=opts.session_id,
-            route=opts.route,
-            event_boundary=view.event_boundary,
-            estimated_input_tokens=view.budget.estimated_input_tokens,
-            estimate_method=int(view.budget.estimate_method),
-            create_time_ns=self._clock.now_ns(),
-            section_digests=section_digests(view.system_sections, view.tools),
-            message_count=basis.message_count if basis else 0,
-            messages_digest=basis.messages_digest if basis else "",
-            fixed_tokens=basis.fixed_tokens if basis else 0,
-            raw_delta=basis.raw_delta if basis else None,
-            baseline_tokens=basis.baseline_tokens if basis else 0,
-            ledger_tokens=view.budget.ledger_tokens,
-            message_digests=basis.message_digests if basis else b"",
-            message_tokens=basis.message_tokens if basis else (),
-            removed_tokens=basis.removed_tokens if basis else 0,
-            message_change=basis.message_change if basis else 0,
-            layer_tokens=tuple((int(r.layer), r.tokens) for r in view.layers),
-            context_window=view.budget.context_window,
-            input_budget=view.budget.input_budget,
-            decision=int(view.decision),
-            changed_sections=tuple(int(k) for k in view.changed_sections),
-            checkpoint_id=view.checkpoint_id,
-            fallback_reasons=tuple(int(r) for r in view.fallback_reasons),
-            basis_digest=basis_digest,
-            session_create_time_ns=inputs.session.create_time_ns,
-        )
-        return record, parts
+        """See `record_of` (compile_records.py)."""
+        return record_of(opts, view, inputs, info, self._assembler.settings_part, self._clock)
 
     def _finish(
         self,
@@ -312,21 +262,9 @@ class CompileUseCases:
                 renderings.append((fmt, body, view.budget.estimated_input_tokens))
             budget.check()
         if record is not None:
-            self._put(record, parts)
+            put_record(self._store, record, parts)
         shown = attachments if opts.inline_images else ()
         return CompileResult(view, shown, tuple(renderings))
-
-    def _put(self, record: CompileRecord, parts: tuple[tuple[str, object], ...]) -> bool:
-        """Blocking: writes the record; False when a full disk refused it."""
-        try:
-            self._store.put_compile(record, parts)
-        except CtxccError as err:
-            # A full disk must not keep agents from their views: without the record, a
-            # usage report for this compile answers COMPILE_NOT_FOUND, as after a crash.
-            if err.reason is not Reason.DISK_FULL:
-                raise
-            return False
-        return True
 
     def _prepare(self, opts: CompileOptions, budget: CpuBudget) -> _Prepared:
         """Blocking: load everything the compile needs, then run the pure compiler."""

@@ -7,8 +7,8 @@ import pytest
 from ctxcc.v1 import common_pb2
 from ctxcc.v1 import compile_service_pb2 as pb
 from server.domain.errors import CtxccError, Reason
-from server.service.compiling import checked
-from server.transport.compile_servicer import _Stream
+from server.service.compile_records import checked
+from server.transport.compile_stream import StreamState
 from server.transport.convert_view import compile_options_in
 
 
@@ -18,7 +18,7 @@ def _request(model: str = "gpt-4o", session_id: str = "s", mode: int = 0) -> pb.
 
 
 def test_the_same_request_reuses_its_options_and_any_change_is_converted_again() -> None:
-    stream = _Stream()
+    stream = StreamState()
     first = stream.options(_request())
     assert first == checked(compile_options_in(_request()))
     assert stream.options(_request()) is first  # an equal request, another message
@@ -29,7 +29,7 @@ def test_the_same_request_reuses_its_options_and_any_change_is_converted_again()
 
 
 def test_a_refused_request_is_refused_after_an_accepted_one() -> None:
-    stream = _Stream()
+    stream = StreamState()
     stream.options(_request())
     with pytest.raises(CtxccError) as exc:
         stream.options(_request(model=""))
@@ -41,7 +41,7 @@ def test_a_refused_request_is_refused_after_an_accepted_one() -> None:
 def test_the_kept_request_is_a_copy_of_the_step_s() -> None:
     """The step's message is not kept (it would keep the step's events alive), nor is
     a later change to it mistaken for the kept request."""
-    stream = _Stream()
+    stream = StreamState()
     step = pb.StepRequest(compile=_request())
     first = stream.options(step.compile)
     step.compile.route.model = "claude-sonnet-4"

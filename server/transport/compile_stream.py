@@ -1,0 +1,322 @@
+"""The CompileStream step path: what one stream remembers between steps, and how a step
+is answered (its usage report, its append, its compile, or a resume's kept view) and
+encoded (a ViewDelta against a view the stream sent, whole, or in chunks).
+
+Kept apart from compile_servicer.py, which holds the unary handlers and the stream's
+read loop (its shutdown and drain), because a step's path is its own: errors are
+reported in-band so the stream stays open, and its state lives as long as the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ctxcc.v1 import compile_service_pb2 as pb
+from server.domain.errors import CtxccError, Reason, invalid
+from server.service.compile_records import checked
+from server.service.compile_types import CompileOptions, CompileResult, Prior
+from server.service.compiling import CompileUseCases
+from server.service.sessions import SessionUseCases, Written
+from server.transport.convert_events import events_in
+from server.transport.convert_misc import usage_in, usage_out
+from server.transport.convert_view import compile_options_in, tagged
+from server.transport.drain import shutting_down
+from server.transport.errors import CODES, internal_error
+from server.transport.recent_views import KeptView, RecentViews
+from server.transport.view_bytes import (
+    LentRecords,
+    ViewBytes,
+    chained_delta_record,
+    delta_record,
+    view_bytes,
+)
+from server.transport.view_size import ON_LOOP_CHARS, size_hint
+from server.transport.wire import Encoded, RefusedMessage
+
+# A stream's answer to one request: responses, or their bytes already encoded.
+Answer = list[pb.CompileStreamResponse | Encoded]
+
+# Failures of a step's usage report that say nothing about the report itself.
+_PASSING = frozenset(
+    {Reason.DISK_FULL, Reason.STORAGE_FAILURE, Reason.SHUTTING_DOWN, Reason.INTERNAL}
+)
+# How many of the views a stream sent may serve as the base of a delta: the client names
+# the last one it applied, so a few cover a step it is still checking.
+_DELTA_BASES = 4
+
+
+@dataclass
+class StreamState:
+    """What one CompileStream remembers between its steps."""
+
+    # The compile ids of the last views this stream sent: the bases a step may name for
+    # a delta. Another stream's view is no base here: its client may not hold it.
+    sent: deque[str] = field(default_factory=lambda: deque(maxlen=_DELTA_BASES))
+    # The last view's messages and records, lent to the next view's encoding.
+    last: LentRecords = LentRecords()
+    # The chain values of the views in `sent` that went as chained deltas (the base's
+    # value at the kept count starts the next view's chained digest).
+    chains: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
+    # The last step's compile request and its options, checked: an agent sends the same
+    # request at every step, and converting and checking it cost ~17 us of CPU a step.
+    request: tuple[pb.CompileRequest, CompileOptions] | None = None
+
+    def options(self, request: pb.CompileRequest) -> CompileOptions:
+        """The checked options of a step's compile request (refused as `checked` does)."""
+        if self.request is not None and self.request[0] == request:
+            return self.request[1]
+        opts = checked(compile_options_in(request))
+        kept = pb.CompileRequest()
+        kept.CopyFrom(request)  # not the step's own message: it would keep its events
+        self.request = (kept, opts)
+        return opts
+
+
+class StreamSteps:
+    """Answers the steps and resumes of CompileStream, one at a time per stream (the
+    servicer's read loop awaits each answer before reading the next message)."""
+
+    def __init__(
+        self, compiles: CompileUseCases, sessions: SessionUseCases, chunk_bytes: int
+    ) -> None:
+        self._c = compiles
+        self._s = sessions
+        self._chunk = chunk_bytes
+        # Views sent on any stream, by compile id: a delta's base, a resume's answer.
+        self._recent = RecentViews()
+
+    async def answer(
+        self, msg: pb.CompileStreamRequest | RefusedMessage, stream: StreamState
+    ) -> Answer:
+        out, source, base_id = await self._step(msg, stream)
+        if source is None:
+            return [out]
+        base = self._recent.get(base_id) if base_id and base_id in stream.sent else None
+        # A chained digest continues from the base's chain values (None: hashed once).
+        chained = isinstance(msg, pb.CompileStreamRequest) and msg.step.delta_digest == (
+            pb.DELTA_DIGEST_MESSAGE_CHAIN
+        )
+        digest = (chained, stream.chains.get(base_id))
+        size = source.size if isinstance(source, ViewBytes) else size_hint(source)
+        work = functools.partial(self._encode, out, source, base, stream.last, digest)
+        try:
+            # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
+            view, stream.last, (answer, values) = (
+                await asyncio.to_thread(work) if size >= ON_LOOP_CHARS else work()
+            )
+        except Exception as exc:
+            out.error.CopyFrom(step_error(internal_error(exc)))
+            return [out]
+        stream.sent.append(view.compile_id)
+        stream.chains = {k: v for k, v in stream.chains.items() if k in stream.sent}
+        if values is not None:
+            stream.chains[view.compile_id] = values
+        self._recent.keep(view.session_id, view)
+        return answer
+
+    def _encode(
+        self,
+        out: pb.CompileStreamResponse,
+        source: CompileResult | ViewBytes,
+        base: KeptView | None,
+        last: LentRecords,
+        digest: tuple[bool, tuple[bytes, ...] | None],
+    ) -> tuple[ViewBytes, LentRecords, tuple[Answer, tuple[bytes, ...] | None]]:
+        """The view's parts, what the stream lends the next view's encoding, the answer
+        (with the view's chain values when it went as a chained delta)."""
+        if isinstance(source, ViewBytes):  # a kept view, resent
+            return source, last, self._reply(out, source, base, digest)
+        view = view_bytes(source, last)
+        # Records with inline attachment bytes are this compile's only: not lent.
+        lent = (
+            LentRecords(source.view.messages, view.messages, source.view, view)
+            if not source.attachments
+            else LentRecords()
+        )
+        return view, lent, self._reply(out, view, base, digest)
+
+    def _reply(
+        self,
+        out: pb.CompileStreamResponse,
+        view: ViewBytes,
+        base: KeptView | None,
+        digest: tuple[bool, tuple[bytes, ...] | None],
+    ) -> tuple[Answer, tuple[bytes, ...] | None]:
+        """The view as a ViewDelta against `base` when that is smaller (and fits in one
+        message), else whole, in chunks when it is over the chunk size."""
+        if base is not None and base.session_id == view.session_id:
+            chained, base_chain = digest
+            values = None
+            if chained:
+                found = chained_delta_record(base.view, view, base_chain)
+                delta, values = found if found is not None else (None, None)
+            else:
+                delta = delta_record(base.view, view)
+            if delta is not None and len(delta) < min(view.size, self._chunk):
+                return [_encoded(out, 6, delta)], values
+        whole = view.whole()
+        if len(whole) <= self._chunk:
+            return [_encoded(out, 2, whole)], None
+        return self._chunked(out, view.compile_id, whole), None
+
+    def _chunked(self, out: pb.CompileStreamResponse, compile_id: str, data: bytes) -> Answer:
+        """A view over the chunk size goes as ordered ViewChunks of its encoding, each
+        small enough for any client's default message limit (4 MiB)."""
+        digest = hashlib.sha256(data).hexdigest()
+        count = (len(data) + self._chunk - 1) // self._chunk
+        chunks: Answer = []
+        for i in range(count):
+            part = pb.CompileStreamResponse(step_id=out.step_id)
+            part.chunk.CopyFrom(
+                pb.ViewChunk(
+                    compile_id=compile_id,
+                    index=i,
+                    count=count,
+                    data=data[i * self._chunk : (i + 1) * self._chunk],
+                    sha256=digest,
+                )
+            )
+            if i == 0 and out.HasField("append"):
+                part.append.CopyFrom(out.append)
+            if i == 0 and out.HasField("usage"):
+                part.usage.CopyFrom(out.usage)
+            chunks.append(part)
+        return chunks
+
+    async def _step(
+        self, msg: pb.CompileStreamRequest | RefusedMessage, stream: StreamState
+    ) -> tuple[pb.CompileStreamResponse, CompileResult | ViewBytes | None, str]:
+        """One step: the answer so far (step id, append result, or the step's error, which
+        is reported in-band so the stream stays open), the compile's result or the kept
+        view a resume resends, and the delta base the step named."""
+        if isinstance(msg, RefusedMessage):  # over a cap, seen on the wire: never decoded
+            error = pb.CompileStreamResponse(step_id=msg.ident, error=step_error(msg.error))
+            return error, None, ""
+        out = pb.CompileStreamResponse()
+        try:
+            match msg.WhichOneof("request"):
+                case "step":
+                    step = msg.step
+                    out.step_id = step.step_id
+                    # Refused for what it asks: before anything of the step is done.
+                    opts = stream.options(step.compile)
+                    if step.HasField("usage") and not await self._step_usage(
+                        step.usage, opts.session_id, out
+                    ):
+                        return out, None, ""
+                    # The append goes with the compile, in one hop off the event loop.
+                    prior = self._append(step, opts.session_id, out) if step.events else None
+                    result = await self._c.compile(opts, prior)
+                    base_id = step.delta_base_compile_id
+                case "resume":
+                    session_id = msg.resume.compile.session_id
+                    kept = await self._unchanged(msg.resume.compile_id, session_id)
+                    if kept is not None:
+                        return out, kept, ""
+                    result = await self._c.compile(compile_options_in(msg.resume.compile))
+                    base_id = ""
+                case _:
+                    raise invalid("request", "a stream message needs a step or a resume")
+            return out, result, base_id
+        except CtxccError as err:
+            out.error.CopyFrom(step_error(err))
+        except Exception as exc:
+            out.error.CopyFrom(step_error(internal_error(exc)))
+        return out, None, ""
+
+    def _append(self, step: pb.StepRequest, sid: str, out: pb.CompileStreamResponse) -> Prior:
+        """The step's append (checked now) to session `sid` (the compile's, which a
+        rebuild's compile id names), to be written before its compile, and its result
+        put in `out` once written (also when the compile then fails)."""
+        self._s.check_event_count(len(step.events))
+        expected = step.expected_last_seq if step.HasField("expected_last_seq") else None
+        write = self._s.writer(sid, events_in(list(step.events)), step.request_id, expected)
+
+        def landed(written: Written) -> None:
+            appended = self._s.landed(sid, written)
+            out.append.CopyFrom(
+                pb.AppendResult(
+                    first_seq=appended.first_seq,
+                    last_seq=appended.last_seq,
+                    replayed=appended.replayed,
+                )
+            )
+
+        return Prior(write, landed)
+
+    async def _unchanged(self, compile_id: str, session_id: str) -> ViewBytes | None:
+        """The kept view of `compile_id` if nothing was appended to its session since."""
+        kept = self._recent.get(compile_id)
+        if kept is None or kept.session_id != session_id:
+            return None
+        session = await self._s.get(session_id)
+        if session.head_seq != kept.view.event_boundary:
+            return None
+        # The session may have been deleted and made again under its id, as long: its
+        # view is then of a conversation that is gone, and so is its compile's record.
+        return None if await self._c.gone(compile_id) else kept.view
+
+    async def _step_usage(
+        self, usage: pb.ReportUsageRequest, session_id: str, out: pb.CompileStreamResponse
+    ) -> bool:
+        """Records the usage report a step carries, before its append and compile, so the
+        compile uses it as its baseline. False (with `out.error` set) when it was refused:
+        then nothing else of the step is done. `session_id` is the step's compile's (the
+        one its rebuild_compile_id names, when it names one)."""
+        try:
+            out.usage.CopyFrom(await report_usage(self._c, usage, session_id))
+        except CtxccError as err:
+            out.error.CopyFrom(step_error(err))
+            # Only a report that can never be recorded is refused; after a passing
+            # failure the same report may be resent with the step.
+            out.error.usage_refused = err.reason not in _PASSING
+            return False
+        return True
+
+
+async def report_usage(
+    compiles: CompileUseCases, request: pb.ReportUsageRequest, session_id: str | None
+) -> pb.ReportUsageResponse:
+    """One usage report, unary or on a step: the same use case, the same answer."""
+    usage, route = usage_in(request)
+    result = await compiles.report_usage(request.compile_id, route, usage, session_id)
+    return usage_out(result)
+
+
+async def next_or_shutdown(
+    requests: AsyncIterator[pb.CompileStreamRequest], closed: asyncio.Future[None]
+) -> pb.CompileStreamRequest | None:
+    """The next step, None when the client ends the stream, SHUTTING_DOWN when the daemon
+    stops while the stream waits."""
+    if closed.done():
+        raise shutting_down()
+
+    async def read() -> pb.CompileStreamRequest | None:
+        return await anext(requests, None)
+
+    reading = asyncio.ensure_future(read())
+    await asyncio.wait((reading, closed), return_when=asyncio.FIRST_COMPLETED)
+    if reading.done():
+        return reading.result()
+    reading.cancel()
+    raise shutting_down()
+
+
+def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encoded:
+    """`out` (step id, append and usage results) with an encoded view (2) or ViewDelta
+    (6): sent as these bytes, without decoding the payload into a protobuf object first."""
+    step_id = tagged(1, out.step_id.encode()) if out.step_id else b""
+    append = tagged(5, out.append.SerializeToString()) if out.HasField("append") else b""
+    usage = tagged(7, out.usage.SerializeToString()) if out.HasField("usage") else b""
+    return Encoded(step_id + tagged(field, payload) + append + usage)
+
+
+def step_error(err: CtxccError) -> pb.StepError:
+    """A step's failure, reported in the step's response: the stream stays open."""
+    code = CODES[err.reason]
+    return pb.StepError(code=code.value[0], reason=err.reason.value, message=err.message)
