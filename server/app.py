@@ -1,9 +1,13 @@
 """The composition root: the one place that builds and wires everything.
 
-Nothing else in the daemon opens a database, binds a port, loads a tokenizer or
-registers a metric. Start order: open the store (fails fast when another daemon owns
-the data directory), build use cases, bind gRPC and /metrics, mark health SERVING.
-Stop order is the reverse, with in-flight calls given the grace period.
+Nothing else in the daemon opens a database, starts a server, loads a tokenizer or
+registers a metric. The host-facing steps it takes on the way (the files settings name,
+the data directory's mode, binding the addresses and the socket) are functions of the
+configuration in server/startup.py, called only from here.
+
+Start order: open the store (fails fast when another daemon owns the data directory),
+build use cases, bind gRPC and /metrics, mark health SERVING. Stop order is the reverse,
+with in-flight calls given the grace period.
 """
 
 from __future__ import annotations
@@ -13,39 +17,29 @@ import contextlib
 import importlib
 import logging
 import os
-import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 import grpc
-from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from ctxcc.v1 import (
-    artifact_service_pb2,
     artifact_service_pb2_grpc,
-    compile_service_pb2,
     compile_service_pb2_grpc,
-    session_service_pb2,
     session_service_pb2_grpc,
-    source_service_pb2,
     source_service_pb2_grpc,
-    tool_service_pb2,
     tool_service_pb2_grpc,
 )
 from server import __version__
 from server.adapters.catalog import load_catalog
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
-from server.adapters.tls import TlsFileError, load_tls
 from server.adapters.tokenizer import CounterRegistry, loaded_tokenizers, preload_tokenizers
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
-from server.compiler.system import DEFAULT_KERNEL
 from server.config import Config, ConfigError
 from server.domain.catalog import TOKENIZER_TABLES
 from server.service.artifacts import ArtifactUseCases
@@ -59,10 +53,22 @@ from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
 from server.service.tools import ToolLimits, ToolUseCases
 from server.service.watch import WatchHub
+from server.startup import (
+    SERVICE_NAMES,
+    add_port,
+    auth_token,
+    bind_tcp,
+    bind_unix,
+    echo_handler,
+    gid,
+    kernel_text,
+    private_data_dir,
+    rpc_methods,
+)
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
 from server.transport.drain import Drain
-from server.transport.interceptor import BoundaryInterceptor, error_codes, method_label
+from server.transport.interceptor import BoundaryInterceptor, error_codes
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
@@ -74,28 +80,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ctxcc")
 
-SERVICE_NAMES = tuple(
-    f.services_by_name[name].full_name
-    for f, name in (
-        (session_service_pb2.DESCRIPTOR, "SessionService"),
-        (compile_service_pb2.DESCRIPTOR, "CompileService"),
-        (artifact_service_pb2.DESCRIPTOR, "ArtifactService"),
-        (source_service_pb2.DESCRIPTOR, "SourceService"),
-        (tool_service_pb2.DESCRIPTOR, "ToolService"),
-    )
-)
-
-
-def rpc_methods() -> list[str]:
-    """Metric names of every RPC the server answers: the API services and health."""
-    pool = descriptor_pool.Default()
-    services = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-    return [
-        method_label(f"/{service}/{method.name}")
-        for service in services
-        for method in pool.FindServiceByName(service).methods
-    ]
-
 
 @dataclass(frozen=True, slots=True)
 class Endpoints:
@@ -106,7 +90,6 @@ class Endpoints:
     ui: str | None = None
 
 
-ECHO_METHOD = "/ctxcc.debug.Echo/Echo"
 # A health service name that is SERVING while the process runs, whatever the disk:
 # liveness and startup probes ask it, so a full disk (overall NOT_SERVING, reads still
 # served) never makes kubelet restart the daemon in a loop.
@@ -115,48 +98,6 @@ LIVENESS_SERVICE = "ctxcc.liveness"
 DISK_POLL_S = 1.0
 # grpc's own stop, after the drain: only idle streams remain to be cancelled.
 STOP_GRACE_S = 0.5
-
-
-def echo_handler() -> grpc.GenericRpcHandler:
-    """A transport baseline for benchmarks: the request is a decimal size, the answer
-    that many bytes. Off unless --debug-echo true; never part of the contract."""
-
-    async def echo(request: bytes, context: object) -> bytes:
-        return b"x" * min(int(request or b"0"), 64 << 20)
-
-    handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
-        echo, request_deserializer=None, response_serializer=None
-    )
-    return grpc.method_handlers_generic_handler("ctxcc.debug.Echo", {"Echo": handler})
-
-
-def _add_port(
-    server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials | None, setting: str
-) -> int:
-    """Binds one TCP address; a busy or unusable one is a configuration error naming the
-    setting (exit 2), like a busy metrics or inspector port. gRPC reports the failure
-    either as port 0 or, in newer releases, as a RuntimeError."""
-    try:
-        if creds is not None:
-            port = server.add_secure_port(address, creds)
-        else:
-            port = server.add_insecure_port(address)
-    except RuntimeError:
-        port = 0  # its text only says to turn on gRPC's debug log; gRPC logged the cause
-    if port == 0:
-        raise ConfigError(f"cannot serve gRPC on {address} ({setting}): address in use or invalid")
-    return port
-
-
-def _gid(group: str) -> int:
-    if group.isdigit():
-        return int(group)
-    import grp
-
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise ConfigError(f"socket_group {group!r} does not exist") from None
 
 
 class Daemon:
@@ -177,33 +118,14 @@ class Daemon:
         self.session_servicer: SessionServicer | None = None
         self.compile_servicer: CompileServicer | None = None
 
-    def _auth_token(self) -> str:
-        if not self.cfg.auth_token_file:
-            return ""
-        try:
-            token = Path(self.cfg.auth_token_file).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read auth_token_file: {exc}") from exc
-        if len(token) < 16:
-            raise ConfigError("the auth token must be at least 16 characters")
-        return token
-
-    def _kernel_text(self) -> str:
-        if not self.cfg.kernel_file:
-            return DEFAULT_KERNEL
-        try:
-            return Path(self.cfg.kernel_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read kernel_file {self.cfg.kernel_file}: {exc}") from exc
-
     async def start(self) -> Endpoints:
         cfg = self.cfg
-        kernel = self._kernel_text()
+        kernel = kernel_text(cfg)
         try:
             catalog = load_catalog(cfg.model_catalog)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        self._private_data_dir()
+        private_data_dir(cfg)
         preload = self._preload_tokenizers()
         kv = open_rocks(
             cfg.db_path,
@@ -275,7 +197,7 @@ class Daemon:
             interceptors=[
                 BoundaryInterceptor(
                     self.telemetry,
-                    self._auth_token(),
+                    auth_token(self.cfg),
                     self._drain,
                     request_caps(cfg.max_events_per_append, cfg.max_tools),
                 )
@@ -314,7 +236,7 @@ class Daemon:
         if unix is not None:
             os.chmod(unix, cfg.socket_mode)
             if cfg.socket_group:
-                os.chown(unix, -1, _gid(cfg.socket_group))
+                os.chown(unix, -1, gid(cfg.socket_group))
         self._server = server
         metrics = self._start_metrics()
         if preload is not None:
@@ -374,23 +296,6 @@ class Daemon:
                 serving = now
                 await self._set_health(now)
 
-    def _private_data_dir(self) -> None:
-        """The data directory holds every conversation: only the daemon's user may enter
-        it. With a socket group and the socket inside, that group may pass through (not
-        list) to reach the socket. RocksDB's own directory is always 0700."""
-        cfg = self.cfg
-        cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        sock = cfg.socket_path
-        mode = 0o700
-        try:
-            if cfg.socket_group and sock is not None and sock.parent == cfg.data_dir:
-                os.chown(cfg.data_dir, -1, _gid(cfg.socket_group))
-                mode = 0o710
-            os.chmod(cfg.data_dir, mode)
-        except PermissionError as exc:
-            # A mount point owned by someone else (a Kubernetes volume): its owner decides.
-            log.warning("cannot restrict the data directory %s: %s", cfg.data_dir, exc)
-
     async def _start_health(self) -> str | None:
         """A second server with only grpc.health.v1: kubelet probes it over TCP while the
         API itself stays on the socket and loopback."""
@@ -400,7 +305,7 @@ class Daemon:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         host, _, _ = self.cfg.health_listen.rpartition(":")
         try:
-            port = _add_port(server, self.cfg.health_listen, None, "health_listen")
+            port = add_port(server, self.cfg.health_listen, None, "health_listen")
         except ConfigError:
             # Never started, yet it must be stopped on this loop, or its shutdown runs
             # unawaited once the loop has closed.
@@ -419,7 +324,7 @@ class Daemon:
         await asyncio.to_thread(importlib.import_module, "server.web.server")
         from server.web.server import WebSettings, start_web
 
-        settings = WebSettings(self.cfg.ui_listen, self._auth_token())
+        settings = WebSettings(self.cfg.ui_listen, auth_token(self.cfg))
         try:
             self._web = await start_web(inspect, settings)
         except OSError as exc:
@@ -428,50 +333,10 @@ class Daemon:
 
     async def _bind(self, server: grpc.aio.Server) -> tuple[str | None, str | None]:
         try:
-            return self._bind_tcp(server), self._bind_unix(server)
+            return bind_tcp(server, self.cfg), bind_unix(server, self.cfg)
         except ConfigError:
             await server.stop(None)  # see _start_health: an unstarted server needs it too
             raise
-
-    def _bind_tcp(self, server: grpc.aio.Server) -> str | None:
-        if self.cfg.listen == "none":
-            return None
-        host, _, _ = self.cfg.listen.rpartition(":")
-        port = _add_port(server, self.cfg.listen, self._tls(), "listen")
-        return f"{host}:{port}"
-
-    def _tls(self) -> grpc.ServerCredentials | None:
-        cfg = self.cfg
-        if not cfg.tls_cert_file:
-            return None
-        try:
-            cert, key, ca = load_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
-        except TlsFileError as exc:
-            raise ConfigError(str(exc)) from None
-        return grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
-        )
-
-    def _bind_unix(self, server: grpc.aio.Server) -> str | None:
-        path = self.cfg.socket_path
-        if path is None:
-            return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # We hold the data directory's lock, so a socket file left here is stale.
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()
-        old = os.umask(0o117)  # the socket is born 0660, never briefly world-accessible
-        try:
-            try:
-                bound = server.add_insecure_port(f"unix:{path}")
-            except RuntimeError:
-                bound = 0  # as in _add_port
-            if bound == 0:
-                raise ConfigError(f"cannot bind Unix socket {path} (socket)")
-        finally:
-            os.umask(old)
-        return str(path)
 
     def _start_metrics(self) -> str | None:
         if self.cfg.metrics_listen == "none":

@@ -1,0 +1,181 @@
+"""What the composition root (server/app.py) reads from and sets up on the host before
+it wires anything: the files settings name (auth token, kernel), the data directory's
+permissions, the addresses and socket the gRPC server binds (TLS included), and the
+names of the services and RPCs it serves.
+
+Kept apart from app.py so that app.py stays the wiring: here are functions of the
+configuration alone, which build no use case, servicer or store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from pathlib import Path
+
+import grpc
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2
+
+from ctxcc.v1 import (
+    artifact_service_pb2,
+    compile_service_pb2,
+    session_service_pb2,
+    source_service_pb2,
+    tool_service_pb2,
+)
+from server.adapters.tls import TlsFileError, load_tls
+from server.compiler.system import DEFAULT_KERNEL
+from server.config import Config, ConfigError
+from server.transport.interceptor import method_label
+
+log = logging.getLogger("ctxcc")
+
+SERVICE_NAMES = tuple(
+    f.services_by_name[name].full_name
+    for f, name in (
+        (session_service_pb2.DESCRIPTOR, "SessionService"),
+        (compile_service_pb2.DESCRIPTOR, "CompileService"),
+        (artifact_service_pb2.DESCRIPTOR, "ArtifactService"),
+        (source_service_pb2.DESCRIPTOR, "SourceService"),
+        (tool_service_pb2.DESCRIPTOR, "ToolService"),
+    )
+)
+
+
+def rpc_methods() -> list[str]:
+    """Metric names of every RPC the server answers: the API services and health."""
+    pool = descriptor_pool.Default()
+    services = (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+    return [
+        method_label(f"/{service}/{method.name}")
+        for service in services
+        for method in pool.FindServiceByName(service).methods
+    ]
+
+
+ECHO_METHOD = "/ctxcc.debug.Echo/Echo"
+
+
+def echo_handler() -> grpc.GenericRpcHandler:
+    """A transport baseline for benchmarks: the request is a decimal size, the answer
+    that many bytes. Off unless --debug-echo true; never part of the contract."""
+
+    async def echo(request: bytes, context: object) -> bytes:
+        return b"x" * min(int(request or b"0"), 64 << 20)
+
+    handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(
+        echo, request_deserializer=None, response_serializer=None
+    )
+    return grpc.method_handlers_generic_handler("ctxcc.debug.Echo", {"Echo": handler})
+
+
+def auth_token(cfg: Config) -> str:
+    if not cfg.auth_token_file:
+        return ""
+    try:
+        token = Path(cfg.auth_token_file).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read auth_token_file: {exc}") from exc
+    if len(token) < 16:
+        raise ConfigError("the auth token must be at least 16 characters")
+    return token
+
+
+def kernel_text(cfg: Config) -> str:
+    if not cfg.kernel_file:
+        return DEFAULT_KERNEL
+    try:
+        return Path(cfg.kernel_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read kernel_file {cfg.kernel_file}: {exc}") from exc
+
+
+def add_port(
+    server: grpc.aio.Server, address: str, creds: grpc.ServerCredentials | None, setting: str
+) -> int:
+    """Binds one TCP address; a busy or unusable one is a configuration error naming the
+    setting (exit 2), like a busy metrics or inspector port. gRPC reports the failure
+    either as port 0 or, in newer releases, as a RuntimeError."""
+    try:
+        if creds is not None:
+            port = server.add_secure_port(address, creds)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:
+        port = 0  # its text only says to turn on gRPC's debug log; gRPC logged the cause
+    if port == 0:
+        raise ConfigError(f"cannot serve gRPC on {address} ({setting}): address in use or invalid")
+    return port
+
+
+def gid(group: str) -> int:
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ConfigError(f"socket_group {group!r} does not exist") from None
+
+
+def private_data_dir(cfg: Config) -> None:
+    """The data directory holds every conversation: only the daemon's user may enter
+    it. With a socket group and the socket inside, that group may pass through (not
+    list) to reach the socket. RocksDB's own directory is always 0700."""
+    cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    sock = cfg.socket_path
+    mode = 0o700
+    try:
+        if cfg.socket_group and sock is not None and sock.parent == cfg.data_dir:
+            os.chown(cfg.data_dir, -1, gid(cfg.socket_group))
+            mode = 0o710
+        os.chmod(cfg.data_dir, mode)
+    except PermissionError as exc:
+        # A mount point owned by someone else (a Kubernetes volume): its owner decides.
+        log.warning("cannot restrict the data directory %s: %s", cfg.data_dir, exc)
+
+
+def bind_tcp(server: grpc.aio.Server, cfg: Config) -> str | None:
+    if cfg.listen == "none":
+        return None
+    host, _, _ = cfg.listen.rpartition(":")
+    port = add_port(server, cfg.listen, tls(cfg), "listen")
+    return f"{host}:{port}"
+
+
+def tls(cfg: Config) -> grpc.ServerCredentials | None:
+    if not cfg.tls_cert_file:
+        return None
+    try:
+        cert, key, ca = load_tls(cfg.tls_cert_file, cfg.tls_key_file, cfg.tls_client_ca_file)
+    except TlsFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+    )
+
+
+def bind_unix(server: grpc.aio.Server, cfg: Config) -> str | None:
+    path = cfg.socket_path
+    if path is None:
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # We hold the data directory's lock, so a socket file left here is stale.
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
+    old = os.umask(0o117)  # the socket is born 0660, never briefly world-accessible
+    try:
+        try:
+            bound = server.add_insecure_port(f"unix:{path}")
+        except RuntimeError:
+            bound = 0  # as in add_port
+        if bound == 0:
+            raise ConfigError(f"cannot bind Unix socket {path} (socket)")
+    finally:
+        os.umask(old)
+    return str(path)
