@@ -16,6 +16,7 @@ from server.compiler.compaction import compaction_request
 from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
+from server.compiler.path_memo import paths_in_texts
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import ActiveTurn, ProjectionMemo, active_turn, event_texts
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
@@ -28,7 +29,7 @@ from server.compiler.system import (
     join_sections,
     prefix_digest,
 )
-from server.compiler.textscan import FoundPaths, paths_in_texts
+from server.compiler.textscan import FoundPaths
 from server.compiler.tokens import COUNTING, MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.compiler import textscan
+from server.compiler.path_memo import paths_in_texts
 from server.compiler.textscan import (
     MAX_GLOB_CHARS,
     MAX_GLOBS,
@@ -21,7 +22,6 @@ from server.compiler.textscan import (
     globs_problem,
     matches_any,
     paths_in,
-    paths_in_texts,
 )
 
 
