@@ -14,7 +14,6 @@ from server.domain.records import (
     Checkpoint,
     CompileRecord,
     DamagedCheckpoint,
-    Learn,
     RouteModel,
     RouteState,
     Usage,
@@ -212,14 +211,13 @@ class CompileRecords(StoreCore):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState | UsagePlan,
-        learn: Learn | None = None,
+        plan: UsagePlan,
     ) -> tuple[CompileRecord, bool]:
-        """Usage, the session's new baseline and (through `learn`, called once per
-        report, never on a repeat) the route's model, in one atomic batch. A plan
-        instead of a route state makes both from the record as read here (see
-        ports.UsagePlan), so the record is read once."""
-        done = self._record_usage(compile_id, usage, route_state, learn, True)
+        """Usage, the session's new baseline and (through the learner, called once per
+        report, never on a repeat) the route's model, in one atomic batch; `plan` makes
+        the baseline and the learner from the record as read here (see ports.UsagePlan),
+        so the record is read once."""
+        done = self._record_usage(compile_id, usage, plan, True)
         assert done is not None  # waiting, it always gets its locks
         return done
 
@@ -227,19 +225,17 @@ class CompileRecords(StoreCore):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState | UsagePlan,
-        learn: Learn | None = None,
+        plan: UsagePlan,
     ) -> tuple[CompileRecord, bool] | None:
         """record_usage, or None (nothing written) when it would wait for a lock or for a
         RocksDB write stall."""
-        return self._record_usage(compile_id, usage, route_state, learn, False)
+        return self._record_usage(compile_id, usage, plan, False)
 
     def _record_usage(
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState | UsagePlan,
-        learn: Learn | None,
+        plan: UsagePlan,
         wait: bool,
     ) -> tuple[CompileRecord, bool] | None:
         sid, suffix = split_compile_id(compile_id)
@@ -248,10 +244,9 @@ class CompileRecords(StoreCore):
             return None
         try:
             record = self.get_compile(compile_id)
-            if not isinstance(route_state, RouteState):
-                # Made before the repeat check: its refusals (a route mismatch) hold
-                # for a repeated report too.
-                route_state, learn = route_state(record)
+            # Made before the repeat check: its refusals (a route mismatch) hold for a
+            # repeated report too.
+            route_state, learn = plan(record)
             if record.usage is not None:
                 return record, True
             updated = dataclasses.replace(record, usage=usage)

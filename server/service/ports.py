@@ -24,7 +24,6 @@ from server.domain.records import (
     Checkpoint,
     CompileRecord,
     DamagedCheckpoint,
-    Learn,
     RouteModel,
     RouteState,
     Usage,
@@ -114,22 +113,20 @@ class EventStore(Protocol):
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState | UsagePlan,
-        learn: Learn | None = None,
+        plan: UsagePlan,
     ) -> tuple[CompileRecord, bool]:
-        """A `UsagePlan` instead of a route state is called with the compile's record as
-        read under the session's lock, also for a repeated report (it may refuse it), and
-        makes the route state and the learner from it: the record is read once."""
+        """`plan` is called with the compile's record as read under the session's lock,
+        also for a repeated report (it may refuse it), and makes the route state and the
+        learner from it: the record is read once."""
         ...
 
     def try_record_usage(
         self,
         compile_id: str,
         usage: Usage,
-        route_state: RouteState | UsagePlan,
-        learn: Learn | None = None,
+        plan: UsagePlan,
     ) -> tuple[CompileRecord, bool] | None:
-        """record_usage, or None (nothing written; `learn` is pure, so a call of it is
+        """record_usage, or None (nothing written; the plan's learner is pure, so a call of it is
         lost with nothing else) when it would wait for a lock or for a write stall: a
         caller on the event loop never waits behind an append's fsync or the engine."""
         ...

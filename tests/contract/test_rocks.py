@@ -16,6 +16,7 @@ from storage import KVEventStore, StoreLockedError, open_rocks
 from storage.codec import CorruptRecordError
 from storage.kv import Batch
 from storage.schema import SCHEMA_VERSION, SchemaError, ensure_schema
+from tests.contract.test_store_contract import planned
 
 
 def _append(store: KVEventStore, sid: str, text: str, eid: str, rid: str = "") -> None:
@@ -232,12 +233,12 @@ def test_writes_made_on_the_event_loop_never_wait_out_a_write_stall(tmp_path: Pa
         with pytest.raises(CtxccError):
             store.get_compile("s:x2")
         state = RouteState(route.route_id, 120, "s:x1", 30, 6)
-        assert store.try_record_usage("s:x1", Usage(120, 30), state) is None
+        assert store.try_record_usage("s:x1", Usage(120, 30), planned(state)) is None
         assert store.get_compile("s:x1").usage is None
         assert store.generation("s", route.route_id) == before
         assert stalling.no_slowdown == [True, True]
         assert store.put_compile(rec2) is True
-        done = store.record_usage("s:x1", Usage(120, 30), state)
+        done = store.record_usage("s:x1", Usage(120, 30), planned(state))
         assert done[0].usage == Usage(120, 30)
         assert store.get_compile("s:x2") == rec2
         assert stalling.no_slowdown[2:] == [False, False]

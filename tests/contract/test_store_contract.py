@@ -30,6 +30,7 @@ from server.domain.records import (
     RouteModel,
     RouteState,
     Usage,
+    UsagePlan,
 )
 from server.domain.sources import MemoryEntry, Scope, SourceKind
 from server.domain.tools import ToolSpec
@@ -58,6 +59,11 @@ def msg(text: str, eid: str) -> NewEvent:
 
 def batch(sid: str, *events: NewEvent, **kw: object) -> AppendBatch:
     return AppendBatch(sid, tuple(events), now_ns=1, **kw)  # type: ignore[arg-type]
+
+
+def planned(state: RouteState, learn: Learn | None = None) -> UsagePlan:
+    """A usage plan whose baseline and learner do not depend on the record."""
+    return lambda _record: (state, learn)
 
 
 def new_store(make_store: object, **kw: int) -> KVEventStore:
@@ -188,9 +194,9 @@ def test_artifacts_checkpoints_compiles_routes(make_store: object) -> None:
     st.put_compile(rec)
     assert st.get_compile("s:x1") == rec
     state = RouteState(Route(model="m").route_id, 120, "s:x1", 30, 6)
-    stored, replayed = st.record_usage("s:x1", Usage(120, 30), state)
+    stored, replayed = st.record_usage("s:x1", Usage(120, 30), planned(state))
     assert not replayed and stored.usage == Usage(120, 30)
-    stored2, replayed2 = st.record_usage("s:x1", Usage(999, 1), state)
+    stored2, replayed2 = st.record_usage("s:x1", Usage(999, 1), planned(state))
     assert replayed2 and stored2.usage == Usage(120, 30)
     assert st.get_route_state("s", state.route_id) == state
     with pytest.raises(CtxccError) as exc:
@@ -283,7 +289,7 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
     st.append(batch("s", msg("b", "e2")))
     st.put_checkpoint(Checkpoint("c1", "s", 1, "sum", None, False, "d", CheckpointKind.BUILTIN, 9))
     same()
-    st.record_usage("s:x1", Usage(120, 30), state("s:x1", 120))
+    st.record_usage("s:x1", Usage(120, 30), planned(state("s:x1", 120)))
     same()
     assert st.get_compile("s:x1").usage == Usage(120, 30)
     assert st.put_compile(CompileRecord("s:x2", "s", route, 2, 110, 1, 6), wait=False)
@@ -293,22 +299,28 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
     def learn(model: RouteModel | None) -> RouteModel:
         return RouteModel(route.route_id, overhead=next(models), full_samples=1)
 
-    st.record_usage("s:x2", Usage(130, 30), state("s:x2", 130), learn)
-    st.record_usage("s:x2", Usage(999, 1), state("s:x2", 999), learn)  # a repeat: nothing moves
+    st.record_usage("s:x2", Usage(130, 30), planned(state("s:x2", 130), learn))
+    st.record_usage(
+        "s:x2", Usage(999, 1), planned(state("s:x2", 999), learn)
+    )  # a repeat: nothing moves
     same()
     assert st.get_route_model(route.route_id) == RouteModel(route.route_id, 1.0, (), 0, 1.0, 0.0, 1)
     st.put_compile(CompileRecord("s:x4", "s", route, 2, 110, 1, 6))
-    st.record_usage("s:x4", Usage(150, 30), state("s:x4", 150), learn)
+    st.record_usage("s:x4", Usage(150, 30), planned(state("s:x4", 150), learn))
     same()
     st.put_compile(CompileRecord("s:x5", "s", route, 2, 110, 1, 6))
-    st.record_usage("s:x5", Usage(160, 30), state("s:x5", 160), learn)  # a model not finite
+    st.record_usage(
+        "s:x5", Usage(160, 30), planned(state("s:x5", 160), learn)
+    )  # a model not finite
     same()
     assert st.get_route_model(route.route_id) is None  # a read finds it damaged: relearned
-    st.record_usage("s:x1", Usage(1, 1), state("s:x1", 1))  # a repeat again: nothing moves
+    st.record_usage("s:x1", Usage(1, 1), planned(state("s:x1", 1)))  # a repeat again: nothing moves
     same()
     assert st.get_route_state("s", route.route_id) == state("s:x5", 160)
     st.put_compile(CompileRecord("s:x3", "s", other, 3, 120, 1, 7))
-    st.record_usage("s:x3", Usage(140, 30), replace(state("s:x3", 140), route_id=other.route_id))
+    st.record_usage(
+        "s:x3", Usage(140, 30), planned(replace(state("s:x3", 140), route_id=other.route_id))
+    )
     same()
     st.delete_session("s")
     same()
@@ -337,8 +349,8 @@ def test_route_models_are_learned_once_per_report_and_outlive_sessions(
         st.create_session(Session(sid, 1, 1))
         st.put_compile(CompileRecord(f"{sid}:x", sid, route, 1, 100, 1, 5))
         state = RouteState(route.route_id, 120, f"{sid}:x", 30, 6)
-        assert not st.record_usage(f"{sid}:x", Usage(120, 30), state, learn)[1]
-        assert st.record_usage(f"{sid}:x", Usage(120, 30), state, learn)[1]  # a repeat
+        assert not st.record_usage(f"{sid}:x", Usage(120, 30), planned(state, learn))[1]
+        assert st.record_usage(f"{sid}:x", Usage(120, 30), planned(state, learn))[1]  # a repeat
     assert calls == [None, RouteModel(route.route_id, overhead=1_000.0, full_samples=1)]
     assert st.get_route_model(route.route_id) == RouteModel(
         route.route_id, overhead=2_000.0, full_samples=2
@@ -553,8 +565,11 @@ def _writes(st: KVEventStore) -> dict[str, tuple[object, str]]:
         "put_artifact": (lambda: st.put_artifact(art, b"abc"), "s"),
         "put_checkpoint": (lambda: st.put_checkpoint(ck), "s"),
         "put_compile": (lambda: st.put_compile(rec), "s"),
-        "record_usage": (lambda: st.record_usage("s:x1", Usage(130, 5), state), "s"),
-        "try_record_usage": (lambda: st.try_record_usage("s:x2", Usage(130, 5), state), "s"),
+        "record_usage": (lambda: st.record_usage("s:x1", Usage(130, 5), planned(state)), "s"),
+        "try_record_usage": (
+            lambda: st.try_record_usage("s:x2", Usage(130, 5), planned(state)),
+            "s",
+        ),
         "put_source": (lambda: st.put_source(memory), "*"),
         "delete_source": (lambda: st.delete_source(SourceKind.MEMORY, Scope.GLOBAL, "", "m1"), "*"),
         "delete_session": (lambda: st.delete_session("s2"), "*"),
@@ -587,7 +602,9 @@ def test_every_write_bumps_the_generation_of_what_it_changes(make_store: object)
     st.put_compile(CompileRecord("s:x3", "s", route, 1, 100, 1, 5))
     other = st.generation("s2", route.route_id)
     state = RouteState(route.route_id, 140, "s:x3", 5, 8)
-    st.record_usage("s:x3", Usage(140, 5), state, lambda _: RouteModel(route_id=route.route_id))
+    st.record_usage(
+        "s:x3", Usage(140, 5), planned(state, lambda _: RouteModel(route_id=route.route_id))
+    )
     assert st.generation("s2", route.route_id).route == other.route + 1
 
 
@@ -621,10 +638,10 @@ def test_a_usage_report_need_not_wait_for_a_lock(make_store: object) -> None:
 
     for lock in (st._lock("s"), st._models_lock):
         with lock:
-            assert st.try_record_usage("s:x1", Usage(120, 30), state, learn) is None
+            assert st.try_record_usage("s:x1", Usage(120, 30), planned(state, learn)) is None
         assert st.get_compile("s:x1").usage is None and not learned
         assert st.get_route_state("s", route.route_id) is None
-    done = st.try_record_usage("s:x1", Usage(120, 30), state, learn)
+    done = st.try_record_usage("s:x1", Usage(120, 30), planned(state, learn))
     assert done is not None and done[0].usage == Usage(120, 30) and not done[1]
     assert len(learned) == 1 and st.get_route_model(route.route_id) is not None
     assert st.get_route_state("s", route.route_id) == state
