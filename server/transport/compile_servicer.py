@@ -51,9 +51,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._k = checkpoints
         self._drain = drain or Drain()
         self._max_message = max_message_bytes
-        self._steps = StreamSteps(compiles, sessions, chunk_bytes)
-        self._lent = LentBySession()
         self._options = OptionsMemo()
+        self._steps = StreamSteps(compiles, sessions, chunk_bytes, self._options)
+        self._lent = LentBySession()
 
     @unary
     async def Compile(

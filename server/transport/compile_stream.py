@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 from ctxcc.v1 import compile_service_pb2 as pb
 from server.domain.errors import CtxccError, Reason, invalid
-from server.service.compile_records import checked
-from server.service.compile_types import CompileOptions, CompileResult, Prior
+from server.service.compile_types import CompileResult, Prior
 from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases, Written
 from server.transport.convert_events import events_in
@@ -27,6 +26,7 @@ from server.transport.convert_misc import usage_in, usage_out
 from server.transport.convert_view import compile_options_in, tagged
 from server.transport.drain import shutting_down
 from server.transport.errors import CODES, internal_error
+from server.transport.options_memo import OptionsMemo
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import (
     LentRecords,
@@ -62,19 +62,6 @@ class StreamState:
     # The chain values of the views in `sent` that went as chained deltas (the base's
     # value at the kept count starts the next view's chained digest).
     chains: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
-    # The last step's compile request and its options, checked: an agent sends the same
-    # request at every step, and converting and checking it cost ~17 us of CPU a step.
-    request: tuple[pb.CompileRequest, CompileOptions] | None = None
-
-    def options(self, request: pb.CompileRequest) -> CompileOptions:
-        """The checked options of a step's compile request (refused as `checked` does)."""
-        if self.request is not None and self.request[0] == request:
-            return self.request[1]
-        opts = checked(compile_options_in(request))
-        kept = pb.CompileRequest()
-        kept.CopyFrom(request)  # not the step's own message: it would keep its events
-        self.request = (kept, opts)
-        return opts
 
 
 class StreamSteps:
@@ -82,11 +69,17 @@ class StreamSteps:
     servicer's read loop awaits each answer before reading the next message)."""
 
     def __init__(
-        self, compiles: CompileUseCases, sessions: SessionUseCases, chunk_bytes: int
+        self,
+        compiles: CompileUseCases,
+        sessions: SessionUseCases,
+        chunk_bytes: int,
+        options: OptionsMemo,
     ) -> None:
         self._c = compiles
         self._s = sessions
         self._chunk = chunk_bytes
+        # An agent sends the same compile request at every step: converted once.
+        self._options = options
         # Views sent on any stream, by compile id: a delta's base, a resume's answer.
         self._recent = RecentViews()
 
@@ -204,7 +197,7 @@ class StreamSteps:
                     step = msg.step
                     out.step_id = step.step_id
                     # Refused for what it asks: before anything of the step is done.
-                    opts = stream.options(step.compile)
+                    opts = self._options.checked(step.compile)
                     if step.HasField("usage") and not await self._step_usage(
                         step.usage, opts.session_id, out
                     ):

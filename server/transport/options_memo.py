@@ -2,13 +2,15 @@
 and converting it (route, enums, limits, the options value) costs more than the lookup
 of an unchanged view's repeat it asks for. Keyed by the request's deterministic
 encoding, so equal requests share one frozen CompileOptions; only valid requests are
-kept (a refused one is converted, and refused, each time). In memory, bounded."""
+kept (a refused one is converted, and refused, each time). In memory, bounded. Shared
+by the unary Compile and every CompileStream."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
 from ctxcc.v1 import compile_service_pb2
+from server.service.compile_records import checked as checked_options
 from server.service.compile_types import CompileOptions
 from server.transport.convert_view import compile_options_in
 
@@ -34,3 +36,8 @@ class OptionsMemo:
         if len(self._kept) > self._max:
             self._kept.popitem(last=False)
         return found
+
+    def checked(self, request: compile_service_pb2.CompileRequest) -> CompileOptions:
+        """The options with the request's own checks made (refused as `checked_options`
+        refuses): a stream step makes them before its usage report and its append."""
+        return checked_options(self.options(request))
