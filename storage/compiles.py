@@ -133,8 +133,8 @@ class CompileRecords(StoreCore):
             if route_since is None or self.generation(sid, record.route.route_id) != route_since:
                 self._move_route(batch, sid, record.route, record.session_create_time_ns)
             self._write(batch, sid)
-            self._remember_decoded("compiles", record_key, record)
-            self._remember_decoded("compiles", last_key, record)
+            self._remember_decoded("compiles", record_key, record, len(encoded))
+            self._remember_decoded("compiles", last_key, record, len(encoded))
             if keys:
                 # Still under the session's lock, which its deletion takes: parts known
                 # after a deletion cleared the set would be taken as stored in the
@@ -254,9 +254,10 @@ class CompileRecords(StoreCore):
             batch = Batch(durable=False, no_wait=not wait)
             record_key = session_key(sid, suffix)
             state_key = session_key(sid, route_state.route_id.encode())
-            batch.put("compiles", record_key, encode_value(updated))
+            updated_bytes, state_bytes = encode_value(updated), encode_value(route_state)
+            batch.put("compiles", record_key, updated_bytes)
             self._move_route(batch, sid, record.route)
-            batch.put("routes", state_key, encode_value(route_state))
+            batch.put("routes", state_key, state_bytes)
             if learn is None:
                 self._write(batch, sid)
             else:
@@ -266,14 +267,15 @@ class CompileRecords(StoreCore):
                 try:
                     model = learn(self.get_route_model(route_state.route_id))
                     model_key = ROUTE_MODEL + model.route_id.encode()
-                    batch.put("routes", model_key, encode_value(model))
+                    model_bytes = encode_value(model)
+                    batch.put("routes", model_key, model_bytes)
                     self._write(batch, sid, model.route_id)
                     if _finite(model):  # as a read of it would find it
-                        self._remember_decoded("routes", model_key, model)
+                        self._remember_decoded("routes", model_key, model, len(model_bytes))
                 finally:
                     self._models_lock.release()
-            self._remember_decoded("compiles", record_key, updated)
-            self._remember_decoded("routes", state_key, route_state)
+            self._remember_decoded("compiles", record_key, updated, len(updated_bytes))
+            self._remember_decoded("routes", state_key, route_state, len(state_bytes))
             return updated, False
         except WriteWouldWait:
             return None

@@ -70,9 +70,10 @@ class EventRecords(StoreCore):
                 update_time_ns=batch_in.now_ns,
                 stored_bytes=session.stored_bytes + added,
             )
-            batch.put("sessions", sid.encode(), encode_value(updated))
+            session_bytes = encode_value(updated)
+            batch.put("sessions", sid.encode(), session_bytes)
             self._write(batch, sid)
-            self._remember_decoded("sessions", sid.encode(), updated)
+            self._remember_decoded("sessions", sid.encode(), updated, len(session_bytes))
             return result
 
     def _replayed(self, sid: str, batch_in: AppendBatch) -> AppendResult | None:

@@ -23,8 +23,11 @@ from storage.kv import KV, Batch
 from storage.schema import ensure_schema
 
 _STRIPES = 256
-# Decoded records kept (see StoreCore._decoded), and the column families they come from.
+# Decoded records kept (see StoreCore._decoded): at most this many, and at most this many
+# bytes as encoded (a decoded record takes a few times its encoded size in memory; a
+# compile record of a long session holds a row per message of its view, ~50 bytes each).
 _DECODED = 256
+DECODED_BYTES = 16 << 20
 _DECODED_CFS = frozenset({"compiles", "routes", "sessions"})
 T = TypeVar("T")
 
@@ -65,7 +68,8 @@ class StoreCore:
         # route model a report wrote (read by the next compile). Only writers fill it,
         # under the lock its writers hold (the session's; the models' for a route model)
         # and after their write; every write drops the keys it touches first (`_write`).
-        self._decoded: OrderedDict[tuple[str, bytes], object] = OrderedDict()
+        self._decoded: OrderedDict[tuple[str, bytes], tuple[object, int]] = OrderedDict()
+        self._decoded_bytes = 0
         self._decoded_lock = threading.Lock()
 
     def generation(self, session_id: str, route_id: str) -> Generation:
@@ -91,24 +95,39 @@ class StoreCore:
                 return
             if any(cf in _DECODED_CFS for cf, _, _ in batch.ranges):
                 self._decoded.clear()
+                self._decoded_bytes = 0
                 return
             for cf, key, _ in batch.puts:
-                self._decoded.pop((cf, key), None)
+                self._drop_decoded((cf, key))
             for cf, key in batch.deletes:
-                self._decoded.pop((cf, key), None)
+                self._drop_decoded((cf, key))
 
-    def _remember_decoded(self, cf: str, key: bytes, value: object) -> None:
-        """After the write of `value` under `key`, made holding the session's lock."""
+    def _drop_decoded(self, key: tuple[str, bytes]) -> None:
+        kept = self._decoded.pop(key, None)
+        if kept is not None:
+            self._decoded_bytes -= kept[1]
+
+    def _remember_decoded(self, cf: str, key: bytes, value: object, size: int) -> None:
+        """After the write of `value` (`size` bytes encoded) under `key`, made holding the
+        session's lock. A value over the whole budget is not kept."""
         with self._decoded_lock:
-            self._decoded[(cf, key)] = value
-            self._decoded.move_to_end((cf, key))
-            while len(self._decoded) > _DECODED:
-                self._decoded.popitem(last=False)
+            self._drop_decoded((cf, key))
+            if size > DECODED_BYTES:
+                return
+            self._decoded[(cf, key)] = (value, size)
+            self._decoded_bytes += size
+            while len(self._decoded) > _DECODED or self._decoded_bytes > DECODED_BYTES:
+                self._decoded_bytes -= self._decoded.popitem(last=False)[1][1]
 
     def _decoded_value(self, cf: str, key: bytes, cls: type[T]) -> T | None:
         with self._decoded_lock:
-            value = self._decoded.get((cf, key))
-        return value if isinstance(value, cls) else None
+            kept = self._decoded.get((cf, key))
+        return kept[0] if kept is not None and isinstance(kept[0], cls) else None
+
+    def decoded_footprint(self) -> tuple[int, int]:
+        """(records, encoded bytes) of the decoded records kept now."""
+        with self._decoded_lock:
+            return len(self._decoded), self._decoded_bytes
 
     def _lock(self, session_id: str) -> threading.Lock:
         return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]

@@ -36,6 +36,7 @@ from server.domain.sources import MemoryEntry, Scope, SourceKind
 from server.domain.tools import ToolSpec
 from server.service.ports import EventStore
 from storage import KVEventStore, MemoryKV, StoreLimits, open_rocks
+from storage.codec import encode_value
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -331,6 +332,41 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
     st.put_compile(CompileRecord("s:x1", "s", other, 1, 100, 1, 5))  # moves current_route
     same()
     assert st.get_session("s").current_route == other and st.get_session("s").head_seq == 1
+
+
+def test_records_kept_decoded_stay_within_their_byte_budget(
+    make_store: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decoded records the store keeps are bounded by their encoded bytes, not only by
+    their count: long sessions' compile records (a row per message) must not pile up
+    in memory. Records pushed out, and one larger than the whole budget, are read from
+    the engine as written."""
+    import storage.store_core as core
+
+    monkeypatch.setattr(core, "DECODED_BYTES", 6_000)
+    st = new_store(make_store)
+    route = Route(model="m")
+    records = []
+    # ~1.3, 1.3, 2.2, 2.2 and 7.7 KB encoded, each kept twice (as itself and as its
+    # session's latest compile): the third already pushes the first out.
+    for k, rows in enumerate((50, 50, 100, 100, 400)):
+        sid = f"s{k}"
+        st.create_session(Session(sid, 1, 1))
+        st.append(batch(sid, msg("a", "e1")))
+        table = {"message_digests": bytes(16 * rows), "message_tokens": tuple(range(rows))}
+        record = CompileRecord(f"{sid}:x", sid, route, 1, 100, 1, 5, **table)  # type: ignore[arg-type]
+        st.put_compile(record)
+        records.append(record)
+        kept, kept_bytes = st.decoded_footprint()
+        assert 0 < kept_bytes <= 6_000, (k, kept, kept_bytes)
+    assert len(encode_value(records[-1])) > 6_000
+    # The last record is over the budget by itself: it is not kept, and nothing is pushed
+    # out for it. What is left is the one before it, twice (the session records went with
+    # the writes of their current route).
+    assert st.decoded_footprint() == (2, 2 * len(encode_value(records[3])))
+    for record in records:
+        assert st.get_compile(record.compile_id) == record
+        assert st.get_last_compile(record.session_id) == record
 
 
 def test_route_models_are_learned_once_per_report_and_outlive_sessions(
