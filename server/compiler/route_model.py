@@ -144,35 +144,77 @@ def _spread(spread: float, observed: float, value: float, cfg: LearningConfig) -
     return spread + cfg.spread_alpha * (dev - spread)
 
 
-def _solve(a: list[list[float]], b: list[float]) -> tuple[float, float]:
-    det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
-    return (
-        (b[0] * a[1][1] - a[0][1] * b[1]) / det,
-        (a[0][0] * b[1] - a[1][0] * b[0]) / det,
-    )
+def _solve(a00: float, a01: float, a11: float, b0: float, b1: float) -> tuple[float, float]:
+    """The symmetric 2x2 normal equations [[a00, a01], [a01, a11]] x = [b0, b1]."""
+    det = a00 * a11 - a01 * a01
+    return (b0 * a11 - a01 * b1) / det, (a00 * b1 - a01 * b0) / det
 
 
 def fit_change(
     changes: tuple[tuple[int, int, int], ...], cfg: LearningConfig
 ) -> tuple[float, float]:
     """(ratio, framing) from (local, reported, messages) changes: iteratively reweighted
-    least squares with the priors as two extra observations."""
+    least squares with the priors as two extra observations.
+
+    It runs on the event loop for every usage report, so it costs what it must and no
+    more, with bit-for-bit the answer of `cfg.passes` full passes:
+    - what a change contributes that no pass changes (its floats, its noise, its terms
+      at full weight) is computed once;
+    - a pass whose weights all equal (==) the previous pass's sums the same products in
+      the same order as that pass did, so it would return the same solution, and so
+      would every pass after it: the fit stops there. Weights are never -0.0 and a sum
+      that starts at +0.0 or a prior never becomes -0.0, so == weights give identical
+      sums; a NaN weight never equals, so it runs on.
+    """
     ratio, framing = 1.0, 0.0
+    if cfg.passes <= 0:
+        return ratio, framing
+    huber = cfg.huber
+    # Normal equations start from the priors, which keep them regular with one change.
+    prior_ratio = cfg.ratio_prior_sd**-2
+    prior_framing = cfg.framing_prior_sd**-2
+    # Per change: local, reported, messages as floats (as the arithmetic converts
+    # them), the noise sd and its square, the full weight and the products under it.
+    # In the order the first pass meets them, so that input no float holds, or a zero
+    # noise, raises what a pass would.
+    rows = []
+    for local, reported, messages in changes:
+        sd = math.hypot(cfg.change_noise_tokens, cfg.change_noise_share * local)
+        x, y, m = float(local), float(reported), float(messages)
+        sd2 = sd * sd
+        full = 1.0 / sd2
+        rows.append(
+            (
+                x,
+                y,
+                m,
+                sd,
+                sd2,
+                full,
+                (full * x * x, full * x * m, full * m * m, full * x * y, full * m * y),
+            )
+        )
+    last: list[float] | None = None
     for _ in range(cfg.passes):
-        # Normal equations; the priors keep them regular with a single change.
-        a = [[cfg.ratio_prior_sd**-2, 0.0], [0.0, cfg.framing_prior_sd**-2]]
-        b = [cfg.ratio_prior_sd**-2, 0.0]
-        for local, reported, messages in changes:
-            sd = math.hypot(cfg.change_noise_tokens, cfg.change_noise_share * local)
-            off = abs(reported - ratio * local - framing * messages) / sd
-            w = (1.0 if off <= cfg.huber else cfg.huber / off) / (sd * sd)
-            a[0][0] += w * local * local
-            a[0][1] += w * local * messages
-            a[1][1] += w * messages * messages
-            b[0] += w * local * reported
-            b[1] += w * messages * reported
-        a[1][0] = a[0][1]
-        ratio, framing = _solve(a, b)
+        weights = [
+            full if (off := abs(y - ratio * x - framing * m) / sd) <= huber else huber / off / sd2
+            for x, y, m, sd, sd2, full, _ in rows
+        ]
+        if weights == last:
+            break
+        last = weights
+        a00, a01, a11, b0, b1 = prior_ratio, 0.0, prior_framing, prior_ratio, 0.0
+        for w, (x, y, m, _, _, full, terms) in zip(weights, rows, strict=True):
+            if w is full:
+                xx, xm, mm, xy, my = terms
+            else:
+                xx, xm, mm, xy, my = w * x * x, w * x * m, w * m * m, w * x * y, w * m * y
+            a00 += xx
+            a01 += xm
+            a11 += mm
+            b0 += xy
+            b1 += my
+        ratio, framing = _solve(a00, a01, a11, b0, b1)
     return ratio, framing
 
 
