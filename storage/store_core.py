@@ -75,6 +75,9 @@ class StoreCore:
     def generation(self, session_id: str, route_id: str) -> Generation:
         return self._generations.of(session_id, route_id)
 
+    def table_generation(self, session_id: str, table: str) -> tuple[int, int]:
+        return self._generations.of_table(session_id, table)
+
     def _write(self, batch: Batch, session_id: str = "", route_id: str = "") -> None:
         """Every write goes through here. One that names no session (sources) may change
         what any session's compile reads."""
@@ -85,7 +88,10 @@ class StoreCore:
             # must not read a source list kept from before the write (it would be
             # repeated as current until the next write).
             self._sources_changed()
-        self._generations.wrote(session_id, route_id, everything=not session_id)
+        tables = {put[0] for put in batch.puts}
+        tables.update(cf for cf, _ in batch.deletes)
+        tables.update(cf for cf, _, _ in batch.ranges)
+        self._generations.wrote(session_id, route_id, everything=not session_id, tables=tables)
 
     def _forget_decoded(self, batch: Batch) -> None:
         """Before a write: the kept values of the keys it changes are dropped (all of them

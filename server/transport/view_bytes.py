@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, count
-from operator import attrgetter, is_, is_not
+from operator import attrgetter, is_, is_not, ne
 
 from server.compiler.view import CompiledView, ViewMessage
 from server.service.compile_types import CompileResult
@@ -214,14 +214,21 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
 
 
 def common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
-    """How many records at the start of `a` and `b` are equal."""
+    """How many records at the start of `a` and `b` are equal. A step keeps all of its
+    base's records or all but the last few (a new turn re-layers the old working set):
+    the first unequal one is looked for from the end, and the records before it compared
+    in one tuple comparison in C (the kept ones are the base's own objects), so a long
+    view is never walked in Python."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual step: the base's messages all kept (compared in C)
         return n
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    k = n
+    while k > n - _TAIL and k > 0 and a[k - 1] != b[k - 1]:
+        k -= 1
+    # Every record from k to the tail differs: the prefix is k if all before k are equal.
+    if a[:k] == b[:k]:
+        return k
+    return next(compress(count(), map(ne, a, b)), n)
 
 
 def _retag(record: bytes, old_key: int, field: int) -> bytes:

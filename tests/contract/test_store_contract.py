@@ -493,8 +493,10 @@ def test_a_source_write_is_read_by_whoever_sees_its_generation_move(
 
     wrote, forget = gens.wrote, gens.forget
 
-    def wrote_then_read(session_id: str = "", route_id: str = "", everything: bool = False) -> None:
-        wrote(session_id, route_id, everything)
+    def wrote_then_read(
+        session_id: str = "", route_id: str = "", everything: bool = False, tables: object = ()
+    ) -> None:
+        wrote(session_id, route_id, everything, tables)
         seen.append(read())
 
     def forget_then_read(session_id: str) -> None:
@@ -560,6 +562,7 @@ _READS = frozenset(
     {
         "get_session",
         "generation",
+        "table_generation",
         "list_sessions",
         "count_sessions",
         "read_events",
@@ -642,6 +645,31 @@ def test_every_write_bumps_the_generation_of_what_it_changes(make_store: object)
         "s:x3", Usage(140, 5), planned(state, lambda _: RouteModel(route_id=route.route_id))
     )
     assert st.generation("s2", route.route_id).route == other.route + 1
+
+
+# The tables a compile's reads are kept by (service/loading.py), and the writes that change
+# them: each must move that table's count; writes of the session's other records must not.
+_TABLE_WRITES = {"put_tools": "tools", "add_activations": "tools", "put_checkpoint": "checkpoints"}
+
+
+def test_a_write_moves_the_count_of_the_tables_it_changes(make_store: object) -> None:
+    st = new_store(make_store)
+    for sid in ("s", "s2"):
+        st.create_session(Session(sid, 1, 1))
+    st.append(batch("s", msg("a", "e1")))
+    st.put_compile(CompileRecord("s:x1", "s", Route(model="m"), 1, 100, 1, 5))
+    for name, (call, bumps) in _writes(st).items():
+        before = {t: st.table_generation("s", t) for t in ("tools", "checkpoints")}
+        call()  # type: ignore[operator]
+        after = {t: st.table_generation("s", t) for t in ("tools", "checkpoints")}
+        for table in before:
+            moved = after[table] != before[table]
+            assert moved == (_TABLE_WRITES.get(name) == table or bumps == "*"), (name, table)
+    # A session deleted and made again under its id: no count taken before matches.
+    kept = st.table_generation("s", "checkpoints")
+    st.delete_session("s")
+    st.create_session(Session("s", 2, 2))
+    assert st.table_generation("s", "checkpoints") != kept
 
 
 def test_a_compile_record_need_not_wait_for_the_session_lock(make_store: object) -> None:

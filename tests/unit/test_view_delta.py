@@ -17,9 +17,16 @@ from typing import Any
 
 import pytest
 from ctxcc_client.deltas import DeltaMismatch, HeldView
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ctxcc.v1 import common_pb2, compile_service_pb2, tool_pb2, view_pb2
-from server.transport.view_bytes import ViewBytes, chained_delta_record, delta_record
+from server.transport.view_bytes import (
+    ViewBytes,
+    chained_delta_record,
+    common_prefix,
+    delta_record,
+)
 from tests.integration.delta_session import chained_digest
 
 _FRONT, _MIDDLE = (1, 2, 3, 4, 5), (8, 9)
@@ -303,3 +310,26 @@ def test_what_a_head_should_leave_empty_is_rebuilt_from_the_base(chained: bool) 
     assert rebuilt.view.SerializeToString(deterministic=True) == new.SerializeToString(
         deterministic=True
     )
+
+
+_RECORD = st.sampled_from([b"a", b"b", b"ab", b""])
+
+
+@settings(max_examples=400, deadline=None)
+@example([b"a"] * 40, [b"a"] * 39 + [b"b"], 0)  # differs only at the end
+@example([b"a"] * 40, [b"b"] + [b"a"] * 39, 0)  # differs first, equal after
+@example([b"a"] * 40, [b"a"] * 5 + [b"b"] + [b"a"] * 34, 0)  # one in the middle
+@given(st.lists(_RECORD, max_size=50), st.lists(_RECORD, max_size=50), st.integers(0, 50))
+def test_the_kept_count_is_the_first_unequal_record(
+    a: list[bytes], b: list[bytes], shared: int
+) -> None:
+    """common_prefix looks for the first unequal record from the end: it is still the
+    first index where the records differ, wherever the differences are (equal bytes
+    that are other objects count as equal)."""
+    old = tuple(a)
+    new = tuple(bytes(bytearray(x)) for x in a[:shared] + b)  # a prefix in common
+    want = next(
+        (i for i, (x, y) in enumerate(zip(old, new, strict=False)) if x != y),
+        min(len(old), len(new)),
+    )
+    assert common_prefix(old, new) == want
