@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -494,7 +494,10 @@ def test_a_source_write_is_read_by_whoever_sees_its_generation_move(
     wrote, forget = gens.wrote, gens.forget
 
     def wrote_then_read(
-        session_id: str = "", route_id: str = "", everything: bool = False, tables: object = ()
+        session_id: str = "",
+        route_id: str = "",
+        everything: bool = False,
+        tables: Iterable[str] = (),
     ) -> None:
         wrote(session_id, route_id, everything, tables)
         seen.append(read())
@@ -662,8 +665,8 @@ def test_a_write_moves_the_count_of_the_tables_it_changes(make_store: object) ->
         before = {t: st.table_generation("s", t) for t in ("tools", "checkpoints")}
         call()  # type: ignore[operator]
         after = {t: st.table_generation("s", t) for t in ("tools", "checkpoints")}
-        for table in before:
-            moved = after[table] != before[table]
+        for table, count in before.items():
+            moved = after[table] != count
             assert moved == (_TABLE_WRITES.get(name) == table or bumps == "*"), (name, table)
     # A session deleted and made again under its id: no count taken before matches.
     kept = st.table_generation("s", "checkpoints")
