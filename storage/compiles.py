@@ -19,6 +19,7 @@ from server.domain.records import (
     Usage,
     UsagePlan,
 )
+from server.domain.replacing import replaced
 from storage.codec import CorruptRecordError, decode_value, encode_value
 from storage.keys import (
     AT_BOUNDARY,
@@ -249,7 +250,7 @@ class CompileRecords(StoreCore):
             route_state, learn = plan(record)
             if record.usage is not None:
                 return record, True
-            updated = dataclasses.replace(record, usage=usage)
+            updated = replaced(record, usage=usage)
             # Losing a baseline only means the next estimate is a full one.
             batch = Batch(durable=False, no_wait=not wait)
             record_key = session_key(sid, suffix)

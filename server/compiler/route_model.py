@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from server.domain.catalog import ModelInfo
 from server.domain.records import RouteModel
+from server.domain.replacing import replaced
 
 
 class CounterKind(enum.Enum):
@@ -158,8 +159,11 @@ def fit_change(
 
     It runs on the event loop for every usage report, so it costs what it must and no
     more, with bit-for-bit the answer of `cfg.passes` full passes:
-    - what a change contributes that no pass changes (its floats, its noise, its terms
-      at full weight) is computed once;
+    - what a change contributes that no pass changes (its floats, its noise) is computed
+      once, in the order the first pass meets it, so that a figure no float holds, or a
+      zero noise, raises what a pass would;
+    - a product is reused where the left-to-right order of w * local * x makes it the
+      same: (w * local) * x;
     - a pass whose weights all equal (==) the previous pass's sums the same products in
       the same order as that pass did, so it would return the same solution, and so
       would every pass after it: the fit stops there. Weights are never -0.0 and a sum
@@ -169,51 +173,35 @@ def fit_change(
     ratio, framing = 1.0, 0.0
     if cfg.passes <= 0:
         return ratio, framing
-    huber = cfg.huber
+    huber, noise, share = cfg.huber, cfg.change_noise_tokens, cfg.change_noise_share
     # Normal equations start from the priors, which keep them regular with one change.
     prior_ratio = cfg.ratio_prior_sd**-2
     prior_framing = cfg.framing_prior_sd**-2
-    # Per change: local, reported, messages as floats (as the arithmetic converts
-    # them), the noise sd and its square, the full weight and the products under it.
-    # In the order the first pass meets them, so that input no float holds, or a zero
-    # noise, raises what a pass would.
+    # Per change: local, reported, messages as the arithmetic converts them, the noise
+    # sd and its square, and the weight of a change within the Huber cut.
     rows = []
     for local, reported, messages in changes:
-        sd = math.hypot(cfg.change_noise_tokens, cfg.change_noise_share * local)
+        sd = math.hypot(noise, share * local)
         x, y, m = float(local), float(reported), float(messages)
         sd2 = sd * sd
-        full = 1.0 / sd2
-        rows.append(
-            (
-                x,
-                y,
-                m,
-                sd,
-                sd2,
-                full,
-                (full * x * x, full * x * m, full * m * m, full * x * y, full * m * y),
-            )
-        )
+        rows.append((x, y, m, sd, sd2, 1.0 / sd2))
     last: list[float] | None = None
     for _ in range(cfg.passes):
         weights = [
             full if (off := abs(y - ratio * x - framing * m) / sd) <= huber else huber / off / sd2
-            for x, y, m, sd, sd2, full, _ in rows
+            for x, y, m, sd, sd2, full in rows
         ]
         if weights == last:
             break
         last = weights
         a00, a01, a11, b0, b1 = prior_ratio, 0.0, prior_framing, prior_ratio, 0.0
-        for w, (x, y, m, _, _, full, terms) in zip(weights, rows, strict=True):
-            if w is full:
-                xx, xm, mm, xy, my = terms
-            else:
-                xx, xm, mm, xy, my = w * x * x, w * x * m, w * m * m, w * x * y, w * m * y
-            a00 += xx
-            a01 += xm
-            a11 += mm
-            b0 += xy
-            b1 += my
+        for w, (x, y, m, _, _, _) in zip(weights, rows, strict=True):
+            wx, wm = w * x, w * m
+            a00 += wx * x
+            a01 += wx * m
+            a11 += wm * m
+            b0 += wx * y
+            b1 += wm * y
         ratio, framing = _solve(a00, a01, a11, b0, b1)
     return ratio, framing
 
@@ -248,7 +236,7 @@ def observe_delta(
     # The overhead was learned as reported - ratio * local: re-express it under the new
     # ratio at the typical local size of the requests it was learned from.
     shift = (ratio - ratio_of(model, bounds)) * model.full_local
-    return replace(
+    return replaced(
         model,
         ratio=ratio,
         framing=framing,
@@ -267,12 +255,12 @@ def observe_full(
     n = model.full_samples
     if n == 0:
         spread = max(cfg.min_spread, cfg.overhead_spread_share * abs(observed))
-        return replace(
+        return replaced(
             model, overhead=observed, overhead_spread=spread, full_samples=1, full_local=local
         )
     gain = max(cfg.alpha, 1.0 / (n + 1))
     spread = max(cfg.min_spread, model.overhead_spread)
-    return replace(
+    return replaced(
         model,
         overhead=_step(model.overhead, observed, spread, gain, cfg.clip),
         overhead_spread=max(cfg.min_spread, _spread(spread, observed, model.overhead, cfg)),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from server.compiler.budget import ModelLimits, output_reserve
 from server.compiler.route_model import BOUNDS, counter_kind, observe_delta, observe_full
 from server.compiler.view import EstimateMethod
@@ -12,6 +10,7 @@ from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.families import family_of
 from server.domain.model import Route
 from server.domain.records import CompileRecord, Learn, RouteModel, RouteState, Usage
+from server.domain.replacing import replaced
 from server.domain.validation import check_route_fields
 from server.service.blocking import Blocking
 from server.service.compile_types import CompilerSettings, UsageResult, route_fields
@@ -147,7 +146,7 @@ class UsageReports:
                 # Records written before the ledger was kept: a FULL estimate was the ledger.
                 local = record.ledger_tokens or record.estimated_input_tokens
                 m = observe_full(m, local, usage.input_tokens, bounds, cfg)
-            return replace(m, update_time_ns=now_ns)
+            return replaced(m, update_time_ns=now_ns)
 
         return learn
 
