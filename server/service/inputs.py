@@ -18,13 +18,16 @@ from server.compiler.compile import CompileInputs
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import ProjectionMemo
 from server.compiler.route_model import counter_kind
+from server.compiler.sources import SourceInputs
 from server.compiler.system import EnvironmentInfo
 from server.compiler.tokens import COUNTING
+from server.compiler.view import SectionKind
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Session
 from server.domain.records import CompileRecord, RouteState
 from server.service.basis import Recalled, SettingsPart, recall
+from server.service.kept import KeptReads
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.ports import Clock, EventStore, IdSource
 from server.service.sources import SourceUseCases
@@ -82,6 +85,8 @@ class InputAssembler:
         self._ids = ids
         # (the granule's first second, its text): one pair, replaced whole.
         self._time_texts: tuple[int, str] = (-1, "")
+        # Source writes have no session: their count is the daemon-wide one (kept.py).
+        self._kept_sources = KeptReads("sources", store)
 
     def _recalled(
         self, opts: CompileOptions, session: Session
@@ -202,9 +207,7 @@ class InputAssembler:
             history = self._loader.load(session, boundary, opts.route, known=memo)
             route_state = self._route_state(opts)
             route_model = self._store.get_route_model(opts.route.route_id)
-            sources = self._sources.session_sources(
-                session, working_directory, self._settings.caps, opts.exclude_sections
-            )
+            sources = self._session_sources(session, working_directory, opts.exclude_sections)
             settings = self.settings_part()
             last = self._store.get_last_compile(opts.session_id)
             previous = last.section_digests if last else None
@@ -247,6 +250,22 @@ class InputAssembler:
             ),
         )
         return inputs, info, history
+
+    def _session_sources(
+        self, session: Session, working_directory: str, exclude: frozenset[SectionKind]
+    ) -> SourceInputs:
+        """The sources a compile at the head sees: kept while no source was written (nor
+        any session deleted) when they are the store's entries alone; read every time
+        when they include workspace files, which change outside the daemon."""
+        caps = self._settings.caps
+
+        def read() -> SourceInputs:
+            return self._sources.session_sources(session, working_directory, caps, exclude)
+
+        if self._sources.reads_files(session):
+            return read()
+        key = (session.project_id, working_directory, caps, exclude)
+        return self._kept_sources.get(session, key, read)
 
     def _route_state(self, opts: CompileOptions) -> RouteState | None:
         state = self._store.get_route_state(opts.session_id, opts.route.route_id)

@@ -6,19 +6,14 @@ length of the log. Checkpoint digests are verified against the log once per proc
 and remembered: the log is immutable, so a verified range stays verified.
 
 A step reads the session's checkpoints and tools, which change far less often than its
-log: they are kept per session with the store's write count of their table
-(`table_generation`, taken before the read), and read again whenever that count moved,
-so a kept list is never older than the last write that landed before the compile began.
-Bounded by sessions and by the bytes of what they hold.
+log: they are kept while their tables are not written (kept.py).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
 from server.compiler.projection_memo import ProjectionMemo, active_turn, artifact_ids
@@ -28,16 +23,10 @@ from server.domain.errors import CtxccError, Reason
 from server.domain.model import Event, Route, Session
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.tools import ToolSpec
+from server.service.kept import KeptReads
 from server.service.ports import EventStore
 
-T = TypeVar("T")
-
 _DIGEST_CACHE = 4096
-# Kept lists of checkpoints and tools: at most this many sessions and about this many
-# bytes of their texts (a list larger than a quarter of it is read at every compile).
-_KEPT_SESSIONS = 1024
-_KEPT_BYTES = 32 << 20
-_RECORD_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,64 +40,6 @@ class LoadedHistory:
     artifacts: tuple[tuple[str, int], ...]
 
 
-class _Kept:
-    """Per-session lists read from one table of the store, each with the table's write
-    count when it was read; an LRU bounded by entries and approximate bytes."""
-
-    def __init__(self, table: str, store: EventStore) -> None:
-        self._table = table
-        self._store = store
-        self._entries: OrderedDict[tuple[object, ...], tuple[tuple[int, int], object, int]]
-        self._entries = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, session: Session, key: tuple[object, ...], read: Callable[[], T]) -> T:
-        """`read()`'s value, kept under `key` (of `session`, recreated sessions apart)
-        while the session's table was not written."""
-        full = (session.session_id, session.create_time_ns, *key)
-        gen = self._store.table_generation(session.session_id, self._table)
-        with self._lock:
-            hit = self._entries.get(full)
-            if hit is not None and hit[0] == gen:
-                self._entries.move_to_end(full)
-                return hit[1]  # type: ignore[return-value]
-        value = read()
-        size = _RECORD_BYTES + _size_of(value)
-        if size > _KEPT_BYTES // 4:
-            return value
-        with self._lock:
-            old = self._entries.pop(full, None)
-            if old is not None:
-                self._bytes -= old[2]
-            self._entries[full] = (gen, value, size)
-            self._bytes += size
-            while len(self._entries) > _KEPT_SESSIONS or self._bytes > _KEPT_BYTES:
-                _, (_, _, dropped) = self._entries.popitem(last=False)
-                self._bytes -= dropped
-        return value
-
-
-def _size_of(value: object) -> int:
-    """About the bytes a kept list holds: its texts and a fixed part per item."""
-    if not isinstance(value, tuple):
-        return 0
-    total = 0
-    for item in value:
-        if isinstance(item, Checkpoint):
-            total += _RECORD_BYTES + len(item.summary)
-        elif isinstance(item, ToolSpec):
-            total += (
-                _RECORD_BYTES
-                + len(item.description)
-                + len(item.input_schema_json)
-                + sum(map(len, item.search_keywords))
-            )
-        else:
-            total += _RECORD_BYTES
-    return total
-
-
 class HistoryLoader:
     """Blocking: runs on the service's I/O pool."""
 
@@ -116,8 +47,8 @@ class HistoryLoader:
         self._store = store
         self._digests: OrderedDict[tuple[str, int, int], str | None] = OrderedDict()
         self._lock = threading.Lock()
-        self._checkpoint_lists = _Kept("checkpoints", store)
-        self._tool_lists = _Kept("tools", store)
+        self._checkpoint_lists = KeptReads("checkpoints", store)
+        self._tool_lists = KeptReads("tools", store)
 
     def range_digest(self, session: Session, through: int) -> str | None:
         key = (session.session_id, session.create_time_ns, through)

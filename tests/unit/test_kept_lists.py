@@ -1,6 +1,6 @@
-"""The per-session lists the history loader keeps between compiles (loading.py): read
+"""The values a compile reads that are kept between compiles (service/kept.py): read
 again whenever the store's write count of their table moved, apart per incarnation of a
-session id, and bounded by sessions and by bytes."""
+session id, and bounded by entries and by bytes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from server.domain.model import Session
 from server.domain.tools import ToolSpec
-from server.service import loading
-from server.service.loading import _Kept
+from server.service import kept as kept_module
+from server.service.kept import KeptReads, approx_bytes
 
 
 class _Counts:
@@ -30,7 +30,7 @@ def _reader(value: tuple[ToolSpec, ...], reads: list[str], sid: str):  # type: i
 
 def test_a_kept_list_is_read_again_when_its_table_was_written() -> None:
     counts = _Counts()
-    kept = _Kept("tools", counts)  # type: ignore[arg-type]
+    kept = KeptReads("tools", counts)  # type: ignore[arg-type]
     s = Session("s", 1, 1)
     reads: list[str] = []
     one = (ToolSpec("a", "A", "{}"),)
@@ -44,9 +44,9 @@ def test_a_kept_list_is_read_again_when_its_table_was_written() -> None:
 
 
 def test_kept_lists_are_bounded_by_sessions_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loading, "_KEPT_SESSIONS", 3)
-    monkeypatch.setattr(loading, "_KEPT_BYTES", 40_000)
-    kept = _Kept("tools", _Counts())  # type: ignore[arg-type]
+    monkeypatch.setattr(kept_module, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(kept_module, "MAX_BYTES", 40_000)
+    kept = KeptReads("tools", _Counts())  # type: ignore[arg-type]
     reads: list[str] = []
     small = (ToolSpec("a", "A", "{}"),)
     for sid in "abcd":
@@ -62,3 +62,9 @@ def test_kept_lists_are_bounded_by_sessions_and_bytes(monkeypatch: pytest.Monkey
     kept.get(Session("h", 1, 1), (), _reader(huge, reads, "h"))
     kept.get(Session("h", 1, 1), (), _reader(huge, reads, "h"))
     assert reads[-2:] == ["h", "h"]
+
+
+def test_a_values_size_counts_its_texts() -> None:
+    small = approx_bytes((ToolSpec("a", "A", "{}"),))
+    big = approx_bytes((ToolSpec("a", "A", "x" * 10_000),))
+    assert big - small == 10_000 - 2
