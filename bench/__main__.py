@@ -24,6 +24,7 @@ from bench import (
     scale,
     stepcost,
     tokenizers,
+    usage_fit,
 )
 from bench.paths import dev_traces
 from server.replay import run as replay
@@ -94,6 +95,7 @@ def main() -> None:
         detail |= stepcost.run(root / "stepcost", scale=s)
         detail |= delta.run(root / "delta", scale=s)
         detail |= appends.run(scale=s)
+        detail |= usage_fit.run(scale=s)
         detail |= clients.run(root / "clients", scale=s)
         events = 1_000_000 if not args.smoke else 20_000
         detail["cold_start_1m_events_s"] = scale.cold_start(root, events)

@@ -28,5 +28,7 @@ def test_bench_smoke_prints_every_figure() -> None:
     assert "rss_mb_idle" in done.stdout
     for part in ("echo_small", "stream_append_compile", "report_usage", "fsync"):
         assert f"part_{part}_p50_ms" in done.stdout
+    for window in ("settled", "outliers"):
+        assert f"usage_fit_{window}_vs_plain" in done.stdout
     for client in ("go", "python", "typescript"):
         assert f"client_{client}_step_p50_ms" in done.stdout
