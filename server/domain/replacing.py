@@ -20,12 +20,14 @@ _layouts: dict[type, _Layout | None] = {}
 
 
 def _layout(cls: type) -> _Layout | None:
-    """None for a class this cannot copy as dataclasses.replace would: one with a field
-    __init__ does not take or takes by keyword only, or with pseudo-fields (InitVar,
-    ClassVar)."""
+    """None for a class this cannot copy as dataclasses.replace would: one with an
+    __init__ of its own, a field __init__ does not take or takes by keyword only, or
+    pseudo-fields (InitVar, ClassVar)."""
     fields = dataclasses.fields(cls)
     if len(fields) < 2 or len(fields) != len(cls.__dataclass_fields__):  # type: ignore[attr-defined]
         return None
+    if not cls.__dataclass_params__.init:  # type: ignore[attr-defined]
+        return None  # an __init__ of its own: by keyword, as replace calls it
     if not all(f.init and f.kw_only is not True for f in fields):
         return None
     names = tuple(f.name for f in fields)

@@ -76,6 +76,16 @@ class _NotInInit:
     c: int = field(init=False, default=7)
 
 
+@dataclass(frozen=True, init=False)
+class _OwnInit:
+    b: int
+    a: int
+
+    def __init__(self, a: int, b: int) -> None:  # its own order
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
+
+
 def test_what_replace_refuses_is_refused() -> None:
     checked = _Checked(1, 2)
     with pytest.raises(ValueError, match="low above high"):  # __init__ runs, checks and all
@@ -93,6 +103,7 @@ def test_what_replace_refuses_is_refused() -> None:
         (_WithInitVar(1, 2), {"a": 3}),
         (_WithInitVar(1, 2), {"a": 3, "scale": 2}),
         (_NotInInit(1, 2), {"b": 5}),
+        (_OwnInit(a=1, b=2), {"a": 3}),
         (Usage(1, 2), {}),  # no change: a copy all the same
     ],
 )
