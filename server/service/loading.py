@@ -49,6 +49,7 @@ class HistoryLoader:
         self._lock = threading.Lock()
         self._checkpoint_lists = KeptReads("checkpoints", store)
         self._tool_lists = KeptReads("tools", store)
+        self._artifact_sizes_kept = KeptReads("artifacts", store)
 
     def range_digest(self, session: Session, through: int) -> str | None:
         key = (session.session_id, session.create_time_ns, through)
@@ -162,7 +163,7 @@ class HistoryLoader:
             fallback_reasons=tuple(dict.fromkeys(reasons)),
             tools=self._tool_lists.get(session, (), lambda: tuple(self._store.list_tools(sid))),
             activated=activated,
-            artifacts=self._artifact_sizes(sid, events, current, known if reread else None),
+            artifacts=self._artifact_sizes(session, events, current, known if reread else None),
         )
 
     def _read(
@@ -185,22 +186,32 @@ class HistoryLoader:
 
     def _artifact_sizes(
         self,
-        sid: str,
+        session: Session,
         events: list[Event],
         current: Event | None,
         known: ProjectionMemo | None,
     ) -> tuple[tuple[str, int], ...]:
         """Sizes of the artifacts the events name; `known` (whose events `events` start
         with) has named its own already, so only the events after them are walked."""
+        sid = session.session_id
         start = len(known.events) if known is not None else 0
         wanted = [
             *(known.artifact_ids if known is not None else ()),
             *artifact_ids(events[start:]),
             *(artifact_ids([current]) if current else ()),
         ]
-        out = []
-        for aid in dict.fromkeys(wanted):
-            record = self._store.get_artifact_record(sid, aid)
-            if record is not None:
-                out.append((aid, record.size_bytes))
-        return tuple(out)
+        ids = tuple(dict.fromkeys(wanted))
+        if not ids:
+            return ()
+
+        def sizes() -> tuple[tuple[str, int], ...]:
+            out = []
+            for aid in ids:
+                record = self._store.get_artifact_record(sid, aid)
+                if record is not None:
+                    out.append((aid, record.size_bytes))
+            return tuple(out)
+
+        # One read per artifact the projection names, at every step: kept while the
+        # session's artifacts are not written.
+        return self._artifact_sizes_kept.get(session, ids, sizes)
