@@ -652,7 +652,13 @@ def test_every_write_bumps_the_generation_of_what_it_changes(make_store: object)
 
 # The tables a compile's reads are kept by (service/loading.py), and the writes that change
 # them: each must move that table's count; writes of the session's other records must not.
-_TABLE_WRITES = {"put_tools": "tools", "add_activations": "tools", "put_checkpoint": "checkpoints"}
+_TABLE_WRITES = {
+    "put_tools": "tools",
+    "add_activations": "tools",
+    "put_checkpoint": "checkpoints",
+    "put_artifact": "artifacts",
+}
+_TABLES = ("tools", "checkpoints", "artifacts")
 
 
 def test_a_write_moves_the_count_of_the_tables_it_changes(make_store: object) -> None:
@@ -662,9 +668,9 @@ def test_a_write_moves_the_count_of_the_tables_it_changes(make_store: object) ->
     st.append(batch("s", msg("a", "e1")))
     st.put_compile(CompileRecord("s:x1", "s", Route(model="m"), 1, 100, 1, 5))
     for name, (call, bumps) in _writes(st).items():
-        before = {t: st.table_generation("s", t) for t in ("tools", "checkpoints")}
+        before = {t: st.table_generation("s", t) for t in _TABLES}
         call()  # type: ignore[operator]
-        after = {t: st.table_generation("s", t) for t in ("tools", "checkpoints")}
+        after = {t: st.table_generation("s", t) for t in _TABLES}
         for table, count in before.items():
             moved = after[table] != count
             assert moved == (_TABLE_WRITES.get(name) == table or bumps == "*"), (name, table)
