@@ -166,9 +166,10 @@ def fit_change(
       same: (w * local) * x;
     - a pass whose weights all equal (==) the previous pass's sums the same products in
       the same order as that pass did, so it would return the same solution, and so
-      would every pass after it: the fit stops there. Weights are never -0.0 and a sum
-      that starts at +0.0 or a prior never becomes -0.0, so == weights give identical
-      sums; a NaN weight never equals, so it runs on.
+      would every pass after it: the fit stops there. == holds for 0.0 and -0.0, but
+      their products add the same to a sum that starts at +0.0 or a positive prior
+      (such a sum never becomes -0.0), so == weights give identical sums; a NaN weight
+      never equals, so it runs on.
     """
     ratio, framing = 1.0, 0.0
     if cfg.passes <= 0:
