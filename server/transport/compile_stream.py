@@ -23,7 +23,7 @@ from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases, Written
 from server.transport.convert_events import events_in
 from server.transport.convert_misc import usage_in, usage_out
-from server.transport.convert_view import compile_options_in, tagged
+from server.transport.convert_view import compile_options_in, tagged, varint
 from server.transport.drain import shutting_down
 from server.transport.errors import CODES, internal_error
 from server.transport.options_memo import OptionsMemo
@@ -321,7 +321,9 @@ def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encod
     step_id = tagged(1, out.step_id.encode()) if out.step_id else b""
     append = tagged(5, out.append.SerializeToString()) if out.HasField("append") else b""
     usage = tagged(7, out.usage.SerializeToString()) if out.HasField("usage") else b""
-    return Encoded(step_id + tagged(field, payload) + append + usage)
+    # Joined once: a payload can be as long as the history (a view, a compaction prompt).
+    key = varint((field << 3) | 2) + varint(len(payload))
+    return Encoded(b"".join((step_id, key, payload, append, usage)))
 
 
 def step_error(err: CtxccError) -> pb.StepError:

@@ -13,6 +13,7 @@ from server.compiler.budget import ModelLimits
 from server.compiler.render import RenderFormat
 from server.compiler.system import ApprovalMode
 from server.compiler.view import (
+    CompactionRequest,
     CompiledView,
     SectionKind,
     SystemSection,
@@ -232,6 +233,24 @@ def head_middle(v: CompiledView) -> view_pb2.CompiledView:
 
 
 def head_back(v: CompiledView) -> view_pb2.CompiledView:
+    out = head_back_fields(v)
+    if v.compaction is not None:
+        out.compaction.CopyFrom(compaction_out(v.compaction))
+    out.notes.extend(v.notes)
+    return out
+
+
+def compaction_out(c: CompactionRequest) -> view_pb2.CompactionRequest:
+    return view_pb2.CompactionRequest(
+        from_seq=c.from_seq,
+        through_seq=c.through_seq,
+        prompt=c.prompt,
+        covered_digest=c.covered_digest,
+    )
+
+
+def head_back_fields(v: CompiledView) -> view_pb2.CompiledView:
+    """Fields 12-18 of the view (what precedes its compaction request, 19)."""
     b = v.budget
     out = view_pb2.CompiledView(
         pressure_layer=view_pb2.Layer.ValueType(int(v.pressure_layer)),
@@ -263,7 +282,6 @@ def head_back(v: CompiledView) -> view_pb2.CompiledView:
         decision=view_pb2.Decision.ValueType(int(v.decision)),
         fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in v.fallback_reasons],
         checkpoint_id=v.checkpoint_id,
-        notes=list(v.notes),
     )
     for row in v.layers:
         out.layers.append(
@@ -275,16 +293,6 @@ def head_back(v: CompiledView) -> view_pb2.CompiledView:
         ps = v.provider_state
         out.provider_state.CopyFrom(
             common_pb2.ProviderNativeState(route_id=ps.route_id, kind=ps.kind, data=ps.data)
-        )
-    if v.compaction is not None:
-        c = v.compaction
-        out.compaction.CopyFrom(
-            view_pb2.CompactionRequest(
-                from_seq=c.from_seq,
-                through_seq=c.through_seq,
-                prompt=c.prompt,
-                covered_digest=c.covered_digest,
-            )
         )
     return out
 

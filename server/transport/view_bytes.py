@@ -11,15 +11,18 @@ nor re-encoded, and the records themselves are the cached encodings of
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, count
 from operator import attrgetter, is_, is_not, ne
 
+from ctxcc.v1 import view_pb2
 from server.compiler.view import CompiledView, ViewMessage
 from server.service.compile_types import CompileResult
 from server.transport import view_digest
 from server.transport.convert_view import (
-    head_back,
+    compaction_out,
+    head_back_fields,
     head_front,
     head_middle,
     message_record,
@@ -56,28 +59,32 @@ class ViewBytes:
     # newlines; a view whose prompt is anything else is only ever sent whole.
     prompt_is_joined: bool
     size: int
+    # The record of the compaction request (field 19) within `back`, lent to the next
+    # view of the stream when its request is the same.
+    compaction: bytes = b""
 
     def whole(self, field: int = 0) -> bytes:
         """The view's encoding; with `field`, as that length-delimited field of another
         message (a CompileResponse's view), joined in one copy."""
         key = varint((field << 3) | 2) + varint(self.size) if field else b""
-        return b"".join(
-            chain(
-                (key, self.front),
-                self.sections,
-                (self.prompt, self.middle),
-                self.messages,
-                self.tools,
-                (self.back,),
-            )
+        return b"".join(chain((key,), self.parts()))
+
+    def parts(self) -> Iterator[bytes]:
+        """The pieces whose concatenation is `whole()`, to hash or join without a copy."""
+        return chain(
+            (self.front,),
+            self.sections,
+            (self.prompt, self.middle),
+            self.messages,
+            self.tools,
+            (self.back,),
         )
 
-    def without_messages(self) -> bytes:
-        """The view's encoding with its messages left out (R of the chained digest)."""
-        return b"".join(
-            chain(
-                (self.front,), self.sections, (self.prompt, self.middle), self.tools, (self.back,)
-            )
+    def parts_without_messages(self) -> Iterator[bytes]:
+        """The pieces of the view's encoding with its messages left out (R of the chained
+        digest)."""
+        return chain(
+            (self.front,), self.sections, (self.prompt, self.middle), self.tools, (self.back,)
         )
 
     def size_without_messages(self) -> int:
@@ -93,6 +100,12 @@ class ViewBytes:
     def head(self) -> bytes:
         """The view without messages, sections, system prompt and tools: ViewDelta.head."""
         return self.front + self.middle + self.back
+
+    def head_record(self, field: int) -> tuple[bytes, ...]:
+        """head() as a length-delimited field of another message, in pieces (a head can
+        hold a compaction prompt as long as the history: not copied to be framed)."""
+        size = len(self.front) + len(self.middle) + len(self.back)
+        return varint((field << 3) | 2) + varint(size), self.front, self.middle, self.back
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +179,19 @@ def _kept(old: tuple[ViewMessage, ...], new: tuple[ViewMessage, ...]) -> int:
     return next(compress(count(), map(is_not, old, new)), n)
 
 
+def _compaction_record(v: CompiledView, last: LentRecords) -> bytes:
+    """The view's compaction request (field 19), or the last view's record of it when it
+    is the same request: over budget, it holds a prompt as long as the history, rebuilt
+    as an equal value at every step."""
+    c = v.compaction
+    if c is None:
+        return b""
+    old = last.view.compaction if last.view is not None else None
+    if last.parts is not None and last.parts.compaction and (old is c or old == c):
+        return last.parts.compaction
+    return tagged(19, compaction_out(c).SerializeToString(deterministic=True))
+
+
 def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> ViewBytes:
     """The view's parts; `last` (a stream's previous view without inline attachments)
     lends the records of the messages both share."""
@@ -176,9 +202,17 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
             return repeated
     front = head_front(v).SerializeToString(deterministic=True)
     middle = head_middle(v).SerializeToString(deterministic=True)
-    back_out = head_back(v)
-    back_out.renderings.extend(renderings_out(result.renderings))
-    back = back_out.SerializeToString(deterministic=True)
+    compaction = _compaction_record(v, last)
+    # Fields 12-18, the compaction request (19), then renderings (20) and notes (21): the
+    # deterministic encoding writes fields in number order, so the three concatenate.
+    tail = view_pb2.CompiledView(renderings=renderings_out(result.renderings), notes=v.notes)
+    back = b"".join(
+        (
+            head_back_fields(v).SerializeToString(deterministic=True),
+            compaction,
+            tail.SerializeToString(deterministic=True),
+        )
+    )
     sections = tuple(map(section_record, v.system_sections))
     prompt = tagged(7, v.system_prompt.encode()) if v.system_prompt else b""
     if result.attachments:
@@ -210,6 +244,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         back=back,
         prompt_is_joined=v.system_prompt == "\n\n".join(s.text for s in v.system_sections),
         size=size,
+        compaction=compaction,
     )
 
 
@@ -245,8 +280,16 @@ def delta_record(base: ViewBytes, new: ViewBytes) -> bytes | None:
     if found is None:
         return None
     parts, _ = found
-    parts.append(tagged(8, hashlib.sha256(new.whole()).hexdigest().encode()))
+    parts.append(tagged(8, _sha256(new.parts()).hexdigest().encode()))
     return b"".join(parts)
+
+
+def _sha256(pieces: Iterable[bytes]) -> hashlib._Hash:
+    """The sha256 of the pieces' concatenation, without making it."""
+    h = hashlib.sha256()
+    for piece in pieces:
+        h.update(piece)
+    return h
 
 
 def chained_delta_record(
@@ -262,7 +305,8 @@ def chained_delta_record(
     if base_chain is None:
         base_chain = view_digest.chain(view_digest.CHAIN_START, base.messages[:kept])
     values = view_digest.continued(base_chain, kept, new.messages)
-    digest = view_digest.chain_digest(new.without_messages(), values)
+    rest = _sha256(new.parts_without_messages()).digest()
+    digest = view_digest.chain_digest_of(rest, values)
     parts.append(tagged(9, digest.encode()))
     return b"".join(parts), values
 
@@ -272,7 +316,7 @@ def _delta_parts(base: ViewBytes, new: ViewBytes) -> tuple[list[bytes], int] | N
     if not new.prompt_is_joined:
         return None
     kept = common_prefix(base.messages, new.messages)
-    parts = [tagged(1, base.compile_id.encode()), tagged(2, new.head())]
+    parts = [tagged(1, base.compile_id.encode()), *new.head_record(2)]
     if kept:
         parts.append(varint(3 << 3) + varint(kept))
     parts.extend(_retag(r, _MESSAGES_KEY, 4) for r in new.messages[kept:])

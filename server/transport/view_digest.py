@@ -43,5 +43,10 @@ def continued(base: tuple[bytes, ...], kept: int, records: tuple[bytes, ...]) ->
 def chain_digest(rest: bytes, values: tuple[bytes, ...]) -> str:
     """The lower-case hex digest of a view whose encoding without messages is `rest` and
     whose messages' chain values are `values`."""
+    return chain_digest_of(hashlib.sha256(rest).digest(), values)
+
+
+def chain_digest_of(rest_sha256: bytes, values: tuple[bytes, ...]) -> str:
+    """chain_digest from the sha256 of the encoding without messages (hashed in pieces)."""
     last = values[-1] if values else CHAIN_START
-    return hashlib.sha256(hashlib.sha256(rest).digest() + last).hexdigest()
+    return hashlib.sha256(rest_sha256 + last).hexdigest()

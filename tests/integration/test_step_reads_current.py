@@ -14,7 +14,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.conftest import Stubs
-from tests.helpers import assistant, compile_request, tool_result, user
+from tests.helpers import ROUTE, assistant, compile_request, tool_result, user
 from tests.integration.delta_session import RawStream, encoded
 
 DIGEST = cpb.DELTA_DIGEST_MESSAGE_CHAIN
@@ -177,3 +177,31 @@ async def test_two_streams_stepping_one_session_each_see_the_others_events(api: 
     finally:
         await one.close()
         await two.close()
+
+
+async def test_an_over_budget_stream_rebuilds_every_step_with_its_compaction_request(
+    api: Stubs,
+) -> None:
+    """Over budget each view carries a compaction request whose prompt holds the history;
+    a step whose request is equal to the last one's sends the record kept from it."""
+    sid = "rc-over"
+    await _create(api, sid)
+    stream = RawStream(api, digest=DIGEST)
+    small = cpb.CompileRequest(session_id=sid, route=ROUTE)
+    small.limits.context_window = 1200
+    small.limits.max_output_tokens = 200
+    try:
+        prompts = []
+        for i in range(8):
+            text = f"turn {i}: " + "please read the module and explain it " * 20
+            view = await stream.step(small, [user(text), assistant(f"answer {i} " * 30)])
+            again = await api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+            )
+            assert encoded(view) == encoded(again.view)
+            if view.HasField("compaction"):
+                prompts.append(view.compaction.prompt)
+        assert len(prompts) >= 4, "the view went over budget"
+        assert len(stream.applied) == 7
+    finally:
+        await stream.close()

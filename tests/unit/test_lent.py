@@ -7,8 +7,11 @@ from dataclasses import replace
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from server.compiler.compile import compile_view
+from server.compiler.render import RenderFormat
+from server.compiler.view import CompactionRequest
 from server.domain.model import ContentPart, Event, UserMessage
 from server.service.compile_types import CompileResult
+from server.transport.convert_view import result_out
 from server.transport.lent import LentBySession
 from server.transport.view_bytes import LentRecords, view_bytes
 from tests.unit.test_incremental import C, Step, inputs_for
@@ -91,3 +94,32 @@ def test_a_repeat_is_the_last_answer_under_its_new_compile_id() -> None:
     lent.keep(one, parts, b"\x0a\x03abc")
     assert lent.repeated(replace(one.view, compile_id="a:4")) is None
     assert lent.get("a").records == parts.messages
+
+
+def test_a_compaction_request_is_lent_only_when_it_is_the_same_request() -> None:
+    """Over budget every view carries a compaction request with a prompt as long as the
+    history: the next view of the stream takes the last one's record of it when the
+    request is equal (an equal value made again), and encodes its own otherwise; the view
+    is byte for byte its protobuf encoding either way, renderings and notes after it."""
+    prompt = "summarise this: " + "x" * 5000
+
+    def with_request(cid: str, text: str | None, notes: tuple[str, ...] = ()) -> CompileResult:
+        request = None if text is None else CompactionRequest(1, 3, text, "d" * 64)
+        view = replace(VIEW, compile_id=cid, compaction=request, notes=notes)
+        return CompileResult(view, renderings=((RenderFormat.OPENAI_CHAT, "{}", 7),))
+
+    first = with_request("a", prompt)
+    parts = view_bytes(first)
+    lent = LentRecords(first.view.messages, parts.messages, first.view, parts)
+    for cid, text, notes in (
+        ("b", "summarise this: " + "x" * 5000, ("a note",)),  # equal, another object
+        ("c", prompt + "!", ()),  # another request
+        ("d", None, ("n",)),  # none
+    ):
+        result = with_request(cid, text, notes)
+        got = view_bytes(result, lent)
+        want = result_out(result).SerializeToString(deterministic=True)
+        assert got.whole() == want and got.size == len(want)
+        if text is not None:
+            lent_same = text == prompt
+            assert (got.compaction is parts.compaction) == lent_same
