@@ -20,6 +20,7 @@ from server.domain.records import (
     UsagePlan,
 )
 from server.domain.replacing import replaced
+from server.domain.table_chunks import PendingChunk, TableChunk, Tabled, stored, whole
 from storage.codec import CorruptRecordError, decode_value, encode_value
 from storage.keys import (
     AT_BOUNDARY,
@@ -41,6 +42,18 @@ T = TypeVar("T")
 _KNOWN_PARTS = 8_192
 
 log = logging.getLogger("ctxcc.storage")
+
+
+def _kept(encoded: bytes, value: CompileRecord | RouteState, written: object) -> int:
+    """What a record kept decoded counts against the store's budget: its encoding, with
+    the whole table when the form `written` names chunks instead of holding it."""
+    if written is value:
+        return len(encoded)
+    return len(encoded) + len(value.message_digests) + 3 * len(value.message_tokens)
+
+
+def _damaged_chunk(sid: str) -> CorruptRecordError:
+    return CorruptRecordError(f"a table chunk of a record of session {sid!r} is missing")
 
 
 def _finite(model: RouteModel) -> bool:
@@ -107,17 +120,13 @@ class CompileRecords(StoreCore):
         `route_since`: a generation after which the session's current route was the
         record's; while it holds, the session is not read to check that again."""
         sid, suffix = split_compile_id(record.compile_id)
-        encoded = encode_value(record)
+        stored, chunks = self._split(record)
+        encoded = encode_value(stored)
+        parts = parts + chunks
         # A compile record lost in a machine crash only turns its usage report into
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
-        keys = [session_key(sid, PART + digest.encode()) for digest, _ in parts]
-        if keys:  # a repeat names none
-            with self._sources_lock:
-                known = [key in self._parts for key in keys]
-            for key, (_, value), stored in zip(keys, parts, known, strict=True):
-                if not stored and self._kv.get("compiles", key) is None:
-                    batch.put("compiles", key, encode_value(value))
+        keys = self._stage_parts(batch, sid, parts)  # a repeat names none
         record_key, last_key = session_key(sid, suffix), session_key(sid, LAST_COMPILE)
         batch.put("compiles", record_key, encoded)
         batch.put("compiles", last_key, encoded)
@@ -134,8 +143,8 @@ class CompileRecords(StoreCore):
             if route_since is None or self.generation(sid, record.route.route_id) != route_since:
                 self._move_route(batch, sid, record.route, record.session_create_time_ns)
             self._write(batch, sid)
-            self._remember_decoded("compiles", record_key, record, len(encoded))
-            self._remember_decoded("compiles", last_key, record, len(encoded))
+            self._remember_decoded("compiles", record_key, record, _kept(encoded, record, stored))
+            self._remember_decoded("compiles", last_key, record, _kept(encoded, record, stored))
             if keys:
                 # Still under the session's lock, which its deletion takes: parts known
                 # after a deletion cleared the set would be taken as stored in the
@@ -146,6 +155,30 @@ class CompileRecords(StoreCore):
         finally:
             lock.release()
         return True
+
+    def _stage_parts(
+        self, batch: Batch, sid: str, parts: tuple[tuple[str, object], ...]
+    ) -> list[bytes]:
+        """Puts the parts not known to be stored into `batch`; their keys, to be marked
+        known once the batch is written (under the session's lock)."""
+        keys = [session_key(sid, PART + digest.encode()) for digest, _ in parts]
+        if keys:
+            with self._sources_lock:
+                known = [key in self._parts for key in keys]
+            for key, (_, value), stored in zip(keys, parts, known, strict=True):
+                if not stored and self._kv.get("compiles", key) is None:
+                    made = value.cut() if isinstance(value, PendingChunk) else value
+                    batch.put("compiles", key, encode_value(made))
+        return keys
+
+    def _split(self, value: Tabled) -> tuple[Tabled, tuple[tuple[str, object], ...]]:
+        return stored(value, self._splitter)
+
+    def _joined(self, sid: str, value: Tabled) -> Tabled:
+        def chunk(name: str) -> TableChunk | None:
+            return self.get_compile_part(sid, name, TableChunk)
+
+        return whole(value, chunk, lambda: _damaged_chunk(sid))
 
     def _known_parts(self, keys: list[bytes]) -> None:
         with self._sources_lock:
@@ -174,7 +207,7 @@ class CompileRecords(StoreCore):
         if kept is not None:
             return kept
         raw = self._kv.get("compiles", key)
-        return None if raw is None else decode_value(raw, CompileRecord)
+        return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
         # Suffixes are random hex, so key order is not time order; the boundary index,
@@ -182,7 +215,7 @@ class CompileRecords(StoreCore):
         # suffix, and are excluded.
         prefix = session_prefix(session_id)
         items = self._kv.scan("compiles", prefix, prefix + AT_BOUNDARY)
-        records = [decode_value(raw, CompileRecord) for _, raw in items]
+        records = [self._joined(session_id, decode_value(raw, CompileRecord)) for _, raw in items]
         return sorted(records, key=lambda r: (r.create_time_ns, r.compile_id))
 
     def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None:
@@ -195,7 +228,7 @@ class CompileRecords(StoreCore):
         if suffix is None:
             return None
         raw = self._kv.get("compiles", session_key(session_id, suffix))
-        return None if raw is None else decode_value(raw, CompileRecord)
+        return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
 
     def get_compile(self, compile_id: str) -> CompileRecord:
         sid, suffix = split_compile_id(compile_id)
@@ -206,7 +239,7 @@ class CompileRecords(StoreCore):
         raw = self._kv.get("compiles", key)
         if raw is None:
             raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
-        return decode_value(raw, CompileRecord)
+        return self._joined(sid, decode_value(raw, CompileRecord))
 
     def record_usage(
         self,
@@ -255,7 +288,12 @@ class CompileRecords(StoreCore):
             batch = Batch(durable=False, no_wait=not wait)
             record_key = session_key(sid, suffix)
             state_key = session_key(sid, route_state.route_id.encode())
-            updated_bytes, state_bytes = encode_value(updated), encode_value(route_state)
+            stored, chunks = self._split(updated)
+            stored_state, state_chunks = self._split(route_state)
+            # Usually known from the record's own write (a record written before chunks
+            # existed has none stored yet).
+            keys = self._stage_parts(batch, sid, chunks + state_chunks)
+            updated_bytes, state_bytes = encode_value(stored), encode_value(stored_state)
             batch.put("compiles", record_key, updated_bytes)
             self._move_route(batch, sid, record.route)
             batch.put("routes", state_key, state_bytes)
@@ -275,8 +313,14 @@ class CompileRecords(StoreCore):
                         self._remember_decoded("routes", model_key, model, len(model_bytes))
                 finally:
                     self._models_lock.release()
-            self._remember_decoded("compiles", record_key, updated, len(updated_bytes))
-            self._remember_decoded("routes", state_key, route_state, len(state_bytes))
+            self._remember_decoded(
+                "compiles", record_key, updated, _kept(updated_bytes, updated, stored)
+            )
+            self._remember_decoded(
+                "routes", state_key, route_state, _kept(state_bytes, route_state, stored_state)
+            )
+            if keys:
+                self._known_parts(keys)
             return updated, False
         except WriteWouldWait:
             return None
@@ -309,4 +353,4 @@ class CompileRecords(StoreCore):
         if kept is not None:
             return kept
         raw = self._kv.get("routes", key)
-        return None if raw is None else decode_value(raw, RouteState)
+        return None if raw is None else self._joined(session_id, decode_value(raw, RouteState))

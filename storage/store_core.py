@@ -16,6 +16,7 @@ from server.domain.errors import CtxccError, Reason, session_not_found
 from server.domain.generation import Generation
 from server.domain.model import Session
 from server.domain.sources import SourceEntry
+from server.domain.table_chunks import Splitter
 from storage.codec import decode_value
 from storage.generations import Generations
 from storage.keys import SEP, session_key
@@ -56,6 +57,8 @@ class StoreCore:
         # Compile parts (content-addressed) known to be stored: most compiles repeat
         # their sources and settings, so their existence is not read again each time.
         self._parts: OrderedDict[bytes, None] = OrderedDict()
+        # Names of the per-message table chunks records are written with.
+        self._splitter = Splitter()
         # Bumped by every write (through `_write`), so the service can keep what a
         # compile read for as long as nothing it read was written.
         self._generations = Generations()

@@ -92,6 +92,10 @@ class CompileRecord:
     # again under its id while the compile ran is another one, and must not take its
     # record. 0 (not checked) in records written before it was kept.
     session_create_time_ns: int = 0
+    # On disk only: the stored chunks the per-message table starts with (its rest is in
+    # message_digests/message_tokens; see domain/table_chunks.py). The store joins them
+    # on reading, so a record in memory holds its whole table and none.
+    table_chunks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,8 @@ class RouteState:
     # The baseline view's per-message digests and tokens (see CompileRecord).
     message_digests: bytes = b""
     message_tokens: tuple[int, ...] = ()
+    # On disk only, as CompileRecord.table_chunks.
+    table_chunks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

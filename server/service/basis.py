@@ -13,7 +13,7 @@ A past view is then rebuilt from the store alone, byte for byte (exact time trav
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -26,6 +26,7 @@ from server.domain.catalog import ModelInfo
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Route
 from server.domain.records import RouteModel, RouteState
+from server.domain.table_chunks import Splitter, TableChunk, stored, whole
 from server.domain.tools import ToolSpec
 from server.service.ports import EventStore
 
@@ -91,11 +92,17 @@ def digest_of(value: object) -> str:
 
 
 def basis_of(
-    inputs: CompileInputs, model: ModelInfo, settings: SettingsPart
+    inputs: CompileInputs, model: ModelInfo, settings: SettingsPart, splitter: Splitter
 ) -> tuple[str, tuple[tuple[str, object], ...]]:
-    """The basis digest of a compile and the parts to store with its record."""
+    """The basis digest of a compile and the parts to store with its record: the route
+    state's per-message table goes as chunks (`splitter`), stored once, not in every
+    basis (it is the baseline view's, thousands of entries in a long session)."""
     tools = ToolsPart(inputs.tools)
     parts: list[tuple[str, object]] = [(digest_of(p), p) for p in (inputs.sources, tools, settings)]
+    route_state, chunks = (
+        stored(inputs.route_state, splitter) if inputs.route_state is not None else (None, ())
+    )
+    parts += chunks
     basis = CompileBasis(
         sources=parts[0][0],
         tools=parts[1][0],
@@ -103,7 +110,7 @@ def basis_of(
         route=inputs.route,
         model=model,
         limits=inputs.limits,
-        route_state=inputs.route_state,
+        route_state=route_state,
         route_model=inputs.route_model,
         approval_mode=inputs.approval_mode,
         environment=inputs.environment,
@@ -128,5 +135,16 @@ def recall(store: EventStore, session_id: str, digest: str) -> Recalled:
         tools = store.get_compile_part(session_id, basis.tools, ToolsPart)
         settings = store.get_compile_part(session_id, basis.settings, SettingsPart)
         if sources is not None and tools is not None and settings is not None:
+            rs = basis.route_state
+            if rs is not None and rs.table_chunks:
+
+                def chunk(name: str) -> TableChunk | None:
+                    return store.get_compile_part(session_id, name, TableChunk)
+
+                basis = replace(basis, route_state=whole(rs, chunk, _incomplete))
             return Recalled(basis, sources, tools.tools, settings)
-    raise CtxccError(Reason.RECORD_CORRUPT, "a stored compile basis is incomplete")
+    raise _incomplete()
+
+
+def _incomplete() -> CtxccError:
+    return CtxccError(Reason.RECORD_CORRUPT, "a stored compile basis is incomplete")

@@ -30,6 +30,7 @@ from server.domain.records import (
     CompileRecord,
     Usage,
 )
+from server.domain.table_chunks import Splitter
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compile_records import checked, put_record, record_of
@@ -89,6 +90,8 @@ class CompileUseCases:
             store, self._loader, sources, catalog, settings, clock, ids
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
+        # Names the chunks of the route state's table in each compile's basis.
+        self._splitter = Splitter()
         self._usage = UsageReports(store, blocking, clock, catalog, settings, telemetry)
         # Repeated views get as much memory as the memos (they share most of it).
         self._repeats = Repeats(
@@ -234,7 +237,9 @@ class CompileUseCases:
         self, opts: CompileOptions, view: CompiledView, inputs: CompileInputs, info: ModelInfo
     ) -> tuple[CompileRecord | None, tuple[tuple[str, object], ...]]:
         """See `record_of` (compile_records.py)."""
-        return record_of(opts, view, inputs, info, self._assembler.settings_part, self._clock)
+        return record_of(
+            opts, view, inputs, info, self._assembler.settings_part, self._clock, self._splitter
+        )
 
     def _finish(
         self,

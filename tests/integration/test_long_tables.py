@@ -1,0 +1,100 @@
+"""Views of hundreds of messages whose per-message tables are stored as chunks (compile
+records, route states, compile bases; see domain/table_chunks.py), through a real daemon
+and a restart: the estimate that needs the baseline's table (messages left the view
+behind a checkpoint) is the same from the records kept in memory and from those read
+back from disk, and every recorded compile rebuilds byte for byte after the restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxcc.v1 import checkpoint_pb2, event_pb2, session_pb2, view_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import ROUTE, assistant, compile_request, tool_result, user
+
+SID = "long-tables"
+
+
+async def _append(api: Stubs, events: list[event_pb2.Event]) -> None:
+    for i in range(0, len(events), 500):
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=SID, events=events[i : i + 500])
+        )
+
+
+def _pairs(tag: str, n: int) -> list[event_pb2.Event]:
+    out: list[event_pb2.Event] = []
+    for k in range(n):
+        out += [
+            assistant(f"{tag} step {k}", (f"{tag}{k}", "shell", '{"cmd": "ls"}')),
+            tool_result(f"{tag}{k}", f"{tag} file {k} " + "line of output " * (k % 7 + 1)),
+        ]
+    return out
+
+
+async def _reported(api: Stubs, extra: int) -> view_pb2.CompiledView:
+    got = (await api.compiles.Compile(compile_request(SID))).view
+    await api.compiles.ReportUsage(
+        cpb.ReportUsageRequest(
+            compile_id=got.compile_id,
+            route=ROUTE,
+            input_tokens=got.budget.estimated_input_tokens + extra,
+            output_tokens=20,
+        )
+    )
+    return got
+
+
+async def test_long_tables_estimate_and_rebuild_the_same_after_a_restart(short_tmp: Path) -> None:
+    cfg = make_config(short_tmp, time_granularity="86400")
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(str(d.endpoints.tcp))
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
+        )
+        await _append(api, [user("start the long task"), *_pairs("a", 330)])
+        recorded = [await _reported(api, 41)]
+        await _append(api, _pairs("b", 2))
+        recorded.append(await _reported(api, 57))
+        assert len(recorded[-1].messages) > 600
+        assert recorded[-1].budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+        # Behind a checkpoint, messages leave the view: the estimate subtracts what left
+        # by the baseline's per-message table.
+        await api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id=SID, covers_through_seq=201, summary="the first hundred steps"
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+        await _append(api, _pairs("c", 1))
+        kept = (await api.compiles.Compile(compile_request(SID, dry_run=True))).view
+    finally:
+        await api.channel.close()
+        await d.stop()
+    assert kept.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert len(kept.messages) < len(recorded[-1].messages) - 150
+
+    d = Daemon(cfg)  # nothing kept in memory: every record is read from disk
+    await d.start()
+    api = stubs_for(str(d.endpoints.tcp))
+    try:
+        read_back = (await api.compiles.Compile(compile_request(SID))).view
+        assert read_back.budget == kept.budget
+        assert [m.SerializeToString() for m in read_back.messages] == [
+            m.SerializeToString() for m in kept.messages
+        ]
+        for view in [*recorded, read_back]:
+            again = await api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+            )
+            assert again.view.SerializeToString() == view.SerializeToString()
+    finally:
+        await api.channel.close()
+        await d.stop()
