@@ -135,7 +135,10 @@ def same_but_id(new: CompiledView, old: CompiledView) -> bool:
 def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
     """`last`'s parts for `new` when `new` is `last`'s view under another compile id."""
     old, parts = last.view, last.parts
-    if old is None or parts is None or not same_but_id(new, old):
+    # A step with new events has another boundary: no field walk needed to tell.
+    if old is None or parts is None or old.event_boundary != new.event_boundary:
+        return None
+    if not same_but_id(new, old):
         return None
     # The compile id is field 1, first in the deterministic encoding of the head's front.
     old_id = tagged(1, old.compile_id.encode())
@@ -205,14 +208,11 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     compaction = _compaction_record(v, last)
     # Fields 12-18, the compaction request (19), then renderings (20) and notes (21): the
     # deterministic encoding writes fields in number order, so the three concatenate.
-    tail = view_pb2.CompiledView(renderings=renderings_out(result.renderings), notes=v.notes)
-    back = b"".join(
-        (
-            head_back_fields(v).SerializeToString(deterministic=True),
-            compaction,
-            tail.SerializeToString(deterministic=True),
-        )
-    )
+    tail = b""
+    if result.renderings or v.notes:
+        out = view_pb2.CompiledView(renderings=renderings_out(result.renderings), notes=v.notes)
+        tail = out.SerializeToString(deterministic=True)
+    back = b"".join((head_back_fields(v).SerializeToString(deterministic=True), compaction, tail))
     sections = tuple(map(section_record, v.system_sections))
     prompt = tagged(7, v.system_prompt.encode()) if v.system_prompt else b""
     if result.attachments:
