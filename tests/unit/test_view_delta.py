@@ -134,12 +134,17 @@ def chained_roundtrip(
     delta = compile_service_pb2.ViewDelta.FromString(encoded)
     assert not delta.view_sha256 and delta.chain_sha256 == chained_digest(new)
     assert len(values) == len(new.messages)
-    held = HeldView.of(base, chained=True)
-    rebuilt = held.apply(delta)
-    assert rebuilt.view.SerializeToString(deterministic=True) == new.SerializeToString(
-        deterministic=True
-    )
-    assert rebuilt.chain == values, "the client's chain values are the daemon's"
+    for prepared in (False, True):  # the view handed out copied after the answer, or before
+        held = HeldView.of(base, chained=True)
+        if prepared:
+            held.prepare()
+        rebuilt = held.apply(delta)
+        assert rebuilt.view.SerializeToString(deterministic=True) == new.SerializeToString(
+            deterministic=True
+        )
+        assert rebuilt.chain == values, "the client's chain values are the daemon's"
+        assert rebuilt.own[0] is not rebuilt.view
+        assert rebuilt.own[0].SerializeToString() == rebuilt.view.SerializeToString()
     return delta
 
 
@@ -243,10 +248,13 @@ def test_a_damaged_rebuild_fails_its_digest(chained: bool, damage: Any) -> None:
         HeldView.of(held, chained).apply(delta)
 
 
+@pytest.mark.parametrize("prepared", [False, True])
 @pytest.mark.parametrize("caller_edits", [False, True])
 def test_views_handed_out_are_never_changed_and_changing_them_changes_nothing(
-    caller_edits: bool,
+    caller_edits: bool, prepared: bool
 ) -> None:
+    """Also when each next view is a copy made ahead of its delta (`prepare`, which the
+    stream calls while the step is on its way)."""
     views = [_view(str(i), ["x"] * i, ["k", f"m{i}"], ["t"] * (i % 2)) for i in range(1, 6)]
     held = HeldView.of(views[0], chained=True)
     handed = [(held.view, views[0].SerializeToString(deterministic=True))]
@@ -254,6 +262,11 @@ def test_views_handed_out_are_never_changed_and_changing_them_changes_nothing(
         if caller_edits:  # the next rebuild must not see what the caller did to its view
             held.view.messages[0].parts[0].text = "the caller's"
             held.view.notes.append("the caller's")
+        if prepared:
+            held.prepare()
+            held.prepare()  # once is what it keeps
+            if caller_edits:
+                held.view.notes.append("after the copy")
         held = held.apply(_delta(base, new, chained=True))
         want = new.SerializeToString(deterministic=True)
         assert held.view.SerializeToString(deterministic=True) == want

@@ -126,6 +126,10 @@ class HeldView:
     # `own` in a one-slot list: the next view takes it over (changing it in place), after
     # which this HeldView cannot be applied again.
     own: list[view_pb2.CompiledView] = field(default_factory=list)
+    # A copy of `own` made by `prepare` while the next step is on its way: the next view
+    # handed out is that copy changed in place as `own` is, instead of a copy made after
+    # the answer came (the one part of applying a delta that follows the whole view).
+    spare: list[view_pb2.CompiledView] = field(default_factory=list)
 
     @classmethod
     def of(cls, view: view_pb2.CompiledView, chained: bool = False) -> HeldView:
@@ -138,6 +142,14 @@ class HeldView:
         own = view_pb2.CompiledView()
         own.CopyFrom(view)
         return cls(view, sections, None, tools, _chain(_CHAIN_START, map(_value, records)), [own])
+
+    def prepare(self) -> None:
+        """Copies the internal view for the next one handed out, ahead of the delta (a
+        client calls it while it waits for the daemon's answer)."""
+        if self.own and not self.spare:
+            spare = view_pb2.CompiledView()
+            spare.CopyFrom(self.own[0])
+            self.spare.append(spare)
 
     def apply(self, delta: cpb.ViewDelta) -> HeldView:
         """The view `delta` describes against this one, as the proto's ViewDelta comment
@@ -194,21 +206,17 @@ class HeldView:
         if digest.hexdigest() != delta.chain_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         # Checked: the internal copy becomes the new view, changed in place (only what is
-        # new is copied into it), and the caller gets a copy of that.
+        # new is copied into it), and the caller gets a copy of that: the spare copy of
+        # the base changed the same way when `prepare` made one, else a copy made now.
         self.own.clear()
-        for name in _HEAD_FIELDS:
-            own.ClearField(name)
-        own.MergeFrom(_head_only(delta.head, head))
-        del own.messages[kept:]
-        own.messages.extend(delta.appended_messages)
-        del own.system_sections[:]
-        own.system_sections.extend(section_msgs)
-        own.system_prompt = prompt
-        if delta.tools_changed:
-            del own.tools[:]
-            own.tools.extend(delta.tools)
-        view = view_pb2.CompiledView()
-        view.CopyFrom(own)
+        new_head = _head_only(delta.head, head)
+        _change(own, delta, new_head, section_msgs, prompt)
+        if self.spare:
+            view = self.spare.pop()
+            _change(view, delta, new_head, section_msgs, prompt)
+        else:
+            view = view_pb2.CompiledView()
+            view.CopyFrom(own)
         return HeldView(view, tuple(sections), None, tools, chain, [own])
 
     def _apply_whole(self, delta: cpb.ViewDelta) -> HeldView:
@@ -236,6 +244,28 @@ class HeldView:
         if hashlib.sha256(data).hexdigest() != delta.view_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         return HeldView(view_pb2.CompiledView.FromString(data), tuple(sections), messages, tools)
+
+
+def _change(
+    view: view_pb2.CompiledView,
+    delta: cpb.ViewDelta,
+    head: Any,
+    sections: list[view_pb2.SystemSection],
+    prompt: str,
+) -> None:
+    """Turns a copy of a delta's base into the view the delta describes, in place: only
+    what is new is copied into it."""
+    for name in _HEAD_FIELDS:
+        view.ClearField(name)
+    view.MergeFrom(head)
+    del view.messages[delta.kept_messages :]
+    view.messages.extend(delta.appended_messages)
+    del view.system_sections[:]
+    view.system_sections.extend(sections)
+    view.system_prompt = prompt
+    if delta.tools_changed:
+        del view.tools[:]
+        view.tools.extend(delta.tools)
 
 
 def _head_only(head: view_pb2.CompiledView, fields: dict[int, list[bytes]]) -> Any:

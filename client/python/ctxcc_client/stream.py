@@ -268,6 +268,12 @@ class CompileStream:
         msg.step.delta_base_compile_id = held.view.compile_id if held is not None else ""
         msg.step.delta_digest = self._digest if held is not None else cpb.DELTA_DIGEST_UNSPECIFIED
         await queue.put(msg)
+        if held is not None and held.own:
+            # Once the request is handed to gRPC (the task that writes it runs first), the
+            # view the answer's delta will be applied to is copied for the caller while the
+            # daemon works, instead of after its answer.
+            await asyncio.sleep(0)
+            held.prepare()
         assembler = ViewAssembler()
         append = None
         resumed = False
