@@ -13,9 +13,12 @@ whole history (a session of tens of MB would otherwise copy all of it on every c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import attrgetter, is_
 
 from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
-from server.compiler.view import CompactionRequest, ViewMessage
+from server.compiler.view import CompactionRequest, Layer, ViewMessage
 from server.domain.model import Role
 from server.domain.records import Checkpoint, CheckpointKind
 
@@ -44,6 +47,16 @@ def _body(m: ViewMessage) -> str:
     return body.strip()
 
 
+_first_seq, _layer = attrgetter("first_seq"), attrgetter("layer")
+
+
+def working_set_start(messages: Sequence[ViewMessage]) -> int | None:
+    """The least non-zero first seq of the working set's messages (None: none), walked
+    in C: over budget it is looked for at every step, over the whole view."""
+    in_set = map(is_, map(_layer, messages), repeat(Layer.WORKING_SET))
+    return min(filter(None, compress(map(_first_seq, messages), in_set)), default=None)
+
+
 def transcript(messages: Sequence[ViewMessage]) -> str:
     return "\n".join(f"{_label(m)}\n{_body(m)}" for m in messages)
 
@@ -63,6 +76,24 @@ def _cut(m: ViewMessage, room: int) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CompactionMemo:
+    """A compaction request and what it was made from. Over budget, every step of a long
+    turn asks for the same request (the oldest messages that fit, before the same working
+    set), and building its prompt costs what the prompt holds, up to the whole window:
+    the next compile takes this one when its inputs are the same objects."""
+
+    start: int
+    through: int
+    room: int
+    # messages[:k+1] of the view it was made for, k the index of the last message it
+    # looked at: the first covered message that did not fit, or the last covered one
+    # when all fit (`whole`; then no later message may be covered either).
+    prefix: tuple[ViewMessage, ...]
+    whole: bool
+    request: CompactionRequest | None
+
+
 def compaction_request(
     messages: Sequence[ViewMessage],
     checkpoint: Checkpoint | None,
@@ -70,26 +101,35 @@ def compaction_request(
     boundary: int,
     max_tokens: int,
     counter: TokenCounter,
-) -> CompactionRequest | None:
+    previous: CompactionMemo | None = None,
+) -> tuple[CompactionRequest | None, CompactionMemo | None]:
     """Covers the oldest messages before the current user message (the protected
-    working set) that fit `max_tokens` with the instructions and the summary so far."""
+    working set) that fit `max_tokens` with the instructions and the summary so far;
+    with the memo for the next compile (`previous`: the last compile's)."""
     through = working_set_seq - 1 if working_set_seq is not None else boundary
     model_summary = checkpoint is not None and checkpoint.kind != CheckpointKind.BUILTIN
     start = checkpoint.covers_through_seq + 1 if model_summary and checkpoint else 1
     if through < start:
-        return None
-    covered = [m for m in messages if not m.synthetic and start <= m.first_seq <= through]
-    if not covered:
-        return None
+        return None, None
     parts = [INSTRUCTIONS]
     if model_summary and checkpoint is not None:
         parts.append(f"Summary of the conversation before seq {start}:\n{checkpoint.summary}")
     room = max_tokens - sum(counter.count(p) + MESSAGE_OVERHEAD for p in parts) - _LABEL_TOKENS
+    if previous is not None and _holds(previous, messages, start, through, room):
+        return previous.request, previous
+    where = [
+        i for i, m in enumerate(messages) if not m.synthetic and start <= m.first_seq <= through
+    ]
+    if not where:
+        return None, None
+    covered = [messages[i] for i in where]
     taken, used = 0, 0
     for m in covered:
         if used + m.tokens + _LABEL_TOKENS > room:
             break
         taken, used = taken + 1, used + m.tokens + _LABEL_TOKENS
+    whole = taken == len(covered)
+    stop = where[-1] if whole else where[taken]
     if 0 < taken < len(covered):
         # End the covered range before a tool call rather than between it and its result
         # (unless that leaves nothing).
@@ -97,13 +137,33 @@ def compaction_request(
         while taken > 0 and covered[taken].role is Role.TOOL:
             taken -= 1
         taken = taken or fits
-        through = covered[taken].first_seq - 1
+        through_seq = covered[taken].first_seq - 1
+    else:
+        through_seq = through
     if taken:
         text = transcript(covered[:taken])
     else:  # not even the oldest message fits whole
         text = _cut(covered[0], room)
-        through = max(covered[0].last_seq, covered[0].first_seq)
-    parts.append(f"Conversation, seq {start} to {through}:\n{text}")
-    return CompactionRequest(
-        from_seq=start, through_seq=through, prompt="\n\n".join(parts), covered_digest=""
+        through_seq = max(covered[0].last_seq, covered[0].first_seq)
+    parts.append(f"Conversation, seq {start} to {through_seq}:\n{text}")
+    request = CompactionRequest(
+        from_seq=start, through_seq=through_seq, prompt="\n\n".join(parts), covered_digest=""
+    )
+    prefix = tuple(messages[: stop + 1])
+    return request, CompactionMemo(start, through, room, prefix, whole, request)
+
+
+def _holds(
+    memo: CompactionMemo, messages: Sequence[ViewMessage], start: int, through: int, room: int
+) -> bool:
+    """Whether `memo`'s request is the one these inputs make: the same range and room, the
+    same messages up to the last one it looked at (compared in C; carried messages are
+    the same objects), and, when every covered message fit, no covered message after."""
+    n = len(memo.prefix)
+    if (memo.start, memo.through, memo.room) != (start, through, room) or len(messages) < n:
+        return False
+    if tuple(messages[:n]) != memo.prefix:
+        return False
+    return not memo.whole or not any(
+        not m.synthetic and start <= m.first_seq <= through for m in messages[n:]
     )

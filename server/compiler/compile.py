@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
-from server.compiler.compaction import compaction_request
+from server.compiler.compaction import compaction_request, working_set_start
 from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
@@ -335,16 +335,16 @@ def compile_incremental(
         inputs.budget_config,
     )
     budget = replace(budget, output_cap=cap, output_cap_source=cap_source)
-    compaction = None
+    compaction = compaction_memo = None
     if decision is not Decision.OK:
-        ws = [m.first_seq for m in projection.messages if m.layer is Layer.WORKING_SET]
-        compaction = compaction_request(
+        compaction, compaction_memo = compaction_request(
             projection.messages,
             inputs.checkpoint,
-            min((s for s in ws if s), default=None),
+            working_set_start(projection.messages),
             inputs.event_boundary,
             budget.input_budget,
             counter,
+            memo.compaction if memo is not None else None,
         )
     view = CompiledView(
         compile_id=inputs.compile_id,
@@ -373,4 +373,9 @@ def compile_incremental(
         basis=basis,
         compaction=compaction,
     )
-    return view, run.memo, run.reused
+    next_memo = run.memo
+    if next_memo is not None and compaction_memo is not next_memo.compaction:
+        # Not counted in the memo's bytes: its prompt is the view's, which the views kept
+        # for repeats count, and a memo holds one at most.
+        next_memo = replace(next_memo, compaction=compaction_memo)
+    return view, next_memo, run.reused

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from server.compiler.compaction import CompactionMemo
 from server.compiler.message_table import MessageTable
 from server.compiler.pairing import PairState
 from server.compiler.projection import is_user_turn_start
@@ -94,6 +95,8 @@ class ProjectionMemo:
     artifact_ids: tuple[str, ...] = ()
     # The current turn in `events`: where it starts and the texts it names.
     turn: ActiveTurn = NO_TURN
+    # The compaction request of an over-budget view, for the next (compaction.py).
+    compaction: CompactionMemo | None = None
 
 
 def artifact_ids(events: Sequence[Event]) -> list[str]:

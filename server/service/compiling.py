@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 
+from server.compiler.compaction import working_set_start
 from server.compiler.compile import CompileInputs, compile_incremental
 from server.compiler.projection import has_elidable
 from server.compiler.render import render
@@ -17,13 +20,12 @@ from server.compiler.tokens import TokenCounter
 from server.compiler.view import (
     CompiledView,
     Decision,
-    Layer,
     ViewMessage,
 )
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
 from server.domain.families import family_of
-from server.domain.model import Route, Session
+from server.domain.model import Event, Route, Session
 from server.domain.records import (
     Checkpoint,
     CheckpointKind,
@@ -57,6 +59,14 @@ from server.service.watch import CompileNotice, WatchHub
 
 # What a compile prepared: the session, the history it loaded, the view, the counter, the
 # inputs and model, and how many of the view's first messages are known to hold no image.
+# Sessions whose events were found to hold nothing elidable, remembered.
+_NOT_ELIDABLE = 1_024
+
+
+def _seq(e: Event) -> int:
+    return e.seq
+
+
 _Prepared = tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo, int]
 
 
@@ -92,6 +102,9 @@ class CompileUseCases:
         self._memos = MemoCache(settings.memo_bytes, telemetry)
         # Names the chunks of the route state's table in each compile's basis.
         self._splitter = Splitter()
+        # Per session (id, creation, first event loaded): the seq through which its
+        # events hold nothing the built-in compaction could shorten.
+        self._not_elidable: OrderedDict[tuple[str, int, int], int] = OrderedDict()
         self._usage = UsageReports(store, blocking, clock, catalog, settings, telemetry)
         # Repeated views get as much memory as the memos (they share most of it).
         self._repeats = Repeats(
@@ -304,10 +317,10 @@ class CompileUseCases:
             current is not None and current.kind != CheckpointKind.BUILTIN
         ):
             return False  # a model-written summary is in use: ask for a new one instead
-        ws = [m.first_seq for m in view.messages if m.layer is Layer.WORKING_SET and m.first_seq]
-        through = (min(ws) - 1) if ws else view.event_boundary
+        ws = working_set_start(view.messages)
+        through = ws - 1 if ws is not None else view.event_boundary
         done = current.covers_through_seq if current is not None else 0
-        if through <= done or not has_elidable(history.events, through):
+        if through <= done or not self._elidable(session, history.events, through):
             return False
         template = Checkpoint(
             checkpoint_id="",
@@ -328,6 +341,20 @@ class CompileUseCases:
             return False  # the view is still compiled, uncompacted, until space is back
         self._telemetry.compaction("builtin", performed=True)
         return True
+
+    def _elidable(self, session: Session, events: Sequence[Event], through: int) -> bool:
+        """has_elidable, looking only at the events after those found not elidable
+        before: the log is append-only, so an over-budget session that has nothing to
+        shorten is not walked again in full at every step."""
+        key = (session.session_id, session.create_time_ns, events[0].seq if events else 0)
+        seen = self._not_elidable.get(key, 0)
+        found = has_elidable(events[bisect_right(events, seen, key=_seq) :], through)
+        if not found:
+            self._not_elidable[key] = max(seen, through)
+            self._not_elidable.move_to_end(key)
+            while len(self._not_elidable) > _NOT_ELIDABLE:
+                self._not_elidable.popitem(last=False)
+        return found
 
     def _materialize(
         self, session_id: str, messages: Sequence[ViewMessage]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.compiler.budget import BudgetConfig, ModelLimits
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import ProjectionMemo, active_turn, artifact_ids
@@ -96,6 +97,9 @@ class Step:
     activate: bool
     # Usage is reported for this step's view: it is the next step's baseline.
     report: bool
+    # A context window (0: unknown); the small ones put views over budget, which then
+    # carry a compaction request (taken from the memo while its inputs hold).
+    window: int = 0
 
 
 steps = st.builds(
@@ -107,7 +111,10 @@ steps = st.builds(
     st.integers(0, 5).map(lambda n: n == 0),
     st.booleans(),
     st.booleans(),
+    st.sampled_from([0, 0, 40, 60, 90, 140]),
 )
+# Reserves small enough for the windows above to leave an input budget.
+SMALL = BudgetConfig(first_reserve_max=8, dynamic_reserve_min=4, dynamic_reserve_max=8)
 
 
 def inputs_for(
@@ -140,6 +147,8 @@ def inputs_for(
         current_user=current,
         images=ImagePolicy(existing=(("img1", 100),), max_images=1),
         route_state=route_state,
+        limits=ModelLimits(context_window=step.window),
+        budget_config=SMALL if step.window else BudgetConfig(),
     )
 
 
