@@ -120,7 +120,7 @@ class CompileRecords(StoreCore):
         `route_since`: a generation after which the session's current route was the
         record's; while it holds, the session is not read to check that again."""
         sid, suffix = split_compile_id(record.compile_id)
-        stored, chunks = self._split(record)
+        stored, chunks = self._split(sid, record)
         encoded = encode_value(stored)
         parts = parts + chunks
         # A compile record lost in a machine crash only turns its usage report into
@@ -150,6 +150,7 @@ class CompileRecords(StoreCore):
                 # after a deletion cleared the set would be taken as stored in the
                 # session created next under its id.
                 self._known_parts(keys)
+            self._staged_now(sid, stored)
         except WriteWouldWait:
             return False
         finally:
@@ -171,8 +172,24 @@ class CompileRecords(StoreCore):
                     batch.put("compiles", key, encode_value(made))
         return keys
 
-    def _split(self, value: Tabled) -> tuple[Tabled, tuple[tuple[str, object], ...]]:
-        return stored(value, self._splitter)
+    def _split(self, sid: str, value: Tabled) -> tuple[Tabled, tuple[tuple[str, object], ...]]:
+        """The form of `value` to write, and its table's chunks to store unless they are
+        those last written for the session (under its lock, as is the write)."""
+        written, chunks = stored(value, self._splitter)
+        with self._sources_lock:
+            if chunks and self._staged.get(sid) == written.table_chunks:
+                return written, ()
+        return written, chunks
+
+    def _staged_now(self, sid: str, written: CompileRecord | RouteState) -> None:
+        """After a write (under the session's lock): the chunks `written` names are stored."""
+        names = written.table_chunks
+        if names:
+            with self._sources_lock:
+                self._staged[sid] = names
+                self._staged.move_to_end(sid)
+                while len(self._staged) > _KNOWN_PARTS // 8:
+                    self._staged.popitem(last=False)
 
     def _joined(self, sid: str, value: Tabled) -> Tabled:
         def chunk(name: str) -> TableChunk | None:
@@ -288,8 +305,8 @@ class CompileRecords(StoreCore):
             batch = Batch(durable=False, no_wait=not wait)
             record_key = session_key(sid, suffix)
             state_key = session_key(sid, route_state.route_id.encode())
-            stored, chunks = self._split(updated)
-            stored_state, state_chunks = self._split(route_state)
+            stored, chunks = self._split(sid, updated)
+            stored_state, state_chunks = self._split(sid, route_state)
             # Usually known from the record's own write (a record written before chunks
             # existed has none stored yet).
             keys = self._stage_parts(batch, sid, chunks + state_chunks)
@@ -321,6 +338,7 @@ class CompileRecords(StoreCore):
             )
             if keys:
                 self._known_parts(keys)
+            self._staged_now(sid, stored_state)
             return updated, False
         except WriteWouldWait:
             return None

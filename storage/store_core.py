@@ -57,6 +57,9 @@ class StoreCore:
         # Compile parts (content-addressed) known to be stored: most compiles repeat
         # their sources and settings, so their existence is not read again each time.
         self._parts: OrderedDict[bytes, None] = OrderedDict()
+        # Per session, the table chunk names last written with its records (all stored):
+        # a step's records name the same chunks several times over.
+        self._staged: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         # Names of the per-message table chunks records are written with.
         self._splitter = Splitter()
         # Bumped by every write (through `_write`), so the service can keep what a
@@ -182,3 +185,4 @@ class StoreCore:
             self._sources.clear()
             # Also after a session is deleted: its compile parts went with it.
             self._parts.clear()
+            self._staged.clear()

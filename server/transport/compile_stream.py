@@ -35,7 +35,7 @@ from server.transport.view_bytes import (
     delta_record,
     view_bytes,
 )
-from server.transport.view_size import ON_LOOP_CHARS, size_hint
+from server.transport.view_size import ON_LOOP_CHARS, size_hint, unshared_hint
 from server.transport.wire import Encoded, RefusedMessage
 
 # A stream's answer to one request: responses, or their bytes already encoded.
@@ -96,11 +96,20 @@ class StreamSteps:
         )
         digest = (chained, stream.chains.get(base_id))
         size = source.size if isinstance(source, ViewBytes) else size_hint(source)
+        # A chained delta against the stream's last view encodes and hashes little more
+        # than what is new (the records of the messages both share are lent): on the loop
+        # whatever the size of its history.
+        small = (
+            chained
+            and base is not None
+            and base.view is stream.last.parts
+            and (isinstance(source, ViewBytes) or unshared_hint(source) < ON_LOOP_CHARS)
+        )
         work = functools.partial(self._encode, out, source, base, stream.last, digest)
         try:
             # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
             view, stream.last, (answer, values) = (
-                await asyncio.to_thread(work) if size >= ON_LOOP_CHARS else work()
+                await asyncio.to_thread(work) if size >= ON_LOOP_CHARS and not small else work()
             )
         except Exception as exc:
             out.error.CopyFrom(step_error(internal_error(exc)))

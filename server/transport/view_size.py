@@ -32,3 +32,14 @@ def size_hint(result: CompileResult) -> int:
         + sum(len(b) for _, b in result.attachments)
         + sum(len(body) for _, body, _ in result.renderings)
     )
+
+
+def unshared_hint(result: CompileResult) -> int:
+    """About the bytes of the view that a delta against the stream's last view encodes or
+    hashes besides its new messages: attachments, renderings, the compaction prompt."""
+    compaction = result.view.compaction
+    return (
+        (len(compaction.prompt) if compaction is not None else 0)
+        + sum(len(b) for _, b in result.attachments)
+        + sum(len(body) for _, body, _ in result.renderings)
+    )

@@ -183,3 +183,20 @@ def test_a_table_that_is_not_one_digest_per_count_stays_inline(store: KVEventSto
     raw = store._kv.get("compiles", session_key("s", b"d1"))
     assert raw is not None and body(raw)["table_chunks"] == []
     assert KVEventStore(store._kv).get_compile("s:d1") == odd
+
+
+def test_chunks_are_stored_again_for_a_session_made_again(store: KVEventStore) -> None:
+    """A session deleted and made again under its id holds none of the chunks its
+    predecessor wrote: the same table is stored anew with its records."""
+    digests, tokens = table(3 * CHUNK + 5)
+    rec = record("s:e1", digests, tokens)
+    store.put_compile(rec)
+    store.record_usage("s:e1", Usage(120, 30), PLAN)
+    store.delete_session("s")
+    store.create_session(Session("s", 2, 2))
+    again = replace(rec, compile_id="s:e2")
+    store.put_compile(again)
+    store.record_usage("s:e2", Usage(120, 30), PLAN)
+    twin = KVEventStore(store._kv)
+    assert twin.get_compile("s:e2") == replace(again, usage=Usage(120, 30))
+    assert twin.get_route_state("s", ROUTE.route_id) == state_of(again)
