@@ -195,6 +195,25 @@ def _compaction_record(v: CompiledView, last: LentRecords) -> bytes:
     return tagged(19, compaction_out(c).SerializeToString(deterministic=True))
 
 
+def _sections_of(v: CompiledView, last: LentRecords) -> tuple[tuple[bytes, ...], bytes, bool]:
+    """The records of the view's sections and of its system prompt, and whether the prompt
+    is the sections joined: the last view's when its sections and prompt are equal values
+    (they are compiled again at every step; with long instruction files, hashing them for
+    the records' cache, encoding and joining the prompt again cost as much as the rest)."""
+    old, parts = last.view, last.parts
+    if (
+        old is not None
+        and parts is not None
+        and old.system_prompt == v.system_prompt
+        and old.system_sections == v.system_sections
+    ):
+        return parts.sections, parts.prompt, parts.prompt_is_joined
+    sections = tuple(map(section_record, v.system_sections))
+    prompt = tagged(7, v.system_prompt.encode()) if v.system_prompt else b""
+    joined = v.system_prompt == "\n\n".join(s.text for s in v.system_sections)
+    return sections, prompt, joined
+
+
 def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> ViewBytes:
     """The view's parts; `last` (a stream's previous view without inline attachments)
     lends the records of the messages both share."""
@@ -213,8 +232,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         out = view_pb2.CompiledView(renderings=renderings_out(result.renderings), notes=v.notes)
         tail = out.SerializeToString(deterministic=True)
     back = b"".join((head_back_fields(v).SerializeToString(deterministic=True), compaction, tail))
-    sections = tuple(map(section_record, v.system_sections))
-    prompt = tagged(7, v.system_prompt.encode()) if v.system_prompt else b""
+    sections, prompt, joined = _sections_of(v, last)
     if result.attachments:
         data = dict(result.attachments)
         messages = tuple(message_record_inline(m, data) for m in v.messages)
@@ -242,7 +260,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         messages=messages,
         tools=tools,
         back=back,
-        prompt_is_joined=v.system_prompt == "\n\n".join(s.text for s in v.system_sections),
+        prompt_is_joined=joined,
         size=size,
         compaction=compaction,
     )

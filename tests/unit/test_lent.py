@@ -123,3 +123,30 @@ def test_a_compaction_request_is_lent_only_when_it_is_the_same_request() -> None
         if text is not None:
             lent_same = text == prompt
             assert (got.compaction is parts.compaction) == lent_same
+
+
+def test_sections_and_prompt_are_lent_only_when_they_are_the_same() -> None:
+    """The next view takes the last one's section and prompt records when its sections
+    and prompt are equal values (compiled again, other objects), and encodes its own
+    otherwise; byte for byte its protobuf encoding either way, a delta's
+    `prompt_is_joined` included."""
+    first = CompileResult(replace(VIEW, compile_id="a"))
+    parts = view_bytes(first)
+    lent = LentRecords(first.view.messages, parts.messages, first.view, parts)
+    again = tuple(replace(s) for s in VIEW.system_sections)
+    other = (*again[:-1], replace(again[-1], text=again[-1].text + " more"))
+    for cid, sections, prompt in (
+        ("b", again, "".join(VIEW.system_prompt)),  # equal, other objects
+        ("c", other, "\n\n".join(s.text for s in other)),  # one section changed
+        ("d", again, "not the joined sections"),  # the prompt differs
+        # a section's count differs, the prompt is the same
+        ("e", (replace(again[0], tokens=again[0].tokens + 1), *again[1:]), VIEW.system_prompt),
+    ):
+        result = CompileResult(
+            replace(VIEW, compile_id=cid, system_sections=sections, system_prompt=prompt)
+        )
+        got = view_bytes(result, lent)
+        want = result_out(result).SerializeToString(deterministic=True)
+        assert got.whole() == want and got.size == len(want)
+        assert (got.sections is parts.sections) == (cid == "b")
+        assert got.prompt_is_joined == (cid != "d")
