@@ -60,6 +60,11 @@ class CheckpointUseCases:
             for existing in await self._blocking.run(self._store.list_checkpoints, sid):
                 if existing.checkpoint_id == ckpt_id:
                     return existing
+        elif template.kind == CheckpointKind.BUILTIN:
+            # One built-in compaction of a range is one checkpoint: compiles of the session
+            # at once, each over its window, each ask for it (put_checkpoint keeps the first
+            # stored under this id and returns it to the others).
+            ckpt_id = "c-" + hashlib.sha256(f"{sid}\x00builtin\x00{n}".encode()).hexdigest()[:24]
         else:
             ckpt_id = self._ids.new_id("c-")
         events = await self._blocking.run(self._store.read_events, sid, 0, None, frozenset(), n)

@@ -1,0 +1,87 @@
+"""Defects the stateful cache test (test_cache_oracle.py) found, each placed
+deterministically through a real daemon: the interleaving that made the daemon answer
+otherwise than a compile from scratch, held in place with a barrier or a hook on the
+store."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxcc.v1 import checkpoint_pb2, session_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import ROUTE, assistant, tool_result, user
+
+SID = "racy"
+
+
+@pytest.fixture
+async def daemon(short_tmp: Path) -> AsyncIterator[tuple[Daemon, Stubs]]:
+    d = Daemon(make_config(short_tmp, ui_listen="none"))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
+        )
+        yield d, api
+    finally:
+        await api.channel.close()
+        await d.stop()
+
+
+def _small_window() -> cpb.CompileRequest:
+    req = cpb.CompileRequest(session_id=SID, route=ROUTE)
+    req.limits.context_window = 3_000
+    req.limits.max_output_tokens = 500
+    return req
+
+
+async def test_compiles_at_once_over_the_window_make_one_builtin_checkpoint(
+    daemon: tuple[Daemon, Stubs], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two compiles of a session over its window, both asking for the daemon's built-in
+    compaction (a unary compile and a stream step, say): each read the history before
+    either checkpoint was stored. They must store one checkpoint, as one compile after the
+    other does (the second finds the first's), not two of the same range."""
+    d, api = daemon
+    big = "".join(f"line {i} of a long listing\n" for i in range(400))
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id=SID,
+            events=[
+                user("List the files"),
+                assistant("", ("c1", "shell", '{"cmd": "ls -R"}')),
+                tool_result("c1", big),
+                user("Now the next directory"),
+            ],
+        )
+    )
+    store = d._store
+    assert store is not None
+    put = store.put_checkpoint
+    # Each compile's checkpoint is written once the other compile got there too: both
+    # read the history without the other's.
+    both_read = threading.Barrier(2, timeout=10)
+
+    def put_when_both_read(checkpoint: Any) -> Any:
+        both_read.wait()
+        return put(checkpoint)
+
+    monkeypatch.setattr(store, "put_checkpoint", put_when_both_read)
+    first, second = await asyncio.gather(
+        api.compiles.Compile(_small_window()), api.compiles.Compile(_small_window())
+    )
+    assert not both_read.broken, "both compiles asked for a checkpoint"
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id=SID))
+    builtin = [c for c in listed.checkpoints if c.kind == checkpoint_pb2.CHECKPOINT_KIND_BUILTIN]
+    assert len(builtin) == 1, [(c.checkpoint_id, c.covers_through_seq) for c in builtin]
+    assert first.view.checkpoint_id == second.view.checkpoint_id == builtin[0].checkpoint_id
