@@ -296,7 +296,7 @@ class CompileUseCases:
         session = self._store.get_session(opts.session_id) if at_head else None
         key = (opts.session_id, session.create_time_ns if session else 0, opts.route.route_id)
         memo = self._memos.get(key) if session is not None else None
-        session, inputs, info, history = self._assembler.assemble(opts, memo)
+        session, inputs, info, history = self._assembler.assemble(opts, memo, session)
         budget.check()
         counter = self._tokenizers.for_model(info)
         view, new_memo, reused = compile_incremental(inputs, counter, memo, check=budget.check)

@@ -112,10 +112,16 @@ class InputAssembler:
         return recall(self._store, session.session_id, record.basis_digest), record
 
     def assemble(
-        self, opts: CompileOptions, memo: ProjectionMemo | None = None
+        self,
+        opts: CompileOptions,
+        memo: ProjectionMemo | None = None,
+        session: Session | None = None,
     ) -> tuple[Session, CompileInputs, ModelInfo, LoadedHistory]:
-        """`memo`: the previous compile's, whose events need not be read again."""
-        session = self._store.get_session(opts.session_id)
+        """`memo`: the previous compile's, whose events need not be read again; `session`:
+        the session as the memo was found for it (the memo is of that session only: read
+        again, it may be another one made under the same id since)."""
+        if session is None:
+            session = self._store.get_session(opts.session_id)
         if opts.as_of_seq > session.head_seq:
             raise CtxccError(
                 Reason.SEQ_OUT_OF_RANGE,
