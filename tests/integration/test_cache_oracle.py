@@ -81,6 +81,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.raced: set[tuple[str, int, int]] = set()
         # Checkpoint ids -> a name both daemons give them, per daemon.
         self.names: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        # Each session's last step (request id, events), which a step may resend.
+        self.last_steps: dict[str, tuple[str, list[event_pb2.Event]]] = {}
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -103,6 +105,8 @@ class CacheMachine(RuleBasedStateMachine):
             req.limits.max_output_tokens = 500
         if v == 3:
             req.exclude_sections.append(view_pb2.SECTION_KIND_MEMORY)
+        if v == 4:
+            req.render_formats.append(view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES)
         return req
 
     def _names(self, side: int, view: view_pb2.CompiledView) -> dict[str, str]:
@@ -187,23 +191,24 @@ class CacheMachine(RuleBasedStateMachine):
     def follow(self, s: int, then: bool) -> None:
         """After a write, maybe a compile as the session's agent asks for it."""
         if then:
-            self.compile(s, None)
+            self.compile(s, None, False)
 
     @rule(s=st.integers(0, 1), v=st.sampled_from(VARIANTS))
     def switch(self, s: int, v: int) -> None:
         """The session's agent asks for another request from now on (a route switch...)."""
         self.models[self.sids[s]].variant = v
-        self.compile(s, None)
+        self.compile(s, None, False)
 
-    @rule(s=st.integers(0, 1), v=st.none() | st.sampled_from(VARIANTS))
-    def compile(self, s: int, v: int | None) -> None:
+    @rule(s=st.integers(0, 1), v=st.none() | st.sampled_from(VARIANTS), dry=st.booleans())
+    def compile(self, s: int, v: int | None, dry: bool = False) -> None:
         sid = self.sids[s]
         v = self.models[sid].variant if v is None else v
-        req = self.request(sid, v)
+        req = self.request(sid, v, dry_run=dry)
         a, b = self.both(lambda api: api.compiles.Compile(req))
         if a[0] == "ok":
-            self.same_view(a[1].view, b[1].view, f"compile {sid} variant {v}")
-            self.keep(sid, a[1].view, b[1].view.compile_id)
+            self.same_view(a[1].view, b[1].view, f"compile {sid} variant {v} dry {dry}")
+            if not dry:
+                self.keep(sid, a[1].view, b[1].view.compile_id)
 
     @rule(s=st.integers(0, 1), v=st.sampled_from(VARIANTS), n=st.integers(2, 3))
     def concurrent_compiles(self, s: int, v: int, n: int) -> None:
@@ -233,6 +238,54 @@ class CacheMachine(RuleBasedStateMachine):
             self.raced.add((sid, self.models[sid].life, first[1].view.event_boundary))
 
     @rule(
+        s=st.integers(0, 1),
+        kinds=st.lists(st.sampled_from(EVENT_KINDS), min_size=1, max_size=2),
+        stepped=st.booleans(),
+    )
+    def racing_append(self, s: int, kinds: list[str], stepped: bool) -> None:
+        """A compile and an append of its session at once (or a stream step's compile,
+        `stepped`): the compile is of the log before the append or after it, whichever its
+        event boundary says, and then equal to that compile from scratch."""
+        sid = self.sids[s]
+        req = self.request(sid, self.models[sid].variant)
+        append = spb.AppendEventsRequest(
+            session_id=sid, events=self.events(sid, kinds), request_id=f"a{next(self.ids)}"
+        )
+        sut, ref = self.p.sut.api, self.p.ref.api
+        assert sut is not None and ref is not None
+        stream = self.stream(0) if stepped else None
+        head = self.models[sid].head
+
+        async def compiled() -> tuple[str, Any]:
+            if stream is None:
+                found: tuple[str, Any] = await outcome(lambda: sut.compiles.Compile(req))
+                return found[0], found[1].view if found[0] == "ok" else found[1]
+            step = cpb.StepRequest(step_id="r", compile=req, delta_base_compile_id=stream.last)
+            resp, view = await stream.send(cpb.CompileStreamRequest(step=step), 0)
+            return ("ok", view) if view is not None else ("error", resp.error.reason)
+
+        async def race() -> tuple[tuple[str, Any], tuple[str, Any]]:
+            got = await asyncio.gather(
+                compiled(), outcome(lambda: sut.sessions.AppendEvents(append))
+            )
+            return got[0], got[1]
+
+        view, appended = self.run(race())
+        first = view[0] == "ok" and view[1].event_boundary == head
+        b = self.run(outcome(lambda: ref.compiles.Compile(req))) if first else None
+        a = self.run(outcome(lambda: ref.sessions.AppendEvents(append)))
+        assert appended[0] == a[0] and (a[0] == "ok" or appended[1] == a[1]), (appended, a)
+        if a[0] == "ok":
+            assert appended[1] == a[1]
+            self.models[sid].head = a[1].last_seq
+        if b is None:
+            b = self.run(outcome(lambda: ref.compiles.Compile(req)))
+        assert view[0] == b[0] and (b[0] == "ok" or view[1] == b[1]), (view, b)
+        if b[0] == "ok":
+            self.same_view(view[1], b[1].view, f"compile racing an append of {sid}")
+            self.keep(sid, view[1], b[1].view.compile_id)
+
+    @rule(
         k=st.integers(0, 1),
         s=st.integers(0, 1),
         v=st.none() | st.sampled_from(VARIANTS),
@@ -241,6 +294,8 @@ class CacheMachine(RuleBasedStateMachine):
         base=st.sampled_from(["last", "none", "older"]),
         chain=st.booleans(),
         pick=st.integers(0, 50),
+        replay=st.booleans(),
+        expect=st.none() | st.booleans(),
     )
     def step(
         self,
@@ -252,13 +307,22 @@ class CacheMachine(RuleBasedStateMachine):
         base: str,
         chain: bool,
         pick: int,
+        replay: bool,
+        expect: bool | None,
     ) -> None:
+        """A CompileStream step; with `replay`, the session's last step resent as is (a
+        client reconnecting resends it: its append is replayed); `expect`: an
+        expected_last_seq that holds (True) or not."""
         sid = self.sids[s]
         stream = self.stream(k)
         v = self.models[sid].variant if v is None else v
         req = self.request(sid, v)
-        events = self.events(sid, kinds)
-        request_id = f"s{next(self.ids)}"
+        last = self.last_steps.get(sid)
+        if replay and last is not None:
+            request_id, events = last
+        else:
+            request_id, events = f"s{next(self.ids)}", self.events(sid, kinds)
+            self.last_steps[sid] = (request_id, events)
         digest = cpb.DELTA_DIGEST_MESSAGE_CHAIN if chain else cpb.DELTA_DIGEST_UNSPECIFIED
         base_id = {"last": stream.last, "none": ""}.get(base)
         if base_id is None:
@@ -272,6 +336,8 @@ class CacheMachine(RuleBasedStateMachine):
             delta_base_compile_id=base_id,
             delta_digest=digest,
         )
+        if expect is not None:
+            step.expected_last_seq = self.models[sid].head + (0 if expect else 5)
         c = self.pick(pick, sid) if usage is not None else None
         if c is not None and usage is not None:
             step.usage.CopyFrom(
@@ -297,13 +363,16 @@ class CacheMachine(RuleBasedStateMachine):
             assert resp.usage == u[1], "the step's usage answer"
         if events:
             append = spb.AppendEventsRequest(session_id=sid, events=events, request_id=request_id)
+            if step.HasField("expected_last_seq"):
+                append.expected_last_seq = step.expected_last_seq
             a = self.run(outcome(lambda: ref.sessions.AppendEvents(append)))
             if a[0] == "error":
                 assert error == a[1], f"step append: {resp} vs {a}"
                 return
-            assert (resp.append.first_seq, resp.append.last_seq) == (
+            assert (resp.append.first_seq, resp.append.last_seq, resp.append.replayed) == (
                 a[1].first_seq,
                 a[1].last_seq,
+                a[1].replayed,
             )
             self.models[sid].head = a[1].last_seq
         b = self.run(outcome(lambda: ref.compiles.Compile(req)))
@@ -396,7 +465,11 @@ class CacheMachine(RuleBasedStateMachine):
         )
         assert a[0] == b[0] and (a[0] == "ok" or a[1] == b[1]), f"rebuild: {a!r} vs {b!r}"
         if a[0] == "ok":
-            assert encoded(a[1].view) == encoded(c.view), "a rebuild is the view sent"
+            # Renderings are the request's (a rebuild asks for none).
+            sent = view_pb2.CompiledView()
+            sent.CopyFrom(c.view)
+            sent.ClearField("renderings")
+            assert encoded(a[1].view) == encoded(sent), "a rebuild is the view sent"
 
     @rule(s=st.integers(0, 1), at=st.floats(0, 1), v=st.sampled_from(VARIANTS))
     def time_travel(self, s: int, at: float, v: int) -> None:
@@ -510,7 +583,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.close_streams()
         self.run(self.p.sut.stop())
         self.run(self.p.sut.start())
-        self.compile(0, None)
+        self.compile(0, None, False)
 
     def close_streams(self) -> None:
         for i, s in enumerate(self.streams):
