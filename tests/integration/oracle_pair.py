@@ -69,14 +69,15 @@ def _from_scratch(d: Daemon) -> None:
 class Side:
     """One daemon and its stubs."""
 
-    def __init__(self, data_dir: Path, reference: bool) -> None:
+    def __init__(self, data_dir: Path, reference: bool, workspace: Path) -> None:
         self.data_dir = data_dir
         self.reference = reference
+        self.workspace = workspace
         self.daemon: Daemon | None = None
         self.api: Stubs | None = None
 
     async def start(self) -> None:
-        flags = dict(_SETTINGS)
+        flags = {**_SETTINGS, "workspace_roots": str(self.workspace)}
         if self.reference:
             flags["compile_memo_bytes"] = "0"
         d = Daemon(make_config(self.data_dir, ui_listen="none", **flags))
@@ -129,6 +130,8 @@ class Pair:
     loop: Loop
     sut: Side
     ref: Side
+    # Project directories both daemons read (their files change outside either).
+    workspace: Path
 
 
 @contextlib.contextmanager
@@ -136,11 +139,14 @@ def started_pair() -> Iterator[Pair]:
     """Both daemons, up on their loop, in a temp dir (short: Unix socket paths)."""
     with tempfile.TemporaryDirectory(prefix="ctxcc-o-", dir="/tmp") as d:
         loop = Loop()
-        sut, ref = Side(Path(d) / "sut", False), Side(Path(d) / "ref", True)
+        workspace = Path(d) / "ws"
+        workspace.mkdir()
+        sut = Side(Path(d) / "sut", False, workspace)
+        ref = Side(Path(d) / "ref", True, workspace)
         loop.run(sut.start())
         loop.run(ref.start())
         try:
-            yield Pair(loop, sut, ref)
+            yield Pair(loop, sut, ref, workspace)
         finally:
             loop.run(sut.stop())
             loop.run(ref.stop())
@@ -235,7 +241,7 @@ class Compiled:
 # Results that fill a small window come often (compaction), the rarer kinds once.
 EVENT_KINDS = (
     *("user", "text", "call", "calls", "result", "big", "huge", "cancel", "reasoning", "done"),
-    *("call", "big", "big", "result", "user"),
+    *("call", "big", "big", "result", "user", "search"),
 )
 
 
@@ -272,6 +278,12 @@ def events_of(
             ev.tool_result.tool_name = "read"
             line = f"line of result {k}\n"
             ev.tool_result.text = line * {"big": 150, "huge": 400}.get(kind, 2)
+        elif kind == "search":
+            cid = f"search{k}"
+            ev.assistant_message.tool_calls.add(
+                call_id=cid, name="tool_search", arguments_json='{"query": "ship"}'
+            )
+            m.open_calls.append(cid)
         elif kind == "cancel":
             ev.turn_cancelled.reason = "stopped"
             ev.turn_cancelled.keep_reasoning = True

@@ -71,6 +71,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.n = next(_EXAMPLES)
         self.sids = [f"o{self.n}a", f"o{self.n}b"]
         self.project = f"p{self.n}"
+        self.root = pair.workspace / self.project
+        self.root.mkdir()
         self.models = {sid: SessionModel() for sid in self.sids}
         self.compiled: list[Compiled] = []
         self.streams: list[Stream | None] = [None, None]
@@ -152,7 +154,9 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(s=st.integers(0, 1), then=st.booleans())
     def create(self, s: int, then: bool = False) -> None:
         sid = self.sids[s]
-        session = session_pb2.Session(session_id=sid, project_id=self.project)
+        # The second session reads its project's instruction files.
+        root = str(self.root) if s else ""
+        session = session_pb2.Session(session_id=sid, project_id=self.project, project_root=root)
         a, _ = self.both(
             lambda api: api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
         )
@@ -185,7 +189,7 @@ class CacheMachine(RuleBasedStateMachine):
         a, b = self.both(lambda api: api.sessions.AppendEvents(req))
         if a[0] == "ok":
             assert a[1] == b[1]
-            self.models[sid].head = a[1].last_seq
+            self.models[sid].head = max(self.models[sid].head, a[1].last_seq)
         self.follow(s, then)
 
     def follow(self, s: int, then: bool) -> None:
@@ -277,7 +281,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert appended[0] == a[0] and (a[0] == "ok" or appended[1] == a[1]), (appended, a)
         if a[0] == "ok":
             assert appended[1] == a[1]
-            self.models[sid].head = a[1].last_seq
+            self.models[sid].head = max(self.models[sid].head, a[1].last_seq)
         if b is None:
             b = self.run(outcome(lambda: ref.compiles.Compile(req)))
         assert view[0] == b[0] and (b[0] == "ok" or view[1] == b[1]), (view, b)
@@ -374,7 +378,7 @@ class CacheMachine(RuleBasedStateMachine):
                 a[1].last_seq,
                 a[1].replayed,
             )
-            self.models[sid].head = a[1].last_seq
+            self.models[sid].head = max(self.models[sid].head, a[1].last_seq)
         b = self.run(outcome(lambda: ref.compiles.Compile(req)))
         if b[0] == "error":
             assert error == b[1], f"step compile: {resp} vs {b}"
@@ -572,6 +576,25 @@ class CacheMachine(RuleBasedStateMachine):
             session_id=self.sids[s], tools=[tool], replace_all=replace_all
         )
         self.both(lambda api: api.tools.RegisterTools(req))
+        self.follow(s, then)
+
+    @rule(text=st.sampled_from(["", "Run the tests first.", "Use tabs."]), then=st.booleans())
+    def workspace_file(self, text: str, then: bool) -> None:
+        """The project's AGENTS.md written or removed, outside both daemons."""
+        path = self.root / "AGENTS.md"
+        if text:
+            path.write_text(text + "\n")
+        else:
+            path.unlink(missing_ok=True)
+        self.follow(1, then)
+
+    @rule(s=st.integers(0, 1), then=st.booleans())
+    def search_tools(self, s: int, then: bool) -> None:
+        """SearchTools activates the deferred tools it finds for the current turn."""
+        req = tpb.SearchToolsRequest(session_id=self.sids[s], query="ship", max_results=5)
+        a, b = self.both(lambda api: api.tools.SearchTools(req))
+        if a[0] == "ok":
+            assert a[1] == b[1]
         self.follow(s, then)
 
     @rule(dice=st.integers(0, 3))
