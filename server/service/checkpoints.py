@@ -31,6 +31,13 @@ class CheckpointUseCases:
     ) -> Checkpoint:
         """`require_digest` is the explicit VERIFY mode: without it an empty covered_digest
         is computed from the log, so nothing is checked (the COMPUTE mode)."""
+        return (await self.create_reporting(template, request_id, require_digest=require_digest))[0]
+
+    async def create_reporting(
+        self, template: Checkpoint, request_id: str = "", *, require_digest: bool = False
+    ) -> tuple[Checkpoint, bool]:
+        """create, and whether this call stored the checkpoint (False when a retry or a
+        racing built-in compaction of the same range had stored it first)."""
         sid = template.session_id
         check_id("checkpoint.session_id", sid)
         check_id("request_id", request_id, required=False)
@@ -59,7 +66,7 @@ class CheckpointUseCases:
             ckpt_id = "c-" + hashlib.sha256(f"{sid}\x00{request_id}".encode()).hexdigest()[:24]
             for existing in await self._blocking.run(self._store.list_checkpoints, sid):
                 if existing.checkpoint_id == ckpt_id:
-                    return existing
+                    return existing, False
         elif template.kind == CheckpointKind.BUILTIN:
             # One built-in compaction of a range is one checkpoint: compiles of the session
             # at once, each over its window, each ask for it (put_checkpoint keeps the first
@@ -82,9 +89,10 @@ class CheckpointUseCases:
             create_time_ns=self._clock.now_ns(),
         )
         stored = await self._blocking.run(self._store.put_checkpoint, checkpoint)
-        if stored is checkpoint:  # not a racing retry answered with the first one
+        created = stored is checkpoint  # not a racing retry answered with the first one
+        if created:
             self._hub.publish(sid, [checkpoint], session.head_seq)
-        return stored
+        return stored, created
 
     async def list_for(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
         """Newest first; damaged records are listed (marked) rather than failing the list."""

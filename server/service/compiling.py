@@ -334,12 +334,13 @@ class CompileUseCases:
             create_time_ns=0,
         )
         try:
-            await self._checkpoints.create(template)
+            _, created = await self._checkpoints.create_reporting(template)
         except CtxccError as err:
             if err.reason is not Reason.DISK_FULL:
                 raise
             return False  # the view is still compiled, uncompacted, until space is back
-        self._telemetry.compaction("builtin", performed=True)
+        if created:  # a compile racing this one may have stored it: counted once
+            self._telemetry.compaction("builtin", performed=True)
         return True
 
     def _elidable(self, session: Session, events: Sequence[Event], through: int) -> bool:

@@ -6,7 +6,9 @@ store."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +88,15 @@ async def test_compiles_at_once_over_the_window_make_one_builtin_checkpoint(
     builtin = [c for c in listed.checkpoints if c.kind == checkpoint_pb2.CHECKPOINT_KIND_BUILTIN]
     assert len(builtin) == 1, [(c.checkpoint_id, c.covers_through_seq) for c in builtin]
     assert first.view.checkpoint_id == second.view.checkpoint_id == builtin[0].checkpoint_id
+    # One compaction stored, one counted.
+    url = f"http://{d.endpoints.metrics}/metrics"
+    scrape = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(url, timeout=30).read().decode()
+    )
+    performed = re.findall(
+        r'ctxcc_compactions_total\{kind="builtin",performed="true"\} (\S+)', scrape
+    )
+    assert [float(v) for v in performed] == [1.0], performed
 
 
 async def test_a_session_made_again_during_a_compile_gets_no_memo_of_the_old_one(
