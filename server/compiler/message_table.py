@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from server.domain.records import MESSAGE_DIGEST_BYTES
+
 if TYPE_CHECKING:
     from hashlib import _Hash
 
-# Bytes of each message digest kept for removal accounting: collisions among one
-# session's messages are negligible at 64 bits.
-DIGEST_PREFIX = 8
+# Bytes of each message digest kept for removal accounting (the stored table's width).
+DIGEST_PREFIX = MESSAGE_DIGEST_BYTES
 
 
 # Hash states kept at the lengths a table was continued from (the latest few).

@@ -14,6 +14,11 @@ class CheckpointKind(enum.IntEnum):
     BUILTIN = 2
 
 
+# Bytes of each message's digest kept in a stored per-message table (`message_digests`):
+# collisions among one session's messages are negligible at 64 bits.
+MESSAGE_DIGEST_BYTES = 8
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     checkpoint_id: str

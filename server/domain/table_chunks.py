@@ -22,15 +22,15 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from typing import TypeVar
 
-from server.domain.records import CompileRecord, RouteState
+from server.domain.records import MESSAGE_DIGEST_BYTES, CompileRecord, RouteState
 
 # The records that hold a view's per-message table.
 Tabled = TypeVar("Tabled", CompileRecord, RouteState)
 
 # Messages per stored chunk: a step's writes carry at most this many entries inline.
 CHUNK = 256
-# Bytes of digest per message in a table (as compiler/message_table.DIGEST_PREFIX).
-_WIDTH = 8
+# Bytes of digest per message in a table.
+_WIDTH = MESSAGE_DIGEST_BYTES
 # Tables split, remembered (most recent last).
 _SPLITS = 16
 
