@@ -28,8 +28,8 @@ func digest(view *ctxccv1.CompiledView, e *encoder) (string, error) {
 // used; ask for the view whole instead (Stream.Step does). A delta with ChainSha256 (the
 // chained digest, DELTA_DIGEST_MESSAGE_CHAIN) is checked against that instead.
 //
-// The result is d's head with its messages, sections, system prompt and tools filled in
-// (so d is used up), and the messages, sections and tools it keeps from base are the same
+// The result is d's head with its messages, sections, system prompt, tools and (when
+// CompactionKept) compaction filled in (so d is used up), and what it keeps from base is the same
 // objects as base's: nothing is copied, so treat views as read-only.
 func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, error) {
 	if d.GetChainSha256() != "" {
@@ -133,6 +133,12 @@ func rebuild(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.Compile
 		view.Tools = d.GetTools()
 	} else {
 		view.Tools = base.GetTools()
+	}
+	if d.GetCompactionKept() {
+		if base.GetCompaction() == nil || view.GetCompaction() != nil {
+			return nil, fmt.Errorf("delta keeps the compaction of a view without one, or has its own")
+		}
+		view.Compaction = base.GetCompaction()
 	}
 	return view, nil
 }

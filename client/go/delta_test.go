@@ -260,3 +260,58 @@ func TestMessageEncodingsCarryOver(t *testing.T) {
 		t.Fatal("spoiled encodings were not used")
 	}
 }
+
+// withCompaction is fixture view n recommending compaction c.
+func withCompaction(t *testing.T, n int, c *ctxccv1.CompactionRequest) *ctxccv1.CompiledView {
+	t.Helper()
+	v, _ := fixture(t, n)
+	v.Compaction = proto.Clone(c).(*ctxccv1.CompactionRequest)
+	return v
+}
+
+// A delta that keeps the base's compaction request (compaction_kept, head without one)
+// rebuilds the view with it, under either digest; keeping one the base lacks, keeping one
+// while sending another, or keeping one the daemon's view no longer has is caught.
+func TestCompactionKept(t *testing.T) {
+	c := &ctxccv1.CompactionRequest{FromSeq: 1, ThroughSeq: 9, Prompt: strings.Repeat("Summarise this. ", 500)}
+	kept := func(base, target *ctxccv1.CompiledView, chainedDigest bool) *ctxccv1.ViewDelta {
+		d := makeDelta(t, base, target)
+		d.Head.Compaction, d.CompactionKept = nil, true
+		if chainedDigest {
+			sum, err := ChainDigest(target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d = chained(d, sum)
+		}
+		return d
+	}
+	for _, chainedDigest := range []bool{false, true} {
+		base, target := withCompaction(t, 2, c), withCompaction(t, 3, c)
+		want := marshal(t, target)
+		got, err := ApplyDelta(base, kept(base, target, chainedDigest))
+		if err != nil {
+			t.Fatalf("chained %v: %v", chainedDigest, err)
+		}
+		if !bytes.Equal(marshal(t, got), want) || got.GetCompaction().GetPrompt() != c.GetPrompt() {
+			t.Fatalf("chained %v: the rebuilt view lacks the kept compaction", chainedDigest)
+		}
+		bare, _ := fixture(t, 2)
+		if _, err := ApplyDelta(bare, kept(bare, target, chainedDigest)); err == nil {
+			t.Errorf("chained %v: kept the compaction of a base without one", chainedDigest)
+		}
+		both := kept(base, target, chainedDigest)
+		both.Head.Compaction = proto.Clone(c).(*ctxccv1.CompactionRequest)
+		if _, err := ApplyDelta(base, both); err == nil {
+			t.Errorf("chained %v: a head with its own compaction and compaction_kept", chainedDigest)
+		}
+		// The daemon's new view recommends another compaction: the digest it states is of
+		// that one, so the base's kept by mistake is caught.
+		other := proto.Clone(c).(*ctxccv1.CompactionRequest)
+		other.ThroughSeq++
+		moved := withCompaction(t, 3, other)
+		if _, err := ApplyDelta(base, kept(base, moved, chainedDigest)); err == nil {
+			t.Errorf("chained %v: a kept compaction that is not the new view's", chainedDigest)
+		}
+	}
+}

@@ -225,8 +225,10 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 		}
 		// Set at each attempt: a reopened stream has no base.
 		step.DeltaBaseCompileId, step.DeltaDigest = "", ctxccv1.DeltaDigest_DELTA_DIGEST_UNSPECIFIED
+		step.KeepCompaction = false
 		if s.deltas && s.base != nil {
 			step.DeltaBaseCompileId, step.DeltaDigest = s.base.GetCompileId(), s.digest
+			step.KeepCompaction = true
 		}
 		view, appended, err := s.roundTrip(msg, req)
 		if err != nil && status.Code(err) == codes.Unavailable {

@@ -378,6 +378,7 @@ class StepRequest(_message.Message):
     DELTA_BASE_COMPILE_ID_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     DELTA_DIGEST_FIELD_NUMBER: _builtins.int
+    KEEP_COMPACTION_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """Client-chosen id echoed in the answer."""
     request_id: _builtins.str
@@ -394,6 +395,11 @@ class StepRequest(_message.Message):
     delta_digest: Global___DeltaDigest.ValueType
     """The digest a ViewDelta answering this step carries (see DeltaDigest). Unspecified: the
     whole view's sha256 in ViewDelta.view_sha256, as before this field existed.
+    """
+    keep_compaction: _builtins.bool
+    """Opt-in: the client applies ViewDelta.compaction_kept. Over budget, every step of a long
+    turn recommends the same compaction, whose prompt holds as much of the history as one
+    model window takes; without this the head of every delta carries it whole.
     """
     @_builtins.property
     def events(self) -> _containers.RepeatedCompositeFieldContainer[_event_pb2.Event]:
@@ -436,10 +442,11 @@ class StepRequest(_message.Message):
         delta_base_compile_id: _builtins.str = ...,
         usage: Global___ReportUsageRequest | None = ...,
         delta_digest: Global___DeltaDigest.ValueType = ...,
+        keep_compaction: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "expected_last_seq", b"expected_last_seq", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "delta_digest", b"delta_digest", "events", b"events", "expected_last_seq", b"expected_last_seq", "request_id", b"request_id", "step_id", b"step_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq", "compile", b"compile", "delta_base_compile_id", b"delta_base_compile_id", "delta_digest", b"delta_digest", "events", b"events", "expected_last_seq", b"expected_last_seq", "keep_compaction", b"keep_compaction", "request_id", b"request_id", "step_id", b"step_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expected_last_seq: _TypeAlias = _typing.Literal["expected_last_seq"]  # noqa: Y015
     _WhichOneofArgType__expected_last_seq: _TypeAlias = _typing.Literal["_expected_last_seq", b"_expected_last_seq"]  # noqa: Y015
@@ -555,7 +562,8 @@ class ViewDelta(_message.Message):
     the first kept_messages messages of the base followed by appended_messages, whose
     system_sections are `sections` resolved against the base's system_sections, whose
     system_prompt is the texts of those sections joined by two newlines ("\\n\\n"), and whose
-    tools are the base's tools unless tools_changed (then `tools`). It then checks the digest
+    tools are the base's tools unless tools_changed (then `tools`), and whose compaction is the
+    base's when compaction_kept (then `head` has none). It then checks the digest
     (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
     mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
     head.compile_id.
@@ -572,6 +580,7 @@ class ViewDelta(_message.Message):
     TOOLS_FIELD_NUMBER: _builtins.int
     VIEW_SHA256_FIELD_NUMBER: _builtins.int
     CHAIN_SHA256_FIELD_NUMBER: _builtins.int
+    COMPACTION_KEPT_FIELD_NUMBER: _builtins.int
     base_compile_id: _builtins.str
     """The compile whose view this delta applies to."""
     kept_messages: _builtins.int
@@ -598,6 +607,12 @@ class ViewDelta(_message.Message):
     neither side hashes the kept messages again. A kept message that differs between the
     client's base and the daemon's, a wrong kept_messages, or any other field of the
     rebuilt view that differs, changes the digest.
+    """
+    compaction_kept: _builtins.bool
+    """Only when the step set keep_compaction: true when the new view's compaction request is
+    the base view's, field for field. head.compaction is then left empty and the client
+    takes the base view's compaction into the new view; a base without one is a mismatch.
+    The digest covers the new view with its compaction, as always.
     """
     @_builtins.property
     def head(self) -> _view_pb2.CompiledView:
@@ -629,10 +644,11 @@ class ViewDelta(_message.Message):
         tools: _abc.Iterable[_view_pb2.ViewTool] | None = ...,
         view_sha256: _builtins.str = ...,
         chain_sha256: _builtins.str = ...,
+        compaction_kept: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["head", b"head"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended_messages", b"appended_messages", "base_compile_id", b"base_compile_id", "chain_sha256", b"chain_sha256", "head", b"head", "kept_messages", b"kept_messages", "sections", b"sections", "tools", b"tools", "tools_changed", b"tools_changed", "view_sha256", b"view_sha256"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["appended_messages", b"appended_messages", "base_compile_id", b"base_compile_id", "chain_sha256", b"chain_sha256", "compaction_kept", b"compaction_kept", "head", b"head", "kept_messages", b"kept_messages", "sections", b"sections", "tools", b"tools", "tools_changed", b"tools_changed", "view_sha256", b"view_sha256"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -64,6 +64,17 @@ class StreamState:
     chains: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class DeltaAsk:
+    """What a step asked of a delta answer: the chained digest (continued from the base's
+    chain values when the stream kept them), and whether the client keeps its base's
+    compaction request (ViewDelta.compaction_kept)."""
+
+    chained: bool
+    base_chain: tuple[bytes, ...] | None
+    keep_compaction: bool
+
+
 class StreamSteps:
     """Answers the steps and resumes of CompileStream, one at a time per stream (the
     servicer's read loop awaits each answer before reading the next message)."""
@@ -94,7 +105,8 @@ class StreamSteps:
         chained = isinstance(msg, pb.CompileStreamRequest) and msg.step.delta_digest == (
             pb.DELTA_DIGEST_MESSAGE_CHAIN
         )
-        digest = (chained, stream.chains.get(base_id))
+        keep_compaction = isinstance(msg, pb.CompileStreamRequest) and msg.step.keep_compaction
+        ask = DeltaAsk(chained, stream.chains.get(base_id), keep_compaction)
         size = source.size if isinstance(source, ViewBytes) else size_hint(source)
         # A chained delta against the stream's last view encodes and hashes little more
         # than what is new (the records of the messages both share are lent): on the loop
@@ -105,7 +117,7 @@ class StreamSteps:
             and base.view is stream.last.parts
             and (isinstance(source, ViewBytes) or unshared_hint(source) < ON_LOOP_CHARS)
         )
-        work = functools.partial(self._encode, out, source, base, stream.last, digest)
+        work = functools.partial(self._encode, out, source, base, stream.last, ask)
         try:
             # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
             view, stream.last, (answer, values) = (
@@ -127,12 +139,12 @@ class StreamSteps:
         source: CompileResult | ViewBytes,
         base: KeptView | None,
         last: LentRecords,
-        digest: tuple[bool, tuple[bytes, ...] | None],
+        ask: DeltaAsk,
     ) -> tuple[ViewBytes, LentRecords, tuple[Answer, tuple[bytes, ...] | None]]:
         """The view's parts, what the stream lends the next view's encoding, the answer
         (with the view's chain values when it went as a chained delta)."""
         if isinstance(source, ViewBytes):  # a kept view, resent
-            return source, last, self._reply(out, source, base, digest)
+            return source, last, self._reply(out, source, base, ask)
         view = view_bytes(source, last)
         # Records with inline attachment bytes are this compile's only: not lent.
         lent = (
@@ -140,25 +152,24 @@ class StreamSteps:
             if not source.attachments
             else LentRecords()
         )
-        return view, lent, self._reply(out, view, base, digest)
+        return view, lent, self._reply(out, view, base, ask)
 
     def _reply(
         self,
         out: pb.CompileStreamResponse,
         view: ViewBytes,
         base: KeptView | None,
-        digest: tuple[bool, tuple[bytes, ...] | None],
+        ask: DeltaAsk,
     ) -> tuple[Answer, tuple[bytes, ...] | None]:
         """The view as a ViewDelta against `base` when that is smaller (and fits in one
         message), else whole, in chunks when it is over the chunk size."""
         if base is not None and base.session_id == view.session_id:
-            chained, base_chain = digest
             values = None
-            if chained:
-                found = chained_delta_record(base.view, view, base_chain)
+            if ask.chained:
+                found = chained_delta_record(base.view, view, ask.base_chain, ask.keep_compaction)
                 delta, values = found if found is not None else (None, None)
             else:
-                delta = delta_record(base.view, view)
+                delta = delta_record(base.view, view, ask.keep_compaction)
             if delta is not None and len(delta) < min(view.size, self._chunk):
                 return [_encoded(out, 6, delta)], values
         whole = view.whole()

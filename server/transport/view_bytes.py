@@ -60,8 +60,9 @@ class ViewBytes:
     prompt_is_joined: bool
     size: int
     # The record of the compaction request (field 19) within `back`, lent to the next
-    # view of the stream when its request is the same.
+    # view of the stream when its request is the same, and where in `back` it starts.
     compaction: bytes = b""
+    compaction_at: int = 0
 
     def whole(self, field: int = 0) -> bytes:
         """The view's encoding; with `field`, as that length-delimited field of another
@@ -101,11 +102,16 @@ class ViewBytes:
         """The view without messages, sections, system prompt and tools: ViewDelta.head."""
         return self.front + self.middle + self.back
 
-    def head_record(self, field: int) -> tuple[bytes, ...]:
+    def head_record(self, field: int, without_compaction: bool = False) -> tuple[bytes, ...]:
         """head() as a length-delimited field of another message, in pieces (a head can
-        hold a compaction prompt as long as the history: not copied to be framed)."""
-        size = len(self.front) + len(self.middle) + len(self.back)
-        return varint((field << 3) | 2) + varint(size), self.front, self.middle, self.back
+        hold a compaction prompt as long as the history: not copied to be framed); with
+        `without_compaction`, with its compaction request left out."""
+        back: tuple[bytes, ...] = (self.back,)
+        if without_compaction and self.compaction:
+            at, end = self.compaction_at, self.compaction_at + len(self.compaction)
+            back = (self.back[:at], self.back[end:])
+        size = len(self.front) + len(self.middle) + sum(map(len, back))
+        return varint((field << 3) | 2) + varint(size), self.front, self.middle, *back
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +237,8 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     if result.renderings or v.notes:
         out = view_pb2.CompiledView(renderings=renderings_out(result.renderings), notes=v.notes)
         tail = out.SerializeToString(deterministic=True)
-    back = b"".join((head_back_fields(v).SerializeToString(deterministic=True), compaction, tail))
+    back_fields = head_back_fields(v).SerializeToString(deterministic=True)
+    back = b"".join((back_fields, compaction, tail))
     sections, prompt, joined = _sections_of(v, last)
     if result.attachments:
         data = dict(result.attachments)
@@ -263,6 +270,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         prompt_is_joined=joined,
         size=size,
         compaction=compaction,
+        compaction_at=len(back_fields),
     )
 
 
@@ -290,11 +298,12 @@ def _retag(record: bytes, old_key: int, field: int) -> bytes:
     return varint((field << 3) | 2) + record[1:]
 
 
-def delta_record(base: ViewBytes, new: ViewBytes) -> bytes | None:
+def delta_record(base: ViewBytes, new: ViewBytes, keep_compaction: bool = False) -> bytes | None:
     """The encoded ViewDelta that turns `base` into `new` with the whole view's sha256
     (view_sha256), or None when `new` must go whole (its system prompt is not the joined
-    sections). Its size is not judged here."""
-    found = _delta_parts(base, new)
+    sections). Its size is not judged here. `keep_compaction`: the client applies
+    compaction_kept."""
+    found = _delta_parts(base, new, keep_compaction)
     if found is None:
         return None
     parts, _ = found
@@ -311,12 +320,15 @@ def _sha256(pieces: Iterable[bytes]) -> hashlib._Hash:
 
 
 def chained_delta_record(
-    base: ViewBytes, new: ViewBytes, base_chain: tuple[bytes, ...] | None
+    base: ViewBytes,
+    new: ViewBytes,
+    base_chain: tuple[bytes, ...] | None,
+    keep_compaction: bool = False,
 ) -> tuple[bytes, tuple[bytes, ...]] | None:
     """delta_record with the chained digest (chain_sha256) instead of view_sha256, and the
     new view's chain values. `base_chain` (None: not kept) are the base's; without them
     the base's kept messages are hashed once here."""
-    found = _delta_parts(base, new)
+    found = _delta_parts(base, new, keep_compaction)
     if found is None:
         return None
     parts, kept = found
@@ -329,12 +341,21 @@ def chained_delta_record(
     return b"".join(parts), values
 
 
-def _delta_parts(base: ViewBytes, new: ViewBytes) -> tuple[list[bytes], int] | None:
+def _delta_parts(
+    base: ViewBytes, new: ViewBytes, keep_compaction: bool
+) -> tuple[list[bytes], int] | None:
     """The ViewDelta's fields but its digest, and the kept message count."""
     if not new.prompt_is_joined:
         return None
     kept = common_prefix(base.messages, new.messages)
-    parts = [tagged(1, base.compile_id.encode()), *new.head_record(2)]
+    # Over budget, each step of a turn recommends the same compaction (lent by the stream's
+    # last view, so usually the same object): its prompt is sent once, not at every step.
+    compaction_kept = (
+        keep_compaction
+        and bool(new.compaction)
+        and (new.compaction is base.compaction or new.compaction == base.compaction)
+    )
+    parts = [tagged(1, base.compile_id.encode()), *new.head_record(2, compaction_kept)]
     if kept:
         parts.append(varint(3 << 3) + varint(kept))
     parts.extend(_retag(r, _MESSAGES_KEY, 4) for r in new.messages[kept:])
@@ -352,4 +373,6 @@ def _delta_parts(base: ViewBytes, new: ViewBytes) -> tuple[list[bytes], int] | N
     if new.tools != base.tools:
         parts.append(varint(6 << 3) + varint(1))
         parts.extend(_retag(r, _TOOLS_KEY, 7) for r in new.tools)
+    if compaction_kept:
+        parts.append(varint(10 << 3) + varint(1))
     return parts, kept

@@ -81,6 +81,12 @@ EXPECTED_DELTAS = {
     "plain_deltas": 0,
     "plain_whole": 3,
     "delta_bytes_smaller": True,
+    # Then a session over its window: seven steps, each view recommending a compaction that
+    # the deltas keep from their base except once, after a checkpoint moved its range.
+    "compaction_kept": [True, True, False, True, True, True],
+    "compaction_identical": 7,
+    "compaction_over": 7,
+    "compaction_mismatches": 0,
 }
 
 

@@ -59,6 +59,9 @@ def apply_delta(base: view_pb2.CompiledView, delta: cpb.ViewDelta) -> view_pb2.C
             view.system_sections.append(slot.section)
     view.system_prompt = "\n\n".join(s.text for s in view.system_sections)
     view.tools.extend(delta.tools if delta.tools_changed else base.tools)
+    if delta.compaction_kept:
+        assert base.HasField("compaction") and not delta.head.HasField("compaction")
+        view.compaction.CopyFrom(base.compaction)
     return view
 
 
@@ -87,14 +90,20 @@ def common_prefix(a: view_pb2.CompiledView, b: view_pb2.CompiledView) -> int:
 
 class RawStream:
     """A CompileStream driven with the generated stub: names its last view as the delta
-    base (when `deltas`), applies deltas with `apply_delta`, checks their digest (the one
+    base (when `deltas`, asking to keep its compaction when `keep_compaction`), applies
+    deltas with `apply_delta`, checks their digest (the one
     `digest` asks for: view_sha256 and no chain_sha256 when unspecified, chain_sha256 and
     no view_sha256 for the chained one), and records every answer."""
 
     def __init__(
-        self, api: Stubs, deltas: bool = True, digest: int = cpb.DELTA_DIGEST_UNSPECIFIED
+        self,
+        api: Stubs,
+        deltas: bool = True,
+        digest: int = cpb.DELTA_DIGEST_UNSPECIFIED,
+        keep_compaction: bool = False,
     ) -> None:
         self.digest = digest
+        self.keep_compaction = keep_compaction
         self._queue: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
         self._call: Any = api.compiles.CompileStream(self._requests())
         self._it = self._call.__aiter__()
@@ -140,6 +149,7 @@ class RawStream:
                 compile=req,
                 delta_base_compile_id=base,
                 delta_digest=self.digest,  # type: ignore[arg-type]
+                keep_compaction=self.keep_compaction,
             )
         )
         resp = await self.send(msg)
@@ -305,4 +315,44 @@ async def scripted_session(api: Stubs, sid: str, step: Stepper) -> Outcome:
             assistant(f"Checking {i}", (f"c{i}", "read", '{"path": "d.py"}')),
             tool_result(f"c{i}", _result_text(i), name="read"),
         )
+    return out
+
+
+async def over_budget_session(api: Stubs, sid: str, step: Stepper) -> Outcome:
+    """A session over its window (1,500 tokens): two turns of tool steps, each view
+    recommending a compaction, with a model-written checkpoint between them that moves the
+    range to summarise; every view is checked against its rebuild."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    chat: list[event_pb2.Event] = []
+    for i in range(12):
+        chat += [user(f"question {i} " + "about the design " * 30), assistant(f"answer {i}")]
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=chat))
+    req = cpb.CompileRequest(
+        session_id=sid, route=ROUTE, limits=cpb.ModelLimits(context_window=1_500)
+    )
+    out = Outcome()
+
+    async def run(*events: event_pb2.Event) -> None:
+        view = await step(req, list(events))
+        again = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+        assert encoded(view) == encoded(again.view), f"step {len(out.views) + 1} differs"
+        assert view.compaction.prompt, f"step {len(out.views) + 1} is not over budget"
+        out.views.append(view)
+        out.rebuilt.append(again.view)
+
+    for k in range(3):
+        await run(assistant("", (f"a{k}", "sql", "{}")), tool_result(f"a{k}", "ok"))
+    await api.compiles.CreateCheckpoint(
+        cpb.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id=sid, covers_through_seq=6, summary="Asked three design questions."
+            ),
+            covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+        )
+    )
+    await run(user("next question " + "about the layout " * 20))
+    for k in range(3):
+        await run(assistant("", (f"b{k}", "sql", "{}")), tool_result(f"b{k}", "ok"))
     return out

@@ -4,7 +4,8 @@ session rebuilds to the recorded compile byte for byte with the digest the daemo
 deltas are the smallest ones (kept_messages is the longest common prefix), sections and
 tools are sent only when they changed; a base this stream did not send gets a whole view;
 a resume quoting a delta's compile returns it whole; a delta over the chunk size goes as a
-chunked whole view."""
+chunked whole view; a compaction recommended again is kept from the base when the
+stream asks."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.integration.delta_session import (
     RawStream,
     common_prefix,
     encoded,
+    over_budget_session,
     scripted_session,
 )
 
@@ -176,3 +178,34 @@ async def test_digest_is_the_deterministic_encoding_of_the_parsed_view(
         assert all(f"{k}: " in text for k in ("class", "href", "id", "rel", "title"))
     finally:
         await stream.close()
+
+
+@DIGESTS
+async def test_a_compaction_recommended_again_is_not_sent_again(api: Stubs, digest: int) -> None:
+    """Over budget every step of a turn recommends the same compaction, whose prompt holds
+    as much history as the window takes: a stream that asks (keep_compaction) gets it once,
+    then deltas that keep it until it changes (here after a checkpoint); one that does not
+    ask gets it in every delta's head, as before."""
+    kept = RawStream(api, digest=digest, keep_compaction=True)
+    plain = RawStream(api, digest=digest)
+    try:
+        out = await over_budget_session(api, "obk", kept.step)
+        await over_budget_session(api, "obp", plain.step)
+    finally:
+        await kept.close()
+        await plain.close()
+    flags = [d.compaction_kept for _, d in kept.applied]
+    assert len(flags) == len(out.views) - 1
+    for (base, delta), view in zip(kept.applied, out.views[1:], strict=True):
+        same = encoded_compaction(base) == encoded_compaction(view)
+        assert delta.compaction_kept == same
+        assert delta.head.HasField("compaction") != same
+        if same:  # the delta is smaller than the prompt it no longer carries
+            assert delta.ByteSize() < view.compaction.ByteSize()
+    # The checkpoint moved the range to summarise: sent once, then kept again.
+    assert flags == [True, True, False, True, True, True], flags
+    assert all(not d.compaction_kept and d.head.HasField("compaction") for _, d in plain.applied)
+
+
+def encoded_compaction(view: view_pb2.CompiledView) -> bytes:
+    return view.compaction.SerializeToString(deterministic=True)

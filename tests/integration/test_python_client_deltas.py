@@ -3,7 +3,8 @@ socket: every view it hands out over a scripted session equals the same compile 
 whole, while the wire carried deltas with the digest asked for (chained by default, the
 whole view's sha256 when not); a damaged delta (appended text, kept count, head) is
 fetched again whole and never reaches the caller; deltas off means whole views; a
-reopened stream starts whole."""
+reopened stream starts whole; over budget, a compaction recommended again is kept from
+the base instead of resent."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ctxcc.v1 import event_pb2, view_pb2
 from server.app import Daemon
 from tests.conftest import make_config, stubs_for
 from tests.helpers import ROUTE, user
-from tests.integration.delta_session import encoded, scripted_session
+from tests.integration.delta_session import encoded, over_budget_session, scripted_session
 
 
 def _stepper(stream: CompileStream) -> Any:
@@ -213,3 +214,20 @@ async def test_after_three_mismatches_in_a_row_the_stream_asks_for_whole_views(
     # Steps 2-4 got deltas that failed and were fetched whole; then whole views only.
     assert (stream.stats.deltas, stream.stats.resumed) == (3, 3)
     assert stream.stats.whole_views == 7
+
+
+async def test_a_compaction_recommended_again_is_kept_from_the_base(daemon: Daemon) -> None:
+    """Over budget, the client asks to keep its base's compaction: the deltas of a turn
+    leave the prompt out, and every view it hands out still has it (equal to the rebuild)."""
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    recording = _Damaging(api.compiles, lambda delta: None)
+    stream = CompileStream(recording)
+    try:
+        out = await over_budget_session(api, "pob", _stepper(stream))
+    finally:
+        await stream.close()
+        await api.channel.close()
+    assert stream.stats.resumed == 0 and stream.stats.deltas == len(out.views) - 1
+    assert [d.compaction_kept for d in recording.deltas] == [True, True, False, True, True, True]
+    kept = [d.ByteSize() for d in recording.deltas if d.compaction_kept]
+    assert max(kept) < min(v.compaction.ByteSize() for v in out.views)

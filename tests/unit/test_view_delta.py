@@ -27,7 +27,7 @@ from server.transport.view_bytes import (
     common_prefix,
     delta_record,
 )
-from tests.integration.delta_session import chained_digest
+from tests.integration.delta_session import apply_delta, chained_digest
 
 _FRONT, _MIDDLE = (1, 2, 3, 4, 5), (8, 9)
 
@@ -58,6 +58,9 @@ def cut(view: view_pb2.CompiledView) -> ViewBytes:
         _records(11, [t.SerializeToString(deterministic=True) for t in view.tools]),
     ]
     back = tuple(f.number for f in view_pb2.CompiledView.DESCRIPTOR.fields if f.number > 11)
+    # The compaction request's record (field 19) and where it starts within `back`.
+    before = _only(view, tuple(n for n in back if n < 19))
+    compaction = _only(view, (19,))
     vb = ViewBytes(
         compile_id=view.compile_id,
         session_id=view.session_id,
@@ -71,6 +74,8 @@ def cut(view: view_pb2.CompiledView) -> ViewBytes:
         back=_only(view, back),
         prompt_is_joined=view.system_prompt == "\n\n".join(s.text for s in view.system_sections),
         size=view.ByteSize(),
+        compaction=compaction,
+        compaction_at=len(before),
     )
     assert vb.whole() == view.SerializeToString(deterministic=True)
     return vb
@@ -346,3 +351,99 @@ def test_the_kept_count_is_the_first_unequal_record(
         min(len(old), len(new)),
     )
     assert common_prefix(old, new) == want
+
+
+_COMPACTION = view_pb2.CompactionRequest(
+    from_seq=1, through_seq=2, prompt="Summarise the conversation. " * 2_000
+)
+
+
+def _with_compaction(
+    view: view_pb2.CompiledView, request: view_pb2.CompactionRequest | None = _COMPACTION
+) -> view_pb2.CompiledView:
+    if request is not None:
+        view.compaction.CopyFrom(request)
+    return view
+
+
+def _encoded_delta(
+    base: view_pb2.CompiledView, new: view_pb2.CompiledView, chained: bool, keep: bool
+) -> bytes:
+    if chained:
+        found = chained_delta_record(cut(base), cut(new), None, keep)
+        assert found is not None
+        return found[0]
+    encoded = delta_record(cut(base), cut(new), keep)
+    assert encoded is not None
+    return encoded
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_compaction_the_base_has_is_kept_when_asked(chained: bool) -> None:
+    """Over budget every step of a turn recommends the same compaction: a step that asks
+    (keep_compaction) gets a delta without its prompt, which the client and the reference
+    reader of the proto take from the base; the digest still covers it."""
+    base = _with_compaction(_view("a", ["x", "y"], ["k"], ["t"]))
+    new = _with_compaction(_view("b", ["x", "y", "z"], ["k"], ["t"]))
+    want = new.SerializeToString(deterministic=True)
+    encoded = _encoded_delta(base, new, chained, keep=True)
+    delta = compile_service_pb2.ViewDelta.FromString(encoded)
+    assert delta.compaction_kept and not delta.head.HasField("compaction")
+    assert len(encoded) < len(_COMPACTION.prompt) // 50
+    held = HeldView.of(base, chained=chained)
+    assert held.apply(delta).view.SerializeToString(deterministic=True) == want
+    assert apply_delta(base, delta).SerializeToString(deterministic=True) == want
+    # A client that did not ask gets the prompt in the head, as before the field existed.
+    plain = compile_service_pb2.ViewDelta.FromString(_encoded_delta(base, new, chained, False))
+    assert not plain.compaction_kept and plain.head.compaction == _COMPACTION
+    assert len(plain.SerializeToString()) > len(encoded) + len(_COMPACTION.prompt)
+    assert (
+        HeldView.of(base, chained=chained).apply(plain).view.SerializeToString(deterministic=True)
+        == want
+    )
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_compaction_that_changed_or_is_new_is_sent(chained: bool) -> None:
+    """Kept only when the new view's compaction is the base's, field for field: a new turn
+    (another range), a base without one, or a view without one get no compaction_kept."""
+    moved = view_pb2.CompactionRequest()
+    moved.CopyFrom(_COMPACTION)
+    moved.through_seq += 1
+    cases = [
+        (_with_compaction(_view("a", ["x"], ["k"], [])), moved),
+        (_with_compaction(_view("a", ["x"], ["k"], []), None), _COMPACTION),
+        (_with_compaction(_view("a", ["x"], ["k"], [])), None),
+    ]
+    for base, request in cases:
+        new = _with_compaction(_view("b", ["x", "y"], ["k"], []), request)
+        delta = compile_service_pb2.ViewDelta.FromString(
+            _encoded_delta(base, new, chained, keep=True)
+        )
+        assert not delta.compaction_kept
+        assert delta.head.HasField("compaction") == (request is not None)
+        if request is not None:
+            assert delta.head.compaction == request
+        rebuilt = HeldView.of(base, chained=chained).apply(delta).view
+        assert rebuilt.SerializeToString(deterministic=True) == new.SerializeToString(
+            deterministic=True
+        )
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_kept_compaction_the_client_cannot_take_is_a_mismatch(chained: bool) -> None:
+    base = _with_compaction(_view("a", ["x"], ["k"], []))
+    new = _with_compaction(_view("b", ["x", "y"], ["k"], []))
+    delta = compile_service_pb2.ViewDelta.FromString(_encoded_delta(base, new, chained, True))
+    bare = _with_compaction(_view("a", ["x"], ["k"], []), None)
+    with pytest.raises(DeltaMismatch):
+        HeldView.of(bare, chained=chained).apply(delta)
+    both = compile_service_pb2.ViewDelta()
+    both.CopyFrom(delta)
+    both.head.compaction.CopyFrom(_COMPACTION)
+    with pytest.raises(DeltaMismatch):
+        HeldView.of(base, chained=chained).apply(both)
+    # The base's compaction differs from the new view's: the digest catches it.
+    other = _with_compaction(_view("a", ["x"], ["k"], []), view_pb2.CompactionRequest(prompt="o"))
+    with pytest.raises(DeltaMismatch):
+        HeldView.of(other, chained=chained).apply(delta)

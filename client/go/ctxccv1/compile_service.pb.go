@@ -709,9 +709,13 @@ type StepRequest struct {
 	Usage *ReportUsageRequest `protobuf:"bytes,7,opt,name=usage,proto3" json:"usage,omitempty"`
 	// The digest a ViewDelta answering this step carries (see DeltaDigest). Unspecified: the
 	// whole view's sha256 in ViewDelta.view_sha256, as before this field existed.
-	DeltaDigest   DeltaDigest `protobuf:"varint,8,opt,name=delta_digest,json=deltaDigest,proto3,enum=ctxcc.v1.DeltaDigest" json:"delta_digest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	DeltaDigest DeltaDigest `protobuf:"varint,8,opt,name=delta_digest,json=deltaDigest,proto3,enum=ctxcc.v1.DeltaDigest" json:"delta_digest,omitempty"`
+	// Opt-in: the client applies ViewDelta.compaction_kept. Over budget, every step of a long
+	// turn recommends the same compaction, whose prompt holds as much of the history as one
+	// model window takes; without this the head of every delta carries it whole.
+	KeepCompaction bool `protobuf:"varint,9,opt,name=keep_compaction,json=keepCompaction,proto3" json:"keep_compaction,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *StepRequest) Reset() {
@@ -798,6 +802,13 @@ func (x *StepRequest) GetDeltaDigest() DeltaDigest {
 		return x.DeltaDigest
 	}
 	return DeltaDigest_DELTA_DIGEST_UNSPECIFIED
+}
+
+func (x *StepRequest) GetKeepCompaction() bool {
+	if x != nil {
+		return x.KeepCompaction
+	}
+	return false
 }
 
 // ResumeRequest continues a stream after a reconnect, or fetches a whole view again after a
@@ -1018,7 +1029,8 @@ func (*CompileStreamResponse_Delta) isCompileStreamResponse_Response() {}
 // the first kept_messages messages of the base followed by appended_messages, whose
 // system_sections are `sections` resolved against the base's system_sections, whose
 // system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
-// tools are the base's tools unless tools_changed (then `tools`). It then checks the digest
+// tools are the base's tools unless tools_changed (then `tools`), and whose compaction is the
+// base's when compaction_kept (then `head` has none). It then checks the digest
 // (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
 // mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
 // head.compile_id.
@@ -1058,9 +1070,14 @@ type ViewDelta struct {
 	// neither side hashes the kept messages again. A kept message that differs between the
 	// client's base and the daemon's, a wrong kept_messages, or any other field of the
 	// rebuilt view that differs, changes the digest.
-	ChainSha256   string `protobuf:"bytes,9,opt,name=chain_sha256,json=chainSha256,proto3" json:"chain_sha256,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ChainSha256 string `protobuf:"bytes,9,opt,name=chain_sha256,json=chainSha256,proto3" json:"chain_sha256,omitempty"`
+	// Only when the step set keep_compaction: true when the new view's compaction request is
+	// the base view's, field for field. head.compaction is then left empty and the client
+	// takes the base view's compaction into the new view; a base without one is a mismatch.
+	// The digest covers the new view with its compaction, as always.
+	CompactionKept bool `protobuf:"varint,10,opt,name=compaction_kept,json=compactionKept,proto3" json:"compaction_kept,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ViewDelta) Reset() {
@@ -1154,6 +1171,13 @@ func (x *ViewDelta) GetChainSha256() string {
 		return x.ChainSha256
 	}
 	return ""
+}
+
+func (x *ViewDelta) GetCompactionKept() bool {
+	if x != nil {
+		return x.CompactionKept
+	}
+	return false
 }
 
 // SectionSlot is one system section of a ViewDelta: the base view's section at an index, or a
@@ -1913,7 +1937,7 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x14CompileStreamRequest\x12+\n" +
 	"\x04step\x18\x01 \x01(\v2\x15.ctxcc.v1.StepRequestH\x00R\x04step\x121\n" +
 	"\x06resume\x18\x02 \x01(\v2\x17.ctxcc.v1.ResumeRequestH\x00R\x06resumeB\t\n" +
-	"\arequest\"\x8a\x03\n" +
+	"\arequest\"\xb3\x03\n" +
 	"\vStepRequest\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12'\n" +
 	"\x06events\x18\x02 \x03(\v2\x0f.ctxcc.v1.EventR\x06events\x12\x1d\n" +
@@ -1923,7 +1947,8 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\acompile\x18\x05 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\x121\n" +
 	"\x15delta_base_compile_id\x18\x06 \x01(\tR\x12deltaBaseCompileId\x122\n" +
 	"\x05usage\x18\a \x01(\v2\x1c.ctxcc.v1.ReportUsageRequestR\x05usage\x128\n" +
-	"\fdelta_digest\x18\b \x01(\x0e2\x15.ctxcc.v1.DeltaDigestR\vdeltaDigestB\x14\n" +
+	"\fdelta_digest\x18\b \x01(\x0e2\x15.ctxcc.v1.DeltaDigestR\vdeltaDigest\x12'\n" +
+	"\x0fkeep_compaction\x18\t \x01(\bR\x0ekeepCompactionB\x14\n" +
 	"\x12_expected_last_seq\"b\n" +
 	"\rResumeRequest\x12\x1d\n" +
 	"\n" +
@@ -1938,7 +1963,7 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x06append\x18\x05 \x01(\v2\x16.ctxcc.v1.AppendResultR\x06append\x123\n" +
 	"\x05usage\x18\a \x01(\v2\x1d.ctxcc.v1.ReportUsageResponseR\x05usageB\n" +
 	"\n" +
-	"\bresponse\"\x8e\x03\n" +
+	"\bresponse\"\xb7\x03\n" +
 	"\tViewDelta\x12&\n" +
 	"\x0fbase_compile_id\x18\x01 \x01(\tR\rbaseCompileId\x12*\n" +
 	"\x04head\x18\x02 \x01(\v2\x16.ctxcc.v1.CompiledViewR\x04head\x12#\n" +
@@ -1949,7 +1974,9 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x05tools\x18\a \x03(\v2\x12.ctxcc.v1.ViewToolR\x05tools\x12\x1f\n" +
 	"\vview_sha256\x18\b \x01(\tR\n" +
 	"viewSha256\x12!\n" +
-	"\fchain_sha256\x18\t \x01(\tR\vchainSha256\"k\n" +
+	"\fchain_sha256\x18\t \x01(\tR\vchainSha256\x12'\n" +
+	"\x0fcompaction_kept\x18\n" +
+	" \x01(\bR\x0ecompactionKept\"k\n" +
 	"\vSectionSlot\x12\x1f\n" +
 	"\n" +
 	"base_index\x18\x01 \x01(\rH\x00R\tbaseIndex\x123\n" +

@@ -26,6 +26,8 @@ from ctxcc.v1 import view_pb2
 
 # CompiledView field numbers held as records; the others are the head's.
 _SECTIONS, _PROMPT, _MESSAGES, _TOOLS = 6, 7, 10, 11
+# The compaction request's, which a delta may keep from its base (compaction_kept).
+_COMPACTION = 19
 
 
 class DeltaMismatch(ValueError):
@@ -165,6 +167,13 @@ class HeldView:
     ) -> tuple[dict[int, list[bytes]], list[bytes], list[view_pb2.SystemSection], str]:
         """The head's records by field, the new sections' records and messages, the prompt."""
         head = _split(delta.head.SerializeToString(deterministic=True))
+        if delta.compaction_kept:
+            base = self.own[0] if self.own else self.view
+            if not base.HasField("compaction") or _COMPACTION in head:
+                raise DeltaMismatch("the delta keeps a compaction the base lacks, or has its own")
+            head[_COMPACTION] = [
+                _record(_COMPACTION, base.compaction.SerializeToString(deterministic=True))
+            ]
         records, sections = [], []
         for slot in delta.sections:
             if slot.WhichOneof("slot") == "section":
@@ -256,7 +265,8 @@ def _change(
     """Turns a copy of a delta's base into the view the delta describes, in place: only
     what is new is copied into it."""
     for name in _HEAD_FIELDS:
-        view.ClearField(name)
+        if name != "compaction" or not delta.compaction_kept:
+            view.ClearField(name)
     view.MergeFrom(head)
     del view.messages[delta.kept_messages :]
     view.messages.extend(delta.appended_messages)

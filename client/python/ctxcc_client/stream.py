@@ -267,6 +267,7 @@ class CompileStream:
         held = self._held
         msg.step.delta_base_compile_id = held.view.compile_id if held is not None else ""
         msg.step.delta_digest = self._digest if held is not None else cpb.DELTA_DIGEST_UNSPECIFIED
+        msg.step.keep_compaction = held is not None
         await queue.put(msg)
         if held is not None and held.own:
             # Once the request is handed to gRPC (the task that writes it runs first), the

@@ -72,12 +72,20 @@ function rebuild(base: CompiledView | null, delta: ViewDelta): CompiledView {
     }
     throw new DeltaMismatch("delta has an empty section slot");
   });
+  let compaction = delta.head.compaction;
+  if (delta.compactionKept) {
+    if (!base.compaction || compaction) {
+      throw new DeltaMismatch("delta keeps the compaction of a view without one, or has its own");
+    }
+    compaction = base.compaction;
+  }
   return {
     ...delta.head,
     messages: [...base.messages.slice(0, delta.keptMessages), ...delta.appendedMessages],
     systemSections: sections,
     systemPrompt: sections.map((s) => s.text).join("\n\n"),
     tools: delta.toolsChanged ? delta.tools : base.tools,
+    compaction,
   };
 }
 
@@ -87,8 +95,8 @@ function rebuild(base: CompiledView | null, delta: ViewDelta): CompiledView {
  * when the delta carries the chained digest; throws DeltaMismatch when it cannot be rebuilt
  * or its digest differs (then ask for it whole; Stream.step does).
  *
- * The result is a new object, but the messages, sections and tools it keeps from `base`
- * are the same objects as base's: nothing is copied, so treat views as read-only. With
+ * The result is a new object, but the messages, sections, tools and compaction it keeps from
+ * `base` are the same objects as base's: nothing is copied, so treat views as read-only. With
  * `records`, message encodings are remembered there and reused by object.
  */
 export function applyDelta(base: CompiledView | null, delta: ViewDelta, records?: MessageRecords): CompiledView {

@@ -292,6 +292,7 @@ export class Stream {
         step.deltaBaseCompileId && (this.options.chainedDigest ?? true)
           ? DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN
           : DeltaDigest.DELTA_DIGEST_UNSPECIFIED;
+      step.keepCompaction = step.deltaBaseCompileId !== "";
     }
     try {
       this.send(call, msg);

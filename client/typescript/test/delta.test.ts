@@ -3,9 +3,9 @@ import { test } from "node:test";
 
 import { ViewDelta } from "../src/gen/ctxcc/v1/compile_service.js";
 import { MessageRole } from "../src/gen/ctxcc/v1/event.js";
-import type { CompiledView } from "../src/gen/ctxcc/v1/view.js";
-import { applyDelta, DeltaMismatch } from "../src/delta.js";
-import { encoded, fixture, makeDelta } from "./fixtures.js";
+import { type CompiledView, CompactionRequest } from "../src/gen/ctxcc/v1/view.js";
+import { applyDelta, chainDigest, DeltaMismatch } from "../src/delta.js";
+import { chained, encoded, fixture, makeDelta } from "./fixtures.js";
 
 test("ts-proto's encoding of a decoded view is the daemon's serialization", () => {
   for (const n of [1, 2, 3]) {
@@ -140,4 +140,30 @@ test("message encodings carry over from view to view, and are really the ones ha
     spoiled.set(m, r);
   }
   assert.throws(() => applyDelta(again, makeDelta(again, v2.view), spoiled), DeltaMismatch);
+});
+
+test("a delta keeping the base's compaction rebuilds the view with it, under either digest", () => {
+  const c = CompactionRequest.fromPartial({ fromSeq: 1, throughSeq: 9, prompt: "Summarise this. ".repeat(500) });
+  const withC = (n: number, req: CompactionRequest): CompiledView => ({ ...fixture(n).view, compaction: req });
+  const kept = (base: CompiledView, target: CompiledView, chainedDigest: boolean): ViewDelta => {
+    const d = makeDelta(base, target);
+    d.head = { ...d.head!, compaction: undefined };
+    d.compactionKept = true;
+    return chainedDigest ? chained(d, chainDigest(target)) : d;
+  };
+  for (const chainedDigest of [false, true]) {
+    const base = withC(2, c);
+    const target = withC(3, c);
+    const got = applyDelta(base, kept(base, target, chainedDigest));
+    assert.ok(encoded(got).equals(encoded(target)), `chained ${chainedDigest}`);
+    assert.equal(got.compaction?.prompt, c.prompt);
+    const bare = fixture(2).view;
+    assert.throws(() => applyDelta(bare, kept(bare, target, chainedDigest)), DeltaMismatch, "a base without one");
+    const both = kept(base, target, chainedDigest);
+    both.head = { ...both.head!, compaction: c };
+    assert.throws(() => applyDelta(base, both), DeltaMismatch, "a head with its own");
+    // The daemon's new view recommends another compaction: its digest catches the base's kept.
+    const moved = withC(3, { ...c, throughSeq: c.throughSeq + 1 });
+    assert.throws(() => applyDelta(base, kept(base, moved, chainedDigest)), DeltaMismatch, "another compaction");
+  }
 });

@@ -95,6 +95,64 @@ func deltaSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (m
 		"plain_whole": plainStats.Whole, "delta_bytes_smaller": deltaBytes < plainBytes}, nil
 }
 
+// compactionSession steps a session over its window (1,500 tokens): two turns of tool
+// steps, each view recommending a compaction, with a checkpoint between them that moves the
+// range to summarise. It records which deltas kept their base's compaction and counts the
+// views that equal, by digest, the same compile rebuilt whole.
+func compactionSession(ctx context.Context, c *ctxcc.Client, route *ctxccv1.Route) (map[string]any, error) {
+	sid := must(c.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
+	var chat []*ctxccv1.Event
+	for i := 0; i < 12; i++ {
+		chat = append(chat, ctxcc.User(fmt.Sprintf("question %d ", i)+strings.Repeat("about the design ", 30)),
+			ctxcc.Assistant(fmt.Sprintf("answer %d", i)))
+	}
+	must(c.Append(ctx, sid, chat, ""))
+	kept := []bool{}
+	stream := c.OpenStream(ctx, ctxcc.WithDeltaHook(func(d *ctxccv1.ViewDelta) { kept = append(kept, d.GetCompactionKept()) }))
+	req := &ctxccv1.CompileRequest{SessionId: sid, Route: route, Limits: &ctxccv1.ModelLimits{ContextWindow: 1500}}
+	same, over := 0, 0
+	run := func(events ...*ctxccv1.Event) error {
+		view, _, err := stream.Step(req, events, "")
+		if err != nil {
+			return err
+		}
+		whole := must(c.Compile(ctx, &ctxccv1.CompileRequest{RebuildCompileId: view.GetCompileId()}))
+		if must(ctxcc.ViewDigest(view)) == must(ctxcc.ViewDigest(whole)) {
+			same++
+		}
+		if view.GetCompaction().GetPrompt() != "" {
+			over++
+		}
+		return nil
+	}
+	tools := func(prefix string) error {
+		for k := 0; k < 3; k++ {
+			id := fmt.Sprintf("%s%d", prefix, k)
+			if err := run(ctxcc.ToolCalls("", [3]string{id, "sql", "{}"}), ctxcc.ToolResult(id, "sql", "ok", false)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := tools("a"); err != nil {
+		return nil, err
+	}
+	must(c.Compiles.CreateCheckpoint(ctx, &ctxccv1.CreateCheckpointRequest{
+		Checkpoint:        &ctxccv1.Checkpoint{SessionId: sid, CoversThroughSeq: 6, Summary: "Asked three design questions."},
+		CoveredDigestMode: ctxccv1.CoveredDigestMode_COVERED_DIGEST_MODE_COMPUTE,
+	}))
+	if err := run(ctxcc.User("next question " + strings.Repeat("about the layout ", 20))); err != nil {
+		return nil, err
+	}
+	if err := tools("b"); err != nil {
+		return nil, err
+	}
+	stats := stream.Stats()
+	_ = stream.Close()
+	return map[string]any{"compaction_kept": kept, "compaction_identical": same, "compaction_over": over,
+		"compaction_mismatches": stats.Mismatches}, nil
+}
+
 func must[T any](v T, err error) T {
 	if err != nil {
 		panic(err)
@@ -284,5 +342,12 @@ func run(target string) (out, deltas map[string]any, err error) {
 		out["missing_reason"] = e.Reason
 	}
 	deltas, err = deltaSession(ctx, c, route)
+	if err != nil {
+		return out, deltas, err
+	}
+	over, err := compactionSession(ctx, c, route)
+	for k, v := range over {
+		deltas[k] = v
+	}
 	return out, deltas, err
 }

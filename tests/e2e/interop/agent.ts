@@ -8,6 +8,7 @@ import {
   assistant,
   CheckpointKind,
   connect,
+  CoveredDigestMode,
   CtxccError,
   RenderFormat,
   RuleActivation,
@@ -155,7 +156,7 @@ async function main(): Promise<void> {
   } catch (err) {
     out.missing_reason = (err as CtxccError).reason;
   }
-  const deltas = await deltaSession(ctx);
+  const deltas = { ...(await deltaSession(ctx)), ...(await compactionSession(ctx)) };
   ctx.close();
   console.log("RESULT " + JSON.stringify(sortedKeys(out)));
   console.log("DELTAS " + JSON.stringify(sortedKeys(deltas)));
@@ -218,6 +219,40 @@ async function deltaSession(ctx: Client): Promise<Record<string, unknown>> {
     plain_identical: plainSame, plain_deltas: plainStats.deltas, plain_whole: plainStats.whole,
     delta_bytes_smaller: deltaBytes < plainBytes,
   };
+}
+
+/** Steps a session over its window (1,500 tokens): two turns of tool steps, each view
+ * recommending a compaction, with a checkpoint between them that moves the range to
+ * summarise. Records which deltas kept their base's compaction and counts the views that
+ * equal, by digest, the same compile rebuilt whole. */
+async function compactionSession(ctx: Client): Promise<Record<string, unknown>> {
+  const sid = (await ctx.createSession()).sessionId;
+  const chat: Event[] = [];
+  for (let i = 0; i < 12; i++) chat.push(user(`question ${i} ` + "about the design ".repeat(30)), assistant(`answer ${i}`));
+  await ctx.append(sid, chat);
+  const kept: boolean[] = [];
+  const stream = ctx.openStream({ onDelta: (d) => kept.push(d.compactionKept) });
+  const req = { sessionId: sid, route, limits: { contextWindow: 1500, maxOutputTokens: 0, maxInputTokens: 0 } };
+  let same = 0;
+  let over = 0;
+  const run = async (...events: Event[]) => {
+    const { view } = await stream.step(req, events);
+    if (viewDigest(view) === viewDigest(await ctx.compile({ rebuildCompileId: view.compileId }))) same++;
+    if (view.compaction?.prompt) over++;
+  };
+  const tools = async (prefix: string) => {
+    for (let k = 0; k < 3; k++) await run(assistant("", [[`${prefix}${k}`, "sql", "{}"]]), toolResult(`${prefix}${k}`, "ok", "sql"));
+  };
+  await tools("a");
+  await ctx.compiles.createCheckpoint({
+    checkpoint: { sessionId: sid, coversThroughSeq: 6, summary: "Asked three design questions." },
+    coveredDigestMode: CoveredDigestMode.COVERED_DIGEST_MODE_COMPUTE,
+  });
+  await run(user("next question " + "about the layout ".repeat(20)));
+  await tools("b");
+  const mismatches = stream.stats.mismatches;
+  await stream.close();
+  return { compaction_kept: kept, compaction_identical: same, compaction_over: over, compaction_mismatches: mismatches };
 }
 
 main().catch((err) => {

@@ -386,6 +386,12 @@ export interface StepRequest {
    * whole view's sha256 in ViewDelta.view_sha256, as before this field existed.
    */
   deltaDigest: DeltaDigest;
+  /**
+   * Opt-in: the client applies ViewDelta.compaction_kept. Over budget, every step of a long
+   * turn recommends the same compaction, whose prompt holds as much of the history as one
+   * model window takes; without this the head of every delta carries it whole.
+   */
+  keepCompaction: boolean;
 }
 
 /**
@@ -445,7 +451,8 @@ export interface CompileStreamResponse {
  * the first kept_messages messages of the base followed by appended_messages, whose
  * system_sections are `sections` resolved against the base's system_sections, whose
  * system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
- * tools are the base's tools unless tools_changed (then `tools`). It then checks the digest
+ * tools are the base's tools unless tools_changed (then `tools`), and whose compaction is the
+ * base's when compaction_kept (then `head` has none). It then checks the digest
  * (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
  * mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
  * head.compile_id.
@@ -493,6 +500,13 @@ export interface ViewDelta {
    * rebuilt view that differs, changes the digest.
    */
   chainSha256: string;
+  /**
+   * Only when the step set keep_compaction: true when the new view's compaction request is
+   * the base view's, field for field. head.compaction is then left empty and the client
+   * takes the base view's compaction into the new view; a base without one is a mismatch.
+   * The digest covers the new view with its compaction, as always.
+   */
+  compactionKept: boolean;
 }
 
 /**
@@ -1352,6 +1366,7 @@ function createBaseStepRequest(): StepRequest {
     deltaBaseCompileId: "",
     usage: undefined,
     deltaDigest: 0,
+    keepCompaction: false,
   };
 }
 
@@ -1380,6 +1395,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     }
     if (message.deltaDigest !== 0) {
       writer.uint32(64).int32(message.deltaDigest);
+    }
+    if (message.keepCompaction !== false) {
+      writer.uint32(72).bool(message.keepCompaction);
     }
     return writer;
   },
@@ -1461,6 +1479,14 @@ export const StepRequest: MessageFns<StepRequest> = {
             message.deltaDigest = reader.int32() as any;
             continue;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.keepCompaction = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1503,6 +1529,11 @@ export const StepRequest: MessageFns<StepRequest> = {
         : isSet(object.delta_digest)
         ? deltaDigestFromJSON(object.delta_digest)
         : 0,
+      keepCompaction: isSet(object.keepCompaction)
+        ? globalThis.Boolean(object.keepCompaction)
+        : isSet(object.keep_compaction)
+        ? globalThis.Boolean(object.keep_compaction)
+        : false,
     };
   },
 
@@ -1532,6 +1563,9 @@ export const StepRequest: MessageFns<StepRequest> = {
     if (message.deltaDigest !== 0) {
       obj.deltaDigest = deltaDigestToJSON(message.deltaDigest);
     }
+    if (message.keepCompaction !== false) {
+      obj.keepCompaction = message.keepCompaction;
+    }
     return obj;
   },
 
@@ -1552,6 +1586,7 @@ export const StepRequest: MessageFns<StepRequest> = {
       ? ReportUsageRequest.fromPartial(object.usage)
       : undefined;
     message.deltaDigest = object.deltaDigest ?? 0;
+    message.keepCompaction = object.keepCompaction ?? false;
     return message;
   },
 };
@@ -1857,6 +1892,7 @@ function createBaseViewDelta(): ViewDelta {
     tools: [],
     viewSha256: "",
     chainSha256: "",
+    compactionKept: false,
   };
 }
 
@@ -1888,6 +1924,9 @@ export const ViewDelta: MessageFns<ViewDelta> = {
     }
     if (message.chainSha256 !== "") {
       writer.uint32(74).string(message.chainSha256);
+    }
+    if (message.compactionKept !== false) {
+      writer.uint32(80).bool(message.compactionKept);
     }
     return writer;
   },
@@ -1977,6 +2016,14 @@ export const ViewDelta: MessageFns<ViewDelta> = {
             message.chainSha256 = reader.string();
             continue;
           }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.compactionKept = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2028,6 +2075,11 @@ export const ViewDelta: MessageFns<ViewDelta> = {
         : isSet(object.chain_sha256)
         ? globalThis.String(object.chain_sha256)
         : "",
+      compactionKept: isSet(object.compactionKept)
+        ? globalThis.Boolean(object.compactionKept)
+        : isSet(object.compaction_kept)
+        ? globalThis.Boolean(object.compaction_kept)
+        : false,
     };
   },
 
@@ -2060,6 +2112,9 @@ export const ViewDelta: MessageFns<ViewDelta> = {
     if (message.chainSha256 !== "") {
       obj.chainSha256 = message.chainSha256;
     }
+    if (message.compactionKept !== false) {
+      obj.compactionKept = message.compactionKept;
+    }
     return obj;
   },
 
@@ -2079,6 +2134,7 @@ export const ViewDelta: MessageFns<ViewDelta> = {
     message.tools = object.tools?.map((e) => ViewTool.fromPartial(e)) || [];
     message.viewSha256 = object.viewSha256 ?? "";
     message.chainSha256 = object.chainSha256 ?? "";
+    message.compactionKept = object.compactionKept ?? false;
     return message;
   },
 };
