@@ -125,8 +125,10 @@ class StreamAgent:
             request_id=f"{self.sid}-{self.steps}",
             compile=cpb.CompileRequest(session_id=self.sid, route=ROUTE),
             delta_base_compile_id=self.held.view.compile_id if self.held else "",
-            # The digest the clients' stream helpers ask for.
+            # The digest the clients' stream helpers ask for, and like them, the base's
+            # compaction kept when it is recommended again.
             delta_digest=cpb.DELTA_DIGEST_MESSAGE_CHAIN,
+            keep_compaction=self.held is not None,
         )
         if report and self.held is not None:
             step.usage.CopyFrom(self._usage(self.held.view))
