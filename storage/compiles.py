@@ -28,6 +28,7 @@ from storage.keys import (
     LAST_COMPILE,
     PART,
     ROUTE_MODEL,
+    USAGE,
     be64,
     session_key,
     session_prefix,
@@ -227,13 +228,23 @@ class CompileRecords(StoreCore):
         return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
-        # Suffixes are random hex, so key order is not time order; the boundary index,
-        # the parts and the copy of the latest record sit at 0xfd..0xff, past every hex
-        # suffix, and are excluded.
+        # Suffixes are random hex, so key order is not time order; the usage reports sit
+        # at 0xfc, the boundary index, the parts and the copy of the latest record at
+        # 0xfd..0xff, past every hex suffix: the reports are read in the same scan.
         prefix = session_prefix(session_id)
-        items = self._kv.scan("compiles", prefix, prefix + AT_BOUNDARY)
-        records = [self._joined(session_id, decode_value(raw, CompileRecord)) for _, raw in items]
-        return sorted(records, key=lambda r: (r.create_time_ns, r.compile_id))
+        usages: dict[bytes, Usage] = {}
+        records: list[tuple[bytes, CompileRecord]] = []
+        for key, raw in self._kv.scan("compiles", prefix, prefix + AT_BOUNDARY):
+            suffix = key[len(prefix) :]
+            if suffix.startswith(USAGE):
+                usages[suffix[len(USAGE) :]] = decode_value(raw, Usage)
+            else:
+                records.append((suffix, self._joined(session_id, decode_value(raw, CompileRecord))))
+        out = [
+            r if r.usage is not None or s not in usages else replaced(r, usage=usages[s])
+            for s, r in records
+        ]
+        return sorted(out, key=lambda r: (r.create_time_ns, r.compile_id))
 
     def get_compile_part(self, session_id: str, digest: str, cls: type[T]) -> T | None:
         raw = self._kv.get("compiles", session_key(session_id, PART + digest.encode()))
@@ -245,18 +256,31 @@ class CompileRecords(StoreCore):
         if suffix is None:
             return None
         raw = self._kv.get("compiles", session_key(session_id, suffix))
-        return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
+        if raw is None:
+            return None
+        return self._reported(session_id, suffix, decode_value(raw, CompileRecord))
 
     def get_compile(self, compile_id: str) -> CompileRecord:
+        """The record with its usage, whether the report is held in it (as records were
+        written before usage had a key of its own) or beside it."""
         sid, suffix = split_compile_id(compile_id)
         key = session_key(sid, suffix)
+        # A kept record is kept with its usage (see _record_usage).
         kept = self._decoded_value("compiles", key, CompileRecord)
         if kept is not None:
             return kept
         raw = self._kv.get("compiles", key)
         if raw is None:
             raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
-        return self._joined(sid, decode_value(raw, CompileRecord))
+        return self._reported(sid, suffix, decode_value(raw, CompileRecord))
+
+    def _reported(self, sid: str, suffix: bytes, record: CompileRecord) -> CompileRecord:
+        """A record as read, whole, with the usage report stored beside it if any."""
+        record = self._joined(sid, record)
+        if record.usage is not None:
+            return record
+        raw = self._kv.get("compiles", session_key(sid, USAGE + suffix))
+        return record if raw is None else replaced(record, usage=decode_value(raw, Usage))
 
     def record_usage(
         self,
@@ -303,18 +327,22 @@ class CompileRecords(StoreCore):
             updated = replaced(record, usage=usage)
             # Losing a baseline only means the next estimate is a full one.
             batch = Batch(durable=False, no_wait=not wait)
-            record_key = session_key(sid, suffix)
+            # The report goes under a key of its own beside the record: the record (its
+            # table of a row per message) is neither split nor encoded nor written again.
+            batch.put("compiles", session_key(sid, USAGE + suffix), encode_value(usage))
             state_key = session_key(sid, route_state.route_id.encode())
-            stored, chunks = self._split(sid, updated)
             stored_state, state_chunks = self._split(sid, route_state)
             # Usually known from the record's own write (a record written before chunks
             # existed has none stored yet).
-            keys = self._stage_parts(batch, sid, chunks + state_chunks)
-            updated_bytes, state_bytes = encode_value(stored), encode_value(stored_state)
-            batch.put("compiles", record_key, updated_bytes)
+            keys = self._stage_parts(batch, sid, state_chunks)
+            state_bytes = encode_value(stored_state)
             self._move_route(batch, sid, record.route)
             batch.put("routes", state_key, state_bytes)
+            # The record kept decoded is kept with its usage: it goes right before the
+            # write (a reader meanwhile reads both keys from the store), back after it.
+            record_key = session_key(sid, suffix)
             if learn is None:
+                kept_size = self._forget_kept(record_key)
                 self._write(batch, sid)
             else:
                 # Sessions on one route report concurrently.
@@ -325,14 +353,14 @@ class CompileRecords(StoreCore):
                     model_key = ROUTE_MODEL + model.route_id.encode()
                     model_bytes = encode_value(model)
                     batch.put("routes", model_key, model_bytes)
+                    kept_size = self._forget_kept(record_key)
                     self._write(batch, sid, model.route_id)
                     if _finite(model):  # as a read of it would find it
                         self._remember_decoded("routes", model_key, model, len(model_bytes))
                 finally:
                     self._models_lock.release()
-            self._remember_decoded(
-                "compiles", record_key, updated, _kept(updated_bytes, updated, stored)
-            )
+            if kept_size is not None:
+                self._remember_decoded("compiles", record_key, updated, kept_size)
             self._remember_decoded(
                 "routes", state_key, route_state, _kept(state_bytes, route_state, stored_state)
             )
@@ -344,6 +372,15 @@ class CompileRecords(StoreCore):
             return None
         finally:
             lock.release()
+
+    def _forget_kept(self, key: bytes) -> int | None:
+        """Drops the compile record kept decoded under `key`: the size it counted, if kept."""
+        with self._decoded_lock:
+            kept = self._decoded.pop(("compiles", key), None)
+            if kept is None:
+                return None
+            self._decoded_bytes -= kept[1]
+            return kept[1]
 
     def get_route_model(self, route_id: str) -> RouteModel | None:
         """None also for a damaged model: it is only learned advice, so the route starts

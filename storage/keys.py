@@ -22,7 +22,11 @@ LAST_COMPILE = b"\xff"
 PART = b"\xfe"
 # Key infix of "latest compile at event boundary N" (big-endian N -> compile suffix).
 AT_BOUNDARY = b"\xfd"
-# (UTF-8 never yields 0xfd-0xff, so no client-given compile id can name these keys.)
+# Key infix of a compile's usage report (compile suffix -> Usage), kept beside its record
+# so that a report writes a few bytes instead of the record again; records written
+# before hold their usage inside and have none.
+USAGE = b"\xfc"
+# (UTF-8 never yields 0xfc-0xff, so no client-given compile id can name these keys.)
 # Key infix of tool activations; tool names never start with 0xff.
 ACTIVATIONS = b"\xff"
 

@@ -210,6 +210,46 @@ def test_artifacts_checkpoints_compiles_routes(make_store: object) -> None:
     assert st.get_route_state("s", state.route_id) is None
 
 
+def test_a_report_belongs_to_its_compile_only_and_goes_with_its_session(
+    make_store: object,
+) -> None:
+    """A report is found for its own compile, after a restart too (a second store over
+    the engine), never for a compile whose id it starts or ends (x1 / x10 / x); once a
+    report is recorded a second one is a repeat, however the first is read; a deleted
+    session's reports go with it."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    route = Route(model="m")
+    state = RouteState(route.route_id, 120, "s:x1", 30, 6)
+    records = [
+        CompileRecord(f"s:{c}", "s", route, 1, 100, 1, 5 + i)
+        for i, c in enumerate(["x", "x1", "x10"])
+    ]
+    for rec in records:
+        st.put_compile(rec)
+    assert not st.record_usage("s:x1", Usage(120, 30), planned(state))[1]
+    expected = [None, Usage(120, 30), None]
+    for reader in (st, KVEventStore(st._kv)):
+        assert [reader.get_compile(r.compile_id).usage for r in records] == expected
+        assert [r.usage for r in reader.list_compiles("s")] == expected
+        again, replayed = reader.record_usage("s:x1", Usage(7, 7), planned(state))
+        assert replayed and again.usage == Usage(120, 30)
+    assert not st.record_usage("s:x10", Usage(130, 30), planned(state))[1]
+    for reader in (st, KVEventStore(st._kv)):
+        assert [r.usage for r in reader.list_compiles("s")] == [
+            None,
+            *expected[1:2],
+            Usage(130, 30),
+        ]
+    st.delete_session("s")
+    st.create_session(Session("s", 2, 2))
+    st.put_compile(records[1])
+    for reader in (st, KVEventStore(st._kv)):
+        assert reader.get_compile("s:x1").usage is None
+        assert [r.usage for r in reader.list_compiles("s")] == [None]
+    assert not st.record_usage("s:x1", Usage(140, 30), planned(state))[1]
+
+
 def test_a_usage_plan_is_made_from_the_stored_record_and_may_refuse_a_repeat(
     make_store: object,
 ) -> None:

@@ -139,7 +139,8 @@ def test_a_long_table_is_stored_in_chunks_and_read_whole(store: KVEventStore) ->
 def test_records_written_before_chunks_read_as_they_are(store: KVEventStore) -> None:
     """A data directory of the daemon before chunks: records, the latest copy and a route
     state with 700-message tables inline. They read as written; a usage report on such a
-    record then writes it chunked, and it still reads whole."""
+    record leaves it as it was written (the report is stored beside it), and the route
+    state it writes is chunked; both read whole."""
     digests, tokens = table(700)
     old = record("s:b1", digests, tokens, boundary=1)
     batch = Batch()
@@ -151,7 +152,8 @@ def test_records_written_before_chunks_read_as_they_are(store: KVEventStore) -> 
     for st in (store, KVEventStore(store._kv)):
         assert reads(st, "s:b1", 1) == (old, old, old, (old,), state_of(old))
     store.record_usage("s:b1", Usage(120, 30), PLAN)
-    raw = store._kv.get("compiles", session_key("s", b"b1"))
+    assert store._kv.get("compiles", session_key("s", b"b1")) == as_main_wrote(old)
+    raw = store._kv.get("routes", session_key("s", ROUTE.route_id.encode()))
     assert raw is not None and len(body(raw)["table_chunks"]) == 2  # type: ignore[arg-type]
     reported = replace(old, usage=Usage(120, 30))
     for st in (store, KVEventStore(store._kv)):

@@ -175,13 +175,22 @@ async def test_a_carried_report_is_the_baseline_exactly_like_a_unary_one(
         await other.stop()
 
 
+async def _two_steps(
+    steps: Steps, sid: str, extra: int, output: int
+) -> tuple[cpb.ReportUsageRequest, view_pb2.CompiledView, cpb.CompileStreamResponse]:
+    """A first step, then a second carrying the first view's usage: that report, the
+    second view and its answer."""
+    v1, _ = await steps.view(_compile(sid), [user("one")])
+    usage = _usage(v1, extra=extra, output=output)
+    v2, answer = await steps.view(_compile(sid), [user("two")], usage=usage)
+    return usage, v2, answer
+
+
 async def test_a_replayed_report_is_replayed_and_counted_once(daemon: Daemon, api: Stubs) -> None:
     await _new_session(api, "rp")
     steps = Steps(api)
     try:
-        v1, _ = await steps.view(_compile("rp"), [user("one")])
-        usage = _usage(v1, extra=50, output=200)
-        v2, first = await steps.view(_compile("rp"), [user("two")], usage=usage)
+        usage, v2, first = await _two_steps(steps, "rp", extra=50, output=200)
         assert not first.usage.replayed
         assert first.usage.error_tokens == 50
         assert v2.budget.baseline_tokens == usage.input_tokens
@@ -276,6 +285,51 @@ async def test_a_recorded_report_stays_when_the_append_fails(api: Stubs) -> None
         assert (await api.compiles.ReportUsage(usage)).replayed
     finally:
         await steps.close()
+
+
+async def test_a_carried_report_is_kept_across_a_restart(short_tmp: Path) -> None:
+    """What a step's report recorded is what a restarted daemon reads: the report is a
+    repeat there (its first figures answer), the next compile is estimated from it as it
+    was before the restart, and the view the step returned has no report of its own."""
+    daemons: list[Daemon] = []
+
+    async def start() -> Stubs:
+        daemons.append(Daemon(make_config(short_tmp / "data")))
+        await daemons[-1].start()
+        return stubs_for(str(daemons[-1].endpoints.tcp))
+
+    api = await start()
+    await _new_session(api, "rs")
+    steps = Steps(api)
+    try:
+        usage, v2, answer = await _two_steps(steps, "rs", extra=60, output=300)
+        assert not answer.usage.replayed and answer.usage.error_tokens == 60
+        before = (await api.compiles.Compile(_compile("rs"))).view.budget
+    finally:
+        await steps.close()
+        await api.channel.close()
+        await daemons[-1].stop()
+    api = await start()
+    try:
+        after = (await api.compiles.Compile(_compile("rs"))).view.budget
+        assert after.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+        assert after.baseline_tokens == usage.input_tokens
+        assert after.SerializeToString(deterministic=True) == before.SerializeToString(
+            deterministic=True
+        )
+        other = cpb.ReportUsageRequest()
+        other.CopyFrom(usage)
+        other.input_tokens += 999
+        again = await api.compiles.ReportUsage(other)
+        assert again.replayed and again.error_tokens == 60
+        fresh = await api.compiles.ReportUsage(_usage(v2, extra=9, output=10))
+        assert not fresh.replayed and fresh.error_tokens == 9
+        metrics = await asyncio.to_thread(_scrape, daemons[-1])
+        counts = [v for k, v in metrics.items() if k.startswith("ctxcc_usage_reports_total")]
+        assert sum(counts) == 1, metrics
+    finally:
+        await api.channel.close()
+        await daemons[-1].stop()
 
 
 async def test_the_result_rides_on_deltas_and_on_the_first_chunk(short_tmp: Path) -> None:
