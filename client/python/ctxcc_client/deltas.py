@@ -16,9 +16,8 @@ is decoded from."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -60,6 +59,20 @@ def _record(field: int, data: bytes) -> bytes:
     return _varint((field << 3) | 2) + _varint(len(data)) + data
 
 
+def _skip(data: bytes, pos: int, wire: int) -> int:
+    """The position after the value of wire type `wire` at `pos`."""
+    if wire == 0:
+        return _read_varint(data, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 2:
+        size, pos = _read_varint(data, pos)
+        return pos + size
+    if wire == 5:
+        return pos + 4
+    raise DeltaMismatch(f"unexpected wire type {wire}")
+
+
 def _split(data: bytes) -> dict[int, list[bytes]]:
     """The top-level fields of an encoded message, each field number's records (key,
     length and value bytes as they stand) in order."""
@@ -68,20 +81,45 @@ def _split(data: bytes) -> dict[int, list[bytes]]:
     while pos < end:
         start = pos
         key, pos = _read_varint(data, pos)
-        wire = key & 7
-        if wire == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            size, pos = _read_varint(data, pos)
-            pos += size
-        elif wire == 5:
-            pos += 4
-        else:
-            raise DeltaMismatch(f"unexpected wire type {wire}")
+        pos = _skip(data, pos, key & 7)
         out.setdefault(key >> 3, []).append(data[start:pos])
     return out
+
+
+def _cut_head(data: bytes, compaction: bytes | None = None) -> tuple[bytes, bytes, bytes, bool]:
+    """A delta head's deterministic encoding cut where the records the rule rebuilds go
+    in: its fields before system_sections (1-5), between the prompt and the messages
+    (8-9) and after the tools (12 on), and whether it carried any of the rebuilt fields
+    (6, 7, 10, 11; left out). Only the fields before 12 are walked: the rest (the budget,
+    the notes, a compaction prompt, which grow with the session) is one slice, as every
+    field number below 12 is known and a deterministic encoding writes known fields in
+    number order (unknown ones, of a newer daemon, after them). With `compaction` (the
+    base's compaction record, which the delta keeps) the walk goes on to field 19 and
+    puts it in there (DeltaMismatch when the head has a compaction of its own)."""
+    front = middle = back = b""
+    extra = False
+    stop = 12 if compaction is None else _COMPACTION
+    pos, end = 0, len(data)
+    while pos < end:
+        field_start = pos
+        key, pos = _read_varint(data, pos)
+        number = key >> 3
+        if number >= stop:
+            if compaction is None:
+                return front, middle, data[field_start:], extra
+            if number == _COMPACTION:
+                raise DeltaMismatch("the delta keeps the base's compaction and has its own")
+            return front, middle, back + compaction + data[field_start:], extra
+        pos = _skip(data, pos, key & 7)
+        if number < _SECTIONS:
+            front += data[field_start:pos]
+        elif _PROMPT < number < _MESSAGES:
+            middle += data[field_start:pos]
+        elif number > _TOOLS:
+            back += data[field_start:pos]
+        else:
+            extra = True
+    return front, middle, back + (compaction or b""), extra
 
 
 # c_0 of the chained digest: the chain value of no messages.
@@ -132,6 +170,10 @@ class HeldView:
     # handed out is that copy changed in place as `own` is, instead of a copy made after
     # the answer came (the one part of applying a delta that follows the whole view).
     spare: list[view_pb2.CompiledView] = field(default_factory=list)
+    # The system_prompt record (b"": no prompt) when the view's prompt is its sections'
+    # texts joined, else None. A delta that keeps every section where it was (most steps)
+    # then rebuilds this same prompt: neither joined, encoded nor set again.
+    joined: bytes | None = None
 
     @classmethod
     def of(cls, view: view_pb2.CompiledView, chained: bool = False) -> HeldView:
@@ -139,11 +181,15 @@ class HeldView:
         fields = _split(view.SerializeToString(deterministic=True))
         records = tuple(fields.get(_MESSAGES, ()))
         sections, tools = tuple(fields.get(_SECTIONS, ())), tuple(fields.get(_TOOLS, ()))
+        prompt = view.system_prompt
+        is_joined = prompt == "\n\n".join(s.text for s in view.system_sections)
+        joined = b"".join(fields.get(_PROMPT, ())) if is_joined else None
         if not chained:
-            return cls(view, sections, records, tools)
+            return cls(view, sections, records, tools, joined=joined)
         own = view_pb2.CompiledView()
         own.CopyFrom(view)
-        return cls(view, sections, None, tools, _chain(_CHAIN_START, map(_value, records)), [own])
+        chain = _chain(_CHAIN_START, map(_value, records))
+        return cls(view, sections, None, tools, chain, [own], joined=joined)
 
     def prepare(self) -> None:
         """Copies the internal view for the next one handed out, ahead of the delta (a
@@ -162,20 +208,34 @@ class HeldView:
             return self._apply_chained(delta)
         return self._apply_whole(delta)
 
-    def _head_and_slots(
-        self, delta: cpb.ViewDelta, base_sections: Callable[[int], view_pb2.SystemSection]
-    ) -> tuple[dict[int, list[bytes]], list[bytes], list[view_pb2.SystemSection], str]:
-        """The head's records by field, the new sections' records and messages, the prompt."""
-        head = _split(delta.head.SerializeToString(deterministic=True))
+    def _head(self, delta: cpb.ViewDelta) -> tuple[bytes, bytes, bytes, bool]:
+        """_cut_head of the delta's head, with the base's compaction when it keeps it."""
+        kept = None
         if delta.compaction_kept:
             base = self.own[0] if self.own else self.view
-            if not base.HasField("compaction") or _COMPACTION in head:
-                raise DeltaMismatch("the delta keeps a compaction the base lacks, or has its own")
-            head[_COMPACTION] = [
-                _record(_COMPACTION, base.compaction.SerializeToString(deterministic=True))
-            ]
+            if not base.HasField("compaction"):
+                raise DeltaMismatch("the delta keeps a compaction the base lacks")
+            kept = _record(_COMPACTION, base.compaction.SerializeToString(deterministic=True))
+        return _cut_head(delta.head.SerializeToString(deterministic=True), kept)
+
+    def _slots(
+        self, delta: cpb.ViewDelta, base_sections: Callable[[int], view_pb2.SystemSection]
+    ) -> tuple[tuple[bytes, ...], list[view_pb2.SystemSection] | None, bytes]:
+        """The new view's section records, its sections (None: the base's, and its prompt
+        the base's, when every slot keeps the base's section at its place and the base's
+        prompt is them joined) and its system_prompt record."""
+        slots = delta.sections
+        if (
+            self.joined is not None
+            and len(slots) == len(self.sections)
+            and all(
+                s.base_index == i and s.WhichOneof("slot") == "base_index"
+                for i, s in enumerate(slots)
+            )
+        ):
+            return self.sections, None, self.joined
         records, sections = [], []
-        for slot in delta.sections:
+        for slot in slots:
             if slot.WhichOneof("slot") == "section":
                 records.append(
                     _record(_SECTIONS, slot.section.SerializeToString(deterministic=True))
@@ -186,7 +246,13 @@ class HeldView:
                 sections.append(base_sections(slot.base_index))
             else:
                 raise DeltaMismatch(f"no section {slot.base_index} in the base")
-        return head, records, sections, "\n\n".join(s.text for s in sections)
+        prompt = "\n\n".join(s.text for s in sections).encode()
+        return tuple(records), sections, _record(_PROMPT, prompt) if prompt else b""
+
+    def _tools(self, delta: cpb.ViewDelta) -> tuple[bytes, ...]:
+        if not delta.tools_changed:
+            return self.tools
+        return tuple(_record(_TOOLS, t.SerializeToString(deterministic=True)) for t in delta.tools)
 
     def _apply_chained(self, delta: cpb.ViewDelta) -> HeldView:
         if not self.own or self.chain is None:
@@ -200,25 +266,22 @@ class HeldView:
             out.CopyFrom(own.system_sections[index])
             return out
 
-        head, sections, section_msgs, prompt = self._head_and_slots(delta, copy)
-        tools = (
-            tuple(_record(_TOOLS, t.SerializeToString(deterministic=True)) for t in delta.tools)
-            if delta.tools_changed
-            else self.tools
-        )
+        front, middle, back, extra = self._head(delta)
+        sections, section_msgs, prompt = self._slots(delta, copy)
+        tools = self._tools(delta)
         start = self.chain[kept - 1] if kept else _CHAIN_START
         chain = self.chain[:kept] + _chain(
             start, (m.SerializeToString(deterministic=True) for m in delta.appended_messages)
         )
-        rest = b"".join(_parts(head, sections, prompt, (), tools))
-        digest = hashlib.sha256(hashlib.sha256(rest).digest() + (chain[-1] if chain else start))
+        rest = _sha256((front, *sections, prompt, middle, *tools, back)).digest()
+        digest = hashlib.sha256(rest + (chain[-1] if chain else start))
         if digest.hexdigest() != delta.chain_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         # Checked: the internal copy becomes the new view, changed in place (only what is
         # new is copied into it), and the caller gets a copy of that: the spare copy of
         # the base changed the same way when `prepare` made one, else a copy made now.
         self.own.clear()
-        new_head = _head_only(delta.head, head)
+        new_head = _head_only(delta.head) if extra else delta.head
         _change(own, delta, new_head, section_msgs, prompt)
         if self.spare:
             view = self.spare.pop()
@@ -226,7 +289,7 @@ class HeldView:
         else:
             view = view_pb2.CompiledView()
             view.CopyFrom(own)
-        return HeldView(view, tuple(sections), None, tools, chain, [own])
+        return HeldView(view, sections, None, tools, chain, [own], joined=prompt)
 
     def _apply_whole(self, delta: cpb.ViewDelta) -> HeldView:
         records = self.messages
@@ -237,74 +300,58 @@ class HeldView:
             records = tuple(_split(serialized).get(_MESSAGES, ()))
         if delta.kept_messages > len(records):
             raise DeltaMismatch("the delta keeps more messages than the base has")
-        head, sections, _, prompt = self._head_and_slots(
-            delta, lambda i: self.view.system_sections[i]
-        )
+        front, middle, back, _ = self._head(delta)
+        sections, _, prompt = self._slots(delta, lambda i: self.view.system_sections[i])
         messages = records[: delta.kept_messages] + tuple(
             _record(_MESSAGES, m.SerializeToString(deterministic=True))
             for m in delta.appended_messages
         )
-        tools = (
-            tuple(_record(_TOOLS, t.SerializeToString(deterministic=True)) for t in delta.tools)
-            if delta.tools_changed
-            else self.tools
-        )
-        data = b"".join(_parts(head, sections, prompt, messages, tools))
+        tools = self._tools(delta)
+        data = b"".join((front, *sections, prompt, middle, *messages, *tools, back))
         if hashlib.sha256(data).hexdigest() != delta.view_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
-        return HeldView(view_pb2.CompiledView.FromString(data), tuple(sections), messages, tools)
+        view = view_pb2.CompiledView.FromString(data)
+        return HeldView(view, sections, messages, tools, joined=prompt)
+
+
+def _sha256(pieces: Iterable[bytes]) -> hashlib._Hash:
+    """The sha256 of the pieces' concatenation, without making it."""
+    h = hashlib.sha256()
+    for piece in pieces:
+        h.update(piece)
+    return h
 
 
 def _change(
     view: view_pb2.CompiledView,
     delta: cpb.ViewDelta,
     head: Any,
-    sections: list[view_pb2.SystemSection],
-    prompt: str,
+    sections: list[view_pb2.SystemSection] | None,
+    prompt: bytes,
 ) -> None:
     """Turns a copy of a delta's base into the view the delta describes, in place: only
-    what is new is copied into it."""
+    what is new is copied into it (`sections` None: the base's sections and prompt stay;
+    `prompt` is the new prompt's record)."""
     for name in _HEAD_FIELDS:
         if name != "compaction" or not delta.compaction_kept:
             view.ClearField(name)
     view.MergeFrom(head)
     del view.messages[delta.kept_messages :]
     view.messages.extend(delta.appended_messages)
-    del view.system_sections[:]
-    view.system_sections.extend(sections)
-    view.system_prompt = prompt
+    if sections is not None:
+        del view.system_sections[:]
+        view.system_sections.extend(sections)
+        view.system_prompt = "\n\n".join(s.text for s in sections)
     if delta.tools_changed:
         del view.tools[:]
         view.tools.extend(delta.tools)
 
 
-def _head_only(head: view_pb2.CompiledView, fields: dict[int, list[bytes]]) -> Any:
+def _head_only(head: view_pb2.CompiledView) -> Any:
     """`head` without the fields the rule rebuilds from the base (a head leaves them
     empty; one that does not would add its own to the view it is merged into)."""
-    if not fields.keys() & {_SECTIONS, _PROMPT, _MESSAGES, _TOOLS}:
-        return head
     out = view_pb2.CompiledView()
     out.CopyFrom(head)
     for name in ("system_sections", "system_prompt", "messages", "tools"):
         out.ClearField(name)
     return out
-
-
-def _parts(
-    head: dict[int, list[bytes]],
-    sections: list[bytes],
-    prompt: str,
-    messages: tuple[bytes, ...],
-    tools: tuple[bytes, ...],
-) -> Iterator[bytes]:
-    """A view's encoding in field number order: the head's fields around the records."""
-    numbers = sorted(head)
-    return chain(
-        (r for n in numbers if n < _SECTIONS for r in head[n]),
-        sections,
-        (_record(_PROMPT, prompt.encode()) if prompt else b"",),
-        (r for n in numbers if _PROMPT < n < _MESSAGES for r in head[n]),
-        messages,
-        tools,
-        (r for n in numbers if n > _TOOLS for r in head[n]),
-    )
