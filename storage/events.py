@@ -49,12 +49,14 @@ class EventRecords(StoreCore):
             batch = Batch()
             added = 0
             ids: list[str] = []
+            sizes: list[int] = []
             for offset, new in enumerate(batch_in.events, start=1):
                 record = encode_event(head + offset, new.event_id, batch_in.now_ns, new.payload)
                 batch.put("events", session_key(sid, be64(head + offset)), record)
                 batch.put("event_ids", session_key(sid, new.event_id.encode()), be64(head + offset))
                 added += len(record)
                 ids.append(new.event_id)
+                sizes.append(len(record))
             added += self._add_blobs(batch, sid, batch_in.blobs)
             last = head + len(batch_in.events)
             self._check_quota(session, added)
@@ -74,6 +76,11 @@ class EventRecords(StoreCore):
             batch.put("sessions", sid.encode(), session_bytes)
             self._write(batch, sid)
             self._remember_decoded("sessions", sid.encode(), updated, len(session_bytes))
+            written = [
+                Event(head + offset, new.event_id, batch_in.now_ns, new.payload)
+                for offset, new in enumerate(batch_in.events, start=1)
+            ]
+            self._tails.wrote(sid, written, sizes)
             return result
 
     def _replayed(self, sid: str, batch_in: AppendBatch) -> AppendResult | None:
@@ -115,6 +122,11 @@ class EventRecords(StoreCore):
     ) -> list[Event]:
         if after_seq >= MAX_SEQ:
             return []  # nothing can follow the largest sequence number
+        if through_seq is not None and limit is None and not kinds:
+            # A step's compile asks for what its append just wrote: kept (tails.py).
+            kept = self._tails.read(session_id, after_seq, through_seq)
+            if kept is not None:
+                return kept
         start = session_key(session_id, be64(after_seq + 1))
         end = (
             session_key(session_id, be64(through_seq + 1))

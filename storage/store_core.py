@@ -22,6 +22,7 @@ from storage.generations import Generations
 from storage.keys import SEP, session_key
 from storage.kv import KV, Batch
 from storage.schema import ensure_schema
+from storage.tails import Tails
 
 _STRIPES = 256
 # Decoded records kept (see StoreCore._decoded): at most this many, and at most this many
@@ -77,6 +78,8 @@ class StoreCore:
         self._decoded: OrderedDict[tuple[str, bytes], tuple[object, int]] = OrderedDict()
         self._decoded_bytes = 0
         self._decoded_lock = threading.Lock()
+        # The latest events of each session, as its appends wrote them (tails.py).
+        self._tails = Tails()
 
     def generation(self, session_id: str, route_id: str) -> Generation:
         return self._generations.of(session_id, route_id)
@@ -102,6 +105,8 @@ class StoreCore:
     def _forget_decoded(self, batch: Batch) -> None:
         """Before a write: the kept values of the keys it changes are dropped (all of them
         for a range), so a reader meanwhile reads the store, never a value it replaces."""
+        if any(cf == "events" for cf, _, _ in batch.ranges):
+            self._tails.forget()  # a session deleted: rare, so every tail goes
         with self._decoded_lock:
             if not self._decoded:
                 return

@@ -61,6 +61,7 @@ def _from_scratch(d: Daemon) -> None:
     store = d._store
     assert store is not None and d.compile_servicer is not None
     store._decoded_value = lambda cf, key, cls: None  # type: ignore[method-assign]
+    store._tails.read = lambda session_id, after_seq, through_seq: None  # type: ignore[method-assign]
     servicer = d.compile_servicer
     servicer._options.options = compile_options_in  # type: ignore[method-assign,assignment]
     servicer._lent.repeated = lambda view: None  # type: ignore[method-assign]
