@@ -103,7 +103,13 @@ def _message_out(m: ViewMessage) -> view_pb2.ViewMessage:
 _RECORDS: dict[int, tuple[weakref.ref[ViewMessage], bytes]] = {}
 
 
+# The one-byte varints: a record's key and most lengths and counts of a step.
+_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
+
+
 def varint(n: int) -> bytes:
+    if 0 <= n < 0x80:
+        return _ONE_BYTE[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)

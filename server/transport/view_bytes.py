@@ -63,6 +63,9 @@ class ViewBytes:
     # view of the stream when its request is the same, and where in `back` it starts.
     compaction: bytes = b""
     compaction_at: int = 0
+    # The records of the notes (field 21, the end of `back`), lent to the next view of the
+    # stream when its notes start with these.
+    notes: bytes = b""
 
     def whole(self, field: int = 0) -> bytes:
         """The view's encoding; with `field`, as that length-delimited field of another
@@ -160,9 +163,17 @@ def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tupl
     """The messages' records and their total size. Both follow only the messages that are
     not `last`'s (the lent view's size is known, the records it lends are not summed)."""
     parts = last.parts
-    same = _kept(last.messages, messages)
-    new = tuple(map(message_record, messages[same:]))
-    records = last.records[:same] + new
+    old, lent_records = last.messages, last.records
+    same = _kept(old, messages)
+    # The memo projects the last few messages again at every step, as other objects: the
+    # ones equal to the last view's at their place take its records. Compared only near
+    # the first one not kept: a history that moved (a checkpoint) is not compared through.
+    near = min(len(old), len(lent_records), same + _TAIL)
+    new = tuple(
+        lent_records[i] if i < near and old[i] == m else message_record(m)
+        for i, m in enumerate(messages[same:], same)
+    )
+    records = lent_records[:same] + new
     if parts is not None and parts.messages is last.records:
         lent = parts.size - parts.size_without_messages() - sum(map(len, last.records[same:]))
         return records, lent + sum(map(len, new))
@@ -201,6 +212,24 @@ def _compaction_record(v: CompiledView, last: LentRecords) -> bytes:
     return tagged(19, compaction_out(c).SerializeToString(deterministic=True))
 
 
+def _notes_record(v: CompiledView, last: LentRecords) -> bytes:
+    """The records of the view's notes (field 21): the last view's and those of the notes
+    after them when the view's notes start with the last view's (a session whose steps
+    each add a note has as many notes as steps, all sent in every head)."""
+    notes, old, parts = v.notes, last.view, last.parts
+    if old is not None and parts is not None and parts.notes and old.notes:
+        k = len(old.notes)
+        if notes[:k] == old.notes:
+            return parts.notes + _notes_only(notes[k:])
+    return _notes_only(notes)
+
+
+def _notes_only(notes: tuple[str, ...]) -> bytes:
+    if not notes:
+        return b""
+    return view_pb2.CompiledView(notes=notes).SerializeToString(deterministic=True)
+
+
 def _sections_of(v: CompiledView, last: LentRecords) -> tuple[tuple[bytes, ...], bytes, bool]:
     """The records of the view's sections and of its system prompt, and whether the prompt
     is the sections joined: the last view's when its sections and prompt are equal values
@@ -232,13 +261,14 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     middle = head_middle(v).SerializeToString(deterministic=True)
     compaction = _compaction_record(v, last)
     # Fields 12-18, the compaction request (19), then renderings (20) and notes (21): the
-    # deterministic encoding writes fields in number order, so the three concatenate.
-    tail = b""
-    if result.renderings or v.notes:
-        out = view_pb2.CompiledView(renderings=renderings_out(result.renderings), notes=v.notes)
-        tail = out.SerializeToString(deterministic=True)
+    # deterministic encoding writes fields in number order, so the four concatenate.
+    rendered = b""
+    if result.renderings:
+        out = view_pb2.CompiledView(renderings=renderings_out(result.renderings))
+        rendered = out.SerializeToString(deterministic=True)
+    notes = _notes_record(v, last)
     back_fields = head_back_fields(v).SerializeToString(deterministic=True)
-    back = b"".join((back_fields, compaction, tail))
+    back = b"".join((back_fields, compaction, rendered, notes))
     sections, prompt, joined = _sections_of(v, last)
     if result.attachments:
         data = dict(result.attachments)
@@ -271,6 +301,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         size=size,
         compaction=compaction,
         compaction_at=len(back_fields),
+        notes=notes,
     )
 
 

@@ -35,7 +35,7 @@ from server.domain.records import Checkpoint, CheckpointKind, RouteState
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.compile_types import CompileResult
 from server.transport.convert_view import _message_out, result_out, view_out
-from server.transport.view_bytes import view_bytes
+from server.transport.view_bytes import LentRecords, view_bytes
 from tests.unit.test_system_prompt import WordCounter
 
 C = WordCounter()
@@ -202,6 +202,8 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
     log: list[Event] = []
     memos: dict[int, ProjectionMemo | None] = {}
     baselines: dict[int, RouteState] = {}
+    # What a stream's last view of each route lends the next one's encoding.
+    lent: dict[int, LentRecords] = {}
     for n, step in enumerate(script):
         for p in step.new:
             log.append(Event(len(log) + 1, f"e{len(log) + 1}", n, _fix(p)))
@@ -217,8 +219,13 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
         assert view.notes == scratch.notes
         assert view == scratch
         assert wire(view) == wire(scratch) == wire_object_by_object(scratch)
-        # What Compile and CompileStream send: the head parts and cached records joined.
+        # What Compile and CompileStream send: the head parts and cached records joined,
+        # alone and with the records, sections, notes and compaction of the route's last
+        # view lent (as a stream lends them).
         assert view_bytes(CompileResult(view)).whole() == wire(scratch)
+        parts = view_bytes(CompileResult(view), lent.get(step.route, LentRecords()))
+        assert parts.whole() == wire(scratch) and parts.size == len(wire(scratch))
+        lent[step.route] = LentRecords(view.messages, parts.messages, view, parts)
         rendered = CompileResult(view, renderings=((RenderFormat.OPENAI_CHAT, "{}", 7),))
         expected = result_out(rendered).SerializeToString(deterministic=True)
         assert view_bytes(rendered).whole() == expected
