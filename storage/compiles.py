@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import TypeVar
 
 from server.domain.errors import CtxccError, Reason, session_not_found
@@ -14,10 +13,8 @@ from server.domain.records import (
     Checkpoint,
     CompileRecord,
     DamagedCheckpoint,
-    RouteModel,
     RouteState,
     Usage,
-    UsagePlan,
 )
 from server.domain.replacing import replaced
 from server.domain.table_chunks import PendingChunk, TableChunk, Tabled, stored, whole
@@ -27,7 +24,6 @@ from storage.keys import (
     END,
     LAST_COMPILE,
     PART,
-    ROUTE_MODEL,
     USAGE,
     be64,
     session_key,
@@ -45,7 +41,7 @@ _KNOWN_PARTS = 8_192
 log = logging.getLogger("ctxcc.storage")
 
 
-def _kept(encoded: bytes, value: CompileRecord | RouteState, written: object) -> int:
+def kept_bytes(encoded: bytes, value: CompileRecord | RouteState, written: object) -> int:
     """What a record kept decoded counts against the store's budget: its encoding, with
     the whole table when the form `written` names chunks instead of holding it."""
     if written is value:
@@ -55,15 +51,6 @@ def _kept(encoded: bytes, value: CompileRecord | RouteState, written: object) ->
 
 def _damaged_chunk(sid: str) -> CorruptRecordError:
     return CorruptRecordError(f"a table chunk of a record of session {sid!r} is missing")
-
-
-def _finite(model: RouteModel) -> bool:
-    """A NaN or an infinity decodes fine but would turn every estimate on the route into
-    an error (an integer cannot be rounded from it)."""
-    figures = [model.ratio, model.overhead, model.overhead_spread, model.full_local]
-    figures.append(model.framing)
-    figures += [x for pair in model.ratio_observations for x in pair]
-    return all(math.isfinite(x) for x in figures)
 
 
 class CompileRecords(StoreCore):
@@ -144,8 +131,12 @@ class CompileRecords(StoreCore):
             if route_since is None or self.generation(sid, record.route.route_id) != route_since:
                 self._move_route(batch, sid, record.route, record.session_create_time_ns)
             self._write(batch, sid)
-            self._remember_decoded("compiles", record_key, record, _kept(encoded, record, stored))
-            self._remember_decoded("compiles", last_key, record, _kept(encoded, record, stored))
+            self._remember_decoded(
+                "compiles", record_key, record, kept_bytes(encoded, record, stored)
+            )
+            self._remember_decoded(
+                "compiles", last_key, record, kept_bytes(encoded, record, stored)
+            )
             if keys:
                 # Still under the session's lock, which its deletion takes: parts known
                 # after a deletion cleared the set would be taken as stored in the
@@ -281,131 +272,3 @@ class CompileRecords(StoreCore):
             return record
         raw = self._kv.get("compiles", session_key(sid, USAGE + suffix))
         return record if raw is None else replaced(record, usage=decode_value(raw, Usage))
-
-    def record_usage(
-        self,
-        compile_id: str,
-        usage: Usage,
-        plan: UsagePlan,
-    ) -> tuple[CompileRecord, bool]:
-        """Usage, the session's new baseline and (through the learner, called once per
-        report, never on a repeat) the route's model, in one atomic batch; `plan` makes
-        the baseline and the learner from the record as read here (see ports.UsagePlan),
-        so the record is read once."""
-        done = self._record_usage(compile_id, usage, plan, True)
-        assert done is not None  # waiting, it always gets its locks
-        return done
-
-    def try_record_usage(
-        self,
-        compile_id: str,
-        usage: Usage,
-        plan: UsagePlan,
-    ) -> tuple[CompileRecord, bool] | None:
-        """record_usage, or None (nothing written) when it would wait for a lock or for a
-        RocksDB write stall."""
-        return self._record_usage(compile_id, usage, plan, False)
-
-    def _record_usage(
-        self,
-        compile_id: str,
-        usage: Usage,
-        plan: UsagePlan,
-        wait: bool,
-    ) -> tuple[CompileRecord, bool] | None:
-        sid, suffix = split_compile_id(compile_id)
-        lock = self._lock(sid)
-        if not lock.acquire(blocking=wait):
-            return None
-        try:
-            record = self.get_compile(compile_id)
-            # Made before the repeat check: its refusals (a route mismatch) hold for a
-            # repeated report too.
-            route_state, learn = plan(record)
-            if record.usage is not None:
-                return record, True
-            updated = replaced(record, usage=usage)
-            # Losing a baseline only means the next estimate is a full one.
-            batch = Batch(durable=False, no_wait=not wait)
-            # The report goes under a key of its own beside the record: the record (its
-            # table of a row per message) is neither split nor encoded nor written again.
-            batch.put("compiles", session_key(sid, USAGE + suffix), encode_value(usage))
-            state_key = session_key(sid, route_state.route_id.encode())
-            stored_state, state_chunks = self._split(sid, route_state)
-            # Usually known from the record's own write (a record written before chunks
-            # existed has none stored yet).
-            keys = self._stage_parts(batch, sid, state_chunks)
-            state_bytes = encode_value(stored_state)
-            self._move_route(batch, sid, record.route)
-            batch.put("routes", state_key, state_bytes)
-            # The record kept decoded is kept with its usage: it goes right before the
-            # write (a reader meanwhile reads both keys from the store), back after it.
-            record_key = session_key(sid, suffix)
-            if learn is None:
-                kept_size = self._forget_kept(record_key)
-                self._write(batch, sid)
-            else:
-                # Sessions on one route report concurrently.
-                if not self._models_lock.acquire(blocking=wait):
-                    return None
-                try:
-                    model = learn(self.get_route_model(route_state.route_id))
-                    model_key = ROUTE_MODEL + model.route_id.encode()
-                    model_bytes = encode_value(model)
-                    batch.put("routes", model_key, model_bytes)
-                    kept_size = self._forget_kept(record_key)
-                    self._write(batch, sid, model.route_id)
-                    if _finite(model):  # as a read of it would find it
-                        self._remember_decoded("routes", model_key, model, len(model_bytes))
-                finally:
-                    self._models_lock.release()
-            if kept_size is not None:
-                self._remember_decoded("compiles", record_key, updated, kept_size)
-            self._remember_decoded(
-                "routes", state_key, route_state, _kept(state_bytes, route_state, stored_state)
-            )
-            if keys:
-                self._known_parts(keys)
-            self._staged_now(sid, stored_state)
-            return updated, False
-        except WriteWouldWait:
-            return None
-        finally:
-            lock.release()
-
-    def _forget_kept(self, key: bytes) -> int | None:
-        """Drops the compile record kept decoded under `key`: the size it counted, if kept."""
-        with self._decoded_lock:
-            kept = self._decoded.pop(("compiles", key), None)
-            if kept is None:
-                return None
-            self._decoded_bytes -= kept[1]
-            return kept[1]
-
-    def get_route_model(self, route_id: str) -> RouteModel | None:
-        """None also for a damaged model: it is only learned advice, so the route starts
-        over (the next report rewrites it) instead of failing every compile on it."""
-        key = ROUTE_MODEL + route_id.encode()
-        kept = self._decoded_value("routes", key, RouteModel)
-        if kept is not None:
-            return kept
-        raw = self._kv.get("routes", key)
-        if raw is None:
-            return None
-        try:
-            model = decode_value(raw, RouteModel)
-        except CorruptRecordError as exc:
-            log.warning("route model %s ignored and relearned: %s", route_id, exc.detail)
-            return None
-        if not _finite(model):
-            log.warning("route model %s ignored and relearned: a non-finite figure", route_id)
-            return None
-        return model
-
-    def get_route_state(self, session_id: str, route_id: str) -> RouteState | None:
-        key = session_key(session_id, route_id.encode())
-        kept = self._decoded_value("routes", key, RouteState)
-        if kept is not None:
-            return kept
-        raw = self._kv.get("routes", key)
-        return None if raw is None else self._joined(session_id, decode_value(raw, RouteState))

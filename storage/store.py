@@ -1,7 +1,8 @@
 """The event store: the canonical history of R-HIST-1 over an ordered KV engine.
 
 Rules the store keeps (its parts live in `storage.sessions`, `storage.events`,
-`storage.compiles` and `storage.registry`, over `storage.store_core` and `storage.keys`):
+`storage.compiles`, `storage.usage_records` and `storage.registry`, over
+`storage.store_core` and `storage.keys`):
 - every mutating call builds one Batch and writes it once: all or nothing;
 - appends to one session are serialized by a striped lock, so "read head, check,
   write" cannot interleave; different sessions append in parallel and share fsyncs
@@ -11,17 +12,17 @@ Rules the store keeps (its parts live in `storage.sessions`, `storage.events`,
 
 from __future__ import annotations
 
-from storage.compiles import CompileRecords
 from storage.events import EventRecords, IdempotencyRecord
 from storage.kv import Footprint
 from storage.registry import RegistryRecords
 from storage.sessions import SessionRecords
 from storage.store_core import StoreLimits
+from storage.usage_records import UsageRecords
 
 __all__ = ["IdempotencyRecord", "KVEventStore", "StoreLimits"]
 
 
-class KVEventStore(SessionRecords, EventRecords, CompileRecords, RegistryRecords):
+class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
     def approximate_size(self) -> int:
         return self._kv.approximate_size()
 

@@ -125,6 +125,9 @@ class RouteState:
     message_tokens: tuple[int, ...] = ()
     # On disk only, as CompileRecord.table_chunks.
     table_chunks: tuple[str, ...] = ()
+    # On disk only: the table is the baseline compile's (a usage report's state), so it
+    # is read from that record instead of being stored twice (none of it inline).
+    table_of_baseline: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,7 +140,7 @@ def test_records_written_before_chunks_read_as_they_are(store: KVEventStore) -> 
     """A data directory of the daemon before chunks: records, the latest copy and a route
     state with 700-message tables inline. They read as written; a usage report on such a
     record leaves it as it was written (the report is stored beside it), and the route
-    state it writes is chunked; both read whole."""
+    state it writes names the record's table instead of holding it; both read whole."""
     digests, tokens = table(700)
     old = record("s:b1", digests, tokens, boundary=1)
     batch = Batch()
@@ -154,7 +154,8 @@ def test_records_written_before_chunks_read_as_they_are(store: KVEventStore) -> 
     store.record_usage("s:b1", Usage(120, 30), PLAN)
     assert store._kv.get("compiles", session_key("s", b"b1")) == as_main_wrote(old)
     raw = store._kv.get("routes", session_key("s", ROUTE.route_id.encode()))
-    assert raw is not None and len(body(raw)["table_chunks"]) == 2  # type: ignore[arg-type]
+    assert raw is not None and body(raw)["table_of_baseline"] is True
+    assert not body(raw)["message_tokens"] and not body(raw)["table_chunks"]
     reported = replace(old, usage=Usage(120, 30))
     for st in (store, KVEventStore(store._kv)):
         assert reads(st, "s:b1", 1) == (reported, old, reported, (reported,), state_of(old))
@@ -174,6 +175,23 @@ def test_a_missing_chunk_is_a_damaged_record_not_a_shorter_table(store: KVEventS
     assert err.value.reason is Reason.RECORD_CORRUPT
     with pytest.raises(CtxccError) as err:
         twin.get_last_compile("s")
+    assert err.value.reason is Reason.RECORD_CORRUPT
+
+
+def test_a_route_state_whose_baseline_record_is_gone_is_damaged(store: KVEventStore) -> None:
+    """A report's route state reads its table from the reported compile's record: without
+    that record it is a damaged record, not a state with a shorter (or no) table."""
+    digests, tokens = table(CHUNK + 9)
+    store.put_compile(record("s:f1", digests, tokens))
+    store.record_usage("s:f1", Usage(120, 30), PLAN)
+    assert KVEventStore(store._kv).get_route_state("s", ROUTE.route_id) == state_of(
+        record("s:f1", digests, tokens)
+    )
+    batch = Batch()
+    batch.delete("compiles", session_key("s", b"f1"))
+    store._kv.write(batch)
+    with pytest.raises(CtxccError) as err:
+        KVEventStore(store._kv).get_route_state("s", ROUTE.route_id)
     assert err.value.reason is Reason.RECORD_CORRUPT
 
 
