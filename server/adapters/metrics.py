@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Gauge, Info
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from server.adapters.plain_metrics import PlainMetrics
 from server.compiler.view import (
     VOLATILE_SECTIONS,
     CompiledView,
@@ -84,113 +85,111 @@ class _TokenizerCollector(Collector):
 
 
 class PrometheusTelemetry:
+    """Counters and histograms are plain numbers changed under one lock, taken once per
+    call, and read at scrape time (plain_metrics.py); gauges are prometheus-client's."""
+
     def __init__(self, version: str) -> None:
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._gauges: dict[str, Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         Info("ctxcc_build", "Build information of the ctxcc daemon.", registry=r).info(
             {"version": version}
         )
-        self.compile_seconds = Histogram(
+        plain = self._plain = PlainMetrics()
+        self._lock = plain.lock
+        self.compile_seconds = plain.histogram(
             "ctxcc_compile_duration_seconds",
             "Time to compile one view, storage reads included.",
             ["model_family"],
-            buckets=_LATENCY,
-            registry=r,
+            _LATENCY,
         )
-        self.view_tokens = Histogram(
+
+        self.view_tokens = plain.histogram(
             "ctxcc_view_tokens",
             "Estimated tokens of compiled views per layer, and the provider overhead.",
             ["layer"],
-            buckets=_TOKENS,
-            registry=r,
+            _TOKENS,
         )
-        self.utilization = Histogram(
+
+        self.utilization = plain.histogram(
             "ctxcc_budget_utilization_ratio",
             "Estimated input tokens / input budget per compile.",
             ["model_family"],
-            buckets=_RATIO,
-            registry=r,
+            _RATIO,
         )
-        self.decisions = Counter(
-            "ctxcc_compile_decisions_total", "Compile decisions.", ["decision"], registry=r
+
+        self.decisions = plain.counter(
+            "ctxcc_compile_decisions_total", "Compile decisions.", ["decision"]
         )
-        self.fallbacks = Counter(
+        self.fallbacks = plain.counter(
             "ctxcc_projection_fallbacks_total",
             "Checkpoints passed over by projections, by reason.",
             ["reason"],
-            registry=r,
         )
-        self.prefix_changes = Counter(
+        self.prefix_changes = plain.counter(
             "ctxcc_prefix_changes_total",
             "Parts of the cached prompt prefix (stable system sections, tools) that changed "
             "since the session's previous compile: provider prompt-cache busts, by section. "
             "The volatile environment section is never counted.",
             ["section"],
-            registry=r,
         )
-        self.compactions = Counter(
+        self.compactions = plain.counter(
             "ctxcc_compactions_total",
             "Compactions recommended (performed=false) and performed, by kind.",
             ["kind", "performed"],
-            registry=r,
         )
-        self.memo_lookups = Counter(
+        self.memo_lookups = plain.counter(
             "ctxcc_compile_memo_lookups_total",
             "Compiles by what their session's memo gave: hit (only new events compiled), "
             "miss (no memo kept), stale (a memo that did not verify: compiled from scratch) or "
             "repeat (nothing written since the last compile: its view sent again).",
             ["outcome"],
-            registry=r,
         )
-        self.memo_evictions = Counter(
+        self.memo_evictions = plain.counter(
             "ctxcc_compile_memo_evictions_total",
             "Memos dropped to keep the cache within compile_memo_bytes.",
-            registry=r,
         )
-        self.abandoned = Counter(
+        self.abandoned = plain.counter(
             "ctxcc_compiles_abandoned_total",
             "Compiles stopped mid-work because their caller went away (client deadline or "
             "cancel, stream closed, shutdown after the grace period): the CPU not spent.",
-            registry=r,
         )
         self.memo_bytes = Gauge(
             "ctxcc_compile_memo_bytes", "Approximate bytes held by compile memos.", registry=r
         )
-        self.events_appended = Counter(
-            "ctxcc_events_appended_total", "Events appended to session logs.", registry=r
+        self.events_appended = plain.counter(
+            "ctxcc_events_appended_total", "Events appended to session logs."
         )
-        self.bytes_appended = Counter(
-            "ctxcc_appended_bytes_total", "Bytes of events appended.", registry=r
+        self.bytes_appended = plain.counter(
+            "ctxcc_appended_bytes_total", "Bytes of events appended."
         )
-        self.usage_reports = Counter(
+        self.usage_reports = plain.counter(
             "ctxcc_usage_reports_total",
             "Usage reports matched to compiles.",
             ["model_family", "model", "method"],
-            registry=r,
         )
-        self.estimation_error = Histogram(
+        self.estimation_error = plain.histogram(
             "ctxcc_estimation_error_ratio",
             "Relative estimation error |reported - estimate| / reported per usage report.",
             ["model_family", "model", "method"],
-            buckets=_ERROR,
-            registry=r,
+            _ERROR,
         )
-        self.estimation_error_tokens = Histogram(
+
+        self.estimation_error_tokens = plain.histogram(
             "ctxcc_estimation_error_tokens",
             "Absolute estimation error |reported - estimate| in tokens per usage report.",
             ["model_family", "model", "method"],
-            buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000),
-            registry=r,
+            (10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000),
         )
+
         self.watchers = Gauge("ctxcc_watchers", "Open WatchSession streams.", registry=r)
-        self.rpc_seconds = Histogram(
+        self.rpc_seconds = plain.histogram(
             "ctxcc_rpc_duration_seconds",
             "RPC latency by method and status code.",
             ["method", "code"],
-            buckets=_LATENCY,
-            registry=r,
+            _LATENCY,
         )
+
         self.rpcs_in_flight = Gauge(
             "ctxcc_rpcs_in_flight",
             "Calls in a handler now (taken, not yet answered), by method; a graceful "
@@ -198,17 +197,16 @@ class PrometheusTelemetry:
             ["method"],
             registry=r,
         )
-        self.rpc_errors = Counter(
+        self.rpc_errors = plain.counter(
             "ctxcc_rpc_errors_total",
             "RPCs that ended with a status other than OK, by method and code.",
             ["method", "code"],
-            registry=r,
         )
-        self.write_seconds = Histogram(
+        self.write_seconds = plain.histogram(
             "ctxcc_storage_write_duration_seconds",
             "Time of one atomic storage write (RocksDB WriteBatch, fsync included in sync mode).",
-            buckets=_LATENCY,
-            registry=r,
+            (),
+            _LATENCY,
         )
 
         # Bounded label sets start at zero, so dashboards and alert ratios see the series
@@ -227,6 +225,10 @@ class PrometheusTelemetry:
                 self.compactions.labels(kind, performed)
         for outcome in ("hit", "miss", "stale", "repeat"):
             self.memo_lookups.labels(outcome)
+        self._events_appended = self.events_appended.labels()
+        self._bytes_appended = self.bytes_appended.labels()
+        self._write_seconds = self.write_seconds.labels()
+        r.register(plain)
 
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self.registry.register(_StoreCollector(sessions, footprint))
@@ -234,58 +236,56 @@ class PrometheusTelemetry:
     def watch_tokenizers(self, names: Iterable[str], loaded: Callable[[], Collection[str]]) -> None:
         self.registry.register(_TokenizerCollector(names, loaded))
 
-    def _of(self, metric: Any, *labels: str) -> Any:
-        """metric.labels(*labels), remembered: every compile and RPC records a dozen
-        series, and the client's lookup validates and locks each time. Label values
-        are bounded sets (enum names, methods, catalog families), so is this."""
-        key = (id(metric), labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
-
     def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None:
-        self._of(self.compile_seconds, model_family).observe(seconds)
-        layers = self._layer_tokens
-        for row in view.layers:
-            layers[row.layer].observe(row.tokens)
-        # With the layers it adds up to the estimate (negative when the provider counts
-        # fewer tokens than the ledger, so the family's _sum stays exact).
-        self._overhead_tokens.observe(view.budget.provider_overhead_tokens)
-        if view.budget.input_budget:
-            self._of(self.utilization, model_family).observe(view.budget.utilization)
-        self._decided[view.decision].inc()
-        for reason in view.fallback_reasons:
-            self.fallbacks.labels(reason.name.lower()).inc()
-        for section in view.changed_sections:
-            self.prefix_changes.labels(section.name.lower()).inc()
+        budget = view.budget
+        with self._lock:
+            self.compile_seconds.labels(model_family).observe(seconds)
+            layers = self._layer_tokens
+            for row in view.layers:
+                layers[row.layer].observe(row.tokens)
+            # With the layers it adds up to the estimate (negative when the provider counts
+            # fewer tokens than the ledger, so the family's _sum stays exact).
+            self._overhead_tokens.observe(budget.provider_overhead_tokens)
+            if budget.input_budget:
+                self.utilization.labels(model_family).observe(budget.utilization)
+            self._decided[view.decision].inc()
+            for reason in view.fallback_reasons:
+                self.fallbacks.labels(reason.name.lower()).inc()
+            for section in view.changed_sections:
+                self.prefix_changes.labels(section.name.lower()).inc()
 
     def appended(self, events: int, size_bytes: int) -> None:
-        self.events_appended.inc(events)
-        self.bytes_appended.inc(size_bytes)
+        with self._lock:
+            self._events_appended.inc(events)
+            self._bytes_appended.inc(size_bytes)
 
     def usage_reported(
         self, estimated: int, actual: int, model_family: str, method: str, model: str
     ) -> None:
-        self._of(self.usage_reports, model_family, model, method).inc()
-        if actual > 0:
-            err = abs(actual - estimated)
-            self._of(self.estimation_error, model_family, model, method).observe(err / actual)
-            self._of(self.estimation_error_tokens, model_family, model, method).observe(err)
+        with self._lock:
+            self.usage_reports.labels(model_family, model, method).inc()
+            if actual > 0:
+                err = abs(actual - estimated)
+                self.estimation_error.labels(model_family, model, method).observe(err / actual)
+                self.estimation_error_tokens.labels(model_family, model, method).observe(err)
 
     def compaction(self, kind: str, performed: bool) -> None:
-        self.compactions.labels(kind, "true" if performed else "false").inc()
+        with self._lock:
+            self.compactions.labels(kind, "true" if performed else "false").inc()
 
     def memo_used(self, outcome: str) -> None:
-        self._of(self.memo_lookups, outcome).inc()
+        with self._lock:
+            self.memo_lookups.labels(outcome).inc()
 
     def memo_changed(self, evicted: int, size_bytes: int) -> None:
         if evicted:
-            self.memo_evictions.inc(evicted)
+            with self._lock:
+                self.memo_evictions.labels().inc(evicted)
         self.memo_bytes.set(size_bytes)
 
     def compile_abandoned(self) -> None:
-        self.abandoned.inc()
+        with self._lock:
+            self.abandoned.labels().inc()
 
     def watchers_changed(self, delta: int) -> None:
         self.watchers.inc(delta)
@@ -296,17 +296,28 @@ class PrometheusTelemetry:
         codes = tuple(codes)
         for method in methods:
             self.rpcs_in_flight.labels(method)
-            for code in codes:
-                self.rpc_errors.labels(method, code)
+            with self._lock:
+                for code in codes:
+                    self.rpc_errors.labels(method, code)
 
     def rpc_started(self, method: str) -> None:
-        self._of(self.rpcs_in_flight, method).inc()
+        self._in_flight(method).inc()
 
     def rpc_done(self, method: str, code: str, seconds: float) -> None:
-        self._of(self.rpcs_in_flight, method).dec()
-        self._of(self.rpc_seconds, method, code).observe(seconds)
-        if code != "OK":
-            self.rpc_errors.labels(method, code).inc()
+        self._in_flight(method).dec()
+        with self._lock:
+            self.rpc_seconds.labels(method, code).observe(seconds)
+            if code != "OK":
+                self.rpc_errors.labels(method, code).inc()
+
+    def _in_flight(self, method: str) -> Any:
+        """The gauge's child, remembered: the client's lookup validates and locks each
+        time. Methods are a bounded set, so is this."""
+        child = self._gauges.get(method)
+        if child is None:
+            child = self._gauges[method] = self.rpcs_in_flight.labels(method)
+        return child
 
     def storage_write(self, seconds: float) -> None:
-        self.write_seconds.observe(seconds)
+        with self._lock:
+            self._write_seconds.observe(seconds)
