@@ -13,14 +13,20 @@ from server.compiler.budget import ModelLimits
 from server.compiler.render import RenderFormat
 from server.compiler.system import ApprovalMode
 from server.compiler.view import (
+    Budget,
     CompactionRequest,
     CompiledView,
+    Decision,
+    FallbackReason,
+    Layer,
+    LayerTokens,
     SectionKind,
     SystemSection,
     ViewMessage,
     ViewTool,
 )
 from server.domain.errors import invalid
+from server.domain.model import NativeState
 from server.service.compile_types import CompileOptions, CompileResult
 from server.transport.convert_events import artifact_out, call_out, route_in, route_out
 
@@ -257,50 +263,100 @@ def compaction_out(c: CompactionRequest) -> view_pb2.CompactionRequest:
 
 def head_back_fields(v: CompiledView) -> view_pb2.CompiledView:
     """Fields 12-18 of the view (what precedes its compaction request, 19)."""
-    b = v.budget
     out = view_pb2.CompiledView(
         pressure_layer=view_pb2.Layer.ValueType(int(v.pressure_layer)),
-        budget=view_pb2.Budget(
-            context_window=b.context_window,
-            output_reserve=b.output_reserve,
-            input_budget=b.input_budget,
-            history_high_watermark=b.history_high_watermark,
-            estimated_input_tokens=b.estimated_input_tokens,
-            estimate_method=view_pb2.EstimateMethod.ValueType(int(b.estimate_method)),
-            utilization=b.utilization,
-            baseline_tokens=b.baseline_tokens,
-            window_unknown=b.window_unknown,
-            ledger_tokens=b.ledger_tokens,
-            provider_overhead_tokens=b.provider_overhead_tokens,
-            route_model=None
-            if b.route is None
-            else view_pb2.RouteModel(
-                ratio=b.route.ratio,
-                overhead_tokens=b.route.overhead_tokens,
-                delta_samples=b.route.delta_samples,
-                full_samples=b.route.full_samples,
-                counter_kind=b.route.counter_kind,
-                framing_tokens=b.route.framing_tokens,
-            ),
-            output_cap=b.output_cap,
-            output_cap_source=view_pb2.OutputCapSource.ValueType(int(b.output_cap_source or 0)),
-        ),
+        budget=_budget_out(v.budget),
         decision=view_pb2.Decision.ValueType(int(v.decision)),
         fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in v.fallback_reasons],
         checkpoint_id=v.checkpoint_id,
     )
-    for row in v.layers:
-        out.layers.append(
-            view_pb2.LayerTokens(
-                layer=view_pb2.Layer.ValueType(int(row.layer)), tokens=row.tokens, items=row.items
-            )
-        )
+    out.layers.extend(map(_layer_out, v.layers))
     if v.provider_state is not None:
-        ps = v.provider_state
-        out.provider_state.CopyFrom(
-            common_pb2.ProviderNativeState(route_id=ps.route_id, kind=ps.kind, data=ps.data)
-        )
+        out.provider_state.CopyFrom(_state_out(v.provider_state))
     return out
+
+
+def back_fields_bytes(v: CompiledView) -> bytes:
+    """head_back_fields' deterministic encoding, joined from the records of its fields in
+    number order. What stays from step to step (most layers, the pressure layer, the
+    decision, its fallback reasons, the checkpoint) is encoded once per value; the budget,
+    whose estimate moves at every step, and a provider state are encoded every time."""
+    state = b""
+    if v.provider_state is not None:
+        encoded = _state_out(v.provider_state).SerializeToString(deterministic=True)
+        state = tagged(12, encoded)
+    return b"".join(
+        (
+            state,
+            *map(_layer_record, v.layers),
+            _pressure_record(v.pressure_layer),
+            tagged(15, _budget_out(v.budget).SerializeToString(deterministic=True)),
+            _decision_records(v.decision, v.fallback_reasons, v.checkpoint_id),
+        )
+    )
+
+
+def _budget_out(b: Budget) -> view_pb2.Budget:
+    return view_pb2.Budget(
+        context_window=b.context_window,
+        output_reserve=b.output_reserve,
+        input_budget=b.input_budget,
+        history_high_watermark=b.history_high_watermark,
+        estimated_input_tokens=b.estimated_input_tokens,
+        estimate_method=view_pb2.EstimateMethod.ValueType(int(b.estimate_method)),
+        utilization=b.utilization,
+        baseline_tokens=b.baseline_tokens,
+        window_unknown=b.window_unknown,
+        ledger_tokens=b.ledger_tokens,
+        provider_overhead_tokens=b.provider_overhead_tokens,
+        route_model=None
+        if b.route is None
+        else view_pb2.RouteModel(
+            ratio=b.route.ratio,
+            overhead_tokens=b.route.overhead_tokens,
+            delta_samples=b.route.delta_samples,
+            full_samples=b.route.full_samples,
+            counter_kind=b.route.counter_kind,
+            framing_tokens=b.route.framing_tokens,
+        ),
+        output_cap=b.output_cap,
+        output_cap_source=view_pb2.OutputCapSource.ValueType(int(b.output_cap_source or 0)),
+    )
+
+
+def _layer_out(row: LayerTokens) -> view_pb2.LayerTokens:
+    layer = view_pb2.Layer.ValueType(int(row.layer))
+    return view_pb2.LayerTokens(layer=layer, tokens=row.tokens, items=row.items)
+
+
+def _state_out(ps: NativeState) -> common_pb2.ProviderNativeState:
+    return common_pb2.ProviderNativeState(route_id=ps.route_id, kind=ps.kind, data=ps.data)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layer_record(row: LayerTokens) -> bytes:
+    """One record of CompiledView.layers (field 13)."""
+    return tagged(13, _layer_out(row).SerializeToString(deterministic=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _pressure_record(layer: Layer) -> bytes:
+    """CompiledView.pressure_layer (field 14) encoded: nothing for 0, as proto3 leaves it."""
+    out = view_pb2.CompiledView(pressure_layer=view_pb2.Layer.ValueType(int(layer)))
+    return out.SerializeToString(deterministic=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _decision_records(
+    decision: Decision, reasons: tuple[FallbackReason, ...], checkpoint_id: str
+) -> bytes:
+    """Fields 16-18 (decision, fallback_reasons, checkpoint_id) encoded."""
+    out = view_pb2.CompiledView(
+        decision=view_pb2.Decision.ValueType(int(decision)),
+        fallback_reasons=[view_pb2.FallbackReason.ValueType(int(r)) for r in reasons],
+        checkpoint_id=checkpoint_id,
+    )
+    return out.SerializeToString(deterministic=True)
 
 
 def view_out(

@@ -21,8 +21,8 @@ from server.compiler.view import CompiledView, ViewMessage
 from server.service.compile_types import CompileResult
 from server.transport import view_digest
 from server.transport.convert_view import (
+    back_fields_bytes,
     compaction_out,
-    head_back_fields,
     head_front,
     head_middle,
     message_record,
@@ -267,7 +267,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         out = view_pb2.CompiledView(renderings=renderings_out(result.renderings))
         rendered = out.SerializeToString(deterministic=True)
     notes = _notes_record(v, last)
-    back_fields = head_back_fields(v).SerializeToString(deterministic=True)
+    back_fields = back_fields_bytes(v)
     back = b"".join((back_fields, compaction, rendered, notes))
     sections, prompt, joined = _sections_of(v, last)
     if result.attachments:
