@@ -28,13 +28,8 @@ from server.transport.drain import shutting_down
 from server.transport.errors import CODES, internal_error
 from server.transport.options_memo import OptionsMemo
 from server.transport.recent_views import KeptView, RecentViews
-from server.transport.view_bytes import (
-    LentRecords,
-    ViewBytes,
-    chained_delta_record,
-    delta_record,
-    view_bytes,
-)
+from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
+from server.transport.view_delta import chained_delta_record, delta_record
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, unshared_hint
 from server.transport.wire import Encoded, RefusedMessage
 

@@ -26,7 +26,7 @@ from server.compiler.view import (
     ViewTool,
 )
 from server.domain.errors import invalid
-from server.domain.model import NativeState
+from server.domain.model import NativeState, Route
 from server.service.compile_types import CompileOptions, CompileResult
 from server.transport.convert_events import artifact_out, call_out, route_in, route_out
 
@@ -235,6 +235,21 @@ def head_front(v: CompiledView) -> view_pb2.CompiledView:
         route=route_out(v.route),
         route_id=v.route.route_id,
     )
+
+
+def front_bytes(v: CompiledView) -> bytes:
+    """head_front's deterministic encoding: the ids and the boundary (new at every step)
+    encoded, the route's fields (4, 5) encoded once per route."""
+    ids = view_pb2.CompiledView(
+        compile_id=v.compile_id, session_id=v.session_id, event_boundary=v.event_boundary
+    )
+    return ids.SerializeToString(deterministic=True) + _route_fields(v.route)
+
+
+@functools.lru_cache(maxsize=256)
+def _route_fields(route: Route) -> bytes:
+    out = view_pb2.CompiledView(route=route_out(route), route_id=route.route_id)
+    return out.SerializeToString(deterministic=True)
 
 
 def head_middle(v: CompiledView) -> view_pb2.CompiledView:

@@ -1,5 +1,5 @@
-"""A compiled view as the parts of its deterministic encoding, and ViewDeltas between two
-of them.
+"""A compiled view as the parts of its deterministic encoding (ViewDeltas between two of
+them: view_delta.py).
 
 A CompileStream step answers with a ViewDelta against a view the client already holds
 when that is smaller than the whole view. Both views are kept as these parts (the
@@ -10,19 +10,18 @@ nor re-encoded, and the records themselves are the cached encodings of
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, count
-from operator import attrgetter, is_, is_not, ne
+from operator import attrgetter, is_, is_not
 
 from ctxcc.v1 import view_pb2
 from server.compiler.view import CompiledView, ViewMessage
 from server.service.compile_types import CompileResult
-from server.transport import view_digest
 from server.transport.convert_view import (
     back_fields_bytes,
     compaction_out,
+    front_bytes,
     head_front,
     head_middle,
     message_record,
@@ -33,9 +32,6 @@ from server.transport.convert_view import (
     tool_record,
     varint,
 )
-
-# Keys of the length-delimited CompiledView fields held as records (all one byte).
-_SECTIONS_KEY, _MESSAGES_KEY, _TOOLS_KEY = 0x32, 0x52, 0x5A
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +164,7 @@ def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tupl
     # The memo projects the last few messages again at every step, as other objects: the
     # ones equal to the last view's at their place take its records. Compared only near
     # the first one not kept: a history that moved (a checkpoint) is not compared through.
-    near = min(len(old), len(lent_records), same + _TAIL)
+    near = min(len(old), len(lent_records), same + TAIL)
     new = tuple(
         lent_records[i] if i < near and old[i] == m else message_record(m)
         for i, m in enumerate(messages[same:], same)
@@ -180,8 +176,9 @@ def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tupl
     return records, sum(map(len, records))
 
 
-# How far from the end of the lent messages the first one a step kept is looked for.
-_TAIL = 16
+# How far from the end of the lent messages (or a delta base's records, view_delta.py)
+# the first one a step kept is looked for.
+TAIL = 16
 
 
 def _kept(old: tuple[ViewMessage, ...], new: tuple[ViewMessage, ...]) -> int:
@@ -192,7 +189,7 @@ def _kept(old: tuple[ViewMessage, ...], new: tuple[ViewMessage, ...]) -> int:
     same records too)."""
     n = min(len(old), len(new))
     k = n
-    while k > n - _TAIL and k > 0 and old[k - 1] is not new[k - 1]:
+    while k > n - TAIL and k > 0 and old[k - 1] is not new[k - 1]:
         k -= 1
     if old[:k] == new[:k]:
         return k
@@ -257,7 +254,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         repeated = _repeat_of(v, last)
         if repeated is not None:
             return repeated
-    front = head_front(v).SerializeToString(deterministic=True)
+    front = front_bytes(v)
     middle = head_middle(v).SerializeToString(deterministic=True)
     compaction = _compaction_record(v, last)
     # Fields 12-18, the compaction request (19), then renderings (20) and notes (21): the
@@ -303,107 +300,3 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         compaction_at=len(back_fields),
         notes=notes,
     )
-
-
-def common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
-    """How many records at the start of `a` and `b` are equal. A step keeps all of its
-    base's records or all but the last few (a new turn re-layers the old working set):
-    the first unequal one is looked for from the end, and the records before it compared
-    in one tuple comparison in C (the kept ones are the base's own objects), so a long
-    view is never walked in Python."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual step: the base's messages all kept (compared in C)
-        return n
-    k = n
-    while k > n - _TAIL and k > 0 and a[k - 1] != b[k - 1]:
-        k -= 1
-    # Every record from k to the tail differs: the prefix is k if all before k are equal.
-    if a[:k] == b[:k]:
-        return k
-    return next(compress(count(), map(ne, a, b)), n)
-
-
-def _retag(record: bytes, old_key: int, field: int) -> bytes:
-    """A record of one length-delimited field as a record of another field number."""
-    assert record[0] == old_key, "records carry their one-byte key"
-    return varint((field << 3) | 2) + record[1:]
-
-
-def delta_record(base: ViewBytes, new: ViewBytes, keep_compaction: bool = False) -> bytes | None:
-    """The encoded ViewDelta that turns `base` into `new` with the whole view's sha256
-    (view_sha256), or None when `new` must go whole (its system prompt is not the joined
-    sections). Its size is not judged here. `keep_compaction`: the client applies
-    compaction_kept."""
-    found = _delta_parts(base, new, keep_compaction)
-    if found is None:
-        return None
-    parts, _ = found
-    parts.append(tagged(8, _sha256(new.parts()).hexdigest().encode()))
-    return b"".join(parts)
-
-
-def _sha256(pieces: Iterable[bytes]) -> hashlib._Hash:
-    """The sha256 of the pieces' concatenation, without making it."""
-    h = hashlib.sha256()
-    for piece in pieces:
-        h.update(piece)
-    return h
-
-
-def chained_delta_record(
-    base: ViewBytes,
-    new: ViewBytes,
-    base_chain: tuple[bytes, ...] | None,
-    keep_compaction: bool = False,
-) -> tuple[bytes, tuple[bytes, ...]] | None:
-    """delta_record with the chained digest (chain_sha256) instead of view_sha256, and the
-    new view's chain values. `base_chain` (None: not kept) are the base's; without them
-    the base's kept messages are hashed once here."""
-    found = _delta_parts(base, new, keep_compaction)
-    if found is None:
-        return None
-    parts, kept = found
-    if base_chain is None:
-        base_chain = view_digest.chain(view_digest.CHAIN_START, base.messages[:kept])
-    values = view_digest.continued(base_chain, kept, new.messages)
-    rest = _sha256(new.parts_without_messages()).digest()
-    digest = view_digest.chain_digest_of(rest, values)
-    parts.append(tagged(9, digest.encode()))
-    return b"".join(parts), values
-
-
-def _delta_parts(
-    base: ViewBytes, new: ViewBytes, keep_compaction: bool
-) -> tuple[list[bytes], int] | None:
-    """The ViewDelta's fields but its digest, and the kept message count."""
-    if not new.prompt_is_joined:
-        return None
-    kept = common_prefix(base.messages, new.messages)
-    # Over budget, each step of a turn recommends the same compaction (lent by the stream's
-    # last view, so usually the same object): its prompt is sent once, not at every step.
-    compaction_kept = (
-        keep_compaction
-        and bool(new.compaction)
-        and (new.compaction is base.compaction or new.compaction == base.compaction)
-    )
-    parts = [tagged(1, base.compile_id.encode()), *new.head_record(2, compaction_kept)]
-    if kept:
-        parts.append(varint(3 << 3) + varint(kept))
-    parts.extend(_retag(r, _MESSAGES_KEY, 4) for r in new.messages[kept:])
-    in_base = {record: i for i, record in enumerate(base.sections)}
-    for record in new.sections:
-        index = in_base.get(record)
-        # SectionSlot: base_index (field 1, sent even when 0: it is in a oneof) or the
-        # section itself (field 2).
-        slot = (
-            varint(1 << 3) + varint(index)
-            if index is not None
-            else _retag(record, _SECTIONS_KEY, 2)
-        )
-        parts.append(tagged(5, slot))
-    if new.tools != base.tools:
-        parts.append(varint(6 << 3) + varint(1))
-        parts.extend(_retag(r, _TOOLS_KEY, 7) for r in new.tools)
-    if compaction_kept:
-        parts.append(varint(10 << 3) + varint(1))
-    return parts, kept

@@ -1,8 +1,8 @@
-"""The daemon's encoding of a view's fields 12-18 from records cached per value
-(convert_view.back_fields_bytes) against protobuf's own encoding of the same fields, over
-views whose layers, pressure layer, budget, decision, fallback reasons, checkpoint and
-provider state vary from one encoding to the next (as from step to step): a record kept
-for another value, or put at another place, fails here."""
+"""The daemon's encoding of a view's fields 1-5 and 12-18 from records cached per value
+(convert_view.front_bytes, back_fields_bytes) against protobuf's own encoding of the same
+fields, over views whose ids, boundary, route, layers, pressure layer, budget, decision,
+fallback reasons, checkpoint and provider state vary from one encoding to the next (as
+from step to step): a record kept for another value, or put at another place, fails."""
 
 from __future__ import annotations
 
@@ -21,8 +21,13 @@ from server.compiler.view import (
     OutputCapSource,
     RouteParams,
 )
-from server.domain.model import NativeState
-from server.transport.convert_view import back_fields_bytes, head_back_fields
+from server.domain.model import NativeState, Route
+from server.transport.convert_view import (
+    back_fields_bytes,
+    front_bytes,
+    head_back_fields,
+    head_front,
+)
 from tests.unit.test_lent import VIEW
 
 _COUNTS = st.integers(0, 2**32 - 1)
@@ -80,3 +85,27 @@ def test_the_fields_after_the_tools_encode_as_protobuf_encodes_them(steps: list[
         assert back_fields_bytes(view) == head_back_fields(view).SerializeToString(
             deterministic=True
         )
+
+
+_TEXT = st.sampled_from(["", "a", "é", "c-1"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(_TEXT, _TEXT, st.integers(0, 2**64 - 1), st.builds(Route, _TEXT, _TEXT, _TEXT)),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_the_fields_before_the_sections_encode_as_protobuf_encodes_them(steps: list[Any]) -> None:
+    """The ids and boundary of each view, and its route's fields encoded once per route."""
+    for compile_id, session_id, boundary, route in steps:
+        view = replace(
+            VIEW,
+            compile_id=compile_id,
+            session_id=session_id,
+            event_boundary=boundary,
+            route=route,
+        )
+        assert front_bytes(view) == head_front(view).SerializeToString(deterministic=True)

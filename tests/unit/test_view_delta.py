@@ -1,4 +1,4 @@
-"""The daemon's ViewDelta encoder (server/transport/view_bytes.py) against the Python
+"""The daemon's ViewDelta encoder (server/transport/view_delta.py) against the Python
 client's reader (ctxcc_client/deltas.py) on the edges a session rarely reaches: the first
 message differs (nothing kept), the base has more messages than the new view, the tools
 change to none, a section kept at index 0 (a oneof field sent although it is 0), a
@@ -21,12 +21,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ctxcc.v1 import common_pb2, compile_service_pb2, tool_pb2, view_pb2
-from server.transport.view_bytes import (
-    ViewBytes,
-    chained_delta_record,
-    common_prefix,
-    delta_record,
-)
+from server.transport.view_bytes import ViewBytes
+from server.transport.view_delta import chained_delta_record, common_prefix, delta_record
 from tests.integration.delta_session import apply_delta, chained_digest
 
 _FRONT, _MIDDLE = (1, 2, 3, 4, 5), (8, 9)
