@@ -13,6 +13,8 @@ A past view is then rebuilt from the store alone, byte for byte (exact time trav
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import msgspec
@@ -91,14 +93,48 @@ def digest_of(value: object) -> str:
     return hashlib.sha256(_encoder.encode(value)).hexdigest()[:32]
 
 
+class PartDigests:
+    """`digest_of` of the large parts, remembered by the identity of the value each holds.
+    A session's sources and tools are the very objects kept between writes of their
+    tables (kept.py) and the settings one object for the daemon's life, so nearly every
+    compile would encode and hash the same instruction files, rules and tool schemas
+    again. An entry holds its value, so its id cannot name another value meanwhile."""
+
+    def __init__(self, size: int = 32) -> None:
+        self._size = size
+        self._lock = threading.Lock()
+        self._known: OrderedDict[int, tuple[object, str]] = OrderedDict()
+
+    def of(self, held: object, part: object) -> str:
+        """The digest of `part`, a function of `held` alone (the value it wraps)."""
+        with self._lock:
+            known = self._known.get(id(held))
+        if known is not None and known[0] is held:
+            return known[1]
+        digest = digest_of(part)
+        with self._lock:
+            self._known[id(held)] = (held, digest)
+            self._known.move_to_end(id(held))
+            while len(self._known) > self._size:
+                self._known.popitem(last=False)
+        return digest
+
+
 def basis_of(
-    inputs: CompileInputs, model: ModelInfo, settings: SettingsPart, splitter: Splitter
+    inputs: CompileInputs,
+    model: ModelInfo,
+    settings: SettingsPart,
+    splitter: Splitter,
+    digests: PartDigests | None = None,
 ) -> tuple[str, tuple[tuple[str, object], ...]]:
     """The basis digest of a compile and the parts to store with its record: the route
     state's per-message table goes as chunks (`splitter`), stored once, not in every
-    basis (it is the baseline view's, thousands of entries in a long session)."""
+    basis (it is the baseline view's, thousands of entries in a long session);
+    `digests` remembers the digests of the sources, tools and settings parts."""
     tools = ToolsPart(inputs.tools)
-    parts: list[tuple[str, object]] = [(digest_of(p), p) for p in (inputs.sources, tools, settings)]
+    held = ((inputs.sources, inputs.sources), (inputs.tools, tools), (settings, settings))
+    known = digests or PartDigests(0)
+    parts: list[tuple[str, object]] = [(known.of(h, p), p) for h, p in held]
     route_state, chunks = (
         stored(inputs.route_state, splitter) if inputs.route_state is not None else (None, ())
     )

@@ -20,7 +20,7 @@ from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import CompileRecord
 from server.domain.table_chunks import Splitter
 from server.domain.validation import check_id, check_path_form, check_route_fields
-from server.service.basis import SettingsPart, basis_of
+from server.service.basis import PartDigests, SettingsPart, basis_of
 from server.service.compile_types import CompileOptions, route_fields
 from server.service.inputs import is_recorded
 from server.service.ports import Clock, EventStore
@@ -51,6 +51,7 @@ def record_of(
     settings_part: Callable[[], SettingsPart],
     clock: Clock,
     splitter: Splitter,
+    digests: PartDigests | None = None,
 ) -> tuple[CompileRecord | None, tuple[tuple[str, object], ...]]:
     """The record of a compile at the head, with the basis parts it names; none for a
     dry run or time travel, so neither becomes the latest compile or route baseline."""
@@ -58,7 +59,7 @@ def record_of(
         return None, ()
     basis = view.basis
     # What the compile read, for exact time travel.
-    basis_digest, parts = basis_of(inputs, info, settings_part(), splitter)
+    basis_digest, parts = basis_of(inputs, info, settings_part(), splitter, digests)
     record = CompileRecord(
         compile_id=view.compile_id,
         session_id=opts.session_id,

@@ -33,6 +33,7 @@ from server.domain.records import (
     Usage,
 )
 from server.domain.table_chunks import Splitter
+from server.service.basis import PartDigests
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compile_records import checked, put_record, record_of
@@ -102,6 +103,7 @@ class CompileUseCases:
         self._memos = MemoCache(settings.memo_bytes, telemetry)
         # Names the chunks of the route state's table in each compile's basis.
         self._splitter = Splitter()
+        self._digests = PartDigests()
         # Per session (id, creation, first event loaded): the seq through which its
         # events hold nothing the built-in compaction could shorten.
         self._not_elidable: OrderedDict[tuple[str, int, int], int] = OrderedDict()
@@ -251,7 +253,14 @@ class CompileUseCases:
     ) -> tuple[CompileRecord | None, tuple[tuple[str, object], ...]]:
         """See `record_of` (compile_records.py)."""
         return record_of(
-            opts, view, inputs, info, self._assembler.settings_part, self._clock, self._splitter
+            opts,
+            view,
+            inputs,
+            info,
+            self._assembler.settings_part,
+            self._clock,
+            self._splitter,
+            self._digests,
         )
 
     def _finish(

@@ -87,6 +87,7 @@ class InputAssembler:
         self._time_texts: tuple[int, str] = (-1, "")
         # Source writes have no session: their count is the daemon-wide one (kept.py).
         self._kept_sources = KeptReads("sources", store)
+        self._settings_part: SettingsPart | None = None
 
     def _recalled(
         self, opts: CompileOptions, session: Session
@@ -280,8 +281,14 @@ class InputAssembler:
         return state
 
     def settings_part(self) -> SettingsPart:
-        s = self._settings
-        return SettingsPart(s.kernel_text, s.budget, s.max_images, s.max_image_bytes)
+        """One value for the daemon's life (its settings do not change), so the basis
+        digest of it is remembered (basis.PartDigests)."""
+        part = self._settings_part
+        if part is None:
+            s = self._settings
+            part = SettingsPart(s.kernel_text, s.budget, s.max_images, s.max_image_bytes)
+            self._settings_part = part
+        return part
 
     def time_text(self) -> str:
         g = max(1, self._settings.time_granularity_s)
