@@ -117,3 +117,18 @@ def test_a_damaged_note_past_the_walked_head_fails_the_digest(chained: bool) -> 
     delta.head.notes[1] = "tw0"
     with pytest.raises(DeltaMismatch):
         HeldView.of(base, chained).apply(delta)
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_a_kept_compaction_is_the_latest_one_the_chain_received(chained: bool) -> None:
+    """A turn keeps compaction a, the next turn's request b comes in a head, then b is
+    kept: the view rebuilt has b (a kept from an earlier view fails the digest)."""
+    kinds = [(1, False, ["kernel"], [], 0, p) for p in ("a", "a", "b", "b", "b")]
+    views = _views(kinds, odd_prompt=False)
+    held = HeldView.of(views[0], chained)
+    for i in range(1, len(views)):
+        encoded = _encoded_delta(views[i - 1], views[i], chained, True)
+        delta = compile_service_pb2.ViewDelta.FromString(encoded)
+        assert delta.compaction_kept == (i != 2)
+        held = held.apply(delta)
+        assert held.view.compaction.prompt == views[i].compaction.prompt

@@ -174,6 +174,10 @@ class HeldView:
     # texts joined, else None. A delta that keeps every section where it was (most steps)
     # then rebuilds this same prompt: neither joined, encoded nor set again.
     joined: bytes | None = None
+    # The record of the view's compaction request when a delta kept it from its base (else
+    # None): over budget every step of a turn keeps the same one, as long as a window of
+    # history, and it is encoded once for the turn, not at every step.
+    compaction: bytes | None = None
 
     @classmethod
     def of(cls, view: view_pb2.CompiledView, chained: bool = False) -> HeldView:
@@ -208,15 +212,19 @@ class HeldView:
             return self._apply_chained(delta)
         return self._apply_whole(delta)
 
-    def _head(self, delta: cpb.ViewDelta) -> tuple[bytes, bytes, bytes, bool]:
-        """_cut_head of the delta's head, with the base's compaction when it keeps it."""
+    def _head(self, delta: cpb.ViewDelta) -> tuple[bytes, bytes, bytes, bool, bytes | None]:
+        """_cut_head of the delta's head with the base's compaction record when it keeps
+        it, and that record."""
         kept = None
         if delta.compaction_kept:
-            base = self.own[0] if self.own else self.view
-            if not base.HasField("compaction"):
-                raise DeltaMismatch("the delta keeps a compaction the base lacks")
-            kept = _record(_COMPACTION, base.compaction.SerializeToString(deterministic=True))
-        return _cut_head(delta.head.SerializeToString(deterministic=True), kept)
+            kept = self.compaction
+            if kept is None:
+                base = self.own[0] if self.own else self.view
+                if not base.HasField("compaction"):
+                    raise DeltaMismatch("the delta keeps a compaction the base lacks")
+                kept = _record(_COMPACTION, base.compaction.SerializeToString(deterministic=True))
+        head = delta.head.SerializeToString(deterministic=True)
+        return *_cut_head(head, kept), kept
 
     def _slots(
         self, delta: cpb.ViewDelta, base_sections: Callable[[int], view_pb2.SystemSection]
@@ -266,7 +274,7 @@ class HeldView:
             out.CopyFrom(own.system_sections[index])
             return out
 
-        front, middle, back, extra = self._head(delta)
+        front, middle, back, extra, compaction = self._head(delta)
         sections, section_msgs, prompt = self._slots(delta, copy)
         tools = self._tools(delta)
         start = self.chain[kept - 1] if kept else _CHAIN_START
@@ -289,7 +297,9 @@ class HeldView:
         else:
             view = view_pb2.CompiledView()
             view.CopyFrom(own)
-        return HeldView(view, sections, None, tools, chain, [own], joined=prompt)
+        return HeldView(
+            view, sections, None, tools, chain, [own], joined=prompt, compaction=compaction
+        )
 
     def _apply_whole(self, delta: cpb.ViewDelta) -> HeldView:
         records = self.messages
@@ -300,7 +310,7 @@ class HeldView:
             records = tuple(_split(serialized).get(_MESSAGES, ()))
         if delta.kept_messages > len(records):
             raise DeltaMismatch("the delta keeps more messages than the base has")
-        front, middle, back, _ = self._head(delta)
+        front, middle, back, _, compaction = self._head(delta)
         sections, _, prompt = self._slots(delta, lambda i: self.view.system_sections[i])
         messages = records[: delta.kept_messages] + tuple(
             _record(_MESSAGES, m.SerializeToString(deterministic=True))
@@ -311,7 +321,7 @@ class HeldView:
         if hashlib.sha256(data).hexdigest() != delta.view_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         view = view_pb2.CompiledView.FromString(data)
-        return HeldView(view, sections, messages, tools, joined=prompt)
+        return HeldView(view, sections, messages, tools, joined=prompt, compaction=compaction)
 
 
 def _sha256(pieces: Iterable[bytes]) -> hashlib._Hash:
