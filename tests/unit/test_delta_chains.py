@@ -123,7 +123,7 @@ def test_a_damaged_note_past_the_walked_head_fails_the_digest(chained: bool) -> 
 def test_a_kept_compaction_is_the_latest_one_the_chain_received(chained: bool) -> None:
     """A turn keeps compaction a, the next turn's request b comes in a head, then b is
     kept: the view rebuilt has b (a kept from an earlier view fails the digest)."""
-    kinds = [(1, False, ["kernel"], [], 0, p) for p in ("a", "a", "b", "b", "b")]
+    kinds: list[Any] = [(1, False, ["kernel"], [], 0, p) for p in ("a", "a", "b", "b", "b")]
     views = _views(kinds, odd_prompt=False)
     held = HeldView.of(views[0], chained)
     for i in range(1, len(views)):
