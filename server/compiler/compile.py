@@ -19,14 +19,13 @@ from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import paths_in_texts
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import ActiveTurn, ProjectionMemo, active_turn, event_texts
+from server.compiler.prompt_memo import section_text_digests, system_prompt
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
-from server.compiler.sources import SourceInputs, build_source_sections
+from server.compiler.sources import SourceInputs
 from server.compiler.system import (
     DEFAULT_KERNEL,
     ApprovalMode,
     EnvironmentInfo,
-    assemble,
-    join_sections,
     prefix_digest,
 )
 from server.compiler.textscan import FoundPaths
@@ -181,19 +180,25 @@ def tools_digest(tools: Sequence[ViewTool]) -> str:
 
 
 def section_digests(
-    sections: Sequence[SystemSection], tools: Sequence[ViewTool] = ()
+    sections: Sequence[SystemSection],
+    tools: Sequence[ViewTool] = (),
+    known: tuple[tuple[int, str], ...] | None = None,
 ) -> tuple[tuple[int, str], ...]:
-    digests = [(int(s.kind), hashlib.sha256(s.text.encode()).hexdigest()[:32]) for s in sections]
+    """`known`: the sections' own digests (prompt_memo.Prompt.digests), if made already."""
+    digests = list(known if known is not None else section_text_digests(sections))
     if tools:
         digests.append((int(SectionKind.TOOLS), tools_digest(tools)[:32]))
     return tuple(digests)
 
 
-def cache_prefix_digest(sections: Sequence[SystemSection], tools: Sequence[ViewTool]) -> str:
+def cache_prefix_digest(
+    sections: Sequence[SystemSection], tools: Sequence[ViewTool], stable: str | None = None
+) -> str:
     """Everything in front of the providers' cache breakpoints: the tools (first in
     Anthropic bodies, part of the cached prefix at OpenAI and Gemini) and the stable
-    system sections. Without tools it is the stable sections' digest alone."""
-    stable = prefix_digest(sections)
+    system sections. Without tools it is the stable sections' digest alone (`stable`,
+    when made already)."""
+    stable = stable if stable is not None else prefix_digest(sections)
     if not tools:
         return stable
     return hashlib.sha256(f"{tools_digest(tools)}:{stable}".encode()).hexdigest()
@@ -251,18 +256,24 @@ def compile_incremental(
     """The view, the memo for the next compile (when `remember`), and whether `memo` was
     verified and used; the view is the same byte for byte either way. `check` runs
     between units of work and may raise to stop the compile (work.py)."""
-    counter = checked(counter, check, inputs.counting)
+    counting = checked(counter, check, inputs.counting)
     turn = active_turn(inputs.events, memo)
     named = paths_in_texts(active_texts(inputs, turn), check)
-    built = build_source_sections(inputs.sources, named.paths, counter)
-    sections = assemble(
-        kernel_text=inputs.kernel_text,
-        approval_mode=inputs.approval_mode,
-        environment=inputs.environment,
-        extra=built.sections,
-        exclude=inputs.exclude_sections,
-        counter=counter,
+    # Continuing a memo, the system prompt is nearly always the previous step's: it is
+    # taken from prompt_memo.py; from scratch it is made afresh.
+    prompt = system_prompt(
+        inputs.sources,
+        named.paths,
+        inputs.kernel_text,
+        inputs.approval_mode,
+        inputs.environment,
+        inputs.exclude_sections,
+        counting,
+        counter,
+        recall=memo is not None,
     )
+    counter = counting
+    built, sections = prompt.built, prompt.sections
     run = project_incremental(
         inputs.events,
         counter,
@@ -352,8 +363,8 @@ def compile_incremental(
         event_boundary=inputs.event_boundary,
         route=inputs.route,
         system_sections=sections,
-        system_prompt=join_sections(sections),
-        prefix_digest=cache_prefix_digest(sections, tools),
+        system_prompt=prompt.text,
+        prefix_digest=cache_prefix_digest(sections, tools, prompt.stable_digest),
         messages=projection.messages,
         tools=tools,
         layers=layers,
@@ -361,7 +372,7 @@ def compile_incremental(
         budget=budget,
         decision=decision,
         changed_sections=changed_sections(
-            section_digests(sections, tools), inputs.previous_sections
+            section_digests(sections, tools, prompt.digests), inputs.previous_sections
         ),
         provider_state=projection.native_state,
         fallback_reasons=inputs.fallback_reasons,

@@ -1,0 +1,151 @@
+"""The system prompt a step takes from prompt_memo.py is the one its inputs make: steps
+that continue a memo while one input of the prompt changes (the paths the turn names,
+the sources, the approval mode, the environment, the excluded sections, the kernel
+text, the tokenizer) give the view compiled from scratch, byte for byte."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from server.compiler.compile import CompileInputs, compile_incremental, compile_view
+from server.compiler.projection_memo import ProjectionMemo
+from server.compiler.sources import SourceInputs
+from server.compiler.system import ApprovalMode, EnvironmentInfo
+from server.compiler.tokens import TokenCounter
+from server.compiler.view import SectionKind
+from server.domain.model import AssistantMessage, ContentPart, Event, Route, Session, UserMessage
+from server.domain.sources import RuleActivation, RuleEntry, Scope
+from tests.unit.test_system_prompt import WordCounter
+
+_RULES = SourceInputs(
+    rules=(
+        RuleEntry(
+            "r1",
+            Scope.PROJECT,
+            "p",
+            "tests",
+            "",
+            "Tests use pytest.",
+            RuleActivation.MATCHED,
+            ("tests/**/*.py",),
+        ),
+        RuleEntry("r2", Scope.PROJECT, "p", "style", "", "Use hints.", RuleActivation.ALWAYS),
+    )
+)
+
+
+class CharCounter:
+    """Another tokenizer: one token per 3 characters."""
+
+    name = "chars"
+
+    def count(self, text: str) -> int:
+        return (len(text) + 2) // 3
+
+
+def _user(seq: int, text: str) -> Event:
+    return Event(seq, f"e{seq}", seq, UserMessage((ContentPart(text=text),)))
+
+
+def _said(seq: int, text: str) -> Event:
+    return Event(seq, f"e{seq}", seq, AssistantMessage((ContentPart(text=text),)))
+
+
+def _steps(changes: list[dict[str, Any]], counters: list[TokenCounter] | None = None) -> None:
+    """Step i appends two events and applies changes[i] to the inputs; each view continued
+    from the previous step's memo must equal the view compiled from scratch."""
+    events: list[Event] = []
+    base = CompileInputs(
+        compile_id="c",
+        session=Session("s", 1, 1),
+        events=(),
+        event_boundary=0,
+        route=Route(model="gpt-4o"),
+        sources=_RULES,
+    )
+    memo: ProjectionMemo | None = None
+    inputs = base
+    words = WordCounter()  # one counter for all steps, as the daemon's per tokenizer
+    for i, change in enumerate(changes):
+        seq = len(events)
+        # The same path named at each step: only `change` makes the prompt differ.
+        events += [_user(seq + 1, "look at src/app.py"), _said(seq + 2, f"done {i}")]
+        inputs = replace(inputs, events=tuple(events), event_boundary=len(events), **change)
+        counter = counters[i] if counters else words
+        view, memo, reused = compile_incremental(inputs, counter, memo)
+        assert reused or i == 0, f"step {i} continued the memo"
+        scratch = compile_view(inputs, counter)
+        assert view == replace(scratch, compile_id=view.compile_id), f"step {i}: {change}"
+
+
+def test_a_turn_that_names_a_matching_path_gets_the_rule() -> None:
+    """The same sources, other paths: a turn naming tests/ gets the matched rule."""
+    events: list[Event] = []
+    inputs = CompileInputs(
+        compile_id="c",
+        session=Session("s", 1, 1),
+        events=(),
+        event_boundary=0,
+        route=Route(model="gpt-4o"),
+        sources=_RULES,
+    )
+    memo = None
+    words = WordCounter()
+    for text in ["look at src/a.py", "now tests/unit/test_a.py", "and src/b.py"]:
+        seq = len(events)
+        events += [_user(seq + 1, text), _said(seq + 2, "ok")]
+        inputs = replace(inputs, events=tuple(events), event_boundary=len(events))
+        view, memo, _ = compile_incremental(inputs, words, memo)
+        scratch = compile_view(inputs, words)
+        assert view == replace(scratch, compile_id=view.compile_id), text
+        has_rule = "Tests use pytest." in view.system_prompt
+        assert has_rule == ("tests/" in text), text
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sources": replace(_RULES, memory=())},  # equal sources, another object
+        {"sources": SourceInputs(rules=(replace(_RULES.rules[1], text="No hints."),))},
+        {"approval_mode": ApprovalMode.NEVER_ASK},
+        {"environment": EnvironmentInfo(working_directory="/w", time_text="2026-01-01T00:00Z")},
+        {"exclude_sections": frozenset({SectionKind.RULES})},
+        {"kernel_text": "You are another agent."},
+    ],
+    ids=["equal-sources", "sources", "approval", "environment", "exclude", "kernel"],
+)
+def test_a_changed_input_of_the_prompt_changes_it(change: dict[str, Any]) -> None:
+    _steps([{}, {}, change, {}])
+
+
+def test_sessions_on_other_tokenizers_count_their_own_prompt() -> None:
+    """Two sessions with the same sources, each continuing its own memo on its own
+    tokenizer, stepping in turn: each takes the prompt counted by its tokenizer."""
+    counters: list[TokenCounter] = [WordCounter(), CharCounter()]
+    chains: list[tuple[CompileInputs, ProjectionMemo | None]] = [
+        (
+            CompileInputs(
+                compile_id="c",
+                session=Session(f"s{k}", 1, 1),
+                events=(),
+                event_boundary=0,
+                route=Route(model="gpt-4o"),
+                sources=_RULES,
+            ),
+            None,
+        )
+        for k in range(2)
+    ]
+    for step in range(3):
+        for k, counter in enumerate(counters):
+            inputs, memo = chains[k]
+            seq = len(inputs.events)
+            events = (*inputs.events, _user(seq + 1, f"step {step}"), _said(seq + 2, "ok"))
+            inputs = replace(inputs, events=events, event_boundary=len(events))
+            view, memo, _ = compile_incremental(inputs, counter, memo)
+            scratch = compile_view(inputs, counter)
+            assert view == replace(scratch, compile_id=view.compile_id), (step, k)
+            chains[k] = (inputs, memo)
