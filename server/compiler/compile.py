@@ -19,7 +19,7 @@ from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import paths_in_texts
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import ActiveTurn, ProjectionMemo, active_turn, event_texts
-from server.compiler.prompt_memo import section_text_digests, system_prompt
+from server.compiler.prompt_memo import PromptInputs, section_text_digests, system_prompt
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs
 from server.compiler.system import (
@@ -262,12 +262,14 @@ def compile_incremental(
     # Continuing a memo, the system prompt is nearly always the previous step's: it is
     # taken from prompt_memo.py; from scratch it is made afresh.
     prompt = system_prompt(
-        inputs.sources,
-        named.paths,
-        inputs.kernel_text,
-        inputs.approval_mode,
-        inputs.environment,
-        inputs.exclude_sections,
+        PromptInputs(
+            inputs.sources,
+            named.paths,
+            inputs.kernel_text,
+            inputs.approval_mode,
+            inputs.environment,
+            inputs.exclude_sections,
+        ),
         counting,
         counter,
         recall=memo is not None,

@@ -49,22 +49,38 @@ def section_text_digests(sections: Sequence[SystemSection]) -> tuple[tuple[int, 
     return tuple((int(s.kind), hashlib.sha256(s.text.encode()).hexdigest()[:32]) for s in sections)
 
 
-def _made(
-    sources: SourceInputs,
-    paths: tuple[str, ...],
-    kernel_text: str,
-    approval_mode: ApprovalMode,
-    environment: EnvironmentInfo,
-    exclude: frozenset[SectionKind],
-    counter: TokenCounter,
-) -> Prompt:
-    built = build_source_sections(sources, paths, counter)
+@dataclass(frozen=True, slots=True)
+class PromptInputs:
+    """What a system prompt is made of, besides the token counter."""
+
+    sources: SourceInputs
+    paths: tuple[str, ...]
+    kernel_text: str
+    approval_mode: ApprovalMode
+    environment: EnvironmentInfo
+    exclude: frozenset[SectionKind]
+
+    def key(self) -> tuple[object, ...]:
+        """The sources by identity (the service keeps the object), the rest by value."""
+        return (
+            id(self.sources),
+            self.paths,
+            self.kernel_text,
+            self.approval_mode,
+            self.environment,
+            self.exclude,
+        )
+
+
+def made(inputs: PromptInputs, counter: TokenCounter) -> Prompt:
+    """The prompt, made now."""
+    built = build_source_sections(inputs.sources, inputs.paths, counter)
     sections = assemble(
-        kernel_text=kernel_text,
-        approval_mode=approval_mode,
-        environment=environment,
+        kernel_text=inputs.kernel_text,
+        approval_mode=inputs.approval_mode,
+        environment=inputs.environment,
         extra=built.sections,
-        exclude=exclude,
+        exclude=inputs.exclude,
         counter=counter,
     )
     return Prompt(
@@ -85,37 +101,17 @@ class _Prompts:
         self._items: OrderedDict[tuple[object, ...], tuple[object, object, Prompt]] = OrderedDict()
 
     def get(
-        self,
-        sources: SourceInputs,
-        paths: tuple[str, ...],
-        kernel_text: str,
-        approval_mode: ApprovalMode,
-        environment: EnvironmentInfo,
-        exclude: frozenset[SectionKind],
-        counter: TokenCounter,
-        counter_key: object,
-        recall: bool,
+        self, inputs: PromptInputs, counter: TokenCounter, counter_key: object, recall: bool
     ) -> Prompt:
-        """`counter` counts (it may also check the compile's budget); `counter_key` is the
-        counter that answers its counts (the same for every compile of a tokenizer).
-        Without `recall` the prompt is made afresh (and remembered for the next)."""
-        key = (
-            id(sources),
-            id(counter_key),
-            paths,
-            kernel_text,
-            approval_mode,
-            environment,
-            exclude,
-        )
+        key = (id(counter_key), *inputs.key())
         with self._lock:
             hit = self._items.get(key) if recall else None
-            if hit is not None and hit[0] is sources and hit[1] is counter_key:
+            if hit is not None and hit[0] is inputs.sources and hit[1] is counter_key:
                 self._items.move_to_end(key)
                 return hit[2]
-        prompt = _made(sources, paths, kernel_text, approval_mode, environment, exclude, counter)
+        prompt = made(inputs, counter)
         with self._lock:
-            self._items[key] = (sources, counter_key, prompt)
+            self._items[key] = (inputs.sources, counter_key, prompt)
             self._items.move_to_end(key)
             while len(self._items) > self._size:
                 self._items.popitem(last=False)
@@ -126,27 +122,10 @@ _PROMPTS = _Prompts(_SIZE)
 
 
 def system_prompt(
-    sources: SourceInputs,
-    paths: tuple[str, ...],
-    kernel_text: str,
-    approval_mode: ApprovalMode,
-    environment: EnvironmentInfo,
-    exclude: frozenset[SectionKind],
-    counter: TokenCounter,
-    counter_key: object,
-    *,
-    recall: bool = True,
+    inputs: PromptInputs, counter: TokenCounter, counter_key: object, *, recall: bool = True
 ) -> Prompt:
-    """The system prompt these inputs make (see the module's docstring); without `recall`
-    made afresh, as a compile from scratch does."""
-    return _PROMPTS.get(
-        sources,
-        paths,
-        kernel_text,
-        approval_mode,
-        environment,
-        exclude,
-        counter,
-        counter_key,
-        recall,
-    )
+    """The system prompt these inputs make (see the module's docstring). `counter` counts
+    (it may also check the compile's budget); `counter_key` is the counter that answers
+    its counts (one object per tokenizer). Without `recall` it is made afresh, as a
+    compile from scratch does, and remembered for the next."""
+    return _PROMPTS.get(inputs, counter, counter_key, recall)

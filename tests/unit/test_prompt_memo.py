@@ -15,7 +15,7 @@ from server.compiler.projection_memo import ProjectionMemo
 from server.compiler.sources import SourceInputs
 from server.compiler.system import ApprovalMode, EnvironmentInfo
 from server.compiler.tokens import TokenCounter
-from server.compiler.view import SectionKind
+from server.compiler.view import CompiledView, SectionKind
 from server.domain.model import AssistantMessage, ContentPart, Event, Route, Session, UserMessage
 from server.domain.sources import RuleActivation, RuleEntry, Scope
 from tests.unit.test_system_prompt import WordCounter
@@ -54,53 +54,51 @@ def _said(seq: int, text: str) -> Event:
     return Event(seq, f"e{seq}", seq, AssistantMessage((ContentPart(text=text),)))
 
 
-def _steps(changes: list[dict[str, Any]], counters: list[TokenCounter] | None = None) -> None:
-    """Step i appends two events and applies changes[i] to the inputs; each view continued
-    from the previous step's memo must equal the view compiled from scratch."""
-    events: list[Event] = []
-    base = CompileInputs(
+def _start(sid: str = "s") -> CompileInputs:
+    return CompileInputs(
         compile_id="c",
-        session=Session("s", 1, 1),
+        session=Session(sid, 1, 1),
         events=(),
         event_boundary=0,
         route=Route(model="gpt-4o"),
         sources=_RULES,
     )
-    memo: ProjectionMemo | None = None
-    inputs = base
+
+
+def _step(
+    inputs: CompileInputs,
+    memo: ProjectionMemo | None,
+    text: str,
+    counter: TokenCounter,
+    change: dict[str, Any] | None = None,
+) -> tuple[CompileInputs, ProjectionMemo | None, CompiledView]:
+    """Two events more (a user message with `text`) and `change` applied, compiled from
+    `memo`: the view must equal the one compiled from scratch."""
+    seq = len(inputs.events)
+    events = (*inputs.events, _user(seq + 1, text), _said(seq + 2, f"done {seq}"))
+    inputs = replace(inputs, events=events, event_boundary=len(events), **(change or {}))
+    view, memo_out, reused = compile_incremental(inputs, counter, memo)
+    assert reused or memo is None, "the step continued the memo"
+    scratch = compile_view(inputs, counter)
+    assert view == replace(scratch, compile_id=view.compile_id), (text, change)
+    return inputs, memo_out, view
+
+
+def _steps(changes: list[dict[str, Any]]) -> None:
+    """Step i applies changes[i]; the same path is named at each step, so only the
+    change makes the prompt differ."""
+    inputs, memo = _start(), None
     words = WordCounter()  # one counter for all steps, as the daemon's per tokenizer
-    for i, change in enumerate(changes):
-        seq = len(events)
-        # The same path named at each step: only `change` makes the prompt differ.
-        events += [_user(seq + 1, "look at src/app.py"), _said(seq + 2, f"done {i}")]
-        inputs = replace(inputs, events=tuple(events), event_boundary=len(events), **change)
-        counter = counters[i] if counters else words
-        view, memo, reused = compile_incremental(inputs, counter, memo)
-        assert reused or i == 0, f"step {i} continued the memo"
-        scratch = compile_view(inputs, counter)
-        assert view == replace(scratch, compile_id=view.compile_id), f"step {i}: {change}"
+    for change in changes:
+        inputs, memo, _ = _step(inputs, memo, "look at src/app.py", words, change)
 
 
 def test_a_turn_that_names_a_matching_path_gets_the_rule() -> None:
     """The same sources, other paths: a turn naming tests/ gets the matched rule."""
-    events: list[Event] = []
-    inputs = CompileInputs(
-        compile_id="c",
-        session=Session("s", 1, 1),
-        events=(),
-        event_boundary=0,
-        route=Route(model="gpt-4o"),
-        sources=_RULES,
-    )
-    memo = None
+    inputs, memo = _start(), None
     words = WordCounter()
     for text in ["look at src/a.py", "now tests/unit/test_a.py", "and src/b.py"]:
-        seq = len(events)
-        events += [_user(seq + 1, text), _said(seq + 2, "ok")]
-        inputs = replace(inputs, events=tuple(events), event_boundary=len(events))
-        view, memo, _ = compile_incremental(inputs, words, memo)
-        scratch = compile_view(inputs, words)
-        assert view == replace(scratch, compile_id=view.compile_id), text
+        inputs, memo, view = _step(inputs, memo, text, words)
         has_rule = "Tests use pytest." in view.system_prompt
         assert has_rule == ("tests/" in text), text
 
@@ -125,27 +123,8 @@ def test_sessions_on_other_tokenizers_count_their_own_prompt() -> None:
     """Two sessions with the same sources, each continuing its own memo on its own
     tokenizer, stepping in turn: each takes the prompt counted by its tokenizer."""
     counters: list[TokenCounter] = [WordCounter(), CharCounter()]
-    chains: list[tuple[CompileInputs, ProjectionMemo | None]] = [
-        (
-            CompileInputs(
-                compile_id="c",
-                session=Session(f"s{k}", 1, 1),
-                events=(),
-                event_boundary=0,
-                route=Route(model="gpt-4o"),
-                sources=_RULES,
-            ),
-            None,
-        )
-        for k in range(2)
-    ]
+    chains: list[tuple[CompileInputs, ProjectionMemo | None]] = [(_start("a"), None)] * 2
     for step in range(3):
         for k, counter in enumerate(counters):
-            inputs, memo = chains[k]
-            seq = len(inputs.events)
-            events = (*inputs.events, _user(seq + 1, f"step {step}"), _said(seq + 2, "ok"))
-            inputs = replace(inputs, events=events, event_boundary=len(events))
-            view, memo, _ = compile_incremental(inputs, counter, memo)
-            scratch = compile_view(inputs, counter)
-            assert view == replace(scratch, compile_id=view.compile_id), (step, k)
+            inputs, memo, _ = _step(*chains[k], f"step {step}", counter)
             chains[k] = (inputs, memo)
