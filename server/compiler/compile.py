@@ -18,7 +18,13 @@ from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import paths_in_texts
 from server.compiler.projection import ImagePolicy
-from server.compiler.projection_memo import ActiveTurn, ProjectionMemo, active_turn, event_texts
+from server.compiler.projection_memo import (
+    ActiveTurn,
+    ProjectionMemo,
+    active_turn,
+    event_texts,
+    extends,
+)
 from server.compiler.prompt_memo import PromptInputs, section_text_digests, system_prompt
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs
@@ -257,7 +263,9 @@ def compile_incremental(
     verified and used; the view is the same byte for byte either way. `check` runs
     between units of work and may raise to stop the compile (work.py)."""
     counting = checked(counter, check, inputs.counting)
-    turn = active_turn(inputs.events, memo)
+    # Whether the memo's events start the log: looked at once (O(events), in C).
+    known = extends(memo, inputs.events)
+    turn = active_turn(inputs.events, memo, known=known)
     named = paths_in_texts(active_texts(inputs, turn), check)
     # Continuing a memo, the system prompt is nearly always the previous step's: it is
     # taken from prompt_memo.py; from scratch it is made afresh.
@@ -286,6 +294,7 @@ def compile_incremental(
         memo=memo,
         remember=remember,
         turn=turn,
+        known=known,
     )
     projection = run.projection
     check()

@@ -226,13 +226,15 @@ def project_incremental(
     memo: ProjectionMemo | None = None,
     remember: bool = True,
     turn: ActiveTurn = NO_TURN,
+    known: bool | None = None,
 ) -> IncrementalProjection:
     """`events` are the whole log (no checkpoint) or the events after the checkpoint;
     `current_user` is the latest user message when the checkpoint covers it. Without
     `remember` the events are projected in one piece and no memo is made: the plain
     from-scratch projection the incremental one is held to. `turn` is the current turn of
-    `events`, kept in the memo for the next compile."""
-    reused = memo_usable(memo, events, checkpoint, current_user)
+    `events`, kept in the memo for the next compile; `known`: whether `memo`'s events are
+    the first of `events`, if already found (projection_memo.extends)."""
+    reused = memo_usable(memo, events, checkpoint, current_user, known)
     tail_start = 0 if not (reused and memo is not None) else memo.cut
     tail_users = [e.seq for e in events[tail_start:] if is_user_turn_start(e)]
     if current_user is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from server.compiler.projection import _message
-from server.compiler.projection_memo import ProjectionMemo
+from server.compiler.projection_memo import ProjectionMemo, extends
 from server.domain.model import Attachment, ContentPart, Event, Role, TurnCancelled
 from server.domain.records import Checkpoint
 
@@ -25,7 +25,10 @@ def memo_usable(
     events: Sequence[Event],
     checkpoint: Checkpoint | None,
     current_user: Event | None,
+    known: bool | None = None,
 ) -> bool:
+    """`known`: whether memo's events are the first of `events`, if already found
+    (projection_memo.extends)."""
     if memo is None or current_user is not None:
         return False
     ck_id = checkpoint.checkpoint_id if checkpoint is not None else ""
@@ -34,7 +37,7 @@ def memo_usable(
         memo.checkpoint_id == ck_id
         and n <= len(events)
         and memo.cut <= n
-        and tuple(events[:n]) == memo.events
+        and (extends(memo, events) if known is None else known)
         # Reasoning kept by a cancel reaches back to the turn's start, before the cut.
         and not any(
             isinstance(e.payload, TurnCancelled) and e.payload.keep_reasoning

@@ -53,11 +53,23 @@ def event_texts(event: Event) -> list[str]:
     return []
 
 
-def active_turn(events: Sequence[Event], memo: ProjectionMemo | None = None) -> ActiveTurn:
+def extends(memo: ProjectionMemo | None, events: Sequence[Event]) -> bool:
+    """Whether `memo`'s events are the first of `events` (compared in C: the same
+    objects, or equal ones)."""
+    if memo is None:
+        return False
+    n = len(memo.events)
+    return n <= len(events) and tuple(events[:n]) == memo.events
+
+
+def active_turn(
+    events: Sequence[Event], memo: ProjectionMemo | None = None, *, known: bool | None = None
+) -> ActiveTurn:
     """The current turn of `events`. The turn grows at the log's end: when `memo`'s events
-    are the first of `events` (compared in C), only the events after them are looked at."""
+    are the first of `events` (`known`: `extends(memo, events)` if already found), only
+    the events after them are looked at."""
     n = len(memo.events) if memo is not None else 0
-    if memo is None or n > len(events) or tuple(events[:n]) != memo.events:
+    if not (extends(memo, events) if known is None else known):
         memo, n = None, 0
     for i in range(len(events) - 1, n - 1, -1):
         if is_user_turn_start(events[i]):

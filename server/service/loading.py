@@ -150,14 +150,15 @@ class HistoryLoader:
         else:
             events, reread = self._read(sid, chosen.covers_through_seq, boundary, chosen, known)
         current = None
-        # The events `known` saw are not looked at again for the turn.
-        active = active_turn(events, known if reread else None)
+        # The events `known` saw are not looked at again for the turn (`_read` put them
+        # first: no need to compare them).
+        active = active_turn(events, known if reread else None, known=reread)
         if chosen is not None and chosen.kind != CheckpointKind.BUILTIN and active.start < 0:
             current = self._store.last_turn_start(sid, chosen.covers_through_seq)
         turn = events[active.start] if active.start >= 0 else current
         activated = self._store.get_activations(sid, turn.seq) if turn is not None else ()
         return LoadedHistory(
-            events=tuple(events),
+            events=events,
             checkpoint=chosen,
             current_user=current,
             fallback_reasons=tuple(dict.fromkeys(reasons)),
@@ -173,7 +174,7 @@ class HistoryLoader:
         boundary: int,
         chosen: Checkpoint | None,
         known: ProjectionMemo | None,
-    ) -> tuple[list[Event], bool]:
+    ) -> tuple[tuple[Event, ...], bool]:
         """The events, and whether they start with `known`'s (only later ones read)."""
         ck_id = chosen.checkpoint_id if chosen is not None else ""
         if known is not None and known.checkpoint_id == ck_id:
@@ -181,13 +182,13 @@ class HistoryLoader:
             first = known.events[0].seq if known.events else after + 1
             if first == after + 1 and last <= boundary:
                 later = self._store.read_events(sid, last, None, frozenset(), boundary)
-                return [*known.events, *later], True
-        return self._store.read_events(sid, after, None, frozenset(), boundary), False
+                return known.events + tuple(later), True
+        return tuple(self._store.read_events(sid, after, None, frozenset(), boundary)), False
 
     def _artifact_sizes(
         self,
         session: Session,
-        events: list[Event],
+        events: tuple[Event, ...],
         current: Event | None,
         known: ProjectionMemo | None,
     ) -> tuple[tuple[str, int], ...]:
