@@ -23,7 +23,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from server.domain.model import Event
 
@@ -35,18 +34,16 @@ TAIL_BYTES = 8 << 20
 _SESSIONS = 4096
 
 
-@dataclass(frozen=True, slots=True)
 class _Tail:
-    events: tuple[Event, ...]  # consecutive seqs
-    sizes: tuple[int, ...]  # encoded bytes of each
+    """One session's kept events (consecutive seqs) and their encoded sizes: changed and
+    read only under the Tails' lock."""
 
-    @property
-    def first(self) -> int:
-        return self.events[0].seq
+    __slots__ = ("events", "size", "sizes")
 
-    @property
-    def last(self) -> int:
-        return self.events[-1].seq
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.sizes: list[int] = []
+        self.size = 0
 
 
 class Tails:
@@ -63,31 +60,42 @@ class Tails:
         if not events:
             return
         with self._lock:
-            old = self._tails.pop(session_id, None)
-            if old is not None:
-                self._bytes -= sum(old.sizes)
-            if old is not None and old.last + 1 == events[0].seq:
-                kept, sizes = (*old.events, *events), (*old.sizes, *sizes)
+            tail = self._tails.get(session_id)
+            if tail is None:
+                tail = self._tails[session_id] = _Tail()
             else:
-                kept, sizes = tuple(events), tuple(sizes)
-            kept, sizes = kept[-self._events :], sizes[-self._events :]
-            total = sum(sizes)
-            if total > self._budget:
-                return  # one tail over the whole budget is not kept
-            self._tails[session_id] = _Tail(kept, sizes)
-            self._bytes += total
+                self._tails.move_to_end(session_id)
+                if tail.events[-1].seq + 1 != events[0].seq:
+                    self._bytes -= tail.size  # not a continuation: a new tail
+                    tail.events, tail.sizes, tail.size = [], [], 0
+            tail.events += events
+            tail.sizes += sizes
+            added = sum(sizes)
+            tail.size += added
+            self._bytes += added
+            over = len(tail.events) - self._events
+            if over > 0:
+                dropped = sum(tail.sizes[:over])
+                del tail.events[:over], tail.sizes[:over]
+                tail.size -= dropped
+                self._bytes -= dropped
+            if tail.size > self._budget:  # one tail over the whole budget is not kept
+                self._bytes -= self._tails.pop(session_id).size
             while len(self._tails) > _SESSIONS or self._bytes > self._budget:
-                self._bytes -= sum(self._tails.popitem(last=False)[1].sizes)
+                self._bytes -= self._tails.popitem(last=False)[1].size
 
     def read(self, session_id: str, after_seq: int, through_seq: int) -> list[Event] | None:
         """The events after `after_seq` through `through_seq` when the tail holds every one
         of them, else None (read the store)."""
         with self._lock:
             tail = self._tails.get(session_id)
-        if tail is None or after_seq + 1 < tail.first or through_seq > tail.last:
-            return None
-        start = after_seq + 1 - tail.first
-        return list(tail.events[start : start + through_seq - after_seq])
+            if tail is None:
+                return None
+            first, last = tail.events[0].seq, tail.events[-1].seq
+            if after_seq + 1 < first or through_seq > last:
+                return None
+            start = after_seq + 1 - first
+            return tail.events[start : start + max(0, through_seq - after_seq)]
 
     def forget(self, session_id: str | None = None) -> None:
         """Before a write that deletes from a log: that session's tail (None: all) goes."""
@@ -98,4 +106,4 @@ class Tails:
                 return
             old = self._tails.pop(session_id, None)
             if old is not None:
-                self._bytes -= sum(old.sizes)
+                self._bytes -= old.size

@@ -123,3 +123,23 @@ def test_concurrent_appends_by_several_writers_read_back_whole(store: KVEventSto
     whole = store.read_events("s", 0, None, frozenset(), 90)
     assert whole == _stored(store, "s", 0, 90)
     assert sorted(_texts(whole)) == sorted(f"w{k}-{i}" for k in range(3) for i in range(30))
+
+
+def test_tails_stay_within_their_counts_and_bytes() -> None:
+    def ev(seq: int) -> Event:
+        return Event(seq, f"e{seq}", 1, UserMessage((ContentPart(text=str(seq)),)))
+
+    tails = Tails(events=3, budget=100)
+    tails.wrote("a", [ev(1), ev(2)], [20, 20])
+    tails.wrote("a", [ev(3), ev(4)], [20, 20])  # four events: the first is dropped
+    assert tails.read("a", 0, 4) is None
+    assert tails.read("a", 1, 4) == [ev(2), ev(3), ev(4)]
+    tails.wrote("b", [ev(1)], [50])  # 110 bytes in all: the older session goes
+    assert tails.read("a", 3, 4) is None
+    assert tails.read("b", 0, 1) == [ev(1)]
+    tails.wrote("b", [ev(2)], [60])  # one tail over the budget is not kept
+    assert tails.read("b", 0, 1) is None
+    tails.wrote("c", [ev(1)], [100])
+    assert tails.read("c", 0, 1) == [ev(1)]
+    tails.forget("c")
+    assert tails.read("c", 0, 1) is None
