@@ -17,7 +17,14 @@ from server.domain.records import (
     Usage,
 )
 from server.domain.replacing import replaced
-from server.domain.table_chunks import PendingChunk, TableChunk, Tabled, stored, whole
+from server.domain.table_chunks import (
+    PendingChunk,
+    TableChunk,
+    Tabled,
+    pending,
+    stored_form,
+    whole,
+)
 from storage.codec import CorruptRecordError, decode_value, encode_value
 from storage.keys import (
     AT_BOUNDARY,
@@ -167,11 +174,13 @@ class CompileRecords(StoreCore):
     def _split(self, sid: str, value: Tabled) -> tuple[Tabled, tuple[tuple[str, object], ...]]:
         """The form of `value` to write, and its table's chunks to store unless they are
         those last written for the session (under its lock, as is the write)."""
-        written, chunks = stored(value, self._splitter)
+        written, split = stored_form(value, self._splitter)
+        if split is None:
+            return written, ()
         with self._sources_lock:
-            if chunks and self._staged.get(sid) == written.table_chunks:
+            if self._staged.get(sid) == written.table_chunks:
                 return written, ()
-        return written, chunks
+        return written, pending(split)
 
     def _staged_now(self, sid: str, written: CompileRecord | RouteState) -> None:
         """After a write (under the session's lock): the chunks `written` names are stored."""

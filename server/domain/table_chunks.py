@@ -159,13 +159,20 @@ def whole(
 def stored(value: Tabled, splitter: Splitter) -> tuple[Tabled, tuple[tuple[str, object], ...]]:
     """The form of a record that is written: its table's chunks named, with the chunks as
     parts to store (those not stored yet), and only the rest of its table inline."""
+    written, split = stored_form(value, splitter)
+    return written, pending(split) if split is not None else ()
+
+
+def stored_form(value: Tabled, splitter: Splitter) -> tuple[Tabled, Split | None]:
+    """`stored` without the chunks made into parts (a long table names dozens, nearly
+    always all stored already): the split, None when the table is inline whole."""
     split = splitter.split(value.message_digests, value.message_tokens)
     if not split.names:
-        return value, ()
+        return value, None
     written = replace(
         value, message_digests=split.digests, message_tokens=split.tokens, table_chunks=split.names
     )
-    return written, pending(split)
+    return written, split
 
 
 def well_formed(part: TableChunk) -> bool:
