@@ -6,7 +6,7 @@ import { createHash } from "node:crypto";
 import { BinaryReader, BinaryWriter } from "@bufbuild/protobuf/wire";
 
 import type { ViewDelta } from "./gen/ctxcc/v1/compile_service.js";
-import { CompiledView, ViewMessage, type SystemSection } from "./gen/ctxcc/v1/view.js";
+import { CompiledView, SystemSection, ViewMessage, ViewTool } from "./gen/ctxcc/v1/view.js";
 
 /** Lower-case hex sha256 of a view's serialization, the digest a ViewDelta states. ts-proto
  * writes fields in number order and map entries in the order they were decoded, which for a
@@ -126,10 +126,79 @@ export function extendChain(base: readonly Buffer[], kept: number, messages: rea
   return out;
 }
 
+/** Encodings a stream keeps for the digest of its next view: its sections' and tools'
+ * records by object (fields 6 and 11, tag and length included; a view rebuilt from a delta
+ * shares the sections and tools it keeps with its base) and the last system prompt's record.
+ * With them a step encodes the head and what changed, not the system prompt, sections and
+ * tool definitions again (often most of a view without its messages). */
+export class PartRecords {
+  readonly sections = new WeakMap<SystemSection, Uint8Array>();
+  readonly tools = new WeakMap<ViewTool, Uint8Array>();
+  prompt = "";
+  promptRecord: Uint8Array = new Uint8Array(0);
+}
+
+const SECTIONS_FIELD = 6;
+const PROMPT_FIELD = 7;
+const TOOLS_FIELD = 11;
+
+function recordOf<T extends object>(
+  cache: WeakMap<T, Uint8Array>,
+  item: T,
+  field: number,
+  fns: { encode(m: T, w: BinaryWriter): BinaryWriter },
+): Uint8Array {
+  let record = cache.get(item);
+  if (!record) {
+    record = fns.encode(item, new BinaryWriter().uint32((field << 3) | 2).fork()).join().finish();
+    cache.set(item, record);
+  }
+  return record;
+}
+
+/** The encoding of `view` without its messages, in pieces: the head (every field but the
+ * sections, prompt, messages and tools) encoded and cut where the records of fields 6, 7
+ * and 11 go in (ts-proto writes fields in number order), those records from `parts`. */
+function restPieces(view: CompiledView, parts: PartRecords): Uint8Array[] {
+  const head = CompiledView.encode({ ...view, messages: [], systemSections: [], systemPrompt: "", tools: [] }).finish();
+  const reader = new BinaryReader(head);
+  let front = head.length;
+  let back = head.length;
+  while (reader.pos < reader.len) {
+    const start = reader.pos;
+    const [fieldNo, wireType] = reader.tag();
+    if (fieldNo > SECTIONS_FIELD && front === head.length) front = start;
+    if (fieldNo > TOOLS_FIELD) {
+      back = start;
+      break;
+    }
+    reader.skip(wireType, fieldNo);
+  }
+  if (parts.prompt !== view.systemPrompt || parts.promptRecord.length === 0) {
+    parts.prompt = view.systemPrompt;
+    parts.promptRecord =
+      view.systemPrompt === ""
+        ? new Uint8Array(0)
+        : new BinaryWriter().uint32((PROMPT_FIELD << 3) | 2).string(view.systemPrompt).finish();
+  }
+  return [
+    head.subarray(0, front),
+    ...view.systemSections.map((s) => recordOf(parts.sections, s, SECTIONS_FIELD, SystemSection)),
+    parts.promptRecord,
+    head.subarray(front, back),
+    ...view.tools.map((t) => recordOf(parts.tools, t, TOOLS_FIELD, ViewTool)),
+    head.subarray(back),
+  ];
+}
+
 /** The chained digest (ViewDelta.chain_sha256) of `view`, whose messages' chain values are
- * `values`: sha256(sha256(the view's encoding without its messages) || c_n), hex. */
-function chainDigestWith(view: CompiledView, values: readonly Buffer[]): string {
-  const rest = createHash("sha256").update(CompiledView.encode({ ...view, messages: [] }).finish()).digest();
+ * `values`: sha256(sha256(the view's encoding without its messages) || c_n), hex. With
+ * `parts`, the sections, prompt and tools are not encoded again where they are known. */
+function chainDigestWith(view: CompiledView, values: readonly Buffer[], parts?: PartRecords): string {
+  const encoding = parts
+    ? Buffer.concat(restPieces(view, parts))
+    : CompiledView.encode({ ...view, messages: [] }).finish();
+  const rest = createHash("sha256").update(encoding).digest();
   const last = values.length > 0 ? values[values.length - 1] : CHAIN_START;
   return createHash("sha256").update(rest).update(last).digest("hex");
 }
@@ -143,19 +212,22 @@ export function chainDigest(view: CompiledView): string {
 /**
  * applyDelta for a delta with the chained digest, continued from `baseChain` (the chain
  * values of base's messages): only the appended messages and the view without its messages
- * are encoded and hashed. Returns the view and its chain values, the next delta's base.
+ * are encoded and hashed. Returns the view and its chain values, the next delta's base. With
+ * `parts` (kept from one step to the next, as the stream does), the sections, system prompt
+ * and tools the view shares with the base are not encoded again.
  */
 export function applyChainedDelta(
   base: CompiledView | null,
   delta: ViewDelta,
   baseChain: readonly Buffer[],
+  parts?: PartRecords,
 ): { view: CompiledView; chain: Buffer[] } {
   if (base && baseChain.length !== base.messages.length) {
     throw new DeltaMismatch(`the base's chain has ${baseChain.length} values for ${base.messages.length} messages`);
   }
   const view = rebuild(base, delta);
   const chain = extendChain(baseChain, delta.keptMessages, delta.appendedMessages);
-  const digest = chainDigestWith(view, chain);
+  const digest = chainDigestWith(view, chain, parts);
   if (digest !== delta.chainSha256) {
     throw new DeltaMismatch(`view ${view.compileId} rebuilt from a delta has chained digest ${digest}, the daemon's is ${delta.chainSha256}`);
   }

@@ -13,7 +13,14 @@
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
-import { applyChainedDelta, applyDelta, DeltaMismatch, extendChain, type MessageRecords } from "./delta.js";
+import {
+  applyChainedDelta,
+  applyDelta,
+  DeltaMismatch,
+  extendChain,
+  PartRecords,
+  type MessageRecords,
+} from "./delta.js";
 import { CtxccError, toCtxccError } from "./errors.js";
 import type { DeepPartial } from "./gen/ctxcc/v1/common.js";
 import {
@@ -120,6 +127,8 @@ export class Stream {
   private mismatchRun = 0;
   // Encodings of the messages of views rebuilt here: the next delta keeps most of them.
   private readonly records: MessageRecords = new WeakMap();
+  // The records of sections, tools and the system prompt for the chained digest.
+  private readonly parts = new PartRecords();
   private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0, bytes: 0 };
   // The usage report the next step carries, and the answer to the one the last step carried.
   private queued: ReportUsageRequest | null = null;
@@ -337,7 +346,7 @@ export class Stream {
     if (!delta.chainSha256) return { view: applyDelta(this.base, delta, this.records), chain: null };
     // A base that came whole gets its chain values once, here.
     const values = this.baseChain ?? extendChain([], 0, this.base?.messages ?? []);
-    return applyChainedDelta(this.base, delta, values);
+    return applyChainedDelta(this.base, delta, values, this.parts);
   }
 
   /** Records a view received whole or rebuilt and checked as the next delta's base. */

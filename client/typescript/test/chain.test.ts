@@ -12,7 +12,7 @@ import {
   ViewDelta,
 } from "../src/gen/ctxcc/v1/compile_service.js";
 import { CompiledView } from "../src/gen/ctxcc/v1/view.js";
-import { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain } from "../src/delta.js";
+import { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, PartRecords } from "../src/delta.js";
 import { connect } from "../src/index.js";
 import { chained, daemonChain, encoded, fixture, makeDelta } from "./fixtures.js";
 
@@ -133,4 +133,30 @@ test("the stream asks for the chained digest unless told not to, and refetches a
       server.forceShutdown();
     }
   }
+});
+
+test("with the stream's part records, a chain of deltas checks as the whole views' digests say", () => {
+  // Sections kept, swapped, changed; tools kept, dropped, back; middle fields there or not.
+  const v3 = fixture(3).view;
+  const noTools = { ...copy(v3), compileId: "c4", tools: [] };
+  const swapped = { ...copy(noTools), compileId: "c5", systemSections: [...copy(noTools).systemSections].reverse() };
+  swapped.systemPrompt = swapped.systemSections.map((s) => s.text).join("\n\n");
+  const changed = { ...copy(swapped), compileId: "c6", prefixDigest: "", changedSections: [] };
+  changed.systemSections[0].text += " and one more rule";
+  changed.systemPrompt = changed.systemSections.map((s) => s.text).join("\n\n");
+  const toolsBack = { ...copy(changed), compileId: "c7", tools: copy(v3).tools, renderings: [] };
+  const views = [fixture(1).view, fixture(2).view, v3, noTools, swapped, changed, toolsBack];
+  const parts = new PartRecords();
+  let base = views[0];
+  let values = extendChain([], 0, base.messages);
+  for (const target of views.slice(1)) {
+    const d = chained(makeDelta(base, target), chainDigest(target));
+    const out = applyChainedDelta(base, d, values, parts);
+    assert.ok(encoded(out.view).equals(encoded(target)), `to ${target.compileId}`);
+    [base, values] = [out.view, out.chain];
+  }
+  // A record kept for the prompt or a section of another view fails the digest.
+  const again = chained(makeDelta(base, toolsBack), chainDigest(toolsBack));
+  again.head!.notes.push("x");
+  assert.throws(() => applyChainedDelta(base, again, values, parts), DeltaMismatch);
 });
