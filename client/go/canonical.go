@@ -24,15 +24,25 @@ func canonicalMarshal(m protoreflect.Message) ([]byte, error) {
 	return e.appendMessage(nil, m)
 }
 
-// encoder remembers the encoding of each view message object: a view rebuilt from a delta
-// shares its kept messages with its base, so only the new ones are encoded again. A nil
-// encoder remembers nothing.
+// encoder remembers the encoding of each view message, system section and tool object: a
+// view rebuilt from a delta shares the messages, sections and tools it keeps with its base,
+// so only the new ones are encoded again. A nil encoder remembers nothing.
 type encoder struct {
 	prev, next records
 }
 
-// records are encodings of view messages by object.
-type records map[*ctxccv1.ViewMessage][]byte
+// records are encodings (without their field's tag) of view messages, system sections and
+// tools by object.
+type records map[proto.Message][]byte
+
+// remembered says whether an encoder keeps the encodings of m's type.
+func remembered(m proto.Message) bool {
+	switch m.(type) {
+	case *ctxccv1.ViewMessage, *ctxccv1.SystemSection, *ctxccv1.ViewTool:
+		return true
+	}
+	return false
+}
 
 func newEncoder(prev records) *encoder { return &encoder{prev: prev, next: records{}} }
 
@@ -220,10 +230,11 @@ func (e *encoder) appendField(b []byte, fd protoreflect.FieldDescriptor, v proto
 }
 
 func (e *encoder) messageBytes(m protoreflect.Message) ([]byte, error) {
-	vm, isView := m.Interface().(*ctxccv1.ViewMessage)
-	if e != nil && isView {
-		if b, ok := e.prev[vm]; ok {
-			e.next[vm] = b
+	key := m.Interface()
+	kept := e != nil && remembered(key)
+	if kept {
+		if b, ok := e.prev[key]; ok {
+			e.next[key] = b
 			return b, nil
 		}
 	}
@@ -234,8 +245,8 @@ func (e *encoder) messageBytes(m protoreflect.Message) ([]byte, error) {
 	} else {
 		b, err = proto.MarshalOptions{Deterministic: true}.Marshal(m.Interface())
 	}
-	if e != nil && isView && err == nil {
-		e.next[vm] = b
+	if kept && err == nil {
+		e.next[key] = b
 	}
 	return b, err
 }

@@ -40,12 +40,14 @@ func extendChain(base chain, kept int, msgs []*ctxccv1.ViewMessage) (chain, erro
 }
 
 // chainDigest is the chained digest of view, whose messages' chain values are values:
-// sha256(sha256(the view's encoding without its messages) || c_n), in lower-case hex.
-func chainDigest(view *ctxccv1.CompiledView, values chain) (string, error) {
+// sha256(sha256(the view's encoding without its messages) || c_n), in lower-case hex. The
+// sections and tools found in prev (by object: the ones a view rebuilt from a delta keeps
+// from its base) are not encoded again; it returns the encodings of view's.
+func chainDigest(view *ctxccv1.CompiledView, values chain, prev records) (string, records, error) {
 	rest := sha256.New()
-	var e *encoder
+	e := newEncoder(prev)
 	if err := e.eachPartExcept(view.ProtoReflect(), messagesField, func(part []byte) { rest.Write(part) }); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	var last [sha256.Size]byte
 	if len(values) > 0 {
@@ -54,7 +56,7 @@ func chainDigest(view *ctxccv1.CompiledView, values chain) (string, error) {
 	h := sha256.New()
 	h.Write(rest.Sum(nil))
 	h.Write(last[:])
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil)), e.next, nil
 }
 
 // ChainDigest is the chained digest (ViewDelta.chain_sha256) of a whole view, computed
@@ -64,5 +66,6 @@ func ChainDigest(view *ctxccv1.CompiledView) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return chainDigest(view, values)
+	sum, _, err := chainDigest(view, values, nil)
+	return sum, err
 }

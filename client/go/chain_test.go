@@ -46,8 +46,9 @@ func TestChainDigestIsTheDaemons(t *testing.T) {
 	}
 }
 
-// A chain of chained deltas, each continued from the chain values the previous one left,
-// rebuilds the daemon's views and checks against the daemon's digests.
+// A chain of chained deltas, each continued from the chain values and the encodings of
+// sections and tools the previous one left (the sections change along it), rebuilds the
+// daemon's views and checks against the daemon's digests.
 func TestChainedDeltasContinueFromTheBase(t *testing.T) {
 	v1, _ := fixture(t, 1)
 	values, err := extendChain(nil, 0, v1.GetMessages())
@@ -55,17 +56,32 @@ func TestChainedDeltasContinueFromTheBase(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := v1
+	var recs records
 	for _, n := range []int{2, 2, 3, 1} {
 		target, want := fixture(t, n)
 		d := chained(makeDelta(t, base, target), daemonChain(t, n))
-		view, next, err := applyChainedDelta(base, d, values)
+		view, next, nextRecs, err := applyChainedDelta(base, d, values, recs)
 		if err != nil {
 			t.Fatalf("to view%d: %v", n, err)
 		}
 		if !bytes.Equal(marshal(t, view), want) || len(next) != len(view.GetMessages()) {
 			t.Fatalf("to view%d: the rebuilt view differs from the daemon's", n)
 		}
-		base, values = view, next
+		if len(nextRecs) != len(view.GetSystemSections())+len(view.GetTools()) {
+			t.Fatalf("to view%d: %d encodings kept", n, len(nextRecs))
+		}
+		base, values, recs = view, next, nextRecs
+	}
+	// The kept encodings of sections and tools are really the ones used: spoiled ones
+	// fail the digest.
+	again, _ := fixture(t, 1)
+	spoiledRecs := records{}
+	for m, b := range recs {
+		spoiledRecs[m] = append([]byte{}, b...)
+		spoiledRecs[m][len(b)-1] ^= 1
+	}
+	if _, _, _, err := applyChainedDelta(base, chained(makeDelta(t, base, again), daemonChain(t, 1)), values, spoiledRecs); err == nil {
+		t.Fatal("spoiled encodings of sections and tools were not used")
 	}
 	// The kept values are really the ones used: spoiled ones fail the digest.
 	target, _ := fixture(t, 2)
@@ -75,7 +91,7 @@ func TestChainedDeltasContinueFromTheBase(t *testing.T) {
 	if d.GetKeptMessages() == 0 {
 		t.Fatal("the last delta must keep messages")
 	}
-	if _, _, err := applyChainedDelta(base, d, spoiled); err == nil {
+	if _, _, _, err := applyChainedDelta(base, d, spoiled, nil); err == nil {
 		t.Fatal("spoiled chain values were not used")
 	}
 }
@@ -126,7 +142,7 @@ func TestChainedMismatchesAreDetected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := applyChainedDelta(damaged, fresh(), values); err == nil {
+	if _, _, _, err := applyChainedDelta(damaged, fresh(), values, nil); err == nil {
 		t.Error("a damaged kept message of the base: not detected")
 	}
 }

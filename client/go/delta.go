@@ -37,7 +37,7 @@ func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.Comp
 		if err != nil {
 			return nil, err
 		}
-		view, _, err := applyChainedDelta(base, d, baseChain)
+		view, _, _, err := applyChainedDelta(base, d, baseChain, nil)
 		return view, err
 	}
 	view, _, err := applyDelta(base, d, nil)
@@ -65,30 +65,31 @@ func applyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseRecords re
 
 // applyChainedDelta rebuilds the view d describes against base and checks it against
 // d.ChainSha256, continuing from baseChain (base's chain values): only the appended
-// messages and the view without its messages are encoded and hashed. It returns the new
-// view's chain values.
-func applyChainedDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseChain chain) (*ctxccv1.CompiledView, chain, error) {
+// messages and the view without its messages are encoded and hashed, and of that only the
+// sections and tools not in baseRecords (base's, may be nil). It returns the new view's
+// chain values and the encodings of its sections and tools.
+func applyChainedDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseChain chain, baseRecords records) (*ctxccv1.CompiledView, chain, records, error) {
 	kept := int(d.GetKeptMessages())
 	if base != nil && len(baseChain) != len(base.GetMessages()) {
-		return nil, nil, fmt.Errorf("the base's chain has %d values for %d messages", len(baseChain), len(base.GetMessages()))
+		return nil, nil, nil, fmt.Errorf("the base's chain has %d values for %d messages", len(baseChain), len(base.GetMessages()))
 	}
 	view, err := rebuild(base, d)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	values, err := extendChain(baseChain, kept, d.GetAppendedMessages())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	sum, err := chainDigest(view, values)
+	sum, recs, err := chainDigest(view, values, baseRecords)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if sum != d.GetChainSha256() {
-		return nil, nil, fmt.Errorf("view %s rebuilt from a delta has chained digest %s, the daemon's is %s",
+		return nil, nil, nil, fmt.Errorf("view %s rebuilt from a delta has chained digest %s, the daemon's is %s",
 			view.GetCompileId(), sum, d.GetChainSha256())
 	}
-	return view, values, nil
+	return view, values, recs, nil
 }
 
 // rebuild makes the view d describes against base, without checking its digest.

@@ -225,15 +225,16 @@ func TestMismatchesAreDetected(t *testing.T) {
 	}
 }
 
-// A rebuilt view's message encodings are kept for the next delta, which encodes only its
-// new messages: a chain of deltas gives the daemon's bytes, and the kept encodings are
-// really the ones used (a spoiled one is caught by the digest).
+// A rebuilt view's encodings of messages (sections, tools) are kept for the next delta,
+// which encodes only its new ones: a chain of deltas gives the daemon's bytes, and the kept
+// encodings are really the ones used (a spoiled one is caught by the digest).
 func TestMessageEncodingsCarryOver(t *testing.T) {
 	v1, _ := fixture(t, 1)
 	v2, want2 := fixture(t, 2)
 	v3, want3 := fixture(t, 3)
 	got2, recs, err := applyDelta(v1, makeDelta(t, v1, v2), nil)
-	if err != nil || !bytes.Equal(marshal(t, got2), want2) || len(recs) != len(got2.GetMessages()) {
+	kept := len(got2.GetMessages()) + len(got2.GetSystemSections()) + len(got2.GetTools())
+	if err != nil || !bytes.Equal(marshal(t, got2), want2) || len(recs) != kept {
 		t.Fatalf("v1->v2: %v, %d records", err, len(recs))
 	}
 	// v3 keeps none of v2's messages (their layer changes): a delta from v2 to v2

@@ -52,8 +52,9 @@ type Stream struct {
 	// The last view received completely and checked on the current stream: the base of the
 	// next delta. A reopened stream starts without one (the daemon keeps views per stream).
 	base *ctxccv1.CompiledView
-	// The encodings of base's messages when it was rebuilt from a delta: the next delta
-	// keeps most of them, and only the new ones are encoded for its digest.
+	// The encodings of base's messages, sections and tools when it was rebuilt from a delta
+	// (its sections and tools only, with the chained digest): the next delta keeps most of
+	// them, and only the new ones are encoded for its digest.
 	baseRecords records
 	// The chain values of base's messages when it was rebuilt from a chained delta (nil:
 	// computed from base when the next chained delta comes).
@@ -314,8 +315,8 @@ func (s *Stream) apply(d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, records, ch
 			return nil, nil, nil, err
 		}
 	}
-	view, values, err := applyChainedDelta(s.base, d, values)
-	return view, nil, values, err
+	view, values, recs, err := applyChainedDelta(s.base, d, values, s.baseRecords)
+	return view, recs, values, err
 }
 
 // keep records a view received whole or rebuilt and checked as the next delta's base.
