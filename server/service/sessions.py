@@ -155,9 +155,12 @@ class SessionUseCases:
     def landed(self, session_id: str, written: Written) -> AppendResult:
         """A written append, measured and published to the session's watchers."""
         batch, size, result = written
-        prepared, blobs = batch.events, dict(batch.blobs)
-        if not result.replayed:
-            self._telemetry.appended(len(prepared), size + sum(len(b) for b in blobs.values()))
+        if result.replayed:
+            return result
+        prepared = batch.events
+        self._telemetry.appended(len(prepared), size + sum(len(b) for _, b in batch.blobs))
+        # An agent's session is mostly watched by nobody: no events made for nobody.
+        if self._hub.watched(session_id):
             published: list[Update] = [
                 Event(seq, new.event_id, batch.now_ns, new.payload)
                 for seq, new in zip(

@@ -81,6 +81,10 @@ class WatchHub:
                 if not watchers:
                     del self._watchers[session_id]
 
+    def watched(self, session_id: str) -> bool:
+        """Whether anyone watches the session: its updates need not be made otherwise."""
+        return session_id in self._watchers
+
     def publish(self, session_id: str, updates: list[Update], head_seq: int) -> None:
         for watcher in self._watchers.get(session_id, ()):
             for update in updates:

@@ -18,9 +18,9 @@ from server.service.compile_types import CompileResult
 from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases
 from server.transport.compile_stream import (
+    StreamReads,
     StreamState,
     StreamSteps,
-    next_or_shutdown,
     report_usage,
 )
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
@@ -111,9 +111,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         # Agents hold this stream open between steps: at shutdown an idle stream is ended
         # at once (UNAVAILABLE, SHUTTING_DOWN) and a step in progress is answered first.
         closed = asyncio.ensure_future(self._drain.closed())
-        stream = StreamState()
+        stream, reads = StreamState(), StreamReads(request, closed)
         try:
-            while (msg := await next_or_shutdown(request, closed)) is not None:
+            while (msg := await reads.next()) is not None:
                 with self._drain.busy():
                     for part in await self._steps.answer(msg, stream):
                         yield part

@@ -247,13 +247,11 @@ class StreamSteps:
 
         def landed(written: Written) -> None:
             appended = self._s.landed(sid, written)
-            out.append.CopyFrom(
-                pb.AppendResult(
-                    first_seq=appended.first_seq,
-                    last_seq=appended.last_seq,
-                    replayed=appended.replayed,
-                )
-            )
+            # Set in place: the field is present once any of its fields is set.
+            result = out.append
+            result.first_seq = appended.first_seq
+            result.last_seq = appended.last_seq
+            result.replayed = appended.replayed
 
         return Prior(write, landed)
 
@@ -296,38 +294,46 @@ async def report_usage(
     return usage_out(result)
 
 
-async def next_or_shutdown(
-    requests: AsyncIterator[pb.CompileStreamRequest], closed: asyncio.Future[None]
-) -> pb.CompileStreamRequest | None:
-    """The next step, None when the client ends the stream, SHUTTING_DOWN when the daemon
-    stops while the stream waits."""
-    if closed.done():
-        raise shutting_down()
+class StreamReads:
+    """A stream's next messages: None when the client ends the stream, SHUTTING_DOWN when
+    the daemon stops while the stream waits for one.
 
-    async def read() -> pb.CompileStreamRequest | None:
-        return await anext(requests, None)
+    The read is awaited by the stream's own task, which shutdown cancels only while it
+    waits there (a read in a task of its own, raced against shutdown, costs a task, a
+    wake-up and two callbacks at every step); one callback on `closed` for the stream."""
 
-    reading = asyncio.ensure_future(read())
+    def __init__(
+        self, requests: AsyncIterator[pb.CompileStreamRequest], closed: asyncio.Future[None]
+    ) -> None:
+        self._requests = requests
+        self._closed = closed
+        self._reading: asyncio.Task[object] | None = None
+        self._stopped = False
+        closed.add_done_callback(self._stop)
 
-    def stop(_: object) -> None:
-        # A read that already has its message keeps it (cancel does nothing then): the
-        # step is answered before the stream ends.
-        reading.cancel()
+    def _stop(self, closed: asyncio.Future[None]) -> None:
+        # Runs on the loop between steps of the task: it is either waiting for a message
+        # (cancelled here) or answering one (that step is answered, and the next read
+        # sees `closed`). A read whose message arrived and the task not yet resumed
+        # loses it to the cancel, as any cancelled read does: its client resends it.
+        if self._reading is not None and not closed.cancelled():
+            self._stopped = True
+            self._reading.cancel()
 
-    # The read is awaited itself, shutdown cancelling it, rather than raced against
-    # shutdown with asyncio.wait: a waiter and four callbacks less at every step.
-    closed.add_done_callback(stop)
-    try:
-        return await reading
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        # Only shutdown's cancel of the read becomes SHUTTING_DOWN; the call's own
-        # cancel (its client gone) stays a cancel.
-        if closed.done() and reading.cancelled() and not (task and task.cancelling()):
-            raise shutting_down() from None
-        raise
-    finally:
-        closed.remove_done_callback(stop)
+    async def next(self) -> pb.CompileStreamRequest | None:
+        if self._closed.done():
+            raise shutting_down()
+        task = self._reading = asyncio.current_task()
+        try:
+            return await anext(self._requests, None)
+        except asyncio.CancelledError:
+            # Only shutdown's cancel of the read becomes SHUTTING_DOWN; the call's own
+            # cancel (its client gone), also when both came, stays a cancel.
+            if self._stopped and task is not None and task.uncancel() == 0:
+                raise shutting_down() from None
+            raise
+        finally:
+            self._reading = None
 
 
 def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encoded:

@@ -104,3 +104,82 @@ def test_a_cancelled_call_gets_nothing_and_the_work_still_finishes() -> None:
     finally:
         blocking.shutdown()
     assert finished.is_set()
+
+
+def test_each_pool_runs_at_most_its_size_at_once_and_every_job_runs() -> None:
+    """The pools are bounded: more jobs than threads wait their turn."""
+    blocking = Blocking(2, 1)
+    lock = threading.Lock()
+    running = {"io": 0, "compute": 0}
+    most = {"io": 0, "compute": 0}
+
+    def job(pool: str, k: int) -> int:
+        with lock:
+            running[pool] += 1
+            most[pool] = max(most[pool], running[pool])
+        threading.Event().wait(0.02)
+        with lock:
+            running[pool] -= 1
+        return k
+
+    async def main() -> list[int]:
+        io = [blocking.run(job, "io", k) for k in range(6)]
+        compute = [blocking.compute(job, "compute", k) for k in range(6, 10)]
+        return list(await asyncio.gather(*io, *compute))
+
+    try:
+        assert asyncio.run(main()) == list(range(10))
+    finally:
+        blocking.shutdown()
+    assert most == {"io": 2, "compute": 1}
+
+
+def test_a_job_whose_caller_was_cancelled_before_it_started_does_not_run() -> None:
+    """As with an executor: a queued read nobody waits for any more is skipped; its
+    exception, and a failing job's, reach their callers as raised."""
+    blocking = Blocking(1, 1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    def failing() -> None:
+        raise KeyError("gone")
+
+    async def main() -> None:
+        busy = asyncio.ensure_future(blocking.run(release.wait, 5))
+        queued = asyncio.ensure_future(blocking.run(ran.append, "queued"))
+        await asyncio.sleep(0.01)
+        queued.cancel()
+        release.set()
+        assert await busy
+        with pytest.raises(KeyError, match="gone"):
+            await blocking.run(failing)
+        await blocking.run(ran.append, "later")
+
+    try:
+        asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert ran == ["later"]
+
+
+def test_shutdown_runs_what_was_queued_then_refuses_new_work() -> None:
+    blocking = Blocking(1, 1)
+    release = threading.Event()
+    ran: list[int] = []
+
+    async def main() -> None:
+        busy = asyncio.ensure_future(blocking.run(release.wait, 5))
+        queued = [asyncio.ensure_future(blocking.run(ran.append, k)) for k in range(3)]
+        await asyncio.sleep(0.01)
+        stopping = asyncio.ensure_future(asyncio.to_thread(blocking.shutdown))
+        await asyncio.sleep(0.05)
+        assert not stopping.done(), "shutdown waits for the work in flight"
+        release.set()
+        await stopping
+        assert ran == [0, 1, 2]
+        assert await busy
+        await asyncio.gather(*queued)
+        with pytest.raises(RuntimeError):
+            await blocking.run(ran.append, 3)
+
+    asyncio.run(main())

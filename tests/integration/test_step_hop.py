@@ -1,0 +1,83 @@
+"""A CompileStream step's one hop off the event loop (its append on a storage thread, its
+compile on a compute thread, one callback back on the loop), against a real daemon: what
+lands must be answered and published whatever the compile then does."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs
+from tests.helpers import user
+from tests.integration.test_step_usage import Steps, _compile, _head, _new_session
+
+
+async def test_a_step_whose_compile_fails_after_its_append_still_answers_the_append(
+    daemon: Daemon, api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The append was written before the compile failed: the step's answer carries the
+    error and the append's result (its client must not resend it as new), watchers get
+    its event, and the stream goes on."""
+    await _new_session(api, "f")
+    servicer = daemon.compile_servicer
+    assert servicer is not None
+    compiles = servicer._c
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="f", after_seq=0))
+    updates = watch.__aiter__()
+    steps = Steps(api)
+    try:
+        first = await steps.step(_compile("f"), [user("one")])
+        assert first[0].append.last_seq == 1
+        prepare = compiles._prepare_and_finish
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("the compile broke")
+
+        monkeypatch.setattr(compiles, "_prepare_and_finish", failing)
+        [answer] = await steps.step(_compile("f"), [user("two"), user("three")])
+        assert answer.error.reason == "INTERNAL", answer
+        assert (answer.append.first_seq, answer.append.last_seq) == (2, 3)
+        assert not answer.append.replayed
+        assert await _head(api, "f") == 3
+        assert await _events(updates, 3) == [1, 2, 3]
+
+        monkeypatch.setattr(compiles, "_prepare_and_finish", prepare)
+        view, after = await steps.view(_compile("f"), [user("four")])
+        assert after.append.first_seq == 4 and view.event_boundary == 4
+    finally:
+        watch.cancel()
+        await steps.close()
+
+
+async def _events(updates: Any, count: int) -> list[int]:
+    """The seqs of the next `count` events a watch gets (compile notices skipped)."""
+    seqs: list[int] = []
+    while len(seqs) < count:
+        update = await asyncio.wait_for(updates.__anext__(), 30)
+        if update.WhichOneof("update") == "event":
+            seqs.append(update.event.seq)
+    return seqs
+
+
+async def test_a_failed_append_fails_its_step_and_compiles_nothing(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """An append refused on its storage thread (a stale expected_last_seq) is the step's
+    error: no append result, no compile, and the next step works."""
+    await _new_session(api, "m")
+    steps = Steps(api)
+    try:
+        await steps.step(_compile("m"), [user("one")])
+        [answer] = await steps.step(_compile("m"), [user("two")], expected_last_seq=0)
+        assert answer.error.reason == "SEQUENCE_MISMATCH", answer
+        assert not answer.HasField("append")
+        assert answer.WhichOneof("response") == "error"
+        assert await _head(api, "m") == 1
+        view, after = await steps.view(_compile("m"), [user("two")], expected_last_seq=1)
+        assert after.append.first_seq == 2 and view.event_boundary == 2
+    finally:
+        await steps.close()
