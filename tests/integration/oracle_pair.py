@@ -215,7 +215,7 @@ def route_of(n: int, kind: int) -> common_pb2.Route:
 
 # What a compile request may vary in (an agent sends the same one at every step, so a
 # few kinds, drawn again and again, make repeats likely).
-VARIANTS = range(5)
+VARIANTS = range(6)
 
 
 @dataclass

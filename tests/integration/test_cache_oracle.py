@@ -3,8 +3,9 @@
 Hypothesis drives two real daemons (gRPC on Unix sockets, RocksDB in temp dirs, see
 oracle_pair.py) through the same calls: sessions created, deleted and made again,
 appends of every kind of event, unary compiles and CompileStream steps (several streams,
-delta bases, both digests, usage on the step), usage reports, checkpoints made and
-imported from another session, memory, rules and tools changed, route switches,
+delta bases, both digests, usage on the step, compactions kept from the base over a small
+window), usage reports, checkpoints made and imported from another session, memory of
+every scope (session, project, global), rules and tools changed, route switches,
 time-travel compiles, rebuilds, resumes, concurrent compiles of one session and restarts
 of the daemon under test. Every answer of the daemon under test (the compile memo, the
 repeat of an unchanged view, the decoded records, the converted requests, the lent
@@ -109,6 +110,9 @@ class CacheMachine(RuleBasedStateMachine):
             req.exclude_sections.append(view_pb2.SECTION_KIND_MEMORY)
         if v == 4:
             req.render_formats.append(view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES)
+        if v == 5:  # over budget from the first steps: compaction recommended at each
+            req.limits.context_window = 1_500
+            req.limits.max_output_tokens = 200
         return req
 
     def _names(self, side: int, view: view_pb2.CompiledView) -> dict[str, str]:
@@ -274,8 +278,18 @@ class CacheMachine(RuleBasedStateMachine):
             )
             return got[0], got[1]
 
+        made_before = self.builtin_checkpoints(sid)
         view, appended = self.run(race())
         first = view[0] == "ok" and view[1].event_boundary == head
+        if view[0] == "ok" and not first and self.builtin_checkpoints(sid) - made_before:
+            # The compile made its built-in compaction before the append landed and
+            # compiled again after it (one compaction per request): a serialization the
+            # reference cannot replay without recording a compile the daemon under test
+            # did not. Both sessions start over instead.
+            self.run(outcome(lambda: ref.sessions.AppendEvents(append)))
+            self.delete(s, False)
+            self.create(s, False)
+            return
         b = self.run(outcome(lambda: ref.compiles.Compile(req))) if first else None
         a = self.run(outcome(lambda: ref.sessions.AppendEvents(append)))
         assert appended[0] == a[0] and (a[0] == "ok" or appended[1] == a[1]), (appended, a)
@@ -300,6 +314,7 @@ class CacheMachine(RuleBasedStateMachine):
         pick=st.integers(0, 50),
         replay=st.booleans(),
         expect=st.none() | st.booleans(),
+        keep=st.booleans(),
     )
     def step(
         self,
@@ -313,10 +328,12 @@ class CacheMachine(RuleBasedStateMachine):
         pick: int,
         replay: bool,
         expect: bool | None,
+        keep: bool = False,
     ) -> None:
         """A CompileStream step; with `replay`, the session's last step resent as is (a
         client reconnecting resends it: its append is replayed); `expect`: an
-        expected_last_seq that holds (True) or not."""
+        expected_last_seq that holds (True) or not; `keep`: the client keeps its base's
+        compaction request (keep_compaction), as the clients' stream helpers ask."""
         sid = self.sids[s]
         stream = self.stream(k)
         v = self.models[sid].variant if v is None else v
@@ -339,6 +356,7 @@ class CacheMachine(RuleBasedStateMachine):
             compile=req,
             delta_base_compile_id=base_id,
             delta_digest=digest,
+            keep_compaction=keep,
         )
         if expect is not None:
             step.expected_last_seq = self.models[sid].head + (0 if expect else 5)
@@ -386,6 +404,39 @@ class CacheMachine(RuleBasedStateMachine):
         assert error is None and view is not None, f"step: {resp} vs a view"
         self.same_view(view, b[1].view, f"step {sid} variant {v} on stream {k}")
         self.keep(sid, view, b[1].view.compile_id)
+
+    @rule(
+        k=st.integers(0, 1),
+        s=st.integers(0, 1),
+        turn=st.lists(
+            st.lists(st.sampled_from(["call", "result", "text", "big"]), max_size=2),
+            min_size=2,
+            max_size=4,
+        ),
+        chain=st.booleans(),
+        usage=st.none() | st.integers(1, 30_000),
+    )
+    def over_budget_turn(
+        self, k: int, s: int, turn: list[list[str]], chain: bool, usage: int | None
+    ) -> None:
+        """Steps of one turn over a small window, each against the stream's last view and
+        keeping its compaction request: the request stays the same from step to step (the
+        delta keeps it) until a tool result or a usage report changes what it covers."""
+        for i, kinds in enumerate(turn):
+            self.step(
+                k, s, 5, kinds, usage if i == 1 else None, "last", chain, 0, False, None, True
+            )
+
+    def builtin_checkpoints(self, sid: str) -> set[str]:
+        """Ids of the built-in checkpoints the daemon under test holds for `sid`."""
+        api = self.p.sut.api
+        assert api is not None
+        req = cpb.ListCheckpointsRequest(session_id=sid, page_size=1000)
+        found = self.run(outcome(lambda: api.compiles.ListCheckpoints(req)))
+        if found[0] != "ok":
+            return set()
+        builtin = checkpoint_pb2.CHECKPOINT_KIND_BUILTIN
+        return {c.checkpoint_id for c in found[1].checkpoints if c.kind == builtin}
 
     def stream(self, k: int) -> Stream:
         found = self.streams[k]
@@ -520,20 +571,27 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(
         s=st.integers(0, 1),
-        scope=st.booleans(),
+        scope=st.sampled_from(["session", "project", "global"]),
         text=st.sampled_from(["", "Tabs.", "Spaces."]),
         then=st.booleans(),
     )
-    def memory(self, s: int, scope: bool, text: str, then: bool) -> None:
+    def memory(self, s: int, scope: str, text: str, then: bool) -> None:
+        """Memory of the session, its project or every session (global: an entry of this
+        example's own, which every session of both daemons reads)."""
         sid = self.sids[s]
-        kind, scope_id = (
-            (common_pb2.SCOPE_SESSION, sid) if scope else (common_pb2.SCOPE_PROJECT, self.project)
-        )
+        kind, scope_id = {
+            "session": (common_pb2.SCOPE_SESSION, sid),
+            "project": (common_pb2.SCOPE_PROJECT, self.project),
+            "global": (common_pb2.SCOPE_GLOBAL, ""),
+        }[scope]
+        ident = f"g{self.n}" if scope == "global" else "m"
         if text:
-            entry = source_pb2.MemoryEntry(memory_id="m", scope=kind, scope_id=scope_id, text=text)
+            entry = source_pb2.MemoryEntry(
+                memory_id=ident, scope=kind, scope_id=scope_id, text=text
+            )
             self.both(lambda api: api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry)))
         else:
-            req = rpb.DeleteMemoryRequest(scope=kind, scope_id=scope_id, memory_id="m")
+            req = rpb.DeleteMemoryRequest(scope=kind, scope_id=scope_id, memory_id=ident)
             self.both(lambda api: api.sources.DeleteMemory(req))
         self.follow(s, then)
 
