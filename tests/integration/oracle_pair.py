@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from ctxcc_client.deltas import HeldView
 from google.protobuf import text_format
 
 from ctxcc.v1 import common_pb2, event_pb2, view_pb2
@@ -156,7 +157,9 @@ def started_pair() -> Iterator[Pair]:
 
 class Stream:
     """A CompileStream of the daemon under test: applies deltas against the views it was
-    sent (any of them may be named as a base), checking the digest asked for."""
+    sent (any of them may be named as a base), checking the digest asked for, and applies
+    each again as the Python client does (its HeldView: the head cut, the base's section
+    records, prompt and compaction kept), which must rebuild the same bytes."""
 
     def __init__(self, api: Any) -> None:
         self._queue: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
@@ -164,6 +167,8 @@ class Stream:
         self._it = self._call.__aiter__()
         self.views: dict[str, view_pb2.CompiledView] = {}
         self.last = ""
+        # The client's held form of each view, as its stream keeps the last one.
+        self.held: dict[str, HeldView] = {}
 
     async def _requests(self) -> AsyncIterator[cpb.CompileStreamRequest]:
         while (item := await self._queue.get()) is not None:
@@ -172,6 +177,11 @@ class Stream:
     async def send(
         self, msg: cpb.CompileStreamRequest, digest: int
     ) -> tuple[cpb.CompileStreamResponse, view_pb2.CompiledView | None]:
+        chained = digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN
+        base = msg.step.delta_base_compile_id if msg.HasField("step") else ""
+        held = self.held.get(base)
+        if held is not None and chained:
+            held.prepare()  # as the client does while the step is on its way
         await self._queue.put(msg)
         resp: cpb.CompileStreamResponse = await self._it.__anext__()
         chunks = [resp]
@@ -194,10 +204,30 @@ class Stream:
                 assert delta.chain_sha256 == chained_digest(view), "chained digest"
             else:
                 assert hashlib.sha256(encoded(view)).hexdigest() == delta.view_sha256
+            self._client_applies(delta, view, chained)
+        elif view is not None:
+            self.held[view.compile_id] = HeldView.of(view, chained)
         if view is not None:
             self.views[view.compile_id] = view
             self.last = view.compile_id
         return chunks[0], view
+
+    def _client_applies(
+        self, delta: cpb.ViewDelta, view: view_pb2.CompiledView, chained: bool
+    ) -> None:
+        """The Python client's apply of `delta` rebuilds `view` exactly. Its base is held
+        as the client held it when it is still usable (a chained base is used up by its
+        first delta, as in the client), else as the client holds a whole view."""
+        base = self.views[delta.base_compile_id]
+        held = self.held.pop(delta.base_compile_id, None)
+        usable = held is not None and (
+            bool(held.own) or (not chained and held.messages is not None)
+        )
+        if held is None or not usable:
+            held = HeldView.of(base, chained)
+        applied = held.apply(delta)
+        assert encoded(applied.view) == encoded(view), "the Python client's apply of a delta"
+        self.held[view.compile_id] = applied
 
     async def close(self) -> None:
         await self._queue.put(None)
