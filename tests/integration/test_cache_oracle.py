@@ -397,13 +397,98 @@ class CacheMachine(RuleBasedStateMachine):
                 a[1].replayed,
             )
             self.models[sid].head = max(self.models[sid].head, a[1].last_seq)
+        self.stepped(sid, req, resp, view, f"step {sid} variant {v} on stream {k}")
+
+    def stepped(
+        self,
+        sid: str,
+        req: cpb.CompileRequest,
+        resp: cpb.CompileStreamResponse,
+        view: view_pb2.CompiledView | None,
+        what: str,
+    ) -> None:
+        """A step's answer (its usage and append already matched) against the reference's
+        compile of the same request now."""
+        ref = self.p.ref.api
+        assert ref is not None
+        error = resp.error.reason if resp.WhichOneof("response") == "error" else None
         b = self.run(outcome(lambda: ref.compiles.Compile(req)))
         if b[0] == "error":
             assert error == b[1], f"step compile: {resp} vs {b}"
             return
         assert error is None and view is not None, f"step: {resp} vs a view"
-        self.same_view(view, b[1].view, f"step {sid} variant {v} on stream {k}")
+        self.same_view(view, b[1].view, what)
         self.keep(sid, view, b[1].view.compile_id)
+
+    @precondition(lambda self: bool(self.compiled))
+    @rule(
+        k=st.integers(0, 1),
+        pick=st.integers(0, 50),
+        tokens=st.integers(1, 30_000),
+        kinds=st.lists(st.sampled_from(EVENT_KINDS), max_size=2),
+    )
+    def racing_usage(self, k: int, pick: int, tokens: int, kinds: list[str]) -> None:
+        """A step carrying the usage of a compile of its session while a unary report of
+        the same usage arrives: one of them records it, the other is its replay, and the
+        step's compile is estimated from it either way."""
+        c = self.pick(pick)
+        assert c is not None
+        sid = c.sid
+        stream = self.stream(k)
+        req = self.request(sid, self.models[sid].variant)
+        request_id, events = f"s{next(self.ids)}", self.events(sid, kinds)
+        step = cpb.StepRequest(
+            step_id=request_id,
+            events=events,
+            request_id=request_id,
+            compile=req,
+            delta_base_compile_id=stream.last,
+            delta_digest=cpb.DELTA_DIGEST_MESSAGE_CHAIN,
+            keep_compaction=True,
+        )
+        step.usage.CopyFrom(
+            cpb.ReportUsageRequest(compile_id=c.sut_id, input_tokens=tokens, output_tokens=300)
+        )
+        unary = cpb.ReportUsageRequest(compile_id=c.sut_id, input_tokens=tokens, output_tokens=300)
+        sut, ref = self.p.sut.api, self.p.ref.api
+        assert sut is not None and ref is not None
+
+        async def race() -> tuple[Any, tuple[str, Any]]:
+            got = await asyncio.gather(
+                stream.send(cpb.CompileStreamRequest(step=step), cpb.DELTA_DIGEST_MESSAGE_CHAIN),
+                outcome(lambda: sut.compiles.ReportUsage(unary)),
+            )
+            return got[0], got[1]
+
+        (resp, view), reported = self.run(race())
+        u = self.run(
+            outcome(
+                lambda: ref.compiles.ReportUsage(
+                    cpb.ReportUsageRequest(
+                        compile_id=c.ref_id, input_tokens=tokens, output_tokens=300
+                    )
+                )
+            )
+        )
+        assert reported[0] == u[0] and (u[0] == "ok" or reported[1] == u[1]), (reported, u)
+        error = resp.error.reason if resp.WhichOneof("response") == "error" else None
+        if u[0] == "error":
+            assert error == u[1], f"step usage: {resp} vs {u}"
+            return
+        answers = [resp.usage, reported[1]]
+        # Recorded once: the second to arrive is its replay, with the same figures.
+        assert sorted(a.replayed for a in answers) == [u[1].replayed, True], answers
+        for a in answers:
+            a.replayed = u[1].replayed
+            assert a == u[1], "a usage answer"
+        if events:
+            append = spb.AppendEventsRequest(session_id=sid, events=events, request_id=request_id)
+            a = self.run(outcome(lambda: ref.sessions.AppendEvents(append)))
+            if a[0] == "error":
+                assert error == a[1], f"step append: {resp} vs {a}"
+                return
+            self.models[sid].head = max(self.models[sid].head, a[1].last_seq)
+        self.stepped(sid, req, resp, view, f"step racing a usage report of {sid} on stream {k}")
 
     @rule(
         k=st.integers(0, 1),
