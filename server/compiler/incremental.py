@@ -46,6 +46,7 @@ from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
 from server.domain.model import (
+    AssistantMessage,
     Event,
     Role,
     ToolResult,
@@ -279,7 +280,16 @@ def project_incremental(
             isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events[cut:]
         )
     )
-    projection = Projection(messages, tuple(notes), _native_state(events, route_id), blobs)
+    # The latest assistant message: among the events after the memo's, else the memo's.
+    verified = memo if reused else None
+    last_assistant = _last_assistant(
+        events,
+        len(verified.events) if verified is not None else 0,
+        verified.last_assistant if verified is not None else -1,
+    )
+    latest = (events[last_assistant],) if last_assistant >= 0 else ()
+    native = _native_state(latest, route_id)
+    projection = Projection(messages, tuple(notes), native, blobs)
     new_memo = None
     if remember and current_user is None:
         new_memo = _next_memo(
@@ -294,8 +304,18 @@ def project_incremental(
             memo_tally,
             turn,
             _size(done_sized, events[len(memo.events) if reused and memo is not None else 0 :]),
+            last_assistant,
         )
     return IncrementalProjection(projection, table, _frozen(run.tally), new_memo, reused)
+
+
+def _last_assistant(events: Sequence[Event], seen: int, known: int) -> int:
+    """Index of the latest assistant message in `events`: looked for among those after
+    the first `seen` (a verified memo's), else `known` (the memo's, -1 for none)."""
+    for i in range(len(events) - 1, seen - 1, -1):
+        if isinstance(events[i].payload, AssistantMessage):
+            return i
+    return known
 
 
 def _next_memo(
@@ -310,6 +330,7 @@ def _next_memo(
     tally: Tally,
     turn: ActiveTurn,
     added_bytes: int,
+    last_assistant: int,
 ) -> ProjectionMemo:
     """The memo this compile leaves; `memo` is the one it continued (None: from scratch).
     What the memo already knew is carried over, so it costs only the new messages."""
@@ -344,6 +365,7 @@ def _next_memo(
         size_bytes=(memo.size_bytes if memo is not None else 0) + added_bytes,
         artifact_ids=tuple(dict.fromkeys((*ids_before, *artifact_ids(events[seen_before:])))),
         turn=turn,
+        last_assistant=last_assistant,
     )
 
 

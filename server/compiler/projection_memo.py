@@ -109,6 +109,9 @@ class ProjectionMemo:
     turn: ActiveTurn = NO_TURN
     # The compaction request of an over-budget view, for the next (compaction.py).
     compaction: CompactionMemo | None = None
+    # Index in `events` of the latest assistant message (-1: none), whose native state a
+    # view sends: the next compile looks only at the events after `events` for a later one.
+    last_assistant: int = -1
 
 
 def artifact_ids(events: Sequence[Event]) -> list[str]:
