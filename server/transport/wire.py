@@ -109,7 +109,12 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
     """`count` plus the capped elements in data[i:end], a message at `node` of the trie;
     one pass, however many fields are capped together."""
     while i < end:
-        tag, i = _varint(data, i)
+        # Tags and most lengths are one byte: read inline, the loop for longer ones.
+        tag = data[i]
+        if tag < 0x80:
+            i += 1
+        else:
+            tag, i = _varint(data, i)
         number, wire = tag >> 3, tag & 7
         if wire == 0:
             _, i = _varint(data, i)
@@ -119,7 +124,11 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
         elif wire == 5:
             i += 4
         elif wire == 2:
-            size, i = _varint(data, i)
+            if i < end and data[i] < 0x80:
+                size = data[i]
+                i += 1
+            else:
+                size, i = _varint(data, i)
             if i + size > end:
                 raise ValueError("length past the end")
             child = node.get(number)

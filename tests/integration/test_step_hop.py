@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from ctxcc.v1 import event_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs
 from tests.helpers import user
-from tests.integration.test_step_usage import Steps, _compile, _head, _new_session
+from tests.integration.test_step_usage import Steps, _compile, _head, _new_session, _usage
 
 
 async def test_a_step_whose_compile_fails_after_its_append_still_answers_the_append(
@@ -78,6 +79,32 @@ async def test_a_failed_append_fails_its_step_and_compiles_nothing(
         assert answer.WhichOneof("response") == "error"
         assert await _head(api, "m") == 1
         view, after = await steps.view(_compile("m"), [user("two")], expected_last_seq=1)
+        assert after.append.first_seq == 2 and view.event_boundary == 2
+    finally:
+        await steps.close()
+
+
+async def test_a_step_with_an_invalid_event_is_refused_in_band_after_its_report(
+    api: Stubs,
+) -> None:
+    """A step's events are converted and checked on the storage thread, with its append:
+    an event without a payload, or a malformed event id, is still refused with
+    INVALID_FIELD naming it, after the report the step carries was recorded (as
+    before), with nothing appended and the stream open."""
+    await _new_session(api, "iv")
+    steps = Steps(api)
+    try:
+        v1, _ = await steps.view(_compile("iv"), [user("one")])
+        empty = event_pb2.Event(event_id="e-empty")
+        bad_id = user("two", event_id="bad id\x00")
+        for events, named in (([user("two"), empty], "events[1]"), ([bad_id], "events[0]")):
+            [answer] = await steps.step(_compile("iv"), events, usage=_usage(v1, 5, 10))
+            assert answer.error.reason == "INVALID_FIELD", answer
+            assert named in answer.error.message, answer
+            assert not answer.error.usage_refused and answer.HasField("usage")
+            assert not answer.HasField("append")
+            assert await _head(api, "iv") == 1
+        view, after = await steps.view(_compile("iv"), [user("two")])
         assert after.append.first_seq == 2 and view.event_boundary == 2
     finally:
         await steps.close()

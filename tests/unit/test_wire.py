@@ -201,3 +201,22 @@ def test_search_keywords_and_compile_enums_are_capped() -> None:
     step_enums = CAPS["/ctxcc.v1.CompileService/CompileStream"][2]
     step = cpb.CompileStreamRequest(step=cpb.StepRequest(step_id="x", compile=req))
     assert count_over(step.SerializeToString(), step_enums) == 65
+
+
+def test_every_truncation_of_a_step_is_left_to_the_decoder_or_counted_no_higher() -> None:
+    """Tags and lengths are read inline when one byte long: a message cut anywhere (in a
+    tag, in a two-byte length, in a packed run) never raises from the count and never
+    counts more than the whole message holds."""
+    from ctxcc.v1 import compile_service_pb2 as cpb
+
+    caps = CAPS["/ctxcc.v1.CompileService/CompileStream"]
+    ev = event_pb2.Event()
+    ev.user_message.parts.add(text="x" * 200)
+    req = cpb.CompileRequest(session_id="s", exclude_sections=[1] * 40, render_formats=[1] * 25)
+    step = cpb.StepRequest(step_id="x", events=[ev] * 3, compile=req, request_id="r" * 130)
+    data = cpb.CompileStreamRequest(step=step).SerializeToString()
+    assert count_over(data, caps[2]) == 65
+    for end in range(len(data)):
+        for cap in caps:
+            found = count_over(data[:end], cap)
+            assert found is None or cap.limit < found <= 65, (end, found)
