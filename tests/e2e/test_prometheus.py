@@ -19,6 +19,7 @@ from tests.e2e.prom import (
     JOB,
     NAMESPACE,
     RULES,
+    SCRAPE_SECONDS,
     Run,
     Series,
     dashboard,
@@ -149,3 +150,34 @@ def test_this_load_would_fire_a_mixed_method_estimation_rule(run: Run) -> None:
         at=run.at,
     )
     assert first and first[0].values[0][1] > 0.10, first
+
+
+def test_every_scrape_under_load_is_consistent(run: Run) -> None:
+    """Counters and histograms are read by a collector at scrape time while the replay
+    records into them from the event loop and worker threads: in every sample Prometheus
+    took, no counter, bucket or count went down (Prometheus would take it for a restart
+    of the daemon and count the whole value again in every rate) and every histogram's
+    count is its +Inf bucket (a scrape that copied a series halfway through an
+    observation breaks it). The sums are left out: provider overhead tokens are negative
+    when the provider counts fewer tokens than the ledger."""
+    monotonic = f'{{__name__=~"ctxcc_.+(_total|_bucket|_count)", job="{JOB}"}}'
+    # The series Prometheus holds: each counter and histogram the daemons expose.
+    seen = run.prom.query(f"count by (__name__) ({monotonic})", at=run.at)
+    names = sorted(s.labels["__name__"] for s in seen)
+    histograms = [n.removesuffix("_bucket") for n in names if n.endswith("_bucket")]
+    assert "ctxcc_compile_duration_seconds" in histograms and len(histograms) >= 6, histograms
+    assert "ctxcc_usage_reports_total" in names, names
+    window = f"{int(run.at - run.started) + 60}s"
+    for name in names:
+        resets = run.prom.query(f"resets({name}[{window}]) > 0", at=run.at)
+        assert resets == [], (name, [(s.labels, s.values) for s in resets])
+    for name in histograms:
+        off = run.prom.query_range(
+            f'{name}_count - ignoring(le) {name}_bucket{{le="+Inf"}} != 0',
+            run.started,
+            run.at,
+            SCRAPE_SECONDS,
+        )
+        assert off == [], (name, [(s.labels, s.values[:3]) for s in off])
+        samples = run.prom.query_range(f"{name}_count", run.started, run.at, SCRAPE_SECONDS)
+        assert samples, f"{name}: no samples over the run"
