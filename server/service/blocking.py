@@ -103,8 +103,7 @@ class Blocking:
                 done.set_result(value)
 
         def job() -> None:
-            if done.cancelled():  # as an executor's job cancelled before it started
-                return
+            # Run also when the caller is gone already: nothing cancels a landing write.
             try:
                 wrote: T | BaseException = write()
             except BaseException as exc:

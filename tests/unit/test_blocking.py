@@ -183,3 +183,34 @@ def test_shutdown_runs_what_was_queued_then_refuses_new_work() -> None:
             await blocking.run(ran.append, 3)
 
     asyncio.run(main())
+
+
+def test_a_landing_write_runs_and_lands_also_when_its_caller_left_before_it_started() -> None:
+    """Unlike a plain job, a write handed to `run_landing` is never dropped: its caller
+    (a unary append past its deadline) may have gone while it queued, and it still
+    writes and lands, as it did on an executor whose future nobody cancelled."""
+    blocking = Blocking(1, 1)
+    release = threading.Event()
+    events: list[object] = []
+
+    def write() -> int:
+        events.append("wrote")
+        return 1
+
+    async def main() -> None:
+        busy = asyncio.ensure_future(blocking.run(release.wait, 5))
+        call = asyncio.ensure_future(blocking.run_landing(write, events.append))
+        await asyncio.sleep(0.01)
+        call.cancel()  # before its write started: the one storage thread is busy
+        release.set()
+        assert await busy
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await blocking.run(lambda: None)  # the write ran before this job
+        await asyncio.sleep(0.01)  # and its landing was handed to the loop
+
+    try:
+        asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert events == ["wrote", 1]
