@@ -272,7 +272,7 @@ class Compiled:
 # Results that fill a small window come often (compaction), the rarer kinds once.
 EVENT_KINDS = (
     *("user", "text", "call", "calls", "result", "big", "huge", "cancel", "reasoning", "done"),
-    *("call", "big", "big", "result", "user", "search"),
+    *("call", "big", "big", "result", "user", "search", "native", "native", "native"),
 )
 
 
@@ -286,9 +286,15 @@ def diff(a: bytes, b: bytes) -> str:
 
 
 def events_of(
-    m: SessionModel, kinds: list[str], prefix: str, ids: Iterator[int]
+    m: SessionModel,
+    kinds: list[str],
+    prefix: str,
+    ids: Iterator[int],
+    routes: tuple[str, ...] = ("",),
 ) -> list[event_pb2.Event]:
-    """Events of these kinds for the session `m` models (ids: `prefix` and a number)."""
+    """Events of these kinds for the session `m` models (ids: `prefix` and a number); an
+    assistant message of kind "native" carries provider-native state bound to one of
+    `routes` (route ids), which a view sends on that route only."""
     out = []
     for kind in kinds:
         k = next(ids)
@@ -315,6 +321,10 @@ def events_of(
                 call_id=cid, name="tool_search", arguments_json='{"query": "ship"}'
             )
             m.open_calls.append(cid)
+        elif kind == "native":
+            ev.assistant_message.parts.add(text=f"Answer {k}")
+            state = ev.assistant_message.native_state
+            state.route_id, state.kind, state.data = routes[k % len(routes)], "opaque", b"s%d" % k
         elif kind == "cancel":
             ev.turn_cancelled.reason = "stopped"
             ev.turn_cancelled.keep_reasoning = True

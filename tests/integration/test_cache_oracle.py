@@ -46,6 +46,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
+from server.transport.convert_events import route_in
 from tests.integration.delta_session import encoded
 from tests.integration.oracle_pair import (
     EVENT_KINDS,
@@ -142,7 +143,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.compiled.append(Compiled(sut.compile_id, ref_id, sid, life, sut))
 
     def events(self, sid: str, kinds: list[str]) -> list[event_pb2.Event]:
-        return events_of(self.models[sid], kinds, f"e{self.n}-", self.ids)
+        routes = tuple(route_in(route_of(self.n, kind)).route_id for kind in (0, 1))
+        return events_of(self.models[sid], kinds, f"e{self.n}-", self.ids, routes)
 
     def pick(self, i: int, sid: str | None = None) -> Compiled | None:
         found = [c for c in self.compiled if sid is None or c.sid == sid]
@@ -494,7 +496,7 @@ class CacheMachine(RuleBasedStateMachine):
         k=st.integers(0, 1),
         s=st.integers(0, 1),
         turn=st.lists(
-            st.lists(st.sampled_from(["call", "result", "text", "big"]), max_size=2),
+            st.lists(st.sampled_from(["call", "result", "text", "big", "native"]), max_size=2),
             min_size=2,
             max_size=4,
         ),
