@@ -173,14 +173,21 @@ class StreamAgent:
         self._requests.put(None)
 
 
+def tool_step(call: str) -> list[event_pb2.Event]:
+    """What an agent appends at a step of a turn: the model's message calling a tool and
+    the tool's result (a result without its call would be an orphan, which the daemon
+    keeps apart from the pairing of the conversation)."""
+    return [_assistant("calling the tool", call), _result(call, "ok " * 40)]
+
+
 def stepper(api: Api, sid: str, opened: list[StreamAgent]) -> Callable[[], None]:
-    """An agent step over its stream: append a tool result and compile, carrying the
-    previous view's usage report."""
+    """An agent step over its stream: append a tool call with its result and compile,
+    carrying the previous view's usage report."""
     agent = StreamAgent(api, sid)
     opened.append(agent)
 
     def step() -> None:
-        agent.step([_result(f"{sid}{agent.steps + 1}", "ok " * 40)])
+        agent.step(tool_step(f"{sid}{agent.steps + 1}"))
 
     return step
 

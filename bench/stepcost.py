@@ -3,7 +3,7 @@ daemon, with the daemon's CPU and this client's CPU per call beside the wall tim
 
 Parts: an echo of a view-sized answer and of a tiny one (gRPC and the interceptor, no
 work of ours), a unary Compile of an unchanged session, a CompileStream step without
-events (compile + delta answer), the same step appending one tool result (+ a durable
+events (compile + delta answer), the same step appending a tool call and its result (+ a durable
 append), that step also carrying the usage report of the previous step's view
 (StepRequest.usage: what an agent step is, one round trip), the same step as two round
 trips (the stream step, then a unary ReportUsage of its view: what a step was before
@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.daemon import BenchDaemon
 from bench.isolation import daemon_cpu_s
-from bench.rpc import ROUTE, Api, StreamAgent, _result, conversation
+from bench.rpc import ROUTE, Api, StreamAgent, conversation, tool_step
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
@@ -90,7 +90,7 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         agent.step([], report=False)  # the stream's first view is whole
 
         def two_trips() -> None:
-            agent.step([_result(f"p{agent.steps}", "ok " * 40)], report=False)
+            agent.step(tool_step(f"p{agent.steps}"), report=False)
             agent.report()
 
         fns: dict[str, tuple[Callable[[], object], int | None]] = {
@@ -99,11 +99,11 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
             "compile_unary": (lambda: api.compile("unchanged"), pid),
             "stream_compile": (lambda: agent.step([], report=False), pid),
             "stream_append_compile": (
-                lambda: agent.step([_result(f"p{agent.steps}", "ok " * 40)], report=False),
+                lambda: agent.step(tool_step(f"p{agent.steps}"), report=False),
                 pid,
             ),
             "stream_step_with_usage": (
-                lambda: agent.step([_result(f"p{agent.steps}", "ok " * 40)]),
+                lambda: agent.step(tool_step(f"p{agent.steps}")),
                 pid,
             ),
             "step_then_report_usage": (two_trips, pid),
@@ -201,7 +201,7 @@ async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
 
         def appended() -> list[Any]:
             count[0] += 1
-            return [_result(f"p{count[0]}", "ok " * 40)]
+            return tool_step(f"p{count[0]}")
 
         calls: dict[str, Callable[[], Awaitable[Any]]] = {
             "compile_unary": lambda: cs.Compile(unchanged, ctx),
