@@ -11,9 +11,10 @@ The pools are plain threads fed by one queue each, and a result comes back to th
 as one callback that settles the awaiting future: no concurrent.futures.Future per
 call, no idle semaphore, no future chained to another (what `run_in_executor` on a
 ThreadPoolExecutor costs, twice per hop: most of a hop's ~30 µs of CPU when eight
-sessions step at once). What an executor promises is kept: work whose caller was
-cancelled before it started does not run; started work finishes; `shutdown` runs what
-was queued, waits for it, and refuses more with RuntimeError.
+sessions step at once). What the executor did is kept: a `run` or `compute` job whose
+caller was cancelled before it started does not run (a landing write and a step's
+append run regardless); started work finishes; `shutdown` runs what was queued, waits
+for it, and refuses more with RuntimeError.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -29,6 +31,8 @@ from typing import ParamSpec, TypeVar
 P = ParamSpec("P")
 T = TypeVar("T")
 U = TypeVar("U")
+
+log = logging.getLogger("ctxcc.blocking")
 
 
 class _Threads:
@@ -60,7 +64,10 @@ class _Threads:
     def _work(self) -> None:
         take = self._queue.get
         while (job := take()) is not None:
-            job()
+            try:
+                job()
+            except BaseException:  # jobs hand their own failures over: this is a bug
+                log.exception("a blocking job failed outside its caller's reach")
 
     def shutdown(self) -> None:
         with self._lock:

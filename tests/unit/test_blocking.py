@@ -214,3 +214,24 @@ def test_a_landing_write_runs_and_lands_also_when_its_caller_left_before_it_star
     finally:
         blocking.shutdown()
     assert events == ["wrote", 1]
+
+
+def test_a_job_failing_outside_its_hand_off_does_not_take_its_thread_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool's one thread survives a job that raises past its own guard (a bug) and
+    runs the next job; the failure is logged."""
+    blocking = Blocking(1, 1)
+
+    def broken() -> None:
+        raise ZeroDivisionError("bug")
+
+    async def main() -> int:
+        blocking._pool.submit(broken)
+        return await asyncio.wait_for(blocking.run(lambda: 5), 5)
+
+    try:
+        assert asyncio.run(main()) == 5
+    finally:
+        blocking.shutdown()
+    assert any("outside its caller" in r.getMessage() for r in caplog.records)
