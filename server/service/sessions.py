@@ -133,6 +133,28 @@ class SessionUseCases:
         write = self.writer(session_id, events, request_id, expected_last_seq)
         return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
 
+    async def append_converted(
+        self,
+        session_id: str,
+        count: int,
+        convert: Callable[[], Sequence[NewEvent]],
+        request_id: str = "",
+        expected_last_seq: int | None = None,
+    ) -> AppendResult:
+        """append, for `count` events that `convert` makes on the storage thread with the
+        write: a request's conversion copies every text (a 32 MiB tool result: ~16 ms),
+        which must not stall the event loop. Its ids and count are checked here first."""
+        check_id("session_id", session_id)
+        check_id("request_id", request_id, required=False)
+        if not count:
+            raise invalid("events", "an append needs at least one event")
+        self.check_event_count(count)
+
+        def write() -> Written:
+            return self.writer(session_id, convert(), request_id, expected_last_seq)()
+
+        return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
+
     def writer(
         self,
         session_id: str,

@@ -78,8 +78,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.AppendEventsRequest, context: Ctx
     ) -> pb.AppendEventsResponse:
         expected = request.expected_last_seq if request.HasField("expected_last_seq") else None
-        result = await self._s.append(
-            request.session_id, events_in(list(request.events)), request.request_id, expected
+        events = list(request.events)
+        result = await self._s.append_converted(
+            request.session_id,
+            len(events),
+            lambda: events_in(events),
+            request.request_id,
+            expected,
         )
         return pb.AppendEventsResponse(
             first_seq=result.first_seq,

@@ -5,15 +5,19 @@ lands must be answered and published whatever the compile then does."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+import grpc
 import pytest
 
 from ctxcc.v1 import event_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from server.transport import session_servicer
+from server.transport.convert_events import events_in
 from tests.conftest import Stubs
-from tests.helpers import user
+from tests.helpers import error_info, user
 from tests.integration.test_step_usage import Steps, _compile, _head, _new_session, _usage
 
 
@@ -108,3 +112,41 @@ async def test_a_step_with_an_invalid_event_is_refused_in_band_after_its_report(
         assert after.append.first_seq == 2 and view.event_boundary == 2
     finally:
         await steps.close()
+
+
+async def test_a_unary_append_converts_its_events_off_the_event_loop(
+    api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AppendEvents converts and checks its events on the storage thread with the write,
+    as a stream step does (a 32 MiB tool result's text is copied there, not on the event
+    loop that every session's calls share); its refusals are what they were: the session
+    and request ids and an empty or too long list before the hop, a bad event named after
+    it, nothing appended either way."""
+    seen: list[int] = []
+
+    def recording(events: list[event_pb2.Event]) -> Any:
+        seen.append(threading.get_ident())
+        return events_in(events)
+
+    monkeypatch.setattr(session_servicer, "events_in", recording)
+    await _new_session(api, "ua")
+    out = await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="ua", events=[user("one")])
+    )
+    assert (out.first_seq, out.last_seq) == (1, 1)
+    assert seen and threading.get_ident() not in seen, "converted on the event loop"
+    refused = [
+        (spb.AppendEventsRequest(session_id="ua", events=[]), "events"),
+        (spb.AppendEventsRequest(session_id="bad id\x00", events=[user("x")]), "session_id"),
+        (
+            spb.AppendEventsRequest(session_id="ua", events=[user("x"), event_pb2.Event()]),
+            "events[1]",
+        ),
+    ]
+    for request, named in refused:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await api.sessions.AppendEvents(request)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+        info = error_info(err.value)
+        assert info.reason == "INVALID_FIELD" and named in info.metadata["field"], info
+    assert await _head(api, "ua") == 1
