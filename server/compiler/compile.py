@@ -267,9 +267,9 @@ def compile_incremental(
     known = extends(memo, inputs.events)
     turn = active_turn(inputs.events, memo, known=known)
     named = paths_in_texts(active_texts(inputs, turn), check)
-    # Continuing a memo, the system prompt is nearly always the previous step's: it is
-    # taken from prompt_memo.py; from scratch it is made afresh.
-    prompt = system_prompt(
+    # Continuing a memo, the system prompt is nearly always the previous step's: the
+    # memo holds it with its inputs (prompt_memo.py); from scratch it is made afresh.
+    remembered = system_prompt(
         PromptInputs(
             inputs.sources,
             named.paths,
@@ -280,8 +280,9 @@ def compile_incremental(
         ),
         counting,
         counter,
-        recall=memo is not None,
+        memo.prompt if memo is not None else None,
     )
+    prompt = remembered.prompt
     counter = counting
     built, sections = prompt.built, prompt.sections
     run = project_incremental(
@@ -396,8 +397,11 @@ def compile_incremental(
         compaction=compaction,
     )
     next_memo = run.memo
-    if next_memo is not None and compaction_memo is not next_memo.compaction:
-        # Not counted in the memo's bytes: its prompt is the view's, which the views kept
-        # for repeats count, and a memo holds one at most.
-        next_memo = replace(next_memo, compaction=compaction_memo)
+    if next_memo is not None and (
+        compaction_memo is not next_memo.compaction or remembered is not next_memo.prompt
+    ):
+        # Neither is counted in the memo's bytes: the compaction prompt and the system
+        # prompt are the view's, which the views kept for repeats count, and a memo holds
+        # one of each at most.
+        next_memo = replace(next_memo, compaction=compaction_memo, prompt=remembered)
     return view, next_memo, run.reused

@@ -13,6 +13,7 @@ from server.compiler.compaction import CompactionMemo
 from server.compiler.message_table import MessageTable
 from server.compiler.pairing import PairState
 from server.compiler.projection import is_user_turn_start
+from server.compiler.prompt_memo import RememberedPrompt
 from server.compiler.view import Layer, ViewMessage
 from server.domain.model import (
     AssistantMessage,
@@ -112,6 +113,8 @@ class ProjectionMemo:
     # Index in `events` of the latest assistant message (-1: none), whose native state a
     # view sends: the next compile looks only at the events after `events` for a later one.
     last_assistant: int = -1
+    # The system prompt and what it was made from, for the next (prompt_memo.py).
+    prompt: RememberedPrompt | None = None
 
 
 def artifact_ids(events: Sequence[Event]) -> list[str]:

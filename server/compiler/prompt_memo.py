@@ -7,16 +7,15 @@ mode, the environment (its time cut to a granule), the excluded sections and the
 counter, and none of these changes from one step to the next but the paths, rarely. The
 sources are the very object the service keeps between writes of their tables (and the
 counter one object per tokenizer), so they are matched by identity, the rest by value.
-A memo of a pure function: every value it answers is the one the functions it stands
-for return for those inputs (the property tests compare incremental compiles with
-compiles from scratch, which pass it by).
+The prompt rides in the compile's memo (a frozen value the service keeps, bounded, per
+session and route) to the session's next compile: nothing is kept here. Every value it
+answers is the one the functions it stands for return for those inputs (the property
+tests compare incremental compiles with compiles from scratch, which pass it by).
 """
 
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,17 +59,6 @@ class PromptInputs:
     environment: EnvironmentInfo
     exclude: frozenset[SectionKind]
 
-    def key(self) -> tuple[object, ...]:
-        """The sources by identity (the service keeps the object), the rest by value."""
-        return (
-            id(self.sources),
-            self.paths,
-            self.kernel_text,
-            self.approval_mode,
-            self.environment,
-            self.exclude,
-        )
-
 
 def made(inputs: PromptInputs, counter: TokenCounter) -> Prompt:
     """The prompt, made now."""
@@ -92,40 +80,43 @@ def made(inputs: PromptInputs, counter: TokenCounter) -> Prompt:
     )
 
 
-class _Prompts:
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._lock = threading.Lock()
-        # key -> (sources, counter, prompt): the two matched by identity are held, so
-        # their ids cannot name other objects while the entry lives.
-        self._items: OrderedDict[tuple[object, ...], tuple[object, object, Prompt]] = OrderedDict()
+@dataclass(frozen=True, slots=True)
+class RememberedPrompt:
+    """A compile's system prompt with what it was made from, kept in the compile's memo
+    (projection_memo.ProjectionMemo.prompt) for the session's next compile. It holds the
+    sources and the counter it matches by identity, so their ids name no other objects
+    while it lives."""
 
-    def get(
-        self, inputs: PromptInputs, counter: TokenCounter, counter_key: object, recall: bool
-    ) -> Prompt:
-        key = (id(counter_key), *inputs.key())
-        with self._lock:
-            hit = self._items.get(key) if recall else None
-            if hit is not None and hit[0] is inputs.sources and hit[1] is counter_key:
-                self._items.move_to_end(key)
-                return hit[2]
-        prompt = made(inputs, counter)
-        with self._lock:
-            self._items[key] = (inputs.sources, counter_key, prompt)
-            self._items.move_to_end(key)
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-        return prompt
-
-
-_PROMPTS = _Prompts(_SIZE)
+    inputs: PromptInputs
+    counter_key: object
+    prompt: Prompt
 
 
 def system_prompt(
-    inputs: PromptInputs, counter: TokenCounter, counter_key: object, *, recall: bool = True
-) -> Prompt:
-    """The system prompt these inputs make (see the module's docstring). `counter` counts
-    (it may also check the compile's budget); `counter_key` is the counter that answers
-    its counts (one object per tokenizer). Without `recall` it is made afresh, as a
-    compile from scratch does, and remembered for the next."""
-    return _PROMPTS.get(inputs, counter, counter_key, recall)
+    inputs: PromptInputs,
+    counter: TokenCounter,
+    counter_key: object,
+    previous: RememberedPrompt | None = None,
+) -> RememberedPrompt:
+    """The system prompt these inputs make (see the module's docstring): `previous`'s (the
+    last compile's of the session, from its memo) when its inputs are these, else made
+    now. `counter` counts (it may also check the compile's budget); `counter_key` is the
+    counter that answers its counts (one object per tokenizer)."""
+    if previous is not None and _same(previous, inputs, counter_key):
+        return previous
+    return RememberedPrompt(inputs, counter_key, made(inputs, counter))
+
+
+def _same(previous: RememberedPrompt, inputs: PromptInputs, counter_key: object) -> bool:
+    """The sources by identity (the service keeps the object between writes of their
+    tables), the counter by identity, the rest by value."""
+    old = previous.inputs
+    return (
+        previous.counter_key is counter_key
+        and old.sources is inputs.sources
+        and old.paths == inputs.paths
+        and old.kernel_text == inputs.kernel_text
+        and old.approval_mode == inputs.approval_mode
+        and old.environment == inputs.environment
+        and old.exclude == inputs.exclude
+    )

@@ -128,3 +128,21 @@ def test_sessions_on_other_tokenizers_count_their_own_prompt() -> None:
         for k, counter in enumerate(counters):
             inputs, memo, _ = _step(*chains[k], f"step {step}", counter)
             chains[k] = (inputs, memo)
+
+
+def test_the_prompt_rides_in_the_memo_to_the_next_step() -> None:
+    """A step whose prompt inputs are the last step's takes the prompt its memo holds (not
+    made again); one input changed, and it is made anew. Nothing is kept elsewhere: a
+    compile without the memo makes it afresh."""
+    inputs, memo = _start(), None
+    words = WordCounter()
+    inputs, memo, _ = _step(inputs, memo, "look at src/a.py", words)
+    assert memo is not None and memo.prompt is not None
+    first = memo.prompt
+    inputs, memo, _ = _step(inputs, memo, "look at src/a.py", words)
+    assert memo is not None and memo.prompt is first
+    _, fresh, _ = compile_incremental(inputs, words, None)
+    assert fresh is not None and fresh.prompt is not first
+    assert fresh.prompt is not None and fresh.prompt.prompt == first.prompt
+    inputs, memo, _ = _step(inputs, memo, "look at src/a.py", words, {"kernel_text": "Other."})
+    assert memo is not None and memo.prompt is not first
