@@ -30,8 +30,6 @@ from server.compiler.system import (
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import SectionKind, SystemSection
 
-_SIZE = 256
-
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
@@ -108,15 +106,12 @@ def system_prompt(
 
 
 def _same(previous: RememberedPrompt, inputs: PromptInputs, counter_key: object) -> bool:
-    """The sources by identity (the service keeps the object between writes of their
-    tables), the counter by identity, the rest by value."""
-    old = previous.inputs
+    """The sources and the counter by identity (the service keeps the sources object
+    between writes of their tables; one counter per tokenizer), the rest by value: with
+    the sources the same object, comparing the inputs compares only the rest (a tuple
+    comparison tries identity first)."""
     return (
         previous.counter_key is counter_key
-        and old.sources is inputs.sources
-        and old.paths == inputs.paths
-        and old.kernel_text == inputs.kernel_text
-        and old.approval_mode == inputs.approval_mode
-        and old.environment == inputs.environment
-        and old.exclude == inputs.exclude
+        and previous.inputs.sources is inputs.sources
+        and previous.inputs == inputs
     )

@@ -130,8 +130,9 @@ class SessionUseCases:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> AppendResult:
-        write = self.writer(session_id, events, request_id, expected_last_seq)
-        return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
+        return await self.append_converted(
+            session_id, len(events), lambda: events, request_id, expected_last_seq
+        )
 
     async def append_converted(
         self,
@@ -141,9 +142,25 @@ class SessionUseCases:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> AppendResult:
-        """append, for `count` events that `convert` makes on the storage thread with the
-        write: a request's conversion copies every text (a 32 MiB tool result: ~16 ms),
-        which must not stall the event loop. Its ids and count are checked here first."""
+        """append, for `count` events that `convert` makes on the storage thread (see
+        `writer`)."""
+        write = self.writer(session_id, count, convert, request_id, expected_last_seq)
+        return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
+
+    def writer(
+        self,
+        session_id: str,
+        count: int,
+        convert: Callable[[], Sequence[NewEvent]],
+        request_id: str = "",
+        expected_last_seq: int | None = None,
+    ) -> Callable[[], Written]:
+        """The append's checks (now: ids and the event count), and its blocking write for
+        the I/O pool, which first makes the `count` events with `convert`; `landed` takes
+        what the write returns, on the event loop. A stream step hands the write to its
+        compile, which runs it in the same hop (Prior). Converting a request's events
+        copies every text, and digests, encodes and blob hashing follow: with the write,
+        so that a 32 MiB tool result (~16 ms to convert alone) never stalls the loop."""
         check_id("session_id", session_id)
         check_id("request_id", request_id, required=False)
         if not count:
@@ -151,28 +168,9 @@ class SessionUseCases:
         self.check_event_count(count)
 
         def write() -> Written:
-            return self.writer(session_id, convert(), request_id, expected_last_seq)()
+            return self._write(session_id, convert(), request_id, expected_last_seq)
 
-        return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
-
-    def writer(
-        self,
-        session_id: str,
-        events: Sequence[NewEvent],
-        request_id: str = "",
-        expected_last_seq: int | None = None,
-    ) -> Callable[[], Written]:
-        """The append's checks (now), and its blocking write for the I/O pool; `landed`
-        takes what the write returns, on the event loop. A stream step hands the write
-        to its compile, which runs it in the same hop (Prior)."""
-        check_id("session_id", session_id)
-        check_id("request_id", request_id, required=False)
-        if not events:
-            raise invalid("events", "an append needs at least one event")
-        self.check_event_count(len(events))
-        # Digests, encodes and blob hashing of large results run on the I/O pool, with
-        # the write itself: a 32 MiB tool result must not stall the event loop.
-        return functools.partial(self._write, session_id, events, request_id, expected_last_seq)
+        return write
 
     def landed(self, session_id: str, written: Written) -> AppendResult:
         """A written append, measured and published to the session's watchers."""

@@ -241,15 +241,14 @@ class StreamSteps:
         """The step's append (checked now) to session `sid` (the compile's, which a
         rebuild's compile id names), to be written before its compile, and its result
         put in `out` once written (also when the compile then fails)."""
-        self._s.check_event_count(len(step.events))
         expected = step.expected_last_seq if step.HasField("expected_last_seq") else None
-        events, request_id = step.events, step.request_id
-
-        def write() -> Written:
-            # The events are converted and checked on the storage thread, with the write:
-            # a large tool result's text is copied there (32 MiB: ~16 ms), not on the
-            # event loop. A refusal fails the append, so the step, as it did here.
-            return self._s.writer(sid, events_in(list(events)), request_id, expected)()
+        events = step.events
+        # The events are converted and checked on the storage thread, with the write (a
+        # 32 MiB tool result's text is copied there, not on the event loop); a refusal
+        # there fails the append, so the step.
+        write = self._s.writer(
+            sid, len(events), lambda: events_in(list(events)), step.request_id, expected
+        )
 
         def landed(written: Written) -> None:
             appended = self._s.landed(sid, written)
