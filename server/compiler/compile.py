@@ -16,7 +16,7 @@ from server.compiler.compaction import compaction_request, working_set_start
 from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
-from server.compiler.path_memo import paths_in_texts
+from server.compiler.path_memo import TurnPaths, path_union
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import (
     ActiveTurn,
@@ -226,12 +226,32 @@ def changed_sections(
     )
 
 
-def active_texts(inputs: CompileInputs, turn: ActiveTurn) -> tuple[str, ...]:
-    """What the model is working on: the latest user message and every step after it."""
+def active_texts(inputs: CompileInputs, turn: ActiveTurn) -> tuple[tuple[str, ...], int]:
+    """What the model is working on: the latest user message and every step after it;
+    and the seq of that user message when its texts go before the turn's (-1: not)."""
     user = inputs.current_user
     if user is not None and (turn.start < 0 or inputs.events[turn.start].seq != user.seq):
-        return (*event_texts(user), *turn.texts)
-    return turn.texts
+        return (*event_texts(user), *turn.texts), user.seq
+    return turn.texts, -1
+
+
+def _named_paths(
+    inputs: CompileInputs, turn: ActiveTurn, memo: ProjectionMemo | None, known: bool, check: Check
+) -> TurnPaths:
+    """The paths the active texts name. Continuing a memo of the same turn (its events
+    start the log, so the turn's texts start with the ones it scanned), only the texts
+    after those are scanned: a step in a long turn costs its new texts, not the turn."""
+    texts, user_seq = active_texts(inputs, turn)
+    old = memo.paths if memo is not None and known else None
+    if (
+        old is not None
+        and turn.start >= 0
+        and old.turn_start == turn.start
+        and old.user_seq == user_seq
+    ):
+        union = path_union(texts, old.union, check)
+        return old if union is old.union else TurnPaths(turn.start, user_seq, union)
+    return TurnPaths(turn.start, user_seq, path_union(texts, None, check))
 
 
 def _scan_notes(named: FoundPaths) -> tuple[str, ...]:
@@ -266,7 +286,8 @@ def compile_incremental(
     # Whether the memo's events start the log: looked at once (O(events), in C).
     known = extends(memo, inputs.events)
     turn = active_turn(inputs.events, memo, known=known)
-    named = paths_in_texts(active_texts(inputs, turn), check)
+    turn_paths = _named_paths(inputs, turn, memo, known, check)
+    named = turn_paths.union.found
     # Continuing a memo, the system prompt is nearly always the previous step's: the
     # memo holds it with its inputs (prompt_memo.py); from scratch it is made afresh.
     remembered = system_prompt(
@@ -398,10 +419,14 @@ def compile_incremental(
     )
     next_memo = run.memo
     if next_memo is not None and (
-        compaction_memo is not next_memo.compaction or remembered is not next_memo.prompt
+        compaction_memo is not next_memo.compaction
+        or remembered is not next_memo.prompt
+        or turn_paths is not next_memo.paths
     ):
-        # Neither is counted in the memo's bytes: the compaction prompt and the system
+        # None is counted in the memo's bytes: the compaction prompt and the system
         # prompt are the view's, which the views kept for repeats count, and a memo holds
-        # one of each at most.
-        next_memo = replace(next_memo, compaction=compaction_memo, prompt=remembered)
+        # one of each at most; the paths are capped (textscan.MAX_PATH_BYTES).
+        next_memo = replace(
+            next_memo, compaction=compaction_memo, prompt=remembered, paths=turn_paths
+        )
     return view, next_memo, run.reused

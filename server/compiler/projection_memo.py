@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from server.compiler.compaction import CompactionMemo
 from server.compiler.message_table import MessageTable
 from server.compiler.pairing import PairState
+from server.compiler.path_memo import TurnPaths
 from server.compiler.projection import is_user_turn_start
 from server.compiler.prompt_memo import RememberedPrompt
 from server.compiler.view import Layer, ViewMessage
@@ -115,6 +116,8 @@ class ProjectionMemo:
     last_assistant: int = -1
     # The system prompt and what it was made from, for the next (prompt_memo.py).
     prompt: RememberedPrompt | None = None
+    # The paths the current turn names, for the next (path_memo.py).
+    paths: TurnPaths | None = None
 
 
 def artifact_ids(events: Sequence[Event]) -> list[str]:

@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.compiler.budget import BudgetConfig, ModelLimits
-from server.compiler.compile import CompileInputs, compile_incremental, compile_view
+from server.compiler.compile import CompileInputs, active_texts, compile_incremental, compile_view
 from server.compiler.projection import ImagePolicy
 from server.compiler.projection_memo import ProjectionMemo, active_turn, artifact_ids
 from server.compiler.render import RenderFormat
+from server.compiler.textscan import paths_in
 from server.compiler.view import CompiledView, Layer
 from server.domain.model import (
     ArtifactRef,
@@ -196,6 +197,20 @@ def memo_is_what_scratch_finds(memo: ProjectionMemo | None) -> None:
     assert memo.ws_index == next(first_ws, len(memo.messages))
 
 
+def paths_are_what_scratch_finds(memo: ProjectionMemo | None, inputs: CompileInputs) -> None:
+    """The path union a memo carries to the next step is the scan of every active text
+    (the view alone does not show it: no rule here has globs)."""
+    if memo is None:
+        return
+    assert memo.paths is not None
+    texts, _ = active_texts(inputs, active_turn(inputs.events))
+    expected: dict[str, None] = {}
+    for text in texts:
+        expected.update(dict.fromkeys(paths_in(text).paths))
+    assert memo.paths.union.found.paths == tuple(expected)
+    assert memo.paths.union.count == len(texts)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(steps, min_size=1, max_size=8))
 def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]) -> None:
@@ -214,6 +229,7 @@ def test_incremental_views_are_byte_identical_to_from_scratch(script: list[Step]
         assert active_turn(inputs.events, memos.get(step.route)) == active_turn(inputs.events)
         view, memos[step.route], _ = compile_incremental(inputs, C, memos.get(step.route))
         memo_is_what_scratch_finds(memos[step.route])
+        paths_are_what_scratch_finds(memos[step.route], inputs)
         scratch = compile_view(inputs, C)
         assert view.messages == scratch.messages
         assert view.notes == scratch.notes

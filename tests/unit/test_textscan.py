@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.compiler import textscan
-from server.compiler.path_memo import paths_in_texts
+from server.compiler.path_memo import path_union, paths_in_texts
 from server.compiler.textscan import (
     MAX_GLOB_CHARS,
     MAX_GLOBS,
@@ -175,3 +175,37 @@ def test_path_unions_of_growing_turns_equal_a_scan_of_every_text(
             turn = (["open a.py please", *more]) if restart else [*turn, *more]
             found = paths_in_texts(turn)
             assert (found.paths, found.capped) == _union(turn, most)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_TEXTS, min_size=1, max_size=6), st.booleans())
+def test_a_union_continued_from_the_last_one_scans_only_new_texts(
+    steps: list[list[str]], small_cap: bool
+) -> None:
+    """What a compile continuing its memo does in a growing turn: the union it carried is
+    continued over the texts after it (each scanned once, the ones before not at all),
+    and the answer is the definition's; with nothing new found it is the same object,
+    which the system prompt's memo compares by identity."""
+    most = 3 if small_cap else MAX_PATHS
+    scanned: list[str] = []
+    real = textscan.paths_in
+
+    def counting(text: str, *args: int) -> textscan.FoundPaths:
+        scanned.append(text)
+        return real(text, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(textscan, "MAX_PATHS", most)
+        mp.setattr(textscan, "paths_in", counting)
+        turn = ["open a.py please"]
+        union = path_union(turn, None)
+        for more in steps:
+            before = _union(turn, most)
+            turn = [*turn, *more]
+            del scanned[:]
+            nxt = path_union(turn, union)
+            assert (nxt.found.paths, nxt.found.capped) == _union(turn, most)
+            assert len(scanned) <= len(more)
+            if _union(turn, most) == before:
+                assert nxt.found is union.found
+            union = nxt
