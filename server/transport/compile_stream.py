@@ -121,6 +121,14 @@ class StreamSteps:
         except Exception as exc:
             out.error.CopyFrom(step_error(internal_error(exc)))
             return [out]
+        if _rebuilt(msg) and not isinstance(source, ViewBytes):
+            # A rebuild is sent under its compile's id, but with another image mode or
+            # other renderings it is another view: never a delta base nor a resume's
+            # answer, and the view this stream sent under that id before is no base any
+            # more either (its client now holds this one).
+            stream.sent = deque((c for c in stream.sent if c != view.compile_id), _DELTA_BASES)
+            stream.chains.pop(view.compile_id, None)
+            return answer
         stream.sent.append(view.compile_id)
         stream.chains = {k: v for k, v in stream.chains.items() if k in stream.sent}
         if values is not None:
@@ -339,6 +347,16 @@ class StreamReads:
             raise
         finally:
             self._reading = None
+
+
+def _rebuilt(msg: pb.CompileStreamRequest | RefusedMessage) -> bool:
+    """Whether the message asks for a rebuild of an earlier compile."""
+    if isinstance(msg, RefusedMessage):
+        return False
+    kind = msg.WhichOneof("request")
+    if kind == "step":
+        return bool(msg.step.compile.rebuild_compile_id)
+    return kind == "resume" and bool(msg.resume.compile.rebuild_compile_id)
 
 
 def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encoded:

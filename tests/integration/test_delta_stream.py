@@ -21,6 +21,7 @@ from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import assistant, compile_request, user
 from tests.integration.delta_session import (
     RawStream,
+    _upload_image,
     common_prefix,
     encoded,
     over_budget_session,
@@ -209,3 +210,53 @@ async def test_a_compaction_recommended_again_is_not_sent_again(api: Stubs, dige
 
 def encoded_compaction(view: view_pb2.CompiledView) -> bytes:
     return view.compaction.SerializeToString(deterministic=True)
+
+
+async def test_a_rebuild_under_a_sent_views_id_is_neither_a_base_nor_a_resumes_answer(
+    api: Stubs,
+) -> None:
+    """A rebuild is sent under its compile's id; with another image mode it is another
+    view. A stream that holds the view first sent under that id must get deltas against
+    that one (and a resume of it must send that one), whatever another stream rebuilt; the
+    stream that received the rebuild holds the rebuild, so the id is no base there."""
+    await _session(api, "rb")
+    image = user("look at this")
+    image.user_message.parts.add(attachment=await _upload_image(api, "rb"))
+    inline, by_ref = compile_request("rb"), compile_request("rb")
+    inline.image_mode, by_ref.image_mode = cpb.IMAGE_MODE_INLINE, cpb.IMAGE_MODE_REFERENCE
+    chain = cpb.DELTA_DIGEST_MESSAGE_CHAIN
+    agent, other = RawStream(api, digest=chain), RawStream(api, digest=chain)
+    try:
+        await agent.step(inline, [image])
+        held = await agent.step(inline, [assistant("a reply " * 30), user("second turn")])
+        assert agent.answers[-1].WhichOneof("response") == "delta"
+        rebuild = cpb.CompileRequest(
+            rebuild_compile_id=held.compile_id, image_mode=cpb.IMAGE_MODE_REFERENCE
+        )
+        variant = await other.step(rebuild, [], base="")
+        assert variant.compile_id == held.compile_id and encoded(variant) != encoded(held)
+        # A resume of the agent's view sends the view it was sent.
+        again = await agent.send(
+            cpb.CompileStreamRequest(
+                resume=cpb.ResumeRequest(compile_id=held.compile_id, compile=inline)
+            )
+        )
+        assert again.WhichOneof("response") == "view" and encoded(again.view) == encoded(held)
+        # The agent's next step, against the view it holds, rebuilds to the daemon's view
+        # (RawStream checks the digest; the rebuild says what the daemon recorded).
+        nxt = await agent.step(by_ref, [assistant("an answer in the same turn")])
+        truth = await api.compiles.Compile(
+            cpb.CompileRequest(rebuild_compile_id=nxt.compile_id, image_mode=by_ref.image_mode)
+        )
+        assert encoded(nxt) == encoded(truth.view)
+        # On the stream that received the rebuild, its id is no base: a whole view, which
+        # is the daemon's.
+        mine = await other.step(by_ref, [assistant("and another")], base=variant.compile_id)
+        assert other.answers[-1].WhichOneof("response") == "view"
+        truth = await api.compiles.Compile(
+            cpb.CompileRequest(rebuild_compile_id=mine.compile_id, image_mode=by_ref.image_mode)
+        )
+        assert encoded(mine) == encoded(truth.view)
+    finally:
+        await agent.close()
+        await other.close()
