@@ -167,3 +167,10 @@ def check_usage(usage: Usage) -> None:
             "cache_read_input_tokens)",
             field="cached_input_tokens",
         )
+    if usage.reasoning_tokens > usage.output_tokens:
+        raise CtxccError(
+            Reason.USAGE_INVALID,
+            "reasoning_tokens cannot exceed output_tokens: output_tokens counts reasoning "
+            "tokens too (Gemini: candidates_token_count + thoughts_token_count)",
+            field="reasoning_tokens",
+        )

@@ -155,6 +155,7 @@ async def test_the_conservative_counter_converges_once_usage_exists(api: Stubs) 
     [
         ({"tokens": 0}, "input_tokens"),
         ({"tokens": 1_000, "cached_input_tokens": 1_001}, "cached_input_tokens"),
+        ({"tokens": 1_000, "output_tokens": 10, "reasoning_tokens": 11}, "reasoning_tokens"),
     ],
 )
 async def test_impossible_usage_is_refused_and_changes_nothing(
