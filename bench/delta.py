@@ -16,7 +16,7 @@ from pathlib import Path
 from ctxcc_client import AsyncClient, CompileStream
 
 from bench.daemon import BenchDaemon
-from bench.rpc import ROUTE, Api, _assistant, _result, conversation
+from bench.rpc import ROUTE, Api, _assistant, _result, _user, conversation
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import event_pb2
 
@@ -28,6 +28,14 @@ def _step_events(tag: str, i: int) -> list[event_pb2.Event]:
         _assistant(f"checking part {i}", call),
         _result(call, f"line {i}: " + "x = compute(y, z) + offset " * 30),
     ]
+
+
+def long_turn(calls: int) -> list[event_pb2.Event]:
+    """A short conversation, then one user turn of `calls` tool calls with their results."""
+    events = [*conversation(34, "t"), _user("now work through the whole module on your own")]
+    for i in range(calls):
+        events += _step_events("turn", i)
+    return events
 
 
 async def _steps(
@@ -66,10 +74,14 @@ async def _measure(target: str, n: int) -> dict[str, float]:
         short, long = ctx.stream(), ctx.stream()
         short_p50, short_bytes, event_bytes = await _steps(short, "delta200", n, 5)
         long_p50, long_bytes, _ = await _steps(long, "delta2k", n, 5)
+        turn = ctx.stream()
+        turn_p50, _, _ = await _steps(turn, "turn2k", n, 5)
         assert short.stats.deltas >= n and long.stats.deltas >= n, "steps must use deltas"
-        assert short.stats.resumed == long.stats.resumed == 0
+        assert turn.stats.deltas >= n
+        assert short.stats.resumed == long.stats.resumed == turn.stats.resumed == 0
         await short.close()
         await long.close()
+        await turn.close()
     return {
         "delta_step_200_msgs_p50_ms": short_p50 * 1000,
         "delta_step_2000_msgs_p50_ms": long_p50 * 1000,
@@ -77,6 +89,8 @@ async def _measure(target: str, n: int) -> dict[str, float]:
         "delta_bytes_per_step_2000_msgs": long_bytes,
         "step_new_event_bytes": event_bytes,
         "step_2000_vs_200_msgs_p50": long_p50 / short_p50,
+        "delta_step_in_1800_msg_turn_p50_ms": turn_p50 * 1000,
+        "step_in_1800_msg_turn_vs_200_msgs_p50": turn_p50 / short_p50,
         "delta_bytes_per_step_vs_new_event_bytes": long_bytes / event_bytes,
     }
 
@@ -89,6 +103,9 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         api = Api(d.target)
         api.session("delta200", conversation(67, "a"))  # ~200 messages, ~100 KB view
         api.session("delta2k", conversation(667, "k"))  # ~2,000 messages, ~1 MB view
+        # ~2,000 messages again, but the last ~1,800 one turn: a user message, then tool
+        # calls and their results, as an agent working alone for 900 steps leaves them.
+        api.session("turn2k", long_turn(max(60, int(900 * scale))))
         api.channel.close()
         return asyncio.run(_measure(d.target, n))
     finally:

@@ -133,6 +133,10 @@ class StreamAgent:
         if report and self.held is not None:
             step.usage.CopyFrom(self._usage(self.held.view))
         self._requests.put(cpb.CompileStreamRequest(step=step))
+        if self.held is not None:
+            # As the Python client's stream helper does: the view the answer's delta will
+            # be applied to is copied for the caller while the daemon works.
+            self.held.prepare()
         out: cpb.CompileStreamResponse = next(self._answers)
         if report and step.HasField("usage") and not out.HasField("usage"):
             raise RuntimeError(f"step {self.steps}'s usage report was not recorded: {out.error}")
@@ -255,8 +259,11 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         # Throughput: 8 agents stepping concurrently vs echo calls with 8 in flight.
         seconds = max(1.0, 4.0 * scale)
 
-        def hammer(work: Callable[[int], None]) -> float:
+        def hammer(work: Callable[[int], None]) -> tuple[float, float]:
+            """Calls/s of 8 threads calling `work`, and the daemon's CPU (cores) meanwhile."""
             count = [0] * 8
+            assert d.proc is not None
+            cpu = daemon_cpu_s(d.proc.pid)
             stop = time.perf_counter() + seconds
 
             def worker(k: int) -> None:
@@ -269,7 +276,7 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
                 t.start()
             for t in threads:
                 t.join()
-            return sum(count) / seconds
+            return sum(count) / seconds, (daemon_cpu_s(d.proc.pid) - cpu) / seconds
 
         agents = [Api(d.target) for _ in range(8)]
         for k, a in enumerate(agents):
@@ -280,12 +287,19 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         def agent_step(k: int) -> None:
             streams[k].step([_user(f"step {streams[k].steps + 1} " * 10)])
 
-        steps_per_s = hammer(agent_step)
+        steps_per_s, step_cores = hammer(agent_step)
 
         def echo(k: int) -> None:
             agents[k].echo(view_bytes)
 
-        echo_per_s = hammer(echo)
+        echo_per_s, echo_cores = hammer(echo)
+
+        def unchanged_step(k: int) -> None:
+            streams[k].step([], report=False)
+
+        # The floor of a step over the same streams, clients and daemon: nothing new to
+        # append, compile or record (a repeat answered by a delta of nothing).
+        unchanged_per_s, _ = hammer(unchanged_step)
         deltas = sum(a.deltas for a in opened) / max(1, sum(a.steps for a in opened))
         for agent in opened:
             agent.close()
@@ -300,6 +314,12 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         "compile_10k_events_p50_ms": long_p50 * 1000,
         "steps_per_s_8_agents": steps_per_s,
         "echo_per_s_8_in_flight": echo_per_s,
+        # The daemon's CPU in cores while 8 agents step (its Python work holds the GIL,
+        # so about 1 when that work is the bound) and while they echo.
+        "daemon_cores_8_agents_stepping": step_cores,
+        "daemon_cores_8_in_flight_echo": echo_cores,
+        "unchanged_steps_per_s_8_agents": unchanged_per_s,
+        "unchanged_steps_vs_echo_throughput": unchanged_per_s / echo_per_s,
         "view_bytes": float(view_bytes),
         "stream_steps_answered_by_delta": deltas,
         "compile_vs_echo_p50": compile_p50 / echo_p50,
