@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 import time
 from bisect import bisect_right
 from collections import OrderedDict
@@ -107,6 +108,7 @@ class CompileUseCases:
         # Per session (id, creation, first event loaded): the seq through which its
         # events hold nothing the built-in compaction could shorten.
         self._not_elidable: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        self._not_elidable_lock = threading.Lock()
         self._usage = UsageReports(store, blocking, clock, catalog, settings, telemetry)
         # Repeated views get as much memory as the memos (they share most of it).
         self._repeats = Repeats(
@@ -148,20 +150,18 @@ class CompileUseCases:
         # the rendering: thread handoffs, not the work, dominated small compiles.
         work = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
         if prior is None:
-            prepared, done = await self._blocking.compute(work)
+            prepared, done, compact_through = await self._blocking.compute(work)
         else:
             _, outcome = await self._blocking.run_then_compute(prior.run, work, prior.landed)
             if isinstance(outcome, BaseException):
                 raise outcome
-            prepared, done = outcome
-        session, history, view, counter, inputs, info, _ = prepared
+            prepared, done, compact_through = outcome
+        session, _, view, counter, inputs, info, _ = prepared
         if done is not None:
             self._published(opts, session, done.view, started)
             return done
         rebuild = bool(opts.rebuild_compile_id)
-        recorded = is_recorded(opts)
-        wants = view.decision is not Decision.OK and may_compact and recorded
-        if wants and await self._builtin_compaction(session, history, view):
+        if compact_through is not None and await self._builtin_compaction(session, compact_through):
             return await self._compile(opts, False, budget)
         if view.compaction is not None:
             digest = await self._blocking.run(
@@ -208,24 +208,20 @@ class CompileUseCases:
 
     def _prepare_and_finish(
         self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
-    ) -> tuple[
-        _Prepared,
-        CompileResult | None,
-    ]:
+    ) -> tuple[_Prepared, CompileResult | None, int | None]:
         """Blocking: the whole compile when it needs nothing from the event loop (no
-        compaction to make or to digest, not a rebuild); else only the prepared parts."""
+        compaction to make or to digest, not a rebuild); else only the prepared parts,
+        with the seq through which a built-in compaction would shorten the log (None:
+        none to make), found here: it walks the view and, once, the log."""
         # Taken before anything is read: see repeats.py.
         before = self._store.generation(opts.session_id, opts.route.route_id)
         prepared = self._prepare(opts, budget)
-        _, _, view, counter, inputs, info, plain = prepared
+        session, history, view, counter, inputs, info, plain = prepared
         recorded = is_recorded(opts)
-        if (
-            opts.rebuild_compile_id
-            or (view.decision is not Decision.OK and may_compact and recorded)
-            or view.compaction is not None
-            or not recorded
-        ):
-            return prepared, None
+        wants = view.decision is not Decision.OK and may_compact and recorded
+        if opts.rebuild_compile_id or wants or view.compaction is not None or not recorded:
+            through = self._builtin_through(session, history, view) if wants else None
+            return prepared, None, through
         record, parts = self._record(opts, view, inputs, info)
         done = self._finish(None, (), view, opts, counter, budget, plain)
         # Only a record that was written may be remembered: one refused for a full disk
@@ -236,7 +232,7 @@ class CompileUseCases:
             and self._settings.memo_bytes
         ):
             self._repeats.remember(opts, before, inputs, done, record)
-        return prepared, done
+        return prepared, done, None
 
     def _published(
         self, opts: CompileOptions, session: Session, view: CompiledView, started: float
@@ -317,20 +313,27 @@ class CompileUseCases:
         plain = len(new_memo.messages) if new_memo is not None else 0
         return session, history, view, counter, inputs, info, plain
 
-    async def _builtin_compaction(
+    def _builtin_through(
         self, session: Session, history: LoadedHistory, view: CompiledView
-    ) -> bool:
-        """Shorten older large tool results into references, as a checkpoint; True if made."""
+    ) -> int | None:
+        """Blocking: the seq through which a built-in compaction would shorten older large
+        tool results into references (None: nothing to shorten). Over budget this is
+        asked at every step, and both walks grow with the session: off the event loop."""
         current = history.checkpoint
         if not self._settings.auto_compact or (
             current is not None and current.kind != CheckpointKind.BUILTIN
         ):
-            return False  # a model-written summary is in use: ask for a new one instead
+            return None  # a model-written summary is in use: ask for a new one instead
         ws = working_set_start(view.messages)
         through = ws - 1 if ws is not None else view.event_boundary
         done = current.covers_through_seq if current is not None else 0
         if through <= done or not self._elidable(session, history.events, through):
-            return False
+            return None
+        return through
+
+    async def _builtin_compaction(self, session: Session, through: int) -> bool:
+        """Shorten older large tool results into references (through `through`, see
+        `_builtin_through`), as a checkpoint; True if made."""
         template = Checkpoint(
             checkpoint_id="",
             session_id=session.session_id,
@@ -357,13 +360,15 @@ class CompileUseCases:
         before: the log is append-only, so an over-budget session that has nothing to
         shorten is not walked again in full at every step."""
         key = (session.session_id, session.create_time_ns, events[0].seq if events else 0)
-        seen = self._not_elidable.get(key, 0)
+        with self._not_elidable_lock:  # compute threads ask concurrently
+            seen = self._not_elidable.get(key, 0)
         found = has_elidable(events[bisect_right(events, seen, key=_seq) :], through)
         if not found:
-            self._not_elidable[key] = max(seen, through)
-            self._not_elidable.move_to_end(key)
-            while len(self._not_elidable) > _NOT_ELIDABLE:
-                self._not_elidable.popitem(last=False)
+            with self._not_elidable_lock:
+                self._not_elidable[key] = max(seen, self._not_elidable.get(key, 0), through)
+                self._not_elidable.move_to_end(key)
+                while len(self._not_elidable) > _NOT_ELIDABLE:
+                    self._not_elidable.popitem(last=False)
         return found
 
     def _materialize(

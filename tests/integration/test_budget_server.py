@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
 import grpc
 import pytest
 
@@ -18,8 +22,13 @@ from ctxcc.v1 import (
 from ctxcc.v1 import (
     session_service_pb2 as spb,
 )
+from server.compiler.compaction import working_set_start
+from server.compiler.projection import has_elidable
+from server.service import compiling
 from tests.conftest import Stubs
 from tests.helpers import ROUTE, assistant, compile_request, error_info, tool_result, user
+
+_T = TypeVar("_T")
 
 OTHER = common_pb2.Route(
     connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o"
@@ -149,6 +158,43 @@ async def test_builtin_compaction_shortens_old_tool_results(api: Stubs) -> None:
     # The log itself is unchanged.
     events = (await api.sessions.ListEvents(spb.ListEventsRequest(session_id="bc"))).events
     assert events[2].tool_result.blob.size_bytes == len(big.encode())
+
+
+async def test_the_walks_for_a_builtin_compaction_run_off_the_event_loop(
+    api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over budget, every compile asks whether a built-in compaction would shorten
+    anything: a walk over the view and (once) over the log, both as long as the session.
+    They run on a compute thread, never on the event loop every session's calls share
+    (they ran there: ~1 ms a step at 3,000 messages, a stall for every session)."""
+    loop_thread = threading.current_thread()  # the in-process daemon's event loop
+    seen: list[threading.Thread] = []
+
+    def on_thread(fn: Callable[..., _T]) -> Callable[..., _T]:
+        def wrapped(*args: object) -> _T:
+            seen.append(threading.current_thread())
+            return fn(*args)
+
+        return wrapped
+
+    monkeypatch.setattr(compiling, "working_set_start", on_thread(working_set_start))
+    monkeypatch.setattr(compiling, "has_elidable", on_thread(has_elidable))
+    big = "\n".join(f"row {i} " + "zq" * 30 for i in range(300))
+    await _session(
+        api,
+        "bt",
+        user("inspect the table"),
+        assistant("", ("c1", "sql", "{}")),
+        tool_result("c1", big),
+        assistant("Done."),
+        user("now summarise"),
+    )
+    req = cpb.CompileRequest(
+        session_id="bt", route=ROUTE, limits=cpb.ModelLimits(context_window=1_500)
+    )
+    view = (await api.compiles.Compile(req)).view
+    assert view.checkpoint_id, "a built-in checkpoint was made and used"
+    assert len(seen) >= 2 and loop_thread not in seen
 
 
 async def test_model_summary_compaction_round_trip(api: Stubs) -> None:
