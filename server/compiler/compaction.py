@@ -92,6 +92,9 @@ class CompactionMemo:
     prefix: tuple[ViewMessage, ...]
     whole: bool
     request: CompactionRequest | None
+    # The latest first seq among the prefix's messages: when it is within the range, a
+    # range that grows at its end takes none of them in or out.
+    prefix_last_seq: int = 0
 
 
 def compaction_request(
@@ -150,17 +153,26 @@ def compaction_request(
         from_seq=start, through_seq=through_seq, prompt="\n\n".join(parts), covered_digest=""
     )
     prefix = tuple(messages[: stop + 1])
-    return request, CompactionMemo(start, through, room, prefix, whole, request)
+    last = max((m.first_seq for m in prefix if not m.synthetic), default=0)
+    return request, CompactionMemo(start, through, room, prefix, whole, request, last)
 
 
 def _holds(
     memo: CompactionMemo, messages: Sequence[ViewMessage], start: int, through: int, room: int
 ) -> bool:
-    """Whether `memo`'s request is the one these inputs make: the same range and room, the
+    """Whether `memo`'s request is the one these inputs make: the same start and room, the
     same messages up to the last one it looked at (compared in C; carried messages are
-    the same objects), and, when every covered message fit, no covered message after."""
+    the same objects), and, when every covered message fit, the same range and no
+    covered message after. When they did not all fit, the range may have grown at its
+    end (a new turn moved the working set on, as every turn of a chat over budget does):
+    the messages that fit, and the first that did not, are the same ones, as long as none
+    of them falls in the added range."""
     n = len(memo.prefix)
-    if (memo.start, memo.through, memo.room) != (start, through, room) or len(messages) < n:
+    if (memo.start, memo.room) != (start, room) or len(messages) < n:
+        return False
+    if through != memo.through and (
+        memo.whole or through < memo.through or memo.prefix_last_seq > memo.through
+    ):
         return False
     if tuple(messages[:n]) != memo.prefix:
         return False

@@ -62,10 +62,23 @@ def test_a_request_over_the_room_is_taken_while_the_messages_it_saw_hold() -> No
     smaller = (*view[:k], replace(view[k], tokens=1), *view[k + 1 :])
     made, _ = _same_as_scratch(smaller, room, memo)
     assert made != first
-    # Another room, another range (the working set moved): made again.
+    # Another room: made again.
     assert _same_as_scratch(view, room - 100, memo)[0] != first
+    # The working set moved on (a new turn): the range grew at its end, after the
+    # messages that fit and the first that did not: the same request, not made again.
     moved = tuple(replace(m, layer=Layer.HISTORY) if m.first_seq < 250 else m for m in view)
-    assert _same_as_scratch(moved, room, memo)[1] is not memo
+    again, memo3 = _same_as_scratch(moved, room, memo)
+    assert again is first and memo3 is memo
+    # ... unless a message it looked at falls in the added range (a result the pairing
+    # put next to its call, say): it is covered now, so made again, as from scratch.
+    odd = (*view[:5], replace(view[5], first_seq=230, last_seq=230), *view[6:])
+    odd_first, odd_memo = _same_as_scratch(odd, room, None)
+    odd_moved = tuple(replace(m, layer=Layer.HISTORY) if m.first_seq < 250 else m for m in odd)
+    made, odd_memo2 = _same_as_scratch(odd_moved, room, odd_memo)
+    assert odd_memo2 is not odd_memo and made != odd_first
+    # A range that shrank (an earlier working set): made again.
+    back = tuple(replace(m, layer=Layer.WORKING_SET) if m.first_seq >= 150 else m for m in view)
+    assert _same_as_scratch(back, room, memo)[1] is not memo
 
 
 def test_a_request_that_covers_everything_is_made_again_when_more_is_covered() -> None:
