@@ -52,9 +52,17 @@ _first_seq, _layer = attrgetter("first_seq"), attrgetter("layer")
 
 def working_set_start(messages: Sequence[ViewMessage]) -> int | None:
     """The least non-zero first seq of the working set's messages (None: none), walked
-    in C: over budget it is looked for at every step, over the whole view."""
-    in_set = map(is_, map(_layer, messages), repeat(Layer.WORKING_SET))
-    return min(filter(None, compress(map(_first_seq, messages), in_set)), default=None)
+    in C: over budget it is looked for at every step, over the whole view. The first
+    working-set message is found by the list's own search (identity first), so only the
+    messages from there on are compared (half the time at a view of thousands)."""
+    layers = list(map(_layer, messages))
+    try:
+        first = layers.index(Layer.WORKING_SET)
+    except ValueError:
+        return None
+    in_set = map(is_, layers[first:], repeat(Layer.WORKING_SET))
+    tail = map(_first_seq, messages[first:])
+    return min(filter(None, compress(tail, in_set)), default=None)
 
 
 def transcript(messages: Sequence[ViewMessage]) -> str:

@@ -156,7 +156,7 @@ class CompileUseCases:
             if isinstance(outcome, BaseException):
                 raise outcome
             prepared, done, compact_through = outcome
-        session, _, view, counter, inputs, info, _ = prepared
+        session, _, view, counter, inputs, info, plain = prepared
         if done is not None:
             self._published(opts, session, done.view, started)
             return done
@@ -178,9 +178,11 @@ class CompileUseCases:
             if not opts.render_formats:
                 return CompileResult(view)
             # Looking may still render provider bodies; it records nothing.
-            return await self._blocking.compute(self._finish, None, (), view, opts, counter, budget)
+            return await self._blocking.compute(
+                self._finish, None, (), view, opts, counter, budget, plain
+            )
         result = await self._blocking.compute(
-            self._finish, record, parts, view, opts, counter, budget
+            self._finish, record, parts, view, opts, counter, budget, plain
         )
         self._published(opts, session, view, started)
         return result
@@ -324,6 +326,10 @@ class CompileUseCases:
             current is not None and current.kind != CheckpointKind.BUILTIN
         ):
             return None  # a model-written summary is in use: ask for a new one instead
+        # Nothing to shorten anywhere in the log (the usual case at every over-budget step
+        # after the first): the walk over the view for the working set is not needed.
+        if not self._elidable(session, history.events, view.event_boundary):
+            return None
         ws = working_set_start(view.messages)
         through = ws - 1 if ws is not None else view.event_boundary
         done = current.covers_through_seq if current is not None else 0

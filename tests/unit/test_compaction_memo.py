@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from server.compiler.compaction import CompactionMemo, compaction_request
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.compiler.compaction import CompactionMemo, compaction_request, working_set_start
 from server.compiler.view import Layer, ViewMessage, ViewPart
 from server.domain.model import Role
 from tests.unit.test_system_prompt import WordCounter
@@ -92,3 +95,12 @@ def test_a_request_that_covers_everything_is_made_again_when_more_is_covered() -
     late = _msg(39, "a late piece of history", layer=Layer.HISTORY)
     made, _ = _same_as_scratch((*view, late), 100_000, memo)
     assert made != first and "a late piece of history" in made.prompt  # type: ignore[attr-defined]
+
+
+@given(st.lists(st.tuples(st.sampled_from(list(Layer)), st.integers(0, 50)), max_size=40))
+def test_the_working_set_starts_at_its_least_seq(rows: list[tuple[Layer, int]]) -> None:
+    """The definition, whatever the order of layers and seqs (pairing may put a working
+    set's result before a history message; synthetic messages have seq 0)."""
+    messages = tuple(_msg(seq, "m", layer=layer) for layer, seq in rows)
+    seqs = [seq for layer, seq in rows if layer is Layer.WORKING_SET and seq]
+    assert working_set_start(messages) == (min(seqs) if seqs else None)
