@@ -250,6 +250,10 @@ def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
     yield text[start:]
 
 
+# A UTF-16 surrogate on its own.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _CachedCounter:
     """Counts of a tokenizer times a family factor, with a small LRU for long texts that
     reappear compile after compile (history messages, tool schemas)."""
@@ -266,16 +270,25 @@ class _CachedCounter:
     def _count(self, text: str) -> int:
         raise NotImplementedError
 
+    def _count_any(self, text: str) -> int:
+        try:
+            return self._count(text)
+        except UnicodeEncodeError:
+            # A lone surrogate has no UTF-8 form for the tokenizer to read: a client's
+            # JSON may escape one ("\ud800"), and a call's arguments are counted
+            # unescaped. Counted as the replacement character, one for one.
+            return self._count(_SURROGATE.sub("\ufffd", text))
+
     def raw(self, text: str) -> int:
         if len(text) < _CACHE_MIN_CHARS:
-            return self._count(text)
+            return self._count_any(text)
         key = (hash(text), len(text))
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        n = self._count(text)
+        n = self._count_any(text)
         with self._lock:
             self._cache[key] = n
             if len(self._cache) > _CACHE_SIZE:

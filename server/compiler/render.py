@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Callable, Mapping
 
 from server.compiler.render_anthropic import anthropic_messages
@@ -46,7 +47,18 @@ def render_body(
     return RENDERERS[fmt](view, data or {})
 
 
+# A UTF-16 surrogate on its own: no UTF-8 form.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def render(view: CompiledView, fmt: RenderFormat, data: Mapping[str, bytes] | None = None) -> str:
     """The body as compact JSON text."""
     body = render_body(view, fmt, data)
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    # A client's JSON may escape a lone surrogate ("\ud800" in a tool schema or a call's
+    # arguments, which the renderers parse): valid JSON, but no character UTF-8 can
+    # carry. Written back as the escape it came as (inside a string, where json.dumps
+    # put it), the body is still valid JSON of the same value, and encodable.
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -258,6 +258,24 @@ async def build(api: Stubs) -> list[Case]:
     )
     await b.compile("reused and re-created call ids", "reused")
 
+    # JSON may escape a lone surrogate, which has no UTF-8 form: a schema and a call's
+    # arguments that do (rendering them failed INTERNAL).
+    await b.session("surrogates")
+    lone = '{"type": "object", "description": "\\ud800 half", "properties": {}}'
+    await api.tools.RegisterTools(
+        tpb.RegisterToolsRequest(
+            session_id="surrogates",
+            tools=[tool_pb2.ToolDefinition(name="Odd", description="d", input_schema_json=lone)],
+        )
+    )
+    await b.append(
+        "surrogates",
+        user("Open it."),
+        assistant("", ("s1", "Odd", '{"path": "\\udc00\\ud800.txt"}')),
+        tool_result("s1", "ok", "Odd"),
+    )
+    await b.compile("lone surrogate escapes in a schema and in arguments", "surrogates")
+
     await b.session("agent")
     real = agent_tools.claude_code_shaped() + agent_tools.openhands()
     await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id="agent", tools=_tools(real)))
