@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from server.compiler.textscan import MAX_JSON_DEPTH, parse_json
+from server.compiler.textscan import MAX_JSON_DEPTH, loads_strict, parse_json
 from server.compiler.view import Authority, ViewMessage, ViewPart
 from server.domain.model import Role
 
@@ -36,7 +36,7 @@ def _arguments_object(arguments_json: str) -> str | None:
         # Too few brackets to nest past the limit: a plain parse decides (the hot path,
         # several times cheaper than the depth-checking reader).
         try:
-            ok, value = True, json.loads(text)
+            ok, value = True, loads_strict(text)
         except (ValueError, RecursionError):
             ok, value = False, None
     else:

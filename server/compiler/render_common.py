@@ -4,11 +4,10 @@ arguments as an object, and the cache hints' inputs."""
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from server.compiler.textscan import parse_json
+from server.compiler.textscan import loads_strict, parse_json
 from server.compiler.view import CompiledView, ViewMessage, ViewPart
 
 JSON = dict[str, Any]
@@ -17,7 +16,7 @@ JSON = dict[str, Any]
 def args_object(arguments_json: str) -> JSON:
     """A call's arguments as the object providers expect. The projection has already
     made every call's arguments a JSON object (see projection.well_formed_calls)."""
-    value = json.loads(arguments_json or "{}")
+    value = loads_strict(arguments_json or "{}")
     assert isinstance(value, dict)
     return value
 

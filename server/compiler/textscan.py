@@ -16,6 +16,7 @@ path_memo.py: it remembers these answers and scans nothing itself.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -233,10 +234,28 @@ def _depth_over(value: object, limit: int) -> bool:
     return False
 
 
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: read as infinity, written back as Infinity
+        raise ValueError(f"{text} overflows a double")
+    return value
+
+
+def loads_strict(text: str) -> object:
+    """`json.loads` of JSON as RFC 8259 has it: Python also reads NaN, Infinity and
+    -Infinity (and a number too large for a double as infinity) and writes them back as
+    such, which no provider's parser takes: a body carrying one is refused whole."""
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
+
+
 def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[bool, object]:
     """(True, value) for JSON nested at most `max_depth` deep, else (False, None)."""
     try:
-        value = json.loads(text)
+        value = loads_strict(text)
     except (ValueError, RecursionError):
         return False, None
     if _depth_over(value, max_depth):

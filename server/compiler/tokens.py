@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Protocol
 
+from server.compiler.textscan import loads_strict
+
 
 class TokenCounter(Protocol):
     @property
@@ -44,7 +46,7 @@ def arguments_text(arguments_json: str, as_parameters: bool, counting: int = COU
     if not as_parameters or not arguments_json:
         return arguments_json
     try:
-        args = json.loads(arguments_json)
+        args = loads_strict(arguments_json)
     except ValueError:
         return arguments_json
     if not isinstance(args, dict):

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
-from server.compiler.textscan import MAX_PATTERN_CHARS, LineSearch, PatternError, compile_search
+from server.compiler.textscan import (
+    MAX_PATTERN_CHARS,
+    LineSearch,
+    PatternError,
+    compile_search,
+    loads_strict,
+)
 from server.compiler.tool_search import search_tools
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.model import ToolResult
@@ -85,7 +90,7 @@ def check_tool(i: int, spec: ToolSpec, limits: ToolLimits = ToolLimits()) -> Non
             f"schema is over {limits.max_schema_bytes} bytes (max_tool_schema_bytes)",
         )
     try:
-        schema = json.loads(spec.input_schema_json or "{}")
+        schema = loads_strict(spec.input_schema_json or "{}")
     except (ValueError, RecursionError):
         raise invalid(f"{field}.input_schema_json", "input_schema_json is not valid JSON") from None
     if not isinstance(schema, dict):

@@ -56,6 +56,10 @@ def _tools(specs: list[dict[str, Any]], deferred: bool = False) -> list[tool_pb2
     ]
 
 
+def _not_json(name: str) -> object:
+    raise AssertionError(f"a body holds {name}, which is not JSON")
+
+
 class Builder:
     def __init__(self, api: Stubs) -> None:
         self.api = api
@@ -84,7 +88,9 @@ class Builder:
         case = Case(name, view)
         for r in view.renderings:
             fmt = next(k for k, v in FORMATS.items() if v == r.format)
-            case.bodies[fmt] = json.loads(r.body_json)
+            # As a provider's parser reads it: no NaN or Infinity, which Python's json
+            # reads and writes but JSON (RFC 8259) has not.
+            case.bodies[fmt] = json.loads(r.body_json, parse_constant=_not_json)
         self.cases.append(case)
         return case
 
@@ -239,9 +245,15 @@ async def build(api: Stubs) -> list[Case]:
     await b.session(
         "malformed",
         user("Edit it."),
-        assistant("", ("m1", "Edit", "{not json"), ("m2", "Edit", "[1, 2]")),
+        assistant(
+            "",
+            ("m1", "Edit", "{not json"),
+            ("m2", "Edit", "[1, 2]"),
+            ("m3", "Edit", '{"line": NaN, "to": 1e400}'),
+        ),
         tool_result("m1", "error: bad arguments", "Edit"),
         tool_result("m2", "error: bad arguments", "Edit"),
+        tool_result("m3", "error: bad arguments", "Edit"),
     )
     await b.compile("malformed arguments", "malformed")
 

@@ -211,6 +211,20 @@ async def test_deferred_tool_found_by_tool_search(api: Stubs) -> None:
             )
         )
     assert error_info(exc.value).reason == "INVALID_FIELD"
+    # NaN and Infinity are read by Python's json, not by a provider's: not JSON either.
+    for schema in ('{"type": "number", "maximum": Infinity}', '{"default": NaN}'):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.tools.RegisterTools(
+                tpb.RegisterToolsRequest(
+                    session_id="tools",
+                    tools=[tool_pb2.ToolDefinition(name="odd", input_schema_json=schema)],
+                )
+            )
+        info = error_info(exc.value)
+        assert (info.reason, info.metadata["field"]) == (
+            "INVALID_FIELD",
+            "tools[0].input_schema_json",
+        )
 
 
 async def _checkpointed(api: Stubs, sid: str, **ck: object) -> view_pb2.CompiledView:
