@@ -229,6 +229,16 @@ async def inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _summary(sstub: Any, cstub: Any, sid: str, model: str) -> dict[str, Any]:
+    """A session's row figures from its view (see `_view`)."""
+    found = await _session(sstub, sid)
+    # --model here only stands in for an unknown route: a recorded compile wins.
+    view, shown = await _view(cstub, found, "" if found.compile_id else model, 0)
+    s = summarize(view, shown=shown)
+    keys = ("estimated_input_tokens", "utilization", "decision", "pressure_layer", "shown")
+    return {k: s[k] for k in keys}
+
+
 async def sessions(args: argparse.Namespace) -> int:
     rows = []
     async with grpc.aio.insecure_channel(args.target) as ch:
@@ -244,34 +254,27 @@ async def sessions(args: argparse.Namespace) -> int:
                 "model": session.current_route.model or args.model,
             }
             if row["model"] and session.head_seq:
-                found = await _session(sstub, session.session_id)
-                # --model here only stands in for an unknown route: a recorded compile wins.
-                model = "" if found.compile_id else args.model
-                view, shown = await _view(cstub, found, model, 0)
-                s = summarize(view, shown=shown)
-                row |= {
-                    k: s[k]
-                    for k in (
-                        "estimated_input_tokens",
-                        "utilization",
-                        "decision",
-                        "pressure_layer",
-                        "shown",
-                    )
-                }
+                try:
+                    row |= await _summary(sstub, cstub, session.session_id, args.model)
+                except grpc.aio.AioRpcError as err:
+                    # One session's view (over the daemon's message size, say) must not
+                    # hide the others: its row says why it has no figures.
+                    row["error"] = err.code().name
             rows.append(row)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    # The decision column fits the longest decision (over_budget_send_anyway) and a space.
     print(
         f"{'session':<36}{'seq':>7}  {'model':<26}{'estimate':>9}{'util':>8}  "
-        f"{'decision':<22}pressure"
+        f"{'decision':<25}pressure"
     )
     for r in rows:
         util = f"{r['utilization']:.1%}" if "utilization" in r else "-"
+        decision = f"({r['error']})" if "error" in r else r.get("decision", "-")
         print(
             f"{r['session_id']:<36}{r['head_seq']:>7}  {r['model'] or '-':<26}"
-            f"{r.get('estimated_input_tokens', '-'):>9}{util:>8}  {r.get('decision', '-'):<22}"
+            f"{r.get('estimated_input_tokens', '-'):>9}{util:>8}  {decision:<24} "
             f"{r.get('pressure_layer', '-')}"
         )
     return 0

@@ -4,6 +4,7 @@ first error, the storage gauges, `ctxcc health`, and the CLI inside a shell pipe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -25,7 +26,8 @@ from ctxcc.v1 import (
 )
 from server.app import Daemon
 from server.transport.errors import CODES
-from tests.conftest import stubs_for
+from tests.conftest import make_config, stubs_for
+from tests.helpers import ROUTE, user
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -193,3 +195,50 @@ async def test_sessions_into_a_closed_pipe_ends_quietly(daemon: Daemon) -> None:
     done = await asyncio.to_thread(run_into_closed_pipe)
     assert done.stderr == ""  # no BrokenPipeError traceback
     assert done.returncode == 141  # what a shell shows for a filter ended by SIGPIPE
+
+
+async def test_sessions_lists_every_session_when_one_view_is_over_the_message_size(
+    short_tmp: Path,
+) -> None:
+    """`ctxcc sessions` rebuilds each session's view over unary Compile: one view over
+    the daemon's message size failed the whole listing. Its row now says why it has no
+    figures, and the others are listed; the longest decision keeps its column apart."""
+    d = Daemon(make_config(short_tmp / "d", max_message_bytes=str(1 << 20)))
+    await d.start()
+    target = f"unix:{d.endpoints.unix}"
+    api = stubs_for(target)
+    try:
+        for sid in ("big", "over", "small"):
+            await api.sessions.CreateSession(
+                session_service_pb2.CreateSessionRequest(
+                    session=session_pb2.Session(session_id=sid)
+                )
+            )
+        texts = {"big": ["word " * 120_000] * 2, "over": ["word " * 3_000], "small": ["hi"]}
+        for sid, parts in texts.items():
+            for text in parts:  # one message each: the append is under the size too
+                await api.sessions.AppendEvents(
+                    session_service_pb2.AppendEventsRequest(session_id=sid, events=[user(text)])
+                )
+        # A recorded compile over a small window: rebuilt, it is over budget.
+        tiny = compile_service_pb2.CompileRequest(
+            session_id="over",
+            route=ROUTE,
+            limits=compile_service_pb2.ModelLimits(context_window=2_000),
+        )
+        await api.compiles.Compile(tiny)
+        args = ("sessions", "--target", target, "--model", "gpt-4o")
+        listed = await asyncio.to_thread(_ctxcc, *args)
+        assert listed.returncode == 0, listed.stderr
+        rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+        assert set(rows) == {"big", "over", "small"}
+        assert "(RESOURCE_EXHAUSTED)" in rows["big"]
+        assert re.search(r"over_budget_send_anyway +\w", rows["over"]), rows["over"]
+        assert " ok " in rows["small"]
+        as_json = await asyncio.to_thread(_ctxcc, *args, "--json")
+        by_id = {r["session_id"]: r for r in json.loads(as_json.stdout)}
+        assert by_id["big"]["error"] == "RESOURCE_EXHAUSTED" and "decision" not in by_id["big"]
+        assert by_id["small"]["decision"] == "ok"
+    finally:
+        await api.channel.close()
+        await d.stop()
