@@ -366,7 +366,8 @@ func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.
 			return nil, r.Delta, appended, nil
 		case *ctxccv1.CompileStreamResponse_Error:
 			return nil, nil, appended, &Error{Code: codes.Code(r.Error.GetCode()), Reason: r.Error.GetReason(),
-				Message: r.Error.GetMessage(), UsageRefused: r.Error.GetUsageRefused()}
+				Message: r.Error.GetMessage(), Metadata: r.Error.GetMetadata(),
+				UsageRefused: r.Error.GetUsageRefused()}
 		case *ctxccv1.CompileStreamResponse_Chunk:
 			ch := r.Chunk
 			if chunks == nil {

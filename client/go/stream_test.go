@@ -337,3 +337,26 @@ func TestStreamReusesTheRequestIDOfAStepThatFailedInBand(t *testing.T) {
 		t.Fatalf("request ids %q: want the failed step's again, then a new one", ids)
 	}
 }
+
+// A step's in-band error carries the ErrorInfo metadata a unary call would (head_seq of a
+// SEQUENCE_MISMATCH, to retry an optimistic append without parsing the message).
+func TestAStepErrorCarriesItsMetadata(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		return []*ctxccv1.CompileStreamResponse{{
+			Response: &ctxccv1.CompileStreamResponse_Error{Error: &ctxccv1.StepError{
+				Code: int32(codes.FailedPrecondition), Reason: "SEQUENCE_MISMATCH", Message: "head moved",
+				Metadata: map[string]string{"head_seq": "7", "expected_last_seq": "5"}}},
+		}}, nil
+	}
+	c := serve(t, s)
+	c.RetryFor = 0
+	st := c.OpenStream(context.Background())
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	_, _, err := st.Step(req, []*ctxccv1.Event{User("one")}, "")
+	e, ok := AsError(err)
+	if !ok || e.Reason != "SEQUENCE_MISMATCH" || e.Metadata["head_seq"] != "7" {
+		t.Fatalf("err = %#v, want SEQUENCE_MISMATCH with head_seq 7", err)
+	}
+}

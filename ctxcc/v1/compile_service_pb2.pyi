@@ -730,10 +730,31 @@ class StepError(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class MetadataEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CODE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     USAGE_REFUSED_FIELD_NUMBER: _builtins.int
+    METADATA_FIELD_NUMBER: _builtins.int
     code: _builtins.int
     """gRPC status code number the unary call would have returned."""
     reason: _builtins.str
@@ -745,6 +766,12 @@ class StepError(_message.Message):
     refused and can never be recorded as it is; `reason` says why. Nothing of the step was
     done: no append, no compile.
     """
+    @_builtins.property
+    def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The ErrorInfo metadata the unary call would have carried (e.g. `head_seq` for
+        SEQUENCE_MISMATCH, `field` and `limit`, `incident` for INTERNAL; README "Errors").
+        """
+
     def __init__(
         self,
         *,
@@ -752,10 +779,11 @@ class StepError(_message.Message):
         reason: _builtins.str = ...,
         message: _builtins.str = ...,
         usage_refused: _builtins.bool = ...,
+        metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "usage_refused", b"usage_refused"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "metadata", b"metadata", "reason", b"reason", "usage_refused", b"usage_refused"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -25,7 +25,7 @@ from server.transport.convert_events import events_in
 from server.transport.convert_misc import usage_in, usage_out
 from server.transport.convert_view import compile_options_in, tagged, varint
 from server.transport.drain import shutting_down
-from server.transport.errors import CODES, internal_error
+from server.transport.errors import CODES, internal_error, shown
 from server.transport.options_memo import OptionsMemo
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
@@ -371,6 +371,8 @@ def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encod
 
 
 def step_error(err: CtxccError) -> pb.StepError:
-    """A step's failure, reported in the step's response: the stream stays open."""
-    code = CODES[err.reason]
-    return pb.StepError(code=code.value[0], reason=err.reason.value, message=err.message)
+    """A step's failure, reported in the step's response: the stream stays open. Its
+    message and metadata as a unary call's status would carry them (cut the same way)."""
+    message, metadata = shown(err)
+    code = CODES[err.reason].value[0]
+    return pb.StepError(code=code, reason=err.reason.value, message=message, metadata=metadata)

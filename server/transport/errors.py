@@ -70,14 +70,20 @@ def _cut(text: str, limit: int) -> str:
 def status_for(err: CtxccError) -> grpc.Status:
     if err.reason in (Reason.RECORD_CORRUPT, Reason.STORAGE_FAILURE):
         log.error("%s: %s", err.reason.value, getattr(err, "detail", err.message))
-    metadata = {k: _cut(v, MAX_METADATA_VALUE) for k, v in err.metadata.items()}
+    message, metadata = shown(err)
     info = error_details_pb2.ErrorInfo(reason=err.reason.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()
     detail.Pack(info)
     code = CODES[err.reason]
-    message = _cut(err.message, MAX_MESSAGE)
     status = status_pb2.Status(code=code.value[0], message=message, details=[detail])
     return rpc_status.to_status(status)
+
+
+def shown(err: CtxccError) -> tuple[str, dict[str, str]]:
+    """The message and metadata of `err` as an answer carries them (a unary call's status
+    or a stream step's StepError): cut to their limits."""
+    metadata = {k: _cut(v, MAX_METADATA_VALUE) for k, v in err.metadata.items()}
+    return _cut(err.message, MAX_MESSAGE), metadata
 
 
 def internal_error(exc: BaseException) -> CtxccError:

@@ -130,6 +130,8 @@ async def test_a_step_tried_again_after_its_compile_failed_appends_once(
             with pytest.raises(CtxccError) as err:
                 await stream.step(bad, events)
             assert err.value.reason == "SEQ_OUT_OF_RANGE"
+            # As a unary call's: the head the compile could have asked for.
+            assert err.value.metadata == {"head_seq": "1"}
             req = cpb.CompileRequest(session_id=sid, route=ROUTE)
             view, appended = await stream.step(req, events)
             assert appended is not None and appended.replayed, appended

@@ -279,6 +279,8 @@ async def test_a_recorded_report_stays_when_the_append_fails(api: Stubs) -> None
             _compile("af"), [user("two")], usage=usage, expected_last_seq=7
         )
         assert answer.error.reason == "SEQUENCE_MISMATCH" and not answer.error.usage_refused
+        # The metadata a unary AppendEvents' ErrorInfo carries: the head to retry against.
+        assert dict(answer.error.metadata) == {"head_seq": "1"}
         assert answer.HasField("usage") and not answer.usage.replayed
         assert answer.usage.error_tokens == 20
         assert await _head(api, "af") == 1

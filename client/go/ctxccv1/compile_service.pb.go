@@ -1362,7 +1362,10 @@ type StepError struct {
 	// True when the step failed because the usage report it carried (StepRequest.usage) was
 	// refused and can never be recorded as it is; `reason` says why. Nothing of the step was
 	// done: no append, no compile.
-	UsageRefused  bool `protobuf:"varint,4,opt,name=usage_refused,json=usageRefused,proto3" json:"usage_refused,omitempty"`
+	UsageRefused bool `protobuf:"varint,4,opt,name=usage_refused,json=usageRefused,proto3" json:"usage_refused,omitempty"`
+	// The ErrorInfo metadata the unary call would have carried (e.g. `head_seq` for
+	// SEQUENCE_MISMATCH, `field` and `limit`, `incident` for INTERNAL; README "Errors").
+	Metadata      map[string]string `protobuf:"bytes,5,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1423,6 +1426,13 @@ func (x *StepError) GetUsageRefused() bool {
 		return x.UsageRefused
 	}
 	return false
+}
+
+func (x *StepError) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
 }
 
 // AppendResult reports a step's append.
@@ -1988,12 +1998,16 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
-	"\x06sha256\x18\x05 \x01(\tR\x06sha256\"v\n" +
+	"\x06sha256\x18\x05 \x01(\tR\x06sha256\"\xf2\x01\n" +
 	"\tStepError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12#\n" +
-	"\rusage_refused\x18\x04 \x01(\bR\fusageRefused\"b\n" +
+	"\rusage_refused\x18\x04 \x01(\bR\fusageRefused\x12=\n" +
+	"\bmetadata\x18\x05 \x03(\v2!.ctxcc.v1.StepError.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"b\n" +
 	"\fAppendResult\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1a\n" +
@@ -2070,7 +2084,7 @@ func file_ctxcc_v1_compile_service_proto_rawDescGZIP() []byte {
 }
 
 var file_ctxcc_v1_compile_service_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_ctxcc_v1_compile_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_ctxcc_v1_compile_service_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_ctxcc_v1_compile_service_proto_goTypes = []any{
 	(ApprovalMode)(0),                // 0: ctxcc.v1.ApprovalMode
 	(ImageMode)(0),                   // 1: ctxcc.v1.ImageMode
@@ -2095,63 +2109,65 @@ var file_ctxcc_v1_compile_service_proto_goTypes = []any{
 	(*CreateCheckpointResponse)(nil), // 20: ctxcc.v1.CreateCheckpointResponse
 	(*ListCheckpointsRequest)(nil),   // 21: ctxcc.v1.ListCheckpointsRequest
 	(*ListCheckpointsResponse)(nil),  // 22: ctxcc.v1.ListCheckpointsResponse
-	(*Route)(nil),                    // 23: ctxcc.v1.Route
-	(SectionKind)(0),                 // 24: ctxcc.v1.SectionKind
-	(RenderFormat)(0),                // 25: ctxcc.v1.RenderFormat
-	(*CompiledView)(nil),             // 26: ctxcc.v1.CompiledView
-	(*Event)(nil),                    // 27: ctxcc.v1.Event
-	(*ViewMessage)(nil),              // 28: ctxcc.v1.ViewMessage
-	(*ViewTool)(nil),                 // 29: ctxcc.v1.ViewTool
-	(*SystemSection)(nil),            // 30: ctxcc.v1.SystemSection
-	(*Checkpoint)(nil),               // 31: ctxcc.v1.Checkpoint
+	nil,                              // 23: ctxcc.v1.StepError.MetadataEntry
+	(*Route)(nil),                    // 24: ctxcc.v1.Route
+	(SectionKind)(0),                 // 25: ctxcc.v1.SectionKind
+	(RenderFormat)(0),                // 26: ctxcc.v1.RenderFormat
+	(*CompiledView)(nil),             // 27: ctxcc.v1.CompiledView
+	(*Event)(nil),                    // 28: ctxcc.v1.Event
+	(*ViewMessage)(nil),              // 29: ctxcc.v1.ViewMessage
+	(*ViewTool)(nil),                 // 30: ctxcc.v1.ViewTool
+	(*SystemSection)(nil),            // 31: ctxcc.v1.SystemSection
+	(*Checkpoint)(nil),               // 32: ctxcc.v1.Checkpoint
 }
 var file_ctxcc_v1_compile_service_proto_depIdxs = []int32{
-	23, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
+	24, // 0: ctxcc.v1.CompileRequest.route:type_name -> ctxcc.v1.Route
 	4,  // 1: ctxcc.v1.CompileRequest.limits:type_name -> ctxcc.v1.ModelLimits
 	0,  // 2: ctxcc.v1.CompileRequest.approval_mode:type_name -> ctxcc.v1.ApprovalMode
 	5,  // 3: ctxcc.v1.CompileRequest.environment:type_name -> ctxcc.v1.Environment
-	24, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
+	25, // 4: ctxcc.v1.CompileRequest.exclude_sections:type_name -> ctxcc.v1.SectionKind
 	1,  // 5: ctxcc.v1.CompileRequest.image_mode:type_name -> ctxcc.v1.ImageMode
-	25, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
-	26, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
+	26, // 6: ctxcc.v1.CompileRequest.render_formats:type_name -> ctxcc.v1.RenderFormat
+	27, // 7: ctxcc.v1.CompileResponse.view:type_name -> ctxcc.v1.CompiledView
 	9,  // 8: ctxcc.v1.CompileStreamRequest.step:type_name -> ctxcc.v1.StepRequest
 	10, // 9: ctxcc.v1.CompileStreamRequest.resume:type_name -> ctxcc.v1.ResumeRequest
-	27, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
+	28, // 10: ctxcc.v1.StepRequest.events:type_name -> ctxcc.v1.Event
 	6,  // 11: ctxcc.v1.StepRequest.compile:type_name -> ctxcc.v1.CompileRequest
 	17, // 12: ctxcc.v1.StepRequest.usage:type_name -> ctxcc.v1.ReportUsageRequest
 	2,  // 13: ctxcc.v1.StepRequest.delta_digest:type_name -> ctxcc.v1.DeltaDigest
 	6,  // 14: ctxcc.v1.ResumeRequest.compile:type_name -> ctxcc.v1.CompileRequest
-	26, // 15: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
+	27, // 15: ctxcc.v1.CompileStreamResponse.view:type_name -> ctxcc.v1.CompiledView
 	14, // 16: ctxcc.v1.CompileStreamResponse.chunk:type_name -> ctxcc.v1.ViewChunk
 	15, // 17: ctxcc.v1.CompileStreamResponse.error:type_name -> ctxcc.v1.StepError
 	12, // 18: ctxcc.v1.CompileStreamResponse.delta:type_name -> ctxcc.v1.ViewDelta
 	16, // 19: ctxcc.v1.CompileStreamResponse.append:type_name -> ctxcc.v1.AppendResult
 	18, // 20: ctxcc.v1.CompileStreamResponse.usage:type_name -> ctxcc.v1.ReportUsageResponse
-	26, // 21: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
-	28, // 22: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
+	27, // 21: ctxcc.v1.ViewDelta.head:type_name -> ctxcc.v1.CompiledView
+	29, // 22: ctxcc.v1.ViewDelta.appended_messages:type_name -> ctxcc.v1.ViewMessage
 	13, // 23: ctxcc.v1.ViewDelta.sections:type_name -> ctxcc.v1.SectionSlot
-	29, // 24: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
-	30, // 25: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
-	23, // 26: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
-	31, // 27: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	3,  // 28: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
-	31, // 29: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
-	31, // 30: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
-	6,  // 31: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
-	8,  // 32: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
-	17, // 33: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
-	19, // 34: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
-	21, // 35: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
-	7,  // 36: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
-	11, // 37: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
-	18, // 38: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
-	20, // 39: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
-	22, // 40: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
-	36, // [36:41] is the sub-list for method output_type
-	31, // [31:36] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	30, // 24: ctxcc.v1.ViewDelta.tools:type_name -> ctxcc.v1.ViewTool
+	31, // 25: ctxcc.v1.SectionSlot.section:type_name -> ctxcc.v1.SystemSection
+	23, // 26: ctxcc.v1.StepError.metadata:type_name -> ctxcc.v1.StepError.MetadataEntry
+	24, // 27: ctxcc.v1.ReportUsageRequest.route:type_name -> ctxcc.v1.Route
+	32, // 28: ctxcc.v1.CreateCheckpointRequest.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	3,  // 29: ctxcc.v1.CreateCheckpointRequest.covered_digest_mode:type_name -> ctxcc.v1.CoveredDigestMode
+	32, // 30: ctxcc.v1.CreateCheckpointResponse.checkpoint:type_name -> ctxcc.v1.Checkpoint
+	32, // 31: ctxcc.v1.ListCheckpointsResponse.checkpoints:type_name -> ctxcc.v1.Checkpoint
+	6,  // 32: ctxcc.v1.CompileService.Compile:input_type -> ctxcc.v1.CompileRequest
+	8,  // 33: ctxcc.v1.CompileService.CompileStream:input_type -> ctxcc.v1.CompileStreamRequest
+	17, // 34: ctxcc.v1.CompileService.ReportUsage:input_type -> ctxcc.v1.ReportUsageRequest
+	19, // 35: ctxcc.v1.CompileService.CreateCheckpoint:input_type -> ctxcc.v1.CreateCheckpointRequest
+	21, // 36: ctxcc.v1.CompileService.ListCheckpoints:input_type -> ctxcc.v1.ListCheckpointsRequest
+	7,  // 37: ctxcc.v1.CompileService.Compile:output_type -> ctxcc.v1.CompileResponse
+	11, // 38: ctxcc.v1.CompileService.CompileStream:output_type -> ctxcc.v1.CompileStreamResponse
+	18, // 39: ctxcc.v1.CompileService.ReportUsage:output_type -> ctxcc.v1.ReportUsageResponse
+	20, // 40: ctxcc.v1.CompileService.CreateCheckpoint:output_type -> ctxcc.v1.CreateCheckpointResponse
+	22, // 41: ctxcc.v1.CompileService.ListCheckpoints:output_type -> ctxcc.v1.ListCheckpointsResponse
+	37, // [37:42] is the sub-list for method output_type
+	32, // [32:37] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_compile_service_proto_init() }
@@ -2185,7 +2201,7 @@ func file_ctxcc_v1_compile_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_ctxcc_v1_compile_service_proto_rawDesc), len(file_ctxcc_v1_compile_service_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   19,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

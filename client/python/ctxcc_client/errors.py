@@ -48,7 +48,8 @@ def from_rpc_error(err: grpc.RpcError) -> CtxccError:
 def from_step_error(err: cpb.StepError) -> CtxccError:
     """A step's in-band error (the stream stays open) as the same typed error."""
     code = next((c for c in grpc.StatusCode if c.value[0] == err.code), grpc.StatusCode.UNKNOWN)
-    return CtxccError(code, err.reason, err.message, {}, usage_refused=err.usage_refused)
+    metadata = dict(err.metadata)  # empty from a daemon before StepError.metadata
+    return CtxccError(code, err.reason, err.message, metadata, usage_refused=err.usage_refused)
 
 
 def stream_ended() -> CtxccError:

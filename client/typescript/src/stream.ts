@@ -376,7 +376,7 @@ export class Stream {
       if (resp.$case === "delta") return { delta: resp.value, append };
       if (resp.$case === "error") {
         const e = resp.value;
-        throw new CtxccError(e.code, e.reason, e.message, {}, e.usageRefused);
+        throw new CtxccError(e.code, e.reason, e.message, e.metadata, e.usageRefused);
       }
       const chunk = resp.value;
       // A chunk that does not fit its view is an error of the step, not a wait for

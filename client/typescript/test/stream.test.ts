@@ -232,7 +232,12 @@ test("a step that failed in-band keeps its request id for the same events; the n
   const { got, client, stop } = await scripted((n) => {
     if (n === 1) {
       // The compile failed after the append (over the daemon's CPU budget, say).
-      const error = { code: grpc.status.RESOURCE_EXHAUSTED, reason: "QUOTA_EXCEEDED", message: "over budget" };
+      const error = {
+        code: grpc.status.RESOURCE_EXHAUSTED,
+        reason: "QUOTA_EXCEEDED",
+        message: "over budget",
+        metadata: { quota: "compile_cpu_budget_ms", limit: "30000" },
+      };
       return [CompileStreamResponse.fromPartial({ response: { $case: "error", value: error }, append: { firstSeq: 1, lastSeq: 1 } })];
     }
     return whole(v1.view);
@@ -241,7 +246,11 @@ test("a step that failed in-band keeps its request id for the same events; the n
   try {
     const compile = { sessionId: v1.view.sessionId };
     const events = [user("one")];
-    await assert.rejects(stream.step(compile, events), (err: CtxccError) => err.reason === "QUOTA_EXCEEDED");
+    await assert.rejects(
+      stream.step(compile, events),
+      (err: CtxccError) => err.reason === "QUOTA_EXCEEDED" && err.metadata.limit === "30000",
+      "a step's error carries the metadata a unary call's would",
+    );
     await stream.step(compile, events);
     await stream.step(compile, events);
     const ids = got.map((r) => (r.req.request?.$case === "step" ? r.req.request.value.requestId : "?"));

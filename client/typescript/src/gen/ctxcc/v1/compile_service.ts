@@ -553,6 +553,16 @@ export interface StepError {
    * done: no append, no compile.
    */
   usageRefused: boolean;
+  /**
+   * The ErrorInfo metadata the unary call would have carried (e.g. `head_seq` for
+   * SEQUENCE_MISMATCH, `field` and `limit`, `incident` for INTERNAL; README "Errors").
+   */
+  metadata: { [key: string]: string };
+}
+
+export interface StepError_MetadataEntry {
+  key: string;
+  value: string;
 }
 
 /** AppendResult reports a step's append. */
@@ -2380,7 +2390,7 @@ export const ViewChunk: MessageFns<ViewChunk> = {
 };
 
 function createBaseStepError(): StepError {
-  return { code: 0, reason: "", message: "", usageRefused: false };
+  return { code: 0, reason: "", message: "", usageRefused: false, metadata: {} };
 }
 
 export const StepError: MessageFns<StepError> = {
@@ -2397,6 +2407,9 @@ export const StepError: MessageFns<StepError> = {
     if (message.usageRefused !== false) {
       writer.uint32(32).bool(message.usageRefused);
     }
+    globalThis.Object.entries(message.metadata).forEach(([key, value]: [string, string]) => {
+      StepError_MetadataEntry.encode({ key: key as any, value }, writer.uint32(42).fork()).join();
+    });
     return writer;
   },
 
@@ -2445,6 +2458,17 @@ export const StepError: MessageFns<StepError> = {
             message.usageRefused = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            const entry5 = StepError_MetadataEntry.decode(reader, reader.uint32());
+            if (entry5.value !== undefined) {
+              message.metadata[entry5.key] = entry5.value;
+            }
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2467,6 +2491,20 @@ export const StepError: MessageFns<StepError> = {
         : isSet(object.usage_refused)
         ? globalThis.Boolean(object.usage_refused)
         : false,
+      metadata: isObject(object.metadata)
+        ? (globalThis.Object.entries(object.metadata) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
     };
   },
 
@@ -2484,6 +2522,15 @@ export const StepError: MessageFns<StepError> = {
     if (message.usageRefused !== false) {
       obj.usageRefused = message.usageRefused;
     }
+    if (message.metadata) {
+      const entries = globalThis.Object.entries(message.metadata) as [string, string][];
+      if (entries.length > 0) {
+        obj.metadata = {};
+        entries.forEach(([k, v]) => {
+          obj.metadata[k] = v;
+        });
+      }
+    }
     return obj;
   },
 
@@ -2496,6 +2543,100 @@ export const StepError: MessageFns<StepError> = {
     message.reason = object.reason ?? "";
     message.message = object.message ?? "";
     message.usageRefused = object.usageRefused ?? false;
+    message.metadata = (globalThis.Object.entries(object.metadata ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    return message;
+  },
+};
+
+function createBaseStepError_MetadataEntry(): StepError_MetadataEntry {
+  return { key: "", value: "" };
+}
+
+export const StepError_MetadataEntry: MessageFns<StepError_MetadataEntry> = {
+  encode(message: StepError_MetadataEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StepError_MetadataEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStepError_MetadataEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StepError_MetadataEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: StepError_MetadataEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StepError_MetadataEntry>, I>>(base?: I): StepError_MetadataEntry {
+    return StepError_MetadataEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StepError_MetadataEntry>, I>>(object: I): StepError_MetadataEntry {
+    const message = createBaseStepError_MetadataEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
     return message;
   },
 };
@@ -3556,6 +3697,10 @@ function longToNumber(int64: { toString(): string }): number {
     throw new globalThis.Error("Value is smaller than Number.MIN_SAFE_INTEGER");
   }
   return num;
+}
+
+function isObject(value: any): boolean {
+  return typeof value === "object" && value !== null;
 }
 
 function isSet(value: any): boolean {
