@@ -122,7 +122,7 @@ class InputAssembler:
         the session as the memo was found for it (the memo is of that session only: read
         again, it may be another one made under the same id since)."""
         if session is None:
-            session = self._store.get_session(opts.session_id)
+            session = self._session(opts)
         if opts.as_of_seq > session.head_seq:
             raise CtxccError(
                 Reason.SEQ_OUT_OF_RANGE,
@@ -133,6 +133,19 @@ class InputAssembler:
         if found is not None and opts.rebuild_compile_id:
             return session, *self._rebuilt_inputs(session, *found)
         return session, *self._inputs(opts, session, found, memo)
+
+    def _session(self, opts: CompileOptions) -> Session:
+        try:
+            return self._store.get_session(opts.session_id)
+        except CtxccError as err:
+            if err.reason is not Reason.SESSION_NOT_FOUND or not opts.rebuild_compile_id:
+                raise
+            # A rebuild names its compile, not a session (proto: COMPILE_NOT_FOUND).
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {opts.rebuild_compile_id!r} is not found: its session is not",
+                compile_id=opts.rebuild_compile_id,
+            ) from None
 
     def _rebuilt_inputs(
         self, session: Session, old: Recalled, record: CompileRecord

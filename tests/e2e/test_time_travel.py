@@ -311,6 +311,8 @@ def test_rebuild_errors(api: Api) -> None:
     for bad, reason in [
         (cpb.CompileRequest(rebuild_compile_id=h.sid + ":00ff"), "COMPILE_NOT_FOUND"),
         (cpb.CompileRequest(rebuild_compile_id=h.sid + ":\xff"), "COMPILE_NOT_FOUND"),
+        # A session that does not exist: its compile is not found either (proto).
+        (cpb.CompileRequest(rebuild_compile_id="no-such-session:00ff"), "COMPILE_NOT_FOUND"),
         (cpb.CompileRequest(session_id="other", rebuild_compile_id=compile_id), "INVALID_FIELD"),
     ]:
         with pytest.raises(grpc.RpcError) as exc:
