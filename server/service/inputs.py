@@ -9,6 +9,7 @@ basis, so its view comes back byte for byte (see basis.py).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -34,6 +35,8 @@ from server.service.sources import SourceUseCases
 
 if TYPE_CHECKING:
     from server.service.compile_types import CompileOptions, CompilerSettings
+
+log = logging.getLogger("ctxcc.inputs")
 
 # Reported token counts above this are refused: no model reads that much, and a
 # baseline this large would overflow the 32-bit estimates of every later compile.
@@ -288,7 +291,22 @@ class InputAssembler:
         return self._kept_sources.get(session, key, read)
 
     def _route_state(self, opts: CompileOptions) -> RouteState | None:
-        state = self._store.get_route_state(opts.session_id, opts.route.route_id)
+        try:
+            state = self._store.get_route_state(opts.session_id, opts.route.route_id)
+        except CtxccError as err:
+            if err.reason is not Reason.RECORD_CORRUPT:
+                raise
+            # A baseline is learned from a usage report, like the route model: a damaged
+            # one (or one whose compile record is gone) is as good as none. The compile
+            # estimates afresh and the next report writes a new one, instead of every
+            # compile of the session on the route failing DATA_LOSS.
+            log.warning(
+                "route state of %s on %s ignored: %s",
+                opts.session_id,
+                opts.route.route_id,
+                getattr(err, "detail", err.message),
+            )
+            return None
         if state is not None and state.baseline_input_tokens > MAX_USAGE_TOKENS:
             return None  # stored before reports were bounded: estimate afresh
         return state
