@@ -127,20 +127,25 @@ async def test_over_budget_is_compiled_and_sent_anyway(api: Stubs) -> None:
     assert view.budget.utilization > 1 and len(view.messages) == 1  # still the whole view
 
 
-async def test_builtin_compaction_shortens_old_tool_results(api: Stubs) -> None:
+async def _big_result_session(api: Stubs, sid: str) -> tuple[str, cpb.CompileRequest]:
+    """A session whose old tool result a built-in compaction shortens, and a compile
+    request over a window it does not fit."""
     big = "\n".join(f"row {i} " + "zq" * 30 for i in range(300))
     await _session(
         api,
-        "bc",
+        sid,
         user("inspect the table"),
         assistant("", ("c1", "sql", "{}")),
         tool_result("c1", big),
         assistant("Done."),
         user("now summarise"),
     )
-    req = cpb.CompileRequest(
-        session_id="bc", route=ROUTE, limits=cpb.ModelLimits(context_window=1_500)
-    )
+    limits = cpb.ModelLimits(context_window=1_500)
+    return big, cpb.CompileRequest(session_id=sid, route=ROUTE, limits=limits)
+
+
+async def test_builtin_compaction_shortens_old_tool_results(api: Stubs) -> None:
+    big, req = await _big_result_session(api, "bc")
     view = (await api.compiles.Compile(req)).view
     assert view.checkpoint_id, "a built-in checkpoint was made and used"
     tool = next(m for m in view.messages if m.role == event_pb2.MESSAGE_ROLE_TOOL)
@@ -179,19 +184,7 @@ async def test_the_walks_for_a_builtin_compaction_run_off_the_event_loop(
 
     monkeypatch.setattr(compiling, "working_set_start", on_thread(working_set_start))
     monkeypatch.setattr(compiling, "has_elidable", on_thread(has_elidable))
-    big = "\n".join(f"row {i} " + "zq" * 30 for i in range(300))
-    await _session(
-        api,
-        "bt",
-        user("inspect the table"),
-        assistant("", ("c1", "sql", "{}")),
-        tool_result("c1", big),
-        assistant("Done."),
-        user("now summarise"),
-    )
-    req = cpb.CompileRequest(
-        session_id="bt", route=ROUTE, limits=cpb.ModelLimits(context_window=1_500)
-    )
+    _, req = await _big_result_session(api, "bt")
     view = (await api.compiles.Compile(req)).view
     assert view.checkpoint_id, "a built-in checkpoint was made and used"
     assert len(seen) >= 2 and loop_thread not in seen
