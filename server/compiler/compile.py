@@ -260,6 +260,18 @@ def _scan_notes(named: FoundPaths) -> tuple[str, ...]:
     return (f"rule globs were matched against the first {len(named.paths)} paths named",)
 
 
+def _window_notes(inputs: CompileInputs) -> tuple[str, ...]:
+    """A window known neither to the catalog nor from the request is budgeted by R-BUD-4's
+    defaults: said in the view, since a misspelt model name ends up here too."""
+    if inputs.limits.context_window > 0:
+        return ()
+    return (
+        f"the context window of model {inputs.route.model!r} is unknown (not in the "
+        "catalog, and the request's limits give none): budgeted with the unknown-window "
+        "watermark and reserve",
+    )
+
+
 def native_state_tokens(state: NativeState | None) -> int:
     # Opaque bytes: providers bill what the state stands for, unknowable here; its size
     # at ~4 bytes a token is the conservative stand-in (R-EST-3).
@@ -413,7 +425,8 @@ def compile_incremental(
         notes=built.notes
         + _scan_notes(named)
         + projection.notes
-        + ((cap_note,) if cap_note else ()),
+        + ((cap_note,) if cap_note else ())
+        + _window_notes(inputs),
         basis=basis,
         compaction=compaction,
     )

@@ -113,8 +113,13 @@ async def test_limits_overrides_and_unknown_models(api: Stubs) -> None:
     )
     assert (await api.compiles.Compile(small)).view.budget.output_reserve == 8_192
     unknown = cpb.CompileRequest(session_id="lim", route=common_pb2.Route(model="my-own-model"))
-    b = (await api.compiles.Compile(unknown)).view.budget
+    guessed = (await api.compiles.Compile(unknown)).view
+    b = guessed.budget
     assert b.window_unknown and (b.history_high_watermark, b.output_reserve) == (32_768, 16_384)
+    # Said in the view: a misspelt model name is budgeted the same way.
+    assert any("'my-own-model' is unknown" in n for n in guessed.notes)
+    known = (await api.compiles.Compile(small)).view
+    assert not any("is unknown" in n for n in known.notes)
 
 
 async def test_over_budget_is_compiled_and_sent_anyway(api: Stubs) -> None:
