@@ -42,6 +42,7 @@ from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.config import Config, ConfigError
 from server.domain.catalog import TOKENIZER_TABLES
+from server.domain.table_chunks import Splitter
 from server.service.artifacts import ArtifactUseCases
 from server.service.blocking import Blocking
 from server.service.checkpoints import CheckpointUseCases
@@ -133,7 +134,10 @@ class Daemon:
             on_write=self.telemetry.storage_write,
             reserve_bytes=cfg.disk_reserve_bytes,
         )
-        store = KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes))
+        # One splitter for the store and the compiles: see CompileUseCases.
+        store = KVEventStore(
+            kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes), splitter := Splitter()
+        )
         self._store = store
         self.telemetry.watch_store(store.count_sessions, store.footprint)
         self.telemetry.watch_tokenizers(TOKENIZER_TABLES, loaded_tokenizers)
@@ -189,6 +193,7 @@ class Daemon:
             self.telemetry,
             sources,
             checkpoints,
+            splitter,
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
 

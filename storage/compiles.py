@@ -117,11 +117,12 @@ class CompileRecords(StoreCore):
         sid, suffix = split_compile_id(record.compile_id)
         stored, chunks = self._split(sid, record)
         encoded = encode_value(stored)
-        parts = parts + chunks
+        parts = self._unstaged(sid, parts) + chunks
         # A compile record lost in a machine crash only turns its usage report into
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
-        keys = self._stage_parts(batch, sid, parts)  # a repeat names none
+        # A repeat names none; the record's own basis is looked for only in `_parts`.
+        keys = self._stage_parts(batch, sid, parts, record.basis_digest)
         record_key, last_key = session_key(sid, suffix), session_key(sid, LAST_COMPILE)
         batch.put("compiles", record_key, encoded)
         batch.put("compiles", last_key, encoded)
@@ -157,18 +158,23 @@ class CompileRecords(StoreCore):
         return True
 
     def _stage_parts(
-        self, batch: Batch, sid: str, parts: tuple[tuple[str, object], ...]
+        self, batch: Batch, sid: str, parts: tuple[tuple[str, object], ...], new: str = ""
     ) -> list[bytes]:
         """Puts the parts not known to be stored into `batch`; their keys, to be marked
-        known once the batch is written (under the session's lock)."""
+        known once the batch is written (under the session's lock). The part named `new`
+        is put unless known, without reading the store for it: a compile's basis holds
+        its route state and model, which a report changes at every step, so that read
+        (a miss through every level's filter) nearly always found nothing; a basis that
+        was stored after all is written again as the same bytes under the same name."""
         keys = [session_key(sid, PART + digest.encode()) for digest, _ in parts]
         if keys:
             with self._sources_lock:
                 known = [key in self._parts for key in keys]
-            for key, (_, value), stored in zip(keys, parts, known, strict=True):
-                if not stored and self._kv.get("compiles", key) is None:
-                    made = value.cut() if isinstance(value, PendingChunk) else value
-                    batch.put("compiles", key, encode_value(made))
+            for key, (digest, value), stored in zip(keys, parts, known, strict=True):
+                if stored or (digest != new and self._kv.get("compiles", key) is not None):
+                    continue
+                made = value.cut() if isinstance(value, PendingChunk) else value
+                batch.put("compiles", key, encode_value(made))
         return keys
 
     def _split(self, sid: str, value: Tabled) -> tuple[Tabled, tuple[tuple[str, object], ...]]:
@@ -181,6 +187,22 @@ class CompileRecords(StoreCore):
             if self._staged.get(sid) == written.table_chunks:
                 return written, ()
         return written, pending(split)
+
+    def _unstaged(
+        self, sid: str, parts: tuple[tuple[str, object], ...]
+    ) -> tuple[tuple[str, object], ...]:
+        """`parts` without the chunks of a table whose chunks are all those last written
+        for the session (see `_split`): a compile's basis names the chunks of its route
+        state's table, nearly always the table of the record the step before wrote."""
+        with self._sources_lock:
+            staged = self._staged.get(sid)
+        if not staged:
+            return parts
+        return tuple(
+            part
+            for part in parts
+            if not (isinstance(part[1], PendingChunk) and part[1].split.names == staged)
+        )
 
     def _staged_now(self, sid: str, written: CompileRecord | RouteState) -> None:
         """After a write (under the session's lock): the chunks `written` names are stored."""

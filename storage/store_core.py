@@ -41,7 +41,9 @@ class StoreLimits:
 
 
 class StoreCore:
-    def __init__(self, kv: KV, limits: StoreLimits | None = None) -> None:
+    def __init__(
+        self, kv: KV, limits: StoreLimits | None = None, splitter: Splitter | None = None
+    ) -> None:
         self._kv = kv
         self.limits = limits or StoreLimits()
         self.opened_schema_version = ensure_schema(kv)
@@ -61,8 +63,11 @@ class StoreCore:
         # Per session, the table chunk names last written with its records (all stored):
         # a step's records name the same chunks several times over.
         self._staged: OrderedDict[str, tuple[str, ...]] = OrderedDict()
-        # Names of the per-message table chunks records are written with.
-        self._splitter = Splitter()
+        # Names of the per-message table chunks records are written with: the compiles'
+        # own (see CompileUseCases), so that the basis of a step's compile, which holds
+        # the table of the record the step before wrote, finds that table's split by
+        # identity instead of comparing it, thousands of entries, with an earlier one.
+        self._splitter = splitter or Splitter()
         # Bumped by every write (through `_write`), so the service can keep what a
         # compile read for as long as nothing it read was written.
         self._generations = Generations()

@@ -130,6 +130,15 @@ class Splitter:
 
 def _same_start(old: Split, digests: bytes, tokens: tuple[int, ...], chunks: int) -> bool:
     """Whether a table starts with the first `chunks` chunks of `old`'s."""
+    rows = len(old.whole_tokens)
+    # Usually the table is `old`'s with rows added: compared with the whole of `old`'s,
+    # one slice of it is made instead of two (a step's table holds thousands of rows).
+    if (
+        rows <= len(tokens)
+        and old.whole_digests == digests[: rows * _WIDTH]
+        and old.whole_tokens == tokens[:rows]
+    ):
+        return True
     n = chunks * CHUNK
     return (
         old.whole_digests[: n * _WIDTH] == digests[: n * _WIDTH]

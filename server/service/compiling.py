@@ -86,6 +86,7 @@ class CompileUseCases:
         telemetry: Telemetry,
         sources: SourceUseCases,
         checkpoints: CheckpointUseCases,
+        splitter: Splitter | None = None,
     ) -> None:
         self._store = store
         self._blocking = blocking
@@ -102,8 +103,10 @@ class CompileUseCases:
             store, self._loader, sources, catalog, settings, clock, ids
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
-        # Names the chunks of the route state's table in each compile's basis.
-        self._splitter = Splitter()
+        # Names the chunks of the route state's table in each compile's basis: the
+        # store's splitter (`splitter`) has split that table already, when it wrote the
+        # record whose table the route state names.
+        self._splitter = splitter or Splitter()
         self._digests = PartDigests()
         # Per session (id, creation, first event loaded): the seq through which its
         # events hold nothing the built-in compaction could shorten.

@@ -17,11 +17,11 @@ from ctxcc.storage.v1 import records_pb2
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Route, Session
 from server.domain.records import CompileRecord, RouteState, Usage, UsagePlan
-from server.domain.table_chunks import CHUNK
+from server.domain.table_chunks import CHUNK, TableChunk
 from storage import KVEventStore, MemoryKV, open_rocks
 from storage.codec import encode_value
 from storage.keys import AT_BOUNDARY, LAST_COMPILE, PART, be64, session_key
-from storage.kv import Batch
+from storage.kv import KV, Batch
 
 ROUTE = Route(model="m")
 
@@ -220,3 +220,71 @@ def test_chunks_are_stored_again_for_a_session_made_again(store: KVEventStore) -
     twin = KVEventStore(store._kv)
     assert twin.get_compile("s:e2") == replace(again, usage=Usage(120, 30))
     assert twin.get_route_state("s", ROUTE.route_id) == state_of(again)
+
+
+class _CountedGets:
+    """The store's engine, with the keys it was asked for and the batches it wrote."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+        self.asked: list[bytes] = []
+        self.written: list[Batch] = []
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        self.asked.append(key)
+        return self.kv.get(cf, key)
+
+    def write(self, batch: Batch) -> None:
+        self.written.append(batch)
+        self.kv.write(batch)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kv, name)
+
+
+def test_a_compiles_basis_is_written_without_looking_for_it(store: KVEventStore) -> None:
+    """A compile's basis (new with nearly every compile) is put without a read of its key;
+    one stored already is written again as the same bytes. Other parts are looked for,
+    and a part stored already is not written again."""
+    counted = _CountedGets(store._kv)
+    st = KVEventStore(counted)  # type: ignore[arg-type]
+    other = ("0" * 32, Usage(1, 1))
+    basis = ("b" * 32, Usage(7, 3))
+    rec = replace(record("s:f1", *table(10)), basis_digest=basis[0])
+    st.put_compile(rec, (other, basis))
+    other_key = session_key("s", PART + other[0].encode())
+    basis_key = session_key("s", PART + basis[0].encode())
+    assert other_key in counted.asked and basis_key not in counted.asked
+    assert counted.kv.get("compiles", basis_key) == encode_value(basis[1])
+    # A store that does not know the parts are stored (a restart): the basis is put again
+    # with the same bytes, the other part is read and not written again.
+    counted.written.clear()
+    again = KVEventStore(counted)  # type: ignore[arg-type]
+    again.put_compile(replace(rec, compile_id="s:f2"), (other, basis))
+    puts = {key: value for b in counted.written for _, key, value in b.puts}
+    assert puts[basis_key] == encode_value(basis[1]) and other_key not in puts
+    assert counted.kv.get("compiles", basis_key) == encode_value(basis[1])
+
+
+def test_a_basis_names_the_chunks_its_record_before_wrote_once(store: KVEventStore) -> None:
+    """The chunks of the route state's table a basis names are those the record the
+    step before wrote: they are not looked for again; chunks of another table are."""
+    from server.domain.table_chunks import pending
+
+    digests, tokens = table(2 * CHUNK + 9)
+    first = record("s:g1", digests, tokens)
+    store.put_compile(first)
+    split = store._splitter.split(digests, tokens)
+    staged = pending(split)
+    counted = _CountedGets(store._kv)
+    store._kv = counted  # type: ignore[assignment]
+    store._parts.clear()  # else found known, read or not
+    store.put_compile(record("s:g2", digests, tokens, boundary=2), staged)
+    chunk_keys = {session_key("s", PART + name.encode()) for name in split.names}
+    assert not chunk_keys & set(counted.asked)
+    # A table whose chunks the session did not just write: its chunks are stored.
+    other_digests, other_tokens = table(2 * CHUNK, seed=5)
+    other = pending(store._splitter.split(other_digests, other_tokens))
+    store.put_compile(record("s:g3", digests, tokens, boundary=3), other)
+    for name, _ in other:
+        assert store.get_compile_part("s", name, TableChunk) is not None

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ctxcc.v1 import checkpoint_pb2, event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from server.domain import table_chunks
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import ROUTE, assistant, compile_request, tool_result, user
 
@@ -91,6 +94,45 @@ async def test_long_tables_estimate_and_rebuild_the_same_after_a_restart(short_t
             m.SerializeToString() for m in kept.messages
         ]
         for view in [*recorded, read_back]:
+            again = await api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+            )
+            assert again.view.SerializeToString() == view.SerializeToString()
+    finally:
+        await api.channel.close()
+        await d.stop()
+
+
+async def test_a_step_compares_its_table_with_an_earlier_one_once(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The basis of a step's compile holds its route state's table, the reported record's:
+    the store split that table when it wrote the record, so the compile finds that split
+    (the daemon has one splitter) and only the new record's table is compared, thousands
+    of entries, with the table before it. Every compile still rebuilds byte for byte."""
+    compared: list[int] = []
+    same_start = table_chunks._same_start
+
+    def counted(old: table_chunks.Split, digests: bytes, tokens: tuple[int, ...], n: int) -> bool:
+        compared.append(len(tokens))
+        return same_start(old, digests, tokens, n)
+
+    monkeypatch.setattr(table_chunks, "_same_start", counted)
+    d = Daemon(make_config(short_tmp, time_granularity="86400"))
+    await d.start()
+    api = stubs_for(str(d.endpoints.tcp))
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
+        )
+        await _append(api, [user("start the long task"), *_pairs("a", 300)])
+        recorded = [await _reported(api, 41)]
+        for k in range(4):
+            await _append(api, _pairs(f"b{k}", 1))
+            compared.clear()
+            recorded.append(await _reported(api, 57 + k))
+            assert len(compared) == 1
+        for view in recorded:
             again = await api.compiles.Compile(
                 cpb.CompileRequest(rebuild_compile_id=view.compile_id)
             )
