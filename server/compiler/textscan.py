@@ -245,11 +245,15 @@ def _finite(text: str) -> float:
     return value
 
 
+# One decoder: json.loads with options makes a new one at every call.
+_STRICT = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+
+
 def loads_strict(text: str) -> object:
     """`json.loads` of JSON as RFC 8259 has it: Python also reads NaN, Infinity and
     -Infinity (and a number too large for a double as infinity) and writes them back as
     such, which no provider's parser takes: a body carrying one is refused whole."""
-    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    return _STRICT.decode(text)
 
 
 def parse_json(text: str, max_depth: int = MAX_JSON_DEPTH) -> tuple[bool, object]:
