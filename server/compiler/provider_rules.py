@@ -29,7 +29,9 @@ def _arguments_object(arguments_json: str) -> str | None:
     that carries it."""
     if not arguments_json:
         return None
-    text = arguments_json.strip()
+    # JSON's own whitespace only: str.strip() also takes a form feed or an ideographic
+    # space, which no JSON parser (nor the renderers, which read the text as it is) skips.
+    text = arguments_json.strip(" \t\n\r")
     if not (text.startswith("{") and text.endswith("}")):
         ok, value = False, None
     elif text.count("{") + text.count("[") < MAX_JSON_DEPTH:

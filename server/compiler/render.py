@@ -54,11 +54,16 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 def render(view: CompiledView, fmt: RenderFormat, data: Mapping[str, bytes] | None = None) -> str:
     """The body as compact JSON text."""
     body = render_body(view, fmt, data)
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    return surrogates_escaped(json.dumps(body, ensure_ascii=False, separators=(",", ":")))
+
+
+def surrogates_escaped(text: str) -> str:
+    """JSON text written with non-ASCII kept, with each lone surrogate as its escape.
+
+    A client's JSON may escape a lone surrogate ("\\ud800" in a tool schema or a call's
+    arguments, which the renderers parse): valid JSON, but no character UTF-8 can carry.
+    Written back as the escape it came as (inside a string, where json.dumps put it), the
+    text is still valid JSON of the same value, and encodable."""
     if text.isascii() or not _SURROGATE.search(text):
         return text
-    # A client's JSON may escape a lone surrogate ("\ud800" in a tool schema or a call's
-    # arguments, which the renderers parse): valid JSON, but no character UTF-8 can
-    # carry. Written back as the escape it came as (inside a string, where json.dumps
-    # put it), the body is still valid JSON of the same value, and encodable.
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -6,7 +6,7 @@ import enum
 import json
 import time
 
-from server.compiler.render import RenderFormat
+from server.compiler.render import RenderFormat, surrogates_escaped
 from server.compiler.view import VOLATILE_SECTIONS, Decision, FallbackReason, Layer, SectionKind
 from server.domain.model import (
     AssistantMessage,
@@ -101,7 +101,7 @@ def _cut(value: object) -> object:
 def pretty_body(body: str) -> str:
     """The rendered provider body, indented, with very long strings (image data) cut."""
     try:
-        text = json.dumps(_cut(json.loads(body)), indent=2, ensure_ascii=False)
+        text = surrogates_escaped(json.dumps(_cut(json.loads(body)), indent=2, ensure_ascii=False))
     except ValueError:
         text = body
     if len(text) > MAX_BODY_CHARS:

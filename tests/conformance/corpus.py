@@ -250,10 +250,15 @@ async def build(api: Stubs) -> list[Case]:
             ("m1", "Edit", "{not json"),
             ("m2", "Edit", "[1, 2]"),
             ("m3", "Edit", '{"line": NaN, "to": 1e400}'),
+            # Whitespace JSON has not (str.strip() takes it away, no JSON parser does).
+            ("m4", "Edit", '{"line": 4}\x0c'),
+            ("m5", "Edit", '\u3000{"line": 5}'),
         ),
         tool_result("m1", "error: bad arguments", "Edit"),
         tool_result("m2", "error: bad arguments", "Edit"),
         tool_result("m3", "error: bad arguments", "Edit"),
+        tool_result("m4", "error: bad arguments", "Edit"),
+        tool_result("m5", "error: bad arguments", "Edit"),
     )
     await b.compile("malformed arguments", "malformed")
 

@@ -300,7 +300,7 @@ def test_content_survives_in_every_format(corpus: list[Case]) -> None:
         text = json.dumps(body)
         assert "iVBORw0KGgo" not in text and "the model does not accept images" in text, fmt
     malformed = by["malformed arguments"]
-    assert sum("not a JSON object" in n for n in malformed.view.notes) == 3
+    assert sum("not a JSON object" in n for n in malformed.view.notes) == 5
     for fmt, body in malformed.bodies.items():
         assert "invalid_arguments" in json.dumps(body), fmt
     before = by["deferred tool not yet active"]

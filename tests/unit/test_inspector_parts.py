@@ -3,6 +3,7 @@ before the timeline's figures existed, and the chart arithmetic."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from server.config import ConfigError, resolve
 from server.domain.model import Route
 from server.domain.records import CompileRecord, Usage
 from server.service.watch import Closed, WatchHub
-from server.web import charts
+from server.web import charts, present
 from storage.codec import decode_value, encode_value
 
 
@@ -117,3 +118,14 @@ async def test_a_watcher_subscribing_during_shutdown_ends_at_once() -> None:
         assert isinstance(early.queue.get_nowait(), Closed)
     async with hub.subscribe("s") as late:
         assert isinstance(late.queue.get_nowait(), Closed)
+
+
+def test_a_body_with_an_escaped_lone_surrogate_is_shown_and_stays_encodable() -> None:
+    """The step page shows a rendered body indented: read back and written with non-ASCII
+    kept, the escape of a lone surrogate a client sent (the body keeps it escaped) became
+    a character no UTF-8 page can carry, and the page failed 500."""
+    body = '{"input":{"cmd":"\\ud800 and é"}}'
+    shown = present.pretty_body(body)
+    shown.encode()  # raises UnicodeEncodeError when a surrogate is left in
+    assert "\\ud800" in shown and "é" in shown
+    assert json.loads(shown) == json.loads(body)
