@@ -10,6 +10,11 @@ from server.domain.errors import CtxccError, Reason, invalid
 _ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
+def is_id(value: str) -> bool:
+    """Whether `value` is a well-formed id (session, event, request...)."""
+    return _ID.fullmatch(value) is not None
+
+
 def check_id(field: str, value: str, *, required: bool = True) -> str:
     if not value and not required:
         return value

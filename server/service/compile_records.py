@@ -19,7 +19,7 @@ from server.domain.catalog import ModelInfo
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import CompileRecord
 from server.domain.table_chunks import Splitter
-from server.domain.validation import check_id, check_path_form, check_route_fields
+from server.domain.validation import check_id, check_path_form, check_route_fields, is_id
 from server.service.basis import PartDigests, SettingsPart, basis_of
 from server.service.compile_types import CompileOptions, route_fields
 from server.service.inputs import is_recorded
@@ -34,6 +34,12 @@ def checked(opts: CompileOptions) -> CompileOptions:
         sid = opts.rebuild_compile_id.partition(":")[0]
         if opts.session_id and opts.session_id != sid:
             raise invalid("rebuild_compile_id", "the compile belongs to another session")
+        if not is_id(sid):  # named as the field the client sent
+            raise invalid(
+                "rebuild_compile_id",
+                "rebuild_compile_id is <session id>:<suffix>, its session id 1-128 "
+                "characters of [A-Za-z0-9._-]",
+            )
         opts = replace(opts, session_id=sid)
     check_id("session_id", opts.session_id)
     if not opts.route.model and not opts.rebuild_compile_id:

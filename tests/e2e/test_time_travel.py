@@ -313,11 +313,17 @@ def test_rebuild_errors(api: Api) -> None:
         (cpb.CompileRequest(rebuild_compile_id=h.sid + ":\xff"), "COMPILE_NOT_FOUND"),
         # A session that does not exist: its compile is not found either (proto).
         (cpb.CompileRequest(rebuild_compile_id="no-such-session:00ff"), "COMPILE_NOT_FOUND"),
+        # No well-formed session id in it: the field named is the one sent.
+        (cpb.CompileRequest(rebuild_compile_id=":00ff"), "INVALID_FIELD"),
+        (cpb.CompileRequest(rebuild_compile_id="bad id!:x"), "INVALID_FIELD"),
         (cpb.CompileRequest(session_id="other", rebuild_compile_id=compile_id), "INVALID_FIELD"),
     ]:
         with pytest.raises(grpc.RpcError) as exc:
             api.compiles.Compile(bad)
-        assert error_info(exc.value).reason == reason
+        info = error_info(exc.value)
+        assert info.reason == reason
+        if reason == "INVALID_FIELD":
+            assert info.metadata["field"] == "rebuild_compile_id"
 
 
 def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> None:
