@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from server.compiler.textscan import LONE_SURROGATE
 from server.compiler.tokens import TokenCounter
 from server.domain.catalog import ModelInfo
 
@@ -250,10 +251,6 @@ def pieces(text: str, size: int = PIECE_CHARS) -> Iterator[str]:
     yield text[start:]
 
 
-# A UTF-16 surrogate on its own.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 class _CachedCounter:
     """Counts of a tokenizer times a family factor, with a small LRU for long texts that
     reappear compile after compile (history messages, tool schemas)."""
@@ -277,7 +274,7 @@ class _CachedCounter:
             # A lone surrogate has no UTF-8 form for the tokenizer to read: a client's
             # JSON may escape one ("\ud800"), and a call's arguments are counted
             # unescaped. Counted as the replacement character, one for one.
-            return self._count(_SURROGATE.sub("\ufffd", text))
+            return self._count(LONE_SURROGATE.sub("\ufffd", text))
 
     def raw(self, text: str) -> int:
         if len(text) < _CACHE_MIN_CHARS:

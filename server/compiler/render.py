@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 from collections.abc import Callable, Mapping
 
 from server.compiler.render_anthropic import anthropic_messages
 from server.compiler.render_common import JSON
 from server.compiler.render_gemini import gemini
 from server.compiler.render_openai import openai_chat, openai_responses
+from server.compiler.textscan import LONE_SURROGATE
 from server.compiler.view import CompiledView
 
 
@@ -47,10 +47,6 @@ def render_body(
     return RENDERERS[fmt](view, data or {})
 
 
-# A UTF-16 surrogate on its own: no UTF-8 form.
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def render(view: CompiledView, fmt: RenderFormat, data: Mapping[str, bytes] | None = None) -> str:
     """The body as compact JSON text."""
     body = render_body(view, fmt, data)
@@ -64,6 +60,6 @@ def surrogates_escaped(text: str) -> str:
     arguments, which the renderers parse): valid JSON, but no character UTF-8 can carry.
     Written back as the escape it came as (inside a string, where json.dumps put it), the
     text is still valid JSON of the same value, and encodable."""
-    if text.isascii() or not _SURROGATE.search(text):
+    if text.isascii() or not LONE_SURROGATE.search(text):
         return text
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

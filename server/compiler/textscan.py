@@ -234,6 +234,10 @@ def _depth_over(value: object, limit: int) -> bool:
     return False
 
 
+# A UTF-16 surrogate on its own: JSON may escape one ("\\ud800"), no UTF-8 text holds it.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _not_json(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
 
