@@ -51,16 +51,22 @@ async def _reported(api: Stubs, extra: int) -> view_pb2.CompiledView:
     return got
 
 
-async def test_long_tables_estimate_and_rebuild_the_same_after_a_restart(short_tmp: Path) -> None:
-    cfg = make_config(short_tmp, time_granularity="86400")
-    d = Daemon(cfg)
+async def _long_session(short_tmp: Path, pairs: int) -> tuple[Daemon, Stubs]:
+    """A started daemon (a day's time granularity: its views do not move with the clock)
+    and session SID holding a user request and `pairs` tool calls with their results."""
+    d = Daemon(make_config(short_tmp, time_granularity="86400"))
     await d.start()
     api = stubs_for(str(d.endpoints.tcp))
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
+    )
+    await _append(api, [user("start the long task"), *_pairs("a", pairs)])
+    return d, api
+
+
+async def test_long_tables_estimate_and_rebuild_the_same_after_a_restart(short_tmp: Path) -> None:
+    d, api = await _long_session(short_tmp, 330)
     try:
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
-        )
-        await _append(api, [user("start the long task"), *_pairs("a", 330)])
         recorded = [await _reported(api, 41)]
         await _append(api, _pairs("b", 2))
         recorded.append(await _reported(api, 57))
@@ -84,7 +90,8 @@ async def test_long_tables_estimate_and_rebuild_the_same_after_a_restart(short_t
     assert kept.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
     assert len(kept.messages) < len(recorded[-1].messages) - 150
 
-    d = Daemon(cfg)  # nothing kept in memory: every record is read from disk
+    # Nothing kept in memory: every record is read from disk.
+    d = Daemon(make_config(short_tmp, time_granularity="86400"))
     await d.start()
     api = stubs_for(str(d.endpoints.tcp))
     try:
@@ -118,14 +125,8 @@ async def test_a_step_compares_its_table_with_an_earlier_one_once(
         return same_start(old, digests, tokens, n)
 
     monkeypatch.setattr(table_chunks, "_same_start", counted)
-    d = Daemon(make_config(short_tmp, time_granularity="86400"))
-    await d.start()
-    api = stubs_for(str(d.endpoints.tcp))
+    d, api = await _long_session(short_tmp, 300)
     try:
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
-        )
-        await _append(api, [user("start the long task"), *_pairs("a", 300)])
         recorded = [await _reported(api, 41)]
         for k in range(4):
             await _append(api, _pairs(f"b{k}", 1))
