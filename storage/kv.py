@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -69,6 +70,21 @@ class Footprint:
         return self.live_sst_bytes + self.wal_bytes + self.memtable_bytes
 
 
+class OwedSync(Protocol):
+    def sync(self) -> None:
+        """Makes durable what the writes it was made for wrote (nothing when they owe
+        no fsync); raises as their write would have."""
+        ...
+
+
+class _NothingOwed:
+    def sync(self) -> None:
+        pass
+
+
+NOTHING_OWED: OwedSync = _NothingOwed()
+
+
 class KV(Protocol):
     def get(self, cf: str, key: bytes) -> bytes | None: ...
 
@@ -79,6 +95,12 @@ class KV(Protocol):
         ...
 
     def write(self, batch: Batch) -> None: ...
+
+    def deferring_sync(self) -> contextlib.AbstractContextManager[OwedSync]:
+        """Durable writes this thread makes inside leave their fsync to the `sync` of
+        what it yields, to be made (on any thread) before they are acknowledged: the
+        log is synced while other work runs instead of before it."""
+        ...
 
     def approximate_size(self) -> int: ...
 
@@ -123,6 +145,10 @@ class MemoryKV:
                 if key not in self._data[cf]:
                     bisect.insort(self._keys[cf], key)
                 self._data[cf][key] = value
+
+    @contextlib.contextmanager
+    def deferring_sync(self) -> Iterator[OwedSync]:
+        yield NOTHING_OWED  # nothing here is ever synced
 
     def _remove(self, cf: str, key: bytes) -> None:
         if self._data[cf].pop(key, None) is not None:

@@ -26,12 +26,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 import rocksdict
 
 from server.domain.errors import CtxccError, Reason
-from storage.kv import COLUMN_FAMILIES, Batch, Footprint, WriteWouldWait
+from storage.kv import COLUMN_FAMILIES, Batch, Footprint, OwedSync, WriteWouldWait
 from storage.space import Reserve, free_bytes, is_no_space
 
 log = logging.getLogger("ctxcc.storage")
@@ -80,6 +80,32 @@ def is_write_stall(exc: BaseException) -> bool:
     return "incomplete" in str(exc).lower()
 
 
+class _Owed:
+    """The fsync owed by the durable writes a thread made in `RocksKV.deferring_sync`,
+    with their time (the storage-write metric sees them as one write, fsync included)."""
+
+    __slots__ = ("_kv", "_lock", "_owed", "_wrote_s")
+
+    def __init__(self, kv: RocksKV) -> None:
+        self._kv = kv
+        self._wrote_s = 0.0
+        self._owed = False
+        self._lock = threading.Lock()
+
+    def owe(self, wrote_s: float) -> None:
+        with self._lock:
+            self._wrote_s += wrote_s
+            self._owed = True
+
+    def sync(self) -> None:
+        with self._lock:
+            if not self._owed:
+                return
+            self._owed = False
+            wrote_s, self._wrote_s = self._wrote_s, 0.0
+        self._kv._sync_log(wrote_s)
+
+
 class RocksKV:
     def __init__(
         self,
@@ -98,6 +124,8 @@ class RocksKV:
         self._active = 0
         self._reopening = False
         self._depth = threading.local()
+        # The OwedSync of this thread's `deferring_sync`, if inside one.
+        self._deferred = threading.local()
         self._db: rocksdict.Rdict | None = None
         try:
             # The log replay at open writes a table file: give it the reserved room.
@@ -189,6 +217,8 @@ class RocksKV:
     def write(self, batch: Batch) -> None:
         if self._full:
             raise disk_full()
+        syncs = batch.durable and self._sync
+        owed: _Owed | None = getattr(self._deferred, "owed", None) if syncs else None
         with self._use():
             wb = rocksdict.WriteBatch(raw_mode=True)
             for cf, start, end in batch.ranges:
@@ -201,19 +231,48 @@ class RocksKV:
             try:
                 assert self._db is not None
                 self._db.write(wb, self._no_wait_opts if batch.no_wait else self._lazy_opts)
-                if batch.durable and self._sync:
+                if syncs and owed is None:
                     self._db.flush_wal(True)
             except Exception as exc:
-                if batch.no_wait and is_write_stall(exc):
-                    raise WriteWouldWait(str(exc)) from None
-                if not is_no_space(exc):
-                    raise
-                if not self._full:
-                    log.error("disk full (%d bytes free): refusing writes: %s", self._free(), exc)
-                self._full = self._broken = True
-                raise disk_full() from None
+                self._failed(exc, batch.no_wait)
+            took = time.perf_counter() - started
+        if owed is not None:
+            owed.owe(took)
+        elif self._on_write is not None:
+            self._on_write(took)
+
+    @contextlib.contextmanager
+    def deferring_sync(self) -> Iterator[OwedSync]:
+        owed = _Owed(self)
+        self._deferred.owed = owed
+        try:
+            yield owed
+        finally:
+            self._deferred.owed = None
+
+    def _sync_log(self, wrote_s: float) -> None:
+        """The fsync writes made in `deferring_sync` left; measured with them, as one
+        write with its fsync."""
+        with self._use():
+            started = time.perf_counter()
+            try:
+                assert self._db is not None
+                self._db.flush_wal(True)
+            except Exception as exc:
+                self._failed(exc, False)
+            took = time.perf_counter() - started
         if self._on_write is not None:
-            self._on_write(time.perf_counter() - started)
+            self._on_write(wrote_s + took)
+
+    def _failed(self, exc: Exception, no_wait: bool) -> NoReturn:
+        if no_wait and is_write_stall(exc):
+            raise WriteWouldWait(str(exc)) from None
+        if not is_no_space(exc):
+            raise exc
+        if not self._full:
+            log.error("disk full (%d bytes free): refusing writes: %s", self._free(), exc)
+        self._full = self._broken = True
+        raise disk_full() from None
 
     def writable(self) -> bool:
         """False while writes are refused for lack of space. Once space is back (and the

@@ -12,8 +12,10 @@ Rules the store keeps (its parts live in `storage.sessions`, `storage.events`,
 
 from __future__ import annotations
 
+import contextlib
+
 from storage.events import EventRecords, IdempotencyRecord
-from storage.kv import Footprint
+from storage.kv import Footprint, OwedSync
 from storage.registry import RegistryRecords
 from storage.sessions import SessionRecords
 from storage.store_core import StoreLimits
@@ -32,6 +34,9 @@ class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
     def writable(self) -> bool:
         """False while the disk is too full to write; may recover the engine in place."""
         return self._kv.writable()
+
+    def deferring_sync(self) -> contextlib.AbstractContextManager[OwedSync]:
+        return self._kv.deferring_sync()
 
     def close(self) -> None:
         self._kv.close()

@@ -26,7 +26,8 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from contextlib import AbstractContextManager
+from typing import Generic, ParamSpec, Protocol, TypeVar, cast
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -125,6 +126,7 @@ class Blocking:
         first: Callable[[], T],
         then: Callable[[], U],
         landed: Callable[[T], object] | None = None,
+        deferring: Callable[[], AbstractContextManager[Syncs]] | None = None,
     ) -> tuple[T, U | BaseException]:
         """`first` on the storage pool, then `then` on the compute pool, handed from the
         one thread to the other: the event loop is woken once for both (each wake-up of
@@ -133,6 +135,10 @@ class Blocking:
         run; one of `then` is returned beside the result of `first`, which stands:
         `landed` takes that result on the loop first, also when the awaiting call was
         cancelled meanwhile (see `run_landing`).
+        With `deferring`, `first` runs inside it and the fsync its writes owe is made on
+        the storage thread while `then` runs (its GIL-free wait overlaps the compile);
+        the result comes back once both are done, and a failed fsync fails the whole as
+        a failure of `first` would.
         The storage pool never runs `then`, so appends still never queue behind compiles."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[T, U | BaseException]] = loop.create_future()
@@ -150,23 +156,36 @@ class Blocking:
             else:
                 done.set_result(value)
 
-        def second(value: T) -> None:
+        def second(value: T, finish: Callable[[U | BaseException], None]) -> None:
             try:
                 outcome: U | BaseException = then()
             except BaseException as exc:  # handed to the awaiting call, as an executor does
                 outcome = exc
-            _hand(loop, deliver, (value, outcome))
+            finish(outcome)
 
         def start() -> None:
+            owed: Syncs | None = None
             try:
-                value = first()
+                if deferring is None:
+                    value = first()
+                else:
+                    with deferring() as owed:
+                        value = first()
             except BaseException as exc:  # raised in the awaiting call
                 _hand(loop, deliver, exc)
                 return
+            join = _Join(loop, deliver, value, 1 if owed is None else 2)
             try:
-                self._compute.submit(functools.partial(second, value))
+                self._compute.submit(functools.partial(second, value, join.computed))
             except RuntimeError as exc:  # the pool was shut down
-                _hand(loop, deliver, (value, exc))
+                join.computed(exc)
+            if owed is not None:
+                try:
+                    owed.sync()
+                except BaseException as exc:
+                    join.synced(exc)
+                else:
+                    join.synced(None)
 
         self._pool.submit(start)
         return await done
@@ -174,6 +193,54 @@ class Blocking:
     def shutdown(self) -> None:
         self._compute.shutdown()
         self._pool.shutdown()
+
+
+class Syncs(Protocol):
+    def sync(self) -> None: ...
+
+
+class _Join(Generic[T, U]):
+    """The compute thread's outcome and the storage thread's fsync, whichever comes
+    last handing both to the loop in one wake-up."""
+
+    __slots__ = ("_deliver", "_failed", "_left", "_lock", "_loop", "_outcome", "_value")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[tuple[T, U | BaseException] | BaseException], None],
+        value: T,
+        parts: int,
+    ) -> None:
+        self._loop, self._deliver, self._value = loop, deliver, value
+        self._left = parts
+        self._outcome: U | BaseException | None = None
+        self._failed: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def computed(self, outcome: U | BaseException) -> None:
+        with self._lock:
+            self._outcome = outcome
+            self._left -= 1
+            last = not self._left
+        if last:
+            self._hand()
+
+    def synced(self, failed: BaseException | None) -> None:
+        with self._lock:
+            self._failed = failed
+            self._left -= 1
+            last = not self._left
+        if last:
+            self._hand()
+
+    def _hand(self) -> None:
+        if self._failed is not None:
+            _hand(self._loop, self._deliver, self._failed)
+            return
+        # Set by `computed` before this runs (`then` may return None itself).
+        outcome = cast("U | BaseException", self._outcome)
+        _hand(self._loop, self._deliver, (self._value, outcome))
 
 
 def _call(pool: _Threads, work: Callable[[], T]) -> asyncio.Future[T]:

@@ -155,7 +155,11 @@ class CompileUseCases:
         if prior is None:
             prepared, done, compact_through = await self._blocking.compute(work)
         else:
-            _, outcome = await self._blocking.run_then_compute(prior.run, work, prior.landed)
+            # The append's fsync is made while its compile runs (the compile reads what
+            # was written; the answer waits for both).
+            _, outcome = await self._blocking.run_then_compute(
+                prior.run, work, prior.landed, self._store.deferring_sync
+            )
             if isinstance(outcome, BaseException):
                 raise outcome
             prepared, done, compact_through = outcome

@@ -12,6 +12,7 @@ Contract (checked by tests/contract for every implementation):
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar
 
 from server.compiler.tokens import TokenCounter
@@ -33,6 +34,10 @@ from server.domain.sources import Scope, SourceEntry, SourceKind, WorkspaceSourc
 from server.domain.tools import ToolSpec
 
 T = TypeVar("T")
+
+
+class OwedSync(Protocol):
+    def sync(self) -> None: ...
 
 
 class EventStore(Protocol):
@@ -59,6 +64,12 @@ class EventStore(Protocol):
     def delete_session(self, session_id: str) -> DeleteResult: ...
 
     def append(self, batch: AppendBatch) -> AppendResult: ...
+
+    def deferring_sync(self) -> AbstractContextManager[OwedSync]:
+        """Appends this thread makes inside are written but not yet fsynced: the `sync`
+        of what it yields makes them durable, on any thread, before they are
+        acknowledged (a step syncs its append while its compile runs)."""
+        ...
 
     def read_events(
         self,

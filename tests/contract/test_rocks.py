@@ -160,6 +160,85 @@ def test_durable_batches_are_synced_with_the_gil_released(tmp_path: Path, sync: 
         kv.close()
 
 
+def test_a_deferred_sync_is_made_once_by_the_owed_sync_and_measured_with_its_write(
+    tmp_path: Path,
+) -> None:
+    """Inside `deferring_sync` a durable batch is written unsynced and its fsync is left
+    to the owed `sync` (made on another thread, once however often called); a lazy batch
+    owes none. The storage-write metric sees the write and its fsync as one sample."""
+    samples: list[float] = []
+    kv = open_rocks(tmp_path / "db", sync=True, on_write=samples.append)
+    recording = _Recording(kv._db)
+    kv._db = recording  # type: ignore[assignment]
+    try:
+        durable, other, lazy = Batch(), Batch(), Batch(durable=False)
+        durable.put("meta", b"k1", b"v")
+        other.put("meta", b"k3", b"v")
+        lazy.put("meta", b"k2", b"v")
+        with kv.deferring_sync() as owed:
+            kv.write(durable)
+            kv.write(lazy)
+        assert recording.calls == [("write", False), ("write", False)]
+        assert kv.get("meta", b"k1") == b"v"  # readable before the sync
+        assert len(samples) == 1  # the lazy batch's; the durable one waits for its sync
+        syncer = threading.Thread(target=owed.sync)
+        syncer.start()
+        syncer.join(5)
+        owed.sync()  # nothing owed any more
+        assert recording.calls[2:] == [("flush_wal", True)]
+        assert len(samples) == 2
+        kv.write(other)  # outside: synced in the write again
+        assert recording.calls[3:] == [("write", False), ("flush_wal", True)]
+    finally:
+        kv._db = recording._db  # type: ignore[assignment]
+        kv.close()
+
+
+def test_nothing_is_owed_with_durability_off_or_for_lazy_batches_only(tmp_path: Path) -> None:
+    kv = open_rocks(tmp_path / "db", sync=False)
+    recording = _Recording(kv._db)
+    kv._db = recording  # type: ignore[assignment]
+    try:
+        durable = Batch()
+        durable.put("meta", b"k1", b"v")
+        with kv.deferring_sync() as owed:
+            kv.write(durable)
+        owed.sync()
+        assert recording.calls == [("write", False)]
+    finally:
+        kv._db = recording._db  # type: ignore[assignment]
+        kv.close()
+
+
+def test_a_deferred_sync_failing_for_space_refuses_writes_as_a_failed_write_does(
+    tmp_path: Path,
+) -> None:
+    kv = open_rocks(tmp_path / "db", sync=True)
+    recording = _Recording(kv._db)
+
+    def no_space(sync: bool) -> None:
+        raise Exception("IO error: No space left on device: While fsync")
+
+    full: Any = type("Full", (), {"write": recording.write, "flush_wal": staticmethod(no_space)})
+    kv._db = full()
+    try:
+        durable = Batch()
+        durable.put("meta", b"k1", b"v")
+        with kv.deferring_sync() as owed:
+            kv.write(durable)
+        with pytest.raises(CtxccError) as refused:
+            owed.sync()
+        assert refused.value.reason.name == "DISK_FULL"
+        assert kv._full and kv._broken  # what a write failing for space leaves
+        with pytest.raises(CtxccError) as again:
+            kv.write(durable)
+        assert again.value.reason.name == "DISK_FULL"
+    finally:
+        kv._db = recording._db  # type: ignore[assignment]
+        kv._full = kv._broken = False
+        kv.close()
+
+
 def test_close_waits_for_a_write_syncing_the_log(tmp_path: Path) -> None:
     """The log sync runs with the GIL released: close() must not free the database
     under it (a segfault at shutdown), and a write after close fails cleanly."""

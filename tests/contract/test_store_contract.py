@@ -87,6 +87,29 @@ def test_appends_are_contiguous_and_ordered(make_store: object) -> None:
     assert [e.seq for e in st.read_events("s", through_seq=2)] == [1, 2]
 
 
+def test_an_append_made_deferring_its_sync_reads_back_before_and_after_the_sync(
+    make_store: object,
+) -> None:
+    """A step's append is written inside `deferring_sync` and its compile reads it while
+    the log is synced: what the append wrote is readable before the sync, and the sync
+    (made once, on another thread, as the step's storage thread does) changes nothing
+    of it; a second sync owes nothing."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    with st.deferring_sync() as owed:
+        result = st.append(batch("s", msg("a", "e1"), msg("b", "e2"), request_id="r1"))
+    assert (result.first_seq, result.last_seq) == (1, 2)
+    assert [e.event_id for e in st.read_events("s")] == ["e1", "e2"]
+    assert st.get_session("s").head_seq == 2
+    synced = threading.Thread(target=owed.sync)
+    synced.start()
+    synced.join(5)
+    owed.sync()
+    assert [e.event_id for e in st.read_events("s")] == ["e1", "e2"]
+    replay = st.append(batch("s", msg("a", "e1"), msg("b", "e2"), request_id="r1"))
+    assert replay.replayed and replay.last_seq == 2
+
+
 def test_sessions_do_not_bleed_into_each_other(make_store: object) -> None:
     # "a" is a prefix of "ab": keys must still keep their events apart.
     st = new_store(make_store)
@@ -628,6 +651,8 @@ _READS = frozenset(
         "list_sources",
         "approximate_size",
         "close",
+        # Writes nothing itself: the appends made inside it do (checked on their own).
+        "deferring_sync",
     }
 )
 

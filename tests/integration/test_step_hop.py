@@ -150,3 +150,62 @@ async def test_a_unary_append_converts_its_events_off_the_event_loop(
         info = error_info(err.value)
         assert info.reason == "INVALID_FIELD" and named in info.metadata["field"], info
     assert await _head(api, "ua") == 1
+
+
+class _HeldSync:
+    """The daemon's RocksDB handle with its log sync held until `release`: records the
+    order of writes and syncs (a write is an unsynced batch, `sync` the log's fsync)."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+        self.calls: list[str] = []
+        self.syncing = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, batch: object, opts: Any) -> None:
+        assert not opts.sync, "every batch is written unsynced"
+        self.calls.append("write")
+        self._db.write(batch, opts)
+
+    def flush_wal(self, sync: bool) -> None:
+        self.calls.append("sync")
+        self.syncing.set()
+        assert self.release.wait(10)
+        self._db.flush_wal(sync)
+
+
+async def test_a_step_is_answered_after_its_append_is_synced_and_compiles_meanwhile(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """With durability `sync` (the default), a step's append is fsynced while its compile
+    runs: the compile writes its record while the sync is still held, and the answer
+    (append result and view) comes only once the sync is done."""
+    assert daemon.cfg.durability == "sync"
+    await _new_session(api, "d")
+    steps = Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    held = _HeldSync(kv._db)
+    try:
+        await steps.step(_compile("d"), [user("one")])
+        kv._db = held
+        step = asyncio.ensure_future(steps.step(_compile("d"), [user("two")]))
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        # The compile's record is written while the append's sync is held.
+        for _ in range(200):
+            if held.calls.count("write") >= 2:
+                break
+            await asyncio.sleep(0.05)
+        # (Which of the compute and the storage thread takes the GIL first decides the
+        # order of the two: the compile did not wait for the sync either way.)
+        assert sorted(held.calls) == ["sync", "write", "write"], held.calls
+        await asyncio.sleep(0.2)
+        assert not step.done(), "answered before its append was durable"
+        held.release.set()
+        [answer] = await step
+        assert answer.append.last_seq == 2 and answer.WhichOneof("response") == "view"
+        assert answer.view.event_boundary == 2
+    finally:
+        held.release.set()
+        kv._db = held._db
+        await steps.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -235,3 +237,112 @@ def test_a_job_failing_outside_its_hand_off_does_not_take_its_thread_down(
     finally:
         blocking.shutdown()
     assert any("outside its caller" in r.getMessage() for r in caplog.records)
+
+
+class _Owed:
+    """What a store's `deferring_sync` yields: `sync` records its thread, waits for
+    `gate`, then fails with `error` if one is given."""
+
+    def __init__(self, gate: threading.Event, error: BaseException | None = None) -> None:
+        self.gate, self.error = gate, error
+        self.entered = threading.Event()
+        self.syncs: list[str] = []
+        self.inside = False
+
+    def sync(self) -> None:
+        self.syncs.append(threading.current_thread().name)
+        self.entered.set()
+        assert self.gate.wait(5)
+        if self.error is not None:
+            raise self.error
+
+    def deferring(self) -> contextlib.AbstractContextManager[_Owed]:
+        @contextlib.contextmanager
+        def scope() -> Iterator[_Owed]:
+            self.inside = True
+            try:
+                yield self
+            finally:
+                self.inside = False
+
+        return scope()
+
+
+def test_a_deferred_sync_runs_on_the_storage_thread_while_the_second_part_runs() -> None:
+    """`first` runs inside the deferral; its sync is made on the storage thread at the
+    same time as `then` (which here waits for the sync to have started: one after the
+    other would time out), and the result comes only once the sync is done."""
+    gate = threading.Event()
+    owed = _Owed(gate)
+    blocking = Blocking(2, 2)
+    seen: dict[str, object] = {}
+
+    def first() -> int:
+        seen["inside"] = owed.inside
+        return 41
+
+    def then() -> str:
+        seen["sync_started_first"] = owed.entered.wait(5)
+        return "compiled"
+
+    async def main() -> tuple[int, str | BaseException]:
+        call = asyncio.ensure_future(blocking.run_then_compute(first, then, None, owed.deferring))
+        await asyncio.sleep(0.2)
+        seen["answered_before_the_sync"] = call.done()
+        gate.set()
+        return await call
+
+    try:
+        assert asyncio.run(main()) == (41, "compiled")
+    finally:
+        blocking.shutdown()
+    assert seen == {"inside": True, "sync_started_first": True, "answered_before_the_sync": False}
+    assert len(owed.syncs) == 1 and owed.syncs[0].startswith("ctxcc-io")
+
+
+def test_a_failed_deferred_sync_fails_the_call_and_nothing_lands() -> None:
+    """The writes were not made durable: the call fails as a failure of `first` would,
+    whatever `then` returned, and `landed` is not told of a result."""
+    gate = threading.Event()
+    gate.set()
+    owed = _Owed(gate, OSError("fsync failed"))
+    blocking = Blocking(2, 2)
+    landed: list[int] = []
+
+    async def main() -> object:
+        return await blocking.run_then_compute(
+            lambda: 41, lambda: "x", landed.append, owed.deferring
+        )
+
+    try:
+        with pytest.raises(OSError, match="fsync failed"):
+            asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert landed == [] and len(owed.syncs) == 1
+
+
+def test_a_failure_of_the_second_part_still_waits_for_the_deferred_sync() -> None:
+    gate = threading.Event()
+    owed = _Owed(gate)
+    blocking = Blocking(2, 2)
+    landed: list[int] = []
+
+    def then() -> str:
+        raise ValueError("compile failed")
+
+    async def main() -> tuple[int, str | BaseException]:
+        call = asyncio.ensure_future(
+            blocking.run_then_compute(lambda: 41, then, landed.append, owed.deferring)
+        )
+        assert await asyncio.to_thread(owed.entered.wait, 5)
+        await asyncio.sleep(0.1)
+        assert not call.done()
+        gate.set()
+        return await call
+
+    try:
+        value, outcome = asyncio.run(main())
+    finally:
+        blocking.shutdown()
+    assert value == 41 and isinstance(outcome, ValueError) and landed == [41]
