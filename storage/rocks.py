@@ -66,10 +66,18 @@ def _options() -> rocksdict.Options:
     return opts
 
 
-def disk_full() -> CtxccError:
+def disk_full(written: bool = False) -> CtxccError:
+    """`written`: the batch reached the log but its fsync failed, so it may or may not be
+    there after the engine is reopened (a retry with the same request_id settles it:
+    answered as a replay if it is)."""
+    what = (
+        "the write could not be synced and may not have been kept"
+        if written
+        else "nothing was written"
+    )
     return CtxccError(
         Reason.DISK_FULL,
-        "the disk holding the data directory is full: nothing was written; reads still "
+        f"the disk holding the data directory is full: {what}; reads still "
         "work and writes resume once space is freed",
     )
 
@@ -228,13 +236,15 @@ class RocksKV:
             for cf, key, value in batch.puts:
                 wb.put(key, value, self._handles[cf])
             started = time.perf_counter()
+            written = False
             try:
                 assert self._db is not None
                 self._db.write(wb, self._no_wait_opts if batch.no_wait else self._lazy_opts)
+                written = True
                 if syncs and owed is None:
                     self._db.flush_wal(True)
             except Exception as exc:
-                self._failed(exc, batch.no_wait)
+                self._failed(exc, batch.no_wait, written)
             took = time.perf_counter() - started
         if owed is not None:
             owed.owe(took)
@@ -259,12 +269,12 @@ class RocksKV:
                 assert self._db is not None
                 self._db.flush_wal(True)
             except Exception as exc:
-                self._failed(exc, False)
+                self._failed(exc, False, True)
             took = time.perf_counter() - started
         if self._on_write is not None:
             self._on_write(wrote_s + took)
 
-    def _failed(self, exc: Exception, no_wait: bool) -> NoReturn:
+    def _failed(self, exc: Exception, no_wait: bool, written: bool) -> NoReturn:
         if no_wait and is_write_stall(exc):
             raise WriteWouldWait(str(exc)) from None
         if not is_no_space(exc):
@@ -272,7 +282,7 @@ class RocksKV:
         if not self._full:
             log.error("disk full (%d bytes free): refusing writes: %s", self._free(), exc)
         self._full = self._broken = True
-        raise disk_full() from None
+        raise disk_full(written) from None
 
     def writable(self) -> bool:
         """False while writes are refused for lack of space. Once space is back (and the

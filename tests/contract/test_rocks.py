@@ -229,10 +229,12 @@ def test_a_deferred_sync_failing_for_space_refuses_writes_as_a_failed_write_does
         with pytest.raises(CtxccError) as refused:
             owed.sync()
         assert refused.value.reason.name == "DISK_FULL"
+        assert "could not be synced" in refused.value.message
         assert kv._full and kv._broken  # what a write failing for space leaves
         with pytest.raises(CtxccError) as again:
             kv.write(durable)
         assert again.value.reason.name == "DISK_FULL"
+        assert "nothing was written" in again.value.message
     finally:
         kv._db = recording._db  # type: ignore[assignment]
         kv._full = kv._broken = False
