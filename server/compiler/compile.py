@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
@@ -63,6 +63,7 @@ from server.domain.model import (
     ToolResult,
 )
 from server.domain.records import Checkpoint, RouteModel, RouteState
+from server.domain.replacing import replaced
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +373,7 @@ def compile_incremental(
         baseline_tokens=basis.baseline_tokens,
         ledger_tokens=basis.ledger_tokens,
     )
-    budget = replace(
+    budget = replaced(
         budget,
         provider_overhead_tokens=value - basis.ledger_tokens,
         route=RouteParams(
@@ -390,7 +391,7 @@ def compile_incremental(
         budget.estimated_input_tokens,
         inputs.budget_config,
     )
-    budget = replace(budget, output_cap=cap, output_cap_source=cap_source)
+    budget = replaced(budget, output_cap=cap, output_cap_source=cap_source)
     compaction = compaction_memo = None
     if decision is not Decision.OK:
         compaction, compaction_memo = compaction_request(
@@ -439,7 +440,7 @@ def compile_incremental(
         # None is counted in the memo's bytes: the compaction prompt and the system
         # prompt are the view's, which the views kept for repeats count, and a memo holds
         # one of each at most; the paths are capped (textscan.MAX_PATH_BYTES).
-        next_memo = replace(
+        next_memo = replaced(
             next_memo, compaction=compaction_memo, prompt=remembered, paths=turn_paths
         )
     return view, next_memo, run.reused

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from server.compiler.estimate import fingerprint
 from server.compiler.memo_cut import clean_cut, memo_usable
@@ -52,6 +52,7 @@ from server.domain.model import (
     ToolResult,
 )
 from server.domain.records import Checkpoint, CheckpointKind
+from server.domain.replacing import replaced
 
 # The default image policy (a shared frozen value).
 NO_LIMITS = ImagePolicy()
@@ -105,10 +106,10 @@ def _segment(
         if builtin and checkpoint is not None and event.seq <= checkpoint.covers_through_seq:
             shorter = elide_result(event)
             if shorter is not None:
-                msg, run.elided = replace(msg, parts=(ViewPart(text=shorter),)), run.elided + 1
+                msg, run.elided = replaced(msg, parts=(ViewPart(text=shorter),)), run.elided + 1
         raw.append(msg)
     layered = [
-        replace(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
+        replaced(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
         for m in _merge_calls(raw)
     ]
     paired, run.pair = pair_tool_messages(non_empty(layered), run.pair_notes, run.pair, final=final)
@@ -156,7 +157,7 @@ def _started(memo: ProjectionMemo | None, ws_seq: int | None) -> tuple[int, _Run
         # A new turn began: the old working set is history now (layers only; token
         # counts and fingerprints do not depend on them).
         old = kept_messages[memo.ws_index :]
-        history = [replace(m, layer=Layer.HISTORY) for m in old]
+        history = [replaced(m, layer=Layer.HISTORY) for m in old]
         _count(tally, old, -1)
         _count(tally, history)
         kept_messages[memo.ws_index :] = history
@@ -204,6 +205,12 @@ def _advance(
     that is not a result when a result there would find calls open."""
     if cut <= start:
         return start, []
+    if _answers_a_call(events[cut].payload, events[start:cut], run.pair):
+        # Its call is open at the cut, so the check below would fold back: go there at
+        # once instead of projecting the part first (in a turn of tool calls, every step).
+        cut = clean_cut(events, start, results=False)
+        if cut <= start:
+            return start, []
     before = (run.pair, list(run.pair_notes), list(run.form_notes), run.elided)
     done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
     if run.pair.open_calls and isinstance(events[cut].payload, ToolResult):
@@ -214,6 +221,22 @@ def _advance(
             return start, []
         done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
     return cut, done
+
+
+def _answers_a_call(payload: object, before: Sequence[Event], pair: PairState) -> bool:
+    """Whether `payload` is a result of a call made in `before` or still open in `pair`:
+    then that call is open at a cut made at the result. (A result found here that is not
+    open after all only makes the cut an earlier clean one: the view is the same.)"""
+    if not isinstance(payload, ToolResult):
+        return False
+    wanted = payload.call_id
+    if any(original == wanted for original, _ in pair.open_calls):
+        return True
+    return any(
+        isinstance(e.payload, AssistantMessage)
+        and any(c.call_id == wanted for c in e.payload.tool_calls)
+        for e in reversed(before)
+    )
 
 
 def project_incremental(

@@ -22,11 +22,12 @@ pass costs what its own messages cost, not a copy of every id logged before.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from server.compiler.view import Layer, ViewMessage, ViewPart
 from server.domain.model import Role, ToolCall
+from server.domain.replacing import replaced
 
 MISSING_RESULT = "[no result was recorded for this call: it was interrupted or never finished]"
 
@@ -101,7 +102,7 @@ def pair_tool_messages(
         before = used.get(call.call_id)
         n = (before if before is not None else state.used.get(call.call_id) or 0) + 1
         used[call.call_id] = n
-        return call if n == 1 else replace(call, call_id=f"{call.call_id}~{n}")
+        return call if n == 1 else replaced(call, call_id=f"{call.call_id}~{n}")
 
     def close(layer: Layer) -> None:
         for _, call in open_calls:
@@ -129,7 +130,7 @@ def pair_tool_messages(
             open_calls.extend((c.call_id, s) for c, s in zip(m.tool_calls, shown, strict=True))
             if shown:
                 block_start = len(out)
-            out.append(m if shown == m.tool_calls else replace(m, tool_calls=shown))
+            out.append(m if shown == m.tool_calls else replaced(m, tool_calls=shown))
             continue
         idx = next((i for i, (orig, _) in enumerate(open_calls) if orig == m.tool_call_id), None)
         call = open_calls.pop(idx)[1] if idx is not None else None
@@ -145,14 +146,14 @@ def pair_tool_messages(
             notes.append(f"restored a call for result {m.tool_call_id}: {why}")
             if open_calls and block_start >= 0:
                 host = out[block_start]
-                out[block_start] = replace(host, tool_calls=(*host.tool_calls, call))
+                out[block_start] = replaced(host, tool_calls=(*host.tool_calls, call))
             else:
                 out.append(
                     ViewMessage(Role.ASSISTANT, (), m.layer, 0, tool_calls=(call,), synthetic=True)
                 )
                 block_start = len(out) - 1
         answered.add(m.tool_call_id)
-        out.append(m if call.call_id == m.tool_call_id else replace(m, tool_call_id=call.call_id))
+        out.append(m if call.call_id == m.tool_call_id else replaced(m, tool_call_id=call.call_id))
     if final:
         close(out[-1].layer if out else Layer.HISTORY)
     return out, PairState(

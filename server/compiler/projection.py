@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from server.compiler.text import escape_fences
 from server.compiler.tokens import (
@@ -48,6 +48,7 @@ from server.domain.model import (
     starts_turn,
 )
 from server.domain.records import Checkpoint
+from server.domain.replacing import replaced
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +268,7 @@ def _merge_calls(messages: list[ViewMessage]) -> list[ViewMessage]:
             and prev.role == Role.ASSISTANT
             and not prev.synthetic
         ):
-            out[-1] = replace(prev, tool_calls=prev.tool_calls + m.tool_calls, last_seq=m.last_seq)
+            out[-1] = replaced(prev, tool_calls=prev.tool_calls + m.tool_calls, last_seq=m.last_seq)
         else:
             out.append(m)
     return out
@@ -313,7 +314,7 @@ def _apply_images(
                 )
                 notes.append(text[1:-1])
                 parts.append(ViewPart(text=text, authority=Authority.OPERATOR))
-        out.append(replace(m, parts=tuple(reversed(parts))))
+        out.append(replaced(m, parts=tuple(reversed(parts))))
     return list(reversed(out))
 
 

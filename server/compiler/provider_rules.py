@@ -14,11 +14,11 @@ that all formats send the same content and the estimate covers it.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 from server.compiler.textscan import MAX_JSON_DEPTH, loads_strict, parse_json
 from server.compiler.view import Authority, ViewMessage, ViewPart
 from server.domain.model import Role
+from server.domain.replacing import replaced
 
 OPENER = "(conversation continues)"
 INVALID_ARGUMENTS_KEY = "invalid_arguments"
@@ -67,8 +67,8 @@ def well_formed_calls(messages: list[ViewMessage], notes: list[str]) -> list[Vie
                 f"call {c.call_id} ({c.name}): arguments are not a JSON object; "
                 f'sent as {{"{INVALID_ARGUMENTS_KEY}": <the text>}}'
             )
-            calls.append(replace(c, arguments_json=f))
-        out.append(replace(m, tool_calls=tuple(calls)))
+            calls.append(replaced(c, arguments_json=f))
+        out.append(replaced(m, tool_calls=tuple(calls)))
     return out
 
 

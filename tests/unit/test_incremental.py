@@ -4,10 +4,13 @@ compiled from scratch, byte for byte, over random histories."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from server.compiler import incremental
 from server.compiler.budget import BudgetConfig, ModelLimits
 from server.compiler.compile import CompileInputs, active_texts, compile_incremental, compile_view
 from server.compiler.projection import ImagePolicy
@@ -314,3 +317,35 @@ def test_inline_images_are_encoded_as_a_protobuf_object_per_message_would_be() -
     expected = result_out(result).SerializeToString(deterministic=True)
     assert b"\x89PNG-bytes" in expected
     assert view_bytes(result).whole() == expected
+
+
+def test_a_step_in_a_turn_of_tool_calls_projects_the_part_before_its_cut_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each step of an agent's tool loop appends a call and its result. The cut at that
+    result would find the call open: the memo's advance goes to the clean cut before the
+    call at once, instead of projecting the part first and then again (two projections
+    per step, the advance and the rest, not three); the view is the scratch one."""
+    log = [Event(1, "e1", 0, UserMessage((ContentPart(text="fix it"),)))]
+    step = Step([], 0, "", 0, False, False, False)
+    memo = None
+    segments: list[int] = []
+    real = incremental._segment
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        segments.append(len(args[1]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(incremental, "_segment", counted)
+    for k in range(2, 12, 2):
+        call = ToolCall(f"c{k}", "shell", "{}")
+        log.append(Event(k, f"e{k}", 0, AssistantMessage((ContentPart(text="run"),), (call,))))
+        log.append(Event(k + 1, f"e{k + 1}", 0, ToolResult(f"c{k}", "shell", "ok")))
+        inputs = inputs_for(log, step, k)
+        segments.clear()
+        view, memo, reused = compile_incremental(inputs, C, memo)
+        if k > 2:
+            # The last step's call and result, then this step's.
+            assert reused and segments == [2, 2], segments
+            assert memo is not None and memo.cut == k - 1  # before this step's call
+        assert view == compile_view(inputs, C)
