@@ -71,6 +71,10 @@ class Footprint:
 
 
 class OwedSync(Protocol):
+    def owes(self) -> bool:
+        """Whether a write made it owes an fsync."""
+        ...
+
     def sync(self) -> None:
         """Makes durable what the writes it was made for wrote (nothing when they owe
         no fsync); raises as their write would have."""
@@ -78,6 +82,9 @@ class OwedSync(Protocol):
 
 
 class _NothingOwed:
+    def owes(self) -> bool:
+        return False
+
     def sync(self) -> None:
         pass
 

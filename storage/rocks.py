@@ -105,6 +105,10 @@ class _Owed:
             self._wrote_s += wrote_s
             self._owed = True
 
+    def owes(self) -> bool:
+        with self._lock:
+            return self._owed
+
     def sync(self) -> None:
         with self._lock:
             if not self._owed:

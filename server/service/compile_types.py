@@ -52,10 +52,10 @@ class CompileOptions:
 @dataclass(frozen=True, slots=True)
 class Prior:
     """Storage work a compile must see done first (a stream step's append): `run` goes on
-    the storage pool right before the compile's hop to the compute pool, in one hop of
-    the event loop (Blocking.run_then_compute); `landed` takes its result on the event
-    loop before the compile is published, also when the compile then fails. A failure
-    of `run` fails the compile before it starts."""
+    the compute thread right before the compile, in one hop of the event loop, its
+    fsync made on a storage thread meanwhile (Blocking.run_then_compute); `landed` takes
+    its result on the event loop before the compile is published, also when the compile
+    then fails. A failure of `run` fails the compile before it starts."""
 
     run: Callable[[], Any]
     landed: Callable[[Any], None]

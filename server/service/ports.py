@@ -37,6 +37,8 @@ T = TypeVar("T")
 
 
 class OwedSync(Protocol):
+    def owes(self) -> bool: ...
+
     def sync(self) -> None: ...
 
 

@@ -251,7 +251,7 @@ class StreamSteps:
         put in `out` once written (also when the compile then fails)."""
         expected = step.expected_last_seq if step.HasField("expected_last_seq") else None
         events = step.events
-        # The events are converted and checked on the storage thread, with the write (a
+        # The events are converted and checked off the event loop, with the write (a
         # 32 MiB tool result's text is copied there, not on the event loop); a refusal
         # there fails the append, so the step.
         write = self._s.writer(

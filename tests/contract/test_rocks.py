@@ -176,14 +176,18 @@ def test_a_deferred_sync_is_made_once_by_the_owed_sync_and_measured_with_its_wri
         other.put("meta", b"k3", b"v")
         lazy.put("meta", b"k2", b"v")
         with kv.deferring_sync() as owed:
-            kv.write(durable)
+            assert not owed.owes()
             kv.write(lazy)
+            assert not owed.owes()  # a lazy batch owes none
+            kv.write(durable)
+        assert owed.owes()
         assert recording.calls == [("write", False), ("write", False)]
         assert kv.get("meta", b"k1") == b"v"  # readable before the sync
         assert len(samples) == 1  # the lazy batch's; the durable one waits for its sync
         syncer = threading.Thread(target=owed.sync)
         syncer.start()
         syncer.join(5)
+        assert not owed.owes()
         owed.sync()  # nothing owed any more
         assert recording.calls[2:] == [("flush_wal", True)]
         assert len(samples) == 2
@@ -203,6 +207,7 @@ def test_nothing_is_owed_with_durability_off_or_for_lazy_batches_only(tmp_path: 
         durable.put("meta", b"k1", b"v")
         with kv.deferring_sync() as owed:
             kv.write(durable)
+        assert not owed.owes()
         owed.sync()
         assert recording.calls == [("write", False)]
     finally:

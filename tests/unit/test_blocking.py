@@ -13,9 +13,10 @@ from server.service.blocking import Blocking
 
 
 def test_the_second_part_starts_while_the_event_loop_is_busy() -> None:
-    """The storage thread hands the work to the compute pool itself: `then` runs while
-    the loop is still blocked (a hand-over through the loop would wait for it, and the
-    loop here waits for `then`: the version with two awaited hops times out)."""
+    """`first` and `then` run one after the other on one compute thread: `then` runs
+    while the loop is still blocked (a hand-over through the loop would wait for it, and
+    the loop here waits for `then`: the version with two awaited hops times out), and no
+    other thread is woken between them."""
     blocking = Blocking(2, 2)
     threads: dict[str, str] = {}
     then_ran = threading.Event()
@@ -40,7 +41,7 @@ def test_the_second_part_starts_while_the_event_loop_is_busy() -> None:
         assert asyncio.run(main()) == (41, "compiled")
     finally:
         blocking.shutdown()
-    assert threads["first"].startswith("ctxcc-io")
+    assert threads["first"] == threads["then"]
     assert threads["then"].startswith("ctxcc-compute")
 
 
@@ -243,11 +244,16 @@ class _Owed:
     """What a store's `deferring_sync` yields: `sync` records its thread, waits for
     `gate`, then fails with `error` if one is given."""
 
-    def __init__(self, gate: threading.Event, error: BaseException | None = None) -> None:
-        self.gate, self.error = gate, error
+    def __init__(
+        self, gate: threading.Event, error: BaseException | None = None, owes: bool = True
+    ) -> None:
+        self.gate, self.error, self._owes = gate, error, owes
         self.entered = threading.Event()
         self.syncs: list[str] = []
         self.inside = False
+
+    def owes(self) -> bool:
+        return self._owes
 
     def sync(self) -> None:
         self.syncs.append(threading.current_thread().name)
@@ -346,3 +352,19 @@ def test_a_failure_of_the_second_part_still_waits_for_the_deferred_sync() -> Non
     finally:
         blocking.shutdown()
     assert value == 41 and isinstance(outcome, ValueError) and landed == [41]
+
+
+def test_writes_that_owe_no_sync_wake_no_storage_thread() -> None:
+    """With durability off nothing is owed: the call is answered from the compute thread
+    alone, no sync made."""
+    owed = _Owed(threading.Event(), owes=False)
+    blocking = Blocking(2, 2)
+
+    async def main() -> tuple[int, str | BaseException]:
+        return await blocking.run_then_compute(lambda: 41, lambda: "x", None, owed.deferring)
+
+    try:
+        assert asyncio.run(main()) == (41, "x")
+    finally:
+        blocking.shutdown()
+    assert owed.syncs == []
