@@ -233,14 +233,15 @@ class _Join(Generic[T, U]):
     def computed(self, outcome: U | BaseException) -> None:
         with self._lock:
             self._outcome = outcome
-            self._left -= 1
-            last = not self._left
-        if last:
-            self._hand()
+        self._part_done()
 
     def synced(self, failed: BaseException | None) -> None:
         with self._lock:
             self._failed = failed
+        self._part_done()
+
+    def _part_done(self) -> None:
+        with self._lock:
             self._left -= 1
             last = not self._left
         if last:
