@@ -7,8 +7,9 @@ behind compiles of another: with every compute thread busy, storage threads are
 still free. (A stream step's append is the exception, written by the compute thread
 that then compiles it, its fsync made on a storage thread meanwhile: its answer waits
 for that compile anyway, and the step saves a thread hand-over; see
-`run_then_compute`.) Both are threads: the heavy parts (tokenizer, RE2, RocksDB) release the GIL
-or run in bounded slices, and the compile's inputs never cross a process boundary.
+`run_then_compute`.) Both are threads: the heavy parts (tokenizer, RE2, RocksDB)
+release the GIL or run in bounded slices, and the compile's inputs never cross a
+process boundary.
 
 The pools are plain threads fed by one queue each, and a result comes back to the loop
 as one callback that settles the awaiting future: no concurrent.futures.Future per
