@@ -37,6 +37,9 @@ class EventRecords(StoreCore):
             if batch_in.request_id:
                 replay = self._replayed(sid, batch_in)
                 if replay is not None:
+                    # The append it replays may be written and not yet synced (a step's
+                    # fsync runs beside its compile): acknowledged only once durable.
+                    self._kv.sync()
                     return replay
             head = session.head_seq
             if batch_in.expected_last_seq is not None and batch_in.expected_last_seq != head:

@@ -109,6 +109,12 @@ class KV(Protocol):
         log is synced while other work runs instead of before it."""
         ...
 
+    def sync(self) -> None:
+        """Makes durable every durable write made so far, by any thread (a replay
+        acknowledges a write another thread may not have synced yet); raises as a failed
+        sync of a write would."""
+        ...
+
     def approximate_size(self) -> int: ...
 
     def footprint(self) -> Footprint: ...
@@ -156,6 +162,9 @@ class MemoryKV:
     @contextlib.contextmanager
     def deferring_sync(self) -> Iterator[OwedSync]:
         yield NOTHING_OWED  # nothing here is ever synced
+
+    def sync(self) -> None:
+        pass
 
     def _remove(self, cf: str, key: bytes) -> None:
         if self._data[cf].pop(key, None) is not None:

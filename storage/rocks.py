@@ -264,6 +264,21 @@ class RocksKV:
         finally:
             self._deferred.owed = None
 
+    def sync(self) -> None:
+        """Every durable write made so far synced, by any thread, unmeasured (no write of
+        its own): a replay's answer acknowledges an append that another thread wrote and
+        may not have synced yet (a step's deferred sync)."""
+        if not self._sync:
+            return
+        if self._full:
+            raise disk_full(True)
+        with self._use():
+            try:
+                assert self._db is not None
+                self._db.flush_wal(True)
+            except Exception as exc:
+                self._failed(exc, False, True)
+
     def _sync_log(self, wrote_s: float) -> None:
         """The fsync writes made in `deferring_sync` left; measured with them, as one
         write with its fsync."""

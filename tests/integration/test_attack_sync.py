@@ -1,0 +1,83 @@
+"""Attacks on the deferred fsync of a step's append (73f3d3e, 88b0dde): nothing may be
+acknowledged before the log sync that makes it durable."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs
+from tests.helpers import user
+from tests.integration.test_step_hop import _HeldSync
+from tests.integration.test_step_usage import Steps, _compile, _new_session
+
+
+async def test_a_retried_step_is_not_answered_as_replayed_before_the_original_is_synced(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """A client whose stream broke mid-step retries the step (same request_id, same
+    events) on a new stream while the first step's fsync is still owed: the retry finds
+    the first's unsynced idempotency record and must not acknowledge it (replayed) before
+    that record is durable."""
+    await _new_session(api, "rr")
+    first_stream, retry_stream = Steps(api), Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    held = _HeldSync(kv._db)
+    try:
+        await first_stream.step(_compile("rr"), [user("one", "e1")], request_id="a")
+        kv._db = held
+        first = asyncio.ensure_future(
+            first_stream.step(_compile("rr"), [user("two", "e2")], request_id="b")
+        )
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        retry = asyncio.ensure_future(
+            retry_stream.step(_compile("rr"), [user("two", "e2")], request_id="b")
+        )
+        await asyncio.wait([retry], timeout=2)
+        early = retry.done()
+        held.release.set()
+        [answer] = await retry
+        assert answer.append.replayed and answer.append.last_seq == 2, answer
+        assert not early, "a replay was acknowledged before the append it replays was synced"
+        await first
+    finally:
+        held.release.set()
+        kv._db = held._db
+        await first_stream.close()
+        await retry_stream.close()
+
+
+async def test_a_retried_unary_append_is_not_answered_before_the_step_is_synced(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """The same retry by unary AppendEvents (a storage thread, as before the change)."""
+    await _new_session(api, "ru")
+    steps = Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    held = _HeldSync(kv._db)
+    try:
+        await steps.step(_compile("ru"), [user("one", "e1")], request_id="a")
+        kv._db = held
+        step = asyncio.ensure_future(
+            steps.step(_compile("ru"), [user("two", "e2")], request_id="b")
+        )
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        retry = asyncio.ensure_future(
+            api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="ru", events=[user("two", "e2")], request_id="b")
+            )
+        )
+        await asyncio.wait([retry], timeout=2)
+        early = retry.done()
+        held.release.set()
+        await retry
+        assert not early, "a replay was acknowledged before the append it replays was synced"
+        await step
+    finally:
+        held.release.set()
+        kv._db = held._db
+        await steps.close()
