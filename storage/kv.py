@@ -109,10 +109,10 @@ class KV(Protocol):
         log is synced while other work runs instead of before it."""
         ...
 
-    def sync(self) -> None:
+    def sync(self, *, strict: bool = True) -> None:
         """Makes durable every durable write made so far, by any thread (a replay
         acknowledges a write another thread may not have synced yet); raises as a failed
-        sync of a write would."""
+        sync of a write would, unless not `strict` (a read)."""
         ...
 
     def approximate_size(self) -> int: ...
@@ -163,7 +163,7 @@ class MemoryKV:
     def deferring_sync(self) -> Iterator[OwedSync]:
         yield NOTHING_OWED  # nothing here is ever synced
 
-    def sync(self) -> None:
+    def sync(self, *, strict: bool = True) -> None:
         pass
 
     def _remove(self, cf: str, key: bytes) -> None:

@@ -138,6 +138,15 @@ class RocksKV:
         self._depth = threading.local()
         # The OwedSync of this thread's `deferring_sync`, if inside one.
         self._deferred = threading.local()
+        # Durable writes started, and how many of the first of them a log sync covers:
+        # a reader about to acknowledge what it read (a replay, a watch) syncs first when
+        # some are not yet covered (a step's append whose sync runs beside its compile).
+        self._marks = threading.Lock()
+        self._written = 0
+        self._synced = 0
+        # Marks counted whose write has not returned yet: a sync covers only the marks
+        # before the first of them.
+        self._writing: set[int] = set()
         self._db: rocksdict.Rdict | None = None
         try:
             # The log replay at open writes a table file: give it the reserved room.
@@ -171,6 +180,9 @@ class RocksKV:
         self._cf = {name: db.get_column_family(name) for name in COLUMN_FAMILIES}
         self._handles = {name: db.get_column_family_handle(name) for name in COLUMN_FAMILIES}
         self._db = db
+        # What the log held is recovered (and its replay written to a table file).
+        with self._marks:
+            self._synced = self._written
 
     def _close_db(self) -> list[Exception]:
         """Close every handle; after a failed write RocksDB refuses to flush on close
@@ -241,12 +253,25 @@ class RocksKV:
                 wb.put(key, value, self._handles[cf])
             started = time.perf_counter()
             written = False
+            if syncs:
+                # Counted before the write: a reader that sees it sees it counted.
+                with self._marks:
+                    self._written += 1
+                    mark = self._written
+                    self._writing.add(mark)
             try:
                 assert self._db is not None
-                self._db.write(wb, self._no_wait_opts if batch.no_wait else self._lazy_opts)
+                try:
+                    self._db.write(wb, self._no_wait_opts if batch.no_wait else self._lazy_opts)
+                finally:
+                    if syncs:
+                        with self._marks:
+                            self._writing.discard(mark)
                 written = True
                 if syncs and owed is None:
+                    target = self._flushable()
                     self._db.flush_wal(True)
+                    self._covered(target)
             except Exception as exc:
                 self._failed(exc, batch.no_wait, written)
             took = time.perf_counter() - started
@@ -264,25 +289,49 @@ class RocksKV:
         finally:
             self._deferred.owed = None
 
-    def sync(self) -> None:
+    def _flushable(self) -> int:
+        """The marks a log sync starting now covers: those whose write has returned."""
+        with self._marks:
+            return min(self._writing) - 1 if self._writing else self._written
+
+    def _covered(self, mark: int) -> None:
+        with self._marks:
+            self._synced = max(self._synced, mark)
+
+    def sync(self, *, strict: bool = True) -> None:
         """Every durable write made so far synced, by any thread, unmeasured (no write of
-        its own): a replay's answer acknowledges an append that another thread wrote and
-        may not have synced yet (a step's deferred sync)."""
+        its own), when some may not be yet: a replay's answer acknowledges an append, a
+        watch sends events, that another thread wrote and may not have synced yet (a
+        step's deferred sync). Not `strict` (a read): on a full disk it does not fail,
+        what it read being all the log can give."""
         if not self._sync:
             return
+        with self._marks:
+            if self._synced >= self._written:
+                return
         if self._full:
-            raise disk_full(True)
+            if strict:
+                raise disk_full(True)
+            return
         with self._use():
+            target = self._flushable()
             try:
                 assert self._db is not None
                 self._db.flush_wal(True)
             except Exception as exc:
-                self._failed(exc, False, True)
+                try:
+                    self._failed(exc, False, True)
+                except CtxccError:
+                    if strict:
+                        raise
+                    return
+        self._covered(target)
 
     def _sync_log(self, wrote_s: float) -> None:
         """The fsync writes made in `deferring_sync` left; measured with them, as one
         write with its fsync."""
         with self._use():
+            target = self._flushable()
             started = time.perf_counter()
             try:
                 assert self._db is not None
@@ -290,6 +339,7 @@ class RocksKV:
             except Exception as exc:
                 self._failed(exc, False, True)
             took = time.perf_counter() - started
+        self._covered(target)
         if self._on_write is not None:
             self._on_write(wrote_s + took)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
+from server.domain.model import Event
 from storage.events import EventRecords, IdempotencyRecord
 from storage.kv import Footprint, OwedSync
 from storage.registry import RegistryRecords
@@ -37,6 +38,14 @@ class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
 
     def deferring_sync(self) -> contextlib.AbstractContextManager[OwedSync]:
         return self._kv.deferring_sync()
+
+    def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
+        """`read_events`, the log synced first if what was read may not be yet (a step's
+        append is synced beside its compile): for a watch, whose events are notices."""
+        events = self.read_events(session_id, after_seq, limit)
+        if events:
+            self._kv.sync(strict=False)
+        return events
 
     def close(self) -> None:
         self._kv.close()

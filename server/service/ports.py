@@ -73,6 +73,10 @@ class EventStore(Protocol):
         acknowledged (a step syncs its append while its compile runs)."""
         ...
 
+    def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
+        """`read_events`, never returning an event whose append is not yet durable."""
+        ...
+
     def read_events(
         self,
         session_id: str,

@@ -279,7 +279,10 @@ class SessionUseCases:
                     yield Resync((await self.get(session_id)).head_seq)
                 while True:  # catch up in pages; live updates queue up meanwhile
                     page = await self._blocking.run(
-                        self._store.read_events, session_id, last, self.limits.max_page_size
+                        self._store.read_synced_events,
+                        session_id,
+                        last,
+                        self.limits.max_page_size,
                     )
                     for event in page:
                         last = event.seq
@@ -299,7 +302,7 @@ class SessionUseCases:
                         # thread handed its result back later): the log holds the gap.
                         while last < update.seq - 1:
                             page = await self._blocking.run(
-                                self._store.read_events,
+                                self._store.read_synced_events,
                                 session_id,
                                 last,
                                 min(update.seq - 1 - last, self.limits.max_page_size),

@@ -632,6 +632,7 @@ _READS = frozenset(
         "list_sessions",
         "count_sessions",
         "read_events",
+        "read_synced_events",
         "get_blob",
         "last_turn_start",
         "find_tool_result",

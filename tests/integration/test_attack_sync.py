@@ -81,3 +81,40 @@ async def test_a_retried_unary_append_is_not_answered_before_the_step_is_synced(
         held.release.set()
         kv._db = held._db
         await steps.close()
+
+
+async def test_a_watch_does_not_send_a_steps_event_before_its_append_is_synced(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """A watch that subscribes while a step's fsync is owed reads its backlog from the
+    log, which already holds the step's unsynced events: they must not be sent before
+    they are durable (the step itself is not answered yet)."""
+    await _new_session(api, "rw")
+    steps = Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    held = _HeldSync(kv._db)
+    watch = None
+    try:
+        await steps.step(_compile("rw"), [user("one", "e1")], request_id="a")
+        kv._db = held
+        step = asyncio.ensure_future(
+            steps.step(_compile("rw"), [user("two", "e2")], request_id="b")
+        )
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="rw", after_seq=1))
+        updates = watch.__aiter__()
+        got = asyncio.ensure_future(updates.__anext__())
+        await asyncio.wait([got], timeout=2)
+        early = got.done()
+        held.release.set()
+        update = await asyncio.wait_for(got, 10)
+        assert update.event.seq == 2, update
+        assert not early, "a watcher got an event before the append that wrote it was synced"
+        await step
+    finally:
+        held.release.set()
+        kv._db = held._db
+        if watch is not None:
+            watch.cancel()
+        await steps.close()
