@@ -109,6 +109,10 @@ class KV(Protocol):
         log is synced while other work runs instead of before it."""
         ...
 
+    def synced(self) -> bool:
+        """Whether every durable write made so far is synced (no I/O)."""
+        ...
+
     def sync(self, *, strict: bool = True) -> None:
         """Makes durable every durable write made so far, by any thread (a replay
         acknowledges a write another thread may not have synced yet); raises as a failed
@@ -162,6 +166,9 @@ class MemoryKV:
     @contextlib.contextmanager
     def deferring_sync(self) -> Iterator[OwedSync]:
         yield NOTHING_OWED  # nothing here is ever synced
+
+    def synced(self) -> bool:
+        return True
 
     def sync(self, *, strict: bool = True) -> None:
         pass

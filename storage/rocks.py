@@ -298,6 +298,13 @@ class RocksKV:
         with self._marks:
             self._synced = max(self._synced, mark)
 
+    def synced(self) -> bool:
+        """Whether every durable write made so far is synced (cheap: no I/O)."""
+        if not self._sync:
+            return True
+        with self._marks:
+            return self._synced >= self._written
+
     def sync(self, *, strict: bool = True) -> None:
         """Every durable write made so far synced, by any thread, unmeasured (no write of
         its own), when some may not be yet: a replay's answer acknowledges an append, a

@@ -39,6 +39,15 @@ class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
     def deferring_sync(self) -> contextlib.AbstractContextManager[OwedSync]:
         return self._kv.deferring_sync()
 
+    def reads_synced(self) -> bool:
+        """Whether everything readable is durable (no I/O: on the event loop)."""
+        return self._kv.synced()
+
+    def sync_reads(self) -> None:
+        """The log synced if a write made so far may not be yet (cheap when none): what
+        was read before is durable after."""
+        self._kv.sync(strict=False)
+
     def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
         """`read_events`, the log synced first if what was read may not be yet (a step's
         append is synced beside its compile): for a watch, whose events are notices."""

@@ -10,8 +10,9 @@ import threading
 import time
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from server.compiler.compaction import working_set_start
 from server.compiler.compile import CompileInputs, compile_incremental
@@ -153,7 +154,9 @@ class CompileUseCases:
         # the rendering: thread handoffs, not the work, dominated small compiles.
         work = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
         if prior is None:
-            prepared, done, compact_through = await self._blocking.compute(work)
+            prepared, done, compact_through = await self._blocking.compute(
+                _then_synced, work, self._store.sync_reads
+            )
         else:
             # The append's fsync is made while its compile runs (the compile reads what
             # was written; the answer waits for both).
@@ -210,6 +213,9 @@ class CompileUseCases:
             if isinstance(found, Busy):
                 found = await self._blocking.run(self._repeats.repeat, entry)
         result = found if isinstance(found, CompileResult) else None
+        if result is not None and not self._store.reads_synced():
+            # The view repeated may be a step's whose append is still being synced.
+            await self._blocking.run(self._store.sync_reads)
         if result is not None:
             self._telemetry.memo_used("repeat")
             self._published(opts, entry.session, result.view, started)
@@ -413,3 +419,14 @@ class CompileUseCases:
                 raise
             return True
         return False
+
+
+T = TypeVar("T")
+
+
+def _then_synced(work: Callable[[], T], sync_reads: Callable[[], None]) -> T:
+    """`work`, then the log synced if what it read may not be durable yet (a step's
+    append is synced beside its compile): a view never shows events before they are."""
+    result = work()
+    sync_reads()
+    return result

@@ -73,6 +73,15 @@ class EventStore(Protocol):
         acknowledged (a step syncs its append while its compile runs)."""
         ...
 
+    def reads_synced(self) -> bool:
+        """Whether everything readable is durable already (no I/O)."""
+        ...
+
+    def sync_reads(self) -> None:
+        """What was read so far is durable once this returns (a step's append is synced
+        beside its compile, and others may read it meanwhile)."""
+        ...
+
     def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
         """`read_events`, never returning an event whose append is not yet durable."""
         ...

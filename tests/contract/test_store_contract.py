@@ -633,6 +633,8 @@ _READS = frozenset(
         "count_sessions",
         "read_events",
         "read_synced_events",
+        "sync_reads",
+        "reads_synced",
         "get_blob",
         "last_turn_start",
         "find_tool_result",

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from ctxcc.v1 import common_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs
@@ -117,4 +120,41 @@ async def test_a_watch_does_not_send_a_steps_event_before_its_append_is_synced(
         kv._db = held._db
         if watch is not None:
             watch.cancel()
+        await steps.close()
+
+
+@pytest.mark.parametrize("other_route", [False, True], ids=["repeat", "compiled"])
+async def test_a_unary_compile_does_not_answer_a_view_of_a_steps_unsynced_events(
+    daemon: Daemon, api: Stubs, other_route: bool
+) -> None:
+    """A Compile of the session while a step's fsync is owed: on the step's route it
+    repeats the step's view (kept before the sync), on another it reads the step's events
+    from the log; either view must not be answered before they are durable."""
+    await _new_session(api, "rc")
+    steps = Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    held = _HeldSync(kv._db)
+    try:
+        await steps.step(_compile("rc"), [user("one", "e1")], request_id="a")
+        kv._db = held
+        step = asyncio.ensure_future(
+            steps.step(_compile("rc"), [user("two", "e2")], request_id="b")
+        )
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        route = common_pb2.Route(
+            connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o"
+        )
+        request = _compile("rc", route) if other_route else _compile("rc")
+        compiled = asyncio.ensure_future(api.compiles.Compile(request))
+        await asyncio.wait([compiled], timeout=2)
+        early = compiled.done()
+        held.release.set()
+        view = (await compiled).view
+        assert view.event_boundary == 2
+        assert not early, "a view of events not yet durable was answered"
+        await step
+    finally:
+        held.release.set()
+        kv._db = held._db
         await steps.close()

@@ -1,0 +1,85 @@
+"""Races around a step's deferred sync, on a real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs
+from tests.helpers import user
+from tests.integration.test_step_hop import _HeldSync
+from tests.integration.test_step_usage import Steps, _compile, _head, _new_session
+
+
+async def _seqs(updates: Any, count: int) -> list[int]:
+    seqs: list[int] = []
+    while len(seqs) < count:
+        update = await asyncio.wait_for(updates.__anext__(), 30)
+        if update.WhichOneof("update") == "event":
+            seqs.append(update.event.seq)
+    return seqs
+
+
+async def test_two_streams_and_unary_appends_on_one_session(daemon: Daemon, api: Stubs) -> None:
+    await _new_session(api, "two")
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="two", after_seq=0))
+    updates = watch.__aiter__()
+    a, b = Steps(api), Steps(api)
+
+    async def stream(s: Steps, tag: str) -> None:
+        for i in range(15):
+            [ans] = await s.step(
+                _compile("two"), [user(f"{tag}{i}", f"{tag}{i}")], request_id=f"{tag}{i}"
+            )
+            assert ans.WhichOneof("response") == "view", ans
+
+    async def unary() -> None:
+        for i in range(15):
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="two", events=[user(f"u{i}", f"u{i}")])
+            )
+
+    try:
+        await asyncio.gather(stream(a, "a"), stream(b, "b"), unary())
+        assert await _head(api, "two") == 45
+        assert await _seqs(updates, 45) == list(range(1, 46))
+    finally:
+        watch.cancel()
+        await a.close()
+        await b.close()
+
+
+async def test_a_stream_cancelled_during_the_sync_still_lands_and_a_retry_replays(
+    daemon: Daemon, api: Stubs
+) -> None:
+    await _new_session(api, "cx")
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="cx", after_seq=0))
+    updates = watch.__aiter__()
+    first, retry = Steps(api), Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    held = _HeldSync(kv._db)
+    try:
+        await first.step(_compile("cx"), [user("one", "e1")], request_id="a")
+        kv._db = held
+        step = asyncio.ensure_future(
+            first.step(_compile("cx"), [user("two", "e2")], request_id="b")
+        )
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        await first.close()
+        await asyncio.sleep(0.3)
+        held.release.set()
+        kv._db = held._db
+        assert await _seqs(updates, 2) == [1, 2]
+        [ans] = await retry.step(_compile("cx"), [user("two", "e2")], request_id="b")
+        assert ans.append.replayed and ans.append.last_seq == 2, ans
+        [ans] = await retry.step(_compile("cx"), [user("three", "e3")], request_id="c")
+        assert ans.append.last_seq == 3 and ans.view.event_boundary == 3, ans
+        step.cancel()
+    finally:
+        held.release.set()
+        kv._db = held._db
+        watch.cancel()
+        await retry.close()
