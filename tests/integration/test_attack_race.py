@@ -83,3 +83,47 @@ async def test_a_stream_cancelled_during_the_sync_still_lands_and_a_retry_replay
         kv._db = held._db
         watch.cancel()
         await retry.close()
+
+
+class _FailingSync:
+    """The daemon's RocksDB handle whose log sync fails once for space."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, batch: object, opts: Any) -> None:
+        self._db.write(batch, opts)
+
+    def flush_wal(self, sync: bool) -> None:
+        raise Exception("IO error: No space left on device: While fsync")
+
+
+async def test_a_step_whose_sync_failed_is_settled_by_its_retry(daemon: Daemon, api: Stubs) -> None:
+    """The step's sync fails for space: DISK_FULL (may not have been kept); its retry is
+    refused while the disk is full (not answered as a replay of a write that may be
+    lost), and once space is back it is a replay or a new append, never both."""
+    await _new_session(api, "fs")
+    steps = Steps(api)
+    assert daemon._store is not None
+    kv: Any = daemon._store._kv
+    real = kv._db
+    try:
+        await steps.step(_compile("fs"), [user("one", "e1")], request_id="a")
+        kv._db = _FailingSync(real)
+        [ans] = await steps.step(_compile("fs"), [user("two", "e2")], request_id="b")
+        assert ans.error.reason == "DISK_FULL" and "may not" in ans.error.message, ans
+        assert not ans.HasField("append")
+        kv._db = real
+        [again] = await steps.step(_compile("fs"), [user("two", "e2")], request_id="b")
+        assert again.error.reason == "DISK_FULL", again
+        assert daemon._store.writable()  # space is back: reopened
+        [settled] = await steps.step(_compile("fs"), [user("two", "e2")], request_id="b")
+        assert settled.WhichOneof("response") == "view", settled
+        assert settled.append.last_seq == 2
+        [nxt] = await steps.step(_compile("fs"), [user("three", "e3")], request_id="c")
+        assert nxt.append.first_seq == 3 and nxt.view.event_boundary == 3, nxt
+        assert await _head(api, "fs") == 3
+    finally:
+        if kv._db is not None and kv._db is not real and isinstance(kv._db, _FailingSync):
+            kv._db = real
+        await steps.close()
