@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
-from tests.conftest import Stubs
+from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import user
 from tests.integration.test_step_hop import _HeldSync
 from tests.integration.test_step_usage import Steps, _compile, _head, _new_session
@@ -127,3 +128,42 @@ async def test_a_step_whose_sync_failed_is_settled_by_its_retry(daemon: Daemon, 
         if kv._db is not None and kv._db is not real and isinstance(kv._db, _FailingSync):
             kv._db = real
         await steps.close()
+
+
+async def test_a_stop_while_a_steps_sync_is_held_answers_it_and_keeps_it(
+    short_tmp: Path,
+) -> None:
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(str(d.endpoints.tcp))
+    steps = Steps(api)
+    assert d._store is not None
+    kv: Any = d._store._kv
+    held = _HeldSync(kv._db)
+    try:
+        await _new_session(api, "st")
+        await steps.step(_compile("st"), [user("one", "e1")], request_id="a")
+        kv._db = held
+        step = asyncio.ensure_future(
+            steps.step(_compile("st"), [user("two", "e2")], request_id="b")
+        )
+        assert await asyncio.to_thread(held.syncing.wait, 10)
+        stopping = asyncio.ensure_future(d.stop())
+        await asyncio.sleep(0.5)
+        assert not stopping.done()
+        held.release.set()
+        kv._db = held._db  # what the store closes
+        [ans] = await asyncio.wait_for(step, 10)
+        assert ans.append.last_seq == 2 and ans.view.event_boundary == 2, ans
+        await asyncio.wait_for(stopping, 20)
+    finally:
+        held.release.set()
+        await api.channel.close()
+    again = Daemon(make_config(short_tmp))
+    await again.start()
+    api = stubs_for(str(again.endpoints.tcp))
+    try:
+        assert await _head(api, "st") == 2
+    finally:
+        await api.channel.close()
+        await again.stop()
