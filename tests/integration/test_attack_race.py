@@ -167,3 +167,44 @@ async def test_a_stop_while_a_steps_sync_is_held_answers_it_and_keeps_it(
     finally:
         await api.channel.close()
         await again.stop()
+
+
+def _writes(daemon: Daemon) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://{daemon.endpoints.metrics}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "ctxcc_storage_write_duration_seconds":
+            return sum(s.value for s in family.samples if s.name.endswith("_count"))
+    return 0.0
+
+
+async def test_a_step_counts_one_storage_write_for_its_append_and_sync(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """A step's deferred append is one sample, fsync included, as a unary append's is:
+    a step makes as many samples as a unary append followed by a compile."""
+    await _new_session(api, "m1")
+    await _new_session(api, "m2")
+    steps = Steps(api)
+    try:
+        await steps.step(_compile("m1"), [user("one", "e1")], request_id="a")
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="m2", events=[user("one", "e1")])
+        )
+        await api.compiles.Compile(_compile("m2"))
+        before = _writes(daemon)
+        await steps.step(_compile("m1"), [user("two", "e2")], request_id="b")
+        by_step = _writes(daemon) - before
+        before = _writes(daemon)
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="m2", events=[user("two", "e2")])
+        )
+        await api.compiles.Compile(_compile("m2"))
+        by_unary = _writes(daemon) - before
+        assert by_step == by_unary, (by_step, by_unary)
+    finally:
+        await steps.close()
