@@ -1,5 +1,6 @@
-"""Attacks on the deferred fsync of a step's append (73f3d3e, 88b0dde): nothing may be
-acknowledged before the log sync that makes it durable."""
+"""A step's append is fsynced beside its compile: nothing that acknowledges it (a
+replay, a watch, a unary compile or a repeat of its view) may answer before the log
+sync that makes it durable."""
 
 from __future__ import annotations
 
