@@ -113,10 +113,10 @@ class KV(Protocol):
         """Whether every durable write made so far is synced (no I/O)."""
         ...
 
-    def sync(self, *, strict: bool = True) -> None:
+    def sync(self) -> None:
         """Makes durable every durable write made so far, by any thread (a replay
         acknowledges a write another thread may not have synced yet); raises as a failed
-        sync of a write would, unless not `strict` (a read)."""
+        sync of a write would."""
         ...
 
     def approximate_size(self) -> int: ...
@@ -170,7 +170,7 @@ class MemoryKV:
     def synced(self) -> bool:
         return True
 
-    def sync(self, *, strict: bool = True) -> None:
+    def sync(self) -> None:
         pass
 
     def _remove(self, cf: str, key: bytes) -> None:

@@ -90,19 +90,22 @@ def is_write_stall(exc: BaseException) -> bool:
 
 class _Owed:
     """The fsync owed by the durable writes a thread made in `RocksKV.deferring_sync`,
-    with their time (the storage-write metric sees them as one write, fsync included)."""
+    with their time (the storage-write metric sees them as one write, fsync included)
+    and the latest of their marks (a sync that covers it already leaves nothing owed)."""
 
-    __slots__ = ("_kv", "_lock", "_owed", "_wrote_s")
+    __slots__ = ("_kv", "_lock", "_mark", "_owed", "_wrote_s")
 
     def __init__(self, kv: RocksKV) -> None:
         self._kv = kv
         self._wrote_s = 0.0
         self._owed = False
+        self._mark = 0
         self._lock = threading.Lock()
 
-    def owe(self, wrote_s: float) -> None:
+    def owe(self, wrote_s: float, mark: int) -> None:
         with self._lock:
             self._wrote_s += wrote_s
+            self._mark = max(self._mark, mark)
             self._owed = True
 
     def owes(self) -> bool:
@@ -115,7 +118,8 @@ class _Owed:
                 return
             self._owed = False
             wrote_s, self._wrote_s = self._wrote_s, 0.0
-        self._kv._sync_log(wrote_s)
+            mark = self._mark
+        self._kv._sync_log(wrote_s, mark)
 
 
 class RocksKV:
@@ -147,6 +151,8 @@ class RocksKV:
         # Marks counted whose write has not returned yet: a sync covers only the marks
         # before the first of them.
         self._writing: set[int] = set()
+        # Marks of writes that failed (nothing in the log) not yet passed by `_synced`.
+        self._void: set[int] = set()
         self._db: rocksdict.Rdict | None = None
         try:
             # The log replay at open writes a table file: give it the reserved room.
@@ -183,6 +189,7 @@ class RocksKV:
         # What the log held is recovered (and its replay written to a table file).
         with self._marks:
             self._synced = self._written
+            self._void.clear()
 
     def _close_db(self) -> list[Exception]:
         """Close every handle; after a failed write RocksDB refuses to flush on close
@@ -253,6 +260,7 @@ class RocksKV:
                 wb.put(key, value, self._handles[cf])
             started = time.perf_counter()
             written = False
+            mark = 0
             if syncs:
                 # Counted before the write: a reader that sees it sees it counted.
                 with self._marks:
@@ -263,11 +271,10 @@ class RocksKV:
                 assert self._db is not None
                 try:
                     self._db.write(wb, self._no_wait_opts if batch.no_wait else self._lazy_opts)
+                    written = True
                 finally:
                     if syncs:
-                        with self._marks:
-                            self._writing.discard(mark)
-                written = True
+                        self._returned(mark, written)
                 if syncs and owed is None:
                     target = self._flushable()
                     self._db.flush_wal(True)
@@ -276,7 +283,7 @@ class RocksKV:
                 self._failed(exc, batch.no_wait, written)
             took = time.perf_counter() - started
         if owed is not None:
-            owed.owe(took)
+            owed.owe(took, mark)
         elif self._on_write is not None:
             self._on_write(took)
 
@@ -289,6 +296,22 @@ class RocksKV:
         finally:
             self._deferred.owed = None
 
+    def _returned(self, mark: int, written: bool) -> None:
+        """A durable write's call returned; one that failed wrote nothing to the log, so
+        it owes no sync (a replay of an older append must not wait for it)."""
+        with self._marks:
+            self._writing.discard(mark)
+            if not written:
+                self._void.add(mark)
+                self._pass_void()
+
+    def _pass_void(self) -> None:
+        """Moves what is covered past failed writes (under `_marks`)."""
+        if self._void:
+            while self._synced + 1 in self._void:
+                self._synced += 1
+            self._void = {m for m in self._void if m > self._synced}
+
     def _flushable(self) -> int:
         """The marks a log sync starting now covers: those whose write has returned."""
         with self._marks:
@@ -297,6 +320,7 @@ class RocksKV:
     def _covered(self, mark: int) -> None:
         with self._marks:
             self._synced = max(self._synced, mark)
+            self._pass_void()
 
     def synced(self) -> bool:
         """Whether every durable write made so far is synced (cheap: no I/O)."""
@@ -305,38 +329,34 @@ class RocksKV:
         with self._marks:
             return self._synced >= self._written
 
-    def sync(self, *, strict: bool = True) -> None:
+    def sync(self) -> None:
         """Every durable write made so far synced, by any thread, unmeasured (no write of
         its own), when some may not be yet: a replay's answer acknowledges an append, a
-        watch sends events, that another thread wrote and may not have synced yet (a
-        step's deferred sync). Not `strict` (a read): on a full disk it does not fail,
-        what it read being all the log can give."""
+        watch sends events, a compile answers a view, that another thread wrote and may
+        not have synced yet (a step's deferred sync). With a write in the log whose sync
+        failed for space, it fails as that sync did (DISK_FULL) until the engine is
+        reopened: what was read may not be kept."""
         if not self._sync:
             return
         with self._marks:
             if self._synced >= self._written:
                 return
         if self._full:
-            if strict:
-                raise disk_full(True)
-            return
-        with self._use():
-            target = self._flushable()
-            try:
-                assert self._db is not None
-                self._db.flush_wal(True)
-            except Exception as exc:
-                try:
-                    self._failed(exc, False, True)
-                except CtxccError:
-                    if strict:
-                        raise
-                    return
-        self._covered(target)
+            raise disk_full(True)
+        self._flush()
 
-    def _sync_log(self, wrote_s: float) -> None:
-        """The fsync writes made in `deferring_sync` left; measured with them, as one
-        write with its fsync."""
+    def _sync_log(self, wrote_s: float, mark: int) -> None:
+        """The fsync writes made in `deferring_sync` left (none when a sync made since,
+        by a reader's barrier, covers them); measured with them, as one write with its
+        fsync."""
+        with self._marks:
+            covered = self._synced >= mark
+        took = 0.0 if covered else self._flush()
+        if self._on_write is not None:
+            self._on_write(wrote_s + took)
+
+    def _flush(self) -> float:
+        """Syncs the log, marking what that covers; its seconds."""
         with self._use():
             target = self._flushable()
             started = time.perf_counter()
@@ -347,8 +367,7 @@ class RocksKV:
                 self._failed(exc, False, True)
             took = time.perf_counter() - started
         self._covered(target)
-        if self._on_write is not None:
-            self._on_write(wrote_s + took)
+        return took
 
     def _failed(self, exc: Exception, no_wait: bool, written: bool) -> NoReturn:
         if no_wait and is_write_stall(exc):

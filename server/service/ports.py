@@ -79,11 +79,13 @@ class EventStore(Protocol):
 
     def sync_reads(self) -> None:
         """What was read so far is durable once this returns (a step's append is synced
-        beside its compile, and others may read it meanwhile)."""
+        beside its compile, and others may read it meanwhile); DISK_FULL when a write
+        in the log failed its sync for space (until the engine is reopened)."""
         ...
 
     def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
-        """`read_events`, never returning an event whose append is not yet durable."""
+        """`read_events`, never returning an event whose append is not yet durable
+        (DISK_FULL instead, as `sync_reads`)."""
         ...
 
     def read_events(

@@ -155,10 +155,10 @@ class SessionUseCases:
         request_id: str = "",
         expected_last_seq: int | None = None,
     ) -> Callable[[], Written]:
-        """The append's checks (now: ids and the event count), and its blocking write for
-        the I/O pool, which first makes the `count` events with `convert`; `landed` takes
-        what the write returns, on the event loop. A stream step hands the write to its
-        compile, which runs it in the same hop (Prior). Converting a request's events
+        """The append's checks (now: ids and the event count), and its blocking write (for
+        the I/O pool, or a stream step's compute thread, which runs it right before the
+        step's compile: Prior), which first makes the `count` events with `convert`;
+        `landed` takes what the write returns, on the event loop. Converting a request's events
         copies every text, and digests, encodes and blob hashing follow: with the write,
         so that a 32 MiB tool result (~16 ms to convert alone) never stalls the loop."""
         check_id("session_id", session_id)

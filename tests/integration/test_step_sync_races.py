@@ -10,17 +10,9 @@ from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import user
+from tests.integration.test_step_hop import _events as _seqs
 from tests.integration.test_step_hop import _HeldSync
 from tests.integration.test_step_usage import Steps, _compile, _head, _new_session
-
-
-async def _seqs(updates: Any, count: int) -> list[int]:
-    seqs: list[int] = []
-    while len(seqs) < count:
-        update = await asyncio.wait_for(updates.__anext__(), 30)
-        if update.WhichOneof("update") == "event":
-            seqs.append(update.event.seq)
-    return seqs
 
 
 async def test_two_streams_and_unary_appends_on_one_session(daemon: Daemon, api: Stubs) -> None:
@@ -104,6 +96,10 @@ async def test_a_step_whose_sync_failed_is_settled_by_its_retry(daemon: Daemon, 
     refused while the disk is full (not answered as a replay of a write that may be
     lost), and once space is back it is a replay or a new append, never both."""
     await _new_session(api, "fs")
+    # The daemon's disk poll (every second) would reopen the engine on its own between
+    # the failed step and its retry: the test reopens it itself, when it means to.
+    assert daemon._disk_watch is not None
+    daemon._disk_watch.cancel()
     steps = Steps(api)
     assert daemon._store is not None
     kv: Any = daemon._store._kv
