@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 
-from server.domain.model import Event
 from storage.events import EventRecords, IdempotencyRecord
 from storage.kv import Footprint, OwedSync
 from storage.registry import RegistryRecords
@@ -47,14 +46,6 @@ class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
         """The log synced if a write made so far may not be yet (cheap when none): what
         was read before is durable after."""
         self._kv.sync()
-
-    def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
-        """`read_events`, the log synced first if what was read may not be yet (a step's
-        append is synced beside its compile): for a watch, whose events are notices."""
-        events = self.read_events(session_id, after_seq, limit)
-        if events:
-            self._kv.sync()
-        return events
 
     def close(self) -> None:
         self._kv.close()

@@ -31,7 +31,9 @@ import queue
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, cast
+from typing import Any, Generic, ParamSpec, TypeVar, cast
+
+from server.service.ports import OwedSync
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -130,7 +132,7 @@ class Blocking:
         first: Callable[[], T],
         then: Callable[[], U],
         landed: Callable[[T], object] | None = None,
-        deferring: Callable[[], AbstractContextManager[Syncs]] | None = None,
+        deferring: Callable[[], AbstractContextManager[OwedSync]] | None = None,
     ) -> tuple[T, U | BaseException]:
         """`first`, then `then`, on one compute thread: the event loop is woken once for
         both and no other thread between them (each wake-up of the loop costs a step
@@ -170,7 +172,7 @@ class Blocking:
             finish(outcome)
 
         def start() -> None:
-            owed: Syncs | None = None
+            owed: OwedSync | None = None
             try:
                 if deferring is None:
                     value = first()
@@ -197,13 +199,7 @@ class Blocking:
         self._pool.shutdown()
 
 
-class Syncs(Protocol):
-    def owes(self) -> bool: ...
-
-    def sync(self) -> None: ...
-
-
-def _sync(owed: Syncs, join: _Join[Any, Any]) -> None:
+def _sync(owed: OwedSync, join: _Join[Any, Any]) -> None:
     try:
         owed.sync()
     except BaseException as exc:

@@ -37,6 +37,8 @@ T = TypeVar("T")
 
 
 class OwedSync(Protocol):
+    """The fsync owed by appends made in `EventStore.deferring_sync`."""
+
     def owes(self) -> bool: ...
 
     def sync(self) -> None: ...
@@ -81,11 +83,6 @@ class EventStore(Protocol):
         """What was read so far is durable once this returns (a step's append is synced
         beside its compile, and others may read it meanwhile); DISK_FULL when a write
         in the log failed its sync for space (until the engine is reopened)."""
-        ...
-
-    def read_synced_events(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
-        """`read_events`, never returning an event whose append is not yet durable
-        (DISK_FULL instead, as `sync_reads`)."""
         ...
 
     def read_events(

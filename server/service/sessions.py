@@ -147,6 +147,15 @@ class SessionUseCases:
         write = self.writer(session_id, count, convert, request_id, expected_last_seq)
         return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
 
+    def _synced_page(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
+        """Blocking: a page of a watch's events, the log synced first when they may not
+        be durable yet (a step's append is synced beside its compile): a watcher is never
+        told of an event a crash could take back."""
+        page = self._store.read_events(session_id, after_seq, limit)
+        if page:
+            self._store.sync_reads()
+        return page
+
     def writer(
         self,
         session_id: str,
@@ -279,10 +288,7 @@ class SessionUseCases:
                     yield Resync((await self.get(session_id)).head_seq)
                 while True:  # catch up in pages; live updates queue up meanwhile
                     page = await self._blocking.run(
-                        self._store.read_synced_events,
-                        session_id,
-                        last,
-                        self.limits.max_page_size,
+                        self._synced_page, session_id, last, self.limits.max_page_size
                     )
                     for event in page:
                         last = event.seq
@@ -302,7 +308,7 @@ class SessionUseCases:
                         # thread handed its result back later): the log holds the gap.
                         while last < update.seq - 1:
                             page = await self._blocking.run(
-                                self._store.read_synced_events,
+                                self._synced_page,
                                 session_id,
                                 last,
                                 min(update.seq - 1 - last, self.limits.max_page_size),

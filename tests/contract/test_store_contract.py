@@ -632,7 +632,6 @@ _READS = frozenset(
         "list_sessions",
         "count_sessions",
         "read_events",
-        "read_synced_events",
         "sync_reads",
         "reads_synced",
         "get_blob",
