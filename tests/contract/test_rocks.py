@@ -138,6 +138,20 @@ class _Recording:
         self._db.flush_wal(sync)  # type: ignore[attr-defined]
 
 
+class NoSpaceOnSync:
+    """The engine's RocksDB handle whose writes go through and whose log sync fails as
+    RocksDB's does on a full disk."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, batch: object, opts: object) -> None:
+        self._db.write(batch, opts)
+
+    def flush_wal(self, sync: bool) -> None:
+        raise Exception("IO error: No space left on device: While fsync")
+
+
 @pytest.mark.parametrize("sync", [True, False])
 def test_durable_batches_are_synced_with_the_gil_released(tmp_path: Path, sync: bool) -> None:
     """rocksdict holds the GIL through Rdict.write, fsync included, and releases it in
@@ -220,12 +234,7 @@ def test_a_deferred_sync_failing_for_space_refuses_writes_as_a_failed_write_does
 ) -> None:
     kv = open_rocks(tmp_path / "db", sync=True)
     recording = _Recording(kv._db)
-
-    def no_space(sync: bool) -> None:
-        raise Exception("IO error: No space left on device: While fsync")
-
-    full: Any = type("Full", (), {"write": recording.write, "flush_wal": staticmethod(no_space)})
-    kv._db = full()
+    kv._db = NoSpaceOnSync(recording)  # type: ignore[assignment]
     try:
         durable = Batch()
         durable.put("meta", b"k1", b"v")

@@ -100,14 +100,17 @@ async def test_long_tables_estimate_and_rebuild_the_same_after_a_restart(short_t
         assert [m.SerializeToString() for m in read_back.messages] == [
             m.SerializeToString() for m in kept.messages
         ]
-        for view in [*recorded, read_back]:
-            again = await api.compiles.Compile(
-                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
-            )
-            assert again.view.SerializeToString() == view.SerializeToString()
+        await _rebuild_byte_for_byte(api, [*recorded, read_back])
     finally:
         await api.channel.close()
         await d.stop()
+
+
+async def _rebuild_byte_for_byte(api: Stubs, views: list[view_pb2.CompiledView]) -> None:
+    """Each recorded view, rebuilt from its compile id, is the same bytes."""
+    for view in views:
+        again = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+        assert again.view.SerializeToString() == view.SerializeToString()
 
 
 async def test_a_step_compares_its_table_with_an_earlier_one_once(
@@ -133,11 +136,7 @@ async def test_a_step_compares_its_table_with_an_earlier_one_once(
             compared.clear()
             recorded.append(await _reported(api, 57 + k))
             assert len(compared) == 1
-        for view in recorded:
-            again = await api.compiles.Compile(
-                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
-            )
-            assert again.view.SerializeToString() == view.SerializeToString()
+        await _rebuild_byte_for_byte(api, recorded)
     finally:
         await api.channel.close()
         await d.stop()

@@ -9,6 +9,7 @@ from typing import Any
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
+from tests.contract.test_rocks import NoSpaceOnSync
 from tests.helpers import user
 from tests.integration.test_step_hop import _events as _seqs
 from tests.integration.test_step_hop import _HeldSync
@@ -78,19 +79,6 @@ async def test_a_stream_cancelled_during_the_sync_still_lands_and_a_retry_replay
         await retry.close()
 
 
-class _FailingSync:
-    """The daemon's RocksDB handle whose log sync fails once for space."""
-
-    def __init__(self, db: Any) -> None:
-        self._db = db
-
-    def write(self, batch: object, opts: Any) -> None:
-        self._db.write(batch, opts)
-
-    def flush_wal(self, sync: bool) -> None:
-        raise Exception("IO error: No space left on device: While fsync")
-
-
 async def test_a_step_whose_sync_failed_is_settled_by_its_retry(daemon: Daemon, api: Stubs) -> None:
     """The step's sync fails for space: DISK_FULL (may not have been kept); its retry is
     refused while the disk is full (not answered as a replay of a write that may be
@@ -106,7 +94,7 @@ async def test_a_step_whose_sync_failed_is_settled_by_its_retry(daemon: Daemon, 
     real = kv._db
     try:
         await steps.step(_compile("fs"), [user("one", "e1")], request_id="a")
-        kv._db = _FailingSync(real)
+        kv._db = NoSpaceOnSync(real)
         [ans] = await steps.step(_compile("fs"), [user("two", "e2")], request_id="b")
         assert ans.error.reason == "DISK_FULL" and "may not" in ans.error.message, ans
         assert not ans.HasField("append")
@@ -121,7 +109,7 @@ async def test_a_step_whose_sync_failed_is_settled_by_its_retry(daemon: Daemon, 
         assert nxt.append.first_seq == 3 and nxt.view.event_boundary == 3, nxt
         assert await _head(api, "fs") == 3
     finally:
-        if kv._db is not None and kv._db is not real and isinstance(kv._db, _FailingSync):
+        if kv._db is not None and kv._db is not real and isinstance(kv._db, NoSpaceOnSync):
             kv._db = real
         await steps.close()
 
