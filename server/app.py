@@ -60,6 +60,7 @@ from server.startup import (
     auth_token,
     bind_tcp,
     bind_unix,
+    data_dir_error,
     echo_handler,
     gid,
     kernel_text,
@@ -74,7 +75,7 @@ from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
 from server.transport.wire import request_caps
-from storage import KVEventStore, StoreLimits, open_rocks
+from storage import KVEventStore, RocksKV, StoreLimits, open_rocks
 
 if TYPE_CHECKING:
     from server.web.server import WebServer
@@ -128,12 +129,7 @@ class Daemon:
             raise ConfigError(str(exc)) from exc
         private_data_dir(cfg)
         preload = self._preload_tokenizers()
-        kv = open_rocks(
-            cfg.db_path,
-            sync=cfg.durability == "sync",
-            on_write=self.telemetry.storage_write,
-            reserve_bytes=cfg.disk_reserve_bytes,
-        )
+        kv = self._open_kv()
         # One splitter for the store and the compiles: see CompileUseCases.
         store = KVEventStore(
             kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes), splitter := Splitter()
@@ -254,6 +250,18 @@ class Daemon:
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
+
+    def _open_kv(self) -> RocksKV:
+        cfg = self.cfg
+        try:
+            return open_rocks(
+                cfg.db_path,
+                sync=cfg.durability == "sync",
+                on_write=self.telemetry.storage_write,
+                reserve_bytes=cfg.disk_reserve_bytes,
+            )
+        except OSError as exc:  # not ours to write (its owner, its mode), not a directory
+            raise ConfigError(data_dir_error(cfg, exc)) from None
 
     def _preload_tokenizers(self) -> asyncio.Future[None] | None:
         """Tokenizer tables are built by the first compile that needs one, in its worker

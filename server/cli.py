@@ -19,6 +19,7 @@ log = logging.getLogger("ctxcc")
 
 EXIT_CONFIG = 2
 EXIT_LOCKED = 3
+EXIT_STORE = 1  # RocksDB refused to open the store: not a setting, and not in use
 EXIT_PIPE = 141  # what a shell reports for a filter ended by SIGPIPE (128 + 13)
 
 
@@ -46,7 +47,7 @@ SWITCH_INTERVAL_S = 0.001
 
 async def _serve(flags: dict[str, object]) -> int:
     from server.app import Daemon  # the composition root loads heavy modules; import late
-    from storage import StoreLockedError
+    from storage import StoreLockedError, StoreOpenError
 
     cfg = resolve(flags)
     # Everything the daemon writes (RocksDB's files, its lock) is private to its user.
@@ -70,6 +71,10 @@ async def _serve(flags: dict[str, object]) -> int:
     except StoreLockedError as exc:
         log.error("%s", exc)
         return EXIT_LOCKED
+    except StoreOpenError as exc:
+        log.error("%s", exc)
+        await daemon.stop()
+        return EXIT_STORE
     except ConfigError as exc:
         log.error("%s", exc)
         await daemon.stop()

@@ -126,7 +126,10 @@ def private_data_dir(cfg: Config) -> None:
     """The data directory holds every conversation: only the daemon's user may enter
     it. With a socket group and the socket inside, that group may pass through (not
     list) to reach the socket. RocksDB's own directory is always 0700."""
-    cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(data_dir_error(cfg, exc)) from None
     sock = cfg.socket_path
     mode = 0o700
     try:
@@ -137,6 +140,13 @@ def private_data_dir(cfg: Config) -> None:
     except PermissionError as exc:
         # A mount point owned by someone else (a Kubernetes volume): its owner decides.
         log.warning("cannot restrict the data directory %s: %s", cfg.data_dir, exc)
+
+
+def data_dir_error(cfg: Config, exc: OSError) -> str:
+    """A data directory the daemon cannot make or use is a setting to fix (exit 2)."""
+    # mkdir(exist_ok=True) says "File exists" only when what exists is not a directory.
+    why = "not a directory" if isinstance(exc, FileExistsError) else str(exc)
+    return f"cannot use data_dir {cfg.data_dir}: {why}"
 
 
 def bind_tcp(server: grpc.aio.Server, cfg: Config) -> str | None:
@@ -163,7 +173,10 @@ def bind_unix(server: grpc.aio.Server, cfg: Config) -> str | None:
     path = cfg.socket_path
     if path is None:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot bind Unix socket {path} (socket): {exc}") from None
     # We hold the data directory's lock, so a socket file left here is stale.
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(path.lstat().st_mode):

@@ -6,7 +6,15 @@ are its engines, and one contract suite runs against both.
 """
 
 from storage.kv import MemoryKV
-from storage.rocks import RocksKV, StoreLockedError, open_rocks
+from storage.rocks import RocksKV, StoreLockedError, StoreOpenError, open_rocks
 from storage.store import KVEventStore, StoreLimits
 
-__all__ = ["KVEventStore", "MemoryKV", "RocksKV", "StoreLimits", "StoreLockedError", "open_rocks"]
+__all__ = [
+    "KVEventStore",
+    "MemoryKV",
+    "RocksKV",
+    "StoreLimits",
+    "StoreLockedError",
+    "StoreOpenError",
+    "open_rocks",
+]

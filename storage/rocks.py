@@ -48,6 +48,10 @@ class StoreLockedError(RuntimeError):
     """Another process holds the data directory."""
 
 
+class StoreOpenError(RuntimeError):
+    """RocksDB refused to open the store (a damaged file, an I/O error): its own words."""
+
+
 def _options() -> rocksdict.Options:
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -158,6 +162,13 @@ class RocksKV:
             # The log replay at open writes a table file: give it the reserved room.
             self._reserve.release_if_short()
             self._open()
+        except Exception as exc:
+            self._lock_file.close()
+            # rocksdict reports RocksDB's own status (Corruption, IO error...) as a bare
+            # Exception: the operator gets it with the path, not a traceback.
+            if type(exc) is Exception:
+                raise StoreOpenError(f"cannot open RocksDB in {path}: {exc}") from exc
+            raise
         except BaseException:
             self._lock_file.close()
             raise

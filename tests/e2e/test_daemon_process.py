@@ -195,3 +195,54 @@ def test_a_busy_grpc_or_health_port_exits_2_naming_the_setting(
         assert again.health() == health_pb2.HealthCheckResponse.SERVING
     finally:
         assert again.terminate() == 0
+
+
+QUIET = ("--metrics-listen", "none", "--ui-listen", "none")
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    """`ctxcc serve` with the given flags and no TCP listener, run to its exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "server", "serve", "--listen", "none", *QUIET, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_an_unusable_data_dir_exits_2_naming_it(short_tmp: Path, where: str) -> None:
+    """A data directory that cannot be made (a file is in the way, or a parent is a file)
+    is a setting to fix: exit 2 with one line naming `data_dir`, not a traceback."""
+    blocker = short_tmp / "a-file"
+    blocker.write_text("")
+    data = blocker if where == "file" else blocker / "data"
+    r = serve("--data-dir", str(data))
+    assert r.returncode == 2, r.stderr
+    assert f"cannot use data_dir {data}:" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_socket_directory_that_cannot_be_made_exits_2_naming_it(short_tmp: Path) -> None:
+    blocker = short_tmp / "a-file"
+    blocker.write_text("")
+    sock = blocker / "run" / "ctxcc.sock"
+    r = serve("--data-dir", str(short_tmp / "data"), "--socket", str(sock))
+    assert r.returncode == 2, r.stderr
+    assert f"cannot bind Unix socket {sock} (socket):" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_rocksdb_that_cannot_open_exits_1_with_one_line(short_tmp: Path) -> None:
+    """A damaged RocksDB (here its CURRENT file) is not a setting: exit 1 with RocksDB's
+    own words and the path, no traceback, and the data directory's lock released."""
+    data = short_tmp / "data"
+    (data / "db").mkdir(parents=True)
+    (data / "db" / "CURRENT").write_text("garbage\n")
+    r = serve("--data-dir", str(data))
+    assert r.returncode == 1, r.stderr
+    assert f"cannot open RocksDB in {data / 'db'}: Corruption" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert not (data / "ctxcc.sock").exists()
