@@ -85,14 +85,20 @@ class Row:
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
     opener: Any = lzma.open if path.suffix == ".xz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except ValueError as exc:
-                raise SystemExit(f"ctxcc replay: {path}:{n}: not JSON ({exc})") from None
+    n = 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except ValueError as exc:
+                    raise SystemExit(f"ctxcc replay: {path}:{n}: not JSON ({exc})") from None
+    # A directory, a truncated or damaged .xz, a binary file: one line, not a traceback.
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+        where = f" after line {n}" if n else ""
+        raise SystemExit(f"ctxcc replay: cannot read {path}{where}: {exc}") from None
 
 
 class Stubs:
@@ -316,6 +322,15 @@ def main(args: argparse.Namespace) -> int:
     if not args.trace.exists():
         print(f"ctxcc replay: {args.trace} does not exist", file=sys.stderr)
         return 2
+    if args.rows is not None:
+        # The rows are written after the whole replay: a path that cannot take them
+        # fails now, before a --target daemon has learned from (and kept) the run.
+        try:
+            with args.rows.open("a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            print(f"ctxcc replay: cannot write --rows {args.rows}: {exc}", file=sys.stderr)
+            return 2
     try:
         asyncio.run(run(args.trace, args.target, args.rows, sys.stdout))
     except grpc.aio.AioRpcError as err:

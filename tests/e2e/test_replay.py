@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import subprocess
 import sys
 from pathlib import Path
@@ -159,3 +160,38 @@ def test_replay_against_a_running_daemon(short_tmp: Path) -> None:
         check=False,
     )
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def replay_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "server", "replay", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_trace_that_cannot_be_read_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """A directory, a truncated .xz and a binary file each end the replay with one line
+    naming the file and exit 1, before any daemon is started."""
+    truncated = tmp_path / "cut.jsonl.xz"
+    truncated.write_bytes(lzma.compress(b'{"session": "a"}\n' * 200)[:40])
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00\x80" * 64)
+    for trace in (tmp_path, truncated, binary):
+        r = replay_cli(str(trace))
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith(f"ctxcc replay: cannot read {trace}"), r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_rows_path_that_cannot_be_written_fails_before_the_replay(tmp_path: Path) -> None:
+    """The rows are written after the whole replay; a path that cannot take them is
+    refused first (exit 2), so a --target daemon learns nothing from a run that fails."""
+    rows = tmp_path / "missing-dir" / "rows.jsonl"
+    r = replay_cli(str(DEV), "--rows", str(rows))
+    assert r.returncode == 2, r.stderr
+    assert f"ctxcc replay: cannot write --rows {rows}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == "", r.stderr
