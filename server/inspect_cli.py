@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -280,13 +281,32 @@ async def sessions(args: argparse.Namespace) -> int:
     return 0
 
 
+def whole(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type for a count the request carries in an unsigned proto field:
+    out of its range, protobuf raised ValueError, a traceback, after connecting."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{n} is not between {lo} and {hi}")
+        return n
+
+    return parse
+
+
+UINT32_MAX, UINT64_MAX = (1 << 32) - 1, (1 << 64) - 1
+
+
 def add_parsers(sub: Any) -> None:
     target = os.environ.get("CTXCC_TARGET", DEFAULT_TARGET)
     p = sub.add_parser("inspect", help="show what fills a session's window")
     p.add_argument("session", help="session id")
     p.add_argument(
         "--at-seq",
-        type=int,
+        type=whole(0, UINT64_MAX),
         default=0,
         help="the compile recorded at this seq (default: the latest)",
     )
@@ -295,7 +315,9 @@ def add_parsers(sub: Any) -> None:
         default="",
         help="dry-run compile for this route model instead of the recorded view",
     )
-    p.add_argument("--top", type=int, default=3, help="biggest items shown per layer")
+    p.add_argument(
+        "--top", type=whole(0, UINT32_MAX), default=3, help="biggest items shown per layer"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--target",
@@ -303,7 +325,9 @@ def add_parsers(sub: Any) -> None:
         help=f"daemon gRPC target (env CTXCC_TARGET; default {DEFAULT_TARGET})",
     )
     s = sub.add_parser("sessions", help="list sessions with their pressure")
-    s.add_argument("--limit", type=int, default=50, help="sessions to list")
+    s.add_argument(
+        "--limit", type=whole(1, UINT32_MAX), default=50, help="sessions to list (at most)"
+    )
     s.add_argument("--model", default="", help="model for sessions without a current route")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument(

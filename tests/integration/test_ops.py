@@ -242,3 +242,31 @@ async def test_sessions_lists_every_session_when_one_view_is_over_the_message_si
     finally:
         await api.channel.close()
         await d.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (("inspect", "s0", "--at-seq", "-3"), "--at-seq"),
+        (("inspect", "s0", "--at-seq", str(1 << 64)), "--at-seq"),
+        (("inspect", "s0", "--top", "-1"), "--top"),
+        (("sessions", "--limit", "-1"), "--limit"),
+        (("sessions", "--limit", "99999999999"), "--limit"),
+    ],
+)
+async def test_inspect_and_sessions_refuse_counts_out_of_range_with_usage(
+    daemon: Daemon, args: tuple[str, ...], flag: str
+) -> None:
+    """A count the request cannot carry (a negative seq, a page over uint32) made protobuf
+    raise ValueError: a traceback. It is a usage error naming the flag (exit 2)."""
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        await api.sessions.CreateSession(
+            session_service_pb2.CreateSessionRequest(session=session_pb2.Session(session_id="s0"))
+        )
+    finally:
+        await api.channel.close()
+    done = await asyncio.to_thread(_ctxcc, *args, "--target", f"unix:{daemon.endpoints.unix}")
+    assert done.returncode == 2, done.stderr
+    assert f"error: argument {flag}:" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
