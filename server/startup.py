@@ -80,7 +80,10 @@ def auth_token(cfg: Config) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read auth_token_file: {exc}") from exc
     if len(token) < 16:
-        raise ConfigError("the auth token must be at least 16 characters")
+        raise ConfigError(
+            f"auth_token_file {cfg.auth_token_file} holds {len(token)} characters"
+            " (surrounding whitespace aside): a token must have at least 16"
+        )
     return token
 
 

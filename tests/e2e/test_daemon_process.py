@@ -246,3 +246,13 @@ def test_a_rocksdb_that_cannot_open_exits_1_with_one_line(short_tmp: Path) -> No
     assert f"cannot open RocksDB in {data / 'db'}: Corruption" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     assert not (data / "ctxcc.sock").exists()
+
+
+def test_a_short_auth_token_names_its_file(short_tmp: Path) -> None:
+    """The refusal said "the auth token must be at least 16 characters" without saying
+    which file was read: a newline-only or truncated file is the usual cause."""
+    token = short_tmp / "token"
+    token.write_text("short\n")
+    r = serve("--data-dir", str(short_tmp / "data"), "--auth-token-file", str(token))
+    assert r.returncode == 2, r.stderr
+    assert f"auth_token_file {token} holds 5 characters" in r.stderr, r.stderr
