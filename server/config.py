@@ -117,7 +117,34 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def _read_toml(path: str) -> dict[str, Any]:
+# Settings that take several values: comma-separated in a flag or the environment, and
+# also a TOML array of strings in the file.
+LIST_SETTINGS = frozenset({"workspace_roots", "instruction_files", "preload_tokenizers"})
+
+
+def _file_text(path: str, name: str, value: object) -> str:
+    """A TOML value as the text a flag would carry. `str()` alone turned an array into
+    its Python repr (`workspace_roots = ["/a", "/b"]` became the roots `['/a'` and
+    `'/b']`, silently), `true` into `True`, and `socket_mode = 0o660` into "432", read
+    as the octal mode 0432 (a socket others could write to)."""
+    where = f"config file {path}: {name}"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        if name == "socket_mode":  # TOML keeps no trace of whether 0o660 or 660 was meant
+            raise ConfigError(f'{where} must be a quoted octal mode such as "0660", got {value}')
+        return str(value)
+    if isinstance(value, list) and name in LIST_SETTINGS:
+        if all(isinstance(v, str) and "," not in v for v in value):
+            return ",".join(value)
+        raise ConfigError(f"{where} must be an array of strings without commas, got {value!r}")
+    kind = "a string or an array of strings" if name in LIST_SETTINGS else "a single value"
+    raise ConfigError(f"{where} must be {kind}, got {value!r}")
+
+
+def _read_toml(path: str) -> dict[str, str]:
     import tomllib  # only with --config: not on every start-up
 
     try:
@@ -130,7 +157,7 @@ def _read_toml(path: str) -> dict[str, Any]:
     unknown = sorted(set(data) - set(BY_NAME))
     if unknown:
         raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
-    return data
+    return {name: _file_text(path, name, value) for name, value in data.items()}
 
 
 def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Config:

@@ -83,3 +83,40 @@ def test_help_names_every_flag_and_env_var() -> None:
         assert "--" + s.name.replace("_", "-") in text
         assert "CTXCC_" + s.name.upper() in text
     assert "--config" in text and "CTXCC_CONFIG" in text
+
+
+def test_file_arrays_booleans_and_numbers_read_as_their_flags_would(tmp_path: Path) -> None:
+    """An array in the TOML file was turned into its Python repr: the roots were
+    `['/w/a'` and `'/w/b']`, so every project was refused, with no word at start-up."""
+    f = tmp_path / "c.toml"
+    f.write_text(
+        'workspace_roots = ["/w/a", "/w/b"]\ninstruction_files = ["AGENTS.md"]\n'
+        'preload_tokenizers = ["claude", "o200k"]\ndebug_echo = true\n'
+        "grace_period = 2.5\nworkers = 3\n"
+    )
+    cfg = resolve({"config": str(f)}, env={})
+    assert cfg.workspace_roots == (Path("/w/a"), Path("/w/b"))
+    assert cfg.instruction_files == ("AGENTS.md",)
+    assert cfg.preload_tokenizers == ("claude", "o200k")
+    assert cfg.debug_echo is True
+    assert (cfg.grace_period, cfg.workers) == (2.5, 3)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # TOML's octal integer: read as the digits "432" it was the mode 0432, writable
+        # by every user.
+        ("socket_mode = 0o660", 'socket_mode must be a quoted octal mode such as "0660"'),
+        ("socket_mode = 660", 'socket_mode must be a quoted octal mode such as "0660"'),
+        ('listen = ["127.0.0.1:1"]', "listen must be a single value"),
+        ('workspace_roots = ["/a,/b"]', "workspace_roots must be an array of strings without"),
+        ("workspace_roots = [1]", "workspace_roots must be an array of strings without"),
+        ("data_dir = { path = '/x' }", "data_dir must be a single value"),
+    ],
+)
+def test_file_values_of_the_wrong_shape_are_named(tmp_path: Path, line: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=message):
+        resolve({"config": str(f)}, env={})
