@@ -148,7 +148,7 @@ def private_data_dir(cfg: Config) -> None:
 def data_dir_error(cfg: Config, exc: OSError) -> str:
     """A data directory the daemon cannot make or use is a setting to fix (exit 2)."""
     # mkdir(exist_ok=True) says "File exists" only when what exists is not a directory.
-    why = "not a directory" if isinstance(exc, FileExistsError) else str(exc)
+    why = f"{exc.filename} is not a directory" if isinstance(exc, FileExistsError) else str(exc)
     return f"cannot use data_dir {cfg.data_dir}: {why}"
 
 

@@ -212,16 +212,24 @@ def serve(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.mark.parametrize("where", ["file", "under_file"])
+@pytest.mark.parametrize("where", ["file", "under_file", "db_file"])
 def test_an_unusable_data_dir_exits_2_naming_it(short_tmp: Path, where: str) -> None:
-    """A data directory that cannot be made (a file is in the way, or a parent is a file)
-    is a setting to fix: exit 2 with one line naming `data_dir`, not a traceback."""
+    """A data directory that cannot be made or used (a file in the way of it or of its
+    `db/`, or a parent that is a file) is a setting to fix: exit 2 with one line naming
+    `data_dir` and the path at fault, not a traceback."""
     blocker = short_tmp / "a-file"
     blocker.write_text("")
-    data = blocker if where == "file" else blocker / "data"
+    data = {"file": blocker, "under_file": blocker / "data", "db_file": short_tmp}[where]
+    if where == "db_file":
+        (short_tmp / "db").write_text("")
     r = serve("--data-dir", str(data))
     assert r.returncode == 2, r.stderr
-    assert f"cannot use data_dir {data}:" in r.stderr, r.stderr
+    why = {
+        "file": f"{blocker} is not a directory",
+        "under_file": "[Errno 20] Not a directory",
+        "db_file": f"{short_tmp / 'db'} is not a directory",
+    }[where]
+    assert f"cannot use data_dir {data}: {why}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
 
 
