@@ -64,7 +64,7 @@ from server.startup import (
     echo_handler,
     gid,
     kernel_text,
-    private_data_dir,
+    prepare_dirs,
     rpc_methods,
 )
 from server.transport.artifact_servicer import ArtifactServicer
@@ -127,7 +127,7 @@ class Daemon:
             catalog = load_catalog(cfg.model_catalog)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        private_data_dir(cfg)
+        prepare_dirs(cfg)
         preload = self._preload_tokenizers()
         kv = self._open_kv()
         # One splitter for the store and the compiles: see CompileUseCases.

@@ -125,6 +125,12 @@ def gid(group: str) -> int:
         raise ConfigError(f"socket_group {group!r} does not exist") from None
 
 
+def prepare_dirs(cfg: Config) -> None:
+    """The data directory made (private), the directories sources come from checked."""
+    private_data_dir(cfg)
+    warn_missing_dirs(cfg)
+
+
 def private_data_dir(cfg: Config) -> None:
     """The data directory holds every conversation: only the daemon's user may enter
     it. With a socket group and the socket inside, that group may pass through (not
@@ -143,6 +149,18 @@ def private_data_dir(cfg: Config) -> None:
     except PermissionError as exc:
         # A mount point owned by someone else (a Kubernetes volume): its owner decides.
         log.warning("cannot restrict the data directory %s: %s", cfg.data_dir, exc)
+
+
+def warn_missing_dirs(cfg: Config) -> None:
+    """The workspace roots and the global directory are read at every compile, so one
+    made later is used then; but a mistyped one only ever showed as instructions, rules
+    and memory that never appear, or every project refused with PATH_OUTSIDE_ROOT."""
+    named = [("workspace_roots", root) for root in cfg.workspace_roots]
+    if cfg.global_dir is not None:
+        named.append(("global_dir", cfg.global_dir))
+    for setting, path in named:
+        if not path.is_dir():
+            log.warning("%s %s is not a directory (yet): nothing is read from it", setting, path)
 
 
 def data_dir_error(cfg: Config, exc: OSError) -> str:

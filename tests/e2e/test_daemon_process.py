@@ -264,3 +264,22 @@ def test_a_short_auth_token_names_its_file(short_tmp: Path) -> None:
     r = serve("--data-dir", str(short_tmp / "data"), "--auth-token-file", str(token))
     assert r.returncode == 2, r.stderr
     assert f"auth_token_file {token} holds 5 characters" in r.stderr, r.stderr
+
+
+def test_a_missing_global_dir_or_workspace_root_is_warned_at_start(short_tmp: Path) -> None:
+    """They are read at each compile, so the daemon serves; a mistyped one used to show
+    only as files that never appear in any view."""
+    there = short_tmp / "work"
+    there.mkdir()
+    gone, typo = short_tmp / "global", short_tmp / "wrok"
+    d = DaemonProcess(
+        short_tmp / "data", "--global-dir", str(gone), "--workspace-roots", f"{there},{typo}"
+    ).start()
+    try:
+        d.wait_ready()
+    finally:
+        assert d.terminate() == 0
+    log = d.log()
+    assert f"global_dir {gone} is not a directory (yet)" in log, log
+    assert f"workspace_roots {typo} is not a directory (yet)" in log, log
+    assert f"workspace_roots {there} " not in log, log
