@@ -40,7 +40,20 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--target", default="", help="gRPC target, e.g. unix:/run/ctxcc/ctxcc.sock")
     p.add_argument("--config", default=None, help="TOML config the daemon runs with")
     p.add_argument("--service", default="", help="service name (default: the whole server)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer")
+    p.add_argument(
+        "--timeout", type=_seconds, default=3.0, help="seconds to wait for an answer (> 0)"
+    )
+
+
+def _seconds(text: str) -> float:
+    """A deadline of 0 or less would fail every check as unreachable: a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
 
 
 def _loopback(hostport: str) -> str:

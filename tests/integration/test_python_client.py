@@ -44,6 +44,8 @@ async def test_stream_survives_a_daemon_that_is_gone_then_back(short_tmp: Path) 
         with pytest.raises(CtxccError) as err:
             await ctx.get_session(session.session_id)
         assert err.value.code == grpc.StatusCode.UNAVAILABLE
+        # Nobody answered, so no ErrorInfo: the code is the reason, and said once.
+        assert err.value.reason == "UNAVAILABLE" and str(err.value).count("UNAVAILABLE") == 1
         second = Daemon(make_config(short_tmp))
         await second.start()
         try:
@@ -54,6 +56,7 @@ async def test_stream_survives_a_daemon_that_is_gone_then_back(short_tmp: Path) 
             with pytest.raises(CtxccError) as missing:
                 await ctx.compile("no-such-session", route=ROUTE)
             assert missing.value.reason == "SESSION_NOT_FOUND"
+            assert str(missing.value).startswith("NOT_FOUND SESSION_NOT_FOUND: ")
         finally:
             await second.stop()
 

@@ -22,7 +22,9 @@ class CtxccError(Exception):
         *,
         usage_refused: bool = False,
     ) -> None:
-        super().__init__(f"{code.name} {reason}: {message}")
+        # Without an ErrorInfo the reason is the code's name: said once, not twice.
+        said = code.name if reason == code.name else f"{code.name} {reason}"
+        super().__init__(f"{said}: {message}")
         self.code = code
         self.reason = reason
         self.message = message
