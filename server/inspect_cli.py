@@ -25,6 +25,7 @@ from ctxcc.v1 import (
     session_service_pb2_grpc,
     view_pb2,
 )
+from server.cli_channel import TokenError, add_token_flag, channel
 
 DEFAULT_TARGET = "127.0.0.1:50551"
 BAR = 60
@@ -220,7 +221,7 @@ async def _view(
 
 
 async def inspect(args: argparse.Namespace) -> int:
-    async with grpc.aio.insecure_channel(args.target) as ch:
+    async with channel(args.target, args.auth_token_file) as ch:
         sstub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
         cstub: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
         found = await _session(sstub, args.session, args.at_seq)
@@ -242,7 +243,7 @@ async def _summary(sstub: Any, cstub: Any, sid: str, model: str) -> dict[str, An
 
 async def sessions(args: argparse.Namespace) -> int:
     rows = []
-    async with grpc.aio.insecure_channel(args.target) as ch:
+    async with channel(args.target, args.auth_token_file) as ch:
         sstub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
         cstub: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
         listed = await sstub.ListSessions(
@@ -335,12 +336,17 @@ def add_parsers(sub: Any) -> None:
         default=target,
         help=f"daemon gRPC target (env CTXCC_TARGET; default {DEFAULT_TARGET})",
     )
+    for parser in (p, s):
+        add_token_flag(parser)
 
 
 def main(args: argparse.Namespace) -> int:
     fn = inspect if args.command == "inspect" else sessions
     try:
         return asyncio.run(fn(args))
+    except TokenError as exc:
+        print(f"ctxcc {args.command}: {exc}", file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as err:
         print(f"ctxcc {args.command}: {err.code().name}: {err.details()}", file=sys.stderr)
         return 1

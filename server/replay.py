@@ -40,6 +40,7 @@ from ctxcc.v1 import (
     tool_service_pb2_grpc,
     view_pb2,
 )
+from server import cli_channel
 from server.replay_events import events_of, tools_of
 
 MIN_REPORTED = 100
@@ -231,9 +232,9 @@ def summary(rows: list[Row]) -> dict[str, float | int]:
 
 
 @contextlib.asynccontextmanager
-async def _target(address: str | None) -> AsyncIterator[grpc.aio.Channel]:
+async def _target(address: str | None, token_file: str = "") -> AsyncIterator[grpc.aio.Channel]:
     if address:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with cli_channel.channel(address, token_file) as channel:
             yield channel
         return
     from server.app import Daemon
@@ -263,13 +264,13 @@ async def _target(address: str | None) -> AsyncIterator[grpc.aio.Channel]:
 
 
 async def run(
-    path: Path, target: str | None, rows_path: Path | None, out: IO[str]
+    path: Path, target: str | None, rows_path: Path | None, out: IO[str], token_file: str = ""
 ) -> dict[str, Any]:
     sessions: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for req in read_trace(path):
         sessions[str(req.get("session", ""))].append(req)
     rows: list[Row] = []
-    async with _target(target) as channel:
+    async with _target(target, token_file) as channel:
         stubs = Stubs(channel)
         for name, requests in sessions.items():
             rows += await replay_session(stubs, name, requests)
@@ -316,6 +317,7 @@ def add_parser(sub: Any) -> None:
         "127.0.0.1:50551 (default: an in-process daemon on a temp dir)",
     )
     p.add_argument("--rows", type=Path, default=None, help="write one JSON line per request here")
+    cli_channel.add_token_flag(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -332,7 +334,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"ctxcc replay: cannot write --rows {args.rows}: {exc}", file=sys.stderr)
             return 2
     try:
-        asyncio.run(run(args.trace, args.target, args.rows, sys.stdout))
+        # A token file that cannot be read fails before anything is replayed.
+        cli_channel.bearer(args.auth_token_file if args.target else "")
+        asyncio.run(run(args.trace, args.target, args.rows, sys.stdout, args.auth_token_file))
+    except cli_channel.TokenError as exc:
+        print(f"ctxcc replay: {exc}", file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as err:
         print(
             f"ctxcc replay: the daemon answered {err.code().name}: {err.details()}", file=sys.stderr

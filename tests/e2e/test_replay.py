@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import lzma
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +196,46 @@ def test_a_rows_path_that_cannot_be_written_fails_before_the_replay(tmp_path: Pa
     assert r.returncode == 2, r.stderr
     assert f"ctxcc replay: cannot write --rows {rows}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and r.stdout == "", r.stderr
+
+
+def test_the_operator_commands_send_the_daemons_token_over_tcp(short_tmp: Path) -> None:
+    """A daemon with auth_token_file refuses TCP calls without its token: replay, sessions
+    and inspect take it from CTXCC_AUTH_TOKEN_FILE (as the daemon does) or the flag."""
+    token = short_tmp / "token"
+    token.write_text("s3cret-token-of-twenty-chars\n")
+    trace = short_tmp / "t.jsonl"
+    _trace(trace)
+    daemon = DaemonProcess(short_tmp / "data", "--auth-token-file", str(token)).start()
+    try:
+        daemon.wait_ready()
+        tcp = str(daemon.endpoints["tcp"])
+
+        def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "server", *args],
+                cwd=REPO,
+                env={**os.environ, "CTXCC_AUTH_TOKEN_FILE": "", **env},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+
+        refused = cli("replay", str(trace), "--target", tcp, env={})
+        assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr, refused.stderr
+        named = {"CTXCC_AUTH_TOKEN_FILE": str(token)}
+        done = cli("replay", str(trace), "--target", tcp, env=named)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.strip().splitlines()[-1])["requests"] == 3
+        listed = cli("sessions", "--target", tcp, "--json", env=named)
+        assert listed.returncode == 0, listed.stderr
+        sid = json.loads(listed.stdout)[0]["session_id"]
+        shown = cli("inspect", sid, "--target", tcp, "--auth-token-file", str(token), env={})
+        assert shown.returncode == 0 and f"session {sid}" in shown.stdout, shown.stderr
+        assert "UNAUTHENTICATED" in cli("sessions", "--target", tcp, env={}).stderr
+        for args in (("sessions", "--target", tcp), ("replay", str(trace), "--target", tcp)):
+            absent = cli(*args, "--auth-token-file", str(short_tmp / "absent"), env={})
+            assert absent.returncode == 2 and "cannot read --auth-token-file" in absent.stderr
+            assert "Traceback" not in absent.stderr
+    finally:
+        assert daemon.terminate() == 0

@@ -1,0 +1,84 @@
+"""The channel the operator commands (`ctxcc inspect`, `sessions`, `replay --target`)
+open to a running daemon.
+
+A daemon with `auth_token_file` refuses TCP peers that do not send its bearer token, so
+these commands send it when given one. They take it from the same `CTXCC_AUTH_TOKEN_FILE`
+the daemon reads: inside the daemon's container (`kubectl exec`) they just work. Unix-
+socket peers are trusted and need none. The channel is plaintext: against a TLS listener,
+use the Unix socket.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+TOKEN_ENV = "CTXCC_AUTH_TOKEN_FILE"  # noqa: S105 - the name of a variable, not a token
+
+
+class TokenError(Exception):
+    """The token file named cannot be read (a usage error: exit 2)."""
+
+
+def add_token_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--auth-token-file",
+        default=os.environ.get(TOKEN_ENV, ""),
+        help=(
+            "file holding the daemon's bearer token, sent over TCP (env "
+            f"{TOKEN_ENV}, as the daemon's; not needed over the Unix socket)"
+        ),
+    )
+
+
+def bearer(token_file: str) -> tuple[tuple[str, str], ...]:
+    """The metadata that authenticates these commands' calls (none without a file)."""
+    if not token_file:
+        return ()
+    try:
+        token = open(token_file, encoding="utf-8").read().strip()  # noqa: SIM115 - read at once
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenError(f"cannot read --auth-token-file {token_file}: {exc}") from None
+    if not token:
+        raise TokenError(f"--auth-token-file {token_file} is empty")
+    return (("authorization", f"Bearer {token}"),)
+
+
+def channel(
+    target: str, token_file: str, options: Sequence[tuple[str, Any]] = ()
+) -> grpc.aio.Channel:
+    metadata = bearer(token_file)
+    interceptors = [_Sending(metadata)] if metadata else None
+    return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+
+
+class _Sending(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Adds `metadata` to every call of the channel."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+
+    def _details(self, details: Any) -> Any:
+        sent = grpc.aio.Metadata(*(details.metadata or ()), *self._metadata)
+        return details._replace(metadata=sent)
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(self._details(details), requests)
