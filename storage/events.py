@@ -32,7 +32,7 @@ class IdempotencyRecord:
 class EventRecords(StoreCore):
     def append(self, batch_in: AppendBatch) -> AppendResult:
         sid = batch_in.session_id
-        with self._lock(sid):
+        with self._lock(sid), self._blob_locks(sha for sha, _ in batch_in.blobs):
             session = self.get_session(sid)
             if batch_in.request_id:
                 replay = self._replayed(sid, batch_in)
@@ -173,7 +173,7 @@ class EventRecords(StoreCore):
         """Stores the artifact, or returns the one already stored under its id (an upload
         retried with its request id), never storing or counting the bytes twice."""
         sid = record.session_id
-        with self._lock(sid):
+        with self._lock(sid), self._blob_locks((record.sha256,)):
             session = self.get_session(sid)
             existing = self.get_artifact_record(sid, record.artifact_id)
             if existing is not None:

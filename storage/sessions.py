@@ -52,36 +52,49 @@ class SessionRecords(StoreCore):
     def delete_session(self, session_id: str) -> DeleteResult:
         with self._sessions_lock, self._lock(session_id):
             session = self.get_session(session_id)
-            batch = Batch()
-            deleted_blobs = 0
             ref_prefix = b"S" + session_prefix(session_id)
-            for key, _ in self._kv.scan("refs", ref_prefix, b"S" + session_id.encode() + END):
-                sha = key[len(ref_prefix) :]
-                batch.delete("refs", key)
-                batch.delete("refs", b"B" + sha + SEP + session_id.encode())
-                holders = self._kv.scan("refs", b"B" + sha + SEP, b"B" + sha + END)
-                if all(k[len(sha) + 2 :] == session_id.encode() for k, _ in holders):
-                    batch.delete("blobs", sha)
-                    deleted_blobs += 1
-            lo, hi = session_prefix(session_id), session_id.encode() + END
-            for cf in (
-                "events",
-                "event_ids",
-                "requests",
-                "artifacts",
-                "checkpoints",
-                "routes",
-                "tools",
-            ):
-                batch.delete_range(cf, lo, hi)
-            batch.delete_range("compiles", lo, hi)
-            for kind in SourceKind:  # session-scoped memory, rules and skills go too
-                prefix = source_prefix(kind, Scope.SESSION, session_id)
-                batch.delete_range("sources", prefix, key_after(prefix))
-            batch.delete("sessions", session_id.encode())
-            batch.put("meta", COUNT_KEY, be64(max(0, self.count_sessions() - 1)))
-            self._forget_decoded(batch)
-            self._kv.write(batch)
-            self._sources_changed()  # before the bump, as in `_write`
-            self._generations.forget(session_id)
-            return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)
+            # The session's lock keeps its own references as they are; the blobs' locks
+            # keep other sessions from taking a blob up between the holder check below and
+            # the write (see `_blob_locks`).
+            refs = [
+                key[len(ref_prefix) :]
+                for key, _ in self._kv.scan("refs", ref_prefix, b"S" + session_id.encode() + END)
+            ]
+            with self._blob_locks(sha.decode() for sha in refs):
+                return self._delete_session(session, refs)
+
+    def _delete_session(self, session: Session, refs: list[bytes]) -> DeleteResult:
+        """The delete itself, holding the session's lock and its blobs' locks."""
+        session_id = session.session_id
+        batch = Batch()
+        deleted_blobs = 0
+        ref_prefix = b"S" + session_prefix(session_id)
+        for sha in refs:
+            batch.delete("refs", ref_prefix + sha)
+            batch.delete("refs", b"B" + sha + SEP + session_id.encode())
+            holders = self._kv.scan("refs", b"B" + sha + SEP, b"B" + sha + END)
+            if all(k[len(sha) + 2 :] == session_id.encode() for k, _ in holders):
+                batch.delete("blobs", sha)
+                deleted_blobs += 1
+        lo, hi = session_prefix(session_id), session_id.encode() + END
+        for cf in (
+            "events",
+            "event_ids",
+            "requests",
+            "artifacts",
+            "checkpoints",
+            "routes",
+            "tools",
+        ):
+            batch.delete_range(cf, lo, hi)
+        batch.delete_range("compiles", lo, hi)
+        for kind in SourceKind:  # session-scoped memory, rules and skills go too
+            prefix = source_prefix(kind, Scope.SESSION, session_id)
+            batch.delete_range("sources", prefix, key_after(prefix))
+        batch.delete("sessions", session_id.encode())
+        batch.put("meta", COUNT_KEY, be64(max(0, self.count_sessions() - 1)))
+        self._forget_decoded(batch)
+        self._kv.write(batch)
+        self._sources_changed()  # before the bump, as in `_write`
+        self._generations.forget(session_id)
+        return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)

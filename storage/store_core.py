@@ -6,9 +6,11 @@ The per-record-kind parts (`storage.sessions`, `storage.events`, `storage.compil
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,6 +27,8 @@ from storage.schema import ensure_schema
 from storage.tails import Tails
 
 _STRIPES = 256
+# Locks over blob ids (sha256), taken after a session's lock: see `_blob_locks`.
+_BLOB_STRIPES = 64
 # Decoded records kept (see StoreCore._decoded): at most this many, and at most this many
 # bytes as encoded (a decoded record takes a few times its encoded size in memory; a
 # compile record of a long session holds a row per message of its view, ~50 bytes each).
@@ -48,6 +52,7 @@ class StoreCore:
         self.limits = limits or StoreLimits()
         self.opened_schema_version = ensure_schema(kv)
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
+        self._blob_stripes = [threading.Lock() for _ in range(_BLOB_STRIPES)]
         self._sessions_lock = threading.Lock()
         self._models_lock = threading.Lock()
         # Decoded source lists by key prefix: every compile reads nine of them, and
@@ -154,6 +159,21 @@ class StoreCore:
     def _lock(self, session_id: str) -> threading.Lock:
         return self._stripes[zlib.crc32(session_id.encode()) % _STRIPES]
 
+    @contextlib.contextmanager
+    def _blob_locks(self, shas: Iterable[str]) -> Iterator[None]:
+        """Holds the locks of these blobs. A blob is shared by every session holding it,
+        under session locks of their own: a session's delete decides that a blob has no
+        other holder, and another session's write decides that the blob is already stored
+        and adds only its reference. Each holds the blob's lock from that decision to its
+        write, or the delete could remove a blob the other just acknowledged. Taken in
+        stripe order, after the session's lock and never before one, so no two wait on
+        each other."""
+        stripes = sorted({zlib.crc32(sha.encode()) % _BLOB_STRIPES for sha in shas})
+        with contextlib.ExitStack() as held:
+            for stripe in stripes:
+                held.enter_context(self._blob_stripes[stripe])
+            yield
+
     def get_session(self, session_id: str) -> Session:
         kept = self._decoded_value("sessions", session_id.encode(), Session)
         if kept is not None:
@@ -173,7 +193,8 @@ class StoreCore:
             )
 
     def _add_blobs(self, batch: Batch, sid: str, blobs: tuple[tuple[str, bytes], ...]) -> int:
-        """Stage content-addressed blobs and this session's references; returns new bytes."""
+        """Stage content-addressed blobs and this session's references; returns new bytes.
+        The caller holds the blobs' locks (`_blob_locks`) until the batch is written."""
         added = 0
         for sha, data in blobs:
             ref = b"S" + session_key(sid, sha.encode())
