@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import msgspec
 
-from server.domain.errors import CtxccError, Reason, invalid, too_large
+from server.domain.errors import CtxccError, Reason, invalid, session_not_found, too_large
 from server.domain.model import (
     AppendBatch,
     AppendResult,
@@ -27,7 +27,7 @@ from server.service.blocking import Blocking
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
 from server.service.references import resolve_references
-from server.service.watch import Closed, Resync, Update, WatchHub
+from server.service.watch import Closed, Deleted, Resync, Update, WatchHub
 
 _encoder = msgspec.msgpack.Encoder()
 
@@ -106,7 +106,9 @@ class SessionUseCases:
 
     async def delete(self, session_id: str) -> DeleteResult:
         check_id("session_id", session_id)
-        return await self._blocking.run(self._store.delete_session, session_id)
+        result = await self._blocking.run(self._store.delete_session, session_id)
+        self._hub.deleted(session_id)
+        return result
 
     def page_size(self, requested: int) -> int:
         if requested == 0:
@@ -279,8 +281,10 @@ class SessionUseCases:
         With `announce`, a Resync of the head comes first, once the watch is subscribed: a
         reader that took its snapshot before subscribing (a rendered page) re-reads then,
         and misses nothing written between its snapshot and the subscription."""
-        await self.get(session_id)
         async with self._hub.subscribe(session_id) as watcher:
+            # Looked up once subscribed: a delete that this lookup does not see yet ends
+            # the watch (WatchHub.deleted) instead of leaving it waiting on a log that is gone.
+            await self.get(session_id)
             self._telemetry.watchers_changed(1)
             try:
                 last = after_seq
@@ -299,6 +303,8 @@ class SessionUseCases:
                     update = await watcher.queue.get()
                     if isinstance(update, Closed):
                         return
+                    if isinstance(update, Deleted):
+                        raise session_not_found(session_id)
                     if isinstance(update, Resync):
                         last = max(last, update.head_seq)
                     if isinstance(update, Event):

@@ -37,14 +37,19 @@ class Closed:
     """Sentinel: the daemon is shutting down; the watch stream ends cleanly."""
 
 
+class Deleted:
+    """Sentinel: the watched session was deleted; the watch ends with SESSION_NOT_FOUND
+    (a session made again with the same id is another log, whose seqs start over)."""
+
+
 class Watcher:
     def __init__(self, size: int) -> None:
-        self.queue: asyncio.Queue[Update | Closed] = asyncio.Queue(maxsize=size)
+        self.queue: asyncio.Queue[Update | Closed | Deleted] = asyncio.Queue(maxsize=size)
 
-    def close(self) -> None:
+    def close(self, why: Closed | Deleted | None = None) -> None:
         while self.queue.full():
             self.queue.get_nowait()
-        self.queue.put_nowait(Closed())
+        self.queue.put_nowait(why or Closed())
 
     def offer(self, update: Update, head_seq: int) -> bool:
         """Queue an update; on overflow replace the backlog by Resync(head_seq), return False."""
@@ -90,6 +95,13 @@ class WatchHub:
             for update in updates:
                 if not watcher.offer(update, head_seq):
                     break  # the Resync marker's head already covers the rest of the batch
+
+    def deleted(self, session_id: str) -> None:
+        """Ends the watches of a deleted session. They leave the hub at once: a session
+        made again under the id publishes nothing to them (its updates could push the
+        marker out of a full queue)."""
+        for watcher in self._watchers.pop(session_id, ()):
+            watcher.close(Deleted())
 
     def close_all(self) -> None:
         self._closed = True

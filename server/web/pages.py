@@ -12,7 +12,7 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from server.domain.errors import invalid
+from server.domain.errors import CtxccError, invalid
 from server.domain.model import Event
 from server.domain.records import Checkpoint
 from server.service.inspection import InspectUseCases, SessionRow, relative_error
@@ -216,6 +216,8 @@ async def live(request: web.Request) -> web.StreamResponse:
                 text = _sse(update)
                 if text is not None and not queue.full():
                     queue.put_nowait(text)  # the page re-reads everything: a drop is harmless
+        except CtxccError:
+            pass  # the session was deleted: the stream ends (a reload shows the 404)
         finally:
             await queue.put(None)
 

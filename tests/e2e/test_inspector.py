@@ -31,6 +31,7 @@ from ctxcc.v1 import (
     common_pb2,
     compile_service_pb2,
     session_service_pb2,
+    session_service_pb2_grpc,
     view_pb2,
 )
 from tests.e2e.inspector_agent import (
@@ -579,6 +580,37 @@ def test_an_open_live_page_does_not_hold_up_shutdown(short_tmp: Path) -> None:
         # Not the 30 s grace period, nor stuck (about 1 s; a loaded machine may take a few).
         assert time.monotonic() - started < 15
         conn.close()
+    finally:
+        d.ensure_stopped()
+
+
+def test_a_live_page_of_a_deleted_session_ends_its_stream(short_tmp: Path) -> None:
+    """A session deleted while its page is open ends the page's live stream at once (it
+    used to wait on the deleted log for good, pinging), without an incident."""
+    d = DaemonProcess(short_tmp / "data").start()
+    try:
+        ui = str(d.wait_ready()["ui"])
+        with grpc.insecure_channel(d.target) as ch:
+            agent = Agent(ch, "gone", "gpt-4o")
+            agent.create()
+            agent.append(user("hello"))
+            conn = http.client.HTTPConnection(ui, timeout=10)
+            conn.request("GET", "/s/gone/live")
+            response = conn.getresponse()
+            assert response.status == 200
+            assert [response.readline() for _ in range(3)] == [
+                b": live\n",
+                b"\n",
+                b"event: update\n",
+            ]
+            assert b'"resync"' in response.readline()
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            sessions.DeleteSession(session_service_pb2.DeleteSessionRequest(session_id="gone"))
+            assert response.read().strip() == b""  # the end of the stream, not a timeout
+            conn.close()
+        assert d.metric("ctxcc_watchers") == 0
+        assert "inspector page failed" not in d.log()
+        assert d.terminate() == 0
     finally:
         d.ensure_stopped()
 

@@ -1,4 +1,5 @@
-"""A session deleted while other calls use what it holds, on a real daemon."""
+"""A session deleted while other calls use what it holds, on a real daemon: blobs it
+shares with another session, and its watchers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
@@ -16,7 +18,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, stubs_for
-from tests.helpers import assistant, tool_result
+from tests.helpers import assistant, error_info, tool_result, user
 
 # Over the default blob threshold (16 KiB): stored once as a blob, shared by sessions.
 SHARED = "a result both sessions hold\n" * 1_000
@@ -123,3 +125,28 @@ async def test_a_blob_taken_up_while_its_last_holder_is_deleted_is_kept(
             )
         )
         assert read.slice.text == SHARED
+
+
+async def test_a_watch_of_a_deleted_session_ends_with_not_found(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """A watcher of a session that is deleted is told (SESSION_NOT_FOUND) instead of
+    waiting forever, and never follows a new session made with the same id, whose
+    events would continue the old one's seqs as if nothing had happened."""
+    api = unix_api
+    await _session(api, "w")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="w", events=[user("old one"), user("old two")])
+    )
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="w"))
+    updates = watch.__aiter__()
+    assert [(await anext(updates)).event.seq for _ in range(2)] == [1, 2]
+    await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="w"))
+    await _session(api, "w")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="w", events=[user(f"new {i}") for i in range(3)])
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        await anext(updates)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
