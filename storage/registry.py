@@ -37,7 +37,15 @@ class RegistryRecords(StoreCore):
         key = source_prefix(kind, entry.scope, entry.scope_id) + entry_id(entry).encode()
         batch = Batch()
         batch.put("sources", key, encode_value(entry))
-        self._write(batch)
+        if entry.scope != Scope.SESSION:
+            self._write(batch)
+            return
+        # A session's entry is written under the session's lock, which its delete holds
+        # too, once the session is found there: written after the delete, it would outlive
+        # the session and show in one made again under the id.
+        with self._lock(entry.scope_id):
+            self.get_session(entry.scope_id)
+            self._write(batch)
 
     def list_sources(
         self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
@@ -93,6 +101,7 @@ class RegistryRecords(StoreCore):
     def add_activations(self, session_id: str, turn_seq: int, names: tuple[str, ...]) -> None:
         key = session_key(session_id, ACTIVATIONS + be64(turn_seq))
         with self._lock(session_id):
+            self.get_session(session_id)  # not deleted since the search read it (see put_source)
             old = self.get_activations(session_id, turn_seq)
             merged = ToolActivations(turn_seq, tuple(sorted(set(old) | set(names))))
             batch = Batch()

@@ -6,19 +6,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
-from ctxcc.v1 import session_pb2
+from ctxcc.v1 import common_pb2, session_pb2, source_pb2, tool_pb2
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, stubs_for
-from tests.helpers import assistant, error_info, tool_result, user
+from tests.helpers import assistant, compile_request, error_info, tool_result, user
 
 # Over the default blob threshold (16 KiB): stored once as a blob, shared by sessions.
 SHARED = "a result both sessions hold\n" * 1_000
@@ -57,12 +58,12 @@ async def _result(api: Stubs, sid: str) -> str:
     return "c1"
 
 
-class _HeldBlobDelete:
-    """The store's engine, holding a write that deletes a blob until `release`: the
-    write of a session delete that found no other holder of one of its blobs."""
+class _HeldWrite:
+    """The store's engine, holding the writes `which` picks until `release`."""
 
-    def __init__(self, kv: Any) -> None:
+    def __init__(self, kv: Any, which: Callable[[Any], bool]) -> None:
         self.kv = kv
+        self.which = which
         self.holding = threading.Event()
         self.release = threading.Event()
 
@@ -70,10 +71,37 @@ class _HeldBlobDelete:
         return getattr(self.kv, name)
 
     def write(self, batch: Any) -> None:
-        if any(cf == "blobs" for cf, _ in batch.deletes):
+        if self.which(batch):
             self.holding.set()
             assert self.release.wait(30)
         self.kv.write(batch)
+
+
+class _Paused:
+    """A store method that waits for `release` before it runs: the moment between a
+    use case's checks and the store's write, where another call can land."""
+
+    def __init__(self, store: Any, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.method = getattr(store, name)
+        self.waiting = threading.Event()
+        self.release = threading.Event()
+        setattr(store, name, self)
+
+    def __call__(self, *args: Any) -> Any:
+        self.waiting.set()
+        assert self.release.wait(30)
+        return self.method(*args)
+
+    def restore(self) -> None:
+        self.release.set()
+        delattr(self.store, self.name)
+
+
+def _deletes_a_blob(batch: Any) -> bool:
+    """The write of a session delete that found no other holder of one of its blobs."""
+    return any(cf == "blobs" for cf, _ in batch.deletes)
 
 
 @pytest.mark.parametrize("holds", ["artifact", "tool_result"])
@@ -93,7 +121,7 @@ async def test_a_blob_taken_up_while_its_last_holder_is_deleted_is_kept(
         await _result(api, "a")
     assert daemon._store is not None
     store: Any = daemon._store
-    held = _HeldBlobDelete(store._kv)
+    held = _HeldWrite(store._kv, _deletes_a_blob)
     store._kv = held
     try:
         delete = asyncio.ensure_future(
@@ -150,3 +178,69 @@ async def test_a_watch_of_a_deleted_session_ends_with_not_found(
         await anext(updates)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+
+
+async def test_a_session_entry_stored_while_its_session_is_deleted_goes_with_it(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """A session-scoped memory entry put while its session is deleted is either refused
+    or deleted with the session: it never outlives it into a session made again under
+    the id, whose system prompt would show it."""
+    api = unix_api
+    await _session(api, "m")
+    entry = source_pb2.MemoryEntry(
+        memory_id="fact", scope=common_pb2.SCOPE_SESSION, scope_id="m", text="from before"
+    )
+    paused = _Paused(daemon._store, "put_source")
+    try:
+        put = asyncio.ensure_future(api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry)))
+        assert await asyncio.to_thread(paused.waiting.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="m"))
+        paused.release.set()
+        with pytest.raises(grpc.RpcError) as err:
+            await put
+    finally:
+        paused.restore()
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    await _session(api, "m")
+    listed = await api.sources.ListMemory(
+        rpb.ListMemoryRequest(scope=common_pb2.SCOPE_SESSION, scope_id="m")
+    )
+    assert list(listed.memories) == []
+
+
+async def test_a_search_racing_the_delete_of_its_session_activates_nothing_after_it(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """tool_search activations written while their session is deleted would outlive it:
+    a session made again under the id would see the deferred tool without searching."""
+    api = unix_api
+    deferred = tool_pb2.ToolDefinition(
+        name="deploy",
+        description="deploy the site",
+        input_schema_json='{"type": "object"}',
+        visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+    )
+    register = tpb.RegisterToolsRequest(session_id="t", tools=[deferred])
+    ask = spb.AppendEventsRequest(session_id="t", events=[user("ship it")])  # turn 1
+    await _session(api, "t")
+    await api.tools.RegisterTools(register)
+    await api.sessions.AppendEvents(ask)
+    paused = _Paused(daemon._store, "add_activations")
+    try:
+        search = asyncio.ensure_future(
+            api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
+        )
+        assert await asyncio.to_thread(paused.waiting.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="t"))
+        paused.release.set()
+        with pytest.raises(grpc.RpcError) as err:
+            await search
+    finally:
+        paused.restore()
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    await _session(api, "t")
+    await api.tools.RegisterTools(register)
+    await api.sessions.AppendEvents(ask)
+    view = (await api.compiles.Compile(compile_request("t"))).view
+    assert "deploy" not in [t.definition.name for t in view.tools]
