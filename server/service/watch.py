@@ -2,7 +2,8 @@
 
 A watcher has a bounded queue. Publishing never waits: when a queue is full its
 backlog is dropped and replaced by one Resync marker carrying the session head, so a
-stalled watcher costs appends nothing and learns exactly where to re-read from.
+stalled watcher costs appends nothing and learns exactly where to re-read from. Until
+the watcher reads that marker, later updates only move its head: one step per publish.
 Order is never changed: items leave each queue in publish order.
 """
 
@@ -45,21 +46,40 @@ class Deleted:
 class Watcher:
     def __init__(self, size: int) -> None:
         self.queue: asyncio.Queue[Update | Closed | Deleted] = asyncio.Queue(maxsize=size)
+        # The Resync that replaced an overflowed backlog; behind while it is unread.
+        self._marker: Resync | None = None
+        self._ended = False
 
     def close(self, why: Closed | Deleted | None = None) -> None:
+        self._ended = True
         while self.queue.full():
             self.queue.get_nowait()
         self.queue.put_nowait(why or Closed())
 
     def offer(self, update: Update, head_seq: int) -> bool:
         """Queue an update; on overflow replace the backlog by Resync(head_seq), return False."""
+        if self._ended:
+            return False
+        if self._marker is not None:
+            if not self.queue.empty():
+                # Still behind: the queue holds only the unread marker, whose head moves
+                # on. Filling the queue again only to drop it at the next overflow cost
+                # every append a few hundred steps per stalled watcher, on the event loop
+                # that serves every session.
+                head = max(self._marker.head_seq, head_seq)
+                self.queue.get_nowait()
+                self._marker = Resync(head)
+                self.queue.put_nowait(self._marker)
+                return False
+            self._marker = None  # read: what follows queues again
         try:
             self.queue.put_nowait(update)
             return True
         except asyncio.QueueFull:
             while not self.queue.empty():
                 self.queue.get_nowait()
-            self.queue.put_nowait(Resync(head_seq))
+            self._marker = Resync(head_seq)
+            self.queue.put_nowait(self._marker)
             return False
 
 

@@ -45,6 +45,21 @@ async def test_a_full_watcher_gets_a_resync_instead_of_blocking() -> None:
     assert hub.count() == 0
 
 
+async def test_a_watcher_behind_its_unread_marker_queues_nothing_more() -> None:
+    """While the marker is unread, later updates only move its head: a stalled watcher
+    costs each publish one step, not a refill of its queue to drop again."""
+    hub = WatchHub(queue_size=3)
+    async with hub.subscribe("s") as w:
+        hub.publish("s", [_ev(i, "x") for i in range(1, 6)], head_seq=5)
+        for seq in range(6, 12):
+            hub.publish("s", [_ev(seq, "y")], head_seq=seq)
+            assert w.queue.qsize() == 1
+        hub.publish("s", [_ev(3, "late")], head_seq=3)  # an earlier append, published late
+        assert w.queue.get_nowait() == Resync(11)
+        hub.publish("s", [_ev(12, "z")], head_seq=12)
+        assert w.queue.get_nowait() == _ev(12, "z")
+
+
 def test_error_details_quoting_client_input_are_cut_to_fit_trailers() -> None:
     from server.transport.errors import status_for
 
