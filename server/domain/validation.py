@@ -65,17 +65,38 @@ def check_session_paths(project_root: str, working_directory: str) -> None:
 # Route fields name a connection, protocol, endpoint and model: short strings. Bounded,
 # so no compile record or baseline key grows with what a client sends.
 MAX_ROUTE_FIELD_CHARS = 256
+# The platform and shell a compile names are rendered into its view's environment section.
+MAX_ENVIRONMENT_FIELD_CHARS = 256
+# A session's workspace id rides in the session record, rewritten by every append.
+MAX_WORKSPACE_ID_CHARS = 1_024
 MAX_LABELS = 64
 MAX_LABEL_KEY_CHARS = 128
 MAX_LABEL_VALUE_CHARS = 1_024
 
 
-def check_route_fields(fields: dict[str, str]) -> None:
+def check_route_fields(fields: dict[str, str], prefix: str = "route") -> None:
     for name, value in fields.items():
         if len(value) > MAX_ROUTE_FIELD_CHARS:
             raise invalid(
-                f"route.{name}", f"route.{name} is over {MAX_ROUTE_FIELD_CHARS} characters"
+                f"{prefix}.{name}", f"{prefix}.{name} is over {MAX_ROUTE_FIELD_CHARS} characters"
             )
+
+
+def check_environment_fields(fields: dict[str, str]) -> None:
+    for name, value in fields.items():
+        if len(value) > MAX_ENVIRONMENT_FIELD_CHARS:
+            raise invalid(
+                f"environment.{name}",
+                f"environment.{name} is over {MAX_ENVIRONMENT_FIELD_CHARS} characters",
+            )
+
+
+def check_workspace_id(workspace_id: str) -> None:
+    if len(workspace_id) > MAX_WORKSPACE_ID_CHARS:
+        raise invalid(
+            "session.workspace_id",
+            f"session.workspace_id is over {MAX_WORKSPACE_ID_CHARS} characters",
+        )
 
 
 def check_labels(labels: dict[str, str]) -> None:

@@ -8,8 +8,9 @@ import hashlib
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
-from server.domain.validation import check_id
+from server.domain.validation import check_id, check_route_fields
 from server.service.blocking import Blocking
+from server.service.compile_types import route_fields
 from server.service.ports import Clock, EventStore, IdSource
 from server.service.watch import WatchHub
 
@@ -41,6 +42,10 @@ class CheckpointUseCases:
         sid = template.session_id
         check_id("checkpoint.session_id", sid)
         check_id("request_id", request_id, required=False)
+        # Stored with the checkpoint and read back by every compile of the session.
+        check_id("checkpoint.origin_session_id", template.origin_session_id, required=False)
+        if template.source_route is not None:
+            check_route_fields(route_fields(template.source_route), "checkpoint.source_route")
         if require_digest and not template.covered_digest:
             raise invalid(
                 "checkpoint.covered_digest",

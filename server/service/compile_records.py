@@ -19,7 +19,13 @@ from server.domain.catalog import ModelInfo
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import CompileRecord
 from server.domain.table_chunks import Splitter
-from server.domain.validation import check_id, check_path_form, check_route_fields, is_id
+from server.domain.validation import (
+    check_environment_fields,
+    check_id,
+    check_path_form,
+    check_route_fields,
+    is_id,
+)
 from server.service.basis import PartDigests, SettingsPart, basis_of
 from server.service.compile_types import CompileOptions, route_fields
 from server.service.inputs import is_recorded
@@ -45,6 +51,7 @@ def checked(opts: CompileOptions) -> CompileOptions:
     if not opts.route.model and not opts.rebuild_compile_id:
         raise invalid("route.model", "route.model is required")
     check_path_form("environment.working_directory", opts.working_directory)
+    check_environment_fields({"platform": opts.platform, "shell": opts.shell})
     check_route_fields(route_fields(opts.route))
     return opts
 

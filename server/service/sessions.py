@@ -22,7 +22,12 @@ from server.domain.model import (
     Session,
     ToolResult,
 )
-from server.domain.validation import check_id, check_labels, check_session_paths
+from server.domain.validation import (
+    check_id,
+    check_labels,
+    check_session_paths,
+    check_workspace_id,
+)
 from server.service.blocking import Blocking
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
@@ -71,6 +76,7 @@ class SessionUseCases:
         check_session_paths(template.project_root, template.working_directory)
         check_id("session.project_id", template.project_id, required=False)
         check_labels(dict(template.labels))
+        check_workspace_id(template.workspace_id)
         now = self._clock.now_ns()
         session = dataclasses.replace(
             template,

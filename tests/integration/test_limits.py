@@ -6,16 +6,18 @@ import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
-from ctxcc.v1 import session_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
-from tests.helpers import error_info, user
+from tests.helpers import compile_request, error_info, user
 
 
 @pytest.fixture
@@ -119,3 +121,49 @@ async def test_a_stalled_watcher_never_blocks_appends(api: Stubs) -> None:
 
     await asyncio.wait_for(drain(), timeout=20)
     stalled.cancel()
+
+
+async def test_free_form_fields_kept_in_records_or_views_are_bounded(api: Stubs) -> None:
+    """A workspace id rides in the session record every append rewrites (30 MB of it made
+    each one-event append write 30 MB and take ~200 ms); a compile's platform and shell are
+    rendered into its view; a checkpoint's route and origin are read by every compile.
+    Over their caps they are refused, and nothing is stored."""
+
+    async def refused(call: Any, field: str) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await call
+        info = error_info(exc.value)
+        assert (exc.value.code(), info.reason, info.metadata["field"]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_FIELD",
+            field,
+        )
+
+    big = spb.CreateSessionRequest(
+        session=session_pb2.Session(session_id="ws", workspace_id="w" * 1_025)
+    )
+    await refused(api.sessions.CreateSession(big), "session.workspace_id")
+    listed = await api.sessions.ListSessions(spb.ListSessionsRequest())
+    assert [s.session_id for s in listed.sessions] == []
+    big.session.workspace_id = "w" * 1_024
+    await api.sessions.CreateSession(big)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="ws", events=[user("a")]))
+    for name in ("platform", "shell"):
+        env = cpb.Environment(**{name: "x" * 257})
+        req = compile_request("ws", environment=env)
+        await refused(api.compiles.Compile(req), f"environment.{name}")
+    checkpoints = [
+        (
+            checkpoint_pb2.Checkpoint(source_route=common_pb2.Route(model="m" * 257)),
+            "checkpoint.source_route.model",
+        ),
+        (checkpoint_pb2.Checkpoint(origin_session_id="o" * 129), "checkpoint.origin_session_id"),
+    ]
+    for checkpoint, field in checkpoints:
+        checkpoint.MergeFrom(
+            checkpoint_pb2.Checkpoint(session_id="ws", covers_through_seq=1, summary="s")
+        )
+        create = cpb.CreateCheckpointRequest(checkpoint=checkpoint)
+        await refused(api.compiles.CreateCheckpoint(create), field)
+    kept = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="ws"))
+    assert list(kept.checkpoints) == []
