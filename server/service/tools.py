@@ -25,6 +25,10 @@ from server.service.ports import EventStore
 
 # Names the providers accept for functions (OpenAI's rule is the strictest).
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Search keywords are words: each short, and a tool's together no longer than a
+# description may be. The registry is read by every compile and kept outside the
+# session's byte quota, so nothing in a definition may grow without a bound.
+MAX_KEYWORD_CHARS = 128
 RESERVED = {LOAD_RULE.name, READ_TOOL_RESULT.name, TOOL_SEARCH.name}
 # CPU seconds one search may spend over the whole result (not per line): RE2 scans
 # tens of MB a second, so only a pathological pattern on a huge result reaches it.
@@ -82,6 +86,18 @@ def check_tool(i: int, spec: ToolSpec, limits: ToolLimits = ToolLimits()) -> Non
         raise invalid(
             f"{field}.description",
             f"description is over {limits.max_description_chars} characters "
+            "(max_tool_description_chars)",
+        )
+    for keyword in spec.search_keywords:
+        if len(keyword) > MAX_KEYWORD_CHARS:
+            raise invalid(
+                f"{field}.search_keywords",
+                f"a search keyword is over {MAX_KEYWORD_CHARS} characters",
+            )
+    if sum(len(k) for k in spec.search_keywords) > limits.max_description_chars:
+        raise invalid(
+            f"{field}.search_keywords",
+            f"search keywords are over {limits.max_description_chars} characters together "
             "(max_tool_description_chars)",
         )
     if len(spec.input_schema_json.encode()) > limits.max_schema_bytes:

@@ -12,9 +12,10 @@ import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
-from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2, tool_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import compile_request, error_info, user
@@ -167,3 +168,24 @@ async def test_free_form_fields_kept_in_records_or_views_are_bounded(api: Stubs)
         await refused(api.compiles.CreateCheckpoint(create), field)
     kept = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="ws"))
     assert list(kept.checkpoints) == []
+
+
+async def test_search_keywords_are_bounded(api: Stubs) -> None:
+    """The tool registry is read by every compile and kept outside the session's byte
+    quota: one 50 MB keyword used to be stored as it came (stored_bytes unchanged)."""
+    await _create(api, "kw")
+
+    def register(*keywords: str) -> tpb.RegisterToolsRequest:
+        tool = tool_pb2.ToolDefinition(name="deploy", search_keywords=keywords)
+        return tpb.RegisterToolsRequest(session_id="kw", tools=[tool])
+
+    for keywords in (["k" * 129], ["k" * 128] * 600):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.tools.RegisterTools(register(*keywords))
+        info = error_info(exc.value)
+        assert (info.reason, info.metadata["field"]) == (
+            "INVALID_FIELD",
+            "tools[0].search_keywords",
+        )
+    assert list((await api.tools.ListTools(tpb.ListToolsRequest(session_id="kw"))).tools) == []
+    await api.tools.RegisterTools(register("k" * 128, "release"))
