@@ -61,9 +61,11 @@ def _damaged_chunk(sid: str) -> CorruptRecordError:
 
 
 class CompileRecords(StoreCore):
-    def put_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+    def put_checkpoint(self, checkpoint: Checkpoint, session_created_ns: int = 0) -> Checkpoint:
         """Stores the checkpoint, or returns the one already stored under its id: creates
-        racing with one request id store one record (the session lock orders them)."""
+        racing with one request id store one record (the session lock orders them).
+        `session_created_ns`: the create time of the session whose log the checkpoint's
+        digest was computed from, when it is checked."""
         sid = checkpoint.session_id
         key = session_key(sid, be64(checkpoint.create_time_ns) + checkpoint.checkpoint_id.encode())
         with self._lock(sid):
@@ -71,6 +73,10 @@ class CompileRecords(StoreCore):
                 if existing.checkpoint_id == checkpoint.checkpoint_id:
                     return existing
             session = self.get_session(sid)
+            if session_created_ns and session.create_time_ns != session_created_ns:
+                # Deleted after its log was read and created again under its id: the
+                # checkpoint summarises a log that is gone (as in `_move_route`).
+                raise session_not_found(sid)
             encoded = encode_value(checkpoint)
             # Summaries count against the session's byte quota like events do.
             self._check_quota(session, len(encoded))

@@ -93,7 +93,9 @@ class CheckpointUseCases:
             covered_digest=digest,
             create_time_ns=self._clock.now_ns(),
         )
-        stored = await self._blocking.run(self._store.put_checkpoint, checkpoint)
+        stored = await self._blocking.run(
+            self._store.put_checkpoint, checkpoint, session.create_time_ns
+        )
         created = stored is checkpoint  # not a racing retry answered with the first one
         if created:
             self._hub.publish(sid, [checkpoint], session.head_seq)

@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
-from ctxcc.v1 import common_pb2, session_pb2, source_pb2, tool_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2, source_pb2, tool_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
@@ -244,3 +245,37 @@ async def test_a_search_racing_the_delete_of_its_session_activates_nothing_after
     await api.sessions.AppendEvents(ask)
     view = (await api.compiles.Compile(compile_request("t"))).view
     assert "deploy" not in [t.definition.name for t in view.tools]
+
+
+async def test_a_checkpoint_of_a_deleted_log_is_not_stored_in_its_successor(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """CreateCheckpoint digests the log, then stores. A session deleted and created again
+    under the id in between (with as many events) must not get the checkpoint: its
+    summary tells of the deleted log (compiles would pass over it for its digest, but
+    ListCheckpoints and watchers would show it)."""
+    api = unix_api
+    await _session(api, "c")
+    old = [user("the deleted log"), user("its second event")]
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="c", events=old))
+    checkpoint = checkpoint_pb2.Checkpoint(
+        session_id="c", covers_through_seq=2, summary="what the deleted log said"
+    )
+    paused = _Paused(daemon._store, "put_checkpoint")
+    try:
+        create = asyncio.ensure_future(
+            api.compiles.CreateCheckpoint(cpb.CreateCheckpointRequest(checkpoint=checkpoint))
+        )
+        assert await asyncio.to_thread(paused.waiting.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="c"))
+        await _session(api, "c")
+        new = [user("a new log"), user("its second"), user("its third")]
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="c", events=new))
+        paused.release.set()
+        with pytest.raises(grpc.RpcError) as err:
+            await create
+    finally:
+        paused.restore()
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="c"))
+    assert list(listed.checkpoints) == []
