@@ -218,9 +218,12 @@ class Daemon:
             ArtifactServicer(artifacts), server
         )
         tool_service_pb2_grpc.add_ToolServiceServicer_to_server(
-            ToolServicer(ToolUseCases(store, self._blocking, tool_limits)), server
+            ToolServicer(ToolUseCases(store, self._blocking, tool_limits), cfg.max_message_bytes),
+            server,
         )
-        source_service_pb2_grpc.add_SourceServiceServicer_to_server(SourceServicer(sources), server)
+        source_service_pb2_grpc.add_SourceServiceServicer_to_server(
+            SourceServicer(sources, cfg.max_message_bytes), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if cfg.debug_echo:
             server.add_generic_rpc_handlers((echo_handler(),))

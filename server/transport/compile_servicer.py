@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from ctxcc.v1 import checkpoint_pb2
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
 from server.domain.errors import CtxccError, Reason, invalid
@@ -28,7 +29,7 @@ from server.transport.drain import Drain
 from server.transport.errors import streaming, unary
 from server.transport.lent import LentBySession
 from server.transport.options_memo import OptionsMemo
-from server.transport.paging import decode_token, encode_token
+from server.transport.paging import MAX_PAGE_BYTES, decode_token, encode_token
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, view_chars
 from server.transport.wire import Encoded
@@ -152,9 +153,20 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         start = int(token) if token is not None else 0
         size = self._s.page_size(request.page_size)
         found = await self._k.list_for(request.session_id)
-        page = found[start : start + size]
-        more = start + size < len(found)
+        # Cut by size too, as ListEvents: a summary may take 1 MiB, a page 1,000 of them.
+        # Within the daemon's own message limit when that is set lower.
+        most = min(MAX_PAGE_BYTES, self._max_message // 2)
+        page: list[checkpoint_pb2.Checkpoint] = []
+        total = 0
+        for c in found[start : start + size]:
+            msg = checkpoint_out(c)
+            total += msg.ByteSize()
+            if page and total > most:
+                break
+            page.append(msg)
+        end = start + len(page)
+        more = end < len(found)
         return pb.ListCheckpointsResponse(
-            checkpoints=[checkpoint_out(c) for c in page],
-            next_page_token=encode_token(start + size, query) if more else "",
+            checkpoints=page,
+            next_page_token=encode_token(end, query) if more else "",
         )

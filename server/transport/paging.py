@@ -7,12 +7,28 @@ import base64
 import hashlib
 import json
 
+from google.protobuf.message import Message
+
 from server.domain.errors import CtxccError, Reason
 
 # Pages of listings are cut by size as well as by count, so that any page fits a client
 # with gRPC's default 4 MiB receive limit (the rest of the response is a few bytes). A
 # single item larger than this still goes alone on its page.
 MAX_PAGE_BYTES = 3 << 20
+
+
+def check_fits(response: Message, limit: int, what: str) -> None:
+    """An unpaged listing over the daemon's message limit: refused with a reason, where
+    gRPC would fail the call with a bare RESOURCE_EXHAUSTED (no ErrorInfo) when sending."""
+    size = response.ByteSize()
+    if size > limit:
+        raise CtxccError(
+            Reason.QUOTA_EXCEEDED,
+            f"{what} is {size} bytes, more than the {limit}-byte message limit; "
+            "list one scope at a time, or delete entries",
+            quota="max_message_bytes",
+            limit=str(limit),
+        )
 
 
 def _fingerprint(query: object) -> str:

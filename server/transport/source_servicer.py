@@ -22,6 +22,7 @@ from server.domain.sources import (
 from server.service.sources import SourceUseCases
 from server.transport.convert_events import timestamp
 from server.transport.errors import unary
+from server.transport.paging import check_fits
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -79,8 +80,9 @@ def skill_out(s: SkillEntry) -> source_pb2.Skill:
 
 
 class SourceServicer(pb_grpc.SourceServiceServicer):
-    def __init__(self, sources: SourceUseCases) -> None:
+    def __init__(self, sources: SourceUseCases, max_message_bytes: int = 64 << 20) -> None:
         self._s = sources
+        self._max_message = max_message_bytes
 
     async def _listed(self, kind: SourceKind, scope: int, scope_id: str) -> list[Any]:
         return await self._s.list_entries(kind, scope_in(scope, required=False), scope_id)
@@ -99,7 +101,9 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         self, request: pb.ListMemoryRequest, context: Ctx
     ) -> pb.ListMemoryResponse:
         found = await self._listed(SourceKind.MEMORY, request.scope, request.scope_id)
-        return pb.ListMemoryResponse(memories=[memory_out(m) for m in found])
+        listed = pb.ListMemoryResponse(memories=[memory_out(m) for m in found])
+        check_fits(listed, self._max_message, "the memory listing")
+        return listed
 
     @unary
     async def DeleteMemory(
@@ -135,7 +139,9 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
     @unary
     async def ListRules(self, request: pb.ListRulesRequest, context: Ctx) -> pb.ListRulesResponse:
         found = await self._listed(SourceKind.RULE, request.scope, request.scope_id)
-        return pb.ListRulesResponse(rules=[rule_out(r) for r in found])
+        listed = pb.ListRulesResponse(rules=[rule_out(r) for r in found])
+        check_fits(listed, self._max_message, "the rule listing")
+        return listed
 
     @unary
     async def DeleteRule(
@@ -162,7 +168,9 @@ class SourceServicer(pb_grpc.SourceServiceServicer):
         self, request: pb.ListSkillsRequest, context: Ctx
     ) -> pb.ListSkillsResponse:
         found = await self._listed(SourceKind.SKILL, request.scope, request.scope_id)
-        return pb.ListSkillsResponse(skills=[skill_out(s) for s in found])
+        listed = pb.ListSkillsResponse(skills=[skill_out(s) for s in found])
+        check_fits(listed, self._max_message, "the skill listing")
+        return listed
 
     @unary
     async def DeleteSkill(

@@ -13,6 +13,7 @@ from server.domain.errors import invalid
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.tools import ToolUseCases
 from server.transport.errors import unary
+from server.transport.paging import check_fits
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -41,8 +42,9 @@ def tool_out(s: ToolSpec) -> tool_pb2.ToolDefinition:
 
 
 class ToolServicer(pb_grpc.ToolServiceServicer):
-    def __init__(self, tools: ToolUseCases) -> None:
+    def __init__(self, tools: ToolUseCases, max_message_bytes: int = 64 << 20) -> None:
         self._t = tools
+        self._max_message = max_message_bytes
 
     @unary
     async def RegisterTools(
@@ -54,9 +56,11 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
 
     @unary
     async def ListTools(self, request: pb.ListToolsRequest, context: Ctx) -> pb.ListToolsResponse:
-        return pb.ListToolsResponse(
+        listed = pb.ListToolsResponse(
             tools=[tool_out(s) for s in await self._t.list_tools(request.session_id)]
         )
+        check_fits(listed, self._max_message, "the tool registry")
+        return listed
 
     @unary
     async def SearchTools(

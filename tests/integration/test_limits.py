@@ -12,9 +12,10 @@ import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
-from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2, tool_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2, source_pb2, tool_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
@@ -189,3 +190,56 @@ async def test_search_keywords_are_bounded(api: Stubs) -> None:
         )
     assert list((await api.tools.ListTools(tpb.ListToolsRequest(session_id="kw"))).tools) == []
     await api.tools.RegisterTools(register("k" * 128, "release"))
+
+
+async def test_listings_over_the_message_limit_answer_with_a_reason(short_tmp: Path) -> None:
+    """Listings that are not paged (memory, rules, skills of every scope; a session's
+    tools) grow past the message limit with what any client may register; gRPC then
+    failed the call with a bare RESOURCE_EXHAUSTED, no ErrorInfo. ListCheckpoints, paged
+    by count only, did the same with large summaries."""
+    d = Daemon(make_config(short_tmp, max_message_bytes=str(1 << 20)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        await _create(api, "big")
+        text = "m" * 60_000
+        for i in range(20):
+            entry = source_pb2.MemoryEntry(
+                memory_id=f"m{i}",
+                scope=common_pb2.SCOPE_PROJECT,
+                scope_id=f"p{i % 2}",
+                text=text,
+            )
+            await api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry))
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.sources.ListMemory(rpb.ListMemoryRequest())
+        info = error_info(exc.value)
+        assert (exc.value.code(), info.reason, info.metadata["quota"]) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUOTA_EXCEEDED",
+            "max_message_bytes",
+        )
+        one = rpb.ListMemoryRequest(scope=common_pb2.SCOPE_PROJECT, scope_id="p0")
+        assert len((await api.sources.ListMemory(one)).memories) == 10
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="big", events=[user("a")])
+        )
+        for i in range(5):
+            checkpoint = checkpoint_pb2.Checkpoint(
+                session_id="big", covers_through_seq=1, summary=f"{i}" + "s" * 900_000
+            )
+            await api.compiles.CreateCheckpoint(cpb.CreateCheckpointRequest(checkpoint=checkpoint))
+        seen, token = 0, ""
+        while True:
+            page = await api.compiles.ListCheckpoints(
+                cpb.ListCheckpointsRequest(session_id="big", page_token=token)
+            )
+            assert 1 <= len(page.checkpoints) < 5
+            seen += len(page.checkpoints)
+            token = page.next_page_token
+            if not token:
+                break
+        assert seen == 5
+    finally:
+        await api.channel.close()
+        await d.stop()
