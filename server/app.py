@@ -284,7 +284,7 @@ class Daemon:
     ) -> None:
         cfg = self.cfg
         # Kept for benchmarks that call the handlers without gRPC (bench/stepcost.py).
-        self.session_servicer = SessionServicer(sessions)
+        self.session_servicer = SessionServicer(sessions, cfg.max_message_bytes)
         self.compile_servicer = CompileServicer(
             compiles,
             sessions,

@@ -29,7 +29,7 @@ from server.transport.drain import Drain
 from server.transport.errors import streaming, unary
 from server.transport.lent import LentBySession
 from server.transport.options_memo import OptionsMemo
-from server.transport.paging import MAX_PAGE_BYTES, decode_token, encode_token
+from server.transport.paging import decode_token, encode_token, page_bytes
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, view_chars
 from server.transport.wire import Encoded
@@ -154,8 +154,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         size = self._s.page_size(request.page_size)
         found = await self._k.list_for(request.session_id)
         # Cut by size too, as ListEvents: a summary may take 1 MiB, a page 1,000 of them.
-        # Within the daemon's own message limit when that is set lower.
-        most = min(MAX_PAGE_BYTES, self._max_message // 2)
+        most = page_bytes(self._max_message)
         page: list[checkpoint_pb2.Checkpoint] = []
         total = 0
         for c in found[start : start + size]:

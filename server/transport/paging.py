@@ -17,6 +17,12 @@ from server.domain.errors import CtxccError, Reason
 MAX_PAGE_BYTES = 3 << 20
 
 
+def page_bytes(max_message_bytes: int) -> int:
+    """A page's size budget: MAX_PAGE_BYTES, or half the daemon's own message limit when
+    that is set lower (the first item of a page always goes in, whatever its size)."""
+    return min(MAX_PAGE_BYTES, max_message_bytes // 2)
+
+
 def check_fits(response: Message, limit: int, what: str) -> None:
     """An unpaged listing over the daemon's message limit: refused with a reason, where
     gRPC would fail the call with a bare RESOURCE_EXHAUSTED (no ErrorInfo) when sending."""

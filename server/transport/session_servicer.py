@@ -18,15 +18,16 @@ from server.service.watch import CompileNotice, Resync
 from server.transport.convert_events import event_out, events_in, session_in, session_out
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
-from server.transport.paging import MAX_PAGE_BYTES, decode_token, encode_token
+from server.transport.paging import decode_token, encode_token, page_bytes
 from server.transport.wire import MAX_KINDS
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
-    def __init__(self, sessions: SessionUseCases) -> None:
+    def __init__(self, sessions: SessionUseCases, max_message_bytes: int = 64 << 20) -> None:
         self._s = sessions
+        self._page_bytes = page_bytes(max_message_bytes)
 
     @unary
     async def CreateSession(
@@ -57,7 +58,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         for s in found[:size]:
             msg = session_out(s)
             total += msg.ByteSize()
-            if page and total > MAX_PAGE_BYTES:
+            if page and total > self._page_bytes:
                 break
             page.append(msg)
         more = len(page) < len(found)
@@ -114,7 +115,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         for e in found[:size]:
             msg = event_out(e)
             total += msg.ByteSize()
-            if page and total > MAX_PAGE_BYTES:
+            if page and total > self._page_bytes:
                 break
             page.append(msg)
         more = len(page) < len(found)

@@ -196,7 +196,8 @@ async def test_listings_over_the_message_limit_answer_with_a_reason(short_tmp: P
     """Listings that are not paged (memory, rules, skills of every scope; a session's
     tools) grow past the message limit with what any client may register; gRPC then
     failed the call with a bare RESOURCE_EXHAUSTED, no ErrorInfo. ListCheckpoints, paged
-    by count only, did the same with large summaries."""
+    by count only, did the same with large summaries, and so did any listing paged at
+    3 MiB under a lower --max-message-bytes."""
     d = Daemon(make_config(short_tmp, max_message_bytes=str(1 << 20)))
     await d.start()
     api = stubs_for(f"unix:{d.endpoints.unix}")
@@ -229,6 +230,14 @@ async def test_listings_over_the_message_limit_answer_with_a_reason(short_tmp: P
                 session_id="big", covers_through_seq=1, summary=f"{i}" + "s" * 900_000
             )
             await api.compiles.CreateCheckpoint(cpb.CreateCheckpointRequest(checkpoint=checkpoint))
+        # ListEvents' pages (3 MiB) are cut within the lower limit too.
+        for i in range(4):
+            event = user(f"{i}" + "e" * 300_000)
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="big", events=[event])
+            )
+        listed = await api.sessions.ListEvents(spb.ListEventsRequest(session_id="big"))
+        assert 1 <= len(listed.events) < 5 and listed.next_page_token
         seen, token = 0, ""
         while True:
             page = await api.compiles.ListCheckpoints(
