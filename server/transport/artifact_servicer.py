@@ -10,13 +10,39 @@ import grpc
 from ctxcc.v1 import artifact_service_pb2 as pb
 from ctxcc.v1 import artifact_service_pb2_grpc as pb_grpc
 from ctxcc.v1 import common_pb2
-from server.domain.errors import invalid
+from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.records import ArtifactRecord
 from server.service.artifacts import ArtifactHeader, ArtifactUseCases
 from server.transport.errors import streaming, unary
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 DOWNLOAD_CHUNK = 256 << 10
+# Bytes that uploads in progress may hold in memory together, in artifacts of the
+# largest size: an upload is buffered whole until its sha256 is checked, and a client
+# that never ends its stream would otherwise hold what it sent for as long as it likes.
+MEMORY_IN_ARTIFACTS = 8
+
+
+class HeldBytes:
+    """Upload bytes held by calls in progress, against one budget (on the event loop)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.held + size > self.limit:
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"uploads in progress hold {self.held} bytes; {size} more would pass the "
+                f"daemon's {self.limit}; retry later",
+                quota="upload_bytes_in_memory",
+                limit=str(self.limit),
+            )
+        self.held += size
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 def ref_out(r: ArtifactRecord) -> common_pb2.ArtifactRef:
@@ -33,6 +59,7 @@ def ref_out(r: ArtifactRecord) -> common_pb2.ArtifactRef:
 class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     def __init__(self, artifacts: ArtifactUseCases) -> None:
         self._a = artifacts
+        self._held = HeldBytes(MEMORY_IN_ARTIFACTS * artifacts.max_bytes)
 
     @unary
     async def UploadArtifact(
@@ -41,36 +68,40 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         header: ArtifactHeader | None = None
         chunks: list[bytes] = []
         received = 0
-        async for msg in request:
-            kind = msg.WhichOneof("chunk")
+        try:
+            async for msg in request:
+                kind = msg.WhichOneof("chunk")
+                if header is None:
+                    if kind != "header":
+                        raise invalid("header", "the first upload message must carry the header")
+                    h = msg.header
+                    header = ArtifactHeader(
+                        h.session_id,
+                        h.mime_type,
+                        h.size_bytes,
+                        h.sha256,
+                        h.width,
+                        h.height,
+                        h.request_id,
+                    )
+                    self._a.check_header(header)
+                elif kind == "data":
+                    # Stop reading as soon as the declared size or the limit is passed:
+                    # memory stays bounded whatever the client sends.
+                    if received + len(msg.data) > min(header.size_bytes, self._a.max_bytes):
+                        if received + len(msg.data) > self._a.max_bytes:
+                            raise self._a.too_large(received + len(msg.data))
+                        raise invalid("data", "more data than the header's size_bytes")
+                    self._held.take(len(msg.data))
+                    received += len(msg.data)
+                    chunks.append(msg.data)
+                else:
+                    raise invalid("header", "only the first upload message may carry a header")
             if header is None:
-                if kind != "header":
-                    raise invalid("header", "the first upload message must carry the header")
-                h = msg.header
-                header = ArtifactHeader(
-                    h.session_id,
-                    h.mime_type,
-                    h.size_bytes,
-                    h.sha256,
-                    h.width,
-                    h.height,
-                    h.request_id,
-                )
-                self._a.check_header(header)
-            elif kind == "data":
-                received += len(msg.data)
-                # Stop reading as soon as the declared size or the limit is passed:
-                # memory stays bounded whatever the client sends.
-                if received > min(header.size_bytes, self._a.max_bytes):
-                    if received > self._a.max_bytes:
-                        raise self._a.too_large(received)
-                    raise invalid("data", "more data than the header's size_bytes")
-                chunks.append(msg.data)
-            else:
-                raise invalid("header", "only the first upload message may carry a header")
-        if header is None:
-            raise invalid("header", "the upload stream was empty")
-        record = await self._a.put(header, b"".join(chunks))
+                raise invalid("header", "the upload stream was empty")
+            record = await self._a.put(header, b"".join(chunks))
+        finally:
+            self._held.give(received)
         return pb.UploadArtifactResponse(artifact=ref_out(record))
 
     @streaming

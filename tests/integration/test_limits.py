@@ -252,3 +252,67 @@ async def test_listings_over_the_message_limit_answer_with_a_reason(short_tmp: P
     finally:
         await api.channel.close()
         await d.stop()
+
+
+async def test_upload_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
+    """Uploads are buffered whole until their sha256 is checked: a client that never
+    ended its streams held what it sent for as long as it liked (40 held uploads of
+    19 MiB took the daemon to 1.1 GB). Together they may now hold eight artifacts of the
+    largest size; past that an upload answers QUOTA_EXCEEDED
+    (quota=upload_bytes_in_memory), and the room comes back when the held ones end."""
+    size = 1 << 20
+    d = Daemon(make_config(short_tmp, max_artifact_bytes=str(size)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    held: list[Any] = []
+    try:
+        await _create(api, "art")
+        data = bytes(range(256)) * (size // 256)
+        header = apb.ArtifactHeader(
+            session_id="art",
+            mime_type="image/png",
+            size_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        for _ in range(8):  # all but the end of the stream: each holds the whole artifact
+            call = api.artifacts.UploadArtifact()
+            await call.write(apb.UploadArtifactRequest(header=header))
+            await call.write(apb.UploadArtifactRequest(data=data))
+            held.append(call)
+
+        async def upload() -> str:
+            messages = [apb.UploadArtifactRequest(header=header)]
+            messages.append(apb.UploadArtifactRequest(data=data))
+            try:
+                await api.artifacts.UploadArtifact(iter(messages))
+            except grpc.aio.AioRpcError as err:
+                info = error_info(err)
+                assert (err.code(), info.reason, info.metadata["quota"]) == (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "QUOTA_EXCEEDED",
+                    "upload_bytes_in_memory",
+                )
+                return "refused"
+            return "stored"
+
+        # Refused once the daemon has read the held uploads' data (a bounded wait for
+        # that, not for a time).
+        for _ in range(400):
+            if await upload() == "refused":
+                break
+            await asyncio.sleep(0.025)
+        else:
+            raise AssertionError("uploads held past the budget were never refused")
+        for call in held:
+            call.cancel()
+        for _ in range(400):  # the cancelled uploads give their room back as they end
+            if await upload() == "stored":
+                break
+            await asyncio.sleep(0.025)
+        else:
+            raise AssertionError("the held uploads never gave their room back")
+    finally:
+        for call in held:
+            call.cancel()
+        await api.channel.close()
+        await d.stop()
