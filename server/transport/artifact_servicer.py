@@ -20,23 +20,29 @@ DOWNLOAD_CHUNK = 256 << 10
 # Bytes that uploads in progress may hold in memory together, in artifacts of the
 # largest size: an upload is buffered whole until its sha256 is checked, and a client
 # that never ends its stream would otherwise hold what it sent for as long as it likes.
+# Downloads in progress get as much again: a download's bytes stay in memory until its
+# call ends, since gRPC keeps what a reader has not taken yet (30 unread downloads of
+# 19 MiB held ~625 MB).
 MEMORY_IN_ARTIFACTS = 8
 
 
 class HeldBytes:
-    """Upload bytes held by calls in progress, against one budget (on the event loop)."""
+    """Bytes held by calls in progress of one kind, against one budget (on the event
+    loop): `what` names them in the refusal, `quota` in its ErrorInfo."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, what: str = "uploads", quota: str = "upload") -> None:
         self.limit = limit
         self.held = 0
+        self._what = what
+        self._quota = f"{quota}_bytes_in_memory"
 
     def take(self, size: int) -> None:
         if self.held + size > self.limit:
             raise CtxccError(
                 Reason.QUOTA_EXCEEDED,
-                f"uploads in progress hold {self.held} bytes; {size} more would pass the "
-                f"daemon's {self.limit}; retry later",
-                quota="upload_bytes_in_memory",
+                f"{self._what} in progress hold {self.held} bytes; {size} more would pass "
+                f"the daemon's {self.limit}; retry later",
+                quota=self._quota,
                 limit=str(self.limit),
             )
         self.held += size
@@ -60,6 +66,9 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     def __init__(self, artifacts: ArtifactUseCases) -> None:
         self._a = artifacts
         self._held = HeldBytes(MEMORY_IN_ARTIFACTS * artifacts.max_bytes)
+        self._sending = HeldBytes(
+            MEMORY_IN_ARTIFACTS * artifacts.max_bytes, "downloads", "download"
+        )
 
     @unary
     async def UploadArtifact(
@@ -109,6 +118,12 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         self, request: pb.DownloadArtifactRequest, context: Ctx
     ) -> AsyncIterator[pb.DownloadArtifactResponse]:
         record, data = await self._a.get(request.session_id, request.artifact_id)
+        size = len(data)
+        self._sending.take(size)  # refused before anything is sent
+        # Given back when the call ends, not when its last chunk is handed to gRPC, which
+        # keeps what the reader has not taken yet until then.
+        # (grpc-stubs types the callback as a class of its own, no function matches it.)
+        context.add_done_callback(lambda _: self._sending.give(size))  # type: ignore[arg-type]
         yield pb.DownloadArtifactResponse(artifact=ref_out(record))
         for offset in range(0, len(data), DOWNLOAD_CHUNK):
             yield pb.DownloadArtifactResponse(data=data[offset : offset + DOWNLOAD_CHUNK])

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
+from ctxcc.v1 import artifact_service_pb2_grpc as apb_grpc
 from ctxcc.v1 import checkpoint_pb2, common_pb2, session_pb2, source_pb2, tool_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
@@ -315,4 +316,75 @@ async def test_upload_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
         for call in held:
             call.cancel()
         await api.channel.close()
+        await d.stop()
+
+
+async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
+    """A download's bytes stay in memory until its call ends: gRPC keeps what a reader
+    has not taken (30 unread downloads of 19 MiB held ~625 MB). Downloads in progress may
+    hold eight artifacts of the largest size together; past that one answers
+    QUOTA_EXCEEDED (quota=download_bytes_in_memory) before sending anything, and the
+    room comes back when the unread ones end."""
+    size = 1 << 20
+    d = Daemon(make_config(short_tmp, max_artifact_bytes=str(size)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    # A reader whose HTTP/2 window stays at its 64 KiB default (no BDP probing to grow
+    # it): what it does not read stays with the daemon, as with a large artifact.
+    slow = grpc.aio.insecure_channel(
+        f"unix:{d.endpoints.unix}", options=[("grpc.http2.bdp_probe", 0)]
+    )
+    unread: list[Any] = []
+    try:
+        await _create(api, "art")
+        data = bytes(range(256)) * (size // 256)
+        header = apb.ArtifactHeader(
+            session_id="art",
+            mime_type="image/png",
+            size_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )
+        messages = [apb.UploadArtifactRequest(header=header), apb.UploadArtifactRequest(data=data)]
+        ref = (await api.artifacts.UploadArtifact(iter(messages))).artifact
+        ask = apb.DownloadArtifactRequest(session_id="art", artifact_id=ref.artifact_id)
+
+        async def download() -> str:
+            got = b""
+            try:
+                async for msg in api.artifacts.DownloadArtifact(ask):
+                    got += msg.data
+            except grpc.aio.AioRpcError as err:
+                info = error_info(err)
+                assert (err.code(), info.reason, info.metadata["quota"]) == (
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "QUOTA_EXCEEDED",
+                    "download_bytes_in_memory",
+                )
+                assert not got  # refused before any byte was sent
+                return "refused"
+            assert got == data
+            return "whole"
+
+        assert await download() == "whole"
+        slow_artifacts = apb_grpc.ArtifactServiceStub(slow)
+        for _ in range(8):  # started, their first message read, the rest left unread
+            call = slow_artifacts.DownloadArtifact(ask)
+            first = await call.read()
+            assert isinstance(first, apb.DownloadArtifactResponse)
+            assert first.artifact.artifact_id == ref.artifact_id
+            unread.append(call)
+        assert await download() == "refused"
+        for call in unread:
+            call.cancel()
+        for _ in range(400):  # the cancelled downloads give their room back as they end
+            if await download() == "whole":
+                break
+            await asyncio.sleep(0.025)
+        else:
+            raise AssertionError("the unread downloads never gave their room back")
+    finally:
+        for call in unread:
+            call.cancel()
+        await api.channel.close()
+        await slow.close()
         await d.stop()
