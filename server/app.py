@@ -115,7 +115,10 @@ class Daemon:
         self._store: KVEventStore | None = None
         self._drain = Drain()
         self._disk_watch: asyncio.Task[None] | None = None
-        self.hub = WatchHub(ServiceLimits().watch_queue_size)
+        limits = ServiceLimits()
+        self.hub = WatchHub(
+            limits.watch_queue_size, limits.max_watchers_per_session, limits.max_watchers
+        )
         self.endpoints = Endpoints(None, None, None)
         self.session_servicer: SessionServicer | None = None
         self.compile_servicer: CompileServicer | None = None

@@ -18,3 +18,7 @@ class ServiceLimits:
     max_page_size: int = 1_000
     default_page_size: int = 100
     watch_queue_size: int = 256
+    # Every append is offered to each watcher of its session on the event loop, and each
+    # holds a queue: 8,000 watches of one session made its appends spend seconds there.
+    max_watchers_per_session: int = 64
+    max_watchers: int = 4_096

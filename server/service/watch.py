@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from server.domain.errors import CtxccError, Reason
 from server.domain.model import Event
 from server.domain.records import Checkpoint
 
@@ -84,22 +85,46 @@ class Watcher:
 
 
 class WatchHub:
-    def __init__(self, queue_size: int) -> None:
+    def __init__(self, queue_size: int, per_session: int = 64, most: int = 4_096) -> None:
         self._size = queue_size
+        self._per_session = per_session
+        self._most = most
         self._watchers: dict[str, set[Watcher]] = defaultdict(set)
+        self._count = 0
         self._closed = False
+
+    def _refuse_past_caps(self, session_id: str) -> None:
+        """Each watcher costs every append of its session a queue offer on the event loop
+        (and memory for its queue): bounded per session and in all."""
+        if len(self._watchers.get(session_id, ())) >= self._per_session:
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"session {session_id} already has {self._per_session} watchers",
+                quota="watchers_per_session",
+                limit=str(self._per_session),
+            )
+        if self._count >= self._most:
+            raise CtxccError(
+                Reason.QUOTA_EXCEEDED,
+                f"the daemon already serves {self._most} watchers",
+                quota="watchers",
+                limit=str(self._most),
+            )
 
     @asynccontextmanager
     async def subscribe(self, session_id: str) -> AsyncIterator[Watcher]:
+        self._refuse_past_caps(session_id)
         watcher = Watcher(self._size)
         if self._closed:
             # Subscribed while the daemon shuts down: end at once rather than wait for
             # updates that will never come (and hold up the shutdown).
             watcher.close()
         self._watchers[session_id].add(watcher)
+        self._count += 1
         try:
             yield watcher
         finally:
+            self._count -= 1
             watchers = self._watchers.get(session_id)
             if watchers is not None:
                 watchers.discard(watcher)
@@ -130,4 +155,4 @@ class WatchHub:
                 watcher.close()
 
     def count(self) -> int:
-        return sum(len(w) for w in self._watchers.values())
+        return self._count

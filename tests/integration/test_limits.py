@@ -388,3 +388,57 @@ async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> Non
         await api.channel.close()
         await slow.close()
         await d.stop()
+
+
+async def test_watchers_of_a_session_are_bounded(short_tmp: Path) -> None:
+    """Every append is offered to each watcher of its session on the event loop: 8,000
+    watches of one session made each append spend seconds there, stalling every other
+    session. A session has at most 64 watchers; the 65th answers QUOTA_EXCEEDED
+    (quota=watchers_per_session), and one that ends makes room."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    watches: list[Any] = []
+    try:
+        for sid in ("w", "other"):
+            await _create(api, sid)
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=sid, events=[user("hi")])
+            )
+
+        async def watch(sid: str) -> Any:
+            call = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid))
+            first = await call.read()  # the backlog's event: subscribed by then
+            assert isinstance(first, spb.WatchSessionResponse) and first.event.seq == 1
+            return call
+
+        for _ in range(64):
+            watches.append(await watch("w"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await watch("w")
+        info = error_info(refused.value)
+        assert (refused.value.code(), info.reason, dict(info.metadata)) == (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "QUOTA_EXCEEDED",
+            {"quota": "watchers_per_session", "limit": "64"},
+        )
+        other = await watch("other")  # another session's watchers are its own
+        other.cancel()
+        # The watchers still get what is appended.
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("2")]))
+        assert [(await w.read()).event.seq for w in watches] == [2] * 64
+        watches.pop().cancel()
+        for _ in range(400):  # the cancelled watch leaves the hub as its stream ends
+            try:
+                watches.append(await watch("w"))
+                break
+            except grpc.aio.AioRpcError as err:
+                assert error_info(err).reason == "QUOTA_EXCEEDED"
+                await asyncio.sleep(0.025)
+        else:
+            raise AssertionError("an ended watch never made room")
+    finally:
+        for call in watches:
+            call.cancel()
+        await api.channel.close()
+        await d.stop()

@@ -60,6 +60,28 @@ async def test_a_watcher_behind_its_unread_marker_queues_nothing_more() -> None:
         assert w.queue.get_nowait() == _ev(12, "z")
 
 
+async def test_watchers_are_capped_per_session_and_in_all() -> None:
+    hub = WatchHub(queue_size=3, per_session=2, most=3)
+
+    def refused(sid: str) -> str:
+        with pytest.raises(CtxccError) as exc:
+            hub._refuse_past_caps(sid)
+        assert exc.value.reason is Reason.QUOTA_EXCEEDED
+        return str(exc.value.metadata["quota"])
+
+    async with hub.subscribe("a"), hub.subscribe("a"):
+        assert refused("a") == "watchers_per_session"
+        async with hub.subscribe("b"):
+            assert hub.count() == 3
+            assert refused("c") == "watchers"
+            # A deleted session's watchers count until their streams end.
+            hub.deleted("a")
+            assert refused("c") == "watchers"
+        async with hub.subscribe("c"):
+            assert hub.count() == 3
+    assert hub.count() == 0
+
+
 def test_error_details_quoting_client_input_are_cut_to_fit_trailers() -> None:
     from server.transport.errors import status_for
 
