@@ -75,9 +75,9 @@ async def test_compiles_at_once_over_the_window_make_one_builtin_checkpoint(
     # read the history without the other's.
     both_read = threading.Barrier(2, timeout=10)
 
-    def put_when_both_read(checkpoint: Any) -> Any:
+    def put_when_both_read(checkpoint: Any, *rest: Any) -> Any:
         both_read.wait()
-        return put(checkpoint)
+        return put(checkpoint, *rest)
 
     monkeypatch.setattr(store, "put_checkpoint", put_when_both_read)
     first, second = await asyncio.gather(
