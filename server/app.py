@@ -49,6 +49,7 @@ from server.service.checkpoints import CheckpointUseCases
 from server.service.compile_types import CompilerSettings
 from server.service.compiling import CompileUseCases
 from server.service.inspection import InspectUseCases
+from server.service.lanes import PendingWork
 from server.service.limits import ServiceLimits
 from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
@@ -112,6 +113,8 @@ class Daemon:
         self._metrics_server: WSGIServer | None = None
         self._web: WebServer | None = None
         self._blocking = Blocking(cfg.workers, cfg.compile_workers)
+        # Appends feed it, compiles read it (their lane): one for both.
+        self._pending = PendingWork()
         self._store: KVEventStore | None = None
         self._drain = Drain()
         self._disk_watch: asyncio.Task[None] | None = None
@@ -154,7 +157,7 @@ class Daemon:
         )
         clock, ids = SystemClock(), RandomIds()
         sessions = SessionUseCases(
-            store, self._blocking, self.hub, clock, ids, limits, self.telemetry
+            store, self._blocking, self.hub, clock, ids, limits, self.telemetry, self._pending
         )
         checkpoints = CheckpointUseCases(store, self._blocking, self.hub, clock, ids)
         workspace = WorkspaceReader(
@@ -193,6 +196,7 @@ class Daemon:
             sources,
             checkpoints,
             splitter,
+            self._pending,
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
 

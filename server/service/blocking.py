@@ -1,8 +1,10 @@
 """Runs blocking work off the event loop on bounded pools, so one slow disk write or
 one heavy compile never stalls other sessions' RPCs.
 
-Two pools: `run` for storage work (reads, appends, fsyncs), `compute` for CPU-heavy
-work (compiles, rendering, result searches). Appends of one session never queue
+Three pools: `run` for storage work (reads, appends, fsyncs), `compute` for CPU-heavy
+work (compiles, rendering, result searches), and the light lane (`compute_light`, one
+thread) for compiles known to be small: a warm session's steps (see lanes.py), which
+heavy compiles of other sessions never hold up. Appends of one session never queue
 behind compiles of another: with every compute thread busy, storage threads are
 still free. (A stream step's append is the exception, written by the compute thread
 that then compiles it, its fsync made on a storage thread meanwhile: its answer waits
@@ -89,12 +91,19 @@ class Blocking:
     def __init__(self, workers: int, compute_workers: int = 2) -> None:
         self._pool = _Threads(workers, "ctxcc-io")
         self._compute = _Threads(compute_workers, "ctxcc-compute")
+        # The light lane: compiles that continue a warm session with little new text
+        # (lanes.py), on a thread heavy work never takes.
+        self._light = _Threads(1, "ctxcc-light")
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await _call(self._pool, functools.partial(fn, *args, **kwargs))
 
     async def compute(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         return await _call(self._compute, functools.partial(fn, *args, **kwargs))
+
+    async def compute_light(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`compute` on the light lane: for work known to be small (see lanes.py)."""
+        return await _call(self._light, functools.partial(fn, *args, **kwargs))
 
     async def run_landing(self, write: Callable[[], T], landed: Callable[[T], U]) -> U:
         """`write` on the storage pool, then `landed` with its result on the event loop,
@@ -133,6 +142,8 @@ class Blocking:
         then: Callable[[], U],
         landed: Callable[[T], object] | None = None,
         deferring: Callable[[], AbstractContextManager[OwedSync]] | None = None,
+        *,
+        light: bool = False,
     ) -> tuple[T, U | BaseException]:
         """`first`, then `then`, on one compute thread: the event loop is woken once for
         both and no other thread between them (each wake-up of the loop costs a step
@@ -147,7 +158,8 @@ class Blocking:
         a storage thread while `then` runs (its GIL-free wait overlaps the compile); the
         result comes back once both are done, and a failed fsync fails the whole as a
         failure of `first` would. `first` runs whatever happens to the caller (a step's
-        append, like a landing write, is never dropped once queued)."""
+        append, like a landing write, is never dropped once queued). With `light`, both
+        run on the light lane (see `compute_light`)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[tuple[T, U | BaseException]] = loop.create_future()
 
@@ -191,10 +203,11 @@ class Blocking:
                     join.synced(exc)
             second(value, join.computed)
 
-        self._compute.submit(start)
+        (self._light if light else self._compute).submit(start)
         return await done
 
     def shutdown(self) -> None:
+        self._light.shutdown()
         self._compute.shutdown()
         self._pool.shutdown()
 

@@ -59,6 +59,8 @@ class Prior:
 
     run: Callable[[], Any]
     landed: Callable[[Any], None]
+    # The request's encoded size: new text the compile will see (lanes.py).
+    size: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from server.service.inputs import (
     InputAssembler,
     is_recorded,
 )
+from server.service.lanes import PendingWork, is_light
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
@@ -88,6 +89,7 @@ class CompileUseCases:
         sources: SourceUseCases,
         checkpoints: CheckpointUseCases,
         splitter: Splitter | None = None,
+        pending: PendingWork | None = None,
     ) -> None:
         self._store = store
         self._blocking = blocking
@@ -104,6 +106,8 @@ class CompileUseCases:
             store, self._loader, sources, catalog, settings, clock, ids
         )
         self._memos = MemoCache(settings.memo_bytes, telemetry)
+        # What each session's next compile has not seen, fed by its appends (lanes.py).
+        self._pending = pending or PendingWork()
         # Names the chunks of the route state's table in each compile's basis: the
         # store's splitter (`splitter`) has split that table already, when it wrote the
         # record whose table the route state names.
@@ -153,19 +157,23 @@ class CompileUseCases:
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
         work = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
+        unseen = self._pending.unseen(opts.session_id)
+        light = self._light(opts, unseen, prior.size if prior is not None else 0)
         if prior is None:
-            prepared, done, compact_through = await self._blocking.compute(
+            compute = self._blocking.compute_light if light else self._blocking.compute
+            prepared, done, compact_through = await compute(
                 _then_synced, work, self._store.sync_reads
             )
         else:
             # The append's fsync is made while its compile runs (the compile reads what
             # was written; the answer waits for both).
             _, outcome = await self._blocking.run_then_compute(
-                prior.run, work, prior.landed, self._store.deferring_sync
+                prior.run, work, prior.landed, self._store.deferring_sync, light=light
             )
             if isinstance(outcome, BaseException):
                 raise outcome
             prepared, done, compact_through = outcome
+        self._pending.covered(opts.session_id, unseen)
         session, _, view, counter, inputs, info, plain = prepared
         if done is not None:
             self._published(opts, session, done.view, started)
@@ -196,6 +204,13 @@ class CompileUseCases:
         )
         self._published(opts, session, view, started)
         return result
+
+    def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> bool:
+        """Whether the compile goes on the light lane: it continues a kept memo (at the
+        head) and little text is new to it (see lanes.py)."""
+        at_head = not opts.as_of_seq and not opts.rebuild_compile_id
+        warm = at_head and self._memos.warm(opts.session_id, opts.route.route_id)
+        return is_light(warm, unseen, step_bytes)
 
     async def _repeat(self, opts: CompileOptions) -> CompileResult | None:
         """The session's last view again when nothing it depends on changed (repeats.py):

@@ -22,8 +22,21 @@ class MemoCache:
         self._max = max_bytes
         self._telemetry = telemetry
         self._items: OrderedDict[MemoKey, ProjectionMemo] = OrderedDict()
+        # (session id, route id) -> the key of its memo, for `warm` (no create time there).
+        self._routes: dict[tuple[str, str], MemoKey] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+
+    def warm(self, session_id: str, route_id: str) -> bool:
+        """Whether a memo of the session on the route is kept (a hint: the compile still
+        verifies it, and a session made again under the id has another create time)."""
+        return (session_id, route_id) in self._routes
+
+    def _dropped(self, key: MemoKey) -> None:
+        """Under the lock: `key`'s memo left the cache."""
+        route = (key[0], key[2])
+        if self._routes.get(route) == key:
+            del self._routes[route]
 
     def get(self, key: MemoKey) -> ProjectionMemo | None:
         with self._lock:
@@ -38,13 +51,16 @@ class MemoCache:
             old = self._items.pop(key, None)
             if old is not None:
                 self._bytes -= old.size_bytes
+                self._dropped(key)
             if memo is None or memo.size_bytes > self._max:
                 return  # one memo over the whole budget is not kept
             self._items[key] = memo
+            self._routes[(key[0], key[2])] = key
             self._bytes += memo.size_bytes
             while self._bytes > self._max:
-                _, gone = self._items.popitem(last=False)
+                gone_key, gone = self._items.popitem(last=False)
                 self._bytes -= gone.size_bytes
+                self._dropped(gone_key)
                 evicted += 1
             size = self._bytes
         self._telemetry.memo_changed(evicted, size)

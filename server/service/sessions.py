@@ -29,6 +29,7 @@ from server.domain.validation import (
     check_workspace_id,
 )
 from server.service.blocking import Blocking
+from server.service.lanes import PendingWork
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
 from server.service.references import resolve_references
@@ -61,8 +62,11 @@ class SessionUseCases:
         ids: IdSource,
         limits: ServiceLimits,
         telemetry: Telemetry,
+        pending: PendingWork | None = None,
     ) -> None:
         self._store = store
+        # Shared with the compiles: what each session's next compile has not seen.
+        self._pending = pending or PendingWork()
         self._blocking = blocking
         self._hub = hub
         self._clock = clock
@@ -114,6 +118,7 @@ class SessionUseCases:
         check_id("session_id", session_id)
         result = await self._blocking.run(self._store.delete_session, session_id)
         self._hub.deleted(session_id)
+        self._pending.forget(session_id)
         return result
 
     def page_size(self, requested: int) -> int:
@@ -196,6 +201,7 @@ class SessionUseCases:
             return result
         prepared = batch.events
         self._telemetry.appended(len(prepared), size + sum(len(b) for _, b in batch.blobs))
+        self._pending.landed(session_id, size)
         # An agent's session is mostly watched by nobody: no events made for nobody.
         if self._hub.watched(session_id):
             published: list[Update] = [

@@ -266,7 +266,7 @@ class StreamSteps:
             result.last_seq = appended.last_seq
             result.replayed = appended.replayed
 
-        return Prior(write, landed)
+        return Prior(write, landed, step.ByteSize())
 
     async def _unchanged(self, compile_id: str, session_id: str) -> ViewBytes | None:
         """The kept view of `compile_id` if nothing was appended to its session since."""

@@ -1,0 +1,58 @@
+"""Which compute lane a compile takes: the light one, or the pool heavy work shares.
+
+A compile's cost follows the text it has not seen: the first compile of a session (or of
+a route), or one after megabytes were appended, counts and scans all of it (a first
+compile of 34 MB on a Claude route takes ~11 s, and the CPU budget allows 30). Steps of
+an agent whose session is warm cost what is new, ~1 ms. On one pool, two heavy compiles
+of any two sessions held both its threads and every agent's step waited behind them
+(seconds, up to the budget). So a compile that continues a warm memo with little unseen
+text runs on a lane of its own, where heavy work never queues; everything else takes the
+compute pool as before.
+
+What "little unseen" means is known on the event loop without I/O: the bytes appended to
+a session since a compile of it started (this module, fed by each append as it lands),
+plus the step's own. A misjudged compile can only make light work wait, as it all did
+before.
+"""
+
+from __future__ import annotations
+
+# Unseen bytes up to which a compile of a warm session runs on the light lane: ~85 ms of
+# counting on the slowest vocabulary (Claude's, ~3 MB/s), so that no light compile holds
+# the lane much longer than that; an agent's step appends a few KB.
+LIGHT_BYTES = 256 << 10
+
+
+class PendingWork:
+    """Bytes appended to each session that no compile started since has covered. On the
+    event loop only: appends land there and compiles start and end there."""
+
+    __slots__ = ("_bytes",)
+
+    def __init__(self) -> None:
+        self._bytes: dict[str, int] = {}
+
+    def landed(self, session_id: str, size: int) -> None:
+        """An append of `size` encoded bytes landed."""
+        self._bytes[session_id] = self._bytes.get(session_id, 0) + size
+
+    def unseen(self, session_id: str) -> int:
+        """What a compile starting now will see for the first time (at least)."""
+        return self._bytes.get(session_id, 0)
+
+    def covered(self, session_id: str, seen: int) -> None:
+        """A compile that started when `unseen` was `seen` finished: that much is seen.
+        (A step's own append lands after its compile, so it is counted once more, by the
+        next compile: one step late, never early.)"""
+        left = self._bytes.get(session_id, 0) - seen
+        if left > 0:
+            self._bytes[session_id] = left
+        else:
+            self._bytes.pop(session_id, None)
+
+    def forget(self, session_id: str) -> None:
+        self._bytes.pop(session_id, None)
+
+
+def is_light(warm: bool, unseen: int, step_bytes: int) -> bool:
+    return warm and unseen + step_bytes <= LIGHT_BYTES
