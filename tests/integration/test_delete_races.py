@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -98,6 +98,24 @@ class _Paused:
     def restore(self) -> None:
         self.release.set()
         delattr(self.store, self.name)
+
+
+async def _refused_when_deleted_meanwhile(
+    daemon: Daemon, api: Stubs, method: str, call: Awaitable[Any], sid: str
+) -> None:
+    """`call` reaches the store's `method`, is held there while session `sid` is
+    deleted, and must then answer SESSION_NOT_FOUND."""
+    paused = _Paused(daemon._store, method)
+    try:
+        pending = asyncio.ensure_future(call)
+        assert await asyncio.to_thread(paused.waiting.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
+        paused.release.set()
+        with pytest.raises(grpc.RpcError) as err:
+            await pending
+    finally:
+        paused.restore()
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
 
 
 def _deletes_a_blob(batch: Any) -> bool:
@@ -192,17 +210,8 @@ async def test_a_session_entry_stored_while_its_session_is_deleted_goes_with_it(
     entry = source_pb2.MemoryEntry(
         memory_id="fact", scope=common_pb2.SCOPE_SESSION, scope_id="m", text="from before"
     )
-    paused = _Paused(daemon._store, "put_source")
-    try:
-        put = asyncio.ensure_future(api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry)))
-        assert await asyncio.to_thread(paused.waiting.wait, 30)
-        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="m"))
-        paused.release.set()
-        with pytest.raises(grpc.RpcError) as err:
-            await put
-    finally:
-        paused.restore()
-    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    put = api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry))
+    await _refused_when_deleted_meanwhile(daemon, api, "put_source", put, "m")
     await _session(api, "m")
     listed = await api.sources.ListMemory(
         rpb.ListMemoryRequest(scope=common_pb2.SCOPE_SESSION, scope_id="m")
@@ -227,19 +236,8 @@ async def test_a_search_racing_the_delete_of_its_session_activates_nothing_after
     await _session(api, "t")
     await api.tools.RegisterTools(register)
     await api.sessions.AppendEvents(ask)
-    paused = _Paused(daemon._store, "add_activations")
-    try:
-        search = asyncio.ensure_future(
-            api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
-        )
-        assert await asyncio.to_thread(paused.waiting.wait, 30)
-        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="t"))
-        paused.release.set()
-        with pytest.raises(grpc.RpcError) as err:
-            await search
-    finally:
-        paused.restore()
-    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    search = api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
+    await _refused_when_deleted_meanwhile(daemon, api, "add_activations", search, "t")
     await _session(api, "t")
     await api.tools.RegisterTools(register)
     await api.sessions.AppendEvents(ask)

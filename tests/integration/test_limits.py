@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +255,38 @@ async def test_listings_over_the_message_limit_answer_with_a_reason(short_tmp: P
         await d.stop()
 
 
+def _artifact_of(size: int) -> tuple[bytes, apb.ArtifactHeader]:
+    """`size` bytes for session "art", with the header of their upload."""
+    data = bytes(range(256)) * (size // 256)
+    header = apb.ArtifactHeader(
+        session_id="art",
+        mime_type="image/png",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    return data, header
+
+
+def _refused_over(err: grpc.aio.AioRpcError, quota: str) -> None:
+    """`err` is the refusal of a call past the daemon's `quota`."""
+    info = error_info(err)
+    assert (err.code(), info.reason, info.metadata["quota"]) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "QUOTA_EXCEEDED",
+        quota,
+    )
+
+
+async def _until(attempt: Callable[[], Awaitable[str]], wanted: str, never: str) -> None:
+    """Retries `attempt` until it answers `wanted`: a bounded wait for the daemon to see
+    what the test did (a stream read, a cancel), not for a time."""
+    for _ in range(400):
+        if await attempt() == wanted:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(never)
+
+
 async def test_upload_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
     """Uploads are buffered whole until their sha256 is checked: a client that never
     ended its streams held what it sent for as long as it liked (40 held uploads of
@@ -268,13 +300,7 @@ async def test_upload_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
     held: list[Any] = []
     try:
         await _create(api, "art")
-        data = bytes(range(256)) * (size // 256)
-        header = apb.ArtifactHeader(
-            session_id="art",
-            mime_type="image/png",
-            size_bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
+        data, header = _artifact_of(size)
         for _ in range(8):  # all but the end of the stream: each holds the whole artifact
             call = api.artifacts.UploadArtifact()
             await call.write(apb.UploadArtifactRequest(header=header))
@@ -287,31 +313,16 @@ async def test_upload_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
             try:
                 await api.artifacts.UploadArtifact(iter(messages))
             except grpc.aio.AioRpcError as err:
-                info = error_info(err)
-                assert (err.code(), info.reason, info.metadata["quota"]) == (
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    "QUOTA_EXCEEDED",
-                    "upload_bytes_in_memory",
-                )
+                _refused_over(err, "upload_bytes_in_memory")
                 return "refused"
             return "stored"
 
-        # Refused once the daemon has read the held uploads' data (a bounded wait for
-        # that, not for a time).
-        for _ in range(400):
-            if await upload() == "refused":
-                break
-            await asyncio.sleep(0.025)
-        else:
-            raise AssertionError("uploads held past the budget were never refused")
+        # Refused once the daemon has read the held uploads' data.
+        await _until(upload, "refused", "uploads held past the budget were never refused")
         for call in held:
             call.cancel()
-        for _ in range(400):  # the cancelled uploads give their room back as they end
-            if await upload() == "stored":
-                break
-            await asyncio.sleep(0.025)
-        else:
-            raise AssertionError("the held uploads never gave their room back")
+        # The cancelled uploads give their room back as they end.
+        await _until(upload, "stored", "the held uploads never gave their room back")
     finally:
         for call in held:
             call.cancel()
@@ -337,13 +348,7 @@ async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> Non
     unread: list[Any] = []
     try:
         await _create(api, "art")
-        data = bytes(range(256)) * (size // 256)
-        header = apb.ArtifactHeader(
-            session_id="art",
-            mime_type="image/png",
-            size_bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
+        data, header = _artifact_of(size)
         messages = [apb.UploadArtifactRequest(header=header), apb.UploadArtifactRequest(data=data)]
         ref = (await api.artifacts.UploadArtifact(iter(messages))).artifact
         ask = apb.DownloadArtifactRequest(session_id="art", artifact_id=ref.artifact_id)
@@ -354,12 +359,7 @@ async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> Non
                 async for msg in api.artifacts.DownloadArtifact(ask):
                     got += msg.data
             except grpc.aio.AioRpcError as err:
-                info = error_info(err)
-                assert (err.code(), info.reason, info.metadata["quota"]) == (
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    "QUOTA_EXCEEDED",
-                    "download_bytes_in_memory",
-                )
+                _refused_over(err, "download_bytes_in_memory")
                 assert not got  # refused before any byte was sent
                 return "refused"
             assert got == data
@@ -376,12 +376,8 @@ async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> Non
         assert await download() == "refused"
         for call in unread:
             call.cancel()
-        for _ in range(400):  # the cancelled downloads give their room back as they end
-            if await download() == "whole":
-                break
-            await asyncio.sleep(0.025)
-        else:
-            raise AssertionError("the unread downloads never gave their room back")
+        # The cancelled downloads give their room back as they end.
+        await _until(download, "whole", "the unread downloads never gave their room back")
     finally:
         for call in unread:
             call.cancel()
@@ -428,15 +424,17 @@ async def test_watchers_of_a_session_are_bounded(short_tmp: Path) -> None:
         await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[user("2")]))
         assert [(await w.read()).event.seq for w in watches] == [2] * 64
         watches.pop().cancel()
-        for _ in range(400):  # the cancelled watch leaves the hub as its stream ends
+
+        async def another() -> str:
             try:
                 watches.append(await watch("w"))
-                break
             except grpc.aio.AioRpcError as err:
-                assert error_info(err).reason == "QUOTA_EXCEEDED"
-                await asyncio.sleep(0.025)
-        else:
-            raise AssertionError("an ended watch never made room")
+                _refused_over(err, "watchers_per_session")
+                return "refused"
+            return "watching"
+
+        # The cancelled watch leaves the hub as its stream ends.
+        await _until(another, "watching", "an ended watch never made room")
     finally:
         for call in watches:
             call.cancel()
