@@ -38,16 +38,28 @@ class SessionRecords(StoreCore):
         return 0 if raw is None else int.from_bytes(raw, "big")
 
     def list_sessions(self, after: str, limit: int, project_id: str = "") -> list[Session]:
+        return self.page_sessions(after, limit, project_id)[0]
+
+    def page_sessions(
+        self, after: str, limit: int, project_id: str = "", examine: int = 0
+    ) -> tuple[list[Session], str]:
+        """Up to `limit` sessions after `after`, in id order, of `project_id` if given.
+        With `examine`, the scan stops after that many records, matching or not, and the
+        id of the last one examined comes back: the next page starts after it (a
+        filtered listing decodes every session it passes, so a page of a rare project
+        among 100,000 sessions would otherwise read them all in one call). "" when the
+        scan stopped for another reason."""
         start = after.encode() + SEP if after else b""
         out: list[Session] = []
-        for _, raw in self._kv.scan("sessions", start, b"\xff"):
+        for seen, (_, raw) in enumerate(self._kv.scan("sessions", start, b"\xff"), start=1):
             session = decode_value(raw, Session)
-            if project_id and session.project_id != project_id:
-                continue
-            out.append(session)
-            if len(out) >= limit:
-                break
-        return out
+            if not project_id or session.project_id == project_id:
+                out.append(session)
+                if len(out) >= limit:
+                    break
+            if examine and seen >= examine:
+                return out, session.session_id
+        return out, ""
 
     def delete_session(self, session_id: str) -> DeleteResult:
         with self._sessions_lock, self._lock(session_id):

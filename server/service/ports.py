@@ -63,6 +63,13 @@ class EventStore(Protocol):
 
     def list_sessions(self, after: str, limit: int, project_id: str = "") -> list[Session]: ...
 
+    def page_sessions(
+        self, after: str, limit: int, project_id: str = "", examine: int = 0
+    ) -> tuple[list[Session], str]:
+        """`list_sessions` examining at most `examine` records (0: any number), and the
+        id of the last one examined when that stopped it ("" otherwise)."""
+        ...
+
     def count_sessions(self) -> int: ...
 
     def delete_session(self, session_id: str) -> DeleteResult: ...

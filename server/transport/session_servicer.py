@@ -51,7 +51,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         query = {"project_id": request.project_id}
         after = decode_token(request.page_token, query)
         size = self._s.page_size(request.page_size)
-        found = await self._s.list_sessions(str(after or ""), size + 1, request.project_id)
+        found, resume = await self._s.list_sessions(str(after or ""), size + 1, request.project_id)
         # Pages end by size as well as by count, so a default 4 MiB client can read them.
         page: list[Any] = []
         total = 0
@@ -61,8 +61,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             if page and total > self._page_bytes:
                 break
             page.append(msg)
-        more = len(page) < len(found)
-        token = encode_token(found[len(page) - 1].session_id, query) if more else ""
+        if len(page) < len(found):
+            token = encode_token(found[len(page) - 1].session_id, query)
+        else:  # every match is in the page: go on after the last session examined, if any
+            token = encode_token(resume, query) if resume else ""
         return pb.ListSessionsResponse(sessions=page, next_page_token=token)
 
     @unary

@@ -470,6 +470,27 @@ def test_list_sessions_pages_in_id_order(make_store: object) -> None:
     assert [s.session_id for s in st.list_sessions("", 10, "p")] == ["a", "c", "d"]
 
 
+def test_a_filtered_page_examines_at_most_what_it_is_given(make_store: object) -> None:
+    """Each page reads at most `examine` sessions and says where the next starts: the
+    pages together hold every match once, in id order."""
+    st = new_store(make_store)
+    for i in range(10):
+        st.create_session(Session(f"s{i}", 1, 1, project_id="p" if i in (2, 8) else "q"))
+    pages, after = [], ""
+    while True:
+        found, resume = st.page_sessions(after, 5, "p", examine=3)
+        pages.append([s.session_id for s in found])
+        if not resume:
+            break
+        after = resume
+    assert pages == [["s2"], [], ["s8"], []]
+    assert [s.session_id for s in st.page_sessions("", 1, "p", examine=9)[0]] == ["s2"]
+    # A page filled before the budget, and an unfiltered one, say nothing of where to go on.
+    assert st.page_sessions("", 1, "p", examine=9)[1] == ""
+    assert [s.session_id for s in st.page_sessions("", 4)[0]] == ["s0", "s1", "s2", "s3"]
+    assert st.page_sessions("s8", 5, "p", examine=3) == ([], "")
+
+
 def test_kind_filter(make_store: object) -> None:
     st = new_store(make_store)
     st.create_session(Session("s", 1, 1))
@@ -630,6 +651,7 @@ _READS = frozenset(
         "generation",
         "table_generation",
         "list_sessions",
+        "page_sessions",
         "count_sessions",
         "read_events",
         "sync_reads",

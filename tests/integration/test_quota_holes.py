@@ -16,6 +16,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from server.app import Daemon
+from server.service import sessions as sessions_module
 from server.service.sources import MAX_ENTRIES_PER_SCOPE
 from server.transport.paging import MAX_PAGE_BYTES
 from tests.conftest import Stubs, make_config, stubs_for
@@ -129,6 +130,33 @@ async def test_list_sessions_pages_end_by_size(api: Stubs) -> None:
         if not token:
             break
     assert seen == [f"s{i:03}" for i in range(60)] and pages >= 2
+
+
+async def test_a_listing_filtered_by_project_reads_a_bounded_number_of_sessions(
+    api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page filtered by project examines at most EXAMINE_PER_PAGE sessions (here 5 of
+    the 23): short pages, an empty one too, carry a token, and the pages together hold
+    every session of the project once, in id order."""
+    monkeypatch.setattr(sessions_module, "EXAMINE_PER_PAGE", 5)
+    for i in range(23):
+        project = "rare" if i in (1, 3, 17) else "common"
+        session = session_pb2.Session(session_id=f"s{i:03}", project_id=project)
+        await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    pages: list[list[str]] = []
+    token = ""
+    while True:
+        page = await api.sessions.ListSessions(
+            spb.ListSessionsRequest(page_size=2, page_token=token, project_id="rare")
+        )
+        pages.append([s.session_id for s in page.sessions])
+        token = page.next_page_token
+        if not token:
+            break
+    assert pages == [["s001", "s003"], [], [], ["s017"], []]
+    # Unfiltered, a page is as full as asked.
+    whole = await api.sessions.ListSessions(spb.ListSessionsRequest(page_size=20))
+    assert len(whole.sessions) == 20 and whole.next_page_token
 
 
 async def test_a_stream_step_over_the_event_limit_is_refused_before_conversion(
