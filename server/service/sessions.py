@@ -326,7 +326,13 @@ class SessionUseCases:
                 while True:
                     update = await watcher.queue.get()
                     if isinstance(update, Closed):
-                        return
+                        # As an idle compile stream ends: the clients' watches reconnect
+                        # on it and resume after the last event they got (a clean end
+                        # tells them that nothing more will come).
+                        raise CtxccError(
+                            Reason.SHUTTING_DOWN,
+                            "the daemon is shutting down: watch again after the last seq",
+                        )
                     if isinstance(update, Deleted):
                         raise session_not_found(session_id)
                     if isinstance(update, Resync):

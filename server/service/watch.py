@@ -36,7 +36,7 @@ Update = Event | Checkpoint | CompileNotice | Resync
 
 
 class Closed:
-    """Sentinel: the daemon is shutting down; the watch stream ends cleanly."""
+    """Sentinel: the daemon is shutting down; the watch ends with SHUTTING_DOWN."""
 
 
 class Deleted:

@@ -217,7 +217,7 @@ async def live(request: web.Request) -> web.StreamResponse:
                 if text is not None and not queue.full():
                     queue.put_nowait(text)  # the page re-reads everything: a drop is harmless
         except CtxccError:
-            pass  # the session was deleted: the stream ends (a reload shows the 404)
+            pass  # the session was deleted (a reload shows the 404) or the daemon stops
         finally:
             await queue.put(None)
 

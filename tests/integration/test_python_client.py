@@ -5,6 +5,7 @@ step's request id fixed before its first attempt."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from pathlib import Path
@@ -59,6 +60,44 @@ async def test_stream_survives_a_daemon_that_is_gone_then_back(short_tmp: Path) 
             assert str(missing.value).startswith("NOT_FOUND SESSION_NOT_FOUND: ")
         finally:
             await second.stop()
+
+
+async def test_watch_goes_on_across_a_daemon_restart(short_tmp: Path) -> None:
+    """A client's watch reopens after its daemon restarted, from the last event it got,
+    as its README says: the daemon ends watches at shutdown as it ends idle compile
+    streams (UNAVAILABLE, SHUTTING_DOWN). It ended them cleanly, which a client takes for
+    the end of the watch: the watch stopped at the restart, nothing after it came."""
+    first = Daemon(make_config(short_tmp))
+    await first.start()
+    target = f"unix:{first.endpoints.unix}"
+    got: asyncio.Queue[Any] = asyncio.Queue()
+    async with AsyncClient(target, retry_seconds=30.0) as ctx:
+        session = await ctx.create_session()
+        sid = session.session_id
+        await ctx.append(sid, [user("one")])
+
+        async def watching() -> None:
+            try:
+                async for update in ctx.watch(sid):
+                    await got.put(update.event.seq if update.HasField("event") else update)
+            finally:
+                await got.put(None)  # the watch ended
+
+        task = asyncio.ensure_future(watching())
+        second = None
+        try:
+            assert await asyncio.wait_for(got.get(), 30) == 1  # a bound, not a wait
+            await first.stop()
+            second = Daemon(make_config(short_tmp))
+            await second.start()
+            await ctx.append(sid, [user("two")])
+            assert await asyncio.wait_for(got.get(), 30) == 2
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if second is not None:
+                await second.stop()
 
 
 class _Unavailable:
