@@ -15,8 +15,10 @@ import asyncio
 import contextlib
 import difflib
 import hashlib
+import struct
 import tempfile
 import threading
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +28,12 @@ import grpc
 from ctxcc_client.deltas import HeldView
 from google.protobuf import text_format
 
+from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from server.service.watch import Resync
 from server.transport.convert_view import compile_options_in
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import error_info
@@ -90,10 +95,12 @@ class Side:
         self.api = stubs_for(f"unix:{d.endpoints.unix}")
 
     async def stop(self) -> None:
-        if self.api is not None:
-            await self.api.channel.close()
+        # The daemon first: its watches end as a client sees them end when its daemon
+        # stops (SHUTTING_DOWN), not cancelled by the client's channel closing.
         if self.daemon is not None:
             await self.daemon.stop()
+        if self.api is not None:
+            await self.api.channel.close()
         self.api = self.daemon = None
 
 
@@ -245,7 +252,7 @@ def route_of(n: int, kind: int) -> common_pb2.Route:
 
 # What a compile request may vary in (an agent sends the same one at every step, so a
 # few kinds, drawn again and again, make repeats likely).
-VARIANTS = range(6)
+VARIANTS = range(9)
 
 
 @dataclass
@@ -258,6 +265,8 @@ class SessionModel:
     # The compile request the session's agent sends (an agent sends the same one at
     # every step): what a compile after a write asks for.
     variant: int = 0
+    # Artifacts uploaded to this life of the session, in upload order.
+    artifacts: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -267,12 +276,20 @@ class Compiled:
     sid: str
     life: int
     view: view_pb2.CompiledView
+    # What the compile asked for its images (a rebuild asks the same to send the same).
+    image_mode: int = 0
 
 
 # Results that fill a small window come often (compaction), the rarer kinds once.
 EVENT_KINDS = (
     *("user", "text", "call", "calls", "result", "big", "huge", "cancel", "reasoning", "done"),
     *("call", "big", "big", "result", "user", "search", "native", "native", "native"),
+    # Attachments: a user message with an image, an attachment event, an assistant
+    # message showing one, a user message with several (two pass the 20-image limit), one
+    # naming an artifact the session does not have, a user message imported with one.
+    *("image", "image", "attach", "shown", "gallery", "gallery", "stray", "imported"),
+    # A turn started without a user message, a browser element the user selected.
+    *("turn", "browser"),
 )
 
 
@@ -325,6 +342,34 @@ def events_of(
             ev.assistant_message.parts.add(text=f"Answer {k}")
             state = ev.assistant_message.native_state
             state.route_id, state.kind, state.data = routes[k % len(routes)], "opaque", b"s%d" % k
+        elif kind in ("image", "gallery"):
+            msg = ev.user_message
+            msg.parts.add(text=f"Step {k}: see the screenshot")
+            for j in range(1 if kind == "image" else 11):
+                # Ids are the stored artifact's: the rest of the reference is filled in
+                # by the daemon (a wrong size claimed must not matter).
+                msg.parts.add().attachment.CopyFrom(
+                    common_pb2.ArtifactRef(artifact_id=artifact_of(m, k + j), size_bytes=1)
+                )
+        elif kind == "attach":
+            ev.attachment.artifact_id = artifact_of(m, k)
+        elif kind == "stray":  # never uploaded here: the append is refused whole
+            ev.attachment.artifact_id = f"a-stray{k}"
+        elif kind == "imported":
+            imported = ev.imported_message
+            imported.origin_session_id, imported.origin_seq = "elsewhere", k
+            imported.role = event_pb2.MESSAGE_ROLE_USER
+            imported.parts.add(text=f"From another session {k}")
+            imported.parts.add().attachment.artifact_id = artifact_of(m, k)
+        elif kind == "turn":
+            ev.turn_started.turn_id = f"t{k}"
+        elif kind == "browser":
+            el = ev.browser_element
+            el.url, el.selector, el.tag, el.text = f"https://x.test/{k}", "#go", "button", "Go"
+            el.attributes["class"] = "primary"
+        elif kind == "shown":
+            ev.assistant_message.parts.add(text=f"Here is the diagram {k}")
+            ev.assistant_message.parts.add().attachment.artifact_id = artifact_of(m, k)
         elif kind == "cancel":
             ev.turn_cancelled.reason = "stopped"
             ev.turn_cancelled.keep_reasoning = True
@@ -335,3 +380,186 @@ def events_of(
             ev.turn_completed.SetInParent()
         out.append(ev)
     return out
+
+
+def artifact_of(m: SessionModel, k: int) -> str:
+    """One of the session's artifacts (one it does not have when there is none: the
+    append is refused whole, by both daemons alike)."""
+    return m.artifacts[k % len(m.artifacts)] if m.artifacts else "a-none"
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    """A real PNG of `width` x `height` RGB pixels (a gradient shifted by `seed`)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    rows = b"".join(
+        b"\x00" + bytes((x * 7 + y * 3 + seed) % 256 for x in range(width * 3))
+        for y in range(height)
+    )
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+# What an upload may hold: (MIME type, width, height, bytes); a PDF is stored like an
+# image but never sent to a model.
+ARTIFACTS = (
+    ("image/png", 1, 1, png(1, 1, 0)),
+    ("image/png", 16, 8, png(16, 8, 1)),
+    ("image/png", 64, 64, png(64, 64, 2)),
+    ("image/png", 200, 120, png(200, 120, 3)),
+    ("application/pdf", 0, 0, b"%PDF-1.4\n" + bytes(range(256)) * 4),
+)
+
+
+async def upload(api: Stubs, sid: str, which: int, request_id: str) -> Any:
+    """Uploads ARTIFACTS[which] to `sid` in two chunks; its id derives from request_id,
+    so both daemons name it alike."""
+    mime, width, height, data = ARTIFACTS[which]
+
+    async def chunks() -> AsyncIterator[apb.UploadArtifactRequest]:
+        header = apb.ArtifactHeader(
+            session_id=sid,
+            mime_type=mime,
+            size_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            width=width,
+            height=height,
+            request_id=request_id,
+        )
+        yield apb.UploadArtifactRequest(header=header)
+        half = len(data) // 2
+        yield apb.UploadArtifactRequest(data=data[:half])
+        yield apb.UploadArtifactRequest(data=data[half:])
+
+    return await api.artifacts.UploadArtifact(chunks())
+
+
+# A barrier in a watch: a Resync of head 0 changes nothing a watch does (it keeps the
+# highest seq it sent) and never comes from the daemon itself (a resync carries a head
+# past the backlog a full queue dropped).
+_MARK = 0
+
+Update = tuple[Any, ...]
+
+
+def _update(r: spb.WatchSessionResponse) -> Update:
+    """A watch's update as both daemons send it: no create times, no compile ids (each
+    daemon names its compiles)."""
+    kind = r.WhichOneof("update")
+    if kind == "event":
+        ev = event_pb2.Event()
+        ev.CopyFrom(r.event)
+        ev.ClearField("create_time")
+        return ("event", ev.seq, ev.SerializeToString(deterministic=True))
+    if kind == "checkpoint":
+        ck = type(r.checkpoint)()
+        ck.CopyFrom(r.checkpoint)
+        ck.ClearField("create_time")
+        return ("checkpoint", ck.SerializeToString(deterministic=True))
+    if kind == "compile":
+        return ("compile", r.compile.event_boundary, r.compile.estimated_input_tokens)
+    return ("resync", r.resync.head_seq)
+
+
+class Watch:
+    """A client's WatchSession of one daemon, read as it arrives into `got`. `ended` is
+    None while it runs, "" once it ended cleanly, else the reason it failed with
+    (SHUTTING_DOWN when its daemon stopped: the client watches again after the last seq
+    it got, as the clients do). Barriers (see `barrier`) are counted in `marks`, not
+    kept."""
+
+    def __init__(self, side: Side, sid: str, after_seq: int) -> None:
+        self.sid = sid
+        self.got: list[Update] = []
+        self.ended: str | None = None
+        self.last_seq = after_seq
+        self.marks = 0
+        self._arrived = asyncio.Event()
+        self._call: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._open(side)
+
+    def _open(self, side: Side) -> None:
+        assert side.api is not None
+        self.ended = None
+        req = spb.WatchSessionRequest(session_id=self.sid, after_seq=self.last_seq)
+        self._call = side.api.sessions.WatchSession(req)
+        self._task = asyncio.ensure_future(self._read(self._call))
+
+    async def _read(self, call: Any) -> None:
+        try:
+            async for r in call:
+                if r.WhichOneof("update") == "resync" and r.resync.head_seq == _MARK:
+                    self.marks += 1
+                else:
+                    update = _update(r)
+                    if update[0] == "event":
+                        self.last_seq = update[1]
+                    self.got.append(update)
+                self._arrived.set()
+            ended = ""
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.CANCELLED:
+                return  # closed by the test
+            assert err.code() != grpc.StatusCode.INTERNAL, f"INTERNAL: {err.details()}"
+            ended = error_info(err).reason
+        if call is self._call:
+            self.ended = ended
+        self._arrived.set()
+
+    async def started(self, side: Side) -> None:
+        """Until the daemon has subscribed this watch (or refused it): updates published
+        before then are not this watch's."""
+        assert side.daemon is not None
+        hub = side.daemon.hub
+        # The hub has nothing to wait on; it subscribes on this very loop, soon.
+        while self.ended is None and not hub.watched(self.sid):  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+
+    async def reached(self, marks: int) -> None:
+        while self.marks < marks and self.ended is None:
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    async def again(self, side: Side) -> None:
+        """After its daemon restarted: the watch resumed after the last seq it got, when
+        it ended for the shutdown (the clients reconnect on UNAVAILABLE)."""
+        if self._task is not None:
+            await self._task
+        if self.ended == "SHUTTING_DOWN":
+            self._open(side)
+            await self.started(side)
+
+    async def close(self, side: Side) -> None:
+        """Ends the watch, and waits until its daemon let it go (`started` of the next
+        watch of the session waits for a subscription of its own)."""
+        if self._call is not None and self.ended is None:
+            self._call.cancel()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if side.daemon is not None:
+            while side.daemon.hub.watched(self.sid):  # noqa: ASYNC110 (as in `started`)
+                await asyncio.sleep(0.001)
+
+
+async def barrier(side: Side, watches: list[Watch]) -> None:
+    """Everything the daemon published to these watches so far has reached them: a
+    barrier published to each session's watchers (the daemon publishes on its loop
+    before it answers the call that made the update) comes after it."""
+    assert side.daemon is not None
+    targets = []
+    for w in watches:
+        if w.ended is None:
+            side.daemon.hub.publish(w.sid, [Resync(_MARK)], 0)
+            targets.append((w, w.marks + 1))
+    for w, marks in targets:
+        await w.reached(marks)

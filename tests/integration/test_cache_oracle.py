@@ -2,16 +2,22 @@
 
 Hypothesis drives two real daemons (gRPC on Unix sockets, RocksDB in temp dirs, see
 oracle_pair.py) through the same calls: sessions created, deleted and made again,
-appends of every kind of event, unary compiles and CompileStream steps (several streams,
-delta bases, both digests, usage on the step, compactions kept from the base over a small
-window), usage reports, checkpoints made and imported from another session, memory of
-every scope (session, project, global), rules and tools changed, route switches,
-time-travel compiles, rebuilds, resumes, concurrent compiles of one session and restarts
-of the daemon under test. Every answer of the daemon under test (the compile memo, the
-repeat of an unchanged view, the decoded records, the converted requests, the lent
-answers, the delta views and their digests) must equal the reference daemon's, which
-compiles every view from scratch from what its store holds: the same view but for its
-compile id, the same usage answer, the same error reason.
+appends of every kind of event, images and a PDF uploaded (and uploads retried) and
+shown by attachment events and message parts, unary compiles and CompileStream steps
+(several streams, delta bases, both digests, usage on the step, compactions kept from
+the base over a small window, images inline or by reference, for a model that takes
+none, past the image limit, in rendered bodies), usage reports, checkpoints made and
+imported from another session, memory of every scope (session, project, global), rules
+and tools changed, route switches, time-travel compiles, rebuilds, resumes, concurrent
+compiles of one session and restarts of the daemon under test. Every answer of the
+daemon under test (the compile memo, the repeat of an unchanged view, the decoded
+records, the converted requests, the lent answers, the delta views and their digests)
+must equal the reference daemon's, which compiles every view from scratch from what its
+store holds: the same view but for its compile id, the same usage answer, the same
+error reason. A session may be watched (WatchSession) on both daemons: after every step
+both watches got the same events, checkpoints and compile notices in the same order, and
+ended alike (a session deleted, a watch of one that is not there), the watch of the
+daemon under test resumed after its restarts as the clients resume one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
+    invariant,
     precondition,
     rule,
     run_state_machine_as_test,
@@ -49,18 +56,22 @@ from ctxcc.v1 import tool_service_pb2 as tpb
 from server.transport.convert_events import route_in
 from tests.integration.delta_session import encoded
 from tests.integration.oracle_pair import (
+    ARTIFACTS,
     EVENT_KINDS,
     VARIANTS,
     Compiled,
     Pair,
     SessionModel,
     Stream,
+    Watch,
+    barrier,
     diff,
     events_of,
     normalized,
     outcome,
     route_of,
     started_pair,
+    upload,
 )
 
 _EXAMPLES = itertools.count()
@@ -87,6 +98,17 @@ class CacheMachine(RuleBasedStateMachine):
         self.names: tuple[dict[str, str], dict[str, str]] = ({}, {})
         # Each session's last step (request id, events), which a step may resend.
         self.last_steps: dict[str, tuple[str, list[event_pb2.Event]]] = {}
+        # Each session's last upload (request id, which artifact), which may be retried.
+        self.uploads: dict[str, tuple[str, int]] = {}
+        # A watch of each session on each daemon (under test, reference), and how many
+        # of their updates were compared.
+        self.watches: list[tuple[Watch, Watch] | None] = [None, None]
+        self.compared: list[tuple[int, int]] = [(0, 0), (0, 0)]
+        # Set by a rule whose calls the two daemons do not get alike (compiles at once,
+        # a compile racing an append, a resumed view): its compile notices (and the
+        # built-in checkpoints those compiles made), and where they fall among the
+        # events, are the daemon under test's own.
+        self.relaxed = False
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -114,6 +136,17 @@ class CacheMachine(RuleBasedStateMachine):
         if v == 5:  # over budget from the first steps: compaction recommended at each
             req.limits.context_window = 1_500
             req.limits.max_output_tokens = 200
+        if v == 6:  # images by reference only
+            req.image_mode = cpb.IMAGE_MODE_REFERENCE
+        if v == 7:  # a model that takes no images: each becomes a note
+            req.limits.accepts_images = False
+            req.image_mode = cpb.IMAGE_MODE_INLINE
+        if v == 8:  # images inline, in the bodies too, over a small window
+            req.render_formats.extend(
+                [view_pb2.RENDER_FORMAT_OPENAI_CHAT, view_pb2.RENDER_FORMAT_GEMINI]
+            )
+            req.limits.context_window = 6_000
+            req.limits.max_output_tokens = 500
         return req
 
     def _names(self, side: int, view: view_pb2.CompiledView) -> dict[str, str]:
@@ -138,9 +171,11 @@ class CacheMachine(RuleBasedStateMachine):
         y = normalized(b, self._names(1, b), raced)
         assert x == y, f"{what}: the view differs from a compile from scratch\n{diff(x, y)}"
 
-    def keep(self, sid: str, sut: view_pb2.CompiledView, ref_id: str) -> None:
+    def keep(
+        self, sid: str, sut: view_pb2.CompiledView, ref_id: str, req: cpb.CompileRequest
+    ) -> None:
         life = self.models[sid].life
-        self.compiled.append(Compiled(sut.compile_id, ref_id, sid, life, sut))
+        self.compiled.append(Compiled(sut.compile_id, ref_id, sid, life, sut, req.image_mode))
 
     def events(self, sid: str, kinds: list[str]) -> list[event_pb2.Event]:
         routes = tuple(route_in(route_of(self.n, kind)).route_id for kind in (0, 1))
@@ -152,10 +187,12 @@ class CacheMachine(RuleBasedStateMachine):
 
     # -- rules -----------------------------------------------------------------------
 
-    @initialize()
-    def start(self) -> None:
+    @initialize(watched=st.tuples(st.booleans(), st.booleans()))
+    def start(self, watched: tuple[bool, bool] = (False, False)) -> None:
         for s in (0, 1):
             self.create(s, False)
+            if watched[s]:  # from its first event on
+                self.watch(s, 0)
 
     @rule(s=st.integers(0, 1), then=st.booleans())
     def create(self, s: int, then: bool = False) -> None:
@@ -169,6 +206,9 @@ class CacheMachine(RuleBasedStateMachine):
         if a[0] == "ok":
             m = self.models[sid]
             m.exists, m.head, m.open_calls, m.life = True, 0, [], m.life + 1
+            m.artifacts = []
+            # An image to show from the start (more come with `upload`).
+            self.upload(s, (self.n + m.life) % len(ARTIFACTS), False, False)
         self.follow(s, then)
 
     @rule(s=st.integers(0, 1), then=st.booleans())
@@ -218,7 +258,7 @@ class CacheMachine(RuleBasedStateMachine):
         if a[0] == "ok":
             self.same_view(a[1].view, b[1].view, f"compile {sid} variant {v} dry {dry}")
             if not dry:
-                self.keep(sid, a[1].view, b[1].view.compile_id)
+                self.keep(sid, a[1].view, b[1].view.compile_id, req)
 
     @rule(s=st.integers(0, 1), v=st.sampled_from(VARIANTS), n=st.integers(2, 3))
     def concurrent_compiles(self, s: int, v: int, n: int) -> None:
@@ -229,6 +269,7 @@ class CacheMachine(RuleBasedStateMachine):
         req = self.request(sid, v)
         sut, ref = self.p.sut.api, self.p.ref.api
         assert sut is not None and ref is not None
+        self.relaxed = True
 
         async def many() -> list[tuple[str, Any]]:
             calls = (outcome(lambda: sut.compiles.Compile(req)) for _ in range(n))
@@ -244,7 +285,7 @@ class CacheMachine(RuleBasedStateMachine):
                 if x != normalized(later[1].view, self._names(1, later[1].view)):
                     self.same_view(a[1].view, first[1].view, f"concurrent compile {sid} {v}")
         if first[0] == "ok":
-            self.keep(sid, got[-1][1].view, later[1].view.compile_id)
+            self.keep(sid, got[-1][1].view, later[1].view.compile_id, req)
             self.raced.add((sid, self.models[sid].life, first[1].view.event_boundary))
 
     @rule(
@@ -265,6 +306,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert sut is not None and ref is not None
         stream = self.stream(0) if stepped else None
         head = self.models[sid].head
+        self.relaxed = True
 
         async def compiled() -> tuple[str, Any]:
             if stream is None:
@@ -303,7 +345,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert view[0] == b[0] and (b[0] == "ok" or view[1] == b[1]), (view, b)
         if b[0] == "ok":
             self.same_view(view[1], b[1].view, f"compile racing an append of {sid}")
-            self.keep(sid, view[1], b[1].view.compile_id)
+            self.keep(sid, view[1], b[1].view.compile_id, req)
 
     @rule(
         k=st.integers(0, 1),
@@ -420,7 +462,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert error is None and view is not None, f"step: {resp} vs a view"
         self.same_view(view, b[1].view, what)
-        self.keep(sid, view, b[1].view.compile_id)
+        self.keep(sid, view, b[1].view.compile_id, req)
 
     @precondition(lambda self: bool(self.compiled))
     @rule(
@@ -543,6 +585,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert c is not None
         stream = self.stream(k)
         req = self.request(c.sid, v)
+        self.relaxed = True  # a view resent is no compile: the reference compiles one
         msg = cpb.CompileStreamRequest(resume=cpb.ResumeRequest(compile_id=c.sut_id, compile=req))
         resp, view = self.run(stream.send(msg, cpb.DELTA_DIGEST_UNSPECIFIED))
         m = self.models[c.sid]
@@ -560,7 +603,7 @@ class CacheMachine(RuleBasedStateMachine):
             return
         assert view is not None, f"resume: {resp} vs a view"
         self.same_view(view, b[1].view, f"resume of {c.sut_id}")
-        self.keep(c.sid, view, b[1].view.compile_id)
+        self.keep(c.sid, view, b[1].view.compile_id, req)
 
     @precondition(lambda self: bool(self.compiled))
     @rule(
@@ -599,11 +642,20 @@ class CacheMachine(RuleBasedStateMachine):
         assert c is not None
         sut, ref = self.p.sut.api, self.p.ref.api
         assert sut is not None and ref is not None
+        mode: Any = c.image_mode
         a = self.run(
-            outcome(lambda: sut.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=c.sut_id)))
+            outcome(
+                lambda: sut.compiles.Compile(
+                    cpb.CompileRequest(rebuild_compile_id=c.sut_id, image_mode=mode)
+                )
+            )
         )
         b = self.run(
-            outcome(lambda: ref.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=c.ref_id)))
+            outcome(
+                lambda: ref.compiles.Compile(
+                    cpb.CompileRequest(rebuild_compile_id=c.ref_id, image_mode=mode)
+                )
+            )
         )
         assert a[0] == b[0] and (a[0] == "ok" or a[1] == b[1]), f"rebuild: {a!r} vs {b!r}"
         if a[0] == "ok":
@@ -751,7 +803,81 @@ class CacheMachine(RuleBasedStateMachine):
         self.close_streams()
         self.run(self.p.sut.stop())
         self.run(self.p.sut.start())
+        for pair in self.watches:
+            if pair is not None:
+                self.run(pair[0].again(self.p.sut))
         self.compile(0, None, False)
+
+    @rule(
+        s=st.integers(0, 1),
+        which=st.integers(0, len(ARTIFACTS) - 1),
+        again=st.booleans(),
+        then=st.booleans(),
+    )
+    def upload(self, s: int, which: int, again: bool, then: bool) -> None:
+        """An image (or a PDF) uploaded to both daemons; `again`: the session's last
+        upload retried with its request id (answered with the artifact it stored)."""
+        sid = self.sids[s]
+        m = self.models[sid]
+        request_id = f"u{next(self.ids)}"
+        if again and sid in self.uploads:
+            request_id, which = self.uploads[sid]
+        a, b = self.both(lambda api: upload(api, sid, which, request_id))
+        if a[0] == "ok":
+            assert a[1] == b[1], f"upload: {a[1]} vs {b[1]}"
+            self.uploads[sid] = (request_id, which)
+            if a[1].artifact.artifact_id not in m.artifacts:
+                m.artifacts.append(a[1].artifact.artifact_id)
+        self.follow(s, then)
+
+    @rule(s=st.integers(0, 1), at=st.floats(0, 1.2))
+    def watch(self, s: int, at: float) -> None:
+        """A watch of the session on each daemon (instead of the one it had), resuming
+        after a seq of its log (or past its head)."""
+        sid = self.sids[s]
+        after = round(at * self.models[sid].head)
+        self.unwatch(s)
+        sut, ref = self.p.sut, self.p.ref
+
+        async def opened() -> tuple[Watch, Watch]:
+            pair = Watch(sut, sid, after), Watch(ref, sid, after)
+            await pair[0].started(sut)
+            await pair[1].started(ref)
+            return pair
+
+        self.watches[s] = self.run(opened())
+        self.compared[s] = (0, 0)
+
+    def unwatch(self, s: int) -> None:
+        pair = self.watches[s]
+        if pair is not None:
+            self.run(pair[0].close(self.p.sut))
+            self.run(pair[1].close(self.p.ref))
+            self.watches[s] = None
+
+    @invariant()
+    def watched_alike(self) -> None:
+        """Both daemons' watches of a session got the same updates in the same order (only
+        their events are compared after a relaxed rule), and ended alike."""
+        relaxed, self.relaxed = self.relaxed, False
+        live = [(s, pair) for s, pair in enumerate(self.watches) if pair is not None]
+        if not live:
+            return
+
+        async def synced() -> None:
+            await barrier(self.p.sut, [pair[0] for _, pair in live])
+            await barrier(self.p.ref, [pair[1] for _, pair in live])
+
+        self.run(synced())
+        for s, (a, b) in live:
+            i, j = self.compared[s]
+            x, y = a.got[i:], b.got[j:]
+            self.compared[s] = (len(a.got), len(b.got))
+            if relaxed:
+                x = [u for u in x if u[0] == "event"]
+                y = [u for u in y if u[0] == "event"]
+            assert x == y, f"watch of {self.sids[s]}: {x} vs {y}"
+            assert a.ended == b.ended, f"watch of {self.sids[s]} ended: {a.ended!r} vs {b.ended!r}"
 
     def close_streams(self) -> None:
         for i, s in enumerate(self.streams):
@@ -761,6 +887,8 @@ class CacheMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.close_streams()
+        for s in (0, 1):
+            self.unwatch(s)
 
 
 @pytest.fixture(scope="module")
@@ -776,7 +904,7 @@ def test_caches_answer_as_a_compile_from_scratch(pair: Pair) -> None:
         lambda: CacheMachine(pair),  # type: ignore[arg-type]
         settings=settings(
             max_examples=int(os.environ.get("ORACLE_EXAMPLES", "25")),
-            stateful_step_count=50,
+            stateful_step_count=int(os.environ.get("ORACLE_STEPS", "50")),
             deadline=None,
             derandomize=not os.environ.get("ORACLE_RANDOM"),
             database=None,
