@@ -159,7 +159,7 @@ class Daemon:
         sessions = SessionUseCases(
             store, self._blocking, self.hub, clock, ids, limits, self.telemetry, self._pending
         )
-        checkpoints = CheckpointUseCases(store, self._blocking, self.hub, clock, ids)
+        checkpoints = CheckpointUseCases(store, self._blocking, self.hub, clock, ids, self._pending)
         workspace = WorkspaceReader(
             WorkspaceConfig(
                 roots=cfg.workspace_roots,

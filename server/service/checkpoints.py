@@ -11,6 +11,7 @@ from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.validation import check_id, check_route_fields
 from server.service.blocking import Blocking
 from server.service.compile_types import route_fields
+from server.service.lanes import PendingWork
 from server.service.ports import Clock, EventStore, IdSource
 from server.service.watch import WatchHub
 
@@ -19,9 +20,17 @@ MAX_SUMMARY_CHARS = 1 << 20
 
 class CheckpointUseCases:
     def __init__(
-        self, store: EventStore, blocking: Blocking, hub: WatchHub, clock: Clock, ids: IdSource
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        hub: WatchHub,
+        clock: Clock,
+        ids: IdSource,
+        pending: PendingWork | None = None,
     ) -> None:
         self._store = store
+        # Shared with the compiles: a new checkpoint sends the next one off the light lane.
+        self._pending = pending or PendingWork()
         self._blocking = blocking
         self._hub = hub
         self._clock = clock
@@ -98,6 +107,7 @@ class CheckpointUseCases:
         )
         created = stored is checkpoint  # not a racing retry answered with the first one
         if created:
+            self._pending.reprojected(sid)
             self._hub.publish(sid, [checkpoint], session.head_seq)
         return stored, created
 

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from server.compiler.compaction import working_set_start
 from server.compiler.compile import CompileInputs, compile_incremental
+from server.compiler.memo_cut import memo_usable
 from server.compiler.projection import has_elidable
 from server.compiler.render import render
 from server.compiler.tokens import TokenCounter
@@ -52,7 +53,7 @@ from server.service.inputs import (
     InputAssembler,
     is_recorded,
 )
-from server.service.lanes import PendingWork, is_light
+from server.service.lanes import PendingWork, images_are_light, is_light, tail_is_light
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
@@ -156,23 +157,31 @@ class CompileUseCases:
         opts = checked(opts)
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
-        work = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
+        heavy = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
         unseen = self._pending.unseen(opts.session_id)
         light = self._light(opts, unseen, prior.size if prior is not None else 0)
+        # On the light lane the compile checks, once loaded, that its memo holds: one
+        # that does not (a checkpoint chosen since, a cancel keeping reasoning, a session
+        # made again under the id) projects the whole log, which is heavy work.
+        work = functools.partial(heavy, light=True) if light else heavy
         if prior is None:
             compute = self._blocking.compute_light if light else self._blocking.compute
-            prepared, done, compact_through = await compute(
-                _then_synced, work, self._store.sync_reads
-            )
+            try:
+                outcome = await compute(_then_synced, work, self._store.sync_reads)
+            except _Stale:
+                outcome = await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
         else:
             # The append's fsync is made while its compile runs (the compile reads what
             # was written; the answer waits for both).
-            _, outcome = await self._blocking.run_then_compute(
+            _, tried = await self._blocking.run_then_compute(
                 prior.run, work, prior.landed, self._store.deferring_sync, light=light
             )
-            if isinstance(outcome, BaseException):
-                raise outcome
-            prepared, done, compact_through = outcome
+            if isinstance(tried, _Stale):  # the append stands: only its compile moves
+                tried = await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
+            if isinstance(tried, BaseException):
+                raise tried
+            outcome = tried
+        prepared, done, compact_through = outcome
         self._pending.covered(opts.session_id, unseen)
         session, _, view, counter, inputs, info, plain = prepared
         if done is not None:
@@ -237,21 +246,28 @@ class CompileUseCases:
         return result
 
     def _prepare_and_finish(
-        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget
+        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget, *, light: bool = False
     ) -> tuple[_Prepared, CompileResult | None, int | None]:
         """Blocking: the whole compile when it needs nothing from the event loop (no
         compaction to make or to digest, not a rebuild); else only the prepared parts,
         with the seq through which a built-in compaction would shorten the log (None:
-        none to make), found here: it walks the view and, once, the log."""
+        none to make), found here: it walks the view and, once, the log. With `light`
+        (on the light lane), raises _Stale rather than compile without its memo."""
         # Taken before anything is read: see repeats.py.
         before = self._store.generation(opts.session_id, opts.route.route_id)
-        prepared = self._prepare(opts, budget)
+        prepared = self._prepare(opts, budget, light)
         session, history, view, counter, inputs, info, plain = prepared
         recorded = is_recorded(opts)
         wants = view.decision is not Decision.OK and may_compact and recorded
         if opts.rebuild_compile_id or wants or view.compaction is not None or not recorded:
             through = self._builtin_through(session, history, view) if wants else None
             return prepared, None, through
+        if (
+            light
+            and (opts.inline_images or opts.render_formats)
+            and not images_are_light(view.messages[plain:])
+        ):
+            raise _Stale  # reading and encoding megabytes of images is heavy work
         record, parts = self._record(opts, view, inputs, info)
         done = self._finish(None, (), view, opts, counter, budget, plain)
         # Only a record that was written may be remembered: one refused for a full disk
@@ -319,12 +335,14 @@ class CompileUseCases:
         shown = attachments if opts.inline_images else ()
         return CompileResult(view, shown, tuple(renderings))
 
-    def _prepare(self, opts: CompileOptions, budget: CpuBudget) -> _Prepared:
+    def _prepare(self, opts: CompileOptions, budget: CpuBudget, light: bool = False) -> _Prepared:
         """Blocking: load everything the compile needs, then run the pure compiler."""
         with budget.running():
-            return self._prepare_within(opts, budget)
+            return self._prepare_within(opts, budget, light)
 
-    def _prepare_within(self, opts: CompileOptions, budget: CpuBudget) -> _Prepared:
+    def _prepare_within(
+        self, opts: CompileOptions, budget: CpuBudget, light: bool = False
+    ) -> _Prepared:
         # Only compiles at the head continue from a memo (and leave one): time travel
         # compiles against another boundary and sources than the next step will.
         at_head = not opts.as_of_seq and not opts.rebuild_compile_id and self._settings.memo_bytes
@@ -332,6 +350,14 @@ class CompileUseCases:
         key = (opts.session_id, session.create_time_ns if session else 0, opts.route.route_id)
         memo = self._memos.get(key) if session is not None else None
         session, inputs, info, history = self._assembler.assemble(opts, memo, session)
+        if light and not (
+            memo is not None
+            and memo_usable(memo, inputs.events, inputs.checkpoint, inputs.current_user)
+            and tail_is_light(inputs.events[memo.cut :])
+        ):
+            # Loading read only what is new (after the memo's events) when the memo's
+            # checkpoint is still the one chosen; the projection would redo much more.
+            raise _Stale
         budget.check()
         counter = self._tokenizers.for_model(info)
         view, new_memo, reused = compile_incremental(inputs, counter, memo, check=budget.check)
@@ -437,6 +463,11 @@ class CompileUseCases:
 
 
 T = TypeVar("T")
+
+
+class _Stale(Exception):
+    """A compile sent to the light lane found that its memo will not hold: it is redone
+    on the compute pool (see `_compile`)."""
 
 
 def _then_synced(work: Callable[[], T], sync_reads: Callable[[], None]) -> T:

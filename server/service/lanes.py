@@ -17,6 +17,20 @@ before.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from server.compiler.view import ViewMessage
+from server.domain.model import (
+    AssistantMessage,
+    BrowserSelection,
+    ContentPart,
+    Event,
+    ImportedMessage,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+
 # Unseen bytes up to which a compile of a warm session runs on the light lane: ~85 ms of
 # counting on the slowest vocabulary (Claude's, ~3 MB/s), so that no light compile holds
 # the lane much longer than that; an agent's step appends a few KB.
@@ -50,9 +64,66 @@ class PendingWork:
         else:
             self._bytes.pop(session_id, None)
 
+    def reprojected(self, session_id: str) -> None:
+        """A checkpoint of the session was made: the next compile that chooses it
+        projects the log afresh, so it counts as more new text than the light lane takes
+        (until a compile that started after this one finishes)."""
+        self.landed(session_id, LIGHT_BYTES + 1)
+
     def forget(self, session_id: str) -> None:
         self._bytes.pop(session_id, None)
 
 
 def is_light(warm: bool, unseen: int, step_bytes: int) -> bool:
     return warm and unseen + step_bytes <= LIGHT_BYTES
+
+
+# What an event costs a projection besides its text (its message, pairing, counting).
+_EVENT_BYTES = 64
+
+
+def _parts_bytes(parts: Iterable[ContentPart]) -> int:
+    return sum(
+        len(p.text or "") + (len(p.browser_element.text) if p.browser_element else 0) for p in parts
+    )
+
+
+def tail_is_light(events: Iterable[Event]) -> bool:
+    """Whether these events, which a compile projects again after its memo's cut, are
+    little text. What was appended since is bounded by PendingWork already; this bounds
+    what the memo left behind its cut too (a cut held before an image stays at the
+    image, so every step re-projects the log after it). Stops once over."""
+    total = 0
+    for event in events:
+        total += _EVENT_BYTES
+        match event.payload:
+            case UserMessage(parts=parts) | ImportedMessage(parts=parts):
+                total += _parts_bytes(parts)
+            case AssistantMessage() as msg:
+                total += _parts_bytes(msg.parts) + len(msg.reasoning)
+                total += sum(len(c.arguments_json) for c in msg.tool_calls)
+            case ToolResult() as result:
+                total += len(result.text) if result.text is not None else 0
+                total += len(result.blob.preview) if result.blob is not None else 0
+            case ToolCall(arguments_json=args):
+                total += len(args)
+            case BrowserSelection(element=element):
+                total += len(element.text)
+            case _:
+                pass
+        if total > LIGHT_BYTES:
+            return False
+    return True
+
+
+def images_are_light(messages: Iterable[ViewMessage]) -> bool:
+    """Whether the images of these messages of a view, which a compile reads (inline)
+    and encodes into its renderings, are few bytes. They sit after the memo's cut, so
+    every step reads them again while they stay there, however little is new."""
+    sizes = {
+        p.attachment.artifact_id: p.attachment.size_bytes
+        for m in messages
+        for p in m.parts
+        if p.attachment is not None
+    }
+    return sum(sizes.values()) <= LIGHT_BYTES

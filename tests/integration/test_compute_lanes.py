@@ -9,20 +9,25 @@ compile took is read from the name of the thread that ran it."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ctxcc_client import AsyncClient, user
 
-from ctxcc.v1 import common_pb2
+from ctxcc.v1 import artifact_service_pb2 as apb
+from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from server.compiler import compile as compiler_core
 from server.service.compile_types import CompileOptions
 from server.service.compiling import CompileUseCases
 from server.service.cpu_budget import CpuBudget
+from tests import helpers
 from tests.conftest import make_config, stubs_for
 
 ROUTE = common_pb2.Route(connection="t", protocol="fake", endpoint="local", model="gpt-4o")
@@ -40,13 +45,15 @@ class Held:
         self.threads: dict[str, list[str]] = {}
         original = CompileUseCases._prepare_within
 
-        def prepare(uc: CompileUseCases, opts: CompileOptions, budget: CpuBudget) -> Any:
+        def prepare(
+            uc: CompileUseCases, opts: CompileOptions, budget: CpuBudget, *rest: Any
+        ) -> Any:
             sid = opts.session_id
             self.threads.setdefault(sid, []).append(threading.current_thread().name)
             if sid.startswith("heavy"):
                 self.inside.release()
                 self.release.wait(HOLD_S)
-            return original(uc, opts, budget)
+            return original(uc, opts, budget, *rest)
 
         monkeypatch.setattr(CompileUseCases, "_prepare_within", prepare)
 
@@ -106,5 +113,203 @@ async def test_an_agents_steps_pass_heavy_compiles_of_other_sessions(
         held.release.set()
         for task in heavy:
             task.cancel()
+        await api.channel.close()
+        await d.stop()
+
+
+class Projections:
+    """Each projection the compiler makes: its session, lane (thread name) and whether it
+    continued its memo. One that did not projected the whole log."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[tuple[str, str, bool]] = []
+        original = compiler_core.compile_incremental
+
+        def compile_incremental(inputs: Any, counter: Any, memo: Any, **kw: Any) -> Any:
+            out = original(inputs, counter, memo, **kw)
+            lane = threading.current_thread().name.rsplit("_", 1)[0]
+            self.made.append((inputs.session.session_id, lane, out[2]))
+            return out
+
+        monkeypatch.setattr("server.service.compiling.compile_incremental", compile_incremental)
+        # Where each compile started loading: one the light lane hands over loads twice.
+        self.loads: list[tuple[str, str]] = []
+        prepare_within = CompileUseCases._prepare_within
+
+        def loading(uc: CompileUseCases, opts: CompileOptions, *rest: Any) -> Any:
+            lane = threading.current_thread().name.rsplit("_", 1)[0]
+            self.loads.append((opts.session_id, lane))
+            return prepare_within(uc, opts, *rest)
+
+        monkeypatch.setattr(CompileUseCases, "_prepare_within", loading)
+        # Where the images of each compile were read.
+        self.images: list[tuple[str, str]] = []
+        materialize = CompileUseCases._materialize
+
+        def reading(uc: CompileUseCases, sid: str, *rest: Any) -> Any:
+            self.images.append((sid, threading.current_thread().name.rsplit("_", 1)[0]))
+            return materialize(uc, sid, *rest)
+
+        monkeypatch.setattr(CompileUseCases, "_materialize", reading)
+
+    def loaded(self, sid: str) -> list[str]:
+        return [lane for s, lane in self.loads if s == sid]
+
+    def afresh_on_light(self) -> list[tuple[str, str, bool]]:
+        return [p for p in self.made if p[1] == "ctxcc-light" and not p[2]]
+
+    def lanes(self, sid: str) -> list[str]:
+        return [lane for s, lane, _ in self.made if s == sid]
+
+
+async def _upload(api: Any, sid: str, size: int) -> common_pb2.ArtifactRef:
+    data = b"\x89PNG\r\n\x1a\n" + b"\x07" * size
+
+    async def upload() -> AsyncIterator[apb.UploadArtifactRequest]:
+        header = apb.ArtifactHeader(
+            session_id=sid,
+            mime_type="image/png",
+            size_bytes=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+            width=32,
+            height=32,
+        )
+        yield apb.UploadArtifactRequest(header=header)
+        yield apb.UploadArtifactRequest(data=data)
+
+    artifact: common_pb2.ArtifactRef = (await api.artifacts.UploadArtifact(upload())).artifact
+    return artifact
+
+
+async def _append(api: Any, sid: str, *events: event_pb2.Event) -> None:
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=list(events)))
+
+
+def _chat(turns: int) -> list[event_pb2.Event]:
+    out: list[event_pb2.Event] = []
+    for i in range(turns):
+        out += [helpers.user(f"question {i} " + "about the design " * 30)]
+        out += [helpers.assistant(f"answer {i}")]
+    return out
+
+
+async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm session with little appended can still need its whole log projected again:
+    after a built-in compaction (its second compile), a checkpoint made between steps, a
+    cancel that keeps reasoning (stepped in by the stream), or under an id deleted and
+    made again. Those compiles take the compute pool; the light lane only continues memos."""
+    made = Projections(monkeypatch)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    target = f"unix:{d.endpoints.unix}"
+    api = stubs_for(target)
+    try:
+        async with AsyncClient(target) as ctx:
+            # A built-in compaction: the compile that makes the checkpoint continues its
+            # memo (light), the second one projects the log behind the new checkpoint.
+            sid = "builtin"
+            await ctx.create_session(session_id=sid)
+            await _append(api, sid, *_chat(12))
+            small = cpb.CompileRequest(
+                session_id=sid, route=ROUTE, limits=cpb.ModelLimits(context_window=1_500)
+            )
+            await api.compiles.Compile(small)
+            await _append(api, sid, helpers.assistant("", ("s0", "sql", "{}")))
+            await _append(api, sid, helpers.tool_result("s0", "ok"))
+            await api.compiles.Compile(small)
+            big = "\n".join(f"row {i} " + "zq" * 30 for i in range(300))
+            await _append(api, sid, helpers.assistant("", ("c1", "sql", "{}")))
+            await _append(api, sid, helpers.tool_result("c1", big), helpers.user("next"))
+            assert (await api.compiles.Compile(small)).view.checkpoint_id
+            assert made.lanes(sid)[-2:] == ["ctxcc-light", "ctxcc-compute"]
+            # Known before it starts (the new checkpoint): not even loaded on the light lane.
+            assert made.loaded(sid) == made.lanes(sid)
+
+            # A checkpoint made between two steps.
+            sid = "summary"
+            await ctx.create_session(session_id=sid)
+            await _append(api, sid, *_chat(12))
+            req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            await api.compiles.Compile(req)
+            await _append(api, sid, helpers.user("more"))
+            await api.compiles.Compile(req)
+            checkpoint = checkpoint_pb2.Checkpoint(
+                session_id=sid, covers_through_seq=10, summary="the first turns", portable=True
+            )
+            await api.compiles.CreateCheckpoint(cpb.CreateCheckpointRequest(checkpoint=checkpoint))
+            await _append(api, sid, helpers.user("after the summary"))
+            assert (await api.compiles.Compile(req)).view.checkpoint_id
+            await _append(api, sid, helpers.user("and again"))
+            await api.compiles.Compile(req)  # continues the memo made behind the checkpoint
+            lanes = ["ctxcc-compute", "ctxcc-light", "ctxcc-compute", "ctxcc-light"]
+            assert made.lanes(sid) == made.loaded(sid) == lanes
+
+            # A cancel keeping reasoning, appended by a stream step: the memo is warm but
+            # will not do (the kept reasoning reaches back before its cut).
+            sid = "cancel"
+            await ctx.create_session(session_id=sid)
+            await _append(api, sid, *_chat(12))
+            req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            stream = ctx.stream()
+            await stream.step(req, [user("go on")])
+            cancel = event_pb2.Event()
+            cancel.turn_cancelled.keep_reasoning = True
+            view, _ = await stream.step(req, [helpers.assistant("x", reasoning="why"), cancel])
+            assert view.event_boundary == 27
+            # Found on the light lane once loaded (only what is new was read), compiled
+            # on the compute pool.
+            assert made.loaded(sid)[-2:] == ["ctxcc-light", "ctxcc-compute"]
+            assert made.lanes(sid)[-1] == "ctxcc-compute"
+
+            # A session made again under a deleted one's id: the old memo's route is
+            # warm, but it belongs to the other session.
+            await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="summary"))
+            await ctx.create_session(session_id="summary")
+            await _append(api, "summary", helpers.user("hello again"))
+            await api.compiles.Compile(cpb.CompileRequest(session_id="summary", route=ROUTE))
+            assert made.lanes("summary")[-1] == "ctxcc-compute"
+
+            # An image in the first message holds every memo's cut before it: each step
+            # projects all the text after it again, however little is new.
+            for sid, image in (("pictured", True), ("plain", False)):
+                await ctx.create_session(session_id=sid)
+                first = helpers.user("what is in this screenshot?")
+                if image:
+                    first.user_message.parts.add(attachment=await _upload(api, sid, 3_000))
+                await _append(api, sid, first, helpers.assistant("a login form"))
+                await _append(api, sid, *(helpers.user(f"{k} " + "y" * 100_000) for k in range(3)))
+                req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+                await api.compiles.Compile(req)
+                await _append(api, sid, helpers.assistant("noted"))
+                await api.compiles.Compile(req)
+            assert made.lanes("pictured") == ["ctxcc-compute", "ctxcc-compute"]
+            assert made.lanes("plain") == ["ctxcc-compute", "ctxcc-light"]
+
+            # Megabytes of images after the cut are read (inline) and encoded into the
+            # renderings again at every step, however little text is new; by reference
+            # they cost nothing.
+            sid = "photos"
+            await ctx.create_session(session_id=sid)
+            shot = helpers.user("and these?")
+            for _ in range(2):
+                shot.user_message.parts.add(attachment=await _upload(api, sid, 200_000))
+            await _append(api, sid, shot)
+            inline = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            referenced = cpb.CompileRequest(
+                session_id=sid, route=ROUTE, image_mode=cpb.IMAGE_MODE_REFERENCE
+            )
+            for req in (inline, inline, referenced):
+                await _append(api, sid, helpers.assistant("looking"))
+                await api.compiles.Compile(req)
+            # The second compile finds them once projected on the light lane; they are
+            # read on the compute pool.
+            assert [lane for s, lane in made.images if s == sid] == ["ctxcc-compute"] * 2
+            assert made.lanes(sid)[-1] == "ctxcc-light"
+
+            assert not made.afresh_on_light()
+            assert any(lane == "ctxcc-light" for _, lane, _ in made.made)
+    finally:
         await api.channel.close()
         await d.stop()
