@@ -45,6 +45,13 @@ def bearer(token_file: str) -> tuple[tuple[str, str], ...]:
         raise TokenError(f"cannot read --auth-token-file {token_file}: {exc}") from None
     if not token:
         raise TokenError(f"--auth-token-file {token_file} is empty")
+    # A header value is printable ASCII: gRPC refuses anything else only once a call is
+    # made, with a traceback (a line break inside, a non-ASCII letter).
+    if not all(" " <= c <= "~" for c in token):
+        raise TokenError(
+            f"--auth-token-file {token_file} holds characters other than printable ASCII, "
+            "which no bearer token header can carry"
+        )
     return (("authorization", f"Bearer {token}"),)
 
 

@@ -239,3 +239,27 @@ def test_the_operator_commands_send_the_daemons_token_over_tcp(short_tmp: Path) 
             assert "Traceback" not in absent.stderr
     finally:
         assert daemon.terminate() == 0
+
+
+def test_a_token_no_header_can_carry_is_a_usage_error(tmp_path: Path) -> None:
+    """A token file with a line break inside or a non-ASCII letter: gRPC refuses the
+    header only once a call is made, and the commands ended in a traceback (exit 1).
+    It is a usage error (exit 2) before anything is sent, naming the file, not the token."""
+    trace = tmp_path / "t.jsonl"
+    _trace(trace)
+    for i, text in enumerate(("first-half\nsecond-half\n", "caf\u00e9-token\n")):
+        token = tmp_path / f"token{i}"
+        token.write_text(text, encoding="utf-8")
+        for args in (("sessions",), ("inspect", "s"), ("replay", str(trace))):
+            r = subprocess.run(
+                [sys.executable, "-m", "server", *args, "--target", "127.0.0.1:9"],
+                cwd=REPO,
+                env={**os.environ, "CTXCC_AUTH_TOKEN_FILE": str(token)},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert r.returncode == 2, (args, r.stderr)
+            assert f"--auth-token-file {token} holds characters" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and "half" not in r.stderr, r.stderr
