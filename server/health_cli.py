@@ -41,8 +41,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", default=None, help="TOML config the daemon runs with")
     p.add_argument("--service", default="", help="service name (default: the whole server)")
     p.add_argument(
-        "--timeout", type=_seconds, default=3.0, help="seconds to wait for an answer (> 0)"
+        "--timeout",
+        type=_seconds,
+        default=3.0,
+        help="seconds to wait for an answer (> 0, at most a day)",
     )
+
+
+# gRPC turns a deadline past ~7e9 s from now into one already passed (its clock
+# overflows), so a huge --timeout failed every check as unreachable at once, as 0 did.
+MAX_TIMEOUT_S = 86_400.0
 
 
 def _seconds(text: str) -> float:
@@ -53,6 +61,8 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text} is more than {MAX_TIMEOUT_S:.0f} seconds")
     return value
 
 

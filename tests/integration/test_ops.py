@@ -133,9 +133,14 @@ async def test_health_command_reports_serving_not_serving_and_unreachable(
     gone = f"unix:{short_tmp / 'absent.sock'}"
     away = await asyncio.to_thread(_ctxcc, "health", "--target", gone, "--timeout", "1")
     assert away.returncode == 1 and "unreachable: UNAVAILABLE" in away.stderr
-    for timeout in ("0", "-1", "nan", "soon"):  # no deadline to wait for: bad arguments
+    # No deadline to wait for, or one past what gRPC's clock holds (taken as passed
+    # already: every check failed as unreachable at once): bad arguments.
+    for timeout in ("0", "-1", "nan", "soon", "1e10"):
         odd = await asyncio.to_thread(_ctxcc, "health", "--target", socket, "--timeout", timeout)
         assert odd.returncode == 2 and "argument --timeout" in odd.stderr, (timeout, odd.stderr)
+    # A day is waited for: the (not serving) daemon answers.
+    day = await asyncio.to_thread(_ctxcc, "health", "--target", socket, "--timeout", "86400")
+    assert day.returncode == 1 and f"NOT_SERVING ({socket})" in day.stderr, day.stderr
 
 
 async def test_health_without_target_falls_back_from_the_socket_to_the_ports(
