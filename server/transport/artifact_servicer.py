@@ -37,7 +37,9 @@ class HeldBytes:
         self._quota = f"{quota}_bytes_in_memory"
 
     def take(self, size: int) -> None:
-        if self.held + size > self.limit:
+        # One call alone always passes: an artifact stored under a larger
+        # --max-artifact-bytes may be over the whole budget, and retrying never helps it.
+        if self.held and self.held + size > self.limit:
             raise CtxccError(
                 Reason.QUOTA_EXCEEDED,
                 f"{self._what} in progress hold {self.held} bytes; {size} more would pass "

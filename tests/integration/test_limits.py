@@ -386,6 +386,36 @@ async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> Non
         await d.stop()
 
 
+async def test_an_artifact_over_the_download_budget_is_still_served_alone(
+    short_tmp: Path,
+) -> None:
+    """An artifact stored under a larger --max-artifact-bytes can be larger than the
+    whole download budget (eight of the new largest size): it was refused as
+    QUOTA_EXCEEDED, 'retry later', forever. With nothing else held it is served."""
+    size = 1 << 20
+    d = Daemon(make_config(short_tmp, max_artifact_bytes=str(size)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        await _create(api, "art")
+        data, header = _artifact_of(size)
+        messages = [apb.UploadArtifactRequest(header=header), apb.UploadArtifactRequest(data=data)]
+        ref = (await api.artifacts.UploadArtifact(iter(messages))).artifact
+    finally:
+        await api.channel.close()
+        await d.stop()
+    d = Daemon(make_config(short_tmp, max_artifact_bytes=str(size // 16)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        ask = apb.DownloadArtifactRequest(session_id="art", artifact_id=ref.artifact_id)
+        got = b"".join([msg.data async for msg in api.artifacts.DownloadArtifact(ask)])
+        assert got == data
+    finally:
+        await api.channel.close()
+        await d.stop()
+
+
 async def test_watchers_of_a_session_are_bounded(short_tmp: Path) -> None:
     """Every append is offered to each watcher of its session on the event loop: 8,000
     watches of one session made each append spend seconds there, stalling every other
