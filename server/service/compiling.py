@@ -73,6 +73,8 @@ def _seq(e: Event) -> int:
 
 
 _Prepared = tuple[Session, LoadedHistory, CompiledView, TokenCounter, CompileInputs, ModelInfo, int]
+# What the hop off the loop returns: see `_prepare_and_finish`.
+_Outcome = tuple[_Prepared, CompileResult | None, int | None]
 
 
 class CompileUseCases:
@@ -158,31 +160,14 @@ class CompileUseCases:
         # One hop to the compute pool for the loading, the pure compile, the record and
         # the rendering: thread handoffs, not the work, dominated small compiles.
         heavy = functools.partial(self._prepare_and_finish, opts, may_compact, budget)
-        unseen = self._pending.unseen(opts.session_id)
-        light = self._light(opts, unseen, prior.size if prior is not None else 0)
-        # On the light lane the compile checks, once loaded, that its memo holds: one
-        # that does not (a checkpoint chosen since, a cancel keeping reasoning, a session
-        # made again under the id) projects the whole log, which is heavy work.
-        work = functools.partial(heavy, light=True) if light else heavy
-        if prior is None:
-            compute = self._blocking.compute_light if light else self._blocking.compute
-            try:
-                outcome = await compute(_then_synced, work, self._store.sync_reads)
-            except _Stale:
-                outcome = await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
-        else:
-            # The append's fsync is made while its compile runs (the compile reads what
-            # was written; the answer waits for both).
-            _, tried = await self._blocking.run_then_compute(
-                prior.run, work, prior.landed, self._store.deferring_sync, light=light
-            )
-            if isinstance(tried, _Stale):  # the append stands: only its compile moves
-                tried = await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
-            if isinstance(tried, BaseException):
-                raise tried
-            outcome = tried
+        begun = self._pending.start(opts.session_id)
+        compiled = False
+        try:
+            outcome = await self._compute(opts, heavy, begun.unseen, prior)
+            compiled = True
+        finally:
+            self._pending.finish(begun, compiled=compiled)
         prepared, done, compact_through = outcome
-        self._pending.covered(opts.session_id, unseen)
         session, _, view, counter, inputs, info, plain = prepared
         if done is not None:
             self._published(opts, session, done.view, started)
@@ -213,6 +198,38 @@ class CompileUseCases:
         )
         self._published(opts, session, view, started)
         return result
+
+    async def _compute(
+        self,
+        opts: CompileOptions,
+        heavy: Callable[..., _Outcome],
+        unseen: int,
+        prior: Prior | None,
+    ) -> _Outcome:
+        """`heavy` (the compile's one hop off the loop) after `prior`'s write, on the
+        light lane when it continues a warm memo with little new text, else (or when the
+        light lane finds its memo will not hold) on the compute pool."""
+        light = self._light(opts, unseen, prior.size if prior is not None else 0)
+        # On the light lane the compile checks, once loaded, that its memo holds: one
+        # that does not (a checkpoint chosen since, a cancel keeping reasoning, a session
+        # made again under the id) projects the whole log, which is heavy work.
+        work = functools.partial(heavy, light=True) if light else heavy
+        if prior is None:
+            compute = self._blocking.compute_light if light else self._blocking.compute
+            try:
+                return await compute(_then_synced, work, self._store.sync_reads)
+            except _Stale:
+                return await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
+        # The append's fsync is made while its compile runs (the compile reads what was
+        # written; the answer waits for both).
+        _, outcome = await self._blocking.run_then_compute(
+            prior.run, work, prior.landed, self._store.deferring_sync, light=light
+        )
+        if isinstance(outcome, _Stale):  # the append stands: only its compile moves
+            return await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> bool:
         """Whether the compile goes on the light lane: it continues a kept memo (at the

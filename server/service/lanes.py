@@ -18,6 +18,7 @@ before.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from server.compiler.view import ViewMessage
 from server.domain.model import (
@@ -37,32 +38,78 @@ from server.domain.model import (
 LIGHT_BYTES = 256 << 10
 
 
-class PendingWork:
-    """Bytes appended to each session that no compile started since has covered. On the
-    event loop only: appends land there and compiles start and end there."""
+class _Pending:
+    """One session's count: bytes landed, how many of them a finished compile had seen
+    when it started, and the compiles running."""
 
-    __slots__ = ("_bytes",)
+    __slots__ = ("landed", "running", "seen")
 
     def __init__(self) -> None:
-        self._bytes: dict[str, int] = {}
+        self.landed = 0
+        self.seen = 0
+        self.running = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A compile's start: what it has not seen, and its place in the session's count."""
+
+    unseen: int
+    session_id: str
+    entry: _Pending
+    mark: int
+
+
+class PendingWork:
+    """Bytes appended to each session that no compile started since has covered. On the
+    event loop only: appends land there and compiles start and end there.
+
+    A compile covers what had landed when it started (a mark in a running total), not
+    an amount taken off: two compiles of a session at once that both started after the
+    same bytes see them once, and bytes landing while they run stay unseen. A session's
+    count is dropped once no compile runs and all that landed is seen, or when it is
+    deleted (a compile of a session deleted meanwhile ends on a count no longer kept)."""
+
+    __slots__ = ("_sessions",)
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Pending] = {}
 
     def landed(self, session_id: str, size: int) -> None:
         """An append of `size` encoded bytes landed."""
-        self._bytes[session_id] = self._bytes.get(session_id, 0) + size
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            entry = self._sessions[session_id] = _Pending()
+        entry.landed += size
 
     def unseen(self, session_id: str) -> int:
         """What a compile starting now will see for the first time (at least)."""
-        return self._bytes.get(session_id, 0)
+        entry = self._sessions.get(session_id)
+        return entry.landed - entry.seen if entry is not None else 0
 
-    def covered(self, session_id: str, seen: int) -> None:
-        """A compile that started when `unseen` was `seen` finished: that much is seen.
-        (A step's own append lands after its compile, so it is counted once more, by the
-        next compile: one step late, never early.)"""
-        left = self._bytes.get(session_id, 0) - seen
-        if left > 0:
-            self._bytes[session_id] = left
-        else:
-            self._bytes.pop(session_id, None)
+    def start(self, session_id: str) -> Started:
+        """A compile of the session starts; `finish` must follow, whatever happens."""
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            entry = self._sessions[session_id] = _Pending()
+        entry.running += 1
+        return Started(entry.landed - entry.seen, session_id, entry, entry.landed)
+
+    def finish(self, started: Started, *, compiled: bool) -> None:
+        """The compile of `started` ended; with `compiled`, what it saw is seen. (A
+        step's own append lands after its compile starts, so it is counted by the next
+        compile: one step late, never early.)"""
+        entry = started.entry
+        entry.running -= 1
+        if compiled:
+            entry.seen = max(entry.seen, started.mark)
+        kept = self._sessions.get(started.session_id)
+        if kept is entry and not entry.running and entry.seen >= entry.landed:
+            del self._sessions[started.session_id]
+
+    def kept(self) -> int:
+        """Sessions with a count kept (for tests: none is kept for nothing)."""
+        return len(self._sessions)
 
     def reprojected(self, session_id: str) -> None:
         """A checkpoint of the session was made: the next compile that chooses it
@@ -71,7 +118,7 @@ class PendingWork:
         self.landed(session_id, LIGHT_BYTES + 1)
 
     def forget(self, session_id: str) -> None:
-        self._bytes.pop(session_id, None)
+        self._sessions.pop(session_id, None)
 
 
 def is_light(warm: bool, unseen: int, step_bytes: int) -> bool:
