@@ -46,6 +46,8 @@ STATUS = {
     Reason.ARTIFACT_NOT_FOUND: 404,
     Reason.SEQ_OUT_OF_RANGE: 404,
     Reason.UNAUTHENTICATED: 401,
+    # Past a cap of the daemon's (a live page past its session's watchers): retry later.
+    Reason.QUOTA_EXCEEDED: 429,
     Reason.RECORD_CORRUPT: 500,
     Reason.STORAGE_FAILURE: 503,
     Reason.SHUTTING_DOWN: 503,

@@ -615,6 +615,41 @@ def test_a_live_page_of_a_deleted_session_ends_its_stream(short_tmp: Path) -> No
         d.ensure_stopped()
 
 
+def test_a_live_page_past_the_watcher_cap_answers_too_many_requests(short_tmp: Path) -> None:
+    """A page's live stream is a watcher of its session: past the 64 a session may have,
+    it is refused as the API refuses a watch (QUOTA_EXCEEDED: 429 Too Many Requests, to
+    retry later), not as a bad request (400)."""
+    d = DaemonProcess(short_tmp / "data").start()
+    watches: list[Any] = []
+    try:
+        ui = str(d.wait_ready()["ui"])
+        with grpc.insecure_channel(d.target) as ch:
+            agent = Agent(ch, "busy", "gpt-4o")
+            agent.create()
+            agent.append(user("hello"))
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            for _ in range(64):  # each subscribed once its backlog's first event is read
+                watch = sessions.WatchSession(
+                    session_service_pb2.WatchSessionRequest(session_id="busy")
+                )
+                assert next(watch).event.seq == 1
+                watches.append(watch)
+            conn = http.client.HTTPConnection(ui, timeout=10)
+            conn.request("GET", "/s/busy/live")
+            response = conn.getresponse()
+            assert response.status == 429, response.status
+            assert b"QUOTA_EXCEEDED" in response.read()
+            conn.close()
+            for watch in watches:
+                watch.cancel()
+        assert "inspector page failed" not in d.log()
+        assert d.terminate() == 0
+    finally:
+        for watch in watches:
+            watch.cancel()
+        d.ensure_stopped()
+
+
 def test_a_data_dir_from_before_the_inspector_is_shown(short_tmp: Path, page: Page) -> None:
     """Compile records written before they kept the timeline's figures read as they are:
     grey bars with the estimate alone, "-" for their layers, and their steps compiled as
