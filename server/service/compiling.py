@@ -28,6 +28,7 @@ from server.compiler.view import (
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
 from server.domain.families import family_of
+from server.domain.generation import Generation
 from server.domain.model import Event, Route, Session
 from server.domain.records import (
     Checkpoint,
@@ -218,15 +219,17 @@ class CompileUseCases:
             compute = self._blocking.compute_light if light else self._blocking.compute
             try:
                 return await compute(_then_synced, work, self._store.sync_reads)
-            except _Stale:
-                return await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
+            except _Stale as stale:
+                rest = stale.rest or heavy
+                return await self._blocking.compute(_then_synced, rest, self._store.sync_reads)
         # The append's fsync is made while its compile runs (the compile reads what was
         # written; the answer waits for both).
         _, outcome = await self._blocking.run_then_compute(
             prior.run, work, prior.landed, self._store.deferring_sync, light=light
         )
         if isinstance(outcome, _Stale):  # the append stands: only its compile moves
-            return await self._blocking.compute(_then_synced, heavy, self._store.sync_reads)
+            rest = outcome.rest or heavy
+            return await self._blocking.compute(_then_synced, rest, self._store.sync_reads)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
@@ -273,18 +276,29 @@ class CompileUseCases:
         # Taken before anything is read: see repeats.py.
         before = self._store.generation(opts.session_id, opts.route.route_id)
         prepared = self._prepare(opts, budget, light)
-        session, history, view, counter, inputs, info, plain = prepared
+        session, history, view, _, _, _, plain = prepared
         recorded = is_recorded(opts)
         wants = view.decision is not Decision.OK and may_compact and recorded
         if opts.rebuild_compile_id or wants or view.compaction is not None or not recorded:
             through = self._builtin_through(session, history, view) if wants else None
             return prepared, None, through
+        finish = functools.partial(self._finish_recorded, opts, prepared, before, budget)
         if (
             light
             and (opts.inline_images or opts.render_formats)
             and not images_are_light(view.messages[plain:])
         ):
-            raise _Stale  # reading and encoding megabytes of images is heavy work
+            # Reading and encoding megabytes of images is heavy work: the compute pool
+            # does it, with the compile made here.
+            raise _Stale(finish)
+        return finish()
+
+    def _finish_recorded(
+        self, opts: CompileOptions, prepared: _Prepared, before: Generation, budget: CpuBudget
+    ) -> _Outcome:
+        """Blocking: the rest of `_prepare_and_finish` for a view to record now: images,
+        renderings, the record, and the repeat remembered."""
+        _, _, view, counter, inputs, info, plain = prepared
         record, parts = self._record(opts, view, inputs, info)
         done = self._finish(None, (), view, opts, counter, budget, plain)
         # Only a record that was written may be remembered: one refused for a full disk
@@ -483,8 +497,13 @@ T = TypeVar("T")
 
 
 class _Stale(Exception):
-    """A compile sent to the light lane found that its memo will not hold: it is redone
-    on the compute pool (see `_compile`)."""
+    """Work sent to the light lane found itself heavy. Without `rest`, the memo would not
+    hold: the compile is redone on the compute pool; with it, the compile is made and
+    `rest` (its images, renderings and record) runs there (see `_compute`)."""
+
+    def __init__(self, rest: Callable[[], _Outcome] | None = None) -> None:
+        super().__init__()
+        self.rest = rest
 
 
 def _then_synced(work: Callable[[], T], sync_reads: Callable[[], None]) -> T:

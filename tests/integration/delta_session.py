@@ -181,8 +181,9 @@ class Outcome:
     rebuilt: list[view_pb2.CompiledView] = field(default_factory=list)
 
 
-async def _upload_image(api: Stubs, sid: str) -> common_pb2.ArtifactRef:
-    data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 12
+async def _upload_image(api: Stubs, sid: str, size: int = 3_072) -> common_pb2.ArtifactRef:
+    """A 32x32 PNG of about `size` bytes uploaded to session `sid`."""
+    data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * (size // 256)
 
     async def upload() -> AsyncIterator[artifact_service_pb2.UploadArtifactRequest]:
         yield artifact_service_pb2.UploadArtifactRequest(

@@ -9,16 +9,13 @@ compile took is read from the name of the thread that ran it."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ctxcc_client import AsyncClient, user
 
-from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
@@ -29,6 +26,7 @@ from server.service.compiling import CompileUseCases
 from server.service.cpu_budget import CpuBudget
 from tests import helpers
 from tests.conftest import make_config, stubs_for
+from tests.integration.delta_session import _upload_image
 
 ROUTE = common_pb2.Route(connection="t", protocol="fake", endpoint="local", model="gpt-4o")
 # Held far longer than the test needs, only so that a broken lane cannot hang the run.
@@ -162,25 +160,6 @@ class Projections:
         return [lane for s, lane, _ in self.made if s == sid]
 
 
-async def _upload(api: Any, sid: str, size: int) -> common_pb2.ArtifactRef:
-    data = b"\x89PNG\r\n\x1a\n" + b"\x07" * size
-
-    async def upload() -> AsyncIterator[apb.UploadArtifactRequest]:
-        header = apb.ArtifactHeader(
-            session_id=sid,
-            mime_type="image/png",
-            size_bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-            width=32,
-            height=32,
-        )
-        yield apb.UploadArtifactRequest(header=header)
-        yield apb.UploadArtifactRequest(data=data)
-
-    artifact: common_pb2.ArtifactRef = (await api.artifacts.UploadArtifact(upload())).artifact
-    return artifact
-
-
 async def _append(api: Any, sid: str, *events: event_pb2.Event) -> None:
     await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=list(events)))
 
@@ -277,7 +256,7 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
                 await ctx.create_session(session_id=sid)
                 first = helpers.user("what is in this screenshot?")
                 if image:
-                    first.user_message.parts.add(attachment=await _upload(api, sid, 3_000))
+                    first.user_message.parts.add(attachment=await _upload_image(api, sid, 3_000))
                 await _append(api, sid, first, helpers.assistant("a login form"))
                 await _append(api, sid, *(helpers.user(f"{k} " + "y" * 100_000) for k in range(3)))
                 req = cpb.CompileRequest(session_id=sid, route=ROUTE)
@@ -294,7 +273,7 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
             await ctx.create_session(session_id=sid)
             shot = helpers.user("and these?")
             for _ in range(2):
-                shot.user_message.parts.add(attachment=await _upload(api, sid, 200_000))
+                shot.user_message.parts.add(attachment=await _upload_image(api, sid, 200_000))
             await _append(api, sid, shot)
             inline = cpb.CompileRequest(session_id=sid, route=ROUTE)
             referenced = cpb.CompileRequest(
