@@ -16,6 +16,7 @@ from pathlib import Path
 from ctxcc_client import AsyncClient, CompileStream
 
 from bench.daemon import BenchDaemon
+from bench.isolation import daemon_cpu_s
 from bench.rpc import ROUTE, Api, _assistant, _result, _user, conversation
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import event_pb2
@@ -38,50 +39,79 @@ def long_turn(calls: int) -> list[event_pb2.Event]:
     return events
 
 
-async def _steps(
-    stream: CompileStream, sid: str, n: int, warmup: int
-) -> tuple[float, float, float]:
-    """(p50 seconds of a step, bytes received per step, bytes of new events per step)."""
-    # A window the ~270k-token view fits in: over budget, every answer (delta or whole)
-    # would carry the compaction prompt, which holds the whole history as text.
-    req = cpb.CompileRequest(
-        session_id=sid, route=ROUTE, limits=cpb.ModelLimits(context_window=1_000_000)
-    )
-    await stream.step(req, [])  # the first view of a stream is whole: left out
-    times, received, sent = [], 0, 0
-    for i in range(warmup + n):
-        events = _step_events(sid, i)
-        before = stream.stats.bytes_received
-        started = time.perf_counter()
-        view, _ = await stream.step(req, events)
-        # Queued: the next step carries it.
-        await stream.report_usage(
-            view.compile_id,
-            input_tokens=view.budget.estimated_input_tokens,
-            output_tokens=50,
-            route=ROUTE,
+class _Stepper:
+    """One stream's steps on one session: the step times, the bytes the stream received
+    and the bytes of the steps' new events."""
+
+    def __init__(self, stream: CompileStream, sid: str) -> None:
+        self.stream, self.sid = stream, sid
+        # A window the ~270k-token view fits in: over budget, every answer (delta or
+        # whole) would carry the compaction prompt, which holds the whole history as text.
+        self.req = cpb.CompileRequest(
+            session_id=sid, route=ROUTE, limits=cpb.ModelLimits(context_window=1_000_000)
         )
-        if i >= warmup:
-            times.append(time.perf_counter() - started)
-            received += stream.stats.bytes_received - before
-            sent += sum(e.ByteSize() for e in events)
-    assert stream.last_usage is not None and not stream.last_usage.replayed
-    return statistics.median(times), received / n, sent / n
+        self.times: list[float] = []
+        self.received = self.sent = self.steps = 0
+        # The daemon's and this process's (the client's) CPU seconds over the kept steps.
+        self.cpu = self.client_cpu = 0.0
+
+    async def run(self, n: int, pid: int, *, kept: bool = True) -> None:
+        """`n` steps; kept out of the figures when not `kept` (the warm-up). `pid`: the
+        daemon's process."""
+        cpu, client_cpu = daemon_cpu_s(pid), time.process_time()
+        if self.steps == 0:
+            await self.stream.step(self.req, [])  # the first view of a stream is whole
+        for _ in range(n):
+            events = _step_events(self.sid, self.steps)
+            self.steps += 1
+            before = self.stream.stats.bytes_received
+            started = time.perf_counter()
+            view, _ = await self.stream.step(self.req, events)
+            # Queued: the next step carries it.
+            await self.stream.report_usage(
+                view.compile_id,
+                input_tokens=view.budget.estimated_input_tokens,
+                output_tokens=50,
+                route=ROUTE,
+            )
+            if kept:
+                self.times.append(time.perf_counter() - started)
+                self.received += self.stream.stats.bytes_received - before
+                self.sent += sum(e.ByteSize() for e in events)
+        if kept:
+            self.cpu += daemon_cpu_s(pid) - cpu
+            self.client_cpu += time.process_time() - client_cpu
+
+    def figures(self) -> tuple[float, float, float]:
+        """(p50 seconds of a step, bytes received per step, bytes of new events per step)."""
+        last = self.stream.last_usage
+        assert last is not None and not last.replayed
+        n = len(self.times)
+        return statistics.median(self.times), self.received / n, self.sent / n
 
 
-async def _measure(target: str, n: int) -> dict[str, float]:
+async def _measure(target: str, pid: int, n: int) -> dict[str, float]:
     async with AsyncClient(target) as ctx:
-        short, long = ctx.stream(), ctx.stream()
-        short_p50, short_bytes, event_bytes = await _steps(short, "delta200", n, 5)
-        long_p50, long_bytes, _ = await _steps(long, "delta2k", n, 5)
-        turn = ctx.stream()
-        turn_p50, _, _ = await _steps(turn, "turn2k", n, 5)
-        assert short.stats.deltas >= n and long.stats.deltas >= n, "steps must use deltas"
-        assert turn.stats.deltas >= n
-        assert short.stats.resumed == long.stats.resumed == turn.stats.resumed == 0
-        await short.close()
-        await long.close()
-        await turn.close()
+        short, long, turn = (
+            _Stepper(ctx.stream(), sid) for sid in ("delta200", "delta2k", "turn2k")
+        )
+        steppers = (short, long, turn)
+        for s in steppers:
+            await s.run(5, pid, kept=False)
+        # The three in alternating blocks: what moves on the machine over the run (the
+        # store's background work, other load) then moves all three alike, and the
+        # ratios compare steps made at the same times.
+        blocks = 10
+        for b in range(blocks):
+            for s in steppers:
+                await s.run(n // blocks + (1 if b < n % blocks else 0), pid)
+        short_p50, short_bytes, event_bytes = short.figures()
+        long_p50, long_bytes, _ = long.figures()
+        turn_p50, _, _ = turn.figures()
+        for s in steppers:
+            assert s.stream.stats.deltas >= n, "steps must use deltas"
+            assert s.stream.stats.resumed == 0
+            await s.stream.close()
     return {
         "delta_step_200_msgs_p50_ms": short_p50 * 1000,
         "delta_step_2000_msgs_p50_ms": long_p50 * 1000,
@@ -92,6 +122,12 @@ async def _measure(target: str, n: int) -> dict[str, float]:
         "delta_step_in_1800_msg_turn_p50_ms": turn_p50 * 1000,
         "step_in_1800_msg_turn_vs_200_msgs_p50": turn_p50 / short_p50,
         "delta_bytes_per_step_vs_new_event_bytes": long_bytes / event_bytes,
+        # The daemon's CPU per step, read from /proc around each block: steadier than
+        # wall time on a shared machine, and what a 2,000-message history costs it.
+        "delta_daemon_cpu_ms_per_step_200_msgs": short.cpu / len(short.times) * 1000,
+        "delta_daemon_cpu_ms_per_step_2000_msgs": long.cpu / len(long.times) * 1000,
+        "delta_client_cpu_ms_per_step_200_msgs": short.client_cpu / len(short.times) * 1000,
+        "delta_client_cpu_ms_per_step_2000_msgs": long.client_cpu / len(long.times) * 1000,
     }
 
 
@@ -107,6 +143,7 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         # calls and their results, as an agent working alone for 900 steps leaves them.
         api.session("turn2k", long_turn(max(60, int(900 * scale))))
         api.channel.close()
-        return asyncio.run(_measure(d.target, n))
+        assert d.proc is not None
+        return asyncio.run(_measure(d.target, d.proc.pid, n))
     finally:
         d.stop()

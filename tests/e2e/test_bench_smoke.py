@@ -30,5 +30,8 @@ def test_bench_smoke_prints_every_figure() -> None:
         assert f"part_{part}_p50_ms" in done.stdout
     for window in ("settled", "outliers"):
         assert f"usage_fit_{window}_vs_plain" in done.stdout
+    for side in ("daemon", "client"):
+        for size in ("200", "2000"):
+            assert f"delta_{side}_cpu_ms_per_step_{size}_msgs" in done.stdout
     for client in ("go", "python", "typescript"):
         assert f"client_{client}_step_p50_ms" in done.stdout
