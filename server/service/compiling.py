@@ -54,7 +54,13 @@ from server.service.inputs import (
     InputAssembler,
     is_recorded,
 )
-from server.service.lanes import PendingWork, images_are_light, is_light, tail_is_light
+from server.service.lanes import (
+    PendingWork,
+    images_are_light,
+    is_light,
+    renderings_are_light,
+    tail_is_light,
+)
 from server.service.loading import HistoryLoader, LoadedHistory
 from server.service.memos import MemoCache
 from server.service.ports import Clock, EventStore, IdSource, Telemetry, Tokenizers
@@ -283,13 +289,9 @@ class CompileUseCases:
             through = self._builtin_through(session, history, view) if wants else None
             return prepared, None, through
         finish = functools.partial(self._finish_recorded, opts, prepared, before, budget)
-        if (
-            light
-            and (opts.inline_images or opts.render_formats)
-            and not images_are_light(view.messages[plain:])
-        ):
-            # Reading and encoding megabytes of images is heavy work: the compute pool
-            # does it, with the compile made here.
+        if light and _heavy_finish(opts, view, plain):
+            # Reading and encoding megabytes of images, or rendering a long view, is heavy
+            # work: the compute pool does it, with the compile made here.
             raise _Stale(finish)
         return finish()
 
@@ -494,6 +496,15 @@ class CompileUseCases:
 
 
 T = TypeVar("T")
+
+
+def _heavy_finish(opts: CompileOptions, view: CompiledView, plain: int) -> bool:
+    """Whether what is left of a compile once made (its images read and encoded, its
+    provider bodies rendered) is heavy work; the view's first `plain` messages hold no
+    image."""
+    if (opts.inline_images or opts.render_formats) and not images_are_light(view.messages[plain:]):
+        return True
+    return not renderings_are_light(view.budget.estimated_input_tokens, len(opts.render_formats))
 
 
 class _Stale(Exception):

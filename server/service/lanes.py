@@ -121,6 +121,12 @@ class PendingWork:
         self._sessions.pop(session_id, None)
 
 
+# Tokens times formats of the provider bodies a light compile renders itself. Rendering
+# walks the whole view (~6 ms per 250k tokens per format here), and unlike unseen text,
+# which one step counts once, it recurs at every step: past ~7 ms it is the compute pool's.
+RENDER_LIGHT_TOKENS = 1 << 18
+
+
 def is_light(warm: bool, unseen: int, step_bytes: int) -> bool:
     return warm and unseen + step_bytes <= LIGHT_BYTES
 
@@ -161,6 +167,12 @@ def tail_is_light(events: Iterable[Event]) -> bool:
         if total > LIGHT_BYTES:
             return False
     return True
+
+
+def renderings_are_light(view_tokens: int, formats: int) -> bool:
+    """Whether rendering `formats` provider bodies of a view of `view_tokens` is little
+    work."""
+    return view_tokens * formats <= RENDER_LIGHT_TOKENS
 
 
 def images_are_light(messages: Iterable[ViewMessage]) -> bool:

@@ -16,14 +16,16 @@ from typing import Any
 import pytest
 from ctxcc_client import AsyncClient, user
 
-from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from server.compiler import compile as compiler_core
+from server.compiler.render import render
 from server.service.compile_types import CompileOptions
 from server.service.compiling import CompileUseCases
 from server.service.cpu_budget import CpuBudget
+from server.service.lanes import RENDER_LIGHT_TOKENS
 from tests import helpers
 from tests.conftest import make_config, stubs_for
 from tests.integration.delta_session import _upload_image
@@ -149,6 +151,18 @@ class Projections:
             return materialize(uc, sid, *rest)
 
         monkeypatch.setattr(CompileUseCases, "_materialize", reading)
+        # Where each compile's provider bodies were rendered.
+        self.renders: list[tuple[str, str]] = []
+
+        def rendering(view: Any, *rest: Any) -> Any:
+            lane = threading.current_thread().name.rsplit("_", 1)[0]
+            self.renders.append((view.session_id, lane))
+            return render(view, *rest)
+
+        monkeypatch.setattr("server.service.compiling.render", rendering)
+
+    def rendered(self, sid: str) -> list[str]:
+        return [lane for s, lane in self.renders if s == sid]
 
     def loaded(self, sid: str) -> list[str]:
         return [lane for s, lane in self.loads if s == sid]
@@ -291,4 +305,50 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
             assert any(lane == "ctxcc-light" for _, lane, _ in made.made)
     finally:
         await api.channel.close()
+        await d.stop()
+
+
+async def test_renderings_of_a_long_view_leave_the_light_lane(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Provider bodies are rendered from the whole view at every step, however little is
+    new (~6 ms per 250k tokens per format): a light compile of a long view hands them to
+    the compute pool with its record, made once (not compiled again there). A short
+    view's bodies, and a long view compiled without them, stay on the light lane."""
+    made = Projections(monkeypatch)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    words = " ".join(f"w{i % 7919}" for i in range(12_000))
+    try:
+        async with AsyncClient(f"unix:{d.endpoints.unix}") as ctx:
+            limits = cpb.ModelLimits(context_window=10_000_000)
+            chat = [view_pb2.RENDER_FORMAT_OPENAI_CHAT]
+            for sid, size in (("long", 16), ("short", 1)):
+                await ctx.create_session(session_id=sid)
+                await _append(api, sid, *(helpers.user(words) for _ in range(size)))
+                for formats in ([], chat):
+                    req = cpb.CompileRequest(
+                        session_id=sid, route=ROUTE, limits=limits, render_formats=formats
+                    )
+                    await api.compiles.Compile(req)
+                    await _append(api, sid, helpers.assistant("noted"))
+                    answer = await api.compiles.Compile(req)
+                    assert len(answer.view.renderings) == len(formats)
+            tokens = answer.view.budget.estimated_input_tokens
+            long_tokens = (
+                await api.compiles.Compile(
+                    cpb.CompileRequest(session_id="long", route=ROUTE, limits=limits)
+                )
+            ).view.budget.estimated_input_tokens
+            assert tokens <= RENDER_LIGHT_TOKENS < long_tokens
+            # Made on the light lane whenever warm (the first compile: the compute pool);
+            # the long view's bodies rendered on the compute pool, the short one's there.
+            light = ["ctxcc-compute"] + ["ctxcc-light"] * 3
+            assert made.lanes("long") == [*light, "ctxcc-light"]
+            assert made.rendered("long") == ["ctxcc-compute"] * 2
+            assert made.lanes("short") == light
+            assert made.rendered("short") == ["ctxcc-light"] * 2
+            assert not made.afresh_on_light()
+    finally:
         await d.stop()
