@@ -305,6 +305,9 @@ class SessionUseCases:
         With `announce`, a Resync of the head comes first, once the watch is subscribed: a
         reader that took its snapshot before subscribing (a rendered page) re-reads then,
         and misses nothing written between its snapshot and the subscription."""
+        # Looked up before the watcher caps are charged too: past them, a session that
+        # does not exist would answer QUOTA_EXCEEDED ("retry later") instead of NOT_FOUND.
+        await self.get(session_id)
         async with self._hub.subscribe(session_id) as watcher:
             # Looked up once subscribed: a delete that this lookup does not see yet ends
             # the watch (WatchHub.deleted) instead of leaving it waiting on a log that is gone.

@@ -199,6 +199,43 @@ async def test_a_watch_of_a_deleted_session_ends_with_not_found(
     assert error_info(err.value).reason == "SESSION_NOT_FOUND"
 
 
+async def test_a_watch_whose_session_is_deleted_before_it_subscribes_ends_with_not_found(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """A watch looks its session up before the watcher caps are charged. A delete that
+    lands between that lookup and the subscription ends no watcher (there is none yet):
+    the watch must still end with SESSION_NOT_FOUND rather than wait on a log that is
+    gone."""
+    api = unix_api
+    await _session(api, "r")
+    store: Any = daemon._store
+    looked_up, release = threading.Event(), threading.Event()
+    get_session = store.get_session
+
+    def held_after_the_first_lookup(sid: str) -> Any:
+        found = get_session(sid)
+        if not looked_up.is_set():
+            looked_up.set()
+            assert release.wait(30)
+        return found
+
+    store.get_session = held_after_the_first_lookup
+    try:
+        # The deadline only keeps a watch that never ends from hanging the test.
+        watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="r"), timeout=30)
+        first = asyncio.ensure_future(watch.read())
+        assert await asyncio.to_thread(looked_up.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="r"))
+        release.set()
+        with pytest.raises(grpc.RpcError) as err:
+            await first
+    finally:
+        release.set()
+        del store.get_session
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+
+
 async def test_a_session_entry_stored_while_its_session_is_deleted_goes_with_it(
     daemon: Daemon, unix_api: Stubs
 ) -> None:

@@ -19,6 +19,8 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
+from server.service.limits import ServiceLimits
+from server.service.watch import WatchHub
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import compile_request, error_info, user
 
@@ -251,6 +253,47 @@ async def test_listings_over_the_message_limit_answer_with_a_reason(short_tmp: P
                 break
         assert seen == 5
     finally:
+        await api.channel.close()
+        await d.stop()
+
+
+async def test_a_watch_of_an_unknown_session_past_the_watcher_cap_answers_not_found(
+    short_tmp: Path,
+) -> None:
+    """The daemon-wide watcher cap was charged before the session was looked up: once
+    it was reached, a watch of a session that does not exist answered QUOTA_EXCEEDED
+    ("retry later", forever) instead of SESSION_NOT_FOUND."""
+    d = Daemon(make_config(short_tmp))
+    # The cap in all (4,096) is not a flag; a hub of the same kind with a cap of one.
+    limits = ServiceLimits()
+    d.hub = WatchHub(limits.watch_queue_size, limits.max_watchers_per_session, most=1)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    held: Any = None
+    try:
+        for sid in ("w", "other"):
+            await _create(api, sid)
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=sid, events=[user("hi")])
+            )
+        held = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="w"))
+        assert (await held.read()).event.seq == 1  # subscribed: the cap is reached
+
+        async def first_of(sid: str) -> Any:
+            return await api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid)).read()
+
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await first_of("nobody")
+        assert (unknown.value.code(), error_info(unknown.value).reason) == (
+            grpc.StatusCode.NOT_FOUND,
+            "SESSION_NOT_FOUND",
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await first_of("other")  # a session that exists is still refused
+        _refused_over(refused.value, "watchers")
+    finally:
+        if held is not None:
+            held.cancel()
         await api.channel.close()
         await d.stop()
 
