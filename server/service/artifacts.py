@@ -80,8 +80,29 @@ class ArtifactUseCases:
         )
         return await self._blocking.run(self._store.put_artifact, record, data)
 
-    async def get(self, session_id: str, artifact_id: str) -> tuple[ArtifactRecord, bytes]:
+    async def record(self, session_id: str, artifact_id: str) -> ArtifactRecord:
+        """The artifact's record without its bytes: a download takes its memory budget
+        from the recorded size before `data` reads anything."""
         check_id("session_id", session_id)
         check_id("artifact_id", artifact_id)
         await self._blocking.run(self._store.get_session, session_id)
-        return await self._blocking.run(self._store.get_artifact, session_id, artifact_id)
+        record = await self._blocking.run(self._store.get_artifact_record, session_id, artifact_id)
+        if record is None:
+            raise _not_found(session_id, artifact_id)
+        return record
+
+    async def data(self, record: ArtifactRecord) -> bytes:
+        """The bytes of `record` (by its sha256, so they match the record whatever was
+        stored under its id since); gone with a session deleted meanwhile."""
+        data = await self._blocking.run(self._store.get_blob, record.sha256)
+        if data is None:
+            raise _not_found(record.session_id, record.artifact_id)
+        return data
+
+
+def _not_found(session_id: str, artifact_id: str) -> CtxccError:
+    return CtxccError(
+        Reason.ARTIFACT_NOT_FOUND,
+        f"artifact {artifact_id!r} does not exist in session {session_id!r}",
+        artifact_id=artifact_id,
+    )

@@ -119,13 +119,16 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
     async def DownloadArtifact(
         self, request: pb.DownloadArtifactRequest, context: Ctx
     ) -> AsyncIterator[pb.DownloadArtifactResponse]:
-        record, data = await self._a.get(request.session_id, request.artifact_id)
-        size = len(data)
-        self._sending.take(size)  # refused before anything is sent
+        record = await self._a.record(request.session_id, request.artifact_id)
+        # Taken from the recorded size (an upload's size and sha256 are checked, and its
+        # blob is addressed by the sha256): a refused download reads nothing.
+        size = record.size_bytes
+        self._sending.take(size)
         # Given back when the call ends, not when its last chunk is handed to gRPC, which
         # keeps what the reader has not taken yet until then.
         # (grpc-stubs types the callback as a class of its own, no function matches it.)
         context.add_done_callback(lambda _: self._sending.give(size))  # type: ignore[arg-type]
+        data = await self._a.data(record)
         yield pb.DownloadArtifactResponse(artifact=ref_out(record))
         for offset in range(0, len(data), DOWNLOAD_CHUNK):
             yield pb.DownloadArtifactResponse(data=data[offset : offset + DOWNLOAD_CHUNK])

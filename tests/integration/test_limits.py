@@ -373,12 +373,28 @@ async def test_upload_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
         await d.stop()
 
 
+class _BlobReads:
+    """The store's engine, counting the reads of blobs (an artifact's bytes)."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+    def get(self, cf: str, key: bytes) -> Any:
+        self.reads += cf == "blobs"
+        return self.kv.get(cf, key)
+
+
 async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> None:
     """A download's bytes stay in memory until its call ends: gRPC keeps what a reader
     has not taken (30 unread downloads of 19 MiB held ~625 MB). Downloads in progress may
     hold eight artifacts of the largest size together; past that one answers
-    QUOTA_EXCEEDED (quota=download_bytes_in_memory) before sending anything, and the
-    room comes back when the unread ones end."""
+    QUOTA_EXCEEDED (quota=download_bytes_in_memory) before sending anything, or reading
+    the artifact's bytes from the store, and the room comes back when the unread ones
+    end."""
     size = 1 << 20
     d = Daemon(make_config(short_tmp, max_artifact_bytes=str(size)))
     await d.start()
@@ -416,7 +432,15 @@ async def test_download_bytes_held_in_memory_are_bounded(short_tmp: Path) -> Non
             assert isinstance(first, apb.DownloadArtifactResponse)
             assert first.artifact.artifact_id == ref.artifact_id
             unread.append(call)
-        assert await download() == "refused"
+        # Refused from the artifact's recorded size: its blob is not even read.
+        store: Any = d._store
+        counted = _BlobReads(store._kv)
+        store._kv = counted
+        try:
+            assert await download() == "refused"
+        finally:
+            store._kv = counted.kv
+        assert counted.reads == 0
         for call in unread:
             call.cancel()
         # The cancelled downloads give their room back as they end.
