@@ -298,6 +298,62 @@ async def test_a_watch_of_an_unknown_session_past_the_watcher_cap_answers_not_fo
         await d.stop()
 
 
+def _without_error_info(err: grpc.aio.AioRpcError) -> bool:
+    return all(key != "grpc-status-details-bin" for key, _ in err.trailing_metadata() or ())
+
+
+def _listed_without_error_info() -> str:
+    """The README's list of the statuses gRPC answers itself, without an ErrorInfo."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("#### Statuses without an ErrorInfo") :]
+    return section[: section.index("\n#", 1)]
+
+
+async def test_what_grpc_answers_itself_carries_no_error_info_as_the_readme_says(
+    short_tmp: Path,
+) -> None:
+    """A request message over --max-message-bytes is refused by gRPC while it is
+    received, before the daemon decodes it, and an unknown method by gRPC's handler
+    lookup: neither carries an ErrorInfo, and the README lists both, so clients know to
+    branch on the code. The refused messages write nothing and the daemon serves on."""
+    d = Daemon(make_config(short_tmp, max_message_bytes=str(1 << 20)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    listed = _listed_without_error_info()
+    try:
+        await _create(api, "big")
+        data, header = _artifact_of(2 << 20)
+        header.session_id = "big"
+        too_large: list[Any] = [
+            api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="big", events=[user("x" * (2 << 20))])
+            ),
+            api.artifacts.UploadArtifact(
+                iter(
+                    [apb.UploadArtifactRequest(header=header), apb.UploadArtifactRequest(data=data)]
+                )
+            ),
+        ]
+        for call in too_large:
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await call
+            assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "larger than max" in str(exc.value.details())
+            assert _without_error_info(exc.value)
+        assert '`RESOURCE_EXHAUSTED` (message "Received message larger than max")' in listed
+        unknown: Any = api.channel.unary_unary("/ctxcc.v1.SessionService/NoSuchMethod")
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await unknown(b"")
+        assert exc.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert _without_error_info(exc.value)
+        assert f'`UNIMPLEMENTED` (message "{exc.value.details()}")' in listed
+        got = await api.sessions.GetSession(spb.GetSessionRequest(session_id="big"))
+        assert got.session.head_seq == 0
+    finally:
+        await api.channel.close()
+        await d.stop()
+
+
 def _artifact_of(size: int) -> tuple[bytes, apb.ArtifactHeader]:
     """`size` bytes for session "art", with the header of their upload."""
     data = bytes(range(256)) * (size // 256)
