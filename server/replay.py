@@ -335,7 +335,8 @@ def main(args: argparse.Namespace) -> int:
             return 2
     try:
         # A token file that cannot be read fails before anything is replayed.
-        cli_channel.bearer(args.auth_token_file if args.target else "")
+        if args.target:
+            cli_channel.bearer_for(args.target, args.auth_token_file)
         asyncio.run(run(args.trace, args.target, args.rows, sys.stdout, args.auth_token_file))
     except cli_channel.TokenError as exc:
         print(f"ctxcc replay: {exc}", file=sys.stderr)
