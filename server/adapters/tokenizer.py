@@ -359,6 +359,12 @@ class CounterRegistry:
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, float], TokenCounter] = {}
 
+    def ready(self, info: ModelInfo) -> bool:
+        """Whether counting for `info` needs no table built first (a build takes up to
+        seconds: see TokenizerTable)."""
+        table = TABLES.get(info.tokenizer)
+        return table is None or table.loaded
+
     def for_model(self, info: ModelInfo) -> TokenCounter:
         key = (info.tokenizer, info.token_factor)
         with self._lock:

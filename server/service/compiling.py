@@ -241,11 +241,16 @@ class CompileUseCases:
         return outcome
 
     def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> bool:
-        """Whether the compile goes on the light lane: it continues a kept memo (at the
-        head) and little text is new to it (see lanes.py)."""
-        at_head = not opts.as_of_seq and not opts.rebuild_compile_id
-        warm = at_head and self._memos.warm(opts.session_id, opts.route.route_id)
-        return is_light(warm, unseen, step_bytes)
+        """Whether the compile goes on the light lane: at the head, it continues a kept
+        memo or is the first of a session this daemon made (whose whole log is what
+        landed since), and little text is new to it (see lanes.py)."""
+        if opts.as_of_seq or opts.rebuild_compile_id:
+            return False
+        known = self._memos.warm(opts.session_id, opts.route.route_id) or (
+            self._pending.whole(opts.session_id)
+            and self._tokenizers.ready(self._assembler.model_of(opts.route.model))
+        )
+        return is_light(known, unseen, step_bytes)
 
     async def _repeat(self, opts: CompileOptions) -> CompileResult | None:
         """The session's last view again when nothing it depends on changed (repeats.py):
@@ -384,9 +389,10 @@ class CompileUseCases:
         memo = self._memos.get(key) if session is not None else None
         session, inputs, info, history = self._assembler.assemble(opts, memo, session)
         if light and not (
-            memo is not None
-            and memo_usable(memo, inputs.events, inputs.checkpoint, inputs.current_user)
+            memo_usable(memo, inputs.events, inputs.checkpoint, inputs.current_user)
             and tail_is_light(inputs.events[memo.cut :])
+            if memo is not None
+            else self._fresh_is_light(inputs, info)
         ):
             # Loading read only what is new (after the memo's events) when the memo's
             # checkpoint is still the one chosen; the projection would redo much more.
@@ -401,6 +407,17 @@ class CompileUseCases:
         # the view's first messages: their images need not be looked for.
         plain = len(new_memo.messages) if new_memo is not None else 0
         return session, history, view, counter, inputs, info, plain
+
+    def _fresh_is_light(self, inputs: CompileInputs, info: ModelInfo) -> bool:
+        """Whether a compile with no memo to continue (the first of a session made here,
+        which the light lane takes when little has landed) is light work: its whole log
+        little text behind no checkpoint, and its route's tokenizer table built (a build
+        takes up to seconds)."""
+        return (
+            inputs.checkpoint is None
+            and tail_is_light(inputs.events)
+            and self._tokenizers.ready(info)
+        )
 
     def _builtin_through(
         self, session: Session, history: LoadedHistory, view: CompiledView

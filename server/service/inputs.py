@@ -194,6 +194,10 @@ class InputAssembler:
         )
         return inputs, b.model, history
 
+    def model_of(self, model: str) -> ModelInfo:
+        """What the catalog knows of `model` (no I/O: a step's compile asks on the loop)."""
+        return self._catalog.lookup(model)
+
     def _inputs(
         self,
         opts: CompileOptions,

@@ -40,14 +40,16 @@ LIGHT_BYTES = 256 << 10
 
 class _Pending:
     """One session's count: bytes landed, how many of them a finished compile had seen
-    when it started, and the compiles running."""
+    when it started, and the compiles running; `whole` while they are all its log has
+    (a session made by this daemon that no compile has seen yet)."""
 
-    __slots__ = ("landed", "running", "seen")
+    __slots__ = ("landed", "running", "seen", "whole")
 
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = False) -> None:
         self.landed = 0
         self.seen = 0
         self.running = 0
+        self.whole = whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,16 @@ class PendingWork:
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Pending] = {}
+
+    def made(self, session_id: str) -> None:
+        """The session was just made, empty: until a compile sees its log, all of it is
+        what lands here (its first compile, cold, may still be light work)."""
+        self._sessions[session_id] = _Pending(whole=True)
+
+    def whole(self, session_id: str) -> bool:
+        """Whether what `unseen` says of the session is its whole log."""
+        entry = self._sessions.get(session_id)
+        return entry is not None and entry.whole
 
     def landed(self, session_id: str, size: int) -> None:
         """An append of `size` encoded bytes landed."""
@@ -103,6 +115,7 @@ class PendingWork:
         entry.running -= 1
         if compiled:
             entry.seen = max(entry.seen, started.mark)
+            entry.whole = False  # its memo now holds what was seen
         kept = self._sessions.get(started.session_id)
         if kept is entry and not entry.running and entry.seen >= entry.landed:
             del self._sessions[started.session_id]
@@ -116,6 +129,8 @@ class PendingWork:
         projects the log afresh, so it counts as more new text than the light lane takes
         (until a compile that started after this one finishes)."""
         self.landed(session_id, LIGHT_BYTES + 1)
+        # Its summary is not counted here: its log is more than what landed.
+        self._sessions[session_id].whole = False
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)

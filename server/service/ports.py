@@ -242,4 +242,8 @@ class Workspace(Protocol):
 class Tokenizers(Protocol):
     """Token counters per tokenizer family (the tiktoken adapter)."""
 
+    def ready(self, info: ModelInfo) -> bool:
+        """Whether counting for `info` is ready (no table to build first)."""
+        ...
+
     def for_model(self, info: ModelInfo) -> TokenCounter: ...

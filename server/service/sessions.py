@@ -96,7 +96,9 @@ class SessionUseCases:
             stored_bytes=0,
             current_route=None,
         )
-        return await self._blocking.run(self._store.create_session, session)
+        made = await self._blocking.run(self._store.create_session, session)
+        self._pending.made(made.session_id)
+        return made
 
     async def get(self, session_id: str) -> Session:
         check_id("session_id", session_id)

@@ -19,13 +19,14 @@ from ctxcc_client import AsyncClient, user
 from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from server.adapters.tokenizer import TABLES, preload_tokenizers
 from server.app import Daemon
 from server.compiler import compile as compiler_core
 from server.compiler.render import render
 from server.service.compile_types import CompileOptions
 from server.service.compiling import CompileUseCases
 from server.service.cpu_budget import CpuBudget
-from server.service.lanes import RENDER_LIGHT_TOKENS
+from server.service.lanes import LIGHT_BYTES, RENDER_LIGHT_TOKENS, PendingWork
 from tests import helpers
 from tests.conftest import make_config, stubs_for
 from tests.integration.delta_session import _upload_image
@@ -70,18 +71,20 @@ async def test_an_agents_steps_pass_heavy_compiles_of_other_sessions(
     target = f"unix:{d.endpoints.unix}"
     api = stubs_for(target)
     heavy: list[asyncio.Task[Any]] = []
+    preload_tokenizers(["o200k"])  # the route's: a first compile would build it
     try:
         async with AsyncClient(target) as ctx:
             agent = (await ctx.create_session()).session_id
             req = cpb.CompileRequest(session_id=agent, route=ROUTE)
             stream = ctx.stream()
-            await stream.step(req, [user("first")])  # no memo yet: the compute pool
+            await stream.step(req, [user("first")])  # made here, a few bytes: light
             await stream.step(req, [user("second")])  # warm, a few bytes new: light
-            assert [held.lane(agent, i) for i in (0, 1)] == ["ctxcc-compute", "ctxcc-light"]
+            assert [held.lane(agent, i) for i in (0, 1)] == ["ctxcc-light"] * 2
 
             for sid in ("heavy1", "heavy2"):
                 await ctx.create_session(session_id=sid)
-                await ctx.append(sid, [user(f"{sid} " * 1000)])
+                # Over the light lane's 256 KiB: their first compiles take the pool.
+                await ctx.append(sid, [user(f"{sid} " * 50_000)])
                 compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
                 heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
             for _ in heavy:  # both compute threads are taken
@@ -193,6 +196,9 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
     after a built-in compaction (its second compile), a checkpoint made between steps, a
     cancel that keeps reasoning (stepped in by the stream), or under an id deleted and
     made again. Those compiles take the compute pool; the light lane only continues memos."""
+    # About compiles of warm sessions: a first compile of a small session made here
+    # would take the light lane too (test_a_new_small_sessions_first_compile_is_light).
+    monkeypatch.setattr(PendingWork, "made", lambda *_: None)
     made = Projections(monkeypatch)
     d = Daemon(make_config(short_tmp))
     await d.start()
@@ -257,12 +263,13 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
             assert made.lanes(sid)[-1] == "ctxcc-compute"
 
             # A session made again under a deleted one's id: the old memo's route is
-            # warm, but it belongs to the other session.
+            # warm, but it belongs to the other session. Its own log is one message:
+            # projected afresh on the light lane (a longer one would leave it).
             await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="summary"))
             await ctx.create_session(session_id="summary")
             await _append(api, "summary", helpers.user("hello again"))
             await api.compiles.Compile(cpb.CompileRequest(session_id="summary", route=ROUTE))
-            assert made.lanes("summary")[-1] == "ctxcc-compute"
+            assert made.made[-1] == ("summary", "ctxcc-light", False)
 
             # An image in the first message holds every memo's cut before it: each step
             # projects all the text after it again, however little is new.
@@ -301,7 +308,7 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
             assert [lane for s, lane in made.images if s == sid] == ["ctxcc-compute"] * 2
             assert made.lanes(sid)[-1] == "ctxcc-light"
 
-            assert not made.afresh_on_light()
+            assert made.afresh_on_light() == [("summary", "ctxcc-light", False)]
             assert any(lane == "ctxcc-light" for _, lane, _ in made.made)
     finally:
         await api.channel.close()
@@ -315,6 +322,9 @@ async def test_renderings_of_a_long_view_leave_the_light_lane(
     new (~6 ms per 250k tokens per format): a light compile of a long view hands them to
     the compute pool with its record, made once (not compiled again there). A short
     view's bodies, and a long view compiled without them, stay on the light lane."""
+    # About compiles of warm sessions: a first compile of a small session made here
+    # would take the light lane too (test_a_new_small_sessions_first_compile_is_light).
+    monkeypatch.setattr(PendingWork, "made", lambda *_: None)
     made = Projections(monkeypatch)
     d = Daemon(make_config(short_tmp))
     await d.start()
@@ -351,4 +361,73 @@ async def test_renderings_of_a_long_view_leave_the_light_lane(
             assert made.rendered("short") == ["ctxcc-light"] * 2
             assert not made.afresh_on_light()
     finally:
+        await d.stop()
+
+
+async def test_a_new_small_sessions_first_compile_is_light(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session this daemon made has no memo to continue, but its whole log is what
+    landed since: while that is little text, and its route's tokenizer is built, its
+    first compile takes the light lane, and a new agent is answered while heavy
+    compiles hold the compute pool. Over 256 KiB, or with a tokenizer still to build
+    (seconds), it takes the compute pool."""
+    held = Held(monkeypatch)
+    made = Projections(monkeypatch)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    target = f"unix:{d.endpoints.unix}"
+    api = stubs_for(target)
+    heavy: list[asyncio.Task[Any]] = []
+    preload_tokenizers(["o200k"])
+    # GPT-4 counts with cl100k: its table is not built when its session first compiles.
+    TABLES["cl100k"].forget()
+    gpt4 = common_pb2.Route(connection="t", protocol="fake", endpoint="local", model="gpt-4")
+    try:
+        async with AsyncClient(target) as ctx:
+            for sid in ("heavy1", "heavy2"):
+                await ctx.create_session(session_id=sid)
+                await ctx.append(sid, [user(f"{sid} " * 50_000)])
+                compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+                heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
+            for _ in heavy:  # both compute threads are taken
+                assert await asyncio.to_thread(held.inside.acquire, True, HOLD_S)
+
+            await ctx.create_session(session_id="newbie")
+            await _append(api, "newbie", *_chat(6))
+            req = cpb.CompileRequest(session_id="newbie", route=ROUTE)
+            view, _ = await asyncio.wait_for(ctx.stream().step(req, [user("go")]), HOLD_S)
+            assert view.event_boundary == 13 and len(view.messages) == 13
+            assert made.lanes("newbie") == ["ctxcc-light"]
+            assert not any(task.done() for task in heavy)  # still held meanwhile
+
+            # Queued behind the held compiles: too much text, a tokenizer to build.
+            await ctx.create_session(session_id="bulky")
+            await _append(api, "bulky", helpers.user("z " * (LIGHT_BYTES // 2 + 1)))
+            bulky = asyncio.ensure_future(
+                api.compiles.Compile(cpb.CompileRequest(session_id="bulky", route=ROUTE))
+            )
+            await ctx.create_session(session_id="untabled")
+            await _append(api, "untabled", *_chat(2))
+            untabled = asyncio.ensure_future(
+                api.compiles.Compile(cpb.CompileRequest(session_id="untabled", route=gpt4))
+            )
+            await asyncio.sleep(0)
+            held.release.set()
+            await asyncio.wait_for(asyncio.gather(bulky, untabled, *heavy), HOLD_S)
+            assert made.lanes("bulky") == made.lanes("untabled") == ["ctxcc-compute"]
+            # Loaded only there: not tried on the light lane first.
+            assert made.loaded("bulky") == made.loaded("untabled") == ["ctxcc-compute"]
+
+            # Once compiled, a session is no longer new: its memo goes on, or (evicted,
+            # or after a restart) its log is more than the count knows.
+            await _append(api, "newbie", helpers.user("and then"))
+            await api.compiles.Compile(req)
+            assert made.lanes("newbie") == ["ctxcc-light"] * 2
+            assert made.afresh_on_light() == [("newbie", "ctxcc-light", False)]
+    finally:
+        held.release.set()
+        for task in heavy:
+            task.cancel()
+        await api.channel.close()
         await d.stop()

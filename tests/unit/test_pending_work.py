@@ -46,3 +46,27 @@ def test_a_session_deleted_while_its_compile_runs_keeps_no_count() -> None:
     assert pending.unseen("s") == 50
     pending.finish(again, compiled=True)
     assert pending.kept() == 0
+
+
+def test_a_session_made_here_is_whole_until_a_compile_sees_it() -> None:
+    """Until its first compile, what landed in a session this daemon made is its whole
+    log (so that compile may be light work); a session it did not make, one whose
+    compile saw it, or one with a checkpoint made is not."""
+    pending = PendingWork()
+    pending.made("new")
+    pending.landed("new", 5_000)
+    pending.landed("old", 5_000)  # made before a restart: its log is more than this
+    assert pending.whole("new") and not pending.whole("old")
+    assert pending.unseen("new") == 5_000
+    pending.finish(pending.start("new"), compiled=False)  # a failed compile saw nothing
+    assert pending.whole("new")
+    step = pending.start("new")
+    pending.landed("new", 100)
+    pending.finish(step, compiled=True)
+    assert not pending.whole("new") and pending.unseen("new") == 100
+    pending.made("summed")
+    pending.reprojected("summed")
+    assert not pending.whole("summed")
+    pending.made("gone")
+    pending.forget("gone")
+    assert not pending.whole("gone")
