@@ -17,7 +17,7 @@ from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import TurnPaths, path_union
-from server.compiler.projection import ImagePolicy
+from server.compiler.projection import PROJECTION, ImagePolicy, as_projected
 from server.compiler.projection_memo import (
     ActiveTurn,
     ProjectionMemo,
@@ -100,6 +100,9 @@ class CompileInputs:
     # How tool-call arguments are counted (tokens.COUNTING): a rebuild counts as the
     # daemon that recorded the compile did.
     counting: int = COUNTING
+    # How the log is projected (projection.PROJECTION): a rebuild projects as the daemon
+    # that recorded the compile did.
+    projection: int = PROJECTION
 
 
 def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
@@ -325,7 +328,8 @@ def compile_incremental(
         checkpoint=inputs.checkpoint,
         current_user=inputs.current_user,
         route_id=inputs.route.route_id,
-        images=inputs.images,
+        # The memo holds no image, so it serves a compile of either projection.
+        images=as_projected(inputs.images, inputs.events, inputs.current_user, inputs.projection),
         memo=memo,
         remember=remember,
         turn=turn,

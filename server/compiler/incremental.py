@@ -29,6 +29,7 @@ from server.compiler.projection import (
     _merge_calls,
     _message,
     _native_state,
+    artifact_ids,
     elide_result,
     is_user_turn_start,
     message_tokens,
@@ -40,7 +41,6 @@ from server.compiler.projection_memo import (
     ActiveTurn,
     ProjectionMemo,
     Tally,
-    artifact_ids,
 )
 from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter

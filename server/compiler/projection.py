@@ -9,7 +9,8 @@ Rules this module keeps:
 - every tool result has its call and every call has its result: missing halves are
   synthesized with the call's id, so provider APIs and caches never see a broken pair;
 - images are sent by reference or become an explicit note saying why not, never a
-  silent drop; browser elements are fenced as untrusted page content;
+  silent drop, wherever they sit: an attachment event or the parts of a user, assistant
+  or imported message; browser elements are fenced as untrusted page content;
 - every provider can take the view as is: it opens with a user turn (OPENER when the
   log starts otherwise), and every call's arguments are a JSON object (text that is
   not one is wrapped as {"invalid_arguments": text}, with a note).
@@ -60,6 +61,45 @@ class ImagePolicy:
     existing: tuple[tuple[str, int], ...] = ()
     max_images: int = 20
     max_image_bytes: int = 20 << 20
+
+
+# How a view is projected from the log. Each compile records it, so that a compile an
+# earlier daemon recorded is rebuilt as that daemon projected it (exact time travel):
+# 0: images were sent from attachment events and user messages only: the loader sized
+#    no other artifact, so an image in an assistant or an imported message's parts
+#    became the note "the artifact no longer exists" (unless one of those named it too);
+# 1: the images of every message's parts are sent (R-IMG-1).
+PROJECTION = 1
+
+
+def artifact_ids(events: Sequence[Event], projection: int = PROJECTION) -> list[str]:
+    """The artifacts the events name, in order: attachments and the images of message
+    parts (those of user messages only, at `projection` 0). The loader sizes them for
+    ImagePolicy.existing."""
+    out: list[str] = []
+    for e in events:
+        p = e.payload
+        if isinstance(p, Attachment):
+            out.append(p.ref.artifact_id)
+        elif isinstance(p, UserMessage) or (
+            projection >= 1 and isinstance(p, AssistantMessage | ImportedMessage)
+        ):
+            out += [c.attachment.artifact_id for c in p.parts if c.attachment]
+    return out
+
+
+def as_projected(
+    policy: ImagePolicy, events: Sequence[Event], current_user: Event | None, projection: int
+) -> ImagePolicy:
+    """`policy` (its artifacts sized for every message's images) as a compile of
+    `projection` knew it: only the artifacts its loader sized. A walk over the log, made
+    only for a compile an earlier daemon recorded (its rebuild, or as_of_seq at its step)."""
+    if projection >= PROJECTION:
+        return policy
+    named = set(artifact_ids(events, projection))
+    if current_user is not None:
+        named.update(artifact_ids([current_user], projection))
+    return replaced(policy, existing=tuple(a for a in policy.existing if a[0] in named))
 
 
 @dataclass(frozen=True, slots=True)

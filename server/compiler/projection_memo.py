@@ -18,7 +18,6 @@ from server.compiler.prompt_memo import RememberedPrompt
 from server.compiler.view import Layer, ViewMessage
 from server.domain.model import (
     AssistantMessage,
-    Attachment,
     Event,
     ToolCall,
     ToolResult,
@@ -118,15 +117,3 @@ class ProjectionMemo:
     prompt: RememberedPrompt | None = None
     # The paths the current turn names, for the next (path_memo.py).
     paths: TurnPaths | None = None
-
-
-def artifact_ids(events: Sequence[Event]) -> list[str]:
-    """The artifacts the events name (attachments, parts of user messages), in order."""
-    out: list[str] = []
-    for e in events:
-        p = e.payload
-        if isinstance(p, Attachment):
-            out.append(p.ref.artifact_id)
-        elif isinstance(p, UserMessage):
-            out += [c.attachment.artifact_id for c in p.parts if c.attachment]
-    return out

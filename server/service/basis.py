@@ -75,6 +75,9 @@ class CompileBasis:
     # tokens.COUNTING of the daemon that recorded it; bases stored before it was kept
     # were counted the first way (0).
     counting: int = 0
+    # projection.PROJECTION of the daemon that recorded it; bases stored before it was
+    # kept were projected the first way (0: only attachments' and user messages' images).
+    projection: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,7 @@ def basis_of(
         previous_sections=inputs.previous_sections,
         requested_max_output=inputs.requested_max_output,
         counting=inputs.counting,
+        projection=inputs.projection,
     )
     digest = digest_of(basis)
     parts.append((digest, basis))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from server.compiler.budget import ModelLimits
 from server.compiler.compile import CompileInputs
-from server.compiler.projection import ImagePolicy
+from server.compiler.projection import PROJECTION, ImagePolicy
 from server.compiler.projection_memo import ProjectionMemo
 from server.compiler.route_model import counter_kind
 from server.compiler.sources import SourceInputs
@@ -180,6 +180,7 @@ class InputAssembler:
             previous_sections=b.previous_sections,
             requested_max_output=b.requested_max_output,
             counting=b.counting,
+            projection=b.projection,
             tools=old.tools,
             activated_tools=b.activated_tools,
             checkpoint=history.checkpoint,
@@ -264,6 +265,7 @@ class InputAssembler:
             requested_max_output=opts.limits.max_output_tokens,
             # A recorded step's view again: counted as the daemon that recorded it did.
             counting=old.basis.counting if old is not None else COUNTING,
+            projection=old.basis.projection if old is not None else PROJECTION,
             tools=history.tools,
             activated_tools=history.activated,
             checkpoint=history.checkpoint,

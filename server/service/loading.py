@@ -16,7 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
-from server.compiler.projection_memo import ProjectionMemo, active_turn, artifact_ids
+from server.compiler.projection import artifact_ids
+from server.compiler.projection_memo import ProjectionMemo, active_turn
 from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason

@@ -6,6 +6,7 @@ and the views must come back byte for byte."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
 import json
@@ -23,10 +24,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import (
+    artifact_service_pb2_grpc,
     checkpoint_pb2,
     common_pb2,
     compile_service_pb2_grpc,
+    event_pb2,
     session_pb2,
     session_service_pb2_grpc,
     source_pb2,
@@ -381,6 +385,19 @@ def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> Non
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _daemon_code(commit: str, dest: Path) -> Path:
+    """The daemon's code at `commit` of the repository's history, extracted into `dest`
+    (run it with `cwd=dest`)."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", commit, "server", "storage", "ctxcc"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
 # The daemon of `main` before tool-call arguments were counted with tokens.COUNTING 1.
 PREVIOUS_DAEMON = "1528c0c7beb365b9c752eb3fbc2e5d7a95cfbfff"
 
@@ -397,24 +414,7 @@ def test_compiles_of_the_previous_daemon_are_rebuilt_byte_for_byte(tmp_path: Pat
     )
     if known.returncode != 0:
         pytest.skip(f"this checkout lacks the previous daemon's commit {PREVIOUS_DAEMON[:12]}")
-    archive = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(REPO),
-            "archive",
-            "--format=tar",
-            PREVIOUS_DAEMON,
-            "server",
-            "storage",
-            "ctxcc",
-        ],
-        capture_output=True,
-        check=True,
-    ).stdout
-    previous = tmp_path / "previous"
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(previous, filter="data")
+    previous = _daemon_code(PREVIOUS_DAEMON, tmp_path / "previous")
     base = Path("/tmp") / f"ctxcc-tt-prev-{os.getpid()}"
     base.mkdir()
     # A to-do list of box-drawing text: the two ways count it differently.
@@ -455,6 +455,121 @@ def test_compiles_of_the_previous_daemon_are_rebuilt_byte_for_byte(tmp_path: Pat
                 cpb.CompileRequest(session_id="p", route=ROUTE, dry_run=True)
             ).view
             assert fresh.budget.ledger_tokens != views[-1].budget.ledger_tokens
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` before the images of assistant and imported messages were sent
+# (projection.PROJECTION 1).
+IMAGELESS_DAEMON = "d5e9f773cc61cf7e42ff0d082a55eb02dc7a3883"
+
+
+def _upload(artifacts: Any, sid: str, n: int) -> common_pb2.ArtifactRef:
+    data = b"\x89PNG\r\n\x1a\n" + bytes([n]) * 500
+
+    def chunks() -> Iterator[apb.UploadArtifactRequest]:
+        yield apb.UploadArtifactRequest(
+            header=apb.ArtifactHeader(
+                session_id=sid,
+                mime_type="image/png",
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                width=8,
+                height=8,
+            )
+        )
+        yield apb.UploadArtifactRequest(data=data)
+
+    ref: common_pb2.ArtifactRef = artifacts.UploadArtifact(chunks()).artifact
+    return ref
+
+
+def _sent_images(view: view_pb2.CompiledView) -> set[str]:
+    return {
+        p.attachment.ref.artifact_id
+        for m in view.messages
+        for p in m.parts
+        if p.HasField("attachment")
+    }
+
+
+def test_compiles_that_sent_no_message_images_are_rebuilt_as_they_were(tmp_path: Path) -> None:
+    """A data directory written by the daemon that sent the images of attachments and
+    user messages only (its code from the repository's history): its compiles, unary and
+    stream steps, showed an assistant's and an imported message's images as notes, and
+    today's daemon rebuilds them byte for byte that way, from rebuild_compile_id and from
+    as_of_seq, while its new compiles of the same log send those images."""
+    code = _daemon_code(IMAGELESS_DAEMON, tmp_path / "imageless")
+    base = Path("/tmp") / f"ctxcc-tt-img-{os.getpid()}"
+    base.mkdir()
+    d = DaemonProcess(base / "data", cwd=code).start()
+    req = cpb.CompileRequest(session_id="i", route=ROUTE)
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
+            sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="i"))
+            )
+            seen, drawn, theirs, shared = (_upload(artifacts, "i", n) for n in range(4))
+            asked = user("What do you see?")
+            asked.user_message.parts.add(attachment=seen)
+            asked.user_message.parts.add(attachment=shared)
+            answer = assistant("Two diagrams, and mine:")
+            answer.assistant_message.parts.add(attachment=drawn)
+            # Named by the user message too: the old daemon sized it, and sent it here.
+            answer.assistant_message.parts.add(attachment=shared)
+            imported = event_pb2.Event()
+            imported.imported_message.origin_session_id = "elsewhere"
+            imported.imported_message.role = event_pb2.MESSAGE_ROLE_ASSISTANT
+            imported.imported_message.parts.add(text="Theirs:")
+            imported.imported_message.parts.add(attachment=theirs)
+            sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="i", events=[asked, answer, imported])
+            )
+            views = [compiles.Compile(req).view]
+            later = assistant("Still mine:")
+            later.assistant_message.parts.add(attachment=drawn)
+            steps = [
+                cpb.CompileStreamRequest(
+                    step=cpb.StepRequest(step_id=str(k), events=evs, compile=req)
+                )
+                for k, evs in enumerate([[user("And now?")], [later]])
+            ]
+            views += [resp.view for resp in compiles.CompileStream(iter(steps))]
+        assert len(views) == 3
+        for view in views:
+            assert _sent_images(view) == {seen.artifact_id, shared.artifact_id}
+            assert sum("the artifact no longer exists" in n for n in view.notes) >= 2
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            for view in views:
+                rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+                assert _bytes(rebuilt.view) == _bytes(view)
+                # As of its boundary, the same request gets that view again (by reference:
+                # a compile that is not recorded sends no image bytes).
+                again = cpb.CompileRequest()
+                again.CopyFrom(req)
+                again.as_of_seq, again.image_mode = view.event_boundary, cpb.IMAGE_MODE_REFERENCE
+                at = compiles.Compile(again).view
+                by_ref = compiles.Compile(
+                    cpb.CompileRequest(
+                        rebuild_compile_id=view.compile_id, image_mode=cpb.IMAGE_MODE_REFERENCE
+                    )
+                ).view
+                at.compile_id = by_ref.compile_id
+                assert _bytes(at) == _bytes(by_ref)
+            fresh = compiles.Compile(
+                cpb.CompileRequest(session_id="i", route=ROUTE, dry_run=True)
+            ).view
+            assert _sent_images(fresh) == {a.artifact_id for a in (seen, drawn, theirs, shared)}
+            assert all("not sent" not in n for n in fresh.notes)
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)

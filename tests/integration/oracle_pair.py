@@ -286,7 +286,7 @@ EVENT_KINDS = (
     *("call", "big", "big", "result", "user", "search", "native", "native", "native"),
     # Attachments: a user message with an image, an attachment event, an assistant
     # message showing one, a user message with several (two pass the 20-image limit), one
-    # naming an artifact the session does not have, a user message imported with one.
+    # naming an artifact the session does not have, a message imported with one.
     *("image", "image", "attach", "shown", "gallery", "gallery", "stray", "imported"),
     # A turn started without a user message, a browser element the user selected.
     *("turn", "browser"),
@@ -358,7 +358,8 @@ def events_of(
         elif kind == "imported":
             imported = ev.imported_message
             imported.origin_session_id, imported.origin_seq = "elsewhere", k
-            imported.role = event_pb2.MESSAGE_ROLE_USER
+            # Of either role: a user's starts a turn, both show their image.
+            imported.role = (event_pb2.MESSAGE_ROLE_USER, event_pb2.MESSAGE_ROLE_ASSISTANT)[k % 2]
             imported.parts.add(text=f"From another session {k}")
             imported.parts.add().attachment.artifact_id = artifact_of(m, k)
         elif kind == "turn":

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from server.compiler import incremental
 from server.compiler.budget import BudgetConfig, ModelLimits
 from server.compiler.compile import CompileInputs, active_texts, compile_incremental, compile_view
-from server.compiler.projection import ImagePolicy
-from server.compiler.projection_memo import ProjectionMemo, active_turn, artifact_ids
+from server.compiler.projection import PROJECTION, ImagePolicy, artifact_ids
+from server.compiler.projection_memo import ProjectionMemo, active_turn
 from server.compiler.render import RenderFormat
 from server.compiler.textscan import paths_in
 from server.compiler.view import CompiledView, Layer
@@ -25,8 +25,10 @@ from server.domain.model import (
     BlobRef,
     ContentPart,
     Event,
+    ImportedMessage,
     NativeState,
     Payload,
+    Role,
     Route,
     Session,
     ToolCall,
@@ -46,6 +48,8 @@ C = WordCounter()
 ROUTES = (Route(model="claude-sonnet-4"), Route(connection="b", model="gpt-4o"))
 SESSION = Session("s", 1, 1)
 IMAGE = ArtifactRef("img1", "image/png", 100, "ab", 10, 10)
+# An image only imported messages carry.
+IMPORTED_IMAGE = ArtifactRef("img2", "image/png", 80, "cd", 8, 8)
 TOOLS = (
     ToolSpec("shell", "Run a command", '{"type":"object"}', ToolVisibility.DIRECT),
     ToolSpec("grep", "Search files", '{"type":"object"}', ToolVisibility.DEFERRED),
@@ -81,6 +85,17 @@ payloads: st.SearchStrategy[Payload] = st.one_of(
     ),
     st.builds(TurnCancelled, st.just(""), st.booleans()),
     st.just(Attachment(IMAGE)),
+    st.builds(
+        ImportedMessage,
+        st.just("elsewhere"),
+        st.integers(1, 9),
+        st.sampled_from([Role.USER, Role.ASSISTANT]),
+        st.lists(
+            st.one_of(text_parts, st.just(ContentPart(attachment=IMPORTED_IMAGE))),
+            min_size=1,
+            max_size=2,
+        ).map(tuple),
+    ),
 )
 
 
@@ -104,6 +119,9 @@ class Step:
     # A context window (0: unknown); the small ones put views over budget, which then
     # carry a compaction request (taken from the memo while its inputs hold).
     window: int = 0
+    # projection.PROJECTION the compile projects with (0: a rebuild of a compile an
+    # earlier daemon recorded, which sent no image of assistant or imported messages).
+    projection: int = PROJECTION
 
 
 steps = st.builds(
@@ -116,6 +134,7 @@ steps = st.builds(
     st.booleans(),
     st.booleans(),
     st.sampled_from([0, 0, 40, 60, 90, 140]),
+    st.sampled_from([PROJECTION, PROJECTION, PROJECTION, 0]),
 )
 # Reserves small enough for the windows above to leave an input budget.
 SMALL = BudgetConfig(first_reserve_max=8, dynamic_reserve_min=4, dynamic_reserve_max=8)
@@ -149,7 +168,8 @@ def inputs_for(
         activated_tools=("grep",) if step.activate else (),
         checkpoint=ck,
         current_user=current,
-        images=ImagePolicy(existing=(("img1", 100),), max_images=1),
+        images=ImagePolicy(existing=(("img1", 100), ("img2", 80)), max_images=1),
+        projection=step.projection,
         route_state=route_state,
         limits=ModelLimits(context_window=step.window),
         budget_config=SMALL if step.window else BudgetConfig(),
@@ -193,6 +213,17 @@ def memo_is_what_scratch_finds(memo: ProjectionMemo | None) -> None:
     if memo is None:
         return
     assert memo.artifact_ids == tuple(dict.fromkeys(artifact_ids(memo.events)))
+    # Every image its events show, whatever message holds it (R-IMG-1).
+    shown = {
+        ref.artifact_id
+        for e in memo.events
+        for ref in (
+            [e.payload.ref]
+            if isinstance(e.payload, Attachment)
+            else [c.attachment for c in getattr(e.payload, "parts", ()) if c.attachment]
+        )
+    }
+    assert set(memo.artifact_ids) == shown
     assert memo.turn == active_turn(memo.events)
     # The daemon looks for the images to inline only after the memo's messages.
     assert not any(p.attachment for m in memo.messages for p in m.parts)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.incremental import project
-from server.compiler.projection import ImagePolicy
+from server.compiler.projection import PROJECTION, ImagePolicy, artifact_ids, as_projected
 from server.compiler.view import FallbackReason, Layer, ToolOrigin, ViewMessage
 from server.domain.canonical import events_digest
 from server.domain.model import (
@@ -19,6 +19,7 @@ from server.domain.model import (
     Attachment,
     ContentPart,
     Event,
+    ImportedMessage,
     NativeState,
     Payload,
     Role,
@@ -174,6 +175,34 @@ def test_images_are_sent_or_explained() -> None:
     kept = [p.attachment.artifact_id for m in capped.messages for p in m.parts if p.attachment]
     assert kept == ["a2"]  # the newest image stays
     assert any("a1" in n and "limit" in n for n in capped.notes)
+
+
+def test_compiles_recorded_at_the_first_projection_knew_only_user_images() -> None:
+    """What the loader sizes now (every message's images) narrowed as a compile of
+    PROJECTION 0 knew it: the images of assistant and imported messages were looked up
+    only when an attachment or a user message named them too."""
+    shared = replace(PNG, artifact_id="a3")
+    events = log(
+        user("look"),
+        AssistantMessage((ContentPart(text="drawn"), ContentPart(attachment=PNG)), ()),
+        ImportedMessage("other", 4, Role.ASSISTANT, (ContentPart(attachment=shared),)),
+        UserMessage((ContentPart(text="same"), ContentPart(attachment=shared))),
+    )
+    assert artifact_ids(events) == ["a1", "a3", "a3"]
+    assert artifact_ids(events, 0) == ["a3"]
+    sized = ImagePolicy(existing=(("a1", 1000), ("a3", 1000)))
+    now = project(events, C, images=as_projected(sized, events, None, PROJECTION))
+    sent = [p.attachment.artifact_id for m in now.messages for p in m.parts if p.attachment]
+    assert sent == ["a1", "a3", "a3"] and not now.notes
+    first = project(events, C, images=as_projected(sized, events, None, 0))
+    sent = [p.attachment.artifact_id for m in first.messages for p in m.parts if p.attachment]
+    assert sent == ["a3", "a3"]
+    assert first.notes == (
+        "image a1 (image/png, 1000 bytes) not sent: the artifact no longer exists",
+    )
+    # A current user message re-injected from behind a checkpoint names its images too.
+    current = Event(9, "e9", 0, UserMessage((ContentPart(attachment=PNG),)))
+    assert dict(as_projected(sized, events, current, 0).existing) == {"a1": 1000, "a3": 1000}
 
 
 def test_native_state_only_on_its_route() -> None:

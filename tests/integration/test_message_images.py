@@ -1,0 +1,198 @@
+"""Images in any message's parts reach the view (R-IMG-1) through a real daemon: an image
+an assistant message or an imported message (of either role) carries is sent as a user
+message's is, by reference or inline, counts against the request's image limit, and keeps
+being sent at every later step of a stream, whose compiles continue the session's memo."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from ctxcc.v1 import artifact_service_pb2 as apb
+from ctxcc.v1 import common_pb2, event_pb2, session_pb2, view_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import assistant, compile_request, tool_result, user
+from tests.integration.delta_session import RawStream, encoded
+
+
+def _png(n: int) -> bytes:
+    return b"\x89PNG\r\n\x1a\n" + bytes([n % 256]) * 600 + n.to_bytes(4, "big")
+
+
+async def _upload(api: Stubs, sid: str, n: int) -> common_pb2.ArtifactRef:
+    data = _png(n)
+
+    async def chunks() -> AsyncIterator[apb.UploadArtifactRequest]:
+        yield apb.UploadArtifactRequest(
+            header=apb.ArtifactHeader(
+                session_id=sid,
+                mime_type="image/png",
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+                width=16,
+                height=16,
+            )
+        )
+        yield apb.UploadArtifactRequest(data=data)
+
+    return (await api.artifacts.UploadArtifact(chunks())).artifact
+
+
+def _with_image(ev: event_pb2.Event, ref: common_pb2.ArtifactRef) -> event_pb2.Event:
+    payload = ev.WhichOneof("payload")
+    assert payload in ("user_message", "assistant_message", "imported_message")
+    getattr(ev, payload).parts.add(attachment=ref)
+    return ev
+
+
+def _imported(text: str, role: int) -> event_pb2.Event:
+    ev = event_pb2.Event()
+    ev.imported_message.origin_session_id = "elsewhere"
+    ev.imported_message.origin_seq = 7
+    ev.imported_message.role = role  # type: ignore[assignment]
+    ev.imported_message.parts.add(text=text)
+    return ev
+
+
+def _sent(view: view_pb2.CompiledView) -> dict[str, tuple[int, bytes]]:
+    """artifact id -> (role of its message, bytes sent) for every image the view sends."""
+    return {
+        p.attachment.ref.artifact_id: (m.role, p.attachment.data)
+        for m in view.messages
+        for p in m.parts
+        if p.HasField("attachment")
+    }
+
+
+def _unsent(view: view_pb2.CompiledView) -> list[str]:
+    return [n for n in view.notes if " not sent: " in n]
+
+
+async def _session(api: Stubs, sid: str) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+
+
+async def test_images_of_assistant_and_imported_messages_are_sent(api: Stubs) -> None:
+    sid = "every-kind"
+    await _session(api, sid)
+    refs = [await _upload(api, sid, n) for n in range(5)]
+    events = [
+        _with_image(user("What is in this screenshot?"), refs[0]),
+        _with_image(assistant("Here is the diagram I drew."), refs[1]),
+        _with_image(_imported("Their screenshot", event_pb2.MESSAGE_ROLE_ASSISTANT), refs[2]),
+        _with_image(_imported("My earlier photo", event_pb2.MESSAGE_ROLE_USER), refs[3]),
+    ]
+    shown = event_pb2.Event()
+    shown.attachment.CopyFrom(refs[4])
+    events.append(shown)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=events))
+
+    view = (await api.compiles.Compile(compile_request(sid))).view
+    assert _unsent(view) == []
+    assert _sent(view) == {
+        refs[0].artifact_id: (event_pb2.MESSAGE_ROLE_USER, _png(0)),
+        refs[1].artifact_id: (event_pb2.MESSAGE_ROLE_ASSISTANT, _png(1)),
+        refs[2].artifact_id: (event_pb2.MESSAGE_ROLE_ASSISTANT, _png(2)),
+        refs[3].artifact_id: (event_pb2.MESSAGE_ROLE_USER, _png(3)),
+        refs[4].artifact_id: (event_pb2.MESSAGE_ROLE_USER, _png(4)),
+    }
+    rebuilt = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+    assert encoded(rebuilt.view) == encoded(view)
+
+    by_ref = (
+        await api.compiles.Compile(compile_request(sid, image_mode=cpb.IMAGE_MODE_REFERENCE))
+    ).view
+    assert _unsent(by_ref) == []
+    assert {aid: data for aid, (_, data) in _sent(by_ref).items()} == {
+        r.artifact_id: b"" for r in refs
+    }
+
+
+async def test_message_images_count_against_the_request_limit(api: Stubs) -> None:
+    """20 images a request, newest first: the assistant's and the imported message's
+    images are newer than the user's 19, so the user's oldest one is the one left out."""
+    sid = "limit"
+    await _session(api, sid)
+    refs = [await _upload(api, sid, n) for n in range(21)]
+    first = user("Compare these")
+    for ref in refs[:19]:
+        _with_image(first, ref)
+    events = [
+        first,
+        _with_image(assistant("Mine"), refs[19]),
+        _with_image(_imported("Theirs", event_pb2.MESSAGE_ROLE_ASSISTANT), refs[20]),
+    ]
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=events))
+    view = (await api.compiles.Compile(compile_request(sid))).view
+    assert set(_sent(view)) == {r.artifact_id for r in refs[1:]}
+    assert _unsent(view) == [
+        f"image {refs[0].artifact_id} (image/png, {len(_png(0))} bytes) not sent: "
+        "the request already holds 20 images (the limit)"
+    ]
+
+
+async def _memo_lookups(d: Daemon) -> dict[str, float]:
+    url = f"http://{d.endpoints.metrics}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=30).read().decode())
+    found = re.findall(r'ctxcc_compile_memo_lookups_total\{outcome="(\w+)"\} (\S+)', text)
+    return {k: float(v) for k, v in found}
+
+
+async def test_a_stream_sends_message_images_at_every_later_step(short_tmp: Path) -> None:
+    """Each step continues the memo of the step before, which must name the images of the
+    events it saw: a step after the one that brought an image still sends it. Every view
+    equals its compile rebuilt from scratch."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    stream = RawStream(api)
+    sid = "streamed"
+    try:
+        await _session(api, sid)
+        drawn, theirs = await _upload(api, sid, 1), await _upload(api, sid, 2)
+        steps: list[list[event_pb2.Event]] = [
+            [user("Draw the architecture")],
+            [_with_image(assistant("Drawn:", ("c1", "shell", '{"cmd": "ls"}')), drawn)],
+            [tool_result("c1", "a.py b.py")],
+            [_with_image(_imported("Their take", event_pb2.MESSAGE_ROLE_ASSISTANT), theirs)],
+            [assistant("Both diagrams agree.")],
+            [user("Thanks. Now the tests?")],
+            [assistant("", ("c2", "shell", '{"cmd": "pytest"}'))],
+            [tool_result("c2", "12 passed")],
+        ]
+        for i, events in enumerate(steps):
+            view = await stream.step(compile_request(sid), events)
+            rebuilt = await api.compiles.Compile(
+                cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+            )
+            assert encoded(view) == encoded(rebuilt.view), f"step {i}"
+            want = {}
+            if i >= 1:
+                want[drawn.artifact_id] = (event_pb2.MESSAGE_ROLE_ASSISTANT, _png(1))
+            if i >= 3:
+                want[theirs.artifact_id] = (event_pb2.MESSAGE_ROLE_ASSISTANT, _png(2))
+            assert _sent(view) == want, f"step {i}"
+            assert _unsent(view) == [], f"step {i}"
+        assert len(stream.applied) >= len(steps) - 1  # later steps came as deltas
+        counted = await _memo_lookups(d)
+        assert counted["hit"] >= len(steps) - 1, counted  # steps continued the memo
+        # A unary compile at the head continues the stream's memo too.
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[user("And a summary")])
+        )
+        unary = (await api.compiles.Compile(compile_request(sid))).view
+        assert set(_sent(unary)) == {drawn.artifact_id, theirs.artifact_id}
+        assert (await _memo_lookups(d))["hit"] > counted["hit"]
+    finally:
+        await stream.close()
+        await api.channel.close()
+        await d.stop()
