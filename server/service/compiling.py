@@ -194,9 +194,10 @@ class CompileUseCases:
             return await self._blocking.run(self._finish, None, (), view, opts, counter, budget)
         record, parts = self._record(opts, view, inputs, info)
         if record is None:
-            if not opts.render_formats:
+            if not opts.render_formats and not opts.inline_images:
                 return CompileResult(view)
-            # Looking may still render provider bodies; it records nothing.
+            # Looking may still read images inline and render provider bodies; it
+            # records nothing.
             return await self._blocking.compute(
                 self._finish, None, (), view, opts, counter, budget, plain
             )

@@ -196,3 +196,24 @@ async def test_a_stream_sends_message_images_at_every_later_step(short_tmp: Path
         await stream.close()
         await api.channel.close()
         await d.stop()
+
+
+async def test_a_dry_run_and_a_compile_as_of_a_step_send_inline_images_as_any_compile(
+    api: Stubs,
+) -> None:
+    """IMAGE_MODE_INLINE carries the image's bytes in the view: a compile that records
+    nothing (a dry run, one at an earlier step) sends them as the recorded compile does,
+    not an empty attachment."""
+    sid = "looking"
+    await _session(api, sid)
+    ref = await _upload(api, sid, 9)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id=sid, events=[_with_image(user("and this one?"), ref), assistant("a cat")]
+        )
+    )
+    recorded = (await api.compiles.Compile(compile_request(sid))).view
+    dry = (await api.compiles.Compile(compile_request(sid, dry_run=True))).view
+    past = (await api.compiles.Compile(compile_request(sid, as_of_seq=1))).view
+    expected = {ref.artifact_id: (event_pb2.MESSAGE_ROLE_USER, _png(9))}
+    assert _sent(recorded) == _sent(dry) == _sent(past) == expected
