@@ -225,7 +225,10 @@ class Daemon:
             ArtifactServicer(artifacts), server
         )
         tool_service_pb2_grpc.add_ToolServiceServicer_to_server(
-            ToolServicer(ToolUseCases(store, self._blocking, tool_limits), cfg.max_message_bytes),
+            ToolServicer(
+                ToolUseCases(store, self._blocking, tool_limits, self._pending),
+                cfg.max_message_bytes,
+            ),
             server,
         )
         source_service_pb2_grpc.add_SourceServiceServicer_to_server(

@@ -21,6 +21,7 @@ from server.domain.model import ToolResult
 from server.domain.tools import ToolSpec
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
+from server.service.lanes import PendingWork
 from server.service.ports import EventStore
 
 # Names the providers accept for functions (OpenAI's rule is the strictest).
@@ -119,13 +120,27 @@ def check_tool(i: int, spec: ToolSpec, limits: ToolLimits = ToolLimits()) -> Non
         )
 
 
+def _spec_bytes(spec: ToolSpec) -> int:
+    """What a compile counts of a definition (its name, description and schema), and
+    the keywords a search reads."""
+    texts = (spec.name, spec.description, spec.input_schema_json, *spec.search_keywords)
+    return sum(len(t.encode()) for t in texts)
+
+
 class ToolUseCases:
     def __init__(
-        self, store: EventStore, blocking: Blocking, limits: ToolLimits = ToolLimits()
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        limits: ToolLimits = ToolLimits(),
+        pending: PendingWork | None = None,
     ) -> None:
         self._store = store
         self._blocking = blocking
         self._limits = limits
+        # Shared with the compiles: definitions registered are text the next compile
+        # counts, as appended events are (lanes.py).
+        self._pending = pending or PendingWork()
 
     async def register(
         self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool
@@ -140,6 +155,9 @@ class ToolUseCases:
         for i, spec in enumerate(specs):
             check_tool(i, spec, self._limits)
         count = await self._blocking.run(self._store.put_tools, session_id, specs, replace_all)
+        # Megabytes of definitions are counted by the next compile however little its
+        # log holds (a 2 MB set ~0.75 s on a Claude route): not the light lane's work.
+        self._pending.landed(session_id, sum(_spec_bytes(s) for s in specs))
         if count > most:
             raise invalid("tools", f"at most {most} tools per session (max_tools)")
         return count

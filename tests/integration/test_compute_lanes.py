@@ -9,6 +9,7 @@ compile took is read from the name of the thread that ran it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ from typing import Any
 import pytest
 from ctxcc_client import AsyncClient, user
 
-from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2, view_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2, session_pb2, tool_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import tool_service_pb2 as tpb
 from server.adapters.tokenizer import TABLES, preload_tokenizers
 from server.app import Daemon
 from server.compiler import compile as compiler_core
@@ -429,5 +431,57 @@ async def test_a_new_small_sessions_first_compile_is_light(
         held.release.set()
         for task in heavy:
             task.cancel()
+        await api.channel.close()
+        await d.stop()
+
+
+def _big_tools(prefix: str, n: int) -> list[tool_pb2.ToolDefinition]:
+    """`n` tools of ~100 KB of schema each: a compile counts every definition offered."""
+    props = {f"{prefix}_field_{k}": {"type": "string"} for k in range(3_000)}
+    schema = json.dumps({"type": "object", "properties": props})
+    return [
+        tool_pb2.ToolDefinition(name=f"{prefix}{i}", description="d", input_schema_json=schema)
+        for i in range(n)
+    ]
+
+
+async def test_registered_tools_count_as_new_text(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compile counts the tool definitions a session registered since its last compile:
+    megabytes of them (~0.75 s a 2 MB set on a Claude route) are heavy work, however
+    little its log holds. So a new session whose first step is a few bytes but whose
+    tools are over the light lane's 256 KiB, or a warm one that registers that much
+    between steps, takes the compute pool; its next step is light again."""
+    made = Projections(monkeypatch)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    preload_tokenizers(["o200k"])
+    req = cpb.CompileRequest(session_id="tooly", route=ROUTE)
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="tooly"))
+        )
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="tooly", tools=_big_tools("a", 4))
+        )
+        await _append(api, "tooly", helpers.user("hi"))
+        await api.compiles.Compile(req)
+        assert made.lanes("tooly") == ["ctxcc-compute"]
+        assert made.loaded("tooly") == ["ctxcc-compute"]
+
+        await _append(api, "tooly", helpers.user("next"))
+        await api.compiles.Compile(req)
+        assert made.lanes("tooly")[1:] == ["ctxcc-light"]
+
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="tooly", tools=_big_tools("b", 4))
+        )
+        await _append(api, "tooly", helpers.user("more tools"))
+        await api.compiles.Compile(req)
+        assert made.lanes("tooly")[2:] == ["ctxcc-compute"]
+        assert made.loaded("tooly")[2:] == ["ctxcc-compute"]
+    finally:
         await api.channel.close()
         await d.stop()
