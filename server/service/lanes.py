@@ -80,7 +80,14 @@ class PendingWork:
     def made(self, session_id: str) -> None:
         """The session was just made, empty: until a compile sees its log, all of it is
         what lands here (its first compile, cold, may still be light work)."""
-        self._sessions[session_id] = _Pending(whole=True)
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            self._sessions[session_id] = _Pending(whole=True)
+        else:
+            # An append of another client landed before this ran (the write came first):
+            # its bytes are of this log too and stay counted. (A deleted predecessor's
+            # count, not yet forgotten, only counts more.)
+            entry.whole = True
 
     def whole(self, session_id: str) -> bool:
         """Whether what `unseen` says of the session is its whole log."""

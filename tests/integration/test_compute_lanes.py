@@ -29,6 +29,7 @@ from server.service.compile_types import CompileOptions
 from server.service.compiling import CompileUseCases
 from server.service.cpu_budget import CpuBudget
 from server.service.lanes import LIGHT_BYTES, RENDER_LIGHT_TOKENS, PendingWork
+from storage.store import KVEventStore
 from tests import helpers
 from tests.conftest import make_config, stubs_for
 from tests.integration.delta_session import _upload_image
@@ -483,5 +484,48 @@ async def test_registered_tools_count_as_new_text(
         assert made.lanes("tooly")[2:] == ["ctxcc-compute"]
         assert made.loaded("tooly")[2:] == ["ctxcc-compute"]
     finally:
+        await api.channel.close()
+        await d.stop()
+
+
+async def test_an_append_racing_a_new_session_keeps_it_off_the_light_lane(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another client's append can land between CreateSession's write and its return to
+    the event loop (here: the write is held there until the append has landed). Its
+    bytes are of the new session's log: over the light lane's 256 KiB, the first compile
+    takes the compute pool, and is not loaded on the light lane first."""
+    made = Projections(monkeypatch)
+    written = threading.Event()
+    landed = threading.Event()
+    create_session = KVEventStore.create_session
+
+    def create_held(store: KVEventStore, session: Any) -> Any:
+        out = create_session(store, session)
+        if session.session_id == "raced":
+            written.set()
+            landed.wait(HOLD_S)
+        return out
+
+    monkeypatch.setattr(KVEventStore, "create_session", create_held)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    preload_tokenizers(["o200k"])
+    try:
+        create = asyncio.ensure_future(
+            api.sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="raced"))
+            )
+        )
+        assert await asyncio.to_thread(written.wait, HOLD_S)
+        await _append(api, "raced", helpers.user("r " * (LIGHT_BYTES // 2 + 1)))
+        landed.set()
+        await asyncio.wait_for(create, HOLD_S)
+        await api.compiles.Compile(cpb.CompileRequest(session_id="raced", route=ROUTE))
+        assert made.lanes("raced") == ["ctxcc-compute"]
+        assert made.loaded("raced") == ["ctxcc-compute"]
+    finally:
+        landed.set()
         await api.channel.close()
         await d.stop()

@@ -70,3 +70,14 @@ def test_a_session_made_here_is_whole_until_a_compile_sees_it() -> None:
     pending.made("gone")
     pending.forget("gone")
     assert not pending.whole("gone")
+
+
+def test_an_append_landing_before_the_session_is_known_made_stays_counted() -> None:
+    """CreateSession notes the session as made once its write returns to the event loop;
+    another client's append to it may land first. Its bytes stay unseen (forgetting
+    them sent a compile of a log of megabytes to the light lane, which loaded all of it
+    before finding it heavy)."""
+    pending = PendingWork()
+    pending.landed("s", 3_000_000)
+    pending.made("s")
+    assert pending.whole("s") and pending.unseen("s") == 3_000_000
