@@ -217,11 +217,11 @@ class CompileUseCases:
         """`heavy` (the compile's one hop off the loop) after `prior`'s write, on the
         light lane when it continues a warm memo with little new text, else (or when the
         light lane finds its memo will not hold) on the compute pool."""
-        light = self._light(opts, unseen, prior.size if prior is not None else 0)
+        light, fresh = self._light(opts, unseen, prior.size if prior is not None else 0)
         # On the light lane the compile checks, once loaded, that its memo holds: one
         # that does not (a checkpoint chosen since, a cancel keeping reasoning, a session
         # made again under the id) projects the whole log, which is heavy work.
-        work = functools.partial(heavy, light=True) if light else heavy
+        work = functools.partial(heavy, light=True, fresh=fresh) if light else heavy
         if prior is None:
             compute = self._blocking.compute_light if light else self._blocking.compute
             try:
@@ -241,17 +241,18 @@ class CompileUseCases:
             raise outcome
         return outcome
 
-    def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> bool:
+    def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> tuple[bool, bool]:
         """Whether the compile goes on the light lane: at the head, it continues a kept
         memo or is the first of a session this daemon made (whose whole log is what
-        landed since), and little text is new to it (see lanes.py)."""
+        landed since), and little text is new to it (see lanes.py); and whether it may
+        go on without a memo (the latter)."""
         if opts.as_of_seq or opts.rebuild_compile_id:
-            return False
-        known = self._memos.warm(opts.session_id, opts.route.route_id) or (
-            self._pending.whole(opts.session_id)
-            and self._tokenizers.ready(self._assembler.model_of(opts.route.model))
+            return False, False
+        fresh = self._pending.whole(opts.session_id) and self._tokenizers.ready(
+            self._assembler.model_of(opts.route.model)
         )
-        return is_light(known, unseen, step_bytes)
+        known = fresh or self._memos.warm(opts.session_id, opts.route.route_id)
+        return is_light(known, unseen, step_bytes), fresh
 
     async def _repeat(self, opts: CompileOptions) -> CompileResult | None:
         """The session's last view again when nothing it depends on changed (repeats.py):
@@ -278,16 +279,23 @@ class CompileUseCases:
         return result
 
     def _prepare_and_finish(
-        self, opts: CompileOptions, may_compact: bool, budget: CpuBudget, *, light: bool = False
+        self,
+        opts: CompileOptions,
+        may_compact: bool,
+        budget: CpuBudget,
+        *,
+        light: bool = False,
+        fresh: bool = False,
     ) -> tuple[_Prepared, CompileResult | None, int | None]:
         """Blocking: the whole compile when it needs nothing from the event loop (no
         compaction to make or to digest, not a rebuild); else only the prepared parts,
         with the seq through which a built-in compaction would shorten the log (None:
         none to make), found here: it walks the view and, once, the log. With `light`
-        (on the light lane), raises _Stale rather than compile without its memo."""
+        (on the light lane), raises _Stale rather than compile without its memo (unless
+        `fresh`: the first compile of a little session made here)."""
         # Taken before anything is read: see repeats.py.
         before = self._store.generation(opts.session_id, opts.route.route_id)
-        prepared = self._prepare(opts, budget, light)
+        prepared = self._prepare(opts, budget, light, fresh)
         session, history, view, _, _, _, plain = prepared
         recorded = is_recorded(opts)
         wants = view.decision is not Decision.OK and may_compact and recorded
@@ -374,13 +382,15 @@ class CompileUseCases:
         shown = attachments if opts.inline_images else ()
         return CompileResult(view, shown, tuple(renderings))
 
-    def _prepare(self, opts: CompileOptions, budget: CpuBudget, light: bool = False) -> _Prepared:
+    def _prepare(
+        self, opts: CompileOptions, budget: CpuBudget, light: bool = False, fresh: bool = False
+    ) -> _Prepared:
         """Blocking: load everything the compile needs, then run the pure compiler."""
         with budget.running():
-            return self._prepare_within(opts, budget, light)
+            return self._prepare_within(opts, budget, light, fresh)
 
     def _prepare_within(
-        self, opts: CompileOptions, budget: CpuBudget, light: bool = False
+        self, opts: CompileOptions, budget: CpuBudget, light: bool = False, fresh: bool = False
     ) -> _Prepared:
         # Only compiles at the head continue from a memo (and leave one): time travel
         # compiles against another boundary and sources than the next step will.
@@ -388,6 +398,11 @@ class CompileUseCases:
         session = self._store.get_session(opts.session_id) if at_head else None
         key = (opts.session_id, session.create_time_ns if session else 0, opts.route.route_id)
         memo = self._memos.get(key) if session is not None else None
+        if light and memo is None and not fresh:
+            # Its memo was warm when the lane was chosen and is gone now (evicted while
+            # this waited for the lane): loading the whole log to find that out would be
+            # the heavy work itself (~0.12 s for 10 MB).
+            raise _Stale
         session, inputs, info, history = self._assembler.assemble(opts, memo, session)
         if light and not (
             memo_usable(memo, inputs.events, inputs.checkpoint, inputs.current_user)
