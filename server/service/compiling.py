@@ -194,7 +194,11 @@ class CompileUseCases:
             return await self._blocking.run(self._finish, None, (), view, opts, counter, budget)
         record, parts = self._record(opts, view, inputs, info)
         if record is None:
-            if not opts.render_formats and not opts.inline_images:
+            # No artifact sized, no image in the view: known without walking it.
+            images = opts.inline_images and inputs.images.accepts_images and inputs.images.existing
+            if not opts.render_formats and not images:
+                # Nothing left to do: a hop to the compute pool would queue a dry run
+                # made on the light lane behind heavy compiles for nothing.
                 return CompileResult(view)
             # Looking may still read images inline and render provider bodies; it
             # records nothing.

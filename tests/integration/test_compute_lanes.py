@@ -586,3 +586,65 @@ async def test_a_memo_evicted_before_the_light_lane_loads_leaves_it_unloaded(
     finally:
         await api.channel.close()
         await d.stop()
+
+
+async def test_a_dry_run_without_images_stays_off_the_compute_pool(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run of a warm session is made on the light lane; with no image to read
+    inline and nothing to render, nothing is left for the compute pool, so heavy
+    compiles holding it do not hold the dry run. One whose view holds an image reads it
+    there (the inline bytes of a dry run)."""
+    held = Held(monkeypatch)
+    finishes: list[tuple[str, str]] = []
+    finish = CompileUseCases._finish
+
+    def finishing(uc: CompileUseCases, *args: Any) -> Any:
+        view = args[2]
+        finishes.append((view.session_id, threading.current_thread().name.rsplit("_", 1)[0]))
+        return finish(uc, *args)
+
+    monkeypatch.setattr(CompileUseCases, "_finish", finishing)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    target = f"unix:{d.endpoints.unix}"
+    api = stubs_for(target)
+    heavy: list[asyncio.Task[Any]] = []
+    preload_tokenizers(["o200k"])
+    try:
+        async with AsyncClient(target) as ctx:
+            for sid in ("look", "pictured"):
+                await ctx.create_session(session_id=sid)
+                await _append(api, sid, *_chat(3))
+                await api.compiles.Compile(cpb.CompileRequest(session_id=sid, route=ROUTE))
+            shot = helpers.user("and this?")
+            shot.user_message.parts.add(attachment=await _upload_image(api, "pictured", 3_000))
+            await _append(api, "pictured", shot)
+            dry = cpb.CompileRequest(session_id="pictured", route=ROUTE, dry_run=True)
+            view = (await api.compiles.Compile(dry)).view
+            assert [p.attachment.data != b"" for p in view.messages[-1].parts][-1]
+            assert finishes[-1] == ("pictured", "ctxcc-compute")
+
+            await _append(api, "look", helpers.user("what now?"))
+            dry = cpb.CompileRequest(session_id="look", route=ROUTE, dry_run=True)
+            before = len(finishes)
+            await api.compiles.Compile(dry)
+            assert held.lane("look", -1) == "ctxcc-light"
+            assert finishes[before:] == []  # nothing to read or render: no second hop
+
+            for sid in ("heavy1", "heavy2"):
+                await ctx.create_session(session_id=sid)
+                await ctx.append(sid, [user(f"{sid} " * 50_000)])
+                compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+                heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
+            for _ in heavy:  # both compute threads are taken
+                assert await asyncio.to_thread(held.inside.acquire, True, HOLD_S)
+            view = (await asyncio.wait_for(api.compiles.Compile(dry), HOLD_S)).view
+            assert view.event_boundary == 7 and held.lane("look", -1) == "ctxcc-light"
+            assert not any(task.done() for task in heavy)  # still held meanwhile
+    finally:
+        held.release.set()
+        for task in heavy:
+            task.cancel()
+        await api.channel.close()
+        await d.stop()
