@@ -541,7 +541,10 @@ def _heavy_finish(opts: CompileOptions, view: CompiledView, plain: int) -> bool:
     image."""
     if (opts.inline_images or opts.render_formats) and not images_are_light(view.messages[plain:]):
         return True
-    return not renderings_are_light(view.budget.estimated_input_tokens, len(opts.render_formats))
+    # The tokens the daemon counted, not the estimate alone: that follows the client's
+    # usage reports, and one reporting 1 input token would make any view's bodies light.
+    tokens = max(view.budget.estimated_input_tokens, view.budget.ledger_tokens)
+    return not renderings_are_light(tokens, len(opts.render_formats))
 
 
 class _Stale(Exception):

@@ -648,3 +648,46 @@ async def test_a_dry_run_without_images_stays_off_the_compute_pool(
             task.cancel()
         await api.channel.close()
         await d.stop()
+
+
+async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether rendering is light work is judged from the tokens the daemon counted in
+    the view, not from the estimate alone, which follows the client's usage reports: one
+    reporting 1 input token for a long view (the next estimates are a few tokens) would
+    otherwise have its bodies rendered on the light lane at every step (4 formats of a
+    1.5M-token view: ~75 ms a step)."""
+    made = Projections(monkeypatch)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    preload_tokenizers(["o200k"])
+    words = " ".join(f"w{i % 7919}" for i in range(12_000))
+    limits = cpb.ModelLimits(context_window=10_000_000)
+    req = cpb.CompileRequest(
+        session_id="long",
+        route=ROUTE,
+        limits=limits,
+        render_formats=[view_pb2.RENDER_FORMAT_OPENAI_CHAT],
+    )
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="long"))
+        )
+        await _append(api, "long", *(helpers.user(words) for _ in range(16)))
+        view = (await api.compiles.Compile(req)).view
+        assert view.budget.estimated_input_tokens > RENDER_LIGHT_TOKENS
+        await api.compiles.ReportUsage(
+            cpb.ReportUsageRequest(
+                compile_id=view.compile_id, route=ROUTE, input_tokens=1, output_tokens=1
+            )
+        )
+        await _append(api, "long", helpers.assistant("noted"))
+        view = (await api.compiles.Compile(req)).view
+        assert view.budget.estimated_input_tokens < RENDER_LIGHT_TOKENS  # the report's
+        assert made.lanes("long") == ["ctxcc-compute", "ctxcc-light"]
+        assert made.rendered("long") == ["ctxcc-compute"] * 2
+    finally:
+        await api.channel.close()
+        await d.stop()
