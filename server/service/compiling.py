@@ -189,13 +189,16 @@ class CompileUseCases:
             view = replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
             if not rebuild:
                 self._telemetry.compaction("model_summary", performed=False)
+        # No artifact sized, no image in the view: known without walking it.
+        images = opts.inline_images and inputs.images.accepts_images and inputs.images.existing
         if rebuild:
-            # A rebuild repeats a recorded compile: nothing new to record or publish.
-            return await self._blocking.run(self._finish, None, (), view, opts, counter, budget)
+            # A rebuild repeats a recorded compile: nothing new to record or publish. Its
+            # images and renderings are compute work, never the storage threads'.
+            if not opts.render_formats and not images:
+                return CompileResult(view)
+            return await self._blocking.compute(self._finish, None, (), view, opts, counter, budget)
         record, parts = self._record(opts, view, inputs, info)
         if record is None:
-            # No artifact sized, no image in the view: known without walking it.
-            images = opts.inline_images and inputs.images.accepts_images and inputs.images.existing
             if not opts.render_formats and not images:
                 # Nothing left to do: a hop to the compute pool would queue a dry run
                 # made on the light lane behind heavy compiles for nothing.

@@ -691,3 +691,30 @@ async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
     finally:
         await api.channel.close()
         await d.stop()
+
+
+async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rendering is compute work wherever the compile is: a rebuild's provider bodies are
+    rendered on the compute pool, never on the storage threads that every append and
+    read of other sessions waits for."""
+    made = Projections(monkeypatch)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    preload_tokenizers(["o200k"])
+    chat = [view_pb2.RENDER_FORMAT_OPENAI_CHAT]
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="again"))
+        )
+        await _append(api, "again", *_chat(3))
+        req = cpb.CompileRequest(session_id="again", route=ROUTE)
+        compile_id = (await api.compiles.Compile(req)).view.compile_id
+        rebuild = cpb.CompileRequest(rebuild_compile_id=compile_id, render_formats=chat)
+        assert len((await api.compiles.Compile(rebuild)).view.renderings) == 1
+        assert made.rendered("again") == ["ctxcc-compute"]
+    finally:
+        await api.channel.close()
+        await d.stop()
