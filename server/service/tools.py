@@ -183,6 +183,8 @@ class ToolUseCases:
             await self._blocking.run(
                 self._store.add_activations, session_id, turn.seq if turn else 0, names
             )
+            # Deferred definitions are counted only once activated: by the next compile.
+            self._pending.landed(session_id, sum(_spec_bytes(s) for s in found))
         return found
 
     def _result_data(self, session_id: str, call_id: str) -> bytes:

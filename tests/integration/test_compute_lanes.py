@@ -440,12 +440,14 @@ async def test_a_new_small_sessions_first_compile_is_light(
         await d.stop()
 
 
-def _big_tools(prefix: str, n: int) -> list[tool_pb2.ToolDefinition]:
+def _big_tools(prefix: str, n: int, **kw: Any) -> list[tool_pb2.ToolDefinition]:
     """`n` tools of ~100 KB of schema each: a compile counts every definition offered."""
     props = {f"{prefix}_field_{k}": {"type": "string"} for k in range(3_000)}
     schema = json.dumps({"type": "object", "properties": props})
     return [
-        tool_pb2.ToolDefinition(name=f"{prefix}{i}", description="d", input_schema_json=schema)
+        tool_pb2.ToolDefinition(
+            name=f"{prefix}{i}", description="d", input_schema_json=schema, **kw
+        )
         for i in range(n)
     ]
 
@@ -487,6 +489,26 @@ async def test_registered_tools_count_as_new_text(
         await api.compiles.Compile(req)
         assert made.lanes("tooly")[2:] == ["ctxcc-compute"]
         assert made.loaded("tooly")[2:] == ["ctxcc-compute"]
+
+        # Deferred tools are counted once activated: a search that activates 400 KB of
+        # them sends the next step to the compute pool too.
+        deferred = _big_tools("c", 4, visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED)
+        for tool in deferred:
+            tool.search_keywords.append("deploy")
+        await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id="tooly", tools=deferred))
+        await _append(api, "tooly", helpers.user("deploy it"))
+        await api.compiles.Compile(req)  # registered: counted as new (the compute pool)
+        await _append(api, "tooly", helpers.user("go on"))
+        await api.compiles.Compile(req)
+        assert made.lanes("tooly")[3:] == ["ctxcc-compute", "ctxcc-light"]
+        found = await api.tools.SearchTools(
+            tpb.SearchToolsRequest(session_id="tooly", query="deploy", max_results=10)
+        )
+        assert len(found.tools) == 4
+        await _append(api, "tooly", helpers.assistant("using them"))
+        view = (await api.compiles.Compile(req)).view
+        assert {"c0", "c1", "c2", "c3"} <= {t.definition.name for t in view.tools}
+        assert made.lanes("tooly")[5:] == ["ctxcc-compute"]
     finally:
         await api.channel.close()
         await d.stop()
