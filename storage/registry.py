@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.domain.errors import CtxccError, Reason
+from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.sources import (
     MemoryEntry,
     RuleEntry,
@@ -80,7 +80,9 @@ class RegistryRecords(StoreCore):
 
     # -- tool registry ------------------------------------------------------------
 
-    def put_tools(self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool) -> int:
+    def put_tools(
+        self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool, most: int
+    ) -> int:
         with self._lock(session_id):
             self.get_session(session_id)
             batch = Batch()
@@ -89,10 +91,13 @@ class RegistryRecords(StoreCore):
                 for name in current - {s.name for s in specs}:
                     batch.delete("tools", session_key(session_id, name.encode()))
                 current = set()
+            count = len(current | {s.name for s in specs})
+            if count > most:  # refused before anything is written
+                raise invalid("tools", f"at most {most} tools per session (max_tools)")
             for spec in specs:
                 batch.put("tools", session_key(session_id, spec.name.encode()), encode_value(spec))
             self._write(batch, session_id)
-            return len(current | {s.name for s in specs})
+            return count
 
     def list_tools(self, session_id: str) -> list[ToolSpec]:
         lo, hi = session_prefix(session_id), session_key(session_id, ACTIVATIONS)

@@ -107,7 +107,12 @@ class EventStore(Protocol):
 
     def find_tool_result(self, session_id: str, call_id: str) -> Event | None: ...
 
-    def put_tools(self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool) -> int: ...
+    def put_tools(
+        self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool, most: int
+    ) -> int:
+        """How many tools the session holds now; INVALID_FIELD (tools), with nothing
+        written, if that would be more than `most`."""
+        ...
 
     def list_tools(self, session_id: str) -> list[ToolSpec]: ...
 

@@ -154,12 +154,12 @@ class ToolUseCases:
             raise invalid("tools", "tool names repeat in one request")
         for i, spec in enumerate(specs):
             check_tool(i, spec, self._limits)
-        count = await self._blocking.run(self._store.put_tools, session_id, specs, replace_all)
+        count = await self._blocking.run(
+            self._store.put_tools, session_id, specs, replace_all, most
+        )
         # Megabytes of definitions are counted by the next compile however little its
         # log holds (a 2 MB set ~0.75 s on a Claude route): not the light lane's work.
         self._pending.landed(session_id, sum(_spec_bytes(s) for s in specs))
-        if count > most:
-            raise invalid("tools", f"at most {most} tools per session (max_tools)")
         return count
 
     async def list_tools(self, session_id: str) -> list[ToolSpec]:

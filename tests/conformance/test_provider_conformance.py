@@ -351,3 +351,43 @@ async def test_tool_limits_are_settings(short_tmp: Path) -> None:
     finally:
         await api.channel.close()
         await daemon.stop()
+
+
+async def test_a_registration_over_max_tools_writes_nothing(short_tmp: Path) -> None:
+    """Adding tools past --max-tools is refused with nothing stored (the tools were
+    written before the count was checked: refused, yet listed and offered)."""
+    daemon = Daemon(make_config(short_tmp / "data", max_tools="2"))
+    await daemon.start()
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        from ctxcc.v1 import session_pb2
+        from ctxcc.v1 import session_service_pb2 as spb
+
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="t"))
+        )
+
+        def tool(name: str) -> tool_pb2.ToolDefinition:
+            return tool_pb2.ToolDefinition(name=name, description="d", input_schema_json="{}")
+
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="t", tools=[tool("a"), tool("b")])
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.tools.RegisterTools(
+                tpb.RegisterToolsRequest(session_id="t", tools=[tool("c")])
+            )
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(exc.value).reason == "INVALID_FIELD"
+        assert "max_tools" in (exc.value.details() or "")
+        listed = await api.tools.ListTools(tpb.ListToolsRequest(session_id="t"))
+        assert [t.name for t in listed.tools] == ["a", "b"]
+        # Replacing the set stays possible at the limit.
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="t", tools=[tool("c")], replace_all=True)
+        )
+        listed = await api.tools.ListTools(tpb.ListToolsRequest(session_id="t"))
+        assert [t.name for t in listed.tools] == ["c"]
+    finally:
+        await api.channel.close()
+        await daemon.stop()

@@ -691,7 +691,7 @@ def _writes(st: KVEventStore) -> dict[str, tuple[object, str]]:
     return {
         "create_session": (lambda: st.create_session(Session("s3", 1, 1)), "s3"),
         "append": (lambda: st.append(batch("s", msg("b", "e2"))), "s"),
-        "put_tools": (lambda: st.put_tools("s", (ToolSpec("t", "d", "{}"),), False), "s"),
+        "put_tools": (lambda: st.put_tools("s", (ToolSpec("t", "d", "{}"),), False, 512), "s"),
         "add_activations": (lambda: st.add_activations("s", 1, ("t",)), "s"),
         "put_artifact": (lambda: st.put_artifact(art, b"abc"), "s"),
         "put_checkpoint": (lambda: st.put_checkpoint(ck), "s"),

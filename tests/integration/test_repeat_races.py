@@ -113,7 +113,7 @@ async def test_a_compile_whose_record_was_not_written_is_not_repeated(
         if failed:
             return put(record, *args, **kwargs)
         failed.append(record.compile_id)
-        store.put_tools(SID, (tool,), False)
+        store.put_tools(SID, (tool,), False, 512)
         raise CtxccError(Reason.DISK_FULL, "no space left on the data directory")
 
     monkeypatch.setattr(store, "put_compile", refused_then_a_write)
