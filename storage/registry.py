@@ -82,11 +82,12 @@ class RegistryRecords(StoreCore):
 
     def put_tools(
         self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool, most: int
-    ) -> int:
+    ) -> tuple[int, tuple[ToolSpec, ...]]:
         with self._lock(session_id):
             self.get_session(session_id)
             batch = Batch()
-            current = {s.name for s in self.list_tools(session_id)}
+            stored = {s.name: s for s in self.list_tools(session_id)}
+            current = set(stored)
             if replace_all:
                 for name in current - {s.name for s in specs}:
                     batch.delete("tools", session_key(session_id, name.encode()))
@@ -97,7 +98,7 @@ class RegistryRecords(StoreCore):
             for spec in specs:
                 batch.put("tools", session_key(session_id, spec.name.encode()), encode_value(spec))
             self._write(batch, session_id)
-            return count
+            return count, tuple(s for s in specs if stored.get(s.name) != s)
 
     def list_tools(self, session_id: str) -> list[ToolSpec]:
         lo, hi = session_prefix(session_id), session_key(session_id, ACTIVATIONS)

@@ -109,9 +109,10 @@ class EventStore(Protocol):
 
     def put_tools(
         self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool, most: int
-    ) -> int:
-        """How many tools the session holds now; INVALID_FIELD (tools), with nothing
-        written, if that would be more than `most`."""
+    ) -> tuple[int, tuple[ToolSpec, ...]]:
+        """How many tools the session holds now, and those of `specs` it did not hold as
+        they are (new or changed); INVALID_FIELD (tools), with nothing written, if that
+        would be more than `most`."""
         ...
 
     def list_tools(self, session_id: str) -> list[ToolSpec]: ...

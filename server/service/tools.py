@@ -154,12 +154,14 @@ class ToolUseCases:
             raise invalid("tools", "tool names repeat in one request")
         for i, spec in enumerate(specs):
             check_tool(i, spec, self._limits)
-        count = await self._blocking.run(
+        count, changed = await self._blocking.run(
             self._store.put_tools, session_id, specs, replace_all, most
         )
-        # Megabytes of definitions are counted by the next compile however little its
+        # Megabytes of new definitions are counted by the next compile however little its
         # log holds (a 2 MB set ~0.75 s on a Claude route): not the light lane's work.
-        self._pending.landed(session_id, sum(_spec_bytes(s) for s in specs))
+        # Those registered again as they were are not (an agent that registers its tool
+        # set before every step): their counts are the counter's cached ones.
+        self._pending.landed(session_id, sum(_spec_bytes(s) for s in changed))
         return count
 
     async def list_tools(self, session_id: str) -> list[ToolSpec]:

@@ -110,6 +110,22 @@ def test_an_append_made_deferring_its_sync_reads_back_before_and_after_the_sync(
     assert replay.replayed and replay.last_seq == 2
 
 
+def test_put_tools_says_which_definitions_are_new_or_changed(make_store: object) -> None:
+    """What a registration adds for the next compile to count: tools registered again as
+    stored (read back from the store, decoded) are not new; a changed one is, and a
+    registration over the limit writes nothing."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    a, b = ToolSpec("a", "reads", '{"type":"object"}'), ToolSpec("b", "writes", "{}")
+    assert st.put_tools("s", (a, b), False, 8) == (2, (a, b))
+    assert st.put_tools("s", (a, b), True, 8) == (2, ())
+    changed = ToolSpec("b", "writes files", "{}")
+    assert st.put_tools("s", (a, changed), False, 8) == (2, (changed,))
+    with pytest.raises(CtxccError):
+        st.put_tools("s", (ToolSpec("c", "c", "{}"),), False, 2)
+    assert [t.name for t in st.list_tools("s")] == ["a", "b"]
+
+
 def test_sessions_do_not_bleed_into_each_other(make_store: object) -> None:
     # "a" is a prefix of "ab": keys must still keep their events apart.
     st = new_store(make_store)

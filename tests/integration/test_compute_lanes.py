@@ -478,6 +478,10 @@ async def test_registered_tools_count_as_new_text(
         assert made.lanes("tooly") == ["ctxcc-compute"]
         assert made.loaded("tooly") == ["ctxcc-compute"]
 
+        # The same set registered again (as agents do before every step) is not new.
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="tooly", tools=_big_tools("a", 4))
+        )
         await _append(api, "tooly", helpers.user("next"))
         await api.compiles.Compile(req)
         assert made.lanes("tooly")[1:] == ["ctxcc-light"]
