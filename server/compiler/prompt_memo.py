@@ -6,7 +6,8 @@ session's sources, the paths the current turn names, the kernel text, the approv
 mode, the environment (its time cut to a granule), the excluded sections and the token
 counter, and none of these changes from one step to the next but the paths, rarely. The
 sources are the very object the service keeps between writes of their tables (and the
-counter one object per tokenizer), so they are matched by identity, the rest by value.
+counter one object per tokenizer): the counter is matched by identity, the rest by
+value (sources read from workspace files are equal values made anew).
 The prompt rides in the compile's memo (a frozen value the service keeps, bounded, per
 session and route) to the session's next compile: nothing is kept here. Every value it
 answers is the one the functions it stands for return for those inputs (the property
@@ -106,12 +107,10 @@ def system_prompt(
 
 
 def _same(previous: RememberedPrompt, inputs: PromptInputs, counter_key: object) -> bool:
-    """The sources and the counter by identity (the service keeps the sources object
-    between writes of their tables; one counter per tokenizer), the rest by value: with
-    the sources the same object, comparing the inputs compares only the rest (a tuple
-    comparison tries identity first)."""
-    return (
-        previous.counter_key is counter_key
-        and previous.inputs.sources is inputs.sources
-        and previous.inputs == inputs
-    )
+    """The counter by identity (one per tokenizer), the inputs by value. The service
+    keeps the sources object between writes of their tables, so the usual comparison
+    finds the same object and compares only the rest (a tuple comparison tries identity
+    first); sources read from workspace files are made anew at every compile, and equal
+    ones are compared whole (memcmp-fast: ~1 ms for 10 MB of rules, against ~240 ms to
+    make their prompt again)."""
+    return previous.counter_key is counter_key and previous.inputs == inputs
