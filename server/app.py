@@ -167,7 +167,7 @@ class Daemon:
                 instruction_names=cfg.instruction_files,
             )
         )
-        sources = SourceUseCases(store, self._blocking, clock, workspace)
+        sources = SourceUseCases(store, self._blocking, clock, workspace, self._pending)
         settings = CompilerSettings(
             kernel_text=kernel,
             time_granularity_s=cfg.time_granularity,

@@ -59,6 +59,7 @@ from server.service.lanes import (
     images_are_light,
     is_light,
     renderings_are_light,
+    sources_are_light,
     tail_is_light,
 )
 from server.service.loading import HistoryLoader, LoadedHistory
@@ -434,11 +435,13 @@ class CompileUseCases:
     def _fresh_is_light(self, inputs: CompileInputs, info: ModelInfo) -> bool:
         """Whether a compile with no memo to continue (the first of a session made here,
         which the light lane takes when little has landed) is light work: its whole log
-        little text behind no checkpoint, and its route's tokenizer table built (a build
-        takes up to seconds)."""
+        little text behind no checkpoint, its sources too (it counts them all: workspace
+        rule files and project entries can be megabytes), and its route's tokenizer table
+        built (a build takes up to seconds)."""
         return (
             inputs.checkpoint is None
             and tail_is_light(inputs.events)
+            and sources_are_light(inputs.sources)
             and self._tokenizers.ready(info)
         )
 

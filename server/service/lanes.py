@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from server.compiler.sources import SourceInputs
 from server.compiler.view import ViewMessage
 from server.domain.model import (
     AssistantMessage,
@@ -31,6 +32,7 @@ from server.domain.model import (
     ToolResult,
     UserMessage,
 )
+from server.domain.sources import MemoryEntry, RuleEntry, SkillEntry
 
 # Unseen bytes up to which a compile of a warm session runs on the light lane: ~85 ms of
 # counting on the slowest vocabulary (Claude's, ~3 MB/s), so that no light compile holds
@@ -189,6 +191,27 @@ def tail_is_light(events: Iterable[Event]) -> bool:
         if total > LIGHT_BYTES:
             return False
     return True
+
+
+def entry_text_bytes(entry: MemoryEntry | RuleEntry | SkillEntry) -> int:
+    """The text a compile counts of a memory entry, rule or skill."""
+    match entry:
+        case MemoryEntry(text=text):
+            return len(text)
+        case RuleEntry() as rule:
+            return len(rule.name) + len(rule.description) + len(rule.text)
+        case SkillEntry() as skill:
+            return len(skill.name) + len(skill.description) + len(skill.load_hint)
+
+
+def sources_are_light(sources: SourceInputs) -> bool:
+    """Whether a compile's sources (instruction files and API entries) are little text:
+    a first compile counts them all (a project's rule files can be megabytes)."""
+    total = sum(len(f.text) for f in sources.instruction_files)
+    total += sum(entry_text_bytes(m) for m in sources.memory)
+    total += sum(entry_text_bytes(r) for r in sources.rules)
+    total += sum(entry_text_bytes(s) for s in sources.skills)
+    return total <= LIGHT_BYTES
 
 
 def renderings_are_light(view_tokens: int, formats: int) -> bool:

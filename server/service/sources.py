@@ -22,6 +22,7 @@ from server.domain.sources import (
 )
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
+from server.service.lanes import PendingWork, entry_text_bytes
 from server.service.ports import Clock, EventStore, Workspace
 
 MAX_SOURCE_TEXT = 64 << 10
@@ -35,12 +36,20 @@ def _only(cls: type[T], entries: list[SourceEntry]) -> tuple[T, ...]:
 
 class SourceUseCases:
     def __init__(
-        self, store: EventStore, blocking: Blocking, clock: Clock, workspace: Workspace
+        self,
+        store: EventStore,
+        blocking: Blocking,
+        clock: Clock,
+        workspace: Workspace,
+        pending: PendingWork | None = None,
     ) -> None:
         self._store = store
         self._blocking = blocking
         self._clock = clock
         self._workspace = workspace
+        # Shared with the compiles: a session's own entries are text its next compile
+        # counts, as its appended events are (lanes.py).
+        self._pending = pending or PendingWork()
 
     async def _check_scope(self, scope: Scope | None, scope_id: str, *, required: bool) -> None:
         if scope is None:
@@ -83,6 +92,8 @@ class SourceUseCases:
         await self._blocking.run(self._check_room, entry)
         stored = dataclasses.replace(entry, update_time_ns=self._clock.now_ns(), origin="")
         await self._blocking.run(self._store.put_source, stored)
+        if stored.scope == Scope.SESSION:
+            self._pending.landed(stored.scope_id, entry_text_bytes(stored))
         return stored
 
     def _check_room(self, entry: SourceEntry) -> None:

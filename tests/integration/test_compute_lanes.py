@@ -17,9 +17,18 @@ from typing import Any
 import pytest
 from ctxcc_client import AsyncClient, user
 
-from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2, session_pb2, tool_pb2, view_pb2
+from ctxcc.v1 import (
+    checkpoint_pb2,
+    common_pb2,
+    event_pb2,
+    session_pb2,
+    source_pb2,
+    tool_pb2,
+    view_pb2,
+)
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as srpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.adapters.tokenizer import TABLES, preload_tokenizers
 from server.app import Daemon
@@ -741,6 +750,64 @@ async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
         rebuild = cpb.CompileRequest(rebuild_compile_id=compile_id, render_formats=chat)
         assert len((await api.compiles.Compile(rebuild)).view.renderings) == 1
         assert made.rendered("again") == ["ctxcc-compute"]
+    finally:
+        await api.channel.close()
+        await d.stop()
+
+
+async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first compile counts all of the session's sources: megabytes of rule files in
+    its workspace (~240 ms on the light lane for 10 MB), or of its own memory entries
+    and rules. Its own entries are counted as they are written, like appends (known on
+    the event loop: not loaded on the light lane); files are only known once read, so
+    that compile leaves the light lane once loaded. A few KB of them stay light."""
+    made = Projections(monkeypatch)
+    workspace = short_tmp / "ws"
+    (workspace / "big" / ".ctxcc" / "rules").mkdir(parents=True)
+    (workspace / "small").mkdir()
+    rule = "---\nname: r\ndescription: d\nactivation: always\n---\n"
+    (workspace / "big" / ".ctxcc" / "rules" / "r.md").write_text(rule + "keep it tidy " * 25_000)
+    (workspace / "small" / "AGENTS.md").write_text("Be careful.\n" * 100)
+    d = Daemon(make_config(short_tmp / "data", workspace_roots=str(workspace)))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    preload_tokenizers(["o200k"])
+    try:
+        for sid, root in (("files", "big"), ("plain", "small"), ("entries", "small")):
+            project = str(workspace / root)
+            session = session_pb2.Session(
+                session_id=sid, project_root=project, working_directory=project
+            )
+            await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+        for i in range(6):
+            await api.sources.PutRule(
+                srpb.PutRuleRequest(
+                    rule=source_pb2.Rule(
+                        rule_id=f"r{i}",
+                        scope=common_pb2.SCOPE_SESSION,
+                        scope_id="entries",
+                        name=f"r{i}",
+                        text=f"rule {i} " + "always check the inputs " * 2_400,
+                        activation=source_pb2.RULE_ACTIVATION_ALWAYS,
+                    )
+                )
+            )
+        prompts: dict[str, tuple[str, list[str]]] = {}
+        for sid in ("files", "plain", "entries"):
+            await _append(api, sid, helpers.user("hi"))
+            req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            view = (await api.compiles.Compile(req)).view
+            prompts[sid] = (view.system_prompt, list(view.notes))
+        # Read and counted (then left out of the prompt: each is over the rules' cap).
+        assert prompts["files"][1] == ["1 rule(s) omitted from the rules section (cap 16000)"]
+        assert prompts["entries"][1] == ["6 rule(s) omitted from the rules section (cap 16000)"]
+        assert "Be careful." in prompts["plain"][0]
+        assert made.lanes("files") == ["ctxcc-compute"]
+        assert made.loaded("files") == ["ctxcc-light", "ctxcc-compute"]
+        assert made.lanes("entries") == made.loaded("entries") == ["ctxcc-compute"]
+        assert made.lanes("plain") == ["ctxcc-light"]
     finally:
         await api.channel.close()
         await d.stop()
