@@ -209,3 +209,23 @@ def test_a_union_continued_from_the_last_one_scans_only_new_texts(
             if _union(turn, most) == before:
                 assert nxt.found is union.found
             union = nxt
+
+
+def test_compiled_globs_are_kept_by_their_globs_and_bounded() -> None:
+    """A new turn makes its prompt again, compiling every matched rule's globs (128 rules
+    of 64: ~150 ms): equal globs take the program already compiled, least recently used
+    ones leave past the bound, and what a set matches does not depend on where it came
+    from."""
+    cache = textscan._GlobCache(6)
+    first = cache.get(("src/**/*.py", "docs/*.md"))
+    assert cache.get(("src/**/*.py", "docs/*.md")) is first
+    other = cache.get(("tests/**",))
+    assert other is not first and cache.held() == 3
+    paths = textscan.PathText.of(["src/a/b.py", "tests/x/y.txt"])
+    assert textscan.glob_matches(first, paths) and textscan.glob_matches(other, paths)
+    assert not textscan.glob_matches(first, textscan.PathText.of(["docs/a/b.md"]))
+    cache.get(("a", "b", "c", "d"))  # over the bound: the oldest set leaves
+    assert cache.held() == 5
+    assert cache.get(("src/**/*.py", "docs/*.md")) is not first
+    assert cache.held() <= 6
+    assert textscan.compile_globs(["lib/*.rs"]) is textscan.compile_globs(("lib/*.rs",))
