@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.sources import (
     MemoryEntry,
@@ -84,19 +86,35 @@ class RegistryRecords(StoreCore):
         self, session_id: str, specs: tuple[ToolSpec, ...], replace_all: bool, most: int
     ) -> tuple[int, tuple[ToolSpec, ...]]:
         with self._lock(session_id):
-            self.get_session(session_id)
+            session = self.get_session(session_id)
             batch = Batch()
             stored = {s.name: s for s in self.list_tools(session_id)}
             current = set(stored)
+            # The definitions count against the session's byte quota as its events do:
+            # what is written, less what it replaces or deletes.
+            freed = 0
             if replace_all:
                 for name in current - {s.name for s in specs}:
                     batch.delete("tools", session_key(session_id, name.encode()))
+                    freed += len(encode_value(stored[name]))
                 current = set()
             count = len(current | {s.name for s in specs})
             if count > most:  # refused before anything is written
                 raise invalid("tools", f"at most {most} tools per session (max_tools)")
+            added = 0
             for spec in specs:
-                batch.put("tools", session_key(session_id, spec.name.encode()), encode_value(spec))
+                encoded = encode_value(spec)
+                batch.put("tools", session_key(session_id, spec.name.encode()), encoded)
+                added += len(encoded)
+                if spec.name in stored:
+                    freed += len(encode_value(stored[spec.name]))
+            if added > freed:
+                self._check_quota(session, added - freed)
+            # Tools registered before they were counted were never added: not below 0.
+            held = max(0, session.stored_bytes + added - freed)
+            if held != session.stored_bytes:
+                updated = dataclasses.replace(session, stored_bytes=held)
+                batch.put("sessions", session_id.encode(), encode_value(updated))
             self._write(batch, session_id)
             return count, tuple(s for s in specs if stored.get(s.name) != s)
 

@@ -194,6 +194,36 @@ def test_quotas(make_store: object) -> None:
     assert st.count_sessions() == 2
 
 
+def test_tool_definitions_count_against_the_session_byte_quota(make_store: object) -> None:
+    """A session's registered tools are stored bytes like its events: over the quota a
+    registration is refused with nothing written, and replacing or dropping tools gives
+    their bytes back."""
+    st = new_store(make_store, max_session_bytes=600)
+    st.create_session(Session("s", 1, 1))
+    small = ToolSpec("a", "reads", "{}")
+    st.put_tools("s", (small,), False, 8)
+    held = st.get_session("s").stored_bytes
+    assert held > 0
+    big = ToolSpec("b", "x" * 700, "{}")
+    with pytest.raises(CtxccError) as exc:
+        st.put_tools("s", (big,), False, 8)
+    assert exc.value.metadata["quota"] == "max_session_bytes"
+    assert [t.name for t in st.list_tools("s")] == ["a"]
+    assert st.get_session("s").stored_bytes == held
+    # The same tool again holds as much; a larger one more; replacing all gives back.
+    st.put_tools("s", (small,), False, 8)
+    assert st.get_session("s").stored_bytes == held
+    st.put_tools("s", (ToolSpec("a", "r" * 300, "{}"),), False, 8)
+    assert st.get_session("s").stored_bytes > held + 250
+    st.put_tools("s", (ToolSpec("c", "c", "{}"),), True, 8)
+    assert [t.name for t in st.list_tools("s")] == ["c"]
+    assert st.get_session("s").stored_bytes < held + 10
+    # What the replaced tools held is free for events again (not what is over the quota).
+    st.append(batch("s", msg("x" * 400, "e1")))
+    with pytest.raises(CtxccError):
+        st.append(batch("s", msg("x" * 200, "e2")))
+
+
 def _blob_event(sha: str, eid: str) -> NewEvent:
     return NewEvent(eid, ToolResult("c", blob=BlobRef(sha, 5, "he")))
 
