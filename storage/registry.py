@@ -17,7 +17,15 @@ from server.domain.sources import (
 )
 from server.domain.tools import ToolActivations, ToolSpec
 from storage.codec import decode_value, encode_value
-from storage.keys import ACTIVATIONS, be64, key_after, session_key, session_prefix, source_prefix
+from storage.keys import (
+    ACTIVATIONS,
+    SEP,
+    be64,
+    key_after,
+    session_key,
+    session_prefix,
+    source_prefix,
+)
 from storage.kv import Batch
 from storage.store_core import StoreCore
 
@@ -48,6 +56,22 @@ class RegistryRecords(StoreCore):
         with self._lock(entry.scope_id):
             self.get_session(entry.scope_id)
             self._write(batch)
+
+    def project_scopes(self, most: int) -> frozenset[str]:
+        """The projects holding entries of any kind, at most `most` of them: found by
+        seeking past each project's entries, not reading them."""
+        found: set[str] = set()
+        for kind in SourceKind:
+            base = source_prefix(kind) + str(int(Scope.PROJECT)).encode() + SEP
+            start, end = base, key_after(base)
+            while len(found) < most:
+                first = next(iter(self._kv.scan("sources", start, end)), None)
+                if first is None:
+                    break
+                project = first[0][len(base) :].split(SEP, 1)[0]
+                found.add(project.decode())
+                start = key_after(base + project + SEP)
+        return frozenset(found)
 
     def list_sources(
         self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""

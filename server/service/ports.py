@@ -187,6 +187,10 @@ class EventStore(Protocol):
 
     def put_source(self, entry: SourceEntry) -> None: ...
 
+    def project_scopes(self, most: int) -> frozenset[str]:
+        """The projects holding entries of any kind (at most `most` of them)."""
+        ...
+
     def list_sources(
         self, kind: SourceKind, scope: Scope | None = None, scope_id: str = ""
     ) -> list[SourceEntry]: ...

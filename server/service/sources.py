@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import TypeVar
 
 from server.compiler.sources import SourceCaps, SourceInputs
@@ -27,6 +28,9 @@ from server.service.ports import Clock, EventStore, Workspace
 
 MAX_SOURCE_TEXT = 64 << 10
 MAX_ENTRIES_PER_SCOPE = 256
+# Projects holding entries: each holds up to MAX_ENTRIES_PER_SCOPE of each kind, outside
+# any session's quota; project ids come from clients.
+MAX_PROJECT_SCOPES = 1_024
 T = TypeVar("T")
 
 
@@ -50,6 +54,7 @@ class SourceUseCases:
         # Shared with the compiles: a session's own entries are text its next compile
         # counts, as its appended events are (lanes.py).
         self._pending = pending or PendingWork()
+        self._projects_lock = threading.Lock()
 
     async def _check_scope(self, scope: Scope | None, scope_id: str, *, required: bool) -> None:
         if scope is None:
@@ -89,21 +94,43 @@ class SourceUseCases:
             problem = globs_problem(entry.path_globs)
             if problem is not None:
                 raise invalid("rule.path_globs", problem)
-        await self._blocking.run(self._check_room, entry)
         stored = dataclasses.replace(entry, update_time_ns=self._clock.now_ns(), origin="")
-        await self._blocking.run(self._store.put_source, stored)
+        await self._blocking.run(self._checked_put, stored)
         if stored.scope == Scope.SESSION:
             self._pending.landed(stored.scope_id, entry_text_bytes(stored))
         return stored
 
+    def _checked_put(self, entry: SourceEntry) -> None:
+        """Blocking: the entry written if its scope has room. A project's first entry is
+        checked and written under one lock: two new projects at once could otherwise
+        both pass the cap on projects."""
+        if entry.scope != Scope.PROJECT:
+            self._check_room(entry)
+            self._store.put_source(entry)
+            return
+        with self._projects_lock:
+            self._check_room(entry)
+            self._store.put_source(entry)
+
     def _check_room(self, entry: SourceEntry) -> None:
-        """Blocking: a scope holds a bounded number of entries of each kind. Global and
-        project entries belong to no session's byte quota, and every compile reads all
-        it can see, so this cap is what bounds them."""
+        """Blocking: a scope holds a bounded number of entries of each kind, and at most
+        MAX_PROJECT_SCOPES projects hold any. Global and project entries belong to no
+        session's byte quota, and every compile reads all it can see, so these caps are
+        what bound them."""
         kind = {MemoryEntry: SourceKind.MEMORY, RuleEntry: SourceKind.RULE}.get(
             type(entry), SourceKind.SKILL
         )
         present = self._store.list_sources(kind, entry.scope, entry.scope_id)
+        if entry.scope == Scope.PROJECT and not present:
+            projects = self._store.project_scopes(MAX_PROJECT_SCOPES + 1)
+            if entry.scope_id not in projects and len(projects) >= MAX_PROJECT_SCOPES:
+                raise CtxccError(
+                    Reason.QUOTA_EXCEEDED,
+                    f"{MAX_PROJECT_SCOPES} projects already hold memory, rules or skills: "
+                    "delete a project's entries first",
+                    quota="max_project_scopes",
+                    limit=str(MAX_PROJECT_SCOPES),
+                )
         if len(present) >= MAX_ENTRIES_PER_SCOPE and entry_id(entry) not in {
             entry_id(e) for e in present
         }:

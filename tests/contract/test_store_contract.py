@@ -719,6 +719,7 @@ _READS = frozenset(
         "get_last_compile",
         "list_compiles",
         "list_sources",
+        "project_scopes",
         "approximate_size",
         "close",
         # Writes nothing itself: the appends made inside it do (checked on their own).
@@ -880,3 +881,22 @@ def test_a_compile_record_keeps_the_current_route_while_its_generation_holds(
     assert st.get_session("s").current_route == b
     st.put_compile(CompileRecord("s:x4", "s", a, 1, 100, 1, 8), route_since=since)
     assert st.get_session("s").current_route == a, "a stale generation reads the session"
+
+
+def test_project_scopes_names_each_project_once_up_to_a_bound(make_store: object) -> None:
+    """The projects holding entries of any kind: one whose id starts another's is its
+    own project, global and session entries are none, and the walk stops at `most`."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    for pid in ("p1", "p10", "p2"):
+        for i in range(3):
+            st.put_source(MemoryEntry(f"m{i}", Scope.PROJECT, pid, "fact"))
+    st.put_source(MemoryEntry("g", Scope.GLOBAL, "", "fact"))
+    st.put_source(MemoryEntry("x", Scope.SESSION, "s", "fact"))
+    assert st.project_scopes(10) == {"p1", "p10", "p2"}
+    assert len(st.project_scopes(2)) == 2
+    st.delete_source(SourceKind.MEMORY, Scope.PROJECT, "p10", "m0")
+    assert "p10" in st.project_scopes(10)
+    for i in (1, 2):
+        st.delete_source(SourceKind.MEMORY, Scope.PROJECT, "p10", f"m{i}")
+    assert st.project_scopes(10) == {"p1", "p2"}

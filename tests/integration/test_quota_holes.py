@@ -17,6 +17,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from server.app import Daemon
 from server.service import sessions as sessions_module
+from server.service import sources as sources_module
 from server.service.sources import MAX_ENTRIES_PER_SCOPE
 from server.transport.paging import MAX_PAGE_BYTES
 from tests.conftest import Stubs, make_config, stubs_for
@@ -109,6 +110,47 @@ async def test_a_scope_holds_a_bounded_number_of_entries(api: Stubs) -> None:
         "QUOTA_EXCEEDED",
     )
     await put(0)  # replacing an entry needs no room
+
+
+async def test_projects_holding_entries_are_bounded(
+    api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each project holds a bounded number of entries, outside any session's quota, and
+    project ids come from clients: past MAX_PROJECT_SCOPES projects (3 here) a new
+    project's first entry is refused with nothing written; projects that hold entries
+    take more, and one whose last entry is deleted leaves room."""
+    monkeypatch.setattr(sources_module, "MAX_PROJECT_SCOPES", 3)
+    project = common_pb2.SCOPE_PROJECT
+
+    def memory(pid: str, mid: str) -> Awaitable[Any]:
+        entry = source_pb2.MemoryEntry(memory_id=mid, scope=project, scope_id=pid, text="f")
+        return api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry))
+
+    def rule(pid: str) -> Awaitable[Any]:
+        entry = source_pb2.Rule(
+            rule_id="r",
+            scope=project,
+            scope_id=pid,
+            name="r",
+            text="t",
+            activation=source_pb2.RULE_ACTIVATION_ALWAYS,
+        )
+        return api.sources.PutRule(rpb.PutRuleRequest(rule=entry))
+
+    await memory("p1", "m")
+    await rule("p2")  # a project counts whatever kind it holds
+    await memory("p3", "m")
+    code, reason = await _fails(memory("p4", "m"))
+    assert (code, reason) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED")
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await rule("p4")
+    assert error_info(exc.value).metadata["quota"] == "max_project_scopes"
+    listed = await api.sources.ListMemory(rpb.ListMemoryRequest(scope=project, scope_id="p4"))
+    assert list(listed.memories) == []
+    await memory("p1", "m2")  # a project that holds entries takes more
+    await rule("p1")
+    await api.sources.DeleteRule(rpb.DeleteRuleRequest(scope=project, scope_id="p2", rule_id="r"))
+    await memory("p4", "m")
 
 
 async def test_list_sessions_pages_end_by_size(api: Stubs) -> None:
