@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import urllib.request
 from typing import Any
 
@@ -9,6 +10,7 @@ import grpc
 from google.rpc import error_details_pb2, status_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
+from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2
 
 
@@ -72,3 +74,17 @@ def usage_counts(metrics_address: str) -> tuple[float, float]:
             ):
                 unary += s.value
     return reports, unary
+
+
+def png_upload(sid: str, data: bytes, side: int = 32) -> list[apb.UploadArtifactRequest]:
+    """The messages of an UploadArtifact call storing `data` as a `side`x`side` PNG in
+    session `sid` (a stream of them: sync and async stubs both take the list)."""
+    header = apb.ArtifactHeader(
+        session_id=sid,
+        mime_type="image/png",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        width=side,
+        height=side,
+    )
+    return [apb.UploadArtifactRequest(header=header), apb.UploadArtifactRequest(data=data)]

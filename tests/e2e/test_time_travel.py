@@ -6,7 +6,6 @@ and the views must come back byte for byte."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import itertools
 import json
@@ -24,7 +23,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import (
     artifact_service_pb2_grpc,
     checkpoint_pb2,
@@ -44,7 +42,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.e2e.proc import REPO, DaemonProcess
-from tests.helpers import ROUTE, assistant, error_info, tool_result, user
+from tests.helpers import ROUTE, assistant, error_info, png_upload, tool_result, user
 
 OTHER_ROUTE = common_pb2.Route(
     connection="c2", protocol="openai-chat", endpoint="e", model="gpt-4o"
@@ -467,21 +465,7 @@ IMAGELESS_DAEMON = "d5e9f773cc61cf7e42ff0d082a55eb02dc7a3883"
 
 def _upload(artifacts: Any, sid: str, n: int) -> common_pb2.ArtifactRef:
     data = b"\x89PNG\r\n\x1a\n" + bytes([n]) * 500
-
-    def chunks() -> Iterator[apb.UploadArtifactRequest]:
-        yield apb.UploadArtifactRequest(
-            header=apb.ArtifactHeader(
-                session_id=sid,
-                mime_type="image/png",
-                size_bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-                width=8,
-                height=8,
-            )
-        )
-        yield apb.UploadArtifactRequest(data=data)
-
-    ref: common_pb2.ArtifactRef = artifacts.UploadArtifact(chunks()).artifact
+    ref: common_pb2.ArtifactRef = artifacts.UploadArtifact(iter(png_upload(sid, data, 8))).artifact
     return ref
 
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxcc.v1 import (
-    artifact_service_pb2,
     checkpoint_pb2,
     common_pb2,
     event_pb2,
@@ -32,7 +31,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.conftest import Stubs
-from tests.helpers import ROUTE, assistant, tool_result, user
+from tests.helpers import ROUTE, assistant, png_upload, tool_result, user
 
 OTHER_ROUTE = common_pb2.Route(
     connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o"
@@ -184,21 +183,7 @@ class Outcome:
 async def _upload_image(api: Stubs, sid: str, size: int = 3_072) -> common_pb2.ArtifactRef:
     """A 32x32 PNG of about `size` bytes uploaded to session `sid`."""
     data = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * (size // 256)
-
-    async def upload() -> AsyncIterator[artifact_service_pb2.UploadArtifactRequest]:
-        yield artifact_service_pb2.UploadArtifactRequest(
-            header=artifact_service_pb2.ArtifactHeader(
-                session_id=sid,
-                mime_type="image/png",
-                size_bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-                width=32,
-                height=32,
-            )
-        )
-        yield artifact_service_pb2.UploadArtifactRequest(data=data)
-
-    return (await api.artifacts.UploadArtifact(upload())).artifact
+    return (await api.artifacts.UploadArtifact(iter(png_upload(sid, data)))).artifact
 
 
 def _result_text(i: int) -> str:

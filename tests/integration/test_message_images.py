@@ -6,19 +6,16 @@ being sent at every later step of a stream, whose compiles continue the session'
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import common_pb2, event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
-from tests.helpers import assistant, compile_request, tool_result, user
+from tests.helpers import assistant, compile_request, png_upload, tool_result, user
 from tests.integration.delta_session import RawStream, encoded
 
 
@@ -27,22 +24,8 @@ def _png(n: int) -> bytes:
 
 
 async def _upload(api: Stubs, sid: str, n: int) -> common_pb2.ArtifactRef:
-    data = _png(n)
-
-    async def chunks() -> AsyncIterator[apb.UploadArtifactRequest]:
-        yield apb.UploadArtifactRequest(
-            header=apb.ArtifactHeader(
-                session_id=sid,
-                mime_type="image/png",
-                size_bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-                width=16,
-                height=16,
-            )
-        )
-        yield apb.UploadArtifactRequest(data=data)
-
-    return (await api.artifacts.UploadArtifact(chunks())).artifact
+    uploaded = await api.artifacts.UploadArtifact(iter(png_upload(sid, _png(n), 16)))
+    return uploaded.artifact
 
 
 def _with_image(ev: event_pb2.Event, ref: common_pb2.ArtifactRef) -> event_pb2.Event:
