@@ -75,15 +75,46 @@ class Held:
     def lane(self, sid: str, nth: int) -> str:
         return self.threads[sid][nth].rsplit("_", 1)[0]
 
+    async def take_pool(self, api: Any) -> list[asyncio.Task[Any]]:
+        """The first compiles of two sessions heavy1, heavy2 (over the light lane's 256 KiB
+        each: they take the compute pool), once both are held inside the compiler."""
+        heavy = []
+        for sid in ("heavy1", "heavy2"):
+            await api.sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+            )
+            await _append(api, sid, user(f"{sid} " * 50_000))
+            compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
+        for _ in heavy:
+            assert await asyncio.to_thread(self.inside.acquire, True, HOLD_S)
+        return heavy
+
+    def free(self, heavy: list[asyncio.Task[Any]]) -> None:
+        """Held compiles let go (and their calls cancelled, when still running)."""
+        self.release.set()
+        for task in heavy:
+            task.cancel()
+
+
+async def _started(config: Any) -> tuple[Daemon, Any, str]:
+    """A daemon of `config`, started; its stubs and target (its Unix socket)."""
+    d = Daemon(config)
+    await d.start()
+    target = f"unix:{d.endpoints.unix}"
+    return d, stubs_for(target), target
+
+
+async def _stopped(d: Daemon, api: Any) -> None:
+    await api.channel.close()
+    await d.stop()
+
 
 async def test_an_agents_steps_pass_heavy_compiles_of_other_sessions(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     held = Held(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    target = f"unix:{d.endpoints.unix}"
-    api = stubs_for(target)
+    d, api, target = await _started(make_config(short_tmp))
     heavy: list[asyncio.Task[Any]] = []
     preload_tokenizers(["o200k"])  # the route's: a first compile would build it
     try:
@@ -95,14 +126,7 @@ async def test_an_agents_steps_pass_heavy_compiles_of_other_sessions(
             await stream.step(req, [user("second")])  # warm, a few bytes new: light
             assert [held.lane(agent, i) for i in (0, 1)] == ["ctxcc-light"] * 2
 
-            for sid in ("heavy1", "heavy2"):
-                await ctx.create_session(session_id=sid)
-                # Over the light lane's 256 KiB: their first compiles take the pool.
-                await ctx.append(sid, [user(f"{sid} " * 50_000)])
-                compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
-                heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
-            for _ in heavy:  # both compute threads are taken
-                assert await asyncio.to_thread(held.inside.acquire, True, HOLD_S)
+            heavy += await held.take_pool(api)  # both compute threads
 
             view, _ = await asyncio.wait_for(stream.step(req, [user("third")]), HOLD_S)
             assert view.event_boundary == 3 and held.lane(agent, 2) == "ctxcc-light"
@@ -127,11 +151,8 @@ async def test_an_agents_steps_pass_heavy_compiles_of_other_sessions(
             await api.compiles.Compile(at)
             assert held.lane(agent, 5) == "ctxcc-compute"
     finally:
-        held.release.set()
-        for task in heavy:
-            task.cancel()
-        await api.channel.close()
-        await d.stop()
+        held.free(heavy)
+        await _stopped(d, api)
 
 
 class Projections:
@@ -214,10 +235,7 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
     # would take the light lane too (test_a_new_small_sessions_first_compile_is_light).
     monkeypatch.setattr(PendingWork, "made", lambda *_: None)
     made = Projections(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    target = f"unix:{d.endpoints.unix}"
-    api = stubs_for(target)
+    d, api, target = await _started(make_config(short_tmp))
     try:
         async with AsyncClient(target) as ctx:
             # A built-in compaction: the compile that makes the checkpoint continues its
@@ -327,8 +345,7 @@ async def test_compiles_whose_memo_does_not_hold_leave_the_light_lane(
             assert not made.afresh_on_light()
             assert any(lane == "ctxcc-light" for _, lane, _ in made.made)
     finally:
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_renderings_of_a_long_view_leave_the_light_lane(
@@ -342,12 +359,10 @@ async def test_renderings_of_a_long_view_leave_the_light_lane(
     # would take the light lane too (test_a_new_small_sessions_first_compile_is_light).
     monkeypatch.setattr(PendingWork, "made", lambda *_: None)
     made = Projections(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, target = await _started(make_config(short_tmp))
     words = " ".join(f"w{i % 7919}" for i in range(12_000))
     try:
-        async with AsyncClient(f"unix:{d.endpoints.unix}") as ctx:
+        async with AsyncClient(target) as ctx:
             limits = cpb.ModelLimits(context_window=10_000_000)
             chat = [view_pb2.RENDER_FORMAT_OPENAI_CHAT]
             for sid, size in (("long", 16), ("short", 1)):
@@ -377,7 +392,7 @@ async def test_renderings_of_a_long_view_leave_the_light_lane(
             assert made.rendered("short") == ["ctxcc-light"] * 2
             assert not made.afresh_on_light()
     finally:
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_a_new_small_sessions_first_compile_is_light(
@@ -390,10 +405,7 @@ async def test_a_new_small_sessions_first_compile_is_light(
     (seconds), it takes the compute pool."""
     held = Held(monkeypatch)
     made = Projections(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    target = f"unix:{d.endpoints.unix}"
-    api = stubs_for(target)
+    d, api, target = await _started(make_config(short_tmp))
     heavy: list[asyncio.Task[Any]] = []
     preload_tokenizers(["o200k"])
     # GPT-4 counts with cl100k: its table is not built when its session first compiles.
@@ -401,13 +413,7 @@ async def test_a_new_small_sessions_first_compile_is_light(
     gpt4 = common_pb2.Route(connection="t", protocol="fake", endpoint="local", model="gpt-4")
     try:
         async with AsyncClient(target) as ctx:
-            for sid in ("heavy1", "heavy2"):
-                await ctx.create_session(session_id=sid)
-                await ctx.append(sid, [user(f"{sid} " * 50_000)])
-                compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
-                heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
-            for _ in heavy:  # both compute threads are taken
-                assert await asyncio.to_thread(held.inside.acquire, True, HOLD_S)
+            heavy += await held.take_pool(api)  # both compute threads
 
             await ctx.create_session(session_id="newbie")
             await _append(api, "newbie", *_chat(6))
@@ -442,11 +448,8 @@ async def test_a_new_small_sessions_first_compile_is_light(
             assert made.lanes("newbie") == ["ctxcc-light"] * 2
             assert made.afresh_on_light() == [("newbie", "ctxcc-light", False)]
     finally:
-        held.release.set()
-        for task in heavy:
-            task.cancel()
-        await api.channel.close()
-        await d.stop()
+        held.free(heavy)
+        await _stopped(d, api)
 
 
 def _big_tools(prefix: str, n: int, **kw: Any) -> list[tool_pb2.ToolDefinition]:
@@ -470,9 +473,7 @@ async def test_registered_tools_count_as_new_text(
     tools are over the light lane's 256 KiB, or a warm one that registers that much
     between steps, takes the compute pool; its next step is light again."""
     made = Projections(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, _ = await _started(make_config(short_tmp))
     preload_tokenizers(["o200k"])
     req = cpb.CompileRequest(session_id="tooly", route=ROUTE)
     try:
@@ -523,8 +524,7 @@ async def test_registered_tools_count_as_new_text(
         assert {"c0", "c1", "c2", "c3"} <= {t.definition.name for t in view.tools}
         assert made.lanes("tooly")[5:] == ["ctxcc-compute"]
     finally:
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_an_append_racing_a_new_session_keeps_it_off_the_light_lane(
@@ -547,9 +547,7 @@ async def test_an_append_racing_a_new_session_keeps_it_off_the_light_lane(
         return out
 
     monkeypatch.setattr(KVEventStore, "create_session", create_held)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, _ = await _started(make_config(short_tmp))
     preload_tokenizers(["o200k"])
     try:
         create = asyncio.ensure_future(
@@ -566,8 +564,7 @@ async def test_an_append_racing_a_new_session_keeps_it_off_the_light_lane(
         assert made.loaded("raced") == ["ctxcc-compute"]
     finally:
         landed.set()
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_a_memo_evicted_before_the_light_lane_loads_leaves_it_unloaded(
@@ -596,9 +593,7 @@ async def test_a_memo_evicted_before_the_light_lane_loads_leaves_it_unloaded(
         return assemble(assembler, *args)
 
     monkeypatch.setattr(InputAssembler, "assemble", reading)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, _ = await _started(make_config(short_tmp))
     preload_tokenizers(["o200k"])
     req = cpb.CompileRequest(session_id="long", route=ROUTE)
     try:
@@ -619,8 +614,7 @@ async def test_a_memo_evicted_before_the_light_lane_loads_leaves_it_unloaded(
         assert made.lanes("long")[2:] == ["ctxcc-compute"]
         assert reads[2:] == ["ctxcc-compute"]  # its log was not read on the light lane
     finally:
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_a_dry_run_without_images_stays_off_the_compute_pool(
@@ -640,10 +634,7 @@ async def test_a_dry_run_without_images_stays_off_the_compute_pool(
         return finish(uc, *args)
 
     monkeypatch.setattr(CompileUseCases, "_finish", finishing)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    target = f"unix:{d.endpoints.unix}"
-    api = stubs_for(target)
+    d, api, target = await _started(make_config(short_tmp))
     heavy: list[asyncio.Task[Any]] = []
     preload_tokenizers(["o200k"])
     try:
@@ -667,22 +658,13 @@ async def test_a_dry_run_without_images_stays_off_the_compute_pool(
             assert held.lane("look", -1) == "ctxcc-light"
             assert finishes[before:] == []  # nothing to read or render: no second hop
 
-            for sid in ("heavy1", "heavy2"):
-                await ctx.create_session(session_id=sid)
-                await ctx.append(sid, [user(f"{sid} " * 50_000)])
-                compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
-                heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
-            for _ in heavy:  # both compute threads are taken
-                assert await asyncio.to_thread(held.inside.acquire, True, HOLD_S)
+            heavy += await held.take_pool(api)  # both compute threads
             view = (await asyncio.wait_for(api.compiles.Compile(dry), HOLD_S)).view
             assert view.event_boundary == 7 and held.lane("look", -1) == "ctxcc-light"
             assert not any(task.done() for task in heavy)  # still held meanwhile
     finally:
-        held.release.set()
-        for task in heavy:
-            task.cancel()
-        await api.channel.close()
-        await d.stop()
+        held.free(heavy)
+        await _stopped(d, api)
 
 
 async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
@@ -694,9 +676,7 @@ async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
     otherwise have its bodies rendered on the light lane at every step (4 formats of a
     1.5M-token view: ~75 ms a step)."""
     made = Projections(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, _ = await _started(make_config(short_tmp))
     preload_tokenizers(["o200k"])
     words = " ".join(f"w{i % 7919}" for i in range(12_000))
     limits = cpb.ModelLimits(context_window=10_000_000)
@@ -724,8 +704,7 @@ async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
         assert made.lanes("long") == ["ctxcc-compute", "ctxcc-light"]
         assert made.rendered("long") == ["ctxcc-compute"] * 2
     finally:
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
@@ -735,9 +714,7 @@ async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
     rendered on the compute pool, never on the storage threads that every append and
     read of other sessions waits for."""
     made = Projections(monkeypatch)
-    d = Daemon(make_config(short_tmp))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, _ = await _started(make_config(short_tmp))
     preload_tokenizers(["o200k"])
     chat = [view_pb2.RENDER_FORMAT_OPENAI_CHAT]
     try:
@@ -751,8 +728,7 @@ async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
         assert len((await api.compiles.Compile(rebuild)).view.renderings) == 1
         assert made.rendered("again") == ["ctxcc-compute"]
     finally:
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
 
 
 async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool(
@@ -770,9 +746,7 @@ async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool
     rule = "---\nname: r\ndescription: d\nactivation: always\n---\n"
     (workspace / "big" / ".ctxcc" / "rules" / "r.md").write_text(rule + "keep it tidy " * 25_000)
     (workspace / "small" / "AGENTS.md").write_text("Be careful.\n" * 100)
-    d = Daemon(make_config(short_tmp / "data", workspace_roots=str(workspace)))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
+    d, api, _ = await _started(make_config(short_tmp / "data", workspace_roots=str(workspace)))
     preload_tokenizers(["o200k"])
     try:
         for sid, root in (("files", "big"), ("plain", "small"), ("entries", "small")):
@@ -809,5 +783,4 @@ async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool
         assert made.lanes("entries") == made.loaded("entries") == ["ctxcc-compute"]
         assert made.lanes("plain") == ["ctxcc-light"]
     finally:
-        await api.channel.close()
-        await d.stop()
+        await _stopped(d, api)
