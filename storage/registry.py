@@ -112,26 +112,33 @@ class RegistryRecords(StoreCore):
         with self._lock(session_id):
             session = self.get_session(session_id)
             batch = Batch()
-            stored = {s.name: s for s in self.list_tools(session_id)}
+            # Each stored definition's encoding by name (from its key): what a
+            # registration replaces or deletes is given back from the session's bytes,
+            # and a definition registered again as stored is not new.
+            prefix = session_prefix(session_id)
+            stored = {
+                key[len(prefix) :].decode(): raw
+                for key, raw in self._kv.scan("tools", prefix, session_key(session_id, ACTIVATIONS))
+            }
             current = set(stored)
-            # The definitions count against the session's byte quota as its events do:
-            # what is written, less what it replaces or deletes.
             freed = 0
             if replace_all:
                 for name in current - {s.name for s in specs}:
                     batch.delete("tools", session_key(session_id, name.encode()))
-                    freed += len(encode_value(stored[name]))
+                    freed += len(stored[name])
                 current = set()
             count = len(current | {s.name for s in specs})
             if count > most:  # refused before anything is written
                 raise invalid("tools", f"at most {most} tools per session (max_tools)")
-            added = 0
+            added, changed = 0, []
             for spec in specs:
                 encoded = encode_value(spec)
                 batch.put("tools", session_key(session_id, spec.name.encode()), encoded)
                 added += len(encoded)
-                if spec.name in stored:
-                    freed += len(encode_value(stored[spec.name]))
+                old = stored.get(spec.name)
+                freed += len(old) if old is not None else 0
+                if old != encoded:
+                    changed.append(spec)
             if added > freed:
                 self._check_quota(session, added - freed)
             # Tools registered before they were counted were never added: not below 0.
@@ -140,7 +147,7 @@ class RegistryRecords(StoreCore):
                 updated = dataclasses.replace(session, stored_bytes=held)
                 batch.put("sessions", session_id.encode(), encode_value(updated))
             self._write(batch, session_id)
-            return count, tuple(s for s in specs if stored.get(s.name) != s)
+            return count, tuple(changed)
 
     def list_tools(self, session_id: str) -> list[ToolSpec]:
         lo, hi = session_prefix(session_id), session_key(session_id, ACTIVATIONS)
