@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from server.compiler.estimate import fingerprint
-from server.compiler.memo_cut import clean_cut, memo_usable
+from server.compiler.memo_cut import clean_cut, has_attachment, memo_usable
 from server.compiler.message_table import EMPTY, MessageTable
 from server.compiler.pairing import PairState, pair_tool_messages
 from server.compiler.projection import (
@@ -50,6 +50,7 @@ from server.domain.model import (
     Event,
     Role,
     ToolResult,
+    UserMessage,
 )
 from server.domain.records import Checkpoint, CheckpointKind
 from server.domain.replacing import replaced
@@ -58,6 +59,10 @@ from server.domain.replacing import replaced
 NO_LIMITS = ImagePolicy()
 # Rough bytes a memo holds beyond its texts, per message and per event.
 _OVERHEAD_BYTES = 400
+# Events after a memo's cut that a compile tries to take into its memo whole (see
+# `_whole_tail`): a step's few. A longer tail (a first compile) is cut as before, so that
+# a tail that turns out not to end clean is never projected twice at length.
+_WHOLE_TAIL_EVENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +228,44 @@ def _advance(
     return cut, done
 
 
+def _whole_tail(
+    run: _Run,
+    events: Sequence[Event],
+    start: int,
+    head: list[ViewMessage],
+    ws_seq: int | None,
+    kept: set[int],
+    checkpoint: Checkpoint | None,
+) -> list[ViewMessage] | None:
+    """The tail events[start:] projected into `run` in one piece, when all of it may go
+    into the memo; else None, with `run` as it was.
+
+    The end of the log is a clean cut when the last event's message is a result or a
+    user message and no call is open after it: nothing that can follow reaches back
+    (a call-only message merges only into an assistant message before it, and a result
+    folds a call back only into a block whose calls are open; pairing.py). So a step of
+    a tool loop, which ends with the result of its call, leaves a memo of everything:
+    the next step projects, sizes and fingerprints its own new events only, instead of
+    the previous step's call and result again (the cut at `clean_cut` stops before the
+    call, whose result may still be followed by more). The tail may hold no attachment
+    (the images are chosen over the part after the memo)."""
+    tail = events[start:]
+    if (
+        not tail
+        or len(tail) > _WHOLE_TAIL_EVENTS
+        or not isinstance(tail[-1].payload, ToolResult | UserMessage)
+        or any(has_attachment(e) for e in tail)
+    ):
+        return None
+    before = (run.pair, list(run.pair_notes), list(run.form_notes), run.elided)
+    done = _segment(run, tail, head, ws_seq, kept, checkpoint, final=False)
+    if not run.pair.open_calls:
+        return done
+    # A result while calls of the same message are still open (parallel calls).
+    run.pair, run.pair_notes, run.form_notes, run.elided = before
+    return None
+
+
 def _answers_a_call(payload: object, before: Sequence[Event], pair: PairState) -> bool:
     """Whether `payload` is a result of a call made in `before` or still open in `pair`:
     then that call is open at a cut made at the result. (A result found here that is not
@@ -269,10 +312,18 @@ def project_incremental(
         ws_seq = memo.ws_seq if (reused and memo is not None) else None
     start, run = _started(memo if reused else None, ws_seq)
     head = _head(checkpoint, current_user) if start == 0 else []
-    cut = clean_cut(events, start, results=True) if remember and current_user is None else start
     # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
     kept = _kept_reasoning_seqs(events[start:])
-    cut, done = _advance(run, events, start, cut, head, ws_seq, kept, checkpoint)
+    whole = (
+        _whole_tail(run, events, start, head, ws_seq, kept, checkpoint)
+        if remember and current_user is None
+        else None
+    )
+    if whole is not None:
+        cut, done = len(events), whole
+    else:
+        cut = clean_cut(events, start, results=True) if remember and current_user is None else start
+        cut, done = _advance(run, events, start, cut, head, ws_seq, kept, checkpoint)
     if cut > start:
         head = []
     done_sized = _sized(done, counter)
@@ -281,7 +332,13 @@ def project_incremental(
     _count(run.tally, done_sized)
     memo_tally = _frozen(run.tally)
     kept_state = (run.pair, len(run.pair_notes), len(run.form_notes), run.elided)
-    rest = _segment(run, events[cut:], head, ws_seq, kept, checkpoint, final=True)
+    # Nothing to do after a memo of the whole log (no call is open there to close).
+    tail = events[cut:]
+    rest = (
+        _segment(run, tail, head, ws_seq, kept, checkpoint, final=True)
+        if tail or head or run.pair.open_calls
+        else []
+    )
     notes: list[str] = []
     rest_notes: list[str] = []
     imaged = _apply_images(rest, images, rest_notes)

@@ -68,7 +68,7 @@ def clean_cut(events: Sequence[Event], start: int, *, results: bool) -> int:
                 and not later.parts
                 and msg.role is Role.ASSISTANT
             )
-            if not merges and not any(_has_attachment(e) for e in events[start:clean]):
+            if not merges and not any(has_attachment(e) for e in events[start:clean]):
                 return clean
             clean = None
         if i <= start:
@@ -77,12 +77,12 @@ def clean_cut(events: Sequence[Event], start: int, *, results: bool) -> int:
             msg.role is not Role.TOOL and (msg.parts or msg.tool_calls)
         ):
             clean = i
-    if clean is not None and not any(_has_attachment(e) for e in events[start:clean]):
+    if clean is not None and not any(has_attachment(e) for e in events[start:clean]):
         return clean  # nothing before it: nothing to merge into
     return start
 
 
-def _has_attachment(event: Event) -> bool:
+def has_attachment(event: Event) -> bool:
     p = event.payload
     if isinstance(p, Attachment):
         return True

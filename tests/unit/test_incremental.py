@@ -293,12 +293,13 @@ def test_a_step_continues_from_the_memo_and_the_cut_follows_the_turns() -> None:
     log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn * 3)]
     step = Step([], 0, "", 0, False, False, False)
     view, memo, reused = compile_incremental(inputs_for(log, step, 0), C, None)
-    # Up to the last assistant message (seq 8): its result may still be followed by more.
-    assert not reused and memo is not None and memo.cut == 7
+    # All of it: the log ends with the result of the only call made, so nothing that can
+    # follow reaches back into it.
+    assert not reused and memo is not None and memo.cut == 9
     assert memo.ws_index == 6  # the third turn is the working set
     log.append(Event(10, "e10", 0, UserMessage((ContentPart(text="next"),))))
     later, memo2, reused = compile_incremental(inputs_for(log, step, 1), C, memo)
-    assert reused and memo2 is not None and memo2.cut == 9
+    assert reused and memo2 is not None and memo2.cut == 10
     assert all(a is b for a, b in zip(later.messages[:6], view.messages[:6], strict=True))
     assert [m.layer.name for m in later.messages[6:]] == ["HISTORY"] * 3 + ["WORKING_SET"]
     assert later.messages[6] is memo2.messages[6]  # the memo's own objects, not copies
@@ -350,13 +351,13 @@ def test_inline_images_are_encoded_as_a_protobuf_object_per_message_would_be() -
     assert view_bytes(result).whole() == expected
 
 
-def test_a_step_in_a_turn_of_tool_calls_projects_the_part_before_its_cut_once(
+def test_a_step_in_a_turn_of_tool_calls_projects_only_its_own_events(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each step of an agent's tool loop appends a call and its result. The cut at that
-    result would find the call open: the memo's advance goes to the clean cut before the
-    call at once, instead of projecting the part first and then again (two projections
-    per step, the advance and the rest, not three); the view is the scratch one."""
+    """Each step of an agent's tool loop appends a call and its result. The log then ends
+    clean (no call open, nothing after it can reach back), so the memo takes all of it:
+    the next step projects its own two events in one segment, not the previous step's
+    call and result again; the view is the scratch one."""
     log = [Event(1, "e1", 0, UserMessage((ContentPart(text="fix it"),)))]
     step = Step([], 0, "", 0, False, False, False)
     memo = None
@@ -376,7 +377,34 @@ def test_a_step_in_a_turn_of_tool_calls_projects_the_part_before_its_cut_once(
         segments.clear()
         view, memo, reused = compile_incremental(inputs, C, memo)
         if k > 2:
-            # The last step's call and result, then this step's.
-            assert reused and segments == [2, 2], segments
-            assert memo is not None and memo.cut == k - 1  # before this step's call
+            assert reused and segments == [2], segments
+        assert memo is not None and memo.cut == len(log)
         assert view == compile_view(inputs, C)
+
+
+def test_a_tail_that_may_still_be_reached_back_into_is_cut_as_before() -> None:
+    """The end of the log is no place to cut when a call is still open there (a result of
+    one of two parallel calls) or when it is an assistant message (a call-only message
+    next would join it): the memo stops at the clean cut, and the next step's view is
+    still the scratch one."""
+    user = UserMessage((ContentPart(text="go"),))
+    both = AssistantMessage((), (ToolCall("c1", "shell", "{}"), ToolCall("c2", "shell", "{}")))
+    step = Step([], 0, "", 0, False, False, False)
+    cases: list[tuple[list[Payload], Payload, int]] = [
+        # c2 is open after c1's result: the cut stays before the parallel calls.
+        ([user, both, ToolResult("c1", "shell", "one")], ToolResult("c2", "shell", "two"), 1),
+        # Text last: the next call-only message merges into it.
+        (
+            [user, AssistantMessage((ContentPart(text="thinking aloud"),), ())],
+            ToolCall("c3", "shell", "{}"),
+            1,
+        ),
+    ]
+    for first, nxt, cut in cases:
+        log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(first)]
+        _, memo, _ = compile_incremental(inputs_for(log, step, 0), C, None)
+        assert memo is not None and memo.cut == cut, (first, memo and memo.cut)
+        log.append(Event(len(log) + 1, f"e{len(log) + 1}", 0, nxt))
+        inputs = inputs_for(log, step, 1)
+        view, _, reused = compile_incremental(inputs, C, memo)
+        assert reused and view == compile_view(inputs, C)
