@@ -7,7 +7,7 @@ events the projection needs; everything here is pure and deterministic.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
@@ -25,9 +25,14 @@ from server.compiler.projection_memo import (
     event_texts,
     extends,
 )
-from server.compiler.prompt_memo import PromptInputs, section_text_digests, system_prompt
+from server.compiler.prompt_memo import (
+    PromptInputs,
+    any_prompt,
+    section_text_digests,
+    system_prompt,
+)
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
-from server.compiler.sources import SourceInputs
+from server.compiler.sources import SourceInputs, matches_paths
 from server.compiler.system import (
     DEFAULT_KERNEL,
     ApprovalMode,
@@ -294,10 +299,13 @@ def compile_incremental(
     *,
     remember: bool = True,
     check: Check = unchecked,
+    before_prompt: Callable[[PromptInputs], None] = any_prompt,
 ) -> tuple[CompiledView, ProjectionMemo | None, bool]:
     """The view, the memo for the next compile (when `remember`), and whether `memo` was
     verified and used; the view is the same byte for byte either way. `check` runs
-    between units of work and may raise to stop the compile (work.py)."""
+    between units of work and may raise to stop the compile (work.py); so may
+    `before_prompt`, called before the system prompt is made anew instead of taken from
+    the memo (prompt_memo.py)."""
     counting = checked(counter, check, inputs.counting)
     # Whether the memo's events start the log: looked at once (O(events), in C).
     known = extends(memo, inputs.events)
@@ -309,7 +317,9 @@ def compile_incremental(
     remembered = system_prompt(
         PromptInputs(
             inputs.sources,
-            named.paths,
+            # Only rules matched by path read the paths: without one, a turn naming a new
+            # path keeps the prompt (making it again walks every source).
+            named.paths if matches_paths(inputs.sources) else (),
             inputs.kernel_text,
             inputs.approval_mode,
             inputs.environment,
@@ -318,6 +328,7 @@ def compile_incremental(
         counting,
         counter,
         memo.prompt if memo is not None else None,
+        before_prompt,
     )
     prompt = remembered.prompt
     counter = counting

@@ -17,7 +17,7 @@ tests compare incremental compiles with compiles from scratch, which pass it by)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from server.compiler.sources import BuiltSources, SourceInputs, build_source_sections
@@ -91,18 +91,27 @@ class RememberedPrompt:
     prompt: Prompt
 
 
+def any_prompt(inputs: PromptInputs) -> None:
+    """Any prompt may be made anew (the default of a `before_making`)."""
+
+
 def system_prompt(
     inputs: PromptInputs,
     counter: TokenCounter,
     counter_key: object,
     previous: RememberedPrompt | None = None,
+    before_making: Callable[[PromptInputs], None] = any_prompt,
 ) -> RememberedPrompt:
     """The system prompt these inputs make (see the module's docstring): `previous`'s (the
     last compile's of the session, from its memo) when its inputs are these, else made
     now. `counter` counts (it may also check the compile's budget); `counter_key` is the
-    counter that answers its counts (one object per tokenizer)."""
+    counter that answers its counts (one object per tokenizer). `before_making` is called
+    before a prompt is made anew, and may raise to stop the compile: making one walks
+    every source (~190 ms for 10 MB of rule files), which the service keeps off its light
+    lane."""
     if previous is not None and _same(previous, inputs, counter_key):
         return previous
+    before_making(inputs)
     return RememberedPrompt(inputs, counter_key, made(inputs, counter))
 
 

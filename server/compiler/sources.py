@@ -293,6 +293,12 @@ def _memory(
     )
 
 
+def matches_paths(inputs: SourceInputs) -> bool:
+    """Whether the sections depend on the paths the turn names: only rules activated by
+    path globs read them."""
+    return any(r.activation == RuleActivation.MATCHED for r in inputs.rules)
+
+
 def build_source_sections(
     inputs: SourceInputs, active_paths: Sequence[str], counter: TokenCounter
 ) -> BuiltSources:

@@ -18,6 +18,7 @@ from server.compiler.compaction import working_set_start
 from server.compiler.compile import CompileInputs, compile_incremental
 from server.compiler.memo_cut import memo_usable
 from server.compiler.projection import has_elidable
+from server.compiler.prompt_memo import PromptInputs, any_prompt
 from server.compiler.render import render
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import (
@@ -423,7 +424,13 @@ class CompileUseCases:
             raise _Stale
         budget.check()
         counter = self._tokenizers.for_model(info)
-        view, new_memo, reused = compile_incremental(inputs, counter, memo, check=budget.check)
+        view, new_memo, reused = compile_incremental(
+            inputs,
+            counter,
+            memo,
+            check=budget.check,
+            before_prompt=_light_prompt if light else any_prompt,
+        )
         if at_head:
             self._telemetry.memo_used("hit" if reused else "stale" if memo else "miss")
             self._memos.put(key, new_memo)
@@ -541,6 +548,15 @@ class CompileUseCases:
 T = TypeVar("T")
 
 
+def _light_prompt(inputs: PromptInputs) -> None:
+    """On the light lane, a system prompt is made anew (its memo's does not hold: a
+    source was written, or the turn named a new path) only from little source text:
+    making it walks every source (~190 ms for 10 MB of rule files), which would hold up
+    every other session's steps; the compile goes to the compute pool instead."""
+    if not sources_are_light(inputs.sources):
+        raise _Stale
+
+
 def _heavy_finish(opts: CompileOptions, view: CompiledView, plain: int) -> bool:
     """Whether what is left of a compile once made (its images read and encoded, its
     provider bodies rendered) is heavy work; the view's first `plain` messages hold no
@@ -555,7 +571,8 @@ def _heavy_finish(opts: CompileOptions, view: CompiledView, plain: int) -> bool:
 
 class _Stale(Exception):
     """Work sent to the light lane found itself heavy. Without `rest`, the memo would not
-    hold: the compile is redone on the compute pool; with it, the compile is made and
+    hold, or the system prompt would be made anew from much source text: the compile is
+    redone on the compute pool; with it, the compile is made and
     `rest` (its images, renderings and record) runs there (see `_compute`)."""
 
     def __init__(self, rest: Callable[[], _Outcome] | None = None) -> None:

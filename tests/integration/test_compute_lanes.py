@@ -784,3 +784,82 @@ async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool
         assert made.lanes("plain") == ["ctxcc-light"]
     finally:
         await _stopped(d, api)
+
+
+async def test_a_system_prompt_made_again_from_much_source_text_takes_the_pool(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm session's step takes its system prompt from its memo; when that does not
+    hold, the prompt is made again from every source (~190 ms for 10 MB of rule files):
+    after a source is written between steps (a global memory entry here, which no
+    session's appends count), or once the turn names a new path while a rule is matched
+    by path. With megabytes of sources that compile leaves the light lane for the compute
+    pool; with a few KB it stays; and a new path with no rule matched by path keeps the
+    prompt (nothing in it reads the paths)."""
+    made = Projections(monkeypatch)
+    workspace = short_tmp / "ws"
+    rules = workspace / "big" / ".ctxcc" / "rules"
+    rules.mkdir(parents=True)
+    (workspace / "small").mkdir()
+    (rules / "tidy.md").write_text(
+        "---\nname: tidy\ndescription: d\nactivation: always\n---\n" + "keep it tidy " * 25_000
+    )
+    (workspace / "small" / "AGENTS.md").write_text("Be careful.\n" * 100)
+    d, api, _ = await _started(make_config(short_tmp / "data", workspace_roots=str(workspace)))
+    preload_tokenizers(["o200k"])
+    try:
+        for sid, root in (("big", "big"), ("small", "small")):
+            project = str(workspace / root)
+            session = session_pb2.Session(
+                session_id=sid, project_root=project, working_directory=project
+            )
+            await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+            await _append(api, sid, helpers.user("hi"))
+        prompts: dict[str, list[str]] = {"big": [], "small": []}
+
+        async def step(*events: event_pb2.Event) -> None:
+            for sid in ("big", "small"):
+                if events:
+                    await _append(api, sid, *events)
+                req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+                prompts[sid].append((await api.compiles.Compile(req)).view.system_prompt)
+
+        await step()  # first compiles: the big one on the pool, the small one light
+        await step(helpers.user("go on"))  # the prompt is the memo's
+        await step(helpers.user("look at src/new_module.py"))  # no rule reads paths
+        await api.sources.PutMemory(
+            srpb.PutMemoryRequest(
+                memory=source_pb2.MemoryEntry(
+                    memory_id="m1", scope=common_pb2.SCOPE_GLOBAL, text="The CI runs on arm64."
+                )
+            )
+        )
+        await step(helpers.user("and now?"))  # a global entry was written
+        lanes = ["ctxcc-compute", "ctxcc-light", "ctxcc-light", "ctxcc-compute"]
+        assert made.lanes("big") == lanes
+        # Found once loaded on the light lane (sources are only known once read).
+        assert made.loaded("big")[-2:] == ["ctxcc-light", "ctxcc-compute"]
+        assert made.lanes("small") == ["ctxcc-light"] * 4
+        for sid in ("big", "small"):
+            assert "The CI runs on arm64." not in prompts[sid][2]
+            assert "The CI runs on arm64." in prompts[sid][3]
+        # The memo made on the pool is continued on the light lane again.
+        await step(helpers.user("thanks"))
+        assert made.lanes("big")[-1] == "ctxcc-light"
+
+        # A rule matched by path: a turn naming a new path makes the prompt again.
+        (rules / "py.md").write_text(
+            "---\nname: py\ndescription: d\nactivation: matched\nglobs: ['src/*.py']\n---\n"
+            "Type every function.\n"
+        )
+        await step(helpers.user("hello"))  # a workspace file changed: made again
+        await step(helpers.user("look at src/other.py"))
+        assert "Type every function." not in prompts["big"][-2]
+        assert "Type every function." in prompts["big"][-1]
+        assert made.lanes("big")[-2:] == ["ctxcc-compute", "ctxcc-compute"]
+        assert made.lanes("small")[-2:] == ["ctxcc-light", "ctxcc-light"]
+        # Only the small session's first compile (a new small session's, which is light
+        # work) projected its log from scratch on the light lane.
+        assert made.afresh_on_light() == [("small", "ctxcc-light", False)]
+    finally:
+        await _stopped(d, api)
