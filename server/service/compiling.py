@@ -49,13 +49,14 @@ from server.service.compile_types import (
     Prior,
     UsageResult,
 )
-from server.service.cpu_budget import CpuBudget
+from server.service.cpu_budget import CpuBudget, LaneExceeded
 from server.service.inputs import (
     UNRECORDED_PREFIX,
     InputAssembler,
     is_recorded,
 )
 from server.service.lanes import (
+    LIGHT_CPU_MS,
     PendingWork,
     images_are_light,
     is_light,
@@ -394,9 +395,20 @@ class CompileUseCases:
     def _prepare(
         self, opts: CompileOptions, budget: CpuBudget, light: bool = False, fresh: bool = False
     ) -> _Prepared:
-        """Blocking: load everything the compile needs, then run the pure compiler."""
+        """Blocking: load everything the compile needs, then run the pure compiler. On the
+        light lane, work that uses more CPU than the lane allows (LIGHT_CPU_MS), whatever
+        made it heavy, is left for the compute pool: the token counts it made are
+        remembered, so the pool continues from there."""
         with budget.running():
-            return self._prepare_within(opts, budget, light, fresh)
+            if not light:
+                return self._prepare_within(opts, budget)
+            budget.lane(LIGHT_CPU_MS)
+            try:
+                return self._prepare_within(opts, budget, light, fresh)
+            except LaneExceeded:
+                raise _Stale from None
+            finally:
+                budget.lane(0)
 
     def _prepare_within(
         self, opts: CompileOptions, budget: CpuBudget, light: bool = False, fresh: bool = False

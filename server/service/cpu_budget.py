@@ -33,6 +33,11 @@ class Abandoned(Exception):
     client (the awaiting call was already cancelled) and nothing is recorded."""
 
 
+class LaneExceeded(Exception):
+    """Raised by `check` when work meant to be light used more CPU than its lane allows
+    (see `CpuBudget.lane`): it is to be redone where heavy work runs."""
+
+
 class CpuBudget:
     """One request's budget; `running` brackets each stretch of its work on a thread.
     Stretches run one after another (each awaited), never at once."""
@@ -46,6 +51,14 @@ class CpuBudget:
         self._abandoned = False
         self._on_abandoned = on_abandoned
         # The monotonic time before which the limit cannot have been reached.
+        self._sure_until = -math.inf
+        # A lower limit while the work runs on a lane for light work (0: none).
+        self._lane_ms = 0
+
+    def lane(self, limit_ms: int) -> None:
+        """From now on `check` raises LaneExceeded once the budget has used `limit_ms`
+        (0: no more): the light lane's bound on work judged light before it ran."""
+        self._lane_ms = limit_ms
         self._sure_until = -math.inf
 
     def abandon(self) -> None:
@@ -74,15 +87,19 @@ class CpuBudget:
                 self._on_abandoned()
                 self._on_abandoned = None  # counted once, whichever check stops it
             raise Abandoned
-        if not self.limit_ms:
+        limit, lane = self.limit_ms, self._lane_ms
+        if not limit and not lane:
             return
         wall = time.perf_counter()  # read before the CPU clock: the bound stays safe
         if wall < self._sure_until:
             return
         used = self.used_s()
-        if used * 1000 > self.limit_ms:
-            raise over_budget(self.limit_ms)
-        self._sure_until = wall + (self.limit_ms / 1000 - used)
+        if lane and used * 1000 > lane:
+            raise LaneExceeded
+        if limit and used * 1000 > limit:
+            raise over_budget(limit)
+        nearest = min(lane, limit) if lane and limit else lane or limit
+        self._sure_until = wall + (nearest / 1000 - used)
 
 
 def over_budget(limit_ms: int) -> CtxccError:

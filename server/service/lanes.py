@@ -145,6 +145,14 @@ class PendingWork:
         self._sessions.pop(session_id, None)
 
 
+# CPU a compile may use on the light lane before it is left for the compute pool (see
+# `CompileUseCases._prepare`): a light step takes ~1-2 ms, and the most new text the lane
+# takes, counted on the slowest vocabulary, ~85 ms. Work judged light before it ran that
+# turns out heavier for a reason no check foresaw (a model's tool_search activating
+# deferred tools with schemas of up to 256 KiB each, which only the compile finds) holds
+# the lane, and every other session's step, for about this long, not for seconds.
+LIGHT_CPU_MS = 100
+
 # Tokens times formats of the provider bodies a light compile renders itself. Rendering
 # walks the whole view (~6 ms per 250k tokens per format here), and unlike unseen text,
 # which one step counts once, it recurs at every step: past ~7 ms it is the compute pool's.

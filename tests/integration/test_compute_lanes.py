@@ -863,3 +863,61 @@ async def test_a_system_prompt_made_again_from_much_source_text_takes_the_pool(
         assert made.afresh_on_light() == [("small", "ctxcc-light", False)]
     finally:
         await _stopped(d, api)
+
+
+async def test_light_work_that_turns_out_heavy_leaves_the_light_lane(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model's tool_search in the log activates deferred tools that only the compile
+    finds (up to five a search, schemas of up to 256 KiB each): the step appended little,
+    so it takes the light lane, where counting those schemas (~1.2 MB here) would hold
+    every other session's steps for ~0.3-0.5 s, on a Claude route or on a model with no
+    tokenizer table (counted character by character). Past the lane's CPU limit
+    (LIGHT_CPU_MS) the compile is left for the compute pool, which continues from the
+    counts made; the view has the tools, and the next step in the turn is light again
+    (the schemas' counts are remembered, on either counter)."""
+    made = Projections(monkeypatch)
+    d, api, _ = await _started(make_config(short_tmp))
+    preload_tokenizers(["claude"])
+    try:
+        for sid, model in (("claude", "claude-sonnet-4"), ("unknown", "house-model-7b")):
+            route = common_pb2.Route(connection="t", protocol="fake", endpoint="l", model=model)
+            req = cpb.CompileRequest(session_id=sid, route=route)
+            await api.sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+            )
+            # Six of ~220 KB each, every schema its own text (none counted before).
+            deferred = []
+            for name in "pqrstu":
+                props = {f"{sid}_{name}_{k}": {"type": "string"} for k in range(6_000)}
+                deferred.append(
+                    tool_pb2.ToolDefinition(
+                        name=name,
+                        description="d",
+                        input_schema_json=json.dumps({"type": "object", "properties": props}),
+                        visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+                        search_keywords=["deploy"],
+                    )
+                )
+            await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id=sid, tools=deferred))
+            await _append(api, sid, helpers.user("ship it"))
+            await api.compiles.Compile(req)
+            await _append(api, sid, helpers.user("go on"))
+            await api.compiles.Compile(req)
+            assert made.lanes(sid) == ["ctxcc-compute", "ctxcc-light"]
+            search = helpers.assistant("", ("s1", "tool_search", '{"query": "deploy"}'))
+            await _append(api, sid, search, helpers.tool_result("s1", "found 5 tools"))
+            view = (await api.compiles.Compile(req)).view
+            activated = {t.definition.name for t in view.tools} - {"tool_search"}
+            assert len(activated) == 5 and activated <= set("pqrstu")
+            assert made.lanes(sid)[2:] == ["ctxcc-compute"]
+            assert made.loaded(sid)[2:] == ["ctxcc-light", "ctxcc-compute"]
+            await _append(api, sid, helpers.assistant("deploying"))  # the same turn
+            again = (await api.compiles.Compile(req)).view
+            assert [t.definition.name for t in again.tools] == [
+                t.definition.name for t in view.tools
+            ]
+            # (The compile the light lane left was loaded on both.)
+            assert made.lanes(sid)[3:] == made.loaded(sid)[4:] == ["ctxcc-light"]
+    finally:
+        await _stopped(d, api)

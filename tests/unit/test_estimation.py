@@ -14,7 +14,13 @@ import pytest
 
 from server.adapters import tokenizer
 from server.adapters.catalog import load_catalog
-from server.adapters.tokenizer import CL100K, BpeCounter, CharClassCounter, load_cl100k
+from server.adapters.tokenizer import (
+    CL100K,
+    BpeCounter,
+    CharClassCounter,
+    charclass_count,
+    load_cl100k,
+)
 from server.compiler.estimate import estimate, message_digests, messages_digest
 from server.compiler.message_table import DIGEST_PREFIX
 from server.compiler.route_model import BOUNDS, CounterKind
@@ -176,3 +182,23 @@ def test_removed_messages_leave_the_baseline_by_their_recorded_counts() -> None:
     assert (basis.removed_tokens, basis.raw_delta) == (300, -200)
     model = RouteModel("r", ratio=0.5, delta_samples=4)
     assert estimate(_layers(500, now), now, state, model, SCALED)[0] == 10_000 - 100
+
+
+def test_the_conservative_counter_counts_a_long_text_once() -> None:
+    """Models with no tokenizer table are counted character by character in Python; a
+    compile counts every tool schema it offers at every step, so a long text's count is
+    remembered (the same number), and a text that differs is counted afresh."""
+    counter = CharClassCounter()
+    schema = '{"type": "object", "properties": {' + '"f": {"type": "string"}, ' * 5_000 + "}}"
+    walked: list[int] = []
+    real = counter._count
+
+    def counting(text: str) -> int:
+        walked.append(len(text))
+        return real(text)
+
+    counter._count = counting  # type: ignore[method-assign]
+    first = counter.count(schema)
+    assert counter.count(schema) == first == charclass_count(schema)
+    assert walked == [len(schema)]
+    assert counter.count(schema + " ") >= first and len(walked) == 2

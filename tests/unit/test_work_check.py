@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Session
-from server.service.cpu_budget import Abandoned, CpuBudget
+from server.service.cpu_budget import Abandoned, CpuBudget, LaneExceeded
 from tests.unit.test_projection import ROUTE, C, log, said, user
 
 EVENTS = log(
@@ -157,3 +157,29 @@ def test_an_abandoned_budget_stops_at_its_next_check_and_counts_once() -> None:
         with pytest.raises(Abandoned):
             budget.check()
     assert counted == [1]
+
+
+@pytest.mark.parametrize("limit_ms", [0, 30_000])
+def test_a_lane_limit_stops_light_work_before_the_budget_does(limit_ms: int) -> None:
+    """On the light lane the budget raises LaneExceeded past the lane's limit (with the
+    compile's own budget far off, or none), not QUOTA_EXCEEDED; off the lane again the
+    same CPU spent passes, and the budget's own limit still holds."""
+    clocks = _Clocks()
+    budget = CpuBudget(limit_ms=limit_ms)
+    with patch("server.service.cpu_budget.time", clocks), budget.running():
+        budget.lane(5)
+        for _ in range(40):  # 4 ms: within the lane's 5
+            clocks.wall += 0.0001
+            clocks.cpu += 0.0001
+            budget.check()
+        clocks.wall += 0.002
+        clocks.cpu += 0.002  # 6 ms spent
+        with pytest.raises(LaneExceeded):
+            budget.check()
+        budget.lane(0)
+        budget.check()  # the compute pool continues the same budget
+        if limit_ms:
+            clocks.wall += 31
+            clocks.cpu += 31
+            with pytest.raises(CtxccError):
+                budget.check()
