@@ -57,6 +57,7 @@ from server.service.inputs import (
 )
 from server.service.lanes import (
     LIGHT_CPU_MS,
+    HeavySlots,
     PendingWork,
     images_are_light,
     is_light,
@@ -121,6 +122,7 @@ class CompileUseCases:
         self._memos = MemoCache(settings.memo_bytes, telemetry)
         # What each session's next compile has not seen, fed by its appends (lanes.py).
         self._pending = pending or PendingWork()
+        self._heavy = HeavySlots()
         # Names the chunks of the route state's table in each compile's basis: the
         # store's splitter (`splitter`) has split that table already, when it wrote the
         # record whose table the route state names.
@@ -233,23 +235,29 @@ class CompileUseCases:
         # made again under the id) projects the whole log, which is heavy work.
         work = functools.partial(heavy, light=True, fresh=fresh) if light else heavy
         if prior is None:
-            compute = self._blocking.compute_light if light else self._blocking.compute
+            if not light:
+                return await self._on_pool(opts.session_id, heavy)
             try:
-                return await compute(_then_synced, work, self._store.sync_reads)
+                return await self._blocking.compute_light(
+                    _then_synced, work, self._store.sync_reads
+                )
             except _Stale as stale:
-                rest = stale.rest or heavy
-                return await self._blocking.compute(_then_synced, rest, self._store.sync_reads)
+                return await self._on_pool(opts.session_id, stale.rest or heavy)
         # The append's fsync is made while its compile runs (the compile reads what was
         # written; the answer waits for both).
         _, outcome = await self._blocking.run_then_compute(
             prior.run, work, prior.landed, self._store.deferring_sync, light=light
         )
         if isinstance(outcome, _Stale):  # the append stands: only its compile moves
-            rest = outcome.rest or heavy
-            return await self._blocking.compute(_then_synced, rest, self._store.sync_reads)
+            return await self._on_pool(opts.session_id, outcome.rest or heavy)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
+
+    async def _on_pool(self, session_id: str, work: Callable[[], _Outcome]) -> _Outcome:
+        """`work` on the compute pool, one of the session's at a time (HeavySlots)."""
+        async with self._heavy.slot(session_id):
+            return await self._blocking.compute(_then_synced, work, self._store.sync_reads)
 
     def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> tuple[bool, bool]:
         """Whether the compile goes on the light lane: at the head, it continues a kept

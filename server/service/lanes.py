@@ -17,7 +17,9 @@ before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 from server.compiler.sources import SourceInputs
@@ -62,6 +64,44 @@ class Started:
     session_id: str
     entry: _Pending
     mark: int
+
+
+class HeavySlots:
+    """One compute-pool compile per session at a time (on the event loop only).
+
+    The compute pool has a few threads (`--compile-workers`, 2 by default): a client
+    asking for several heavy compiles of one session at once (time-travel compiles from
+    an inspector, a retry storm, first compiles of a 16 MB log) would take all of them,
+    and every other session's heavy compile would queue behind that one session. Held
+    per session, a session's second heavy compile waits on the event loop, without a
+    thread, while other sessions' compiles take the free ones. (A stream step's append
+    and the compile it goes with are not held here: once a step is read its append is
+    written whatever happens, and one stream's steps run one at a time anyway.)"""
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        # Session id -> its lock and how many compiles hold or await it.
+        self._held: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def slot(self, session_id: str) -> AsyncIterator[None]:
+        entry = self._held.get(session_id)
+        if entry is None:
+            entry = self._held[session_id] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._held[session_id]
+
+    def sessions(self) -> int:
+        """Sessions with a heavy compile running or waiting (for tests and inspection)."""
+        return len(self._held)
 
 
 class PendingWork:

@@ -921,3 +921,42 @@ async def test_light_work_that_turns_out_heavy_leaves_the_light_lane(
             assert made.lanes(sid)[3:] == made.loaded(sid)[4:] == ["ctxcc-light"]
     finally:
         await _stopped(d, api)
+
+
+async def test_one_sessions_heavy_compiles_take_one_pool_thread(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two heavy compiles of one session asked at once (two time-travel compiles of a
+    long log, say) run one after the other on the compute pool: while the first is held
+    inside the compiler, another session's heavy compile takes the pool's second thread
+    and is answered, and the session's second compile has not started."""
+    held = Held(monkeypatch)
+    d, api, _ = await _started(make_config(short_tmp))
+    preload_tokenizers(["o200k"])
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        for sid in ("heavy1", "other"):
+            await api.sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+            )
+            await _append(api, sid, user(f"{sid} " * 50_000), helpers.user("and then"))
+        for seq in (1, 2):  # time travel: never light
+            at = cpb.CompileRequest(session_id="heavy1", route=ROUTE, as_of_seq=seq)
+            tasks.append(asyncio.ensure_future(api.compiles.Compile(at)))
+        assert await asyncio.to_thread(held.inside.acquire, True, HOLD_S)
+        other = asyncio.ensure_future(
+            api.compiles.Compile(cpb.CompileRequest(session_id="other", route=ROUTE))
+        )
+        second = asyncio.ensure_future(asyncio.to_thread(held.inside.acquire, True, HOLD_S))
+        done, _ = await asyncio.wait({other, second}, return_when=asyncio.FIRST_COMPLETED)
+        assert other in done and not second.done()
+        assert (await other).view.event_boundary == 2
+        assert held.lane("other", 0) == "ctxcc-compute"
+        assert len(held.threads["heavy1"]) == 1  # its second compile waits for the first
+        held.release.set()
+        views = [(await t).view for t in tasks]
+        assert sorted(v.event_boundary for v in views) == [1, 2]
+        assert await second and [held.lane("heavy1", i) for i in (0, 1)] == ["ctxcc-compute"] * 2
+    finally:
+        held.free(tasks)
+        await _stopped(d, api)
