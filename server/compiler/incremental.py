@@ -218,7 +218,7 @@ def _advance(
             return start, []
     before = (run.pair, list(run.pair_notes), list(run.form_notes), run.elided)
     done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
-    if run.pair.open_calls and isinstance(events[cut].payload, ToolResult):
+    if run.pair.open_calls and _a_result(events[cut]):
         # A result while calls are open may fold a call back into the part before.
         run.pair, run.pair_notes, run.form_notes, run.elided = before
         cut = clean_cut(events, start, results=False)
@@ -226,6 +226,14 @@ def _advance(
             return start, []
         done = _segment(run, events[start:cut], head, ws_seq, kept, checkpoint, final=False)
     return cut, done
+
+
+def _a_result(event: Event) -> bool:
+    """Whether pairing takes the event's message for a result: a tool result, or a
+    message imported with the tool role (a result with no call id, whose call pairing
+    restores like any other's)."""
+    msg = _message(event, False)
+    return msg is not None and msg.role is Role.TOOL
 
 
 def _whole_tail(

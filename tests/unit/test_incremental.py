@@ -408,3 +408,28 @@ def test_a_tail_that_may_still_be_reached_back_into_is_cut_as_before() -> None:
         inputs = inputs_for(log, step, 1)
         view, _, reused = compile_incremental(inputs, C, memo)
         assert reused and view == compile_view(inputs, C)
+
+
+def test_a_message_imported_with_the_tool_role_is_a_result_to_the_cut() -> None:
+    """A message imported with the tool role is projected as a result with no call id:
+    pairing restores a call for it, folded into the assistant message whose calls are
+    open. So it is no place to cut while a call is open (like a result of a call never
+    made): the memo stops before that assistant message, and both compiles are the
+    scratch one."""
+    imported = ImportedMessage("elsewhere", 1, Role.TOOL, (ContentPart(text="x"),))
+    turn: list[Payload] = [
+        UserMessage((ContentPart(text="go"),)),
+        AssistantMessage((ContentPart(text="run"),), (ToolCall("c1", "shell", "{}"),)),
+        imported,
+    ]
+    log = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(turn)]
+    step = Step([], 0, "", 0, False, False, False)
+    inputs = inputs_for(log, step, 0)
+    view, memo, _ = compile_incremental(inputs, C, None)
+    assert view == compile_view(inputs, C)
+    assert [c.call_id for c in view.messages[1].tool_calls] == ["c1", ""]
+    assert memo is not None and memo.cut == 1
+    log.append(Event(4, "e4", 0, UserMessage((ContentPart(text="more"),))))
+    inputs = inputs_for(log, step, 1)
+    later, _, reused = compile_incremental(inputs, C, memo)
+    assert reused and later == compile_view(inputs, C)
