@@ -61,6 +61,7 @@ from server.service.lanes import (
     PendingWork,
     images_are_light,
     is_light,
+    prompt_is_light,
     renderings_are_light,
     sources_are_light,
     tail_is_light,
@@ -570,10 +571,12 @@ T = TypeVar("T")
 
 def _light_prompt(inputs: PromptInputs) -> None:
     """On the light lane, a system prompt is made anew (its memo's does not hold: a
-    source was written, or the turn named a new path) only from little source text:
-    making it walks every source (~190 ms for 10 MB of rule files), which would hold up
-    every other session's steps; the compile goes to the compute pool instead."""
-    if not sources_are_light(inputs.sources):
+    source was written, or the turn named a new path) only when that is little work:
+    making it walks every source (~190 ms for 10 MB of rule files), and each rule matched
+    by path scans every path the turn names (~0.7 s for 768 rules against 4,096 paths),
+    which would hold up every other session's steps; the compile goes to the compute pool
+    instead."""
+    if not prompt_is_light(inputs.sources, inputs.paths):
         raise _Stale
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 from server.compiler.sources import SourceInputs
@@ -34,7 +34,7 @@ from server.domain.model import (
     ToolResult,
     UserMessage,
 )
-from server.domain.sources import MemoryEntry, RuleEntry, SkillEntry
+from server.domain.sources import MemoryEntry, RuleActivation, RuleEntry, SkillEntry
 
 # Unseen bytes up to which a compile of a warm session runs on the light lane: ~85 ms of
 # counting on the slowest vocabulary (Claude's, ~3 MB/s), so that no light compile holds
@@ -260,6 +260,26 @@ def sources_are_light(sources: SourceInputs) -> bool:
     total += sum(entry_text_bytes(r) for r in sources.rules)
     total += sum(entry_text_bytes(s) for s in sources.skills)
     return total <= LIGHT_BYTES
+
+
+# Bytes of named paths that a rule matched by path scans (an RE2 pass over them per rule)
+# per byte of source text counted: ~160 MB/s scanned here with 64 globs a rule, against
+# ~3 MB/s counted on the slowest vocabulary. 768 such rules against the 4,096 paths a
+# turn may name (textscan.MAX_PATHS) scan ~115 MB: ~0.7 s, from a few KB of rule text.
+SCANNED_PER_COUNTED = 48
+
+
+def prompt_is_light(sources: SourceInputs, paths: Sequence[str]) -> bool:
+    """Whether making a system prompt is little work: its sources little text (see
+    `sources_are_light`), and the paths the turn names, scanned once by each rule matched
+    by path, few bytes times those rules."""
+    if not sources_are_light(sources):
+        return False
+    if not paths:
+        return True
+    matched = sum(1 for r in sources.rules if r.activation == RuleActivation.MATCHED)
+    scanned = matched * sum(len(p) + 1 for p in paths)
+    return scanned <= SCANNED_PER_COUNTED * LIGHT_BYTES
 
 
 def renderings_are_light(view_tokens: int, formats: int) -> bool:
