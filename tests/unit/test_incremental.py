@@ -23,6 +23,8 @@ from server.domain.model import (
     AssistantMessage,
     Attachment,
     BlobRef,
+    BrowserElement,
+    BrowserSelection,
     ContentPart,
     Event,
     ImportedMessage,
@@ -34,6 +36,7 @@ from server.domain.model import (
     ToolCall,
     ToolResult,
     TurnCancelled,
+    TurnStarted,
     UserMessage,
     starts_turn,
 )
@@ -85,11 +88,14 @@ payloads: st.SearchStrategy[Payload] = st.one_of(
     ),
     st.builds(TurnCancelled, st.just(""), st.booleans()),
     st.just(Attachment(IMAGE)),
+    st.just(BrowserSelection(BrowserElement("https://example.com", "#a", "p", "a.py"))),
+    st.just(TurnStarted("t")),
     st.builds(
         ImportedMessage,
         st.just("elsewhere"),
         st.integers(1, 9),
-        st.sampled_from([Role.USER, Role.ASSISTANT]),
+        # Any role a client may import (a tool one is a result with no call id).
+        st.sampled_from([Role.USER, Role.ASSISTANT, Role.TOOL, Role.SYSTEM]),
         st.lists(
             st.one_of(text_parts, st.just(ContentPart(attachment=IMPORTED_IMAGE))),
             min_size=1,
