@@ -233,6 +233,38 @@ def history(api: Api, n: int) -> tuple[float, float]:
     return short_p50, long_p50
 
 
+def hammer(
+    d: BenchDaemon, seconds: float, work: Callable[[int], None]
+) -> tuple[float, float, float]:
+    """Calls/s of 8 threads calling `work`, the daemon's CPU (cores) meanwhile, and this
+    process's CPU per call (ms)."""
+    # Imported here: bench.isolation imports this module.
+    from bench.isolation import daemon_cpu_s
+
+    count = [0] * 8
+    assert d.proc is not None
+    cpu = daemon_cpu_s(d.proc.pid)
+    mine = time.process_time()
+    stop = time.perf_counter() + seconds
+
+    def worker(k: int) -> None:
+        while time.perf_counter() < stop:
+            work(k)
+            count[k] += 1
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    calls = max(1, sum(count))
+    return (
+        sum(count) / seconds,
+        (daemon_cpu_s(d.proc.pid) - cpu) / seconds,
+        (time.process_time() - mine) / calls * 1000,
+    )
+
+
 def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
     # Imported here: bench.isolation imports this module.
     from bench.isolation import daemon_cpu_s
@@ -259,25 +291,6 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         # Throughput: 8 agents stepping concurrently vs echo calls with 8 in flight.
         seconds = max(1.0, 4.0 * scale)
 
-        def hammer(work: Callable[[int], None]) -> tuple[float, float]:
-            """Calls/s of 8 threads calling `work`, and the daemon's CPU (cores) meanwhile."""
-            count = [0] * 8
-            assert d.proc is not None
-            cpu = daemon_cpu_s(d.proc.pid)
-            stop = time.perf_counter() + seconds
-
-            def worker(k: int) -> None:
-                while time.perf_counter() < stop:
-                    work(k)
-                    count[k] += 1
-
-            threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            return sum(count) / seconds, (daemon_cpu_s(d.proc.pid) - cpu) / seconds
-
         agents = [Api(d.target) for _ in range(8)]
         for k, a in enumerate(agents):
             a.session(f"agent{k}", conversation(20, f"g{k}"))
@@ -287,19 +300,19 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         def agent_step(k: int) -> None:
             streams[k].step([_user(f"step {streams[k].steps + 1} " * 10)])
 
-        steps_per_s, step_cores = hammer(agent_step)
+        steps_per_s, step_cores, step_client_ms = hammer(d, seconds, agent_step)
 
         def echo(k: int) -> None:
             agents[k].echo(view_bytes)
 
-        echo_per_s, echo_cores = hammer(echo)
+        echo_per_s, echo_cores, echo_client_ms = hammer(d, seconds, echo)
 
         def unchanged_step(k: int) -> None:
             streams[k].step([], report=False)
 
         # The floor of a step over the same streams, clients and daemon: nothing new to
         # append, compile or record (a repeat answered by a delta of nothing).
-        unchanged_per_s, _ = hammer(unchanged_step)
+        unchanged_per_s, _, _ = hammer(d, seconds, unchanged_step)
         deltas = sum(a.deltas for a in opened) / max(1, sum(a.steps for a in opened))
         for agent in opened:
             agent.close()
@@ -318,6 +331,12 @@ def run(data_dir: Any, scale: float = 1.0) -> dict[str, float]:
         # so about 1 when that work is the bound) and while they echo.
         "daemon_cores_8_agents_stepping": step_cores,
         "daemon_cores_8_in_flight_echo": echo_cores,
+        # The CPU this process (the 8 agents: the Python client's stream helper code, its
+        # gRPC, one GIL) spends per step and per echo: at most one core of it, so it alone
+        # bounds steps/s at 1000 / that, whatever the daemon costs.
+        "client_cpu_ms_per_step_8_agents": step_client_ms,
+        "client_cpu_ms_per_echo_8_in_flight": echo_client_ms,
+        "client_bound_steps_vs_echo_throughput": (1000 / step_client_ms) / echo_per_s,
         "unchanged_steps_per_s_8_agents": unchanged_per_s,
         "unchanged_steps_vs_echo_throughput": unchanged_per_s / echo_per_s,
         "view_bytes": float(view_bytes),
