@@ -101,6 +101,30 @@ def api() -> Iterator[Api]:
         d.log_path.unlink(missing_ok=True)
 
 
+@dataclass
+class _Stubs:
+    """The services an earlier daemon's tests call, on one channel."""
+
+    sessions: Any
+    compiles: Any
+    sources: Any
+    artifacts: Any
+
+
+def _with_session(ch: grpc.Channel, sid: str) -> _Stubs:
+    """The stubs on `ch`, with session `sid` made."""
+    stubs = _Stubs(
+        session_service_pb2_grpc.SessionServiceStub(ch),
+        compile_service_pb2_grpc.CompileServiceStub(ch),
+        source_service_pb2_grpc.SourceServiceStub(ch),
+        artifact_service_pb2_grpc.ArtifactServiceStub(ch),
+    )
+    stubs.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    return stubs
+
+
 def _bytes(view: view_pb2.CompiledView) -> bytes:
     return view.SerializeToString(deterministic=True)
 
@@ -340,12 +364,8 @@ def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> Non
     try:
         d.wait_ready()
         with grpc.insecure_channel(d.target) as ch:
-            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
-            sources: Any = source_service_pb2_grpc.SourceServiceStub(ch)
-            sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id="r"))
-            )
+            stubs = _with_session(ch, "r")
+            sessions, compiles, sources = stubs.sessions, stubs.compiles, stubs.sources
             sources.PutMemory(
                 rpb.PutMemoryRequest(
                     memory=source_pb2.MemoryEntry(
@@ -422,11 +442,8 @@ def test_compiles_of_the_previous_daemon_are_rebuilt_byte_for_byte(tmp_path: Pat
         d.wait_ready()
         views = []
         with grpc.insecure_channel(d.target) as ch:
-            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
-            sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id="p"))
-            )
+            stubs = _with_session(ch, "p")
+            sessions, compiles = stubs.sessions, stubs.compiles
             for i in range(3):
                 events = [user(f"step {i}"), assistant("", (f"c{i}", "TodoWrite", todos))]
                 events.append(tool_result(f"c{i}", "updated"))
@@ -492,12 +509,8 @@ def test_compiles_that_sent_no_message_images_are_rebuilt_as_they_were(tmp_path:
     try:
         d.wait_ready()
         with grpc.insecure_channel(d.target) as ch:
-            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
-            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
-            sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id="i"))
-            )
+            stubs = _with_session(ch, "i")
+            sessions, compiles, artifacts = stubs.sessions, stubs.compiles, stubs.artifacts
             seen, drawn, theirs, shared = (_upload(artifacts, "i", n) for n in range(4))
             asked = user("What do you see?")
             asked.user_message.parts.add(attachment=seen)

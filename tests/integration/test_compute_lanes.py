@@ -731,6 +731,29 @@ async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
         await _stopped(d, api)
 
 
+def _workspace(root: Path) -> Path:
+    """A workspace of two projects: `big`, one always-active rule file of ~300 KB (over
+    the light lane's 256 KiB of sources), and `small`, an AGENTS.md of a few KB. Returns
+    the big project's rules directory."""
+    workspace = root / "ws"
+    rules = workspace / "big" / ".ctxcc" / "rules"
+    rules.mkdir(parents=True)
+    (workspace / "small").mkdir()
+    (rules / "tidy.md").write_text(
+        "---\nname: tidy\ndescription: d\nactivation: always\n---\n" + "keep it tidy " * 25_000
+    )
+    (workspace / "small" / "AGENTS.md").write_text("Be careful.\n" * 100)
+    return rules
+
+
+async def _in_project(api: Any, sid: str, project: Path) -> None:
+    """Session `sid`, made in `project` (its root and working directory)."""
+    session = session_pb2.Session(
+        session_id=sid, project_root=str(project), working_directory=str(project)
+    )
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+
+
 async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -740,21 +763,12 @@ async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool
     the event loop: not loaded on the light lane); files are only known once read, so
     that compile leaves the light lane once loaded. A few KB of them stay light."""
     made = Projections(monkeypatch)
-    workspace = short_tmp / "ws"
-    (workspace / "big" / ".ctxcc" / "rules").mkdir(parents=True)
-    (workspace / "small").mkdir()
-    rule = "---\nname: r\ndescription: d\nactivation: always\n---\n"
-    (workspace / "big" / ".ctxcc" / "rules" / "r.md").write_text(rule + "keep it tidy " * 25_000)
-    (workspace / "small" / "AGENTS.md").write_text("Be careful.\n" * 100)
+    workspace = _workspace(short_tmp).parents[2]
     d, api, _ = await _started(make_config(short_tmp / "data", workspace_roots=str(workspace)))
     preload_tokenizers(["o200k"])
     try:
         for sid, root in (("files", "big"), ("plain", "small"), ("entries", "small")):
-            project = str(workspace / root)
-            session = session_pb2.Session(
-                session_id=sid, project_root=project, working_directory=project
-            )
-            await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+            await _in_project(api, sid, workspace / root)
         for i in range(6):
             await api.sources.PutRule(
                 srpb.PutRuleRequest(
@@ -797,23 +811,13 @@ async def test_a_system_prompt_made_again_from_much_source_text_takes_the_pool(
     pool; with a few KB it stays; and a new path with no rule matched by path keeps the
     prompt (nothing in it reads the paths)."""
     made = Projections(monkeypatch)
-    workspace = short_tmp / "ws"
-    rules = workspace / "big" / ".ctxcc" / "rules"
-    rules.mkdir(parents=True)
-    (workspace / "small").mkdir()
-    (rules / "tidy.md").write_text(
-        "---\nname: tidy\ndescription: d\nactivation: always\n---\n" + "keep it tidy " * 25_000
-    )
-    (workspace / "small" / "AGENTS.md").write_text("Be careful.\n" * 100)
+    rules = _workspace(short_tmp)
+    workspace = rules.parents[2]
     d, api, _ = await _started(make_config(short_tmp / "data", workspace_roots=str(workspace)))
     preload_tokenizers(["o200k"])
     try:
-        for sid, root in (("big", "big"), ("small", "small")):
-            project = str(workspace / root)
-            session = session_pb2.Session(
-                session_id=sid, project_root=project, working_directory=project
-            )
-            await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+        for sid in ("big", "small"):
+            await _in_project(api, sid, workspace / sid)
             await _append(api, sid, helpers.user("hi"))
         prompts: dict[str, list[str]] = {"big": [], "small": []}
 
