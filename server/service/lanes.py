@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from server.compiler.sources import SourceInputs
 from server.compiler.view import ViewMessage
@@ -66,6 +66,15 @@ class Started:
     mark: int
 
 
+@dataclass(slots=True)
+class _Slot:
+    """A session's turn on the compute pool: its lock, and the compiles holding or
+    awaiting it."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
+
+
 class HeavySlots:
     """One compute-pool compile per session at a time (on the event loop only).
 
@@ -81,22 +90,20 @@ class HeavySlots:
     __slots__ = ("_held",)
 
     def __init__(self) -> None:
-        # Session id -> its lock and how many compiles hold or await it.
-        self._held: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._held: dict[str, _Slot] = {}
 
     @contextlib.asynccontextmanager
     async def slot(self, session_id: str) -> AsyncIterator[None]:
-        entry = self._held.get(session_id)
-        if entry is None:
-            entry = self._held[session_id] = (asyncio.Lock(), [0])
-        lock, users = entry
-        users[0] += 1
+        held = self._held.get(session_id)
+        if held is None:
+            held = self._held[session_id] = _Slot()
+        held.users += 1
         try:
-            async with lock:
+            async with held.lock:
                 yield
         finally:
-            users[0] -= 1
-            if not users[0]:
+            held.users -= 1
+            if not held.users:  # nobody holds or awaits it: forgotten
                 del self._held[session_id]
 
     def sessions(self) -> int:
