@@ -80,9 +80,7 @@ class Held:
         each: they take the compute pool), once both are held inside the compiler."""
         heavy = []
         for sid in ("heavy1", "heavy2"):
-            await api.sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
-            )
+            await _made(api, sid)
             await _append(api, sid, user(f"{sid} " * 50_000))
             compile_req = cpb.CompileRequest(session_id=sid, route=ROUTE)
             heavy.append(asyncio.ensure_future(api.compiles.Compile(compile_req)))
@@ -214,6 +212,14 @@ class Projections:
 
 async def _append(api: Any, sid: str, *events: event_pb2.Event) -> None:
     await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=list(events)))
+
+
+async def _made(api: Any, sid: str, project: Path | None = None) -> None:
+    """Session `sid`, made (in `project`: its root and working directory)."""
+    session = session_pb2.Session(session_id=sid)
+    if project is not None:
+        session.project_root = session.working_directory = str(project)
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
 
 
 def _chat(turns: int) -> list[event_pb2.Event]:
@@ -477,9 +483,7 @@ async def test_registered_tools_count_as_new_text(
     preload_tokenizers(["o200k"])
     req = cpb.CompileRequest(session_id="tooly", route=ROUTE)
     try:
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id="tooly"))
-        )
+        await _made(api, "tooly")
         await api.tools.RegisterTools(
             tpb.RegisterToolsRequest(session_id="tooly", tools=_big_tools("a", 4))
         )
@@ -597,9 +601,7 @@ async def test_a_memo_evicted_before_the_light_lane_loads_leaves_it_unloaded(
     preload_tokenizers(["o200k"])
     req = cpb.CompileRequest(session_id="long", route=ROUTE)
     try:
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id="long"))
-        )
+        await _made(api, "long")
         await _append(api, "long", *_chat(400))  # ~400 KB: over the light lane's share
         await api.compiles.Compile(req)
         await _append(api, "long", helpers.user("warm"))
@@ -687,9 +689,7 @@ async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
         render_formats=[view_pb2.RENDER_FORMAT_OPENAI_CHAT],
     )
     try:
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id="long"))
-        )
+        await _made(api, "long")
         await _append(api, "long", *(helpers.user(words) for _ in range(16)))
         view = (await api.compiles.Compile(req)).view
         assert view.budget.estimated_input_tokens > RENDER_LIGHT_TOKENS
@@ -718,9 +718,7 @@ async def test_a_rebuilds_bodies_are_rendered_on_the_compute_pool(
     preload_tokenizers(["o200k"])
     chat = [view_pb2.RENDER_FORMAT_OPENAI_CHAT]
     try:
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id="again"))
-        )
+        await _made(api, "again")
         await _append(api, "again", *_chat(3))
         req = cpb.CompileRequest(session_id="again", route=ROUTE)
         compile_id = (await api.compiles.Compile(req)).view.compile_id
@@ -746,14 +744,6 @@ def _workspace(root: Path) -> Path:
     return rules
 
 
-async def _in_project(api: Any, sid: str, project: Path) -> None:
-    """Session `sid`, made in `project` (its root and working directory)."""
-    session = session_pb2.Session(
-        session_id=sid, project_root=str(project), working_directory=str(project)
-    )
-    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-
-
 async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool(
     short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -768,7 +758,7 @@ async def test_a_new_sessions_first_compile_with_much_source_text_takes_the_pool
     preload_tokenizers(["o200k"])
     try:
         for sid, root in (("files", "big"), ("plain", "small"), ("entries", "small")):
-            await _in_project(api, sid, workspace / root)
+            await _made(api, sid, workspace / root)
         for i in range(6):
             await api.sources.PutRule(
                 srpb.PutRuleRequest(
@@ -817,7 +807,7 @@ async def test_a_system_prompt_made_again_from_much_source_text_takes_the_pool(
     preload_tokenizers(["o200k"])
     try:
         for sid in ("big", "small"):
-            await _in_project(api, sid, workspace / sid)
+            await _made(api, sid, workspace / sid)
             await _append(api, sid, helpers.user("hi"))
         prompts: dict[str, list[str]] = {"big": [], "small": []}
 
@@ -887,9 +877,7 @@ async def test_light_work_that_turns_out_heavy_leaves_the_light_lane(
         for sid, model in (("claude", "claude-sonnet-4"), ("unknown", "house-model-7b")):
             route = common_pb2.Route(connection="t", protocol="fake", endpoint="l", model=model)
             req = cpb.CompileRequest(session_id=sid, route=route)
-            await api.sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
-            )
+            await _made(api, sid)
             # Six of ~220 KB each, every schema its own text (none counted before).
             deferred = []
             for name in "pqrstu":
@@ -940,9 +928,7 @@ async def test_one_sessions_heavy_compiles_take_one_pool_thread(
     tasks: list[asyncio.Task[Any]] = []
     try:
         for sid in ("heavy1", "other"):
-            await api.sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
-            )
+            await _made(api, sid)
             await _append(api, sid, user(f"{sid} " * 50_000), helpers.user("and then"))
         for seq in (1, 2):  # time travel: never light
             at = cpb.CompileRequest(session_id="heavy1", route=ROUTE, as_of_seq=seq)
