@@ -183,16 +183,15 @@ class CompileUseCases:
         prepared, done, compact_through = outcome
         session, _, view, counter, inputs, info, plain = prepared
         if done is not None:
+            if done.view.compaction is not None:
+                self._telemetry.compaction("model_summary", performed=False)
             self._published(opts, session, done.view, started)
             return done
         rebuild = bool(opts.rebuild_compile_id)
         if compact_through is not None and await self._builtin_compaction(session, compact_through):
             return await self._compile(opts, False, budget)
         if view.compaction is not None:
-            digest = await self._blocking.run(
-                self._loader.range_digest, session, view.compaction.through_seq
-            )
-            view = replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
+            view = await self._blocking.run(self._covered, session, view)
             if not rebuild:
                 self._telemetry.compaction("model_summary", performed=False)
         # No artifact sized, no image in the view: known without walking it.
@@ -317,12 +316,21 @@ class CompileUseCases:
         prepared = self._prepare(opts, budget, light, fresh)
         session, history, view, _, _, _, plain = prepared
         recorded = is_recorded(opts)
-        wants = view.decision is not Decision.OK and may_compact and recorded
-        if opts.rebuild_compile_id or wants or view.compaction is not None or not recorded:
-            through = self._builtin_through(session, history, view) if wants else None
-            return prepared, None, through
+        if opts.rebuild_compile_id or not recorded:
+            return prepared, None, None
+        wants = view.decision is not Decision.OK and may_compact
+        through = self._builtin_through(session, history, view) if wants else None
+        if through is not None:
+            return prepared, None, through  # the loop makes the checkpoint, then compiles again
         finish = functools.partial(self._finish_recorded, opts, prepared, before, budget)
-        if light and _heavy_finish(opts, view, plain):
+        # Over budget, every step's view carries the compaction request with the digest
+        # of the range it covers. The digest is made here, in this hop: on the loop it
+        # cost every such step two more hops and the record made on the loop. The first
+        # one of a range reads and hashes the range: compute-pool work.
+        undigested = view.compaction is not None and (
+            self._loader.cached_range_digest(session, view.compaction.through_seq) is None
+        )
+        if light and (_heavy_finish(opts, view, plain) or undigested):
             # Reading and encoding megabytes of images, or rendering a long view, is heavy
             # work: the compute pool does it, with the compile made here.
             raise _Stale(finish)
@@ -333,18 +341,31 @@ class CompileUseCases:
     ) -> _Outcome:
         """Blocking: the rest of `_prepare_and_finish` for a view to record now: images,
         renderings, the record, and the repeat remembered."""
-        _, _, view, counter, inputs, info, plain = prepared
+        session, history, view, counter, inputs, info, plain = prepared
+        if view.compaction is not None:
+            view = self._covered(session, view)
+            prepared = (session, history, view, counter, inputs, info, plain)
         record, parts = self._record(opts, view, inputs, info)
         done = self._finish(None, (), view, opts, counter, budget, plain)
         # Only a record that was written may be remembered: one refused for a full disk
-        # beside another write that landed meanwhile is also one write further.
+        # beside another write that landed meanwhile is also one write further. A view
+        # recommending compaction is not (as before it was made in this hop): each of
+        # its compiles is counted as a recommendation.
         if (
             record is not None
             and put_record(self._store, record, parts)
             and self._settings.memo_bytes
+            and view.compaction is None
         ):
             self._repeats.remember(opts, before, inputs, done, record)
         return prepared, done, None
+
+    def _covered(self, session: Session, view: CompiledView) -> CompiledView:
+        """Blocking: `view` with its compaction request's covered digest (empty when the
+        range cannot be digested: part of it is missing or damaged)."""
+        assert view.compaction is not None
+        digest = self._loader.range_digest(session, view.compaction.through_seq)
+        return replace(view, compaction=replace(view.compaction, covered_digest=digest or ""))
 
     def _published(
         self, opts: CompileOptions, session: Session, view: CompiledView, started: float

@@ -46,18 +46,25 @@ class HistoryLoader:
 
     def __init__(self, store: EventStore) -> None:
         self._store = store
-        self._digests: OrderedDict[tuple[str, int, int], str | None] = OrderedDict()
+        self._digests: OrderedDict[tuple[str, int, int], str] = OrderedDict()
         self._lock = threading.Lock()
         self._checkpoint_lists = KeptReads("checkpoints", store)
         self._tool_lists = KeptReads("tools", store)
         self._artifact_sizes_kept = KeptReads("artifacts", store)
 
-    def range_digest(self, session: Session, through: int) -> str | None:
+    def cached_range_digest(self, session: Session, through: int) -> str | None:
+        """range_digest when it is known without reading (None: not known)."""
         key = (session.session_id, session.create_time_ns, through)
         with self._lock:
             if key in self._digests:
                 self._digests.move_to_end(key)
                 return self._digests[key]
+        return None
+
+    def range_digest(self, session: Session, through: int) -> str | None:
+        known = self.cached_range_digest(session, through)
+        if known is not None:
+            return known
         try:
             events = self._store.read_events(session.session_id, 0, None, frozenset(), through)
         except CtxccError as err:
@@ -70,7 +77,7 @@ class HistoryLoader:
             return None
         digest = events_digest(events)
         with self._lock:
-            self._digests[key] = digest
+            self._digests[(session.session_id, session.create_time_ns, through)] = digest
             if len(self._digests) > _DIGEST_CACHE:
                 self._digests.popitem(last=False)
         return digest

@@ -34,6 +34,8 @@ from server.adapters.tokenizer import TABLES, preload_tokenizers
 from server.app import Daemon
 from server.compiler import compile as compiler_core
 from server.compiler.render import render
+from server.domain import canonical
+from server.service import compile_records, compiling, loading
 from server.service.compile_types import CompileOptions
 from server.service.compiling import CompileUseCases
 from server.service.cpu_budget import CpuBudget
@@ -949,4 +951,68 @@ async def test_one_sessions_heavy_compiles_take_one_pool_thread(
         assert await second and [held.lane("heavy1", i) for i in (0, 1)] == ["ctxcc-compute"] * 2
     finally:
         held.free(tasks)
+        await _stopped(d, api)
+
+
+async def test_over_budget_steps_digest_their_range_once_off_the_light_lane(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over budget, every step's view carries the compaction request with the digest of
+    the range it covers. The steps of a turn cover one range: it is read and hashed once,
+    on the compute pool (a light step whose range is new hands its digest and record
+    there), and each later step of the turn is made, digested and recorded on the light
+    lane, in its one hop. The digest is the one CreateCheckpoint verifies."""
+    monkeypatch.setattr(PendingWork, "made", lambda *_: None)
+    made = Projections(monkeypatch)
+    hashed: list[str] = []
+    recorded: list[str] = []
+    digest_of, put = canonical.events_digest, compile_records.put_record
+
+    def digesting(events: Any) -> str:
+        hashed.append(threading.current_thread().name.rsplit("_", 1)[0])
+        return digest_of(events)
+
+    def putting(*args: Any) -> bool:
+        recorded.append(threading.current_thread().name.rsplit("_", 1)[0])
+        return put(*args)
+
+    monkeypatch.setattr(loading, "events_digest", digesting)
+    monkeypatch.setattr(compiling, "put_record", putting)
+    d, api, _ = await _started(make_config(short_tmp))
+    try:
+        sid = "over"
+        await _made(api, sid)
+        await _append(api, sid, *_chat(12))
+        views: list[view_pb2.CompiledView] = []
+        # One turn's tool calls; the last step on a wider window, so its prompt covers
+        # more: a range not digested yet.
+        for window in (1_500, 1_500, 1_500, 2_000):
+            k = len(views)
+            step = [
+                helpers.assistant("", (f"s{k}", "sql", "{}")),
+                helpers.tool_result(f"s{k}", "ok"),
+            ]
+            await _append(api, sid, *step)
+            limits = cpb.ModelLimits(context_window=window)
+            req = cpb.CompileRequest(session_id=sid, route=ROUTE, limits=limits)
+            views.append((await api.compiles.Compile(req)).view)
+        covered = [(v.compaction.through_seq, v.compaction.covered_digest) for v in views]
+        assert all(v.decision != view_pb2.DECISION_OK and v.compaction.prompt for v in views)
+        assert covered[0] == covered[1] == covered[2] != covered[3]
+        assert all(digest for _, digest in covered)
+        # The first compile is heavy (no memo).
+        assert made.lanes(sid) == ["ctxcc-compute"] + ["ctxcc-light"] * 3
+        assert hashed == ["ctxcc-compute"] * 2
+        assert recorded == ["ctxcc-compute", "ctxcc-light", "ctxcc-light", "ctxcc-compute"]
+        through, digest = covered[3]
+        ck = checkpoint_pb2.Checkpoint(
+            session_id=sid, covers_through_seq=through, summary="so far", covered_digest=digest
+        )
+        made_ck = await api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=ck, covered_digest_mode=cpb.COVERED_DIGEST_MODE_VERIFY
+            )
+        )
+        assert made_ck.checkpoint.covered_digest == digest and not made_ck.digest_computed
+    finally:
         await _stopped(d, api)
