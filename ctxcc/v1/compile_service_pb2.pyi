@@ -95,6 +95,14 @@ class _DeltaDigestEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeltaDige
     A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
     predates it) checks view_sha256 instead.
     """
+    DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART: _DeltaDigest.ValueType  # 2
+    """ViewDelta.chain_sha256 as with DELTA_DIGEST_MESSAGE_CHAIN, but with the compaction
+    request (CompiledView.compaction) hashed apart from the rest of the view (see
+    ViewDelta.chain_sha256). Over budget, every step of a turn carries the same request,
+    whose prompt holds as much history as one model window takes: each side hashes it
+    when it changes, not at every step. A daemon that predates it answers as for
+    DELTA_DIGEST_UNSPECIFIED (view_sha256).
+    """
 
 class DeltaDigest(_DeltaDigest, metaclass=_DeltaDigestEnumTypeWrapper):
     """DeltaDigest is the digest a ViewDelta states for the view it rebuilds to."""
@@ -108,6 +116,14 @@ DELTA_DIGEST_MESSAGE_CHAIN: DeltaDigest.ValueType  # 1
 view's, so each side hashes only the new messages plus the view without its messages.
 A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
 predates it) checks view_sha256 instead.
+"""
+DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART: DeltaDigest.ValueType  # 2
+"""ViewDelta.chain_sha256 as with DELTA_DIGEST_MESSAGE_CHAIN, but with the compaction
+request (CompiledView.compaction) hashed apart from the rest of the view (see
+ViewDelta.chain_sha256). Over budget, every step of a turn carries the same request,
+whose prompt holds as much history as one model window takes: each side hashes it
+when it changes, not at every step. A daemon that predates it answers as for
+DELTA_DIGEST_UNSPECIFIED (view_sha256).
 """
 Global___DeltaDigest: _TypeAlias = DeltaDigest  # noqa: Y015
 
@@ -564,7 +580,7 @@ class ViewDelta(_message.Message):
     system_prompt is the texts of those sections joined by two newlines ("\\n\\n"), and whose
     tools are the base's tools unless tools_changed (then `tools`), and whose compaction is the
     base's when compaction_kept (then `head` has none). It then checks the digest
-    (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
+    (view_sha256, or chain_sha256 when the step asked for a chained digest); on a
     mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
     head.compile_id.
     """
@@ -607,6 +623,10 @@ class ViewDelta(_message.Message):
     neither side hashes the kept messages again. A kept message that differs between the
     client's base and the daemon's, a wrong kept_messages, or any other field of the
     rebuilt view that differs, changes the digest.
+    When the step asked for DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART it is instead
+    sha256(R' || C || Q): R' = sha256(E(V with its messages and its compaction left out)),
+    C as above, Q = sha256(E(V.compaction)) (the CompactionRequest alone, no field key or
+    length), or 32 zero bytes when V has no compaction.
     """
     compaction_kept: _builtins.bool
     """Only when the step set keep_compaction: true when the new view's compaction request is

@@ -68,6 +68,8 @@ class DeltaAsk:
     chained: bool
     base_chain: tuple[bytes, ...] | None
     keep_compaction: bool
+    # The chained digest with the compaction request hashed apart.
+    compaction_apart: bool = False
 
 
 class StreamSteps:
@@ -97,11 +99,11 @@ class StreamSteps:
             return [out]
         base = self._recent.get(base_id) if base_id and base_id in stream.sent else None
         # A chained digest continues from the base's chain values (None: hashed once).
-        chained = isinstance(msg, pb.CompileStreamRequest) and msg.step.delta_digest == (
-            pb.DELTA_DIGEST_MESSAGE_CHAIN
-        )
+        digest = msg.step.delta_digest if isinstance(msg, pb.CompileStreamRequest) else 0
+        apart = digest == pb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
+        chained = apart or digest == pb.DELTA_DIGEST_MESSAGE_CHAIN
         keep_compaction = isinstance(msg, pb.CompileStreamRequest) and msg.step.keep_compaction
-        ask = DeltaAsk(chained, stream.chains.get(base_id), keep_compaction)
+        ask = DeltaAsk(chained, stream.chains.get(base_id), keep_compaction, apart)
         size = source.size if isinstance(source, ViewBytes) else size_hint(source)
         # A chained delta against the stream's last view encodes and hashes little more
         # than what is new (the records of the messages both share are lent): on the loop
@@ -169,7 +171,9 @@ class StreamSteps:
         if base is not None and base.session_id == view.session_id:
             values = None
             if ask.chained:
-                found = chained_delta_record(base.view, view, ask.base_chain, ask.keep_compaction)
+                found = chained_delta_record(
+                    base.view, view, ask.base_chain, ask.keep_compaction, ask.compaction_apart
+                )
                 delta, values = found if found is not None else (None, None)
             else:
                 delta = delta_record(base.view, view, ask.keep_compaction)

@@ -10,8 +10,9 @@ nor re-encoded, and the records themselves are the cached encodings of
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from itertools import chain, compress, count
 from operator import attrgetter, is_, is_not
 
@@ -32,6 +33,7 @@ from server.transport.convert_view import (
     tool_record,
     varint,
 )
+from server.transport.view_digest import record_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,10 @@ class ViewBytes:
     # view of the stream when its request is the same, and where in `back` it starts.
     compaction: bytes = b""
     compaction_at: int = 0
+    # q of the digest with the compaction apart (view_digest.py): the sha256 of that
+    # request's encoding, made once when a step first needs it and lent with the record
+    # (a one-slot cell, empty until then).
+    compaction_sha256: list[bytes] = field(default_factory=list)
     # The records of the notes (field 21, the end of `back`), lent to the next view of the
     # stream when its notes start with these.
     notes: bytes = b""
@@ -86,6 +92,23 @@ class ViewBytes:
         return chain(
             (self.front,), self.sections, (self.prompt, self.middle), self.tools, (self.back,)
         )
+
+    def parts_without_messages_or_compaction(self) -> Iterator[bytes]:
+        """parts_without_messages with the compaction request left out too (R of the
+        digest with the compaction apart)."""
+        at, end = self.compaction_at, self.compaction_at + len(self.compaction)
+        back = (self.back[:at], self.back[end:]) if self.compaction else (self.back,)
+        return chain((self.front,), self.sections, (self.prompt, self.middle), self.tools, back)
+
+    def compaction_digest(self) -> bytes:
+        """q of the digest with the compaction apart: the sha256 of the compaction
+        request's encoding, 32 zero bytes without one."""
+        if not self.compaction:
+            return bytes(32)
+        cell = self.compaction_sha256
+        if not cell:
+            cell.append(hashlib.sha256(record_value(self.compaction)).digest())
+        return cell[0]
 
     def size_without_messages(self) -> int:
         return (
@@ -196,17 +219,17 @@ def _kept(old: tuple[ViewMessage, ...], new: tuple[ViewMessage, ...]) -> int:
     return next(compress(count(), map(is_not, old, new)), n)
 
 
-def _compaction_record(v: CompiledView, last: LentRecords) -> bytes:
-    """The view's compaction request (field 19), or the last view's record of it when it
-    is the same request: over budget, it holds a prompt as long as the history, rebuilt
-    as an equal value at every step."""
+def _compaction_record(v: CompiledView, last: LentRecords) -> tuple[bytes, list[bytes]]:
+    """The view's compaction request (field 19) with its digest's cell, or the last
+    view's when it is the same request: over budget, it holds a prompt as long as the
+    history, rebuilt as an equal value at every step."""
     c = v.compaction
     if c is None:
-        return b""
+        return b"", []
     old = last.view.compaction if last.view is not None else None
     if last.parts is not None and last.parts.compaction and (old is c or old == c):
-        return last.parts.compaction
-    return tagged(19, compaction_out(c).SerializeToString(deterministic=True))
+        return last.parts.compaction, last.parts.compaction_sha256
+    return tagged(19, compaction_out(c).SerializeToString(deterministic=True)), []
 
 
 def _notes_record(v: CompiledView, last: LentRecords) -> bytes:
@@ -256,7 +279,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
             return repeated
     front = front_bytes(v)
     middle = head_middle(v).SerializeToString(deterministic=True)
-    compaction = _compaction_record(v, last)
+    compaction, compaction_sha256 = _compaction_record(v, last)
     # Fields 12-18, the compaction request (19), then renderings (20) and notes (21): the
     # deterministic encoding writes fields in number order, so the four concatenate.
     rendered = b""
@@ -298,5 +321,6 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         size=size,
         compaction=compaction,
         compaction_at=len(back_fields),
+        compaction_sha256=compaction_sha256,
         notes=notes,
     )

@@ -67,10 +67,12 @@ def chained_delta_record(
     new: ViewBytes,
     base_chain: tuple[bytes, ...] | None,
     keep_compaction: bool = False,
+    compaction_apart: bool = False,
 ) -> tuple[bytes, tuple[bytes, ...]] | None:
     """delta_record with the chained digest (chain_sha256) instead of view_sha256, and the
     new view's chain values. `base_chain` (None: not kept) are the base's; without them
-    the base's kept messages are hashed once here."""
+    the base's kept messages are hashed once here. `compaction_apart`: the digest with
+    the compaction request hashed apart (view_digest.apart_digest_of)."""
     found = _delta_parts(base, new, keep_compaction)
     if found is None:
         return None
@@ -78,8 +80,12 @@ def chained_delta_record(
     if base_chain is None:
         base_chain = view_digest.chain(view_digest.CHAIN_START, base.messages[:kept])
     values = view_digest.continued(base_chain, kept, new.messages)
-    rest = _sha256(new.parts_without_messages()).digest()
-    digest = view_digest.chain_digest_of(rest, values)
+    if compaction_apart:
+        rest = _sha256(new.parts_without_messages_or_compaction()).digest()
+        digest = view_digest.apart_digest_of(rest, values, new.compaction_digest())
+    else:
+        rest = _sha256(new.parts_without_messages()).digest()
+        digest = view_digest.chain_digest_of(rest, values)
     parts.append(tagged(9, digest.encode()))
     return b"".join(parts), values
 

@@ -3,7 +3,8 @@ sha256(R || c_n), R the sha256 of the view's encoding without its messages, c_i 
 sha256(c_{i-1} || sha256(message i's encoding)), c_0 zero. A view's chain values are kept
 per stream, so the digest of the next view continues from the base's value at the kept
 count and hashes only the appended messages and the (small) rest of the view, where the
-whole view's sha256 hashed every message at every step."""
+whole view's sha256 hashed every message at every step. With the compaction apart
+(apart_digest_of), the compaction request is hashed on its own too."""
 
 from __future__ import annotations
 
@@ -14,9 +15,13 @@ from collections.abc import Iterable
 CHAIN_START = bytes(32)
 
 
-def _payload(record: bytes) -> memoryview:
-    """A tagged record's value: what follows its one-byte key and its length varint."""
-    pos = 1
+def record_value(record: bytes) -> memoryview:
+    """A length-delimited record's value: what follows its key and its length (two
+    varints; a key is one byte up to field 15, two from 16 on)."""
+    pos = 0
+    while record[pos] & 0x80:
+        pos += 1
+    pos += 1
     while record[pos] & 0x80:
         pos += 1
     return memoryview(record)[pos + 1 :]
@@ -28,7 +33,7 @@ def chain(start: bytes, records: Iterable[bytes]) -> tuple[bytes, ...]:
     out = []
     last = start
     for record in records:
-        last = sha(last + sha(_payload(record)).digest()).digest()
+        last = sha(last + sha(record_value(record)).digest()).digest()
         out.append(last)
     return tuple(out)
 
@@ -50,3 +55,13 @@ def chain_digest_of(rest_sha256: bytes, values: tuple[bytes, ...]) -> str:
     """chain_digest from the sha256 of the encoding without messages (hashed in pieces)."""
     last = values[-1] if values else CHAIN_START
     return hashlib.sha256(rest_sha256 + last).hexdigest()
+
+
+def apart_digest_of(rest_sha256: bytes, values: tuple[bytes, ...], compaction: bytes) -> str:
+    """The digest with the compaction apart (DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART):
+    sha256(R' || c_n || q), R' the sha256 of the encoding without messages and without
+    the compaction request, q the sha256 of that request's encoding (32 zero bytes
+    without one). Over budget every step of a turn carries the same request, as long as
+    a window of history: q is hashed when it changes, not at every step."""
+    last = values[-1] if values else CHAIN_START
+    return hashlib.sha256(rest_sha256 + last + compaction).hexdigest()

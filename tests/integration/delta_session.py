@@ -76,6 +76,22 @@ def chained_digest(view: view_pb2.CompiledView) -> str:
     return hashlib.sha256(hashlib.sha256(encoded(rest)).digest() + chain).hexdigest()
 
 
+def apart_digest(view: view_pb2.CompiledView) -> str:
+    """ViewDelta.chain_sha256 with the compaction apart
+    (DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART), computed in one go from the proto's
+    comment: sha256(R' || C || Q)."""
+    rest = view_pb2.CompiledView()
+    rest.CopyFrom(view)
+    rest.ClearField("messages")
+    rest.ClearField("compaction")
+    chain = bytes(32)
+    for m in view.messages:
+        chain = hashlib.sha256(chain + hashlib.sha256(encoded(m)).digest()).digest()
+    request = view.compaction.SerializeToString(deterministic=True)
+    q = hashlib.sha256(request).digest() if view.HasField("compaction") else bytes(32)
+    return hashlib.sha256(hashlib.sha256(encoded(rest)).digest() + chain + q).hexdigest()
+
+
 def common_prefix(a: view_pb2.CompiledView, b: view_pb2.CompiledView) -> int:
     """How many messages at the start of two views are equal (the smallest delta's
     kept_messages)."""
@@ -162,6 +178,9 @@ class RawStream:
             if self.digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN:
                 assert not resp.delta.view_sha256, "not computed when the chain is asked for"
                 assert resp.delta.chain_sha256 == chained_digest(view)
+            elif self.digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART:
+                assert not resp.delta.view_sha256, "not computed when the chain is asked for"
+                assert resp.delta.chain_sha256 == apart_digest(view)
             else:
                 assert not resp.delta.chain_sha256
                 assert hashlib.sha256(encoded(view)).hexdigest() == resp.delta.view_sha256

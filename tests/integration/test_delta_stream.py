@@ -29,7 +29,12 @@ from tests.integration.delta_session import (
 )
 
 DIGESTS = pytest.mark.parametrize(
-    "digest", [cpb.DELTA_DIGEST_UNSPECIFIED, cpb.DELTA_DIGEST_MESSAGE_CHAIN]
+    "digest",
+    [
+        cpb.DELTA_DIGEST_UNSPECIFIED,
+        cpb.DELTA_DIGEST_MESSAGE_CHAIN,
+        cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART,
+    ],
 )
 
 

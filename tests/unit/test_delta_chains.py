@@ -59,18 +59,26 @@ def _views(steps: list[Any], odd_prompt: bool) -> list[view_pb2.CompiledView]:
     st.booleans(),
     st.lists(st.booleans(), min_size=7, max_size=7),
     st.booleans(),
+    st.booleans(),
 )
 def test_a_chain_of_deltas_rebuilds_every_view_and_keeps_the_ones_handed_out(
-    steps: list[Any], chained: bool, odd_prompt: bool, prepared: list[bool], keep: bool
+    steps: list[Any],
+    chained: bool,
+    odd_prompt: bool,
+    prepared: list[bool],
+    keep: bool,
+    apart: bool,
 ) -> None:
-    """`keep`: the steps ask to keep a compaction request equal to the base's."""
+    """`keep`: the steps ask to keep a compaction request equal to the base's; `apart`:
+    the chained digest with the compaction hashed apart."""
+    apart = apart and chained
     views = _views(steps, odd_prompt)
-    held = HeldView.of(views[0], chained)
+    held = HeldView.of(views[0], chained, apart=apart)
     handed = [(held.view, views[0].SerializeToString(deterministic=True))]
     for i in range(1, len(views)):
         if prepared[i]:
             held.prepare()
-        encoded = _encoded_delta(views[i - 1], views[i], chained, keep)
+        encoded = _encoded_delta(views[i - 1], views[i], chained, keep, apart)
         held = held.apply(compile_service_pb2.ViewDelta.FromString(encoded))
         want = views[i].SerializeToString(deterministic=True)
         assert held.view.SerializeToString(deterministic=True) == want
@@ -119,15 +127,16 @@ def test_a_damaged_note_past_the_walked_head_fails_the_digest(chained: bool) -> 
         HeldView.of(base, chained).apply(delta)
 
 
-@pytest.mark.parametrize("chained", [False, True])
-def test_a_kept_compaction_is_the_latest_one_the_chain_received(chained: bool) -> None:
+@pytest.mark.parametrize(("chained", "apart"), [(False, False), (True, False), (True, True)])
+def test_a_kept_compaction_is_the_latest_one_the_chain_received(chained: bool, apart: bool) -> None:
     """A turn keeps compaction a, the next turn's request b comes in a head, then b is
-    kept: the view rebuilt has b (a kept from an earlier view fails the digest)."""
+    kept: the view rebuilt has b (a kept from an earlier view fails the digest; with the
+    compaction apart, so does Q of a held past the step that brought b)."""
     kinds: list[Any] = [(1, False, ["kernel"], [], 0, p) for p in ("a", "a", "b", "b", "b")]
     views = _views(kinds, odd_prompt=False)
-    held = HeldView.of(views[0], chained)
+    held = HeldView.of(views[0], chained, apart=apart)
     for i in range(1, len(views)):
-        encoded = _encoded_delta(views[i - 1], views[i], chained, True)
+        encoded = _encoded_delta(views[i - 1], views[i], chained, True, apart)
         delta = compile_service_pb2.ViewDelta.FromString(encoded)
         assert delta.compaction_kept == (i != 2)
         held = held.apply(delta)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from ctxcc.v1 import common_pb2, compile_service_pb2, tool_pb2, view_pb2
 from server.transport.view_bytes import ViewBytes
 from server.transport.view_delta import chained_delta_record, common_prefix, delta_record
-from tests.integration.delta_session import apply_delta, chained_digest
+from tests.integration.delta_session import apart_digest, apply_delta, chained_digest
 
 _FRONT, _MIDDLE = (1, 2, 3, 4, 5), (8, 9)
 
@@ -195,9 +195,11 @@ def test_the_reader_refuses_a_delta_for_another_base_or_too_many_kept() -> None:
         HeldView.of(base).apply(delta)
 
 
-def _delta(base: view_pb2.CompiledView, new: view_pb2.CompiledView, chained: bool) -> Any:
+def _delta(
+    base: view_pb2.CompiledView, new: view_pb2.CompiledView, chained: bool, apart: bool = False
+) -> Any:
     if chained:
-        found = chained_delta_record(cut(base), cut(new), None)
+        found = chained_delta_record(cut(base), cut(new), None, compaction_apart=apart)
         assert found is not None
         return compile_service_pb2.ViewDelta.FromString(found[0])
     encoded = delta_record(cut(base), cut(new))
@@ -234,19 +236,25 @@ def _damage_tools(base: view_pb2.CompiledView, delta: Any) -> view_pb2.CompiledV
     return base
 
 
-@pytest.mark.parametrize("chained", [False, True])
+# The three digests a step may ask for: (chained, compaction apart).
+DIGESTS = pytest.mark.parametrize(
+    ("chained", "apart"), [(False, False), (True, False), (True, True)]
+)
+
+
+@DIGESTS
 @pytest.mark.parametrize(
     "damage", [_damage_base, _damage_kept, _damage_head, _damage_section, _damage_tools]
 )
-def test_a_damaged_rebuild_fails_its_digest(chained: bool, damage: Any) -> None:
+def test_a_damaged_rebuild_fails_its_digest(chained: bool, apart: bool, damage: Any) -> None:
     base = _view("a", ["x", "y", "z"], ["k", "m"], ["t"])
     new = _view("b", ["x", "y", "z", "w"], ["k", "m"], ["t"])
-    delta = _delta(base, new, chained)
+    delta = _delta(base, new, chained, apart)
     assert delta.kept_messages == 3
-    HeldView.of(base, chained).apply(delta)  # undamaged, it checks
+    HeldView.of(base, chained, apart=apart).apply(delta)  # undamaged, it checks
     held = damage(base, delta)
     with pytest.raises(DeltaMismatch):
-        HeldView.of(held, chained).apply(delta)
+        HeldView.of(held, chained, apart=apart).apply(delta)
 
 
 @pytest.mark.parametrize("prepared", [False, True])
@@ -363,10 +371,14 @@ def _with_compaction(
 
 
 def _encoded_delta(
-    base: view_pb2.CompiledView, new: view_pb2.CompiledView, chained: bool, keep: bool
+    base: view_pb2.CompiledView,
+    new: view_pb2.CompiledView,
+    chained: bool,
+    keep: bool,
+    apart: bool = False,
 ) -> bytes:
     if chained:
-        found = chained_delta_record(cut(base), cut(new), None, keep)
+        found = chained_delta_record(cut(base), cut(new), None, keep, apart)
         assert found is not None
         return found[0]
     encoded = delta_record(cut(base), cut(new), keep)
@@ -374,33 +386,37 @@ def _encoded_delta(
     return encoded
 
 
-@pytest.mark.parametrize("chained", [False, True])
-def test_a_compaction_the_base_has_is_kept_when_asked(chained: bool) -> None:
+@DIGESTS
+def test_a_compaction_the_base_has_is_kept_when_asked(chained: bool, apart: bool) -> None:
     """Over budget every step of a turn recommends the same compaction: a step that asks
     (keep_compaction) gets a delta without its prompt, which the client and the reference
     reader of the proto take from the base; the digest still covers it."""
     base = _with_compaction(_view("a", ["x", "y"], ["k"], ["t"]))
     new = _with_compaction(_view("b", ["x", "y", "z"], ["k"], ["t"]))
     want = new.SerializeToString(deterministic=True)
-    encoded = _encoded_delta(base, new, chained, keep=True)
+    encoded = _encoded_delta(base, new, chained, keep=True, apart=apart)
     delta = compile_service_pb2.ViewDelta.FromString(encoded)
     assert delta.compaction_kept and not delta.head.HasField("compaction")
     assert len(encoded) < len(_COMPACTION.prompt) // 50
-    held = HeldView.of(base, chained=chained)
+    held = HeldView.of(base, chained=chained, apart=apart)
     assert held.apply(delta).view.SerializeToString(deterministic=True) == want
     assert apply_delta(base, delta).SerializeToString(deterministic=True) == want
     # A client that did not ask gets the prompt in the head, as before the field existed.
-    plain = compile_service_pb2.ViewDelta.FromString(_encoded_delta(base, new, chained, False))
+    plain = compile_service_pb2.ViewDelta.FromString(
+        _encoded_delta(base, new, chained, False, apart)
+    )
     assert not plain.compaction_kept and plain.head.compaction == _COMPACTION
     assert len(plain.SerializeToString()) > len(encoded) + len(_COMPACTION.prompt)
     assert (
-        HeldView.of(base, chained=chained).apply(plain).view.SerializeToString(deterministic=True)
+        HeldView.of(base, chained=chained, apart=apart)
+        .apply(plain)
+        .view.SerializeToString(deterministic=True)
         == want
     )
 
 
-@pytest.mark.parametrize("chained", [False, True])
-def test_a_compaction_that_changed_or_is_new_is_sent(chained: bool) -> None:
+@DIGESTS
+def test_a_compaction_that_changed_or_is_new_is_sent(chained: bool, apart: bool) -> None:
     """Kept only when the new view's compaction is the base's, field for field: a new turn
     (another range), a base without one, or a view without one get no compaction_kept."""
     moved = view_pb2.CompactionRequest()
@@ -414,32 +430,77 @@ def test_a_compaction_that_changed_or_is_new_is_sent(chained: bool) -> None:
     for base, request in cases:
         new = _with_compaction(_view("b", ["x", "y"], ["k"], []), request)
         delta = compile_service_pb2.ViewDelta.FromString(
-            _encoded_delta(base, new, chained, keep=True)
+            _encoded_delta(base, new, chained, keep=True, apart=apart)
         )
         assert not delta.compaction_kept
         assert delta.head.HasField("compaction") == (request is not None)
         if request is not None:
             assert delta.head.compaction == request
-        rebuilt = HeldView.of(base, chained=chained).apply(delta).view
+        rebuilt = HeldView.of(base, chained=chained, apart=apart).apply(delta).view
         assert rebuilt.SerializeToString(deterministic=True) == new.SerializeToString(
             deterministic=True
         )
 
 
-@pytest.mark.parametrize("chained", [False, True])
-def test_a_kept_compaction_the_client_cannot_take_is_a_mismatch(chained: bool) -> None:
+@DIGESTS
+def test_a_kept_compaction_the_client_cannot_take_is_a_mismatch(chained: bool, apart: bool) -> None:
     base = _with_compaction(_view("a", ["x"], ["k"], []))
     new = _with_compaction(_view("b", ["x", "y"], ["k"], []))
-    delta = compile_service_pb2.ViewDelta.FromString(_encoded_delta(base, new, chained, True))
+    delta = compile_service_pb2.ViewDelta.FromString(
+        _encoded_delta(base, new, chained, True, apart)
+    )
     bare = _with_compaction(_view("a", ["x"], ["k"], []), None)
     with pytest.raises(DeltaMismatch):
-        HeldView.of(bare, chained=chained).apply(delta)
+        HeldView.of(bare, chained=chained, apart=apart).apply(delta)
     both = compile_service_pb2.ViewDelta()
     both.CopyFrom(delta)
     both.head.compaction.CopyFrom(_COMPACTION)
     with pytest.raises(DeltaMismatch):
-        HeldView.of(base, chained=chained).apply(both)
+        HeldView.of(base, chained=chained, apart=apart).apply(both)
     # The base's compaction differs from the new view's: the digest catches it.
     other = _with_compaction(_view("a", ["x"], ["k"], []), view_pb2.CompactionRequest(prompt="o"))
     with pytest.raises(DeltaMismatch):
-        HeldView.of(other, chained=chained).apply(delta)
+        HeldView.of(other, chained=chained, apart=apart).apply(delta)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_digest_with_the_compaction_apart_follows_the_proto(keep: bool) -> None:
+    """chain_sha256 asked for with the compaction apart is the proto's rule computed from
+    the whole new view (sha256(R' || C || Q)), with a compaction kept, new, changed or
+    absent (never the plain chained digest: Q is there without one too). The
+    client holds Q of a kept request across steps: a request changed under the same
+    kept record is still caught."""
+    moved = view_pb2.CompactionRequest()
+    moved.CopyFrom(_COMPACTION)
+    moved.through_seq += 1
+    requests = [None, _COMPACTION, _COMPACTION, _COMPACTION, moved, moved, None]
+    views = [
+        _with_compaction(_view(f"v{i}", ["x"] * (i + 1), ["k"], []), r)
+        for i, r in enumerate(requests)
+    ]
+    held = HeldView.of(views[0], chained=True, apart=True)
+    for base, new in itertools.pairwise(views):
+        found = chained_delta_record(cut(base), cut(new), None, keep, compaction_apart=True)
+        assert found is not None
+        delta = compile_service_pb2.ViewDelta.FromString(found[0])
+        assert delta.chain_sha256 == apart_digest(new)
+        assert delta.chain_sha256 != chained_digest(new)
+        held = held.apply(delta)
+        want = new.SerializeToString(deterministic=True)
+        assert held.view.SerializeToString(deterministic=True) == want
+        # Q is part of the digest: the same delta against a base whose request differs
+        # (kept from it, or stated by it) does not check.
+        if new.HasField("compaction"):
+            other = view_pb2.CompactionRequest()
+            other.CopyFrom(new.compaction)
+            other.prompt += "!"
+            if delta.compaction_kept:
+                wrong = view_pb2.CompiledView()
+                wrong.CopyFrom(base)
+                wrong.compaction.CopyFrom(other)
+                with pytest.raises(DeltaMismatch):
+                    HeldView.of(wrong, chained=True, apart=True).apply(delta)
+            else:
+                delta.head.compaction.CopyFrom(other)
+                with pytest.raises(DeltaMismatch):
+                    HeldView.of(base, chained=True, apart=True).apply(delta)

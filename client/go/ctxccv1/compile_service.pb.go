@@ -147,6 +147,13 @@ const (
 	// A client that asks for it and gets a ViewDelta without chain_sha256 (a daemon that
 	// predates it) checks view_sha256 instead.
 	DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN DeltaDigest = 1
+	// ViewDelta.chain_sha256 as with DELTA_DIGEST_MESSAGE_CHAIN, but with the compaction
+	// request (CompiledView.compaction) hashed apart from the rest of the view (see
+	// ViewDelta.chain_sha256). Over budget, every step of a turn carries the same request,
+	// whose prompt holds as much history as one model window takes: each side hashes it
+	// when it changes, not at every step. A daemon that predates it answers as for
+	// DELTA_DIGEST_UNSPECIFIED (view_sha256).
+	DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART DeltaDigest = 2
 )
 
 // Enum value maps for DeltaDigest.
@@ -154,10 +161,12 @@ var (
 	DeltaDigest_name = map[int32]string{
 		0: "DELTA_DIGEST_UNSPECIFIED",
 		1: "DELTA_DIGEST_MESSAGE_CHAIN",
+		2: "DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART",
 	}
 	DeltaDigest_value = map[string]int32{
-		"DELTA_DIGEST_UNSPECIFIED":   0,
-		"DELTA_DIGEST_MESSAGE_CHAIN": 1,
+		"DELTA_DIGEST_UNSPECIFIED":                    0,
+		"DELTA_DIGEST_MESSAGE_CHAIN":                  1,
+		"DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART": 2,
 	}
 )
 
@@ -1031,7 +1040,7 @@ func (*CompileStreamResponse_Delta) isCompileStreamResponse_Response() {}
 // system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
 // tools are the base's tools unless tools_changed (then `tools`), and whose compaction is the
 // base's when compaction_kept (then `head` has none). It then checks the digest
-// (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
+// (view_sha256, or chain_sha256 when the step asked for a chained digest); on a
 // mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
 // head.compile_id.
 type ViewDelta struct {
@@ -1070,6 +1079,10 @@ type ViewDelta struct {
 	// neither side hashes the kept messages again. A kept message that differs between the
 	// client's base and the daemon's, a wrong kept_messages, or any other field of the
 	// rebuilt view that differs, changes the digest.
+	// When the step asked for DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART it is instead
+	// sha256(R' || C || Q): R' = sha256(E(V with its messages and its compaction left out)),
+	// C as above, Q = sha256(E(V.compaction)) (the CompactionRequest alone, no field key or
+	// length), or 32 zero bytes when V has no compaction.
 	ChainSha256 string `protobuf:"bytes,9,opt,name=chain_sha256,json=chainSha256,proto3" json:"chain_sha256,omitempty"`
 	// Only when the step set keep_compaction: true when the new view's compaction request is
 	// the base view's, field for field. head.compaction is then left empty and the client
@@ -2056,10 +2069,11 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\tImageMode\x12\x1a\n" +
 	"\x16IMAGE_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11IMAGE_MODE_INLINE\x10\x01\x12\x18\n" +
-	"\x14IMAGE_MODE_REFERENCE\x10\x02*K\n" +
+	"\x14IMAGE_MODE_REFERENCE\x10\x02*|\n" +
 	"\vDeltaDigest\x12\x1c\n" +
 	"\x18DELTA_DIGEST_UNSPECIFIED\x10\x00\x12\x1e\n" +
-	"\x1aDELTA_DIGEST_MESSAGE_CHAIN\x10\x01*y\n" +
+	"\x1aDELTA_DIGEST_MESSAGE_CHAIN\x10\x01\x12/\n" +
+	"+DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART\x10\x02*y\n" +
 	"\x11CoveredDigestMode\x12#\n" +
 	"\x1fCOVERED_DIGEST_MODE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aCOVERED_DIGEST_MODE_VERIFY\x10\x01\x12\x1f\n" +

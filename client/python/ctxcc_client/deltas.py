@@ -122,6 +122,22 @@ def _cut_head(data: bytes, compaction: bytes | None = None) -> tuple[bytes, byte
     return front, middle, back + (compaction or b""), extra
 
 
+def _compaction_span(back: bytes) -> tuple[int, int]:
+    """Where the compaction request's record (field 19) is in a view's fields from 12 on
+    (`back`, as _cut_head cuts it), (n, n) when it has none. Fields 12-18 are short and
+    walked; the request is skipped by its length, and nothing after it is read."""
+    pos, end = 0, len(back)
+    while pos < end:
+        start = pos
+        key, pos = _read_varint(back, pos)
+        if key >> 3 >= _COMPACTION:
+            if key >> 3 > _COMPACTION:
+                return start, start
+            return start, _skip(back, pos, key & 7)
+        pos = _skip(back, pos, key & 7)
+    return end, end
+
+
 # c_0 of the chained digest: the chain value of no messages.
 _CHAIN_START = bytes(32)
 
@@ -138,8 +154,9 @@ def _chain(start: bytes, messages: Iterable[bytes | memoryview]) -> tuple[bytes,
 
 
 def _value(record: bytes) -> memoryview:
-    """A record's value: what follows its one-byte key and its length varint."""
-    _, pos = _read_varint(record, 1)
+    """A record's value: what follows its key and its length (two varints; a key is one
+    byte up to field 15, two from 16 on: the compaction request's is field 19)."""
+    _, pos = _read_varint(record, 1 if record[0] < 0x80 else 2)
     return memoryview(record)[pos:]
 
 
@@ -178,10 +195,17 @@ class HeldView:
     # None): over budget every step of a turn keeps the same one, as long as a window of
     # history, and it is encoded once for the turn, not at every step.
     compaction: bytes | None = None
+    # With the compaction apart (DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART): Q of the
+    # digest, the sha256 of `compaction`'s encoding once hashed (None: not yet).
+    apart: bool = False
+    compaction_sha256: bytes | None = None
 
     @classmethod
-    def of(cls, view: view_pb2.CompiledView, chained: bool = False) -> HeldView:
-        """`view` held for deltas with the whole view's digest, or with `chained`."""
+    def of(
+        cls, view: view_pb2.CompiledView, chained: bool = False, *, apart: bool = False
+    ) -> HeldView:
+        """`view` held for deltas with the whole view's digest, or with `chained` (and
+        `apart`: the compaction request hashed apart)."""
         fields = _split(view.SerializeToString(deterministic=True))
         records = tuple(fields.get(_MESSAGES, ()))
         sections, tools = tuple(fields.get(_SECTIONS, ())), tuple(fields.get(_TOOLS, ()))
@@ -193,7 +217,7 @@ class HeldView:
         own = view_pb2.CompiledView()
         own.CopyFrom(view)
         chain = _chain(_CHAIN_START, map(_value, records))
-        return cls(view, sections, None, tools, chain, [own], joined=joined)
+        return cls(view, sections, None, tools, chain, [own], joined=joined, apart=apart)
 
     def prepare(self) -> None:
         """Copies the internal view for the next one handed out, ahead of the delta (a
@@ -281,8 +305,17 @@ class HeldView:
         chain = self.chain[:kept] + _chain(
             start, (m.SerializeToString(deterministic=True) for m in delta.appended_messages)
         )
-        rest = _sha256((front, *sections, prompt, middle, *tools, back)).digest()
-        digest = hashlib.sha256(rest + (chain[-1] if chain else start))
+        last = chain[-1] if chain else start
+        if self.apart:
+            at, end = _compaction_span(back)
+            if compaction is None and end > at:  # the head's own: held for the next steps
+                compaction = back[at:end]
+            q = self._compaction_digest(compaction)
+            rest = _sha256((front, *sections, prompt, middle, *tools, back[:at], back[end:]))
+            digest = hashlib.sha256(rest.digest() + last + q)
+        else:
+            rest = _sha256((front, *sections, prompt, middle, *tools, back))
+            digest = hashlib.sha256(rest.digest() + last)
         if digest.hexdigest() != delta.chain_sha256:
             raise DeltaMismatch(f"view {delta.head.compile_id} does not match its digest")
         # Checked: the internal copy becomes the new view, changed in place (only what is
@@ -298,8 +331,26 @@ class HeldView:
             view = view_pb2.CompiledView()
             view.CopyFrom(own)
         return HeldView(
-            view, sections, None, tools, chain, [own], joined=prompt, compaction=compaction
+            view,
+            sections,
+            None,
+            tools,
+            chain,
+            [own],
+            joined=prompt,
+            compaction=compaction,
+            apart=self.apart,
+            compaction_sha256=q if self.apart and compaction is not None else None,
         )
+
+    def _compaction_digest(self, record: bytes | None) -> bytes:
+        """Q of the digest with the compaction apart for the compaction `record` (None:
+        the view has none): hashed once per request, not at every step that keeps it."""
+        if record is None:
+            return bytes(32)
+        if record is self.compaction and self.compaction_sha256 is not None:
+            return self.compaction_sha256
+        return hashlib.sha256(_value(record)).digest()
 
     def _apply_whole(self, delta: cpb.ViewDelta) -> HeldView:
         records = self.messages

@@ -111,7 +111,9 @@ class CompileStream:
         self._retry_seconds = retry_seconds
         self._deltas = deltas
         self._digest = (
-            cpb.DELTA_DIGEST_MESSAGE_CHAIN if chained_digest else cpb.DELTA_DIGEST_UNSPECIFIED
+            cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
+            if chained_digest
+            else cpb.DELTA_DIGEST_UNSPECIFIED
         )
         # Deltas that failed in a row; at MAX_MISMATCHES the stream stops asking for them.
         self._mismatch_run = 0
@@ -314,8 +316,9 @@ class CompileStream:
                 await queue.put(cpb.CompileStreamRequest(resume=resume))
             if view is not None:
                 self.stats.whole_views += 1
-                chained = self._digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN
-                self._held = HeldView.of(view, chained) if self._deltas else None
+                chained = self._digest != cpb.DELTA_DIGEST_UNSPECIFIED
+                apart = self._digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
+                self._held = HeldView.of(view, chained, apart=apart) if self._deltas else None
                 return view, append
 
     def _apply(

@@ -154,6 +154,15 @@ export enum DeltaDigest {
    * predates it) checks view_sha256 instead.
    */
   DELTA_DIGEST_MESSAGE_CHAIN = 1,
+  /**
+   * DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART - ViewDelta.chain_sha256 as with DELTA_DIGEST_MESSAGE_CHAIN, but with the compaction
+   * request (CompiledView.compaction) hashed apart from the rest of the view (see
+   * ViewDelta.chain_sha256). Over budget, every step of a turn carries the same request,
+   * whose prompt holds as much history as one model window takes: each side hashes it
+   * when it changes, not at every step. A daemon that predates it answers as for
+   * DELTA_DIGEST_UNSPECIFIED (view_sha256).
+   */
+  DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART = 2,
   UNRECOGNIZED = -1,
 }
 
@@ -165,6 +174,9 @@ export function deltaDigestFromJSON(object: any): DeltaDigest {
     case 1:
     case "DELTA_DIGEST_MESSAGE_CHAIN":
       return DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN;
+    case 2:
+    case "DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART":
+      return DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -178,6 +190,8 @@ export function deltaDigestToJSON(object: DeltaDigest): string {
       return "DELTA_DIGEST_UNSPECIFIED";
     case DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN:
       return "DELTA_DIGEST_MESSAGE_CHAIN";
+    case DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART:
+      return "DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART";
     case DeltaDigest.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -453,7 +467,7 @@ export interface CompileStreamResponse {
  * system_prompt is the texts of those sections joined by two newlines ("\n\n"), and whose
  * tools are the base's tools unless tools_changed (then `tools`), and whose compaction is the
  * base's when compaction_kept (then `head` has none). It then checks the digest
- * (view_sha256, or chain_sha256 when the step asked for DELTA_DIGEST_MESSAGE_CHAIN); on a
+ * (view_sha256, or chain_sha256 when the step asked for a chained digest); on a
  * mismatch it must not use the view and asks for it whole with a ResumeRequest quoting
  * head.compile_id.
  */
@@ -498,6 +512,10 @@ export interface ViewDelta {
    * neither side hashes the kept messages again. A kept message that differs between the
    * client's base and the daemon's, a wrong kept_messages, or any other field of the
    * rebuilt view that differs, changes the digest.
+   * When the step asked for DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART it is instead
+   * sha256(R' || C || Q): R' = sha256(E(V with its messages and its compaction left out)),
+   * C as above, Q = sha256(E(V.compaction)) (the CompactionRequest alone, no field key or
+   * length), or 32 zero bytes when V has no compaction.
    */
   chainSha256: string;
   /**
