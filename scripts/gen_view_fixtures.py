@@ -6,17 +6,23 @@ deltas between them by hand, and check their chained digests against chain_sha25
 messages are appended, a memory entry changes, a rule in direct effect adds a section, a
 tool is registered, an inline image arrives and every render format is asked for.
 
-Usage: a daemon running, then `python scripts/gen_view_fixtures.py TARGET`."""
+It also writes view4.binpb and view5.binpb, made from view3 without a daemon (view3
+recommending a compaction with a long prompt, then one more message under the same
+request), and apart_sha256.txt: the digest with the compaction apart of views 1-5.
+
+Usage: a daemon running, then `python scripts/gen_view_fixtures.py TARGET`; or
+`python scripts/gen_view_fixtures.py --apart` for views 4-5 and apart_sha256.txt alone."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import sys
 from pathlib import Path
 
 from ctxcc_client import AsyncClient, assistant, tool_result, user, user_with
 
-from ctxcc.v1 import common_pb2, source_pb2, tool_pb2, view_pb2
+from ctxcc.v1 import common_pb2, event_pb2, source_pb2, tool_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import source_service_pb2 as srcpb
 from ctxcc.v1 import tool_service_pb2 as tpb
@@ -102,13 +108,66 @@ def chain_sha256(view: view_pb2.CompiledView) -> str:
     return view_digest.chain_digest(rest.SerializeToString(deterministic=True), values)
 
 
+def apart_sha256(view: view_pb2.CompiledView) -> str:
+    """The view's digest with the compaction apart as the daemon computes it."""
+    rest = view_pb2.CompiledView()
+    rest.CopyFrom(view)
+    rest.ClearField("messages")
+    rest.ClearField("compaction")
+    records = [tagged(10, m.SerializeToString(deterministic=True)) for m in view.messages]
+    values = view_digest.chain(view_digest.CHAIN_START, records)
+    request = tagged(19, view.compaction.SerializeToString(deterministic=True))
+    q = hashlib.sha256(view_digest.record_value(request)).digest()
+    rest_sha = hashlib.sha256(rest.SerializeToString(deterministic=True)).digest()
+    return view_digest.apart_digest_of(
+        rest_sha, values, q if view.HasField("compaction") else bytes(32)
+    )
+
+
+def over_budget(view3: view_pb2.CompiledView) -> list[view_pb2.CompiledView]:
+    """view4 and view5, made from view3 here (no daemon): view4 is view3 recommending a
+    compaction with a long prompt, view5 is view4 with one more message and the same
+    request (what a delta keeps with compaction_kept)."""
+    view4 = view_pb2.CompiledView()
+    view4.CopyFrom(view3)
+    view4.compile_id += "-4"
+    view4.decision = view_pb2.DECISION_COMPACT_RECOMMENDED
+    view4.compaction.from_seq = 1
+    view4.compaction.through_seq = 2
+    view4.compaction.prompt = "Summarise the conversation below.\n" + "--- user\nline\n" * 2000
+    view4.compaction.covered_digest = "ab" * 32
+    view5 = view_pb2.CompiledView()
+    view5.CopyFrom(view4)
+    view5.compile_id = view3.compile_id + "-5"
+    view5.messages.add(role=event_pb2.MESSAGE_ROLE_ASSISTANT).parts.add(text="Done.")
+    return [view4, view5]
+
+
+def write_apart(views: list[view_pb2.CompiledView]) -> None:
+    """view4.binpb, view5.binpb and apart_sha256.txt from views 1-3."""
+    views = views[:3] + over_budget(views[2])
+    for i, view in enumerate(views[3:], 4):
+        (OUT / f"view{i}.binpb").write_bytes(view.SerializeToString(deterministic=True))
+    lines = [f"view{i} {apart_sha256(view)}\n" for i, view in enumerate(views, 1)]
+    (OUT / "apart_sha256.txt").write_text("".join(lines))
+
+
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    if sys.argv[1:] == ["--apart"]:  # views 4-5 and their digests from the views kept
+        views = [
+            view_pb2.CompiledView.FromString((OUT / f"view{i}.binpb").read_bytes())
+            for i in (1, 2, 3)
+        ]
+        write_apart(views)
+        return
     lines = []
-    for i, view in enumerate(asyncio.run(run(sys.argv[1])), 1):
+    views = asyncio.run(run(sys.argv[1]))
+    for i, view in enumerate(views, 1):
         (OUT / f"view{i}.binpb").write_bytes(view.SerializeToString(deterministic=True))
         lines.append(f"view{i} {chain_sha256(view)}\n")
     (OUT / "chain_sha256.txt").write_text("".join(lines))
+    write_apart(views)
 
 
 if __name__ == "__main__":

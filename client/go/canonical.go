@@ -3,6 +3,7 @@ package ctxcc
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 
@@ -108,15 +109,15 @@ func (e *encoder) appendMessage(b []byte, m protoreflect.Message) ([]byte, error
 // repeated message field), each valid only during the call: a digest hashes them as they
 // come instead of growing one buffer the size of the view.
 func (e *encoder) eachPart(m protoreflect.Message, emit func([]byte)) error {
-	return e.eachPartExcept(m, 0, emit)
+	return e.eachPartExcept(m, emit)
 }
 
-// eachPartExcept is eachPart leaving out the field numbered skip (0: none).
-func (e *encoder) eachPartExcept(m protoreflect.Message, skip protoreflect.FieldNumber, emit func([]byte)) error {
+// eachPartExcept is eachPart leaving out the fields numbered skip.
+func (e *encoder) eachPartExcept(m protoreflect.Message, emit func([]byte), skip ...protoreflect.FieldNumber) error {
 	var part []byte
 	var err error
 	for _, fd := range orderedFields(m.Descriptor()) {
-		if !m.Has(fd) || fd.Number() == skip {
+		if !m.Has(fd) || slices.Contains(skip, fd.Number()) {
 			continue
 		}
 		v := m.Get(fd)

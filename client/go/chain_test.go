@@ -18,7 +18,19 @@ import (
 // Python tests).
 func daemonChain(t *testing.T, n int) string {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "client-views", "chain_sha256.txt"))
+	return daemonDigest(t, "chain_sha256.txt", n)
+}
+
+// daemonApart is the digest with the compaction apart of fixture view n as the daemon's
+// code computes it (apart_sha256.txt, checked against the proto's rule likewise).
+func daemonApart(t *testing.T, n int) string {
+	t.Helper()
+	return daemonDigest(t, "apart_sha256.txt", n)
+}
+
+func daemonDigest(t *testing.T, file string, n int) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "client-views", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +39,7 @@ func daemonChain(t *testing.T, n int) string {
 			return sum
 		}
 	}
-	t.Fatalf("no chained digest for view%d", n)
+	t.Fatalf("no digest for view%d in %s", n, file)
 	return ""
 }
 
@@ -60,7 +72,7 @@ func TestChainedDeltasContinueFromTheBase(t *testing.T) {
 	for _, n := range []int{2, 2, 3, 1} {
 		target, want := fixture(t, n)
 		d := chained(makeDelta(t, base, target), daemonChain(t, n))
-		view, next, nextRecs, err := applyChainedDelta(base, d, values, recs)
+		view, next, nextRecs, err := applyChainedDelta(base, d, values, recs, nil)
 		if err != nil {
 			t.Fatalf("to view%d: %v", n, err)
 		}
@@ -80,7 +92,7 @@ func TestChainedDeltasContinueFromTheBase(t *testing.T) {
 		spoiledRecs[m] = append([]byte{}, b...)
 		spoiledRecs[m][len(b)-1] ^= 1
 	}
-	if _, _, _, err := applyChainedDelta(base, chained(makeDelta(t, base, again), daemonChain(t, 1)), values, spoiledRecs); err == nil {
+	if _, _, _, err := applyChainedDelta(base, chained(makeDelta(t, base, again), daemonChain(t, 1)), values, spoiledRecs, nil); err == nil {
 		t.Fatal("spoiled encodings of sections and tools were not used")
 	}
 	// The kept values are really the ones used: spoiled ones fail the digest.
@@ -91,7 +103,7 @@ func TestChainedDeltasContinueFromTheBase(t *testing.T) {
 	if d.GetKeptMessages() == 0 {
 		t.Fatal("the last delta must keep messages")
 	}
-	if _, _, _, err := applyChainedDelta(base, d, spoiled, nil); err == nil {
+	if _, _, _, err := applyChainedDelta(base, d, spoiled, nil, nil); err == nil {
 		t.Fatal("spoiled chain values were not used")
 	}
 }
@@ -142,12 +154,12 @@ func TestChainedMismatchesAreDetected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := applyChainedDelta(damaged, fresh(), values, nil); err == nil {
+	if _, _, _, err := applyChainedDelta(damaged, fresh(), values, nil, nil); err == nil {
 		t.Error("a damaged kept message of the base: not detected")
 	}
 }
 
-// The stream asks for the chained digest by default and checks it; WithWholeViewDigest asks
+// The stream asks for the chained digest with the compaction apart by default and checks it; WithWholeViewDigest asks
 // for view_sha256 as before. A daemon that sends view_sha256 anyway is still checked, and a
 // damaged chained delta is fetched whole.
 func TestStreamAsksForTheChainedDigest(t *testing.T) {
@@ -158,7 +170,7 @@ func TestStreamAsksForTheChainedDigest(t *testing.T) {
 		s := &scripted{}
 		s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
 			step := req.GetStep()
-			wantDigest := ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN
+			wantDigest := ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
 			if whole || step.GetDeltaBaseCompileId() == "" {
 				wantDigest = ctxccv1.DeltaDigest_DELTA_DIGEST_UNSPECIFIED
 			}
@@ -171,11 +183,11 @@ func TestStreamAsksForTheChainedDigest(t *testing.T) {
 			case n == 1:
 				return []*ctxccv1.CompileStreamResponse{wholeView(v1)}, nil
 			case n == 2 && !whole:
-				return []*ctxccv1.CompileStreamResponse{asDelta(chained(makeDelta(t, v1, v2), daemonChain(t, 2)), nil)}, nil
+				return []*ctxccv1.CompileStreamResponse{asDelta(chained(makeDelta(t, v1, v2), daemonApart(t, 2)), nil)}, nil
 			case n == 2:
 				return []*ctxccv1.CompileStreamResponse{asDelta(makeDelta(t, v1, v2), nil)}, nil
 			case !whole: // damaged by the hook below: its head changed
-				return []*ctxccv1.CompileStreamResponse{asDelta(chained(makeDelta(t, v2, v3), daemonChain(t, 3)), nil)}, nil
+				return []*ctxccv1.CompileStreamResponse{asDelta(chained(makeDelta(t, v2, v3), daemonApart(t, 3)), nil)}, nil
 			default:
 				return []*ctxccv1.CompileStreamResponse{asDelta(makeDelta(t, v2, v3), nil)}, nil
 			}
@@ -210,4 +222,81 @@ func TestStreamAsksForTheChainedDigest(t *testing.T) {
 
 func wholeView(v *ctxccv1.CompiledView) *ctxccv1.CompileStreamResponse {
 	return &ctxccv1.CompileStreamResponse{Response: &ctxccv1.CompileStreamResponse_View{View: proto.Clone(v).(*ctxccv1.CompiledView)}}
+}
+
+func TestApartDigestIsTheDaemons(t *testing.T) {
+	for n := 1; n <= 5; n++ {
+		view, _ := fixture(t, n)
+		values, err := extendChain(nil, 0, view.GetMessages())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, err := chainDigest(view, values, nil, &compactionSum{})
+		if err != nil || got != daemonApart(t, n) {
+			t.Fatalf("view%d: %s (%v), the daemon's is %s", n, got, err, daemonApart(t, n))
+		}
+		if plain, _, _ := chainDigest(view, values, nil, nil); plain == got {
+			t.Fatalf("view%d: the digest with the compaction apart is the plain chained one", n)
+		}
+	}
+}
+
+// Over budget the deltas of a turn keep their base's compaction request: with the
+// compaction apart, its Q is hashed when the request comes and handed on with it (by
+// pointer) while it is kept; Q is part of the digest, so a wrong one held for the kept
+// request fails the check.
+func TestApartDeltasHashAKeptCompactionOnce(t *testing.T) {
+	v3, _ := fixture(t, 3)
+	v4, _ := fixture(t, 4)
+	v5, _ := fixture(t, 5)
+	values3, err := extendChain(nil, 0, v3.GetMessages())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var q compactionSum
+	view4, values4, recs4, err := applyChainedDelta(v3, chained(makeDelta(t, v3, v4), daemonApart(t, 4)), values3, nil, &q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.req == nil || q.req != view4.GetCompaction() {
+		t.Fatalf("Q is not held for the request the delta brought")
+	}
+	kept := func() *ctxccv1.ViewDelta {
+		d := makeDelta(t, view4, v5)
+		d.CompactionKept, d.Head.Compaction = true, nil
+		return chained(d, daemonApart(t, 5))
+	}
+	held := q
+	view5, _, _, err := applyChainedDelta(view4, kept(), values4, recs4, &q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q != held || view5.GetCompaction() != view4.GetCompaction() {
+		t.Fatalf("the kept request was not handed on with its Q")
+	}
+	if !proto.Equal(view5, v5) {
+		t.Fatalf("view5 rebuilt differs from the daemon's")
+	}
+	wrong := compactionSum{req: view4.GetCompaction(), sum: [32]byte{1}}
+	if _, _, _, err := applyChainedDelta(view4, kept(), values4, recs4, &wrong); err == nil {
+		t.Fatalf("a wrong Q for the kept request passed the digest")
+	}
+	// ApplyDelta is not told which chained digest was asked for: it takes either.
+	for _, sum := range []string{daemonApart(t, 5), mustChain(t, v5)} {
+		if got, err := ApplyDelta(view4, func() *ctxccv1.ViewDelta { d := kept(); d.ChainSha256 = sum; return d }()); err != nil || !proto.Equal(got, v5) {
+			t.Fatalf("ApplyDelta with digest %s: %v", sum, err)
+		}
+	}
+	if _, err := ApplyDelta(view4, chained(kept(), strings.Repeat("0", 64))); err == nil {
+		t.Fatalf("ApplyDelta took a wrong chained digest")
+	}
+}
+
+func mustChain(t *testing.T, view *ctxccv1.CompiledView) string {
+	t.Helper()
+	sum, err := ChainDigest(view)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
 )
 
@@ -25,8 +27,10 @@ func digest(view *ctxccv1.CompiledView, e *encoder) (string, error) {
 
 // ApplyDelta rebuilds the whole view that d describes against base, the view named by
 // d.BaseCompileId, and checks it against d.ViewSha256. On any error the result must not be
-// used; ask for the view whole instead (Stream.Step does). A delta with ChainSha256 (the
-// chained digest, DELTA_DIGEST_MESSAGE_CHAIN) is checked against that instead.
+// used; ask for the view whole instead (Stream.Step does). A delta with ChainSha256 (a
+// chained digest, DELTA_DIGEST_MESSAGE_CHAIN or DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART:
+// the delta does not say which was asked for, so either is accepted) is checked against
+// that instead.
 //
 // The result is d's head with its messages, sections, system prompt, tools and (when
 // CompactionKept) compaction filled in (so d is used up), and what it keeps from base is the same
@@ -37,7 +41,12 @@ func ApplyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta) (*ctxccv1.Comp
 		if err != nil {
 			return nil, err
 		}
-		view, _, _, err := applyChainedDelta(base, d, baseChain, nil)
+		// Rebuilding uses d up: a second try at the other digest rebuilds from a copy.
+		spare := proto.Clone(d).(*ctxccv1.ViewDelta)
+		view, _, _, err := applyChainedDelta(base, d, baseChain, nil, nil)
+		if err != nil {
+			view, _, _, err = applyChainedDelta(base, spare, baseChain, nil, &compactionSum{})
+		}
 		return view, err
 	}
 	view, _, err := applyDelta(base, d, nil)
@@ -67,8 +76,9 @@ func applyDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseRecords re
 // d.ChainSha256, continuing from baseChain (base's chain values): only the appended
 // messages and the view without its messages are encoded and hashed, and of that only the
 // sections and tools not in baseRecords (base's, may be nil). It returns the new view's
-// chain values and the encodings of its sections and tools.
-func applyChainedDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseChain chain, baseRecords records) (*ctxccv1.CompiledView, chain, records, error) {
+// chain values and the encodings of its sections and tools. apart (not nil): the digest
+// with the compaction apart, Q held in *apart (see chainDigest).
+func applyChainedDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseChain chain, baseRecords records, apart *compactionSum) (*ctxccv1.CompiledView, chain, records, error) {
 	kept := int(d.GetKeptMessages())
 	if base != nil && len(baseChain) != len(base.GetMessages()) {
 		return nil, nil, nil, fmt.Errorf("the base's chain has %d values for %d messages", len(baseChain), len(base.GetMessages()))
@@ -81,7 +91,7 @@ func applyChainedDelta(base *ctxccv1.CompiledView, d *ctxccv1.ViewDelta, baseCha
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	sum, recs, err := chainDigest(view, values, baseRecords)
+	sum, recs, err := chainDigest(view, values, baseRecords, apart)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -27,8 +27,10 @@ import (
 // and checked, and the daemon may answer with only what changed against it (a ViewDelta).
 // Step rebuilds the whole view from it and checks its digest; on a mismatch it fetches the
 // view whole (a ResumeRequest) and returns that. The digest asked for is the chained one
-// (DELTA_DIGEST_MESSAGE_CHAIN: continued from the base's, so only the new messages and the
-// view without messages are hashed); WithWholeViewDigest asks for the whole view's sha256. The views Step returns are the bases of
+// with the compaction apart (DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART: continued from
+// the base's, so only the new messages and the view without messages are hashed, and a
+// compaction request the turn's deltas keep once); WithWholeViewDigest asks for the whole
+// view's sha256. The views Step returns are the bases of
 // later deltas and share their unchanged messages, sections and tools, whose encodings the
 // stream remembers by object: treat them as read-only (proto.Clone one to change it).
 //
@@ -59,6 +61,9 @@ type Stream struct {
 	// The chain values of base's messages when it was rebuilt from a chained delta (nil:
 	// computed from base when the next chained delta comes).
 	baseChain chain
+	// Q of the last compaction request hashed with the compaction apart, by pointer: a
+	// delta that keeps its base's request hands on the same one, and no other matches.
+	baseQ compactionSum
 	// Deltas that failed in a row; at maxMismatches the stream stops asking for them.
 	mismatchRun int
 	stats       StreamStats
@@ -108,7 +113,7 @@ func WithDeltaHook(fn func(*ctxccv1.ViewDelta)) StreamOption {
 
 // OpenStream opens a compile stream; it reopens itself when the connection drops.
 func (c *Client) OpenStream(ctx context.Context, opts ...StreamOption) *Stream {
-	s := &Stream{c: c, ctx: ctx, deltas: true, digest: ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN}
+	s := &Stream{c: c, ctx: ctx, deltas: true, digest: ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART}
 	for _, o := range opts {
 		o(s)
 	}
@@ -315,7 +320,15 @@ func (s *Stream) apply(d *ctxccv1.ViewDelta) (*ctxccv1.CompiledView, records, ch
 			return nil, nil, nil, err
 		}
 	}
-	view, values, recs, err := applyChainedDelta(s.base, d, values, s.baseRecords)
+	var apart *compactionSum
+	if s.digest == ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART {
+		q := s.baseQ
+		apart = &q
+	}
+	view, values, recs, err := applyChainedDelta(s.base, d, values, s.baseRecords, apart)
+	if err == nil && apart != nil {
+		s.baseQ = *apart
+	}
 	return view, recs, values, err
 }
 

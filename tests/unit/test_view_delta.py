@@ -316,6 +316,34 @@ def test_the_client_fixtures_chained_digests_follow_the_proto() -> None:
         assert compile_service_pb2.ViewDelta.FromString(found[0]).chain_sha256 == digest
 
 
+def test_the_client_fixtures_apart_digests_follow_the_proto() -> None:
+    """tests/fixtures/client-views/apart_sha256.txt (the digests with the compaction apart
+    that the Go and TypeScript clients' tests check theirs against) holds the daemon's
+    digests of the fixture views, and they are the proto's rule; views 4 and 5 carry one
+    compaction request, which a delta from 4 to 5 keeps."""
+    folder = Path(__file__).resolve().parents[1] / "fixtures" / "client-views"
+    lines = (folder / "apart_sha256.txt").read_text().split()
+    stated = dict(zip(lines[::2], lines[1::2], strict=True))
+    assert sorted(stated) == [f"view{i}" for i in range(1, 6)]
+    views = {
+        name: view_pb2.CompiledView.FromString((folder / f"{name}.binpb").read_bytes())
+        for name in stated
+    }
+    for name, digest in stated.items():
+        assert apart_digest(views[name]) == digest
+        found = chained_delta_record(
+            cut(_view("z", [], [], [])), cut(views[name]), None, True, True
+        )
+        assert found is not None
+        assert compile_service_pb2.ViewDelta.FromString(found[0]).chain_sha256 == digest
+    assert views["view4"].compaction == views["view5"].compaction
+    assert len(views["view4"].compaction.prompt) > 20_000
+    kept = chained_delta_record(cut(views["view4"]), cut(views["view5"]), None, True, True)
+    assert kept is not None
+    delta = compile_service_pb2.ViewDelta.FromString(kept[0])
+    assert delta.compaction_kept and delta.chain_sha256 == stated["view5"]
+
+
 @pytest.mark.parametrize("chained", [False, True])
 def test_what_a_head_should_leave_empty_is_rebuilt_from_the_base(chained: bool) -> None:
     """The rule rebuilds messages, sections, prompt and tools; a head that carries some
