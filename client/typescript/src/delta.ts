@@ -6,7 +6,7 @@ import { createHash } from "node:crypto";
 import { BinaryReader, BinaryWriter } from "@bufbuild/protobuf/wire";
 
 import type { ViewDelta } from "./gen/ctxcc/v1/compile_service.js";
-import { CompiledView, SystemSection, ViewMessage, ViewTool } from "./gen/ctxcc/v1/view.js";
+import { CompactionRequest, CompiledView, SystemSection, ViewMessage, ViewTool } from "./gen/ctxcc/v1/view.js";
 
 /** Lower-case hex sha256 of a view's serialization, the digest a ViewDelta states. ts-proto
  * writes fields in number order and map entries in the order they were decoded, which for a
@@ -100,7 +100,16 @@ function rebuild(base: CompiledView | null, delta: ViewDelta): CompiledView {
  * `records`, message encodings are remembered there and reused by object.
  */
 export function applyDelta(base: CompiledView | null, delta: ViewDelta, records?: MessageRecords): CompiledView {
-  if (delta.chainSha256) return applyChainedDelta(base, delta, extendChain([], 0, base?.messages ?? [])).view;
+  if (delta.chainSha256) {
+    // The delta does not say which chained digest was asked for: either is taken.
+    const baseChain = extendChain([], 0, base?.messages ?? []);
+    try {
+      return applyChainedDelta(base, delta, baseChain).view;
+    } catch (err) {
+      if (!(err instanceof DeltaMismatch)) throw err;
+      return applyChainedDelta(base, delta, baseChain, new PartRecords(), true).view;
+    }
+  }
   const view = rebuild(base, delta);
   const digest = records ? digestWith(view, records) : viewDigest(view);
   if (digest !== delta.viewSha256) {
@@ -134,6 +143,10 @@ export function extendChain(base: readonly Buffer[], kept: number, messages: rea
 export class PartRecords {
   readonly sections = new WeakMap<SystemSection, Uint8Array>();
   readonly tools = new WeakMap<ViewTool, Uint8Array>();
+  /** Q of the digest with the compaction apart, by request object: a delta that keeps its
+   * base's request (compactionKept) hands on the same object, so over budget the request,
+   * as long as a model window, is hashed once per turn. */
+  readonly compactions = new WeakMap<CompactionRequest, Buffer>();
   prompt = "";
   promptRecord: Uint8Array = new Uint8Array(0);
 }
@@ -159,8 +172,9 @@ function recordOf<T extends object>(
 /** The encoding of `view` without its messages, in pieces: the head (every field but the
  * sections, prompt, messages and tools) encoded and cut where the records of fields 6, 7
  * and 11 go in (ts-proto writes fields in number order), those records from `parts`. */
-function restPieces(view: CompiledView, parts: PartRecords): Uint8Array[] {
-  const head = CompiledView.encode({ ...view, messages: [], systemSections: [], systemPrompt: "", tools: [] }).finish();
+function restPieces(view: CompiledView, parts: PartRecords, apart: boolean): Uint8Array[] {
+  const bare = { ...view, messages: [], systemSections: [], systemPrompt: "", tools: [] };
+  const head = CompiledView.encode(apart ? { ...bare, compaction: undefined } : bare).finish();
   const reader = new BinaryReader(head);
   let front = head.length;
   let back = head.length;
@@ -191,22 +205,39 @@ function restPieces(view: CompiledView, parts: PartRecords): Uint8Array[] {
   ];
 }
 
+/** Q of the digest with the compaction apart: sha256 of the request's encoding (32 zero
+ * bytes without one), from `parts` when that request object was hashed before. */
+function compactionDigest(request: CompactionRequest | undefined, parts?: PartRecords): Buffer {
+  if (request === undefined) return CHAIN_START;
+  let q = parts?.compactions.get(request);
+  if (!q) {
+    q = createHash("sha256").update(CompactionRequest.encode(request).finish()).digest();
+    parts?.compactions.set(request, q);
+  }
+  return q;
+}
+
 /** The chained digest (ViewDelta.chain_sha256) of `view`, whose messages' chain values are
  * `values`: sha256(sha256(the view's encoding without its messages) || c_n), hex. With
- * `parts`, the sections, prompt and tools are not encoded again where they are known. */
-function chainDigestWith(view: CompiledView, values: readonly Buffer[], parts?: PartRecords): string {
+ * `parts`, the sections, prompt and tools are not encoded again where they are known. With
+ * `apart` (DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART), sha256(R' || c_n || Q): R' without
+ * the compaction request either, Q the request's own sha256. */
+function chainDigestWith(view: CompiledView, values: readonly Buffer[], parts?: PartRecords, apart = false): string {
   const encoding = parts
-    ? Buffer.concat(restPieces(view, parts))
-    : CompiledView.encode({ ...view, messages: [] }).finish();
+    ? Buffer.concat(restPieces(view, parts, apart))
+    : CompiledView.encode({ ...view, messages: [], ...(apart ? { compaction: undefined } : {}) }).finish();
   const rest = createHash("sha256").update(encoding).digest();
   const last = values.length > 0 ? values[values.length - 1] : CHAIN_START;
-  return createHash("sha256").update(rest).update(last).digest("hex");
+  const h = createHash("sha256").update(rest).update(last);
+  if (apart) h.update(compactionDigest(view.compaction, parts));
+  return h.digest("hex");
 }
 
 /** The chained digest of a whole view, over all its messages (a stream continues it from its
- * base's chain values instead). */
-export function chainDigest(view: CompiledView): string {
-  return chainDigestWith(view, extendChain([], 0, view.messages));
+ * base's chain values instead); with `compactionApart`, the one with the compaction request
+ * hashed apart. */
+export function chainDigest(view: CompiledView, compactionApart = false): string {
+  return chainDigestWith(view, extendChain([], 0, view.messages), undefined, compactionApart);
 }
 
 /**
@@ -221,13 +252,14 @@ export function applyChainedDelta(
   delta: ViewDelta,
   baseChain: readonly Buffer[],
   parts?: PartRecords,
+  compactionApart = false,
 ): { view: CompiledView; chain: Buffer[] } {
   if (base && baseChain.length !== base.messages.length) {
     throw new DeltaMismatch(`the base's chain has ${baseChain.length} values for ${base.messages.length} messages`);
   }
   const view = rebuild(base, delta);
   const chain = extendChain(baseChain, delta.keptMessages, delta.appendedMessages);
-  const digest = chainDigestWith(view, chain, parts);
+  const digest = chainDigestWith(view, chain, parts, compactionApart);
   if (digest !== delta.chainSha256) {
     throw new DeltaMismatch(`view ${view.compileId} rebuilt from a delta has chained digest ${digest}, the daemon's is ${delta.chainSha256}`);
   }

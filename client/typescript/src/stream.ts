@@ -299,7 +299,7 @@ export class Stream {
       step.deltaBaseCompileId = this.deltas ? (this.base?.compileId ?? "") : "";
       step.deltaDigest =
         step.deltaBaseCompileId && (this.options.chainedDigest ?? true)
-          ? DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN
+          ? DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
           : DeltaDigest.DELTA_DIGEST_UNSPECIFIED;
       step.keepCompaction = step.deltaBaseCompileId !== "";
     }
@@ -346,7 +346,7 @@ export class Stream {
     if (!delta.chainSha256) return { view: applyDelta(this.base, delta, this.records), chain: null };
     // A base that came whole gets its chain values once, here.
     const values = this.baseChain ?? extendChain([], 0, this.base?.messages ?? []);
-    return applyChainedDelta(this.base, delta, values, this.parts);
+    return applyChainedDelta(this.base, delta, values, this.parts, true);
   }
 
   /** Records a view received whole or rebuilt and checked as the next delta's base. */

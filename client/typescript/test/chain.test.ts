@@ -14,7 +14,7 @@ import {
 import { CompiledView } from "../src/gen/ctxcc/v1/view.js";
 import { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, PartRecords } from "../src/delta.js";
 import { connect } from "../src/index.js";
-import { chained, daemonChain, encoded, fixture, makeDelta } from "./fixtures.js";
+import { chained, daemonApart, daemonChain, encoded, fixture, makeDelta } from "./fixtures.js";
 
 const copy = (v: CompiledView): CompiledView => CompiledView.decode(CompiledView.encode(v).finish());
 
@@ -100,7 +100,7 @@ test("the stream asks for the chained digest unless told not to, and refetches a
           if (n === 1) return send({ $case: "view", value: v1.view });
           const [base, target, num] = n === 2 ? [v1, v2, 2] : [v2, v3, 3];
           const d = makeDelta(base.view, target.view);
-          send({ $case: "delta", value: chainedDigest ? chained(d, daemonChain(num)) : d });
+          send({ $case: "delta", value: chainedDigest ? chained(d, daemonApart(num)) : d });
         });
         call.on("end", () => call.end());
       },
@@ -121,7 +121,9 @@ test("the stream asks for the chained digest unless told not to, and refetches a
         const r = await stream.step({ sessionId: v1.view.sessionId }, []);
         assert.ok(encoded(r.view).equals(want));
       }
-      const want = chainedDigest ? DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN : DeltaDigest.DELTA_DIGEST_UNSPECIFIED;
+      const want = chainedDigest
+        ? DeltaDigest.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
+        : DeltaDigest.DELTA_DIGEST_UNSPECIFIED;
       assert.deepEqual(asked, [DeltaDigest.DELTA_DIGEST_UNSPECIFIED, want, want]);
       assert.deepEqual(
         [stream.stats.deltas, stream.stats.mismatches],
@@ -159,4 +161,41 @@ test("with the stream's part records, a chain of deltas checks as the whole view
   const again = chained(makeDelta(base, toolsBack), chainDigest(toolsBack));
   again.head!.notes.push("x");
   assert.throws(() => applyChainedDelta(base, again, values, parts), DeltaMismatch);
+});
+
+test("the digest with the compaction apart of real views is the daemon's, and not the plain one", () => {
+  for (const n of [1, 2, 3, 4, 5]) {
+    assert.equal(chainDigest(fixture(n).view, true), daemonApart(n), `view${n}`);
+    assert.notEqual(chainDigest(fixture(n).view, true), chainDigest(fixture(n).view), `view${n}`);
+  }
+});
+
+test("with the compaction apart, a kept request is hashed once and its Q is part of the digest", () => {
+  const [v3, v4, v5] = [fixture(3), fixture(4), fixture(5)];
+  const parts = new PartRecords();
+  const to4 = applyChainedDelta(v3.view, chained(makeDelta(v3.view, v4.view), daemonApart(4)), extendChain([], 0, v3.view.messages), parts, true);
+  assert.ok(encoded(to4.view).equals(v4.bytes));
+  const request = to4.view.compaction!;
+  const q = parts.compactions.get(request);
+  assert.ok(q, "Q of the request the delta brought is held");
+  const kept = () => {
+    const d = makeDelta(to4.view, v5.view);
+    d.compactionKept = true;
+    d.head!.compaction = undefined;
+    return chained(d, daemonApart(5));
+  };
+  const to5 = applyChainedDelta(to4.view, kept(), to4.chain, parts, true);
+  assert.ok(encoded(to5.view).equals(v5.bytes));
+  assert.equal(to5.view.compaction, request, "the kept request is the same object");
+  assert.equal(parts.compactions.get(request), q, "and its Q was not made again");
+  // A wrong Q held for the kept request fails the digest.
+  parts.compactions.set(request, Buffer.alloc(32, 1));
+  assert.throws(() => applyChainedDelta(to4.view, kept(), to4.chain, parts, true), DeltaMismatch);
+  // applyDelta is not told which chained digest was asked for: it takes either.
+  for (const sum of [daemonApart(5), chainDigest(v5.view)]) {
+    const d = kept();
+    d.chainSha256 = sum;
+    assert.ok(encoded(applyDelta(to4.view, d)).equals(v5.bytes));
+  }
+  assert.throws(() => applyDelta(to4.view, chained(kept(), "0".repeat(64))), DeltaMismatch);
 });

@@ -50,9 +50,19 @@ export function makeDelta(base: CompiledView, target: CompiledView): ViewDelta {
 /** The chained digest of fixture view `n` as the daemon's code computes it (chain_sha256.txt
  * beside the views, checked against the proto's rule by the Python tests). */
 export function daemonChain(n: number): string {
-  const lines = readFileSync(new URL("chain_sha256.txt", DIR), "utf8").split("\n");
+  return daemonDigest("chain_sha256.txt", n);
+}
+
+/** The digest with the compaction apart of fixture view `n` as the daemon's code computes it
+ * (apart_sha256.txt, checked likewise; views 4 and 5 carry one compaction request). */
+export function daemonApart(n: number): string {
+  return daemonDigest("apart_sha256.txt", n);
+}
+
+function daemonDigest(file: string, n: number): string {
+  const lines = readFileSync(new URL(file, DIR), "utf8").split("\n");
   const found = lines.map((l) => l.split(" ")).find(([name]) => name === `view${n}`);
-  if (!found) throw new Error(`no chained digest for view${n}`);
+  if (!found) throw new Error(`no digest for view${n} in ${file}`);
   return found[1];
 }
 
