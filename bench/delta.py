@@ -4,7 +4,9 @@ appended, the view compiled and received whole by the caller (rebuilt from the d
 its digest checked), the previous view's usage report riding on the step (the client's
 `stream.report_usage`): one round trip. Its time with a ~2,000-message view against a
 ~200-message one, and the bytes the stream received per step against the bytes of the
-step's new events."""
+step's new events. Over budget at ~2,000 messages, the CPU per step on both sides with
+the digest the clients ask for (the compaction request hashed apart) against the plain
+chained one."""
 
 from __future__ import annotations
 
@@ -43,13 +45,14 @@ class _Stepper:
     """One stream's steps on one session: the step times, the bytes the stream received
     and the bytes of the steps' new events."""
 
-    def __init__(self, stream: CompileStream, sid: str) -> None:
+    def __init__(self, stream: CompileStream, sid: str, *, over_budget: bool = False) -> None:
         self.stream, self.sid = stream, sid
-        # A window the ~270k-token view fits in: over budget, every answer (delta or
-        # whole) would carry the compaction prompt, which holds the whole history as text.
-        self.req = cpb.CompileRequest(
-            session_id=sid, route=ROUTE, limits=cpb.ModelLimits(context_window=1_000_000)
-        )
+        # A window the ~270k-token view fits in: over budget, every view carries the
+        # compaction request, whose prompt holds as much history as the window takes.
+        # `over_budget`: the route's own window (gpt-4o's 128k), so every step has one.
+        limits = None if over_budget else cpb.ModelLimits(context_window=1_000_000)
+        self.req = cpb.CompileRequest(session_id=sid, route=ROUTE, limits=limits)
+        self.over_budget = over_budget
         self.times: list[float] = []
         self.received = self.sent = self.steps = 0
         # The daemon's and this process's (the client's) CPU seconds over the kept steps.
@@ -67,6 +70,8 @@ class _Stepper:
             before = self.stream.stats.bytes_received
             started = time.perf_counter()
             view, _ = await self.stream.step(self.req, events)
+            if view.HasField("compaction") != self.over_budget:
+                raise RuntimeError(f"{self.sid}: over budget is {not self.over_budget}")
             # Queued: the next step carries it.
             await self.stream.report_usage(
                 view.compile_id,
@@ -95,7 +100,14 @@ async def _measure(target: str, pid: int, n: int) -> dict[str, float]:
         short, long, turn = (
             _Stepper(ctx.stream(), sid) for sid in ("delta200", "delta2k", "turn2k")
         )
-        steppers = (short, long, turn)
+        # Over budget, two streams: the digest the clients ask for (the compaction
+        # request hashed apart, once per request) and the plain chained one before it
+        # (the request hashed with the rest of the view at every step).
+        plain = ctx.stream()
+        plain._digest = cpb.DELTA_DIGEST_MESSAGE_CHAIN
+        apart = _Stepper(ctx.stream(), "over2k_apart", over_budget=True)
+        chained = _Stepper(plain, "over2k_chain", over_budget=True)
+        steppers = (short, long, turn, apart, chained)
         for s in steppers:
             await s.run(5, pid, kept=False)
         # The three in alternating blocks: what moves on the machine over the run (the
@@ -128,6 +140,14 @@ async def _measure(target: str, pid: int, n: int) -> dict[str, float]:
         "delta_daemon_cpu_ms_per_step_2000_msgs": long.cpu / len(long.times) * 1000,
         "delta_client_cpu_ms_per_step_200_msgs": short.client_cpu / len(short.times) * 1000,
         "delta_client_cpu_ms_per_step_2000_msgs": long.client_cpu / len(long.times) * 1000,
+        # Over budget at ~2,000 messages (a ~420 KB compaction request kept by every delta).
+        **{
+            f"over_budget_{side}_cpu_ms_per_step_{name}": cpu / len(s.times) * 1000
+            for name, s in (("apart", apart), ("chain", chained))
+            for side, cpu in (("daemon", s.cpu), ("client", s.client_cpu))
+        },
+        "over_budget_step_apart_vs_chain_p50": statistics.median(apart.times)
+        / statistics.median(chained.times),
     }
 
 
@@ -142,6 +162,8 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         # ~2,000 messages again, but the last ~1,800 one turn: a user message, then tool
         # calls and their results, as an agent working alone for 900 steps leaves them.
         api.session("turn2k", long_turn(max(60, int(900 * scale))))
+        for sid in ("over2k_apart", "over2k_chain"):  # ~2,000 messages over gpt-4o's window
+            api.session(sid, conversation(667, sid))
         api.channel.close()
         assert d.proc is not None
         return asyncio.run(_measure(d.target, d.proc.pid, n))

@@ -127,7 +127,7 @@ class StreamAgent:
             delta_base_compile_id=self.held.view.compile_id if self.held else "",
             # The digest the clients' stream helpers ask for, and like them, the base's
             # compaction kept when it is recommended again.
-            delta_digest=cpb.DELTA_DIGEST_MESSAGE_CHAIN,
+            delta_digest=cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART,
             keep_compaction=self.held is not None,
         )
         if report and self.held is not None:
@@ -145,7 +145,7 @@ class StreamAgent:
         while kind == "chunk":  # a whole view over the chunk size
             whole = self._chunks.add(out.chunk)
             if whole is not None:
-                self.held = HeldView.of(whole, chained=True)
+                self.held = HeldView.of(whole, chained=True, apart=True)
                 break
             out = next(self._answers)
             self.bytes_received += out.ByteSize()
@@ -154,7 +154,7 @@ class StreamAgent:
             self.held = self.held.apply(out.delta)
             self.deltas += 1
         elif kind == "view":
-            self.held = HeldView.of(out.view, chained=True)
+            self.held = HeldView.of(out.view, chained=True, apart=True)
         elif kind != "chunk":
             raise RuntimeError(f"step {self.steps} answered {kind}: {out.error}")
         assert self.held is not None

@@ -33,5 +33,7 @@ def test_bench_smoke_prints_every_figure() -> None:
     for side in ("daemon", "client"):
         for size in ("200", "2000"):
             assert f"delta_{side}_cpu_ms_per_step_{size}_msgs" in done.stdout
+        for digest in ("apart", "chain"):
+            assert f"over_budget_{side}_cpu_ms_per_step_{digest}" in done.stdout
     for client in ("go", "python", "typescript"):
         assert f"client_{client}_step_p50_ms" in done.stdout
