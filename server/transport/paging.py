@@ -53,7 +53,8 @@ def decode_token(token: str, query: object) -> str | int | None:
         data = json.loads(base64.urlsafe_b64decode(token.encode()))
         last = data["l"]
         ok = data["q"] == _fingerprint(query) and isinstance(last, str | int)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
+        # RecursionError: a client's token of JSON nested past the interpreter's limit.
         ok, last = False, None
     if not ok:
         raise CtxccError(Reason.INVALID_PAGE_TOKEN, "page_token is malformed or from another query")
