@@ -46,7 +46,24 @@ def _relative(root: str, target: str) -> list[str]:
 
 
 def _root_fd(root: str) -> int:
-    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    """A descriptor of the directory `root`, opened one component at a time from `/`
+    without following a symlink. Callers pass a root they resolved and checked: a
+    component that is a symlink now was swapped in since (a project directory replaced
+    by a link to elsewhere), and following it would read outside, so it is _Outside."""
+    fd = os.open("/", _DIR)
+    try:
+        for name in PurePosixPath(os.path.abspath(root)).parts[1:]:
+            try:
+                nfd = os.open(name, _DIR, dir_fd=fd)
+            except OSError as exc:
+                _link_target(fd, name, exc)  # re-raises unless `name` is a symlink
+                raise _Outside from None
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _walk(root: str, parts: list[str]) -> int:

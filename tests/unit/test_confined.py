@@ -103,3 +103,46 @@ def test_swapping_a_directory_for_a_symlink_never_leaks(root: Path) -> None:
         swap.join()
     assert "OUTSIDE" not in seen, seen
     assert seen.get("inside sub", 0) > 0, seen  # the race was really run
+
+
+def test_a_root_that_is_a_symlink_is_refused(root: Path) -> None:
+    """Callers pass a root they resolved and checked; if that path has since become a
+    symlink (the project directory swapped after the check), nothing under it is read."""
+    out = root.parent / "out"
+    swapped = root.parent / "swapped"
+    swapped.symlink_to(out)
+    got = read_confined(str(swapped), ["AGENTS.md"], 1 << 20)
+    assert isinstance(got, Refused) and got.outside, got
+    (root / "a" / "link").symlink_to(out)  # a link on the way to the root, too
+    got = read_confined(str(root / "a" / "link"), ["AGENTS.md"], 1 << 20)
+    assert isinstance(got, Refused) and got.outside, got
+    assert _read(root, "a/b/deep.md") == b"deep"  # a real root is still read
+
+
+def test_swapping_the_project_root_for_a_symlink_never_leaks(tmp_path: Path) -> None:
+    """The reader resolves and checks the project root, then reads under it: a swap of
+    the project directory itself in between must not lead the reads outside."""
+    ws = tmp_path / "ws"
+    real = ws / "sub.real"  # the names _swapper swaps
+    (real / ".ctxcc").mkdir(parents=True)
+    (real / "AGENTS.md").write_text("inside proj")
+    outside = tmp_path / "out"
+    (outside / ".ctxcc").mkdir(parents=True)
+    (outside / "AGENTS.md").write_text("OUTSIDE")
+    (outside / ".ctxcc" / "MEMORY.md").write_text("OUTSIDE memory")
+    proj = ws / "sub"
+    reader = WorkspaceReader(WorkspaceConfig(roots=(ws,)))
+    stop = threading.Event()
+    swap = threading.Thread(target=_swapper, args=(proj, outside, stop))
+    swap.start()
+    inside = 0
+    try:
+        for _ in range(3_000):
+            got = reader.read(str(proj), str(proj))
+            texts = [f.text for f in got.instruction_files] + [m.text for m in got.memory]
+            assert all("OUTSIDE" not in t for t in texts), texts
+            inside += any("inside proj" in t for t in texts)
+    finally:
+        stop.set()
+        swap.join()
+    assert inside > 0  # the race was really run
