@@ -41,6 +41,13 @@ _ACTIVATIONS = {
 }
 
 
+def _text(name: str) -> str:
+    """A name from the file system as text a view can carry. Names are bytes: one that
+    is not UTF-8 comes back from Python with surrogate escapes, which no protobuf string
+    (nor any provider's JSON) takes, so its undecodable bytes are shown as U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkspaceConfig:
     roots: tuple[Path, ...] = ()
@@ -58,7 +65,7 @@ class WorkspaceReader:
 
     def _shown(self, path: Path, root: Path) -> str:
         """How a note names a file: relative to its root, the global one marked."""
-        rel = os.path.relpath(path, root)
+        rel = _text(os.path.relpath(path, root))
         g = self.cfg.global_dir
         is_global = g is not None and Path(os.path.realpath(g)) == root
         return f"global:{rel}" if is_global else rel
@@ -163,7 +170,8 @@ class WorkspaceReader:
                 got = self._read(d / name, root, notes)
                 if got is not None:
                     shown = self._shown(d / name, root)
-                    out.append(InstructionFile(str(d / name), scope, got[0], got[1], shown))
+                    path = _text(str(d / name))
+                    out.append(InstructionFile(path, scope, got[0], got[1], shown))
         return out
 
     def _skills(
@@ -185,13 +193,13 @@ class WorkspaceReader:
                     continue
                 out.append(
                     SkillEntry(
-                        skill_md.parent.name,
+                        _text(skill_md.parent.name),
                         scope,
                         "",
                         name,
                         desc,
-                        load_hint=str(skill_md),
-                        origin=str(skill_md),
+                        load_hint=_text(str(skill_md)),
+                        origin=_text(str(skill_md)),
                     )
                 )
         return out
@@ -213,15 +221,15 @@ class WorkspaceReader:
                 continue
             out.append(
                 RuleEntry(
-                    rule_id=path.stem,
+                    rule_id=_text(path.stem),
                     scope=scope,
                     scope_id="",
-                    name=str(fields.get("name") or path.stem),
+                    name=str(fields.get("name") or _text(path.stem)),
                     description=str(fields.get("description", "")),
                     text=body,
                     activation=activation,
                     path_globs=(globs,) if isinstance(globs, str) else tuple(globs),
-                    origin=str(path),
+                    origin=_text(str(path)),
                 )
             )
         return out
@@ -230,4 +238,4 @@ class WorkspaceReader:
         got = self._read(path, root, notes)
         if got is None:
             return []
-        return [MemoryEntry(path.name, scope, "", got[0], origin=str(path))]
+        return [MemoryEntry(path.name, scope, "", got[0], origin=_text(str(path)))]

@@ -4,6 +4,9 @@ worse) where the README promises a documented reason."""
 from __future__ import annotations
 
 import base64
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,8 +14,10 @@ import pytest
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.conftest import Stubs
-from tests.helpers import error_info, user
+from ctxcc.v1 import source_service_pb2 as rpb
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import compile_request, error_info, user
 
 
 def _token(raw: bytes) -> str:
@@ -56,3 +61,67 @@ async def test_deeply_nested_page_tokens_answer_invalid_page_token(api: Stubs) -
         spb.ListEventsRequest(session_id="pages", page_size=1, page_token=first.next_page_token)
     )
     assert [e.seq for e in [*first.events, *rest.events]] == [1, 2]
+
+
+@pytest.fixture
+async def project(short_tmp: Path) -> AsyncIterator[tuple[Stubs, Path, Path]]:
+    work, global_dir = short_tmp / "work", short_tmp / "global"
+    (work / "proj").mkdir(parents=True)
+    global_dir.mkdir()
+    cfg = make_config(short_tmp / "data", workspace_roots=str(work), global_dir=str(global_dir))
+    d = Daemon(cfg)
+    await d.start()
+    s = stubs_for(str(d.endpoints.tcp))
+    try:
+        yield s, work / "proj", global_dir
+    finally:
+        await s.channel.close()
+        await d.stop()
+
+
+def _latin_tree(proj: Path, global_dir: Path) -> None:
+    """Rules, skills and a FIFO whose names are not UTF-8."""
+    p, g = os.fsencode(proj), os.fsencode(global_dir)
+    os.makedirs(p + b"/.ctxcc/rules")
+    os.makedirs(p + b"/.ctxcc/skills/sk\xff")
+    os.makedirs(p + b"/.ctxcc/skills/fifo\xfe")
+    os.makedirs(g + b"/rules")
+    with open(p + b"/.ctxcc/rules/r\xe9gle.md", "wb") as f:
+        f.write(b"---\nname: regle\nactivation: on_demand\n---\nproject rule body")
+    with open(p + b"/.ctxcc/skills/sk\xff/SKILL.md", "wb") as f:
+        f.write(b"---\nname: latin\ndescription: a skill in a Latin-1 directory\n---\n")
+    os.mkfifo(p + b"/.ctxcc/skills/fifo\xfe/SKILL.md")  # skipped, with a note naming it
+    with open(g + b"/rules/\xff.md", "wb") as f:
+        f.write(b"---\nactivation: always\n---\nglobal rule body")
+
+
+async def test_file_names_that_are_not_utf8_never_fail_a_compile(
+    project: tuple[Stubs, Path, Path],
+) -> None:
+    """A repository may hold any bytes as names (a Latin-1 checkout): rules, skills and
+    notes named by them are shown with U+FFFD, never an INTERNAL for every compile."""
+    api, proj, global_dir = project
+    _latin_tree(proj, global_dir)
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(
+            session=session_pb2.Session(
+                session_id="latin", project_root=str(proj), working_directory=str(proj)
+            )
+        )
+    )
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="latin", events=[user("hi")])
+    )
+    view = (await api.compiles.Compile(compile_request("latin"))).view
+    prompt = view.system_prompt
+    assert "global rule body" in prompt
+    assert "a skill in a Latin-1 directory" in prompt
+    assert "regle" in prompt  # in the rule index
+    assert any(
+        n == "skipped .ctxcc/skills/fifo\ufffd/SKILL.md: not a regular file" for n in view.notes
+    ), view.notes
+    sources = [src for s in view.system_sections for src in s.sources]
+    assert str(global_dir / "rules") + "/\ufffd.md" in sources, sources
+    loaded = await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="latin", name="regle"))
+    assert loaded.rule.text == "project rule body"
+    assert loaded.rule.rule_id == "r\ufffdgle"
