@@ -17,7 +17,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from server.adapters.confined import Refused, read_confined
+from server.adapters.confined import Refused, open_root, open_subdir, read_at, read_confined
 from server.domain.errors import CtxccError
 from server.domain.frontmatter import parse_front_matter
 from server.domain.sources import (
@@ -46,6 +46,14 @@ def _text(name: str) -> str:
     is not UTF-8 comes back from Python with surrogate escapes, which no protobuf string
     (nor any provider's JSON) takes, so its undecodable bytes are shown as U+FFFD."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _decoded(data: bytes) -> tuple[str, bool]:
+    """A file's text, and whether invalid UTF-8 in it was replaced."""
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace"), True
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +92,20 @@ class WorkspaceReader:
             if not data.missing:
                 notes.append(f"{verb} {self._shown(path, root)}: {data.why}")
             return None
-        try:
-            return data.decode("utf-8"), False
-        except UnicodeDecodeError:
-            return data.decode("utf-8", errors="replace"), True
+        return _decoded(data)
+
+    def _read_in(
+        self, fd: int | None, path: Path, root: Path, notes: list[str]
+    ) -> tuple[str, bool] | None:
+        """As `_read`, through `fd`, the directory of `path` already opened confined
+        (None: not held), falling back to `_read` for anything but a plain file."""
+        if fd is not None:
+            data = read_at(fd, path.name, MAX_READ_BYTES)
+            if isinstance(data, Refused):
+                return None  # read_at refuses only a missing name: no note, as _read
+            if data is not None:
+                return _decoded(data)
+        return self._read(path, root, notes)
 
     def _project_root(self, raw: str, notes: list[str]) -> Path | None:
         if not raw:
@@ -165,13 +183,25 @@ class WorkspaceReader:
         self, dirs: list[Path], root: Path, scope: Scope, notes: list[str]
     ) -> list[InstructionFile]:
         out = []
-        for d in dirs:
-            for name in self.cfg.instruction_names:
-                got = self._read(d / name, root, notes)
-                if got is not None:
-                    shown = self._shown(d / name, root)
-                    path = _text(str(d / name))
-                    out.append(InstructionFile(path, scope, got[0], got[1], shown))
+        # Each directory of the chain is opened from its parent's descriptor, once: a
+        # walk from the root for every file costs the square of the depth. A step that
+        # is no plain subdirectory (a link, missing) leaves the rest to `_read`.
+        fd = open_root(str(root)) if dirs and dirs[0] == root else None
+        try:
+            for i, d in enumerate(dirs):
+                if i > 0 and fd is not None:
+                    nfd = open_subdir(fd, d.name) if d.parent == dirs[i - 1] else None
+                    os.close(fd)
+                    fd = nfd
+                for name in self.cfg.instruction_names:
+                    got = self._read_in(fd, d / name, root, notes)
+                    if got is not None:
+                        shown = self._shown(d / name, root)
+                        path = _text(str(d / name))
+                        out.append(InstructionFile(path, scope, got[0], got[1], shown))
+        finally:
+            if fd is not None:
+                os.close(fd)
         return out
 
     def _skills(

@@ -96,3 +96,48 @@ def test_dotdot_and_relative_paths_are_refused() -> None:
             check_session_paths(root, wd)
         assert exc.value.reason is Reason.PATH_OUTSIDE_ROOT
     check_session_paths("/a", "/a/b")
+
+
+def _deep(base: Path, depth: int) -> Path:
+    """`base`/a/a/…/a, `depth` levels (made one level at a time: os.makedirs recurses)."""
+    fd = os.open(base, os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("a", dir_fd=fd)
+            nfd = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    return Path(str(base) + "/a" * depth)
+
+
+def test_a_deep_working_directory_opens_each_level_once(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file of the chain once walked from the project root: 300 levels took ~140,000
+    opens (2,000 levels: 10-20 s a compile). Opening each level from the one above
+    costs a few opens a level, with the same files, order, links and notes."""
+    p = tree / "work" / "proj"
+    depth = 300
+    wd = _deep(p / "src", depth)
+    (wd / "AGENTS.md").write_text("deepest")
+    mid = Path(str(p / "src") + "/a" * 150)
+    (mid / "CLAUDE.md").symlink_to(p / "AGENTS.md")  # inside the root: followed
+    os.mkfifo(mid / "GEMINI.md")  # never blocks: a note
+    opens = 0
+    real_open = os.open
+
+    def counting(*args: object, **kwargs: object) -> int:
+        nonlocal opens
+        opens += 1
+        return real_open(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting)
+    got = reader(tree).read(str(p), str(wd))
+    monkeypatch.undo()
+    texts = [f.text for f in got.instruction_files]
+    assert texts == ["global agents", "root agents", "src claude", "root agents", "deepest"]
+    assert got.instruction_files[3].display == "src" + "/a" * 150 + "/CLAUDE.md"
+    assert got.notes == ("skipped src" + "/a" * 150 + "/GEMINI.md: not a regular file",)
+    assert opens < 10 * depth, opens
