@@ -60,7 +60,8 @@ def _int(request: web.Request, key: str, default: int = 0) -> int:
     raw = request.query.get(key, "")
     if not raw:
         return default
-    if not raw.isdigit() or len(raw) > 18:
+    # isascii: str.isdigit also holds for '²' and '①', which int() refuses.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise invalid(key, f"{key} must be a whole number")
     return int(raw)
 

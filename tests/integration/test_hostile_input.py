@@ -3,8 +3,11 @@ worse) where the README promises a documented reason."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -125,3 +128,34 @@ async def test_file_names_that_are_not_utf8_never_fail_a_compile(
     loaded = await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="latin", name="regle"))
     assert loaded.rule.text == "project rule body"
     assert loaded.rule.rule_id == "r\ufffdgle"
+
+
+def _status(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def test_inspector_numbers_in_other_scripts_are_a_bad_request(
+    daemon: Daemon, api: Stubs
+) -> None:
+    """`str.isdigit` holds for '²' and '①', which `int` refuses: a page asked for one
+    answered 500 with a traceback in the log; it is a 400 naming the parameter."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="insp"))
+    )
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="insp", events=[user("hi")]))
+    base = f"http://{daemon.endpoints.ui}/s/insp"
+    for path, key in [
+        ("/step?seq=%C2%B2", "seq"),
+        ("/events?after=%C2%B2", "after"),
+        ("/events?through=%E2%91%A0", "through"),
+        ("/diff?a=%E2%91%A0&b=1", "a"),
+    ]:
+        code, body = await asyncio.to_thread(_status, base + path)
+        assert code == 400, (path, code, body[-300:])
+        assert f"{key} must be a whole number" in body, body[-300:]
+    code, _ = await asyncio.to_thread(_status, base + "/events?after=0")
+    assert code == 200
