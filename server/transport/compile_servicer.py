@@ -29,7 +29,7 @@ from server.transport.drain import Drain
 from server.transport.errors import streaming, unary
 from server.transport.lent import LentBySession
 from server.transport.options_memo import OptionsMemo
-from server.transport.paging import decode_token, encode_token, page_bytes
+from server.transport.paging import decode_position, encode_token, page_bytes
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, view_chars
 from server.transport.wire import Encoded
@@ -149,8 +149,8 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self, request: pb.ListCheckpointsRequest, context: Ctx
     ) -> pb.ListCheckpointsResponse:
         query = {"s": request.session_id}
-        token = decode_token(request.page_token, query)
-        start = int(token) if token is not None else 0
+        token = decode_position(request.page_token, query)
+        start = token if token is not None else 0
         size = self._s.page_size(request.page_size)
         found = await self._k.list_for(request.session_id)
         # Cut by size too, as ListEvents: a summary may take 1 MiB, a page 1,000 of them.

@@ -60,3 +60,16 @@ def decode_token(token: str, query: object) -> str | int | None:
         raise CtxccError(Reason.INVALID_PAGE_TOKEN, "page_token is malformed or from another query")
     assert isinstance(last, str | int)
     return last
+
+
+def decode_position(token: str, query: object) -> int | None:
+    """A token's position for listings that page by a number (a seq, an index). The
+    fingerprint is no secret (it hashes the query), so a client can forge a token: one
+    whose position is no whole number from 0 to 2^64-1 is malformed, never an INTERNAL
+    from int() or from a negative seq."""
+    last = decode_token(token, query)
+    if last is None:
+        return None
+    if type(last) is not int or not 0 <= last < 1 << 64:
+        raise CtxccError(Reason.INVALID_PAGE_TOKEN, "page_token is malformed or from another query")
+    return last

@@ -18,7 +18,7 @@ from server.service.watch import CompileNotice, Resync
 from server.transport.convert_events import event_out, events_in, session_in, session_out
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
-from server.transport.paging import decode_token, encode_token, page_bytes
+from server.transport.paging import decode_position, decode_token, encode_token, page_bytes
 from server.transport.wire import MAX_KINDS
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -108,8 +108,8 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             raise invalid("kinds", f"unknown event kind {min(unknown)}")
         kinds = {EventKind(k) for k in set(request.kinds)}
         query = {"s": request.session_id, "a": request.after_seq, "k": sorted(kinds)}
-        token = decode_token(request.page_token, query)
-        after = int(token) if token is not None else request.after_seq
+        token = decode_position(request.page_token, query)
+        after = token if token is not None else request.after_seq
         size = self._s.page_size(request.page_size)
         found = await self._s.list_events(request.session_id, after, size + 1, frozenset(kinds))
         page: list[event_pb2.Event] = []

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from ctxcc.v1 import checkpoint_pb2, session_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from server.app import Daemon
@@ -43,7 +45,7 @@ async def test_deeply_nested_page_tokens_answer_invalid_page_token(api: Stubs) -
     await api.sessions.AppendEvents(
         spb.AppendEventsRequest(session_id="pages", events=[user("a"), user("b")])
     )
-    listings = [
+    listings: list[Callable[[str], Awaitable[Any]]] = [
         lambda t: api.sessions.ListEvents(
             spb.ListEventsRequest(session_id="pages", page_size=1, page_token=t)
         ),
@@ -159,3 +161,59 @@ async def test_inspector_numbers_in_other_scripts_are_a_bad_request(
         assert f"{key} must be a whole number" in body, body[-300:]
     code, _ = await asyncio.to_thread(_status, base + "/events?after=0")
     assert code == 200
+
+
+def _forged(real: str, last: object) -> str:
+    """`real` with its position replaced: the fingerprint beside it only hashes the
+    query, so any client can do this."""
+    data = json.loads(base64.urlsafe_b64decode(real))
+    data["l"] = last
+    return _token(json.dumps(data).encode())
+
+
+async def test_forged_page_positions_answer_invalid_page_token(api: Stubs) -> None:
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="forge"))
+    )
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="forge", events=[user("a"), user("b"), user("c")])
+    )
+    for through in (1, 2):
+        await api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id="forge", covers_through_seq=through, summary=f"s{through}"
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+    events = await api.sessions.ListEvents(spb.ListEventsRequest(session_id="forge", page_size=1))
+    checkpoints = await api.compiles.ListCheckpoints(
+        cpb.ListCheckpointsRequest(session_id="forge", page_size=1)
+    )
+    assert events.next_page_token and checkpoints.next_page_token
+
+    def list_events(t: str) -> Any:
+        return api.sessions.ListEvents(
+            spb.ListEventsRequest(session_id="forge", page_size=1, page_token=t)
+        )
+
+    def list_checkpoints(t: str) -> Any:
+        return api.compiles.ListCheckpoints(
+            cpb.ListCheckpointsRequest(session_id="forge", page_size=1, page_token=t)
+        )
+
+    for listing, real in (
+        (list_events, events.next_page_token),
+        (list_checkpoints, checkpoints.next_page_token),
+    ):
+        for last in ("abc", "\u00b2", "1", -5, 1 << 64, True, 1.5):
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await listing(_forged(real, last))
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (last, exc.value.details())
+            assert error_info(exc.value).reason == "INVALID_PAGE_TOKEN", last
+    # The real tokens still page on.
+    assert [e.seq for e in (await list_events(events.next_page_token)).events] == [2]
+    rest = await list_checkpoints(checkpoints.next_page_token)
+    pages = [*checkpoints.checkpoints, *rest.checkpoints]
+    assert sorted(c.covers_through_seq for c in pages) == [1, 2]
