@@ -66,9 +66,10 @@ def _root_fd(root: str) -> int:
         raise
 
 
-def _walk(root: str, parts: list[str]) -> int:
-    """A descriptor of the regular file at root/parts, resolved inside root only.
-    Raises _Outside, or OSError for anything missing, looping or not a file."""
+def _walk(root: str, parts: list[str], directory: bool = False) -> int:
+    """A descriptor of the regular file (or with `directory`, the directory) at
+    root/parts, resolved inside root only. Raises _Outside, or OSError for anything
+    missing, looping or not a file (a directory)."""
     links = 0
     todo = list(parts)
     done: list[str] = []  # real directories under root, opened one by one
@@ -87,7 +88,7 @@ def _walk(root: str, parts: list[str]) -> int:
                 continue
             last = not todo
             try:
-                nfd = os.open(name, _FILE if last else _DIR, dir_fd=fd)
+                nfd = os.open(name, _FILE if last and not directory else _DIR, dir_fd=fd)
             except OSError as exc:
                 target = _link_target(fd, name, exc)
                 links += 1
@@ -107,8 +108,9 @@ def _walk(root: str, parts: list[str]) -> int:
                 break
             done.append(name)
         else:
-            raise OSError(errno.EISDIR, "is a directory")
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if not directory:
+                raise OSError(errno.EISDIR, "is a directory")
+        if not directory and not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         return fd
     except BaseException:
@@ -196,3 +198,22 @@ def read_at(fd: int, name: str, limit: int) -> bytes | Refused | None:
             return f.read(limit)
     except OSError:
         return None
+
+
+def list_confined(root: str, parts: list[str]) -> list[tuple[str, bool]] | Refused:
+    """The names in the directory root/parts, each with whether it is a directory or a
+    link (what may hold a skill), never listing a directory outside root: a rules or
+    skills directory that is a link to elsewhere would name files outside the root."""
+    try:
+        fd = _walk(root, parts, directory=True)
+    except _Outside:
+        return Refused("it resolves outside its root", outside=True)
+    except OSError as exc:
+        return Refused(exc.strerror or type(exc).__name__, exc.errno == errno.ENOENT)
+    try:
+        with os.scandir(fd) as entries:
+            return [(e.name, e.is_dir(follow_symlinks=False) or e.is_symlink()) for e in entries]
+    except OSError as exc:
+        return Refused(exc.strerror or type(exc).__name__)
+    finally:
+        os.close(fd)

@@ -17,7 +17,14 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from server.adapters.confined import Refused, open_root, open_subdir, read_at, read_confined
+from server.adapters.confined import (
+    Refused,
+    list_confined,
+    open_root,
+    open_subdir,
+    read_at,
+    read_confined,
+)
 from server.domain.errors import CtxccError
 from server.domain.frontmatter import parse_front_matter
 from server.domain.sources import (
@@ -93,6 +100,21 @@ class WorkspaceReader:
                 notes.append(f"{verb} {self._shown(path, root)}: {data.why}")
             return None
         return _decoded(data)
+
+    def _list(self, d: Path, root: Path, notes: list[str]) -> list[tuple[str, bool]]:
+        """The entries of the directory `d` under `root`, listed by a confined walk (a
+        glob would follow a link out and name what is there); none when it is not a
+        directory, with a note when it leads outside."""
+        try:
+            parts = list(d.relative_to(root).parts)
+        except ValueError:
+            return []
+        listed = list_confined(str(root), parts)
+        if isinstance(listed, Refused):
+            if listed.outside:
+                notes.append(f"refused {self._shown(d, root)}: {listed.why}")
+            return []
+        return listed
 
     def _read_in(
         self, fd: int | None, path: Path, root: Path, notes: list[str]
@@ -209,9 +231,9 @@ class WorkspaceReader:
     ) -> list[SkillEntry]:
         out = []
         for d in dirs:
-            if not d.is_dir():
-                continue
-            for skill_md in sorted(d.glob("*/SKILL.md")):
+            listed = self._list(d, root, notes)
+            for entry in sorted(n for n, subdir in listed if subdir and not n.startswith(".")):
+                skill_md = d / entry / "SKILL.md"
                 got = self._read(skill_md, root, notes)
                 if got is None:
                     continue
@@ -236,9 +258,9 @@ class WorkspaceReader:
 
     def _rules(self, d: Path, root: Path, scope: Scope, notes: list[str]) -> list[RuleEntry]:
         out: list[RuleEntry] = []
-        if not d.is_dir():
-            return out
-        for path in sorted(d.glob("*.md")):
+        listed = self._list(d, root, notes)
+        for name in sorted(n for n, _ in listed if n.endswith(".md") and not n.startswith(".")):
+            path = d / name
             got = self._read(path, root, notes)
             if got is None:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,31 @@ def test_a_deep_working_directory_opens_each_level_once(
     assert got.instruction_files[3].display == "src" + "/a" * 150 + "/CLAUDE.md"
     assert got.notes == ("skipped src" + "/a" * 150 + "/GEMINI.md: not a regular file",)
     assert opens < 10 * depth, opens
+
+
+def test_rule_and_skill_directories_linked_outside_list_nothing_there(tree: Path) -> None:
+    """A glob of a rules or skills directory that is a link out listed the directory it
+    leads to: the view's notes named every file there (each read refused). Listing
+    walks confined too: one note for the link, no name from outside."""
+    p = tree / "work" / "proj"
+    private = tree / "private"
+    (private / "alice-secret-project").mkdir(parents=True)
+    (private / "alice-secret-project" / "SKILL.md").write_text(
+        "---\nname: s\ndescription: d\n---\n"
+    )
+    (private / "payroll-2026.md").write_text("---\nactivation: always\n---\nsalaries")
+    shutil.rmtree(p / ".ctxcc" / "rules")
+    (p / ".ctxcc" / "rules").symlink_to(private)
+    (p / ".claude").mkdir()
+    (p / ".claude" / "skills").symlink_to(private)
+    shared = p / "shared-skills" / "deploy"  # a link that stays inside still works
+    shared.mkdir(parents=True)
+    (shared / "SKILL.md").write_text("---\nname: deploy\ndescription: Ship it\n---\n")
+    (p / ".ctxcc" / "skills").symlink_to(p / "shared-skills")
+    got = reader(tree).read(str(p), str(p))
+    assert got.notes == (
+        "refused .claude/skills: it resolves outside its root",  # skills are read first
+        "refused .ctxcc/rules: it resolves outside its root",
+    )
+    assert [s.name for s in got.skills if s.scope is Scope.PROJECT] == ["deploy"]
+    assert [r.name for r in got.rules if r.scope is Scope.PROJECT] == []
