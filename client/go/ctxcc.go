@@ -50,8 +50,12 @@ func (e *Error) Error() string { return fmt.Sprintf("%s %s: %s", e.Code, e.Reaso
 func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Message) }
 
 // AsError extracts the daemon's reason from any error returned by this package or by a
-// generated stub.
+// generated stub. A nil error is no error from the daemon: (nil, false).
 func AsError(err error) (*Error, bool) {
+	if err == nil {
+		// status.FromError(nil) reports success as an OK status, "ok".
+		return nil, false
+	}
 	var e *Error
 	if errors.As(err, &e) {
 		return e, true
