@@ -89,14 +89,31 @@ export function toolResult(callId: string, text: string, toolName = "", isError 
   });
 }
 
+// The client's own copy of grpc-js (bundled in its package, so a project that installed only
+// @ctxcc/client cannot import "@grpc/grpc-js"): for `grpc.credentials.createSsl(...)`, whose
+// result a channel accepts only from the same copy, and `grpc.Metadata`.
+export { grpc };
+
 export interface ConnectOptions {
-  /** Default: insecure (a Unix socket or loopback TCP). */
+  /** Default: insecure (a Unix socket or loopback TCP). TLS: `grpc.credentials.createSsl(ca)`. */
   credentials?: grpc.ChannelCredentials;
-  /** Sent with every call, e.g. `authorization: Bearer …` for a daemon that requires a token. */
-  metadata?: grpc.Metadata;
+  /** Sent with every call, e.g. `{ authorization: "Bearer …" }` for a daemon that requires a token. */
+  metadata?: grpc.Metadata | Record<string, string>;
   /** How long a call or a step waits out an unavailable daemon before failing. */
   retrySeconds?: number;
   channelOptions?: grpc.ChannelOptions;
+}
+
+function asMetadata(md: grpc.Metadata | Record<string, string> | undefined): grpc.Metadata | undefined {
+  // By shape, not instanceof: a Metadata of another grpc-js copy works as well.
+  if (md === undefined || typeof (md as grpc.Metadata).clone === "function") {
+    return md as grpc.Metadata | undefined;
+  }
+  const out = new grpc.Metadata();
+  for (const [key, value] of Object.entries(md)) {
+    out.set(key, value);
+  }
+  return out;
 }
 
 export class Client {
@@ -120,7 +137,7 @@ export class Client {
     const creds = options.credentials ?? grpc.credentials.createInsecure();
     this.channel = new grpc.Channel(target, creds, channelOptions);
     const shared = { channelOverride: this.channel };
-    this.settings = { retrySeconds: options.retrySeconds ?? RETRY_SECONDS, metadata: options.metadata };
+    this.settings = { retrySeconds: options.retrySeconds ?? RETRY_SECONDS, metadata: asMetadata(options.metadata) };
     this.sessions = new Sessions(new SessionServiceClient(target, creds, shared), this.settings);
     this.compiles = new Compiles(new CompileServiceClient(target, creds, shared), this.settings);
     this.tools = new Tools(new ToolServiceClient(target, creds, shared), this.settings);
