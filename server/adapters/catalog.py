@@ -15,8 +15,8 @@ def load_catalog(override_path: str = "") -> Catalog:
     catalog = Catalog(parse_catalog(shipped))
     if override_path:
         try:
-            extra = json.loads(Path(override_path).read_text())
+            extra = parse_catalog(json.loads(Path(override_path).read_text()))
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot read model catalog {override_path}: {exc}") from exc
-        catalog = catalog.merged(parse_catalog(extra))
+        catalog = catalog.merged(extra)
     return catalog

@@ -33,7 +33,24 @@ TOKENIZER_TABLES = ("o200k", "cl100k", "claude")
 _REMEMBERED = 1_024
 
 
-def parse_catalog(data: Mapping[str, object]) -> dict[str, ModelInfo]:
+# An entry's fields and what each must be. `_comment` is free text, at the top or in an entry.
+_INT_FIELDS = ("context_window", "max_output", "max_input")
+_FIELDS = frozenset({*_INT_FIELDS, "family", "images", "tokenizer", "token_factor", "_comment"})
+
+
+def parse_catalog(data: object) -> dict[str, ModelInfo]:
+    """Entries of a catalog file (the shipped one or an operator's `--model-catalog`).
+
+    Anything it would not use is refused, naming the entry and field: an entry outside
+    `models`, a misspelt field or a string where a number belongs would otherwise leave
+    the model unknown or its window wrong without a word."""
+    if not isinstance(data, Mapping):
+        raise ValueError("catalog: must be a JSON object with the entries under 'models'")
+    stray = sorted(str(k) for k in data if k not in ("models", "_comment"))
+    if stray:
+        raise ValueError(
+            f"catalog: unknown top-level key(s) {', '.join(stray)}: entries go under 'models'"
+        )
     models = data.get("models", {})
     if not isinstance(models, Mapping):
         raise ValueError("catalog: 'models' must be an object")
@@ -41,18 +58,42 @@ def parse_catalog(data: Mapping[str, object]) -> dict[str, ModelInfo]:
     for key, raw in models.items():
         if not isinstance(raw, Mapping):
             raise ValueError(f"catalog: entry {key!r} must be an object")
-        tokenizer = str(raw.get("tokenizer", UNKNOWN_TOKENIZER))
+        unknown = sorted(str(f) for f in raw if f not in _FIELDS)
+        if unknown:
+            raise ValueError(
+                f"catalog: {key!r} has unknown field(s) {', '.join(unknown)}"
+                f" (known: {', '.join(sorted(_FIELDS - {'_comment'}))})"
+            )
+        for name in _INT_FIELDS:
+            value = raw.get(name, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"catalog: {key!r} {name} must be a whole number of tokens,"
+                    f" 0 or more (0: unknown), got {value!r}"
+                )
+        images = raw.get("images", True)
+        if not isinstance(images, bool):
+            raise ValueError(f"catalog: {key!r} images must be true or false, got {images!r}")
+        factor = raw.get("token_factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
+            raise ValueError(
+                f"catalog: {key!r} token_factor must be a number above 0, got {factor!r}"
+            )
+        family = raw.get("family", "")
+        if not isinstance(family, str):
+            raise ValueError(f"catalog: {key!r} family must be a string, got {family!r}")
+        tokenizer = raw.get("tokenizer", UNKNOWN_TOKENIZER)
         if tokenizer not in {*TOKENIZER_TABLES, UNKNOWN_TOKENIZER}:
             raise ValueError(f"catalog: {key!r} has unknown tokenizer {tokenizer!r}")
         out[str(key).lower()] = ModelInfo(
             key=str(key).lower(),
-            family=str(raw.get("family") or family_of(str(key))),
-            context_window=int(raw.get("context_window", 0)),
-            max_output_tokens=int(raw.get("max_output", 0)),
-            max_input_tokens=int(raw.get("max_input", 0)),
-            accepts_images=bool(raw.get("images", True)),
-            tokenizer=tokenizer,
-            token_factor=float(raw.get("token_factor", 1.0)),
+            family=family or family_of(str(key)),
+            context_window=raw.get("context_window", 0),
+            max_output_tokens=raw.get("max_output", 0),
+            max_input_tokens=raw.get("max_input", 0),
+            accepts_images=images,
+            tokenizer=str(tokenizer),
+            token_factor=float(factor),
         )
     return out
 

@@ -266,6 +266,17 @@ def test_a_short_auth_token_names_its_file(short_tmp: Path) -> None:
     assert f"auth_token_file {token} holds 5 characters" in r.stderr, r.stderr
 
 
+def test_a_model_catalog_that_is_not_an_object_exits_2_naming_it(short_tmp: Path) -> None:
+    """A catalog file holding a JSON array crashed the start with a traceback (exit 1,
+    AttributeError); it is a setting to fix like any other."""
+    catalog = short_tmp / "models.json"
+    catalog.write_text("[1, 2]")
+    r = serve("--data-dir", str(short_tmp / "data"), "--model-catalog", str(catalog))
+    assert r.returncode == 2, r.stderr
+    assert f"cannot read model catalog {catalog}: catalog: must be a JSON object" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_a_missing_global_dir_or_workspace_root_is_warned_at_start(short_tmp: Path) -> None:
     """They are read at each compile, so the daemon serves; a mistyped one used to show
     only as files that never appear in any view."""

@@ -1,0 +1,76 @@
+"""An operator's `--model-catalog` file: entries under `models` are added or replace the
+shipped ones; anything the daemon would not use is refused with the entry and field named,
+instead of a model that silently stays unknown, a window from a typo, or a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from server.adapters.catalog import load_catalog
+
+
+def _file(tmp_path: Path, data: object) -> str:
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_entries_are_added_and_replace_shipped_ones(tmp_path: Path) -> None:
+    shipped = load_catalog().lookup("claude-sonnet-4")
+    assert shipped.context_window > 0
+    catalog = load_catalog(
+        _file(
+            tmp_path,
+            {
+                "_comment": "ours",
+                "models": {
+                    "house-model": {
+                        "context_window": 9000,
+                        "max_output": 1000,
+                        "images": False,
+                        "tokenizer": "cl100k",
+                        "token_factor": 1.5,
+                        "_comment": "internal",
+                    },
+                    "claude-sonnet-4": {"context_window": 12345, "tokenizer": "claude"},
+                },
+            },
+        )
+    )
+    house = catalog.lookup("acme/house-model-v2")
+    assert (house.key, house.context_window, house.max_output_tokens) == ("house-model", 9000, 1000)
+    assert (house.accepts_images, house.tokenizer, house.token_factor) == (False, "cl100k", 1.5)
+    assert catalog.lookup("claude-sonnet-4-20250514").context_window == 12345
+    assert catalog.lookup("gpt-4o").context_window == load_catalog().lookup("gpt-4o").context_window
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        ([1, 2], "must be a JSON object with the entries under 'models'"),
+        ({"house-model": {"context_window": 9000}}, "unknown top-level key(s) house-model"),
+        ({"models": [1]}, "'models' must be an object"),
+        ({"models": {"m": 5}}, "entry 'm' must be an object"),
+        ({"models": {"m": {"contxt_window": 9000}}}, "'m' has unknown field(s) contxt_window"),
+        ({"models": {"m": {"context_window": "9000"}}}, "'m' context_window must be a whole"),
+        ({"models": {"m": {"max_output": -1}}}, "'m' max_output must be a whole number"),
+        ({"models": {"m": {"max_input": 1.5}}}, "'m' max_input must be a whole number"),
+        ({"models": {"m": {"context_window": True}}}, "'m' context_window must be a whole"),
+        ({"models": {"m": {"images": "no"}}}, "'m' images must be true or false, got 'no'"),
+        ({"models": {"m": {"token_factor": 0}}}, "'m' token_factor must be a number above 0"),
+        ({"models": {"m": {"token_factor": "1.1"}}}, "'m' token_factor must be a number above"),
+        ({"models": {"m": {"family": 3}}}, "'m' family must be a string, got 3"),
+        ({"models": {"m": {"tokenizer": "llama"}}}, "'m' has unknown tokenizer 'llama'"),
+    ],
+)
+def test_what_would_be_ignored_or_misread_is_refused(
+    tmp_path: Path, data: object, said: str
+) -> None:
+    path = _file(tmp_path, data)
+    with pytest.raises(ValueError) as err:
+        load_catalog(path)
+    assert str(err.value).startswith(f"cannot read model catalog {path}: catalog: ")
+    assert said in str(err.value)
