@@ -23,6 +23,7 @@ from server.config_values import (
     int_setting,
     is_loopback,
     schema_depth,
+    socket_mode,
     tokenizer_names,
 )
 
@@ -194,7 +195,7 @@ def _build(raw: Mapping[str, str]) -> Config:
     cfg = Config(
         data_dir=Path(raw["data_dir"]),
         socket=raw["socket"],
-        socket_mode=int_setting(raw, "socket_mode", 8),
+        socket_mode=socket_mode(raw),
         socket_group=raw["socket_group"],
         auth_token_file=raw["auth_token_file"],
         tls_cert_file=raw["tls_cert_file"],

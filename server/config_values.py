@@ -31,6 +31,17 @@ def int_setting(raw: Mapping[str, str], name: str, base: int = 10, minimum: int 
     return value
 
 
+def socket_mode(raw: Mapping[str, str]) -> int:
+    """Permission bits only: a larger number was masked by chmod (10660 served as 0660) or,
+    past a C int, crashed the start after the store had opened."""
+    mode = int_setting(raw, "socket_mode", 8)
+    if mode > 0o777:
+        raise ConfigError(
+            f"socket_mode must be permission bits from 0000 to 0777, got {raw['socket_mode']!r}"
+        )
+    return mode
+
+
 def schema_depth(raw: Mapping[str, str]) -> int:
     depth = int_setting(raw, "max_tool_schema_depth", minimum=4)
     # Bodies render JSON nested deeper than textscan.MAX_JSON_DEPTH as malformed.

@@ -47,6 +47,11 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"grace_period": "inf"}, "grace_period must be a number of seconds, 0 or more"),
         ({"grace_period": "soon"}, "grace_period must be a number of seconds, 0 or more"),
         ({"socket_mode": "999"}, "socket_mode must be an octal mode such as 0660"),
+        # Beyond the permission bits: chmod masked 10660 to 0660, set setuid/sticky bits
+        # on the socket for 7777, and a number past a C int crashed the start.
+        ({"socket_mode": "10660"}, "socket_mode must be permission bits from 0000 to 0777"),
+        ({"socket_mode": "7777"}, "socket_mode must be permission bits from 0000 to 0777"),
+        ({"socket_mode": "7" * 21}, "socket_mode must be permission bits from 0000 to 0777"),
     ],
 )
 def test_bad_settings_are_named(flags: dict[str, str], message: str) -> None:
