@@ -31,6 +31,20 @@ def int_setting(raw: Mapping[str, str], name: str, base: int = 10, minimum: int 
     return value
 
 
+# gRPC takes its message limits as a C int.
+MAX_MESSAGE_BYTES = (1 << 31) - 1
+
+
+def message_bytes(raw: Mapping[str, str]) -> int:
+    """A limit past a C int crashed the start with grpc's OverflowError traceback."""
+    value = int_setting(raw, "max_message_bytes", minimum=1 << 20)
+    if value > MAX_MESSAGE_BYTES:
+        raise ConfigError(
+            f"max_message_bytes must be at most {MAX_MESSAGE_BYTES} (gRPC's limit), got {value}"
+        )
+    return value
+
+
 def socket_mode(raw: Mapping[str, str]) -> int:
     """Permission bits only: a larger number was masked by chmod (10660 served as 0660) or,
     past a C int, crashed the start after the store had opened."""

@@ -52,6 +52,8 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"socket_mode": "10660"}, "socket_mode must be permission bits from 0000 to 0777"),
         ({"socket_mode": "7777"}, "socket_mode must be permission bits from 0000 to 0777"),
         ({"socket_mode": "7" * 21}, "socket_mode must be permission bits from 0000 to 0777"),
+        # gRPC takes it as a C int: beyond, the start crashed with an OverflowError.
+        ({"max_message_bytes": str(1 << 31)}, "max_message_bytes must be at most 2147483647"),
     ],
 )
 def test_bad_settings_are_named(flags: dict[str, str], message: str) -> None:
