@@ -42,6 +42,7 @@ from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
 from server.compiler.sources import SourceCaps
 from server.config import Config, ConfigError
 from server.domain.catalog import TOKENIZER_TABLES
+from server.domain.errors import CtxccError, Reason
 from server.domain.table_chunks import Splitter
 from server.service.artifacts import ArtifactUseCases
 from server.service.blocking import Blocking
@@ -65,6 +66,7 @@ from server.startup import (
     echo_handler,
     gid,
     kernel_text,
+    new_store_on_full_disk,
     prepare_dirs,
     rpc_methods,
 )
@@ -76,7 +78,7 @@ from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
 from server.transport.wire import request_caps
-from storage import KVEventStore, RocksKV, StoreLimits, open_rocks
+from storage import KVEventStore, RocksKV, StoreLimits, StoreOpenError, open_rocks
 
 if TYPE_CHECKING:
     from server.web.server import WebServer
@@ -137,9 +139,7 @@ class Daemon:
         preload = self._preload_tokenizers()
         kv = self._open_kv()
         # One splitter for the store and the compiles: see CompileUseCases.
-        store = KVEventStore(
-            kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes), splitter := Splitter()
-        )
+        store = self._open_store(kv, splitter := Splitter())
         self._store = store
         self.telemetry.watch_store(store.count_sessions, store.footprint)
         self.telemetry.watch_tokenizers(TOKENIZER_TABLES, loaded_tokenizers)
@@ -263,6 +263,18 @@ class Daemon:
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
+
+    def _open_store(self, kv: RocksKV, splitter: Splitter) -> KVEventStore:
+        cfg = self.cfg
+        try:
+            return KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes), splitter)
+        except CtxccError as exc:
+            # A new store writes its schema version at open: on a disk too full to take
+            # writes that was a DISK_FULL traceback.
+            if exc.reason is not Reason.DISK_FULL:
+                raise
+            kv.close()
+            raise StoreOpenError(new_store_on_full_disk(cfg)) from None
 
     def _open_kv(self) -> RocksKV:
         cfg = self.cfg

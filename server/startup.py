@@ -128,7 +128,35 @@ def gid(group: str) -> int:
 def prepare_dirs(cfg: Config) -> None:
     """The data directory made (private), the directories sources come from checked."""
     private_data_dir(cfg)
+    check_disk_reserve(cfg)
     warn_missing_dirs(cfg)
+
+
+def _space(path: Path) -> tuple[int, int]:
+    """(free, capacity) in bytes of the filesystem holding `path`."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def check_disk_reserve(cfg: Config) -> None:
+    """Writes are taken once the reserve is in place with as much again free: a reserve
+    over half the filesystem never is, and the daemon would stay read-only for good."""
+    _, capacity = _space(cfg.data_dir)
+    if 2 * cfg.disk_reserve_bytes > capacity:
+        raise ConfigError(
+            f"disk_reserve_bytes {cfg.disk_reserve_bytes} is over half of the data directory's"
+            f" filesystem ({capacity} bytes): writes need the reserve held and as much again"
+            " free, so none would ever be taken"
+        )
+
+
+def new_store_on_full_disk(cfg: Config) -> str:
+    free, _ = _space(cfg.data_dir)
+    return (
+        f"cannot create a new store in {cfg.db_path}: the disk is too full to write"
+        f" ({free} bytes free; writes need disk_reserve_bytes {cfg.disk_reserve_bytes}"
+        " held back and as much again free)"
+    )
 
 
 def private_data_dir(cfg: Config) -> None:

@@ -277,6 +277,32 @@ def test_a_model_catalog_that_is_not_an_object_exits_2_naming_it(short_tmp: Path
     assert "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_disk_reserve_over_half_the_filesystem_exits_2_naming_it(short_tmp: Path) -> None:
+    """Writes wait for the reserve to be held with as much again free: a reserve over half
+    the filesystem left the daemon read-only for good (a fresh one crashed, below)."""
+    st = os.statvfs(short_tmp)
+    capacity = st.f_blocks * st.f_frsize
+    r = serve("--data-dir", str(short_tmp / "data"), "--disk-reserve-bytes", str(capacity))
+    assert r.returncode == 2, r.stderr
+    assert f"disk_reserve_bytes {capacity} is over half of the data directory's" in r.stderr
+    assert not (short_tmp / "data" / "db").exists()
+
+
+def test_a_new_store_on_a_disk_too_full_to_write_exits_1_naming_it(short_tmp: Path) -> None:
+    """A new store writes its schema version at open; when the disk is too full for writes
+    (here: less free than twice the reserve) that crashed with a DISK_FULL traceback."""
+    st = os.statvfs(short_tmp)
+    reserve = st.f_blocks * st.f_frsize // 2  # allowed, but never held with this much free
+    assert st.f_bavail * st.f_frsize < 2 * reserve
+    r = serve("--data-dir", str(short_tmp / "data"), "--disk-reserve-bytes", str(reserve))
+    assert r.returncode == 1, r.stderr
+    assert f"cannot create a new store in {short_tmp / 'data' / 'db'}: the disk is too full" in (
+        r.stderr
+    )
+    assert f"disk_reserve_bytes {reserve}" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_a_missing_global_dir_or_workspace_root_is_warned_at_start(short_tmp: Path) -> None:
     """They are read at each compile, so the daemon serves; a mistyped one used to show
     only as files that never appear in any view."""
