@@ -75,7 +75,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_PATH_OUTSIDE_ROOT: _ErrorReason.ValueType  # 25
     """A file source path escapes its configured root (INVALID_ARGUMENT)."""
     ERROR_REASON_SEQ_OUT_OF_RANGE: _ErrorReason.ValueType  # 26
-    """The requested as_of_seq is beyond the session head (OUT_OF_RANGE)."""
+    """The requested as_of_seq (a compile) or after_seq (a watch) is beyond the session head
+    (OUT_OF_RANGE).
+    """
     ERROR_REASON_RECORD_CORRUPT: _ErrorReason.ValueType  # 27
     """A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS)."""
     ERROR_REASON_USAGE_INVALID: _ErrorReason.ValueType  # 28
@@ -150,7 +152,9 @@ ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 24
 ERROR_REASON_PATH_OUTSIDE_ROOT: ErrorReason.ValueType  # 25
 """A file source path escapes its configured root (INVALID_ARGUMENT)."""
 ERROR_REASON_SEQ_OUT_OF_RANGE: ErrorReason.ValueType  # 26
-"""The requested as_of_seq is beyond the session head (OUT_OF_RANGE)."""
+"""The requested as_of_seq (a compile) or after_seq (a watch) is beyond the session head
+(OUT_OF_RANGE).
+"""
 ERROR_REASON_RECORD_CORRUPT: ErrorReason.ValueType  # 27
 """A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS)."""
 ERROR_REASON_USAGE_INVALID: ErrorReason.ValueType  # 28

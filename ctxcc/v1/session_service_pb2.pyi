@@ -391,7 +391,9 @@ class WatchSessionRequest(_message.Message):
     session_id: _builtins.str
     """The session."""
     after_seq: _builtins.int
-    """Resume after this seq: events after it are sent first, then live ones."""
+    """Resume after this seq: events after it are sent first, then live ones. Beyond the
+    session head: OUT_OF_RANGE (SEQ_OUT_OF_RANGE, metadata head_seq).
+    """
     def __init__(
         self,
         *,

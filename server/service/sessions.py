@@ -309,7 +309,16 @@ class SessionUseCases:
         and misses nothing written between its snapshot and the subscription."""
         # Looked up before the watcher caps are charged too: past them, a session that
         # does not exist would answer QUOTA_EXCEEDED ("retry later") instead of NOT_FOUND.
-        await self.get(session_id)
+        head = (await self.get(session_id)).head_seq
+        if after_seq > head:
+            # A position this log never reached (a client's, from a log that lost its
+            # unsynced tail in a crash, or another session's): waiting would skip every
+            # event up to it without a word.
+            raise CtxccError(
+                Reason.SEQ_OUT_OF_RANGE,
+                f"after_seq {after_seq} is beyond the session head {head}",
+                head_seq=str(head),
+            )
         async with self._hub.subscribe(session_id) as watcher:
             # Looked up once subscribed: a delete that this lookup does not see yet ends
             # the watch (WatchHub.deleted) instead of leaving it waiting on a log that is gone.

@@ -62,6 +62,25 @@ async def test_watch_resumes_then_streams_live(api: Stubs) -> None:
     call.cancel()
 
 
+async def test_a_watch_after_a_seq_the_log_never_reached_is_refused(api: Stubs) -> None:
+    """A position past the head (a client's from a log that lost its unsynced tail in a
+    crash) would skip every event up to it in silence: OUT_OF_RANGE with the head."""
+    await _session(api, "wp")
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="wp", events=[user("1")]))
+    call = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="wp", after_seq=5))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(call.__aiter__().__anext__(), 30)  # a bound, not a wait
+    assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    info = error_info(err.value)
+    assert info.reason == "SEQ_OUT_OF_RANGE" and info.metadata["head_seq"] == "1"
+    # At the head it waits for what comes next.
+    call = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="wp", after_seq=1))
+    it = call.__aiter__()
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="wp", events=[user("2")]))
+    assert (await asyncio.wait_for(it.__anext__(), 30)).event.seq == 2  # a bound, not a wait
+    call.cancel()
+
+
 async def _upload(
     api: Stubs, header: apb.ArtifactHeader, *chunks: bytes
 ) -> apb.UploadArtifactResponse:

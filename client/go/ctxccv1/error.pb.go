@@ -81,7 +81,8 @@ const (
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 24
 	// A file source path escapes its configured root (INVALID_ARGUMENT).
 	ErrorReason_ERROR_REASON_PATH_OUTSIDE_ROOT ErrorReason = 25
-	// The requested as_of_seq is beyond the session head (OUT_OF_RANGE).
+	// The requested as_of_seq (a compile) or after_seq (a watch) is beyond the session head
+	// (OUT_OF_RANGE).
 	ErrorReason_ERROR_REASON_SEQ_OUT_OF_RANGE ErrorReason = 26
 	// A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS).
 	ErrorReason_ERROR_REASON_RECORD_CORRUPT ErrorReason = 27

@@ -736,7 +736,8 @@ type WatchSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The session.
 	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	// Resume after this seq: events after it are sent first, then live ones.
+	// Resume after this seq: events after it are sent first, then live ones. Beyond the
+	// session head: OUT_OF_RANGE (SEQ_OUT_OF_RANGE, metadata head_seq).
 	AfterSeq      uint64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

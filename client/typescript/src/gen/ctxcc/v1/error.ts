@@ -70,7 +70,10 @@ export enum ErrorReason {
   ERROR_REASON_INTERNAL = 24,
   /** ERROR_REASON_PATH_OUTSIDE_ROOT - A file source path escapes its configured root (INVALID_ARGUMENT). */
   ERROR_REASON_PATH_OUTSIDE_ROOT = 25,
-  /** ERROR_REASON_SEQ_OUT_OF_RANGE - The requested as_of_seq is beyond the session head (OUT_OF_RANGE). */
+  /**
+   * ERROR_REASON_SEQ_OUT_OF_RANGE - The requested as_of_seq (a compile) or after_seq (a watch) is beyond the session head
+   * (OUT_OF_RANGE).
+   */
   ERROR_REASON_SEQ_OUT_OF_RANGE = 26,
   /** ERROR_REASON_RECORD_CORRUPT - A stored record does not decode: storage damage, reported rather than guessed at (DATA_LOSS). */
   ERROR_REASON_RECORD_CORRUPT = 27,

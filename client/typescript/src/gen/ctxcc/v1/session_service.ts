@@ -153,7 +153,10 @@ export interface ListEventsResponse {
 export interface WatchSessionRequest {
   /** The session. */
   sessionId: string;
-  /** Resume after this seq: events after it are sent first, then live ones. */
+  /**
+   * Resume after this seq: events after it are sent first, then live ones. Beyond the
+   * session head: OUT_OF_RANGE (SEQ_OUT_OF_RANGE, metadata head_seq).
+   */
   afterSeq: number;
 }
 
