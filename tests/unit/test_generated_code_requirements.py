@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,15 +63,21 @@ def _just_below(v: Version) -> list[Version]:
     return sorted({b for b in below if b < v})
 
 
+def _admits_from(spec: SpecifierSet, package: str, gen: Version) -> None:
+    """`spec` admits `gen`, the version the generated code was made for, and none just
+    below it."""
+    assert spec.contains(gen), f"{spec} refuses {package} {gen}, the generated code's own"
+    refused = [v for v in _just_below(gen) if spec.contains(v)]
+    assert not refused, f"{spec} admits {package} {refused}, older than the generated code's {gen}"
+
+
 @pytest.mark.parametrize("pyproject", PYPROJECTS, ids=lambda p: str(p.relative_to(REPO)))
 def test_protobuf_requirement_admits_only_runtimes_the_generated_code_accepts(
     pyproject: Path,
 ) -> None:
     gen = _protobuf_gencode()
     spec = _requirement(pyproject, "protobuf").specifier
-    assert spec.contains(gen), f"{spec} refuses protobuf {gen}, the generated code's own"
-    refused = [v for v in _just_below(gen) if spec.contains(v)]
-    assert not refused, f"{spec} admits protobuf {refused}, older than the gencode {gen}"
+    _admits_from(spec, "protobuf", gen)
     nxt = Version(f"{gen.major + 1}.0.0")
     assert not spec.contains(nxt), f"{spec} admits protobuf {nxt}: another major"
 
@@ -79,8 +86,4 @@ def test_protobuf_requirement_admits_only_runtimes_the_generated_code_accepts(
 def test_grpcio_requirement_admits_only_runtimes_the_generated_code_accepts(
     pyproject: Path,
 ) -> None:
-    gen = _grpc_generated()
-    spec = _requirement(pyproject, "grpcio").specifier
-    assert spec.contains(gen), f"{spec} refuses grpcio {gen}, the generated code's own"
-    refused = [v for v in _just_below(gen) if spec.contains(v)]
-    assert not refused, f"{spec} admits grpcio {refused}, older than generated for ({gen})"
+    _admits_from(_requirement(pyproject, "grpcio").specifier, "grpcio", _grpc_generated())
