@@ -12,11 +12,12 @@ server still running:
 - an admitted call is pending until its request is received, then busy until it
   returns; a `CompileStream` is busy only while it works on a step, and an idle one
   is ended at once with SHUTTING_DOWN;
-- `wait_idle` returns when nothing is busy and no call has arrived or made progress
-  for a short settle time (so calls already on the wire reach the handlers and get an
-  answer with a reason rather than grpc's bare CANCELLED; a client that stopped
+- `wait_idle` returns when nothing is busy and no admitted call has arrived or made
+  progress for a short settle time (so calls already on the wire reach the handlers and
+  get an answer with a reason rather than grpc's bare CANCELLED; a client that stopped
   sending mid-request is waited for a little longer, not forever), or when the grace
-  period is over; only then is the server stopped.
+  period is over; only then is the server stopped. Calls turned away do not count: a
+  client retrying them every 50-250 ms would hold the drain for the whole grace.
 """
 
 from __future__ import annotations
@@ -62,10 +63,13 @@ class Drain:
         await self._closing.wait()
 
     def admit(self, counted: bool) -> Ticket | None:
-        """Called when a call's headers arrive: None once shutting down."""
-        self._progress = time.monotonic()
+        """Called when a call's headers arrive: None once shutting down. A call turned
+        away is answered SHUTTING_DOWN at once and is no activity to wait for: a client
+        retrying every 50-250 ms (as the clients do) would otherwise keep the drain from
+        settling until the grace period is over."""
         if self.closing:
             return None
+        self._progress = time.monotonic()
         return Ticket(self, counted)
 
     def _moved(self, busy: int) -> None:

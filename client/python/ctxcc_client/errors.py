@@ -34,8 +34,29 @@ class CtxccError(Exception):
         self.usage_refused = usage_refused
 
 
+# What grpc.aio reports, in place of the call's status, when it could not write a request
+# to a call the daemon had already ended (a stream or upload turned away SHUTTING_DOWN as
+# it arrived, while its first message was being sent): the daemon's answer is lost.
+_LOST_WRITE = "Internal error from Core"
+
+
+def lost_write(err: grpc.RpcError) -> bool:
+    """True for grpc.aio's own INTERNAL for a request it could not send: the call was
+    over before it was written (the daemon ended it), so nothing of it was done; send it
+    again on a new call, as after UNAVAILABLE."""
+    call: Any = err
+    return bool(call.code() == grpc.StatusCode.INTERNAL and call.details() == _LOST_WRITE)
+
+
 def from_rpc_error(err: grpc.RpcError) -> CtxccError:
     call: Any = err
+    if lost_write(err):
+        return CtxccError(
+            grpc.StatusCode.UNAVAILABLE,
+            "UNAVAILABLE",
+            "the call ended before its request was sent",
+            {},
+        )
     reason, metadata = "", {}
     for key, value in call.trailing_metadata() or ():
         if key == "grpc-status-details-bin":

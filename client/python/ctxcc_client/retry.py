@@ -18,7 +18,7 @@ import grpc
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
-from ctxcc_client.errors import from_rpc_error
+from ctxcc_client.errors import from_rpc_error, lost_write
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class Backoff:
 
 
 def retryable(err: grpc.RpcError) -> bool:
-    return bool(err.code() == grpc.StatusCode.UNAVAILABLE)
+    return bool(err.code() == grpc.StatusCode.UNAVAILABLE) or lost_write(err)
 
 
 async def retry_async(fn: Callable[[], Awaitable[T]], idempotent: bool, seconds: float) -> T:
