@@ -16,8 +16,9 @@ server still running:
   progress for a short settle time (so calls already on the wire reach the handlers and
   get an answer with a reason rather than grpc's bare CANCELLED; a client that stopped
   sending mid-request is waited for a little longer, not forever), or when the grace
-  period is over; only then is the server stopped. Calls turned away do not count: a
-  client retrying them every 50-250 ms would hold the drain for the whole grace.
+  period is over; only then is the server stopped. Calls turned away count only in the
+  drain's first second (those on the wire at the signal): a client retrying every
+  50-250 ms would otherwise hold the drain for the whole grace period.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from server.domain.errors import CtxccError, Reason
 SETTLE_S = 0.3
 # The same while an admitted call is still receiving its request.
 PENDING_SETTLE_S = 2.0
+# How long after the drain starts a call turned away still counts as activity: the calls
+# that were on the wire at the signal arrive then. Later ones are clients retrying every
+# 50-250 ms, which would otherwise hold the drain until the grace period is over.
+TURNED_AWAY_S = 1.0
 _POLL_S = 0.02
 
 
@@ -51,12 +56,15 @@ class Drain:
         self._pending: weakref.WeakSet[Ticket] = weakref.WeakSet()
         self._progress = time.monotonic()
         self._closing = asyncio.Event()
+        self._closed_at = 0.0
 
     @property
     def closing(self) -> bool:
         return self._closing.is_set()
 
     def close(self) -> None:
+        if not self.closing:
+            self._closed_at = time.monotonic()
         self._closing.set()
 
     async def closed(self) -> None:
@@ -64,12 +72,13 @@ class Drain:
 
     def admit(self, counted: bool) -> Ticket | None:
         """Called when a call's headers arrive: None once shutting down. A call turned
-        away is answered SHUTTING_DOWN at once and is no activity to wait for: a client
-        retrying every 50-250 ms (as the clients do) would otherwise keep the drain from
-        settling until the grace period is over."""
+        away after the drain's first TURNED_AWAY_S is no activity to wait for."""
+        now = time.monotonic()
         if self.closing:
+            if now - self._closed_at < TURNED_AWAY_S:
+                self._progress = now
             return None
-        self._progress = time.monotonic()
+        self._progress = now
         return Ticket(self, counted)
 
     def _moved(self, busy: int) -> None:
