@@ -121,7 +121,7 @@ async def _measure(target: str, pid: int, n: int) -> dict[str, float]:
         long_p50, long_bytes, _ = long.figures()
         turn_p50, _, _ = turn.figures()
         for s in steppers:
-            assert s.stream.stats.deltas >= n, "steps must use deltas"
+            assert s.stream.stats.deltas >= n, f"{s.sid}: steps must use deltas: {s.stream.stats}"
             assert s.stream.stats.resumed == 0
             await s.stream.close()
     return {

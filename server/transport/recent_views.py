@@ -9,12 +9,16 @@
 
 Bounded by count and by bytes (each view counted at its whole encoded size, although
 consecutive views of a session share most of their message records, so the memory
-really held is usually far less); kept in memory only: after a daemon restart there are
-none, a resume compiles afresh and a delta base is unknown, as the proto says."""
+really held is usually far less), and to a session's last PER_SESSION views: a step names
+the last view its stream applied, a resume the session's last, so older ones only took
+the room of other sessions' bases (five agents stepping over ~1 MB views pushed each
+other's bases out, and their steps got whole views). Kept in memory only: after a daemon
+restart there are none, a resume compiles afresh and a delta base is unknown, as the
+proto says."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from server.transport.view_bytes import ViewBytes
@@ -26,9 +30,15 @@ class KeptView:
     view: ViewBytes
 
 
+# A session's views kept: as many as a stream names bases (compile_stream._DELTA_BASES).
+PER_SESSION = 4
+
+
 class RecentViews:
     def __init__(self, max_views: int = 256, max_bytes: int = 64 << 20) -> None:
         self._views: OrderedDict[str, KeptView] = OrderedDict()
+        # Each session's kept compile ids, oldest first.
+        self._by_session: dict[str, deque[str]] = {}
         self._max_views = max_views
         self._max_bytes = max_bytes
         self._bytes = 0
@@ -37,14 +47,25 @@ class RecentViews:
         """Remembers a view that was just sent."""
         if view.size > self._max_bytes // 4:  # one huge view must not push out all the others
             return
-        old = self._views.pop(view.compile_id, None)
-        if old is not None:
-            self._bytes -= old.view.size
+        self._drop(view.compile_id)
         self._views[view.compile_id] = KeptView(session_id, view)
         self._bytes += view.size
+        ids = self._by_session.setdefault(session_id, deque())
+        ids.append(view.compile_id)
+        while len(ids) > PER_SESSION:
+            self._drop(ids[0])
         while len(self._views) > self._max_views or self._bytes > self._max_bytes:
-            _, dropped = self._views.popitem(last=False)
-            self._bytes -= dropped.view.size
+            self._drop(next(iter(self._views)))
+
+    def _drop(self, compile_id: str) -> None:
+        kept = self._views.pop(compile_id, None)
+        if kept is None:
+            return
+        self._bytes -= kept.view.size
+        ids = self._by_session[kept.session_id]
+        ids.remove(compile_id)
+        if not ids:
+            del self._by_session[kept.session_id]
 
     def get(self, compile_id: str) -> KeptView | None:
         kept = self._views.get(compile_id)
