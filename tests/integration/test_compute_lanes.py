@@ -52,6 +52,11 @@ ROUTE = common_pb2.Route(connection="t", protocol="fake", endpoint="local", mode
 HOLD_S = 120.0
 
 
+def _lane() -> str:
+    """The lane the calling thread belongs to: its pool's thread name prefix."""
+    return threading.current_thread().name.rsplit("_", 1)[0]
+
+
 class Held:
     """Compiles of sessions named heavy* wait inside the compiler until released; every
     compile's thread is noted per session, in order."""
@@ -165,7 +170,7 @@ class Projections:
 
         def compile_incremental(inputs: Any, counter: Any, memo: Any, **kw: Any) -> Any:
             out = original(inputs, counter, memo, **kw)
-            lane = threading.current_thread().name.rsplit("_", 1)[0]
+            lane = _lane()
             self.made.append((inputs.session.session_id, lane, out[2]))
             return out
 
@@ -175,7 +180,7 @@ class Projections:
         prepare_within = CompileUseCases._prepare_within
 
         def loading(uc: CompileUseCases, opts: CompileOptions, *rest: Any) -> Any:
-            lane = threading.current_thread().name.rsplit("_", 1)[0]
+            lane = _lane()
             self.loads.append((opts.session_id, lane))
             return prepare_within(uc, opts, *rest)
 
@@ -185,7 +190,7 @@ class Projections:
         materialize = CompileUseCases._materialize
 
         def reading(uc: CompileUseCases, sid: str, *rest: Any) -> Any:
-            self.images.append((sid, threading.current_thread().name.rsplit("_", 1)[0]))
+            self.images.append((sid, _lane()))
             return materialize(uc, sid, *rest)
 
         monkeypatch.setattr(CompileUseCases, "_materialize", reading)
@@ -193,7 +198,7 @@ class Projections:
         self.renders: list[tuple[str, str]] = []
 
         def rendering(view: Any, *rest: Any) -> Any:
-            lane = threading.current_thread().name.rsplit("_", 1)[0]
+            lane = _lane()
             self.renders.append((view.session_id, lane))
             return render(view, *rest)
 
@@ -595,7 +600,7 @@ async def test_a_memo_evicted_before_the_light_lane_loads_leaves_it_unloaded(
     assemble = InputAssembler.assemble
 
     def reading(assembler: InputAssembler, *args: Any) -> Any:
-        reads.append(threading.current_thread().name.rsplit("_", 1)[0])
+        reads.append(_lane())
         return assemble(assembler, *args)
 
     monkeypatch.setattr(InputAssembler, "assemble", reading)
@@ -634,7 +639,7 @@ async def test_a_dry_run_without_images_stays_off_the_compute_pool(
 
     def finishing(uc: CompileUseCases, *args: Any) -> Any:
         view = args[2]
-        finishes.append((view.session_id, threading.current_thread().name.rsplit("_", 1)[0]))
+        finishes.append((view.session_id, _lane()))
         return finish(uc, *args)
 
     monkeypatch.setattr(CompileUseCases, "_finish", finishing)
@@ -969,11 +974,11 @@ async def test_over_budget_steps_digest_their_range_once_off_the_light_lane(
     digest_of, put = canonical.events_digest, compile_records.put_record
 
     def digesting(events: Any) -> str:
-        hashed.append(threading.current_thread().name.rsplit("_", 1)[0])
+        hashed.append(_lane())
         return digest_of(events)
 
     def putting(*args: Any) -> bool:
-        recorded.append(threading.current_thread().name.rsplit("_", 1)[0])
+        recorded.append(_lane())
         return put(*args)
 
     monkeypatch.setattr(loading, "events_digest", digesting)
