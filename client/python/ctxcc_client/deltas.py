@@ -156,7 +156,7 @@ def _chain(start: bytes, messages: Iterable[bytes | memoryview]) -> tuple[bytes,
 def _value(record: bytes) -> memoryview:
     """A record's value: what follows its key and its length (two varints; a key is one
     byte up to field 15, two from 16 on: the compaction request's is field 19)."""
-    _, pos = _read_varint(record, 1 if record[0] < 0x80 else 2)
+    _, pos = _read_varint(record, _read_varint(record, 0)[1])
     return memoryview(record)[pos:]
 
 
