@@ -306,6 +306,68 @@ def test_a_deferred_sync_runs_on_the_storage_thread_while_the_second_part_runs()
     assert len(owed.syncs) == 1 and owed.syncs[0].startswith("ctxcc-io")
 
 
+def test_the_second_part_starts_once_the_deferred_sync_has_started() -> None:
+    """The compute thread holds the GIL through a compile: a storage thread woken for the
+    fsync would wait for it, and the fsync would follow the compile instead of
+    overlapping it. So `then` starts only once the sync has started."""
+    gate = threading.Event()
+    gate.set()
+    owed = _Owed(gate)
+    blocking = Blocking(2, 2, sync_start_wait_s=30)
+    seen: list[bool] = []
+
+    def then() -> str:
+        seen.append(owed.entered.is_set())
+        return "x"
+
+    async def main() -> tuple[int, str | BaseException]:
+        return await blocking.run_then_compute(lambda: 41, then, None, owed.deferring)
+
+    try:
+        for _ in range(20):
+            owed.entered.clear()
+            assert asyncio.run(main()) == (41, "x")
+    finally:
+        blocking.shutdown()
+    assert seen == [True] * 20 and len(owed.syncs) == 20
+
+
+def test_with_every_storage_thread_busy_the_second_part_does_not_wait_for_the_sync() -> None:
+    """The wait for the sync to start is bounded: behind a storage thread held by other
+    work, the compile runs, and the answer still comes only after the sync."""
+    gate = threading.Event()
+    owed = _Owed(gate)
+    blocking = Blocking(1, 2, sync_start_wait_s=0.05)
+    held = threading.Event()
+    seen: dict[str, object] = {}
+
+    ran = threading.Event()
+
+    def then() -> str:
+        seen["sync_started"] = owed.entered.is_set()
+        ran.set()
+        return "compiled"
+
+    async def main() -> tuple[int, str | BaseException]:
+        hold = asyncio.ensure_future(blocking.run(held.wait, 30))
+        call = asyncio.ensure_future(
+            blocking.run_then_compute(lambda: 41, then, None, owed.deferring)
+        )
+        assert await asyncio.to_thread(ran.wait, 30)
+        seen["answered_before_the_sync"] = call.done()
+        held.set()
+        gate.set()
+        await hold
+        return await call
+
+    try:
+        assert asyncio.run(main()) == (41, "compiled")
+    finally:
+        blocking.shutdown()
+    assert seen == {"sync_started": False, "answered_before_the_sync": False}
+    assert len(owed.syncs) == 1
+
+
 def test_a_failed_deferred_sync_fails_the_call_and_nothing_lands() -> None:
     """The writes were not made durable: the call fails as a failure of `first` would,
     whatever `then` returned, and `landed` is not told of a result."""
