@@ -40,6 +40,11 @@ from server.domain.validation import check_session_paths, within
 
 # Read at most this much of any one file; caps cut far earlier, this bounds memory.
 MAX_READ_BYTES = 1 << 20
+# Notes of one workspace read a view carries: a repository with thousands of bad or
+# outside-linking rule files would otherwise put megabytes of notes in every view.
+# Past them, one note counts the rest (truncation is marked, never silent).
+MAX_NOTES = 32
+MAX_NOTE_CHARS = 512
 _ACTIVATIONS = {
     "always": RuleActivation.ALWAYS,
     "on_demand": RuleActivation.ON_DEMAND,
@@ -53,6 +58,21 @@ def _text(name: str) -> str:
     is not UTF-8 comes back from Python with surrogate escapes, which no protobuf string
     (nor any provider's JSON) takes, so its undecodable bytes are shown as U+FFFD."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _bounded(notes: list[str]) -> tuple[str, ...]:
+    """The first MAX_NOTES notes, each cut at MAX_NOTE_CHARS, then one that counts the
+    rest by their first word (refused, skipped, ...)."""
+    shown = [n if len(n) <= MAX_NOTE_CHARS else n[: MAX_NOTE_CHARS - 1] + "\u2026" for n in notes]
+    if len(shown) <= MAX_NOTES:
+        return tuple(shown)
+    rest = notes[MAX_NOTES - 1 :]
+    kinds: dict[str, int] = {}
+    for note in rest:
+        kind = note.split(" ", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    counted = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
+    return (*shown[: MAX_NOTES - 1], f"{len(rest)} more workspace notes not shown ({counted})")
 
 
 def _decoded(data: bytes) -> tuple[str, bool]:
@@ -185,7 +205,7 @@ class WorkspaceReader:
             rules += self._rules(root / self.cfg.project_rule_dir, root, Scope.PROJECT, notes)
             memory += self._memory(root / self.cfg.project_memory_file, root, Scope.PROJECT, notes)
         return WorkspaceSources(
-            tuple(files), tuple(skills), tuple(rules), tuple(memory), tuple(notes)
+            tuple(files), tuple(skills), tuple(rules), tuple(memory), _bounded(notes)
         )
 
     def _chain(self, root: Path, project_root: str, working_directory: str) -> list[Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
+from server.adapters.workspace import MAX_NOTE_CHARS, MAX_NOTES, WorkspaceConfig, WorkspaceReader
 from server.domain.errors import CtxccError, Reason
 from server.domain.sources import RuleActivation, Scope
 from server.domain.validation import check_session_paths
@@ -170,3 +170,37 @@ def test_rule_and_skill_directories_linked_outside_list_nothing_there(tree: Path
     )
     assert [s.name for s in got.skills if s.scope is Scope.PROJECT] == ["deploy"]
     assert [r.name for r in got.rules if r.scope is Scope.PROJECT] == []
+
+
+def test_notes_of_a_read_are_bounded_and_the_rest_counted(tree: Path) -> None:
+    """Thousands of bad rule files gave a note each, in every view (40,000 links out:
+    ~2.4 MB of notes). The read keeps MAX_NOTES of them and one note counts the rest by
+    kind."""
+    p = tree / "work" / "proj"
+    rules = p / ".ctxcc" / "rules"
+    for i in range(300):
+        (rules / f"out-{i:03}.md").symlink_to(tree / "outside.md")
+    for i in range(20):
+        (rules / f"bad-{i:02}.md").write_text("---\nactivation: sometimes\n---\nx")
+    got = reader(tree).read(str(p), str(p))
+    assert len(got.notes) == MAX_NOTES
+    # In the order of the names read: the 20 bad ones, then the links out.
+    kept = got.notes[:-1]
+    assert (
+        kept[0] == "skipped .ctxcc/rules/bad-00.md: activation must be always, on_demand or matched"
+    )
+    assert [n.split(" ")[0] for n in kept] == ["skipped"] * 20 + ["refused"] * (MAX_NOTES - 21)
+    assert kept[20] == "refused .ctxcc/rules/out-000.md: it resolves outside its root"
+    rest = 300 - (MAX_NOTES - 21)
+    assert got.notes[-1] == f"{rest} more workspace notes not shown ({rest} refused)"
+    # The rules that are fine are still read.
+    assert [r.name for r in got.rules if r.scope is Scope.PROJECT] == ["tests"]
+
+
+def test_a_long_note_is_cut_and_marked() -> None:
+    from server.adapters.workspace import _bounded
+
+    assert _bounded(["x" * (MAX_NOTE_CHARS + 10)]) == ("x" * (MAX_NOTE_CHARS - 1) + "\u2026",)
+    assert _bounded(["a"] * MAX_NOTES) == ("a",) * MAX_NOTES
+    over = ["skipped a"] * MAX_NOTES + ["refused b", "skipped c"]
+    assert _bounded(over)[-1] == "3 more workspace notes not shown (1 refused, 2 skipped)"
