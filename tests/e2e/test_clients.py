@@ -129,6 +129,31 @@ def test_twenty_step_loop_with_a_chunked_view(
 
 STEP = re.compile(r"step (\d+) append (\d+)-(\d+) replayed (true|false) ms ([\d.]+)")
 
+ESTIMATE = re.compile(r"^step (\d+) append .* estimate (\d+)$", re.M)
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_a_long_loop_reports_what_the_provider_counted(daemon: DaemonProcess, client: str) -> None:
+    """The example loops' fake provider reported ctxcc's own estimate plus 2 %: as the
+    estimate after a report is that report plus what is new, the count compounded step
+    after step, past any model's window (2^28 tokens, refused, at ~step 510). It counts
+    the request it was sent now, as a provider does; over 150 steps of two short
+    messages each the estimate grows by what those add, not by a factor."""
+    done = subprocess.run(
+        [*CLIENTS[client], "--steps", "150"],
+        env={**os.environ, "CTXCC_TARGET": f"unix://{daemon.endpoints['unix']}"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    estimates = [int(m.group(2)) for m in ESTIMATE.finditer(done.stdout)]
+    assert len(estimates) == 150, done.stdout[-2000:]
+    # From step 10 on the route's baseline is a report (the first steps carry none).
+    growth = estimates[-1] - estimates[10]
+    assert 0 < growth < 40 * 140, estimates[::10]
+
 
 class Agent:
     """An example agent loop as a child process whose output lines are read as they come,

@@ -18,9 +18,13 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 ROUTE = common_pb2.Route(connection="example", protocol="fake", endpoint="local", model="gpt-4o")
 
 
-def fake_provider(estimate: int, step: int) -> tuple[str, int, int]:
-    """Pretends to be a model: a reply and the tokens a provider would report."""
-    return f"reply {step}", int(estimate * 1.02) + 7, 40 + step
+def fake_provider(view_chars: int, messages: int, step: int) -> tuple[str, int, int]:
+    """Pretends to be a model: a reply and the tokens a provider would report, counted
+    from the request it was sent (about 4 characters a token, a few per message), as a
+    real provider counts them: never from ctxcc's estimate, which after a report is that
+    report plus what is new (reporting the estimate with a margin compounds, step after
+    step)."""
+    return f"reply {step}", view_chars // 4 + 4 * messages + 7, 40 + step
 
 
 def wait_for_file(path: str) -> None:
@@ -50,11 +54,15 @@ async def main(
                 first, last = (appended.first_seq, appended.last_seq) if appended else (0, 0)
                 replayed = str(bool(appended and appended.replayed)).lower()
                 print(
-                    f"step {step} append {first}-{last} replayed {replayed} ms {ms:.2f}", flush=True
+                    f"step {step} append {first}-{last} replayed {replayed} ms {ms:.2f} "
+                    f"estimate {view.budget.estimated_input_tokens}",
+                    flush=True,
                 )
                 size = sum(len(p.text) for m in view.messages for p in m.parts)
                 largest = max(largest, size)
-                reply, used_in, used_out = fake_provider(view.budget.estimated_input_tokens, step)
+                reply, used_in, used_out = fake_provider(
+                    size + len(view.system_prompt), len(view.messages), step
+                )
                 if stream.last_usage is not None and not stream.last_usage.replayed:
                     carried += 1
                 # Rides on the next step (the last one goes by ReportUsage at close).

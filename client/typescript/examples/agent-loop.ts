@@ -33,15 +33,16 @@ async function main(): Promise<void> {
     const { view, append, usage } = await stream.step({ sessionId: session.sessionId, route }, pending);
     if (usage && !usage.replayed) carried++;
     const ms = (performance.now() - started).toFixed(2);
-    console.log(`step ${step} append ${append?.firstSeq ?? 0}-${append?.lastSeq ?? 0} replayed ${append?.replayed ?? false} ms ${ms}`);
+    console.log(`step ${step} append ${append?.firstSeq ?? 0}-${append?.lastSeq ?? 0} replayed ${append?.replayed ?? false} ms ${ms} estimate ${view.budget!.estimatedInputTokens}`);
     const size = view.messages.reduce(
       (n, m) => n + m.parts.reduce((k, p) => k + (p.part?.$case === "text" ? p.part.value.length : 0), 0), 0);
     largest = Math.max(largest, size);
-    const estimate = view.budget!.estimatedInputTokens;
-    // Rides on the next step (the last one goes by ReportUsage at close).
-    await stream.reportUsage({
-      compileId: view.compileId, route, inputTokens: estimate + Math.floor(estimate / 50) + 7, outputTokens: 40 + step,
-    });
+    // A fake provider's count of the request it was sent (about 4 characters a token, a few
+    // per message), as a real provider counts: never ctxcc's estimate with a margin, which
+    // compounds step after step (the estimate after a report is that report plus what is
+    // new). Rides on the next step (the last one goes by ReportUsage at close).
+    const inputTokens = Math.floor((size + view.systemPrompt.length) / 4) + 4 * view.messages.length + 7;
+    await stream.reportUsage({ compileId: view.compileId, route, inputTokens, outputTokens: 40 + step });
     pending = [assistant(`reply ${step}`), user(`next step ${step + 1}`)];
     last = view.eventBoundary;
     if (step === pauseAt) {

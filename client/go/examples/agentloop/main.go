@@ -66,8 +66,8 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 		if err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
 		}
-		fmt.Printf("step %d append %d-%d replayed %t ms %.2f\n", step, appended.GetFirstSeq(), appended.GetLastSeq(),
-			appended.GetReplayed(), float64(time.Since(started).Microseconds())/1000)
+		fmt.Printf("step %d append %d-%d replayed %t ms %.2f estimate %d\n", step, appended.GetFirstSeq(), appended.GetLastSeq(),
+			appended.GetReplayed(), float64(time.Since(started).Microseconds())/1000, view.GetBudget().GetEstimatedInputTokens())
 		size := 0
 		for _, m := range view.GetMessages() {
 			for _, p := range m.GetParts() {
@@ -78,10 +78,13 @@ func run(target string, steps, big, pauseAt int, resumeFile string) error {
 		if u := stream.LastUsage(); u != nil && !u.GetReplayed() {
 			carried++
 		}
-		// Rides on the next step (the last one goes by ReportUsage at Close).
-		estimate := view.GetBudget().GetEstimatedInputTokens()
+		// A fake provider's count of the request it was sent (about 4 characters a token, a
+		// few per message), as a real provider counts: never ctxcc's estimate with a margin,
+		// which compounds step after step (the estimate after a report is that report plus
+		// what is new). Rides on the next step (the last one goes by ReportUsage at Close).
+		inputTokens := uint32((size+len(view.GetSystemPrompt()))/4 + 4*len(view.GetMessages()) + 7)
 		_, err = stream.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: view.GetCompileId(),
-			Route: route, InputTokens: estimate + estimate/50 + 7, OutputTokens: uint32(40 + step)})
+			Route: route, InputTokens: inputTokens, OutputTokens: uint32(40 + step)})
 		if err != nil {
 			return fmt.Errorf("usage %d: %w", step, err)
 		}
