@@ -90,6 +90,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     Reads keep working; health is NOT_SERVING until space is freed, then writes resume
     without a restart. Retry later with the same request_id.
     """
+    ERROR_REASON_METHOD_NOT_FOUND: _ErrorReason.ValueType  # 30
+    """The method or service is not one this daemon serves (UNIMPLEMENTED), e.g. a client
+    newer than the daemon; metadata "method" names it. Nothing was read or done.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """ErrorReason lists the stable reasons carried in `google.rpc.ErrorInfo.reason`
@@ -166,5 +170,9 @@ ERROR_REASON_DISK_FULL: ErrorReason.ValueType  # 29
 """The disk holding the data directory is full (RESOURCE_EXHAUSTED): nothing was written.
 Reads keep working; health is NOT_SERVING until space is freed, then writes resume
 without a restart. Retry later with the same request_id.
+"""
+ERROR_REASON_METHOD_NOT_FOUND: ErrorReason.ValueType  # 30
+"""The method or service is not one this daemon serves (UNIMPLEMENTED), e.g. a client
+newer than the daemon; metadata "method" names it. Nothing was read or done.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -39,6 +39,7 @@ class Reason(enum.Enum):
     RECORD_CORRUPT = "RECORD_CORRUPT"
     USAGE_INVALID = "USAGE_INVALID"
     DISK_FULL = "DISK_FULL"
+    METHOD_NOT_FOUND = "METHOD_NOT_FOUND"
 
 
 class CtxccError(Exception):

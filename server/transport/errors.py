@@ -54,6 +54,7 @@ CODES: dict[Reason, grpc.StatusCode] = {
     Reason.RECORD_CORRUPT: grpc.StatusCode.DATA_LOSS,
     Reason.USAGE_INVALID: grpc.StatusCode.INVALID_ARGUMENT,
     Reason.DISK_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Reason.METHOD_NOT_FOUND: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 

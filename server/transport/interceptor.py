@@ -190,7 +190,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
-            return handler
+            # gRPC's own answer carries no ErrorInfo.
+            return _not_served(handler_call_details.method or "")
         full = handler_call_details.method or ""
         service = full.strip("/").split("/")[0]
         name = method_label(full)
@@ -213,3 +214,22 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_unary_rpc_method_handler(fn, **kw)
         fn = self._wrap(handler.stream_stream, name, service, True, False)
         return grpc.stream_stream_rpc_method_handler(fn, **kw)
+
+
+def _not_served(full: str) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler for `full`, a method no service has, whatever its kind (a stream
+    handler fits a call of any kind): UNIMPLEMENTED with METHOD_NOT_FOUND before a
+    request is read. Made per call, kept nowhere: any client may send any name."""
+    method = full[:200] or "(no method)"
+
+    async def answer(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        err = CtxccError(
+            Reason.METHOD_NOT_FOUND,
+            f"{method} is not a method this ctxcc daemon serves (a client newer than the "
+            "daemon?); server reflection lists what it serves",
+            method=method,
+        )
+        await context.abort_with_status(status_for(err))
+        yield  # never reached: abort raises
+
+    return grpc.stream_stream_rpc_method_handler(answer)

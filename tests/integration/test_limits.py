@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -313,9 +314,9 @@ async def test_what_grpc_answers_itself_carries_no_error_info_as_the_readme_says
     short_tmp: Path,
 ) -> None:
     """A request message over --max-message-bytes is refused by gRPC while it is
-    received, before the daemon decodes it, and an unknown method by gRPC's handler
-    lookup: neither carries an ErrorInfo, and the README lists both, so clients know to
-    branch on the code. The refused messages write nothing and the daemon serves on."""
+    received, before the daemon decodes it: it carries no ErrorInfo, and the README
+    lists it, so clients know to branch on the code. The refused messages write nothing
+    and the daemon serves on."""
     d = Daemon(make_config(short_tmp, max_message_bytes=str(1 << 20)))
     await d.start()
     api = stubs_for(f"unix:{d.endpoints.unix}")
@@ -341,12 +342,9 @@ async def test_what_grpc_answers_itself_carries_no_error_info_as_the_readme_says
             assert "larger than max" in str(exc.value.details())
             assert _without_error_info(exc.value)
         assert '`RESOURCE_EXHAUSTED` (message "Received message larger than max")' in listed
-        unknown: Any = api.channel.unary_unary("/ctxcc.v1.SessionService/NoSuchMethod")
-        with pytest.raises(grpc.aio.AioRpcError) as exc:
-            await unknown(b"")
-        assert exc.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert _without_error_info(exc.value)
-        assert f'`UNIMPLEMENTED` (message "{exc.value.details()}")' in listed
+        # An unknown method is answered with a reason on the API's ports (below); the
+        # health port's is gRPC's own.
+        assert '`UNIMPLEMENTED` (message "Method not found!"): anything but health' in listed
         got = await api.sessions.GetSession(spb.GetSessionRequest(session_id="big"))
         assert got.session.head_seq == 0
     finally:
@@ -591,5 +589,51 @@ async def test_watchers_of_a_session_are_bounded(short_tmp: Path) -> None:
     finally:
         for call in watches:
             call.cancel()
+        await api.channel.close()
+        await d.stop()
+
+
+async def test_a_method_the_daemon_does_not_serve_is_answered_with_a_reason(
+    short_tmp: Path,
+) -> None:
+    """gRPC's own answer to an unknown method ("Method not found!") carried no ErrorInfo.
+    Each kind of call to a method or service the daemon lacks, unary or streaming, is
+    answered UNIMPLEMENTED with METHOD_NOT_FOUND naming it, before anything is read;
+    nothing is counted under the made-up name, and the daemon serves on."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        ch = api.channel
+        calls: list[tuple[str, Any]] = [
+            ("/ctxcc.v1.SessionService/NoSuchMethod", ch.unary_unary),
+            ("/no.such.Service/Watch", ch.unary_stream),
+            ("/ctxcc.v1.ArtifactService/UploadMore", ch.stream_unary),
+            ("/ctxcc.v1.CompileService/CompileStream2", ch.stream_stream),
+        ]
+        for name, kind in calls:
+            method: Any = kind(name)
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                if kind in (ch.unary_unary, ch.unary_stream):
+                    call = method(b"\x0a\x01x")
+                else:
+                    call = method(iter([b"\x0a\x01x"]))
+                if kind in (ch.unary_stream, ch.stream_stream):
+                    async for _ in call:
+                        pass
+                else:
+                    await call
+            assert exc.value.code() == grpc.StatusCode.UNIMPLEMENTED, name
+            info = error_info(exc.value)
+            assert info.reason == "METHOD_NOT_FOUND" and info.metadata["method"] == name
+            assert name in str(exc.value.details())
+        url = f"http://{d.endpoints.metrics}/metrics"
+        scraped = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read())
+        assert b"ctxcc_" in scraped and b"NoSuch" not in scraped and b"no.such" not in scraped
+        got = await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="after"))
+        )
+        assert got.session.session_id == "after"
+    finally:
         await api.channel.close()
         await d.stop()

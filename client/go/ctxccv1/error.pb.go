@@ -94,6 +94,9 @@ const (
 	// Reads keep working; health is NOT_SERVING until space is freed, then writes resume
 	// without a restart. Retry later with the same request_id.
 	ErrorReason_ERROR_REASON_DISK_FULL ErrorReason = 29
+	// The method or service is not one this daemon serves (UNIMPLEMENTED), e.g. a client
+	// newer than the daemon; metadata "method" names it. Nothing was read or done.
+	ErrorReason_ERROR_REASON_METHOD_NOT_FOUND ErrorReason = 30
 )
 
 // Enum value maps for ErrorReason.
@@ -129,6 +132,7 @@ var (
 		27: "ERROR_REASON_RECORD_CORRUPT",
 		28: "ERROR_REASON_USAGE_INVALID",
 		29: "ERROR_REASON_DISK_FULL",
+		30: "ERROR_REASON_METHOD_NOT_FOUND",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                0,
@@ -161,6 +165,7 @@ var (
 		"ERROR_REASON_RECORD_CORRUPT":             27,
 		"ERROR_REASON_USAGE_INVALID":              28,
 		"ERROR_REASON_DISK_FULL":                  29,
+		"ERROR_REASON_METHOD_NOT_FOUND":           30,
 	}
 )
 
@@ -195,7 +200,7 @@ var File_ctxcc_v1_error_proto protoreflect.FileDescriptor
 
 const file_ctxcc_v1_error_proto_rawDesc = "" +
 	"\n" +
-	"\x14ctxcc/v1/error.proto\x12\bctxcc.v1*\xa6\b\n" +
+	"\x14ctxcc/v1/error.proto\x12\bctxcc.v1*\xc9\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aERROR_REASON_INVALID_FIELD\x10\x01\x12 \n" +
@@ -227,7 +232,8 @@ const file_ctxcc_v1_error_proto_rawDesc = "" +
 	"\x1dERROR_REASON_SEQ_OUT_OF_RANGE\x10\x1a\x12\x1f\n" +
 	"\x1bERROR_REASON_RECORD_CORRUPT\x10\x1b\x12\x1e\n" +
 	"\x1aERROR_REASON_USAGE_INVALID\x10\x1c\x12\x1a\n" +
-	"\x16ERROR_REASON_DISK_FULL\x10\x1db\x06proto3"
+	"\x16ERROR_REASON_DISK_FULL\x10\x1d\x12!\n" +
+	"\x1dERROR_REASON_METHOD_NOT_FOUND\x10\x1eb\x06proto3"
 
 var (
 	file_ctxcc_v1_error_proto_rawDescOnce sync.Once

@@ -89,6 +89,11 @@ export enum ErrorReason {
    * without a restart. Retry later with the same request_id.
    */
   ERROR_REASON_DISK_FULL = 29,
+  /**
+   * ERROR_REASON_METHOD_NOT_FOUND - The method or service is not one this daemon serves (UNIMPLEMENTED), e.g. a client
+   * newer than the daemon; metadata "method" names it. Nothing was read or done.
+   */
+  ERROR_REASON_METHOD_NOT_FOUND = 30,
   UNRECOGNIZED = -1,
 }
 
@@ -184,6 +189,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 29:
     case "ERROR_REASON_DISK_FULL":
       return ErrorReason.ERROR_REASON_DISK_FULL;
+    case 30:
+    case "ERROR_REASON_METHOD_NOT_FOUND":
+      return ErrorReason.ERROR_REASON_METHOD_NOT_FOUND;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -253,6 +261,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "ERROR_REASON_USAGE_INVALID";
     case ErrorReason.ERROR_REASON_DISK_FULL:
       return "ERROR_REASON_DISK_FULL";
+    case ErrorReason.ERROR_REASON_METHOD_NOT_FOUND:
+      return "ERROR_REASON_METHOD_NOT_FOUND";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
