@@ -127,7 +127,7 @@ def test_twenty_step_loop_with_a_chunked_view(
     assert events[-1].startswith("next step 19") or events[-2].startswith("reply 18")
 
 
-STEP = re.compile(r"step (\d+) append (\d+)-(\d+) replayed (true|false) ms ([\d.]+)")
+STEP = re.compile(r"step (\d+) append (\d+)-(\d+) replayed (true|false) ms ([\d.]+) estimate \d+")
 
 ESTIMATE = re.compile(r"^step (\d+) append .* estimate (\d+)$", re.M)
 
