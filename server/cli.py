@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from server import __version__, health_cli, inspect_cli, replay
-from server.config import ConfigError, add_flags, resolve
+from server.config import ConfigError, add_flags, resolve, unknown_env
 
 log = logging.getLogger("ctxcc")
 
@@ -65,6 +65,8 @@ async def _serve(flags: dict[str, object]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for warning in unknown_env(os.environ):
+        log.warning("%s", warning)
     daemon = Daemon(cfg)
     try:
         endpoints = await daemon.start()

@@ -5,6 +5,7 @@ env `CTXCC_DATA_DIR`, TOML key `data_dir`)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -39,7 +40,26 @@ __all__ = [
     "describe",
     "env_name",
     "resolve",
+    "unknown_env",
 ]
+
+# CTXCC_* variables that are no daemon setting but are read by the clients: one
+# environment (a shared ConfigMap, a shell) often serves both.
+CLIENT_ENV = frozenset({"CTXCC_TARGET"})
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """A warning for each CTXCC_* variable that names no setting: a mistyped one
+    (CTXCC_DATADIR) was ignored in silence, the daemon running on the default instead."""
+    settings = sorted({env_name(s.name) for s in SETTINGS} | {"CTXCC_CONFIG"})
+    out = []
+    for name in sorted(env):
+        if not name.startswith("CTXCC_") or name in settings or name in CLIENT_ENV:
+            continue
+        close = difflib.get_close_matches(name, settings, n=1, cutoff=0.8)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        out.append(f"environment variable {name} is no ctxcc setting and is ignored{hint}")
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -320,3 +320,29 @@ def test_a_missing_global_dir_or_workspace_root_is_warned_at_start(short_tmp: Pa
     assert f"global_dir {gone} is not a directory (yet)" in log, log
     assert f"workspace_roots {typo} is not a directory (yet)" in log, log
     assert f"workspace_roots {there} " not in log, log
+
+
+def test_a_ctxcc_variable_that_names_no_setting_is_warned_at_start(short_tmp: Path) -> None:
+    """CTXCC_DATADIR (for CTXCC_DATA_DIR) was ignored in silence: the daemon ran on the
+    default data directory. It is warned, with the setting it was probably meant for; the
+    clients' CTXCC_TARGET, often in the same environment, is not."""
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "CTXCC_DATADIR": str(short_tmp / "elsewhere"),
+        "CTXCC_FROBNICATE": "1",
+        "CTXCC_TARGET": "unix:/tmp/x.sock",
+        "CTXCC_LOG_LEVEL": "info",
+    }
+    d = DaemonProcess(short_tmp / "data", env=env).start()
+    try:
+        d.wait_ready()
+    finally:
+        assert d.terminate() == 0
+    log = d.log()
+    assert (
+        "environment variable CTXCC_DATADIR is no ctxcc setting and is ignored "
+        "(did you mean CTXCC_DATA_DIR?)" in log
+    ), log
+    assert "environment variable CTXCC_FROBNICATE is no ctxcc setting and is ignored\n" in log
+    assert "CTXCC_TARGET" not in log and "CTXCC_LOG_LEVEL" not in log
