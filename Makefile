@@ -52,13 +52,16 @@ proto-check: $(STAMP)
 CLIENT_DIST := .tools/dist
 NPM_TARBALL := $(CLIENT_DIST)/ctxcc-client-0.1.0.tgz
 PY_WHEEL := $(CLIENT_DIST)/ctxcc_client-0.1.0-py3-none-any.whl
-clients: .tools/bin/agentloop-go .tools/bin/checkpointdigest-go client/typescript/dist/examples/agent-loop.js $(NPM_TARBALL) $(PY_WHEEL)
+clients: .tools/bin/agentloop-go .tools/bin/checkpointdigest-go .tools/bin/createsession-go client/typescript/dist/examples/agent-loop.js $(NPM_TARBALL) $(PY_WHEEL)
 
 .tools/bin/agentloop-go: $(shell find client/go -name '*.go') client/go/go.mod client/go/go.sum
 	cd client/go && go vet ./... && go build -o ../../.tools/bin/agentloop-go ./examples/agentloop
 
 .tools/bin/checkpointdigest-go: $(shell find client/go -name '*.go') client/go/go.mod client/go/go.sum
 	cd client/go && go build -o ../../.tools/bin/checkpointdigest-go ./examples/checkpointdigest
+
+.tools/bin/createsession-go: $(shell find client/go -name '*.go') client/go/go.mod client/go/go.sum
+	cd client/go && go build -o ../../.tools/bin/createsession-go ./examples/createsession
 
 client/typescript/node_modules/.stamp: client/typescript/package-lock.json
 	cd client/typescript && npm ci --silent

@@ -9,7 +9,13 @@
 // is the stable ErrorInfo reason (e.g. "SESSION_NOT_FOUND"); branch on it, never on the
 // message. Calls that are safe to repeat are retried on Unavailable for up to
 // Client.RetryFor: appends, checkpoints and stream steps carry a request id fixed before the
-// first attempt, so a resend is replayed, never duplicated.
+// first attempt, so a resend is replayed, never duplicated. CreateSession carries a session
+// id fixed the same way ("s-" and 24 hex digits when the caller gives none): a retry
+// answered SESSION_ALREADY_EXISTS reads the session back and returns it as created when its
+// creation fields (workspace, project, labels, project root, working directory) are the
+// request's, as it is then the session an earlier attempt stored before its answer was
+// lost. Deletes are not retried: a repeat of a delete that went through finds nothing, and
+// nothing tells that apart from a delete of nothing.
 package ctxcc
 
 import (
@@ -18,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -126,15 +133,67 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	return c, nil
 }
 
-// Unary RPCs that a blind repeat would change: a second create finds the first, a second
-// delete finds nothing. Every other unary RPC is a read, an upsert by a client-chosen id,
-// or carries a request id.
+// Unary RPCs that a blind repeat would change: a second delete finds nothing where the first
+// found something, and the caller cannot tell which one its answer came from. Every other
+// unary RPC is a read, an upsert by a client-chosen id, carries a request id, or is
+// CreateSession (see createSession).
 var notRetried = map[string]bool{
-	"CreateSession": true, "DeleteSession": true, "DeleteMemory": true, "DeleteRule": true, "DeleteSkill": true,
+	"DeleteSession": true, "DeleteMemory": true, "DeleteRule": true, "DeleteSkill": true,
+}
+
+// SessionAlreadyExists is the reason of a CreateSession whose id is taken.
+const SessionAlreadyExists = "SESSION_ALREADY_EXISTS"
+
+// NewSessionID returns a session id of the daemon's own shape: "s-" and 24 hex digits.
+func NewSessionID() string { return "s-" + NewRequestID() }
+
+// sameCreation tells whether stored is what creating asked stores: the same creation fields.
+func sameCreation(stored, asked *ctxccv1.Session) bool {
+	return stored.GetWorkspaceId() == asked.GetWorkspaceId() &&
+		stored.GetProjectId() == asked.GetProjectId() &&
+		maps.Equal(stored.GetLabels(), asked.GetLabels()) &&
+		stored.GetProjectRoot() == asked.GetProjectRoot() &&
+		stored.GetWorkingDirectory() == asked.GetWorkingDirectory()
+}
+
+// createSession is CreateSession retried like any safe call under one session id fixed
+// before the first attempt. SESSION_ALREADY_EXISTS for a retry may be an earlier attempt's
+// session, stored before its answer was lost: it is read and returned when its creation
+// fields are the request's. The first attempt refused so is a real conflict, returned as it
+// is.
+func (c *Client) createSession(ctx context.Context, method string, r *ctxccv1.CreateSessionRequest, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if r.GetSession().GetSessionId() == "" {
+		cp := proto.Clone(r).(*ctxccv1.CreateSessionRequest)
+		if cp.Session == nil {
+			cp.Session = &ctxccv1.Session{}
+		}
+		cp.Session.SessionId = NewSessionID()
+		r = cp
+	}
+	attempts := 0
+	_, err := retry(ctx, c.RetryFor, func() (struct{}, error) {
+		attempts++
+		return struct{}{}, invoker(ctx, method, r, reply, cc, opts...)
+	})
+	if e, ok := AsError(err); !ok || attempts < 2 || e.Reason != SessionAlreadyExists {
+		return err
+	}
+	get := strings.TrimSuffix(method, "CreateSession") + "GetSession"
+	got := &ctxccv1.GetSessionResponse{}
+	_, gerr := retry(ctx, c.RetryFor, func() (struct{}, error) {
+		return struct{}{}, invoker(ctx, get, &ctxccv1.GetSessionRequest{SessionId: r.GetSession().GetSessionId()}, got, cc, opts...)
+	})
+	if gerr != nil || !sameCreation(got.GetSession(), r.GetSession()) {
+		return err
+	}
+	out := reply.(*ctxccv1.CreateSessionResponse)
+	proto.Reset(out)
+	out.Session = got.GetSession()
+	return nil
 }
 
 // unary is every unary call's interceptor: an append or checkpoint without a request id gets
-// one here, once, before any attempt; calls that are safe to repeat are retried on
+// one here, once, before any attempt, a CreateSession without a session id likewise; calls that are safe to repeat are retried on
 // Unavailable; errors become *Error.
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	switch r := req.(type) {
@@ -150,6 +209,8 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 			cp.RequestId = NewRequestID()
 			req = cp
 		}
+	case *ctxccv1.CreateSessionRequest:
+		return c.createSession(ctx, method, r, reply, cc, invoker, opts...)
 	}
 	if notRetried[method[strings.LastIndex(method, "/")+1:]] {
 		return wrap(invoker(ctx, method, req, reply, cc, opts...))
@@ -196,7 +257,8 @@ func retry[T any](ctx context.Context, budget time.Duration, call func() (T, err
 	}
 }
 
-// CreateSession creates a session ("" lets the daemon choose the id).
+// CreateSession creates a session; one without an id gets one here ("s-" and 24 hex digits),
+// fixed before the first attempt, so a retry names the same session.
 func (c *Client) CreateSession(ctx context.Context, s *ctxccv1.Session) (*ctxccv1.Session, error) {
 	resp, err := c.Sessions.CreateSession(ctx, &ctxccv1.CreateSessionRequest{Session: s})
 	if err != nil {

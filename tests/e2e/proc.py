@@ -33,6 +33,12 @@ CLIENT_LOOPS = {
     "typescript": ["node", str(REPO / "client/typescript/dist/examples/agent-loop.js")],
     "python": [sys.executable, str(REPO / "client/python/examples/agent_loop.py")],
 }
+# The example that creates one session, of each client, as `make clients` builds them.
+CLIENT_CREATE_SESSION = {
+    "go": [str(REPO / ".tools" / "bin" / "createsession-go")],
+    "typescript": ["node", str(REPO / "client/typescript/dist/examples/create-session.js")],
+    "python": [sys.executable, str(REPO / "client/python/examples/create_session.py")],
+}
 
 
 class DaemonProcess:

@@ -4,11 +4,17 @@ client find it again within about a second of it coming back.
 
 Only calls that are safe to repeat are retried. Appends and checkpoints are made safe by
 their request id, which is fixed *before* the first attempt and reused by every retry, so a
-repeat is answered as a replay and never stored twice."""
+repeat is answered as a replay and never stored twice. CreateSession is made safe by its
+session id, chosen here before the first attempt when the caller gives none: a retry that
+finds the session already there (SESSION_ALREADY_EXISTS) reads it back, and returns it as
+created when its creation fields are the request's, since it is then the session an earlier
+attempt stored before its answer was lost. Deletes are not retried: a repeat of a delete that
+went through finds nothing, and nothing tells that apart from a delete of nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,8 +23,9 @@ from typing import Any, TypeVar
 import grpc
 
 from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
-from ctxcc_client.errors import from_rpc_error, lost_write
+from ctxcc_client.errors import CtxccError, from_rpc_error, lost_write
 
 T = TypeVar("T")
 
@@ -33,16 +40,44 @@ OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 
-# Unary RPCs that a blind repeat would change: a second create finds the first, a second
-# delete finds nothing. Every other unary RPC is a read, an upsert by a client-chosen id,
-# or carries a request id.
-NOT_RETRIED = frozenset(
-    {"CreateSession", "DeleteSession", "DeleteMemory", "DeleteRule", "DeleteSkill"}
-)
+# Unary RPCs that a blind repeat would change: a second delete finds nothing where the first
+# found something, and the caller cannot tell which one its answer came from. Every other
+# unary RPC is a read, an upsert by a client-chosen id, carries a request id, or is
+# CreateSession (see create_session_async).
+NOT_RETRIED = frozenset({"DeleteSession", "DeleteMemory", "DeleteRule", "DeleteSkill"})
+
+# The daemon's own session ids: "s-" and 24 hex digits (server/adapters/system.py).
+SESSION_PREFIX = "s-"
+SESSION_ALREADY_EXISTS = "SESSION_ALREADY_EXISTS"
+# What a CreateSession sets of a session; the daemon fills in the rest.
+CREATION_FIELDS = ("workspace_id", "project_id", "project_root", "working_directory")
 
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+def new_session_id() -> str:
+    """A session id of the daemon's shape, chosen by the client so that every attempt of
+    one CreateSession names the same session."""
+    return SESSION_PREFIX + secrets.token_hex(12)
+
+
+def with_session_id(request: spb.CreateSessionRequest) -> spb.CreateSessionRequest:
+    """A CreateSession without a session id gets one here, once, before any attempt."""
+    if request.session.session_id:
+        return request
+    copy = spb.CreateSessionRequest()
+    copy.CopyFrom(request)
+    copy.session.session_id = new_session_id()
+    return copy
+
+
+def same_creation(stored: session_pb2.Session, asked: session_pb2.Session) -> bool:
+    """Whether `stored` is what creating `asked` stores: the same creation fields."""
+    return all(getattr(stored, f) == getattr(asked, f) for f in CREATION_FIELDS) and dict(
+        stored.labels
+    ) == dict(asked.labels)
 
 
 def with_request_id(request: Any) -> Any:
@@ -89,6 +124,69 @@ async def retry_async(fn: Callable[[], Awaitable[T]], idempotent: bool, seconds:
             await asyncio.sleep(pause)
 
 
+async def create_session_async(
+    create: Callable[[spb.CreateSessionRequest], Awaitable[spb.CreateSessionResponse]],
+    get: Callable[[spb.GetSessionRequest], Awaitable[spb.GetSessionResponse]],
+    request: spb.CreateSessionRequest,
+    seconds: float,
+) -> spb.CreateSessionResponse:
+    """CreateSession, retried like any safe call under one session id fixed before the
+    first attempt. SESSION_ALREADY_EXISTS for a retry may be an earlier attempt's session,
+    stored before its answer was lost: it is read and returned when its creation fields are
+    the request's. The first attempt refused so is a real conflict, raised as it is."""
+    req = with_session_id(request)
+    attempts = 0
+
+    async def once() -> spb.CreateSessionResponse:
+        nonlocal attempts
+        attempts += 1
+        return await create(req)
+
+    try:
+        return await retry_async(once, True, seconds)
+    except CtxccError as err:
+        if attempts < 2 or err.reason != SESSION_ALREADY_EXISTS:
+            raise
+        get_req = spb.GetSessionRequest(session_id=req.session.session_id)
+        try:
+            stored = (await retry_async(lambda: get(get_req), True, seconds)).session
+        except CtxccError:
+            raise err from None
+        if not same_creation(stored, req.session):
+            raise
+        return spb.CreateSessionResponse(session=stored)
+
+
+def create_session_sync(
+    create: Callable[[spb.CreateSessionRequest], spb.CreateSessionResponse],
+    get: Callable[[spb.GetSessionRequest], spb.GetSessionResponse],
+    request: spb.CreateSessionRequest,
+    seconds: float,
+) -> spb.CreateSessionResponse:
+    """The blocking twin of create_session_async."""
+    req = with_session_id(request)
+    attempts = 0
+
+    def once() -> spb.CreateSessionResponse:
+        nonlocal attempts
+        attempts += 1
+        return create(req)
+
+    try:
+        return retry_sync(once, True, seconds)
+    except CtxccError as err:
+        if attempts < 2 or err.reason != SESSION_ALREADY_EXISTS:
+            raise
+        get_req = spb.GetSessionRequest(session_id=req.session.session_id)
+        try:
+            stored = retry_sync(lambda: get(get_req), True, seconds).session
+        except CtxccError:
+            raise err from None
+        if not same_creation(stored, req.session):
+            raise
+        return spb.CreateSessionResponse(session=stored)
+
+
 def retry_sync(fn: Callable[[], T], idempotent: bool, seconds: float) -> T:
     backoff = Backoff(seconds)
     while True:
@@ -112,6 +210,15 @@ class AsyncService:
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._stub, name)
         seconds = self._seconds
+        if name == "CreateSession":
+            get = self._stub.GetSession
+
+            async def create(request: Any, **kw: Any) -> Any:
+                return await create_session_async(
+                    lambda r: method(r, **kw), lambda r: get(r, **kw), request, seconds
+                )
+
+            return create
         if isinstance(method, grpc.aio.UnaryUnaryMultiCallable):
             idempotent = name not in NOT_RETRIED
 
@@ -152,6 +259,15 @@ class SyncService:
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._stub, name)
         seconds = self._seconds
+        if name == "CreateSession":
+            get = self._stub.GetSession
+
+            def create(request: Any, **kw: Any) -> Any:
+                return create_session_sync(
+                    lambda r: method(r, **kw), lambda r: get(r, **kw), request, seconds
+                )
+
+            return create
         if isinstance(method, grpc.UnaryUnaryMultiCallable):
             idempotent = name not in NOT_RETRIED
 

@@ -12,7 +12,8 @@
  * CtxccError with the daemon's stable `reason` (e.g. "SESSION_NOT_FOUND"). Calls that are
  * safe to repeat are retried on UNAVAILABLE for up to `retrySeconds`; appends, checkpoints
  * and stream steps carry a request id fixed before the first attempt, so a resend is
- * replayed, never duplicated.
+ * replayed, never duplicated; createSession a session id fixed the same way, and a retry
+ * that finds the session an earlier attempt stored returns it. Deletes are not retried.
  */
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -49,7 +50,7 @@ export { type DeepPartial, type Exact, type MessageFns, protobufFileName, protob
 export * as events from "./gen/ctxcc/v1/event.js";
 export * as views from "./gen/ctxcc/v1/view.js";
 export { CtxccError, toCtxccError } from "./errors.js";
-export { RETRY_SECONDS, newRequestId } from "./retry.js";
+export { RETRY_SECONDS, SESSION_ALREADY_EXISTS, newRequestId, newSessionId } from "./retry.js";
 export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
 export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats, type UsageReporter } from "./stream.js";
 export { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, viewDigest } from "./delta.js";

@@ -2,7 +2,10 @@
  * Retries on UNAVAILABLE, bounded by time rather than attempts: a daemon that is down for a
  * few seconds (a restart, a rollout) is waited out. Only calls that are safe to repeat are
  * retried; appends and checkpoints carry a request id fixed before the first attempt, so a
- * repeat is answered as a replay, never stored twice.
+ * repeat is answered as a replay, never stored twice. createSession carries a session id
+ * fixed the same way and reads back a session an earlier attempt stored (see
+ * Sessions.createSession). Deletes are not retried: a repeat of a delete that went through
+ * finds nothing, and nothing tells that apart from a delete of nothing.
  */
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -13,6 +16,12 @@ export const RETRY_SECONDS = 30;
 const MAX_PAUSE_MS = 250;
 
 export const newRequestId = (): string => randomBytes(12).toString("hex");
+
+/** A session id of the daemon's own shape: "s-" and 24 hex digits. */
+export const newSessionId = (): string => `s-${randomBytes(12).toString("hex")}`;
+
+/** The reason of a createSession whose id is taken. */
+export const SESSION_ALREADY_EXISTS = "SESSION_ALREADY_EXISTS";
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 

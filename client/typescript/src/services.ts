@@ -12,7 +12,9 @@ import { CompileRequest, CompileResponse, CompileServiceClient, CreateCheckpoint
 import { ListToolsRequest, ListToolsResponse, ReadToolResultRequest, ReadToolResultResponse, RegisterToolsRequest, RegisterToolsResponse, SearchToolsRequest, SearchToolsResponse, ToolServiceClient } from "./gen/ctxcc/v1/tool_service.js";
 import { DeleteMemoryRequest, DeleteMemoryResponse, DeleteRuleRequest, DeleteRuleResponse, DeleteSkillRequest, DeleteSkillResponse, ListMemoryRequest, ListMemoryResponse, ListRulesRequest, ListRulesResponse, ListSkillsRequest, ListSkillsResponse, LoadRuleRequest, LoadRuleResponse, PutMemoryRequest, PutMemoryResponse, PutRuleRequest, PutRuleResponse, PutSkillRequest, PutSkillResponse, SourceServiceClient } from "./gen/ctxcc/v1/source_service.js";
 import { ArtifactServiceClient } from "./gen/ctxcc/v1/artifact_service.js";
-import { newRequestId, retry, unaryOnce, type UnaryMethod } from "./retry.js";
+import { Session } from "./gen/ctxcc/v1/session.js";
+import { CtxccError } from "./errors.js";
+import { newRequestId, newSessionId, retry, SESSION_ALREADY_EXISTS, unaryOnce, type UnaryMethod } from "./retry.js";
 
 /** What every call of one Client shares. */
 export interface CallSettings {
@@ -26,17 +28,62 @@ abstract class Service<C extends grpc.Client> {
     protected readonly settings: CallSettings,
   ) {}
 
-  protected call<Req, Res>(method: unknown, req: Req, idempotent: boolean): Promise<Res> {
+  protected call<Req, Res>(method: unknown, req: Req, idempotent: boolean, attempted?: () => void): Promise<Res> {
     const fn = (method as UnaryMethod<Req, Res>).bind(this.raw);
-    return retry((left) => unaryOnce(fn, req, left, this.settings.metadata), idempotent, this.settings.retrySeconds);
+    return retry(
+      (left) => {
+        attempted?.();
+        return unaryOnce(fn, req, left, this.settings.metadata);
+      },
+      idempotent,
+      this.settings.retrySeconds,
+    );
   }
+}
+
+/** Whether `stored` is what creating `asked` stores: the same creation fields. */
+function sameCreation(stored: Session, asked: Session): boolean {
+  const a = Object.entries(stored.labels);
+  const b = asked.labels;
+  return (
+    stored.workspaceId === asked.workspaceId &&
+    stored.projectId === asked.projectId &&
+    stored.projectRoot === asked.projectRoot &&
+    stored.workingDirectory === asked.workingDirectory &&
+    a.length === Object.keys(b).length &&
+    a.every(([k, v]) => Object.hasOwn(b, k) && b[k] === v)
+  );
 }
 
 /** Every unary RPC of SessionService with typed requests; missing fields get their defaults. */
 export class Sessions extends Service<SessionServiceClient> {
-  /** Creates a session. An existing id answers ALREADY_EXISTS. */
-  createSession(req: DeepPartial<CreateSessionRequest> = {}): Promise<CreateSessionResponse> {
-    return this.call<CreateSessionRequest, CreateSessionResponse>(this.raw.createSession, CreateSessionRequest.fromPartial(req), false);
+  /**
+   * Creates a session. An existing id answers ALREADY_EXISTS (reason SESSION_ALREADY_EXISTS).
+   * Retried like any safe call: a session without an id gets one here ("s-" and 24 hex
+   * digits) before the first attempt, so every attempt names the same session. A retry
+   * answered SESSION_ALREADY_EXISTS may have met an earlier attempt's session, stored before
+   * its answer was lost: it is read back and returned when its creation fields (workspace,
+   * project, labels, project root, working directory) are the request's. The first attempt
+   * refused so is a real conflict and throws as it is.
+   */
+  async createSession(req: DeepPartial<CreateSessionRequest> = {}): Promise<CreateSessionResponse> {
+    const full = CreateSessionRequest.fromPartial(req);
+    const session = (full.session ??= Session.fromPartial({}));
+    session.sessionId ||= newSessionId(); // fixed before the first attempt, reused by every retry
+    let attempts = 0;
+    try {
+      return await this.call<CreateSessionRequest, CreateSessionResponse>(this.raw.createSession, full, true, () => attempts++);
+    } catch (err) {
+      if (!(err instanceof CtxccError) || attempts < 2 || err.reason !== SESSION_ALREADY_EXISTS) throw err;
+      let stored: Session | undefined;
+      try {
+        stored = (await this.getSession({ sessionId: session.sessionId })).session;
+      } catch {
+        throw err;
+      }
+      if (!stored || !sameCreation(stored, session)) throw err;
+      return { session: stored };
+    }
   }
   /** Returns one session. */
   getSession(req: DeepPartial<GetSessionRequest> = {}): Promise<GetSessionResponse> {
