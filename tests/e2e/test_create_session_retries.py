@@ -13,9 +13,11 @@ against a daemon process:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -27,15 +29,17 @@ from typing import Any
 import grpc
 import pytest
 
-from ctxcc.v1 import session_pb2, session_service_pb2_grpc
+from ctxcc.v1 import artifact_service_pb2 as apb
+from ctxcc.v1 import artifact_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.e2e.proc import CLIENT_CREATE_SESSION, DaemonProcess
+from tests.e2e.proc import CLIENT_CREATE_SESSION, UPLOAD, DaemonProcess, open_upload
 
 CLIENTS = CLIENT_CREATE_SESSION
 CREATE = "/ctxcc.v1.SessionService/CreateSession"
 GET = "/ctxcc.v1.SessionService/GetSession"
 # The daemon's own id shape, which a client's chosen id has too.
 SESSION_ID = re.compile(r"s-[0-9a-f]{24}")
+BLOB = bytes(range(256)) * 512  # an upload kept open after its first 64 KiB
 FIELDS = {
     "workspace_id": "ws-1",
     "labels": {"team": "infra", "run": "7"},
@@ -189,6 +193,50 @@ def test_create_session_waits_for_a_daemon_that_starts_later(client: str, short_
         assert SESSION_ID.fullmatch(got["session_id"]), got
         assert got == {"session_id": got["session_id"], "project_id": "later", **FIELDS}
         assert [fields_of(s) for s in sessions_of(d.target, "later")] == [got]
+        assert d.terminate(60) == 0
+    finally:
+        d.ensure_stopped()
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_create_session_waits_out_a_rollout(client: str, short_tmp: Path) -> None:
+    """SIGTERM while an upload is in flight: the draining daemon answers the client's
+    CreateSession UNAVAILABLE/SHUTTING_DOWN (an answer, which a call waiting for the
+    channel to be ready does not wait out), exits once the upload is done and is started
+    again on the same data directory; the client's retry creates the session there."""
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "600").start()
+    d.wait_ready()
+    assert d.proc is not None
+    proc = d.proc
+    create_direct(d.target, session_pb2.Session(session_id="uploads"))
+    turned_away = {"method": "SessionService/CreateSession", "code": "UNAVAILABLE"}
+
+    async def run() -> tuple[str, Any]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
+            upload = await open_upload(artifacts, "uploads", BLOB)
+            await asyncio.to_thread(d.wait_in_flight, UPLOAD, 1)
+            os.kill(proc.pid, signal.SIGTERM)
+            await asyncio.to_thread(d.wait_health, 2)  # NOT_SERVING: draining
+            target = f"unix://{d.endpoints['unix']}"
+            agent = run_client(client, target, {"project_id": "rollout", **FIELDS}, 120)
+            while d.metric("ctxcc_rpc_errors_total", **turned_away) < 1:
+                assert agent.poll() is None, agent.communicate()
+                await asyncio.sleep(0.05)
+            await upload.write(apb.UploadArtifactRequest(data=BLOB[65536:]))
+            await upload.done_writing()
+            await upload
+        assert await asyncio.to_thread(proc.wait, 120) == 0
+        d.start()
+        await asyncio.to_thread(d.wait_ready)
+        return await asyncio.to_thread(outcome, agent)
+
+    try:
+        kind, got = asyncio.run(run())
+        assert kind == "created", got
+        assert SESSION_ID.fullmatch(got["session_id"]), got
+        assert got == {"session_id": got["session_id"], "project_id": "rollout", **FIELDS}
+        assert [fields_of(s) for s in sessions_of(d.target, "rollout")] == [got]
         assert d.terminate(60) == 0
     finally:
         d.ensure_stopped()

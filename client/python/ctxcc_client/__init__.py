@@ -11,13 +11,15 @@ Every RPC is reachable with typed requests through `ctx.sessions`, `ctx.compiles
 `ctx.tools`, `ctx.sources` and `ctx.artifacts`. Errors are `CtxccError` with the daemon's
 stable `reason` (e.g. "SESSION_NOT_FOUND"). Calls that are safe to repeat are retried on
 UNAVAILABLE for up to `retry_seconds`: appends and checkpoints carry a request id fixed
-before the first attempt, so a repeat is a replay, never a duplicate.
+before the first attempt, so a repeat is a replay, never a duplicate; CreateSession a
+session id fixed the same way, and a retry that finds the session an earlier attempt stored
+returns it. Deletes are not retried (see ctxcc_client.retry).
 """
 
 from ctxcc_client.client import AsyncClient, Client
 from ctxcc_client.errors import CtxccError
 from ctxcc_client.events import assistant, tool_result, user, user_with
-from ctxcc_client.retry import new_request_id
+from ctxcc_client.retry import new_request_id, new_session_id
 from ctxcc_client.stream import CompileStream, StreamStats, ViewAssembler
 
 __all__ = [
@@ -29,6 +31,7 @@ __all__ = [
     "ViewAssembler",
     "assistant",
     "new_request_id",
+    "new_session_id",
     "tool_result",
     "user",
     "user_with",
