@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.daemon import BenchDaemon
 from tests.e2e.proc import CLIENT_LOOPS
 
-STEP_MS = re.compile(r"^step \d+ append \d+-\d+ replayed \w+ ms ([\d.]+)$", re.M)
+STEP_MS = re.compile(r"^step \d+ append \d+-\d+ replayed \w+ ms ([\d.]+) estimate \d+$", re.M)
 
 
 def run(root: Path, scale: float) -> dict[str, float]:
