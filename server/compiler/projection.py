@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from server.compiler.text import escape_fences
 from server.compiler.tokens import (
+    BEFORE_CALL_IDS,
     COUNTING,
     IMAGE_TOKENS,
     MESSAGE_OVERHEAD,
@@ -172,8 +173,11 @@ def image_tokens(ref: ArtifactRef) -> int:
 
 
 def message_tokens(msg: ViewMessage, counter: TokenCounter) -> int:
+    # A rebuild of an earlier daemon's compile counts as that daemon did (work.py).
+    counting = int(getattr(counter, "arguments_counting", COUNTING))
     # Call ids travel in the request with each call and again with its result.
-    total = MESSAGE_OVERHEAD + counter.count(msg.tool_call_id)
+    ids = counting != BEFORE_CALL_IDS
+    total = MESSAGE_OVERHEAD + (counter.count(msg.tool_call_id) if ids else 0)
     for part in msg.parts:
         if part.text is not None:
             total += counter.count(part.text)
@@ -181,12 +185,10 @@ def message_tokens(msg: ViewMessage, counter: TokenCounter) -> int:
             total += image_tokens(part.attachment)
     # Counters for providers that take arguments as parameters say so (ClaudeCounter).
     as_parameters = bool(getattr(counter, "arguments_as_parameters", False))
-    # A rebuild of an earlier daemon's compile counts as that daemon did (work.py).
-    counting = int(getattr(counter, "arguments_counting", COUNTING))
     for call in msg.tool_calls:
         args = arguments_text(call.arguments_json, as_parameters, counting)
-        total += counter.count(call.call_id) + counter.count(call.name) + counter.count(args)
-        total += MESSAGE_OVERHEAD
+        total += counter.count(call.call_id) if ids else 0
+        total += counter.count(call.name) + counter.count(args) + MESSAGE_OVERHEAD
     return total
 
 

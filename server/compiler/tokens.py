@@ -28,7 +28,11 @@ IMAGE_TOKENS = 1_600
 # earlier daemon recorded is rebuilt counting as that daemon did (exact time travel):
 # 0: nested parameter values as JSON with spaces, non-ASCII as is;
 # 1: nested values as compact JSON, non-ASCII escaped (what Claude's counts follow).
+# BEFORE_CALL_IDS (-1), for compiles recorded before call ids were counted (the store
+# tells them by their records, see CompileRecord.before_call_ids): arguments as their
+# JSON string as is, and neither a call's id nor its result's counted.
 COUNTING = 1
+BEFORE_CALL_IDS = -1
 # Separators of the JSON a provider renders nested parameter values with.
 _COMPACT = (",", ":")
 
@@ -43,7 +47,7 @@ def arguments_text(arguments_json: str, as_parameters: bool, counting: int = COU
     spaces after separators overcounts a to-do list by ~40 tokens, and with non-ASCII
     characters as is undercounts a nested edit of box-drawing text by a third (measured
     against Claude Code's reported usage, tests/unit/test_claude_tokenizer.py)."""
-    if not as_parameters or not arguments_json:
+    if not as_parameters or not arguments_json or counting == BEFORE_CALL_IDS:
         return arguments_json
     try:
         args = loads_strict(arguments_json)

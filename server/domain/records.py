@@ -97,6 +97,11 @@ class CompileRecord:
     # again under its id while the compile ran is another one, and must not take its
     # record. 0 (not checked) in records written before it was kept.
     session_create_time_ns: int = 0
+    # Written by a daemon that counted neither tool calls' ids nor their results' (before
+    # message_change existed): a rebuild counts its messages that way
+    # (tokens.BEFORE_CALL_IDS). The store sets it when it reads a record without
+    # message_change (storage/compiles.py); a daemon never records a compile so.
+    before_call_ids: bool = False
     # On disk only: the stored chunks the per-message table starts with (its rest is in
     # message_digests/message_tokens; see domain/table_chunks.py). The store joins them
     # on reading, so a record in memory holds its whole table and none.

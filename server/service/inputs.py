@@ -21,7 +21,7 @@ from server.compiler.projection_memo import ProjectionMemo
 from server.compiler.route_model import counter_kind
 from server.compiler.sources import SourceInputs
 from server.compiler.system import EnvironmentInfo
-from server.compiler.tokens import COUNTING
+from server.compiler.tokens import BEFORE_CALL_IDS, COUNTING
 from server.compiler.view import SectionKind
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
@@ -66,6 +66,14 @@ def effective_limits(info: ModelInfo, request: ModelLimits, images_given: bool) 
         max_input_tokens=request.max_input_tokens or info.max_input_tokens,
         accepts_images=request.accepts_images if images_given else info.accepts_images,
     )
+
+
+def counting_of(old: Recalled | None, record: CompileRecord | None) -> int:
+    """How a compile counts tool calls (tokens.COUNTING): as the recorded step it takes
+    its versions from did, else today's way."""
+    if old is None or record is None:
+        return COUNTING
+    return BEFORE_CALL_IDS if record.before_call_ids else old.basis.counting
 
 
 class InputAssembler:
@@ -179,7 +187,7 @@ class InputAssembler:
             sources=old.sources,
             previous_sections=b.previous_sections,
             requested_max_output=b.requested_max_output,
-            counting=b.counting,
+            counting=counting_of(old, record),
             projection=b.projection,
             tools=old.tools,
             activated_tools=b.activated_tools,
@@ -209,11 +217,17 @@ class InputAssembler:
         """A compile's inputs: the request's own parameters, with the sources and state read
         now, or, for `as_of_seq` at a recorded step, as that step read them."""
         boundary = opts.as_of_seq or session.head_seq
-        info = self._catalog.lookup(opts.route.model)
-        limits = effective_limits(info, opts.limits, opts.images_given)
-        working_directory = opts.working_directory or session.working_directory
         old, record = found if found is not None else (None, None)
         same_route = old is not None and old.basis.route == opts.route
+        # The catalog entry is one of the recorded step's versions (the catalog may have
+        # changed since: an upgrade, another --model-catalog): on its route, the same
+        # request is sized and counted as that step was.
+        if old is not None and same_route:
+            info = old.basis.model
+        else:
+            info = self._catalog.lookup(opts.route.model)
+        limits = effective_limits(info, opts.limits, opts.images_given)
+        working_directory = opts.working_directory or session.working_directory
         if old is not None and record is not None:
             b = old.basis
             history = self._loader.load(
@@ -264,7 +278,7 @@ class InputAssembler:
             previous_sections=previous,
             requested_max_output=opts.limits.max_output_tokens,
             # A recorded step's view again: counted as the daemon that recorded it did.
-            counting=old.basis.counting if old is not None else COUNTING,
+            counting=counting_of(old, record),
             projection=old.basis.projection if old is not None else PROJECTION,
             tools=history.tools,
             activated_tools=history.activated,
