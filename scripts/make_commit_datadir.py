@@ -63,14 +63,18 @@ from ctxcc.v1 import (  # noqa: E402
     tool_pb2,
     tool_service_pb2,
     tool_service_pb2_grpc,
+    view_pb2,
 )
 
 SID = "upg-session"
 OTHER = "upg-other"
+WIDE = "upg-wide"  # every kind of event, two routes, provider renderings
+GONE = "upg-gone"  # deleted
 PROJECT = "upg-project"
 ROUTE = common_pb2.Route(
     connection="default", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
 )
+GPT = common_pb2.Route(connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o")
 # A window small enough that the second turn is over budget (a built-in compaction).
 SMALL = compile_service_pb2.ModelLimits(context_window=2500, max_output_tokens=500)
 BIG_RESULT = "".join(f"line {i}: {'q' * 50}\n" for i in range(300))  # ~18 KB, a blob
@@ -212,11 +216,11 @@ class Driver:
         self.save(name, view, req, "unary")
         return view
 
-    def report(self, view: Any, input_tokens: int) -> None:
+    def report(self, view: Any, input_tokens: int, route: Any = ROUTE) -> None:
         resp = self.compiles.ReportUsage(
             compile_service_pb2.ReportUsageRequest(
                 compile_id=view.compile_id,
-                route=ROUTE,
+                route=route,
                 input_tokens=input_tokens,
                 output_tokens=120,
                 cached_input_tokens=input_tokens // 2,
@@ -225,6 +229,7 @@ class Driver:
         self.usage.append(
             {
                 "compile_id": view.compile_id,
+                "route": _b(route).hex(),
                 "input_tokens": input_tokens,
                 "output_tokens": 120,
                 "cached_input_tokens": input_tokens // 2,
@@ -267,8 +272,6 @@ class Driver:
                 chunks.append(resp.chunk.data)
                 if resp.chunk.index + 1 < resp.chunk.count:
                     continue
-                from ctxcc.v1 import view_pb2
-
                 view = view_pb2.CompiledView.FromString(b"".join(chunks))
                 chunks.clear()
             else:
@@ -278,6 +281,7 @@ class Driver:
                 self.usage.append(
                     {
                         "compile_id": out[-1].compile_id,
+                        "route": _b(ROUTE).hex(),
                         "input_tokens": steps[n][2],
                         "output_tokens": 80,
                         "cached_input_tokens": 0,
@@ -534,6 +538,86 @@ def _drive(d: Driver) -> dict[str, Any]:
     }
 
 
+def _wide(d: Driver) -> None:
+    """A session with every kind of event, compiled on two routes with renderings, and
+    a session made and deleted."""
+    for sid in (WIDE, GONE):
+        d.sessions.CreateSession(
+            session_service_pb2.CreateSessionRequest(
+                session=session_pb2.Session(session_id=sid, project_id="wide-project")
+            )
+        )
+    d.sessions.AppendEvents(
+        session_service_pb2.AppendEventsRequest(session_id=GONE, events=[_user("bye")])
+    )
+    d.sessions.DeleteSession(session_service_pb2.DeleteSessionRequest(session_id=GONE))
+    png = _png(8, 30)
+    header = artifact_service_pb2.ArtifactHeader(
+        session_id=WIDE,
+        mime_type="image/png",
+        size_bytes=len(png),
+        sha256=hashlib.sha256(png).hexdigest(),
+        width=8,
+        height=8,
+    )
+    ref = d.artifacts.UploadArtifact(
+        iter(
+            [
+                artifact_service_pb2.UploadArtifactRequest(header=header),
+                artifact_service_pb2.UploadArtifactRequest(data=png),
+            ]
+        )
+    ).artifact
+    events = [_ev(), _user("Start: what is on this page?")]
+    events[0].turn_started.turn_id = "t-1"
+    browser = _ev()
+    browser.browser_element.url = "https://example.test/page"
+    browser.browser_element.selector = "#main > button"
+    browser.browser_element.tag = "button"
+    browser.browser_element.text = "Save"
+    browser.browser_element.attributes["class"] = "primary"
+    events.append(browser)
+    attach = _ev()
+    attach.attachment.CopyFrom(ref)
+    events.append(attach)
+    drawn = _assistant("A diagram of it:", reasoning="Draw it.")
+    drawn.assistant_message.parts.add(attachment=ref)
+    events.append(drawn)
+    imported = _ev()
+    imported.imported_message.origin_session_id = SID
+    imported.imported_message.origin_seq = 2
+    imported.imported_message.role = event_pb2.MESSAGE_ROLE_ASSISTANT
+    imported.imported_message.parts.add(text="Earlier we agreed on tabs.")
+    events.append(imported)
+    events.append(
+        _assistant("", ("w1", "edit", '{"path": "a.py", "edits": [{"old": "├──", "new": "x"}]}'))
+    )
+    events.append(_result("w1", "edit", "edited"))
+    cancelled = _ev()
+    cancelled.turn_cancelled.reason = "user pressed stop"
+    cancelled.turn_cancelled.keep_reasoning = True
+    events.append(cancelled)
+    events.append(_user("Carry on."))
+    events.append(_assistant("Done.", reasoning="Finished."))
+    done = _ev()
+    done.turn_completed.SetInParent()
+    events.append(done)
+    d.sessions.AppendEvents(
+        session_service_pb2.AppendEventsRequest(session_id=WIDE, events=events, request_id="w")
+    )
+    formats = [
+        view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+        view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+        view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+        view_pb2.RENDER_FORMAT_GEMINI,
+    ]
+    for n, route in enumerate((ROUTE, GPT, ROUTE)):
+        req = d.request(WIDE, render_formats=formats)
+        req.route.CopyFrom(route)
+        view = d.compile(f"wide-{n}", req)
+        d.report(view, view.budget.estimated_input_tokens + 3 * n, route)
+
+
 def _time_travel(d: Driver) -> None:
     """Each compile asked again of the same daemon: as of its event boundary, and by id."""
     for entry in list(d.compiled):
@@ -547,6 +631,7 @@ def _time_travel(d: Driver) -> None:
             req = compile_service_pb2.CompileRequest(
                 rebuild_compile_id=entry["compile_id"],
                 image_mode=compile_service_pb2.IMAGE_MODE_REFERENCE,
+                render_formats=req.render_formats,
             )
             view = d.compiles.Compile(req).view
             d.save(entry["name"] + "@rebuild", view, req, "rebuild")
@@ -554,7 +639,7 @@ def _time_travel(d: Driver) -> None:
 
 def _read_back(d: Driver) -> dict[str, Any]:
     out: dict[str, Any] = {"sessions": {}}
-    for sid in (SID, OTHER):
+    for sid in (SID, OTHER, WIDE):
         session = d.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=sid))
         events = d.sessions.ListEvents(
             session_service_pb2.ListEventsRequest(session_id=sid, page_size=1000)
@@ -623,6 +708,7 @@ def main(commit: str, out: Path, kill: bool) -> None:
         d = Driver(daemon.target, _proto_text(commit), out)
         try:
             ids = _drive(d)
+            _wide(d)
             _time_travel(d)
             back = _read_back(d)
         except BaseException:
