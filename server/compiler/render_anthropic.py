@@ -8,16 +8,26 @@
   `prefix_digest` covers both, so it changes whenever either cached prefix does.
 - `tool_use.id` must match `^[a-zA-Z0-9_-]+$`: view call ids are mapped by
   `tool_use_id`, deterministically (same log, same ids, so prompt caches keep hitting)
-  and reversibly (`call_id_of`).
+  and reversibly (`call_id_of`). Call names as every API takes them (`call_name`).
+- A tool result with no text (empty or whitespace) has no `content`: the API refuses an
+  empty one ("content field is empty"), and a failed call's result must have some
+  ("content cannot be empty if is_error is true"): EMPTY_ERROR says so.
+- Whitespace-only text is dropped (the API refuses such blocks); a body that would then
+  open with the assistant opens with the view's own opener text, as the view does.
+- A body ending with an assistant turn (a prefill) has no trailing whitespace at its
+  end: the API refuses "final assistant content cannot end with trailing whitespace".
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from server.compiler.provider_rules import OPENER
 from server.compiler.render_common import (
+    ANTHROPIC_IMAGES,
     JSON,
     args_object,
+    call_name,
     image_note,
     inline_image,
     output_cap,
@@ -33,6 +43,7 @@ _ALLOWED = _ALNUM | {"_", "-"}
 # Ids that are already valid pass unchanged, unless they start with this prefix: those,
 # and all others, are spelled as the prefix, their alphanumerics, and `-hh` per other byte.
 ENCODED_PREFIX = "cx_"
+EMPTY_ERROR = "(the tool failed with no output)"
 
 
 def tool_use_id(call_id: str) -> str:
@@ -76,16 +87,34 @@ def _text_block(text: str) -> list[JSON]:
     return [{"type": "text", "text": text}] if text.strip() else []
 
 
+def opened_turns(turns: list[tuple[str, list[JSON]]], opener: JSON) -> list[tuple[str, list[JSON]]]:
+    """Turns that open with the user's: a view opens so (provider_rules.opened), but a
+    user message whose only text a format cannot send (whitespace for Anthropic) leaves
+    the assistant first, which the APIs refuse."""
+    if not turns or turns[0][0] == "user":
+        return turns
+    return [("user", [opener]), *turns]
+
+
+def _without_trailing_whitespace(merged: list[tuple[str, list[JSON]]]) -> None:
+    blocks = merged[-1][1]
+    if blocks[-1]["type"] != "text":
+        return
+    # The block holds non-whitespace text (_text_block), so it stays non-empty.
+    blocks[-1] = {**blocks[-1], "text": blocks[-1]["text"].rstrip()}
+
+
 def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     turns: list[tuple[str, list[JSON]]] = []
     for m in view.messages:
         if m.role is Role.TOOL:
-            block: JSON = {
-                "type": "tool_result",
-                "tool_use_id": tool_use_id(m.tool_call_id),
-                "content": text_of(m),
-                "is_error": m.is_error,
-            }
+            block: JSON = {"type": "tool_result", "tool_use_id": tool_use_id(m.tool_call_id)}
+            text = text_of(m)
+            if text.strip():
+                block["content"] = text
+            elif m.is_error:
+                block["content"] = EMPTY_ERROR
+            block["is_error"] = m.is_error
             turns.append(("user", [block]))
         elif m.role is Role.ASSISTANT:
             blocks = _text_block(text_of(m))
@@ -93,7 +122,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 {
                     "type": "tool_use",
                     "id": tool_use_id(c.call_id),
-                    "name": c.name,
+                    "name": call_name(c.name),
                     "input": args_object(c.arguments_json),
                 }
                 for c in m.tool_calls
@@ -104,7 +133,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             for p in m.parts:
                 if p.text is not None:
                     blocks += _text_block(p.text)
-                elif (img := inline_image(p, data)) is not None:
+                elif (img := inline_image(p, data, ANTHROPIC_IMAGES)) is not None:
                     blocks.append(
                         {
                             "type": "image",
@@ -112,9 +141,11 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                         }
                     )
                 else:
-                    blocks.append({"type": "text", "text": image_note(p)})
+                    blocks.append({"type": "text", "text": image_note(p, ANTHROPIC_IMAGES)})
             turns.append(("user", blocks))
-    merged = merge_turns(turns)
+    merged = opened_turns(merge_turns(turns), {"type": "text", "text": OPENER})
+    if merged and merged[-1][0] == "assistant":
+        _without_trailing_whitespace(merged)
     for role, blocks in merged:
         if role == "user":
             # Tool results lead their user turn; text (a next user message) follows.

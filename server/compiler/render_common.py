@@ -4,10 +4,11 @@ arguments as an object, and the cache hints' inputs."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from server.compiler.textscan import loads_strict, parse_json
+from server.compiler.textscan import LONE_SURROGATE, loads_strict, parse_json
 from server.compiler.view import CompiledView, ViewMessage, ViewPart
 
 JSON = dict[str, Any]
@@ -18,6 +19,25 @@ def args_object(arguments_json: str) -> JSON:
     made every call's arguments a JSON object (see projection.well_formed_calls)."""
     value = loads_strict(arguments_json or "{}")
     assert isinstance(value, dict)
+    return encodable(value) if _may_escape_surrogates(arguments_json) else value
+
+
+def _may_escape_surrogates(text: str) -> bool:
+    # Client text holds no surrogate itself (it came as UTF-8): only a \uD8xx-\uDFxx
+    # escape can make one, so text without "\ud" needs no walk.
+    return "\\ud" in text or "\\uD" in text
+
+
+def encodable(value: Any) -> Any:
+    """Parsed JSON with each lone surrogate (which JSON may escape, "\\ud800") as U+FFFD,
+    as counting takes it: no UTF-8 text holds one, and the SDKs encode bodies as UTF-8
+    (openai and anthropic raise UnicodeEncodeError on one)."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value) if not value.isascii() else value
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
     return value
 
 
@@ -26,27 +46,78 @@ def args_text(arguments_json: str) -> str:
 
 
 def schema(text: str) -> JSON:
+    """A tool's input schema as every API takes it: an object schema. RegisterTools
+    refuses a top-level `type` other than "object"; one that names no type (`{"properties":
+    ...}`, a bare `anyOf`) gets it, as OpenAI refuses parameters without `type: object`
+    and Anthropic's `input_schema.type` is required."""
     ok, value = parse_json(text or "{}")
     if ok and isinstance(value, dict) and value:
-        return value
+        value = encodable(value) if _may_escape_surrogates(text) else value
+        return value if "type" in value else {"type": "object", **value}
     return {"type": "object", "properties": {}}
 
 
+# A function name every API takes: OpenAI's and Anthropic's ^[a-zA-Z0-9_-]{1,64}$, and
+# Gemini's first character, a letter or an underscore. RegisterTools holds registered
+# names to it; a call in the log may name anything (a model's hallucinated
+# `functions.Read` or `Read tool`), which no API takes back in the history.
+FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+_NOT_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def call_name(name: str) -> str:
+    """A call's name as a body sends it: unchanged when every API takes it, else each
+    other character as `_`, a leading `_` where the first is not a letter, at most 64."""
+    if FUNCTION_NAME.fullmatch(name):
+        return name
+    fixed = _NOT_NAME.sub("_", name)
+    if not FUNCTION_NAME.match(fixed[:1]):
+        fixed = "_" + fixed  # a digit or a dash first
+    return fixed[:64]
+
+
 def text_of(m: ViewMessage) -> str:
-    return "\n".join(p.text for p in m.parts if p.text is not None)
+    """A message's text as one string, for the messages a format sends as text only (the
+    assistant's, a tool result's). An image among the parts of an assistant message (a
+    diagram the agent drew) is a note in its place (it was dropped without a word): Chat
+    and Responses take text only in an assistant message, Anthropic refuses "'image'
+    blocks are not permitted within assistant turns", and Gemini is sent the same."""
+    return "\n".join(p.text if p.text is not None else _not_sent(p) for p in m.parts)
 
 
-def inline_image(part: ViewPart, data: Mapping[str, bytes]) -> tuple[str, str] | None:
-    """(mime type, base64) of an image whose bytes were materialized, else None."""
+def _not_sent(part: ViewPart) -> str:
     ref = part.attachment
-    if ref is None or ref.artifact_id not in data:
+    if ref is None:
+        return ""
+    return (
+        f"[image {ref.artifact_id} ({ref.mime_type}) not sent: an assistant turn carries no images]"
+    )
+
+
+# The image types each API takes (OpenAI's and Anthropic's vision guides, Gemini's
+# image understanding guide); any other is sent as a note, as the API would refuse it.
+OPENAI_IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+ANTHROPIC_IMAGES = OPENAI_IMAGES
+GEMINI_IMAGES = frozenset({"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"})
+
+
+def inline_image(
+    part: ViewPart, data: Mapping[str, bytes], accepted: Collection[str]
+) -> tuple[str, str] | None:
+    """(mime type, base64) of an image whose bytes were materialized and whose type the
+    provider takes, else None."""
+    ref = part.attachment
+    if ref is None or ref.artifact_id not in data or ref.mime_type not in accepted:
         return None
     return ref.mime_type, base64.b64encode(data[ref.artifact_id]).decode()
 
 
-def image_note(part: ViewPart) -> str:
+def image_note(part: ViewPart, accepted: Collection[str]) -> str:
     ref = part.attachment
     assert ref is not None
+    if ref.mime_type not in accepted:
+        kind = ref.mime_type
+        return f"[image {ref.artifact_id} ({kind}) not sent: the provider takes no {kind}]"
     return f"[image {ref.artifact_id} ({ref.mime_type}) sent by reference only]"
 
 

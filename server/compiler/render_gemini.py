@@ -8,16 +8,21 @@
   the keys the API documents.
 - Tool schemas go verbatim as `parametersJsonSchema` (full JSON Schema): `parameters`
   takes only an OpenAPI subset that refuses common keys such as `$schema`.
+- No part is an empty text (the API refuses "an empty text parameter"); call names as
+  every API takes them (`call_name`), in the call and its response alike.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from server.compiler.render_anthropic import merge_turns
+from server.compiler.provider_rules import OPENER
+from server.compiler.render_anthropic import merge_turns, opened_turns
 from server.compiler.render_common import (
+    GEMINI_IMAGES,
     JSON,
     args_object,
+    call_name,
     image_note,
     inline_image,
     output_cap,
@@ -33,7 +38,7 @@ def _response(m: ViewMessage, names: Mapping[str, str]) -> JSON:
     return {
         "functionResponse": {
             "id": m.tool_call_id,
-            "name": names.get(m.tool_call_id, m.tool_name or "tool"),
+            "name": call_name(names.get(m.tool_call_id, m.tool_name or "tool")),
             "response": {key: text_of(m)},
         }
     }
@@ -68,7 +73,7 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 {
                     "functionCall": {
                         "id": c.call_id,
-                        "name": c.name,
+                        "name": call_name(c.name),
                         "args": args_object(c.arguments_json),
                     }
                 }
@@ -79,14 +84,17 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             parts = []
             for p in m.parts:
                 if p.text is not None:
-                    parts.append({"text": p.text})
-                elif (img := inline_image(p, data)) is not None:
+                    if p.text:
+                        parts.append({"text": p.text})
+                elif (img := inline_image(p, data, GEMINI_IMAGES)) is not None:
                     parts.append({"inlineData": {"mimeType": img[0], "data": img[1]}})
                 else:
-                    parts.append({"text": image_note(p)})
+                    parts.append({"text": image_note(p, GEMINI_IMAGES)})
             turns.append(("user", parts))
     body: JSON = {
-        "contents": [{"role": r, "parts": p} for r, p in merge_turns(turns)],
+        "contents": [
+            {"role": r, "parts": p} for r, p in opened_turns(merge_turns(turns), {"text": OPENER})
+        ],
         "generationConfig": {"maxOutputTokens": output_cap(view)},
     }
     if view.system_prompt:

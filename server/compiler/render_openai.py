@@ -1,15 +1,26 @@
 """OpenAI Chat Completions and Responses bodies, shaped as the official SDKs' request
-params (`CompletionCreateParamsNonStreaming`, `ResponseCreateParamsNonStreaming`)."""
+params (`CompletionCreateParamsNonStreaming`, `ResponseCreateParamsNonStreaming`).
+
+- Call names as every API takes them (`render_common.call_name`).
+- Chat refuses a `tool_calls[].id` over 40 characters (`string_above_max_length`): a
+  longer id (a Responses `fc_...` item id is 53) is sent as its first 27 characters,
+  `_` and 12 hex digits of its sha256, the same in the call and its result.
+- An assistant message with neither text nor calls (a step whose only text was empty)
+  is left out of Chat, which refuses one; Responses sends no item for it anyway.
+"""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from server.compiler.render_common import (
     JSON,
+    OPENAI_IMAGES,
     args_text,
     cache_key,
+    call_name,
     image_note,
     inline_image,
     output_cap,
@@ -19,6 +30,14 @@ from server.compiler.render_common import (
 from server.compiler.view import CompiledView
 from server.domain.model import Role
 
+MAX_CHAT_CALL_ID = 40
+
+
+def chat_call_id(call_id: str) -> str:
+    if len(call_id) <= MAX_CHAT_CALL_ID:
+        return call_id
+    return f"{call_id[:27]}_{hashlib.sha256(call_id.encode()).hexdigest()[:12]}"
+
 
 def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     messages: list[JSON] = []
@@ -26,16 +45,27 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         messages.append({"role": "system", "content": view.system_prompt})
     for m in view.messages:
         if m.role is Role.TOOL:
-            messages.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": text_of(m)})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": chat_call_id(m.tool_call_id),
+                    "content": text_of(m),
+                }
+            )
             continue
         if m.role is Role.ASSISTANT:
+            if not text_of(m) and not m.tool_calls:
+                continue
             msg: JSON = {"role": "assistant", "content": text_of(m) or None}
             if m.tool_calls:
                 msg["tool_calls"] = [
                     {
-                        "id": c.call_id,
+                        "id": chat_call_id(c.call_id),
                         "type": "function",
-                        "function": {"name": c.name, "arguments": args_text(c.arguments_json)},
+                        "function": {
+                            "name": call_name(c.name),
+                            "arguments": args_text(c.arguments_json),
+                        },
                     }
                     for c in m.tool_calls
                 ]
@@ -46,12 +76,12 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         for p in m.parts:
             if p.text is not None:
                 parts.append({"type": "text", "text": p.text})
-            elif (img := inline_image(p, data)) is not None and role == "user":
+            elif (img := inline_image(p, data, OPENAI_IMAGES)) is not None and role == "user":
                 parts.append(
                     {"type": "image_url", "image_url": {"url": f"data:{img[0]};base64,{img[1]}"}}
                 )
             else:
-                parts.append({"type": "text", "text": image_note(p)})
+                parts.append({"type": "text", "text": image_note(p, OPENAI_IMAGES)})
         only_text = all(p["type"] == "text" for p in parts)
         content: Any = "\n".join(p["text"] for p in parts) if only_text else parts
         messages.append({"role": role, "content": content})
@@ -94,7 +124,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 {
                     "type": "function_call",
                     "call_id": c.call_id,
-                    "name": c.name,
+                    "name": call_name(c.name),
                     "arguments": args_text(c.arguments_json),
                 }
                 for c in m.tool_calls
@@ -104,7 +134,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         for p in m.parts:
             if p.text is not None:
                 content.append({"type": "input_text", "text": p.text})
-            elif (img := inline_image(p, data)) is not None:
+            elif (img := inline_image(p, data, OPENAI_IMAGES)) is not None:
                 content.append(
                     {
                         "type": "input_image",
@@ -113,7 +143,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     }
                 )
             else:
-                content.append({"type": "input_text", "text": image_note(p)})
+                content.append({"type": "input_text", "text": image_note(p, OPENAI_IMAGES)})
         role = "developer" if m.role is Role.SYSTEM else "user"
         items.append({"type": "message", "role": role, "content": content})
     body: JSON = {

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
+from server.compiler.render_common import FUNCTION_NAME
 from server.compiler.textscan import (
     MAX_PATTERN_CHARS,
     LineSearch,
@@ -24,8 +24,9 @@ from server.service.blocking import Blocking
 from server.service.lanes import PendingWork
 from server.service.ports import EventStore
 
-# Names the providers accept for functions (OpenAI's rule is the strictest).
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Names every provider accepts for functions: OpenAI's and Anthropic's characters and
+# length, and Gemini's first character (a letter or an underscore).
+_NAME = FUNCTION_NAME
 # Search keywords are words: each short, and a tool's together no longer than a
 # description may be. The registry is read by every compile and kept outside the
 # session's byte quota, so nothing in a definition may grow without a bound.
@@ -80,7 +81,10 @@ def _depth(value: object, limit: int) -> int:
 def check_tool(i: int, spec: ToolSpec, limits: ToolLimits = ToolLimits()) -> None:
     field = f"tools[{i}]"
     if not _NAME.fullmatch(spec.name):
-        raise invalid(f"{field}.name", "tool names are 1-64 characters of [A-Za-z0-9_-]")
+        raise invalid(
+            f"{field}.name",
+            "tool names are 1-64 characters of [A-Za-z0-9_-], the first a letter or '_'",
+        )
     if spec.name in RESERVED:
         raise invalid(f"{field}.name", f"{spec.name} is a built-in tool of ctxcc")
     if len(spec.description) > limits.max_description_chars:
@@ -112,6 +116,10 @@ def check_tool(i: int, spec: ToolSpec, limits: ToolLimits = ToolLimits()) -> Non
         raise invalid(f"{field}.input_schema_json", "input_schema_json is not valid JSON") from None
     if not isinstance(schema, dict):
         raise invalid(f"{field}.input_schema_json", "input_schema_json must be a JSON object")
+    if schema.get("type", "object") != "object":
+        # A tool's input is an object for every provider (OpenAI refuses other
+        # parameters, Anthropic's input_schema.type is "object").
+        raise invalid(f"{field}.input_schema_json", 'the schema\'s type must be "object"')
     if _depth(schema, limits.max_schema_depth) > limits.max_schema_depth:
         raise invalid(
             f"{field}.input_schema_json",

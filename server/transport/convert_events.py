@@ -187,6 +187,10 @@ def payload_in(ev: event_pb2.Event, field: str) -> Payload:
             if m2.role not in {int(r) for r in Role}:
                 raise invalid(f"{field}.imported_message.role", "role must be set")
             parts = parts_in(list(m2.parts), f"{field}.imported_message.parts")
+            if not _has_text(parts):
+                # As a user message: with nothing in it, a view of only imports would
+                # send no message at all, which every provider refuses.
+                raise invalid(f"{field}.imported_message", "an imported message needs content")
             return ImportedMessage(m2.origin_session_id, m2.origin_seq, Role(m2.role), parts)
         case "attachment":
             return Attachment(artifact_in(ev.attachment, f"{field}.attachment"))

@@ -1,0 +1,402 @@
+"""Rendered bodies sent through the providers' own SDK clients (see sdk_fuzz): a seeded
+set of generated sessions, and each defect that set found, minimized, as a case of its
+own."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import event_pb2, session_pb2, tool_pb2
+from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import tool_service_pb2 as tpb
+from server.app import Daemon
+from tests.conformance import sdk_fuzz
+from tests.conformance.corpus import FORMATS
+from tests.conftest import Stubs, make_config, stubs_for
+from tests.helpers import ROUTE, assistant, error_info, tool_result, user
+
+# Generated sessions per run: each compiled in all four formats and sent through the
+# four SDK calls (exploring found every defect below within the first 150 of seed 2).
+GENERATED = 60
+
+
+@pytest.fixture
+async def api(short_tmp: Path) -> AsyncIterator[Stubs]:
+    daemon = Daemon(make_config(short_tmp / "data"))
+    await daemon.start()
+    stubs = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        yield stubs
+    finally:
+        await stubs.channel.close()
+        await daemon.stop()
+
+
+async def _bodies(
+    api: Stubs, sid: str, *events: event_pb2.Event, **kw: Any
+) -> dict[str, dict[str, Any]]:
+    tools = kw.pop("tools", None)
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    if tools:
+        await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id=sid, tools=tools))
+    for ev in events:
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
+    return await _compile(api, sid, **kw)
+
+
+async def _compile(api: Stubs, sid: str, **kw: Any) -> dict[str, dict[str, Any]]:
+    req = cpb.CompileRequest(
+        session_id=sid, route=ROUTE, render_formats=list(FORMATS.values()), **kw
+    )
+    view = (await api.compiles.Compile(req)).view
+    out = {}
+    for r in view.renderings:
+        fmt = next(k for k, v in FORMATS.items() if v == r.format)
+        out[fmt] = json.loads(r.body_json)
+    return out
+
+
+def _sent_clean(bodies: dict[str, dict[str, Any]]) -> None:
+    """Each body goes through its SDK call unchanged and keeps the API's rules."""
+    problems = sdk_fuzz.check(sdk_fuzz.Outcome("case", bodies, []))
+    assert not problems, "\n".join(problems)
+
+
+async def test_generated_sessions_pass_the_sdks_and_the_api_rules(api: Stubs) -> None:
+    found: dict[str, list[str]] = {}
+    kinds: set[str] = set()
+    for i in range(GENERATED):
+        p = sdk_fuzz.plan(random.Random(7_000 + i), f"g{i}")
+        kinds |= {str(s.WhichOneof("payload")) for s in p.steps if isinstance(s, event_pb2.Event)}
+        outcome = await sdk_fuzz.run(api, p)
+        assert set(outcome.bodies) == set(FORMATS)
+        for problem in sdk_fuzz.check(outcome):
+            found.setdefault(problem, []).append(p.sid)
+    assert not found, json.dumps(found, indent=1, ensure_ascii=False)[:6000]
+    # The seeds reach every kind of event the generator writes.
+    assert kinds >= {
+        "user_message",
+        "assistant_message",
+        "tool_result",
+        "imported_message",
+        "turn_started",
+        "turn_cancelled",
+        "tool_call",
+        "browser_element",
+    }, kinds
+
+
+def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
+    """Each rule check fails on a body breaking the rule it stands for."""
+    call = {"id": "c" * 41, "type": "function", "function": {"name": "a.b", "arguments": "{}"}}
+    chat = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c" * 41, "content": "x"},
+            {"role": "assistant", "content": None},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+    }
+    errors = " | ".join(sdk_fuzz.rule_errors("openai_chat", chat))
+    for expected in ("over 40", "call name 'a.b'", "neither content", "not type object"):
+        assert expected in errors, (expected, errors)
+    anthropic: dict[str, list[dict[str, Any]]] = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": " "}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "done \n"}]},
+        ]
+    }
+    errors = " | ".join(sdk_fuzz.rule_errors("anthropic_messages", anthropic))
+    assert "whitespace only" in errors and "ends with whitespace" in errors, errors
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": ""}}
+    anthropic["messages"][0]["content"].append(image)
+    assert "image of type image/bmp" in " ".join(
+        sdk_fuzz.rule_errors("anthropic_messages", anthropic)
+    )
+    gemini = {
+        "contents": [
+            {"role": "user", "parts": [{"text": ""}]},
+            {"role": "model", "parts": [{"functionCall": {"id": "1", "name": "9x", "args": {}}}]},
+            {
+                "role": "user",
+                "parts": [{"functionResponse": {"id": "1", "name": "9x", "response": {}}}],
+            },
+        ],
+        "tools": [{"functionDeclarations": [{"name": "-f"}]}],
+    }
+    errors = " | ".join(sdk_fuzz.rule_errors("gemini", gemini))
+    for expected in ("empty text part", "functionCall name '9x'", "declaration name '-f'"):
+        assert expected in errors, (expected, errors)
+
+
+async def test_a_hallucinated_call_name_is_sent_as_a_name_every_api_takes(api: Stubs) -> None:
+    """Models call tools that do not exist (`functions.Read`, `Read tool`); the log keeps
+    what they said, and OpenAI refuses such a name in the history ('string does not
+    match pattern ^[a-zA-Z0-9_-]+$'), as Gemini does one not starting with a letter."""
+    bodies = await _bodies(
+        api,
+        "names",
+        user("Open it."),
+        assistant(
+            "",
+            ("c1", "functions.Read", '{"path": "a"}'),
+            ("c2", "Read tool", "{}"),
+            ("c3", "7zip", "{}"),
+            ("c4", "読む", "{}"),
+        ),
+        tool_result("c1", "a", "functions.Read"),
+        tool_result("c2", "b", "Read tool"),
+        tool_result("c3", "c", "7zip"),
+        tool_result("c4", "d", "読む"),
+    )
+    _sent_clean(bodies)
+    names = ["functions_Read", "Read_tool", "_7zip", "__"]  # 読む: two characters
+    chat = bodies["openai_chat"]["messages"][2]["tool_calls"]
+    assert [c["function"]["name"] for c in chat] == names
+    assert [i["name"] for i in bodies["openai_responses"]["input"][1:5]] == names
+    uses = bodies["anthropic_messages"]["messages"][1]["content"]
+    assert [b["name"] for b in uses] == names
+    contents = bodies["gemini"]["contents"]
+    assert [p["functionCall"]["name"] for p in contents[1]["parts"]] == names
+    assert [p["functionResponse"]["name"] for p in contents[2]["parts"]] == names
+
+
+async def test_tool_definitions_every_api_takes(api: Stubs) -> None:
+    """Names must start with a letter or '_' for Gemini; a schema's type must be object
+    (OpenAI: 'schema must be a JSON Schema of type: "object"'; Anthropic requires
+    input_schema.type), and one that names no type is sent with it."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="defs"))
+    )
+    for name, schema in (("7zip", "{}"), ("-x", "{}"), ("ok", '{"type": "string"}')):
+        tool = tool_pb2.ToolDefinition(name=name, description="d", input_schema_json=schema)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id="defs", tools=[tool]))
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+        assert error_info(exc.value).reason == "INVALID_FIELD", name
+    untyped = {"properties": {"q": {"type": "string"}}, "required": ["q"]}
+    tools = [
+        tool_pb2.ToolDefinition(name="_q", description="d", input_schema_json=json.dumps(untyped)),
+        tool_pb2.ToolDefinition(name="A" * 64, description="", input_schema_json="{}"),
+    ]
+    bodies = await _bodies(api, "defs2", user("go"), tools=tools)
+    _sent_clean(bodies)
+    want = {"type": "object", **untyped}
+
+    def named(tools: list[dict[str, Any]]) -> dict[str, Any]:
+        return next(t for t in tools if t.get("name", t.get("function", {}).get("name")) == "_q")
+
+    assert named(bodies["openai_chat"]["tools"])["function"]["parameters"] == want
+    assert named(bodies["openai_responses"]["tools"])["parameters"] == want
+    assert named(bodies["anthropic_messages"]["tools"])["input_schema"] == want
+    decls = bodies["gemini"]["tools"][0]["functionDeclarations"]
+    assert named(decls)["parametersJsonSchema"] == want
+
+
+async def test_images_of_a_type_the_provider_refuses_are_notes(api: Stubs) -> None:
+    """The upload takes any image/* type; each API takes only some (OpenAI and Anthropic
+    PNG, JPEG, GIF, WebP; Gemini PNG, JPEG, WebP, HEIC, HEIF)."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="img"))
+    )
+    ev = user("What are these?")
+    for i, mime in enumerate(["image/svg+xml", "image/gif", "image/heic"]):
+        ev.user_message.parts.add(attachment=await sdk_fuzz._upload(api, "img", mime, i))
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="img", events=[ev]))
+    bodies = await _compile(api, "img")
+    _sent_clean(bodies)
+    for fmt in ("openai_chat", "openai_responses"):
+        text = json.dumps(bodies[fmt])
+        assert "data:image/gif;base64" in text, fmt
+        assert "data:image/svg+xml" not in text and "data:image/heic" not in text, fmt
+    blocks = bodies["anthropic_messages"]["messages"][0]["content"]
+    assert [b["source"]["media_type"] for b in blocks if b["type"] == "image"] == ["image/gif"]
+    parts = bodies["gemini"]["contents"][0]["parts"]
+    assert [p["inlineData"]["mimeType"] for p in parts if "inlineData" in p] == ["image/heic"]
+    for fmt, b in bodies.items():
+        note = "(image/svg+xml) not sent: the provider takes no image/svg+xml"
+        assert note in json.dumps(b), fmt
+
+
+async def test_an_image_the_assistant_drew_is_a_note_in_every_body(api: Stubs) -> None:
+    """The view holds an assistant message's image (and counts it); every renderer sent
+    only the message's text, so the image vanished from each body without a note."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="drew"))
+    )
+    ref = await sdk_fuzz._upload(api, "drew", "image/png", 1)
+    drew = assistant("Here is the diagram:")
+    drew.assistant_message.parts.add(attachment=ref)
+    events = [user("Draw it."), drew, user("Thanks.")]
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="drew", events=events))
+    bodies = await _compile(api, "drew")
+    _sent_clean(bodies)
+    note = f"[image {ref.artifact_id} (image/png) not sent: an assistant turn carries no images]"
+    want = "Here is the diagram:\n" + note
+    assert bodies["openai_chat"]["messages"][2] == {"role": "assistant", "content": want}
+    assert bodies["openai_responses"]["input"][1]["content"] == want
+    assert bodies["anthropic_messages"]["messages"][1]["content"] == [
+        {"type": "text", "text": want}
+    ]
+    assert bodies["gemini"]["contents"][1]["parts"] == [{"text": want}]
+
+
+async def test_gemini_gets_no_empty_text_part(api: Stubs) -> None:
+    """'Unable to submit request because it has an empty text parameter': a user message
+    may hold an empty text part beside another part."""
+    ev = user("")
+    ev.user_message.parts.add(text="look")
+    bodies = await _bodies(api, "empty", ev)
+    _sent_clean(bodies)
+    assert bodies["gemini"]["contents"][0]["parts"] == [{"text": "look"}]
+
+
+async def test_a_step_with_only_an_empty_text_leaves_no_chat_message(api: Stubs) -> None:
+    """OpenAI Chat refuses an assistant message with neither content nor tool_calls."""
+    step = assistant("", reasoning="thinking")
+    step.assistant_message.parts.add(text="")
+    bodies = await _bodies(api, "blank", user("hi"), step, user("again"))
+    _sent_clean(bodies)
+    assert [m["role"] for m in bodies["openai_chat"]["messages"]] == ["system", "user", "user"]
+
+
+async def test_a_final_assistant_turn_ends_without_whitespace_for_anthropic(api: Stubs) -> None:
+    """'final assistant content cannot end with trailing whitespace' (a view ending with
+    the assistant is a prefill)."""
+    bodies = await _bodies(api, "prefill", user("hi"), assistant("Done. \n"))
+    _sent_clean(bodies)
+    last = bodies["anthropic_messages"]["messages"][-1]
+    assert last == {"role": "assistant", "content": [{"type": "text", "text": "Done."}]}
+    # Other formats send the text as it is.
+    assert bodies["openai_chat"]["messages"][-1]["content"] == "Done. \n"
+
+
+async def test_chat_call_ids_fit_forty_characters(api: Stubs) -> None:
+    """Chat refuses a tool_calls id over 40 characters ('string_above_max_length'); a
+    Responses item id is 53. The call and its result keep the same shortened id."""
+    long_id = "fc_" + "0123456789abcdef" * 3
+    bodies = await _bodies(
+        api, "ids", user("go"), assistant("", (long_id, "Read", "{}")), tool_result(long_id, "ok")
+    )
+    _sent_clean(bodies)
+    msgs = bodies["openai_chat"]["messages"]
+    sent_id = msgs[2]["tool_calls"][0]["id"]
+    assert len(sent_id) == 40 and sent_id.startswith(long_id[:27])
+    assert msgs[3]["tool_call_id"] == sent_id
+    # Responses and Gemini take the id as it is.
+    assert bodies["openai_responses"]["input"][1]["call_id"] == long_id
+
+
+async def test_a_whitespace_only_first_message_leaves_the_user_first(api: Stubs) -> None:
+    """Anthropic refuses whitespace-only text, so a first user message of only that is
+    dropped; the body then opened with the assistant's turn (a restored call for an
+    orphan result here), which the API refuses."""
+    bodies = await _bodies(api, "ws", user(" \n"), tool_result("orphan", "late", "Read"))
+    _sent_clean(bodies)
+    first = bodies["anthropic_messages"]["messages"][0]
+    assert first == {
+        "role": "user",
+        "content": [{"type": "text", "text": "(conversation continues)"}],
+    }
+    assert bodies["anthropic_messages"]["messages"][1]["role"] == "assistant"
+
+
+async def test_an_empty_tool_result_is_one_anthropic_takes(api: Stubs) -> None:
+    """Anthropic refuses an empty tool_result content ("content field is empty"), and an
+    empty one on a failed call ("content cannot be empty if is_error is true")."""
+    failed = tool_result("c2", " \n", "Bash")
+    failed.tool_result.is_error = True
+    bodies = await _bodies(
+        api,
+        "quiet",
+        user("go"),
+        assistant("", ("c1", "Bash", '{"command": "true"}'), ("c2", "Bash", "{}")),
+        tool_result("c1", "", "Bash"),
+        failed,
+    )
+    _sent_clean(bodies)
+    results = bodies["anthropic_messages"]["messages"][2]["content"]
+    assert results == [
+        {"type": "tool_result", "tool_use_id": "c1", "is_error": False},
+        {
+            "type": "tool_result",
+            "tool_use_id": "c2",
+            "content": "(the tool failed with no output)",
+            "is_error": True,
+        },
+    ]
+
+
+async def test_lone_surrogate_escapes_reach_the_sdks_encodable(api: Stubs) -> None:
+    """JSON may escape a lone surrogate; parsed, it is a character no UTF-8 holds, and
+    the openai and anthropic clients raised UnicodeEncodeError sending the body. Parsed
+    values carry U+FFFD for it (as counting does); arguments sent as text keep the text."""
+    lone = '{"type": "object", "description": "\\ud800 half", "properties": {}}'
+    tools = [tool_pb2.ToolDefinition(name="Odd", description="d", input_schema_json=lone)]
+    args = '{"path": "\\udc00\\ud800.txt"}'
+    bodies = await _bodies(
+        api,
+        "lone",
+        user("Open it."),
+        assistant("", ("s1", "Odd", args)),
+        tool_result("s1", "ok", "Odd"),
+        tools=tools,
+    )
+    _sent_clean(bodies)
+    schema = bodies["anthropic_messages"]["tools"][0]["input_schema"]
+    assert schema["description"] == "\ufffd half"
+    assert bodies["openai_chat"]["tools"][0]["function"]["parameters"] == schema
+    assert bodies["anthropic_messages"]["messages"][1]["content"][0]["input"] == {
+        "path": "\ufffd\ufffd.txt"
+    }
+    assert bodies["gemini"]["contents"][1]["parts"][0]["functionCall"]["args"] == {
+        "path": "\ufffd\ufffd.txt"
+    }
+    assert bodies["openai_chat"]["messages"][2]["tool_calls"][0]["function"]["arguments"] == args
+
+
+async def test_an_imported_message_without_content_is_refused(api: Stubs) -> None:
+    """A log of only an empty import compiled to bodies with no message at all, which
+    every API refuses (Gemini: 'contents are required'; Anthropic needs a first user
+    turn)."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="imp"))
+    )
+    ev = event_pb2.Event(
+        imported_message=event_pb2.ImportedMessage(
+            origin_session_id="other", origin_seq=1, role=event_pb2.MESSAGE_ROLE_USER
+        )
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="imp", events=[ev]))
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info(exc.value).reason == "INVALID_FIELD"
+    ev.imported_message.parts.add(text="hello")
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="imp", events=[ev]))
+
+
+def test_the_sdk_call_sends_the_body_as_rendered() -> None:
+    """The SDK round trip is real: the recorded request is what the SDK serialized, and a
+    body the SDK cannot serialize fails."""
+    body: dict[str, Any] = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+    }
+    assert sdk_fuzz.send("anthropic_messages", body) == body
+    broken = copy.deepcopy(body)
+    broken["messages"][0]["content"] = object()
+    with pytest.raises(TypeError):
+        sdk_fuzz.send("anthropic_messages", broken)
