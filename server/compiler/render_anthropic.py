@@ -13,7 +13,8 @@
   empty one ("content field is empty"), and a failed call's result must have some
   ("content cannot be empty if is_error is true"): EMPTY_ERROR says so.
 - Whitespace-only text is dropped (the API refuses such blocks); a body that would then
-  open with the assistant opens with the view's own opener text, as the view does.
+  open with the assistant, or hold no message at all, opens with the view's own opener
+  text, as the view does.
 - A body ending with an assistant turn (a prefill) has no trailing whitespace at its
   end: the API refuses "final assistant content cannot end with trailing whitespace".
 """
@@ -144,6 +145,9 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     blocks.append({"type": "text", "text": image_note(p, ANTHROPIC_IMAGES)})
             turns.append(("user", blocks))
     merged = opened_turns(merge_turns(turns), {"type": "text", "text": OPENER})
+    if not merged and view.messages:
+        # Every message was whitespace-only text: a body needs one message.
+        merged = [("user", [{"type": "text", "text": OPENER}])]
     if merged and merged[-1][0] == "assistant":
         _without_trailing_whitespace(merged)
     for role, blocks in merged:

@@ -311,6 +311,12 @@ async def test_a_whitespace_only_first_message_leaves_the_user_first(api: Stubs)
         "content": [{"type": "text", "text": "(conversation continues)"}],
     }
     assert bodies["anthropic_messages"]["messages"][1]["role"] == "assistant"
+    # A log whose only message is whitespace (an ideographic space here) left no message.
+    bodies = await _bodies(api, "ws2", user("\u3000"))
+    _sent_clean(bodies)
+    assert bodies["anthropic_messages"]["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "(conversation continues)"}]}
+    ]
 
 
 async def test_an_empty_tool_result_is_one_anthropic_takes(api: Stubs) -> None:
