@@ -31,6 +31,7 @@ from server.compiler.prompt_memo import (
     section_text_digests,
     system_prompt,
 )
+from server.compiler.render import RENDERING
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, matches_paths
 from server.compiler.system import (
@@ -108,6 +109,8 @@ class CompileInputs:
     # How the log is projected (projection.PROJECTION): a rebuild projects as the daemon
     # that recorded the compile did.
     projection: int = PROJECTION
+    # How provider bodies are rendered (render.RENDERING): likewise.
+    rendering: int = RENDERING
 
 
 def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
@@ -445,6 +448,7 @@ def compile_incremental(
         + _window_notes(inputs),
         basis=basis,
         compaction=compaction,
+        rendering=inputs.rendering,
     )
     next_memo = run.memo
     if next_memo is not None and (

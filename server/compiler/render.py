@@ -18,6 +18,9 @@ import enum
 import json
 from collections.abc import Callable, Mapping
 
+from server.compiler.render0 import anthropic as anthropic0
+from server.compiler.render0 import gemini as gemini0
+from server.compiler.render0 import openai as openai0
 from server.compiler.render_anthropic import anthropic_messages
 from server.compiler.render_common import JSON
 from server.compiler.render_gemini import gemini
@@ -33,18 +36,33 @@ class RenderFormat(enum.IntEnum):
     GEMINI = 4
 
 
-RENDERERS: dict[RenderFormat, Callable[[CompiledView, Mapping[str, bytes]], JSON]] = {
+Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
+
+# The version of the bodies a compile renders, recorded in its basis: a rebuild of a
+# recorded compile renders as that compile did (exact time travel; compiles recorded
+# before the version was kept are version 0). 1: bodies the providers' SDKs and API
+# rules take (see render0 for what version 0 sent).
+RENDERING = 1
+
+RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,
     RenderFormat.OPENAI_RESPONSES: openai_responses,
     RenderFormat.ANTHROPIC_MESSAGES: anthropic_messages,
     RenderFormat.GEMINI: gemini,
+}
+RENDERERS_0: dict[RenderFormat, Renderer] = {
+    RenderFormat.OPENAI_CHAT: openai0.openai_chat,
+    RenderFormat.OPENAI_RESPONSES: openai0.openai_responses,
+    RenderFormat.ANTHROPIC_MESSAGES: anthropic0.anthropic_messages,
+    RenderFormat.GEMINI: gemini0.gemini,
 }
 
 
 def render_body(
     view: CompiledView, fmt: RenderFormat, data: Mapping[str, bytes] | None = None
 ) -> JSON:
-    return RENDERERS[fmt](view, data or {})
+    """The body as the view's rendering version makes it."""
+    return (RENDERERS if view.rendering >= 1 else RENDERERS_0)[fmt](view, data or {})
 
 
 def render(view: CompiledView, fmt: RenderFormat, data: Mapping[str, bytes] | None = None) -> str:

@@ -195,3 +195,6 @@ class CompiledView:
     notes: tuple[str, ...] = ()
     # How the estimate was made; the service stores it with the compile record.
     basis: EstimateBasis | None = None
+    # The rendering version its provider bodies are made with (render.RENDERING, or a
+    # recorded compile's when it is rebuilt): not part of the view sent.
+    rendering: int = 1

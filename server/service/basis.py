@@ -78,6 +78,9 @@ class CompileBasis:
     # projection.PROJECTION of the daemon that recorded it; bases stored before it was
     # kept were projected the first way (0: only attachments' and user messages' images).
     projection: int = 0
+    # render.RENDERING of the daemon that recorded it; bases stored before it was kept
+    # were rendered the first way (0: render0).
+    rendering: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ def basis_of(
         requested_max_output=inputs.requested_max_output,
         counting=inputs.counting,
         projection=inputs.projection,
+        rendering=inputs.rendering,
     )
     digest = digest_of(basis)
     parts.append((digest, basis))

@@ -18,6 +18,7 @@ from server.compiler.budget import ModelLimits
 from server.compiler.compile import CompileInputs
 from server.compiler.projection import PROJECTION, ImagePolicy
 from server.compiler.projection_memo import ProjectionMemo
+from server.compiler.render import RENDERING
 from server.compiler.route_model import counter_kind
 from server.compiler.sources import SourceInputs
 from server.compiler.system import EnvironmentInfo
@@ -189,6 +190,7 @@ class InputAssembler:
             requested_max_output=b.requested_max_output,
             counting=counting_of(old, record),
             projection=b.projection,
+            rendering=b.rendering,
             tools=old.tools,
             activated_tools=b.activated_tools,
             checkpoint=history.checkpoint,
@@ -280,6 +282,7 @@ class InputAssembler:
             # A recorded step's view again: counted as the daemon that recorded it did.
             counting=counting_of(old, record),
             projection=old.basis.projection if old is not None else PROJECTION,
+            rendering=old.basis.rendering if old is not None else RENDERING,
             tools=history.tools,
             activated_tools=history.activated,
             checkpoint=history.checkpoint,

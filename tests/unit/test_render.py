@@ -12,7 +12,7 @@ from typing import Any
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.projection import ImagePolicy
 from server.compiler.provider_rules import OPENER
-from server.compiler.render import RenderFormat, render
+from server.compiler.render import RENDERING, RenderFormat, render
 from server.domain.model import (
     ArtifactRef,
     AssistantMessage,
@@ -34,7 +34,7 @@ DATA = {"a1": b"\x89PNG"}
 SCHEMA = '{"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}'
 
 
-def view(*payloads: Any) -> Any:
+def view(*payloads: Any, existing: tuple[tuple[str, int], ...] = (("a1", 4),)) -> Any:
     events = tuple(Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads))
     inputs = CompileInputs(
         "s:1",
@@ -43,7 +43,7 @@ def view(*payloads: Any) -> Any:
         len(events),
         Route(model="m"),
         tools=(ToolSpec("read", "Read a file", SCHEMA),),
-        images=ImagePolicy(existing=(("a1", 4),)),
+        images=ImagePolicy(existing=existing),
     )
     return compile_view(inputs, WordCounter())
 
@@ -179,3 +179,32 @@ def test_bodies_are_deterministic_and_images_by_reference_are_explained() -> Non
         assert render(V, fmt, DATA) == render(V, fmt, DATA)
         text = render(replace(V), fmt, {})  # no bytes: the reference is stated, not dropped
         assert "sent by reference only" in text
+
+
+def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
+    """Exact time travel: a compile recorded at rendering version 0 is rebuilt with the
+    bodies it was given (render0, frozen), also where version 1 sends other bytes (a call
+    name no API takes, an empty tool result, an image type the provider refuses); a new
+    compile renders at render.RENDERING, which its inputs carry to the view."""
+    svg = ArtifactRef("a2", "image/svg+xml", 4, "e" * 64, 10, 10)
+    v = view(
+        UserMessage((ContentPart(text="see"), ContentPart(attachment=svg))),
+        AssistantMessage((), (ToolCall("c1", "functions.Read", '{"path": "a.py"}'),)),
+        ToolResult("c1", "functions.Read", text=""),
+        existing=(("a2", 4),),
+    )
+    assert v.rendering == RENDERING == 1
+    data = {**DATA, "a2": b"<svg/>"}
+    now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
+    then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
+    assert then != now
+    call_then, call_now = then["messages"][1]["content"][0], now["messages"][1]["content"][0]
+    assert (call_then["name"], call_now["name"]) == ("functions.Read", "functions_Read")
+    result_then, result_now = then["messages"][2]["content"][0], now["messages"][2]["content"][0]
+    assert result_then["content"] == "" and "content" not in result_now
+    image_then, image_now = then["messages"][0]["content"][1], now["messages"][0]["content"][1]
+    assert image_then["type"] == "image"
+    assert image_now == {
+        "type": "text",
+        "text": "[image a2 (image/svg+xml) not sent: the provider takes no image/svg+xml]",
+    }
