@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
 )
@@ -87,21 +88,38 @@ func (c *Client) DownloadArtifact(ctx context.Context, sessionID, artifactID str
 
 // Watch calls fn with each update of a session after afterSeq until fn returns false or ctx
 // ends. After a daemon restart it reopens from the last event it delivered, so no event is
-// delivered twice or skipped.
+// delivered twice or skipped. A session deleted (and perhaps made again under its id) while
+// the watch was away ends it with NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the
+// reopened watch asks for the last event it delivered again, and a log without that very
+// event (its id and time) is another session's, never followed as if it went on.
 func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, fn func(*ctxccv1.WatchSessionResponse) bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	deadline := time.Now().Add(c.RetryFor)
 	pause := 50 * time.Millisecond
+	var last *ctxccv1.Event // the last event delivered
 	for {
-		w, err := c.Sessions.WatchSession(ctx, &ctxccv1.WatchSessionRequest{SessionId: sessionID, AfterSeq: afterSeq})
+		// From the second call on, start one event early: the first event answered must be
+		// the one delivered last, or the log is no longer the one watched.
+		anchor, start := last, afterSeq
+		if anchor != nil {
+			start = afterSeq - 1
+		}
+		w, err := c.Sessions.WatchSession(ctx, &ctxccv1.WatchSessionRequest{SessionId: sessionID, AfterSeq: start})
 		for err == nil {
 			var msg *ctxccv1.WatchSessionResponse
 			if msg, err = w.Recv(); err != nil {
 				break
 			}
+			if anchor != nil {
+				if !sameEvent(msg.GetEvent(), anchor) {
+					return sessionGone(sessionID)
+				}
+				anchor = nil
+				continue
+			}
 			if ev := msg.GetEvent(); ev != nil {
-				afterSeq = ev.GetSeq()
+				afterSeq, last = ev.GetSeq(), ev
 			}
 			deadline, pause = time.Now().Add(c.RetryFor), 50*time.Millisecond
 			if !fn(msg) {
@@ -110,6 +128,9 @@ func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, f
 		}
 		if err == io.EOF {
 			return nil
+		}
+		if e, ok := AsError(err); ok && anchor != nil && e.Reason == "SEQ_OUT_OF_RANGE" {
+			return sessionGone(sessionID) // a shorter log: another one
 		}
 		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
 			return wrap(err)
@@ -120,6 +141,21 @@ func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, f
 		case <-time.After(pause):
 		}
 		pause = min(2*pause, maxPause)
+	}
+}
+
+// sameEvent: the same event of the same log (its seq, its id, the time the daemon wrote it).
+func sameEvent(got, want *ctxccv1.Event) bool {
+	return got != nil && got.GetSeq() == want.GetSeq() && got.GetEventId() == want.GetEventId() &&
+		proto.Equal(got.GetCreateTime(), want.GetCreateTime())
+}
+
+func sessionGone(sessionID string) error {
+	return &Error{
+		Code:     codes.NotFound,
+		Reason:   "SESSION_NOT_FOUND",
+		Message:  fmt.Sprintf("session %q was deleted while the watch was reconnecting", sessionID),
+		Metadata: map[string]string{"session_id": sessionID},
 	}
 }
 

@@ -192,24 +192,66 @@ class AsyncClient:
         self, session_id: str, after_seq: int = 0
     ) -> AsyncIterator[session_service_pb2.WatchSessionResponse]:
         """Updates of a session after `after_seq`; reopens after a daemon restart from the
-        last event it delivered, so no event is delivered twice or skipped."""
+        last event it delivered, so no event is delivered twice or skipped. A session
+        deleted (and perhaps made again under its id) while the watch was away ends it with
+        NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the reopened watch asks for
+        the last event it delivered again, and a log without that very event (its id and
+        time) is another session's, never followed as if it went on."""
         stub: Any = self._session_stub
         backoff = Backoff(self.retry_seconds)
+        last: event_pb2.Event | None = None  # the last event delivered
         while True:
+            # From the second call on, start one event early: the first event answered
+            # must be the one delivered last, or the log is no longer the one watched.
+            anchor = last
+            start = after_seq - 1 if anchor is not None else after_seq
             try:
                 async for msg in stub.WatchSession(
-                    spb.WatchSessionRequest(session_id=session_id, after_seq=after_seq)
+                    spb.WatchSessionRequest(session_id=session_id, after_seq=start)
                 ):
+                    if anchor is not None:
+                        if not _same_event(msg, anchor):
+                            raise _session_gone(session_id)
+                        anchor = None
+                        continue
                     if msg.HasField("event"):
                         after_seq = msg.event.seq
+                        last = msg.event
                     backoff = Backoff(self.retry_seconds)
                     yield msg
                 return
             except grpc.aio.AioRpcError as err:
+                if anchor is not None and _reason(err) == "SEQ_OUT_OF_RANGE":
+                    raise _session_gone(session_id) from None  # a shorter log: another one
                 pause = backoff.next_pause() if err.code() == grpc.StatusCode.UNAVAILABLE else None
                 if pause is None:
                     raise from_rpc_error(err) from None
                 await asyncio.sleep(pause)
+
+
+def _same_event(msg: session_service_pb2.WatchSessionResponse, event: event_pb2.Event) -> bool:
+    """The same event of the same log: its seq, its id and the time the daemon wrote it."""
+    if not msg.HasField("event"):
+        return False
+    got = msg.event
+    return (got.seq, got.event_id, got.create_time) == (
+        event.seq,
+        event.event_id,
+        event.create_time,
+    )
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str:
+    return from_rpc_error(err).reason
+
+
+def _session_gone(session_id: str) -> CtxccError:
+    return CtxccError(
+        grpc.StatusCode.NOT_FOUND,
+        "SESSION_NOT_FOUND",
+        f"session {session_id!r} was deleted while the watch was reconnecting",
+        {"session_id": session_id},
+    )
 
 
 class Client:

@@ -18,7 +18,7 @@
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
-import { toCtxccError } from "./errors.js";
+import { CtxccError, toCtxccError } from "./errors.js";
 import { ArtifactServiceClient, DownloadArtifactRequest, UploadArtifactRequest } from "./gen/ctxcc/v1/artifact_service.js";
 import type { ArtifactRef, DeepPartial, Route } from "./gen/ctxcc/v1/common.js";
 import { CompileRequest, CompileServiceClient, ReportUsageRequest, ReportUsageResponse } from "./gen/ctxcc/v1/compile_service.js";
@@ -239,20 +239,38 @@ export class Client {
   /**
    * Updates of a session after `afterSeq`. Reopens after a daemon restart from the last event
    * it delivered, so no event is delivered twice or skipped. Break out of the loop to stop.
+   * A session deleted (and perhaps made again under its id) while the watch was away ends it
+   * with NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the reopened watch asks for the
+   * last event it delivered again, and a log without that very event (its id and time) is
+   * another session's, never followed as if it went on.
    */
   async *watch(sessionId: string, afterSeq = 0): AsyncGenerator<WatchSessionResponse> {
     let backoff = new Backoff(this.settings.retrySeconds);
+    let last: Event | undefined; // the last event delivered
     for (;;) {
-      const call = this.sessions.raw.watchSession(WatchSessionRequest.fromPartial({ sessionId, afterSeq }), this.md());
+      // From the second call on, start one event early: the first event answered must be the
+      // one delivered last, or the log is no longer the one watched.
+      let anchor = last;
+      const start = anchor !== undefined ? afterSeq - 1 : afterSeq;
+      const call = this.sessions.raw.watchSession(WatchSessionRequest.fromPartial({ sessionId, afterSeq: start }), this.md());
       try {
         for await (const msg of call as AsyncIterable<WatchSessionResponse>) {
-          if (msg.update?.$case === "event") afterSeq = msg.update.value.seq;
+          if (anchor !== undefined) {
+            if (msg.update?.$case !== "event" || !sameEvent(msg.update.value, anchor)) throw sessionGone(sessionId);
+            anchor = undefined;
+            continue;
+          }
+          if (msg.update?.$case === "event") {
+            afterSeq = msg.update.value.seq;
+            last = msg.update.value;
+          }
           backoff = new Backoff(this.settings.retrySeconds);
           yield msg;
         }
         return;
       } catch (err) {
         const e = toCtxccError(err);
+        if (anchor !== undefined && e.reason === "SEQ_OUT_OF_RANGE") throw sessionGone(sessionId); // a shorter log: another one
         const pause = isUnavailable(e) ? backoff.next() : null;
         if (pause === null) throw e;
         await sleep(pause);
@@ -261,6 +279,17 @@ export class Client {
       }
     }
   }
+}
+
+/** The same event of the same log: its seq, its id and the time the daemon wrote it. */
+function sameEvent(got: Event, want: Event): boolean {
+  return got.seq === want.seq && got.eventId === want.eventId && got.createTime?.getTime() === want.createTime?.getTime();
+}
+
+function sessionGone(sessionId: string): CtxccError {
+  return new CtxccError(grpc.status.NOT_FOUND, "SESSION_NOT_FOUND", `session "${sessionId}" was deleted while the watch was reconnecting`, {
+    session_id: sessionId,
+  });
 }
 
 export function connect(target: string, options: ConnectOptions = {}): Client {
