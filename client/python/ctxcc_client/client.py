@@ -35,6 +35,7 @@ from ctxcc_client.retry import (
     Backoff,
     retry_async,
     retry_sync,
+    retryable,
 )
 from ctxcc_client.stream import CompileStream
 
@@ -223,7 +224,7 @@ class AsyncClient:
             except grpc.aio.AioRpcError as err:
                 if anchor is not None and _reason(err) == "SEQ_OUT_OF_RANGE":
                     raise _session_gone(session_id) from None  # a shorter log: another one
-                pause = backoff.next_pause() if err.code() == grpc.StatusCode.UNAVAILABLE else None
+                pause = backoff.next_pause() if retryable(err) else None
                 if pause is None:
                     raise from_rpc_error(err) from None
                 await asyncio.sleep(pause)

@@ -48,6 +48,38 @@ def lost_write(err: grpc.RpcError) -> bool:
     return bool(call.code() == grpc.StatusCode.INTERNAL and call.details() == _LOST_WRITE)
 
 
+# What grpc itself says of a call this process cancelled (grpc.aio raises
+# asyncio.CancelledError for those instead, but the blocking stubs and a collected call
+# report a status).
+_LOCAL_CANCEL = ("Locally cancelled by application!", "Cancelled upon garbage collection!")
+
+
+def cancelled_by_daemon(err: grpc.RpcError) -> bool:
+    """True for a bare CANCELLED (no ErrorInfo) that this process did not cause: gRPC's
+    own stop in a daemon shutting down cancels the calls that reach it while it stops
+    (a client retrying every 50-250 ms sends some into that window, after the daemon's
+    drain). The daemon itself never answers CANCELLED, so the call is retried as after
+    UNAVAILABLE: when it is safe to repeat (a read, or a request id that makes a repeat a
+    replay), never otherwise."""
+    call: Any = err
+    return bool(
+        call.code() == grpc.StatusCode.CANCELLED
+        and call.details() not in _LOCAL_CANCEL
+        and _error_info(call) is None
+    )
+
+
+def _error_info(call: Any) -> error_details_pb2.ErrorInfo | None:
+    for key, value in call.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            for detail in status.details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info
+    return None
+
+
 def from_rpc_error(err: grpc.RpcError) -> CtxccError:
     call: Any = err
     if lost_write(err):
@@ -57,14 +89,16 @@ def from_rpc_error(err: grpc.RpcError) -> CtxccError:
             "the call ended before its request was sent",
             {},
         )
-    reason, metadata = "", {}
-    for key, value in call.trailing_metadata() or ():
-        if key == "grpc-status-details-bin":
-            status = status_pb2.Status.FromString(value)
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    reason, metadata = info.reason, dict(info.metadata)
+    if cancelled_by_daemon(err):
+        # Whether it ran is unknown, as when a connection drops: UNAVAILABLE says that.
+        return CtxccError(
+            grpc.StatusCode.UNAVAILABLE,
+            "UNAVAILABLE",
+            "the daemon cancelled the call as it stopped: reconnect and resend",
+            {},
+        )
+    info = _error_info(call)
+    reason, metadata = (info.reason, dict(info.metadata)) if info is not None else ("", {})
     return CtxccError(call.code(), reason or call.code().name, call.details() or "", metadata)
 
 

@@ -25,7 +25,7 @@ import grpc
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
-from ctxcc_client.errors import CtxccError, from_rpc_error, lost_write
+from ctxcc_client.errors import CtxccError, cancelled_by_daemon, from_rpc_error, lost_write
 
 T = TypeVar("T")
 
@@ -109,7 +109,11 @@ class Backoff:
 
 
 def retryable(err: grpc.RpcError) -> bool:
-    return bool(err.code() == grpc.StatusCode.UNAVAILABLE) or lost_write(err)
+    return (
+        bool(err.code() == grpc.StatusCode.UNAVAILABLE)
+        or lost_write(err)
+        or cancelled_by_daemon(err)
+    )
 
 
 async def retry_async(fn: Callable[[], Awaitable[T]], idempotent: bool, seconds: float) -> T:
