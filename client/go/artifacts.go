@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
@@ -132,7 +131,7 @@ func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, f
 		if e, ok := AsError(err); ok && anchor != nil && e.Reason == "SEQ_OUT_OF_RANGE" {
 			return sessionGone(sessionID) // a shorter log: another one
 		}
-		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+		if !retryable(ctx, err) || time.Now().After(deadline) {
 			return wrap(err)
 		}
 		select {

@@ -236,8 +236,34 @@ func NewRequestID() string {
 
 const maxPause = 250 * time.Millisecond
 
-// retry runs call until it succeeds, fails with anything but Unavailable, or budget has
-// passed since the first attempt; pauses grow from 50 ms to 250 ms.
+// retryable: Unavailable, or a bare Canceled (no ErrorInfo) this process did not cause
+// (its context is live, its connection open). gRPC's own stop in a daemon shutting down
+// cancels so the calls that reach it after the daemon's drain; whether such a call ran is
+// unknown, as when a connection drops, and it is repeated only where that is safe.
+func retryable(ctx context.Context, err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch st.Code() {
+	case codes.Unavailable:
+		return true
+	case codes.Canceled:
+		if ctx.Err() != nil || strings.Contains(st.Message(), "client connection is closing") {
+			return false
+		}
+		for _, d := range st.Details() {
+			if _, isInfo := d.(*errdetails.ErrorInfo); isInfo {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// retry runs call until it succeeds, fails with anything but what retryable accepts, or
+// budget has passed since the first attempt; pauses grow from 50 ms to 250 ms.
 func retry[T any](ctx context.Context, budget time.Duration, call func() (T, error)) (T, error) {
 	var zero T
 	deadline := time.Now().Add(budget)
@@ -245,7 +271,7 @@ func retry[T any](ctx context.Context, budget time.Duration, call func() (T, err
 	for {
 		out, err := call()
 		left := time.Until(deadline)
-		if err == nil || status.Code(err) != codes.Unavailable || left <= 0 {
+		if err == nil || !retryable(ctx, err) || left <= 0 {
 			return out, wrap(err)
 		}
 		select {

@@ -237,7 +237,7 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 			step.KeepCompaction = true
 		}
 		view, appended, err := s.roundTrip(msg, req)
-		if err != nil && status.Code(err) == codes.Unavailable {
+		if err != nil && retryable(s.ctx, err) {
 			s.drop() // reopen on the next attempt
 		}
 		return view, appended, err

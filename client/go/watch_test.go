@@ -1,6 +1,7 @@
 package ctxcc
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"sync"
@@ -24,6 +25,8 @@ type watchScript struct {
 	mu    sync.Mutex
 	asked []uint64
 	calls [][]*ctxccv1.Event
+	// How a call before the last ends: Unavailable unless set.
+	endWith codes.Code
 }
 
 func (s *watchScript) WatchSession(req *ctxccv1.WatchSessionRequest, st grpc.ServerStreamingServer[ctxccv1.WatchSessionResponse]) error {
@@ -51,6 +54,9 @@ func (s *watchScript) WatchSession(req *ctxccv1.WatchSessionRequest, st grpc.Ser
 		}
 	}
 	if n < len(s.calls) {
+		if s.endWith != codes.OK {
+			return status.Error(s.endWith, "CANCELLED")
+		}
 		return status.Error(codes.Unavailable, "restarting")
 	}
 	return nil
@@ -119,5 +125,65 @@ func TestWatchDoesNotFollowASessionMadeAgain(t *testing.T) {
 	_, err = watchAll(t, &watchScript{calls: [][]*ctxccv1.Event{old, remade[:0]}})
 	if e, ok := AsError(err); !ok || e.Reason != "SESSION_NOT_FOUND" {
 		t.Fatalf("Watch on a shorter log ended with %v, want SESSION_NOT_FOUND", err)
+	}
+}
+
+// gRPC's stop in a daemon shutting down cancels the calls that reach it after the drain
+// with a bare Canceled: the watch reopens after the last event, as after Unavailable.
+func TestWatchReopensAfterABareCanceled(t *testing.T) {
+	old := []*ctxccv1.Event{logEvent(1, "e1", 10), logEvent(2, "e2", 11)}
+	s := &watchScript{calls: [][]*ctxccv1.Event{old[:1], old}, endWith: codes.Canceled}
+	got, err := watchAll(t, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != "e1" || got[1] != "e2" {
+		t.Fatalf("delivered %v, want [e1 e2]", got)
+	}
+}
+
+// A step whose stream the daemon's gRPC cancelled as it stopped is sent again, with the same
+// request id, on a new stream; a Canceled with an ErrorInfo is the daemon's answer, not
+// retried.
+func TestStreamResendsAStepAfterABareCanceled(t *testing.T) {
+	v1, want1 := fixture(t, 1)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		if n == 1 {
+			return nil, status.Error(codes.Canceled, "CANCELLED")
+		}
+		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+	}
+	c := serve(t, s)
+	st := c.OpenStream(context.Background())
+	defer st.Close()
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	view, _, err := st.Step(req, []*ctxccv1.Event{User("step")}, "r-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(marshal(t, view), want1) {
+		t.Fatal("the resent step's view differs")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.got) != 2 || s.got[0].stream == s.got[1].stream ||
+		s.got[0].req.GetStep().GetRequestId() != "r-1" || s.got[1].req.GetStep().GetRequestId() != "r-1" {
+		t.Fatalf("step sent %d times; want twice, on two streams, with request id r-1", len(s.got))
+	}
+}
+
+func TestACanceledWithAnErrorInfoIsNotRetried(t *testing.T) {
+	st, err := status.New(codes.Canceled, "cancelled").WithDetails(&errdetails.ErrorInfo{Reason: "INTERNAL", Domain: "ctxcc.dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retryable(context.Background(), st.Err()) {
+		t.Fatal("a Canceled carrying the daemon's ErrorInfo was taken for gRPC's own")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if retryable(ctx, status.Error(codes.Canceled, "context canceled")) {
+		t.Fatal("a call this process cancelled was taken for one the daemon's gRPC cancelled")
 	}
 }
