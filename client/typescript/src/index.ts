@@ -28,7 +28,7 @@ import { AppendEventsResponse, SessionServiceClient, WatchSessionRequest, WatchS
 import { SourceServiceClient } from "./gen/ctxcc/v1/source_service.js";
 import { ToolServiceClient } from "./gen/ctxcc/v1/tool_service.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
-import { Backoff, RETRY_SECONDS, isUnavailable, newRequestId, retry, sleep } from "./retry.js";
+import { Backoff, RETRY_SECONDS, isRetryable, newRequestId, retry, sleep } from "./retry.js";
 import { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
 import { Stream, type StreamOptions } from "./stream.js";
 
@@ -271,7 +271,7 @@ export class Client {
       } catch (err) {
         const e = toCtxccError(err);
         if (anchor !== undefined && e.reason === "SEQ_OUT_OF_RANGE") throw sessionGone(sessionId); // a shorter log: another one
-        const pause = isUnavailable(e) ? backoff.next() : null;
+        const pause = isRetryable(e) ? backoff.next() : null;
         if (pause === null) throw e;
         await sleep(pause);
       } finally {

@@ -56,7 +56,7 @@ export async function retry<T>(call: (remainingMs: number) => Promise<T>, idempo
       return await call(backoff.remainingMs());
     } catch (err) {
       const e = toCtxccError(err);
-      const pause = idempotent && e.code === grpc.status.UNAVAILABLE ? backoff.next() : null;
+      const pause = idempotent && isRetryable(e) ? backoff.next() : null;
       if (pause === null) throw e;
       await sleep(pause);
     }
@@ -65,6 +65,16 @@ export async function retry<T>(call: (remainingMs: number) => Promise<T>, idempo
 
 export function isUnavailable(err: unknown): boolean {
   return err instanceof CtxccError && err.code === grpc.status.UNAVAILABLE;
+}
+
+/** UNAVAILABLE, or a bare CANCELLED (no ErrorInfo) this process did not cause: gRPC's own
+ * stop in a daemon shutting down cancels so the calls that reach it after the daemon's drain.
+ * Whether such a call ran is unknown, as when a connection drops: it is repeated only where
+ * that is safe, as after UNAVAILABLE. */
+export function isRetryable(err: unknown): boolean {
+  if (!(err instanceof CtxccError)) return false;
+  if (err.code === grpc.status.UNAVAILABLE) return true;
+  return err.code === grpc.status.CANCELLED && err.reason === "CANCELLED" && !err.message.includes("Cancelled on client");
 }
 
 type Callback<Res> = (err: grpc.ServiceError | null, res: Res) => void;

@@ -37,7 +37,7 @@ import {
 } from "./gen/ctxcc/v1/compile_service.js";
 import { Event } from "./gen/ctxcc/v1/event.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
-import { Backoff, isUnavailable, newRequestId, sleep } from "./retry.js";
+import { Backoff, isRetryable, newRequestId, sleep } from "./retry.js";
 
 type Duplex = grpc.ClientDuplexStream<CompileStreamRequest, CompileStreamResponse>;
 
@@ -266,7 +266,7 @@ export class Stream {
           this.unfinished = null;
           return { ...out, usage: this.last };
         } catch (err) {
-          const pause = isUnavailable(err) ? backoff.next() : null;
+          const pause = isRetryable(err) ? backoff.next() : null;
           if (pause === null) {
             // Whatever the error: the events may have been appended before it (a compile over
             // its CPU budget fails after the append), and an id that appended nothing appends
@@ -326,7 +326,7 @@ export class Stream {
       if (!again.view) throw new Error("the daemon answered a ResumeRequest with a delta");
       return { view: this.keep(again.view), append: first.append };
     } catch (err) {
-      if (isUnavailable(err)) this.drop();
+      if (isRetryable(err)) this.drop();
       throw err;
     }
   }

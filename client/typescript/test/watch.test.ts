@@ -10,7 +10,7 @@ const ev = (seq: number, eventId: string, at: number): Event => Event.fromPartia
 
 /** A SessionService whose n-th WatchSession call sends calls[n-1]'s events after the
  * after_seq asked for, then ends UNAVAILABLE (a daemon restart); the last call ends cleanly. */
-async function scripted(calls: Event[][]) {
+async function scripted(calls: Event[][], endWith: grpc.status = grpc.status.UNAVAILABLE) {
   const asked: number[] = [];
   const server = new grpc.Server();
   server.addService(SessionServiceService, {
@@ -18,7 +18,7 @@ async function scripted(calls: Event[][]) {
       asked.push(call.request.afterSeq);
       const log = calls[asked.length - 1];
       for (const e of log) if (e.seq > call.request.afterSeq) call.write(WatchSessionResponse.fromPartial({ update: { $case: "event", value: e } }));
-      if (asked.length < calls.length) call.emit("error", { code: grpc.status.UNAVAILABLE, details: "restarting" });
+      if (asked.length < calls.length) call.emit("error", { code: endWith, details: "restarting" });
       else call.end();
     },
   } as unknown as grpc.UntypedServiceImplementation);
@@ -55,4 +55,12 @@ test("a watch does not follow a session deleted and made again while it was away
   assert.ok(error instanceof CtxccError, String(error));
   assert.equal(error.code, grpc.status.NOT_FOUND);
   assert.equal(error.reason, "SESSION_NOT_FOUND");
+});
+
+test("a watch the daemon's gRPC cancelled as it stopped (a bare CANCELLED) reopens after the last event", async () => {
+  const old = [ev(1, "e1", 10), ev(2, "e2", 11)];
+  const { asked, got, error } = await scripted([old.slice(0, 1), old], grpc.status.CANCELLED);
+  assert.equal(error, undefined);
+  assert.deepEqual(got, ["e1", "e2"]);
+  assert.deepEqual(asked, [0, 0]);
 });
