@@ -63,7 +63,12 @@ class EventRecords(StoreCore):
             added += self._add_blobs(batch, sid, batch_in.blobs)
             last = head + len(batch_in.events)
             self._check_quota(session, added)
-            result = AppendResult(first_seq=head + 1, last_seq=last, event_ids=tuple(ids))
+            result = AppendResult(
+                first_seq=head + 1,
+                last_seq=last,
+                event_ids=tuple(ids),
+                session_create_ns=session.create_time_ns,
+            )
             if batch_in.request_id:
                 idem = IdempotencyRecord(batch_in.request_digest, head + 1, last, tuple(ids))
                 batch.put(

@@ -239,6 +239,9 @@ class AppendResult:
     last_seq: int
     event_ids: tuple[str, ...]
     replayed: bool = False
+    # The create time of the session the events went to: which of the sessions ever made
+    # under its id (0: not said). Its watchers are told of them, never another one's.
+    session_create_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

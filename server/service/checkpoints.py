@@ -108,7 +108,7 @@ class CheckpointUseCases:
         created = stored is checkpoint  # not a racing retry answered with the first one
         if created:
             self._pending.reprojected(sid)
-            self._hub.publish(sid, [checkpoint], session.head_seq)
+            self._hub.publish(sid, [checkpoint], session.head_seq, session.create_time_ns)
         return stored, created
 
     async def list_for(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:

@@ -374,7 +374,7 @@ class CompileUseCases:
         notice = CompileNotice(
             view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
         )
-        self._hub.publish(opts.session_id, [notice], session.head_seq)
+        self._hub.publish(opts.session_id, [notice], session.head_seq, session.create_time_ns)
         self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
 
     def _record(

@@ -224,7 +224,7 @@ class SessionUseCases:
                     range(result.first_seq, result.last_seq + 1), prepared, strict=True
                 )
             ]
-            self._hub.publish(session_id, published, result.last_seq)
+            self._hub.publish(session_id, published, result.last_seq, result.session_create_ns)
         return result
 
     def _write(
@@ -309,7 +309,8 @@ class SessionUseCases:
         and misses nothing written between its snapshot and the subscription."""
         # Looked up before the watcher caps are charged too: past them, a session that
         # does not exist would answer QUOTA_EXCEEDED ("retry later") instead of NOT_FOUND.
-        head = (await self.get(session_id)).head_seq
+        session = await self.get(session_id)
+        head = session.head_seq
         if after_seq > head:
             # A position this log never reached (a client's, from a log that lost its
             # unsynced tail in a crash, or another session's): waiting would skip every
@@ -319,10 +320,12 @@ class SessionUseCases:
                 f"after_seq {after_seq} is beyond the session head {head}",
                 head_seq=str(head),
             )
-        async with self._hub.subscribe(session_id) as watcher:
+        async with self._hub.subscribe(session_id, session.create_time_ns) as watcher:
             # Looked up once subscribed: a delete that this lookup does not see yet ends
-            # the watch (WatchHub.deleted) instead of leaving it waiting on a log that is gone.
-            await self.get(session_id)
+            # the watch (WatchHub.deleted) instead of leaving it waiting on a log that is gone;
+            # one made again since the first lookup is another log.
+            if (await self.get(session_id)).create_time_ns != session.create_time_ns:
+                raise session_not_found(session_id)
             self._telemetry.watchers_changed(1)
             try:
                 last = after_seq

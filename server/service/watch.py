@@ -45,7 +45,10 @@ class Deleted:
 
 
 class Watcher:
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, incarnation: int = 0) -> None:
+        # The create time of the session watched: a session deleted and made again under
+        # its id is another log, whose updates this watcher must never get.
+        self.incarnation = incarnation
         self.queue: asyncio.Queue[Update | Closed | Deleted] = asyncio.Queue(maxsize=size)
         # The Resync that replaced an overflowed backlog; behind while it is unread.
         self._marker: Resync | None = None
@@ -112,9 +115,9 @@ class WatchHub:
             )
 
     @asynccontextmanager
-    async def subscribe(self, session_id: str) -> AsyncIterator[Watcher]:
+    async def subscribe(self, session_id: str, incarnation: int = 0) -> AsyncIterator[Watcher]:
         self._refuse_past_caps(session_id)
-        watcher = Watcher(self._size)
+        watcher = Watcher(self._size, incarnation)
         if self._closed:
             # Subscribed while the daemon shuts down: end at once rather than wait for
             # updates that will never come (and hold up the shutdown).
@@ -135,8 +138,16 @@ class WatchHub:
         """Whether anyone watches the session: its updates need not be made otherwise."""
         return session_id in self._watchers
 
-    def publish(self, session_id: str, updates: list[Update], head_seq: int) -> None:
+    def publish(
+        self, session_id: str, updates: list[Update], head_seq: int, incarnation: int = 0
+    ) -> None:
+        """To the watchers of the session made at `incarnation` (its create time; 0: any).
+        An append to a session that was then deleted and made again under its id can be
+        handed back to the loop after a watcher of the new one subscribed: its events are
+        the old log's, at seqs the new one will reuse."""
         for watcher in self._watchers.get(session_id, ()):
+            if incarnation and watcher.incarnation and watcher.incarnation != incarnation:
+                continue
             for update in updates:
                 if not watcher.offer(update, head_seq):
                     break  # the Resync marker's head already covers the rest of the batch
