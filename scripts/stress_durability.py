@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import random
 import shutil
@@ -63,6 +64,7 @@ from ctxcc.v1 import (  # noqa: E402  # noqa: E402
 )
 from ctxcc.v1 import compile_service_pb2 as cpb  # noqa: E402
 from ctxcc.v1 import session_service_pb2 as spb  # noqa: E402
+from ctxcc.v1 import tool_service_pb2 as tpb  # noqa: E402
 from tests.e2e.proc import FAST_RECONNECT, DaemonProcess  # noqa: E402
 
 T = TypeVar("T")
@@ -71,6 +73,10 @@ ROUTE = common_pb2.Route(
     connection="default", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
 )
 CHUNK = 16384
+# Tool results over the 16 KiB blob threshold, shared by every session.
+SHARED_RESULTS = [
+    "".join(f"line {n} of shared result {k}\n" for n in range(1200)) for k in range(3)
+]
 BAD_CODES = (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 
 
@@ -159,6 +165,10 @@ class Ack:
 @dataclass
 class SessionModel:
     sid: str
+    # Deleted and made again without waiting for the calls in flight on it: acknowledgements
+    # are ambiguous between incarnations, so only what holds whatever the interleaving is
+    # checked (contiguous seqs, no text twice, no INTERNAL, views equal to their rebuilds).
+    chaos: bool = False
     gen: int = 0
     lock: RWLock = field(default_factory=RWLock)
     acks: list[Ack] = field(default_factory=list)
@@ -229,6 +239,7 @@ class Driver:
             log_path=workdir / "daemon.log",
         )
         self.models = [SessionModel(f"fz{i}") for i in range(sessions)]
+        self.models.append(SessionModel("fzchaos", chaos=True))
         self.stats = Stats()
         self.counter = 0
         self.stop = asyncio.Event()
@@ -237,6 +248,23 @@ class Driver:
         self.restarts = 0
 
     # --- helpers ------------------------------------------------------------------------
+
+    def tool_events(
+        self, m: SessionModel, worker: str, rng: random.Random
+    ) -> list[event_pb2.Event]:
+        """A tool call and its result, the result over the blob threshold and drawn from a
+        pool shared by every session: its blob is shared, and a DeleteSession of one
+        session must leave it to the others."""
+        self.counter += 1
+        call_id = f"call-{self.counter}"
+        call = event_pb2.Event()
+        call.assistant_message.parts.add(text=f"{m.tag}/{worker}/{self.counter}/tool")
+        call.assistant_message.tool_calls.add(call_id=call_id, name="shell", arguments_json="{}")
+        result = event_pb2.Event()
+        result.tool_result.call_id = call_id
+        result.tool_result.tool_name = "shell"
+        result.tool_result.text = rng.choice(SHARED_RESULTS)
+        return [call, result]
 
     def make_events(
         self, m: SessionModel, worker: str, rng: random.Random
@@ -290,7 +318,8 @@ class Driver:
             self.stats.fail(
                 f"{how} {rid}: acknowledged seqs {first}..{last} for {len(events)} events"
             )
-        m.acks.append(Ack(rid, first, last, [payload(e) for e in events], how, expected))
+        if not m.chaos:
+            m.acks.append(Ack(rid, first, last, [payload(e) for e in events], how, expected))
         self.stats.counts[f"ack {how}"] += 1
 
     # --- workers ------------------------------------------------------------------------
@@ -301,7 +330,11 @@ class Driver:
         while not self.stop.is_set():
             m = rng.choice(self.models)
             async with Shared(m.lock):
-                events = self.make_events(m, f"a{n}", rng)
+                events = (
+                    self.tool_events(m, f"a{n}", rng)
+                    if rng.random() < 0.15
+                    else self.make_events(m, f"a{n}", rng)
+                )
                 mode = rng.choice(("rid", "rid", "rid+expected", "raw", "raw+expected"))
                 expected = None
                 if "expected" in mode:
@@ -383,7 +416,7 @@ class Driver:
             self.check_error(f"step {rid}", err)
             if err.reason == "SEQUENCE_MISMATCH":
                 m.refused.update(text_of(e) for e in events)
-            elif err.reason == "SESSION_NOT_FOUND":
+            elif err.reason == "SESSION_NOT_FOUND" and not m.chaos:
                 self.stats.fail(f"step on {m.sid} (held) answered SESSION_NOT_FOUND")
             return
         if stream.stats.resumed > resumed_before:
@@ -419,7 +452,7 @@ class Driver:
             )
         except CtxccError as err:
             self.check_error(f"rebuild {what}", err)
-            if err.code == grpc.StatusCode.NOT_FOUND:
+            if err.code == grpc.StatusCode.NOT_FOUND and not m.chaos:
                 # The compile record is not fsynced: a SIGKILL keeps it (page cache).
                 self.stats.fail(f"rebuild of {what} {view.compile_id}: {err.reason}")
             return
@@ -571,7 +604,10 @@ class Driver:
                 except CtxccError as err:
                     self.check_error("checkpoint", err)
                     continue
-                m.checkpoints[made.checkpoint.checkpoint_id] = made.checkpoint.covers_through_seq
+                if not m.chaos:
+                    m.checkpoints[made.checkpoint.checkpoint_id] = (
+                        made.checkpoint.covers_through_seq
+                    )
                 self.stats.counts["checkpoint"] += 1
 
     async def deleter(self, client: AsyncClient) -> None:
@@ -579,6 +615,9 @@ class Driver:
         while not self.stop.is_set():
             await asyncio.sleep(rng.uniform(2, 5))
             m = rng.choice(self.models)
+            if m.chaos:
+                await self.recreate(client, m)
+                continue
             await m.lock.acquire_exclusive()
             try:
                 await self.recreate(client, m)
@@ -619,7 +658,7 @@ class Driver:
         except CtxccError as err:
             self.check_error("read after recreate", err)
             return
-        if events or cks.checkpoints:
+        if (events or cks.checkpoints) and not m.chaos:
             self.stats.fail(
                 f"{m.sid} made again holds {len(events)} events, {len(cks.checkpoints)} checkpoints"
             )
@@ -643,7 +682,9 @@ class Driver:
                         continue
                     ev = msg.event
                     text = text_of(ev)
-                    if tag is None:
+                    if not text or m.chaos:  # a tool result; or any incarnation may hold any
+                        pass
+                    elif tag is None:
                         tag = tag_of(text)
                     elif tag_of(text) != tag:
                         self.stats.fail(
@@ -676,9 +717,11 @@ class Driver:
             if not token:
                 return events
 
-    async def check_session(self, client: AsyncClient, m: SessionModel, replays: int) -> None:
+    async def check_session(  # noqa: PLR0915 - one check after another
+        self, client: AsyncClient, m: SessionModel, replays: int
+    ) -> None:
         acks = list(m.acks)
-        refused = set(m.refused)
+        refused = set() if m.chaos else set(m.refused) - {""}
         checkpoints = dict(m.checkpoints)
         try:
             events = await self.list_events(client, m.sid)
@@ -689,20 +732,21 @@ class Driver:
         if seqs != list(range(1, len(events) + 1)):
             self.stats.fail(f"{m.sid}: seqs not contiguous: {seqs[:5]}...")
         texts = [text_of(e) for e in events]
-        dup = {t for t in texts if texts.count(t) > 1}
+        dup = {t for t in texts if t and texts.count(t) > 1}
         if dup:
             self.stats.fail(f"{m.sid}: stored twice: {sorted(dup)[:3]}")
-        foreign = {tag_of(t) for t in texts} - {m.tag}
+        foreign = set() if m.chaos else {tag_of(t) for t in texts if t} - {m.tag}
         if foreign:
             self.stats.fail(f"{m.sid}: events of another incarnation: {foreign}")
         bad_refused = refused & set(texts)
         if bad_refused:
             self.stats.fail(f"{m.sid}: refused appends are in the log: {sorted(bad_refused)[:3]}")
         by_seq = {e.seq: e for e in events}
+        blobs: list[tuple[str, str]] = []  # (call id, text) of results stored as blobs
         for a in acks:
             got = [
-                payload(by_seq[s]) if s in by_seq else b"<missing>"
-                for s in range(a.first, a.last + 1)
+                stored_as_sent(by_seq[s], sent, blobs) if s in by_seq else b"<missing>"
+                for s, sent in zip(range(a.first, a.last + 1), a.payloads, strict=False)
             ]
             if got != a.payloads:
                 self.stats.fail(
@@ -710,6 +754,16 @@ class Driver:
                     "is not there as sent"
                 )
         self.stats.counts["acks checked"] += len(acks)
+        for call_id, text in random.Random(len(blobs)).sample(blobs, min(3, len(blobs))):
+            try:
+                whole = await read_result(client, m.sid, call_id)
+            except CtxccError as err:
+                self.check_error("read result", err)
+                self.stats.fail(f"{m.sid}: tool result {call_id} (a shared blob): {err}")
+                continue
+            self.stats.counts["blob results read back"] += 1
+            if whole != text:
+                self.stats.fail(f"{m.sid}: tool result {call_id} reads back otherwise")
         with_rid = [a for a in acks if a.rid and a.how != "raw"]
         for a in random.Random(len(acks)).sample(with_rid, min(replays, len(with_rid))):
             events_again = [event_from_payload(p) for p in a.payloads]
@@ -847,6 +901,8 @@ class Driver:
 
     async def check_watchers(self, client: AsyncClient) -> None:
         for m in self.models:
+            if m.chaos:
+                continue
             events = await self.list_events(client, m.sid)
             log_text = {e.seq: text_of(e) for e in events}
             seen = [(s, t) for s, t in self.watch_log[m.sid] if tag_of(t) == m.tag]
@@ -879,7 +935,8 @@ class Driver:
                         )
                     except CtxccError as err:
                         self.check_error("reference rebuild", err)
-                        self.stats.fail(f"reference rebuild of {cid}: {err}")
+                        if not (m.chaos and err.code == grpc.StatusCode.NOT_FOUND):
+                            self.stats.fail(f"reference rebuild of {cid}: {err}")
                         continue
                     self.stats.counts["reference rebuilds"] += 1
                     if encoded(again.view) != data:
@@ -903,6 +960,36 @@ def damage(stream: Any, rng: random.Random, stats: Stats) -> None:
         return apply(held, delta, last_try=last_try)
 
     stream._apply = spoiled
+
+
+def stored_as_sent(ev: event_pb2.Event, sent: bytes, blobs: list[tuple[str, str]]) -> bytes:
+    """The stored event's payload as it was sent: a tool result stored as a blob counts as
+    sent when its reference names the sent text (sha256, size); it is read back later."""
+    if ev.WhichOneof("payload") == "tool_result" and ev.tool_result.HasField("blob"):
+        want = event_from_payload(sent).tool_result
+        ref = ev.tool_result.blob
+        data = want.text.encode()
+        if ref.sha256 == hashlib.sha256(data).hexdigest() and ref.size_bytes == len(data):
+            blobs.append((want.call_id, want.text))
+            return sent
+        return b"<blob " + ref.sha256.encode() + b">"
+    return payload(ev)
+
+
+async def read_result(client: AsyncClient, sid: str, call_id: str) -> str:
+    parts: list[bytes] = []
+    offset = 0
+    while True:
+        resp = await client.tools.ReadToolResult(
+            tpb.ReadToolResultRequest(
+                session_id=sid, call_id=call_id, bytes=tpb.ByteRange(offset=offset, limit=16384)
+            )
+        )
+        chunk = resp.slice.text.encode()
+        parts.append(chunk)
+        offset += len(chunk)
+        if not resp.slice.has_more or not chunk:
+            return b"".join(parts).decode()
 
 
 def dump_tasks() -> None:
