@@ -6,8 +6,6 @@ import dataclasses
 import logging
 from typing import TypeVar
 
-import msgspec
-
 from server.domain.errors import CtxccError, Reason, session_not_found
 from server.domain.generation import Generation
 from server.domain.model import Route
@@ -56,20 +54,6 @@ def kept_bytes(encoded: bytes, value: CompileRecord | RouteState, written: objec
     if written is value:
         return len(encoded)
     return len(encoded) + len(value.message_digests) + 3 * len(value.message_tokens)
-
-
-# A stored CompileRecord's message_change key as MessagePack writes it (a map key is a
-# string of 14 bytes); records written before it existed lack it.
-_MESSAGE_CHANGE = msgspec.msgpack.encode("message_change")
-
-
-def _record(raw: bytes) -> CompileRecord:
-    """A compile record as stored; one written before call ids were counted (it has no
-    message_change) says so, for its rebuild to count as its daemon did."""
-    record = decode_value(raw, CompileRecord)
-    if _MESSAGE_CHANGE not in raw:
-        return replaced(record, before_call_ids=True)
-    return record
 
 
 def _damaged_chunk(sid: str) -> CorruptRecordError:
@@ -269,7 +253,7 @@ class CompileRecords(StoreCore):
         if kept is not None:
             return kept
         raw = self._kv.get("compiles", key)
-        return None if raw is None else self._joined(session_id, _record(raw))
+        return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
         # Suffixes are random hex, so key order is not time order; the usage reports sit
@@ -283,7 +267,7 @@ class CompileRecords(StoreCore):
             if suffix.startswith(USAGE):
                 usages[suffix[len(USAGE) :]] = decode_value(raw, Usage)
             else:
-                records.append((suffix, self._joined(session_id, _record(raw))))
+                records.append((suffix, self._joined(session_id, decode_value(raw, CompileRecord))))
         out = [
             r if r.usage is not None or s not in usages else replaced(r, usage=usages[s])
             for s, r in records
@@ -302,7 +286,7 @@ class CompileRecords(StoreCore):
         raw = self._kv.get("compiles", session_key(session_id, suffix))
         if raw is None:
             return None
-        return self._reported(session_id, suffix, _record(raw))
+        return self._reported(session_id, suffix, decode_value(raw, CompileRecord))
 
     def get_compile(self, compile_id: str) -> CompileRecord:
         """The record with its usage, whether the report is held in it (as records were
@@ -316,7 +300,7 @@ class CompileRecords(StoreCore):
         raw = self._kv.get("compiles", key)
         if raw is None:
             raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
-        return self._reported(sid, suffix, _record(raw))
+        return self._reported(sid, suffix, decode_value(raw, CompileRecord))
 
     def _reported(self, sid: str, suffix: bytes, record: CompileRecord) -> CompileRecord:
         """A record as read, whole, with the usage report stored beside it if any."""

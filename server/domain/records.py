@@ -79,8 +79,10 @@ class CompileRecord:
     message_tokens: tuple[int, ...] = ()
     # Tokens of the baseline's messages that had left the view (0: a pure append).
     removed_tokens: int = 0
-    # Messages that entered the view since the baseline minus those that left it.
-    message_change: int = 0
+    # Messages that entered the view since the baseline minus those that left it. None
+    # in records written before it was kept, by daemons that counted neither tool calls'
+    # ids nor their results' (see before_call_ids).
+    message_change: int | None = None
     # What the inspector's timeline draws. Records written before these fields existed
     # read with the defaults (empty layers, zero budget) and are shown as "not recorded".
     layer_tokens: tuple[tuple[int, int], ...] = ()  # (layer number, tokens)
@@ -97,15 +99,17 @@ class CompileRecord:
     # again under its id while the compile ran is another one, and must not take its
     # record. 0 (not checked) in records written before it was kept.
     session_create_time_ns: int = 0
-    # Written by a daemon that counted neither tool calls' ids nor their results' (before
-    # message_change existed): a rebuild counts its messages that way
-    # (tokens.BEFORE_CALL_IDS). The store sets it when it reads a record without
-    # message_change (storage/compiles.py); a daemon never records a compile so.
-    before_call_ids: bool = False
     # On disk only: the stored chunks the per-message table starts with (its rest is in
     # message_digests/message_tokens; see domain/table_chunks.py). The store joins them
     # on reading, so a record in memory holds its whole table and none.
     table_chunks: tuple[str, ...] = ()
+
+    @property
+    def before_call_ids(self) -> bool:
+        """Written by a daemon that counted neither tool calls' ids nor their results'
+        (records without message_change): a rebuild counts its messages that way
+        (tokens.BEFORE_CALL_IDS)."""
+        return self.message_change is None
 
 
 @dataclass(frozen=True, slots=True)

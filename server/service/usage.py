@@ -140,7 +140,7 @@ class UsageReports:
                 # change can be small beside large gross changes.
                 if record.removed_tokens == 0:
                     reported = usage.input_tokens - record.baseline_tokens
-                    change = (record.raw_delta, reported, record.message_change)
+                    change = (record.raw_delta, reported, record.message_change or 0)
                     m = observe_delta(m, change, bounds, cfg)
             elif not delta:
                 # Records written before the ledger was kept: a FULL estimate was the ledger.
