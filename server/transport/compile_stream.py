@@ -97,7 +97,7 @@ class StreamSteps:
         out, source, base_id = await self._step(msg, stream)
         if source is None:
             return [out]
-        base = self._recent.get(base_id) if base_id and base_id in stream.sent else None
+        base = self._base(base_id, stream)
         # A chained digest continues from the base's chain values (None: hashed once).
         digest = msg.step.delta_digest if isinstance(msg, pb.CompileStreamRequest) else 0
         apart = digest == pb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
@@ -137,6 +137,20 @@ class StreamSteps:
             stream.chains[view.compile_id] = values
         self._recent.keep(view.session_id, view)
         return answer
+
+    def _base(self, base_id: str, stream: StreamState) -> KeptView | None:
+        """The view `base_id` names when this stream sent it: from the recent views, or
+        the stream's own last view, which it holds anyway (its records are lent to the
+        next view). A view over a quarter of the recent views' bytes is not kept there
+        (one huge view must not push every other session's base out), so without this
+        every step of a session whose view outgrew that was answered whole."""
+        if not base_id or base_id not in stream.sent:
+            return None
+        kept = self._recent.get(base_id)
+        parts = stream.last.parts
+        if kept is None and parts is not None and parts.compile_id == base_id:
+            kept = KeptView(parts.session_id, parts)
+        return kept
 
     def _encode(
         self,

@@ -159,6 +159,37 @@ async def test_a_delta_over_the_chunk_size_goes_whole_in_chunks(short_tmp: Path)
         await d.stop()
 
 
+async def test_a_view_too_large_to_keep_is_still_its_streams_base(api: Stubs) -> None:
+    """A view over a quarter of the recent views' bytes (16 MiB) is not kept among them,
+    but the stream that sent it still answers its next step with a delta against it;
+    another stream naming it gets a whole view."""
+    await _session(api, "huge")
+    text = "word " * 12_000  # 60,000 characters a message
+    for k in range(10):  # ~17 MiB of history, appended in batches under the size caps
+        batch = [user(f"{k}.{i} {text}") for i in range(29)]
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="huge", events=batch))
+    stream, other = RawStream(api), RawStream(api)
+    try:
+        first = await stream.step(compile_request("huge"), [user("and now?")])
+        assert first.ByteSize() > 16 << 20
+        assert {a.WhichOneof("response") for a in stream.answers} == {"chunk"}
+        before = len(stream.answers)
+        view = await stream.step(compile_request("huge"), [assistant("a short answer")])
+        assert [a.WhichOneof("response") for a in stream.answers[before:]] == ["delta"]
+        # RawStream.step checked the delta's digest and rebuilt the view from it.
+        rebuilt = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+        assert encoded(view) == encoded(rebuilt.view)
+        # Still a base at the step after (the stream now holds the delta's view).
+        last = await stream.step(compile_request("huge"), [user("one more")])
+        assert stream.answers[-1].WhichOneof("response") == "delta"
+        # Another stream's view is no base, however large.
+        await other.step(compile_request("huge"), [], base=last.compile_id)
+        assert {a.WhichOneof("response") for a in other.answers} == {"chunk"}
+    finally:
+        await stream.close()
+        await other.close()
+
+
 def _with_element() -> event_pb2.Event:
     ev = event_pb2.Event()
     el = ev.user_message.parts.add().browser_element
