@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from server import __version__, health_cli, inspect_cli, replay
-from server.config import ConfigError, add_flags, resolve, unknown_env
+from server.config import ConfigError, add_flags, resolve, unknown_env, unused_settings
 
 log = logging.getLogger("ctxcc")
 
@@ -65,7 +65,7 @@ async def _serve(flags: dict[str, object]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    for warning in unknown_env(os.environ):
+    for warning in [*unknown_env(os.environ), *unused_settings(cfg)]:
         log.warning("%s", warning)
     daemon = Daemon(cfg)
     try:

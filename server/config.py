@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -41,6 +42,7 @@ __all__ = [
     "env_name",
     "resolve",
     "unknown_env",
+    "unused_settings",
 ]
 
 # CTXCC_* variables that are no daemon setting but are read by the clients: one
@@ -59,6 +61,25 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
         close = difflib.get_close_matches(name, settings, n=1, cutoff=0.8)
         hint = f" (did you mean {close[0]}?)" if close else ""
         out.append(f"environment variable {name} is no ctxcc setting and is ignored{hint}")
+    return out
+
+
+TLS_SETTINGS = ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
+
+
+def unused_settings(cfg: Config) -> list[str]:
+    """A warning for each group of settings given that nothing uses. TLS serves only the
+    gRPC TCP listener (the Unix socket, health, /metrics and the inspector are plain), so
+    with `listen = none` its files were never read: not even a missing one was reported,
+    and an operator who set them believed something was encrypted."""
+    out = []
+    tls = [name for name in TLS_SETTINGS if getattr(cfg, name)]
+    if tls and cfg.listen == "none":
+        out.append(
+            f"{', '.join(tls)} {'is' if len(tls) == 1 else 'are'} set but listen is 'none': "
+            "TLS applies only to the gRPC TCP listener (not the Unix socket, health_listen, "
+            "metrics_listen or ui_listen), so the file(s) are unused and not read"
+        )
     return out
 
 
@@ -144,26 +165,66 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 LIST_SETTINGS = frozenset({"workspace_roots", "instruction_files", "preload_tokenizers"})
 
 
-def _file_text(path: str, name: str, value: object) -> str:
-    """A TOML value as the text a flag would carry. `str()` alone turned an array into
-    its Python repr (`workspace_roots = ["/a", "/b"]` became the roots `['/a'` and
-    `'/b']`, silently), `true` into `True`, and `socket_mode = 0o660` into "432", read
-    as the octal mode 0432 (a socket others could write to)."""
-    where = f"config file {path}: {name}"
+# TOML's names for the types a value of the file can have, as an operator reads them.
+TOML_TYPES: dict[type, str] = {
+    bool: "boolean",  # before int: a bool is an int to isinstance
+    int: "integer",
+    float: "float",
+    str: "string",
+    list: "array",
+    dict: "table",
+}
+EXPECTED = {
+    "int": "a TOML integer (unquoted, e.g. 10)",
+    "float": "a TOML number (unquoted, e.g. 2.5 or 10)",
+    "bool": "a TOML boolean (true or false, unquoted)",
+    "str": "a TOML string (quoted)",
+}
+
+
+def _given(value: object) -> str:
+    """What the file gave, in TOML's words: `the string "10"`, `the integer 1000`."""
+    kind = next((n for t, n in TOML_TYPES.items() if isinstance(value, t)), "date/time")
     if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        if name == "socket_mode":  # TOML keeps no trace of whether 0o660 or 660 was meant
-            raise ConfigError(f'{where} must be a quoted octal mode such as "0660", got {value}')
-        return str(value)
-    if isinstance(value, list) and name in LIST_SETTINGS:
+        shown = json.dumps(value)  # a TOML basic string, quotes and escapes as written
+    elif isinstance(value, bool):
+        shown = "true" if value else "false"
+    else:
+        shown = str(value)
+    return f"the {kind} {shown}"
+
+
+def _file_text(path: str, name: str, value: object) -> str:
+    """A TOML value as the text a flag would carry, once it has the setting's TOML type.
+    `str()` alone turned an array into its Python repr (`workspace_roots = ["/a", "/b"]`
+    became the roots `['/a'` and `'/b']`, silently), `true` into `True`, and `socket_mode
+    = 0o660` into "432", read as the octal mode 0432 (a socket others could write to); and
+    took `max_tools = "10"` as 10, a quoted number that is a type mistake in TOML."""
+    where = f"config file {path}: {name}"
+    kind = BY_NAME[name].kind
+    if name == "socket_mode" and isinstance(value, int) and not isinstance(value, bool):
+        # TOML keeps no trace of whether 0o660 or 660 was meant
+        raise ConfigError(f'{where} must be a quoted octal mode such as "0660", got {value}')
+    if isinstance(value, list):
+        if name not in LIST_SETTINGS:
+            raise ConfigError(f"{where} must be a single value, got {value!r}")
         if all(isinstance(v, str) and "," not in v for v in value):
             return ",".join(value)
         raise ConfigError(f"{where} must be an array of strings without commas, got {value!r}")
-    kind = "a string or an array of strings" if name in LIST_SETTINGS else "a single value"
-    raise ConfigError(f"{where} must be {kind}, got {value!r}")
+    if isinstance(value, dict):
+        raise ConfigError(f"{where} must be a single value, got {value!r}")
+    if kind == "bool" and isinstance(value, bool):
+        return "true" if value else "false"
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # an integer is a number of seconds too: grace_period = 20
+    if kind == "str" and isinstance(value, str):
+        return value
+    expected = EXPECTED[kind]
+    if name in LIST_SETTINGS:
+        expected = "a TOML string or an array of strings"
+    raise ConfigError(f"{where} must be {expected}, got {_given(value)}")
 
 
 def _read_toml(path: str) -> dict[str, str]:

@@ -4,10 +4,17 @@ a flag, an environment variable and a TOML key."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 class ConfigError(ValueError):
     """A setting is missing, malformed or contradictory; the message says which."""
+
+
+# The TOML type a setting's value must have in the config file. A flag or an environment
+# variable is text, parsed by the setting's own check; in the file, `max_tools = "10"` is
+# a mistake TOML can tell, and one an operator should hear about.
+Kind = Literal["str", "int", "float", "bool"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +22,7 @@ class Setting:
     name: str
     default: str
     help: str
+    kind: Kind = "str"
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -52,43 +60,60 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "durability", "sync", "'sync' fsyncs every append batch; 'buffered' leaves it to the OS"
     ),
-    Setting("grace_period", "10", "seconds in-flight calls get to finish on SIGTERM/SIGINT"),
-    Setting("workers", "8", "threads for blocking storage work"),
+    Setting(
+        "grace_period",
+        "10",
+        "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+        kind="float",
+    ),
+    Setting("workers", "8", "threads for blocking storage work", kind="int"),
     Setting(
         "compile_workers",
         "2",
         "threads for compiles and result searches, apart from storage work",
+        kind="int",
     ),
     Setting("log_level", "info", "debug, info, warning or error"),
-    Setting("max_sessions", "100000", "sessions the daemon holds at most"),
-    Setting("max_session_bytes", str(1 << 30), "bytes one session may store"),
-    Setting("max_events_per_append", "1000", "events one AppendEvents may carry"),
-    Setting("max_event_bytes", str(1 << 20), "encoded bytes of one event (after blob offload)"),
-    Setting("blob_threshold_bytes", str(16 << 10), "tool results above this become blobs"),
-    Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact"),
-    Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted"),
+    Setting("max_sessions", "100000", "sessions the daemon holds at most", kind="int"),
+    Setting("max_session_bytes", str(1 << 30), "bytes one session may store", kind="int"),
+    Setting("max_events_per_append", "1000", "events one AppendEvents may carry", kind="int"),
+    Setting(
+        "max_event_bytes",
+        str(1 << 20),
+        "encoded bytes of one event (after blob offload)",
+        kind="int",
+    ),
+    Setting(
+        "blob_threshold_bytes", str(16 << 10), "tool results above this become blobs", kind="int"
+    ),
+    Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact", kind="int"),
+    Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted", kind="int"),
     Setting(
         "disk_reserve_bytes",
         str(64 << 20),
         "space held back beside RocksDB so it can always recover from a full disk; writes "
         "resume when this much is free again (0 disables)",
+        kind="int",
     ),
     Setting(
         "stream_chunk_bytes",
         str(1 << 20),
         "CompileStream sends views larger than this as ordered chunks",
+        kind="int",
     ),
     Setting(
         "compile_memo_bytes",
         str(32 << 20),
         "memory for compile memos (each session's projected history, so a step compiles only "
         "its new events); 0 compiles every view from scratch",
+        kind="int",
     ),
     Setting(
         "compile_cpu_budget_ms",
         "30000",
         "CPU milliseconds one compile (its loading, projection and renderings) may use "
         "before it is stopped with RESOURCE_EXHAUSTED/QUOTA_EXCEEDED; 0 = no limit",
+        kind="int",
     ),
     Setting("kernel_file", "", "file with the kernel prefix text; empty uses the built-in one"),
     Setting(
@@ -103,13 +128,15 @@ SETTINGS: tuple[Setting, ...] = (
         "user-global directory: AGENTS.md/CLAUDE.md/GEMINI.md, skills/, rules/, MEMORY.md",
     ),
     Setting("instruction_files", "AGENTS.md,CLAUDE.md,GEMINI.md", "instruction file names"),
-    Setting("time_granularity", "60", "seconds the environment section's time is rounded to"),
-    Setting("instruction_file_cap", "16000", "characters of one instruction file"),
-    Setting("instructions_cap", "48000", "characters of all instruction files"),
-    Setting("skills_cap", "8000", "characters of the skills catalog"),
-    Setting("rules_cap", "16000", "characters of the rules in direct effect"),
-    Setting("rule_index_cap", "4000", "characters of the on-demand rule index"),
-    Setting("memory_cap", "8000", "characters of memory"),
+    Setting(
+        "time_granularity", "60", "seconds the environment section's time is rounded to", kind="int"
+    ),
+    Setting("instruction_file_cap", "16000", "characters of one instruction file", kind="int"),
+    Setting("instructions_cap", "48000", "characters of all instruction files", kind="int"),
+    Setting("skills_cap", "8000", "characters of the skills catalog", kind="int"),
+    Setting("rules_cap", "16000", "characters of the rules in direct effect", kind="int"),
+    Setting("rule_index_cap", "4000", "characters of the on-demand rule index", kind="int"),
+    Setting("memory_cap", "8000", "characters of memory", kind="int"),
     Setting(
         "model_catalog", "", "JSON file of model entries added to or replacing the shipped catalog"
     ),
@@ -127,33 +154,53 @@ SETTINGS: tuple[Setting, ...] = (
         "first_reserve_fraction",
         "0.25",
         "share of a known window reserved for output before any usage is known (0..1]",
+        kind="float",
     ),
-    Setting("first_reserve_max", "16384", "cap in tokens on that first output reserve"),
+    Setting("first_reserve_max", "16384", "cap in tokens on that first output reserve", kind="int"),
     Setting(
         "reserve_last_output_factor",
         "2",
         "once usage is known, the output reserve is this many times the last output",
+        kind="int",
     ),
-    Setting("reserve_min", "1024", "lower clamp in tokens of the usage-based output reserve"),
-    Setting("reserve_max", "8192", "upper clamp in tokens of the usage-based output reserve"),
+    Setting(
+        "reserve_min", "1024", "lower clamp in tokens of the usage-based output reserve", kind="int"
+    ),
+    Setting(
+        "reserve_max", "8192", "upper clamp in tokens of the usage-based output reserve", kind="int"
+    ),
     Setting(
         "unknown_window_watermark",
         "32768",
         "history high watermark in tokens when the model's window is unknown",
+        kind="int",
     ),
     Setting(
-        "unknown_window_reserve", "16384", "output reserve in tokens when the window is unknown"
+        "unknown_window_reserve",
+        "16384",
+        "output reserve in tokens when the window is unknown",
+        kind="int",
     ),
     # Tool registry limits guard against abuse; the defaults take real agents' tool sets
     # (descriptions of 9-12K characters, deeply nested schemas) with room to spare.
-    Setting("max_tools", "512", "tools one session may register"),
-    Setting("max_tool_description_chars", "65536", "characters of one tool's description"),
-    Setting("max_tool_schema_bytes", str(256 << 10), "bytes of one tool's input schema JSON"),
-    Setting("max_tool_schema_depth", "64", "nesting depth of one tool's input schema (4..100)"),
+    Setting("max_tools", "512", "tools one session may register", kind="int"),
+    Setting(
+        "max_tool_description_chars", "65536", "characters of one tool's description", kind="int"
+    ),
+    Setting(
+        "max_tool_schema_bytes", str(256 << 10), "bytes of one tool's input schema JSON", kind="int"
+    ),
+    Setting(
+        "max_tool_schema_depth",
+        "64",
+        "nesting depth of one tool's input schema (4..100)",
+        kind="int",
+    ),
     Setting(
         "debug_echo",
         "false",
         "serve ctxcc.debug.Echo/Echo (benchmarks only: a transport baseline); true or false",
+        kind="bool",
     ),
 )
 

@@ -346,3 +346,44 @@ def test_a_ctxcc_variable_that_names_no_setting_is_warned_at_start(short_tmp: Pa
     ), log
     assert "environment variable CTXCC_FROBNICATE is no ctxcc setting and is ignored\n" in log
     assert "CTXCC_TARGET" not in log and "CTXCC_LOG_LEVEL" not in log
+
+
+def test_a_quoted_number_in_the_config_file_exits_2_naming_file_key_and_types(
+    short_tmp: Path,
+) -> None:
+    """`max_tools = "10"` was taken as 10: a type mistake in TOML that nobody heard of."""
+    config = short_tmp / "ctxcc.toml"
+    config.write_text('max_tools = "10"\n')
+    r = serve("--data-dir", str(short_tmp / "data"), "--config", str(config))
+    assert r.returncode == 2, r.stderr
+    assert (
+        f"config file {config}: max_tools must be a TOML integer (unquoted, e.g. 10), got the "
+        'string "10"' in r.stderr
+    ), r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert not (short_tmp / "data").exists()  # refused before anything was made
+
+
+def test_tls_files_with_listen_none_are_warned_unused_at_start(short_tmp: Path) -> None:
+    """TLS serves only the gRPC TCP listener: with none, the files were never read (a
+    missing one not even reported) while the operator believed something was encrypted."""
+    cert, key = short_tmp / "absent.pem", short_tmp / "absent.key"
+    d = DaemonProcess(
+        short_tmp / "data",
+        "--listen",
+        "none",
+        "--tls-cert-file",
+        str(cert),
+        "--tls-key-file",
+        str(key),
+    ).start()
+    try:
+        endpoints = d.wait_ready()
+    finally:
+        assert d.terminate() == 0
+    assert endpoints["tcp"] is None
+    log = d.log()
+    assert (
+        "WARNING ctxcc: tls_cert_file, tls_key_file are set but listen is 'none': TLS applies "
+        "only to the gRPC TCP listener" in log
+    ), log

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +121,9 @@ def _restricted_violations(spec: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_pods_are_restricted_native_sidecars_with_working_probes(overlay: str) -> None:
+def test_pods_are_restricted_native_sidecars_with_working_probes(
+    overlay: str, tmp_path: Path
+) -> None:
     docs = render(OVERLAYS[overlay])
     spec = pod_spec(docs)
     assert _restricted_violations(spec) == []
@@ -135,8 +136,10 @@ def test_pods_are_restricted_native_sidecars_with_working_probes(overlay: str) -
     config_map = next(
         d for d in docs if d["kind"] == "ConfigMap" and "ctxcc.toml" in d.get("data", {})
     )
-    settings = tomllib.loads(config_map["data"]["ctxcc.toml"])
-    cfg = resolve({k: str(v) for k, v in settings.items()}, env={})
+    # Read as the daemon reads it (--config), so its values' TOML types are checked too.
+    config_file = tmp_path / "ctxcc.toml"
+    config_file.write_text(config_map["data"]["ctxcc.toml"])
+    cfg = resolve({"config": str(config_file)}, env={})
     health_port = int(cfg.health_listen.rsplit(":", 1)[1])
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert sidecar[probe]["grpc"]["port"] == health_port

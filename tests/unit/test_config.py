@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server.cli import build_parser
-from server.config import SETTINGS, ConfigError, resolve
+from server.config import SETTINGS, ConfigError, resolve, unused_settings
 
 
 def test_defaults_are_the_embedded_ones() -> None:
@@ -127,3 +129,119 @@ def test_file_values_of_the_wrong_shape_are_named(tmp_path: Path, line: str, mes
     f.write_text(line + "\n")
     with pytest.raises(ConfigError, match=message):
         resolve({"config": str(f)}, env={})
+
+
+@pytest.mark.parametrize(
+    ("line", "expected", "given"),
+    [
+        # A quoted number was read as the number: `max_tools = "10"` served 10 tools.
+        ('max_tools = "10"', "a TOML integer", 'the string "10"'),
+        ('grace_period = "2.5"', "a TOML number", 'the string "2.5"'),
+        ('first_reserve_fraction = "0.5"', "a TOML number", 'the string "0.5"'),
+        ('debug_echo = "true"', "a TOML boolean", 'the string "true"'),
+        ("debug_echo = 1", "a TOML boolean", "the integer 1"),
+        ("workers = 3.0", "a TOML integer", "the float 3.0"),
+        ("max_tools = true", "a TOML integer", "the boolean true"),
+        ("grace_period = false", "a TOML number", "the boolean false"),
+        ("socket_group = 1000", "a TOML string", "the integer 1000"),
+        ("listen = 50551", "a TOML string", "the integer 50551"),
+        ("workspace_roots = 5", "a TOML string or an array of strings", "the integer 5"),
+        ("data_dir = 2024-01-01", "a TOML string", "the date/time 2024-01-01"),
+    ],
+)
+def test_file_values_of_the_wrong_type_name_file_key_type_and_value(
+    tmp_path: Path, line: str, expected: str, given: str
+) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(line + "\n")
+    key = line.split(" =", maxsplit=1)[0]
+    with pytest.raises(ConfigError) as err:
+        resolve({"config": str(f)}, env={})
+    assert str(err.value).startswith(f"config file {f}: {key} must be {expected}"), err.value
+    assert str(err.value).endswith(f", got {given}"), err.value
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# Every setting whose default is a number or a boolean, found from the defaults so that a
+# numeric setting added later is covered too; socket_mode is a quoted octal string.
+TYPED = [
+    s
+    for s in SETTINGS
+    if s.name != "socket_mode" and (_reads_as_number(s.default) or s.default in {"true", "false"})
+]
+
+
+@pytest.mark.parametrize("setting", TYPED, ids=[s.name for s in TYPED])
+def test_numbers_and_booleans_in_the_file_must_not_be_quoted(tmp_path: Path, setting: Any) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(f"{setting.name} = {setting.default}\n")  # the default, as TOML's own type
+    typed = resolve({"config": str(f)}, env={})
+    assert typed == resolve({}, env={})
+    f.write_text(f'{setting.name} = "{setting.default}"\n')
+    with pytest.raises(ConfigError, match=f'{setting.name} must be a TOML .*, got the string "'):
+        resolve({"config": str(f)}, env={})
+    # Flags and environment variables are text by nature: the same text still reads.
+    assert resolve({setting.name: setting.default}, env={}) == typed
+    assert resolve({}, env={"CTXCC_" + setting.name.upper(): setting.default}) == typed
+
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_CONFIGS = sorted(
+    p
+    for p in REPO.glob("**/*.toml")
+    if p.name != "pyproject.toml" and not ({".venv", "node_modules", ".tools"} & set(p.parts))
+)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int | float) else json.dumps(value)
+
+
+def test_the_shipped_example_configs_load_with_their_numbers_checked(tmp_path: Path) -> None:
+    """Each TOML config in the repository (the Kubernetes ConfigMap's ctxcc.toml) loads
+    under the typed check, reads as the same settings given as flags, and its numbers are
+    ones the check sees: quoted, each is refused."""
+    assert EXAMPLE_CONFIGS, "no example config found"
+    for path in EXAMPLE_CONFIGS:
+        data = tomllib.loads(path.read_text())
+        as_flags = {
+            k: ",".join(v) if isinstance(v, list) else v if isinstance(v, str) else _toml(v)
+            for k, v in data.items()
+        }
+        assert resolve({"config": str(path)}, env={}) == resolve(as_flags, env={})
+        typed = [k for k, v in data.items() if not isinstance(v, str | list)]
+        assert typed, f"{path}: no number or boolean to check"
+        for key in typed:
+            quoted = tmp_path / "quoted.toml"
+            quoted.write_text(
+                "".join(
+                    f"{k} = {json.dumps(_toml(v)) if k == key else _toml(v)}\n"
+                    for k, v in data.items()
+                )
+            )
+            with pytest.raises(ConfigError, match=f"config file {quoted}: {key} must be"):
+                resolve({"config": str(quoted)}, env={})
+
+
+def test_tls_files_with_no_tcp_listener_are_warned_unused() -> None:
+    """TLS serves only `listen`: with it 'none' the files were never read, not even a
+    missing one reported, and the operator believed some port was encrypted."""
+    tls = {"tls_cert_file": "/nowhere/cert.pem", "tls_key_file": "/nowhere/key.pem"}
+    (warning,) = unused_settings(resolve({"listen": "none", **tls}, env={}))
+    assert warning.startswith("tls_cert_file, tls_key_file are set but listen is 'none'")
+    assert "unused" in warning
+    with_ca = {**tls, "tls_client_ca_file": "/nowhere/ca.pem"}
+    (warning,) = unused_settings(resolve({"listen": "none", **with_ca}, env={}))
+    assert warning.startswith("tls_cert_file, tls_key_file, tls_client_ca_file are set")
+    # With a TCP listener they are used (and checked when it binds); without TLS, nothing.
+    assert unused_settings(resolve({"listen": "127.0.0.1:0", **with_ca}, env={})) == []
+    assert unused_settings(resolve({"listen": "none"}, env={})) == []
