@@ -221,6 +221,8 @@ def _file_text(path: str, name: str, value: object) -> str:
         return str(value)  # an integer is a number of seconds too: grace_period = 20
     if kind == "str" and isinstance(value, str):
         return value
+    if name == "socket_group" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # a group name or a gid: `socket_group = 1000` is the gid
     expected = EXPECTED[kind]
     if name in LIST_SETTINGS:
         expected = "a TOML string or an array of strings"

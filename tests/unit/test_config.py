@@ -143,7 +143,7 @@ def test_file_values_of_the_wrong_shape_are_named(tmp_path: Path, line: str, mes
         ("workers = 3.0", "a TOML integer", "the float 3.0"),
         ("max_tools = true", "a TOML integer", "the boolean true"),
         ("grace_period = false", "a TOML number", "the boolean false"),
-        ("socket_group = 1000", "a TOML string", "the integer 1000"),
+        ("socket_group = true", "a TOML string", "the boolean true"),
         ("listen = 50551", "a TOML string", "the integer 50551"),
         ("workspace_roots = 5", "a TOML string or an array of strings", "the integer 5"),
         ("data_dir = 2024-01-01", "a TOML string", "the date/time 2024-01-01"),
@@ -159,6 +159,14 @@ def test_file_values_of_the_wrong_type_name_file_key_type_and_value(
         resolve({"config": str(f)}, env={})
     assert str(err.value).startswith(f"config file {f}: {key} must be {expected}"), err.value
     assert str(err.value).endswith(f", got {given}"), err.value
+
+
+def test_a_socket_group_may_be_a_gid_number_or_a_name(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("socket_group = 1000\n")
+    assert resolve({"config": str(f)}, env={}).socket_group == "1000"
+    f.write_text('socket_group = "ctxcc"\n')
+    assert resolve({"config": str(f)}, env={}).socket_group == "ctxcc"
 
 
 def _reads_as_number(text: str) -> bool:
