@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from server.domain.errors import CtxccError, Reason
+from server.domain.errors import CtxccError, Reason, session_not_found
 from server.domain.model import (
     AppendBatch,
     AppendResult,
@@ -127,6 +127,29 @@ class EventRecords(StoreCore):
         limit: int | None = None,
         kinds: frozenset[EventKind] = frozenset(),
         through_seq: int | None = None,
+        session_created_ns: int = 0,
+    ) -> list[Event]:
+        """Events after `after_seq` (through `through_seq`), up to `limit`, of `kinds`.
+        `session_created_ns`: the create time of the session whose log the caller reads
+        (a watch's), when it is checked: the log is read by session id alone, and a
+        session deleted and made again under its id before the read would hand over
+        the new log's events at the seqs the caller expects of the old one. Checked after
+        the read, so anything the read saw of another log is refused (SESSION_NOT_FOUND,
+        as a deleted session's watch ends)."""
+        out = self._read_events(session_id, after_seq, limit, kinds, through_seq)
+        if session_created_ns and self.get_session(session_id).create_time_ns != (
+            session_created_ns
+        ):
+            raise session_not_found(session_id)
+        return out
+
+    def _read_events(
+        self,
+        session_id: str,
+        after_seq: int,
+        limit: int | None,
+        kinds: frozenset[EventKind],
+        through_seq: int | None,
     ) -> list[Event]:
         if after_seq >= MAX_SEQ:
             return []  # nothing can follow the largest sequence number

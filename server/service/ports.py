@@ -99,6 +99,7 @@ class EventStore(Protocol):
         limit: int | None = None,
         kinds: frozenset[EventKind] = frozenset(),
         through_seq: int | None = None,
+        session_created_ns: int = 0,
     ) -> list[Event]: ...
 
     def get_blob(self, sha256: str) -> bytes | None: ...

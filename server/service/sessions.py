@@ -174,11 +174,16 @@ class SessionUseCases:
         write = self.writer(session_id, count, convert, request_id, expected_last_seq)
         return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
 
-    def _synced_page(self, session_id: str, after_seq: int, limit: int) -> list[Event]:
+    def _synced_page(
+        self, session_id: str, created_ns: int, after_seq: int, limit: int
+    ) -> list[Event]:
         """Blocking: a page of a watch's events, the log synced first when they may not
         be durable yet (a step's append is synced beside its compile): a watcher is never
-        told of an event a crash could take back."""
-        page = self._store.read_events(session_id, after_seq, limit)
+        told of an event a crash could take back. Only of the session made at `created_ns`
+        (the one the watch subscribed to): deleted and made again under its id since,
+        SESSION_NOT_FOUND, as the watch of a deleted session ends, and never a page of the
+        new log (its seqs start over)."""
+        page = self._store.read_events(session_id, after_seq, limit, session_created_ns=created_ns)
         if page:
             self._store.sync_reads()
         return page
@@ -326,14 +331,18 @@ class SessionUseCases:
             # one made again since the first lookup is another log.
             if (await self.get(session_id)).create_time_ns != session.create_time_ns:
                 raise session_not_found(session_id)
+            created = session.create_time_ns
             self._telemetry.watchers_changed(1)
             try:
                 last = after_seq
                 if announce:
-                    yield Resync((await self.get(session_id)).head_seq)
+                    now = await self.get(session_id)
+                    if now.create_time_ns != created:
+                        raise session_not_found(session_id)  # the head of another log
+                    yield Resync(now.head_seq)
                 while True:  # catch up in pages; live updates queue up meanwhile
                     page = await self._blocking.run(
-                        self._synced_page, session_id, last, self.limits.max_page_size
+                        self._synced_page, session_id, created, last, self.limits.max_page_size
                     )
                     for event in page:
                         last = event.seq
@@ -363,6 +372,7 @@ class SessionUseCases:
                             page = await self._blocking.run(
                                 self._synced_page,
                                 session_id,
+                                created,
                                 last,
                                 min(update.seq - 1 - last, self.limits.max_page_size),
                             )

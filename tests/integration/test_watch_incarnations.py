@@ -12,13 +12,14 @@ import asyncio
 import threading
 from typing import Any
 
+import grpc
 import pytest
 
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs
-from tests.helpers import user
+from tests.helpers import error_info, user
 
 
 async def _append(api: Stubs, sid: str, text: str) -> Any:
@@ -74,3 +75,68 @@ async def test_an_old_sessions_append_landing_late_never_reaches_the_new_session
         assert await _next_event(updates) == (3, "new 3")
     finally:
         watch.cancel()
+
+
+# A watch catches up in pages of this many events (ServiceLimits.max_page_size).
+PAGE = 1_000
+
+
+async def _append_many(api: Stubs, sid: str, prefix: str, count: int) -> None:
+    for start in range(1, count + 1, PAGE):
+        texts = [f"{prefix} {i}" for i in range(start, min(count, start + PAGE - 1) + 1)]
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[user(t) for t in texts])
+        )
+
+
+@pytest.mark.parametrize("held_after", [0, PAGE], ids=["first_page", "second_page"])
+async def test_a_catch_up_page_read_after_the_session_is_made_again_ends_the_watch(
+    daemon: Daemon, api: Stubs, monkeypatch: pytest.MonkeyPatch, held_after: int
+) -> None:
+    """A watch reads its backlog from the log in pages, by session id. The session deleted
+    and made again (with a log as long) before a page's read used to hand the watcher of
+    the old session that page of the new log, at the seqs it expected next of the old one,
+    before its watch ended with SESSION_NOT_FOUND. The page read here is held in its
+    storage thread (before it reads) until the session is made again and written to."""
+    sid = "paged"
+    create = spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    await api.sessions.CreateSession(create)
+    await _append_many(api, sid, "old", held_after + 2)
+    store = daemon._store
+    assert store is not None
+    read_events = store.read_events
+    reading, release = threading.Event(), threading.Event()
+
+    def held_page(session_id: str, after_seq: int = 0, limit: int | None = None, **kw: Any) -> Any:
+        if (session_id, after_seq, limit) == (sid, held_after, PAGE) and not reading.is_set():
+            reading.set()
+            assert release.wait(30)
+        return read_events(session_id, after_seq, limit, **kw)
+
+    monkeypatch.setattr(store, "read_events", held_page)
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid), timeout=60)
+    got: list[tuple[int, str]] = []
+
+    async def collect() -> grpc.RpcError | None:
+        try:
+            async for msg in watch:
+                if msg.HasField("event"):
+                    got.append((msg.event.seq, msg.event.user_message.parts[0].text))
+        except grpc.RpcError as err:
+            return err
+        return None
+
+    collected = asyncio.ensure_future(collect())
+    try:
+        assert await asyncio.to_thread(reading.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
+        await api.sessions.CreateSession(create)
+        await _append_many(api, sid, "new", held_after + 2)
+    finally:
+        release.set()
+    err = await collected
+    assert got == [(i, f"old {i}") for i in range(1, held_after + 1)]
+    assert err is not None
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(err).reason == "SESSION_NOT_FOUND"
+
