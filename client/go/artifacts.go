@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
@@ -89,14 +90,18 @@ func (c *Client) DownloadArtifact(ctx context.Context, sessionID, artifactID str
 // ends. After a daemon restart it reopens from the last event it delivered, so no event is
 // delivered twice or skipped. A session deleted (and perhaps made again under its id) while
 // the watch was away ends it with NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the
-// reopened watch asks for the last event it delivered again, and a log without that very
-// event (its id and time) is another session's, never followed as if it went on.
+// daemon's header names the create time of the session each watch follows, and a reopened
+// watch that follows another one ends so, even when nothing was delivered yet. The reopened
+// watch also asks for the last event it delivered again, and a log without that very event
+// (its id and time) is another session's, never followed as if it went on (the check left
+// with a daemon that sends no such header).
 func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, fn func(*ctxccv1.WatchSessionResponse) bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	deadline := time.Now().Add(c.RetryFor)
 	pause := 50 * time.Millisecond
 	var last *ctxccv1.Event // the last event delivered
+	made := ""              // the create time of the session watched, from a header
 	for {
 		// From the second call on, start one event early: the first event answered must be
 		// the one delivered last, or the log is no longer the one watched.
@@ -105,6 +110,18 @@ func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, f
 			start = afterSeq - 1
 		}
 		w, err := c.Sessions.WatchSession(ctx, &ctxccv1.WatchSessionRequest{SessionId: sessionID, AfterSeq: start})
+		if err == nil {
+			// Sent once the daemon subscribed (by an older daemon: with the first update, or
+			// none at the end). An error here is the stream's: Recv answers it below.
+			if md, herr := w.Header(); herr == nil {
+				now := created(md)
+				if made == "" {
+					made = now
+				} else if now != "" && now != made {
+					return sessionGone(sessionID)
+				}
+			}
+		}
 		for err == nil {
 			var msg *ctxccv1.WatchSessionResponse
 			if msg, err = w.Recv(); err != nil {
@@ -141,6 +158,18 @@ func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, f
 		}
 		pause = min(2*pause, maxPause)
 	}
+}
+
+// SessionCreateTimeKey is WatchSession's response header: the create time (ns since the
+// epoch, decimal) of the session the watch follows.
+const SessionCreateTimeKey = "ctxcc-session-create-time-ns"
+
+// created is the create time of the session a watch follows, from its header ("": not sent).
+func created(md metadata.MD) string {
+	if v := md.Get(SessionCreateTimeKey); len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // sameEvent: the same event of the same log (its seq, its id, the time the daemon wrote it).

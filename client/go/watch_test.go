@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -27,6 +28,8 @@ type watchScript struct {
 	calls [][]*ctxccv1.Event
 	// How a call before the last ends: Unavailable unless set.
 	endWith codes.Code
+	// The create time header of each call, sent at once (none when empty or missing).
+	made []string
 }
 
 func (s *watchScript) WatchSession(req *ctxccv1.WatchSessionRequest, st grpc.ServerStreamingServer[ctxccv1.WatchSessionResponse]) error {
@@ -35,6 +38,11 @@ func (s *watchScript) WatchSession(req *ctxccv1.WatchSessionRequest, st grpc.Ser
 	n := len(s.asked)
 	s.mu.Unlock()
 	log := s.calls[n-1]
+	if n <= len(s.made) && s.made[n-1] != "" {
+		if err := st.SendHeader(metadata.Pairs(SessionCreateTimeKey, s.made[n-1])); err != nil {
+			return err
+		}
+	}
 	head := uint64(0)
 	if len(log) > 0 {
 		head = log[len(log)-1].GetSeq()
@@ -125,6 +133,28 @@ func TestWatchDoesNotFollowASessionMadeAgain(t *testing.T) {
 	_, err = watchAll(t, &watchScript{calls: [][]*ctxccv1.Event{old, remade[:0]}})
 	if e, ok := AsError(err); !ok || e.Reason != "SESSION_NOT_FOUND" {
 		t.Fatalf("Watch on a shorter log ended with %v, want SESSION_NOT_FOUND", err)
+	}
+}
+
+// A watch that delivered nothing has no event to ask for again: the create time in the
+// daemon's header tells it that the session under the id was made again while it was away,
+// and it ends SESSION_NOT_FOUND instead of delivering the new log from seq 1.
+func TestWatchThatDeliveredNothingDoesNotFollowASessionMadeAgain(t *testing.T) {
+	remade := []*ctxccv1.Event{logEvent(1, "n1", 20), logEvent(2, "n2", 21)}
+	got, err := watchAll(t, &watchScript{calls: [][]*ctxccv1.Event{nil, remade}, made: []string{"100", "200"}})
+	e, ok := AsError(err)
+	if !ok || e.Code != codes.NotFound || e.Reason != "SESSION_NOT_FOUND" {
+		t.Fatalf("Watch ended with %v after %v, want SESSION_NOT_FOUND", err, got)
+	}
+	if len(got) != 0 {
+		t.Fatalf("delivered %v, want nothing", got)
+	}
+	// The same session (the same create time), or a daemon that sends no header: followed.
+	for _, made := range [][]string{{"100", "100"}, {"100", ""}, nil} {
+		got, err = watchAll(t, &watchScript{calls: [][]*ctxccv1.Event{nil, remade}, made: made})
+		if err != nil || len(got) != 2 || got[0] != "n1" || got[1] != "n2" {
+			t.Fatalf("headers %v: delivered %v and ended with %v, want [n1 n2]", made, got, err)
+		}
 	}
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
 
@@ -306,12 +306,21 @@ class SessionUseCases:
         )
 
     async def watch(
-        self, session_id: str, after_seq: int, *, announce: bool = False
+        self,
+        session_id: str,
+        after_seq: int,
+        *,
+        announce: bool = False,
+        subscribed: Callable[[int], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Update]:
         """Backlog after `after_seq` from the log, then live updates, without gaps or repeats.
         With `announce`, a Resync of the head comes first, once the watch is subscribed: a
         reader that took its snapshot before subscribing (a rendered page) re-reads then,
-        and misses nothing written between its snapshot and the subscription."""
+        and misses nothing written between its snapshot and the subscription.
+        `subscribed` is called once subscribed, before anything is yielded, with the create
+        time of the session watched (the one whose updates alone the watch gets): a
+        client told it can tell a watch reopened later on a session made again under the
+        id, even when the first watch delivered nothing it could ask for again."""
         # Looked up before the watcher caps are charged too: past them, a session that
         # does not exist would answer QUOTA_EXCEEDED ("retry later") instead of NOT_FOUND.
         session = await self.get(session_id)
@@ -332,6 +341,8 @@ class SessionUseCases:
             if (await self.get(session_id)).create_time_ns != session.create_time_ns:
                 raise session_not_found(session_id)
             created = session.create_time_ns
+            if subscribed is not None:
+                await subscribed(created)
             self._telemetry.watchers_changed(1)
             try:
                 last = after_seq

@@ -23,6 +23,10 @@ from server.transport.wire import MAX_KINDS
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
+# WatchSession's response header: the create time (ns since the epoch, decimal) of the
+# session the watch follows, sent once the watch is subscribed.
+SESSION_CREATE_TIME_KEY = "ctxcc-session-create-time-ns"
+
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
     def __init__(self, sessions: SessionUseCases, max_message_bytes: int = 64 << 20) -> None:
@@ -128,7 +132,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def WatchSession(
         self, request: pb.WatchSessionRequest, context: Ctx
     ) -> AsyncIterator[pb.WatchSessionResponse]:
-        async for update in self._s.watch(request.session_id, request.after_seq):
+        async def subscribed(created_ns: int) -> None:
+            # Headers sent at once (not with the first update, which may never come): the
+            # incarnation the watch follows, for the clients' reconnects (README, Watchers).
+            await context.send_initial_metadata(((SESSION_CREATE_TIME_KEY, str(created_ns)),))
+
+        watch = self._s.watch(request.session_id, request.after_seq, subscribed=subscribed)
+        async for update in watch:
             match update:
                 case Event():
                     yield pb.WatchSessionResponse(event=event_out(update))

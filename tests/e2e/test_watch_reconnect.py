@@ -8,6 +8,7 @@ of a deleted session does. Found by scripts/stress_durability.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import grpc
@@ -55,6 +56,58 @@ def test_watch_does_not_follow_a_session_made_again_while_it_was_away(short_tmp:
                 await o.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="w"))
                 await o.create_session("w")
                 await o.append("w", [user(f"new {i}") for i in range(1, 6)])
+            assert await asyncio.to_thread(other.terminate) == 0
+            daemon.start()
+            await asyncio.to_thread(daemon.wait_ready)
+            with pytest.raises(CtxccError) as caught:
+                got = await asyncio.wait_for(pending, 120)
+                raise AssertionError(f"the watch went on into the new session's log: {got}")
+            assert caught.value.code == grpc.StatusCode.NOT_FOUND
+            assert caught.value.reason == "SESSION_NOT_FOUND"
+
+    try:
+        asyncio.run(run())
+    finally:
+        other.ensure_stopped()
+        assert daemon.terminate() == 0
+
+
+def _wait_watched(daemon: DaemonProcess, timeout: float = 60) -> None:
+    """Polls the watchers gauge until the watch is subscribed: the daemon counts it once
+    it has handed over the header naming the session's create time."""
+    deadline = time.monotonic() + timeout
+    while daemon.metric("ctxcc_watchers") < 1:
+        assert time.monotonic() < deadline, f"the watch was not subscribed in {timeout}s"
+        time.sleep(0.05)
+
+
+def test_watch_that_delivered_nothing_does_not_follow_a_session_made_again(
+    short_tmp: Path,
+) -> None:
+    """A watch that delivered no event has none to ask for again when it reopens: the
+    create time in the daemon's header is what tells it that the session under the id is
+    another one now. Before, it went on into the new log from after_seq 0."""
+    data = short_tmp / "data"
+    daemon = DaemonProcess(data).start()
+    daemon.wait_ready()
+    target = daemon.target
+    other = DaemonProcess(
+        data, "--socket", str(short_tmp / "other.sock"), log_path=short_tmp / "other.log"
+    )
+
+    async def run() -> None:
+        async with AsyncClient(target, options=FAST_RECONNECT, retry_seconds=120) as c:
+            await c.create_session("q")
+            pending = asyncio.ensure_future(_next_event_texts(c.watch("q"), 1))
+            await asyncio.to_thread(_wait_watched, daemon)
+            # Stopped cleanly: the watch ends SHUTTING_DOWN after its header, and reopens.
+            assert await asyncio.to_thread(daemon.terminate) == 0
+            other.start()
+            await asyncio.to_thread(other.wait_ready)
+            async with AsyncClient(other.target) as o:
+                await o.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="q"))
+                await o.create_session("q")
+                await o.append("q", [user(f"new {i}") for i in range(1, 4)])
             assert await asyncio.to_thread(other.terminate) == 0
             daemon.start()
             await asyncio.to_thread(daemon.wait_ready)

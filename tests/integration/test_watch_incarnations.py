@@ -140,3 +140,22 @@ async def test_a_catch_up_page_read_after_the_session_is_made_again_ends_the_wat
     assert err.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(err).reason == "SESSION_NOT_FOUND"
 
+
+async def test_a_watch_tells_the_create_time_of_the_session_it_follows_in_its_header(
+    api: Stubs,
+) -> None:
+    """Sent once subscribed, before any update (here none ever comes): a client that got
+    nothing else from the watch can still tell, when it reopens it, whether the session
+    under the id is the one it watched."""
+    made = await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="quiet"))
+    )
+    # The deadline only keeps a daemon that sends no header from hanging the test.
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="quiet"), timeout=30)
+    try:
+        header = dict(await watch.initial_metadata())
+        assert header["ctxcc-session-create-time-ns"] == str(
+            made.session.create_time.ToNanoseconds()
+        )
+    finally:
+        watch.cancel()

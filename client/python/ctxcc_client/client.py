@@ -39,6 +39,9 @@ from ctxcc_client.retry import (
 )
 from ctxcc_client.stream import CompileStream
 
+# WatchSession's response header: the create time of the session the watch follows.
+SESSION_CREATE_TIME_KEY = "ctxcc-session-create-time-ns"
+
 
 class AsyncClient:
     """One channel to the daemon. `retry_seconds` bounds how long an idempotent call or a
@@ -195,21 +198,34 @@ class AsyncClient:
         """Updates of a session after `after_seq`; reopens after a daemon restart from the
         last event it delivered, so no event is delivered twice or skipped. A session
         deleted (and perhaps made again under its id) while the watch was away ends it with
-        NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the reopened watch asks for
-        the last event it delivered again, and a log without that very event (its id and
-        time) is another session's, never followed as if it went on."""
+        NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the daemon's header names the
+        create time of the session each watch follows, and a reopened watch that follows
+        another one ends so, even when nothing was delivered yet. The reopened watch also
+        asks for the last event it delivered again, and a log without that very event (its
+        id and time) is another session's, never followed as if it went on (the check
+        left with a daemon that sends no such header)."""
         stub: Any = self._session_stub
         backoff = Backoff(self.retry_seconds)
         last: event_pb2.Event | None = None  # the last event delivered
+        made: str | None = None  # the create time of the session watched, from a header
         while True:
             # From the second call on, start one event early: the first event answered
             # must be the one delivered last, or the log is no longer the one watched.
             anchor = last
             start = after_seq - 1 if anchor is not None else after_seq
             try:
-                async for msg in stub.WatchSession(
+                call = stub.WatchSession(
                     spb.WatchSessionRequest(session_id=session_id, after_seq=start)
-                ):
+                )
+                # Sent once the daemon subscribed (with an older daemon: with the first
+                # update, or none at the end).
+                now = _created(await call.initial_metadata())
+                if made is None:
+                    made = now
+                elif now is not None and now != made:
+                    call.cancel()
+                    raise _session_gone(session_id)
+                async for msg in call:
                     if anchor is not None:
                         if not _same_event(msg, anchor):
                             raise _session_gone(session_id)
@@ -240,6 +256,14 @@ def _same_event(msg: session_service_pb2.WatchSessionResponse, event: event_pb2.
         event.event_id,
         event.create_time,
     )
+
+
+def _created(header: Any) -> str | None:
+    """The create time of the session a watch follows, from its header (None: not sent)."""
+    for key, value in header or ():
+        if key == SESSION_CREATE_TIME_KEY:
+            return str(value)
+    return None
 
 
 def _reason(err: grpc.aio.AioRpcError) -> str:

@@ -240,21 +240,40 @@ export class Client {
    * Updates of a session after `afterSeq`. Reopens after a daemon restart from the last event
    * it delivered, so no event is delivered twice or skipped. Break out of the loop to stop.
    * A session deleted (and perhaps made again under its id) while the watch was away ends it
-   * with NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the reopened watch asks for the
+   * with NOT_FOUND (SESSION_NOT_FOUND), as an open watch ends: the daemon's header names the
+   * create time of the session each watch follows, and a reopened watch that follows another
+   * one ends so, even when nothing was delivered yet. The reopened watch also asks for the
    * last event it delivered again, and a log without that very event (its id and time) is
-   * another session's, never followed as if it went on.
+   * another session's, never followed as if it went on (the check left with a daemon that
+   * sends no such header).
    */
   async *watch(sessionId: string, afterSeq = 0): AsyncGenerator<WatchSessionResponse> {
     let backoff = new Backoff(this.settings.retrySeconds);
     let last: Event | undefined; // the last event delivered
+    let made: string | undefined; // the create time of the session watched, from a header
     for (;;) {
       // From the second call on, start one event early: the first event answered must be the
       // one delivered last, or the log is no longer the one watched.
       let anchor = last;
       const start = anchor !== undefined ? afterSeq - 1 : afterSeq;
       const call = this.sessions.raw.watchSession(WatchSessionRequest.fromPartial({ sessionId, afterSeq: start }), this.md());
+      // Sent once the daemon subscribed (by an older daemon: with the first update, or none).
+      let now: string | undefined;
+      const heard = new Promise<void>((resolve) =>
+        call.once("metadata", (md: grpc.Metadata) => {
+          now = createdOf(md);
+          resolve();
+        }),
+      );
       try {
-        for await (const msg of call as AsyncIterable<WatchSessionResponse>) {
+        const updates = (call as AsyncIterable<WatchSessionResponse>)[Symbol.asyncIterator]();
+        const first = updates.next();
+        // The header comes before any update: checked at once, not at the first update.
+        await Promise.race([heard, first]);
+        if (made === undefined) made = now;
+        else if (now !== undefined && now !== made) throw sessionGone(sessionId);
+        for (let got = await first; !got.done; got = await updates.next()) {
+          const msg = got.value;
           if (anchor !== undefined) {
             if (msg.update?.$case !== "event" || !sameEvent(msg.update.value, anchor)) throw sessionGone(sessionId);
             anchor = undefined;
@@ -284,6 +303,15 @@ export class Client {
 /** The same event of the same log: its seq, its id and the time the daemon wrote it. */
 function sameEvent(got: Event, want: Event): boolean {
   return got.seq === want.seq && got.eventId === want.eventId && got.createTime?.getTime() === want.createTime?.getTime();
+}
+
+/** WatchSession's response header: the create time (ns since the epoch) of the session watched. */
+export const SESSION_CREATE_TIME_KEY = "ctxcc-session-create-time-ns";
+
+/** The create time of the session a watch follows, from its header (undefined: not sent). */
+function createdOf(md: grpc.Metadata): string | undefined {
+  const values = md.get(SESSION_CREATE_TIME_KEY);
+  return values.length > 0 ? String(values[0]) : undefined;
 }
 
 function sessionGone(sessionId: string): CtxccError {

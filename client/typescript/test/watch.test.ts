@@ -4,19 +4,26 @@ import * as grpc from "@grpc/grpc-js";
 
 import { Event } from "../src/gen/ctxcc/v1/event.js";
 import { SessionServiceService, WatchSessionRequest, WatchSessionResponse } from "../src/gen/ctxcc/v1/session_service.js";
-import { connect, CtxccError } from "../src/index.js";
+import { connect, CtxccError, SESSION_CREATE_TIME_KEY } from "../src/index.js";
 
 const ev = (seq: number, eventId: string, at: number): Event => Event.fromPartial({ seq, eventId, createTime: new Date(at * 1000) });
 
 /** A SessionService whose n-th WatchSession call sends calls[n-1]'s events after the
  * after_seq asked for, then ends UNAVAILABLE (a daemon restart); the last call ends cleanly. */
-async function scripted(calls: Event[][], endWith: grpc.status = grpc.status.UNAVAILABLE) {
+async function scripted(calls: Event[][], endWith: grpc.status = grpc.status.UNAVAILABLE, made: (string | undefined)[] = []) {
   const asked: number[] = [];
   const server = new grpc.Server();
   server.addService(SessionServiceService, {
     watchSession: (call: grpc.ServerWritableStream<WatchSessionRequest, WatchSessionResponse>) => {
       asked.push(call.request.afterSeq);
       const log = calls[asked.length - 1];
+      const created = made[asked.length - 1];
+      if (created !== undefined) {
+        // Sent at once, before any update, as the daemon does once the watch is subscribed.
+        const md = new grpc.Metadata();
+        md.set(SESSION_CREATE_TIME_KEY, created);
+        call.sendMetadata(md);
+      }
       for (const e of log) if (e.seq > call.request.afterSeq) call.write(WatchSessionResponse.fromPartial({ update: { $case: "event", value: e } }));
       if (asked.length < calls.length) call.emit("error", { code: endWith, details: "restarting" });
       else call.end();
@@ -63,4 +70,20 @@ test("a watch the daemon's gRPC cancelled as it stopped (a bare CANCELLED) reope
   assert.equal(error, undefined);
   assert.deepEqual(got, ["e1", "e2"]);
   assert.deepEqual(asked, [0, 0]);
+});
+
+test("a watch that delivered nothing does not follow a session made again while it was away", async () => {
+  // No event to ask for again: the create time in the daemon's header tells the logs apart.
+  const remade = [ev(1, "n1", 20), ev(2, "n2", 21)];
+  const { got, error } = await scripted([[], remade], grpc.status.UNAVAILABLE, ["100", "200"]);
+  assert.deepEqual(got, []);
+  assert.ok(error instanceof CtxccError, String(error));
+  assert.equal(error.code, grpc.status.NOT_FOUND);
+  assert.equal(error.reason, "SESSION_NOT_FOUND");
+  // The same session (the same create time), or a daemon that sends no header: followed.
+  for (const made of [["100", "100"], ["100", undefined], []]) {
+    const same = await scripted([[], remade], grpc.status.UNAVAILABLE, made);
+    assert.equal(same.error, undefined, `headers ${made}`);
+    assert.deepEqual(same.got, ["n1", "n2"], `headers ${made}`);
+  }
 });
