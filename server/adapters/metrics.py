@@ -149,6 +149,11 @@ class PrometheusTelemetry:
             "ctxcc_compile_memo_evictions_total",
             "Memos dropped to keep the cache within compile_memo_bytes.",
         )
+        self.tools_deferred_by_cap = plain.counter(
+            "ctxcc_tools_deferred_by_cap_total",
+            "Tools left out of compiled views because the route's provider takes no more "
+            "(OpenAI 128, Gemini 512): offered through tool_search instead.",
+        )
         self.abandoned = plain.counter(
             "ctxcc_compiles_abandoned_total",
             "Compiles stopped mid-work because their caller went away (client deadline or "
@@ -253,6 +258,8 @@ class PrometheusTelemetry:
                 self.fallbacks.labels(reason.name.lower()).inc()
             for section in view.changed_sections:
                 self.prefix_changes.labels(section.name.lower()).inc()
+            if view.tools_deferred_by_cap:
+                self.tools_deferred_by_cap.labels().inc(view.tools_deferred_by_cap)
 
     def appended(self, events: int, size_bytes: int) -> None:
         with self._lock:

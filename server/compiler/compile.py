@@ -42,6 +42,7 @@ from server.compiler.system import (
 )
 from server.compiler.textscan import FoundPaths
 from server.compiler.tokens import COUNTING, MESSAGE_OVERHEAD, TokenCounter
+from server.compiler.tool_cap import TOOL_CAPPING, capped_candidates, searchable_registry, tool_cap
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     VOLATILE_SECTIONS,
@@ -111,6 +112,8 @@ class CompileInputs:
     projection: int = PROJECTION
     # How provider bodies are rendered (render.RENDERING): likewise.
     rendering: int = RENDERING
+    # Whether the route's tool cap applies (tool_cap.TOOL_CAPPING; 0: never): likewise.
+    tool_capping: int = TOOL_CAPPING
 
 
 def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
@@ -140,6 +143,15 @@ def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    tools: tuple[ViewTool, ...]
+    # Direct tools offered through tool_search instead (the route's tool cap), and
+    # activated tools the cap left out.
+    deferred_by_cap: int = 0
+    notes: tuple[str, ...] = ()
+
+
 def select_tools(
     inputs: CompileInputs,
     counter: TokenCounter,
@@ -147,44 +159,86 @@ def select_tools(
     references_blobs: bool,
     loadable_rules: bool,
     turn_start: int,
-) -> tuple[ViewTool, ...]:
+) -> ToolChoice:
     registry = inputs.tools
-    by_name = {s.name: s for s in registry}
+    cap = tool_cap(inputs.route.protocol) if inputs.tool_capping >= 1 else None
     direct = sorted(
         (s for s in registry if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
     )
+    prefix, over = capped_candidates(direct, cap)
+    # What tool_search finds on this route: the registry's deferred tools and, when the
+    # direct ones may not all fit, those after the prefix (tool_cap.py).
+    searchable = searchable_registry(registry, cap) if over else registry
+    by_name = {s.name: s for s in searchable}
+    # Activated overflow tools are sent as the registry has them.
+    original = {s.name: s for s in registry}
     deferred = any(s.visibility == ToolVisibility.DEFERRED for s in registry)
     # Only deferred tools are activated: without any, the turn need not be searched.
     activated_names = set(inputs.activated_tools) | (
-        searched_in_turn(inputs.events[turn_start:] if turn_start >= 0 else (), registry)
-        if deferred
+        searched_in_turn(inputs.events[turn_start:] if turn_start >= 0 else (), searchable)
+        if deferred or over
         else set()
     )
-    activated = sorted(
+    activatable = sorted(
         (
-            by_name[n]
+            original[n]
             for n in activated_names
             if n in by_name and by_name[n].visibility == ToolVisibility.DEFERRED
         ),
         key=lambda s: s.name,
     )
-    chosen = [(s, ToolOrigin.DIRECT) for s in direct] + [
+    over_names = {s.name for s in over}
+    registry_deferred = [s for s in activatable if s.name not in over_names]
+    builtins = []
+    if deferred:
+        builtins.append((TOOL_SEARCH, ToolOrigin.BUILTIN_TOOL_SEARCH))
+    if references_blobs:
+        builtins.append((READ_TOOL_RESULT, ToolOrigin.BUILTIN_READ_TOOL_RESULT))
+    if loadable_rules:
+        builtins.append((LOAD_RULE, ToolOrigin.BUILTIN_LOAD_RULE))
+    notes: tuple[str, ...] = ()
+    hidden = 0
+    if cap is None or len(direct) + len(registry_deferred) + len(builtins) <= cap:
+        shown_direct, activated = direct, registry_deferred
+    else:
+        # Over the cap: the built-ins (tool_search among them, without which the rest
+        # would be unreachable), the prefix and the activated tools take their slots
+        # first; then as many more direct tools, in name order, as fit.
+        if not deferred:
+            builtins.insert(0, (TOOL_SEARCH, ToolOrigin.BUILTIN_TOOL_SEARCH))
+        room = cap - len(builtins) - len(prefix)
+        activated = activatable[:room]
+        left_out = len(activatable) - len(activated)
+        taken = {s.name for s in activated}
+        rest = [s for s in over if s.name not in taken]
+        extra = rest[: room - len(activated)]
+        shown_direct = [*prefix, *extra]
+        hidden = len(rest) - len(extra)
+        if hidden:
+            notes += (
+                f"{hidden} of the {len(direct)} direct tools are offered through "
+                f"tool_search in this view, as deferred tools are: the route's protocol "
+                f"{inputs.route.protocol!r} takes at most {cap} tools a request",
+            )
+        if left_out:
+            notes += (
+                f"{left_out} tools activated this turn are not offered in this view: the "
+                f"route's protocol {inputs.route.protocol!r} takes at most {cap} tools a "
+                "request",
+            )
+        hidden += left_out
+    chosen = [(s, ToolOrigin.DIRECT) for s in shown_direct] + [
         (s, ToolOrigin.ACTIVATED) for s in activated
     ]
     # Built-ins come last so registry tools keep their cache-friendly positions.
-    if deferred:
-        chosen.append((TOOL_SEARCH, ToolOrigin.BUILTIN_TOOL_SEARCH))
-    if references_blobs:
-        chosen.append((READ_TOOL_RESULT, ToolOrigin.BUILTIN_READ_TOOL_RESULT))
-    if loadable_rules:
-        chosen.append((LOAD_RULE, ToolOrigin.BUILTIN_LOAD_RULE))
-    taken: set[str] = set()
+    chosen += builtins
+    taken_names: set[str] = set()
     out = []
     for spec, origin in chosen:
-        if spec.name not in taken:
-            taken.add(spec.name)
+        if spec.name not in taken_names:
+            taken_names.add(spec.name)
             out.append(ViewTool(spec, origin, tool_tokens(spec, counter)))
-    return tuple(out)
+    return ToolChoice(tuple(out), hidden, notes)
 
 
 def tools_digest(tools: Sequence[ViewTool]) -> str:
@@ -352,13 +406,14 @@ def compile_incremental(
     projection = run.projection
     check()
     loadable = bool(built.loadable_rules) and SectionKind.RULE_INDEX not in inputs.exclude_sections
-    tools = select_tools(
+    choice = select_tools(
         inputs,
         counter,
         references_blobs=projection.references_blobs,
         loadable_rules=loadable,
         turn_start=turn.start,
     )
+    tools = choice.tools
     ledger = {layer: [0, 0] for layer in Layer}
     for s in sections:
         ledger[Layer.PINNED][0] += s.tokens
@@ -445,10 +500,12 @@ def compile_incremental(
         + _scan_notes(named)
         + projection.notes
         + ((cap_note,) if cap_note else ())
-        + _window_notes(inputs),
+        + _window_notes(inputs)
+        + choice.notes,
         basis=basis,
         compaction=compaction,
         rendering=inputs.rendering,
+        tools_deferred_by_cap=choice.deferred_by_cap,
     )
     next_memo = run.memo
     if next_memo is not None and (

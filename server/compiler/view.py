@@ -198,3 +198,6 @@ class CompiledView:
     # The rendering version its provider bodies are made with (render.RENDERING, or a
     # recorded compile's when it is rebuilt): not part of the view sent.
     rendering: int = 1
+    # Tools the route's tool cap left out of `tools` (offered through tool_search, or
+    # activated but not offered; tool_cap.py), for the metrics: not part of the view sent.
+    tools_deferred_by_cap: int = 0

@@ -81,6 +81,9 @@ class CompileBasis:
     # render.RENDERING of the daemon that recorded it; bases stored before it was kept
     # were rendered the first way (0: render0).
     rendering: int = 0
+    # tool_cap.TOOL_CAPPING of the daemon that recorded it; bases stored before it was
+    # kept were compiled without a tool cap (0).
+    tool_capping: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,7 @@ def basis_of(
         counting=inputs.counting,
         projection=inputs.projection,
         rendering=inputs.rendering,
+        tool_capping=inputs.tool_capping,
     )
     digest = digest_of(basis)
     parts.append((digest, basis))

@@ -23,6 +23,7 @@ from server.compiler.route_model import counter_kind
 from server.compiler.sources import SourceInputs
 from server.compiler.system import EnvironmentInfo
 from server.compiler.tokens import BEFORE_CALL_IDS, COUNTING
+from server.compiler.tool_cap import TOOL_CAPPING
 from server.compiler.view import SectionKind
 from server.domain.catalog import Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
@@ -191,6 +192,7 @@ class InputAssembler:
             counting=counting_of(old, record),
             projection=b.projection,
             rendering=b.rendering,
+            tool_capping=b.tool_capping,
             tools=old.tools,
             activated_tools=b.activated_tools,
             checkpoint=history.checkpoint,
@@ -283,6 +285,7 @@ class InputAssembler:
             counting=counting_of(old, record),
             projection=old.basis.projection if old is not None else PROJECTION,
             rendering=old.basis.rendering if old is not None else RENDERING,
+            tool_capping=old.basis.tool_capping if old is not None else TOOL_CAPPING,
             tools=history.tools,
             activated_tools=history.activated,
             checkpoint=history.checkpoint,

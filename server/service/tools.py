@@ -15,6 +15,7 @@ from server.compiler.textscan import (
     compile_search,
     loads_strict,
 )
+from server.compiler.tool_cap import searchable_registry, tool_cap
 from server.compiler.tool_search import search_tools
 from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.model import ToolResult
@@ -184,7 +185,12 @@ class ToolUseCases:
             raise invalid("query", "query is over 1000 characters")
         session = await self._blocking.run(self._store.get_session, session_id)
         registry = await self._blocking.run(self._store.list_tools, session_id)
-        found = search_tools(registry, query, min(max_results, 50))
+        # On a route with a tool cap, direct tools a view may not carry are searched as
+        # deferred ones (tool_cap.py): the route is the one the session last compiled for,
+        # whose view offered the tool_search being answered.
+        last = await self._blocking.run(self._store.get_last_compile, session_id)
+        cap = tool_cap(last.route.protocol) if last is not None else None
+        found = search_tools(searchable_registry(registry, cap), query, min(max_results, 50))
         if found:
             turn = await self._blocking.run(
                 self._store.last_turn_start, session_id, session.head_seq

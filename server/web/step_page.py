@@ -73,8 +73,9 @@ def _tools(step: Step) -> dict[str, list[dict[str, Any]]]:
         if spec.name in offered:
             continue
         group = "hidden" if spec.visibility == ToolVisibility.HIDDEN else "deferred, not activated"
-        if spec.visibility == ToolVisibility.DIRECT:
+        if spec.visibility == ToolVisibility.DIRECT and not step.view.tools_deferred_by_cap:
             continue  # registered after this step: not part of its view
+        # Else over the route's tool cap (tool_cap.py): offered through tool_search.
         groups[group].append(
             {"name": spec.name, "tokens": 0, "description": spec.description, "origin": ""}
         )

@@ -48,7 +48,12 @@ from server.transport.view_bytes import LentRecords, view_bytes
 from tests.unit.test_system_prompt import WordCounter
 
 C = WordCounter()
-ROUTES = (Route(model="claude-sonnet-4"), Route(connection="b", model="gpt-4o"))
+ROUTES = (
+    Route(model="claude-sonnet-4"),
+    Route(connection="b", model="gpt-4o"),
+    # An OpenAI route with more tools than it takes (128): views cap them (tool_cap.py).
+    Route(connection="c", protocol="openai-chat", model="gpt-4o"),
+)
 SESSION = Session("s", 1, 1)
 IMAGE = ArtifactRef("img1", "image/png", 100, "ab", 10, 10)
 # An image only imported messages carry.
@@ -57,11 +62,16 @@ TOOLS = (
     ToolSpec("shell", "Run a command", '{"type":"object"}', ToolVisibility.DIRECT),
     ToolSpec("grep", "Search files", '{"type":"object"}', ToolVisibility.DEFERRED),
 )
+MANY_TOOLS = TOOLS + tuple(
+    ToolSpec(f"mcp_t{i:03d}", "An MCP tool", '{"type":"object"}') for i in range(130)
+)
 
 words = st.sampled_from(["fix", "the", "bug", "in", "a.py", "", "ok"])
 texts = st.lists(words, min_size=1, max_size=4).map(" ".join)
 call_ids = st.sampled_from(["c1", "c2", "c3"])
-arguments = st.sampled_from(['{"path": "a.py"}', "{bad", "", '{"q": "grep"}'])
+arguments = st.sampled_from(
+    ['{"path": "a.py"}', "{bad", "", '{"q": "grep"}', '{"query": "grep mcp_t129"}']
+)
 calls = st.builds(ToolCall, call_ids, st.sampled_from(["shell", "tool_search"]), arguments)
 text_parts = texts.map(lambda t: ContentPart(text=t))
 parts = st.one_of(text_parts, text_parts, text_parts, st.just(ContentPart(attachment=IMAGE)))
@@ -133,7 +143,7 @@ class Step:
 steps = st.builds(
     Step,
     st.lists(payloads, max_size=6),
-    st.integers(0, 1),
+    st.integers(0, 2),
     st.sampled_from(["", "", "summary", "builtin"]),
     st.floats(0, 1),
     st.integers(0, 5).map(lambda n: n == 0),
@@ -170,8 +180,8 @@ def inputs_for(
         events=events,
         event_boundary=len(log),
         route=ROUTES[step.route],
-        tools=TOOLS,
-        activated_tools=("grep",) if step.activate else (),
+        tools=MANY_TOOLS if ROUTES[step.route].protocol else TOOLS,
+        activated_tools=("grep", "mcp_t128") if step.activate else (),
         checkpoint=ck,
         current_user=current,
         images=ImagePolicy(existing=(("img1", 100), ("img2", 80)), max_images=1),

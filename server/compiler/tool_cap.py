@@ -1,0 +1,84 @@
+"""How many tools a provider takes in one request, and which direct tools a view over
+that cap offers through `tool_search` instead (R-TOOL-1, R-TOOL-2).
+
+Limits, only where the provider states one (a protocol not listed has none):
+- OpenAI, Chat Completions and Responses: 128. The API refuses more with "Invalid
+  'tools': array too long. Expected an array with maximum length 128, but got an array
+  with length 150 instead." (code `array_above_max_length`; quoted in GitHub issues such
+  as zed-industries/zed#32946, musistudio/claude-code-router#686 (gpt-5-mini),
+  julep-ai/julep#330); the API reference's `tools`: "A max of 128 functions are
+  supported."
+- Gemini generateContent: 512 function declarations. `Tool.function_declarations` in the
+  google-genai SDK (3.6.1, shared by the Gemini API and Vertex AI) and the Vertex AI API
+  reference: "Maximum 512 function declarations can be provided."; the Gemini API
+  refuses more with "tools[0].function_declarations: [FIELD_INVALID] At most 512
+  function declarations can be specified." (google-gemini/gemini-cli#19083, #25440).
+  Vertex's function-calling guide still says 128 (it said 64 before): older than the
+  API reference, not enforced here.
+- Anthropic Messages: no count limit is stated (only the 32 MB request size), so none.
+
+The protocol is the route's (`Route.protocol`, e.g. "openai-chat", "openai-responses",
+"gemini"): it names where the request goes, so the view is shaped for it whatever
+formats a compile also renders.
+
+A view over the cap keeps the first `cap - RESERVE` direct tools (name order) always,
+the PREFIX; the direct tools after it are the overflow candidates, searchable by
+`tool_search` as deferred tools are. The set searched depends on the registry and the
+route only, so the SearchTools RPC and the compile's replay of a `tool_search` call in
+the log find the same tools. Slots go to the built-ins, the prefix, then activated
+tools, then as many more direct tools (name order) as fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from server.domain.tools import ToolSpec, ToolVisibility
+
+# The version of tool capping a compile applies, recorded in its basis: a rebuild of a
+# recorded compile caps as that compile did (exact time travel; compiles recorded before
+# the version was kept are version 0, which caps nothing).
+TOOL_CAPPING = 1
+
+# Slots a capped view holds back from the always-offered prefix: the three built-ins
+# and room for the tools a turn's searches activate (a search activates 5 by default).
+BUILTIN_SLOTS = 3
+ACTIVATION_SLOTS = 32
+RESERVE = BUILTIN_SLOTS + ACTIVATION_SLOTS
+
+
+def tool_cap(protocol: str) -> int | None:
+    """The most tools a request of this wire protocol may carry; None: no stated limit."""
+    p = protocol.strip().lower()
+    if p.startswith("openai"):
+        return 128
+    if p.startswith("gemini"):
+        return 512
+    return None
+
+
+def capped_candidates(
+    direct: Sequence[ToolSpec], cap: int | None
+) -> tuple[tuple[ToolSpec, ...], tuple[ToolSpec, ...]]:
+    """`direct` (sorted by name) split into the prefix every view offers and the overflow
+    candidates a view over the cap may offer through tool_search."""
+    if cap is None or len(direct) <= cap - RESERVE:
+        return tuple(direct), ()
+    keep = cap - RESERVE
+    return tuple(direct[:keep]), tuple(direct[keep:])
+
+
+def searchable_registry(registry: Sequence[ToolSpec], cap: int | None) -> tuple[ToolSpec, ...]:
+    """The registry as tool_search sees it on a route with this cap: the overflow
+    candidates count as deferred. The registry itself never changes."""
+    direct = sorted(
+        (s for s in registry if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
+    )
+    _, over = capped_candidates(direct, cap)
+    if not over:
+        return tuple(registry)
+    names = {s.name for s in over}
+    return tuple(
+        replace(s, visibility=ToolVisibility.DEFERRED) if s.name in names else s for s in registry
+    )
