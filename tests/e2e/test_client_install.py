@@ -243,3 +243,87 @@ def test_scripted_agent(
             cpb.ListCheckpointsRequest(session_id=sid), timeout=10
         ).checkpoints
         assert [c.covers_through_seq for c in checkpoints] == [3]
+
+
+# The names each README's example leaves to the reader: what the provider answered.
+PY_PLACEHOLDERS = {"used_in", "used_out", "reply"}
+GO_PLACEHOLDERS = "var in, out uint32\nvar reply string\n"
+TS_PLACEHOLDERS = "declare const inputTokens: number, outputTokens: number, reply: string;\n"
+
+
+def use_block(readme: Path, lang: str) -> str:
+    """The README's example: the first ```LANG block under '## Use'."""
+    section = readme.read_text().split("\n## Use", 1)[1]
+    m = re.search(rf"```{lang}\n(.*?)```", section, re.S)
+    assert m, f"{readme} has no ```{lang} block under ## Use"
+    return m.group(1)
+
+
+def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=mod"}
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.mark.parametrize("client", ["go", "python", "typescript"])
+def test_readme_use_example_compiles(projects: dict[str, list[str]], client: str) -> None:
+    """A user copies the README's '## Use' example into the project the README's install
+    made: it compiles there as written, given only the provider's answer it leaves out."""
+    if client == "python":
+        project = Path(projects["python"][1]).parent
+        src = project / "readme_use.py"
+        src.write_text(use_block(REPO / "client/python/README.md", "python"))
+        # Runs its module level (the imports, the route) in the installed venv ...
+        done = run([projects["python"][0], str(src)], project)
+        assert done.returncode == 0, done.stdout + done.stderr
+        # ... and names nothing undefined but the placeholders.
+        done = run(
+            [
+                str(REPO / ".venv/bin/ruff"),
+                "check",
+                "--isolated",
+                "--no-cache",
+                "--select=F821",
+                "--output-format=json",
+                str(src),
+            ],
+            project,
+        )
+        undefined = {
+            re.sub(r"Undefined name `(.*)`", r"\1", d["message"]) for d in json.loads(done.stdout)
+        }
+        assert undefined == PY_PLACEHOLDERS, done.stdout + done.stderr
+    elif client == "go":
+        project = Path(projects["go"][0]).parent
+        pkg = project / "readmeuse"
+        pkg.mkdir(exist_ok=True)
+        (pkg / "main.go").write_text(
+            "package main\n\n"
+            + use_block(REPO / "client/go/README.md", "go")
+            + "\n"
+            + GO_PLACEHOLDERS
+            + "\nfunc main() { _ = runAgent(context.Background()) }\n"
+        )
+        done = run(["go", "build", "-o", os.devnull, "./readmeuse"], project)
+        assert done.returncode == 0, done.stdout + done.stderr
+    else:
+        project = Path(projects["typescript"][1]).parent.parent
+        src = project / "readme-use.ts"
+        src.write_text(TS_PLACEHOLDERS + use_block(REPO / "client/typescript/README.md", "ts"))
+        tsc = REPO / "client/typescript/node_modules/typescript/bin/tsc"
+        types = REPO / "client/typescript/node_modules/@types"
+        done = run(
+            [
+                "node",
+                str(tsc),
+                "--strict",
+                "--noEmit",
+                *("--target", "ES2022", "--module", "NodeNext"),
+                *("--moduleResolution", "NodeNext", "--skipLibCheck"),
+                *("--typeRoots", str(types), "--types", "node"),
+                src.name,
+            ],
+            project,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
