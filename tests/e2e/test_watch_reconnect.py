@@ -50,26 +50,38 @@ def test_watch_does_not_follow_a_session_made_again_while_it_was_away(short_tmp:
             pending = asyncio.ensure_future(_next_event_texts(watch, 1))
             await asyncio.sleep(0.2)  # the watch is waiting for its 4th event
             daemon.kill()
-            other.start()
-            await asyncio.to_thread(other.wait_ready)
-            async with AsyncClient(other.target) as o:
-                await o.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="w"))
-                await o.create_session("w")
-                await o.append("w", [user(f"new {i}") for i in range(1, 6)])
-            assert await asyncio.to_thread(other.terminate) == 0
-            daemon.start()
-            await asyncio.to_thread(daemon.wait_ready)
-            with pytest.raises(CtxccError) as caught:
-                got = await asyncio.wait_for(pending, 120)
-                raise AssertionError(f"the watch went on into the new session's log: {got}")
-            assert caught.value.code == grpc.StatusCode.NOT_FOUND
-            assert caught.value.reason == "SESSION_NOT_FOUND"
+            await _made_again_meanwhile(daemon, other, "w", 5)
+            await _ends_session_not_found(pending)
 
     try:
         asyncio.run(run())
     finally:
         other.ensure_stopped()
         assert daemon.terminate() == 0
+
+
+async def _made_again_meanwhile(
+    daemon: DaemonProcess, other: DaemonProcess, sid: str, events: int
+) -> None:
+    """While `daemon` is down: `other`, on the same data directory, deletes the session,
+    makes it again and writes `events` events to it; then `daemon` starts again."""
+    other.start()
+    await asyncio.to_thread(other.wait_ready)
+    async with AsyncClient(other.target) as o:
+        await o.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
+        await o.create_session(sid)
+        await o.append(sid, [user(f"new {i}") for i in range(1, events + 1)])
+    assert await asyncio.to_thread(other.terminate) == 0
+    daemon.start()
+    await asyncio.to_thread(daemon.wait_ready)
+
+
+async def _ends_session_not_found(pending: asyncio.Future[list[tuple[int, str]]]) -> None:
+    with pytest.raises(CtxccError) as caught:
+        got = await asyncio.wait_for(pending, 120)
+        raise AssertionError(f"the watch went on into the new session's log: {got}")
+    assert caught.value.code == grpc.StatusCode.NOT_FOUND
+    assert caught.value.reason == "SESSION_NOT_FOUND"
 
 
 def _wait_watched(daemon: DaemonProcess, timeout: float = 60) -> None:
@@ -102,20 +114,8 @@ def test_watch_that_delivered_nothing_does_not_follow_a_session_made_again(
             await asyncio.to_thread(_wait_watched, daemon)
             # Stopped cleanly: the watch ends SHUTTING_DOWN after its header, and reopens.
             assert await asyncio.to_thread(daemon.terminate) == 0
-            other.start()
-            await asyncio.to_thread(other.wait_ready)
-            async with AsyncClient(other.target) as o:
-                await o.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="q"))
-                await o.create_session("q")
-                await o.append("q", [user(f"new {i}") for i in range(1, 4)])
-            assert await asyncio.to_thread(other.terminate) == 0
-            daemon.start()
-            await asyncio.to_thread(daemon.wait_ready)
-            with pytest.raises(CtxccError) as caught:
-                got = await asyncio.wait_for(pending, 120)
-                raise AssertionError(f"the watch went on into the new session's log: {got}")
-            assert caught.value.code == grpc.StatusCode.NOT_FOUND
-            assert caught.value.reason == "SESSION_NOT_FOUND"
+            await _made_again_meanwhile(daemon, other, "q", 3)
+            await _ends_session_not_found(pending)
 
     try:
         asyncio.run(run())
