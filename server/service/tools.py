@@ -183,24 +183,26 @@ class ToolUseCases:
         check_id("session_id", session_id)
         if len(query) > 1_000:
             raise invalid("query", "query is over 1000 characters")
-        session = await self._blocking.run(self._store.get_session, session_id)
-        registry = await self._blocking.run(self._store.list_tools, session_id)
+        found = await self._blocking.run(self._search_tools, session_id, query, min(max_results, 50))
+        if found:
+            # Deferred definitions are counted only once activated: by the next compile.
+            self._pending.landed(session_id, sum(_spec_bytes(s) for s in found))
+        return found
+
+    def _search_tools(self, session_id: str, query: str, most: int) -> list[ToolSpec]:
+        """Blocking, one hop: the search and, when it found tools, their activation."""
+        session = self._store.get_session(session_id)
         # On a route with a tool cap, direct tools a view may not carry are searched as
         # deferred ones (tool_cap.py): the route is the one the session last compiled for,
         # whose view offered the tool_search being answered.
-        last = await self._blocking.run(self._store.get_last_compile, session_id)
+        last = self._store.get_last_compile(session_id)
         cap = tool_cap(last.route.protocol) if last is not None else None
-        found = search_tools(searchable_registry(registry, cap), query, min(max_results, 50))
+        registry = searchable_registry(self._store.list_tools(session_id), cap)
+        found = search_tools(registry, query, most)
         if found:
-            turn = await self._blocking.run(
-                self._store.last_turn_start, session_id, session.head_seq
-            )
+            turn = self._store.last_turn_start(session_id, session.head_seq)
             names = tuple(s.name for s in found)
-            await self._blocking.run(
-                self._store.add_activations, session_id, turn.seq if turn else 0, names
-            )
-            # Deferred definitions are counted only once activated: by the next compile.
-            self._pending.landed(session_id, sum(_spec_bytes(s) for s in found))
+            self._store.add_activations(session_id, turn.seq if turn else 0, names)
         return found
 
     def _result_data(self, session_id: str, call_id: str) -> bytes:
