@@ -82,12 +82,19 @@ func (s *scripted) sentBytes() int64 {
 
 func serve(t *testing.T, s *scripted) *Client {
 	t.Helper()
+	return serveWith(t, func(srv *grpc.Server) { ctxccv1.RegisterCompileServiceServer(srv, s) })
+}
+
+// serveWith starts a gRPC server on a free local port with the services `register` adds,
+// and a client of it that retries for up to 5 s; both stop when the test ends.
+func serveWith(t *testing.T, register func(*grpc.Server)) *Client {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	ctxccv1.RegisterCompileServiceServer(srv, s)
+	register(srv)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	c, err := Dial(lis.Addr().String())

@@ -3,7 +3,6 @@ package ctxcc
 import (
 	"bytes"
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -76,22 +75,9 @@ func logEvent(seq uint64, id string, at int64) *ctxccv1.Event {
 
 func watchAll(t *testing.T, s *watchScript) ([]string, error) {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	ctxccv1.RegisterSessionServiceServer(srv, s)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
-	c, err := Dial(lis.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.RetryFor = 5 * time.Second
-	t.Cleanup(func() { _ = c.Close() })
+	c := serveWith(t, func(srv *grpc.Server) { ctxccv1.RegisterSessionServiceServer(srv, s) })
 	var got []string
-	err = c.Watch(context.Background(), "s", 0, func(m *ctxccv1.WatchSessionResponse) bool {
+	err := c.Watch(context.Background(), "s", 0, func(m *ctxccv1.WatchSessionResponse) bool {
 		got = append(got, m.GetEvent().GetEventId())
 		return true
 	})
