@@ -183,7 +183,8 @@ class ToolUseCases:
         check_id("session_id", session_id)
         if len(query) > 1_000:
             raise invalid("query", "query is over 1000 characters")
-        found = await self._blocking.run(self._search_tools, session_id, query, min(max_results, 50))
+        most = min(max_results, 50)
+        found = await self._blocking.run(self._search_tools, session_id, query, most)
         if found:
             # Deferred definitions are counted only once activated: by the next compile.
             self._pending.landed(session_id, sum(_spec_bytes(s) for s in found))
