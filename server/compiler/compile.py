@@ -42,7 +42,7 @@ from server.compiler.system import (
 )
 from server.compiler.textscan import FoundPaths
 from server.compiler.tokens import COUNTING, MESSAGE_OVERHEAD, TokenCounter
-from server.compiler.tool_cap import TOOL_CAPPING, capped_candidates, searchable_registry, tool_cap
+from server.compiler.tool_cap import TOOL_CAPPING, capped_candidates, tool_cap, with_deferred
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     VOLATILE_SECTIONS,
@@ -168,7 +168,7 @@ def select_tools(
     prefix, over = capped_candidates(direct, cap)
     # What tool_search finds on this route: the registry's deferred tools and, when the
     # direct ones may not all fit, those after the prefix (tool_cap.py).
-    searchable = searchable_registry(registry, cap) if over else registry
+    searchable = with_deferred(registry, over) if over else registry
     by_name = {s.name: s for s in searchable}
     # Activated overflow tools are sent as the registry has them.
     original = {s.name: s for s in registry}

@@ -75,7 +75,11 @@ def searchable_registry(registry: Sequence[ToolSpec], cap: int | None) -> tuple[
     direct = sorted(
         (s for s in registry if s.visibility == ToolVisibility.DIRECT), key=lambda s: s.name
     )
-    _, over = capped_candidates(direct, cap)
+    return with_deferred(registry, capped_candidates(direct, cap)[1])
+
+
+def with_deferred(registry: Sequence[ToolSpec], over: Sequence[ToolSpec]) -> tuple[ToolSpec, ...]:
+    """`registry` with the overflow candidates `over` (capped_candidates) as deferred."""
     if not over:
         return tuple(registry)
     names = {s.name for s in over}
