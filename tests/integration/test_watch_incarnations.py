@@ -159,3 +159,66 @@ async def test_a_watch_tells_the_create_time_of_the_session_it_follows_in_its_he
         )
     finally:
         watch.cancel()
+
+
+async def test_a_live_gap_read_after_the_session_is_made_again_ends_the_watch(
+    daemon: Daemon, api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once live, a watch that is handed an event past the next seq (an earlier append
+    published later) reads the gap from the log by session id. The session deleted and
+    made again before that read must end the watch, never hand it the new log's event at
+    the seq the old one left open. The publish of the old log's seq 2 is held back here so
+    that its seq 3 opens the gap, and the gap's read is held until the new log has a seq 2."""
+    sid = "gapped"
+    create = spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    await api.sessions.CreateSession(create)
+    await _append(api, sid, "old 1")
+    hub, store = daemon.hub, daemon._store
+    assert store is not None
+    publish, read_events = hub.publish, store.read_events
+    created = (await api.sessions.GetSession(spb.GetSessionRequest(session_id=sid))).session
+
+    def without_seq_2(session_id: str, updates: list[Any], head_seq: int, inc: int = 0) -> None:
+        kept = [u for u in updates if not (session_id == sid and getattr(u, "seq", 0) == 2)]
+        publish(session_id, kept, head_seq, inc)
+
+    reading, release = threading.Event(), threading.Event()
+
+    def held_gap(session_id: str, after_seq: int = 0, limit: int | None = None, **kw: Any) -> Any:
+        if (session_id, after_seq, limit) == (sid, 1, 1) and not reading.is_set():
+            reading.set()
+            assert release.wait(30)
+        return read_events(session_id, after_seq, limit, **kw)
+
+    monkeypatch.setattr(hub, "publish", without_seq_2)
+    monkeypatch.setattr(store, "read_events", held_gap)
+    watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid), timeout=60)
+    updates = watch.__aiter__()
+    assert await _next_event(updates) == (1, "old 1")  # caught up: the watch is live
+    got: list[tuple[int, str]] = []
+
+    async def collect() -> grpc.RpcError | None:
+        try:
+            while True:
+                got.append(await _next_event(updates))
+        except grpc.RpcError as err:
+            return err
+
+    collected = asyncio.ensure_future(collect())
+    try:
+        await _append(api, sid, "old 2")  # not published: the log holds it
+        await _append(api, sid, "old 3")  # published: seq 3 after 1, a gap to read
+        assert await asyncio.to_thread(reading.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
+        await api.sessions.CreateSession(create)
+        again = (await api.sessions.GetSession(spb.GetSessionRequest(session_id=sid))).session
+        assert again.create_time != created.create_time
+        await _append(api, sid, "new 1")
+        await _append(api, sid, "new 2")
+    finally:
+        release.set()
+    err = await collected
+    assert not [g for g in got if g[1].startswith("new")], got
+    assert err is not None
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info(err).reason == "SESSION_NOT_FOUND"
