@@ -42,7 +42,14 @@ from server.compiler.system import (
 )
 from server.compiler.textscan import FoundPaths
 from server.compiler.tokens import COUNTING, MESSAGE_OVERHEAD, TokenCounter
-from server.compiler.tool_cap import TOOL_CAPPING, capped_candidates, tool_cap, with_deferred
+from server.compiler.tool_cap import (
+    TOOL_CAPPING,
+    capped_candidates,
+    description_cap,
+    fitted,
+    tool_cap,
+    with_deferred,
+)
 from server.compiler.tool_search import query_of, search_tools
 from server.compiler.view import (
     VOLATILE_SECTIONS,
@@ -232,13 +239,34 @@ def select_tools(
     ]
     # Built-ins come last so registry tools keep their cache-friendly positions.
     chosen += builtins
+    # Descriptions the route's provider would refuse as too long are cut (tool_cap.py).
+    longest = description_cap(inputs.route.protocol) if inputs.tool_capping >= 2 else None
+    out, cut = _view_tools(chosen, counter, longest)
+    if cut:
+        notes += (
+            f"the descriptions of {len(cut)} tools ({', '.join(cut[:5])}"
+            f"{', ...' if len(cut) > 5 else ''}) are cut to {longest} characters in this "
+            f"view: the route's protocol {inputs.route.protocol!r} refuses longer ones",
+        )
+    return ToolChoice(out, hidden, notes)
+
+
+def _view_tools(
+    chosen: Sequence[tuple[ToolSpec, ToolOrigin]], counter: TokenCounter, longest: int | None
+) -> tuple[tuple[ViewTool, ...], list[str]]:
+    """The chosen tools, each name once (the first), descriptions fitted to `longest`,
+    counted as sent; and the names of those whose description was cut."""
     taken_names: set[str] = set()
     out = []
+    cut = []
     for spec, origin in chosen:
         if spec.name not in taken_names:
             taken_names.add(spec.name)
-            out.append(ViewTool(spec, origin, tool_tokens(spec, counter)))
-    return ToolChoice(tuple(out), hidden, notes)
+            shown = fitted(spec, longest)
+            if shown is not spec:
+                cut.append(spec.name)
+            out.append(ViewTool(shown, origin, tool_tokens(shown, counter)))
+    return tuple(out), cut
 
 
 def tools_digest(tools: Sequence[ViewTool]) -> str:

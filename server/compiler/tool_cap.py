@@ -17,6 +17,15 @@ Limits, only where the provider states one (a protocol not listed has none):
   API reference, not enforced here.
 - Anthropic Messages: no count limit is stated (only the 32 MB request size), so none.
 
+OpenAI also refuses a function description over 1,024 characters: "Invalid
+'tools[13].function.description': string too long. Expected a string with maximum length
+1024, but got a string with length 1103 instead." (code `string_above_max_length`; quoted
+in getsentry/sentry-mcp#106 (gpt-4o), OpenHands/OpenHands#4838 (its 4,394-character
+browser tool), FoundationAgents/OpenManus#993, dnakov/anon-kode#45 (o1, o3-mini, Azure)).
+Real agents send longer ones (Claude Code's shell tool, ~9,000), so a view for an
+`openai*` route cuts such a description to fit, marked as cut, with a note; the registry
+keeps it whole and every other route gets it whole (Anthropic and Gemini state no limit).
+
 The protocol is the route's (`Route.protocol`, e.g. "openai-chat", "openai-responses",
 "gemini"): it names where the request goes, so the view is shaped for it whatever
 formats a compile also renders.
@@ -39,7 +48,8 @@ from server.domain.tools import ToolSpec, ToolVisibility
 # The version of tool capping a compile applies, recorded in its basis: a rebuild of a
 # recorded compile caps as that compile did (exact time travel; compiles recorded before
 # the version was kept are version 0, which caps nothing).
-TOOL_CAPPING = 1
+# 1: the count cap; 2: also OpenAI's description cap.
+TOOL_CAPPING = 2
 
 # Slots a capped view holds back from the always-offered prefix: the three built-ins
 # and room for the tools a turn's searches activate (a search activates 5 by default).
@@ -56,6 +66,40 @@ def tool_cap(protocol: str) -> int | None:
     if p.startswith("gemini"):
         return 512
     return None
+
+
+# OpenAI's longest function description, and what ends one cut to fit it.
+DESCRIPTION_CAP = 1_024
+CUT_MARK = " [description cut to the provider's 1,024-character limit]"
+
+
+def description_cap(protocol: str) -> int | None:
+    """The longest tool description a request of this protocol may carry; None: any."""
+    return DESCRIPTION_CAP if protocol.strip().lower().startswith("openai") else None
+
+
+def _utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def fitted(spec: ToolSpec, cap: int | None) -> ToolSpec:
+    """`spec` with its description cut to `cap` characters (counted as UTF-16 code units,
+    which are never fewer than code points: it fits however the provider counts), ending
+    with CUT_MARK; unchanged when it fits. The cut is at the last line break, else the last
+    space, in the final quarter of the room, so that a word or line is not split."""
+    text = spec.description
+    if cap is None or (len(text) <= cap and _utf16_units(text) <= cap):
+        return spec
+    room = cap - len(CUT_MARK)
+    head = text[:room]
+    while _utf16_units(head) > room:  # astral characters count twice in UTF-16
+        head = head[:-1]
+    for sep in ("\n", " "):
+        at = head.rfind(sep)
+        if at >= room * 3 // 4:
+            head = head[:at]
+            break
+    return replace(spec, description=head.rstrip() + CUT_MARK)
 
 
 def capped_candidates(

@@ -104,6 +104,14 @@ async def test_a_real_agent_with_mcp_tools_over_openais_limit(short_tmp: Path) -
                 assert tool_count(fmt, bodies[fmt]) == 128, fmt
             problems = sdk_fuzz.check(sdk_fuzz.Outcome(sid, bodies, []))
             assert not problems, "\n".join(problems)
+            # OpenAI refuses a function description over 1,024 characters; the Claude
+            # Code-shaped shell tool's is ~9,000: cut to fit, and said so.
+            long = {t.name: t.description for t in registry if len(t.description) > 1_024}
+            assert long, "the real tool sets carry descriptions over OpenAI's limit"
+            for fmt in ("openai_chat", "openai_responses"):
+                fns = [t.get("function", t) for t in bodies[fmt]["tools"]]
+                assert max(len(f["description"]) for f in fns) <= 1_024, fmt
+            assert any("are cut to 1024 characters" in n for n in view.notes), view.notes
 
             # The model asks for one of the tools left out; the agent serves the built-in
             # call with SearchTools and appends the call and its result.
@@ -165,5 +173,10 @@ async def test_a_real_agent_with_mcp_tools_over_openais_limit(short_tmp: Path) -
             assert tool_count("anthropic_messages", anth_bodies["anthropic_messages"]) == len(
                 registry
             )
+            # And every description whole.
+            whole = {
+                t["name"]: t["description"] for t in anth_bodies["anthropic_messages"]["tools"]
+            }
+            assert all(whole[name] == text for name, text in long.items())
     finally:
         await daemon.stop()

@@ -16,6 +16,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
+from server.compiler.tool_cap import TOOL_CAPPING
 from storage.keys import PART, session_key
 from storage.kv import Batch
 from storage.rocks import open_rocks
@@ -39,7 +40,7 @@ def as_recorded_before_the_cap(db: Path, compile_id: str) -> None:
         stored = records_pb2.Record.FromString(raw)
         assert stored.type == "CompileBasis"
         body = msgspec.msgpack.decode(stored.body)
-        assert body.pop("tool_capping") == 1
+        assert body.pop("tool_capping") == TOOL_CAPPING
         stored.body = msgspec.msgpack.encode(body)
         batch = Batch()
         batch.put("compiles", key, stored.SerializeToString())

@@ -10,10 +10,12 @@ from dataclasses import replace
 from typing import Any
 
 from server.compiler.budget import ModelLimits
-from server.compiler.compile import CompileInputs, compile_incremental, compile_view
+from server.compiler.compile import CompileInputs, compile_incremental, compile_view, tool_tokens
 from server.compiler.render import RenderFormat, render
 from server.compiler.tool_cap import (
     ACTIVATION_SLOTS,
+    CUT_MARK,
+    DESCRIPTION_CAP,
     RESERVE,
     searchable_registry,
     tool_cap,
@@ -205,3 +207,65 @@ def test_the_incremental_compile_gives_the_same_capped_view() -> None:
         # Activation lasts for the turn: from the result until the next user message.
         assert ("mcp_t150" in names(step)) == (k == 3), k
     assert replace(step, notes=()) != step  # the view says why tools are missing
+
+
+def _utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+# OpenHands' browser tool, 4,394 characters: OpenAI refused it (OpenHands#4838).
+BROWSER = ToolSpec(
+    "browser",
+    "".join(
+        f"Line {i}: interact with the page by element id, one action a call.\n" for i in range(70)
+    )[:4_394],
+    SCHEMA,
+)
+
+
+def test_an_openai_view_cuts_a_description_over_1024_characters_and_says_so() -> None:
+    assert len(BROWSER.description) == 4_394
+    registry = (BROWSER, ToolSpec("grep", "Search files.", SCHEMA))
+    for route in (OPENAI, RESPONSES):
+        v = view(route, registry)
+        shown = {t.spec.name: t for t in v.tools}
+        text = shown["browser"].spec.description
+        assert len(text) <= DESCRIPTION_CAP and text.endswith(CUT_MARK)
+        # Cut at a line's end, well into the room: the kept part is the registry's text.
+        kept = text[: -len(CUT_MARK)]
+        assert BROWSER.description.startswith(kept + "\n")
+        assert len(kept) > DESCRIPTION_CAP * 3 // 4 - len(CUT_MARK)
+        assert shown["grep"].spec.description == "Search files."
+        # What the view counts is what is sent.
+        counted = shown["browser"].tokens
+        assert counted == tool_tokens(shown["browser"].spec, WordCounter())
+        assert counted < tool_tokens(BROWSER, WordCounter())
+        assert any("descriptions of 1 tools (browser)" in n and "1024" in n for n in v.notes)
+        for fmt in (RenderFormat.OPENAI_CHAT, RenderFormat.OPENAI_RESPONSES):
+            body = json.loads(render(v, fmt))
+            sent = [t.get("function", t)["description"] for t in body["tools"]]
+            assert max(len(d) for d in sent) <= DESCRIPTION_CAP
+    # Anthropic and Gemini state no limit: the registry's text, no note.
+    for route in (ANTHROPIC, GEMINI):
+        v = view(route, registry)
+        assert v.tools[0].spec == BROWSER and not v.notes
+
+
+def test_a_description_cut_fits_in_utf16_code_units_too() -> None:
+    """Astral characters are one code point and two UTF-16 units: a description of 700
+    of them is under 1,024 code points and over 1,024 units, and is cut to fit both."""
+    wide = ToolSpec("emoji", "\U0001f600" * 700, SCHEMA)
+    text = view(OPENAI, (wide,)).tools[0].spec.description
+    assert text.endswith(CUT_MARK) and _utf16(text) <= DESCRIPTION_CAP
+    exact = ToolSpec("exact", "x" * DESCRIPTION_CAP, SCHEMA)
+    assert view(OPENAI, (exact,)).tools[0].spec == exact  # fits: untouched
+    over = ToolSpec("over", "x" * (DESCRIPTION_CAP + 1), SCHEMA)
+    cut = view(OPENAI, (over,)).tools[0].spec.description
+    assert len(cut) <= DESCRIPTION_CAP and cut.startswith("x" * 900)
+
+
+def test_a_compile_recorded_before_the_description_cap_is_rebuilt_without_it() -> None:
+    """tool_capping 1 (count cap only): the description as registered, as it was sent."""
+    v = view(OPENAI, (BROWSER,), tool_capping=1)
+    assert v.tools[0].spec == BROWSER and not v.notes
+    assert view(OPENAI, (BROWSER,)).tools[0].spec != BROWSER
