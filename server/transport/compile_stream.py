@@ -57,6 +57,12 @@ class StreamState:
     # The chain values of the views in `sent` that went as chained deltas (the base's
     # value at the kept count starts the next view's chained digest).
     chains: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
+    # The compile id of the last view this stream sent ("" when it was a rebuild, which
+    # is never resent; None before any): the only view a resume on a stream that sent
+    # views may get again. Its client asks for a view whole after a delta failed its
+    # digest, quoting the delta's compile id; a damaged or replayed delta may quote an
+    # older view, compiled for another request or before sources changed.
+    last_sent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +136,10 @@ class StreamSteps:
             # more either (its client now holds this one).
             stream.sent = deque((c for c in stream.sent if c != view.compile_id), _DELTA_BASES)
             stream.chains.pop(view.compile_id, None)
+            stream.last_sent = ""
             return answer
         stream.sent.append(view.compile_id)
+        stream.last_sent = view.compile_id
         stream.chains = {k: v for k, v in stream.chains.items() if k in stream.sent}
         if values is not None:
             stream.chains[view.compile_id] = values
@@ -249,7 +257,12 @@ class StreamSteps:
                     base_id = step.delta_base_compile_id
                 case "resume":
                     session_id = msg.resume.compile.session_id
-                    kept = await self._unchanged(msg.resume.compile_id, session_id)
+                    quoted = msg.resume.compile_id
+                    kept = (
+                        await self._unchanged(quoted, session_id)
+                        if stream.last_sent is None or stream.last_sent == quoted
+                        else None
+                    )
                     if kept is not None:
                         return out, kept, ""
                     result = await self._c.compile(compile_options_in(msg.resume.compile))

@@ -16,11 +16,17 @@ import pytest
 from ctxcc_client import AsyncClient, CompileStream
 
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import event_pb2, view_pb2
+from ctxcc.v1 import event_pb2, session_pb2, view_pb2
+from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import make_config, stubs_for
-from tests.helpers import ROUTE, user
-from tests.integration.delta_session import encoded, over_budget_session, scripted_session
+from tests.helpers import ROUTE, assistant, user
+from tests.integration.delta_session import (
+    OTHER_ROUTE,
+    encoded,
+    over_budget_session,
+    scripted_session,
+)
 
 
 def _stepper(stream: CompileStream) -> Any:
@@ -231,3 +237,71 @@ async def test_a_compaction_recommended_again_is_kept_from_the_base(daemon: Daem
     assert [d.compaction_kept for d in recording.deltas] == [True, True, False, True, True, True]
     kept = [d.ByteSize() for d in recording.deltas if d.compaction_kept]
     assert max(kept) < min(v.compaction.ByteSize() for v in out.views)
+
+
+class _Replaying:
+    """A stub whose CompileStream answers pass through, except that the answer to step
+    `at` is replaced by the first delta answer it saw (a delta of an older step of the same
+    stream, as a corrupting proxy could send). Every delta the daemon sent is recorded."""
+
+    def __init__(self, stub: Any, at: int) -> None:
+        self._stub = stub
+        self._at = at
+        self.deltas: list[cpb.CompileStreamResponse] = []
+        self.replaced: list[cpb.CompileStreamResponse] = []
+
+    def CompileStream(self, requests: Any) -> Any:
+        owner = self
+
+        class Call:
+            def __init__(self, call: Any) -> None:
+                self._call, self._it = call, call.__aiter__()
+
+            def __aiter__(self) -> Any:
+                return self
+
+            async def __anext__(self) -> cpb.CompileStreamResponse:
+                resp: cpb.CompileStreamResponse = await self._it.__anext__()
+                if resp.step_id == str(owner._at) and owner.deltas and not owner.replaced:
+                    owner.replaced.append(resp)
+                    return owner.deltas[0]
+                if resp.WhichOneof("response") == "delta":
+                    owner.deltas.append(resp)
+                return resp
+
+            def cancel(self) -> bool:
+                return bool(self._call.cancel())
+
+        return Call(self._stub.CompileStream(requests))
+
+
+async def test_an_older_delta_in_place_of_a_step_answer_never_hands_out_the_older_view(
+    daemon: Daemon,
+) -> None:
+    """Step 3 appends nothing and switches the route; its answer is replaced by step 2's
+    delta. That delta does not apply (its base is step 1's view), so the client asks for
+    the view whole quoting the delta's compile id: step 2's, still the session's head. The
+    daemon must not resend step 2's view (compiled for the other route) as step 3's: the
+    only view a stream that sent views can be missing is the last one it sent."""
+    target = f"unix:{daemon.endpoints.unix}"
+    api = stubs_for(target)
+    replaying = _Replaying(api.compiles, at=3)
+    stream = CompileStream(replaying)
+    other = cpb.CompileRequest(session_id="rp", route=OTHER_ROUTE)
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="rp"))
+        )
+        req = cpb.CompileRequest(session_id="rp", route=ROUTE)
+        await stream.step(req, [user("one")])
+        second, _ = await stream.step(req, [assistant("two")])
+        third, _ = await stream.step(other, [])
+        again = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=third.compile_id))
+    finally:
+        await stream.close()
+        await api.channel.close()
+    assert len(replaying.replaced) == 1 and stream.stats.resumed == 1
+    assert second.route == ROUTE
+    assert third.compile_id != second.compile_id
+    assert third.route == OTHER_ROUTE
+    assert encoded(third) == encoded(again.view)
