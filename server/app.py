@@ -197,6 +197,7 @@ class Daemon:
             checkpoints,
             splitter,
             self._pending,
+            sessions.on_delete,
         )
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
 

@@ -105,7 +105,10 @@ class CompileUseCases:
         checkpoints: CheckpointUseCases,
         splitter: Splitter | None = None,
         pending: PendingWork | None = None,
+        on_delete: Callable[[Callable[[str], None]], None] | None = None,
     ) -> None:
+        """`on_delete`: registers what to call with a deleted session's id (the
+        sessions' `on_delete`), so that `forget` runs at every DeleteSession."""
         self._store = store
         self._blocking = blocking
         self._hub = hub
@@ -144,6 +147,8 @@ class CompileUseCases:
             clock,
             settings.memo_bytes,
         )
+        if on_delete is not None:
+            on_delete(self.forget)
 
     async def compile(self, opts: CompileOptions, prior: Prior | None = None) -> CompileResult:
         """`prior`: storage work to do first, in the same hop off the event loop."""
@@ -258,6 +263,18 @@ class CompileUseCases:
         """`work` on the compute pool, one of the session's at a time (HeavySlots)."""
         async with self._heavy.slot(session_id):
             return await self._blocking.compute(_then_synced, work, self._store.sync_reads)
+
+    def forget(self, session_id: str) -> None:
+        """The session was deleted: its memos and repeatable views, which nothing can
+        use again, are dropped now instead of holding memory and evicting live sessions'
+        until the LRUs reach them. (A compile of it still running may store one more;
+        that one is left to the LRU, as it always was.)"""
+        self._memos.forget(session_id)
+        self._repeats.forget_session(session_id)
+
+    def kept(self) -> tuple[int, int]:
+        """(memos, repeatable views) kept: for tests and inspection."""
+        return len(self._memos), len(self._repeats)
 
     def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> tuple[bool, bool]:
         """Whether the compile goes on the light lane: at the head, it continues a kept

@@ -64,3 +64,22 @@ class MemoCache:
                 evicted += 1
             size = self._bytes
         self._telemetry.memo_changed(evicted, size)
+
+    def forget(self, session_id: str) -> None:
+        """The session was deleted: its memos (of every route and incarnation) go now.
+        Their key's create time keeps them from ever matching again, so until the LRU
+        reached them they only held budget that live sessions' memos were evicted for
+        (a session deleted right after its last step left the newest entry). A scan:
+        deletes are rare next to steps, and the cache holds a few thousand at most."""
+        with self._lock:
+            gone = [key for key in self._items if key[0] == session_id]
+            for key in gone:
+                self._bytes -= self._items.pop(key).size_bytes
+                self._dropped(key)
+            size = self._bytes
+        if gone:
+            self._telemetry.memo_changed(0, size)
+
+    def __len__(self) -> int:
+        """Memos kept (for tests: a deleted session's are not)."""
+        return len(self._items)

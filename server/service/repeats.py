@@ -247,6 +247,18 @@ class Repeats:
             if old is not None:
                 self._bytes -= old.size
 
+    def forget_session(self, session_id: str) -> None:
+        """The session was deleted: its views (of every route) go now. A deleted
+        session's generation is gone too, so they could never be repeated, and each holds
+        a whole view until the LRU reaches it (see `MemoCache.forget`)."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == session_id]:
+                self._bytes -= self._entries.pop(key).size
+
+    def __len__(self) -> int:
+        """Views kept (for tests: a deleted session's are not)."""
+        return len(self._entries)
+
     @property
     def size_bytes(self) -> int:
         return self._bytes

@@ -78,6 +78,12 @@ class SessionUseCases:
         self._ids = ids
         self.limits = limits
         self._telemetry = telemetry
+        # Called with a deleted session's id: what the compiles keep of it goes (wired
+        # by the composition root, which builds the compiles after the sessions).
+        self._on_delete: list[Callable[[str], None]] = []
+
+    def on_delete(self, forget: Callable[[str], None]) -> None:
+        self._on_delete.append(forget)
 
     async def create(self, template: Session) -> Session:
         sid = template.session_id or self._ids.new_id("s-")
@@ -133,6 +139,8 @@ class SessionUseCases:
         result = await self._blocking.run(self._store.delete_session, session_id)
         self._hub.deleted(session_id)
         self._pending.forget(session_id)
+        for forget in self._on_delete:
+            forget(session_id)
         return result
 
     def page_size(self, requested: int) -> int:
