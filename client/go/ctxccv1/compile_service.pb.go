@@ -826,7 +826,9 @@ func (x *StepRequest) GetKeepCompaction() bool {
 // sent on compile streams in memory (bounded; none survive a daemon restart). If it still
 // holds the view of `compile_id` and nothing was appended to that session since, it resends
 // that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
-// head, with a new compile_id. The answer's step_id is empty.
+// head, with a new compile_id. On a stream that has already sent views, only the last view
+// that stream sent is resent: a resume quoting any other compile id (a damaged or replayed
+// delta's) is compiled afresh. The answer's step_id is empty.
 type ResumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The last compile the agent received completely.
