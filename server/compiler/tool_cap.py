@@ -88,7 +88,10 @@ def fitted(spec: ToolSpec, cap: int | None) -> ToolSpec:
     with CUT_MARK; unchanged when it fits. The cut is at the last line break, else the last
     space, in the final quarter of the room, so that a word or line is not split."""
     text = spec.description
-    if cap is None or (len(text) <= cap and _utf16_units(text) <= cap):
+    n = len(text)
+    # A code point is at most two UTF-16 units: only a text over half the cap is encoded
+    # (this runs for every tool at every compile).
+    if cap is None or n <= cap // 2 or (n <= cap and _utf16_units(text) <= cap):
         return spec
     room = cap - len(CUT_MARK)
     head = text[:room]
