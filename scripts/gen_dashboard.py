@@ -205,11 +205,14 @@ def panels() -> list[dict[str, Any]]:
             32,
             [
                 (f"sum({m('ctxcc_sessions')})", "sessions"),
+                (f"sum({m('ctxcc_sessions_over_budget')})", "over budget"),
                 (f"sum({m('ctxcc_watchers')})", "watchers"),
                 (f"sum({m('ctxcc_rpcs_in_flight')})", "calls in flight"),
             ],
             unit="short",
-            description="Calls in flight are those a graceful shutdown waits for.",
+            description="Over budget: sessions whose latest compile, in the last 5 minutes, "
+            "was over its input budget (CtxccSessionsOverBudget). "
+            "Calls in flight are those a graceful shutdown waits for.",
         ),
         panel(
             10,

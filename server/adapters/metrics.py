@@ -8,6 +8,7 @@ RPC method and status code. No session id ever becomes a label.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
@@ -30,6 +31,55 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 _TOKENS = (256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 1048576)
 _RATIO = (0.1, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.5, 2.0)
 _ERROR = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# A session counts as over budget while its latest compile was over budget and came at
+# most this long ago: an agent that stopped (or compacted, or was deleted) is not one that
+# keeps sending requests over budget.
+OVER_BUDGET_RECENT_SECONDS = 300.0
+# Sessions kept in that tally before the stale ones are dropped outside a scrape.
+_OVER_BUDGET_KEPT = 1024
+
+
+class _OverBudgetSessions(Collector):
+    """Sessions whose latest recorded compile was over its input budget, recently: the
+    gauge CtxccSessionsOverBudget watches. A counter of such compiles cannot tell a
+    session that compacted a step later from one stuck over budget: its rate stays above
+    zero for the whole window after the last one."""
+
+    def __init__(self, lock: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = lock
+        self._clock = clock
+        self._last: dict[str, float] = {}  # session id -> when its over-budget compile came
+
+    def decided(self, session_id: str, over: bool) -> None:
+        """Called under the lock."""
+        if not over:
+            self._last.pop(session_id, None)
+            return
+        now = self._clock()
+        self._last[session_id] = now
+        if len(self._last) > _OVER_BUDGET_KEPT:
+            self._prune(now)
+
+    def forget(self, session_id: str) -> None:
+        with self._lock:
+            self._last.pop(session_id, None)
+
+    def _prune(self, now: float) -> None:
+        old = [s for s, t in self._last.items() if now - t > OVER_BUDGET_RECENT_SECONDS]
+        for sid in old:
+            del self._last[sid]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            self._prune(self._clock())
+            n = len(self._last)
+        yield GaugeMetricFamily(
+            "ctxcc_sessions_over_budget",
+            "Sessions whose latest compile was over its input budget, in the last "
+            f"{OVER_BUDGET_RECENT_SECONDS:.0f} s (dropped at a compile within budget and "
+            "at DeleteSession).",
+            n,
+        )
 
 
 class _StoreCollector(Collector):
@@ -234,6 +284,8 @@ class PrometheusTelemetry:
         self._bytes_appended = self.bytes_appended.labels()
         self._write_seconds = self.write_seconds.labels()
         r.register(plain)
+        self._over_budget = _OverBudgetSessions(self._lock)
+        r.register(self._over_budget)
 
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self.registry.register(_StoreCollector(sessions, footprint))
@@ -241,9 +293,13 @@ class PrometheusTelemetry:
     def watch_tokenizers(self, names: Iterable[str], loaded: Callable[[], Collection[str]]) -> None:
         self.registry.register(_TokenizerCollector(names, loaded))
 
-    def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None:
+    def compiled(
+        self, seconds: float, view: CompiledView, model_family: str, session_id: str
+    ) -> None:
         budget = view.budget
+        over = view.decision is Decision.OVER_BUDGET_SEND_ANYWAY
         with self._lock:
+            self._over_budget.decided(session_id, over)
             self.compile_seconds.labels(model_family).observe(seconds)
             layers = self._layer_tokens
             for row in view.layers:
@@ -260,6 +316,9 @@ class PrometheusTelemetry:
                 self.prefix_changes.labels(section.name.lower()).inc()
             if view.tools_deferred_by_cap:
                 self.tools_deferred_by_cap.labels().inc(view.tools_deferred_by_cap)
+
+    def session_deleted(self, session_id: str) -> None:
+        self._over_budget.forget(session_id)
 
     def appended(self, events: int, size_bytes: int) -> None:
         with self._lock:

@@ -267,10 +267,12 @@ class CompileUseCases:
     def forget(self, session_id: str) -> None:
         """The session was deleted: its memos and repeatable views, which nothing can
         use again, are dropped now instead of holding memory and evicting live sessions'
-        until the LRUs reach them. (A compile of it still running may store one more;
-        that one is left to the LRU, as it always was.)"""
+        until the LRUs reach them (a compile of it still running may store one more;
+        that one is left to the LRU, as it always was), and it leaves the sessions over
+        budget (ctxcc_sessions_over_budget) at once."""
         self._memos.forget(session_id)
         self._repeats.forget_session(session_id)
+        self._telemetry.session_deleted(session_id)
 
     def kept(self) -> tuple[int, int]:
         """(memos, repeatable views) kept: for tests and inspection."""
@@ -392,7 +394,9 @@ class CompileUseCases:
             view.compile_id, view.event_boundary, view.budget.estimated_input_tokens
         )
         self._hub.publish(opts.session_id, [notice], session.head_seq, session.create_time_ns)
-        self._telemetry.compiled(time.perf_counter() - started, view, family_of(opts.route.model))
+        self._telemetry.compiled(
+            time.perf_counter() - started, view, family_of(opts.route.model), opts.session_id
+        )
 
     def _record(
         self, opts: CompileOptions, view: CompiledView, inputs: CompileInputs, info: ModelInfo

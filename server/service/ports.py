@@ -214,7 +214,16 @@ class IdSource(Protocol):
 class Telemetry(Protocol):
     """What the service reports; the Prometheus adapter implements it."""
 
-    def compiled(self, seconds: float, view: CompiledView, model_family: str) -> None: ...
+    def compiled(
+        self, seconds: float, view: CompiledView, model_family: str, session_id: str
+    ) -> None:
+        """A recorded compile at the head of `session_id` (never a label: the adapter
+        keeps which sessions are over budget now)."""
+        ...
+
+    def session_deleted(self, session_id: str) -> None:
+        """DeleteSession: what is kept about the session goes."""
+        ...
 
     def appended(self, events: int, size_bytes: int) -> None: ...
 

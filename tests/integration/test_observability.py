@@ -85,6 +85,7 @@ async def test_real_scrape_passes_promtool_and_has_the_metrics(
         "ctxcc_sessions",
         "ctxcc_rocksdb_size_bytes",
         "ctxcc_watchers",
+        "ctxcc_sessions_over_budget",
         "ctxcc_tokenizer_loaded",
         "ctxcc_build_info",
     ):

@@ -1,0 +1,65 @@
+"""ctxcc_sessions_over_budget, the gauge CtxccSessionsOverBudget watches: sessions whose
+latest compile was over budget, recently. (tests/e2e/test_prometheus_sessions.py runs it
+under a real Prometheus; here its clock is set by hand.)"""
+
+from __future__ import annotations
+
+import threading
+
+from server.adapters.metrics import OVER_BUDGET_RECENT_SECONDS, _OverBudgetSessions
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _value(gauge: _OverBudgetSessions) -> float:
+    (family,) = list(gauge.collect())
+    assert family.name == "ctxcc_sessions_over_budget"
+    (sample,) = family.samples
+    return float(sample.value)
+
+
+def test_a_session_leaves_at_a_compile_within_budget_at_delete_and_when_idle() -> None:
+    lock = threading.Lock()
+    clock = Clock()
+    gauge = _OverBudgetSessions(lock, clock)
+    assert _value(gauge) == 0
+    with lock:
+        gauge.decided("compacts", True)
+        gauge.decided("deleted", True)
+        gauge.decided("idle", True)
+        gauge.decided("fine", False)
+        gauge.decided("compacts", True)  # the same session again is one session
+    assert _value(gauge) == 3
+    with lock:
+        gauge.decided("compacts", False)  # its next compile is within budget
+    gauge.forget("deleted")
+    assert _value(gauge) == 1
+    # "idle" stopped compiling: it counts until its last compile is old, then no more.
+    clock.now += OVER_BUDGET_RECENT_SECONDS - 1
+    assert _value(gauge) == 1
+    with lock:
+        gauge.decided("stuck", True)
+    clock.now += 2
+    assert _value(gauge) == 1  # "stuck" compiled 2 s ago; "idle" is gone
+    gauge.forget("never-seen")
+    assert _value(gauge) == 1
+
+
+def test_idle_sessions_are_dropped_between_scrapes_once_many_are_kept() -> None:
+    lock = threading.Lock()
+    clock = Clock()
+    gauge = _OverBudgetSessions(lock, clock)
+    with lock:
+        for i in range(1024):
+            gauge.decided(f"old-{i}", True)
+    clock.now += OVER_BUDGET_RECENT_SECONDS + 1
+    with lock:
+        gauge.decided("new", True)  # over the cap: the old ones go without a scrape
+    assert list(gauge._last) == ["new"]
+    assert _value(gauge) == 1
