@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import inspect
@@ -40,6 +41,10 @@ _OPEN_SERVICES = ("grpc.health.v1.Health",)
 # Codes the gRPC runtime ends calls with besides the error table's: the client cancels or
 # its deadline passes, a message exceeds the size limit, a handler fails unguarded.
 _RUNTIME_CODES = ("CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNKNOWN", "INTERNAL")
+
+
+# See _code: a cancel this close to the call's deadline is its deadline passing.
+_DEADLINE_SLACK_SECONDS = 0.1
 
 
 def error_codes() -> tuple[str, ...]:
@@ -88,10 +93,21 @@ def _malformed() -> CtxccError:
     )
 
 
-def _code(context: Any, failed: bool) -> str:
+def _code(context: Any, failed: BaseException | None) -> str:
     code = context.code()
     if code is None:
-        return "UNKNOWN" if failed else "OK"
+        if failed is None:
+            return "OK"
+        if isinstance(failed, asyncio.CancelledError):
+            # gRPC cancels the handler when the client cancels, goes away (an agent that
+            # exits with a watch open) or its deadline passes: that is what it answered,
+            # not a handler that failed unguarded (UNKNOWN). gRPC's deadline timer fires
+            # a few milliseconds before the deadline as Python's clock sees it.
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= _DEADLINE_SLACK_SECONDS:
+                return "DEADLINE_EXCEEDED"
+            return "CANCELLED"
+        return "UNKNOWN"
     if isinstance(code, grpc.StatusCode):
         return code.name
     return str(code)
@@ -151,15 +167,16 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                started, failed = time.perf_counter(), False
+                started = time.perf_counter()
+                failed: BaseException | None = None
                 observer.rpc_started(name)
                 try:
                     with running():
                         request = await gate(request, context)
                         async for item in behavior(request, context):
                             yield item
-                except BaseException:
-                    failed = True
+                except BaseException as exc:
+                    failed = exc
                     raise
                 finally:
                     observer.rpc_done(name, _code(context, failed), time.perf_counter() - started)
@@ -167,14 +184,15 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             return stream
 
         async def unary(request: Any, context: Any) -> Any:
-            started, failed = time.perf_counter(), False
+            started = time.perf_counter()
+            failed: BaseException | None = None
             observer.rpc_started(name)
             try:
                 with running():
                     request = await gate(request, context)
                     return await behavior(request, context)
-            except BaseException:
-                failed = True
+            except BaseException as exc:
+                failed = exc
                 raise
             finally:
                 observer.rpc_done(name, _code(context, failed), time.perf_counter() - started)

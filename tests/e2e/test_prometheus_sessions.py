@@ -1,11 +1,16 @@
 """Healthy session patterns under a real Prometheus (Debian's server, as in
 test_prometheus.py) scraping a daemon run as an operator runs it: sessions that go over
-budget and then compact or are deleted, and an agent that switches model after writing a
-summary. Every alert expression is evaluated through the HTTP API and must stay quiet;
-the rules these patterns used to fire are evaluated too, so the test keeps its teeth."""
+budget and then compact or are deleted, an agent that switches model after writing a
+summary, and agents that leave their watches (cancelled, deadline passed, process
+killed). Every alert expression is evaluated through the HTTP API and must stay quiet;
+the rules these patterns used to fire are evaluated too, so the test keeps its teeth.
+The dashboard's RPC-error query must show the codes those clients got, never UNKNOWN
+(a handler that failed unguarded)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ from ctxcc.v1 import (
     session_service_pb2_grpc,
     view_pb2,
 )
-from tests.e2e.proc import DaemonProcess
+from tests.e2e.proc import REPO, DaemonProcess
 from tests.e2e.prom import RULES, Prometheus
 from tests.helpers import assistant, user
 
@@ -52,6 +57,7 @@ OLD_FALLBACKS = (
 
 class Agent:
     def __init__(self, target: str) -> None:
+        self.target = target
         self.channel = grpc.insecure_channel(target)
         self.sessions: Any = session_service_pb2_grpc.SessionServiceStub(self.channel)
         self.compiles: Any = compile_service_pb2_grpc.CompileServiceStub(self.channel)
@@ -159,3 +165,71 @@ def test_sessions_over_budget_then_compacted_or_deleted_and_a_model_switch_stay_
     # sessions were done with it (and fire then); the fallback one is already true.
     assert prom.query(OLD_OVER_BUDGET, at=at), "no over-budget compile was seen"
     assert prom.query(OLD_FALLBACKS, at=at), "no route-mismatch fallback was seen"
+
+
+# An agent process that opens watches and is killed with them open (its TCP connection
+# closes under the daemon's streams).
+KILLED_WATCHER = """
+import sys
+import grpc
+from ctxcc.v1 import session_service_pb2 as spb, session_service_pb2_grpc as sg
+
+channel = grpc.insecure_channel(sys.argv[1])
+stub = sg.SessionServiceStub(channel)
+calls = [stub.WatchSession(spb.WatchSessionRequest(session_id="watched")) for _ in range(2)]
+stub.GetSession(spb.GetSessionRequest(session_id="watched"))
+print("watching", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_agents_leaving_their_watches_are_no_daemon_failure(
+    scraped: tuple[Agent, Prometheus],
+) -> None:
+    agent, prom = scraped
+    agent.create("watched")
+    agent.step("watched", TEXT)
+    # One agent cancels its watch; another's watch reaches its deadline.
+    cancelled = agent.sessions.WatchSession(
+        session_service_pb2.WatchSessionRequest(session_id="watched")
+    )
+    timed = agent.sessions.WatchSession(
+        session_service_pb2.WatchSessionRequest(session_id="watched"), timeout=1.0
+    )
+    killed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WATCHER, agent.target],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert killed.stdout is not None and killed.stdout.readline() == "watching\n"
+        prom.wait_scrapes(2)
+        (open_watches,) = prom.query("ctxcc_watchers", at=prom.settled())
+        assert open_watches.values[0][1] == 4
+        cancelled.cancel()
+        with pytest.raises(grpc.RpcError) as deadline:
+            list(timed)
+        assert deadline.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        killed.kill()
+        killed.wait()
+    agent.step("watched", "next " + TEXT)  # the daemon goes on serving
+    prom.wait_scrapes(3)
+    at = prom.settled()
+    (left,) = prom.query("ctxcc_watchers", at=at)
+    assert left.values[0][1] == 0
+    # The dashboard's panel, as Grafana sends it, over the whole run.
+    by_code = prom.query(
+        'sum by (method, code) (increase(ctxcc_rpc_errors_total{job="ctxcc"}[10m])) > 0', at=at
+    )
+    seen = {(s.labels["method"], s.labels["code"]): round(s.values[0][1]) for s in by_code}
+    watch = "SessionService/WatchSession"
+    assert (watch, "UNKNOWN") not in seen, seen
+    assert seen.get((watch, "CANCELLED"), 0) >= 3, seen  # the cancel and the killed agent's
+    assert seen.get((watch, "DEADLINE_EXCEEDED"), 0) >= 1, seen
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    for rule in rules:
+        if rule["alert"] != "CtxccDataDirLowSpace":
+            assert prom.query(rule["expr"], at=at) == [], rule["alert"]
