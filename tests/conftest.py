@@ -84,6 +84,16 @@ async def daemon(short_tmp: Path) -> AsyncIterator[Daemon]:
         await d.stop()
 
 
+@pytest.fixture
+async def unix_api(daemon: Daemon) -> AsyncIterator[Stubs]:
+    """Stubs over the Unix socket only (a test that needs one transport)."""
+    s = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        yield s
+    finally:
+        await s.channel.close()
+
+
 @pytest.fixture(params=["tcp", "unix"])
 async def api(request: pytest.FixtureRequest, daemon: Daemon) -> AsyncIterator[Stubs]:
     """Stubs over TCP and over the Unix socket: every API test runs on both."""

@@ -16,7 +16,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
-from tests.conftest import Stubs, stubs_for
+from tests.conftest import Stubs
 from tests.helpers import ROUTE, assistant, compile_request, png_upload, tool_result, user
 
 TOOLS = [
@@ -30,15 +30,6 @@ TOOLS = [
         name="shell", description="run a command", input_schema_json='{"type": "object"}'
     ),
 ]
-
-
-@pytest.fixture
-async def unix_api(daemon: Daemon) -> AsyncIterator[Stubs]:
-    s = stubs_for(f"unix:{daemon.endpoints.unix}")
-    try:
-        yield s
-    finally:
-        await s.channel.close()
 
 
 async def _requests(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -19,20 +19,11 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
-from tests.conftest import Stubs, stubs_for
+from tests.conftest import Stubs
 from tests.helpers import assistant, compile_request, error_info, tool_result, user
 
 # Over the default blob threshold (16 KiB): stored once as a blob, shared by sessions.
 SHARED = "a result both sessions hold\n" * 1_000
-
-
-@pytest.fixture
-async def unix_api(daemon: Daemon) -> AsyncIterator[Stubs]:
-    s = stubs_for(f"unix:{daemon.endpoints.unix}")
-    try:
-        yield s
-    finally:
-        await s.channel.close()
 
 
 async def _session(api: Stubs, sid: str) -> None:
