@@ -425,7 +425,13 @@ def compile_incremental(
         current_user=inputs.current_user,
         route_id=inputs.route.route_id,
         # The memo holds no image, so it serves a compile of either projection.
-        images=as_projected(inputs.images, inputs.events, inputs.current_user, inputs.projection),
+        images=as_projected(
+            inputs.images,
+            inputs.events,
+            inputs.current_user,
+            inputs.projection,
+            inputs.route.protocol,
+        ),
         memo=memo,
         remember=remember,
         turn=turn,

@@ -62,6 +62,9 @@ class ImagePolicy:
     existing: tuple[tuple[str, int], ...] = ()
     max_images: int = 20
     max_image_bytes: int = 20 << 20
+    # The most bytes one image may have on the route's provider (image_byte_cap); None:
+    # no limit of its own.
+    max_single_image_bytes: int | None = None
 
 
 # How a view is projected from the log. Each compile records it, so that a compile an
@@ -69,8 +72,22 @@ class ImagePolicy:
 # 0: images were sent from attachment events and user messages only: the loader sized
 #    no other artifact, so an image in an assistant or an imported message's parts
 #    became the note "the artifact no longer exists" (unless one of those named it too);
-# 1: the images of every message's parts are sent (R-IMG-1).
-PROJECTION = 1
+# 1: the images of every message's parts are sent (R-IMG-1);
+# 2: an image over its route's provider's limit for one image (image_byte_cap) is a note.
+PROJECTION = 2
+
+# Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
+# "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >
+# 5242880 bytes" (anthropics/claude-code#19631; #12167 shows a 4 MB file's 5,577,016
+# base64 bytes refused, so the limit is on the base64). A request holding one is refused
+# at every step after. 5,242,880 base64 bytes carry 3,932,160 bytes of image.
+ANTHROPIC_IMAGE_BYTES = 5_242_880 // 4 * 3
+
+
+def image_byte_cap(protocol: str) -> int | None:
+    """The most bytes one image may have on this wire protocol; None: none stated beyond
+    the request's own limits (OpenAI's and Gemini's are on the whole request)."""
+    return ANTHROPIC_IMAGE_BYTES if protocol.strip().lower().startswith("anthropic") else None
 
 
 def artifact_ids(events: Sequence[Event], projection: int = PROJECTION) -> list[str]:
@@ -90,12 +107,21 @@ def artifact_ids(events: Sequence[Event], projection: int = PROJECTION) -> list[
 
 
 def as_projected(
-    policy: ImagePolicy, events: Sequence[Event], current_user: Event | None, projection: int
+    policy: ImagePolicy,
+    events: Sequence[Event],
+    current_user: Event | None,
+    projection: int,
+    protocol: str = "",
 ) -> ImagePolicy:
     """`policy` (its artifacts sized for every message's images) as a compile of
-    `projection` knew it: only the artifacts its loader sized. A walk over the log, made
-    only for a compile an earlier daemon recorded (its rebuild, or as_of_seq at its step)."""
-    if projection >= PROJECTION:
+    `projection` for a route of `protocol` knew it: from 2, with the provider's limit for
+    one image; before, without; at 0, only the artifacts its loader sized (a walk over
+    the log, made only for a compile an earlier daemon recorded: its rebuild, or as_of_seq
+    at its step)."""
+    cap = image_byte_cap(protocol) if projection >= 2 else None
+    if cap != policy.max_single_image_bytes:
+        policy = replaced(policy, max_single_image_bytes=cap)
+    if projection >= 1:
         return policy
     named = set(artifact_ids(events, projection))
     if current_user is not None:
@@ -341,6 +367,10 @@ def _apply_images(
                 why = "the model does not accept images"
             elif ref.artifact_id not in existing:
                 why = "the artifact no longer exists"
+            elif (one := policy.max_single_image_bytes) is not None and existing[
+                ref.artifact_id
+            ] > one:
+                why = f"the route's provider refuses an image over {one} bytes"
             elif count + 1 > policy.max_images:
                 why = f"the request already holds {policy.max_images} images (the limit)"
             elif size + existing[ref.artifact_id] > policy.max_image_bytes:

@@ -200,3 +200,59 @@ async def test_a_dry_run_and_a_compile_as_of_a_step_send_inline_images_as_any_co
     past = (await api.compiles.Compile(compile_request(sid, as_of_seq=1))).view
     expected = {ref.artifact_id: (event_pb2.MESSAGE_ROLE_USER, _png(9))}
     assert _sent(recorded) == _sent(dry) == _sent(past) == expected
+
+
+async def test_an_image_anthropic_would_refuse_is_a_note_on_anthropic_routes_only(
+    api: Stubs,
+) -> None:
+    """Anthropic refuses an image over 5 MiB as base64 ("image exceeds 5 MB maximum:
+    8259148 bytes > 5242880 bytes"), and with it every later request that holds it. A 4
+    MiB screenshot a tool returned is sent to OpenAI and left out of Anthropic bodies
+    with a note; the 3 MiB one beside it goes to both."""
+    sid = "big-screenshot"
+    await _session(api, sid)
+    big = b"\x89PNG\r\n\x1a\n" + b"\x01" * (4 << 20)
+    small = b"\x89PNG\r\n\x1a\n" + b"\x02" * (3 << 20)
+    refs = []
+    for data in (big, small):
+        up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 4000)))
+        refs.append(up.artifact)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id=sid,
+            events=[
+                _with_image(user("Why does the page render wrong? Full page:"), refs[0]),
+                _with_image(user("And the header alone:"), refs[1]),
+            ],
+        )
+    )
+    anthropic = common_pb2.Route(
+        connection="c", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
+    )
+    openai = common_pb2.Route(
+        connection="c", protocol="openai-chat", endpoint="api", model="gpt-4o"
+    )
+    formats = {
+        anthropic.protocol: view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+        openai.protocol: view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+    }
+    sent: dict[str, list[int]] = {}
+    for route in (anthropic, openai):
+        req = cpb.CompileRequest(
+            session_id=sid, route=route, render_formats=[formats[route.protocol]]
+        )
+        view = (await api.compiles.Compile(req)).view
+        body = view.renderings[0].body_json
+        # The base64 of every image the body sends, by its length.
+        sent[route.protocol] = sorted(
+            len(b64)
+            for b64 in re.findall(r'(?:"data"|base64,)[": ]*"?([A-Za-z0-9+/=]{1000,})', body)
+        )
+        if route is anthropic:
+            assert set(_sent(view)) == {refs[1].artifact_id}
+            assert [n for n in _unsent(view) if refs[0].artifact_id in n and "3932160" in n]
+        else:
+            assert set(_sent(view)) == {refs[0].artifact_id, refs[1].artifact_id}
+            assert not _unsent(view)
+    assert len(sent[anthropic.protocol]) == 1 and sent[anthropic.protocol][0] <= 5_242_880
+    assert len(sent[openai.protocol]) == 2 and max(sent[openai.protocol]) > 5_242_880

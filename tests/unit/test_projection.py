@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.incremental import project
-from server.compiler.projection import PROJECTION, ImagePolicy, artifact_ids, as_projected
+from server.compiler.projection import (
+    ANTHROPIC_IMAGE_BYTES,
+    PROJECTION,
+    ImagePolicy,
+    artifact_ids,
+    as_projected,
+    image_byte_cap,
+)
 from server.compiler.view import FallbackReason, Layer, ToolOrigin, ViewMessage
 from server.domain.canonical import events_digest
 from server.domain.model import (
@@ -286,3 +293,44 @@ def test_pairing_ledger_and_determinism_properties(payloads: list[Payload]) -> N
             open_calls |= {c.call_id for c in m.tool_calls}
     assert not open_calls
     assert len(results) == len(set(results))
+
+
+def test_an_image_over_anthropics_limit_for_one_image_is_a_note_on_anthropic_routes() -> None:
+    """Anthropic refuses an image over 5 MiB as base64 (3,932,160 bytes of image) and then
+    every request that still holds it; OpenAI and Gemini state limits on the whole request
+    only. A compile recorded before the limit (PROJECTION 1) is rebuilt without it."""
+    assert ANTHROPIC_IMAGE_BYTES == 3_932_160  # 5,242,880 base64 bytes
+    big, fits = ANTHROPIC_IMAGE_BYTES + 1, ANTHROPIC_IMAGE_BYTES
+    events = log(
+        user("look"),
+        Attachment(replace(PNG, artifact_id="big", size_bytes=big)),
+        Attachment(replace(PNG, artifact_id="fits", size_bytes=fits)),
+    )
+    sized = ImagePolicy(existing=(("big", big), ("fits", fits)))
+
+    def sent(protocol: str, projection: int = PROJECTION) -> tuple[list[str], tuple[str, ...]]:
+        inputs = CompileInputs(
+            "s:1",
+            Session("s", 0, 0),
+            events,
+            len(events),
+            Route("c", protocol, "api", "claude-sonnet-4"),
+            images=sized,
+            projection=projection,
+        )
+        v = compile_view(inputs, C)
+        ids = [p.attachment.artifact_id for m in v.messages for p in m.parts if p.attachment]
+        return ids, v.notes
+
+    ids, notes = sent("anthropic-messages")
+    assert ids == ["fits"]
+    assert any(
+        n.startswith(f"image big (image/png, {big} bytes) not sent")
+        and f"refuses an image over {ANTHROPIC_IMAGE_BYTES} bytes" in n
+        for n in notes
+    ), notes
+    for protocol in ("openai-chat", "openai-responses", "gemini", ""):
+        assert sent(protocol)[0] == ["big", "fits"], protocol
+    assert sent("anthropic-messages", projection=1)[0] == ["big", "fits"]
+    assert image_byte_cap("Anthropic-Messages") == ANTHROPIC_IMAGE_BYTES
+    assert image_byte_cap("openai-chat") is None
