@@ -21,6 +21,13 @@ from ctxcc_client.errors import CtxccError
 from ctxcc_client.events import assistant, tool_result, user, user_with
 from ctxcc_client.retry import new_request_id, new_session_id
 from ctxcc_client.stream import CompileStream, StreamStats, ViewAssembler
+from ctxcc_client.usage import (
+    UsageCounts,
+    usage_from_anthropic,
+    usage_from_gemini,
+    usage_from_openai_chat,
+    usage_from_openai_responses,
+)
 
 __all__ = [
     "AsyncClient",
@@ -28,11 +35,16 @@ __all__ = [
     "CompileStream",
     "CtxccError",
     "StreamStats",
+    "UsageCounts",
     "ViewAssembler",
     "assistant",
     "new_request_id",
     "new_session_id",
     "tool_result",
+    "usage_from_anthropic",
+    "usage_from_gemini",
+    "usage_from_openai_chat",
+    "usage_from_openai_responses",
     "user",
     "user_with",
 ]

@@ -54,6 +54,17 @@ export { RETRY_SECONDS, SESSION_ALREADY_EXISTS, newRequestId, newSessionId } fro
 export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
 export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats, type UsageReporter } from "./stream.js";
 export { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, viewDigest } from "./delta.js";
+export {
+  type AnthropicUsage,
+  type GeminiUsage,
+  type OpenAIChatUsage,
+  type OpenAIResponsesUsage,
+  type UsageCounts,
+  usageFromAnthropic,
+  usageFromGemini,
+  usageFromOpenAIChat,
+  usageFromOpenAIResponses,
+} from "./usage.js";
 
 const CHUNK = 1 << 20;
 
