@@ -242,7 +242,10 @@ async def test_a_compaction_recommended_again_is_kept_from_the_base(daemon: Daem
 class _Replaying:
     """A stub whose CompileStream answers pass through, except that the answer to step
     `at` is replaced by the first delta answer it saw (a delta of an older step of the same
-    stream, as a corrupting proxy could send). Every delta the daemon sent is recorded."""
+    stream, as a corrupting proxy could send) under step `at`'s id: the client cannot tell
+    it from the step's own answer by its step id (one under its own older id is skipped,
+    tests/integration/test_python_client_step_ids.py). Every delta the daemon sent is
+    recorded."""
 
     def __init__(self, stub: Any, at: int) -> None:
         self._stub = stub
@@ -264,7 +267,10 @@ class _Replaying:
                 resp: cpb.CompileStreamResponse = await self._it.__anext__()
                 if resp.step_id == str(owner._at) and owner.deltas and not owner.replaced:
                     owner.replaced.append(resp)
-                    return owner.deltas[0]
+                    replayed = cpb.CompileStreamResponse()
+                    replayed.CopyFrom(owner.deltas[0])
+                    replayed.step_id = resp.step_id
+                    return replayed
                 if resp.WhichOneof("response") == "delta":
                     owner.deltas.append(resp)
                 return resp

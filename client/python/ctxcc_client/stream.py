@@ -15,6 +15,12 @@ hashed); `chained_digest=False` asks for the whole view's sha256. Callers always
 whole CompiledView, never one the stream changes later. A reopened stream starts without a
 base, so its first answer is whole.
 
+Every answer is matched to what is in flight by its step_id (the step's own; empty for a
+ResumeRequest's answer): one for a step already answered (e.g. a response a proxy
+delivered twice, or the rest of a step that failed or was cancelled) is skipped and
+counted in `stats.stale`, never handed out; any other ends the stream, and the step is
+resent on a new one with its request id, as after UNAVAILABLE.
+
 `report_usage` queues the provider's usage of a view and the next step carries it: the
 daemon records it before that step's append and compile, so a step is one round trip
 instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
@@ -72,6 +78,34 @@ class ViewAssembler:
         return view_pb2.CompiledView.FromString(data)
 
 
+def _matches(answer: str, sent: str, *, resuming: bool) -> bool | None:
+    """Whether an answer whose step_id is `answer` is the one awaited: step `sent`'s (it
+    carries the step's id, also in its chunks and its StepError), or while `resuming` the
+    answer to the ResumeRequest step `sent` made after a delta that did not check (it
+    carries an empty id). False for an answer to a step already answered: an earlier one
+    (ids are this stream's counter, so a smaller number), or while resuming the step
+    itself (its answer came). None for anything else, an empty id while a step is awaited
+    too: a resume's answer is never skipped, as nothing tells which resume it answers."""
+    if answer == ("" if resuming else sent):
+        return True
+    if resuming and answer == sent:
+        return False
+    earlier = answer.isascii() and answer.isdigit() and answer[0] != "0"
+    return False if earlier and int(answer) < int(sent) else None
+
+
+def _unmatched(answer: str, sent: str, resuming: bool) -> CtxccError:
+    """An answer that matches nothing the stream sent: UNAVAILABLE, so the step is sent
+    again on a new stream, as after a dropped connection."""
+    awaited = f"the resume of step {sent}" if resuming else f"step {sent}"
+    return CtxccError(
+        grpc.StatusCode.UNAVAILABLE,
+        "UNAVAILABLE",
+        f"the stream answered {awaited} with an answer for step {answer!r}: reopened",
+        {},
+    )
+
+
 def _events_key(events: list[event_pb2.Event]) -> bytes:
     return hashlib.sha256(
         b"".join(e.SerializeToString(deterministic=True) for e in events)
@@ -87,6 +121,9 @@ class StreamStats:
     # Deltas that failed their digest check and were fetched again whole.
     resumed: int = 0
     bytes_received: int = 0
+    # Answers skipped because they answer a step already answered: a response delivered
+    # twice, or the rest of a step that failed or was cancelled. Never handed out.
+    stale: int = 0
 
 
 Report = Callable[[cpb.ReportUsageRequest], Awaitable[cpb.ReportUsageResponse]]
@@ -281,15 +318,7 @@ class CompileStream:
         append = None
         resumed = False
         while True:
-            try:
-                resp = await responses.__anext__()
-            except grpc.aio.AioRpcError as err:
-                self._drop()
-                raise from_rpc_error(err) from None
-            except StopAsyncIteration:
-                self._drop()
-                raise stream_ended() from None
-            self.stats.bytes_received += resp.ByteSize()
+            resp = await self._next(responses, msg.step.step_id, resuming=resumed)
             if resp.HasField("append"):
                 append = resp.append
             if resp.HasField("usage"):
@@ -320,6 +349,33 @@ class CompileStream:
                 apart = self._digest == cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
                 self._held = HeldView.of(view, chained, apart=apart) if self._deltas else None
                 return view, append
+
+    async def _next(
+        self, responses: AsyncIterator[cpb.CompileStreamResponse], step_id: str, *, resuming: bool
+    ) -> cpb.CompileStreamResponse:
+        """The next answer to step `step_id` (to its resume when `resuming`), skipping the
+        answers to steps already answered. CtxccError when the stream fails or ends, and
+        UNAVAILABLE when it answers something this stream never sent (either way the
+        stream is dropped)."""
+        while True:
+            try:
+                resp = await responses.__anext__()
+            except grpc.aio.AioRpcError as err:
+                self._drop()
+                raise from_rpc_error(err) from None
+            except StopAsyncIteration:
+                self._drop()
+                raise stream_ended() from None
+            self.stats.bytes_received += resp.ByteSize()
+            ours = _matches(resp.step_id, step_id, resuming=resuming)
+            if ours:
+                return resp
+            if ours is None:
+                # Nothing this stream sent is answered so: end it; the step is resent on
+                # a new one with its request id (the daemon replays the append).
+                self._drop()
+                raise _unmatched(resp.step_id, step_id, resuming)
+            self.stats.stale += 1
 
     def _apply(
         self, held: HeldView | None, delta: cpb.ViewDelta, *, last_try: bool
