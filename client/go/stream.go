@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 
@@ -38,6 +39,12 @@ import (
 // daemon records it before that step's append and compile, so a step is one round trip
 // instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
 // closed, or a second report is queued first) goes by the unary ReportUsage.
+//
+// Every answer is matched to what is in flight by its step_id (the step's own, also in its
+// chunks and its StepError; empty for a ResumeRequest's answer): one for a step already
+// answered (e.g. a response a proxy delivered twice, or the rest of a step that failed) is
+// skipped and counted in StreamStats.Stale, never returned; any other ends the stream, and
+// Step resends the step on a new one with its request id, as after Unavailable.
 type Stream struct {
 	c      *Client
 	ctx    context.Context
@@ -91,6 +98,9 @@ type StreamStats struct {
 	Mismatches int
 	// Bytes of the answers received (their encoded messages).
 	Bytes int64
+	// Answers skipped because they answer a step already answered: a response delivered
+	// twice, or the rest of a step that failed. Never returned.
+	Stale int
 }
 
 // StreamOption configures OpenStream.
@@ -267,7 +277,8 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 	if err := s.send(msg); err != nil {
 		return nil, nil, err
 	}
-	view, delta, appended, err := s.receive()
+	stepID := msg.GetStep().GetStepId()
+	view, delta, appended, err := s.receive(stepID, false)
 	if err != nil {
 		return nil, appended, err
 	}
@@ -294,7 +305,7 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 	if err := s.send(resume); err != nil {
 		return nil, appended, err
 	}
-	view, delta, _, err = s.receive()
+	view, delta, _, err = s.receive(stepID, true)
 	if err == nil && delta != nil {
 		err = fmt.Errorf("the daemon answered a ResumeRequest with a delta")
 	}
@@ -350,9 +361,37 @@ func (s *Stream) send(msg *ctxccv1.CompileStreamRequest) error {
 	return nil
 }
 
-// receive reads one answer: a whole view (reassembled from chunks when chunked), a delta,
-// or the step's error.
-func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.AppendResult, error) {
+// matches tells whether an answer whose step_id is answer is the one awaited: step sent's
+// (it carries the step's id, also in its chunks and its StepError), or when resuming the
+// answer to the ResumeRequest step sent made after a delta that did not check (it carries
+// an empty id). stale is true for an answer to a step already answered: an earlier one (ids
+// are the stream's counter, so a smaller number), or when resuming the step itself (its
+// answer came). Neither for anything else, an empty id while a step is awaited too: a
+// resume's answer is never skipped, as nothing tells which resume it answers.
+func matches(answer, sent string, resuming bool) (ours, stale bool) {
+	awaited := sent
+	if resuming {
+		awaited = ""
+	}
+	if answer == awaited {
+		return true, false
+	}
+	if answer == "" {
+		return false, false
+	}
+	if resuming && answer == sent {
+		return false, true
+	}
+	n, err := strconv.ParseUint(answer, 10, 64) // digits only, as the stream writes them
+	m, err2 := strconv.ParseUint(sent, 10, 64)
+	return false, answer[0] != '0' && err == nil && err2 == nil && n < m
+}
+
+// receive reads one answer to step stepID (to its resume when resuming): a whole view
+// (reassembled from chunks when chunked), a delta, or the step's error. Answers to a step
+// already answered are skipped; any other answer that is not the awaited one is an
+// Unavailable error, so the stream is dropped and the step resent on a new one.
+func (s *Stream) receive(stepID string, resuming bool) (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.AppendResult, error) {
 	var chunks [][]byte
 	var appended *ctxccv1.AppendResult
 	for {
@@ -365,6 +404,19 @@ func (s *Stream) receive() (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.
 			return nil, nil, nil, err
 		}
 		s.stats.Bytes += int64(proto.Size(resp))
+		ours, stale := matches(resp.GetStepId(), stepID, resuming)
+		if stale {
+			s.stats.Stale++
+			continue
+		}
+		if !ours {
+			awaited := "step " + stepID
+			if resuming {
+				awaited = "the resume of step " + stepID
+			}
+			return nil, nil, nil, status.Errorf(codes.Unavailable,
+				"the stream answered %s with an answer for step %q: reopened", awaited, resp.GetStepId())
+		}
 		if resp.GetAppend() != nil {
 			appended = resp.GetAppend()
 		}

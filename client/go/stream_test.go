@@ -21,15 +21,19 @@ import (
 
 // scripted is a CompileService whose stream answers each request with what answer returns
 // for it (an error ends the stream with that status), and records every request with the
-// number of the stream it came on.
+// number of the stream it came on. An answer to a step goes under the step's id, as the
+// daemon sends it, unless it has one already or verbatim is set; with twice every response
+// is sent twice in a row, as a proxy that duplicates messages delivers them.
 type scripted struct {
 	ctxccv1.UnimplementedCompileServiceServer
-	mu      sync.Mutex
-	streams int
-	got     []recorded
-	sent    int64 // bytes of the answers sent
-	reports []*ctxccv1.ReportUsageRequest
-	answer  func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error)
+	verbatim bool
+	twice    bool
+	mu       sync.Mutex
+	streams  int
+	got      []recorded
+	sent     int64 // bytes of the answers sent
+	reports  []*ctxccv1.ReportUsageRequest
+	answer   func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error)
 }
 
 type recorded struct {
@@ -56,11 +60,20 @@ func (s *scripted) CompileStream(st grpc.BidiStreamingServer[ctxccv1.CompileStre
 			return err
 		}
 		for _, r := range out {
-			s.mu.Lock()
-			s.sent += int64(proto.Size(r))
-			s.mu.Unlock()
-			if err := st.Send(r); err != nil {
-				return err
+			if !s.verbatim && r.GetStepId() == "" && req.GetStep() != nil {
+				r.StepId = req.GetStep().GetStepId()
+			}
+			copies := 1
+			if s.twice {
+				copies = 2
+			}
+			for range copies {
+				s.mu.Lock()
+				s.sent += int64(proto.Size(r))
+				s.mu.Unlock()
+				if err := st.Send(r); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -1,0 +1,171 @@
+package ctxcc
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+// Every response delivered twice (a proxy that duplicates messages): each copy of a step's
+// answer read at a later step is skipped, so every step returns its own view, append and
+// error, on one stream. Before, the copy was taken for the next step's answer and every step
+// from then on returned the previous step's view.
+func TestStreamSkipsAnswersDeliveredTwice(t *testing.T) {
+	v1, want1 := fixture(t, 1)
+	v2, want2 := fixture(t, 2)
+	v3, want3 := fixture(t, 3)
+	v4, want4 := fixture(t, 4)
+	v5, want5 := fixture(t, 5)
+	s := &scripted{twice: true}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		switch n {
+		case 1:
+			return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+		case 2:
+			return []*ctxccv1.CompileStreamResponse{asDelta(makeDelta(t, v1, v2), &ctxccv1.AppendResult{FirstSeq: 2, LastSeq: 3})}, nil
+		case 3:
+			return chunked(t, v3), nil
+		case 4:
+			return []*ctxccv1.CompileStreamResponse{asDelta(makeDelta(t, v3, v4), nil)}, nil
+		case 5:
+			return []*ctxccv1.CompileStreamResponse{{Response: &ctxccv1.CompileStreamResponse_Error{Error: &ctxccv1.StepError{
+				Code: int32(codes.FailedPrecondition), Reason: "SEQUENCE_MISMATCH", Message: "head moved"}}}}, nil
+		default:
+			return []*ctxccv1.CompileStreamResponse{whole(v5)}, nil
+		}
+	}
+	c := serve(t, s)
+	c.RetryFor = 0
+	st := c.OpenStream(context.Background())
+	defer st.Close()
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	var appends []*ctxccv1.AppendResult
+	for i, want := range [][]byte{want1, want2, want3, want4, nil, want5} {
+		view, appended, err := st.Step(req, nil, "")
+		if want == nil {
+			if e, ok := AsError(err); !ok || e.Reason != "SEQUENCE_MISMATCH" {
+				t.Fatalf("step %d: err = %v, want its own SEQUENCE_MISMATCH", i+1, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("step %d: %v", i+1, err)
+		}
+		if !bytes.Equal(marshal(t, view), want) {
+			t.Fatalf("step %d: the view is not the step's own", i+1)
+		}
+		appends = append(appends, appended)
+	}
+	if appends[1].GetLastSeq() != 3 || appends[2] != nil {
+		t.Fatalf("appends %v: step 3 took step 2's append from its copy", appends)
+	}
+	// Read at a later step: the copies of the view, the delta, the last chunk, the delta and
+	// the error (the first chunk's copy came within its own step).
+	if got := st.Stats(); got.Stale != 5 || got.Mismatches != 0 || got.Deltas != 2 || got.Whole != 3 {
+		t.Fatalf("stats %+v", got)
+	}
+	if s.streams != 1 || len(s.got) != 6 {
+		t.Fatalf("%d streams, %d requests: a copy of an earlier answer reopened the stream", s.streams, len(s.got))
+	}
+}
+
+// While the step's resume is in flight (its delta did not check), a copy of the step's own
+// delta is skipped and the resume's answer (empty step id) is returned.
+func TestStreamSkipsTheStepsOwnAnswerWhileItsResumeIsInFlight(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	v2, want2 := fixture(t, 2)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		switch {
+		case req.GetResume() != nil:
+			return []*ctxccv1.CompileStreamResponse{whole(v2)}, nil
+		case n == 1:
+			return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+		default: // the delta, damaged by the hook below, and a copy of it
+			d := makeDelta(t, v1, v2)
+			return []*ctxccv1.CompileStreamResponse{asDelta(d, nil), asDelta(d, nil)}, nil
+		}
+	}
+	c := serve(t, s)
+	c.RetryFor = 0
+	damaged := 0
+	st := c.OpenStream(context.Background(), WithDeltaHook(func(d *ctxccv1.ViewDelta) {
+		damaged++
+		d.AppendedMessages[0].Tokens++
+	}))
+	defer st.Close()
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	if _, _, err := st.Step(req, nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	view, _, err := st.Step(req, nil, "")
+	if err != nil {
+		t.Fatalf("step 2: %v", err)
+	}
+	if !bytes.Equal(marshal(t, view), want2) {
+		t.Fatal("step 2: not the view its resume fetched")
+	}
+	if got := st.Stats(); got.Stale != 1 || got.Mismatches != 1 || damaged != 1 {
+		t.Fatalf("stats %+v, %d deltas seen by the hook", got, damaged)
+	}
+	if len(s.got) != 3 || s.got[2].req.GetResume() == nil || s.streams != 1 {
+		t.Fatalf("requests %v", s.got)
+	}
+}
+
+// An answer whose step id names nothing the stream sent (a step not yet sent, no id while a
+// step is awaited, not one of the stream's ids) is never returned: the stream is ended and
+// the step resent on a new one, with its request id and no delta base.
+func TestStreamReopensOnAnAnswerForNoStepItSent(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	v2, want2 := fixture(t, 2)
+	v3, _ := fixture(t, 3)
+	for name, id := range map[string]string{"a step not sent": "7", "no step id": "", "not a step id": "x2"} {
+		t.Run(name, func(t *testing.T) {
+			s := &scripted{verbatim: true}
+			s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+				var r *ctxccv1.CompileStreamResponse
+				switch n {
+				case 1:
+					r = whole(v1)
+				case 2: // another view, and an append the step must not report
+					r = whole(v3)
+					r.Append = &ctxccv1.AppendResult{FirstSeq: 9, LastSeq: 9}
+					r.StepId = id
+					return []*ctxccv1.CompileStreamResponse{r}, nil
+				default:
+					r = whole(v2)
+				}
+				r.StepId = req.GetStep().GetStepId()
+				return []*ctxccv1.CompileStreamResponse{r}, nil
+			}
+			c := serve(t, s)
+			st := c.OpenStream(context.Background())
+			defer st.Close()
+			req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+			if _, _, err := st.Step(req, []*ctxccv1.Event{User("one")}, ""); err != nil {
+				t.Fatal(err)
+			}
+			view, appended, err := st.Step(req, []*ctxccv1.Event{User("two")}, "")
+			if err != nil {
+				t.Fatalf("step 2: %v", err)
+			}
+			if !bytes.Equal(marshal(t, view), want2) || appended != nil {
+				t.Fatalf("step 2 returned another step's answer (append %v)", appended)
+			}
+			if len(s.got) != 3 {
+				t.Fatalf("%d requests", len(s.got))
+			}
+			sent, again := s.got[1], s.got[2]
+			if again.stream != 2 || sent.stream != 1 || baseOf(again) != "" ||
+				again.req.GetStep().GetRequestId() != sent.req.GetStep().GetRequestId() ||
+				again.req.GetStep().GetStepId() != sent.req.GetStep().GetStepId() {
+				t.Fatalf("step 2 was not resent on a new stream as it was: %v then %v", sent.req, again.req)
+			}
+		})
+	}
+}
