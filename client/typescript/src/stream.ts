@@ -9,6 +9,12 @@
  * daemon records it before that step's append and compile, so a step is one round trip
  * instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
  * closed, or a second report is queued first) goes by the unary ReportUsage.
+ *
+ * Every answer is matched to what is in flight by its step_id (the step's own, also in its
+ * chunks and its StepError; empty for a ResumeRequest's answer): one for a step already
+ * answered (e.g. a response a proxy delivered twice, or the rest of a step that failed) is
+ * skipped and counted in `stats.stale`, never returned; any other ends the stream, and the
+ * step is resent on a new one with its request id, as after UNAVAILABLE.
  */
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -81,6 +87,9 @@ export interface StreamStats {
   mismatches: number;
   /** Bytes of the answers received (their encoded messages). */
   bytes: number;
+  /** Answers skipped because they answer a step already answered: a response delivered twice,
+   * or the rest of a step that failed. Never returned. */
+  stale: number;
 }
 
 // A daemon whose views this client cannot rebuild (e.g. one with fields this client does not
@@ -90,6 +99,22 @@ const MAX_MISMATCHES = 3;
 const MAX_CHUNKS = 1 << 16;
 
 type Answer = { view: CompiledView; delta?: undefined; append?: AppendResult } | { view?: undefined; delta: ViewDelta; append?: AppendResult };
+
+/**
+ * Whether an answer whose step_id is `answer` is the one awaited: step `sent`'s (it carries the
+ * step's id, also in its chunks and its StepError), or when `resuming` the answer to the
+ * ResumeRequest step `sent` made after a delta that did not check (it carries an empty id).
+ * "stale" for an answer to a step already answered: an earlier one (ids are the stream's
+ * counter, so a smaller number), or when resuming the step itself (its answer came).
+ * "unmatched" for anything else, an empty id while a step is awaited too: a resume's answer is
+ * never skipped, as nothing tells which resume it answers.
+ */
+function matchAnswer(answer: string, sent: string, resuming: boolean): "ours" | "stale" | "unmatched" {
+  if (answer === (resuming ? "" : sent)) return "ours";
+  if (resuming && answer === sent) return "stale";
+  const earlier = /^[1-9][0-9]*$/.test(answer) && /^[0-9]+$/.test(sent) && BigInt(answer) < BigInt(sent);
+  return earlier ? "stale" : "unmatched";
+}
 
 const streamEnded = () => new CtxccError(grpc.status.UNAVAILABLE, "UNAVAILABLE", "the stream ended");
 
@@ -129,7 +154,7 @@ export class Stream {
   private readonly records: MessageRecords = new WeakMap();
   // The records of sections, tools and the system prompt for the chained digest.
   private readonly parts = new PartRecords();
-  private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0, bytes: 0 };
+  private readonly counts: StreamStats = { whole: 0, deltas: 0, mismatches: 0, bytes: 0, stale: 0 };
   // The usage report the next step carries, and the answer to the one the last step carried.
   private queued: ReportUsageRequest | null = null;
   private last: ReportUsageResponse | undefined = undefined;
@@ -305,7 +330,8 @@ export class Stream {
     }
     try {
       this.send(call, msg);
-      const first = await this.receive();
+      const stepId = msg.request?.$case === "step" ? msg.request.value.stepId : "";
+      const first = await this.receive(stepId, false);
       if (!first.delta) return { view: this.keep(first.view), append: first.append };
       this.options.onDelta?.(first.delta);
       const headId = first.delta.head?.compileId ?? "";
@@ -322,7 +348,7 @@ export class Stream {
       this.base = null;
       this.baseChain = null;
       this.send(call, CompileStreamRequest.fromPartial({ request: { $case: "resume", value: { compileId: headId, compile } } }));
-      const again = await this.receive();
+      const again = await this.receive(stepId, true);
       if (!again.view) throw new Error("the daemon answered a ResumeRequest with a delta");
       return { view: this.keep(again.view), append: first.append };
     } catch (err) {
@@ -359,12 +385,24 @@ export class Stream {
     return view;
   }
 
-  /** One answer: a whole view (reassembled from chunks when chunked), a delta, or the step's error. */
-  private async receive(): Promise<Answer> {
+  /** One answer to step `stepId` (to its resume when `resuming`): a whole view (reassembled from
+   * chunks when chunked), a delta, or the step's error. Answers to a step already answered are
+   * skipped; any other answer that is not the awaited one is an UNAVAILABLE error, so the stream
+   * is dropped and the step resent on a new one. */
+  private async receive(stepId: string, resuming: boolean): Promise<Answer> {
     const parts: Uint8Array[] = [];
     let append: AppendResult | undefined;
     for (;;) {
       const r = await this.next();
+      const match = matchAnswer(r.stepId, stepId, resuming);
+      if (match === "stale") {
+        this.counts.stale++;
+        continue;
+      }
+      if (match === "unmatched") {
+        const awaited = resuming ? `the resume of step ${stepId}` : `step ${stepId}`;
+        throw new CtxccError(grpc.status.UNAVAILABLE, "UNAVAILABLE", `the stream answered ${awaited} with an answer for step ${JSON.stringify(r.stepId)}: reopened`);
+      }
       append = r.append ?? append;
       if (r.usage) this.last = r.usage;
       const resp = r.response;

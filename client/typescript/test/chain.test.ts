@@ -94,7 +94,9 @@ test("the stream asks for the chained digest unless told not to, and refetches a
         let n = 0;
         call.on("data", (req: CompileStreamRequest) => {
           n++;
-          const send = (response: CompileStreamResponse["response"]) => call.write(CompileStreamResponse.fromPartial({ response }));
+          // Under the step's id, as the daemon answers (a resume's answer has none).
+          const stepId = req.request?.$case === "step" ? req.request.value.stepId : "";
+          const send = (response: CompileStreamResponse["response"]) => call.write(CompileStreamResponse.fromPartial({ stepId, response }));
           if (req.request?.$case === "resume") return send({ $case: "view", value: v3.view });
           if (req.request?.$case === "step") asked.push(req.request.value.deltaDigest);
           if (n === 1) return send({ $case: "view", value: v1.view });

@@ -19,8 +19,11 @@ import { encoded, fixture, makeDelta } from "./fixtures.js";
 type Answer = CompileStreamResponse[] | grpc.StatusObject;
 
 /** A CompileService whose stream answers each request with what `answer` returns for it (a
- * status ends the stream), recording every request with the number of its stream. */
-async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer) {
+ * status ends the stream), recording every request with the number of its stream. An answer
+ * to a step goes under the step's id, as the daemon sends it, unless it has one already
+ * (`verbatim`: every answer as `answer` made it); `twice` sends every response twice in a row,
+ * as a proxy that duplicates messages delivers them. */
+async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer, { verbatim = false, twice = false } = {}) {
   const got: Array<{ stream: number; req: CompileStreamRequest }> = [];
   const reports: ReportUsageRequest[] = []; // the unary ones
   const sent = { bytes: 0 };
@@ -34,8 +37,11 @@ async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer
         const out = answer(got.length, req);
         if (Array.isArray(out)) {
           for (const r of out) {
-            sent.bytes += CompileStreamResponse.encode(r).finish().length;
-            call.write(r);
+            if (!verbatim && !r.stepId && req.request?.$case === "step") r.stepId = req.request.value.stepId;
+            for (let copy = 0; copy < (twice ? 2 : 1); copy++) {
+              sent.bytes += CompileStreamResponse.encode(r).finish().length;
+              call.write(r);
+            }
           }
         }
         else call.emit("error", out);
@@ -107,7 +113,7 @@ test("deltas are applied, a mismatch is fetched whole, a reopened stream names n
       results.push(r);
     }
     assert.equal(corrupted, 1);
-    assert.deepEqual(stream.stats, { whole: 3, deltas: 1, mismatches: 1, bytes: sent.bytes });
+    assert.deepEqual(stream.stats, { whole: 3, deltas: 1, mismatches: 1, bytes: sent.bytes, stale: 0 });
     assert.ok(sent.bytes > 0);
     // The refetched view comes with the append of the step whose delta failed.
     assert.equal(results[2].append?.firstSeq, 4);
@@ -142,7 +148,7 @@ test("without deltas no step names a base; an unasked-for delta is fetched whole
     for (const r of got) if (r.req.request?.$case === "step") assert.equal(baseOf(r), "");
     assert.equal(got.length, 4);
     assert.equal(got[2].req.request?.$case, "resume");
-    assert.deepEqual(stream.stats, { whole: 3, deltas: 0, mismatches: 1, bytes: sent.bytes });
+    assert.deepEqual(stream.stats, { whole: 3, deltas: 0, mismatches: 1, bytes: sent.bytes, stale: 0 });
   } finally {
     stream.close();
     stop();
@@ -287,5 +293,110 @@ test("a report queued while a step runs never loses the step's own", async () =>
     assert.deepEqual(unary, ["c1", "c2"]);
   } finally {
     await stream.close();
+  }
+});
+
+test("every response delivered twice: a copy read at a later step is skipped, each step gets its own answer", async () => {
+  // Before, the copy was taken for the next step's answer, and every step from then on
+  // returned the previous step's view.
+  const [v1, v2, v3, v4, v5] = [fixture(1), fixture(2), fixture(3), fixture(4), fixture(5)];
+  const error = { code: grpc.status.FAILED_PRECONDITION, reason: "SEQUENCE_MISMATCH", message: "head moved" };
+  const { got, client, stop } = await scripted(
+    (n) => {
+      switch (n) {
+        case 1: return whole(v1.view);
+        case 2: return delta(makeDelta(v1.view, v2.view), { firstSeq: 2, lastSeq: 3 });
+        case 3: return chunked(v3.view);
+        case 4: return delta(makeDelta(v3.view, v4.view));
+        case 5: return [CompileStreamResponse.fromPartial({ response: { $case: "error", value: error } })];
+        default: return whole(v5.view);
+      }
+    },
+    { twice: true },
+  );
+  const stream = new Stream(client.compiles.raw, 0);
+  try {
+    const compile = { sessionId: v1.view.sessionId, route: v1.view.route };
+    const results = [];
+    for (const [i, want] of [v1.bytes, v2.bytes, v3.bytes, v4.bytes].entries()) {
+      const r = await stream.step(compile);
+      assert.ok(encoded(r.view).equals(want), `step ${i + 1}: not the step's own view`);
+      results.push(r);
+    }
+    await assert.rejects(stream.step(compile), (err: CtxccError) => err.reason === "SEQUENCE_MISMATCH");
+    assert.ok(encoded((await stream.step(compile)).view).equals(v5.bytes), "step 6");
+    assert.equal(results[1].append?.lastSeq, 3);
+    assert.equal(results[2].append, undefined, "step 3 took step 2's append from its copy");
+    // Read at a later step: the copies of the view, the delta, the last chunk, the delta and the
+    // error (the first chunk's copy came within its own step).
+    const { stale, mismatches, deltas, whole: wholes } = stream.stats;
+    assert.deepEqual({ stale, mismatches, deltas, wholes }, { stale: 5, mismatches: 0, deltas: 2, wholes: 3 });
+    assert.equal(got.length, 6);
+    assert.ok(got.every((r) => r.stream === 1), "a copy of an earlier answer reopened the stream");
+  } finally {
+    await stream.close();
+    stop();
+  }
+});
+
+test("while a step's resume is in flight a copy of the step's own delta is skipped", async () => {
+  const [v1, v2] = [fixture(1), fixture(2)];
+  const { got, client, stop } = await scripted((n, req) => {
+    if (req.request?.$case === "resume") return whole(v2.view);
+    if (n === 1) return whole(v1.view);
+    const d = makeDelta(v1.view, v2.view); // damaged by onDelta below, and a copy of it
+    return [...delta(d), ...delta(d)];
+  });
+  let damaged = 0;
+  const stream = new Stream(client.compiles.raw, 0, undefined, {
+    onDelta: (d) => {
+      damaged++;
+      d.appendedMessages[0].tokens++;
+    },
+  });
+  try {
+    const compile = { sessionId: v1.view.sessionId };
+    await stream.step(compile);
+    const r = await stream.step(compile);
+    assert.ok(encoded(r.view).equals(v2.bytes), "not the view its resume fetched");
+    assert.deepEqual([stream.stats.stale, stream.stats.mismatches, damaged], [1, 1, 1]);
+    assert.deepEqual(got.map((g) => [g.stream, g.req.request?.$case]), [[1, "step"], [1, "step"], [1, "resume"]]);
+  } finally {
+    await stream.close();
+    stop();
+  }
+});
+
+test("an answer for no step the stream sent is never returned: the step is resent on a new stream", async () => {
+  const [v1, v2, v3] = [fixture(1), fixture(2), fixture(3)];
+  for (const id of ["7", "", "x2"]) {
+    const { got, client, stop } = await scripted(
+      (n, req) => {
+        const stepId = req.request?.$case === "step" ? req.request.value.stepId : "";
+        if (n === 2) {
+          // Another view, and an append the step must not report.
+          return [CompileStreamResponse.fromPartial({ stepId: id, response: { $case: "view", value: v3.view }, append: { firstSeq: 9, lastSeq: 9 } })];
+        }
+        return [CompileStreamResponse.fromPartial({ stepId, response: { $case: "view", value: n === 1 ? v1.view : v2.view } })];
+      },
+      { verbatim: true },
+    );
+    const stream = client.openStream();
+    try {
+      const compile = { sessionId: v1.view.sessionId };
+      await stream.step(compile, [user("one")]);
+      const r = await stream.step(compile, [user("two")]);
+      assert.ok(encoded(r.view).equals(v2.bytes), `step id ${JSON.stringify(id)}: step 2 returned another step's answer`);
+      assert.equal(r.append, undefined);
+      assert.equal(got.length, 3);
+      const [sent, again] = [got[1], got[2]];
+      assert.deepEqual([sent.stream, again.stream, baseOf(again)], [1, 2, ""]);
+      const step = (g: { req: CompileStreamRequest }) => (g.req.request?.$case === "step" ? g.req.request.value : undefined);
+      assert.equal(step(again)?.requestId, step(sent)?.requestId);
+      assert.equal(step(again)?.stepId, step(sent)?.stepId);
+    } finally {
+      await stream.close();
+      stop();
+    }
   }
 });
