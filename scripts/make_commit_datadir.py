@@ -344,6 +344,12 @@ def _sources(d: Driver) -> None:
         )
 
 
+SHELL_DESCRIPTION = "Run a command in the workspace's shell.\n" + "".join(
+    f"- Rule {i}: quote paths with spaces, prefer the dedicated tools, and keep going.\n"
+    for i in range(20)
+)
+
+
 def _tools(d: Driver) -> None:
     d.tools.RegisterTools(
         tool_service_pb2.RegisterToolsRequest(
@@ -357,7 +363,8 @@ def _tools(d: Driver) -> None:
                 ),
                 tool_pb2.ToolDefinition(
                     name="shell",
-                    description="Run a command",
+                    # As long as real agents' shell tools (over OpenAI's 1,024 characters).
+                    description=SHELL_DESCRIPTION,
                     input_schema_json='{"type": "object"}',
                     visibility=tool_pb2.TOOL_VISIBILITY_DIRECT,
                 ),
@@ -450,6 +457,10 @@ def _drive(d: Driver) -> dict[str, Any]:
     v1 = d.compile("unary-1", d.request(SID))
     d.report(v1, v1.budget.estimated_input_tokens + 37)
     d.compile("unary-1-again", d.request(SID))  # a repeat: nothing changed
+    # On OpenAI too: the shell tool's description is over its 1,024 characters.
+    on_gpt = d.request(SID)
+    on_gpt.route.CopyFrom(GPT)
+    d.compile("unary-1-gpt", on_gpt)
 
     # Turn 2 by stream steps, each reporting the previous step's usage.
     req = d.request(SID)
