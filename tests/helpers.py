@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import struct
 import urllib.request
+import zlib
 from typing import Any
 
 import grpc
@@ -76,12 +78,47 @@ def usage_counts(metrics_address: str) -> tuple[float, float]:
     return reports, unary
 
 
-def png_upload(sid: str, data: bytes, side: int = 32) -> list[apb.UploadArtifactRequest]:
+def png_bytes(width: int, height: int) -> bytes:
+    """A complete, valid PNG (greyscale, 8 bits) of the size given."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body) & 0xFFFFFFFF
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    rows = (b"\x00" + b"\x80" * width) * height
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def gif_bytes(width: int, height: int) -> bytes:
+    """A complete, valid GIF89a of the size given, every pixel black (6 bits a pixel:
+    keep it small)."""
+    header = b"GIF89a" + struct.pack("<HHBBB", width, height, 0x80, 0, 0) + b"\x00" * 6
+    image = b"\x2c" + struct.pack("<HHHHB", 0, 0, width, height, 0)
+    # LZW with minimum code size 2: each pixel is a clear code (4) and then colour 0, so
+    # codes stay 3 bits; the end-of-information code (5) closes the stream.
+    codes = [4, 0] * (width * height) + [5]
+    bits = sum(c << (3 * i) for i, c in enumerate(codes))
+    data = bits.to_bytes((3 * len(codes) + 7) // 8, "little")
+    blocks = b"".join(
+        bytes([len(data[i : i + 255])]) + data[i : i + 255] for i in range(0, len(data), 255)
+    )
+    return header + image + b"\x02" + blocks + b"\x00\x3b"
+
+
+def png_upload(
+    sid: str, data: bytes, side: int = 32, mime_type: str = "image/png"
+) -> list[apb.UploadArtifactRequest]:
     """The messages of an UploadArtifact call storing `data` as a `side`x`side` PNG in
     session `sid` (a stream of them: sync and async stubs both take the list)."""
     header = apb.ArtifactHeader(
         session_id=sid,
-        mime_type="image/png",
+        mime_type=mime_type,
         size_bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
         width=side,

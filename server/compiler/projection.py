@@ -65,6 +65,13 @@ class ImagePolicy:
     # The most bytes one image may have on the route's provider (image_byte_cap); None:
     # no limit of its own.
     max_single_image_bytes: int | None = None
+    # The longest side in pixels one image may have on the route's provider
+    # (image_side_caps); None: no limit of its own. An image of unknown size (0x0) passes.
+    max_image_side: int | None = None
+    # A request holding more than many_images images may hold none with a side over
+    # many_images_side on the route's provider; None: no such rule.
+    many_images: int | None = None
+    many_images_side: int | None = None
 
 
 # How a view is projected from the log. Each compile records it, so that a compile an
@@ -73,7 +80,9 @@ class ImagePolicy:
 #    no other artifact, so an image in an assistant or an imported message's parts
 #    became the note "the artifact no longer exists" (unless one of those named it too);
 # 1: the images of every message's parts are sent (R-IMG-1);
-# 2: an image over its route's provider's limit for one image (image_byte_cap) is a note.
+# 2: an image over its route's provider's limits for one image is a note: in bytes
+#    (image_byte_cap), in pixels on a side, and in pixels on a side when the request
+#    would hold many images (image_side_caps).
 PROJECTION = 2
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
@@ -88,6 +97,26 @@ def image_byte_cap(protocol: str) -> int | None:
     """The most bytes one image may have on this wire protocol; None: none stated beyond
     the request's own limits (OpenAI's and Gemini's are on the whole request)."""
     return ANTHROPIC_IMAGE_BYTES if protocol.strip().lower().startswith("anthropic") else None
+
+
+# Anthropic refuses an image with a side over 8,000 pixels: "messages.7.content.2.image.
+# source.base64.data: At least one of the image dimensions exceed max allowed size: 8000
+# pixels" (anthropics/claude-code#4778, #5147); and, in a request holding more than 20
+# images, one with a side over 2,000 pixels: "... exceed max allowed size for many-image
+# requests: 2000 pixels" (anthropics/claude-code#14412, #49537). Either refusal repeats at
+# every later request that still holds the image.
+ANTHROPIC_IMAGE_SIDE = 8_000
+ANTHROPIC_MANY_IMAGES = 20
+ANTHROPIC_MANY_IMAGES_SIDE = 2_000
+
+
+def image_side_caps(protocol: str) -> tuple[int, int, int] | None:
+    """(longest side of one image, count of images above which a request is a many-image
+    one, longest side of an image in it) in pixels on this wire protocol; None: none
+    stated (OpenAI and Gemini scale large images down)."""
+    if protocol.strip().lower().startswith("anthropic"):
+        return ANTHROPIC_IMAGE_SIDE, ANTHROPIC_MANY_IMAGES, ANTHROPIC_MANY_IMAGES_SIDE
+    return None
 
 
 def artifact_ids(events: Sequence[Event], projection: int = PROJECTION) -> list[str]:
@@ -114,13 +143,24 @@ def as_projected(
     protocol: str = "",
 ) -> ImagePolicy:
     """`policy` (its artifacts sized for every message's images) as a compile of
-    `projection` for a route of `protocol` knew it: from 2, with the provider's limit for
-    one image; before, without; at 0, only the artifacts its loader sized (a walk over
-    the log, made only for a compile an earlier daemon recorded: its rebuild, or as_of_seq
-    at its step)."""
+    `projection` for a route of `protocol` knew it: from 2, with the provider's limits for
+    one image (bytes and pixels); before, without; at 0, only the artifacts its loader
+    sized (a walk over the log, made only for a compile an earlier daemon recorded: its
+    rebuild, or as_of_seq at its step)."""
     cap = image_byte_cap(protocol) if projection >= 2 else None
     if cap != policy.max_single_image_bytes:
         policy = replaced(policy, max_single_image_bytes=cap)
+    side, many, many_side = (image_side_caps(protocol) if projection >= 2 else None) or (
+        None,
+        None,
+        None,
+    )
+    if (side, many, many_side) != (
+        policy.max_image_side,
+        policy.many_images,
+        policy.many_images_side,
+    ):
+        policy = replaced(policy, max_image_side=side, many_images=many, many_images_side=many_side)
     if projection >= 1:
         return policy
     named = set(artifact_ids(events, projection))
@@ -346,9 +386,24 @@ def _apply_images(
     messages: list[ViewMessage], policy: ImagePolicy, notes: list[str]
 ) -> list[ViewMessage]:
     """Newest images first within the request's count and byte limits; the rest, and any
-    that cannot be sent, become explicit notes (R-IMG-1, R-IMG-2)."""
+    that cannot be sent, become explicit notes (R-IMG-1, R-IMG-2). When that would send
+    more images than the provider's many-image threshold, the choice is made again with
+    every image over its many-image side left out (older images may take their places;
+    the request may then hold that many or fewer, which the provider takes)."""
+    out, chosen, count = _choose_images(messages, policy, many=False)
+    many = policy.many_images
+    if many is not None and policy.many_images_side is not None and count > many:
+        out, chosen, count = _choose_images(messages, policy, many=True)
+    notes += chosen
+    return out
+
+
+def _choose_images(
+    messages: list[ViewMessage], policy: ImagePolicy, many: bool
+) -> tuple[list[ViewMessage], list[str], int]:
     existing = dict(policy.existing)
     count = size = 0
+    notes: list[str] = []
     out: list[ViewMessage] = []
     for m in reversed(messages):
         if all(p.attachment is None for p in m.parts):
@@ -361,6 +416,7 @@ def _apply_images(
                 parts.append(part)
                 continue
             why = None
+            longest = max(ref.width, ref.height)
             if not ref.mime_type.startswith("image/"):
                 why = f"attachments of type {ref.mime_type} are not sent to models"
             elif not policy.accepts_images:
@@ -371,6 +427,17 @@ def _apply_images(
                 ref.artifact_id
             ] > one:
                 why = f"the route's provider refuses an image over {one} bytes"
+            elif (side := policy.max_image_side) is not None and longest > side:
+                why = (
+                    f"the route's provider refuses an image of {ref.width}x{ref.height} "
+                    f"pixels (over {side} on a side)"
+                )
+            elif many and (side := policy.many_images_side) is not None and longest > side:
+                why = (
+                    f"the route's provider refuses an image of {ref.width}x{ref.height} "
+                    f"pixels (over {side} on a side) in a request of more than "
+                    f"{policy.many_images} images"
+                )
             elif count + 1 > policy.max_images:
                 why = f"the request already holds {policy.max_images} images (the limit)"
             elif size + existing[ref.artifact_id] > policy.max_image_bytes:
@@ -387,7 +454,7 @@ def _apply_images(
                 notes.append(text[1:-1])
                 parts.append(ViewPart(text=text, authority=Authority.OPERATOR))
         out.append(replaced(m, parts=tuple(reversed(parts))))
-    return list(reversed(out))
+    return list(reversed(out)), notes, count
 
 
 def _native_state(events: Sequence[Event], route_id: str) -> NativeState | None:

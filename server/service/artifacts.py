@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 
 from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.image_size import image_size, measurable
 from server.domain.records import ArtifactRecord
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
 from server.service.ports import Clock, EventStore, IdSource
 
 _SHA = re.compile(r"[0-9a-f]{64}")
+log = logging.getLogger("ctxcc.artifacts")
+
 _MIME = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,63}/[a-z0-9][a-z0-9!#$&^_.+-]{0,63}")
 
 
@@ -68,14 +72,15 @@ class ArtifactUseCases:
             artifact_id = "a-" + hashlib.sha256(key).hexdigest()[:24]
         else:
             artifact_id = self._ids.new_id("a-")
+        width, height = _dimensions(h, artifact_id, data)
         record = ArtifactRecord(
             session_id=h.session_id,
             artifact_id=artifact_id,
             mime_type=h.mime_type,
             size_bytes=h.size_bytes,
             sha256=h.sha256,
-            width=h.width,
-            height=h.height,
+            width=width,
+            height=height,
             create_time_ns=self._clock.now_ns(),
         )
         return await self._blocking.run(self._store.put_artifact, record, data)
@@ -98,6 +103,36 @@ class ArtifactUseCases:
         if data is None:
             raise _not_found(record.session_id, record.artifact_id)
         return data
+
+
+def _dimensions(h: ArtifactHeader, artifact_id: str, data: bytes) -> tuple[int, int]:
+    """The width and height stored for an upload: those its bytes state when they are a
+    PNG, JPEG, GIF or WebP (the client's claim is not checked against them, only logged
+    when it differs: providers refuse by the real size); else the client's claim, with a
+    warning when the bytes do not read as the image type they were declared as."""
+    measured = image_size(h.mime_type, data)
+    if measured is not None:
+        if (h.width or h.height) and (h.width, h.height) != measured:
+            log.info(
+                "artifact %s in session %s: declared %dx%d, its bytes are %dx%d (stored)",
+                artifact_id,
+                h.session_id,
+                h.width,
+                h.height,
+                *measured,
+            )
+        return measured
+    if measurable(h.mime_type):
+        log.warning(
+            "artifact %s in session %s: its bytes are not a readable %s; the declared "
+            "%dx%d is stored",
+            artifact_id,
+            h.session_id,
+            h.mime_type,
+            h.width,
+            h.height,
+        )
+    return h.width, h.height
 
 
 def _not_found(session_id: str, artifact_id: str) -> CtxccError:

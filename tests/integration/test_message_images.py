@@ -6,6 +6,8 @@ being sent at every later step of a stream, whose compiles continue the session'
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import re
 import urllib.request
 from pathlib import Path
@@ -15,7 +17,15 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
-from tests.helpers import assistant, compile_request, png_upload, tool_result, user
+from tests.helpers import (
+    assistant,
+    compile_request,
+    gif_bytes,
+    png_bytes,
+    png_upload,
+    tool_result,
+    user,
+)
 from tests.integration.delta_session import RawStream, encoded
 
 
@@ -256,3 +266,123 @@ async def test_an_image_anthropic_would_refuse_is_a_note_on_anthropic_routes_onl
             assert not _unsent(view)
     assert len(sent[anthropic.protocol]) == 1 and sent[anthropic.protocol][0] <= 5_242_880
     assert len(sent[openai.protocol]) == 2 and max(sent[openai.protocol]) > 5_242_880
+
+
+async def test_image_dimensions_come_from_the_bytes_and_anthropic_gets_none_over_8000_px(
+    api: Stubs,
+) -> None:
+    """The daemon measures each uploaded PNG, JPEG, GIF or WebP and stores its real width
+    and height, whatever the client declared: a 640x480 screenshot declared as 9000x9000
+    is sent, and a full-page capture 8001 px high declared as 100x100 is left out of
+    Anthropic bodies with a note (Anthropic refuses it: "At least one of the image
+    dimensions exceed max allowed size: 8000 pixels", and every later request holding
+    it), yet sent to OpenAI. Bytes that do not read as their declared type keep the
+    declared size. The recorded compile is rebuilt exactly."""
+    sid = "dimensions"
+    await _session(api, sid)
+    uploads = {
+        "screenshot": (png_bytes(640, 480), 9000, "image/png"),
+        "page": (png_bytes(1280, 8001), 100, "image/png"),
+        "wide": (
+            gif_bytes(1, 1)[:6] + (8200).to_bytes(2, "little") + gif_bytes(1, 1)[8:],
+            0,
+            "image/gif",
+        ),
+        "icon": (gif_bytes(40, 30), 0, "image/gif"),
+        "placeholder": (_png(1), 77, "image/png"),
+    }
+    refs: dict[str, common_pb2.ArtifactRef] = {}
+    for name, (data, side, mime) in uploads.items():
+        up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, side, mime)))
+        refs[name] = up.artifact
+    got = {n: (r.width, r.height) for n, r in refs.items()}
+    assert got == {
+        "screenshot": (640, 480),
+        "page": (1280, 8001),
+        "wide": (8200, 1),
+        "icon": (40, 30),
+        "placeholder": (77, 77),
+    }
+    message = user("Why does the page render wrong?")
+    for ref in refs.values():
+        _with_image(message, ref)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[message]))
+
+    anthropic = common_pb2.Route(
+        connection="c", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
+    )
+    req = cpb.CompileRequest(
+        session_id=sid,
+        route=anthropic,
+        render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES],
+    )
+    view = (await api.compiles.Compile(req)).view
+    kept = ("screenshot", "icon", "placeholder")
+    assert _sent(view) == {
+        refs[n].artifact_id: (event_pb2.MESSAGE_ROLE_USER, uploads[n][0]) for n in kept
+    }
+    # The view's references carry the measured sizes too.
+    sizes = {
+        p.attachment.ref.artifact_id: (p.attachment.ref.width, p.attachment.ref.height)
+        for m in view.messages
+        for p in m.parts
+        if p.HasField("attachment")
+    }
+    assert sizes == {refs[n].artifact_id: got[n] for n in kept}
+    unsent = _unsent(view)
+    assert len(unsent) == 2
+    assert [n for n in unsent if refs["page"].artifact_id in n and "1280x8001 pixels" in n]
+    assert [n for n in unsent if refs["wide"].artifact_id in n and "8200x1 pixels" in n]
+    body = json.loads(view.renderings[0].body_json)
+    images = [
+        base64.b64decode(c["source"]["data"])
+        for m in body["messages"]
+        for c in (m["content"] if isinstance(m["content"], list) else [])
+        if c.get("type") == "image"
+    ]
+    assert sorted(images) == sorted(uploads[n][0] for n in kept)
+    rebuilt = await api.compiles.Compile(
+        cpb.CompileRequest(
+            rebuild_compile_id=view.compile_id,
+            render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES],
+        )
+    )
+    assert encoded(rebuilt.view) == encoded(view)
+
+    openai = common_pb2.Route(
+        connection="c", protocol="openai-chat", endpoint="api", model="gpt-4o"
+    )
+    other = (await api.compiles.Compile(cpb.CompileRequest(session_id=sid, route=openai))).view
+    assert set(_sent(other)) == {r.artifact_id for r in refs.values()} and not _unsent(other)
+
+
+async def test_twenty_images_on_anthropic_may_hold_one_over_2000_px(api: Stubs) -> None:
+    """Anthropic refuses images over 2,000 px on a side only in a request of more than 20
+    images ("exceed max allowed size for many-image requests: 2000 pixels"). The daemon
+    sends at most 20 (the newest), so of 21 uploads the 2,001 px newest one is sent with
+    19 others and the oldest is left out by the count limit, not for its size."""
+    sid = "many-images"
+    await _session(api, sid)
+    refs = [await _upload(api, sid, n) for n in range(20)]
+    big = png_bytes(2001, 3)
+    up = await api.artifacts.UploadArtifact(iter(png_upload(sid, big, 16)))
+    assert (up.artifact.width, up.artifact.height) == (2001, 3)
+    refs.append(up.artifact)
+    message = user("Compare these")
+    for ref in refs:
+        _with_image(message, ref)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[message]))
+    route = common_pb2.Route(
+        connection="c", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
+    )
+    req = cpb.CompileRequest(
+        session_id=sid, route=route, render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES]
+    )
+    view = (await api.compiles.Compile(req)).view
+    assert set(_sent(view)) == {r.artifact_id for r in refs[1:]}
+    assert _sent(view)[up.artifact.artifact_id][1] == big
+    assert _unsent(view) == [
+        f"image {refs[0].artifact_id} (image/png, {len(_png(0))} bytes) not sent: "
+        "the request already holds 20 images (the limit)"
+    ]
+    assert view.renderings[0].body_json.count('"type":"image"') == 20

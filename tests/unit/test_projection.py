@@ -12,11 +12,15 @@ from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.incremental import project
 from server.compiler.projection import (
     ANTHROPIC_IMAGE_BYTES,
+    ANTHROPIC_IMAGE_SIDE,
+    ANTHROPIC_MANY_IMAGES,
+    ANTHROPIC_MANY_IMAGES_SIDE,
     PROJECTION,
     ImagePolicy,
     artifact_ids,
     as_projected,
     image_byte_cap,
+    image_side_caps,
 )
 from server.compiler.view import FallbackReason, Layer, ToolOrigin, ViewMessage
 from server.domain.canonical import events_digest
@@ -334,3 +338,91 @@ def test_an_image_over_anthropics_limit_for_one_image_is_a_note_on_anthropic_rou
     assert sent("anthropic-messages", projection=1)[0] == ["big", "fits"]
     assert image_byte_cap("Anthropic-Messages") == ANTHROPIC_IMAGE_BYTES
     assert image_byte_cap("openai-chat") is None
+
+
+def _anthropic_sent(
+    events: tuple[Event, ...], sized: ImagePolicy, protocol: str, projection: int = PROJECTION
+) -> tuple[list[str], tuple[str, ...]]:
+    inputs = CompileInputs(
+        "s:1",
+        Session("s", 0, 0),
+        events,
+        len(events),
+        Route("c", protocol, "api", "claude-sonnet-4"),
+        images=sized,
+        projection=projection,
+    )
+    v = compile_view(inputs, C)
+    ids = [p.attachment.artifact_id for m in v.messages for p in m.parts if p.attachment]
+    return ids, v.notes
+
+
+def test_an_image_over_8000_pixels_on_a_side_is_a_note_on_anthropic_routes() -> None:
+    """Anthropic refuses an image with a side over 8,000 px ("At least one of the image
+    dimensions exceed max allowed size: 8000 pixels"), and every later request that still
+    holds it. Exactly 8,000 is sent; 8,001 wide or high is a note; an image of unknown
+    size (0x0, a record without measured dimensions) is sent. Other protocols, and
+    compiles recorded at PROJECTION 1, send them all."""
+    assert (ANTHROPIC_IMAGE_SIDE, ANTHROPIC_MANY_IMAGES, ANTHROPIC_MANY_IMAGES_SIDE) == (
+        8000,
+        20,
+        2000,
+    )
+    refs = {
+        "wide": replace(PNG, artifact_id="wide", width=8001, height=600),
+        "tall": replace(PNG, artifact_id="tall", width=700, height=8001),
+        "edge": replace(PNG, artifact_id="edge", width=8000, height=8000),
+        "unknown": replace(PNG, artifact_id="unknown", width=0, height=0),
+    }
+    events = log(user("look"), *(Attachment(r) for r in refs.values()))
+    sized = ImagePolicy(existing=tuple((a, 1000) for a in refs))
+    ids, notes = _anthropic_sent(events, sized, "anthropic-messages")
+    assert ids == ["edge", "unknown"]
+    assert any(
+        n.startswith("image wide (image/png, 1000 bytes) not sent")
+        and "8001x600 pixels (over 8000 on a side)" in n
+        for n in notes
+    ), notes
+    assert any(n.startswith("image tall") and "700x8001 pixels" in n for n in notes), notes
+    for protocol in ("openai-chat", "openai-responses", "gemini", ""):
+        assert _anthropic_sent(events, sized, protocol)[0] == list(refs), protocol
+    assert _anthropic_sent(events, sized, "anthropic-messages", projection=1)[0] == list(refs)
+    assert image_side_caps("Anthropic-Messages") == (8000, 20, 2000)
+    assert image_side_caps("openai-chat") is None
+
+
+def test_a_request_of_more_than_20_images_leaves_out_those_over_2000_pixels() -> None:
+    """With more than 20 images Anthropic refuses any with a side over 2,000 px ("exceed
+    max allowed size for many-image requests: 2000 pixels"). With the default
+    max_images of 20 a request never holds more, and a 2,001 px image is sent; with
+    --max-images 30, the 2,001 px ones are left out when over 20 would be sent, and
+    older small images take their places."""
+    small = [replace(PNG, artifact_id=f"s{i}", width=2000, height=1500) for i in range(25)]
+    big = [replace(PNG, artifact_id=f"b{i}", width=1000, height=2001) for i in range(3)]
+    # Oldest first: 25 small, then the 3 big ones newest.
+    events = log(user("look"), *(Attachment(r) for r in (*small, *big)))
+    existing = tuple((r.artifact_id, 1000) for r in (*small, *big))
+    anthropic = "anthropic-messages"
+
+    ids, notes = _anthropic_sent(events, ImagePolicy(existing=existing), anthropic)
+    # The default limit: the newest 20, the big ones among them.
+    assert ids == [f"s{i}" for i in range(8, 25)] + ["b0", "b1", "b2"]
+    assert not any("many" in n or "pixels" in n for n in notes)
+
+    wide = ImagePolicy(existing=existing, max_images=30)
+    ids, notes = _anthropic_sent(events, wide, anthropic)
+    assert ids == [f"s{i}" for i in range(25)]  # 25 images, none over 2,000 px
+    many = [n for n in notes if "in a request of more than 20 images" in n]
+    assert len(many) == 3 and all("1000x2001 pixels (over 2000 on a side)" in n for n in many)
+    assert sorted(n.split()[1] for n in many) == ["b0", "b1", "b2"]
+    assert not any("the limit" in n for n in notes)
+    # Other routes and PROJECTION 1 take the newest 30 as before.
+    assert _anthropic_sent(events, wide, "openai-chat")[0][-3:] == ["b0", "b1", "b2"]
+    assert len(_anthropic_sent(events, wide, anthropic, projection=1)[0]) == 28
+
+    # At most 20 images in all: the big ones are sent even with max_images 30.
+    few = log(user("look"), *(Attachment(r) for r in (*small[:17], *big)))
+    few_existing = tuple((r.artifact_id, 1000) for r in (*small[:17], *big))
+    ids, notes = _anthropic_sent(few, ImagePolicy(existing=few_existing, max_images=30), anthropic)
+    assert len(ids) == 20 and ids[-3:] == ["b0", "b1", "b2"]
+    assert not [n for n in notes if " not sent: " in n]
