@@ -69,9 +69,11 @@ class ArtifactHeader(_message.Message):
     sha256: _builtins.str
     """Lower-case hex sha256 of the content."""
     width: _builtins.int
-    """Width in pixels for images, 0 when unknown."""
+    """Width in pixels for images, 0 when unknown. The daemon measures PNG, JPEG, GIF and WebP
+    images from their bytes and stores what it measured, whatever is declared here.
+    """
     height: _builtins.int
-    """Height in pixels for images, 0 when unknown."""
+    """Height in pixels for images, 0 when unknown (measured as the width is)."""
     request_id: _builtins.str
     """Idempotency key (optional): an upload retried with the same request_id (after a
     cut connection, a timeout or a daemon restart) answers the artifact the first one

@@ -139,9 +139,11 @@ class ArtifactRef(_message.Message):
     size_bytes: _builtins.int
     """Size of the content in bytes."""
     width: _builtins.int
-    """Width in pixels for images, 0 when unknown."""
+    """Width in pixels for images, 0 when unknown: the daemon's measure for PNG, JPEG, GIF
+    and WebP, else what the upload declared.
+    """
     height: _builtins.int
-    """Height in pixels for images, 0 when unknown."""
+    """Height in pixels for images, 0 when unknown (as the width)."""
     sha256: _builtins.str
     """Lower-case hex sha256 of the content."""
     def __init__(

@@ -119,9 +119,10 @@ type ArtifactHeader struct {
 	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// Lower-case hex sha256 of the content.
 	Sha256 string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
-	// Width in pixels for images, 0 when unknown.
+	// Width in pixels for images, 0 when unknown. The daemon measures PNG, JPEG, GIF and WebP
+	// images from their bytes and stores what it measured, whatever is declared here.
 	Width uint32 `protobuf:"varint,5,opt,name=width,proto3" json:"width,omitempty"`
-	// Height in pixels for images, 0 when unknown.
+	// Height in pixels for images, 0 when unknown (measured as the width is).
 	Height uint32 `protobuf:"varint,6,opt,name=height,proto3" json:"height,omitempty"`
 	// Idempotency key (optional): an upload retried with the same request_id (after a
 	// cut connection, a timeout or a daemon restart) answers the artifact the first one

@@ -225,9 +225,10 @@ type ArtifactRef struct {
 	MimeType string `protobuf:"bytes,2,opt,name=mime_type,json=mimeType,proto3" json:"mime_type,omitempty"`
 	// Size of the content in bytes.
 	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	// Width in pixels for images, 0 when unknown.
+	// Width in pixels for images, 0 when unknown: the daemon's measure for PNG, JPEG, GIF
+	// and WebP, else what the upload declared.
 	Width uint32 `protobuf:"varint,4,opt,name=width,proto3" json:"width,omitempty"`
-	// Height in pixels for images, 0 when unknown.
+	// Height in pixels for images, 0 when unknown (as the width).
 	Height uint32 `protobuf:"varint,5,opt,name=height,proto3" json:"height,omitempty"`
 	// Lower-case hex sha256 of the content.
 	Sha256        string `protobuf:"bytes,6,opt,name=sha256,proto3" json:"sha256,omitempty"`

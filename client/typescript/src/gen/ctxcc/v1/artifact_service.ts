@@ -49,9 +49,12 @@ export interface ArtifactHeader {
   sizeBytes: number;
   /** Lower-case hex sha256 of the content. */
   sha256: string;
-  /** Width in pixels for images, 0 when unknown. */
+  /**
+   * Width in pixels for images, 0 when unknown. The daemon measures PNG, JPEG, GIF and WebP
+   * images from their bytes and stores what it measured, whatever is declared here.
+   */
   width: number;
-  /** Height in pixels for images, 0 when unknown. */
+  /** Height in pixels for images, 0 when unknown (measured as the width is). */
   height: number;
   /**
    * Idempotency key (optional): an upload retried with the same request_id (after a

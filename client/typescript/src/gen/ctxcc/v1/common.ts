@@ -148,9 +148,12 @@ export interface ArtifactRef {
   mimeType: string;
   /** Size of the content in bytes. */
   sizeBytes: number;
-  /** Width in pixels for images, 0 when unknown. */
+  /**
+   * Width in pixels for images, 0 when unknown: the daemon's measure for PNG, JPEG, GIF
+   * and WebP, else what the upload declared.
+   */
   width: number;
-  /** Height in pixels for images, 0 when unknown. */
+  /** Height in pixels for images, 0 when unknown (as the width). */
   height: number;
   /** Lower-case hex sha256 of the content. */
   sha256: string;
