@@ -313,18 +313,7 @@ def test_an_image_over_anthropics_limit_for_one_image_is_a_note_on_anthropic_rou
     sized = ImagePolicy(existing=(("big", big), ("fits", fits)))
 
     def sent(protocol: str, projection: int = PROJECTION) -> tuple[list[str], tuple[str, ...]]:
-        inputs = CompileInputs(
-            "s:1",
-            Session("s", 0, 0),
-            events,
-            len(events),
-            Route("c", protocol, "api", "claude-sonnet-4"),
-            images=sized,
-            projection=projection,
-        )
-        v = compile_view(inputs, C)
-        ids = [p.attachment.artifact_id for m in v.messages for p in m.parts if p.attachment]
-        return ids, v.notes
+        return _anthropic_sent(events, sized, protocol, projection)
 
     ids, notes = sent("anthropic-messages")
     assert ids == ["fits"]
