@@ -63,16 +63,27 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
 
 
+# Bounds of the walk to the frame header. Real files have a few dozen segments before it
+# (APPn metadata, ICC profile chunks of 64 KiB, tables) and a fill byte or two; an upload
+# of 32 MiB of tiny segments or fill bytes would otherwise cost millions of steps of
+# Python, so past these it measures as unreadable.
+_MAX_SEGMENTS = 1_024
+_MAX_FILL = 64
+
+
 def _jpeg(data: bytes) -> tuple[int, int] | None:
     # Walk the segments after SOI to the first start-of-frame: its height, then width.
     if data[:2] != b"\xff\xd8":
         return None
     i, n = 2, len(data)
-    while i < n:
-        if data[i] != 0xFF:
+    for _ in range(_MAX_SEGMENTS):
+        if i >= n or data[i] != 0xFF:
             return None
+        start = i
         while i < n and data[i] == 0xFF:  # fill bytes
             i += 1
+            if i - start > _MAX_FILL:
+                return None
         if i >= n:
             return None
         marker = data[i]

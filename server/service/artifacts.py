@@ -60,7 +60,8 @@ class ArtifactUseCases:
 
     async def put(self, h: ArtifactHeader, data: bytes) -> ArtifactRecord:
         self.check_header(h)
-        actual = await self._blocking.run(lambda: hashlib.sha256(data).hexdigest())
+        # Hashing and measuring read the bytes (up to the artifact limit): off the loop.
+        actual, measured = await self._blocking.run(_digest_and_size, h.mime_type, data)
         if len(data) != h.size_bytes or actual != h.sha256:
             raise CtxccError(
                 Reason.ARTIFACT_CHECKSUM_MISMATCH,
@@ -72,7 +73,7 @@ class ArtifactUseCases:
             artifact_id = "a-" + hashlib.sha256(key).hexdigest()[:24]
         else:
             artifact_id = self._ids.new_id("a-")
-        width, height = _dimensions(h, artifact_id, data)
+        width, height = _dimensions(h, artifact_id, measured)
         record = ArtifactRecord(
             session_id=h.session_id,
             artifact_id=artifact_id,
@@ -105,12 +106,18 @@ class ArtifactUseCases:
         return data
 
 
-def _dimensions(h: ArtifactHeader, artifact_id: str, data: bytes) -> tuple[int, int]:
-    """The width and height stored for an upload: those its bytes state when they are a
-    PNG, JPEG, GIF or WebP (the client's claim is not checked against them, only logged
-    when it differs: providers refuse by the real size); else the client's claim, with a
-    warning when the bytes do not read as the image type they were declared as."""
-    measured = image_size(h.mime_type, data)
+def _digest_and_size(mime_type: str, data: bytes) -> tuple[str, tuple[int, int] | None]:
+    """Blocking: the bytes' sha256 (hex) and the size their header states (image_size)."""
+    return hashlib.sha256(data).hexdigest(), image_size(mime_type, data)
+
+
+def _dimensions(
+    h: ArtifactHeader, artifact_id: str, measured: tuple[int, int] | None
+) -> tuple[int, int]:
+    """The width and height stored for an upload: `measured` (what its bytes state when
+    they are a PNG, JPEG, GIF or WebP; the client's claim is not checked against it, only
+    logged when it differs: providers refuse by the real size); else the client's claim,
+    with a warning when the bytes do not read as the image type they were declared as."""
     if measured is not None:
         if (h.width or h.height) and (h.width, h.height) != measured:
             log.info(

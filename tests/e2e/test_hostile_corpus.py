@@ -28,6 +28,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ctxcc.v1 import (
+    artifact_service_pb2_grpc,
     checkpoint_pb2,
     common_pb2,
     compile_service_pb2_grpc,
@@ -44,6 +45,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.e2e.proc import DaemonProcess
+from tests.helpers import png_upload
 
 P99_BOUND_S = 0.250
 QUIET_WINDOW_S = 0.5
@@ -761,7 +763,33 @@ def _pages_on_a_default_client(env: Env) -> list[int]:
                 return seqs
 
 
+def _segment_jpeg(e: Env) -> Any:
+    """A 20 MiB "JPEG" (the upload limit) of 5 million empty comment segments: measuring
+    its size used to walk every one of them, in Python on the event loop."""
+    data = (b"\xff\xd8" + b"\xff\xfe\x00\x02" * ((20 << 20) // 4))[: 20 << 20]
+    upload = png_upload(e.current, data, 77, mime_type="image/jpeg")
+    return e.artifacts.UploadArtifact(iter(upload), timeout=60)
+
+
+def _jpeg_setup(e: Env) -> None:
+    e.current = "jpeg"
+    e.session("jpeg")
+
+
+def _declared_size_kept(e: Env, resp: Any) -> None:
+    # Not readable within the walk's bounds: the declared size is kept.
+    ref = resp.artifact
+    assert (ref.width, ref.height, ref.size_bytes) == (77, 77, 20 << 20)
+
+
 CASES += [
+    Case(
+        "20 MiB JPEG upload of 5 million tiny segments",
+        _segment_jpeg,
+        (OK, ""),
+        _jpeg_setup,
+        _declared_size_kept,
+    ),
     Case(
         "8 concurrent CreateCheckpoint with one request_id",
         _checkpoint_race,
@@ -810,6 +838,7 @@ def env() -> Iterator[Env]:
                 compiles=compile_service_pb2_grpc.CompileServiceStub(ch),
                 tools=tool_service_pb2_grpc.ToolServiceStub(ch),
                 sources=source_service_pb2_grpc.SourceServiceStub(ch),
+                artifacts=artifact_service_pb2_grpc.ArtifactServiceStub(ch),
                 daemon=daemon,
             )
             # The OpenAI tokenizer tables are built by the first compile that needs one,

@@ -106,3 +106,24 @@ def test_bytes_that_are_not_the_declared_type_measure_none() -> None:
         False,
         False,
     ]
+
+
+def _padded_jpeg(segments: int, fill: int = 1) -> bytes:
+    """A JPEG whose frame header comes after `segments` empty COM segments, each marker
+    led by `fill` 0xFF bytes."""
+    frame = jpeg(640, 480)
+    com = b"\xff" * fill + b"\xfe\x00\x02"
+    return frame[:2] + com * segments + frame[2:]
+
+
+def test_the_jpeg_walk_is_bounded() -> None:
+    """An upload of megabytes of tiny segments or fill bytes must not cost a step of
+    Python per byte: past 1,024 segments or 64 fill bytes before a marker the bytes
+    measure as unreadable (real files have a few dozen segments and a fill byte or two)."""
+    assert image_size("image/jpeg", _padded_jpeg(1_000)) == (640, 480)
+    assert image_size("image/jpeg", _padded_jpeg(1_100)) is None
+    assert image_size("image/jpeg", _padded_jpeg(3, fill=60)) == (640, 480)
+    assert image_size("image/jpeg", _padded_jpeg(3, fill=100)) is None
+    # 20 MiB of either: refused within the bounds, not walked to the end.
+    assert image_size("image/jpeg", b"\xff\xd8" + b"\xff" * (20 << 20)) is None
+    assert image_size("image/jpeg", b"\xff\xd8" + b"\xff\xfe\x00\x02" * (5 << 20)) is None
