@@ -30,16 +30,22 @@ async def _next_event_texts(watch: object, n: int) -> list[tuple[int, str]]:
     return got
 
 
-def test_watch_does_not_follow_a_session_made_again_while_it_was_away(short_tmp: Path) -> None:
+def _two_daemons(short_tmp: Path) -> tuple[DaemonProcess, DaemonProcess]:
+    """A daemon serving, and another (not started) for the same data directory on another
+    socket, which the watch does not know: the session is deleted and made again there
+    while the watch keeps retrying."""
     data = short_tmp / "data"
     daemon = DaemonProcess(data).start()
     daemon.wait_ready()
-    target = daemon.target
-    # The same data directory served on another socket, which the watch does not know:
-    # the session is deleted and made again there while the watch keeps retrying.
     other = DaemonProcess(
         data, "--socket", str(short_tmp / "other.sock"), log_path=short_tmp / "other.log"
     )
+    return daemon, other
+
+
+def test_watch_does_not_follow_a_session_made_again_while_it_was_away(short_tmp: Path) -> None:
+    daemon, other = _two_daemons(short_tmp)
+    target = daemon.target
 
     async def run() -> None:
         async with AsyncClient(target, options=FAST_RECONNECT, retry_seconds=120) as c:
@@ -99,13 +105,8 @@ def test_watch_that_delivered_nothing_does_not_follow_a_session_made_again(
     """A watch that delivered no event has none to ask for again when it reopens: the
     create time in the daemon's header is what tells it that the session under the id is
     another one now. Before, it went on into the new log from after_seq 0."""
-    data = short_tmp / "data"
-    daemon = DaemonProcess(data).start()
-    daemon.wait_ready()
+    daemon, other = _two_daemons(short_tmp)
     target = daemon.target
-    other = DaemonProcess(
-        data, "--socket", str(short_tmp / "other.sock"), log_path=short_tmp / "other.log"
-    )
 
     async def run() -> None:
         async with AsyncClient(target, options=FAST_RECONNECT, retry_seconds=120) as c:
