@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from server import __version__, health_cli, inspect_cli, replay
+from server import __version__, health_cli, inspect_cli, log_format, replay
 from server.config import ConfigError, add_flags, resolve, unknown_env, unused_settings
 
 log = logging.getLogger("ctxcc")
@@ -60,11 +60,9 @@ async def _serve(flags: dict[str, object]) -> int:
     # A native crash (RocksDB, grpc core) prints every thread's Python stack to the
     # log instead of vanishing with a bare exit status.
     faulthandler.enable(all_threads=True)
-    logging.basicConfig(
-        level=cfg.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(log_format.formatter(cfg.log_format))
+    logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler])
     for warning in [*unknown_env(os.environ), *unused_settings(cfg)]:
         log.warning("%s", warning)
     daemon = Daemon(cfg)

@@ -102,6 +102,7 @@ class Config:
     workers: int
     compile_workers: int
     log_level: str
+    log_format: str
     max_sessions: int
     max_session_bytes: int
     max_events_per_append: int
@@ -268,6 +269,8 @@ def _build(raw: Mapping[str, str]) -> Config:
         raise ConfigError(
             f"log_level must be debug, info, warning or error, got {raw['log_level']!r}"
         )
+    if raw["log_format"].lower() not in {"text", "json"}:
+        raise ConfigError(f"log_format must be 'text' or 'json', got {raw['log_format']!r}")
     try:
         grace = float(raw["grace_period"])
     except ValueError:
@@ -294,6 +297,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         workers=int_setting(raw, "workers", minimum=1),
         compile_workers=int_setting(raw, "compile_workers", minimum=1),
         log_level=raw["log_level"].lower(),
+        log_format=raw["log_format"].lower(),
         max_sessions=int_setting(raw, "max_sessions", minimum=1),
         max_session_bytes=int_setting(raw, "max_session_bytes", minimum=1),
         max_events_per_append=int_setting(raw, "max_events_per_append", minimum=1),

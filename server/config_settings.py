@@ -74,6 +74,11 @@ SETTINGS: tuple[Setting, ...] = (
         kind="int",
     ),
     Setting("log_level", "info", "debug, info, warning or error"),
+    Setting(
+        "log_format",
+        "text",
+        "'text' lines, or 'json': one JSON object per line (time, level, logger, message)",
+    ),
     Setting("max_sessions", "100000", "sessions the daemon holds at most", kind="int"),
     Setting("max_session_bytes", str(1 << 30), "bytes one session may store", kind="int"),
     Setting("max_events_per_append", "1000", "events one AppendEvents may carry", kind="int"),

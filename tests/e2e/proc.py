@@ -41,6 +41,13 @@ CLIENT_CREATE_SESSION = {
 }
 
 
+def _message(line: str) -> str:
+    """A log line's message: the line as it is, or its `message` under --log-format json."""
+    if line.startswith("{"):
+        return str(json.loads(line)["message"])
+    return line
+
+
 class DaemonProcess:
     def __init__(
         self,
@@ -99,7 +106,7 @@ class DaemonProcess:
             # Whole lines only: the daemon may be writing the one read here.
             text = self.log()
             whole = text[: text.rfind("\n") + 1]
-            lines = [ln for ln in whole.splitlines() if "serving {" in ln]
+            lines = [_message(ln) for ln in whole.splitlines() if "serving {" in ln]
             if len(lines) > self._ready_lines:
                 self.endpoints = json.loads(lines[-1].split("serving ", 1)[1])
                 if self.health() == health_pb2.HealthCheckResponse.SERVING:

@@ -3,6 +3,7 @@ directory, clean exit on SIGTERM, and `make run`."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -346,6 +347,40 @@ def test_a_ctxcc_variable_that_names_no_setting_is_warned_at_start(short_tmp: Pa
     ), log
     assert "environment variable CTXCC_FROBNICATE is no ctxcc setting and is ignored\n" in log
     assert "CTXCC_TARGET" not in log and "CTXCC_LOG_LEVEL" not in log
+
+
+def test_json_logs_are_one_object_per_line_from_start_to_exit(short_tmp: Path) -> None:
+    """--log-format json (here from the environment, as a pod sets it): every line the
+    daemon writes from start to a clean exit parses as one record, and a warning keeps
+    its level and text; the text format's lines would be taken apart by a log pipeline."""
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "CTXCC_LOG_FORMAT": "json",
+        "CTXCC_FROBNICATE": "1",
+    }
+    d = DaemonProcess(short_tmp / "data", env=env).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            stub.CreateSession(spb.CreateSessionRequest(session=session_pb2.Session()))
+    finally:
+        assert d.terminate() == 0
+    records = [json.loads(line) for line in d.log().splitlines()]
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records), records
+    warned = [r for r in records if "CTXCC_FROBNICATE" in r["message"]]
+    assert [r["level"] for r in warned] == ["warning"], records
+    messages = [r["message"] for r in records]
+    assert any(m.startswith("serving {") for m in messages), messages
+    assert messages[-1] == "stopped cleanly", messages
+
+
+def test_an_unknown_log_format_exits_2_naming_it(short_tmp: Path) -> None:
+    r = serve("--data-dir", str(short_tmp / "data"), "--log-format", "logfmt")
+    assert r.returncode == 2, r.stderr
+    assert "log_format must be 'text' or 'json', got 'logfmt'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_quoted_number_in_the_config_file_exits_2_naming_file_key_and_types(
