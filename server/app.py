@@ -52,6 +52,7 @@ from server.service.compiling import CompileUseCases
 from server.service.inspection import InspectUseCases
 from server.service.lanes import PendingWork
 from server.service.limits import ServiceLimits
+from server.service.retention import RetentionSweep
 from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
 from server.service.tools import ToolLimits, ToolUseCases
@@ -101,6 +102,11 @@ class Endpoints:
 LIVENESS_SERVICE = "ctxcc.liveness"
 # How often a full disk is checked for freed space.
 DISK_POLL_S = 1.0
+# The retention sweep examines one page of sessions per tick: the next page soon while a
+# pass is under way, the next pass after a tenth of the retention (within these bounds),
+# so a session is deleted at most about a tenth of the retention after it is due.
+SWEEP_PAGE_GAP_S = 0.5
+SWEEP_PASS_GAP_S = (1.0, 60.0)
 # grpc's own stop, after the drain: only idle streams remain to be cancelled.
 STOP_GRACE_S = 0.5
 
@@ -120,6 +126,7 @@ class Daemon:
         self._store: KVEventStore | None = None
         self._drain = Drain()
         self._disk_watch: asyncio.Task[None] | None = None
+        self._sweep: asyncio.Task[None] | None = None
         limits = ServiceLimits()
         self.hub = WatchHub(
             limits.watch_queue_size, limits.max_watchers_per_session, limits.max_watchers
@@ -259,7 +266,7 @@ class Daemon:
         writable = await asyncio.to_thread(store.writable)
         await self._set_health(writable)
         await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        self._disk_watch = asyncio.create_task(self._watch_disk(store, writable))
+        self._start_background(store, writable, sessions, clock)
         health_at = await self._start_health()
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
@@ -335,6 +342,28 @@ class Daemon:
                 serving = now
                 await self._set_health(now)
 
+    def _start_background(
+        self, store: KVEventStore, writable: bool, sessions: SessionUseCases, clock: SystemClock
+    ) -> None:
+        """The disk watch, and the retention sweep when a retention is set."""
+        self._disk_watch = asyncio.create_task(self._watch_disk(store, writable))
+        if self.cfg.session_retention_s:
+            sweep = RetentionSweep(
+                sessions, clock, self.cfg.session_retention_s * 1_000_000_000, self.telemetry
+            )
+            self._sweep = asyncio.create_task(self._expire_sessions(sweep))
+
+    async def _expire_sessions(self, sweep: RetentionSweep) -> None:
+        low, high = SWEEP_PASS_GAP_S
+        pass_gap = min(high, max(low, self.cfg.session_retention_s / 10))
+        while True:
+            try:
+                swept = await sweep.sweep_page()
+            except CtxccError as exc:  # a full disk, say: the next pass tries again
+                log.warning("session retention sweep: %s", exc)
+                swept = None
+            await asyncio.sleep(pass_gap if swept is None or swept.wrapped else SWEEP_PAGE_GAP_S)
+
     async def _start_health(self) -> str | None:
         """A second server with only grpc.health.v1: kubelet probes it over TCP while the
         API itself stays on the socket and loopback."""
@@ -391,8 +420,9 @@ class Daemon:
     async def stop(self) -> None:
         """Health NOT_SERVING, drain in-flight calls within the grace period, close RocksDB."""
         await self._health.enter_graceful_shutdown()
-        if self._disk_watch is not None:
-            self._disk_watch.cancel()
+        for task in (self._disk_watch, self._sweep):
+            if task is not None:
+                task.cancel()
         # New calls now answer SHUTTING_DOWN and idle streams end; running calls finish.
         self._drain.close()
         self.hub.close_all()

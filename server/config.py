@@ -20,6 +20,7 @@ from server.config_values import (
     bool_setting,
     budget_config,
     csv_list,
+    duration_s,
     file_names,
     hostport,
     int_setting,
@@ -104,6 +105,7 @@ class Config:
     log_level: str
     log_format: str
     max_sessions: int
+    session_retention_s: int
     max_session_bytes: int
     max_events_per_append: int
     max_event_bytes: int
@@ -224,6 +226,8 @@ def _file_text(path: str, name: str, value: object) -> str:
         return value
     if name == "socket_group" and isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # a group name or a gid: `socket_group = 1000` is the gid
+    if name == "session_retention" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # "7d" or a number of seconds: `session_retention = 604800`
     expected = EXPECTED[kind]
     if name in LIST_SETTINGS:
         expected = "a TOML string or an array of strings"
@@ -299,6 +303,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         log_level=raw["log_level"].lower(),
         log_format=raw["log_format"].lower(),
         max_sessions=int_setting(raw, "max_sessions", minimum=1),
+        session_retention_s=duration_s(raw, "session_retention"),
         max_session_bytes=int_setting(raw, "max_session_bytes", minimum=1),
         max_events_per_append=int_setting(raw, "max_events_per_append", minimum=1),
         max_event_bytes=int_setting(raw, "max_event_bytes", minimum=1024),

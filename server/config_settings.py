@@ -80,6 +80,12 @@ SETTINGS: tuple[Setting, ...] = (
         "'text' lines, or 'json': one JSON object per line (time, level, logger, message)",
     ),
     Setting("max_sessions", "100000", "sessions the daemon holds at most", kind="int"),
+    Setting(
+        "session_retention",
+        "0",
+        "delete sessions nothing was appended to or compiled of for this long (e.g. 7d, "
+        "36h, 90m, 3600s); 0 keeps every session until DeleteSession",
+    ),
     Setting("max_session_bytes", str(1 << 30), "bytes one session may store", kind="int"),
     Setting("max_events_per_append", "1000", "events one AppendEvents may carry", kind="int"),
     Setting(

@@ -31,6 +31,22 @@ def int_setting(raw: Mapping[str, str], name: str, base: int = 10, minimum: int 
     return value
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(raw: Mapping[str, str], name: str) -> int:
+    """Whole seconds from "0", "3600", "90s", "30m", "36h" or "7d"."""
+    text = raw[name].strip().lower()
+    unit = _UNITS.get(text[-1:], 0)
+    number = text[:-1] if unit else text
+    if not number.isdigit():
+        raise ConfigError(
+            f"{name} must be a whole number of seconds or one with a unit s, m, h or d "
+            f"(e.g. 7d), got {raw[name]!r}"
+        )
+    return int(number) * (unit or 1)
+
+
 # gRPC takes its message limits as a C int.
 MAX_MESSAGE_BYTES = (1 << 31) - 1
 

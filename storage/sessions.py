@@ -63,17 +63,42 @@ class SessionRecords(StoreCore):
 
     def delete_session(self, session_id: str) -> DeleteResult:
         with self._sessions_lock, self._lock(session_id):
-            session = self.get_session(session_id)
-            ref_prefix = b"S" + session_prefix(session_id)
-            # The session's lock keeps its own references as they are; the blobs' locks
-            # keep other sessions from taking a blob up between the holder check below and
-            # the write (see `_blob_locks`).
-            refs = [
-                key[len(ref_prefix) :]
-                for key, _ in self._kv.scan("refs", ref_prefix, b"S" + session_id.encode() + END)
-            ]
-            with self._blob_locks(sha.decode() for sha in refs):
-                return self._delete_session(session, refs)
+            return self._delete_locked(self.get_session(session_id))
+
+    def delete_idle_session(self, session_id: str, before_ns: int) -> DeleteResult | None:
+        """Deletes the session if nothing was appended to it or compiled of it since
+        `before_ns`; None (nothing done) when something was, or when it is gone already.
+        Checked under the session's lock: an append or a compile that lands while the
+        retention sweep decides keeps the session (the sweep read its record earlier)."""
+        with self._sessions_lock, self._lock(session_id):
+            try:
+                session = self.get_session(session_id)
+            except CtxccError as err:
+                if err.reason is Reason.SESSION_NOT_FOUND:
+                    return None
+                raise
+            if max(session.update_time_ns, self._last_compile_ns(session_id)) >= before_ns:
+                return None
+            return self._delete_locked(session)
+
+    def _last_compile_ns(self, session_id: str) -> int:
+        """When the session's latest compile was recorded (0: never); the store that
+        holds the compile records says."""
+        raise NotImplementedError
+
+    def _delete_locked(self, session: Session) -> DeleteResult:
+        """Holding the sessions' lock and the session's."""
+        session_id = session.session_id
+        ref_prefix = b"S" + session_prefix(session_id)
+        # The session's lock keeps its own references as they are; the blobs' locks
+        # keep other sessions from taking a blob up between the holder check below and
+        # the write (see `_blob_locks`).
+        refs = [
+            key[len(ref_prefix) :]
+            for key, _ in self._kv.scan("refs", ref_prefix, b"S" + session_id.encode() + END)
+        ]
+        with self._blob_locks(sha.decode() for sha in refs):
+            return self._delete_session(session, refs)
 
     def _delete_session(self, session: Session, refs: list[bytes]) -> DeleteResult:
         """The delete itself, holding the session's lock and its blobs' locks."""

@@ -25,6 +25,10 @@ __all__ = ["IdempotencyRecord", "KVEventStore", "StoreLimits"]
 
 
 class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
+    def _last_compile_ns(self, session_id: str) -> int:
+        last = self.get_last_compile(session_id)
+        return 0 if last is None else last.create_time_ns
+
     def approximate_size(self) -> int:
         return self._kv.approximate_size()
 

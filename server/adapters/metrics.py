@@ -209,6 +209,11 @@ class PrometheusTelemetry:
             "Compiles stopped mid-work because their caller went away (client deadline or "
             "cancel, stream closed, shutdown after the grace period): the CPU not spent.",
         )
+        self.expired = plain.counter(
+            "ctxcc_sessions_expired_total",
+            "Sessions deleted by the retention sweep (--session-retention): nothing appended "
+            "to them or compiled of them for that long.",
+        )
         self.memo_bytes = Gauge(
             "ctxcc_compile_memo_bytes", "Approximate bytes held by compile memos.", registry=r
         )
@@ -352,6 +357,10 @@ class PrometheusTelemetry:
     def compile_abandoned(self) -> None:
         with self._lock:
             self.abandoned.labels().inc()
+
+    def session_expired(self) -> None:
+        with self._lock:
+            self.expired.labels().inc()
 
     def watchers_changed(self, delta: int) -> None:
         self.watchers.inc(delta)

@@ -74,6 +74,11 @@ class EventStore(Protocol):
 
     def delete_session(self, session_id: str) -> DeleteResult: ...
 
+    def delete_idle_session(self, session_id: str, before_ns: int) -> DeleteResult | None:
+        """`delete_session` if nothing was appended to the session or compiled of it
+        since `before_ns` (checked under its lock), else None; None too when it is gone."""
+        ...
+
     def append(self, batch: AppendBatch) -> AppendResult: ...
 
     def deferring_sync(self) -> AbstractContextManager[OwedSync]:
@@ -246,6 +251,9 @@ class Telemetry(Protocol):
 
     def compile_abandoned(self) -> None:
         """A compile stopped mid-work because its caller went away."""
+
+    def session_expired(self) -> None:
+        """The retention sweep deleted an idle session."""
 
 
 class Workspace(Protocol):

@@ -137,11 +137,23 @@ class SessionUseCases:
     async def delete(self, session_id: str) -> DeleteResult:
         check_id("session_id", session_id)
         result = await self._blocking.run(self._store.delete_session, session_id)
+        self._deleted(session_id)
+        return result
+
+    async def delete_idle(self, session_id: str, before_ns: int) -> DeleteResult | None:
+        """Deletes the session if nothing was appended to it or compiled of it since
+        `before_ns` (the retention sweep); None when something was, or it is gone."""
+        result = await self._blocking.run(self._store.delete_idle_session, session_id, before_ns)
+        if result is not None:
+            self._deleted(session_id)
+        return result
+
+    def _deleted(self, session_id: str) -> None:
+        """What is kept about a deleted session outside the store goes; its watches end."""
         self._hub.deleted(session_id)
         self._pending.forget(session_id)
         for forget in self._on_delete:
             forget(session_id)
-        return result
 
     def page_size(self, requested: int) -> int:
         if requested == 0:

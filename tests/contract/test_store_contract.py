@@ -751,6 +751,8 @@ def _writes(st: KVEventStore) -> dict[str, tuple[object, str]]:
         "put_source": (lambda: st.put_source(memory), "*"),
         "delete_source": (lambda: st.delete_source(SourceKind.MEMORY, Scope.GLOBAL, "", "m1"), "*"),
         "delete_session": (lambda: st.delete_session("s2"), "*"),
+        # s3, made above, idle since: the sweep deletes it.
+        "delete_idle_session": (lambda: st.delete_idle_session("s3", 10), "*"),
     }
 
 
@@ -900,3 +902,30 @@ def test_project_scopes_names_each_project_once_up_to_a_bound(make_store: object
     for i in (1, 2):
         st.delete_source(SourceKind.MEMORY, Scope.PROJECT, "p10", f"m{i}")
     assert st.project_scopes(10) == {"p1", "p2"}
+
+
+def test_an_idle_session_is_deleted_only_if_nothing_landed_since_the_cutoff(
+    make_store: object,
+) -> None:
+    """The retention sweep reads a page of sessions, then deletes each idle one; the store
+    checks again under the session's lock, with its last compile, so an append or a
+    compile that landed meanwhile keeps it."""
+    st = new_store(make_store)
+    st.create_session(Session("idle", 10, 10))
+    st.append(AppendBatch("idle", (msg("a", "e1"),), now_ns=20))
+    st.create_session(Session("appended", 10, 10))
+    st.append(AppendBatch("appended", (msg("a", "e1"),), now_ns=100))
+    st.create_session(Session("compiled", 10, 10))
+    st.append(AppendBatch("compiled", (msg("a", "e1"),), now_ns=20))
+    st.put_compile(CompileRecord("compiled:x1", "compiled", Route(model="m"), 1, 100, 1, 100))
+    st.create_session(Session("fresh", 100, 100))
+
+    deleted = st.delete_idle_session("idle", before_ns=100)
+    assert deleted is not None and deleted.deleted_events == 1
+    for sid in ("appended", "compiled", "fresh"):  # activity at the cutoff counts
+        assert st.delete_idle_session(sid, before_ns=100) is None, sid
+        assert st.get_session(sid).head_seq == (0 if sid == "fresh" else 1)
+    assert st.delete_idle_session("idle", before_ns=100) is None  # gone: nothing to do
+    assert st.delete_idle_session("compiled", before_ns=101) is not None
+    assert [s.session_id for s in st.list_sessions("", 10)] == ["appended", "fresh"]
+    assert st.count_sessions() == 2

@@ -54,6 +54,11 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"socket_mode": "10660"}, "socket_mode must be permission bits from 0000 to 0777"),
         ({"socket_mode": "7777"}, "socket_mode must be permission bits from 0000 to 0777"),
         ({"socket_mode": "7" * 21}, "socket_mode must be permission bits from 0000 to 0777"),
+        ({"session_retention": "7 days"}, "session_retention must be a whole number of"),
+        ({"session_retention": "-1d"}, "session_retention must be a whole number of"),
+        ({"session_retention": "1.5h"}, "session_retention must be a whole number of"),
+        ({"session_retention": "d"}, "session_retention must be a whole number of"),
+        ({"log_format": "logfmt"}, "log_format must be 'text' or 'json'"),
         # gRPC takes it as a C int: beyond, the start crashed with an OverflowError.
         ({"max_message_bytes": str(1 << 31)}, "max_message_bytes must be at most 2147483647"),
     ],
@@ -169,6 +174,20 @@ def test_a_socket_group_may_be_a_gid_number_or_a_name(tmp_path: Path) -> None:
     assert resolve({"config": str(f)}, env={}).socket_group == "ctxcc"
 
 
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("0", 0), ("3600", 3600), ("90s", 90), ("30m", 1800), ("36h", 129600), ("7D", 604800)],
+)
+def test_session_retention_is_a_duration(tmp_path: Path, value: str, seconds: int) -> None:
+    assert resolve({}, env={}).session_retention_s == 0  # off unless asked for
+    assert resolve({"session_retention": value}, env={}).session_retention_s == seconds
+    f = tmp_path / "c.toml"
+    f.write_text(f'session_retention = "{value}"\n')
+    assert resolve({"config": str(f)}, env={}).session_retention_s == seconds
+    f.write_text("session_retention = 604800\n")  # a TOML integer is seconds
+    assert resolve({"config": str(f)}, env={}).session_retention_s == 604800
+
+
 def _reads_as_number(text: str) -> bool:
     try:
         float(text)
@@ -178,11 +197,14 @@ def _reads_as_number(text: str) -> bool:
 
 
 # Every setting whose default is a number or a boolean, found from the defaults so that a
-# numeric setting added later is covered too; socket_mode is a quoted octal string.
+# numeric setting added later is covered too; socket_mode is a quoted octal string, and
+# session_retention a number of seconds or a quoted duration ("7d").
+TEXT_OR_NUMBER = {"socket_mode", "session_retention"}
 TYPED = [
     s
     for s in SETTINGS
-    if s.name != "socket_mode" and (_reads_as_number(s.default) or s.default in {"true", "false"})
+    if s.name not in TEXT_OR_NUMBER
+    and (_reads_as_number(s.default) or s.default in {"true", "false"})
 ]
 
 
