@@ -323,18 +323,21 @@ def test_a_missing_global_dir_or_workspace_root_is_warned_at_start(short_tmp: Pa
     assert f"workspace_roots {there} " not in log, log
 
 
+def _environment(**variables: str) -> dict[str, str]:
+    """This process's environment with `variables` added, output unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **variables}
+
+
 def test_a_ctxcc_variable_that_names_no_setting_is_warned_at_start(short_tmp: Path) -> None:
     """CTXCC_DATADIR (for CTXCC_DATA_DIR) was ignored in silence: the daemon ran on the
     default data directory. It is warned, with the setting it was probably meant for; the
     clients' CTXCC_TARGET, often in the same environment, is not."""
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "CTXCC_DATADIR": str(short_tmp / "elsewhere"),
-        "CTXCC_FROBNICATE": "1",
-        "CTXCC_TARGET": "unix:/tmp/x.sock",
-        "CTXCC_LOG_LEVEL": "info",
-    }
+    env = _environment(
+        CTXCC_DATADIR=str(short_tmp / "elsewhere"),
+        CTXCC_FROBNICATE="1",
+        CTXCC_TARGET="unix:/tmp/x.sock",
+        CTXCC_LOG_LEVEL="info",
+    )
     d = DaemonProcess(short_tmp / "data", env=env).start()
     try:
         d.wait_ready()
@@ -353,12 +356,7 @@ def test_json_logs_are_one_object_per_line_from_start_to_exit(short_tmp: Path) -
     """--log-format json (here from the environment, as a pod sets it): every line the
     daemon writes from start to a clean exit parses as one record, and a warning keeps
     its level and text; the text format's lines would be taken apart by a log pipeline."""
-    env = {
-        **os.environ,
-        "PYTHONUNBUFFERED": "1",
-        "CTXCC_LOG_FORMAT": "json",
-        "CTXCC_FROBNICATE": "1",
-    }
+    env = _environment(CTXCC_LOG_FORMAT="json", CTXCC_FROBNICATE="1")
     d = DaemonProcess(short_tmp / "data", env=env).start()
     try:
         d.wait_ready()
