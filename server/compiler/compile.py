@@ -31,7 +31,7 @@ from server.compiler.prompt_memo import (
     section_text_digests,
     system_prompt,
 )
-from server.compiler.render import RENDERING
+from server.compiler.render import RENDERING, THINKING_RENDERING
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, matches_paths
 from server.compiler.system import (
@@ -51,6 +51,7 @@ from server.compiler.tool_cap import (
     with_deferred,
 )
 from server.compiler.tool_search import query_of, search_tools
+from server.compiler.turn_thinking import thinking_tokens, turn_thinking
 from server.compiler.view import (
     VOLATILE_SECTIONS,
     CompiledView,
@@ -78,6 +79,7 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint, RouteModel, RouteState
 from server.domain.replacing import replaced
+from server.domain.thinking import KIND as THINKING
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,9 +461,20 @@ def compile_incremental(
     for t in tools:
         ledger[Layer.TOOL_SCHEMA][0] += t.tokens
         ledger[Layer.TOOL_SCHEMA][1] += 1
-    if projection.native_state is not None:
-        ledger[Layer.NATIVE_STATE][0] += native_state_tokens(projection.native_state)
+    replays = inputs.rendering >= THINKING_RENDERING
+    native = projection.native_state
+    # Thinking blocks are counted where the body sends them, each turn's once (below).
+    if native is not None and not (replays and native.kind == THINKING):
+        ledger[Layer.NATIVE_STATE][0] += native_state_tokens(native)
         ledger[Layer.NATIVE_STATE][1] += 1
+    thinking = (
+        turn_thinking(inputs.events, turn, inputs.route.route_id, projection.messages)
+        if replays
+        else ()
+    )
+    if thinking:
+        ledger[Layer.NATIVE_STATE][0] += thinking_tokens(thinking)
+        ledger[Layer.NATIVE_STATE][1] += len(thinking)
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
     bounds = BOUNDS[inputs.counter_kind]
     model = inputs.route_model
@@ -539,6 +552,7 @@ def compile_incremental(
         basis=basis,
         compaction=compaction,
         rendering=inputs.rendering,
+        thinking=thinking,
         tools_deferred_by_cap=choice.deferred_by_cap,
     )
     next_memo = run.memo

@@ -35,9 +35,20 @@ class ActiveTurn:
 
     start: int
     texts: tuple[str, ...]
+    # Indices of its assistant messages that carry native state (thinking.py): found as
+    # the turn grows, so a long tool loop is not walked again at every step.
+    stated: tuple[int, ...] = ()
 
 
 NO_TURN = ActiveTurn(-1, ())
+
+
+def _stated(events: Sequence[Event], start: int) -> tuple[int, ...]:
+    return tuple(
+        i
+        for i in range(start, len(events))
+        if isinstance(p := events[i].payload, AssistantMessage) and p.native_state is not None
+    )
 
 
 def event_texts(event: Event) -> list[str]:
@@ -74,11 +85,13 @@ def active_turn(
         memo, n = None, 0
     for i in range(len(events) - 1, n - 1, -1):
         if is_user_turn_start(events[i]):
-            return ActiveTurn(i, tuple(t for e in events[i:] for t in event_texts(e)))
+            texts = tuple(t for e in events[i:] for t in event_texts(e))
+            return ActiveTurn(i, texts, _stated(events, i))
     if memo is None or memo.turn.start < 0:
         return NO_TURN
     added = tuple(t for e in events[n:] for t in event_texts(e))
-    return ActiveTurn(memo.turn.start, memo.turn.texts + added)
+    turn = memo.turn
+    return ActiveTurn(turn.start, turn.texts + added, turn.stated + _stated(events, n))
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,11 @@ Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 # The version of the bodies a compile renders, recorded in its basis: a rebuild of a
 # recorded compile renders as that compile did (exact time travel; compiles recorded
 # before the version was kept are version 0). 1: bodies the providers' SDKs and API
-# rules take (see render0 for what version 0 sent).
-RENDERING = 1
+# rules take (see render0 for what version 0 sent); 2: Anthropic bodies lead the current
+# turn's assistant messages with their logged thinking blocks, and the estimate counts
+# them (domain/thinking.py).
+RENDERING = 2
+THINKING_RENDERING = 2
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

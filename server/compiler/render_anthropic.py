@@ -17,6 +17,10 @@
   text, as the view does.
 - A body ending with an assistant turn (a prefill) has no trailing whitespace at its
   end: the API refuses "final assistant content cannot end with trailing whitespace".
+- The current turn's assistant messages lead with the thinking blocks logged with them
+  (`view.thinking`, domain/thinking.py), and an assistant turn merged from several
+  messages starts with all of theirs: with thinking on, the API refuses a tool loop
+  whose assistant turn does not start with its thinking.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ from server.compiler.render_common import (
 )
 from server.compiler.view import CompiledView
 from server.domain.model import Role
+from server.domain.thinking import thinking_blocks
+
+_THINKING = frozenset({"thinking", "redacted_thinking"})
 
 _ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 _ALLOWED = _ALNUM | {"_", "-"}
@@ -105,6 +112,15 @@ def _without_trailing_whitespace(merged: list[tuple[str, list[JSON]]]) -> None:
     blocks[-1] = {**blocks[-1], "text": blocks[-1]["text"].rstrip()}
 
 
+def _thinking_of(view: CompiledView, first_seq: int, last_seq: int) -> list[JSON]:
+    """The logged thinking blocks of the events an assistant message holds, in order."""
+    out: list[JSON] = []
+    for seq, blocks in view.thinking:
+        if first_seq <= seq <= last_seq:
+            out += thinking_blocks(blocks) or ()
+    return out
+
+
 def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     turns: list[tuple[str, list[JSON]]] = []
     for m in view.messages:
@@ -118,7 +134,8 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             block["is_error"] = m.is_error
             turns.append(("user", [block]))
         elif m.role is Role.ASSISTANT:
-            blocks = _text_block(text_of(m))
+            blocks = _thinking_of(view, m.first_seq, m.last_seq) if view.thinking else []
+            blocks += _text_block(text_of(m))
             blocks += [
                 {
                     "type": "tool_use",
@@ -154,6 +171,8 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         if role == "user":
             # Tool results lead their user turn; text (a next user message) follows.
             blocks.sort(key=lambda b: b["type"] != "tool_result")
+        elif view.thinking:
+            blocks.sort(key=lambda b: b["type"] not in _THINKING)
     body: JSON = {
         "model": view.route.model,
         "max_tokens": output_cap(view),

@@ -29,6 +29,8 @@ from server.domain.model import (
     TurnStarted,
     UserMessage,
 )
+from server.domain.thinking import KIND as THINKING
+from server.domain.thinking import thinking_blocks
 
 
 def timestamp(ns: int) -> timestamp_pb2.Timestamp:
@@ -165,6 +167,13 @@ def payload_in(ev: event_pb2.Event, field: str) -> Payload:
             native = None
             if m.HasField("native_state"):
                 s = m.native_state
+                if s.kind == THINKING and thinking_blocks(s.data) is None:
+                    # Sent on, a malformed block fails every request of its turn.
+                    raise invalid(
+                        f"{field}.assistant_message.native_state.data",
+                        f"native state of kind {THINKING!r} must be the JSON array of the "
+                        "thinking and redacted_thinking blocks the API returned",
+                    )
                 native = NativeState(s.route_id, s.kind, s.data)
             route = route_in(m.route) if m.HasField("route") else None
             return AssistantMessage(parts, calls, m.reasoning, native, route)

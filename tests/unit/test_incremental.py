@@ -41,6 +41,7 @@ from server.domain.model import (
     starts_turn,
 )
 from server.domain.records import Checkpoint, CheckpointKind, RouteState
+from server.domain.thinking import KIND as THINKING
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.compile_types import CompileResult
 from server.transport.convert_view import _message_out, result_out, view_out
@@ -48,6 +49,7 @@ from server.transport.view_bytes import LentRecords, view_bytes
 from tests.unit.test_system_prompt import WordCounter
 
 C = WordCounter()
+THOUGHT = b'[{"type": "thinking", "thinking": "check a.py", "signature": "c2ln"}]'
 ROUTES = (
     Route(model="claude-sonnet-4"),
     Route(connection="b", model="gpt-4o"),
@@ -84,7 +86,14 @@ payloads: st.SearchStrategy[Payload] = st.one_of(
         st.lists(calls, max_size=2).map(tuple),
         st.sampled_from(["", "thinking"]),
         st.sampled_from(
-            [None, NativeState(ROUTES[0].route_id, "k", b"x"), NativeState("other", "k", b"y")]
+            [
+                None,
+                NativeState(ROUTES[0].route_id, "k", b"x"),
+                NativeState("other", "k", b"y"),
+                # Anthropic thinking blocks, replayed in their turn on their route.
+                NativeState(ROUTES[0].route_id, THINKING, THOUGHT),
+                NativeState(ROUTES[1].route_id, THINKING, THOUGHT),
+            ]
         ),
     ),
     calls,

@@ -18,7 +18,14 @@ returns it. Deletes are not retried (see ctxcc_client.retry).
 
 from ctxcc_client.client import AsyncClient, Client
 from ctxcc_client.errors import CtxccError
-from ctxcc_client.events import assistant, tool_result, user, user_with
+from ctxcc_client.events import (
+    ANTHROPIC_THINKING,
+    assistant,
+    assistant_from_anthropic,
+    tool_result,
+    user,
+    user_with,
+)
 from ctxcc_client.retry import new_request_id, new_session_id
 from ctxcc_client.stream import CompileStream, StreamStats, ViewAssembler
 from ctxcc_client.usage import (
@@ -30,6 +37,7 @@ from ctxcc_client.usage import (
 )
 
 __all__ = [
+    "ANTHROPIC_THINKING",
     "AsyncClient",
     "Client",
     "CompileStream",
@@ -38,6 +46,7 @@ __all__ = [
     "UsageCounts",
     "ViewAssembler",
     "assistant",
+    "assistant_from_anthropic",
     "new_request_id",
     "new_session_id",
     "tool_result",

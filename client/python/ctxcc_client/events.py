@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 from ctxcc.v1 import common_pb2, event_pb2
+
+# The native state kind of Anthropic's thinking blocks (see assistant_from_anthropic).
+ANTHROPIC_THINKING = "anthropic.thinking"
 
 
 def user(text: str) -> event_pb2.Event:
@@ -40,4 +46,50 @@ def user_with(text: str, *attachments: common_pb2.ArtifactRef) -> event_pb2.Even
     ev = user(text)
     for ref in attachments:
         ev.user_message.parts.add(attachment=ref)
+    return ev
+
+
+def _get(obj: object, name: str) -> object:
+    return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+
+def assistant_from_anthropic(message: object, route_id: str) -> event_pb2.Event:
+    """The assistant event to log for an Anthropic Messages response (the SDK's
+    `Message`, or the same as a mapping: the response's JSON).
+
+    Its text blocks become the message's text, its `tool_use` blocks its tool calls, and
+    its `thinking` / `redacted_thinking` blocks, unchanged and in order, its native state
+    of kind "anthropic.thinking" on `route_id` (the compiled view's `route_id`, the route
+    the request went to). With extended thinking on, the API refuses a tool loop whose
+    assistant turn does not start with those blocks; ctxcc's Anthropic body puts them
+    back at the head of their turn, on that route only and only in the turn that made
+    them. The thinking text is not logged as reasoning: the model gets it back through
+    the blocks, and no other route may see it (R-MISC-2)."""
+    ev = event_pb2.Event()
+    m = ev.assistant_message
+    thinking: list[dict[str, object]] = []
+    for block in _get(message, "content") or ():  # type: ignore[attr-defined]
+        kind = _get(block, "type")
+        if kind == "text" and _get(block, "text"):
+            m.parts.add(text=str(_get(block, "text")))
+        elif kind == "tool_use":
+            m.tool_calls.add(
+                call_id=str(_get(block, "id")),
+                name=str(_get(block, "name")),
+                arguments_json=json.dumps(_get(block, "input") or {}, ensure_ascii=False),
+            )
+        elif kind == "thinking":
+            thinking.append(
+                {
+                    "type": "thinking",
+                    "thinking": _get(block, "thinking"),
+                    "signature": _get(block, "signature"),
+                }
+            )
+        elif kind == "redacted_thinking":
+            thinking.append({"type": "redacted_thinking", "data": _get(block, "data")})
+    if thinking:
+        m.native_state.route_id = route_id
+        m.native_state.kind = ANTHROPIC_THINKING
+        m.native_state.data = json.dumps(thinking, ensure_ascii=False).encode()
     return ev

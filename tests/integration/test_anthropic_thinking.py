@@ -1,0 +1,150 @@
+"""An agent with Claude's extended thinking on, through a real daemon: each response is
+the SDK's own `Message` (thinking, text and tool_use blocks), logged with the Python
+client's `assistant_from_anthropic`; the Anthropic body of every step of the tool loop
+is taken by the SDK's request type and leads each of the turn's assistant messages with
+the blocks the model gave it, unchanged, as the API requires; after the user's next
+message, or on another model, no block is sent. A rebuild gives the same body."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic.types as at
+import grpc
+import pytest
+from ctxcc_client import (
+    ANTHROPIC_THINKING,
+    AsyncClient,
+    CtxccError,
+    assistant_from_anthropic,
+    tool_result,
+    user,
+)
+
+from ctxcc.v1 import common_pb2, event_pb2, view_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
+from server.app import Daemon
+from tests.conformance.sdk_types import errors_for
+
+ROUTE = common_pb2.Route(
+    connection="t", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
+)
+OTHER = common_pb2.Route(
+    connection="t", protocol="anthropic-messages", endpoint="api", model="claude-haiku-4-5"
+)
+ANTHROPIC = view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES
+
+
+def response(n: int, *blocks: dict[str, Any]) -> at.Message:
+    """A Messages API response as the SDK parses it."""
+    return at.Message.model_validate(
+        {
+            "id": f"msg_{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-sonnet-4",
+            "content": list(blocks),
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 5},
+        }
+    )
+
+
+def thinking(text: str, signature: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": text, "signature": signature}
+
+
+def tool_use(cid: str, path: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": cid, "name": "read", "input": {"path": path}}
+
+
+async def body(ctx: AsyncClient, sid: str, route: common_pb2.Route) -> tuple[Any, dict[str, Any]]:
+    req = cpb.CompileRequest(session_id=sid, route=route, render_formats=[ANTHROPIC])
+    view = (await ctx.compiles.Compile(req)).view
+    (rendering,) = view.renderings
+    parsed: dict[str, Any] = json.loads(rendering.body_json)
+    assert errors_for("anthropic_messages", parsed) == []
+    return view, parsed
+
+
+def leading(parsed: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    """The thinking blocks each assistant turn of a body starts with."""
+    out = []
+    for m in parsed["messages"]:
+        if m["role"] == "assistant":
+            n = next(
+                (
+                    i
+                    for i, b in enumerate(m["content"])
+                    if b["type"] not in {"thinking", "redacted_thinking"}
+                ),
+                len(m["content"]),
+            )
+            out.append(m["content"][:n])
+    return out
+
+
+async def test_a_tool_loop_with_thinking_sends_each_turns_blocks_back(daemon: Daemon) -> None:
+    first = response(1, thinking("a.py holds the parser.", "EqQBsig1"), tool_use("toolu_1", "a.py"))
+    second = response(
+        2,
+        thinking("The bug is in b.py.", "EpoBsig2"),
+        {"type": "redacted_thinking", "data": "EmwKAhgB"},
+        {"type": "text", "text": "Now b.py."},
+        tool_use("toolu_2", "b.py"),
+    )
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        await ctx.append(sid, [user("fix the parser bug")])
+        view, _ = await body(ctx, sid, ROUTE)
+        for answer, cid, text in (
+            (first, "toolu_1", "def parse(): ..."),
+            (second, "toolu_2", "x = 1"),
+        ):
+            logged = assistant_from_anthropic(answer, view.route_id)
+            assert logged.assistant_message.native_state.kind == ANTHROPIC_THINKING
+            assert not logged.assistant_message.reasoning  # R-MISC-2: no text copy
+            await ctx.append(sid, [logged, tool_result(cid, text, "read")])
+            view, parsed = await body(ctx, sid, ROUTE)
+        sent = (
+            [b.model_dump() for b in first.content[:1]],
+            [b.model_dump() for b in second.content[:2]],
+        )
+        assert leading(parsed) == [sent[0], sent[1]]
+        # Counted as the native state they are (the view's layer of that name).
+        native = next(la for la in view.layers if la.layer == view_pb2.LAYER_NATIVE_STATE)
+        assert native.tokens > 0 and native.items == 2
+        # A rebuild of that compile renders the same body.
+        rebuilt = await ctx.compiles.Compile(
+            cpb.CompileRequest(
+                session_id=sid, rebuild_compile_id=view.compile_id, render_formats=[ANTHROPIC]
+            )
+        )
+        assert rebuilt.view.renderings[0].body_json == view.renderings[0].body_json
+        # On another model the signatures are not its own: nothing is sent.
+        _, other = await body(ctx, sid, OTHER)
+        assert leading(other) == [[], []]
+        # The user's next message ends the turn: its blocks are not needed any more.
+        await ctx.append(sid, [user("thanks, now run the tests")])
+        _, later = await body(ctx, sid, ROUTE)
+        assert leading(later) == [[], []]
+
+
+async def test_a_thinking_state_that_holds_no_blocks_is_refused(daemon: Daemon) -> None:
+    """Sent on, a malformed block would fail every request of its turn at the provider."""
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        ev = event_pb2.Event()
+        ev.assistant_message.parts.add(text="hi")
+        ev.assistant_message.native_state.kind = ANTHROPIC_THINKING
+        ev.assistant_message.native_state.data = b'[{"type": "thinking", "thinking": "x"}]'
+        with pytest.raises(CtxccError) as exc:
+            await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
+        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.value.reason == "INVALID_FIELD"
+        assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
+        got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+        assert got.session.head_seq == 0

@@ -1,0 +1,181 @@
+"""Anthropic thinking blocks logged as an assistant message's native state: replayed at
+the head of their assistant turn in the current turn's Anthropic body, on their own
+route only, counted in the estimate, and never in a rebuild of a compile recorded
+before (rendering 1)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from server.compiler.compile import CompileInputs, compile_view
+from server.compiler.render import RenderFormat, render
+from server.compiler.turn_thinking import thinking_tokens
+from server.compiler.view import CompiledView, Layer
+from server.domain.model import (
+    AssistantMessage,
+    ContentPart,
+    Event,
+    NativeState,
+    Route,
+    Session,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from server.domain.thinking import KIND, thinking_blocks
+from server.domain.tools import ToolSpec
+from tests.conformance.sdk_types import errors_for
+from tests.unit.test_system_prompt import WordCounter
+
+ROUTE = Route(protocol="anthropic-messages", model="claude-sonnet-4")
+SCHEMA = '{"type": "object", "properties": {"path": {"type": "string"}}}'
+THOUGHT_A = [{"type": "thinking", "thinking": "Read a.py first.", "signature": "EqQBCkgIAR"}]
+THOUGHT_B = [
+    {"type": "thinking", "thinking": "Now b.py.", "signature": "EpoBCkgIAh"},
+    {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+]
+
+
+def state(blocks: list[dict[str, str]], route: Route = ROUTE) -> NativeState:
+    return NativeState(route.route_id, KIND, json.dumps(blocks).encode())
+
+
+def call(cid: str, path: str) -> ToolCall:
+    return ToolCall(cid, "read", json.dumps({"path": path}))
+
+
+def user(text: str) -> UserMessage:
+    return UserMessage((ContentPart(text=text),))
+
+
+def compiled(*payloads: Any, rendering: int | None = None, route: Route = ROUTE) -> CompiledView:
+    events = tuple(Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads))
+    inputs = CompileInputs(
+        "s:1",
+        Session("s", 0, 0),
+        events,
+        len(events),
+        route,
+        tools=(ToolSpec("read", "Read a file", SCHEMA),),
+    )
+    if rendering is not None:
+        inputs = replace(inputs, rendering=rendering)
+    return compile_view(inputs, WordCounter())
+
+
+def anthropic(view: CompiledView) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(render(view, RenderFormat.ANTHROPIC_MESSAGES, {}))
+    assert errors_for("anthropic_messages", body) == []  # the official SDK's type takes it
+    return body
+
+
+def assistant_turns(body: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    return [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+
+
+def native_tokens(view: CompiledView) -> int:
+    return next(row.tokens for row in view.layers if row.layer is Layer.NATIVE_STATE)
+
+
+TOOL_LOOP = (
+    user("fix the bug"),
+    AssistantMessage((), (call("c1", "a.py"),), "", state(THOUGHT_A)),
+    ToolResult("c1", "read", text="print(1)"),
+    AssistantMessage((ContentPart(text="and b"),), (call("c2", "b.py"),), "", state(THOUGHT_B)),
+    ToolResult("c2", "read", text="print(2)"),
+)
+
+
+def test_each_assistant_turn_of_the_tool_loop_starts_with_its_own_blocks() -> None:
+    view = compiled(*TOOL_LOOP)
+    first, second = assistant_turns(anthropic(view))
+    assert first == [
+        *THOUGHT_A,
+        {"type": "tool_use", "id": "c1", "name": "read", "input": {"path": "a.py"}},
+    ]
+    assert second[:2] == THOUGHT_B and [b["type"] for b in second[2:]] == ["text", "tool_use"]
+    # Counted as the native state they are, each block set once.
+    assert view.thinking == ((2, state(THOUGHT_A).data), (4, state(THOUGHT_B).data))
+    assert native_tokens(view) == thinking_tokens(view.thinking) > 0
+    # No other format carries them, and the view's messages do not.
+    for fmt in (RenderFormat.OPENAI_CHAT, RenderFormat.OPENAI_RESPONSES, RenderFormat.GEMINI):
+        assert "Read a.py first." not in render(view, fmt, {})
+    assert all("Read a.py first." not in p.text for m in view.messages for p in m.parts if p.text)
+
+
+def test_a_turn_merged_from_several_messages_starts_with_the_blocks() -> None:
+    """A whitespace-only user message (which the API refuses, so the body leaves it out)
+    between two assistant messages makes them one assistant turn: it must open with the
+    second one's thinking although that message comes second."""
+    view = compiled(
+        user("fix it"),
+        AssistantMessage((ContentPart(text="Looking."),), ()),
+        user("  "),
+        AssistantMessage((), (call("c1", "a.py"),), "", state(THOUGHT_A)),
+        ToolResult("c1", "read", text="x"),
+    )
+    assert [m.role.name for m in view.messages] == [
+        "USER",
+        "ASSISTANT",
+        "USER",
+        "ASSISTANT",
+        "TOOL",
+    ]
+    (turn,) = assistant_turns(anthropic(view))
+    assert [b["type"] for b in turn] == ["thinking", "text", "tool_use"]
+
+
+def test_earlier_turns_other_routes_and_unseen_messages_replay_nothing() -> None:
+    other = Route(protocol="anthropic-messages", model="claude-haiku-4-5")
+    # A finished turn's blocks: the API strips them, the view does not send them.
+    earlier = compiled(
+        *TOOL_LOOP, AssistantMessage((ContentPart(text="Fixed."),), ()), user("thanks")
+    )
+    assert earlier.thinking == () and native_tokens(earlier) == 0
+    # After a switch to another model the blocks' signatures are not its own (R-ROUTE-2).
+    switched = compiled(*TOOL_LOOP, route=other)
+    assert switched.thinking == ()
+    assert all(b["type"] != "thinking" for t in assistant_turns(anthropic(switched)) for b in t)
+    # A message with reasoning only is not in the view: its blocks lead nothing.
+    unseen = compiled(user("hi"), AssistantMessage((), (), "thought", state(THOUGHT_A)))
+    assert unseen.thinking == () and native_tokens(unseen) == 0
+
+
+def test_a_compile_recorded_before_is_rebuilt_without_them() -> None:
+    """Rendering 1 (compiles recorded before this version) replayed nothing and counted
+    the latest message's state alone: its rebuild does the same, byte for byte."""
+    now, then = compiled(*TOOL_LOOP), compiled(*TOOL_LOOP, rendering=1)
+    assert then.thinking == ()
+    assert all(b["type"] != "thinking" for t in assistant_turns(anthropic(then)) for b in t)
+    assert native_tokens(then) == thinking_tokens(((4, state(THOUGHT_B).data),))
+    assert native_tokens(now) > native_tokens(then)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"not json",
+        b"[]",
+        b'{"type": "thinking"}',
+        b'[{"type": "thinking", "thinking": "x"}]',
+        b'[{"type": "thinking", "thinking": "x", "signature": 7}]',
+        b'[{"type": "text", "text": "x"}]',
+        b'[{"type": "redacted_thinking"}]',
+        b"[1]",
+        b"\xff",
+    ],
+)
+def test_only_arrays_of_thinking_blocks_are_blocks(data: bytes) -> None:
+    assert thinking_blocks(data) is None
+
+
+def test_blocks_keep_only_what_the_api_takes() -> None:
+    logged = [{**THOUGHT_A[0], "citations": None}, {"type": "redacted_thinking", "data": "Zm9v"}]
+    assert thinking_blocks(json.dumps(logged).encode()) == (
+        THOUGHT_A[0],
+        {"type": "redacted_thinking", "data": "Zm9v"},
+    )
