@@ -28,7 +28,7 @@ from ctxcc.v1 import event_pb2 as ctxcc_dot_v1_dot_event__pb2
 from ctxcc.v1 import view_pb2 as ctxcc_dot_v1_dot_view__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63txcc/v1/compile_service.proto\x12\x08\x63txcc.v1\x1a\x19\x63txcc/v1/checkpoint.proto\x1a\x15\x63txcc/v1/common.proto\x1a\x14\x63txcc/v1/event.proto\x1a\x13\x63txcc/v1/view.proto\"\x8a\x01\n\x0bModelLimits\x12\x16\n\x0e\x63ontext_window\x18\x01 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x03 \x01(\r\x12\x1b\n\x0e\x61\x63\x63\x65pts_images\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_accepts_images\"I\n\x0b\x45nvironment\x12\x19\n\x11working_directory\x18\x01 \x01(\t\x12\x10\n\x08platform\x18\x02 \x01(\t\x12\r\n\x05shell\x18\x03 \x01(\t\"\x90\x03\n\x0e\x43ompileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1e\n\x05route\x18\x02 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12%\n\x06limits\x18\x03 \x01(\x0b\x32\x15.ctxcc.v1.ModelLimits\x12\x11\n\tas_of_seq\x18\x04 \x01(\x04\x12-\n\rapproval_mode\x18\x05 \x01(\x0e\x32\x16.ctxcc.v1.ApprovalMode\x12*\n\x0b\x65nvironment\x18\x06 \x01(\x0b\x32\x15.ctxcc.v1.Environment\x12/\n\x10\x65xclude_sections\x18\x07 \x03(\x0e\x32\x15.ctxcc.v1.SectionKind\x12\'\n\nimage_mode\x18\x08 \x01(\x0e\x32\x13.ctxcc.v1.ImageMode\x12.\n\x0erender_formats\x18\t \x03(\x0e\x32\x16.ctxcc.v1.RenderFormat\x12\x0f\n\x07\x64ry_run\x18\n \x01(\x08\x12\x1a\n\x12rebuild_compile_id\x18\x0b \x01(\t\"7\n\x0f\x43ompileResponse\x12$\n\x04view\x18\x01 \x01(\x0b\x32\x16.ctxcc.v1.CompiledView\"s\n\x14\x43ompileStreamRequest\x12%\n\x04step\x18\x01 \x01(\x0b\x32\x15.ctxcc.v1.StepRequestH\x00\x12)\n\x06resume\x18\x02 \x01(\x0b\x32\x17.ctxcc.v1.ResumeRequestH\x00\x42\t\n\x07request\"\xc6\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x1f\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x0f.ctxcc.v1.Event\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1e\n\x11\x65xpected_last_seq\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12)\n\x07\x63ompile\x18\x05 \x01(\x0b\x32\x18.ctxcc.v1.CompileRequest\x12\x1d\n\x15\x64\x65lta_base_compile_id\x18\x06 \x01(\t\x12+\n\x05usage\x18\x07 \x01(\x0b\x32\x1c.ctxcc.v1.ReportUsageRequest\x12+\n\x0c\x64\x65lta_digest\x18\x08 \x01(\x0e\x32\x15.ctxcc.v1.DeltaDigest\x12\x17\n\x0fkeep_compaction\x18\t \x01(\x08\x42\x14\n\x12_expected_last_seq\"N\n\rResumeRequest\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12)\n\x07\x63ompile\x18\x02 \x01(\x0b\x32\x18.ctxcc.v1.CompileRequest\"\xa4\x02\n\x15\x43ompileStreamResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12&\n\x04view\x18\x02 \x01(\x0b\x32\x16.ctxcc.v1.CompiledViewH\x00\x12$\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x13.ctxcc.v1.ViewChunkH\x00\x12$\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x13.ctxcc.v1.StepErrorH\x00\x12$\n\x05\x64\x65lta\x18\x06 \x01(\x0b\x32\x13.ctxcc.v1.ViewDeltaH\x00\x12&\n\x06\x61ppend\x18\x05 \x01(\x0b\x32\x16.ctxcc.v1.AppendResult\x12,\n\x05usage\x18\x07 \x01(\x0b\x32\x1d.ctxcc.v1.ReportUsageResponseB\n\n\x08response\"\xba\x02\n\tViewDelta\x12\x17\n\x0f\x62\x61se_compile_id\x18\x01 \x01(\t\x12$\n\x04head\x18\x02 \x01(\x0b\x32\x16.ctxcc.v1.CompiledView\x12\x15\n\rkept_messages\x18\x03 \x01(\r\x12\x30\n\x11\x61ppended_messages\x18\x04 \x03(\x0b\x32\x15.ctxcc.v1.ViewMessage\x12\'\n\x08sections\x18\x05 \x03(\x0b\x32\x15.ctxcc.v1.SectionSlot\x12\x15\n\rtools_changed\x18\x06 \x01(\x08\x12!\n\x05tools\x18\x07 \x03(\x0b\x32\x12.ctxcc.v1.ViewTool\x12\x13\n\x0bview_sha256\x18\x08 \x01(\t\x12\x14\n\x0c\x63hain_sha256\x18\t \x01(\t\x12\x17\n\x0f\x63ompaction_kept\x18\n \x01(\x08\"W\n\x0bSectionSlot\x12\x14\n\nbase_index\x18\x01 \x01(\rH\x00\x12*\n\x07section\x18\x02 \x01(\x0b\x32\x17.ctxcc.v1.SystemSectionH\x00\x42\x06\n\x04slot\"[\n\tViewChunk\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06sha256\x18\x05 \x01(\t\"\xb7\x01\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x15\n\rusage_refused\x18\x04 \x01(\x08\x12\x33\n\x08metadata\x18\x05 \x03(\x0b\x32!.ctxcc.v1.StepError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x0c\x41ppendResult\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"\xac\x01\n\x12ReportUsageRequest\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12\x1e\n\x05route\x18\x02 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x05 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x06 \x01(\r\"\x92\x01\n\x13ReportUsageResponse\x12\x1e\n\x16\x65stimated_input_tokens\x18\x01 \x01(\r\x12\x14\n\x0c\x65rror_tokens\x18\x02 \x01(\x03\x12\x16\n\x0erelative_error\x18\x03 \x01(\x01\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x12\x1b\n\x13next_output_reserve\x18\x05 \x01(\r\"\x91\x01\n\x17\x43reateCheckpointRequest\x12(\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x14.ctxcc.v1.Checkpoint\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x38\n\x13\x63overed_digest_mode\x18\x03 \x01(\x0e\x32\x1b.ctxcc.v1.CoveredDigestMode\"]\n\x18\x43reateCheckpointResponse\x12(\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x14.ctxcc.v1.Checkpoint\x12\x17\n\x0f\x64igest_computed\x18\x02 \x01(\x08\"S\n\x16ListCheckpointsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"]\n\x17ListCheckpointsResponse\x12)\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x14.ctxcc.v1.Checkpoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xa3\x01\n\x0c\x41pprovalMode\x12\x1d\n\x19\x41PPROVAL_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41PPROVAL_MODE_ALWAYS_ASK\x10\x01\x12\x1c\n\x18\x41PPROVAL_MODE_ON_REQUEST\x10\x02\x12\x1b\n\x17\x41PPROVAL_MODE_NEVER_ASK\x10\x03\x12\x1b\n\x17\x41PPROVAL_MODE_READ_ONLY\x10\x04*X\n\tImageMode\x12\x1a\n\x16IMAGE_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11IMAGE_MODE_INLINE\x10\x01\x12\x18\n\x14IMAGE_MODE_REFERENCE\x10\x02*|\n\x0b\x44\x65ltaDigest\x12\x1c\n\x18\x44\x45LTA_DIGEST_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44\x45LTA_DIGEST_MESSAGE_CHAIN\x10\x01\x12/\n+DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART\x10\x02*y\n\x11\x43overedDigestMode\x12#\n\x1f\x43OVERED_DIGEST_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OVERED_DIGEST_MODE_VERIFY\x10\x01\x12\x1f\n\x1b\x43OVERED_DIGEST_MODE_COMPUTE\x10\x02\x32\xa5\x03\n\x0e\x43ompileService\x12>\n\x07\x43ompile\x12\x18.ctxcc.v1.CompileRequest\x1a\x19.ctxcc.v1.CompileResponse\x12T\n\rCompileStream\x12\x1e.ctxcc.v1.CompileStreamRequest\x1a\x1f.ctxcc.v1.CompileStreamResponse(\x01\x30\x01\x12J\n\x0bReportUsage\x12\x1c.ctxcc.v1.ReportUsageRequest\x1a\x1d.ctxcc.v1.ReportUsageResponse\x12Y\n\x10\x43reateCheckpoint\x12!.ctxcc.v1.CreateCheckpointRequest\x1a\".ctxcc.v1.CreateCheckpointResponse\x12V\n\x0fListCheckpoints\x12 .ctxcc.v1.ListCheckpointsRequest\x1a!.ctxcc.v1.ListCheckpointsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63txcc/v1/compile_service.proto\x12\x08\x63txcc.v1\x1a\x19\x63txcc/v1/checkpoint.proto\x1a\x15\x63txcc/v1/common.proto\x1a\x14\x63txcc/v1/event.proto\x1a\x13\x63txcc/v1/view.proto\"\x8a\x01\n\x0bModelLimits\x12\x16\n\x0e\x63ontext_window\x18\x01 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x03 \x01(\r\x12\x1b\n\x0e\x61\x63\x63\x65pts_images\x18\x04 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_accepts_images\"I\n\x0b\x45nvironment\x12\x19\n\x11working_directory\x18\x01 \x01(\t\x12\x10\n\x08platform\x18\x02 \x01(\t\x12\r\n\x05shell\x18\x03 \x01(\t\"\x90\x03\n\x0e\x43ompileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x1e\n\x05route\x18\x02 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12%\n\x06limits\x18\x03 \x01(\x0b\x32\x15.ctxcc.v1.ModelLimits\x12\x11\n\tas_of_seq\x18\x04 \x01(\x04\x12-\n\rapproval_mode\x18\x05 \x01(\x0e\x32\x16.ctxcc.v1.ApprovalMode\x12*\n\x0b\x65nvironment\x18\x06 \x01(\x0b\x32\x15.ctxcc.v1.Environment\x12/\n\x10\x65xclude_sections\x18\x07 \x03(\x0e\x32\x15.ctxcc.v1.SectionKind\x12\'\n\nimage_mode\x18\x08 \x01(\x0e\x32\x13.ctxcc.v1.ImageMode\x12.\n\x0erender_formats\x18\t \x03(\x0e\x32\x16.ctxcc.v1.RenderFormat\x12\x0f\n\x07\x64ry_run\x18\n \x01(\x08\x12\x1a\n\x12rebuild_compile_id\x18\x0b \x01(\t\"7\n\x0f\x43ompileResponse\x12$\n\x04view\x18\x01 \x01(\x0b\x32\x16.ctxcc.v1.CompiledView\"s\n\x14\x43ompileStreamRequest\x12%\n\x04step\x18\x01 \x01(\x0b\x32\x15.ctxcc.v1.StepRequestH\x00\x12)\n\x06resume\x18\x02 \x01(\x0b\x32\x17.ctxcc.v1.ResumeRequestH\x00\x42\t\n\x07request\"\xc6\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12\x1f\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x0f.ctxcc.v1.Event\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12\x1e\n\x11\x65xpected_last_seq\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12)\n\x07\x63ompile\x18\x05 \x01(\x0b\x32\x18.ctxcc.v1.CompileRequest\x12\x1d\n\x15\x64\x65lta_base_compile_id\x18\x06 \x01(\t\x12+\n\x05usage\x18\x07 \x01(\x0b\x32\x1c.ctxcc.v1.ReportUsageRequest\x12+\n\x0c\x64\x65lta_digest\x18\x08 \x01(\x0e\x32\x15.ctxcc.v1.DeltaDigest\x12\x17\n\x0fkeep_compaction\x18\t \x01(\x08\x42\x14\n\x12_expected_last_seq\"_\n\rResumeRequest\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12)\n\x07\x63ompile\x18\x02 \x01(\x0b\x32\x18.ctxcc.v1.CompileRequest\x12\x0f\n\x07step_id\x18\x03 \x01(\t\"\xa4\x02\n\x15\x43ompileStreamResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\t\x12&\n\x04view\x18\x02 \x01(\x0b\x32\x16.ctxcc.v1.CompiledViewH\x00\x12$\n\x05\x63hunk\x18\x03 \x01(\x0b\x32\x13.ctxcc.v1.ViewChunkH\x00\x12$\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x13.ctxcc.v1.StepErrorH\x00\x12$\n\x05\x64\x65lta\x18\x06 \x01(\x0b\x32\x13.ctxcc.v1.ViewDeltaH\x00\x12&\n\x06\x61ppend\x18\x05 \x01(\x0b\x32\x16.ctxcc.v1.AppendResult\x12,\n\x05usage\x18\x07 \x01(\x0b\x32\x1d.ctxcc.v1.ReportUsageResponseB\n\n\x08response\"\xba\x02\n\tViewDelta\x12\x17\n\x0f\x62\x61se_compile_id\x18\x01 \x01(\t\x12$\n\x04head\x18\x02 \x01(\x0b\x32\x16.ctxcc.v1.CompiledView\x12\x15\n\rkept_messages\x18\x03 \x01(\r\x12\x30\n\x11\x61ppended_messages\x18\x04 \x03(\x0b\x32\x15.ctxcc.v1.ViewMessage\x12\'\n\x08sections\x18\x05 \x03(\x0b\x32\x15.ctxcc.v1.SectionSlot\x12\x15\n\rtools_changed\x18\x06 \x01(\x08\x12!\n\x05tools\x18\x07 \x03(\x0b\x32\x12.ctxcc.v1.ViewTool\x12\x13\n\x0bview_sha256\x18\x08 \x01(\t\x12\x14\n\x0c\x63hain_sha256\x18\t \x01(\t\x12\x17\n\x0f\x63ompaction_kept\x18\n \x01(\x08\"W\n\x0bSectionSlot\x12\x14\n\nbase_index\x18\x01 \x01(\rH\x00\x12*\n\x07section\x18\x02 \x01(\x0b\x32\x17.ctxcc.v1.SystemSectionH\x00\x42\x06\n\x04slot\"[\n\tViewChunk\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06sha256\x18\x05 \x01(\t\"\xb7\x01\n\tStepError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x15\n\rusage_refused\x18\x04 \x01(\x08\x12\x33\n\x08metadata\x18\x05 \x03(\x0b\x32!.ctxcc.v1.StepError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"E\n\x0c\x41ppendResult\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x10\n\x08last_seq\x18\x02 \x01(\x04\x12\x10\n\x08replayed\x18\x03 \x01(\x08\"\xac\x01\n\x12ReportUsageRequest\x12\x12\n\ncompile_id\x18\x01 \x01(\t\x12\x1e\n\x05route\x18\x02 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\x12\x1b\n\x13\x63\x61\x63hed_input_tokens\x18\x05 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x06 \x01(\r\"\x92\x01\n\x13ReportUsageResponse\x12\x1e\n\x16\x65stimated_input_tokens\x18\x01 \x01(\r\x12\x14\n\x0c\x65rror_tokens\x18\x02 \x01(\x03\x12\x16\n\x0erelative_error\x18\x03 \x01(\x01\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x12\x1b\n\x13next_output_reserve\x18\x05 \x01(\r\"\x91\x01\n\x17\x43reateCheckpointRequest\x12(\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x14.ctxcc.v1.Checkpoint\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x38\n\x13\x63overed_digest_mode\x18\x03 \x01(\x0e\x32\x1b.ctxcc.v1.CoveredDigestMode\"]\n\x18\x43reateCheckpointResponse\x12(\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x14.ctxcc.v1.Checkpoint\x12\x17\n\x0f\x64igest_computed\x18\x02 \x01(\x08\"S\n\x16ListCheckpointsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"]\n\x17ListCheckpointsResponse\x12)\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x14.ctxcc.v1.Checkpoint\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*\xa3\x01\n\x0c\x41pprovalMode\x12\x1d\n\x19\x41PPROVAL_MODE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x41PPROVAL_MODE_ALWAYS_ASK\x10\x01\x12\x1c\n\x18\x41PPROVAL_MODE_ON_REQUEST\x10\x02\x12\x1b\n\x17\x41PPROVAL_MODE_NEVER_ASK\x10\x03\x12\x1b\n\x17\x41PPROVAL_MODE_READ_ONLY\x10\x04*X\n\tImageMode\x12\x1a\n\x16IMAGE_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11IMAGE_MODE_INLINE\x10\x01\x12\x18\n\x14IMAGE_MODE_REFERENCE\x10\x02*|\n\x0b\x44\x65ltaDigest\x12\x1c\n\x18\x44\x45LTA_DIGEST_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44\x45LTA_DIGEST_MESSAGE_CHAIN\x10\x01\x12/\n+DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART\x10\x02*y\n\x11\x43overedDigestMode\x12#\n\x1f\x43OVERED_DIGEST_MODE_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x43OVERED_DIGEST_MODE_VERIFY\x10\x01\x12\x1f\n\x1b\x43OVERED_DIGEST_MODE_COMPUTE\x10\x02\x32\xa5\x03\n\x0e\x43ompileService\x12>\n\x07\x43ompile\x12\x18.ctxcc.v1.CompileRequest\x1a\x19.ctxcc.v1.CompileResponse\x12T\n\rCompileStream\x12\x1e.ctxcc.v1.CompileStreamRequest\x1a\x1f.ctxcc.v1.CompileStreamResponse(\x01\x30\x01\x12J\n\x0bReportUsage\x12\x1c.ctxcc.v1.ReportUsageRequest\x1a\x1d.ctxcc.v1.ReportUsageResponse\x12Y\n\x10\x43reateCheckpoint\x12!.ctxcc.v1.CreateCheckpointRequest\x1a\".ctxcc.v1.CreateCheckpointResponse\x12V\n\x0fListCheckpoints\x12 .ctxcc.v1.ListCheckpointsRequest\x1a!.ctxcc.v1.ListCheckpointsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,14 +37,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_STEPERROR_METADATAENTRY']._loaded_options = None
   _globals['_STEPERROR_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_APPROVALMODE']._serialized_start=3138
-  _globals['_APPROVALMODE']._serialized_end=3301
-  _globals['_IMAGEMODE']._serialized_start=3303
-  _globals['_IMAGEMODE']._serialized_end=3391
-  _globals['_DELTADIGEST']._serialized_start=3393
-  _globals['_DELTADIGEST']._serialized_end=3517
-  _globals['_COVEREDDIGESTMODE']._serialized_start=3519
-  _globals['_COVEREDDIGESTMODE']._serialized_end=3640
+  _globals['_APPROVALMODE']._serialized_start=3155
+  _globals['_APPROVALMODE']._serialized_end=3318
+  _globals['_IMAGEMODE']._serialized_start=3320
+  _globals['_IMAGEMODE']._serialized_end=3408
+  _globals['_DELTADIGEST']._serialized_start=3410
+  _globals['_DELTADIGEST']._serialized_end=3534
+  _globals['_COVEREDDIGESTMODE']._serialized_start=3536
+  _globals['_COVEREDDIGESTMODE']._serialized_end=3657
   _globals['_MODELLIMITS']._serialized_start=138
   _globals['_MODELLIMITS']._serialized_end=276
   _globals['_ENVIRONMENT']._serialized_start=278
@@ -58,33 +58,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STEPREQUEST']._serialized_start=931
   _globals['_STEPREQUEST']._serialized_end=1257
   _globals['_RESUMEREQUEST']._serialized_start=1259
-  _globals['_RESUMEREQUEST']._serialized_end=1337
-  _globals['_COMPILESTREAMRESPONSE']._serialized_start=1340
-  _globals['_COMPILESTREAMRESPONSE']._serialized_end=1632
-  _globals['_VIEWDELTA']._serialized_start=1635
-  _globals['_VIEWDELTA']._serialized_end=1949
-  _globals['_SECTIONSLOT']._serialized_start=1951
-  _globals['_SECTIONSLOT']._serialized_end=2038
-  _globals['_VIEWCHUNK']._serialized_start=2040
-  _globals['_VIEWCHUNK']._serialized_end=2131
-  _globals['_STEPERROR']._serialized_start=2134
-  _globals['_STEPERROR']._serialized_end=2317
-  _globals['_STEPERROR_METADATAENTRY']._serialized_start=2270
-  _globals['_STEPERROR_METADATAENTRY']._serialized_end=2317
-  _globals['_APPENDRESULT']._serialized_start=2319
-  _globals['_APPENDRESULT']._serialized_end=2388
-  _globals['_REPORTUSAGEREQUEST']._serialized_start=2391
-  _globals['_REPORTUSAGEREQUEST']._serialized_end=2563
-  _globals['_REPORTUSAGERESPONSE']._serialized_start=2566
-  _globals['_REPORTUSAGERESPONSE']._serialized_end=2712
-  _globals['_CREATECHECKPOINTREQUEST']._serialized_start=2715
-  _globals['_CREATECHECKPOINTREQUEST']._serialized_end=2860
-  _globals['_CREATECHECKPOINTRESPONSE']._serialized_start=2862
-  _globals['_CREATECHECKPOINTRESPONSE']._serialized_end=2955
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=2957
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=3040
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=3042
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=3135
-  _globals['_COMPILESERVICE']._serialized_start=3643
-  _globals['_COMPILESERVICE']._serialized_end=4064
+  _globals['_RESUMEREQUEST']._serialized_end=1354
+  _globals['_COMPILESTREAMRESPONSE']._serialized_start=1357
+  _globals['_COMPILESTREAMRESPONSE']._serialized_end=1649
+  _globals['_VIEWDELTA']._serialized_start=1652
+  _globals['_VIEWDELTA']._serialized_end=1966
+  _globals['_SECTIONSLOT']._serialized_start=1968
+  _globals['_SECTIONSLOT']._serialized_end=2055
+  _globals['_VIEWCHUNK']._serialized_start=2057
+  _globals['_VIEWCHUNK']._serialized_end=2148
+  _globals['_STEPERROR']._serialized_start=2151
+  _globals['_STEPERROR']._serialized_end=2334
+  _globals['_STEPERROR_METADATAENTRY']._serialized_start=2287
+  _globals['_STEPERROR_METADATAENTRY']._serialized_end=2334
+  _globals['_APPENDRESULT']._serialized_start=2336
+  _globals['_APPENDRESULT']._serialized_end=2405
+  _globals['_REPORTUSAGEREQUEST']._serialized_start=2408
+  _globals['_REPORTUSAGEREQUEST']._serialized_end=2580
+  _globals['_REPORTUSAGERESPONSE']._serialized_start=2583
+  _globals['_REPORTUSAGERESPONSE']._serialized_end=2729
+  _globals['_CREATECHECKPOINTREQUEST']._serialized_start=2732
+  _globals['_CREATECHECKPOINTREQUEST']._serialized_end=2877
+  _globals['_CREATECHECKPOINTRESPONSE']._serialized_start=2879
+  _globals['_CREATECHECKPOINTRESPONSE']._serialized_end=2972
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=2974
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=3057
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=3059
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=3152
+  _globals['_COMPILESERVICE']._serialized_start=3660
+  _globals['_COMPILESERVICE']._serialized_end=4081
 # @@protoc_insertion_point(module_scope)

@@ -480,15 +480,24 @@ class ResumeRequest(_message.Message):
     that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
     head, with a new compile_id. On a stream that has already sent views, only the last view
     that stream sent is resent: a resume quoting any other compile id (a damaged or replayed
-    delta's) is compiled afresh. The answer's step_id is empty.
+    delta's) is compiled afresh. Every message of the answer (the whole view, each chunk, or
+    the StepError) carries the resume's step_id, as a step's answer carries the step's.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     COMPILE_ID_FIELD_NUMBER: _builtins.int
     COMPILE_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
     compile_id: _builtins.str
     """The last compile the agent received completely."""
+    step_id: _builtins.str
+    """Client-chosen id echoed in the answer (CompileStreamResponse.step_id), like
+    StepRequest.step_id: pick a fresh one for each resume, so that the answer to an earlier
+    resume delivered late or twice (a proxy) cannot be taken for this one's. Empty: the
+    answer's step_id is empty, as from a daemon that predates this field; a client that
+    gets an empty step_id for a resume that had one is talking to such a daemon.
+    """
     @_builtins.property
     def compile(self) -> Global___CompileRequest:
         """The compile to run if that view is no longer kept or the session has moved on; its
@@ -500,10 +509,11 @@ class ResumeRequest(_message.Message):
         *,
         compile_id: _builtins.str = ...,
         compile: Global___CompileRequest | None = ...,
+        step_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["compile", b"compile"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile", b"compile", "compile_id", b"compile_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compile", b"compile", "compile_id", b"compile_id", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -523,7 +533,9 @@ class CompileStreamResponse(_message.Message):
     APPEND_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
-    """The step this answers."""
+    """The step this answers: its StepRequest.step_id, or the ResumeRequest.step_id of the
+    resume it answers (in every chunk of a chunked view, and on a StepError too).
+    """
     @_builtins.property
     def view(self) -> _view_pb2.CompiledView:
         """The whole view."""

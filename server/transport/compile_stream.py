@@ -256,6 +256,10 @@ class StreamSteps:
                     result = await self._c.compile(opts, prior)
                     base_id = step.delta_base_compile_id
                 case "resume":
+                    # Echoed like a step's id (empty when the client sent none, as
+                    # before the field existed): a client tells this resume's answer from
+                    # an earlier resume's delivered late or twice.
+                    out.step_id = msg.resume.step_id
                     session_id = msg.resume.compile.session_id
                     quoted = msg.resume.compile_id
                     kept = (

@@ -1,15 +1,19 @@
 """ResumeRequest does what the proto says: the named view again (same compile_id) while
 nothing new is in the log, a fresh compile once something is, or when the view is not kept;
-the answer's step_id is empty."""
+every message of the answer carries the resume's step_id (the whole view, each chunk, the
+StepError), and an empty one when the resume has none, as before the field existed."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.conftest import Stubs
+from server.app import Daemon
+from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import compile_request, user
 
 
@@ -22,9 +26,11 @@ async def _one(api: Stubs, msg: cpb.CompileStreamRequest) -> cpb.CompileStreamRe
     return out[0]
 
 
-def _resume(compile_id: str, session_id: str) -> cpb.CompileStreamRequest:
+def _resume(compile_id: str, session_id: str, step_id: str = "") -> cpb.CompileStreamRequest:
     return cpb.CompileStreamRequest(
-        resume=cpb.ResumeRequest(compile_id=compile_id, compile=compile_request(session_id))
+        resume=cpb.ResumeRequest(
+            compile_id=compile_id, compile=compile_request(session_id), step_id=step_id
+        )
     )
 
 
@@ -69,3 +75,56 @@ async def test_resume_of_an_unknown_compile_compiles_afresh(api: Stubs) -> None:
     assert out.view.event_boundary == 1
     missing = await _one(api, _resume("k-not-kept", "no-such-session"))
     assert missing.error.reason == "SESSION_NOT_FOUND"
+
+
+async def test_every_message_of_a_resumes_answer_carries_its_step_id(short_tmp: Path) -> None:
+    """On one stream: the kept view resent, a fresh compile sent in chunks, a StepError,
+    each under its resume's step_id; a resume without one is answered without one."""
+    daemon = Daemon(make_config(short_tmp, stream_chunk_bytes="4096"))
+    await daemon.start()
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    sent: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
+
+    async def requests() -> AsyncIterator[cpb.CompileStreamRequest]:
+        while (msg := await sent.get()) is not None:
+            yield msg
+
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="ri"))
+        )
+        call = api.compiles.CompileStream(requests())
+        step = cpb.StepRequest(
+            step_id="1", events=[user("ask")], request_id="q1", compile=compile_request("ri")
+        )
+        await sent.put(cpb.CompileStreamRequest(step=step))
+        first = await call.read()
+        assert first.step_id == "1"
+        # The kept view, resent whole.
+        await sent.put(_resume(first.view.compile_id, "ri", "2"))
+        kept = await call.read()
+        assert kept.step_id == "2" and kept.view == first.view
+        # Something new and long in the log: a fresh compile, over the chunk size.
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="ri", events=[user("x" * 20_000)], request_id="q2")
+        )
+        await sent.put(_resume(first.view.compile_id, "ri", "3"))
+        chunks = [await call.read()]
+        while chunks[-1].chunk.index + 1 < chunks[-1].chunk.count:
+            chunks.append(await call.read())
+        assert len(chunks) > 1 and {c.step_id for c in chunks} == {"3"}
+        assert chunks[0].chunk.compile_id != first.view.compile_id
+        # A resume that fails answers in-band, under its id too.
+        await sent.put(_resume(first.view.compile_id, "no-such-session", "4"))
+        failed = await call.read()
+        assert failed.step_id == "4" and failed.error.reason == "SESSION_NOT_FOUND"
+        # No id: none in the answer, whole or in chunks, as a client of before expects.
+        await sent.put(_resume(first.view.compile_id, "ri"))
+        old = [await call.read()]
+        while old[-1].chunk.index + 1 < old[-1].chunk.count:
+            old.append(await call.read())
+        assert len(old) == len(chunks) and {c.step_id for c in old} == {""}
+        await sent.put(None)
+    finally:
+        await api.channel.close()
+        await daemon.stop()

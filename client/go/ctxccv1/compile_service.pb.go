@@ -828,14 +828,21 @@ func (x *StepRequest) GetKeepCompaction() bool {
 // that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
 // head, with a new compile_id. On a stream that has already sent views, only the last view
 // that stream sent is resent: a resume quoting any other compile id (a damaged or replayed
-// delta's) is compiled afresh. The answer's step_id is empty.
+// delta's) is compiled afresh. Every message of the answer (the whole view, each chunk, or
+// the StepError) carries the resume's step_id, as a step's answer carries the step's.
 type ResumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The last compile the agent received completely.
 	CompileId string `protobuf:"bytes,1,opt,name=compile_id,json=compileId,proto3" json:"compile_id,omitempty"`
 	// The compile to run if that view is no longer kept or the session has moved on; its
 	// session_id must be the session of `compile_id` for the kept view to be resent.
-	Compile       *CompileRequest `protobuf:"bytes,2,opt,name=compile,proto3" json:"compile,omitempty"`
+	Compile *CompileRequest `protobuf:"bytes,2,opt,name=compile,proto3" json:"compile,omitempty"`
+	// Client-chosen id echoed in the answer (CompileStreamResponse.step_id), like
+	// StepRequest.step_id: pick a fresh one for each resume, so that the answer to an earlier
+	// resume delivered late or twice (a proxy) cannot be taken for this one's. Empty: the
+	// answer's step_id is empty, as from a daemon that predates this field; a client that
+	// gets an empty step_id for a resume that had one is talking to such a daemon.
+	StepId        string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -884,10 +891,18 @@ func (x *ResumeRequest) GetCompile() *CompileRequest {
 	return nil
 }
 
+func (x *ResumeRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
 // CompileStreamResponse is one message from the daemon on a compile stream.
 type CompileStreamResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The step this answers.
+	// The step this answers: its StepRequest.step_id, or the ResumeRequest.step_id of the
+	// resume it answers (in every chunk of a chunked view, and on a StepError too).
 	StepId string `protobuf:"bytes,1,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
 	// A whole view, a chunk of one, or a per-step error.
 	//
@@ -1974,11 +1989,12 @@ const file_ctxcc_v1_compile_service_proto_rawDesc = "" +
 	"\x05usage\x18\a \x01(\v2\x1c.ctxcc.v1.ReportUsageRequestR\x05usage\x128\n" +
 	"\fdelta_digest\x18\b \x01(\x0e2\x15.ctxcc.v1.DeltaDigestR\vdeltaDigest\x12'\n" +
 	"\x0fkeep_compaction\x18\t \x01(\bR\x0ekeepCompactionB\x14\n" +
-	"\x12_expected_last_seq\"b\n" +
+	"\x12_expected_last_seq\"{\n" +
 	"\rResumeRequest\x12\x1d\n" +
 	"\n" +
 	"compile_id\x18\x01 \x01(\tR\tcompileId\x122\n" +
-	"\acompile\x18\x02 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\"\xd6\x02\n" +
+	"\acompile\x18\x02 \x01(\v2\x18.ctxcc.v1.CompileRequestR\acompile\x12\x17\n" +
+	"\astep_id\x18\x03 \x01(\tR\x06stepId\"\xd6\x02\n" +
 	"\x15CompileStreamResponse\x12\x17\n" +
 	"\astep_id\x18\x01 \x01(\tR\x06stepId\x12,\n" +
 	"\x04view\x18\x02 \x01(\v2\x16.ctxcc.v1.CompiledViewH\x00R\x04view\x12+\n" +

@@ -417,7 +417,8 @@ export interface StepRequest {
  * that same view, compile_id included. Otherwise it compiles `compile` afresh at the log
  * head, with a new compile_id. On a stream that has already sent views, only the last view
  * that stream sent is resent: a resume quoting any other compile id (a damaged or replayed
- * delta's) is compiled afresh. The answer's step_id is empty.
+ * delta's) is compiled afresh. Every message of the answer (the whole view, each chunk, or
+ * the StepError) carries the resume's step_id, as a step's answer carries the step's.
  */
 export interface ResumeRequest {
   /** The last compile the agent received completely. */
@@ -426,12 +427,25 @@ export interface ResumeRequest {
    * The compile to run if that view is no longer kept or the session has moved on; its
    * session_id must be the session of `compile_id` for the kept view to be resent.
    */
-  compile?: CompileRequest | undefined;
+  compile?:
+    | CompileRequest
+    | undefined;
+  /**
+   * Client-chosen id echoed in the answer (CompileStreamResponse.step_id), like
+   * StepRequest.step_id: pick a fresh one for each resume, so that the answer to an earlier
+   * resume delivered late or twice (a proxy) cannot be taken for this one's. Empty: the
+   * answer's step_id is empty, as from a daemon that predates this field; a client that
+   * gets an empty step_id for a resume that had one is talking to such a daemon.
+   */
+  stepId: string;
 }
 
 /** CompileStreamResponse is one message from the daemon on a compile stream. */
 export interface CompileStreamResponse {
-  /** The step this answers. */
+  /**
+   * The step this answers: its StepRequest.step_id, or the ResumeRequest.step_id of the
+   * resume it answers (in every chunk of a chunked view, and on a StepError too).
+   */
   stepId: string;
   /** A whole view, a chunk of one, or a per-step error. */
   response?:
@@ -1622,7 +1636,7 @@ export const StepRequest: MessageFns<StepRequest> = {
 };
 
 function createBaseResumeRequest(): ResumeRequest {
-  return { compileId: "", compile: undefined };
+  return { compileId: "", compile: undefined, stepId: "" };
 }
 
 export const ResumeRequest: MessageFns<ResumeRequest> = {
@@ -1632,6 +1646,9 @@ export const ResumeRequest: MessageFns<ResumeRequest> = {
     }
     if (message.compile !== undefined) {
       CompileRequest.encode(message.compile, writer.uint32(18).fork()).join();
+    }
+    if (message.stepId !== "") {
+      writer.uint32(26).string(message.stepId);
     }
     return writer;
   },
@@ -1665,6 +1682,14 @@ export const ResumeRequest: MessageFns<ResumeRequest> = {
             message.compile = CompileRequest.decode(reader, reader.uint32());
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.stepId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1685,6 +1710,11 @@ export const ResumeRequest: MessageFns<ResumeRequest> = {
         ? globalThis.String(object.compile_id)
         : "",
       compile: isSet(object.compile) ? CompileRequest.fromJSON(object.compile) : undefined,
+      stepId: isSet(object.stepId)
+        ? globalThis.String(object.stepId)
+        : isSet(object.step_id)
+        ? globalThis.String(object.step_id)
+        : "",
     };
   },
 
@@ -1695,6 +1725,9 @@ export const ResumeRequest: MessageFns<ResumeRequest> = {
     }
     if (message.compile !== undefined) {
       obj.compile = CompileRequest.toJSON(message.compile);
+    }
+    if (message.stepId !== "") {
+      obj.stepId = message.stepId;
     }
     return obj;
   },
@@ -1708,6 +1741,7 @@ export const ResumeRequest: MessageFns<ResumeRequest> = {
     message.compile = (object.compile !== undefined && object.compile !== null)
       ? CompileRequest.fromPartial(object.compile)
       : undefined;
+    message.stepId = object.stepId ?? "";
     return message;
   },
 };
