@@ -5,7 +5,9 @@ chunked or a delta; before, the copy was taken for the next step's answer and ev
 from then on returned the previous step's view); an answer that names no step the stream
 sent ends the stream and the step is resent on a new one with its request id (its append
 replayed, never stored twice); the answer to a step the caller cancelled, arriving late,
-is never taken for the next step's."""
+is never taken for the next step's; a resume's answer delivered again later is never taken
+for the next resume's (it carries its own resume's step id), and a daemon that does not
+echo a resume's step id is still understood."""
 
 from __future__ import annotations
 
@@ -195,3 +197,113 @@ async def test_the_late_answer_of_a_cancelled_step_is_not_the_next_steps(daemon:
     assert view.event_boundary == 2 and encoded(view) == encoded(again.view)
     assert appended is not None and appended.last_seq == 2 and not appended.replayed
     assert stream.stats.stale == 1 and proxy.calls == 1
+
+
+class _LateResumeCopies:
+    """A relay that damages every delta's digest, so each step with a delta fetches its
+    view whole with a ResumeRequest, and delivers each resume's answer (the first answer
+    after a damaged delta) a second time right after the next delta: the copy arrives
+    while that step's own resume is awaited. `clear`: the copy without its step id;
+    `copies=False`: none, and the resume's answer without its step id instead (a daemon
+    that predates ResumeRequest.step_id). State is per proxied call (a copy is never
+    delivered on another stream)."""
+
+    def __init__(self, proxy: _Proxy | None = None, *, clear: bool = False, copies: bool = True):
+        self.proxy = proxy
+        self._clear = clear
+        self._copies = copies
+        self._call = 0
+        self._resuming = False
+        self._held: list[cpb.CompileStreamResponse] = []
+        self.delivered = 0  # copies delivered
+
+    def __call__(self, resp: cpb.CompileStreamResponse) -> list[cpb.CompileStreamResponse]:
+        assert self.proxy is not None
+        if self.proxy.calls != self._call:  # a new stream
+            self._call, self._resuming, self._held = self.proxy.calls, False, []
+        if resp.WhichOneof("response") == "delta":
+            if resp.delta.chain_sha256:
+                resp.delta.chain_sha256 = "0" * 64
+            else:
+                resp.delta.view_sha256 = "0" * 64
+            self._resuming = True
+            out, self._held = [resp, *self._held], []
+            self.delivered += len(out) - 1
+            return out
+        if self._resuming and resp.WhichOneof("response") == "view":
+            self._resuming = False
+            if not self._copies:
+                resp.step_id = ""
+            else:
+                self._held.append(_copy(resp))
+                if self._clear:
+                    self._held[-1].step_id = ""
+        return [resp]
+
+
+async def _four_steps(
+    api: Stubs, stream: CompileStream, sid: str
+) -> list[tuple[view_pb2.CompiledView, view_pb2.CompiledView]]:
+    """Four steps of one user message each: every view handed out, with its compile rebuilt
+    whole."""
+    req = await _session(api, sid)
+    out = []
+    for n in range(1, 5):
+        view, appended = await stream.step(req, [user(f"ask {n}")])
+        assert appended is not None and appended.last_seq == n
+        again = await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+        out.append((view, again.view))
+    return out
+
+
+@pytest.mark.parametrize("clear", [False, True])
+async def test_a_resumes_answer_delivered_again_late_is_never_the_next_resumes(
+    daemon: Daemon, clear: bool
+) -> None:
+    """Steps 2-4 get a damaged delta and resume; the answer to the resume of step 2 (3)
+    comes again after step 3's (4's) delta, while step 3's (4's) own resume is awaited.
+    The copy carries the earlier resume's step id: skipped, and each step gets its own
+    view on one stream. Cleared of its id (`clear`), it is not taken either: the daemon
+    echoed the first resume's id, so an empty one answers nothing the stream sent; the
+    stream is reopened and step 3 resent. Before resumes had ids, the copy (no id, as
+    every resume's answer) was taken for step 3's view: step 2's."""
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    relay = _LateResumeCopies(clear=clear)
+    proxy = relay.proxy = _Proxy(api.compiles, relay)
+    stream = CompileStream(proxy)
+    try:
+        views = await _four_steps(api, stream, f"lr{int(clear)}")
+    finally:
+        await stream.close()
+        await api.channel.close()
+    for n, (view, again) in enumerate(views, 1):
+        assert view.event_boundary == n, f"step {n} was handed step {view.event_boundary}'s view"
+        assert encoded(view) == encoded(again)
+    if clear:
+        # Step 3 resent on a new stream (no base: whole, no resume); step 4 resumes there,
+        # and its answer's copy is never delivered (no delta follows).
+        assert relay.delivered == 1 and proxy.calls == 2
+        assert (stream.stats.resumed, stream.stats.stale) == (3, 0)
+    else:
+        assert relay.delivered == 2 and proxy.calls == 1
+        assert (stream.stats.resumed, stream.stats.stale) == (3, 2)
+
+
+async def test_a_daemon_that_does_not_echo_a_resumes_step_id_still_answers_resumes(
+    daemon: Daemon,
+) -> None:
+    """A daemon that predates ResumeRequest.step_id answers a resume with an empty step id
+    (the proxy clears it): the client takes it for the resume's answer, on one stream."""
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    relay = _LateResumeCopies(copies=False)
+    proxy = relay.proxy = _Proxy(api.compiles, relay)
+    stream = CompileStream(proxy)
+    try:
+        views = await _four_steps(api, stream, "noecho")
+    finally:
+        await stream.close()
+        await api.channel.close()
+    for n, (view, again) in enumerate(views, 1):
+        assert view.event_boundary == n and encoded(view) == encoded(again)
+    assert proxy.calls == 1 and relay.delivered == 0
+    assert (stream.stats.resumed, stream.stats.stale) == (3, 0)

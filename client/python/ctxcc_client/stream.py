@@ -15,11 +15,15 @@ hashed); `chained_digest=False` asks for the whole view's sha256. Callers always
 whole CompiledView, never one the stream changes later. A reopened stream starts without a
 base, so its first answer is whole.
 
-Every answer is matched to what is in flight by its step_id (the step's own; empty for a
-ResumeRequest's answer): one for a step already answered (e.g. a response a proxy
-delivered twice, or the rest of a step that failed or was cancelled) is skipped and
-counted in `stats.stale`, never handed out; any other ends the stream, and the step is
-resent on a new one with its request id, as after UNAVAILABLE.
+Every answer is matched to what is in flight by its step_id: the step's own, or the fresh
+one each ResumeRequest carries (the daemon echoes it on every message of the resume's
+answer). One for a step or resume already answered (e.g. a response a proxy delivered
+twice, the rest of a step that failed or was cancelled, the answer to an earlier resume
+arriving late) is skipped and counted in `stats.stale`, never handed out; any other ends
+the stream, and the step is resent on a new one with its request id, as after UNAVAILABLE.
+A daemon that predates the resume's step_id answers it with an empty one: an empty id is
+taken for the resume's answer only until the stream's daemon has echoed a resume's id (so
+on such a daemon a resume's answer delivered twice cannot be told from the next one's).
 
 `report_usage` queues the provider's usage of a view and the next step carries it: the
 daemon records it before that step's append and compile, so a step is one round trip
@@ -78,30 +82,28 @@ class ViewAssembler:
         return view_pb2.CompiledView.FromString(data)
 
 
-def _matches(answer: str, sent: str, *, resuming: bool) -> bool | None:
-    """Whether an answer whose step_id is `answer` is the one awaited: step `sent`'s (it
-    carries the step's id, also in its chunks and its StepError), or while `resuming` the
-    answer to the ResumeRequest step `sent` made after a delta that did not check (it
-    carries an empty id). False for an answer to a step already answered: an earlier one
-    (ids are this stream's counter, so a smaller number), or while resuming the step
-    itself (its answer came). None for anything else, an empty id while a step is awaited
-    too: a resume's answer is never skipped, as nothing tells which resume it answers."""
-    if answer == ("" if resuming else sent):
+def _matches(answer: str, awaited: str, *, bare: bool) -> bool | None:
+    """Whether an answer whose step_id is `answer` is the one awaited: the one under id
+    `awaited` (a step's, also in its chunks and its StepError, or the ResumeRequest's the
+    step made after a delta that did not check), or with `bare` one with no id (a resume's
+    answer from a daemon that does not echo its id). False for an answer to a step or
+    resume already answered: ids are this stream's counter, so a smaller number (the step
+    itself while its resume is awaited, an earlier resume's answer delivered late). None for
+    anything else, an empty id when not `bare` too: nothing tells which resume it answers."""
+    if answer == awaited or (bare and not answer):
         return True
-    if resuming and answer == sent:
-        return False
     earlier = answer.isascii() and answer.isdigit() and answer[0] != "0"
-    return False if earlier and int(answer) < int(sent) else None
+    return False if earlier and int(answer) < int(awaited) else None
 
 
-def _unmatched(answer: str, sent: str, resuming: bool) -> CtxccError:
+def _unmatched(answer: str, awaited: str, resuming: bool) -> CtxccError:
     """An answer that matches nothing the stream sent: UNAVAILABLE, so the step is sent
     again on a new stream, as after a dropped connection."""
-    awaited = f"the resume of step {sent}" if resuming else f"step {sent}"
+    what = f"resume {awaited}" if resuming else f"step {awaited}"
     return CtxccError(
         grpc.StatusCode.UNAVAILABLE,
         "UNAVAILABLE",
-        f"the stream answered {awaited} with an answer for step {answer!r}: reopened",
+        f"the stream answered {what} with an answer for step {answer!r}: reopened",
         {},
     )
 
@@ -121,8 +123,9 @@ class StreamStats:
     # Deltas that failed their digest check and were fetched again whole.
     resumed: int = 0
     bytes_received: int = 0
-    # Answers skipped because they answer a step already answered: a response delivered
-    # twice, or the rest of a step that failed or was cancelled. Never handed out.
+    # Answers skipped because they answer a step or resume already answered: a response
+    # delivered twice, the rest of a step that failed or was cancelled, an earlier resume's
+    # answer arriving late. Never handed out.
     stale: int = 0
 
 
@@ -166,7 +169,13 @@ class CompileStream:
         self._call: Any = None
         self._responses: AsyncIterator[cpb.CompileStreamResponse] | None = None
         self._lock = asyncio.Lock()
+        # The ids of steps and resumes: one counter, so an earlier one's is a smaller number.
         self._counter = 0
+        # Whether the open stream's daemon echoed a resume's step_id: until it has, an answer
+        # with none is taken for the resume's (a daemon that predates the field). Per stream:
+        # a reopened one may reach another daemon. On a daemon that echoes, no answer on the
+        # stream has an empty id, so one cannot be an earlier resume's.
+        self._echoes = False
         # The request id of a step that failed, by its events: calling `step` again with the
         # same events (the natural "try again") reuses it instead of appending them twice.
         self._unfinished: tuple[bytes, str] | None = None
@@ -193,6 +202,7 @@ class CompileStream:
             self._call.cancel()
         self._call = self._queue = self._responses = None
         self._held = None  # a new stream holds no view of ours
+        self._echoes = False
 
     def _request_id(self, events: list[event_pb2.Event], given: str) -> str:
         if given or not events:
@@ -317,8 +327,9 @@ class CompileStream:
         assembler = ViewAssembler()
         append = None
         resumed = False
+        awaited = msg.step.step_id
         while True:
-            resp = await self._next(responses, msg.step.step_id, resuming=resumed)
+            resp = await self._next(responses, awaited, resuming=resumed)
             if resp.HasField("append"):
                 append = resp.append
             if resp.HasField("usage"):
@@ -336,11 +347,16 @@ class CompileStream:
                 applied = self._apply(held, resp.delta, last_try=resumed)
                 if applied is not None:
                     return applied, append
-                # Not usable: ask for the view whole; the answer comes on this stream.
+                # Not usable: ask for the view whole; the answer comes on this stream, under
+                # the resume's own id (the lock is held: the counter is this step's).
                 resumed = True
                 self.stats.resumed += 1
+                self._counter += 1
+                awaited = str(self._counter)
                 resume = cpb.ResumeRequest(
-                    compile_id=resp.delta.head.compile_id, compile=msg.step.compile
+                    compile_id=resp.delta.head.compile_id,
+                    compile=msg.step.compile,
+                    step_id=awaited,
                 )
                 await queue.put(cpb.CompileStreamRequest(resume=resume))
             if view is not None:
@@ -351,12 +367,12 @@ class CompileStream:
                 return view, append
 
     async def _next(
-        self, responses: AsyncIterator[cpb.CompileStreamResponse], step_id: str, *, resuming: bool
+        self, responses: AsyncIterator[cpb.CompileStreamResponse], awaited: str, *, resuming: bool
     ) -> cpb.CompileStreamResponse:
-        """The next answer to step `step_id` (to its resume when `resuming`), skipping the
-        answers to steps already answered. CtxccError when the stream fails or ends, and
-        UNAVAILABLE when it answers something this stream never sent (either way the
-        stream is dropped)."""
+        """The next answer under id `awaited` (a step's, or its resume's when `resuming`),
+        skipping the answers to steps and resumes already answered. CtxccError when the
+        stream fails or ends, and UNAVAILABLE when it answers something this stream never
+        sent (either way the stream is dropped)."""
         while True:
             try:
                 resp = await responses.__anext__()
@@ -367,14 +383,15 @@ class CompileStream:
                 self._drop()
                 raise stream_ended() from None
             self.stats.bytes_received += resp.ByteSize()
-            ours = _matches(resp.step_id, step_id, resuming=resuming)
+            ours = _matches(resp.step_id, awaited, bare=resuming and not self._echoes)
             if ours:
+                self._echoes = self._echoes or (resuming and resp.step_id == awaited)
                 return resp
             if ours is None:
                 # Nothing this stream sent is answered so: end it; the step is resent on
                 # a new one with its request id (the daemon replays the append).
                 self._drop()
-                raise _unmatched(resp.step_id, step_id, resuming)
+                raise _unmatched(resp.step_id, awaited, resuming)
             self.stats.stale += 1
 
     def _apply(
