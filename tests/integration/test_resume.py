@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
@@ -77,6 +78,12 @@ async def test_resume_of_an_unknown_compile_compiles_afresh(api: Stubs) -> None:
     assert missing.error.reason == "SESSION_NOT_FOUND"
 
 
+async def _read(call: Any) -> cpb.CompileStreamResponse:
+    resp = await call.read()
+    assert isinstance(resp, cpb.CompileStreamResponse), resp
+    return resp
+
+
 async def test_every_message_of_a_resumes_answer_carries_its_step_id(short_tmp: Path) -> None:
     """On one stream: the kept view resent, a fresh compile sent in chunks, a StepError,
     each under its resume's step_id; a resume without one is answered without one."""
@@ -98,31 +105,31 @@ async def test_every_message_of_a_resumes_answer_carries_its_step_id(short_tmp: 
             step_id="1", events=[user("ask")], request_id="q1", compile=compile_request("ri")
         )
         await sent.put(cpb.CompileStreamRequest(step=step))
-        first = await call.read()
+        first = await _read(call)
         assert first.step_id == "1"
         # The kept view, resent whole.
         await sent.put(_resume(first.view.compile_id, "ri", "2"))
-        kept = await call.read()
+        kept = await _read(call)
         assert kept.step_id == "2" and kept.view == first.view
         # Something new and long in the log: a fresh compile, over the chunk size.
         await api.sessions.AppendEvents(
             spb.AppendEventsRequest(session_id="ri", events=[user("x" * 20_000)], request_id="q2")
         )
         await sent.put(_resume(first.view.compile_id, "ri", "3"))
-        chunks = [await call.read()]
+        chunks = [await _read(call)]
         while chunks[-1].chunk.index + 1 < chunks[-1].chunk.count:
-            chunks.append(await call.read())
+            chunks.append(await _read(call))
         assert len(chunks) > 1 and {c.step_id for c in chunks} == {"3"}
         assert chunks[0].chunk.compile_id != first.view.compile_id
         # A resume that fails answers in-band, under its id too.
         await sent.put(_resume(first.view.compile_id, "no-such-session", "4"))
-        failed = await call.read()
+        failed = await _read(call)
         assert failed.step_id == "4" and failed.error.reason == "SESSION_NOT_FOUND"
         # No id: none in the answer, whole or in chunks, as a client of before expects.
         await sent.put(_resume(first.view.compile_id, "ri"))
-        old = [await call.read()]
+        old = [await _read(call)]
         while old[-1].chunk.index + 1 < old[-1].chunk.count:
-            old.append(await call.read())
+            old.append(await _read(call))
         assert len(old) == len(chunks) and {c.step_id for c in old} == {""}
         await sent.put(None)
     finally:
