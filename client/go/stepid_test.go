@@ -3,9 +3,15 @@ package ctxcc
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
 )
@@ -74,7 +80,7 @@ func TestStreamSkipsAnswersDeliveredTwice(t *testing.T) {
 }
 
 // While the step's resume is in flight (its delta did not check), a copy of the step's own
-// delta is skipped and the resume's answer (empty step id) is returned.
+// delta is skipped and the resume's answer (under the resume's step id) is returned.
 func TestStreamSkipsTheStepsOwnAnswerWhileItsResumeIsInFlight(t *testing.T) {
 	v1, _ := fixture(t, 1)
 	v2, want2 := fixture(t, 2)
@@ -168,4 +174,164 @@ func TestStreamReopensOnAnAnswerForNoStepItSent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// daemonClient is a client of the real daemon the tests that need one run against: the one
+// at CTXCC_TARGET, which tests/e2e/test_clients.py starts and sets (skipped without it).
+func daemonClient(t *testing.T) *Client {
+	t.Helper()
+	target := os.Getenv("CTXCC_TARGET")
+	if target == "" {
+		t.Skip("CTXCC_TARGET is not set (tests/e2e/test_clients.py runs this against a daemon)")
+	}
+	c, err := Dial(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// forward makes s a proxy of the daemon up: each request goes on to the daemon, on one
+// stream of its own per stream of s, and what relay makes of the daemon's answer to it
+// (its messages up to the view, the last chunk, the delta or the error) is sent, verbatim.
+func forward(t *testing.T, s *scripted, up *Client,
+	relay func(stream int, req *ctxccv1.CompileStreamRequest, answer []*ctxccv1.CompileStreamResponse) []*ctxccv1.CompileStreamResponse) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	var mu sync.Mutex
+	ups := map[int]grpc.BidiStreamingClient[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]{}
+	s.verbatim = true
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		s.mu.Lock()
+		stream := s.got[n-1].stream
+		s.mu.Unlock()
+		mu.Lock()
+		st, ok := ups[stream]
+		if !ok {
+			var err error
+			if st, err = up.Compiles.CompileStream(ctx); err != nil {
+				mu.Unlock()
+				return nil, err
+			}
+			ups[stream] = st
+		}
+		mu.Unlock()
+		if err := st.Send(req); err != nil {
+			return nil, err
+		}
+		var answer []*ctxccv1.CompileStreamResponse
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return nil, err
+			}
+			answer = append(answer, r)
+			if c := r.GetChunk(); c == nil || c.GetIndex()+1 == c.GetCount() {
+				return relay(stream, req, answer), nil
+			}
+		}
+	}
+}
+
+// Against a real daemon, behind a proxy that damages every delta's digest (so each step with
+// a delta fetches its view whole with a ResumeRequest) and delivers each resume's answer a
+// second time right after the next delta, while that step's own resume is awaited. The copy
+// carries the earlier resume's step id: skipped, every step gets its own view on one stream.
+// Cleared of its id, it is not taken either (the daemon echoed the first resume's id, so an
+// empty one answers nothing the stream sent): the stream is reopened and the step resent. A
+// daemon too old to echo the id (the proxy clears it on every resume's answer, and sends no
+// copies) still gets its resumes answered. Before resumes had ids, the copy (no id, as every
+// resume's answer) was returned as step 3's view: step 2's.
+func TestStreamNeverTakesAnEarlierResumesAnswerFromADaemon(t *testing.T) {
+	up := daemonClient(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name                   string
+		clear, copies, oldEcho bool
+		stale, streams, copied int
+	}{
+		{name: "copies with their id", copies: true, stale: 2, streams: 1, copied: 2},
+		// Step 3 is resent on a new stream (no base: whole, no resume); step 4 resumes there
+		// and no delta follows to carry its answer's copy.
+		{name: "copies without an id", copies: true, clear: true, stale: 0, streams: 2, copied: 1},
+		{name: "a daemon that does not echo", oldEcho: true, stale: 0, streams: 1, copied: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &scripted{}
+			held := map[int][]*ctxccv1.CompileStreamResponse{}
+			copied := 0
+			forward(t, s, up, func(stream int, req *ctxccv1.CompileStreamRequest, answer []*ctxccv1.CompileStreamResponse) []*ctxccv1.CompileStreamResponse {
+				if req.GetResume() != nil {
+					for _, r := range answer {
+						if tc.copies {
+							c := proto.Clone(r).(*ctxccv1.CompileStreamResponse)
+							if tc.clear {
+								c.StepId = ""
+							}
+							held[stream] = append(held[stream], c)
+						}
+						if tc.oldEcho {
+							r.StepId = ""
+						}
+					}
+					return answer
+				}
+				if d := answer[0].GetDelta(); d != nil {
+					if d.ChainSha256 != "" {
+						d.ChainSha256 = strings.Repeat("0", 64)
+					} else {
+						d.ViewSha256 = strings.Repeat("0", 64)
+					}
+					copied += len(held[stream])
+					answer = append(answer, held[stream]...)
+					held[stream] = nil
+				}
+				return answer
+			})
+			c := serve(t, s)
+			st := c.OpenStream(ctx)
+			defer st.Close()
+			sid := must(t)(up.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
+			req := &ctxccv1.CompileRequest{SessionId: sid, Route: &ctxccv1.Route{Connection: "example", Protocol: "fake", Endpoint: "local", Model: "gpt-4o"}}
+			for n := 1; n <= 4; n++ {
+				view, appended, err := st.Step(req, []*ctxccv1.Event{User(fmt.Sprintf("ask %d", n))}, "")
+				if err != nil {
+					t.Fatalf("step %d: %v", n, err)
+				}
+				if view.GetEventBoundary() != uint64(n) || appended.GetLastSeq() != uint64(n) {
+					t.Fatalf("step %d was handed step %d's view (append %v)", n, view.GetEventBoundary(), appended)
+				}
+				again, err := up.Compile(ctx, &ctxccv1.CompileRequest{RebuildCompileId: view.GetCompileId()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if digestOf(t, view) != digestOf(t, again) {
+					t.Fatalf("step %d: the view differs from its compile rebuilt whole", n)
+				}
+			}
+			if got := st.Stats(); got.Stale != tc.stale || got.Mismatches != 3 || s.streams != tc.streams || copied != tc.copied {
+				t.Fatalf("stats %+v, %d streams, %d copies delivered", got, s.streams, copied)
+			}
+		})
+	}
+}
+
+func must(t *testing.T) func(*ctxccv1.Session, error) *ctxccv1.Session {
+	return func(s *ctxccv1.Session, err error) *ctxccv1.Session {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+}
+
+func digestOf(t *testing.T, v *ctxccv1.CompiledView) string {
+	t.Helper()
+	d, err := ViewDigest(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

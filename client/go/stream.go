@@ -40,18 +40,29 @@ import (
 // instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
 // closed, or a second report is queued first) goes by the unary ReportUsage.
 //
-// Every answer is matched to what is in flight by its step_id (the step's own, also in its
-// chunks and its StepError; empty for a ResumeRequest's answer): one for a step already
-// answered (e.g. a response a proxy delivered twice, or the rest of a step that failed) is
-// skipped and counted in StreamStats.Stale, never returned; any other ends the stream, and
-// Step resends the step on a new one with its request id, as after Unavailable.
+// Every answer is matched to what is in flight by its step_id: the step's own (also in its
+// chunks and its StepError), or the fresh one each ResumeRequest carries (the daemon echoes
+// it on every message of the resume's answer). One for a step or resume already answered
+// (e.g. a response a proxy delivered twice, the rest of a step that failed, the answer to an
+// earlier resume arriving late) is skipped and counted in StreamStats.Stale, never returned;
+// any other ends the stream, and Step resends the step on a new one with its request id, as
+// after Unavailable. A daemon that predates the resume's step_id answers it with an empty
+// one: an empty id is taken for the resume's answer only until the stream's daemon has
+// echoed a resume's id (so on such a daemon a resume's answer delivered twice cannot be told
+// from the next one's).
 type Stream struct {
 	c      *Client
 	ctx    context.Context
 	mu     sync.Mutex
 	stream grpc.BidiStreamingClient[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]
 	cancel context.CancelFunc
-	step   int
+	// The ids of steps and resumes: one counter, so an earlier one's is a smaller number.
+	step int
+	// Whether the open stream's daemon echoed a resume's step_id: until it has, an answer
+	// with none is taken for the resume's (a daemon that predates the field). Per stream: a
+	// reopened one may reach another daemon. On a daemon that echoes, no answer on the
+	// stream has an empty id, so one cannot be an earlier resume's.
+	echoes bool
 	// The request id of a step that failed, by its events: calling Step again with the
 	// same events (the natural "try again") reuses it instead of appending them twice.
 	unfinishedKey, unfinishedID string
@@ -98,8 +109,9 @@ type StreamStats struct {
 	Mismatches int
 	// Bytes of the answers received (their encoded messages).
 	Bytes int64
-	// Answers skipped because they answer a step already answered: a response delivered
-	// twice, or the rest of a step that failed. Never returned.
+	// Answers skipped because they answer a step or resume already answered: a response
+	// delivered twice, the rest of a step that failed, an earlier resume's answer arriving
+	// late. Never returned.
 	Stale int
 }
 
@@ -197,6 +209,7 @@ func (s *Stream) drop() {
 		s.cancel()
 	}
 	s.stream, s.cancel, s.base, s.baseRecords, s.baseChain = nil, nil, nil, nil, nil
+	s.echoes = false
 }
 
 func eventsKey(events []*ctxccv1.Event) string {
@@ -300,12 +313,15 @@ func (s *Stream) roundTrip(msg *ctxccv1.CompileStreamRequest, compile *ctxccv1.C
 	s.stats.Mismatches++
 	s.mismatchRun++
 	s.base, s.baseRecords, s.baseChain = nil, nil, nil
+	// Its answer comes on this stream under the resume's own id (Step holds the lock).
+	s.step++
+	resumeID := fmt.Sprint(s.step)
 	resume := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Resume{
-		Resume: &ctxccv1.ResumeRequest{CompileId: headID, Compile: compile}}}
+		Resume: &ctxccv1.ResumeRequest{CompileId: headID, Compile: compile, StepId: resumeID}}}
 	if err := s.send(resume); err != nil {
 		return nil, appended, err
 	}
-	view, delta, _, err = s.receive(stepID, true)
+	view, delta, _, err = s.receive(resumeID, true)
 	if err == nil && delta != nil {
 		err = fmt.Errorf("the daemon answered a ResumeRequest with a delta")
 	}
@@ -361,36 +377,29 @@ func (s *Stream) send(msg *ctxccv1.CompileStreamRequest) error {
 	return nil
 }
 
-// matches tells whether an answer whose step_id is answer is the one awaited: step sent's
-// (it carries the step's id, also in its chunks and its StepError), or when resuming the
-// answer to the ResumeRequest step sent made after a delta that did not check (it carries
-// an empty id). stale is true for an answer to a step already answered: an earlier one (ids
-// are the stream's counter, so a smaller number), or when resuming the step itself (its
-// answer came). Neither for anything else, an empty id while a step is awaited too: a
-// resume's answer is never skipped, as nothing tells which resume it answers.
-func matches(answer, sent string, resuming bool) (ours, stale bool) {
-	awaited := sent
-	if resuming {
-		awaited = ""
-	}
-	if answer == awaited {
+// matches tells whether an answer whose step_id is answer is the one awaited: the one under
+// id awaited (a step's, also in its chunks and its StepError, or the ResumeRequest's the step
+// made after a delta that did not check), or when bare one with no id (a resume's answer
+// from a daemon that does not echo its id). stale is true for an answer to a step or resume
+// already answered: ids are the stream's counter, so a smaller number (the step itself while
+// its resume is awaited, an earlier resume's answer delivered late). Neither for anything
+// else, an empty id when not bare too: nothing tells which resume it answers.
+func matches(answer, awaited string, bare bool) (ours, stale bool) {
+	if answer == awaited || (bare && answer == "") {
 		return true, false
 	}
 	if answer == "" {
 		return false, false
 	}
-	if resuming && answer == sent {
-		return false, true
-	}
 	n, err := strconv.ParseUint(answer, 10, 64) // digits only, as the stream writes them
-	m, err2 := strconv.ParseUint(sent, 10, 64)
+	m, err2 := strconv.ParseUint(awaited, 10, 64)
 	return false, answer[0] != '0' && err == nil && err2 == nil && n < m
 }
 
-// receive reads one answer to step stepID (to its resume when resuming): a whole view
-// (reassembled from chunks when chunked), a delta, or the step's error. Answers to a step
-// already answered are skipped; any other answer that is not the awaited one is an
-// Unavailable error, so the stream is dropped and the step resent on a new one.
+// receive reads one answer under id stepID (a step's, or its resume's when resuming): a
+// whole view (reassembled from chunks when chunked), a delta, or the error. Answers to a
+// step or resume already answered are skipped; any other answer that is not the awaited one
+// is an Unavailable error, so the stream is dropped and the step resent on a new one.
 func (s *Stream) receive(stepID string, resuming bool) (*ctxccv1.CompiledView, *ctxccv1.ViewDelta, *ctxccv1.AppendResult, error) {
 	var chunks [][]byte
 	var appended *ctxccv1.AppendResult
@@ -404,7 +413,7 @@ func (s *Stream) receive(stepID string, resuming bool) (*ctxccv1.CompiledView, *
 			return nil, nil, nil, err
 		}
 		s.stats.Bytes += int64(proto.Size(resp))
-		ours, stale := matches(resp.GetStepId(), stepID, resuming)
+		ours, stale := matches(resp.GetStepId(), stepID, resuming && !s.echoes)
 		if stale {
 			s.stats.Stale++
 			continue
@@ -412,10 +421,13 @@ func (s *Stream) receive(stepID string, resuming bool) (*ctxccv1.CompiledView, *
 		if !ours {
 			awaited := "step " + stepID
 			if resuming {
-				awaited = "the resume of step " + stepID
+				awaited = "resume " + stepID
 			}
 			return nil, nil, nil, status.Errorf(codes.Unavailable,
 				"the stream answered %s with an answer for step %q: reopened", awaited, resp.GetStepId())
+		}
+		if resuming && resp.GetStepId() == stepID {
+			s.echoes = true
 		}
 		if resp.GetAppend() != nil {
 			appended = resp.GetAppend()

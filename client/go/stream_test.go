@@ -21,7 +21,7 @@ import (
 
 // scripted is a CompileService whose stream answers each request with what answer returns
 // for it (an error ends the stream with that status), and records every request with the
-// number of the stream it came on. An answer to a step goes under the step's id, as the
+// number of the stream it came on. An answer to a step or a resume goes under its id, as the
 // daemon sends it, unless it has one already or verbatim is set; with twice every response
 // is sent twice in a row, as a proxy that duplicates messages delivers them.
 type scripted struct {
@@ -62,6 +62,9 @@ func (s *scripted) CompileStream(st grpc.BidiStreamingServer[ctxccv1.CompileStre
 		for _, r := range out {
 			if !s.verbatim && r.GetStepId() == "" && req.GetStep() != nil {
 				r.StepId = req.GetStep().GetStepId()
+			}
+			if !s.verbatim && r.GetStepId() == "" && req.GetResume() != nil {
+				r.StepId = req.GetResume().GetStepId()
 			}
 			copies := 1
 			if s.twice {
