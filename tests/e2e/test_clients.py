@@ -297,12 +297,12 @@ def test_sigkill_mid_step_then_retry(client: str, short_tmp: Path) -> None:
         assert _events(daemon.target, sid) == expected_texts(8, big_step=5)
 
 
-def _run_suite(args: list[str], cwd: Path) -> str:
+def _run_suite(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         args,
         cwd=cwd,
         # Offline: `make clients` fetched every module the Go tests need.
-        env={**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=mod"},
+        env={**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=mod", **(env or {})},
         capture_output=True,
         text=True,
         timeout=300,
@@ -328,3 +328,37 @@ def test_typescript_client_unit_tests() -> None:
     out = _run_suite(["node", "--test", *files], REPO / "client/typescript")
     passed = re.search(r"^# pass (\d+)$", out, re.M)
     assert passed and int(passed.group(1)) >= 8 and re.search(r"^# fail 0$", out, re.M), out
+
+
+# The clients' tests that run against a real daemon (skipped without CTXCC_TARGET): their
+# scripted CompileService forwards each request to it, as a proxy that delivers answers
+# again late (a resume's answer while the next resume is awaited).
+DAEMON_GO_TEST = "TestStreamNeverTakesAnEarlierResumesAnswerFromADaemon"
+DAEMON_TS_TEST = "against a daemon: an earlier resume's answer delivered again late is never taken"
+
+
+def test_go_client_resume_ids_against_a_daemon(daemon: DaemonProcess) -> None:
+    """client/go/stepid_test.go: a resume's answer delivered again late (with its id or
+    cleared of it) is never returned for the next resume, and a daemon that does not echo
+    a resume's id still gets its resumes taken."""
+    out = _run_suite(
+        ["go", "test", "-count=1", "-v", "-run", f"^{DAEMON_GO_TEST}$", "."],
+        REPO / "client/go",
+        {"CTXCC_TARGET": daemon.target},
+    )
+    passed = re.findall(rf"^\s*--- PASS: {DAEMON_GO_TEST}\S*", out, re.M)
+    assert len(passed) == 4 and "SKIP" not in out and "FAIL" not in out, out
+
+
+def test_typescript_client_resume_ids_against_a_daemon(daemon: DaemonProcess) -> None:
+    """The same for the TypeScript client (client/typescript/test/stream.test.ts)."""
+    test_file = REPO / "client/typescript/dist/test/stream.test.js"
+    assert test_file.exists(), "run `make clients`"
+    out = _run_suite(
+        ["node", "--test", f"--test-name-pattern={DAEMON_TS_TEST}", str(test_file)],
+        REPO / "client/typescript",
+        {"CTXCC_TARGET": daemon.target},
+    )
+    # Node reports the file's other tests as skipped; this one must have run and passed.
+    ran = re.search(rf"^ok \d+ - {re.escape(DAEMON_TS_TEST)}$", out, re.M)
+    assert ran and re.search(r"^# fail 0$", out, re.M), out

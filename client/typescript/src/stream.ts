@@ -10,11 +10,16 @@
  * instead of a step and a unary ReportUsage. A report with no step to ride on (the stream is
  * closed, or a second report is queued first) goes by the unary ReportUsage.
  *
- * Every answer is matched to what is in flight by its step_id (the step's own, also in its
- * chunks and its StepError; empty for a ResumeRequest's answer): one for a step already
- * answered (e.g. a response a proxy delivered twice, or the rest of a step that failed) is
- * skipped and counted in `stats.stale`, never returned; any other ends the stream, and the
- * step is resent on a new one with its request id, as after UNAVAILABLE.
+ * Every answer is matched to what is in flight by its step_id: the step's own (also in its
+ * chunks and its StepError), or the fresh one each ResumeRequest carries (the daemon echoes it
+ * on every message of the resume's answer). One for a step or resume already answered (e.g. a
+ * response a proxy delivered twice, the rest of a step that failed, the answer to an earlier
+ * resume arriving late) is skipped and counted in `stats.stale`, never returned; any other
+ * ends the stream, and the step is resent on a new one with its request id, as after
+ * UNAVAILABLE. A daemon that predates the resume's step_id answers it with an empty one: an
+ * empty id is taken for the resume's answer only until the stream's daemon has echoed a
+ * resume's id (so on such a daemon a resume's answer delivered twice cannot be told from the
+ * next one's).
  */
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -87,8 +92,9 @@ export interface StreamStats {
   mismatches: number;
   /** Bytes of the answers received (their encoded messages). */
   bytes: number;
-  /** Answers skipped because they answer a step already answered: a response delivered twice,
-   * or the rest of a step that failed. Never returned. */
+  /** Answers skipped because they answer a step or resume already answered: a response
+   * delivered twice, the rest of a step that failed, an earlier resume's answer arriving late.
+   * Never returned. */
   stale: number;
 }
 
@@ -101,18 +107,17 @@ const MAX_CHUNKS = 1 << 16;
 type Answer = { view: CompiledView; delta?: undefined; append?: AppendResult } | { view?: undefined; delta: ViewDelta; append?: AppendResult };
 
 /**
- * Whether an answer whose step_id is `answer` is the one awaited: step `sent`'s (it carries the
- * step's id, also in its chunks and its StepError), or when `resuming` the answer to the
- * ResumeRequest step `sent` made after a delta that did not check (it carries an empty id).
- * "stale" for an answer to a step already answered: an earlier one (ids are the stream's
- * counter, so a smaller number), or when resuming the step itself (its answer came).
- * "unmatched" for anything else, an empty id while a step is awaited too: a resume's answer is
- * never skipped, as nothing tells which resume it answers.
+ * Whether an answer whose step_id is `answer` is the one awaited: the one under id `awaited` (a
+ * step's, also in its chunks and its StepError, or the ResumeRequest's the step made after a
+ * delta that did not check), or when `bare` one with no id (a resume's answer from a daemon
+ * that does not echo its id). "stale" for an answer to a step or resume already answered: ids
+ * are the stream's counter, so a smaller number (the step itself while its resume is awaited,
+ * an earlier resume's answer delivered late). "unmatched" for anything else, an empty id when
+ * not `bare` too: nothing tells which resume it answers.
  */
-function matchAnswer(answer: string, sent: string, resuming: boolean): "ours" | "stale" | "unmatched" {
-  if (answer === (resuming ? "" : sent)) return "ours";
-  if (resuming && answer === sent) return "stale";
-  const earlier = /^[1-9][0-9]*$/.test(answer) && /^[0-9]+$/.test(sent) && BigInt(answer) < BigInt(sent);
+function matchAnswer(answer: string, awaited: string, bare: boolean): "ours" | "stale" | "unmatched" {
+  if (answer === awaited || (bare && answer === "")) return "ours";
+  const earlier = /^[1-9][0-9]*$/.test(answer) && /^[0-9]+$/.test(awaited) && BigInt(answer) < BigInt(awaited);
   return earlier ? "stale" : "unmatched";
 }
 
@@ -134,7 +139,14 @@ export class Stream {
   private waiting: Array<{ resolve: (r: CompileStreamResponse) => void; reject: (e: unknown) => void }> = [];
   private buffered: CompileStreamResponse[] = [];
   private failure: unknown = null;
+  // The ids of steps and resumes, taken when each is first sent: one counter, so an earlier
+  // one's is a smaller number.
   private counter = 0;
+  // Whether the open call's daemon echoed a resume's step_id: until it has, an answer with none
+  // is taken for the resume's (a daemon that predates the field). Per call: a reopened one may
+  // reach another daemon. On a daemon that echoes, no answer on the call has an empty id, so
+  // one cannot be an earlier resume's.
+  private echoes = false;
   private chain: Promise<unknown> = Promise.resolve();
   // Steps called and not yet settled.
   private running = 0;
@@ -233,6 +245,7 @@ export class Stream {
     this.buffered = [];
     this.base = null;
     this.baseChain = null;
+    this.echoes = false;
     call.on("data", (r: CompileStreamResponse) => {
       if (this.call !== call) return;
       const w = this.waiting.shift();
@@ -258,6 +271,7 @@ export class Stream {
     this.buffered = [];
     this.base = null;
     this.baseChain = null;
+    this.echoes = false;
     call?.cancel();
   }
 
@@ -274,16 +288,20 @@ export class Stream {
     // Fixed here, before the first attempt; every retry resends it.
     const requestId =
       options.requestId ?? (!events.length ? "" : this.unfinished?.key === key ? this.unfinished.requestId : newRequestId());
-    const stepId = String(++this.counter);
     const request = CompileRequest.fromPartial(compile);
-    const step = { stepId, events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
+    // The step id is taken when the step runs (steps called meanwhile wait their turn), so ids
+    // grow in the order steps and resumes are sent.
+    const step = { stepId: "", events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
     const msg = CompileStreamRequest.fromPartial({ request: { $case: "step", value: step } });
     const run = async (): Promise<StepResult> => {
       // The report queued when the step runs rides on it.
       const usage = this.queued;
       this.queued = null;
       this.last = undefined;
-      if (msg.request?.$case === "step") msg.request.value.usage = usage ?? undefined;
+      if (msg.request?.$case === "step") {
+        msg.request.value.usage = usage ?? undefined;
+        msg.request.value.stepId = String(++this.counter);
+      }
       const backoff = new Backoff(this.retrySeconds);
       for (;;) {
         try {
@@ -347,8 +365,10 @@ export class Stream {
       this.mismatchRun++;
       this.base = null;
       this.baseChain = null;
-      this.send(call, CompileStreamRequest.fromPartial({ request: { $case: "resume", value: { compileId: headId, compile } } }));
-      const again = await this.receive(stepId, true);
+      // Its answer comes on this call under the resume's own id.
+      const resumeId = String(++this.counter);
+      this.send(call, CompileStreamRequest.fromPartial({ request: { $case: "resume", value: { compileId: headId, compile, stepId: resumeId } } }));
+      const again = await this.receive(resumeId, true);
       if (!again.view) throw new Error("the daemon answered a ResumeRequest with a delta");
       return { view: this.keep(again.view), append: first.append };
     } catch (err) {
@@ -385,24 +405,25 @@ export class Stream {
     return view;
   }
 
-  /** One answer to step `stepId` (to its resume when `resuming`): a whole view (reassembled from
-   * chunks when chunked), a delta, or the step's error. Answers to a step already answered are
-   * skipped; any other answer that is not the awaited one is an UNAVAILABLE error, so the stream
-   * is dropped and the step resent on a new one. */
+  /** One answer under id `stepId` (a step's, or its resume's when `resuming`): a whole view
+   * (reassembled from chunks when chunked), a delta, or the error. Answers to a step or resume
+   * already answered are skipped; any other answer that is not the awaited one is an UNAVAILABLE
+   * error, so the stream is dropped and the step resent on a new one. */
   private async receive(stepId: string, resuming: boolean): Promise<Answer> {
     const parts: Uint8Array[] = [];
     let append: AppendResult | undefined;
     for (;;) {
       const r = await this.next();
-      const match = matchAnswer(r.stepId, stepId, resuming);
+      const match = matchAnswer(r.stepId, stepId, resuming && !this.echoes);
       if (match === "stale") {
         this.counts.stale++;
         continue;
       }
       if (match === "unmatched") {
-        const awaited = resuming ? `the resume of step ${stepId}` : `step ${stepId}`;
+        const awaited = resuming ? `resume ${stepId}` : `step ${stepId}`;
         throw new CtxccError(grpc.status.UNAVAILABLE, "UNAVAILABLE", `the stream answered ${awaited} with an answer for step ${JSON.stringify(r.stepId)}: reopened`);
       }
+      if (resuming && r.stepId === stepId) this.echoes = true;
       append = r.append ?? append;
       if (r.usage) this.last = r.usage;
       const resp = r.response;

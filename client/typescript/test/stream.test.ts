@@ -13,17 +13,20 @@ import {
   ViewDelta,
 } from "../src/gen/ctxcc/v1/compile_service.js";
 import type { CompiledView } from "../src/gen/ctxcc/v1/view.js";
-import { connect, CtxccError, Stream, user, type Client } from "../src/index.js";
+import { connect, CtxccError, Stream, user, viewDigest, type Client } from "../src/index.js";
 import { encoded, fixture, makeDelta } from "./fixtures.js";
 
 type Answer = CompileStreamResponse[] | grpc.StatusObject;
 
-/** A CompileService whose stream answers each request with what `answer` returns for it (a
- * status ends the stream), recording every request with the number of its stream. An answer
- * to a step goes under the step's id, as the daemon sends it, unless it has one already
- * (`verbatim`: every answer as `answer` made it); `twice` sends every response twice in a row,
- * as a proxy that duplicates messages delivers them. */
-async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer, { verbatim = false, twice = false } = {}) {
+/** A CompileService whose stream answers each request with what `answer` returns (or resolves
+ * to) for it, in order (a status ends the stream), recording every request with the number of
+ * its stream. An answer to a step or a resume goes under its id, as the daemon sends it, unless
+ * it has one already (`verbatim`: every answer as `answer` made it); `twice` sends every
+ * response twice in a row, as a proxy that duplicates messages delivers them. */
+async function scripted(
+  answer: (n: number, req: CompileStreamRequest, stream: number) => Answer | Promise<Answer>,
+  { verbatim = false, twice = false } = {},
+) {
   const got: Array<{ stream: number; req: CompileStreamRequest }> = [];
   const reports: ReportUsageRequest[] = []; // the unary ones
   const sent = { bytes: 0 };
@@ -32,21 +35,26 @@ async function scripted(answer: (n: number, req: CompileStreamRequest) => Answer
   server.addService(CompileServiceService, {
     compileStream: (call: grpc.ServerDuplexStream<CompileStreamRequest, CompileStreamResponse>) => {
       const stream = ++streams;
+      // Answers go out in the order the requests came, also when one is awaited.
+      let turn: Promise<void> = Promise.resolve();
       call.on("data", (req: CompileStreamRequest) => {
         got.push({ stream, req });
-        const out = answer(got.length, req);
-        if (Array.isArray(out)) {
-          for (const r of out) {
-            if (!verbatim && !r.stepId && req.request?.$case === "step") r.stepId = req.request.value.stepId;
-            for (let copy = 0; copy < (twice ? 2 : 1); copy++) {
-              sent.bytes += CompileStreamResponse.encode(r).finish().length;
-              call.write(r);
+        const n = got.length;
+        turn = turn.then(async () => {
+          const out = await answer(n, req, stream);
+          if (Array.isArray(out)) {
+            for (const r of out) {
+              if (!verbatim && !r.stepId && req.request) r.stepId = req.request.value.stepId;
+              for (let copy = 0; copy < (twice ? 2 : 1); copy++) {
+                sent.bytes += CompileStreamResponse.encode(r).finish().length;
+                call.write(r);
+              }
             }
           }
-        }
-        else call.emit("error", out);
+          else call.emit("error", out);
+        });
       });
-      call.on("end", () => call.end());
+      call.on("end", () => void turn.then(() => call.end()));
     },
     reportUsage: (call: grpc.ServerUnaryCall<ReportUsageRequest, ReportUsageResponse>, done: grpc.sendUnaryData<ReportUsageResponse>) => {
       reports.push(call.request);
@@ -400,3 +408,128 @@ test("an answer for no step the stream sent is never returned: the step is resen
     }
   }
 });
+
+type Relay = (stream: number, req: CompileStreamRequest, answer: CompileStreamResponse[]) => CompileStreamResponse[];
+
+/** A proxy of the daemon `up` serves, as the answer of `scripted`: each request goes on to the
+ * daemon, on one call of its own per scripted stream, and what `relay` makes of the daemon's
+ * answer to it (its messages up to the view, the last chunk, the delta or the error) is sent. */
+function forward(up: Client, relay: Relay) {
+  const calls = new Map<number, { call: grpc.ClientDuplexStream<CompileStreamRequest, CompileStreamResponse>; next: () => Promise<CompileStreamResponse> }>();
+  const upstream = (stream: number) => {
+    const known = calls.get(stream);
+    if (known) return known;
+    const call = up.compiles.raw.compileStream();
+    const buffered: CompileStreamResponse[] = [];
+    const waiting: Array<{ resolve: (r: CompileStreamResponse) => void; reject: (e: unknown) => void }> = [];
+    let failure: unknown = null;
+    call.on("data", (r: CompileStreamResponse) => {
+      const w = waiting.shift();
+      if (w) w.resolve(r);
+      else buffered.push(r);
+    });
+    call.on("error", (err) => {
+      failure = err;
+      for (const w of waiting.splice(0)) w.reject(err);
+    });
+    const next = (): Promise<CompileStreamResponse> => {
+      const r = buffered.shift();
+      if (r) return Promise.resolve(r);
+      if (failure) return Promise.reject(failure);
+      return new Promise((resolve, reject) => waiting.push({ resolve, reject }));
+    };
+    const entry = { call, next };
+    calls.set(stream, entry);
+    return entry;
+  };
+  const answer = async (_n: number, req: CompileStreamRequest, stream: number): Promise<Answer> => {
+    const { call, next } = upstream(stream);
+    call.write(req);
+    const out: CompileStreamResponse[] = [];
+    for (;;) {
+      const r = await next();
+      out.push(r);
+      const resp = r.response;
+      if (resp?.$case !== "chunk" || resp.value.index + 1 === resp.value.count) return relay(stream, req, out);
+    }
+  };
+  const close = () => {
+    for (const { call } of calls.values()) call.cancel();
+  };
+  return { answer, close };
+}
+
+// The daemon the tests that need one run against: tests/e2e/test_clients.py starts it and sets
+// CTXCC_TARGET (skipped without it).
+const daemonTarget = process.env.CTXCC_TARGET;
+
+test(
+  "against a daemon: an earlier resume's answer delivered again late is never taken",
+  { skip: daemonTarget ? false : "CTXCC_TARGET is not set (tests/e2e/test_clients.py runs this against a daemon)" },
+  async () => {
+    // A proxy damages every delta's digest, so each step with a delta fetches its view whole
+    // with a ResumeRequest, and delivers each resume's answer a second time right after the next
+    // delta, while that step's own resume is awaited. The copy carries the earlier resume's step
+    // id: skipped, every step gets its own view on one stream. Cleared of its id, it is not taken
+    // either (the daemon echoed the first resume's id, so an empty one answers nothing the stream
+    // sent): the stream is reopened and the step resent. A daemon too old to echo the id (the
+    // proxy clears it on every resume's answer, and sends no copies) still gets its resumes
+    // taken. Before resumes had ids, the copy (no id, as every resume's answer) was returned as
+    // step 3's view: step 2's.
+    const up = connect(daemonTarget!, { retrySeconds: 5 });
+    const cases = [
+      { name: "copies with their id", copies: true, clear: false, oldEcho: false, stale: 2, streams: 1, copied: 2 },
+      // Step 3 is resent on a new stream (no base: whole, no resume); step 4 resumes there and
+      // no delta follows to carry its answer's copy.
+      { name: "copies without an id", copies: true, clear: true, oldEcho: false, stale: 0, streams: 2, copied: 1 },
+      { name: "a daemon that does not echo", copies: false, clear: false, oldEcho: true, stale: 0, streams: 1, copied: 0 },
+    ];
+    try {
+      for (const c of cases) {
+        const held = new Map<number, CompileStreamResponse[]>();
+        let copied = 0;
+        const proxy = forward(up, (stream, req, answer) => {
+          if (req.request?.$case === "resume") {
+            for (const r of answer) {
+              if (c.copies) held.set(stream, [...(held.get(stream) ?? []), CompileStreamResponse.fromPartial({ ...r, stepId: c.clear ? "" : r.stepId })]);
+              if (c.oldEcho) r.stepId = "";
+            }
+            return answer;
+          }
+          const first = answer[0].response;
+          if (first?.$case === "delta") {
+            if (first.value.chainSha256) first.value.chainSha256 = "0".repeat(64);
+            else first.value.viewSha256 = "0".repeat(64);
+            const copies = held.get(stream) ?? [];
+            held.delete(stream);
+            copied += copies.length;
+            return [...answer, ...copies];
+          }
+          return answer;
+        });
+        const { got, client, stop } = await scripted(proxy.answer, { verbatim: true });
+        const stream = client.openStream();
+        try {
+          const session = await up.createSession();
+          const compile = { sessionId: session.sessionId, route: { connection: "example", protocol: "fake", endpoint: "local", model: "gpt-4o" } };
+          for (let n = 1; n <= 4; n++) {
+            const r = await stream.step(compile, [user(`ask ${n}`)]);
+            assert.equal(r.view.eventBoundary, n, `${c.name}: step ${n} was handed step ${r.view.eventBoundary}'s view`);
+            assert.equal(r.append?.lastSeq, n);
+            const again = await up.compile({ rebuildCompileId: r.view.compileId });
+            assert.equal(viewDigest(r.view), viewDigest(again), `${c.name}: step ${n}: not its compile rebuilt whole`);
+          }
+          const { stale, mismatches } = stream.stats;
+          const streams = new Set(got.map((g) => g.stream)).size;
+          assert.deepEqual({ stale, mismatches, streams, copied }, { stale: c.stale, mismatches: 3, streams: c.streams, copied: c.copied }, c.name);
+        } finally {
+          await stream.close();
+          proxy.close();
+          stop();
+        }
+      }
+    } finally {
+      up.close();
+    }
+  },
+);
