@@ -17,7 +17,12 @@ from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import TurnPaths, path_union
-from server.compiler.projection import PROJECTION, ImagePolicy, as_projected
+from server.compiler.projection import (
+    PROJECTION,
+    ImagePolicy,
+    as_projected,
+    request_byte_cap,
+)
 from server.compiler.projection_memo import (
     ActiveTurn,
     ProjectionMemo,
@@ -420,6 +425,16 @@ def compile_incremental(
     prompt = remembered.prompt
     counter = counting
     built, sections = prompt.built, prompt.sections
+    images = inputs.images
+    if (
+        inputs.projection >= 3
+        and images.existing
+        and request_byte_cap(inputs.route.protocol) is not None
+    ):
+        # What the request holds beside its messages, for the provider's limit on a whole
+        # request (measured only when the view's images may meet it).
+        registry = (*inputs.tools, LOAD_RULE, TOOL_SEARCH, READ_TOOL_RESULT)
+        images = replaced(images, request_system_prompt=prompt.text, request_tools=registry)
     run = project_incremental(
         inputs.events,
         counter,
@@ -428,7 +443,7 @@ def compile_incremental(
         route_id=inputs.route.route_id,
         # The memo holds no image, so it serves a compile of either projection.
         images=as_projected(
-            inputs.images,
+            images,
             inputs.events,
             inputs.current_user,
             inputs.projection,

@@ -349,7 +349,7 @@ def project_incremental(
     )
     notes: list[str] = []
     rest_notes: list[str] = []
-    imaged = _apply_images(rest, images, rest_notes)
+    imaged = _apply_images(rest, images, rest_notes, run.messages)
     rest_sized = _sized(imaged, counter)
     messages = tuple(run.messages + rest_sized)
     table = _extended(run.table, rest_sized)

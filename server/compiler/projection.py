@@ -18,10 +18,12 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from server.compiler.render_common import schema
 from server.compiler.text import escape_fences
 from server.compiler.tokens import (
     BEFORE_CALL_IDS,
@@ -51,6 +53,7 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint
 from server.domain.replacing import replaced
+from server.domain.tools import ToolSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,13 @@ class ImagePolicy:
     # many_images_side on the route's provider; None: no such rule.
     many_images: int | None = None
     many_images_side: int | None = None
+    # The most bytes a whole request may have as sent on the route's provider, its images'
+    # base64 included (request_byte_cap); None: no such limit. What the request holds
+    # besides its messages: the system prompt and the tools a view may offer (registry and
+    # built-ins), measured only when the limit may take images out (other_request_bytes).
+    max_request_bytes: int | None = None
+    request_system_prompt: str = ""
+    request_tools: tuple[ToolSpec, ...] = ()
 
 
 # How a view is projected from the log. Each compile records it, so that a compile an
@@ -82,8 +92,11 @@ class ImagePolicy:
 # 1: the images of every message's parts are sent (R-IMG-1);
 # 2: an image over its route's provider's limits for one image is a note: in bytes
 #    (image_byte_cap), in pixels on a side, and in pixels on a side when the request
-#    would hold many images (image_side_caps).
-PROJECTION = 2
+#    would hold many images (image_side_caps);
+# 3: on a route whose provider limits a whole request's size (request_byte_cap), images
+#    are sent only while the request as sent stays within it, newest first; the rest are
+#    notes.
+PROJECTION = 3
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >
@@ -119,6 +132,105 @@ def image_side_caps(protocol: str) -> tuple[int, int, int] | None:
     return None
 
 
+# The Gemini API takes inline data up to a size of the whole request, base64 and prompt
+# together. Its image guide: "Always use the Files API when the total request size
+# (including the file, text prompt, system instructions, etc.) is larger than 20 MB", and
+# requests over it are refused with 400 INVALID_ARGUMENT "Request payload size exceeds
+# the limit: 20971520 bytes." The file input guide since the update of 12 January 2026
+# reads "100 MB per request or payload (50 MB for PDFs)" for inline data ("base64
+# encoded, with varying limits based on data types", blog.google, "Increased file size
+# limits ... in Gemini API"); Vertex AI, which a `gemini` route may reach with the same
+# body, states no whole-request figure beside 7 MB per inline image on its image
+# understanding page. The stricter documented figure is kept, in decimal megabytes, so
+# that either reading of "20 MB" holds: 20,000,000 bytes as sent.
+GEMINI_REQUEST_BYTES = 20_000_000
+
+
+def request_byte_cap(protocol: str) -> int | None:
+    """The most bytes a whole request, its images' base64 included, may have on this wire
+    protocol; None: no such limit is applied on it (Anthropic states 32 MB a request, see
+    tool_cap.py, with room for the request's 20 MiB of images, 27,962,028 bytes as
+    base64)."""
+    return GEMINI_REQUEST_BYTES if protocol.strip().lower().startswith("gemini") else None
+
+
+def base64_bytes(size: int) -> int:
+    """The length of the base64 of `size` bytes (padded, as bodies send it)."""
+    return (size + 2) // 3 * 4
+
+
+# How a request's size is counted (request_bytes): conservatively, never fewer bytes than
+# the Gemini body the renderer writes (nor, with these margins, any other format's; the
+# unit tests hold every format to it).
+# - Text (message parts, ids, names, the system prompt) as the JSON string the body holds,
+#   UTF-8 with non-ASCII kept and each lone surrogate escaped, as render.render writes it;
+#   a call's arguments and a tool's schema as the JSON value the body holds.
+# - PART_JSON_BYTES for the JSON around each message, part, call, result and tool (keys,
+#   brackets, the role), more than any format writes.
+# - For an image, its base64 when sent, plus IMAGE_PART_BYTES and its id and type: more
+#   than the inlineData around the base64, and than the note that takes its place when it
+#   is left out, whichever the body holds.
+# - BODY_JSON_BYTES for the body's own keys (generationConfig, systemInstruction, ...).
+PART_JSON_BYTES = 64
+IMAGE_PART_BYTES = 256
+BODY_JSON_BYTES = 1_024
+
+
+def _json_bytes(value: object) -> int:
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return len(text.encode("utf-8", "backslashreplace"))
+
+
+def messages_request_bytes(messages: Iterable[ViewMessage]) -> int:
+    """The bytes `messages` take in a request besides their images' base64, counted as
+    request_bytes counts (see above). Every text is written in one JSON array, and every
+    call's arguments parsed from one: two passes in C over the view's text, not one per
+    part (the count runs at each compile whose images may meet the limit)."""
+    texts: list[str] = []
+    args: list[str] = []
+    pieces = images = 0
+    for m in messages:
+        # A result is sent under its call's name (up to 64 characters), not its own.
+        pieces += 1 + len(m.parts) + len(m.tool_calls) + (m.role is Role.TOOL)
+        texts.append(m.tool_call_id or "")
+        texts.append(m.tool_name or "")
+        for part in m.parts:
+            if part.text is not None:
+                texts.append(part.text)
+            elif (ref := part.attachment) is not None:
+                images += 1
+                # A note may name the type twice ("... attachments of type ... ").
+                texts += (ref.artifact_id, ref.mime_type, ref.mime_type)
+        for c in m.tool_calls:
+            texts += (c.call_id, c.name)
+            # The projection made every call's arguments a JSON object (well_formed_calls);
+            # written back from its value, as the renderers write it (args_object).
+            args.append(c.arguments_json or "{}")
+    n = pieces * PART_JSON_BYTES + images * IMAGE_PART_BYTES + _json_bytes(texts)
+    # An array's commas and brackets count too: more than the body holds, never less.
+    return n + (_json_bytes(json.loads(f"[{','.join(args)}]")) if args else 0)
+
+
+def other_request_bytes(system_prompt: str, tools: Sequence[ToolSpec]) -> int:
+    """What a request holds besides its messages, counted as request_bytes counts: the
+    system prompt, every tool the view may offer (`tools`: the registry and the built-ins,
+    more than a view sends), the body's own keys. Like the messages, in two passes in C:
+    a registry's schemas are parsed from one array (each alone only if one is not JSON,
+    which the renderers send as an empty object schema)."""
+    texts = [system_prompt]
+    schemas = []
+    for t in tools:
+        texts += (t.name, t.description)
+        schemas.append(t.input_schema_json or "{}")
+    n = BODY_JSON_BYTES + (1 + len(tools)) * PART_JSON_BYTES + _json_bytes(texts)
+    try:
+        values = json.loads(f"[{','.join(schemas)}]") if schemas else []
+    except (ValueError, RecursionError):
+        values = [schema(text) for text in schemas]
+    # A schema that names no type is sent with "type":"object" (render_common.schema).
+    return n + _json_bytes(values) + len(tools) * len('"type":"object",')
+
+
 def artifact_ids(events: Sequence[Event], projection: int = PROJECTION) -> list[str]:
     """The artifacts the events name, in order: attachments and the images of message
     parts (those of user messages only, at `projection` 0). The loader sizes them for
@@ -143,10 +255,13 @@ def as_projected(
     protocol: str = "",
 ) -> ImagePolicy:
     """`policy` (its artifacts sized for every message's images) as a compile of
-    `projection` for a route of `protocol` knew it: from 2, with the provider's limits for
-    one image (bytes and pixels); before, without; at 0, only the artifacts its loader
-    sized (a walk over the log, made only for a compile an earlier daemon recorded: its
-    rebuild, or as_of_seq at its step)."""
+    `projection` for a route of `protocol` knew it: from 3, with the provider's limit on a
+    whole request; from 2, with its limits for one image (bytes and pixels); before,
+    without; at 0, only the artifacts its loader sized (a walk over the log, made only for
+    a compile an earlier daemon recorded: its rebuild, or as_of_seq at its step)."""
+    whole = request_byte_cap(protocol) if projection >= 3 else None
+    if whole != policy.max_request_bytes:
+        policy = replaced(policy, max_request_bytes=whole)
     cap = image_byte_cap(protocol) if projection >= 2 else None
     if cap != policy.max_single_image_bytes:
         policy = replaced(policy, max_single_image_bytes=cap)
@@ -383,26 +498,48 @@ def _merge_calls(messages: list[ViewMessage]) -> list[ViewMessage]:
 
 
 def _apply_images(
-    messages: list[ViewMessage], policy: ImagePolicy, notes: list[str]
+    messages: list[ViewMessage],
+    policy: ImagePolicy,
+    notes: list[str],
+    before: Sequence[ViewMessage] = (),
 ) -> list[ViewMessage]:
     """Newest images first within the request's count and byte limits; the rest, and any
     that cannot be sent, become explicit notes (R-IMG-1, R-IMG-2). When that would send
     more images than the provider's many-image threshold, the choice is made again with
     every image over its many-image side left out (older images may take their places;
-    the request may then hold that many or fewer, which the provider takes)."""
-    out, chosen, count = _choose_images(messages, policy, many=False)
+    the request may then hold that many or fewer, which the provider takes). `before`:
+    the view's messages ahead of `messages` (they hold no image), which count toward the
+    provider's limit on a whole request."""
+    room = _image_room(messages, policy, before)
+    out, chosen, count = _choose_images(messages, policy, many=False, room=room)
     many = policy.many_images
     if many is not None and policy.many_images_side is not None and count > many:
-        out, chosen, count = _choose_images(messages, policy, many=True)
+        out, chosen, count = _choose_images(messages, policy, many=True, room=room)
     notes += chosen
     return out
 
 
+def _image_room(
+    messages: Sequence[ViewMessage], policy: ImagePolicy, before: Sequence[ViewMessage]
+) -> int | None:
+    """The bytes of base64 the request's images may take under the provider's limit on a
+    whole request; None: no limit, or every image fits whatever is chosen."""
+    cap = policy.max_request_bytes
+    refs = [p.attachment for m in messages for p in m.parts if p.attachment is not None]
+    if cap is None or not refs:
+        return None
+    sizes = dict(policy.existing)
+    images = sum(base64_bytes(sizes.get(r.artifact_id, 0)) for r in refs)
+    rest = other_request_bytes(policy.request_system_prompt, policy.request_tools)
+    rest += messages_request_bytes((*before, *messages))
+    return None if rest + images <= cap else cap - rest
+
+
 def _choose_images(
-    messages: list[ViewMessage], policy: ImagePolicy, many: bool
+    messages: list[ViewMessage], policy: ImagePolicy, many: bool, room: int | None = None
 ) -> tuple[list[ViewMessage], list[str], int]:
     existing = dict(policy.existing)
-    count = size = 0
+    count = size = encoded = 0
     notes: list[str] = []
     out: list[ViewMessage] = []
     for m in reversed(messages):
@@ -442,9 +579,15 @@ def _choose_images(
                 why = f"the request already holds {policy.max_images} images (the limit)"
             elif size + existing[ref.artifact_id] > policy.max_image_bytes:
                 why = f"the request's images would exceed {policy.max_image_bytes} bytes"
+            elif room is not None and encoded + base64_bytes(existing[ref.artifact_id]) > room:
+                why = (
+                    f"the request would exceed {policy.max_request_bytes} bytes as sent "
+                    "(the route's provider's limit on a whole request)"
+                )
             if why is None:
                 count += 1
                 size += existing[ref.artifact_id]
+                encoded += base64_bytes(existing[ref.artifact_id])
                 parts.append(part)
             else:
                 text = (

@@ -12,10 +12,12 @@ import re
 import urllib.request
 from pathlib import Path
 
+from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import common_pb2, event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from tests.conformance.sdk_types import errors_for
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import (
     assistant,
@@ -386,3 +388,77 @@ async def test_twenty_images_on_anthropic_may_hold_one_over_2000_px(api: Stubs) 
         "the request already holds 20 images (the limit)"
     ]
     assert view.renderings[0].body_json.count('"type":"image"') == 20
+
+
+async def test_gemini_bodies_hold_only_the_images_that_keep_the_request_within_its_limit(
+    api: Stubs,
+) -> None:
+    """The Gemini API refuses a request whose size, inline base64 included, is over its
+    limit ("Request payload size exceeds the limit: 20971520 bytes."; 20 MB in its image
+    guide, kept as 20,000,000 bytes). Three 5.5 MB screenshots are 16.5 MB, within the
+    request's 20 MiB of images, but 22 MB as base64: the Gemini body (valid for
+    google-genai's own types) holds the newest two and stays within the limit, the
+    oldest is a note; the OpenAI body holds all three, byte for byte."""
+    sid = "gemini-request-size"
+    await _session(api, sid)
+    size = 5_500_000
+    shots = [b"\x89PNG\r\n\x1a\n" + bytes([n]) * (size - 8) for n in (1, 2, 3)]
+    refs = []
+    for data in shots:
+        header = png_upload(sid, data, 1600)[0]
+        # In 1 MiB messages, as a client streams a large upload.
+        chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+        stream = [header, *(apb.UploadArtifactRequest(data=c) for c in chunks)]
+        refs.append((await api.artifacts.UploadArtifact(iter(stream))).artifact)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id=sid,
+            events=[
+                _with_image(user(f"Screenshot {i} of the failing page:"), ref)
+                for i, ref in enumerate(refs)
+            ],
+        )
+    )
+    gemini = common_pb2.Route(
+        connection="c", protocol="gemini", endpoint="api", model="gemini-2.5-pro"
+    )
+    openai = common_pb2.Route(
+        connection="c", protocol="openai-chat", endpoint="api", model="gpt-4o"
+    )
+    bodies = {}
+    for route, fmt in (
+        (gemini, view_pb2.RENDER_FORMAT_GEMINI),
+        (openai, view_pb2.RENDER_FORMAT_OPENAI_CHAT),
+    ):
+        req = cpb.CompileRequest(session_id=sid, route=route, render_formats=[fmt])
+        view = (await api.compiles.Compile(req)).view
+        bodies[route.protocol] = (view, view.renderings[0].body_json)
+
+    view, text = bodies["gemini"]
+    assert len(text.encode()) <= 20_000_000
+    body = json.loads(text)
+    assert errors_for("gemini", body) == []
+    inline = [
+        base64.b64decode(p["inlineData"]["data"])
+        for c in body["contents"]
+        for p in c["parts"]
+        if "inlineData" in p
+    ]
+    assert inline == shots[1:]
+    assert set(_sent(view)) == {refs[1].artifact_id, refs[2].artifact_id}
+    (note,) = _unsent(view)
+    assert note.startswith(f"image {refs[0].artifact_id} (image/png, {size} bytes) not sent")
+    assert "the request would exceed 20000000 bytes as sent" in note
+    assert f"[{note}]" in text  # the model is told in place
+
+    view, text = bodies["openai-chat"]
+    assert len(text.encode()) > 20_000_000
+    urls = [
+        p["image_url"]["url"]
+        for m in json.loads(text)["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image_url"
+    ]
+    assert [base64.b64decode(u.split(",", 1)[1]) for u in urls] == shots
+    assert not _unsent(view)
