@@ -20,6 +20,7 @@ from server.compiler.path_memo import TurnPaths, path_union
 from server.compiler.projection import (
     PROJECTION,
     ImagePolicy,
+    Projection,
     as_projected,
     request_byte_cap,
 )
@@ -56,7 +57,7 @@ from server.compiler.tool_cap import (
     with_deferred,
 )
 from server.compiler.tool_search import query_of, search_tools
-from server.compiler.turn_thinking import thinking_tokens, turn_thinking
+from server.compiler.turn_thinking import Thinking, thinking_tokens, turn_thinking
 from server.compiler.view import (
     VOLATILE_SECTIONS,
     CompiledView,
@@ -384,6 +385,23 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
     return compile_incremental(inputs, counter, None, remember=False)[0]
 
 
+def _native(
+    inputs: CompileInputs, turn: ActiveTurn, projection: Projection
+) -> tuple[Thinking, int, int]:
+    """The thinking blocks the view's Anthropic body sends back (turn_thinking.py), and
+    the tokens and items of the native state the view holds."""
+    replays = inputs.rendering >= THINKING_RENDERING
+    native = projection.native_state
+    tokens = items = 0
+    # Thinking blocks are counted where the body sends them, each turn's once (below).
+    if native is not None and not (replays and native.kind == THINKING):
+        tokens, items = native_state_tokens(native), 1
+    if not replays:
+        return (), tokens, items
+    thinking = turn_thinking(inputs.events, turn, inputs.route.route_id, projection.messages)
+    return thinking, tokens + thinking_tokens(thinking), items + len(thinking)
+
+
 def compile_incremental(
     inputs: CompileInputs,
     counter: TokenCounter,
@@ -476,20 +494,9 @@ def compile_incremental(
     for t in tools:
         ledger[Layer.TOOL_SCHEMA][0] += t.tokens
         ledger[Layer.TOOL_SCHEMA][1] += 1
-    replays = inputs.rendering >= THINKING_RENDERING
-    native = projection.native_state
-    # Thinking blocks are counted where the body sends them, each turn's once (below).
-    if native is not None and not (replays and native.kind == THINKING):
-        ledger[Layer.NATIVE_STATE][0] += native_state_tokens(native)
-        ledger[Layer.NATIVE_STATE][1] += 1
-    thinking = (
-        turn_thinking(inputs.events, turn, inputs.route.route_id, projection.messages)
-        if replays
-        else ()
-    )
-    if thinking:
-        ledger[Layer.NATIVE_STATE][0] += thinking_tokens(thinking)
-        ledger[Layer.NATIVE_STATE][1] += len(thinking)
+    thinking, native_tokens, native_items = _native(inputs, turn, projection)
+    ledger[Layer.NATIVE_STATE][0] += native_tokens
+    ledger[Layer.NATIVE_STATE][1] += native_items
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
     bounds = BOUNDS[inputs.counter_kind]
     model = inputs.route_model
