@@ -37,7 +37,7 @@ from server.compiler.prompt_memo import (
     section_text_digests,
     system_prompt,
 )
-from server.compiler.render import RENDERING, THINKING_RENDERING
+from server.compiler.render import RENDERING
 from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
 from server.compiler.sources import SourceInputs, matches_paths
 from server.compiler.system import (
@@ -57,7 +57,7 @@ from server.compiler.tool_cap import (
     with_deferred,
 )
 from server.compiler.tool_search import query_of, search_tools
-from server.compiler.turn_thinking import Thinking, thinking_tokens, turn_thinking
+from server.compiler.turn_thinking import SINCE, Thinking, thinking_tokens, turn_thinking
 from server.compiler.view import (
     VOLATILE_SECTIONS,
     CompiledView,
@@ -85,7 +85,6 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint, RouteModel, RouteState
 from server.domain.replacing import replaced
-from server.domain.thinking import KIND as THINKING
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,17 +387,17 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
 def _native(
     inputs: CompileInputs, turn: ActiveTurn, projection: Projection
 ) -> tuple[Thinking, int, int]:
-    """The thinking blocks the view's Anthropic body sends back (turn_thinking.py), and
+    """The thinking state the view's provider body sends back (turn_thinking.py), and
     the tokens and items of the native state the view holds."""
-    replays = inputs.rendering >= THINKING_RENDERING
+    replayed = {kind for kind, since in SINCE.items() if inputs.rendering >= since}
     native = projection.native_state
     tokens = items = 0
-    # Thinking blocks are counted where the body sends them, each turn's once (below).
-    if native is not None and not (replays and native.kind == THINKING):
+    # Thinking state is counted where the body sends it, each turn's once (below).
+    if native is not None and native.kind not in replayed:
         tokens, items = native_state_tokens(native), 1
-    if not replays:
-        return (), tokens, items
-    thinking = turn_thinking(inputs.events, turn, inputs.route.route_id, projection.messages)
+    thinking = turn_thinking(
+        inputs.events, turn, inputs.route.route_id, projection.messages, inputs.rendering
+    )
     return thinking, tokens + thinking_tokens(thinking), items + len(thinking)
 
 

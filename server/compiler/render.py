@@ -43,9 +43,9 @@ Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 # before the version was kept are version 0). 1: bodies the providers' SDKs and API
 # rules take (see render0 for what version 0 sent); 2: Anthropic bodies lead the current
 # turn's assistant messages with their logged thinking blocks, and the estimate counts
-# them (domain/thinking.py).
-RENDERING = 2
-THINKING_RENDERING = 2
+# them (domain/thinking.py); 3: Gemini bodies carry the current turn's logged thought
+# signatures on their function calls, likewise counted.
+RENDERING = 3
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

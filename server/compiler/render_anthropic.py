@@ -40,9 +40,10 @@ from server.compiler.render_common import (
     stable_and_volatile,
     text_of,
 )
+from server.compiler.turn_thinking import of_kind
 from server.compiler.view import CompiledView
 from server.domain.model import Role
-from server.domain.thinking import thinking_blocks
+from server.domain.thinking import KIND, thinking_blocks
 
 _THINKING = frozenset({"thinking", "redacted_thinking"})
 
@@ -115,9 +116,8 @@ def _without_trailing_whitespace(merged: list[tuple[str, list[JSON]]]) -> None:
 def _thinking_of(view: CompiledView, first_seq: int, last_seq: int) -> list[JSON]:
     """The logged thinking blocks of the events an assistant message holds, in order."""
     out: list[JSON] = []
-    for seq, blocks in view.thinking:
-        if first_seq <= seq <= last_seq:
-            out += thinking_blocks(blocks) or ()
+    for blocks in of_kind(view.thinking, KIND, first_seq, last_seq):
+        out += thinking_blocks(blocks) or ()
     return out
 
 

@@ -10,6 +10,9 @@
   takes only an OpenAPI subset that refuses common keys such as `$schema`.
 - No part is an empty text (the API refuses "an empty text parameter"); call names as
   every API takes them (`call_name`), in the call and its response alike.
+- A function call of the current turn carries the `thoughtSignature` logged for it
+  (`view.thinking`, domain/thinking.py): Gemini 3 refuses a turn whose signed call
+  comes back without it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from server.compiler.render_common import (
     schema,
     text_of,
 )
+from server.compiler.turn_thinking import of_kind
 from server.compiler.view import CompiledView, ViewMessage
 from server.domain.model import Role
+from server.domain.thinking import GEMINI_KIND, thought_signatures
 
 
 def _response(m: ViewMessage, names: Mapping[str, str]) -> JSON:
@@ -61,6 +66,14 @@ def _in_call_order(messages: tuple[ViewMessage, ...]) -> list[ViewMessage]:
     return out
 
 
+def _signatures(view: CompiledView, m: ViewMessage) -> dict[str, str]:
+    """Call id to the thought signature logged with the events `m` holds."""
+    out: dict[str, str] = {}
+    for data in of_kind(view.thinking, GEMINI_KIND, m.first_seq, m.last_seq):
+        out.update(thought_signatures(data) or {})
+    return out
+
+
 def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     names = {c.call_id: c.name for m in view.messages for c in m.tool_calls}
     turns: list[tuple[str, list[JSON]]] = []
@@ -69,16 +82,18 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             turns.append(("user", [_response(m, names)]))
         elif m.role is Role.ASSISTANT:
             parts: list[JSON] = [{"text": text_of(m)}] if text_of(m) else []
-            parts += [
-                {
+            signed = _signatures(view, m) if view.thinking else {}
+            for c in m.tool_calls:
+                part: JSON = {
                     "functionCall": {
                         "id": c.call_id,
                         "name": call_name(c.name),
                         "args": args_object(c.arguments_json),
                     }
                 }
-                for c in m.tool_calls
-            ]
+                if c.call_id in signed:
+                    part["thoughtSignature"] = signed[c.call_id]
+                parts.append(part)
             turns.append(("model", parts))
         else:
             parts = []

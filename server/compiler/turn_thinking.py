@@ -1,5 +1,6 @@
-"""Which thinking blocks a view's Anthropic body replays (see domain/thinking.py): those
-of the current turn's assistant messages, on the compile's route, that are in the view."""
+"""Which thinking state a view's provider body sends back (see domain/thinking.py): that
+of the current turn's assistant messages, on the compile's route, that are in the view:
+Anthropic's thinking blocks from rendering 2, Gemini's thought signatures from 3."""
 
 from __future__ import annotations
 
@@ -9,16 +10,24 @@ from server.compiler.projection_memo import ActiveTurn
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
 from server.domain.model import AssistantMessage, Event, Role
-from server.domain.thinking import KIND, thinking_blocks
+from server.domain.thinking import GEMINI_KIND, KIND, valid_state
 
-# (seq of the assistant message's event, the blocks' JSON as logged)
-Thinking = tuple[tuple[int, bytes], ...]
+# (seq of the assistant message's event, the state's kind, its data as logged)
+Thinking = tuple[tuple[int, str, bytes], ...]
+
+# The rendering version from which each kind is sent back (render.RENDERING).
+SINCE = {KIND: 2, GEMINI_KIND: 3}
 
 
 def turn_thinking(
-    events: Sequence[Event], turn: ActiveTurn, route_id: str, messages: Sequence[ViewMessage]
+    events: Sequence[Event],
+    turn: ActiveTurn,
+    route_id: str,
+    messages: Sequence[ViewMessage],
+    rendering: int,
 ) -> Thinking:
-    if not turn.stated:
+    kinds = {kind for kind, since in SINCE.items() if rendering >= since}
+    if not turn.stated or not kinds:
         return ()
     first = events[turn.start].seq
     # The assistant messages of the view from the turn's start on (the working set).
@@ -33,16 +42,21 @@ def turn_thinking(
         e = events[i]
         assert isinstance(e.payload, AssistantMessage) and e.payload.native_state is not None
         state = e.payload.native_state
-        if state.kind != KIND or state.route_id != route_id:
+        if state.kind not in kinds or state.route_id != route_id:
             continue
         # A message with nothing the model sees (reasoning only) is not in the view: its
-        # blocks have no turn to lead, and the blocks of one that is must be valid.
-        if any(a <= e.seq <= b for a, b in spans) and thinking_blocks(state.data) is not None:
-            out.append((e.seq, state.data))
+        # state goes with nothing; and state the provider would refuse is not sent.
+        if any(a <= e.seq <= b for a, b in spans) and valid_state(state.kind, state.data):
+            out.append((e.seq, state.kind, state.data))
     return tuple(out)
 
 
 def thinking_tokens(thinking: Thinking) -> int:
     # As native state is counted (compile.native_state_tokens): ~4 bytes a token, which
-    # over-counts signatures (base64) and is about right for the text (R-EST-3).
-    return sum(MESSAGE_OVERHEAD + (len(data) + 3) // 4 for _, data in thinking)
+    # over-counts signatures (base64) and is about right for thinking text (R-EST-3).
+    return sum(MESSAGE_OVERHEAD + (len(data) + 3) // 4 for _, _, data in thinking)
+
+
+def of_kind(thinking: Thinking, kind: str, first_seq: int, last_seq: int) -> list[bytes]:
+    """The data of `kind` logged with the events an assistant message holds, in order."""
+    return [d for seq, k, d in thinking if k == kind and first_seq <= seq <= last_seq]

@@ -198,10 +198,10 @@ class CompiledView:
     # The rendering version its provider bodies are made with (render.RENDERING, or a
     # recorded compile's when it is rebuilt): not part of the view sent.
     rendering: int = 1
-    # Thinking blocks of the current turn's assistant messages that its Anthropic body
-    # leads their turns with (turn_thinking.py; rendering 2 on): (event seq, blocks' JSON).
-    # Not part of the view sent: an agent building its own body has them in its log.
-    thinking: tuple[tuple[int, bytes], ...] = ()
+    # Thinking state of the current turn's assistant messages that its provider bodies
+    # send back (turn_thinking.py): (event seq, native state kind, data as logged). Not
+    # part of the view sent: an agent building its own body has it in its log.
+    thinking: tuple[tuple[int, str, bytes], ...] = ()
     # Tools the route's tool cap left out of `tools` (offered through tool_search, or
     # activated but not offered; tool_cap.py), for the metrics: not part of the view sent.
     tools_deferred_by_cap: int = 0

@@ -1,4 +1,5 @@
-"""Anthropic's thinking blocks, kept as an assistant message's native state.
+"""Thinking state a provider needs back during a tool loop, kept as an assistant
+message's native state: Anthropic's thinking blocks and Gemini's thought signatures.
 
 With extended thinking on, Claude's answer that calls a tool starts with `thinking` (or
 `redacted_thinking`) blocks, and the API refuses the request that sends the tool's result
@@ -12,14 +13,22 @@ the API strips anyway. They are not the reasoning text R-MISC-2 keeps out of the
 
 An agent logs them as `AssistantMessage.native_state` of kind KIND with `data` the JSON
 array of the blocks exactly as the API returned them.
+
+Gemini 3 likewise signs the first function call of each step it makes with a
+`thoughtSignature` and refuses a request whose current turn holds that call without it
+("Function call is missing a thought_signature in functionCall parts"). An agent logs
+them as native state of kind GEMINI_KIND with `data` a JSON object from each signed
+call's call id to its signature (base64, as the REST API gives it).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 KIND = "anthropic.thinking"
+GEMINI_KIND = "gemini.thought_signatures"
 
 # The fields each block type carries, all strings (the SDK's ThinkingBlockParam and
 # RedactedThinkingBlockParam).
@@ -44,3 +53,35 @@ def thinking_blocks(data: bytes) -> tuple[dict[str, Any], ...] | None:
             return None
         out.append({"type": block["type"], **{f: block[f] for f in fields}})
     return tuple(out)
+
+
+def thought_signatures(data: bytes) -> dict[str, str] | None:
+    """Call id to signature from `data`; None when it is not a non-empty JSON object of
+    non-empty call ids to base64 signatures (the API refuses one it cannot decode)."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(parsed, dict) or not parsed:
+        return None
+    for call_id, signature in parsed.items():
+        if not call_id or not isinstance(signature, str) or not _is_base64(signature):
+            return None
+    return parsed
+
+
+def _is_base64(text: str) -> bool:
+    try:
+        return bool(text) and base64.b64decode(text, validate=True) is not None
+    except ValueError:
+        return False
+
+
+def valid_state(kind: str, data: bytes) -> bool:
+    """Whether native state of `kind` is what its provider takes back (any other kind is
+    opaque: sent as it is)."""
+    if kind == KIND:
+        return thinking_blocks(data) is not None
+    if kind == GEMINI_KIND:
+        return thought_signatures(data) is not None
+    return True

@@ -29,8 +29,7 @@ from server.domain.model import (
     TurnStarted,
     UserMessage,
 )
-from server.domain.thinking import KIND as THINKING
-from server.domain.thinking import thinking_blocks
+from server.domain.thinking import GEMINI_KIND, KIND, valid_state
 
 
 def timestamp(ns: int) -> timestamp_pb2.Timestamp:
@@ -147,6 +146,13 @@ def _has_text(parts: tuple[ContentPart, ...]) -> bool:
 # -- events ---------------------------------------------------------------------------
 
 
+# What the native state kinds that providers take back must hold (domain/thinking.py).
+_STATE_SHAPES = {
+    KIND: "the JSON array of the thinking and redacted_thinking blocks the API returned",
+    GEMINI_KIND: "a JSON object from each signed call's call id to its base64 thoughtSignature",
+}
+
+
 def payload_in(ev: event_pb2.Event, field: str) -> Payload:
     kind = ev.WhichOneof("payload")
     match kind:
@@ -167,12 +173,11 @@ def payload_in(ev: event_pb2.Event, field: str) -> Payload:
             native = None
             if m.HasField("native_state"):
                 s = m.native_state
-                if s.kind == THINKING and thinking_blocks(s.data) is None:
-                    # Sent on, a malformed block fails every request of its turn.
+                if not valid_state(s.kind, s.data):
+                    # Sent on, malformed state fails every request of its turn.
                     raise invalid(
                         f"{field}.assistant_message.native_state.data",
-                        f"native state of kind {THINKING!r} must be the JSON array of the "
-                        "thinking and redacted_thinking blocks the API returned",
+                        f"native state of kind {s.kind!r} must be {_STATE_SHAPES[s.kind]}",
                     )
                 native = NativeState(s.route_id, s.kind, s.data)
             route = route_in(m.route) if m.HasField("route") else None

@@ -41,6 +41,7 @@ from server.domain.model import (
     starts_turn,
 )
 from server.domain.records import Checkpoint, CheckpointKind, RouteState
+from server.domain.thinking import GEMINI_KIND as SIGNATURES
 from server.domain.thinking import KIND as THINKING
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.compile_types import CompileResult
@@ -93,6 +94,7 @@ payloads: st.SearchStrategy[Payload] = st.one_of(
                 # Anthropic thinking blocks, replayed in their turn on their route.
                 NativeState(ROUTES[0].route_id, THINKING, THOUGHT),
                 NativeState(ROUTES[1].route_id, THINKING, THOUGHT),
+                NativeState(ROUTES[0].route_id, SIGNATURES, b'{"c1": "CiQB"}'),
             ]
         ),
     ),

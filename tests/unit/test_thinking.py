@@ -1,7 +1,8 @@
-"""Anthropic thinking blocks logged as an assistant message's native state: replayed at
-the head of their assistant turn in the current turn's Anthropic body, on their own
-route only, counted in the estimate, and never in a rebuild of a compile recorded
-before (rendering 1)."""
+"""Anthropic thinking blocks and Gemini thought signatures logged as an assistant
+message's native state: sent back in the current turn's provider body (blocks at the head
+of their assistant turn, signatures on their function calls), on their own route only,
+counted in the estimate, and never in a rebuild of a compile recorded before the version
+that brought them."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from server.domain.model import (
     ToolResult,
     UserMessage,
 )
-from server.domain.thinking import KIND, thinking_blocks
+from server.domain.thinking import GEMINI_KIND, KIND, thinking_blocks, thought_signatures
 from server.domain.tools import ToolSpec
 from tests.conformance.sdk_types import errors_for
 from tests.unit.test_system_prompt import WordCounter
@@ -99,7 +100,7 @@ def test_each_assistant_turn_of_the_tool_loop_starts_with_its_own_blocks() -> No
     ]
     assert second[:2] == THOUGHT_B and [b["type"] for b in second[2:]] == ["text", "tool_use"]
     # Counted as the native state they are, each block set once.
-    assert view.thinking == ((2, state(THOUGHT_A).data), (4, state(THOUGHT_B).data))
+    assert view.thinking == ((2, KIND, state(THOUGHT_A).data), (4, KIND, state(THOUGHT_B).data))
     assert native_tokens(view) == thinking_tokens(view.thinking) > 0
     # No other format carries them, and the view's messages do not.
     for fmt in (RenderFormat.OPENAI_CHAT, RenderFormat.OPENAI_RESPONSES, RenderFormat.GEMINI):
@@ -151,7 +152,7 @@ def test_a_compile_recorded_before_is_rebuilt_without_them() -> None:
     now, then = compiled(*TOOL_LOOP), compiled(*TOOL_LOOP, rendering=1)
     assert then.thinking == ()
     assert all(b["type"] != "thinking" for t in assistant_turns(anthropic(then)) for b in t)
-    assert native_tokens(then) == thinking_tokens(((4, state(THOUGHT_B).data),))
+    assert native_tokens(then) == thinking_tokens(((4, KIND, state(THOUGHT_B).data),))
     assert native_tokens(now) > native_tokens(then)
 
 
@@ -179,3 +180,63 @@ def test_blocks_keep_only_what_the_api_takes() -> None:
         THOUGHT_A[0],
         {"type": "redacted_thinking", "data": "Zm9v"},
     )
+
+
+GEMINI = Route(protocol="gemini", model="gemini-3-pro-preview")
+SIG_1, SIG_2 = "CiQBVKhc7s1gn0g=", "EjQKMgFUqFzu9w=="
+
+
+def signed(signatures: dict[str, str], route: Route = GEMINI) -> NativeState:
+    return NativeState(route.route_id, GEMINI_KIND, json.dumps(signatures).encode())
+
+
+def gemini_body(view: CompiledView) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(render(view, RenderFormat.GEMINI, {}))
+    assert errors_for("gemini", body) == []  # google-genai's own types take it
+    return body
+
+
+def calls_signed(body: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return [
+        (p["functionCall"]["id"], p.get("thoughtSignature"))
+        for c in body["contents"]
+        for p in c["parts"]
+        if "functionCall" in p
+    ]
+
+
+GEMINI_LOOP = (
+    user("fix the bug"),
+    # Parallel calls: Gemini signs the first of a step only.
+    AssistantMessage((), (call("c1", "a.py"), call("c2", "b.py")), "", signed({"c1": SIG_1})),
+    ToolResult("c1", "read", text="print(1)"),
+    ToolResult("c2", "read", text="print(2)"),
+    AssistantMessage((), (call("c3", "c.py"),), "", signed({"c3": SIG_2})),
+    ToolResult("c3", "read", text="print(3)"),
+)
+
+
+def test_gemini_calls_of_the_turn_carry_their_thought_signatures() -> None:
+    view = compiled(*GEMINI_LOOP, route=GEMINI)
+    assert calls_signed(gemini_body(view)) == [("c1", SIG_1), ("c2", None), ("c3", SIG_2)]
+    assert native_tokens(view) == thinking_tokens(view.thinking) > 0
+    # Not in the other formats (their routes never hold such state), nor at rendering 2.
+    assert SIG_1 not in render(view, RenderFormat.ANTHROPIC_MESSAGES, {})
+    then = compiled(*GEMINI_LOOP, route=GEMINI, rendering=2)
+    assert [s for _, s in calls_signed(gemini_body(then))] == [None, None, None]
+    # Another model's calls (a switch), or a finished turn's: nothing is sent.
+    other = compiled(*GEMINI_LOOP, route=Route(protocol="gemini", model="gemini-3-flash"))
+    assert [s for _, s in calls_signed(gemini_body(other))] == [None, None, None]
+    done = compiled(
+        *GEMINI_LOOP, AssistantMessage((ContentPart(text="Done."),), ()), user("ok"), route=GEMINI
+    )
+    assert done.thinking == ()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"{}", b"[]", b'{"c1": 7}', b'{"c1": ""}', b'{"": "CiQ="}', b'{"c1": "not base64!"}', b"x"],
+)
+def test_only_objects_of_base64_signatures_are_signatures(data: bytes) -> None:
+    assert thought_signatures(data) is None
+    assert thought_signatures(b'{"c1": "CiQBVKhc"}') == {"c1": "CiQBVKhc"}

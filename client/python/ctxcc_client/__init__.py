@@ -20,8 +20,10 @@ from ctxcc_client.client import AsyncClient, Client
 from ctxcc_client.errors import CtxccError
 from ctxcc_client.events import (
     ANTHROPIC_THINKING,
+    GEMINI_THOUGHT_SIGNATURES,
     assistant,
     assistant_from_anthropic,
+    assistant_from_gemini,
     tool_result,
     user,
     user_with,
@@ -38,6 +40,7 @@ from ctxcc_client.usage import (
 
 __all__ = [
     "ANTHROPIC_THINKING",
+    "GEMINI_THOUGHT_SIGNATURES",
     "AsyncClient",
     "Client",
     "CompileStream",
@@ -47,6 +50,7 @@ __all__ = [
     "ViewAssembler",
     "assistant",
     "assistant_from_anthropic",
+    "assistant_from_gemini",
     "new_request_id",
     "new_session_id",
     "tool_result",

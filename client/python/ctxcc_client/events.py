@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import uuid
 from collections.abc import Mapping
 
 from ctxcc.v1 import common_pb2, event_pb2
 
 # The native state kind of Anthropic's thinking blocks (see assistant_from_anthropic).
 ANTHROPIC_THINKING = "anthropic.thinking"
+# The native state kind of Gemini's thought signatures (see assistant_from_gemini).
+GEMINI_THOUGHT_SIGNATURES = "gemini.thought_signatures"
 
 
 def user(text: str) -> event_pb2.Event:
@@ -92,4 +96,46 @@ def assistant_from_anthropic(message: object, route_id: str) -> event_pb2.Event:
         m.native_state.route_id = route_id
         m.native_state.kind = ANTHROPIC_THINKING
         m.native_state.data = json.dumps(thinking, ensure_ascii=False).encode()
+    return ev
+
+
+def assistant_from_gemini(response: object, route_id: str) -> event_pb2.Event:
+    """The assistant event to log for a Gemini generateContent response (google-genai's
+    `GenerateContentResponse`, or the REST response's JSON as a mapping): its first
+    candidate's text parts become the message's text (thought summaries, `thought: true`,
+    stay out: R-MISC-2), its `functionCall` parts its tool calls (call id: the call's `id`,
+    or a new one when the API gave none; log the tool results under the ids the returned
+    event holds), and the calls' thought signatures its native state of kind
+    "gemini.thought_signatures" on `route_id` (the compiled view's `route_id`). Gemini 3
+    refuses a tool loop whose signed call comes back without its signature; ctxcc's
+    Gemini body puts each back on its call, on that route only and only in the turn that
+    made it."""
+    ev = event_pb2.Event()
+    m = ev.assistant_message
+    candidates = _get(response, "candidates") or ()
+    content = _get(next(iter(candidates), None), "content")  # type: ignore[call-overload]
+    signatures: dict[str, str] = {}
+    for part in _get(content, "parts") or ():  # type: ignore[attr-defined]
+        call = _get(part, "function_call") or _get(part, "functionCall")
+        signature = _get(part, "thought_signature") or _get(part, "thoughtSignature")
+        if call is not None:
+            call_id = str(_get(call, "id") or f"call_{uuid.uuid4().hex[:16]}")
+            m.tool_calls.add(
+                call_id=call_id,
+                name=str(_get(call, "name")),
+                arguments_json=json.dumps(_get(call, "args") or {}, ensure_ascii=False),
+            )
+            if signature:
+                # The SDK holds the bytes, the REST JSON their base64: sent back as base64.
+                signatures[call_id] = (
+                    base64.b64encode(signature).decode()
+                    if isinstance(signature, bytes)
+                    else str(signature)
+                )
+        elif _get(part, "text") and not _get(part, "thought"):
+            m.parts.add(text=str(_get(part, "text")))
+    if signatures:
+        m.native_state.route_id = route_id
+        m.native_state.kind = GEMINI_THOUGHT_SIGNATURES
+        m.native_state.data = json.dumps(signatures).encode()
     return ev

@@ -1,9 +1,15 @@
-"""An agent with Claude's extended thinking on, through a real daemon: each response is
+"""Thinking state a provider needs back during a tool loop, through a real daemon.
+
+An agent with Claude's extended thinking on: each response is
 the SDK's own `Message` (thinking, text and tool_use blocks), logged with the Python
 client's `assistant_from_anthropic`; the Anthropic body of every step of the tool loop
 is taken by the SDK's request type and leads each of the turn's assistant messages with
 the blocks the model gave it, unchanged, as the API requires; after the user's next
-message, or on another model, no block is sent. A rebuild gives the same body."""
+message, or on another model, no block is sent. A rebuild gives the same body.
+
+An agent on Gemini 3: each response is google-genai's own `GenerateContentResponse`,
+logged with `assistant_from_gemini`; the signed calls of the turn carry their thought
+signatures in the Gemini body, which google-genai's types take."""
 
 from __future__ import annotations
 
@@ -15,12 +21,15 @@ import grpc
 import pytest
 from ctxcc_client import (
     ANTHROPIC_THINKING,
+    GEMINI_THOUGHT_SIGNATURES,
     AsyncClient,
     CtxccError,
     assistant_from_anthropic,
+    assistant_from_gemini,
     tool_result,
     user,
 )
+from google.genai import types as gt
 
 from ctxcc.v1 import common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
@@ -148,3 +157,60 @@ async def test_a_thinking_state_that_holds_no_blocks_is_refused(daemon: Daemon) 
         assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
         got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
         assert got.session.head_seq == 0
+
+
+GEMINI_ROUTE = common_pb2.Route(
+    connection="t", protocol="gemini", endpoint="api", model="gemini-3-pro-preview"
+)
+
+
+def gemini_response(*parts: dict[str, Any]) -> gt.GenerateContentResponse:
+    """A generateContent response as google-genai parses it."""
+    return gt.GenerateContentResponse.model_validate(
+        {"candidates": [{"content": {"role": "model", "parts": list(parts)}}]}
+    )
+
+
+async def test_a_gemini_tool_loop_sends_each_calls_thought_signature_back(
+    daemon: Daemon,
+) -> None:
+    first = gemini_response(
+        {"text": "Planning the fix.", "thought": True},
+        {
+            "function_call": {"id": "fc1", "name": "read", "args": {"path": "a.py"}},
+            "thought_signature": b"\x0a\x24\x01sig-one",
+        },
+        {"function_call": {"id": "fc2", "name": "read", "args": {"path": "b.py"}}},
+    )
+    # No ids from the API: the helper makes them, the agent logs the results under them.
+    second = gemini_response(
+        {"text": "Now c.py."},
+        {
+            "function_call": {"name": "read", "args": {"path": "c.py"}},
+            "thought_signature": b"\x12\x34sig-two",
+        },
+    )
+    gemini_format = view_pb2.RENDER_FORMAT_GEMINI
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        await ctx.append(sid, [user("fix the parser bug")])
+        req = cpb.CompileRequest(session_id=sid, route=GEMINI_ROUTE, render_formats=[gemini_format])
+        view = (await ctx.compiles.Compile(req)).view
+        for answer in (first, second):
+            logged = assistant_from_gemini(answer, view.route_id)
+            assert logged.assistant_message.native_state.kind == GEMINI_THOUGHT_SIGNATURES
+            calls = logged.assistant_message.tool_calls
+            assert all(c.call_id for c in calls)
+            assert "Planning" not in str(logged)  # the thought summary stays out
+            await ctx.append(sid, [logged, *(tool_result(c.call_id, "ok", "read") for c in calls)])
+            view = (await ctx.compiles.Compile(req)).view
+        body = json.loads(view.renderings[0].body_json)
+        assert errors_for("gemini", body) == []
+        parts = [p for c in body["contents"] for p in c["parts"] if "functionCall" in p]
+        # As google-genai sends a signature: the base64 of the bytes the response held.
+        sent = [gt.Part.model_validate(p).thought_signature for p in parts]
+        assert sent == [b"\x0a\x24\x01sig-one", None, b"\x12\x34sig-two"]
+        # The next user message ends the turn: nothing is sent back after it.
+        await ctx.append(sid, [user("thanks")])
+        later = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+        assert all("thoughtSignature" not in p for c in later["contents"] for p in c["parts"])
