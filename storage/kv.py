@@ -64,6 +64,10 @@ class Footprint:
     memtable_bytes: int
     disk_free_bytes: int
     disk_capacity_bytes: int
+    # Writes refused for lack of space (health NOT_SERVING). Not the same as little free
+    # space: a daemon restarted on a full disk gives its reserve back, so a quarter of a
+    # small volume can be free while it still waits for twice the reserve.
+    writes_refused: bool = False
 
     @property
     def data_bytes(self) -> int:

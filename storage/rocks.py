@@ -452,6 +452,7 @@ class RocksKV:
             memtable_bytes=memtables,
             disk_free_bytes=disk.f_bavail * disk.f_frsize,
             disk_capacity_bytes=disk.f_blocks * disk.f_frsize,
+            writes_refused=self._full,
         )
 
     def approximate_size(self) -> int:

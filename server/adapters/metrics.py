@@ -113,6 +113,15 @@ class _StoreCollector(Collector):
             "Size of the data directory's filesystem.",
             now.disk_capacity_bytes,
         )
+        # The free share alone misses a daemon that refuses writes with room to spare:
+        # restarted on a full disk it gives its reserve back (a quarter of a 256 MiB
+        # volume) and takes writes again only once twice the reserve is free.
+        yield GaugeMetricFamily(
+            "ctxcc_data_dir_full",
+            "1 while writes are refused for lack of space on the data directory's "
+            "filesystem (health NOT_SERVING), else 0.",
+            1.0 if now.writes_refused else 0.0,
+        )
 
 
 class _TokenizerCollector(Collector):

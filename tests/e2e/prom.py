@@ -60,9 +60,10 @@ class Prometheus:
     """`prometheus` on 127.0.0.1 with ctxcc's rules, scraping each pod's /metrics every
     SCRAPE_SECONDS."""
 
-    def __init__(self, workdir: Path, targets: dict[str, str]) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, str], rules: Path = RULES) -> None:
         self.workdir = workdir
         self.targets = targets
+        self.rules = rules
         self.url = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -73,7 +74,7 @@ class Prometheus:
                 "scrape_interval": f"{int(SCRAPE_SECONDS * 1000)}ms",
                 "evaluation_interval": f"{int(SCRAPE_SECONDS * 1000)}ms",
             },
-            "rule_files": [str(RULES)],
+            "rule_files": [str(self.rules)],
             "scrape_configs": [
                 {
                     "job_name": JOB,
@@ -161,6 +162,14 @@ class Prometheus:
             for r in data["result"]
         ]
 
+    def alerts(self, name: str, state: str = "firing") -> dict[str, dict[str, Any]]:
+        """The alerts called `name` in `state` now, by pod."""
+        return {
+            a["labels"]["pod"]: a
+            for a in self.api("alerts")["alerts"]
+            if a["labels"]["alertname"] == name and a["state"] == state
+        }
+
     def scrapes(self) -> int:
         """Successful scrapes of the least-scraped pod so far."""
         done = self.query(f'min(sum_over_time(up{{job="{JOB}"}}[1h]))')
@@ -184,6 +193,19 @@ class Prometheus:
         while self.scrapes() < want:
             assert time.monotonic() < deadline, f"fewer than {more} new scrapes: {self.log()}"
             time.sleep(SCRAPE_SECONDS / 2)
+
+
+def rules_firing_at_once(workdir: Path) -> Path:
+    """ctxcc's rules with every `for` cut to a second, so a test sees its alerts fire (with
+    their labels and annotations) in a real Prometheus; `promtool test rules` checks the
+    durations."""
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            rule["for"] = "1s"
+    out = workdir / "ctxcc-rules-at-once.yaml"
+    out.write_text(yaml.safe_dump(doc))
+    return out
 
 
 @dataclass

@@ -84,6 +84,8 @@ async def test_real_scrape_passes_promtool_and_has_the_metrics(
         "ctxcc_storage_write_duration_seconds_bucket",
         "ctxcc_sessions",
         "ctxcc_rocksdb_size_bytes",
+        "ctxcc_data_dir_free_bytes",
+        "ctxcc_data_dir_full",
         "ctxcc_watchers",
         "ctxcc_sessions_over_budget",
         "ctxcc_tokenizer_loaded",
@@ -145,7 +147,7 @@ async def test_dashboard_queries_use_only_scraped_metrics(replayed: tuple[Daemon
 
 def test_alert_rules_check_and_unit_tests_pass() -> None:
     checked = _promtool("check", "rules", "ctxcc-rules.yaml")
-    assert checked.returncode == 0 and "5 rules found" in checked.stdout, (
+    assert checked.returncode == 0 and "6 rules found" in checked.stdout, (
         checked.stdout + checked.stderr
     )
     tested = _promtool("test", "rules", "ctxcc-rules.test.yaml")
@@ -161,6 +163,7 @@ def test_alert_rules_check_and_unit_tests_pass() -> None:
         "CtxccCompileSlow",
         "CtxccSessionsOverBudget",
         "CtxccDataDirLowSpace",
+        "CtxccDataDirFull",
     }
 
 
