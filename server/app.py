@@ -148,8 +148,7 @@ class Daemon:
         # One splitter for the store and the compiles: see CompileUseCases.
         store = self._open_store(kv, splitter := Splitter())
         self._store = store
-        self.telemetry.watch_store(store.count_sessions, store.footprint)
-        self.telemetry.watch_tokenizers(TOKENIZER_TABLES, loaded_tokenizers)
+        self._watch(store)
         limits = ServiceLimits(
             max_events_per_append=cfg.max_events_per_append,
             max_event_bytes=cfg.max_event_bytes,
@@ -206,6 +205,8 @@ class Daemon:
             self._pending,
             sessions.on_delete,
         )
+        # Before any call is served, so that no compile of this daemon's is overwritten.
+        await asyncio.to_thread(compiles.restore_over_budget)
         artifacts = ArtifactUseCases(store, self._blocking, clock, ids, cfg.max_artifact_bytes)
 
         self.telemetry.expect_rpcs(rpc_methods(), error_codes())
@@ -271,6 +272,11 @@ class Daemon:
         ui = await self._start_ui(InspectUseCases(store, self._blocking, sessions, compiles))
         self.endpoints = Endpoints(tcp, unix, metrics, health_at, ui)
         return self.endpoints
+
+    def _watch(self, store: KVEventStore) -> None:
+        """The gauges read at scrape time: the store's and the tokenizers'."""
+        self.telemetry.watch_store(store.count_sessions, store.footprint)
+        self.telemetry.watch_tokenizers(TOKENIZER_TABLES, loaded_tokenizers)
 
     def _open_store(self, kv: RocksKV, splitter: Splitter) -> KVEventStore:
         cfg = self.cfg

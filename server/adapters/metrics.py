@@ -9,7 +9,7 @@ RPC method and status code. No session id ever becomes a label.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Info
@@ -64,6 +64,19 @@ class _OverBudgetSessions(Collector):
         with self._lock:
             self._last.pop(session_id, None)
 
+    def restored(self, ages: Iterable[tuple[str, float]]) -> None:
+        """At start, before any call is served: sessions whose latest recorded compile was
+        over budget, `age` seconds ago (by the wall clock that stamped the record). The
+        tally lives in memory: without this a restarted daemon read 0 until each such
+        session compiled again, and CtxccSessionsOverBudget's 10 minutes began anew."""
+        with self._lock:
+            now = self._clock()
+            for session_id, age in ages:
+                # A record stamped ahead of this clock (the wall clock stepped back)
+                # counts as just made.
+                self._last[session_id] = now - max(age, 0.0)
+            self._prune(now)  # those older than the window, at once
+
     def _prune(self, now: float) -> None:
         old = [s for s, t in self._last.items() if now - t > OVER_BUDGET_RECENT_SECONDS]
         for sid in old:
@@ -77,7 +90,7 @@ class _OverBudgetSessions(Collector):
             "ctxcc_sessions_over_budget",
             "Sessions whose latest compile was over its input budget, in the last "
             f"{OVER_BUDGET_RECENT_SECONDS:.0f} s (dropped at a compile within budget and "
-            "at DeleteSession).",
+            "at DeleteSession; read back from the compile records at start).",
             n,
         )
 
@@ -333,6 +346,9 @@ class PrometheusTelemetry:
 
     def session_deleted(self, session_id: str) -> None:
         self._over_budget.forget(session_id)
+
+    def over_budget_restored(self, ages: Sequence[tuple[str, float]]) -> None:
+        self._over_budget.restored(ages)
 
     def appended(self, events: int, size_bytes: int) -> None:
         with self._lock:

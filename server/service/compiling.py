@@ -78,6 +78,8 @@ from server.service.watch import CompileNotice, WatchHub
 # inputs and model, and how many of the view's first messages are known to hold no image.
 # Sessions whose events were found to hold nothing elidable, remembered.
 _NOT_ELIDABLE = 1_024
+# Sessions listed per read when the sessions over budget are restored at start.
+_RESTORE_PAGE = 1_000
 
 
 def _seq(e: Event) -> int:
@@ -273,6 +275,27 @@ class CompileUseCases:
         self._memos.forget(session_id)
         self._repeats.forget_session(session_id)
         self._telemetry.session_deleted(session_id)
+
+    def restore_over_budget(self) -> int:
+        """Blocking, at start before calls are served: tells telemetry which sessions'
+        latest recorded compile was over budget, and when (the gauge of sessions over
+        budget is kept in memory; a restart emptied it until each compiled again). One
+        read of the latest record per session; returns the number of sessions read."""
+        now = self._clock.now_ns()
+        over: list[tuple[str, float]] = []
+        after, read = "", 0
+        while True:
+            page = self._store.list_sessions(after, _RESTORE_PAGE)
+            for session in page:
+                record = self._store.get_last_compile(session.session_id)
+                if record is not None and record.decision == Decision.OVER_BUDGET_SEND_ANYWAY:
+                    over.append((session.session_id, (now - record.create_time_ns) / 1e9))
+            read += len(page)
+            if len(page) < _RESTORE_PAGE:
+                break
+            after = page[-1].session_id
+        self._telemetry.over_budget_restored(over)
+        return read
 
     def kept(self) -> tuple[int, int]:
         """(memos, repeatable views) kept: for tests and inspection."""

@@ -12,6 +12,7 @@ Contract (checked by tests/contract for every implementation):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar
 
@@ -228,6 +229,11 @@ class Telemetry(Protocol):
 
     def session_deleted(self, session_id: str) -> None:
         """DeleteSession: what is kept about the session goes."""
+        ...
+
+    def over_budget_restored(self, ages: Sequence[tuple[str, float]]) -> None:
+        """At start: (session id, seconds since) of each session whose latest recorded
+        compile was over budget; the adapter keeps the recent ones."""
         ...
 
     def appended(self, events: int, size_bytes: int) -> None: ...

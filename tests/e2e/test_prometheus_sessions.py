@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ctxcc.v1 import (
     view_pb2,
 )
 from tests.e2e.proc import REPO, DaemonProcess
-from tests.e2e.prom import RULES, Prometheus
+from tests.e2e.prom import RULES, Prometheus, _free_port, rules_firing_at_once
 from tests.helpers import assistant, user
 
 OLD = common_pb2.Route(
@@ -41,6 +42,8 @@ NEW = common_pb2.Route(
 )
 # A small window, so that a few steps of plain text put a session over its budget.
 SMALL = compile_service_pb2.ModelLimits(context_window=20_000, max_output_tokens=1_000)
+# The window of a model an agent moves to when its view no longer fits.
+LARGE = compile_service_pb2.ModelLimits(context_window=200_000, max_output_tokens=8_000)
 TEXT = "Read the failing test, find the cause in the parser and fix it with a small patch. "
 OVER = view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY
 # The rules as they stood before: the over-budget one stayed true for its whole window
@@ -75,8 +78,13 @@ class Agent:
         )
         return self.compile(sid, route)
 
-    def compile(self, sid: str, route: common_pb2.Route = OLD) -> view_pb2.CompiledView:
-        req = compile_service_pb2.CompileRequest(session_id=sid, route=route, limits=SMALL)
+    def compile(
+        self,
+        sid: str,
+        route: common_pb2.Route = OLD,
+        limits: compile_service_pb2.ModelLimits = SMALL,
+    ) -> view_pb2.CompiledView:
+        req = compile_service_pb2.CompileRequest(session_id=sid, route=route, limits=limits)
         view: view_pb2.CompiledView = self.compiles.Compile(req).view
         return view
 
@@ -233,3 +241,106 @@ def test_agents_leaving_their_watches_are_no_daemon_failure(
     for rule in rules:
         if rule["alert"] != "CtxccDataDirLowSpace":
             assert prom.query(rule["expr"], at=at) == [], rule["alert"]
+
+
+def test_over_budget_gauge_through_a_larger_window_a_checkpoint_and_restarts(
+    short_tmp: Path, tmp_path: Path
+) -> None:
+    """Each edge case of ctxcc_sessions_over_budget, read from the daemon's /metrics and
+    from Prometheus, with CtxccSessionsOverBudget's duration cut to a second so its state
+    shows: a session that moves to a model with a larger window leaves at once; one that
+    writes a checkpoint stays until its next compile (the gauge counts compiles) and
+    leaves then; a deleted one is not brought back by a restart; and after a restart,
+    SIGTERM or SIGKILL, the sessions whose latest compile was over budget count again
+    before any of them compiles (they used to read 0 until each did, and the alert's
+    duration started again)."""
+    metrics = f"127.0.0.1:{_free_port()}"  # the same target across restarts
+    daemon = DaemonProcess(
+        short_tmp / "data", "--metrics-listen", metrics, log_path=tmp_path / "daemon.log"
+    ).start()
+    prom = Prometheus(tmp_path, {"agent-0": metrics}, rules_firing_at_once(tmp_path))
+    agent: Agent | None = None
+    try:
+        daemon.wait_ready()
+        prom.start()
+        prom.wait_scrapes(2)
+        agent = Agent(daemon.target)
+        for sid in ("larger", "summarised", "deleted", "stuck-1", "stuck-2"):
+            agent.create(sid)
+            agent.over_budget(sid)
+        assert daemon.metric("ctxcc_sessions_over_budget") == 5
+        firing = _until_firing(prom, lambda got: got == 5)
+        assert firing["labels"]["severity"] == "info"
+
+        # A model with a larger window: its first compile there is within budget.
+        assert agent.compile("larger", NEW, LARGE).decision != OVER
+        assert daemon.metric("ctxcc_sessions_over_budget") == 4
+        # A summary through the head: the latest compile is still the one over budget.
+        head = agent.compile("summarised").event_boundary
+        agent.summarize("summarised", head)
+        assert daemon.metric("ctxcc_sessions_over_budget") == 4
+        assert agent.compile("summarised").decision != OVER
+        assert daemon.metric("ctxcc_sessions_over_budget") == 3
+        agent.sessions.DeleteSession(session_service_pb2.DeleteSessionRequest(session_id="deleted"))
+        assert daemon.metric("ctxcc_sessions_over_budget") == 2
+        _until_firing(prom, lambda got: got == 2)
+
+        # Restarts: nothing compiles until the gauge has been read.
+        for how in ("SIGTERM", "SIGKILL"):
+            agent.channel.close()
+            if how == "SIGTERM":
+                assert daemon.terminate() == 0
+            else:
+                daemon.kill()
+            daemon.start()
+            daemon.wait_ready()
+            assert daemon.metric("ctxcc_sessions_over_budget") == 2, how
+            _until_firing(prom, lambda got: got == 2, after_restart=True)
+            agent = Agent(daemon.target)
+
+        # The stuck sessions compact; the alert resolves.
+        for sid in ("stuck-1", "stuck-2"):
+            agent.summarize(sid, agent.compile(sid).event_boundary)
+            assert agent.compile(sid).decision != OVER
+        assert daemon.metric("ctxcc_sessions_over_budget") == 0
+        _until(prom, "the alert resolves", lambda: not _over_budget_alerts(prom))
+    finally:
+        if agent is not None:
+            agent.channel.close()
+        prom.stop()
+        daemon.terminate()
+        daemon.ensure_stopped()
+
+
+def _over_budget_alerts(prom: Prometheus) -> list[dict[str, Any]]:
+    return [
+        a
+        for a in prom.api("alerts")["alerts"]
+        if a["labels"]["alertname"] == "CtxccSessionsOverBudget"
+    ]
+
+
+def _until(prom: Prometheus, what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"{what}: not after {timeout} s\n{prom.log()}"
+        time.sleep(0.2)
+    return got
+
+
+def _until_firing(
+    prom: Prometheus, value: Callable[[float], bool], *, after_restart: bool = False
+) -> dict[str, Any]:
+    """The CtxccSessionsOverBudget alert firing with a value `value` accepts. After a
+    restart, first a scrape of the new process (the failed ones mark the series stale)."""
+    if after_restart:
+        prom.wait_scrapes(2)
+
+    def firing() -> dict[str, Any] | None:
+        for alert in _over_budget_alerts(prom):
+            if alert["state"] == "firing" and value(float(alert["value"])):
+                return alert
+        return None
+
+    found: dict[str, Any] = _until(prom, "CtxccSessionsOverBudget fires", firing)
+    return found

@@ -63,3 +63,25 @@ def test_idle_sessions_are_dropped_between_scrapes_once_many_are_kept() -> None:
         gauge.decided("new", True)  # over the cap: the old ones go without a scrape
     assert list(gauge._last) == ["new"]
     assert _value(gauge) == 1
+
+
+def test_sessions_restored_at_start_count_until_their_compile_is_old() -> None:
+    lock = threading.Lock()
+    clock = Clock()
+    gauge = _OverBudgetSessions(lock, clock)
+    window = OVER_BUDGET_RECENT_SECONDS
+    gauge.restored(
+        [
+            ("recent", 10.0),
+            ("older", window - 100),
+            ("too-old", window + 1),  # its agent stopped before the restart
+            ("ahead", -5.0),  # stamped by a wall clock that later stepped back: just now
+        ]
+    )
+    assert _value(gauge) == 3
+    clock.now += 101
+    assert _value(gauge) == 2  # "older"'s compile is now past the window
+    clock.now += window - 10 - 101 + 1
+    assert _value(gauge) == 1  # and "recent"'s, 10 s older than "ahead"'s
+    clock.now += 10
+    assert _value(gauge) == 0
