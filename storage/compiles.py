@@ -255,6 +255,18 @@ class CompileRecords(StoreCore):
         raw = self._kv.get("compiles", key)
         return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
 
+    def last_compile_outcome(self, session_id: str) -> tuple[int, int] | None:
+        """(decision, create time in ns) of the session's latest compile, read without the
+        chunks its table may be stored in: a daemon reads this for every session at start."""
+        key = session_key(session_id, LAST_COMPILE)
+        record = self._decoded_value("compiles", key, CompileRecord)
+        if record is None:
+            raw = self._kv.get("compiles", key)
+            if raw is None:
+                return None
+            record = decode_value(raw, CompileRecord)
+        return record.decision, record.create_time_ns
+
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
         # Suffixes are random hex, so key order is not time order; the usage reports sit
         # at 0xfc, the boundary index, the parts and the copy of the latest record at

@@ -276,26 +276,33 @@ class CompileUseCases:
         self._repeats.forget_session(session_id)
         self._telemetry.session_deleted(session_id)
 
-    def restore_over_budget(self) -> int:
+    def restore_over_budget(self) -> None:
         """Blocking, at start before calls are served: tells telemetry which sessions'
         latest recorded compile was over budget, and when (the gauge of sessions over
         budget is kept in memory; a restart emptied it until each compiled again). One
-        read of the latest record per session; returns the number of sessions read."""
+        read of the latest record per session. A damaged record answers RECORD_CORRUPT
+        to the calls that read it; here it must not stop the daemon from starting, so
+        the gauge goes without that session (a damaged session record: without the
+        sessions listed after it)."""
         now = self._clock.now_ns()
         over: list[tuple[str, float]] = []
-        after, read = "", 0
+        after = ""
         while True:
-            page = self._store.list_sessions(after, _RESTORE_PAGE)
+            try:
+                page = self._store.list_sessions(after, _RESTORE_PAGE)
+            except CtxccError:
+                break
             for session in page:
-                record = self._store.get_last_compile(session.session_id)
-                if record is not None and record.decision == Decision.OVER_BUDGET_SEND_ANYWAY:
-                    over.append((session.session_id, (now - record.create_time_ns) / 1e9))
-            read += len(page)
+                try:
+                    last = self._store.last_compile_outcome(session.session_id)
+                except CtxccError:
+                    continue
+                if last is not None and last[0] == Decision.OVER_BUDGET_SEND_ANYWAY:
+                    over.append((session.session_id, (now - last[1]) / 1e9))
             if len(page) < _RESTORE_PAGE:
                 break
             after = page[-1].session_id
         self._telemetry.over_budget_restored(over)
-        return read
 
     def kept(self) -> tuple[int, int]:
         """(memos, repeatable views) kept: for tests and inspection."""

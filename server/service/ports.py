@@ -188,6 +188,10 @@ class EventStore(Protocol):
 
     def get_last_compile(self, session_id: str) -> CompileRecord | None: ...
 
+    def last_compile_outcome(self, session_id: str) -> tuple[int, int] | None:
+        """(decision, create time in ns) of the latest compile, its table left unread."""
+        ...
+
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
         """Every compile record of a session, oldest first (by create time)."""
         ...

@@ -378,6 +378,10 @@ def test_records_read_back_after_a_write_are_what_is_stored(make_store: object) 
                 theirs = err.reason.value
             assert mine == theirs, cid
         assert st.get_last_compile("s") == twin.get_last_compile("s")
+        # What a restarting daemon reads of every session: the same, without the table.
+        last = st.get_last_compile("s")
+        outcome = None if last is None else (last.decision, last.create_time_ns)
+        assert st.last_compile_outcome("s") == twin.last_compile_outcome("s") == outcome
         try:
             assert st.get_session("s") == twin.get_session("s")
         except CtxccError as err:
@@ -717,6 +721,7 @@ _READS = frozenset(
         "get_route_state",
         "get_route_model",
         "get_last_compile",
+        "last_compile_outcome",
         "list_compiles",
         "list_sources",
         "project_scopes",

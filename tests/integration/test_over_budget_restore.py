@@ -17,6 +17,9 @@ from ctxcc.v1 import session_pb2, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.adapters.system import SystemClock
 from server.app import Daemon
+from storage import open_rocks
+from storage.keys import LAST_COMPILE, session_key
+from storage.kv import Batch
 from tests.conftest import make_config, stubs_for
 from tests.helpers import ROUTE, assistant, user
 
@@ -74,6 +77,35 @@ async def test_a_restart_counts_the_sessions_over_budget_of_the_last_five_minute
             return super().now_ns() + later_s * 1_000_000_000
 
     monkeypatch.setattr(server.app, "SystemClock", Later)
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        assert over_budget_gauge(d) == counted
+    finally:
+        await d.stop()
+
+
+@pytest.mark.parametrize(("cf", "key", "counted"), [("compiles", "a", 1), ("sessions", "a", 0)])
+async def test_a_damaged_record_does_not_stop_the_restart(
+    short_tmp: Path, cf: str, key: str, counted: int
+) -> None:
+    """Session "a"'s latest compile record (or its session record) damaged on disk: the
+    daemon starts all the same (calls that read it answer RECORD_CORRUPT) and counts
+    what it could read: "b", or, past a damaged session record, nothing after it."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        await _over_budget(d, ["a", "b"])
+    finally:
+        await d.stop()
+    kv = open_rocks(short_tmp / "db")
+    try:
+        batch = Batch()
+        where = session_key(key, LAST_COMPILE) if cf == "compiles" else key.encode()
+        batch.put(cf, where, b"\x00not a record")
+        kv.write(batch)
+    finally:
+        kv.close()
     d = Daemon(make_config(short_tmp))
     await d.start()
     try:
