@@ -237,7 +237,10 @@ def panels() -> list[dict[str, Any]]:
                 )
             ],
             unit="percentunit",
-            description="CtxccDataDirLowSpace fires under 10%.",
+            description=(
+                "CtxccDataDirLowSpace fires under 10%. A daemon that refuses writes for lack "
+                "of space (ctxcc_data_dir_full) may show more: CtxccDataDirFull names it."
+            ),
         ),
         panel(
             12,
