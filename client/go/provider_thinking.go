@@ -1,0 +1,137 @@
+package ctxcc
+
+import (
+	"bytes"
+	"encoding/json"
+
+	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
+)
+
+// AnthropicThinking is the native state kind of Claude's thinking blocks (see
+// AssistantFromAnthropic).
+const AnthropicThinking = "anthropic.thinking"
+
+// AnthropicMessage is an Anthropic Messages response (the API's Message), as much of it as
+// AssistantFromAnthropic reads: json.Unmarshal of the response body fills it (with
+// anthropic-sdk-go, of msg.RawJSON()).
+type AnthropicMessage struct {
+	// content: the response's blocks, in their order.
+	Content []AnthropicContentBlock `json:"content"`
+}
+
+// AnthropicContentBlock is one block of a response's content, the fields of the block
+// types AssistantFromAnthropic uses. A block of another type (server_tool_use,
+// web_search_tool_result, ...) decodes to its Type alone and is left out of the event.
+type AnthropicContentBlock struct {
+	// type: "text", "thinking", "redacted_thinking", "tool_use", or another one.
+	Type string `json:"type"`
+	// text (text blocks).
+	Text string `json:"text,omitempty"`
+	// thinking and signature (thinking blocks).
+	Thinking  string `json:"thinking,omitempty"`
+	Signature string `json:"signature,omitempty"`
+	// data (redacted_thinking blocks).
+	Data string `json:"data,omitempty"`
+	// id, name and input (tool_use blocks): input is the JSON the model produced.
+	ID    string          `json:"id,omitempty"`
+	Name  string          `json:"name,omitempty"`
+	Input json.RawMessage `json:"input,omitempty"`
+}
+
+// UnmarshalJSON reads a block's fields only when its type is one AssistantFromAnthropic
+// uses: a block type added to the API later, whose fields of these names may hold
+// something else, does not fail the decoding of the whole response.
+func (b *AnthropicContentBlock) UnmarshalJSON(data []byte) error {
+	var head struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return err
+	}
+	switch head.Type {
+	case "text", "thinking", "redacted_thinking", "tool_use":
+		type plain AnthropicContentBlock // without this method
+		var p plain
+		if err := json.Unmarshal(data, &p); err != nil {
+			return err
+		}
+		*b = AnthropicContentBlock(p)
+	default:
+		*b = AnthropicContentBlock{Type: head.Type}
+	}
+	return nil
+}
+
+// AssistantFromAnthropic is the assistant event to log for an Anthropic Messages
+// response. Its text blocks become the message's text parts, its tool_use blocks its tool
+// calls (CallId = id, Name = name, ArgumentsJson = input), and its thinking /
+// redacted_thinking blocks, unchanged and in order, its native state of kind
+// AnthropicThinking on routeID (the compiled view's RouteId, the route the request went
+// to). With extended thinking on, the API refuses a tool loop whose assistant turn does
+// not start with those blocks; the daemon's Anthropic body puts them back at the head of
+// their turn, on that route only and only in the turn that made them. The thinking text is
+// not logged as reasoning: the model gets it back through the blocks, and no other route
+// may see it (R-MISC-2).
+//
+// The state's data is the blocks as a JSON array ({type, thinking, signature} and {type,
+// data}); each call's arguments are the input's JSON as the response held it, compacted
+// (numbers and keys as the model wrote them). A missing or null input is {}; an input that
+// is not JSON (a block built by hand) is logged as it is, for the daemon to judge.
+func AssistantFromAnthropic(msg AnthropicMessage, routeID string) *ctxccv1.Event {
+	m := &ctxccv1.AssistantMessage{}
+	var thinking []any
+	for _, b := range msg.Content {
+		switch b.Type {
+		case "text":
+			if b.Text != "" {
+				m.Parts = append(m.Parts, &ctxccv1.ContentPart{Part: &ctxccv1.ContentPart_Text{Text: b.Text}})
+			}
+		case "tool_use":
+			m.ToolCalls = append(m.ToolCalls, &ctxccv1.ToolCall{CallId: b.ID, Name: b.Name, ArgumentsJson: toolInput(b.Input)})
+		case "thinking":
+			thinking = append(thinking, thinkingBlock{b.Type, b.Thinking, b.Signature})
+		case "redacted_thinking":
+			thinking = append(thinking, redactedThinkingBlock{b.Type, b.Data})
+		}
+	}
+	if thinking != nil {
+		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: AnthropicThinking, Data: marshalBlocks(thinking)}
+	}
+	return &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: m}}
+}
+
+// thinkingBlock and redactedThinkingBlock are the blocks as the API takes them back: every
+// field written, an empty one too (the daemon refuses a block without its fields).
+type thinkingBlock struct {
+	Type      string `json:"type"`
+	Thinking  string `json:"thinking"`
+	Signature string `json:"signature"`
+}
+
+type redactedThinkingBlock struct {
+	Type string `json:"type"`
+	Data string `json:"data"`
+}
+
+// marshalBlocks is the blocks' JSON array, with <, > and & as they are (the thinking text
+// stays readable in the log).
+func marshalBlocks(blocks []any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(blocks) // structs of strings: cannot fail
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+}
+
+// toolInput is a tool_use input's JSON, compacted; none (or null) is {}.
+func toolInput(raw json.RawMessage) string {
+	trimmed := bytes.TrimSpace(raw)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
+		return "{}"
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, trimmed); err != nil {
+		return string(raw)
+	}
+	return buf.String()
+}
