@@ -65,6 +65,7 @@ export {
   usageFromOpenAIChat,
   usageFromOpenAIResponses,
 } from "./usage.js";
+export { ANTHROPIC_THINKING, type AnthropicContentBlock, type AnthropicMessage, assistantFromAnthropic } from "./anthropic.js";
 
 const CHUNK = 1 << 20;
 
