@@ -362,3 +362,37 @@ def test_typescript_client_resume_ids_against_a_daemon(daemon: DaemonProcess) ->
     # Node reports the file's other tests as skipped; this one must have run and passed.
     ran = re.search(rf"^ok \d+ - {re.escape(DAEMON_TS_TEST)}$", out, re.M)
     assert ran and re.search(r"^# fail 0$", out, re.M), out
+
+
+# The clients' tests of their Anthropic helper against a real daemon (skipped without
+# CTXCC_TARGET).
+THINKING_GO_TEST = "TestAssistantFromAnthropicAgainstADaemon"
+THINKING_TS_TEST = (
+    "against a daemon: the logged response's thinking blocks lead its turn in the Anthropic body"
+)
+
+
+def test_go_client_thinking_blocks_against_a_daemon(daemon: DaemonProcess) -> None:
+    """client/go/provider_thinking_test.go: the event AssistantFromAnthropic builds for a
+    response with thinking blocks is accepted and stored as sent, and the Anthropic body
+    leads the turn with the response's blocks, unchanged, on its route only."""
+    out = _run_suite(
+        ["go", "test", "-count=1", "-v", "-run", f"^{THINKING_GO_TEST}$", "."],
+        REPO / "client/go",
+        {"CTXCC_TARGET": daemon.target},
+    )
+    assert re.search(rf"^--- PASS: {THINKING_GO_TEST}\b", out, re.M), out
+    assert "SKIP" not in out and "FAIL" not in out, out
+
+
+def test_typescript_client_thinking_blocks_against_a_daemon(daemon: DaemonProcess) -> None:
+    """The same for the TypeScript client (client/typescript/test/anthropic.test.ts)."""
+    test_file = REPO / "client/typescript/dist/test/anthropic.test.js"
+    assert test_file.exists(), "run `make clients`"
+    out = _run_suite(
+        ["node", "--test", f"--test-name-pattern={re.escape(THINKING_TS_TEST)}", str(test_file)],
+        REPO / "client/typescript",
+        {"CTXCC_TARGET": daemon.target},
+    )
+    ran = re.search(rf"^ok \d+ - {re.escape(THINKING_TS_TEST)}$", out, re.M)
+    assert ran and re.search(r"^# fail 0$", out, re.M), out
