@@ -3,8 +3,10 @@ outside the checkout (the README's install block is run as written, with `/path/
 pointing here and package managers kept offline), and the same scripted agent
 (tests/e2e/interop/agent.{py,ts,go}) runs against one daemon over the Unix socket and over
 TCP. Its result must be the one the script implies, in every language, and the daemon's own
-record of the session must agree. The Go and TypeScript agents then run a session on delta
-views (`DELTAS {json}`)."""
+record of the session must agree. Each agent also logs an Anthropic response with thinking
+blocks with its client's helper: the daemon stores an event that says what the response
+said (its blocks, text and calls), and the Anthropic body leads the turn with the blocks.
+The Go and TypeScript agents then run a session on delta views (`DELTAS {json}`)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import REPO, DaemonProcess
 
 INTEROP = REPO / "tests" / "e2e" / "interop"
+# An Anthropic response with thinking, redacted_thinking, text and two tool_use blocks.
+ANTHROPIC_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "anthropic-response.json"
 PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
     "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
@@ -66,6 +70,8 @@ EXPECTED = {
     "view1_tools": ["load_rule", "read_file", "tool_search"],
     "view3_boundary": 4,
     "watch_first": ["event", 4],
+    # The Anthropic body's assistant turn: the response's thinking blocks, unchanged, first.
+    "thinking": [["thinking", "redacted_thinking", "text", "tool_use", "tool_use"], True],
 }
 # The delta session: 10 steps (a tool registered at step 3, a memory changed at step 5): the
 # first view whole, then deltas, but the one at step 6 damaged by the agent's hook, so it is
@@ -212,7 +218,11 @@ def test_scripted_agent(
     )
     done = subprocess.run(
         projects[client],
-        env={**os.environ, "CTXCC_TARGET": target},
+        env={
+            **os.environ,
+            "CTXCC_TARGET": target,
+            "CTXCC_ANTHROPIC_RESPONSE": str(ANTHROPIC_RESPONSE),
+        },
         capture_output=True,
         text=True,
         timeout=120,
@@ -224,6 +234,7 @@ def test_scripted_agent(
     assert line, done.stdout + done.stderr
     result = json.loads(line.removeprefix("RESULT "))
     sid = result.pop("session_id")
+    thinking_sid = result.pop("thinking_session_id")
     assert result == EXPECTED
     deltas = next((ln for ln in done.stdout.splitlines() if ln.startswith("DELTAS ")), None)
     if client in ("go", "typescript"):
@@ -243,6 +254,24 @@ def test_scripted_agent(
             cpb.ListCheckpointsRequest(session_id=sid), timeout=10
         ).checkpoints
         assert [c.covers_through_seq for c in checkpoints] == [3]
+        # The response as the agent's helper logged it: the same blocks, text and calls
+        # (the JSON in it parsed: each client writes JSON its own way).
+        logged = (
+            sessions.ListEvents(spb.ListEventsRequest(session_id=thinking_sid), timeout=10)
+            .events[1]
+            .assistant_message
+        )
+        content = json.loads(ANTHROPIC_RESPONSE.read_text(encoding="utf-8"))["content"]
+        assert logged.native_state.kind == "anthropic.thinking"
+        assert json.loads(logged.native_state.data) == [
+            b for b in content if b["type"] in {"thinking", "redacted_thinking"}
+        ]
+        assert [p.text for p in logged.parts] == [
+            b["text"] for b in content if b["type"] == "text" and b["text"]
+        ]
+        assert [(c.call_id, c.name, json.loads(c.arguments_json)) for c in logged.tool_calls] == [
+            (b["id"], b["name"], b["input"]) for b in content if b["type"] == "tool_use"
+        ]
 
 
 # The names each README's example leaves to the reader: what the provider answered.

@@ -1,6 +1,8 @@
 // The scripted agent of the interop suite in Go: the same script as agent.py and agent.ts,
 // built in a temp module that requires the client the way its README says. Prints one
-// line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views.
+// line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views. Ends the
+// RESULT part with an Anthropic response with thinking blocks (the file
+// CTXCC_ANTHROPIC_RESPONSE) logged with the client's helper.
 package main
 
 import (
@@ -10,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
 	"time"
@@ -31,6 +34,56 @@ func main() {
 	fmt.Println("RESULT " + string(line))
 	line, _ = json.Marshal(deltas)
 	fmt.Println("DELTAS " + string(line))
+}
+
+// thinkingSession logs an Anthropic response with thinking blocks and its tools' results,
+// and records the block types of the Anthropic body's assistant turn and whether it starts
+// with the response's thinking blocks, unchanged.
+func thinkingSession(ctx context.Context, c *ctxcc.Client) map[string]any {
+	raw := must(os.ReadFile(os.Getenv("CTXCC_ANTHROPIC_RESPONSE")))
+	var msg ctxcc.AnthropicMessage
+	must(0, json.Unmarshal(raw, &msg))
+	claude := &ctxccv1.Route{Connection: "interop", Protocol: "anthropic-messages", Endpoint: "api", Model: "claude-sonnet-4-5"}
+	sid := must(c.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
+	req := &ctxccv1.CompileRequest{SessionId: sid, Route: claude,
+		RenderFormats: []ctxccv1.RenderFormat{ctxccv1.RenderFormat_RENDER_FORMAT_ANTHROPIC_MESSAGES}}
+	must(c.Append(ctx, sid, []*ctxccv1.Event{ctxcc.User("Fix the parser bug.")}, ""))
+	view := must(c.Compile(ctx, req))
+	logged := ctxcc.AssistantFromAnthropic(msg, view.GetRouteId())
+	events := []*ctxccv1.Event{logged}
+	for _, call := range logged.GetAssistantMessage().GetToolCalls() {
+		events = append(events, ctxcc.ToolResult(call.GetCallId(), call.GetName(), "ok", false))
+	}
+	must(c.Append(ctx, sid, events, ""))
+	type blocks struct {
+		Content []map[string]any `json:"content"`
+	}
+	var body struct {
+		Messages []struct {
+			Role string `json:"role"`
+			blocks
+		} `json:"messages"`
+	}
+	must(0, json.Unmarshal([]byte(must(c.Compile(ctx, req)).GetRenderings()[0].GetBodyJson()), &body))
+	var response blocks
+	must(0, json.Unmarshal(raw, &response))
+	var sent []map[string]any
+	for _, b := range response.Content {
+		if b["type"] == "thinking" || b["type"] == "redacted_thinking" {
+			sent = append(sent, b)
+		}
+	}
+	types, leads := []string{}, false
+	for _, m := range body.Messages {
+		if m.Role == "assistant" {
+			for _, b := range m.Content {
+				types = append(types, fmt.Sprint(b["type"]))
+			}
+			leads = len(m.Content) >= len(sent) && reflect.DeepEqual(m.Content[:len(sent)], sent)
+			break
+		}
+	}
+	return map[string]any{"thinking_session_id": sid, "thinking": []any{types, leads}}
 }
 
 // deltaSession runs steps on a stream with delta views (a tool registered and a memory
@@ -340,6 +393,9 @@ func run(target string) (out, deltas map[string]any, err error) {
 	_, err = c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: "no-such-session"})
 	if e, ok := ctxcc.AsError(err); ok {
 		out["missing_reason"] = e.Reason
+	}
+	for k, v := range thinkingSession(ctx, c) {
+		out[k] = v
 	}
 	deltas, err = deltaSession(ctx, c, route)
 	if err != nil {

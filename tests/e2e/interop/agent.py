@@ -2,8 +2,10 @@
 sources, tool registration, steps on a CompileStream (user message; a tool call and its
 result; an image), deferred-tool search, a tool-result read, artifact upload/download,
 every render format, a usage report, a checkpoint, a watch, time travel, and the session
-RPCs. Prints one line, `RESULT {json}`, that the suite compares across languages and
-checks against the daemon. Usage: CTXCC_TARGET=... python agent.py"""
+RPCs; then an Anthropic response with thinking blocks (the file CTXCC_ANTHROPIC_RESPONSE)
+logged with the client's helper and compiled into an Anthropic body. Prints one line,
+`RESULT {json}`, that the suite compares across languages and checks against the daemon.
+Usage: CTXCC_TARGET=... CTXCC_ANTHROPIC_RESPONSE=... python agent.py"""
 
 from __future__ import annotations
 
@@ -11,9 +13,18 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
-from ctxcc_client import AsyncClient, CtxccError, assistant, tool_result, user, user_with
+from ctxcc_client import (
+    AsyncClient,
+    CtxccError,
+    assistant,
+    assistant_from_anthropic,
+    tool_result,
+    user,
+    user_with,
+)
 
 from ctxcc.v1 import (
     checkpoint_pb2,
@@ -33,6 +44,9 @@ PNG = bytes.fromhex(
     "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
 )
 TOOL_OUTPUT = "\n".join(f"line {i}" for i in range(1, 41))
+CLAUDE = common_pb2.Route(
+    connection="interop", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4-5"
+)
 FORMATS = [
     view_pb2.RENDER_FORMAT_OPENAI_CHAT,
     view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
@@ -140,7 +154,26 @@ async def session_rpcs(ctx: AsyncClient, sid: str, out: dict[str, Any]) -> None:
     out["deleted_events"] = deleted.deleted_events
 
 
-async def run(target: str) -> dict[str, Any]:
+async def thinking_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -> None:
+    """Logs an Anthropic response with thinking blocks and its tools' results; records the
+    block types of the Anthropic body's assistant turn and whether it starts with the
+    response's thinking blocks, unchanged."""
+    sid = out["thinking_session_id"] = (await ctx.create_session()).session_id
+    req = cpb.CompileRequest(
+        session_id=sid, route=CLAUDE, render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES]
+    )
+    await ctx.append(sid, [user("Fix the parser bug.")])
+    view = (await ctx.compiles.Compile(req)).view
+    logged = assistant_from_anthropic(response, view.route_id)
+    calls = logged.assistant_message.tool_calls
+    await ctx.append(sid, [logged, *(tool_result(c.call_id, "ok", c.name) for c in calls)])
+    body = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+    turn = next(m for m in body["messages"] if m["role"] == "assistant")
+    sent = [b for b in response["content"] if b["type"] in {"thinking", "redacted_thinking"}]
+    out["thinking"] = [[b["type"] for b in turn["content"]], turn["content"][: len(sent)] == sent]
+
+
+async def run(target: str, response: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with AsyncClient(target) as ctx:
         session = await ctx.create_session()
@@ -228,6 +261,7 @@ async def run(target: str) -> dict[str, Any]:
         out["head_seq"] = (await ctx.get_session(sid)).head_seq
         await session_rpcs(ctx, sid, out)
         await drop_sources(ctx, sid, out)
+        await thinking_session(ctx, response, out)
         try:
             await ctx.get_session("no-such-session")
         except CtxccError as err:
@@ -236,6 +270,8 @@ async def run(target: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    result = asyncio.run(run(os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")))
+    # The Anthropic response the agent logs (tests/fixtures/client-thinking).
+    response = json.loads(Path(os.environ["CTXCC_ANTHROPIC_RESPONSE"]).read_text("utf-8"))
+    result = asyncio.run(run(os.environ.get("CTXCC_TARGET", "127.0.0.1:50551"), response))
     print("RESULT " + json.dumps(result, sort_keys=True))
     sys.exit(0)

@@ -1,11 +1,16 @@
 /**
  * The scripted agent of the interop suite in TypeScript: the same script as agent.py and
  * agent.go, built in a temp project against @ctxcc/client installed from its npm pack
- * tarball. Prints one line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on
+ * tarball. Ends with an Anthropic response with thinking blocks (the file
+ * CTXCC_ANTHROPIC_RESPONSE) logged with the client's helper. Prints one line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on
  * delta views.
  */
+import { readFileSync } from "node:fs";
+import { isDeepStrictEqual } from "node:util";
+
 import {
   assistant,
+  assistantFromAnthropic,
   CheckpointKind,
   connect,
   CoveredDigestMode,
@@ -24,6 +29,7 @@ import {
 } from "@ctxcc/client";
 
 const route: Route = { connection: "interop", protocol: "fake", endpoint: "local", model: "gpt-4o" };
+const claude: Route = { connection: "interop", protocol: "anthropic-messages", endpoint: "api", model: "claude-sonnet-4-5" };
 const PNG = Buffer.from(
   "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489" +
     "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082",
@@ -156,6 +162,7 @@ async function main(): Promise<void> {
   } catch (err) {
     out.missing_reason = (err as CtxccError).reason;
   }
+  Object.assign(out, await thinkingSession(ctx));
   const deltas = { ...(await deltaSession(ctx)), ...(await compactionSession(ctx)) };
   ctx.close();
   console.log("RESULT " + JSON.stringify(sortedKeys(out)));
@@ -163,6 +170,28 @@ async function main(): Promise<void> {
 }
 
 const sortedKeys = (o: Record<string, unknown>) => Object.fromEntries(Object.entries(o).sort(([a], [b]) => (a < b ? -1 : 1)));
+
+interface Block {
+  type: string;
+}
+
+/** Logs an Anthropic response with thinking blocks and its tools' results; records the block
+ * types of the Anthropic body's assistant turn and whether it starts with the response's
+ * thinking blocks, unchanged. */
+async function thinkingSession(ctx: Client): Promise<Record<string, unknown>> {
+  const response = JSON.parse(readFileSync(process.env.CTXCC_ANTHROPIC_RESPONSE!, "utf8")) as { content: Block[] };
+  const sid = (await ctx.createSession()).sessionId;
+  const req = { sessionId: sid, route: claude, renderFormats: [RenderFormat.RENDER_FORMAT_ANTHROPIC_MESSAGES] };
+  await ctx.append(sid, [user("Fix the parser bug.")]);
+  const view = await ctx.compile(req);
+  const logged = assistantFromAnthropic(response, view.routeId);
+  const calls = logged.payload?.$case === "assistantMessage" ? logged.payload.value.toolCalls : [];
+  await ctx.append(sid, [logged, ...calls.map((c) => toolResult(c.callId, "ok", c.name))]);
+  const body = JSON.parse((await ctx.compile(req)).renderings[0].bodyJson) as { messages: { role: string; content: Block[] }[] };
+  const turn = body.messages.find((m) => m.role === "assistant")!;
+  const sent = response.content.filter((b) => b.type === "thinking" || b.type === "redacted_thinking");
+  return { thinking_session_id: sid, thinking: [turn.content.map((b) => b.type), isDeepStrictEqual(turn.content.slice(0, sent.length), sent)] };
+}
 
 /** Steps on a stream with delta views (a tool registered and a memory changed on the way, one
  * delta damaged by the hook) and on one without; counts the views that equal, by digest, the
