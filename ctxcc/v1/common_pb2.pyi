@@ -328,6 +328,14 @@ Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
 class ProviderNativeState(_message.Message):
     """ProviderNativeState is opaque provider state (e.g. a Responses API item id or
     encrypted reasoning) that is only valid on the route that produced it.
+
+    Two kinds are state a provider needs back during a tool loop, and the daemon reads
+    them: "anthropic.thinking" (data: the JSON array of the response's thinking and
+    redacted_thinking blocks, as returned) and "gemini.thought_signatures" (data: a JSON
+    object from each signed call's call_id to its base64 thoughtSignature). On an
+    assistant message, the rendered Anthropic or Gemini body sends them back in the
+    current turn, on their route only; AppendEvents refuses data of these kinds that is
+    not of that shape (INVALID_FIELD). Any other kind is opaque.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -336,11 +344,11 @@ class ProviderNativeState(_message.Message):
     KIND_FIELD_NUMBER: _builtins.int
     DATA_FIELD_NUMBER: _builtins.int
     route_id: _builtins.str
-    """The route_id the state belongs to."""
+    """The route_id the state belongs to (the compiled view's route_id)."""
     kind: _builtins.str
     """Provider-defined kind, e.g. "openai.previous_response_id"."""
     data: _builtins.bytes
-    """Opaque content."""
+    """Content: opaque, except for the kinds above."""
     def __init__(
         self,
         *,

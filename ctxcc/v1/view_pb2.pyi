@@ -395,7 +395,10 @@ class CompiledView(_message.Message):
 
     @_builtins.property
     def provider_state(self) -> _common_pb2.ProviderNativeState:
-        """Provider-native state, present only when the route matches (SPEC R-ROUTE-2)."""
+        """The latest assistant message's provider-native state, present only when the route
+        matches (SPEC R-ROUTE-2). The current turn's thinking state of earlier messages
+        (ProviderNativeState's two read kinds) is not here: the rendered bodies carry it.
+        """
 
     @_builtins.property
     def layers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerTokens]:

@@ -626,13 +626,21 @@ func (x *ToolCall) GetArgumentsJson() string {
 
 // ProviderNativeState is opaque provider state (e.g. a Responses API item id or
 // encrypted reasoning) that is only valid on the route that produced it.
+//
+// Two kinds are state a provider needs back during a tool loop, and the daemon reads
+// them: "anthropic.thinking" (data: the JSON array of the response's thinking and
+// redacted_thinking blocks, as returned) and "gemini.thought_signatures" (data: a JSON
+// object from each signed call's call_id to its base64 thoughtSignature). On an
+// assistant message, the rendered Anthropic or Gemini body sends them back in the
+// current turn, on their route only; AppendEvents refuses data of these kinds that is
+// not of that shape (INVALID_FIELD). Any other kind is opaque.
 type ProviderNativeState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The route_id the state belongs to.
+	// The route_id the state belongs to (the compiled view's route_id).
 	RouteId string `protobuf:"bytes,1,opt,name=route_id,json=routeId,proto3" json:"route_id,omitempty"`
 	// Provider-defined kind, e.g. "openai.previous_response_id".
 	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	// Opaque content.
+	// Content: opaque, except for the kinds above.
 	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -569,7 +569,9 @@ type CompiledView struct {
 	Messages []*ViewMessage `protobuf:"bytes,10,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Tools the model may call in this step.
 	Tools []*ViewTool `protobuf:"bytes,11,rep,name=tools,proto3" json:"tools,omitempty"`
-	// Provider-native state, present only when the route matches (SPEC R-ROUTE-2).
+	// The latest assistant message's provider-native state, present only when the route
+	// matches (SPEC R-ROUTE-2). The current turn's thinking state of earlier messages
+	// (ProviderNativeState's two read kinds) is not here: the rendered bodies carry it.
 	ProviderState *ProviderNativeState `protobuf:"bytes,12,opt,name=provider_state,json=providerState,proto3" json:"provider_state,omitempty"`
 	// Token ledger per layer (SPEC R-LAYER-1).
 	Layers []*LayerTokens `protobuf:"bytes,13,rep,name=layers,proto3" json:"layers,omitempty"`

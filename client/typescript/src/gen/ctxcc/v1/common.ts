@@ -223,13 +223,21 @@ export interface ToolCall {
 /**
  * ProviderNativeState is opaque provider state (e.g. a Responses API item id or
  * encrypted reasoning) that is only valid on the route that produced it.
+ *
+ * Two kinds are state a provider needs back during a tool loop, and the daemon reads
+ * them: "anthropic.thinking" (data: the JSON array of the response's thinking and
+ * redacted_thinking blocks, as returned) and "gemini.thought_signatures" (data: a JSON
+ * object from each signed call's call_id to its base64 thoughtSignature). On an
+ * assistant message, the rendered Anthropic or Gemini body sends them back in the
+ * current turn, on their route only; AppendEvents refuses data of these kinds that is
+ * not of that shape (INVALID_FIELD). Any other kind is opaque.
  */
 export interface ProviderNativeState {
-  /** The route_id the state belongs to. */
+  /** The route_id the state belongs to (the compiled view's route_id). */
   routeId: string;
   /** Provider-defined kind, e.g. "openai.previous_response_id". */
   kind: string;
-  /** Opaque content. */
+  /** Content: opaque, except for the kinds above. */
   data: Buffer;
 }
 

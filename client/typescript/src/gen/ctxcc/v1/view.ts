@@ -572,7 +572,11 @@ export interface CompiledView {
   messages: ViewMessage[];
   /** Tools the model may call in this step. */
   tools: ViewTool[];
-  /** Provider-native state, present only when the route matches (SPEC R-ROUTE-2). */
+  /**
+   * The latest assistant message's provider-native state, present only when the route
+   * matches (SPEC R-ROUTE-2). The current turn's thinking state of earlier messages
+   * (ProviderNativeState's two read kinds) is not here: the rendered bodies carry it.
+   */
   providerState?:
     | ProviderNativeState
     | undefined;
