@@ -13,6 +13,7 @@ signatures in the Gemini body, which google-genai's types take."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -24,6 +25,7 @@ from ctxcc_client import (
     GEMINI_THOUGHT_SIGNATURES,
     AsyncClient,
     CtxccError,
+    assistant,
     assistant_from_anthropic,
     assistant_from_gemini,
     tool_result,
@@ -136,10 +138,16 @@ async def test_a_tool_loop_with_thinking_sends_each_turns_blocks_back(daemon: Da
         # On another model the signatures are not its own: nothing is sent.
         _, other = await body(ctx, sid, OTHER)
         assert leading(other) == [[], []]
-        # The user's next message ends the turn: its blocks are not needed any more.
-        await ctx.append(sid, [user("thanks, now run the tests")])
+        # The user typed while the tool ran: the body puts the message in the results'
+        # user turn, so for the API the tool loop goes on and still wants the blocks.
+        await ctx.append(sid, [user("also check the tests")])
+        _, typed = await body(ctx, sid, ROUTE)
+        assert leading(typed) == [sent[0], sent[1]]
+        # Claude answers without a call: the loop is over, and so is the next request's
+        # need for its blocks (the API strips them anyway).
+        await ctx.append(sid, [assistant("Fixed in b.py."), user("thanks, now run the tests")])
         _, later = await body(ctx, sid, ROUTE)
-        assert leading(later) == [[], []]
+        assert leading(later) == [[], [], []]
 
 
 async def test_a_thinking_state_that_holds_no_blocks_is_refused(daemon: Daemon) -> None:
@@ -210,7 +218,15 @@ async def test_a_gemini_tool_loop_sends_each_calls_thought_signature_back(
         # As google-genai sends a signature: the base64 of the bytes the response held.
         sent = [gt.Part.model_validate(p).thought_signature for p in parts]
         assert sent == [b"\x0a\x24\x01sig-one", None, b"\x12\x34sig-two"]
-        # The next user message ends the turn: nothing is sent back after it.
-        await ctx.append(sid, [user("thanks")])
+        # A user message typed while the tools ran joins their results: the turn goes on.
+        await ctx.append(sid, [user("also check the tests")])
+        typed = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+        signed = [p.get("thoughtSignature") for c in typed["contents"] for p in c["parts"]]
+        assert [s for s in signed if s] == [
+            base64.b64encode(b"\x0a\x24\x01sig-one").decode(),
+            base64.b64encode(b"\x12\x34sig-two").decode(),
+        ]
+        # The model's answer without a call ends it: nothing is sent back after it.
+        await ctx.append(sid, [assistant("Fixed."), user("thanks")])
         later = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
         assert all("thoughtSignature" not in p for c in later["contents"] for p in c["parts"])

@@ -14,7 +14,7 @@ import pytest
 
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.render import RenderFormat, render
-from server.compiler.turn_thinking import thinking_tokens
+from server.compiler.turn_thinking import loop_start, thinking_tokens
 from server.compiler.view import CompiledView, Layer
 from server.domain.model import (
     AssistantMessage,
@@ -25,7 +25,11 @@ from server.domain.model import (
     Session,
     ToolCall,
     ToolResult,
+    TurnCancelled,
+    TurnCompleted,
+    TurnStarted,
     UserMessage,
+    starts_turn,
 )
 from server.domain.thinking import GEMINI_KIND, KIND, thinking_blocks, thought_signatures
 from server.domain.tools import ToolSpec
@@ -240,3 +244,50 @@ def test_gemini_calls_of_the_turn_carry_their_thought_signatures() -> None:
 def test_only_objects_of_base64_signatures_are_signatures(data: bytes) -> None:
     assert thought_signatures(data) is None
     assert thought_signatures(b'{"c1": "CiQBVKhc"}') == {"c1": "CiQBVKhc"}
+
+
+def test_a_user_message_typed_during_the_tools_does_not_end_the_loop() -> None:
+    """It goes in the tool results' user turn (they lead it), so for the API the loop
+    goes on: the blocks of the assistant message before it are still wanted, and those
+    of a cancelled loop too; an answer without a call, then a user message, ends it."""
+    interjected = compiled(*TOOL_LOOP[:3], user("also check b.py"), *TOOL_LOOP[3:])
+    first, second = assistant_turns(anthropic(interjected))
+    assert first[:1] == THOUGHT_A and second[:2] == THOUGHT_B
+    after_cancel = compiled(*TOOL_LOOP[:3], TurnCancelled("t", False), user("stop, do b.py"))
+    assert assistant_turns(anthropic(after_cancel))[0][:1] == THOUGHT_A
+    marker = compiled(
+        *TOOL_LOOP[:3], TurnStarted("t2"), AssistantMessage((ContentPart(text="ok"),), ())
+    )
+    assert assistant_turns(anthropic(marker))[0][:1] == THOUGHT_A
+    ended = compiled(
+        *TOOL_LOOP[:3], AssistantMessage((ContentPart(text="Done."),), ()), user("next")
+    )
+    assert ended.thinking == ()
+
+
+CALL = AssistantMessage((), (call("c1", "x"),))
+RESULT = ToolResult("c1", "r", text="x")
+
+
+@pytest.mark.parametrize(
+    ("payloads", "start"),
+    [
+        ((user("a"),), 0),
+        (
+            (
+                user("a"),
+                AssistantMessage((), (call("c1", "x"),)),
+                ToolResult("c1", "r", text="x"),
+                user("b"),
+            ),
+            0,
+        ),
+        ((AssistantMessage((), (call("c1", "x"),)), ToolResult("c1", "r", text="x"), user("b")), 0),
+        ((user("a"), AssistantMessage((ContentPart(text="done"),), ()), user("b")), 2),
+        ((user("a"), RESULT, TurnCompleted(), TurnStarted("u")), 0),
+    ],
+)
+def test_where_the_loop_starts(payloads: tuple[Any, ...], start: int) -> None:
+    events = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads)]
+    last = max(i for i, e in enumerate(events) if starts_turn(e.payload))
+    assert loop_start(events, last) == start
