@@ -333,8 +333,8 @@ class ProviderNativeState(_message.Message):
     them: "anthropic.thinking" (data: the JSON array of the response's thinking and
     redacted_thinking blocks, as returned) and "gemini.thought_signatures" (data: a JSON
     object from each signed call's call_id to its base64 thoughtSignature). On an
-    assistant message, the rendered Anthropic or Gemini body sends them back in the
-    current turn, on their route only; AppendEvents refuses data of these kinds that is
+    assistant message, the rendered Anthropic or Gemini body sends them back during the
+    current tool loop, on their route only; AppendEvents refuses data of these kinds that is
     not of that shape (INVALID_FIELD). Any other kind is opaque.
     """
 
