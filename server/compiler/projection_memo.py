@@ -18,10 +18,16 @@ from server.compiler.prompt_memo import RememberedPrompt
 from server.compiler.view import Layer, ViewMessage
 from server.domain.model import (
     AssistantMessage,
+    Attachment,
+    BrowserSelection,
     Event,
     ToolCall,
     ToolResult,
+    TurnCancelled,
+    TurnCompleted,
+    TurnStarted,
     UserMessage,
+    starts_turn,
 )
 
 # (layer, tokens, messages) for each layer that has messages, in layer order.
@@ -35,12 +41,20 @@ class ActiveTurn:
 
     start: int
     texts: tuple[str, ...]
-    # Indices of its assistant messages that carry native state (thinking.py): found as
-    # the turn grows, so a long tool loop is not walked again at every step.
+    # The tool loop the turn belongs to, the providers' current turn (turn_thinking.py):
+    # the index where it begins (`start`, or an earlier turn's start when a user message
+    # follows tool results), and the indices of its assistant messages that carry native
+    # state. Both are carried from memo to memo, so neither a long turn nor a log of such
+    # turns is walked again at every step.
+    loop: int = -1
     stated: tuple[int, ...] = ()
 
 
 NO_TURN = ActiveTurn(-1, ())
+
+# Events a body shows in the user turn that follows them, or not at all: a user message
+# after them still joins the tool results before them (the bodies put results first).
+_USER_SIDE = (TurnCompleted, TurnCancelled, TurnStarted, Attachment, BrowserSelection)
 
 
 def _stated(events: Sequence[Event], start: int) -> tuple[int, ...]:
@@ -49,6 +63,30 @@ def _stated(events: Sequence[Event], start: int) -> tuple[int, ...]:
         for i in range(start, len(events))
         if isinstance(p := events[i].payload, AssistantMessage) and p.native_state is not None
     )
+
+
+def loop_start(
+    events: Sequence[Event], start: int, seen: int = 0, before: ActiveTurn = NO_TURN
+) -> int:
+    """Index where the tool loop of the turn starting at `start` begins: `start`, or the
+    start of an earlier turn's loop while the last event before a turn's start that a
+    body shows apart is a tool result. Turns before `seen` are `before`'s (the memo's
+    turn, whose loop is known): they are not walked."""
+    while True:
+        j = start - 1
+        while j >= 0 and isinstance(events[j].payload, _USER_SIDE):
+            j -= 1
+        if j < 0 or not isinstance(events[j].payload, ToolResult):
+            return start
+        while j >= seen and not starts_turn(events[j].payload):
+            j -= 1
+        if j >= seen:
+            start = j
+        elif seen and before.start >= 0:
+            return before.loop
+        else:
+            # No turn start before (a log that opens mid-loop, or after a checkpoint).
+            return 0
 
 
 def event_texts(event: Event) -> list[str]:
@@ -83,15 +121,21 @@ def active_turn(
     n = len(memo.events) if memo is not None else 0
     if not (extends(memo, events) if known is None else known):
         memo, n = None, 0
+    before = memo.turn if memo is not None else NO_TURN
     for i in range(len(events) - 1, n - 1, -1):
         if is_user_turn_start(events[i]):
             texts = tuple(t for e in events[i:] for t in event_texts(e))
-            return ActiveTurn(i, texts, _stated(events, i))
-    if memo is None or memo.turn.start < 0:
+            loop = loop_start(events, i, n, before)
+            if loop < n and before.start >= 0:
+                # The loop goes on from the memo's turn: its state so far, then the new.
+                return ActiveTurn(i, texts, loop, before.stated + _stated(events, n))
+            return ActiveTurn(i, texts, loop, _stated(events, loop))
+    if memo is None or before.start < 0:
         return NO_TURN
     added = tuple(t for e in events[n:] for t in event_texts(e))
-    turn = memo.turn
-    return ActiveTurn(turn.start, turn.texts + added, turn.stated + _stated(events, n))
+    return ActiveTurn(
+        before.start, before.texts + added, before.loop, before.stated + _stated(events, n)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ turn that holds no tool result. Usually that is ctxcc's current turn (since the 
 user message); but a user message logged right after tool results (the user typed while
 the tools ran) goes in the same user turn as those results in both bodies (tool results
 lead it), so for the provider the loop goes on across it, and it still wants the state of
-the assistant messages before it."""
+the assistant messages before it. Where the loop begins, and which of its messages carry
+state, the current turn holds (projection_memo.ActiveTurn: loop, stated)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,7 @@ from collections.abc import Sequence
 from server.compiler.projection_memo import ActiveTurn
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
-from server.domain.model import (
-    AssistantMessage,
-    Attachment,
-    BrowserSelection,
-    Event,
-    Role,
-    ToolResult,
-    TurnCancelled,
-    TurnCompleted,
-    TurnStarted,
-    starts_turn,
-)
+from server.domain.model import AssistantMessage, Event, Role
 from server.domain.thinking import GEMINI_KIND, KIND, valid_state
 
 # (seq of the assistant message's event, the state's kind, its data as logged)
@@ -45,22 +35,18 @@ def turn_thinking(
     rendering: int,
 ) -> Thinking:
     kinds = {kind for kind, since in SINCE.items() if rendering >= since}
-    if not kinds or turn.start < 0:
+    if not kinds or not turn.stated:
         return ()
-    start = loop_start(events, turn.start)
-    stated = _stated_before(events, start, turn.start) + turn.stated
-    if not stated:
-        return ()
-    first = events[start].seq
+    first = events[turn.loop].seq
     # The assistant messages of the view from the turn's start on (the working set).
     spans = []
     for m in reversed(messages):
-        if m.last_seq < first:
+        if 0 < m.last_seq < first:  # synthetic messages (a missing result) have no seq
             break
         if m.role is Role.ASSISTANT and not m.synthetic:
             spans.append((m.first_seq, m.last_seq))
     out = []
-    for i in stated:
+    for i in turn.stated:
         e = events[i]
         assert isinstance(e.payload, AssistantMessage) and e.payload.native_state is not None
         state = e.payload.native_state
@@ -71,38 +57,6 @@ def turn_thinking(
         if any(a <= e.seq <= b for a, b in spans) and valid_state(state.kind, state.data):
             out.append((e.seq, state.kind, state.data))
     return tuple(out)
-
-
-# Events a body shows in the user turn that follows them, or not at all: a user message
-# after them still joins the tool results before them.
-_USER_SIDE = (TurnCompleted, TurnCancelled, TurnStarted, Attachment, BrowserSelection)
-
-
-def loop_start(events: Sequence[Event], start: int) -> int:
-    """Index where the tool loop of the turn starting at `start` begins: `start`, or the
-    start of an earlier turn while the last event before a turn's start that the body
-    shows apart is a tool result."""
-    while True:
-        j = start - 1
-        while j >= 0 and isinstance(events[j].payload, _USER_SIDE):
-            j -= 1
-        if j < 0 or not isinstance(events[j].payload, ToolResult):
-            return start
-        while j >= 0 and not starts_turn(events[j].payload):
-            j -= 1
-        if j < 0:
-            return 0
-        start = j
-
-
-def _stated_before(events: Sequence[Event], start: int, turn_start: int) -> tuple[int, ...]:
-    """Indices of the assistant messages with native state from `start` to the current
-    turn's start (whose own the memo carries: ActiveTurn.stated); none when they are one."""
-    return tuple(
-        i
-        for i in range(start, turn_start)
-        if isinstance(p := events[i].payload, AssistantMessage) and p.native_state is not None
-    )
 
 
 def thinking_tokens(thinking: Thinking) -> int:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from server.compiler.compile import CompileInputs, compile_view
+from server.compiler.compile import CompileInputs, compile_incremental, compile_view
+from server.compiler.projection_memo import active_turn, loop_start
 from server.compiler.render import RenderFormat, render
-from server.compiler.turn_thinking import loop_start, thinking_tokens
+from server.compiler.turn_thinking import thinking_tokens
 from server.compiler.view import CompiledView, Layer
 from server.domain.model import (
     AssistantMessage,
@@ -291,3 +292,40 @@ def test_where_the_loop_starts(payloads: tuple[Any, ...], start: int) -> None:
     events = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads)]
     last = max(i for i, e in enumerate(events) if starts_turn(e.payload))
     assert loop_start(events, last) == start
+
+
+def test_the_loop_carried_from_step_to_step_is_the_loop_found_from_scratch() -> None:
+    """Each step continues from the previous compile's memo: where the loop begins and
+    which of its messages carry state are carried, not walked again; they must be what a
+    compile from scratch finds, across turns that end and user messages that do not end
+    the loop (one after a loop that began in a later turn than the log's first)."""
+    steps: list[list[Any]] = [
+        [user("a"), AssistantMessage((ContentPart(text="done"),), ())],
+        [user("b")],
+        [AssistantMessage((), (call("c1", "a.py"),), "", state(THOUGHT_A))],
+        [ToolResult("c1", "read", text="x")],
+        [user("typed while it ran")],
+        [AssistantMessage((), (call("c2", "b.py"),), "", state(THOUGHT_B))],
+        [ToolResult("c2", "read", text="y"), user("and again")],
+        # A step that logs a signed call, its result and a typed message at once.
+        [
+            AssistantMessage((), (call("c3", "c.py"),), "", state(THOUGHT_A)),
+            ToolResult("c3", "read", text="z"),
+            user("one more"),
+        ],
+        [AssistantMessage((ContentPart(text="Fixed."),), ()), user("next")],
+    ]
+    log: list[Event] = []
+    memo = None
+    for n, new in enumerate(steps):
+        log += [Event(len(log) + i + 1, f"e{len(log) + i + 1}", 0, p) for i, p in enumerate(new)]
+        inputs = CompileInputs("s:1", Session("s", 0, 0), tuple(log), len(log), ROUTE)
+        assert active_turn(inputs.events, memo) == active_turn(inputs.events), n
+        view, memo, _ = compile_incremental(inputs, WordCounter(), memo)
+        assert view == compile_view(inputs, WordCounter()), n
+        # The loop that began at "b" goes on across the typed messages.
+        if n in (5, 6):
+            assert [seq for seq, _, _ in view.thinking] == [4, 7], n
+        if n == 7:
+            assert [seq for seq, _, _ in view.thinking] == [4, 7, 10], n
+    assert view.thinking == ()
