@@ -2,6 +2,8 @@ package ctxcc
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
@@ -95,7 +97,7 @@ func AssistantFromAnthropic(msg AnthropicMessage, routeID string) *ctxccv1.Event
 		}
 	}
 	if thinking != nil {
-		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: AnthropicThinking, Data: marshalBlocks(thinking)}
+		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: AnthropicThinking, Data: marshalJSON(thinking)}
 	}
 	return &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: m}}
 }
@@ -113,13 +115,13 @@ type redactedThinkingBlock struct {
 	Data string `json:"data"`
 }
 
-// marshalBlocks is the blocks' JSON array, with <, > and & as they are (the thinking text
-// stays readable in the log).
-func marshalBlocks(blocks []any) []byte {
+// marshalJSON is v's JSON, with <, > and & as they are (the thinking text stays readable
+// in the log).
+func marshalJSON(v any) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	_ = enc.Encode(blocks) // structs of strings: cannot fail
+	_ = enc.Encode(v) // strings only: cannot fail
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
@@ -134,4 +136,98 @@ func toolInput(raw json.RawMessage) string {
 		return string(raw)
 	}
 	return buf.String()
+}
+
+// GeminiThoughtSignatures is the native state kind of Gemini's thought signatures (see
+// AssistantFromGemini).
+const GeminiThoughtSignatures = "gemini.thought_signatures"
+
+// GeminiResponse is a Gemini generateContent response (the REST API's
+// GenerateContentResponse, camelCase), as much of it as AssistantFromGemini reads:
+// json.Unmarshal of the response body fills it.
+type GeminiResponse struct {
+	// candidates: the first one is the answer logged.
+	Candidates []GeminiCandidate `json:"candidates"`
+}
+
+// GeminiCandidate is one candidate of a response.
+type GeminiCandidate struct {
+	Content GeminiContent `json:"content"`
+}
+
+// GeminiContent is a candidate's content: its parts, in their order.
+type GeminiContent struct {
+	Parts []GeminiPart `json:"parts"`
+}
+
+// GeminiPart is one part of a candidate's content, the fields AssistantFromGemini uses;
+// a part of another kind (inlineData, executableCode, ...) decodes to none of them and is
+// left out of the event.
+type GeminiPart struct {
+	// text, and thought: true when it is a thought summary (not logged: R-MISC-2).
+	Text    string `json:"text,omitempty"`
+	Thought bool   `json:"thought,omitempty"`
+	// functionCall: a call of one of the request's tools.
+	FunctionCall *GeminiFunctionCall `json:"functionCall,omitempty"`
+	// thoughtSignature: base64, on the first function call of each step Gemini 3 makes.
+	ThoughtSignature string `json:"thoughtSignature,omitempty"`
+}
+
+// GeminiFunctionCall is a part's functionCall: id (the API may give none), name, and args,
+// the JSON object the model produced.
+type GeminiFunctionCall struct {
+	ID   string          `json:"id,omitempty"`
+	Name string          `json:"name"`
+	Args json.RawMessage `json:"args,omitempty"`
+}
+
+// AssistantFromGemini is the assistant event to log for a Gemini generateContent
+// response. Its first candidate's text parts become the message's text parts (thought
+// summaries, thought: true, are left out: R-MISC-2), its functionCall parts its tool calls
+// (CallId = the call's id, or a new unique one when the API gave none: log the tools'
+// results under the ids the event holds; ArgumentsJson = args), and the calls' thought
+// signatures its native state of kind GeminiThoughtSignatures on routeID (the compiled
+// view's RouteId), with data the JSON object from each signed call's CallId to its
+// signature. Gemini 3 refuses a tool loop whose signed call comes back without its
+// signature; the daemon's Gemini body puts each back on its call, on that route only and
+// only in the turn that made it.
+//
+// Each call's arguments are args as the response held it, compacted (a missing or null
+// args is {}). A signature on a part other than a call is not logged: the daemon has no
+// place to send it back.
+func AssistantFromGemini(resp GeminiResponse, routeID string) *ctxccv1.Event {
+	m := &ctxccv1.AssistantMessage{}
+	signatures := map[string]string{}
+	var parts []GeminiPart
+	if len(resp.Candidates) > 0 {
+		parts = resp.Candidates[0].Content.Parts
+	}
+	for _, p := range parts {
+		switch {
+		case p.FunctionCall != nil:
+			call := p.FunctionCall
+			id := call.ID
+			if id == "" {
+				id = newCallID()
+			}
+			m.ToolCalls = append(m.ToolCalls, &ctxccv1.ToolCall{CallId: id, Name: call.Name, ArgumentsJson: toolInput(call.Args)})
+			if p.ThoughtSignature != "" {
+				signatures[id] = p.ThoughtSignature
+			}
+		case p.Text != "" && !p.Thought:
+			m.Parts = append(m.Parts, &ctxccv1.ContentPart{Part: &ctxccv1.ContentPart_Text{Text: p.Text}})
+		}
+	}
+	if len(signatures) > 0 {
+		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: GeminiThoughtSignatures, Data: marshalJSON(signatures)}
+	}
+	return &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: m}}
+}
+
+// newCallID is a call id for a function call the API gave none: unique in the session,
+// the form the Python client's assistant_from_gemini makes.
+func newCallID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "call_" + hex.EncodeToString(b)
 }
