@@ -7,6 +7,8 @@ tests/e2e/test_client_install.py installs them as their READMEs say."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import queue
 import re
@@ -20,13 +22,17 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.genai import types as gt
 
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import session_service_pb2_grpc
+from tests.conformance.sdk_types import errors_for
 from tests.e2e.proc import CLIENT_LOOPS, REPO, DaemonProcess
 from tests.helpers import usage_counts as counts_at
 
 CLIENTS = CLIENT_LOOPS
+# A Gemini response with a thought summary, text and three parallel calls, the first signed.
+GEMINI_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "gemini-response.json"
 OK = re.compile(r"ok (\d+) steps session (\S+) seq (\d+)(?: largest_view_bytes (\d+))?")
 # The Go and TypeScript loops end their `ok` line with how their stream's views arrived.
 ARRIVED = re.compile(r"whole (\d+) deltas (\d+) mismatches (\d+)$")
@@ -396,3 +402,60 @@ def test_typescript_client_thinking_blocks_against_a_daemon(daemon: DaemonProces
     )
     ran = re.search(rf"^ok \d+ - {re.escape(THINKING_TS_TEST)}$", out, re.M)
     assert ran and re.search(r"^# fail 0$", out, re.M), out
+
+
+# The clients' tests of their Gemini helper against a real daemon (skipped without
+# CTXCC_TARGET); each writes the Gemini body it checked to CTXCC_GEMINI_BODY.
+GEMINI_GO_TEST = "TestAssistantFromGeminiAgainstADaemon"
+GEMINI_TS_TEST = (
+    "against a daemon: the logged response's thought signatures are on their calls in the "
+    "Gemini body"
+)
+
+
+def _check_gemini_body(path: Path) -> None:
+    """The body a client's test compiled: valid for google-genai's types, and its signed
+    call (the fixture's first) carries the response's signature, the others none."""
+    body = json.loads(path.read_text(encoding="utf-8"))
+    assert errors_for("gemini", body) == []
+    response = json.loads(GEMINI_RESPONSE.read_text(encoding="utf-8"))
+    parts = response["candidates"][0]["content"]["parts"]
+    want = [p.get("thoughtSignature") for p in parts if "functionCall" in p]
+    sent = [p for c in body["contents"] for p in c["parts"] if "functionCall" in p]
+    assert [gt.Part.model_validate(p).thought_signature for p in sent] == [
+        base64.b64decode(s) if s else None for s in want
+    ]
+
+
+def test_go_client_thought_signatures_against_a_daemon(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """client/go/provider_gemini_test.go: the event AssistantFromGemini builds for a
+    response with parallel calls, the first signed, is accepted and stored as sent, and the
+    Gemini body puts the signature on that call only, on its route only."""
+    body = tmp_path / "gemini-body.json"
+    out = _run_suite(
+        ["go", "test", "-count=1", "-v", "-run", f"^{GEMINI_GO_TEST}$", "."],
+        REPO / "client/go",
+        {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)},
+    )
+    assert re.search(rf"^--- PASS: {GEMINI_GO_TEST}\b", out, re.M), out
+    assert "SKIP" not in out and "FAIL" not in out, out
+    _check_gemini_body(body)
+
+
+def test_typescript_client_thought_signatures_against_a_daemon(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The same for the TypeScript client (client/typescript/test/gemini.test.ts)."""
+    test_file = REPO / "client/typescript/dist/test/gemini.test.js"
+    assert test_file.exists(), "run `make clients`"
+    body = tmp_path / "gemini-body.json"
+    out = _run_suite(
+        ["node", "--test", f"--test-name-pattern={re.escape(GEMINI_TS_TEST)}", str(test_file)],
+        REPO / "client/typescript",
+        {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)},
+    )
+    ran = re.search(rf"^ok \d+ - {re.escape(GEMINI_TS_TEST)}$", out, re.M)
+    assert ran and re.search(r"^# fail 0$", out, re.M), out
+    _check_gemini_body(body)

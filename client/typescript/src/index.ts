@@ -66,6 +66,13 @@ export {
   usageFromOpenAIResponses,
 } from "./usage.js";
 export { ANTHROPIC_THINKING, type AnthropicContentBlock, type AnthropicMessage, assistantFromAnthropic } from "./anthropic.js";
+export {
+  assistantFromGemini,
+  GEMINI_THOUGHT_SIGNATURES,
+  type GeminiFunctionCall,
+  type GeminiPart,
+  type GeminiResponse,
+} from "./gemini.js";
 
 const CHUNK = 1 << 20;
 
