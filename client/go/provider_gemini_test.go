@@ -184,8 +184,8 @@ func TestAssistantFromGeminiWithIDs(t *testing.T) {
 
 // Against a real daemon (daemonClient: CTXCC_TARGET, skipped without): the event logged
 // for the response, appended with its tools' results under the event's call ids, is
-// stored as it was sent, and the Gemini body's functionCall parts are the response's
-// calls, each signed call with its signature and the others with none; a model of another
+// stored as it was sent, and the Gemini body's model turn holds the response's text, not
+// its thought summary, and its calls as functionCall parts, each signed call with its signature and the others with none; a model of another
 // route gets no signature. With CTXCC_GEMINI_BODY set, the body is written to that file
 // (tests/e2e/test_clients.py checks it against google-genai's types).
 func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
@@ -210,7 +210,10 @@ func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 			Args json.RawMessage `json:"args"`
 		} `json:"functionCall"`
 		ThoughtSignature *string `json:"thoughtSignature"`
+		Text             string  `json:"text"`
 	}
+	// body is the route's view, and its Gemini body's functionCall parts and model text.
+	var modelText []string
 	body := func(route *ctxccv1.Route) (*ctxccv1.CompiledView, []part) {
 		t.Helper()
 		view, err := c.Compile(ctx, &ctxccv1.CompileRequest{SessionId: sid, Route: route,
@@ -220,6 +223,7 @@ func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 		}
 		var parsed struct {
 			Contents []struct {
+				Role  string `json:"role"`
 				Parts []part `json:"parts"`
 			} `json:"contents"`
 		}
@@ -227,10 +231,13 @@ func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 			t.Fatal(err)
 		}
 		var calls []part
+		modelText = nil
 		for _, content := range parsed.Contents {
 			for _, p := range content.Parts {
 				if p.FunctionCall != nil {
 					calls = append(calls, p)
+				} else if content.Role == "model" && p.Text != "" {
+					modelText = append(modelText, p.Text)
 				}
 			}
 		}
@@ -257,7 +264,10 @@ func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 	}
 
 	view, parts := body(route)
-	_, calls := geminiCalls(t, raw)
+	texts, calls := geminiCalls(t, raw)
+	if !reflect.DeepEqual(modelText, texts) {
+		t.Errorf("the model turn's text %q, want %q (no thought summary)", modelText, texts)
+	}
 	if len(parts) != len(calls) {
 		t.Fatalf("functionCall parts %v, want %d", parts, len(calls))
 	}

@@ -127,6 +127,7 @@ export function wrongShapes(completion: ChatCompletion, message: Message): void 
 const daemonTarget = process.env.CTXCC_TARGET;
 
 interface BodyPart {
+  text?: string;
   functionCall?: { id: string; name: string; args: unknown };
   thoughtSignature?: string;
 }
@@ -136,8 +137,9 @@ test(
   { skip: daemonTarget ? false : "CTXCC_TARGET is not set (tests/e2e/test_clients.py runs this against a daemon)" },
   async () => {
     // The event, appended with its tools' results under its call ids, is stored as it was
-    // sent, and the Gemini body's functionCall parts are the response's calls, the signed one
-    // with its signature and the others with none; a model of another route gets no signature.
+    // sent, and the Gemini body's model turn holds the response's text, not its thought
+    // summary, and its calls as functionCall parts, the signed one with its signature and the
+    // others with none; a model of another route gets no signature.
     const ctx = connect(daemonTarget!, { retrySeconds: 5 });
     try {
       const route = { connection: "c", protocol: "gemini", endpoint: "api", model: "gemini-3-pro-preview" };
@@ -145,8 +147,10 @@ test(
       const body = async (r: typeof route) => {
         const view = await ctx.compile({ sessionId: sid, route: r, renderFormats: [RenderFormat.RENDER_FORMAT_GEMINI] });
         const bodyJson = view.renderings[0].bodyJson;
-        const parsed = JSON.parse(bodyJson) as { contents: Array<{ parts: BodyPart[] }> };
-        return { view, bodyJson, calls: parsed.contents.flatMap((c) => c.parts).filter((p) => p.functionCall) };
+        const parsed = JSON.parse(bodyJson) as { contents: Array<{ role: string; parts: BodyPart[] }> };
+        const model = parsed.contents.filter((c) => c.role === "model").flatMap((c) => c.parts);
+        const calls = parsed.contents.flatMap((c) => c.parts).filter((p) => p.functionCall);
+        return { view, bodyJson, calls, text: model.filter((p) => p.text).map((p) => p.text) };
       };
       await ctx.append(sid, [user("fix the parser bug")]);
       const { view } = await body(route);
@@ -161,6 +165,8 @@ test(
       assert.ok(encode(stored.payload.value).equals(encode(logged.payload.value)), "stored otherwise than sent");
 
       const sent = await body(route);
+      const texts = fixture.candidates[0].content.parts.filter((p) => p.text && !p.thought).map((p) => p.text);
+      assert.deepEqual(sent.text, texts); // no thought summary
       const parts = fixture.candidates[0].content.parts.filter((p) => p.functionCall);
       assert.deepEqual(
         sent.calls.map((p) => [p.functionCall?.id, p.functionCall?.name, p.functionCall?.args, p.thoughtSignature]),
