@@ -5,7 +5,10 @@ pointing here and package managers kept offline), and the same scripted agent
 TCP. Its result must be the one the script implies, in every language, and the daemon's own
 record of the session must agree. Each agent also logs an Anthropic response with thinking
 blocks with its client's helper: the daemon stores an event that says what the response
-said (its blocks, text and calls), and the Anthropic body leads the turn with the blocks.
+said (its blocks, text and calls), and the Anthropic body leads the turn with the blocks;
+and a Gemini response with parallel calls, the first signed: the stored event holds its
+text and calls and the signature under the signed call's id, and the Gemini body puts the
+signature on that call only.
 The Go and TypeScript agents then run a session on delta views (`DELTAS {json}`)."""
 
 from __future__ import annotations
@@ -32,6 +35,13 @@ from tests.e2e.proc import REPO, DaemonProcess
 INTEROP = REPO / "tests" / "e2e" / "interop"
 # An Anthropic response with thinking, redacted_thinking, text and two tool_use blocks.
 ANTHROPIC_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "anthropic-response.json"
+# A Gemini response with a thought summary, text and three parallel calls: the first signed
+# and without id, the second with an id, the third with neither.
+GEMINI_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "gemini-response.json"
+GEMINI_PARTS = json.loads(GEMINI_RESPONSE.read_text(encoding="utf-8"))["candidates"][0]["content"][
+    "parts"
+]
+GEMINI_CALLS = [p for p in GEMINI_PARTS if "functionCall" in p]
 PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
     "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
@@ -72,6 +82,8 @@ EXPECTED = {
     "watch_first": ["event", 4],
     # The Anthropic body's assistant turn: the response's thinking blocks, unchanged, first.
     "thinking": [["thinking", "redacted_thinking", "text", "tool_use", "tool_use"], True],
+    # The Gemini body's functionCall parts: each call with the response's signature, or none.
+    "gemini": [[p["functionCall"]["name"], p.get("thoughtSignature")] for p in GEMINI_CALLS],
 }
 # The delta session: 10 steps (a tool registered at step 3, a memory changed at step 5): the
 # first view whole, then deltas, but the one at step 6 damaged by the agent's hook, so it is
@@ -222,6 +234,7 @@ def test_scripted_agent(
             **os.environ,
             "CTXCC_TARGET": target,
             "CTXCC_ANTHROPIC_RESPONSE": str(ANTHROPIC_RESPONSE),
+            "CTXCC_GEMINI_RESPONSE": str(GEMINI_RESPONSE),
         },
         capture_output=True,
         text=True,
@@ -235,6 +248,7 @@ def test_scripted_agent(
     result = json.loads(line.removeprefix("RESULT "))
     sid = result.pop("session_id")
     thinking_sid = result.pop("thinking_session_id")
+    gemini_sid = result.pop("gemini_session_id")
     assert result == EXPECTED
     deltas = next((ln for ln in done.stdout.splitlines() if ln.startswith("DELTAS ")), None)
     if client in ("go", "typescript"):
@@ -272,6 +286,30 @@ def test_scripted_agent(
         assert [(c.call_id, c.name, json.loads(c.arguments_json)) for c in logged.tool_calls] == [
             (b["id"], b["name"], b["input"]) for b in content if b["type"] == "tool_use"
         ]
+        # The Gemini response as the helper logged it: its text but the thought summary, its
+        # calls (the response's id where it gave one, else a new one), and the signature
+        # under the signed call's id.
+        logged = (
+            sessions.ListEvents(spb.ListEventsRequest(session_id=gemini_sid), timeout=10)
+            .events[1]
+            .assistant_message
+        )
+        assert [p.text for p in logged.parts] == [
+            p["text"] for p in GEMINI_PARTS if "text" in p and not p.get("thought")
+        ]
+        calls = [p["functionCall"] for p in GEMINI_CALLS]
+        assert [(c.name, json.loads(c.arguments_json)) for c in logged.tool_calls] == [
+            (c["name"], c["args"]) for c in calls
+        ]
+        ids = [c.call_id for c in logged.tool_calls]
+        assert all(ids) and len(set(ids)) == len(ids)
+        assert all(c.get("id", i) == i for c, i in zip(calls, ids, strict=True))
+        assert logged.native_state.kind == "gemini.thought_signatures"
+        assert json.loads(logged.native_state.data) == {
+            i: p["thoughtSignature"]
+            for p, i in zip(GEMINI_CALLS, ids, strict=True)
+            if "thoughtSignature" in p
+        }
 
 
 # The names each README's example leaves to the reader: what the provider answered.

@@ -2,7 +2,8 @@
 // built in a temp module that requires the client the way its README says. Prints one
 // line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views. Ends the
 // RESULT part with an Anthropic response with thinking blocks (the file
-// CTXCC_ANTHROPIC_RESPONSE) logged with the client's helper.
+// CTXCC_ANTHROPIC_RESPONSE) and a Gemini response with a signed call (the file
+// CTXCC_GEMINI_RESPONSE), each logged with the client's helper.
 package main
 
 import (
@@ -84,6 +85,46 @@ func thinkingSession(ctx context.Context, c *ctxcc.Client) map[string]any {
 		}
 	}
 	return map[string]any{"thinking_session_id": sid, "thinking": []any{types, leads}}
+}
+
+// geminiSession logs a Gemini response with parallel calls, the first signed, and its
+// tools' results under the event's call ids, and records the Gemini body's functionCall
+// parts: each call's name and thoughtSignature (nil when it has none).
+func geminiSession(ctx context.Context, c *ctxcc.Client) map[string]any {
+	var resp ctxcc.GeminiResponse
+	must(0, json.Unmarshal(must(os.ReadFile(os.Getenv("CTXCC_GEMINI_RESPONSE"))), &resp))
+	gemini := &ctxccv1.Route{Connection: "interop", Protocol: "gemini", Endpoint: "api", Model: "gemini-3-pro-preview"}
+	sid := must(c.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
+	req := &ctxccv1.CompileRequest{SessionId: sid, Route: gemini,
+		RenderFormats: []ctxccv1.RenderFormat{ctxccv1.RenderFormat_RENDER_FORMAT_GEMINI}}
+	must(c.Append(ctx, sid, []*ctxccv1.Event{ctxcc.User("Fix the parser bug.")}, ""))
+	view := must(c.Compile(ctx, req))
+	logged := ctxcc.AssistantFromGemini(resp, view.GetRouteId())
+	events := []*ctxccv1.Event{logged}
+	for _, call := range logged.GetAssistantMessage().GetToolCalls() {
+		events = append(events, ctxcc.ToolResult(call.GetCallId(), call.GetName(), "ok", false))
+	}
+	must(c.Append(ctx, sid, events, ""))
+	var body struct {
+		Contents []struct {
+			Parts []struct {
+				FunctionCall *struct {
+					Name string `json:"name"`
+				} `json:"functionCall"`
+				ThoughtSignature *string `json:"thoughtSignature"`
+			} `json:"parts"`
+		} `json:"contents"`
+	}
+	must(0, json.Unmarshal([]byte(must(c.Compile(ctx, req)).GetRenderings()[0].GetBodyJson()), &body))
+	calls := []any{}
+	for _, content := range body.Contents {
+		for _, p := range content.Parts {
+			if p.FunctionCall != nil {
+				calls = append(calls, []any{p.FunctionCall.Name, p.ThoughtSignature})
+			}
+		}
+	}
+	return map[string]any{"gemini_session_id": sid, "gemini": calls}
 }
 
 // deltaSession runs steps on a stream with delta views (a tool registered and a memory
@@ -395,6 +436,9 @@ func run(target string) (out, deltas map[string]any, err error) {
 		out["missing_reason"] = e.Reason
 	}
 	for k, v := range thinkingSession(ctx, c) {
+		out[k] = v
+	}
+	for k, v := range geminiSession(ctx, c) {
 		out[k] = v
 	}
 	deltas, err = deltaSession(ctx, c, route)

@@ -3,9 +3,10 @@ sources, tool registration, steps on a CompileStream (user message; a tool call 
 result; an image), deferred-tool search, a tool-result read, artifact upload/download,
 every render format, a usage report, a checkpoint, a watch, time travel, and the session
 RPCs; then an Anthropic response with thinking blocks (the file CTXCC_ANTHROPIC_RESPONSE)
-logged with the client's helper and compiled into an Anthropic body. Prints one line,
-`RESULT {json}`, that the suite compares across languages and checks against the daemon.
-Usage: CTXCC_TARGET=... CTXCC_ANTHROPIC_RESPONSE=... python agent.py"""
+and a Gemini response with a signed call (the file CTXCC_GEMINI_RESPONSE), each logged with
+the client's helper and compiled into its provider's body. Prints one line, `RESULT {json}`,
+that the suite compares across languages and checks against the daemon.
+Usage: CTXCC_TARGET=... CTXCC_ANTHROPIC_RESPONSE=... CTXCC_GEMINI_RESPONSE=... python agent.py"""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ctxcc_client import (
     CtxccError,
     assistant,
     assistant_from_anthropic,
+    assistant_from_gemini,
     tool_result,
     user,
     user_with,
@@ -46,6 +48,9 @@ PNG = bytes.fromhex(
 TOOL_OUTPUT = "\n".join(f"line {i}" for i in range(1, 41))
 CLAUDE = common_pb2.Route(
     connection="interop", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4-5"
+)
+GEMINI = common_pb2.Route(
+    connection="interop", protocol="gemini", endpoint="api", model="gemini-3-pro-preview"
 )
 FORMATS = [
     view_pb2.RENDER_FORMAT_OPENAI_CHAT,
@@ -173,7 +178,25 @@ async def thinking_session(ctx: AsyncClient, response: Any, out: dict[str, Any])
     out["thinking"] = [[b["type"] for b in turn["content"]], turn["content"][: len(sent)] == sent]
 
 
-async def run(target: str, response: Any) -> dict[str, Any]:
+async def gemini_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -> None:
+    """Logs a Gemini response with parallel calls, the first signed, and its tools' results
+    under the event's call ids; records the Gemini body's functionCall parts: each call's
+    name and thoughtSignature (None when it has none)."""
+    sid = out["gemini_session_id"] = (await ctx.create_session()).session_id
+    req = cpb.CompileRequest(
+        session_id=sid, route=GEMINI, render_formats=[view_pb2.RENDER_FORMAT_GEMINI]
+    )
+    await ctx.append(sid, [user("Fix the parser bug.")])
+    view = (await ctx.compiles.Compile(req)).view
+    logged = assistant_from_gemini(response, view.route_id)
+    calls = logged.assistant_message.tool_calls
+    await ctx.append(sid, [logged, *(tool_result(c.call_id, "ok", c.name) for c in calls)])
+    body = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+    parts = [p for c in body["contents"] for p in c["parts"] if "functionCall" in p]
+    out["gemini"] = [[p["functionCall"]["name"], p.get("thoughtSignature")] for p in parts]
+
+
+async def run(target: str, response: Any, gemini: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with AsyncClient(target) as ctx:
         session = await ctx.create_session()
@@ -262,6 +285,7 @@ async def run(target: str, response: Any) -> dict[str, Any]:
         await session_rpcs(ctx, sid, out)
         await drop_sources(ctx, sid, out)
         await thinking_session(ctx, response, out)
+        await gemini_session(ctx, gemini, out)
         try:
             await ctx.get_session("no-such-session")
         except CtxccError as err:
@@ -272,6 +296,8 @@ async def run(target: str, response: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     # The Anthropic response the agent logs (tests/fixtures/client-thinking).
     response = json.loads(Path(os.environ["CTXCC_ANTHROPIC_RESPONSE"]).read_text("utf-8"))
-    result = asyncio.run(run(os.environ.get("CTXCC_TARGET", "127.0.0.1:50551"), response))
+    gemini = json.loads(Path(os.environ["CTXCC_GEMINI_RESPONSE"]).read_text("utf-8"))
+    target = os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")
+    result = asyncio.run(run(target, response, gemini))
     print("RESULT " + json.dumps(result, sort_keys=True))
     sys.exit(0)

@@ -2,8 +2,9 @@
  * The scripted agent of the interop suite in TypeScript: the same script as agent.py and
  * agent.go, built in a temp project against @ctxcc/client installed from its npm pack
  * tarball. Ends with an Anthropic response with thinking blocks (the file
- * CTXCC_ANTHROPIC_RESPONSE) logged with the client's helper. Prints one line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on
- * delta views.
+ * CTXCC_ANTHROPIC_RESPONSE) and a Gemini response with a signed call (the file
+ * CTXCC_GEMINI_RESPONSE), each logged with the client's helper. Prints one line,
+ * `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views.
  */
 import { readFileSync } from "node:fs";
 import { isDeepStrictEqual } from "node:util";
@@ -11,6 +12,7 @@ import { isDeepStrictEqual } from "node:util";
 import {
   assistant,
   assistantFromAnthropic,
+  assistantFromGemini,
   CheckpointKind,
   connect,
   CoveredDigestMode,
@@ -29,6 +31,7 @@ import {
 } from "@ctxcc/client";
 
 const route: Route = { connection: "interop", protocol: "fake", endpoint: "local", model: "gpt-4o" };
+const gemini: Route = { connection: "interop", protocol: "gemini", endpoint: "api", model: "gemini-3-pro-preview" };
 const claude: Route = { connection: "interop", protocol: "anthropic-messages", endpoint: "api", model: "claude-sonnet-4-5" };
 const PNG = Buffer.from(
   "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489" +
@@ -163,6 +166,7 @@ async function main(): Promise<void> {
     out.missing_reason = (err as CtxccError).reason;
   }
   Object.assign(out, await thinkingSession(ctx));
+  Object.assign(out, await geminiSession(ctx));
   const deltas = { ...(await deltaSession(ctx)), ...(await compactionSession(ctx)) };
   ctx.close();
   console.log("RESULT " + JSON.stringify(sortedKeys(out)));
@@ -191,6 +195,24 @@ async function thinkingSession(ctx: Client): Promise<Record<string, unknown>> {
   const turn = body.messages.find((m) => m.role === "assistant")!;
   const sent = response.content.filter((b) => b.type === "thinking" || b.type === "redacted_thinking");
   return { thinking_session_id: sid, thinking: [turn.content.map((b) => b.type), isDeepStrictEqual(turn.content.slice(0, sent.length), sent)] };
+}
+
+/** Logs a Gemini response with parallel calls, the first signed, and its tools' results under
+ * the event's call ids; records the Gemini body's functionCall parts: each call's name and
+ * thoughtSignature (null when it has none). */
+async function geminiSession(ctx: Client): Promise<Record<string, unknown>> {
+  const response = JSON.parse(readFileSync(process.env.CTXCC_GEMINI_RESPONSE!, "utf8")) as object;
+  const sid = (await ctx.createSession()).sessionId;
+  const req = { sessionId: sid, route: gemini, renderFormats: [RenderFormat.RENDER_FORMAT_GEMINI] };
+  await ctx.append(sid, [user("Fix the parser bug.")]);
+  const view = await ctx.compile(req);
+  const logged = assistantFromGemini(response, view.routeId);
+  const calls = logged.payload?.$case === "assistantMessage" ? logged.payload.value.toolCalls : [];
+  await ctx.append(sid, [logged, ...calls.map((c) => toolResult(c.callId, "ok", c.name))]);
+  type Part = { functionCall?: { name: string }; thoughtSignature?: string };
+  const body = JSON.parse((await ctx.compile(req)).renderings[0].bodyJson) as { contents: { parts: Part[] }[] };
+  const parts = body.contents.flatMap((c) => c.parts).filter((p) => p.functionCall);
+  return { gemini_session_id: sid, gemini: parts.map((p) => [p.functionCall!.name, p.thoughtSignature ?? null]) };
 }
 
 /** Steps on a stream with delta views (a tool registered and a memory changed on the way, one
