@@ -294,7 +294,7 @@ async def run(target: str, response: Any, gemini: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # The Anthropic response the agent logs (tests/fixtures/client-thinking).
+    # The Anthropic and Gemini responses the agent logs (tests/fixtures/client-thinking).
     response = json.loads(Path(os.environ["CTXCC_ANTHROPIC_RESPONSE"]).read_text("utf-8"))
     gemini = json.loads(Path(os.environ["CTXCC_GEMINI_RESPONSE"]).read_text("utf-8"))
     target = os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")
