@@ -336,6 +336,32 @@ def test_typescript_client_unit_tests() -> None:
     assert passed and int(passed.group(1)) >= 8 and re.search(r"^# fail 0$", out, re.M), out
 
 
+def _go_daemon_test(name: str, env: dict[str, str]) -> str:
+    """Runs the Go client's test `name` (and its subtests) with the daemon's target in
+    `env`: it must have run (not skipped) and passed."""
+    out = _run_suite(
+        ["go", "test", "-count=1", "-v", "-run", f"^{name}$", "."], REPO / "client/go", env
+    )
+    assert re.search(rf"^--- PASS: {name}\b", out, re.M), out
+    assert "SKIP" not in out and "FAIL" not in out, out
+    return out
+
+
+def _ts_daemon_test(file: str, name: str, env: dict[str, str]) -> None:
+    """Runs the TypeScript client's test `name` of `file` (compiled by `make clients`)
+    with the daemon's target in `env`: node reports the file's other tests as skipped;
+    this one must have run and passed."""
+    test_file = REPO / "client/typescript/dist/test" / file
+    assert test_file.exists(), "run `make clients`"
+    out = _run_suite(
+        ["node", "--test", f"--test-name-pattern={re.escape(name)}", str(test_file)],
+        REPO / "client/typescript",
+        env,
+    )
+    ran = re.search(rf"^ok \d+ - {re.escape(name)}$", out, re.M)
+    assert ran and re.search(r"^# fail 0$", out, re.M), out
+
+
 # The clients' tests that run against a real daemon (skipped without CTXCC_TARGET): their
 # scripted CompileService forwards each request to it, as a proxy that delivers answers
 # again late (a resume's answer while the next resume is awaited).
@@ -347,27 +373,14 @@ def test_go_client_resume_ids_against_a_daemon(daemon: DaemonProcess) -> None:
     """client/go/stepid_test.go: a resume's answer delivered again late (with its id or
     cleared of it) is never returned for the next resume, and a daemon that does not echo
     a resume's id still gets its resumes taken."""
-    out = _run_suite(
-        ["go", "test", "-count=1", "-v", "-run", f"^{DAEMON_GO_TEST}$", "."],
-        REPO / "client/go",
-        {"CTXCC_TARGET": daemon.target},
-    )
+    out = _go_daemon_test(DAEMON_GO_TEST, {"CTXCC_TARGET": daemon.target})
     passed = re.findall(rf"^\s*--- PASS: {DAEMON_GO_TEST}\S*", out, re.M)
-    assert len(passed) == 4 and "SKIP" not in out and "FAIL" not in out, out
+    assert len(passed) == 4, out  # the test and its three subtests
 
 
 def test_typescript_client_resume_ids_against_a_daemon(daemon: DaemonProcess) -> None:
     """The same for the TypeScript client (client/typescript/test/stream.test.ts)."""
-    test_file = REPO / "client/typescript/dist/test/stream.test.js"
-    assert test_file.exists(), "run `make clients`"
-    out = _run_suite(
-        ["node", "--test", f"--test-name-pattern={DAEMON_TS_TEST}", str(test_file)],
-        REPO / "client/typescript",
-        {"CTXCC_TARGET": daemon.target},
-    )
-    # Node reports the file's other tests as skipped; this one must have run and passed.
-    ran = re.search(rf"^ok \d+ - {re.escape(DAEMON_TS_TEST)}$", out, re.M)
-    assert ran and re.search(r"^# fail 0$", out, re.M), out
+    _ts_daemon_test("stream.test.js", DAEMON_TS_TEST, {"CTXCC_TARGET": daemon.target})
 
 
 # The clients' tests of their Anthropic helper against a real daemon (skipped without
@@ -382,26 +395,12 @@ def test_go_client_thinking_blocks_against_a_daemon(daemon: DaemonProcess) -> No
     """client/go/provider_thinking_test.go: the event AssistantFromAnthropic builds for a
     response with thinking blocks is accepted and stored as sent, and the Anthropic body
     leads the turn with the response's blocks, unchanged, on its route only."""
-    out = _run_suite(
-        ["go", "test", "-count=1", "-v", "-run", f"^{THINKING_GO_TEST}$", "."],
-        REPO / "client/go",
-        {"CTXCC_TARGET": daemon.target},
-    )
-    assert re.search(rf"^--- PASS: {THINKING_GO_TEST}\b", out, re.M), out
-    assert "SKIP" not in out and "FAIL" not in out, out
+    _go_daemon_test(THINKING_GO_TEST, {"CTXCC_TARGET": daemon.target})
 
 
 def test_typescript_client_thinking_blocks_against_a_daemon(daemon: DaemonProcess) -> None:
     """The same for the TypeScript client (client/typescript/test/anthropic.test.ts)."""
-    test_file = REPO / "client/typescript/dist/test/anthropic.test.js"
-    assert test_file.exists(), "run `make clients`"
-    out = _run_suite(
-        ["node", "--test", f"--test-name-pattern={re.escape(THINKING_TS_TEST)}", str(test_file)],
-        REPO / "client/typescript",
-        {"CTXCC_TARGET": daemon.target},
-    )
-    ran = re.search(rf"^ok \d+ - {re.escape(THINKING_TS_TEST)}$", out, re.M)
-    assert ran and re.search(r"^# fail 0$", out, re.M), out
+    _ts_daemon_test("anthropic.test.js", THINKING_TS_TEST, {"CTXCC_TARGET": daemon.target})
 
 
 # The clients' tests of their Gemini helper against a real daemon (skipped without
@@ -434,13 +433,7 @@ def test_go_client_thought_signatures_against_a_daemon(
     response with parallel calls, the first signed, is accepted and stored as sent, and the
     Gemini body puts the signature on that call only, on its route only."""
     body = tmp_path / "gemini-body.json"
-    out = _run_suite(
-        ["go", "test", "-count=1", "-v", "-run", f"^{GEMINI_GO_TEST}$", "."],
-        REPO / "client/go",
-        {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)},
-    )
-    assert re.search(rf"^--- PASS: {GEMINI_GO_TEST}\b", out, re.M), out
-    assert "SKIP" not in out and "FAIL" not in out, out
+    _go_daemon_test(GEMINI_GO_TEST, {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)})
     _check_gemini_body(body)
 
 
@@ -448,14 +441,7 @@ def test_typescript_client_thought_signatures_against_a_daemon(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     """The same for the TypeScript client (client/typescript/test/gemini.test.ts)."""
-    test_file = REPO / "client/typescript/dist/test/gemini.test.js"
-    assert test_file.exists(), "run `make clients`"
     body = tmp_path / "gemini-body.json"
-    out = _run_suite(
-        ["node", "--test", f"--test-name-pattern={re.escape(GEMINI_TS_TEST)}", str(test_file)],
-        REPO / "client/typescript",
-        {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)},
-    )
-    ran = re.search(rf"^ok \d+ - {re.escape(GEMINI_TS_TEST)}$", out, re.M)
-    assert ran and re.search(r"^# fail 0$", out, re.M), out
+    env = {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)}
+    _ts_daemon_test("gemini.test.js", GEMINI_TS_TEST, env)
     _check_gemini_body(body)
