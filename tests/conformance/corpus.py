@@ -324,4 +324,41 @@ async def build(api: Stubs) -> list[Case]:
     await b.compile(
         "caller's own output cap", "agent", limits=cpb.ModelLimits(max_output_tokens=8_000)
     )
+    await _thinking_loop(b)
     return b.cases
+
+
+async def _thinking_loop(b: Builder) -> None:
+    """A tool loop whose assistant messages carry the thinking state their provider wants
+    back (Claude's blocks on the first, Gemini's signature on the second, both on the
+    compile's route): each format's body with what its SDK types take, or nothing."""
+    await b.session("thinking", user("fix the failing parser test"))
+    route_id = (await b.compile("a tool loop before its thinking state", "thinking")).view.route_id
+    blocks = [
+        {"type": "thinking", "thinking": "The parser drops the last token.", "signature": "EqQB"},
+        {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+    ]
+    first = assistant("Reading the parser.", ("t1", "Read", '{"file_path": "parser.py"}'))
+    first.assistant_message.native_state.CopyFrom(
+        common_pb2.ProviderNativeState(
+            route_id=route_id, kind="anthropic.thinking", data=json.dumps(blocks).encode()
+        )
+    )
+    second = assistant("", ("t2", "Bash", '{"command": "pytest -x"}'), ("t3", "Read", "{}"))
+    second.assistant_message.native_state.CopyFrom(
+        common_pb2.ProviderNativeState(
+            route_id=route_id,
+            kind="gemini.thought_signatures",
+            data=json.dumps({"t2": "CiQBVKhc7s1gn0g="}).encode(),
+        )
+    )
+    await b.append(
+        "thinking",
+        first,
+        tool_result("t1", "def parse(): ..."),
+        user("also check the tokenizer"),  # typed while the tool ran: the loop goes on
+        second,
+        tool_result("t2", "1 failed"),
+        tool_result("t3", "def tokenize(): ..."),
+    )
+    await b.compile("a tool loop with its thinking state", "thinking")

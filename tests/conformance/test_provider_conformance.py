@@ -109,6 +109,15 @@ _TS_TYPES = {
 }
 
 
+# The generateContent REST body's fields and the @google/genai type of each.
+_GEMINI_TS = {
+    "contents": "Content[]",
+    "systemInstruction": "Content",
+    "tools": "Tool[]",
+    "generationConfig": "GenerationConfig",
+}
+
+
 def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> None:
     tsc = TS_DIR / "node_modules" / ".bin" / "tsc"
     sdk = TS_DIR / "node_modules" / "@anthropic-ai" / "sdk"
@@ -121,6 +130,7 @@ def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> 
             ("ChatCompletionCreateParamsNonStreaming", "openai/resources/chat/completions"),
             ("ResponseCreateParamsNonStreaming", "openai/resources/responses/responses"),
             ("MessageCreateParamsNonStreaming", "@anthropic-ai/sdk/resources/messages"),
+            ("Content, GenerationConfig, Tool", "@google/genai"),
         )
     ]
     n = 0
@@ -128,6 +138,13 @@ def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> 
         if fmt in _TS_TYPES:
             lines.append(f"// {case.name}")
             lines.append(f"export const b{n}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
+            n += 1
+        elif fmt == "gemini":
+            # @google/genai types the REST body's fields (camelCase, as the wire has them),
+            # not the body as one: each field is checked against its type.
+            lines.append(f"// {case.name}")
+            for key, value in body.items():
+                lines.append(f"export const b{n}_{key}: {_GEMINI_TS[key]} = {json.dumps(value)};")
             n += 1
     # The checker must refuse what the API refuses: each of these has to be an error.
     sample = next(c for c in corpus if c.name == "images inline").bodies
@@ -138,6 +155,10 @@ def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> 
     for fmt, body in (("openai_responses", responses), ("anthropic_messages", anthropic)):
         lines.append("// @ts-expect-error a body the API refuses")
         lines.append(f"export const bad_{fmt}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
+    gemini = copy.deepcopy(sample["gemini"]["contents"])
+    gemini[0]["parts"][0]["thought_signature"] = "CiQB"  # snake case: not the REST field
+    lines.append("// @ts-expect-error a body the API refuses")
+    lines.append(f"export const bad_gemini: Content[] = {json.dumps(gemini)};")
     out = TS_DIR / "conformance" / "bodies.generated.ts"
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     done = subprocess.run(
@@ -149,7 +170,7 @@ def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> 
         check=False,
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[:6000]
-    assert n == 3 * len(corpus)
+    assert n == 4 * len(corpus)
 
 
 # -- semantic rules the types cannot express -------------------------------------------
@@ -391,3 +412,33 @@ async def test_a_registration_over_max_tools_writes_nothing(short_tmp: Path) -> 
     finally:
         await api.channel.close()
         await daemon.stop()
+
+
+def test_the_tool_loops_thinking_state_goes_back_in_its_providers_body(
+    corpus: list[Case],
+) -> None:
+    """The corpus's loop carries Claude's blocks on its first assistant message and a
+    Gemini signature on its second (a user message typed between them does not end the
+    loop): each in its own provider's body, where the SDK types above took it, and in no
+    other body."""
+    case = next(c for c in corpus if c.name == "a tool loop with its thinking state")
+    turns = [m["content"] for m in case.bodies["anthropic_messages"]["messages"]]
+    assistant_turns = [
+        t
+        for m, t in zip(case.bodies["anthropic_messages"]["messages"], turns, strict=True)
+        if m["role"] == "assistant"
+    ]
+    assert [b["type"] for b in assistant_turns[0][:2]] == ["thinking", "redacted_thinking"]
+    assert all(b["type"] not in {"thinking", "redacted_thinking"} for b in assistant_turns[1])
+    calls = [
+        (p["functionCall"]["id"], p.get("thoughtSignature"))
+        for c in case.bodies["gemini"]["contents"]
+        for p in c["parts"]
+        if "functionCall" in p
+    ]
+    assert calls == [("t1", None), ("t2", "CiQBVKhc7s1gn0g="), ("t3", None)]
+    for fmt in ("openai_chat", "openai_responses"):
+        text = json.dumps(case.bodies[fmt])
+        assert "The parser drops" not in text and "CiQBVKhc7s1gn0g=" not in text, fmt
+    before = next(c for c in corpus if c.name == "a tool loop before its thinking state")
+    assert before.view.route_id == case.view.route_id
