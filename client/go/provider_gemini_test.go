@@ -1,13 +1,11 @@
 package ctxcc
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
-	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -189,20 +187,13 @@ func TestAssistantFromGeminiWithIDs(t *testing.T) {
 // route gets no signature. With CTXCC_GEMINI_BODY set, the body is written to that file
 // (tests/e2e/test_clients.py checks it against google-genai's types).
 func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
-	c := daemonClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	raw := geminiResponse(t)
 	var resp GeminiResponse
 	if err := json.Unmarshal(raw, &resp); err != nil {
 		t.Fatal(err)
 	}
 	route := &ctxccv1.Route{Connection: "c", Protocol: "gemini", Endpoint: "api", Model: "gemini-3-pro-preview"}
-	session, err := c.CreateSession(ctx, &ctxccv1.Session{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid := session.GetSessionId()
+	d := newDaemonSession(t)
 	type part struct {
 		FunctionCall *struct {
 			ID   string          `json:"id"`
@@ -216,18 +207,14 @@ func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 	var modelText []string
 	body := func(route *ctxccv1.Route) (*ctxccv1.CompiledView, []part) {
 		t.Helper()
-		view, err := c.Compile(ctx, &ctxccv1.CompileRequest{SessionId: sid, Route: route,
-			RenderFormats: []ctxccv1.RenderFormat{ctxccv1.RenderFormat_RENDER_FORMAT_GEMINI}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		view, text := d.body(route, ctxccv1.RenderFormat_RENDER_FORMAT_GEMINI)
 		var parsed struct {
 			Contents []struct {
 				Role  string `json:"role"`
 				Parts []part `json:"parts"`
 			} `json:"contents"`
 		}
-		if err := json.Unmarshal([]byte(view.GetRenderings()[0].GetBodyJson()), &parsed); err != nil {
+		if err := json.Unmarshal([]byte(text), &parsed); err != nil {
 			t.Fatal(err)
 		}
 		var calls []part
@@ -243,25 +230,10 @@ func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 		}
 		return view, calls
 	}
-	if _, err := c.Append(ctx, sid, []*ctxccv1.Event{User("fix the parser bug")}, ""); err != nil {
-		t.Fatal(err)
-	}
 	view, _ := body(route)
 	logged := AssistantFromGemini(resp, view.GetRouteId())
-	events := []*ctxccv1.Event{logged}
-	for _, call := range logged.GetAssistantMessage().GetToolCalls() {
-		events = append(events, ToolResult(call.GetCallId(), call.GetName(), "ok", false))
-	}
-	if _, err := c.Append(ctx, sid, events, ""); err != nil {
-		t.Fatal(err) // INVALID_FIELD if the state's data were not call ids to base64
-	}
-	stored, err := c.Sessions.ListEvents(ctx, &ctxccv1.ListEventsRequest{SessionId: sid})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := stored.GetEvents()[1].GetAssistantMessage(); !proto.Equal(got, logged.GetAssistantMessage()) {
-		t.Fatalf("stored %v, sent %v", got, logged.GetAssistantMessage())
-	}
+	// INVALID_FIELD if the state's data were not call ids to base64.
+	d.appendLogged(logged)
 
 	view, parts := body(route)
 	texts, calls := geminiCalls(t, raw)

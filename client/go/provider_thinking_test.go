@@ -140,31 +140,20 @@ func TestAssistantFromAnthropicWithoutThinking(t *testing.T) {
 // Anthropic body leads the assistant turn with the response's thinking blocks, unchanged,
 // and carries its text and tool calls; a model of another route gets no block.
 func TestAssistantFromAnthropicAgainstADaemon(t *testing.T) {
-	c := daemonClient(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	raw := anthropicResponse(t)
 	var msg AnthropicMessage
 	if err := json.Unmarshal(raw, &msg); err != nil {
 		t.Fatal(err)
 	}
 	route := &ctxccv1.Route{Connection: "c", Protocol: "anthropic-messages", Endpoint: "api", Model: "claude-sonnet-4-5"}
-	session, err := c.CreateSession(ctx, &ctxccv1.Session{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sid := session.GetSessionId()
+	d := newDaemonSession(t)
 	body := func(route *ctxccv1.Route) (*ctxccv1.CompiledView, []anthropicTurn) {
 		t.Helper()
-		view, err := c.Compile(ctx, &ctxccv1.CompileRequest{SessionId: sid, Route: route,
-			RenderFormats: []ctxccv1.RenderFormat{ctxccv1.RenderFormat_RENDER_FORMAT_ANTHROPIC_MESSAGES}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		view, text := d.body(route, ctxccv1.RenderFormat_RENDER_FORMAT_ANTHROPIC_MESSAGES)
 		var parsed struct {
 			Messages []anthropicTurn `json:"messages"`
 		}
-		if err := json.Unmarshal([]byte(view.GetRenderings()[0].GetBodyJson()), &parsed); err != nil {
+		if err := json.Unmarshal([]byte(text), &parsed); err != nil {
 			t.Fatal(err)
 		}
 		var turns []anthropicTurn
@@ -175,25 +164,9 @@ func TestAssistantFromAnthropicAgainstADaemon(t *testing.T) {
 		}
 		return view, turns
 	}
-	if _, err := c.Append(ctx, sid, []*ctxccv1.Event{User("fix the parser bug")}, ""); err != nil {
-		t.Fatal(err)
-	}
 	view, _ := body(route)
-	logged := AssistantFromAnthropic(msg, view.GetRouteId())
-	events := []*ctxccv1.Event{logged}
-	for _, call := range logged.GetAssistantMessage().GetToolCalls() {
-		events = append(events, ToolResult(call.GetCallId(), call.GetName(), "ok", false))
-	}
-	if _, err := c.Append(ctx, sid, events, ""); err != nil {
-		t.Fatal(err) // INVALID_FIELD if the state's data were not the blocks
-	}
-	stored, err := c.Sessions.ListEvents(ctx, &ctxccv1.ListEventsRequest{SessionId: sid})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := stored.GetEvents()[1].GetAssistantMessage(); !proto.Equal(got, logged.GetAssistantMessage()) {
-		t.Fatalf("stored %v, sent %v", got, logged.GetAssistantMessage())
-	}
+	// INVALID_FIELD if the state's data were not the blocks.
+	d.appendLogged(AssistantFromAnthropic(msg, view.GetRouteId()))
 
 	var response struct {
 		Content []map[string]any `json:"content"`
@@ -239,4 +212,60 @@ func TestAssistantFromAnthropicAgainstADaemon(t *testing.T) {
 type anthropicTurn struct {
 	Role    string           `json:"role"`
 	Content []map[string]any `json:"content"`
+}
+
+// daemonSession is a session on a real daemon (daemonClient: CTXCC_TARGET, skipped
+// without) opened by a user message, for the provider helpers' tests.
+type daemonSession struct {
+	t   *testing.T
+	c   *Client
+	ctx context.Context
+	sid string
+}
+
+func newDaemonSession(t *testing.T) *daemonSession {
+	t.Helper()
+	c := daemonClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	session, err := c.CreateSession(ctx, &ctxccv1.Session{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &daemonSession{t, c, ctx, session.GetSessionId()}
+	if _, err := c.Append(ctx, d.sid, []*ctxccv1.Event{User("fix the parser bug")}, ""); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// body is the session's view on route and its body rendered in format.
+func (d *daemonSession) body(route *ctxccv1.Route, format ctxccv1.RenderFormat) (*ctxccv1.CompiledView, string) {
+	d.t.Helper()
+	view, err := d.c.Compile(d.ctx, &ctxccv1.CompileRequest{SessionId: d.sid, Route: route,
+		RenderFormats: []ctxccv1.RenderFormat{format}})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return view, view.GetRenderings()[0].GetBodyJson()
+}
+
+// appendLogged appends the event a helper logged, with a result for each of its calls,
+// and checks the daemon stored the message as it was sent.
+func (d *daemonSession) appendLogged(logged *ctxccv1.Event) {
+	d.t.Helper()
+	events := []*ctxccv1.Event{logged}
+	for _, call := range logged.GetAssistantMessage().GetToolCalls() {
+		events = append(events, ToolResult(call.GetCallId(), call.GetName(), "ok", false))
+	}
+	if _, err := d.c.Append(d.ctx, d.sid, events, ""); err != nil {
+		d.t.Fatal(err)
+	}
+	stored, err := d.c.Sessions.ListEvents(d.ctx, &ctxccv1.ListEventsRequest{SessionId: d.sid})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if got := stored.GetEvents()[1].GetAssistantMessage(); !proto.Equal(got, logged.GetAssistantMessage()) {
+		d.t.Fatalf("stored %v, sent %v", got, logged.GetAssistantMessage())
+	}
 }

@@ -1,12 +1,14 @@
 /** Helpers of the client's tests: the real views of tests/fixtures/client-views (three
  * successive views of one session as the daemon serialized them, written by
  * scripts/gen_view_fixtures.py) and deltas built between them by hand. */
+import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 
 import type { MessageFns } from "../src/gen/ctxcc/v1/common.js";
 import { SectionSlot, ViewDelta } from "../src/gen/ctxcc/v1/compile_service.js";
 import { CompiledView, SystemSection, ViewMessage, ViewTool } from "../src/gen/ctxcc/v1/view.js";
 import { viewDigest } from "../src/delta.js";
+import { AssistantMessage, type Client, Event, toolResult } from "../src/index.js";
 
 const DIR = new URL("../../../../tests/fixtures/client-views/", import.meta.url);
 
@@ -71,4 +73,18 @@ export function chained(d: ViewDelta, sum: string): ViewDelta {
   d.viewSha256 = "";
   d.chainSha256 = sum;
   return d;
+}
+
+/** Appends the assistant event a provider helper logged, with an "ok" result for each of its
+ * calls (refused with INVALID_FIELD if its native state's data were not what the daemon
+ * reads), and checks the daemon stored the message as it was sent. */
+export async function appendLogged(ctx: Client, sessionId: string, logged: Event): Promise<void> {
+  assert.equal(logged.payload?.$case, "assistantMessage");
+  const message = logged.payload.value;
+  const results = message.toolCalls.map((c) => toolResult(c.callId, "ok", c.name));
+  await ctx.append(sessionId, [logged, ...results]);
+  const stored = (await ctx.sessions.listEvents({ sessionId })).events[1];
+  assert.equal(stored.payload?.$case, "assistantMessage");
+  const encode = (m: AssistantMessage) => Buffer.from(AssistantMessage.encode(m).finish());
+  assert.ok(encode(stored.payload.value).equals(encode(message)), "stored otherwise than sent");
 }

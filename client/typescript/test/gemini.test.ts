@@ -16,9 +16,9 @@ import {
   GEMINI_THOUGHT_SIGNATURES,
   type GeminiPart,
   RenderFormat,
-  toolResult,
   user,
 } from "../src/index.js";
+import { appendLogged } from "./fixtures.js";
 
 /** tests/fixtures/client-thinking/gemini-response.json, a generateContent response's REST
  * JSON: a thought summary, a text part and three parallel calls, the first signed and
@@ -157,12 +157,7 @@ test(
       const logged = assistantFromGemini(fixture, view.routeId);
       assert.equal(logged.payload?.$case, "assistantMessage");
       const calls = logged.payload.value.toolCalls;
-      // Refused with INVALID_FIELD if the state's data were not call ids to base64.
-      await ctx.append(sid, [logged, ...calls.map((c) => toolResult(c.callId, "ok", c.name))]);
-      const stored = (await ctx.sessions.listEvents({ sessionId: sid })).events[1];
-      assert.equal(stored.payload?.$case, "assistantMessage");
-      const encode = (m: AssistantMessage) => Buffer.from(AssistantMessage.encode(m).finish());
-      assert.ok(encode(stored.payload.value).equals(encode(logged.payload.value)), "stored otherwise than sent");
+      await appendLogged(ctx, sid, logged);
 
       const sent = await body(route);
       const texts = fixture.candidates[0].content.parts.filter((p) => p.text && !p.thought).map((p) => p.text);
