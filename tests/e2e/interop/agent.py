@@ -159,20 +159,36 @@ async def session_rpcs(ctx: AsyncClient, sid: str, out: dict[str, Any]) -> None:
     out["deleted_events"] = deleted.deleted_events
 
 
+async def logged_body(
+    ctx: AsyncClient,
+    route: common_pb2.Route,
+    fmt: view_pb2.RenderFormat.ValueType,
+    log: Any,
+) -> tuple[str, dict[str, Any]]:
+    """A session with a user message, then the assistant event `log(view.route_id)` builds
+    from a provider response and an "ok" result for each of its calls: the session id and
+    the body of `fmt` compiled on `route` after them."""
+    sid = (await ctx.create_session()).session_id
+    req = cpb.CompileRequest(session_id=sid, route=route, render_formats=[fmt])
+    await ctx.append(sid, [user("Fix the parser bug.")])
+    view = (await ctx.compiles.Compile(req)).view
+    logged = log(view.route_id)
+    calls = logged.assistant_message.tool_calls
+    await ctx.append(sid, [logged, *(tool_result(c.call_id, "ok", c.name) for c in calls)])
+    return sid, json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+
+
 async def thinking_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -> None:
     """Logs an Anthropic response with thinking blocks and its tools' results; records the
     block types of the Anthropic body's assistant turn and whether it starts with the
     response's thinking blocks, unchanged."""
-    sid = out["thinking_session_id"] = (await ctx.create_session()).session_id
-    req = cpb.CompileRequest(
-        session_id=sid, route=CLAUDE, render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES]
+    sid, body = await logged_body(
+        ctx,
+        CLAUDE,
+        view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+        lambda route_id: assistant_from_anthropic(response, route_id),
     )
-    await ctx.append(sid, [user("Fix the parser bug.")])
-    view = (await ctx.compiles.Compile(req)).view
-    logged = assistant_from_anthropic(response, view.route_id)
-    calls = logged.assistant_message.tool_calls
-    await ctx.append(sid, [logged, *(tool_result(c.call_id, "ok", c.name) for c in calls)])
-    body = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+    out["thinking_session_id"] = sid
     turn = next(m for m in body["messages"] if m["role"] == "assistant")
     sent = [b for b in response["content"] if b["type"] in {"thinking", "redacted_thinking"}]
     out["thinking"] = [[b["type"] for b in turn["content"]], turn["content"][: len(sent)] == sent]
@@ -182,16 +198,13 @@ async def gemini_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -
     """Logs a Gemini response with parallel calls, the first signed, and its tools' results
     under the event's call ids; records the Gemini body's functionCall parts: each call's
     name and thoughtSignature (None when it has none)."""
-    sid = out["gemini_session_id"] = (await ctx.create_session()).session_id
-    req = cpb.CompileRequest(
-        session_id=sid, route=GEMINI, render_formats=[view_pb2.RENDER_FORMAT_GEMINI]
+    sid, body = await logged_body(
+        ctx,
+        GEMINI,
+        view_pb2.RENDER_FORMAT_GEMINI,
+        lambda route_id: assistant_from_gemini(response, route_id),
     )
-    await ctx.append(sid, [user("Fix the parser bug.")])
-    view = (await ctx.compiles.Compile(req)).view
-    logged = assistant_from_gemini(response, view.route_id)
-    calls = logged.assistant_message.tool_calls
-    await ctx.append(sid, [logged, *(tool_result(c.call_id, "ok", c.name) for c in calls)])
-    body = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+    out["gemini_session_id"] = sid
     parts = [p for c in body["contents"] for p in c["parts"] if "functionCall" in p]
     out["gemini"] = [[p["functionCall"]["name"], p.get("thoughtSignature")] for p in parts]
 
