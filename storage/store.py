@@ -26,8 +26,9 @@ __all__ = ["IdempotencyRecord", "KVEventStore", "StoreLimits"]
 
 class KVEventStore(SessionRecords, EventRecords, UsageRecords, RegistryRecords):
     def _last_compile_ns(self, session_id: str) -> int:
-        last = self.get_last_compile(session_id)
-        return 0 if last is None else last.create_time_ns
+        # The outcome alone: the record's table chunks are not read.
+        last = self.last_compile_outcome(session_id)
+        return 0 if last is None else last[1]
 
     def approximate_size(self) -> int:
         return self._kv.approximate_size()
