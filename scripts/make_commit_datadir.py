@@ -75,6 +75,9 @@ ROUTE = common_pb2.Route(
     connection="default", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
 )
 GPT = common_pb2.Route(connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o")
+GEMINI_3 = common_pb2.Route(
+    connection="default", protocol="gemini", endpoint="api", model="gemini-3-pro-preview"
+)
 # A window small enough that the second turn is over budget (a built-in compaction).
 SMALL = compile_service_pb2.ModelLimits(context_window=2500, max_output_tokens=500)
 BIG_RESULT = "".join(f"line {i}: {'q' * 50}\n" for i in range(300))  # ~18 KB, a blob
@@ -627,6 +630,23 @@ def _wide(d: Driver) -> None:
         req.route.CopyFrom(route)
         view = d.compile(f"wide-{n}", req)
         d.report(view, view.budget.estimated_input_tokens + 3 * n, route)
+    # A tool loop going on, on Gemini 3, with a step it did not sign (made by another
+    # model): from rendering version 4 its Gemini body carries a stand-in signature, and
+    # compiles recorded before are rebuilt without it.
+    d.sessions.AppendEvents(
+        session_service_pb2.AppendEventsRequest(
+            session_id=WIDE,
+            events=[
+                _user("Now b.py."),
+                _assistant("", ("w2", "edit", '{"path": "b.py", "edits": []}')),
+                _result("w2", "edit", "edited"),
+            ],
+            request_id="w-loop",
+        )
+    )
+    req = d.request(WIDE, render_formats=formats)
+    req.route.CopyFrom(GEMINI_3)
+    d.compile("wide-gemini-3", req)
 
 
 def _time_travel(d: Driver) -> None:

@@ -44,8 +44,9 @@ Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 # rules take (see render0 for what version 0 sent); 2: Anthropic bodies lead the current
 # turn's assistant messages with their logged thinking blocks, and the estimate counts
 # them (domain/thinking.py); 3: Gemini bodies carry the current turn's logged thought
-# signatures on their function calls, likewise counted.
-RENDERING = 3
+# signatures on their function calls, likewise counted; 4: on Gemini 3 and later, a step
+# of the current turn without a logged signature carries Google's stand-in (render_gemini).
+RENDERING = 4
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

@@ -12,11 +12,16 @@
   every API takes them (`call_name`), in the call and its response alike.
 - A function call of the current turn carries the `thoughtSignature` logged for it
   (`view.thinking`, domain/thinking.py): Gemini 3 refuses a turn whose signed call
-  comes back without it.
+  comes back without it. From rendering 4, on Gemini 3 and later models, each step of
+  the current turn whose first call has no logged signature (made by another model
+  before a switch, logged without its state, or injected by the agent) carries the
+  stand-in Google documents for calls the model did not make, so the turn is not
+  refused ("Function call is missing a thought_signature in functionCall parts").
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from server.compiler.provider_rules import OPENER
@@ -36,6 +41,39 @@ from server.compiler.turn_thinking import of_kind
 from server.compiler.view import CompiledView, ViewMessage
 from server.domain.model import Role
 from server.domain.thinking import GEMINI_KIND, thought_signatures
+
+# Google's documented value for a function call without a signature of the model's own
+# (the thought-signatures guide: calls from another model, or injected ones). It stands
+# for no state, so the estimate does not count it as it counts logged signatures.
+SKIP_SIGNATURE = "skip_thought_signature_validator"
+# The rendering version from which it is sent (render.RENDERING).
+SKIP_SINCE = 4
+# Gemini 3 began validating signatures; a model is named "gemini-<major>...", bare or
+# as the last segment of a resource path ("models/…", Vertex's "publishers/google/…").
+_GEMINI_MAJOR = re.compile(r"(?:^|/)gemini-(\d+)(?:[.-]|$)")
+
+
+def validates_signatures(model: str) -> bool:
+    found = _GEMINI_MAJOR.search(model)
+    return found is not None and int(found.group(1)) >= 3
+
+
+def stand_in_signatures(contents: list[JSON]) -> None:
+    """The first call of each step of the current turn given the stand-in where it has
+    no signature. The turn, as the API sees it, follows the latest user turn without a
+    function response (a message the user typed while tools ran shares its turn with
+    their results, which lead it); each model turn in it is a step, whose first call
+    the API checks (parallel calls: only the first is signed)."""
+    start = 0
+    for i, c in enumerate(contents):
+        if c["role"] == "user" and not any("functionResponse" in p for p in c["parts"]):
+            start = i + 1
+    for c in contents[start:]:
+        if c["role"] != "model":
+            continue
+        first = next((p for p in c["parts"] if "functionCall" in p), None)
+        if first is not None and "thoughtSignature" not in first:
+            first["thoughtSignature"] = SKIP_SIGNATURE
 
 
 def _response(m: ViewMessage, names: Mapping[str, str]) -> JSON:
@@ -106,10 +144,13 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 else:
                     parts.append({"text": image_note(p, GEMINI_IMAGES)})
             turns.append(("user", parts))
+    contents = [
+        {"role": r, "parts": p} for r, p in opened_turns(merge_turns(turns), {"text": OPENER})
+    ]
+    if view.rendering >= SKIP_SINCE and validates_signatures(view.route.model):
+        stand_in_signatures(contents)
     body: JSON = {
-        "contents": [
-            {"role": r, "parts": p} for r, p in opened_turns(merge_turns(turns), {"text": OPENER})
-        ],
+        "contents": contents,
         "generationConfig": {"maxOutputTokens": output_cap(view)},
     }
     if view.system_prompt:

@@ -274,6 +274,38 @@ async def test_checkpoints_of_both_kinds_are_used(u: Upgraded) -> None:
         assert view.checkpoint_id == checkpoint and not view.fallback_reasons, sid
 
 
+def _gemini_calls(view: view_pb2.CompiledView) -> list[tuple[str, str | None]]:
+    (body,) = (
+        json.loads(r.body_json)
+        for r in view.renderings
+        if r.format == view_pb2.RENDER_FORMAT_GEMINI
+    )
+    parts = [p for c in body["contents"] for p in c["parts"] if "functionCall" in p]
+    return [(p["functionCall"]["id"], p.get("thoughtSignature")) for p in parts]
+
+
+# The first fixture whose driver compiled a Gemini 3 loop (6d5d7bd: rendering 3).
+GEMINI_3_FIXTURES = [f for f in FIXTURES if (f / "views" / "wide-gemini-3.pb.gz").exists()]
+
+
+@pytest.mark.parametrize("u", GEMINI_3_FIXTURES, indirect=True, ids=lambda p: p.name)
+async def test_a_gemini_3_step_gets_its_stand_in_signature_only_when_compiled_now(
+    u: Upgraded,
+) -> None:
+    """Rendering 4 gives an unsigned step of Gemini 3's current turn Google's stand-in
+    signature; the compile an earlier daemon recorded is rebuilt without it (above), and
+    the same request compiled now carries it on that step only."""
+    (entry,) = [c for c in u.recorded() if c["name"] == "wide-gemini-3"]
+    old = view_pb2.CompiledView.FromString(u.saved("wide-gemini-3"))
+    assert ("w2", None) in _gemini_calls(old)
+    now = (
+        await u.api.compiles.Compile(cpb.CompileRequest.FromString(bytes.fromhex(entry["request"])))
+    ).view
+    calls = _gemini_calls(now)
+    assert calls[-1] == ("w2", "skip_thought_signature_validator")
+    assert all(sig is None for _, sig in calls[:-1])  # earlier, finished turns
+
+
 async def test_new_writes_go_on_top(u: Upgraded) -> None:
     head = (await u.api.sessions.GetSession(spb.GetSessionRequest(session_id=SID))).session
     last = next(c for c in reversed(u.m["compiles"]) if c["name"] == "stream-small-2")

@@ -229,13 +229,57 @@ def test_gemini_calls_of_the_turn_carry_their_thought_signatures() -> None:
     assert SIG_1 not in render(view, RenderFormat.ANTHROPIC_MESSAGES, {})
     then = compiled(*GEMINI_LOOP, route=GEMINI, rendering=2)
     assert [s for _, s in calls_signed(gemini_body(then))] == [None, None, None]
-    # Another model's calls (a switch), or a finished turn's: nothing is sent.
-    other = compiled(*GEMINI_LOOP, route=Route(protocol="gemini", model="gemini-3-flash"))
+    # Another model's signatures (a switch) are not sent; on Gemini 3 the first call of
+    # each step then carries the stand-in instead (below).
+    other = compiled(*GEMINI_LOOP, route=Route(protocol="gemini", model="gemini-2.5-flash"))
     assert [s for _, s in calls_signed(gemini_body(other))] == [None, None, None]
+    switched = compiled(*GEMINI_LOOP, route=Route(protocol="gemini", model="gemini-3-flash"))
+    assert calls_signed(gemini_body(switched)) == [("c1", SKIP), ("c2", None), ("c3", SKIP)]
     done = compiled(
         *GEMINI_LOOP, AssistantMessage((ContentPart(text="Done."),), ()), user("ok"), route=GEMINI
     )
     assert done.thinking == ()
+
+
+SKIP = "skip_thought_signature_validator"
+
+
+def test_gemini_3_steps_without_a_signature_carry_the_stand_in() -> None:
+    """Calls Gemini 3 did not sign (made before a switch, logged without their state, or
+    injected) would have the turn refused; the first call of each such step of the
+    current turn carries Google's stand-in. Real signatures stay; earlier turns, older
+    models and compiles rendered before version 4 get none."""
+    loop = (
+        user("earlier"),
+        AssistantMessage((), (call("c0", "z.py"),)),
+        ToolResult("c0", "read", text="0"),
+        AssistantMessage((ContentPart(text="Done."),), ()),
+        user("fix the bug"),
+        AssistantMessage((), (call("c1", "a.py"), call("c2", "b.py"))),  # unsigned, parallel
+        ToolResult("c1", "read", text="1"),
+        ToolResult("c2", "read", text="2"),
+        user("also check d.py"),  # typed while the tools ran: the turn goes on
+        AssistantMessage((), (call("c3", "c.py"),), "", signed({"c3": SIG_2})),
+        ToolResult("c3", "read", text="3"),
+        AssistantMessage((ContentPart(text="Checking d."),), (call("c4", "d.py"),)),
+        ToolResult("c4", "read", text="4"),
+    )
+    view = compiled(*loop, route=GEMINI)
+    assert [s for _, s in calls_signed(gemini_body(view))] == [None, SKIP, None, SIG_2, SKIP]
+    # On another route c3's signature is not sent (R-ROUTE-2): its step gets the stand-in.
+    for model in ("gemini-3-flash", "models/gemini-3.1-pro", "gemini-4-flash"):
+        other = compiled(*loop, route=Route(protocol="gemini", model=model))
+        assert [s for _, s in calls_signed(gemini_body(other))] == [None, SKIP, None, SKIP, SKIP]
+    for model in ("gemini-2.5-pro", "gemini-exp-1206", "models/gemini-1.5-flash", "gemini-30x"):
+        older = compiled(*loop, route=Route(protocol="gemini", model=model))
+        assert [s for _, s in calls_signed(gemini_body(older))] == [None] * 5
+    rendered_3 = compiled(*loop, route=GEMINI, rendering=3)
+    assert [s for _, s in calls_signed(gemini_body(rendered_3))] == [None] * 3 + [SIG_2, None]
+    # A finished turn leaves no step to stand in for.
+    done = compiled(
+        *loop, AssistantMessage((ContentPart(text="ok"),), ()), user("next"), route=GEMINI
+    )
+    assert SKIP not in render(done, RenderFormat.GEMINI, {})
 
 
 @pytest.mark.parametrize(
