@@ -95,8 +95,10 @@ class ImagePolicy:
 #    would hold many images (image_side_caps);
 # 3: on a route whose provider limits a whole request's size (request_byte_cap), images
 #    are sent only while the request as sent stays within it, newest first; the rest are
-#    notes.
-PROJECTION = 3
+#    notes;
+# 4: on Gemini routes, an image over 7 MB (GEMINI_IMAGE_BYTES, Vertex AI's limit for one
+#    inline image) is a note.
+PROJECTION = 4
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >
@@ -106,10 +108,24 @@ PROJECTION = 3
 ANTHROPIC_IMAGE_BYTES = 5_242_880 // 4 * 3
 
 
-def image_byte_cap(protocol: str) -> int | None:
-    """The most bytes one image may have on this wire protocol; None: none stated beyond
-    the request's own limits (OpenAI's and Gemini's are on the whole request)."""
-    return ANTHROPIC_IMAGE_BYTES if protocol.strip().lower().startswith("anthropic") else None
+# Vertex AI states for every Gemini model on its image understanding page: "Maximum file
+# size per file for inline data or direct uploads through the console: 7 MB". A `gemini`
+# route may reach Vertex with the same body (the Gemini API itself takes larger images,
+# within the whole request: GEMINI_REQUEST_BYTES), so the stricter figure is kept, in
+# decimal megabytes, as for the whole request.
+GEMINI_IMAGE_BYTES = 7_000_000
+
+
+def image_byte_cap(protocol: str, projection: int = PROJECTION) -> int | None:
+    """The most bytes one image may have on this wire protocol, as `projection` knew it
+    (Anthropic's from 2, Gemini's from 4); None: none stated beyond the request's own
+    limits (OpenAI's are on the whole request)."""
+    wire = protocol.strip().lower()
+    if projection >= 2 and wire.startswith("anthropic"):
+        return ANTHROPIC_IMAGE_BYTES
+    if projection >= 4 and wire.startswith("gemini"):
+        return GEMINI_IMAGE_BYTES
+    return None
 
 
 # Anthropic refuses an image with a side over 8,000 pixels: "messages.7.content.2.image.
@@ -262,7 +278,7 @@ def as_projected(
     whole = request_byte_cap(protocol) if projection >= 3 else None
     if whole != policy.max_request_bytes:
         policy = replaced(policy, max_request_bytes=whole)
-    cap = image_byte_cap(protocol) if projection >= 2 else None
+    cap = image_byte_cap(protocol, projection)
     if cap != policy.max_single_image_bytes:
         policy = replaced(policy, max_single_image_bytes=cap)
     side, many, many_side = (image_side_caps(protocol) if projection >= 2 else None) or (

@@ -17,6 +17,7 @@ from server.compiler.projection import (
     ANTHROPIC_IMAGE_SIDE,
     ANTHROPIC_MANY_IMAGES,
     ANTHROPIC_MANY_IMAGES_SIDE,
+    GEMINI_IMAGE_BYTES,
     GEMINI_REQUEST_BYTES,
     PROJECTION,
     ImagePolicy,
@@ -335,6 +336,34 @@ def test_an_image_over_anthropics_limit_for_one_image_is_a_note_on_anthropic_rou
     assert sent("anthropic-messages", projection=1)[0] == ["big", "fits"]
     assert image_byte_cap("Anthropic-Messages") == ANTHROPIC_IMAGE_BYTES
     assert image_byte_cap("openai-chat") is None
+    assert image_byte_cap("anthropic-messages", projection=1) is None
+
+
+def test_an_image_over_7_mb_is_a_note_on_gemini_routes() -> None:
+    """Vertex AI takes an inline image of up to 7 MB, and a Gemini route may reach it: a
+    larger one is a note (the Gemini API itself would take it, within its 20 MB request).
+    Exactly 7,000,000 bytes is sent; a compile recorded at PROJECTION 3 is rebuilt
+    sending it; other protocols are untouched by this limit."""
+    assert GEMINI_IMAGE_BYTES == 7_000_000
+    big, fits = GEMINI_IMAGE_BYTES + 1, GEMINI_IMAGE_BYTES
+    events = log(
+        user("look"),
+        Attachment(replace(PNG, artifact_id="big", size_bytes=big)),
+        Attachment(replace(PNG, artifact_id="fits", size_bytes=fits)),
+    )
+    sized = ImagePolicy(existing=(("big", big), ("fits", fits)))
+    ids, notes = _anthropic_sent(events, sized, "gemini")
+    assert ids == ["fits"]
+    assert any(
+        n.startswith(f"image big (image/png, {big} bytes) not sent")
+        and f"refuses an image over {GEMINI_IMAGE_BYTES} bytes" in n
+        for n in notes
+    ), notes
+    assert _anthropic_sent(events, sized, "gemini", projection=3)[0] == ["big", "fits"]
+    for protocol in ("openai-chat", "openai-responses"):
+        assert _anthropic_sent(events, sized, protocol)[0] == ["big", "fits"], protocol
+    assert image_byte_cap(" Gemini ") == GEMINI_IMAGE_BYTES
+    assert image_byte_cap("gemini", projection=3) is None
 
 
 def _anthropic_sent(
@@ -428,23 +457,24 @@ def test_a_request_of_more_than_20_images_leaves_out_those_over_2000_pixels() ->
 def test_gemini_routes_send_images_while_the_request_as_sent_stays_within_its_limit() -> None:
     """The Gemini API refuses a request over its size, inline base64 included ("Request
     payload size exceeds the limit: 20971520 bytes."); the stricter documented figure is
-    20 MB, kept as 20,000,000 bytes. With the rest of the request counted, the two newest
-    images whose base64 fills the room exactly are sent and the oldest (4 bytes of base64)
-    is a note; one byte more, and the older of the two is a note while the oldest takes
-    the room left. The Gemini body as rendered with the real bytes is within the limit.
+    20 MB, kept as 20,000,000 bytes. With the rest of the request counted, the three newest
+    images (each within Gemini's 7 MB for one image) whose base64 fills the room exactly are
+    sent and the oldest (4 bytes of base64) is a note; one byte more, and the oldest of the
+    three is a note while the oldest takes the room left. The Gemini body as rendered with the real bytes is within the limit.
     OpenAI routes, and compiles recorded before the limit (PROJECTION 2), send all three
     (Anthropic's own limit for one image, 3,932,160 bytes, would leave one out)."""
     assert GEMINI_REQUEST_BYTES == 20_000_000
     assert request_byte_cap("Gemini") == GEMINI_REQUEST_BYTES
     assert request_byte_cap("anthropic-messages") is request_byte_cap("openai-chat") is None
     builtins = (LOAD_RULE, TOOL_SEARCH, READ_TOOL_RESULT)
-    refs = [replace(PNG, artifact_id=a) for a in ("oldest", "old", "new")]
+    refs = [replace(PNG, artifact_id=a) for a in ("oldest", "old", "mid", "new")]
+    mid = new = 5_000_000
 
     def compiled(
         text: str, old: int, new: int, protocol: str = "gemini", projection: int = PROJECTION
     ) -> tuple[list[str], list[str], str, int]:
         events = log(user(text), *(Attachment(r) for r in refs))
-        sizes = {"oldest": 3, "old": old, "new": new}
+        sizes = {"oldest": 3, "old": old, "mid": mid, "new": new}
         inputs = CompileInputs(
             "s:1",
             Session("s", 0, 0),
@@ -475,24 +505,24 @@ def test_gemini_routes_send_images_while_the_request_as_sent_stays_within_its_li
     text = "look" + "!" * (room % 4)
     room = compiled(text, 3, 3)[3]
     assert room % 4 == 0 and room > 15_000_000
-    new = 3 * 1_000_000
-    old = (room - base64_bytes(new)) // 4 * 3
-    assert base64_bytes(old) + base64_bytes(new) == room
+    old = (room - base64_bytes(new) - base64_bytes(mid)) // 4 * 3
+    assert base64_bytes(old) + base64_bytes(mid) + base64_bytes(new) == room
+    assert old <= GEMINI_IMAGE_BYTES
 
     ids, notes, body, _ = compiled(text, old, new)
-    assert ids == ["old", "new"] and notes == [note("oldest")]
-    assert body.count('"inlineData"') == 2
+    assert ids == ["old", "mid", "new"] and notes == [note("oldest")]
+    assert body.count('"inlineData"') == 3
 
     ids, notes, body, _ = compiled(text, old + 1, new)
-    assert ids == ["oldest", "new"] and notes == [note("old")]
-    assert body.count('"inlineData"') == 2
+    assert ids == ["oldest", "mid", "new"] and notes == [note("old")]
+    assert body.count('"inlineData"') == 3
 
     # 40,000 bytes of base64 over: more than the rest of the request holds.
     over = old + 30_000
     for protocol in ("openai-chat", "openai-responses"):
-        assert compiled(text, over, new, protocol)[0] == ["oldest", "old", "new"], protocol
-    assert compiled(text, over, new, projection=2)[0] == ["oldest", "old", "new"]
-    assert compiled(text, over, new)[0] == ["oldest", "new"]
+        assert compiled(text, over, new, protocol)[0] == ["oldest", "old", "mid", "new"], protocol
+    assert compiled(text, over, new, projection=2)[0] == ["oldest", "old", "mid", "new"]
+    assert compiled(text, over, new)[0] == ["oldest", "mid", "new"]
 
 
 @pytest.mark.parametrize(
