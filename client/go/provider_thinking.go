@@ -65,7 +65,9 @@ func (b *AnthropicContentBlock) UnmarshalJSON(data []byte) error {
 }
 
 // AssistantFromAnthropic is the assistant event to log for an Anthropic Messages
-// response. Its text blocks become the message's text parts, its tool_use blocks its tool
+// response. Its text blocks become the message's text parts (adjacent ones, as Claude
+// splits a text at each citation, one part: a view joins parts with line breaks), its
+// tool_use blocks its tool
 // calls (CallId = id, Name = name, ArgumentsJson = input), and its thinking /
 // redacted_thinking blocks, unchanged and in order, its native state of kind
 // AnthropicThinking on routeID (the compiled view's RouteId, the route the request went
@@ -82,12 +84,19 @@ func (b *AnthropicContentBlock) UnmarshalJSON(data []byte) error {
 func AssistantFromAnthropic(msg AnthropicMessage, routeID string) *ctxccv1.Event {
 	m := &ctxccv1.AssistantMessage{}
 	var thinking []any
+	afterText := false // the previous block was text: this one continues its part
 	for _, b := range msg.Content {
-		switch b.Type {
-		case "text":
-			if b.Text != "" {
+		if b.Type == "text" {
+			if n := len(m.Parts); b.Text != "" && afterText && n > 0 {
+				m.Parts[n-1].Part = &ctxccv1.ContentPart_Text{Text: m.Parts[n-1].GetText() + b.Text}
+			} else if b.Text != "" {
 				m.Parts = append(m.Parts, &ctxccv1.ContentPart{Part: &ctxccv1.ContentPart_Text{Text: b.Text}})
 			}
+			afterText = true
+			continue
+		}
+		afterText = false
+		switch b.Type {
 		case "tool_use":
 			m.ToolCalls = append(m.ToolCalls, &ctxccv1.ToolCall{CallId: b.ID, Name: b.Name, ArgumentsJson: toolInput(b.Input)})
 		case "thinking":

@@ -135,6 +135,32 @@ func TestAssistantFromAnthropicWithoutThinking(t *testing.T) {
 	}
 }
 
+func TestAssistantFromAnthropicJoinsAdjacentText(t *testing.T) {
+	// Claude splits a text at each citation; a view joins parts with line breaks, so the
+	// adjacent blocks are one part. Text on either side of a call or a thinking block is not
+	// adjacent: it stays apart.
+	body := `{"content": [
+		{"type": "text", "text": "The latest release is "},
+		{"type": "text", "text": "Python 3.14.1", "citations": [{"type": "web_search_result_location", "url": "https://python.org", "title": "Python", "encrypted_index": "Eo8B", "cited_text": "3.14.1"}]},
+		{"type": "text", "text": ""},
+		{"type": "text", "text": ". I'll save it."},
+		{"type": "tool_use", "id": "toolu_1", "name": "save", "input": {}},
+		{"type": "text", "text": "Saved."},
+		{"type": "thinking", "thinking": "t", "signature": "s"},
+		{"type": "text", "text": "Done."}]}`
+	var msg AnthropicMessage
+	if err := json.Unmarshal([]byte(body), &msg); err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, p := range AssistantFromAnthropic(msg, "r1").GetAssistantMessage().GetParts() {
+		texts = append(texts, p.GetText())
+	}
+	if want := []string{"The latest release is Python 3.14.1. I'll save it.", "Saved.", "Done."}; !reflect.DeepEqual(texts, want) {
+		t.Fatalf("parts %q, want %q", texts, want)
+	}
+}
+
 // Against a real daemon (daemonClient: CTXCC_TARGET, skipped without): the event logged
 // for the response, appended with its tools' results, is stored as it was sent, and the
 // Anthropic body leads the assistant turn with the response's thinking blocks, unchanged,

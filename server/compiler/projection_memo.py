@@ -45,7 +45,8 @@ class ActiveTurn:
     # the index where it begins (`start`, or an earlier turn's start when a user message
     # follows tool results), and the indices of its assistant messages that carry native
     # state. Both are carried from memo to memo, so neither a long turn nor a log of such
-    # turns is walked again at every step.
+    # turns is walked again at every step. A log without a turn start (after a checkpoint
+    # that covered it, or one opening mid-loop) is a loop from its first event: loop 0.
     loop: int = -1
     stated: tuple[int, ...] = ()
 
@@ -65,24 +66,39 @@ def _stated(events: Sequence[Event], start: int) -> tuple[int, ...]:
     )
 
 
+def _goes_on(payload: object, unanswered: bool) -> bool:
+    """Whether a user message right after this event (as a body shows it) goes in a
+    user turn that tool results lead: after a result, or (`unanswered`) after calls that
+    have none (an interrupted tool: the view gives each call a synthetic result there)."""
+    if unanswered and isinstance(payload, AssistantMessage):
+        return bool(payload.tool_calls)
+    return isinstance(payload, ToolResult) or (unanswered and isinstance(payload, ToolCall))
+
+
 def loop_start(
-    events: Sequence[Event], start: int, seen: int = 0, before: ActiveTurn = NO_TURN
+    events: Sequence[Event],
+    start: int,
+    seen: int = 0,
+    before: ActiveTurn = NO_TURN,
+    *,
+    unanswered: bool = True,
 ) -> int:
     """Index where the tool loop of the turn starting at `start` begins: `start`, or the
     start of an earlier turn's loop while the last event before a turn's start that a
-    body shows apart is a tool result. Turns before `seen` are `before`'s (the memo's
-    turn, whose loop is known): they are not walked."""
+    body shows apart is a tool result or a call left without one (not with `unanswered`
+    off: as rendering versions before 5 saw loops, turn_thinking.py). Turns before `seen`
+    are `before`'s (the memo's turn, whose loop is known): they are not walked."""
     while True:
         j = start - 1
         while j >= 0 and isinstance(events[j].payload, _USER_SIDE):
             j -= 1
-        if j < 0 or not isinstance(events[j].payload, ToolResult):
+        if j < 0 or not _goes_on(events[j].payload, unanswered):
             return start
         while j >= seen and not starts_turn(events[j].payload):
             j -= 1
         if j >= seen:
             start = j
-        elif seen and before.start >= 0:
+        elif seen and before.loop >= 0:
             return before.loop
         else:
             # No turn start before (a log that opens mid-loop, or after a checkpoint).
@@ -126,12 +142,16 @@ def active_turn(
         if is_user_turn_start(events[i]):
             texts = tuple(t for e in events[i:] for t in event_texts(e))
             loop = loop_start(events, i, n, before)
-            if loop < n and before.start >= 0:
+            if loop < n and before.loop >= 0:
                 # The loop goes on from the memo's turn: its state so far, then the new.
                 return ActiveTurn(i, texts, loop, before.stated + _stated(events, n))
             return ActiveTurn(i, texts, loop, _stated(events, loop))
-    if memo is None or before.start < 0:
-        return NO_TURN
+    if memo is None or before.loop < 0:
+        # No turn start: the turn began before the first event (a checkpoint covered it,
+        # or the log opens mid-loop), and so did its loop, whose state is still wanted.
+        return ActiveTurn(-1, (), 0, _stated(events, 0)) if events else NO_TURN
+    if before.start < 0:
+        return ActiveTurn(-1, (), 0, before.stated + _stated(events, n))
     added = tuple(t for e in events[n:] for t in event_texts(e))
     return ActiveTurn(
         before.start, before.texts + added, before.loop, before.stated + _stated(events, n)

@@ -45,8 +45,11 @@ Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 # turn's assistant messages with their logged thinking blocks, and the estimate counts
 # them (domain/thinking.py); 3: Gemini bodies carry the current turn's logged thought
 # signatures on their function calls, likewise counted; 4: on Gemini 3 and later, a step
-# of the current turn without a logged signature carries Google's stand-in (render_gemini).
-RENDERING = 4
+# of the current turn without a logged signature carries Google's stand-in (render_gemini);
+# 5: the loop whose thinking state is sent back goes on across an interrupted tool's
+# calls and from the first event of a log a checkpoint cut mid-turn, and a reused call
+# id gets the signature logged under its own id (turn_thinking.LOOPS_SINCE).
+RENDERING = 5
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

@@ -37,7 +37,7 @@ from server.compiler.render_common import (
     schema,
     text_of,
 )
-from server.compiler.turn_thinking import of_kind
+from server.compiler.turn_thinking import LOOPS_SINCE, of_kind
 from server.compiler.view import CompiledView, ViewMessage
 from server.domain.model import Role
 from server.domain.thinking import GEMINI_KIND, thought_signatures
@@ -112,6 +112,27 @@ def _signatures(view: CompiledView, m: ViewMessage) -> dict[str, str]:
     return out
 
 
+# A call id reused after its pair closed is shown as "<id>~<n>" (pairing.py); its state
+# was logged under the id the model gave it.
+_REUSED = re.compile(r"^(.+)~\d+$")
+
+
+def _signature_of(
+    view: CompiledView, call_id: str, signed: Mapping[str, str], m: ViewMessage
+) -> str | None:
+    """The signature logged for the call shown as `call_id` in `m`: under that id, or,
+    from rendering 5, for a reused id, under the id as logged when no other call of `m`
+    is shown so."""
+    if call_id in signed:
+        return signed[call_id]
+    if view.rendering < LOOPS_SINCE:
+        return None
+    reused = _REUSED.match(call_id)
+    if reused is None or (logged := reused.group(1)) not in signed:
+        return None
+    return None if any(c.call_id == logged for c in m.tool_calls) else signed[logged]
+
+
 def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     names = {c.call_id: c.name for m in view.messages for c in m.tool_calls}
     turns: list[tuple[str, list[JSON]]] = []
@@ -129,8 +150,8 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                         "args": args_object(c.arguments_json),
                     }
                 }
-                if c.call_id in signed:
-                    part["thoughtSignature"] = signed[c.call_id]
+                if (signature := _signature_of(view, c.call_id, signed, m)) is not None:
+                    part["thoughtSignature"] = signature
                 parts.append(part)
             turns.append(("model", parts))
         else:

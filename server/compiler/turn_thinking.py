@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from server.compiler.projection_memo import ActiveTurn
+from server.compiler.projection_memo import ActiveTurn, loop_start
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
 from server.domain.model import AssistantMessage, Event, Role
@@ -25,6 +25,11 @@ Thinking = tuple[tuple[int, str, bytes], ...]
 
 # The rendering version from which each kind is sent back (render.RENDERING).
 SINCE = {KIND: 2, GEMINI_KIND: 3}
+# From rendering 5, a loop also goes on across calls left without a result (an
+# interrupted tool: the user message after them joins their synthetic results), and a
+# log without a turn start (a checkpoint covered it) is a loop from its first event;
+# before, neither was (projection_memo.loop_start, active_turn).
+LOOPS_SINCE = 5
 
 
 def turn_thinking(
@@ -37,7 +42,14 @@ def turn_thinking(
     kinds = {kind for kind, since in SINCE.items() if rendering >= since}
     if not kinds or not turn.stated:
         return ()
-    first = events[turn.loop].seq
+    loop, stated = turn.loop, turn.stated
+    if rendering < LOOPS_SINCE:
+        # As the compile was made: a walk over the turns, made only in its rebuild.
+        if turn.start < 0:
+            return ()
+        loop = loop_start(events, turn.start, unanswered=False)
+        stated = tuple(i for i in stated if i >= loop)
+    first = events[loop].seq
     # The assistant messages of the view from the turn's start on (the working set).
     spans = []
     for m in reversed(messages):
@@ -46,7 +58,7 @@ def turn_thinking(
         if m.role is Role.ASSISTANT and not m.synthetic:
             spans.append((m.first_seq, m.last_seq))
     out = []
-    for i in turn.stated:
+    for i in stated:
         e = events[i]
         assert isinstance(e.payload, AssistantMessage) and e.payload.native_state is not None
         state = e.payload.native_state

@@ -33,7 +33,7 @@ from ctxcc_client import (
 )
 from google.genai import types as gt
 
-from ctxcc.v1 import common_pb2, event_pb2, view_pb2
+from ctxcc.v1 import checkpoint_pb2, common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
@@ -148,6 +148,61 @@ async def test_a_tool_loop_with_thinking_sends_each_turns_blocks_back(daemon: Da
         await ctx.append(sid, [assistant("Fixed in b.py."), user("thanks, now run the tests")])
         _, later = await body(ctx, sid, ROUTE)
         assert leading(later) == [[], [], []]
+
+
+async def test_an_interrupted_tool_and_a_checkpoint_in_the_loop_keep_its_blocks(
+    daemon: Daemon,
+) -> None:
+    """Two ways a loop goes on that the body must still honour: the user stops a running
+    tool and types (the call gets a synthetic result, which leads the user's turn), and
+    a checkpoint that covered the loop's start (a compaction in the middle of a loop):
+    the assistant messages the view still holds lead with their blocks."""
+    first = response(1, thinking("a.py first.", "EqQBsig1"), tool_use("toolu_1", "a.py"))
+    second = response(2, thinking("Now b.py.", "EpoBsig2"), tool_use("toolu_2", "b.py"))
+    third = response(3, thinking("Then c.py.", "EpoBsig3"), tool_use("toolu_3", "c.py"))
+    blocks = [[b.model_dump() for b in r.content[:1]] for r in (first, second, third)]
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        await ctx.append(sid, [user("fix the parser bug")])
+        view, _ = await body(ctx, sid, ROUTE)
+        # Interrupted: no result logged for toolu_1, a cancel, then the user's message.
+        cancelled = event_pb2.Event()
+        cancelled.turn_cancelled.reason = "user pressed stop"
+        await ctx.append(
+            sid,
+            [assistant_from_anthropic(first, view.route_id), cancelled, user("look at b.py")],
+        )
+        _, interrupted = await body(ctx, sid, ROUTE)
+        assert leading(interrupted) == [blocks[0]]
+        results = [b for b in interrupted["messages"][-1]["content"] if b["type"] == "tool_result"]
+        assert [r["tool_use_id"] for r in results] == ["toolu_1"]  # the synthetic one
+        await ctx.append(
+            sid,
+            [
+                assistant_from_anthropic(second, view.route_id),
+                tool_result("toolu_2", "def parse(): ...", "read"),
+                assistant_from_anthropic(third, view.route_id),
+            ],
+        )
+        head = (
+            await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+        ).session.head_seq
+        # A checkpoint through the result of toolu_2: the loop's start is summarized.
+        await ctx.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id=sid,
+                    covers_through_seq=head - 1,
+                    summary="Looked at a.py and b.py: the parser is in c.py.",
+                    source_route=ROUTE,
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+        await ctx.append(sid, [tool_result("toolu_3", "x = 1", "read")])
+        view, compacted = await body(ctx, sid, ROUTE)
+        assert view.checkpoint_id
+        assert leading(compacted) == [blocks[2]]
 
 
 async def test_a_thinking_state_that_holds_no_blocks_is_refused(daemon: Daemon) -> None:

@@ -330,12 +330,77 @@ RESULT = ToolResult("c1", "r", text="x")
         ((AssistantMessage((), (call("c1", "x"),)), ToolResult("c1", "r", text="x"), user("b")), 0),
         ((user("a"), AssistantMessage((ContentPart(text="done"),), ()), user("b")), 2),
         ((user("a"), RESULT, TurnCompleted(), TurnStarted("u")), 0),
+        # An interrupted tool: its call has no result, the view gives it one, which the
+        # user message's turn leads; cancelled or not.
+        ((user("a"), CALL, user("b")), 0),
+        ((user("a"), CALL, TurnCancelled("t", False), user("b")), 0),
+        ((user("a"), ToolCall("c1", "r", "{}"), user("b")), 0),
+        ((user("a"), AssistantMessage((ContentPart(text="done"),), ()), CALL, user("b")), 0),
     ],
 )
 def test_where_the_loop_starts(payloads: tuple[Any, ...], start: int) -> None:
     events = [Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads)]
     last = max(i for i, e in enumerate(events) if starts_turn(e.payload))
     assert loop_start(events, last) == start
+    # Rendering versions before 5 saw only a logged result go on.
+    went_on = isinstance(events[last - 1].payload, (ToolResult, TurnCompleted, TurnStarted))
+    assert loop_start(events, last, unanswered=False) == (start if went_on else last)
+
+
+def test_an_interrupted_tool_keeps_its_loop_and_its_state() -> None:
+    """The user stops a running tool and types: the call has no result, the view gives it
+    a synthetic one, and the bodies put that result first in the new user message's turn;
+    for the API the loop goes on, and the interrupted call's assistant turn must still
+    open with its blocks (Anthropic) and carry its signature (Gemini)."""
+    for cancel in ((TurnCancelled("t", False),), ()):
+        interrupted = (*TOOL_LOOP[:2], *cancel, user("stop, look at b.py instead"))
+        view = compiled(*interrupted)
+        (first,) = assistant_turns(anthropic(view))
+        assert first[:1] == THOUGHT_A, cancel
+        assert compiled(*interrupted, rendering=4).thinking == ()
+    gemini = (GEMINI_LOOP[0], GEMINI_LOOP[1], user("stop"))
+    body = gemini_body(compiled(*gemini, route=GEMINI))
+    assert calls_signed(body) == [("c1", SIG_1), ("c2", None)]
+    # Rendered as version 4 did: no state, so Gemini 3 got the stand-in instead.
+    then = gemini_body(compiled(*gemini, route=GEMINI, rendering=4))
+    assert calls_signed(then) == [("c1", SKIP), ("c2", None)]
+
+
+def test_a_log_that_opens_mid_turn_keeps_its_loop_and_its_state() -> None:
+    """After a checkpoint that covered the turn's start (compaction in a tool loop), the
+    log the view is made from has no turn start: the turn, and its loop, began before
+    it, and the state of the assistant messages after the checkpoint is still wanted."""
+    after_checkpoint = TOOL_LOOP[2:]  # the result of c1, then the second step
+    view = compiled(*after_checkpoint)
+    assert [seq for seq, _, _ in view.thinking] == [2]
+    assert assistant_turns(anthropic(view))[-1][:2] == THOUGHT_B
+    assert compiled(*after_checkpoint, rendering=4).thinking == ()
+
+
+def test_a_reused_call_id_gets_the_signature_logged_under_it() -> None:
+    """An agent that numbers calls per response logs "c0" twice; the view shows the
+    second as "c0~2", and its signature, logged under "c0", goes on it."""
+    loop = (
+        user("weather in Paris, then Tokyo"),
+        AssistantMessage((), (call("c0", "paris"),), "", signed({"c0": SIG_1})),
+        ToolResult("c0", "read", text="sunny"),
+        AssistantMessage((), (call("c0", "tokyo"),), "", signed({"c0": SIG_2})),
+        ToolResult("c0", "read", text="rain"),
+    )
+    assert calls_signed(gemini_body(compiled(*loop, route=GEMINI))) == [
+        ("c0", SIG_1),
+        ("c0~2", SIG_2),
+    ]
+    then = compiled(*loop, route=GEMINI, rendering=4)
+    assert calls_signed(gemini_body(then)) == [("c0", SIG_1), ("c0~2", SKIP)]
+    # Two calls of one response under one id: the state names the first only.
+    twice = (
+        user("x"),
+        AssistantMessage((), (call("c0", "a"), call("c0", "b")), "", signed({"c0": SIG_1})),
+        ToolResult("c0", "read", text="1"),
+    )
+    signed_calls = calls_signed(gemini_body(compiled(*twice, route=GEMINI)))
+    assert [s for _, s in signed_calls] == [SIG_1, None]
 
 
 def test_the_loop_carried_from_step_to_step_is_the_loop_found_from_scratch() -> None:
@@ -358,6 +423,10 @@ def test_the_loop_carried_from_step_to_step_is_the_loop_found_from_scratch() -> 
             user("one more"),
         ],
         [AssistantMessage((ContentPart(text="Fixed."),), ()), user("next")],
+        # An interrupted call, then the user: the loop goes on across it.
+        [AssistantMessage((), (call("c4", "d.py"),), "", state(THOUGHT_B))],
+        [TurnCancelled("t", False), user("stop")],
+        [AssistantMessage((), (call("c5", "e.py"),), "", state(THOUGHT_A))],
     ]
     log: list[Event] = []
     memo = None
@@ -372,4 +441,31 @@ def test_the_loop_carried_from_step_to_step_is_the_loop_found_from_scratch() -> 
             assert [seq for seq, _, _ in view.thinking] == [4, 7], n
         if n == 7:
             assert [seq for seq, _, _ in view.thinking] == [4, 7, 10], n
+        if n == 8:
+            assert view.thinking == (), n
+    assert [seq for seq, _, _ in view.thinking] == [15, 18]
+
+
+def test_a_log_without_a_turn_start_carried_from_step_to_step() -> None:
+    """A log after a checkpoint that covered its turn's start, compiled step by step:
+    the loop from its first event, carried from memo to memo, is the one found from
+    scratch, until a user message that holds no result starts a new one."""
+    steps: list[list[Any]] = [
+        [ToolResult("c1", "read", text="x")],
+        [AssistantMessage((), (call("c2", "b.py"),), "", state(THOUGHT_B))],
+        [ToolResult("c2", "read", text="y")],
+        [AssistantMessage((), (call("c3", "c.py"),), "", state(THOUGHT_A))],
+        [ToolResult("c3", "read", text="z"), user("typed")],
+        [AssistantMessage((ContentPart(text="Fixed."),), ()), user("next")],
+    ]
+    log: list[Event] = []
+    memo = None
+    for n, new in enumerate(steps):
+        log += [Event(len(log) + i + 1, f"e{len(log) + i + 1}", 0, p) for i, p in enumerate(new)]
+        inputs = CompileInputs("s:1", Session("s", 0, 0), tuple(log), len(log), ROUTE)
+        assert active_turn(inputs.events, memo) == active_turn(inputs.events), n
+        view, memo, _ = compile_incremental(inputs, WordCounter(), memo)
+        assert view == compile_view(inputs, WordCounter()), n
+        if n in (3, 4):
+            assert [seq for seq, _, _ in view.thinking] == [2, 4], n
     assert view.thinking == ()

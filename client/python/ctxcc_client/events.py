@@ -61,7 +61,9 @@ def assistant_from_anthropic(message: object, route_id: str) -> event_pb2.Event:
     """The assistant event to log for an Anthropic Messages response (the SDK's
     `Message`, or the same as a mapping: the response's JSON).
 
-    Its text blocks become the message's text, its `tool_use` blocks its tool calls, and
+    Its text blocks become the message's text (adjacent ones, as Claude splits a text at
+    each citation, one part: a view joins parts with line breaks), its `tool_use` blocks
+    its tool calls, and
     its `thinking` / `redacted_thinking` blocks, unchanged and in order, its native state
     of kind "anthropic.thinking" on `route_id` (the compiled view's `route_id`, the route
     the request went to). With extended thinking on, the API refuses a tool loop whose
@@ -72,11 +74,19 @@ def assistant_from_anthropic(message: object, route_id: str) -> event_pb2.Event:
     ev = event_pb2.Event()
     m = ev.assistant_message
     thinking: list[dict[str, object]] = []
+    after_text = False  # the previous block was text: this one continues its part
     for block in _get(message, "content") or ():  # type: ignore[attr-defined]
         kind = _get(block, "type")
-        if kind == "text" and _get(block, "text"):
-            m.parts.add(text=str(_get(block, "text")))
-        elif kind == "tool_use":
+        if kind == "text":
+            if text := str(_get(block, "text") or ""):
+                if after_text and m.parts:
+                    m.parts[-1].text += text
+                else:
+                    m.parts.add(text=text)
+            after_text = True
+            continue
+        after_text = False
+        if kind == "tool_use":
             m.tool_calls.add(
                 call_id=str(_get(block, "id")),
                 name=str(_get(block, "name")),

@@ -35,7 +35,8 @@ export interface AnthropicMessage {
 
 /**
  * The assistant event to log for an Anthropic Messages response. Its text blocks become the
- * message's text parts, its `tool_use` blocks its tool calls (`callId` = id, `name`,
+ * message's text parts (adjacent ones, as Claude splits a text at each citation, one part: a
+ * view joins parts with line breaks), its `tool_use` blocks its tool calls (`callId` = id, `name`,
  * `argumentsJson` = the input's JSON), and its `thinking` / `redacted_thinking` blocks,
  * unchanged and in order, its native state of kind `ANTHROPIC_THINKING` on `routeId` (the
  * compiled view's `routeId`, the route the request went to). With extended thinking on, the
@@ -54,10 +55,15 @@ export function assistantFromAnthropic(message: AnthropicMessage, routeId: strin
   const parts: ContentPart[] = [];
   const toolCalls: ToolCall[] = [];
   const thinking: object[] = [];
+  let afterText = false; // the previous block was text: this one continues its part
   for (const block of message.content ?? []) {
+    const last = parts[parts.length - 1];
+    if (block.type !== "text") afterText = false;
     switch (block.type) {
       case "text":
-        if (block.text) parts.push({ part: { $case: "text", value: block.text } });
+        if (block.text && afterText && last?.part?.$case === "text") last.part.value += block.text;
+        else if (block.text) parts.push({ part: { $case: "text", value: block.text } });
+        afterText = true;
         break;
       case "tool_use":
         toolCalls.push({ callId: String(block.id), name: String(block.name), argumentsJson: JSON.stringify(block.input ?? {}) });

@@ -117,6 +117,34 @@ test("a response without thinking has no native state; blocks of other types are
   assert.deepEqual(ev, Event.fromPartial({ payload: { $case: "assistantMessage", value: { parts: [{ part: { $case: "text", value: "done" } }], toolCalls } } }));
 });
 
+test("adjacent text blocks (Claude splits a text at each citation) are one part; text around a call or thinking stays apart", () => {
+  const cited: Message = {
+    ...message,
+    content: [
+      { type: "text", text: "The latest release is ", citations: null },
+      {
+        type: "text",
+        text: "Python 3.14.1",
+        citations: [
+          { type: "web_search_result_location", url: "https://python.org", title: "Python", encrypted_index: "Eo8B", cited_text: "3.14.1" },
+        ],
+      },
+      { type: "text", text: "", citations: null },
+      { type: "text", text: ". I'll save it.", citations: null },
+      { type: "tool_use", id: "toolu_1", name: "save", input: {}, caller: { type: "direct" } },
+      { type: "text", text: "Saved.", citations: null },
+      { type: "thinking", thinking: "t", signature: "s" },
+      { type: "text", text: "Done.", citations: null },
+    ],
+  };
+  const ev = assistantFromAnthropic(cited, "r1");
+  const parts = ev.payload?.$case === "assistantMessage" ? ev.payload.value.parts : [];
+  assert.deepEqual(
+    parts.map((p) => (p.part?.$case === "text" ? p.part.value : null)),
+    ["The latest release is Python 3.14.1. I'll save it.", "Saved.", "Done."],
+  );
+});
+
 // The beta Message fits too; other shapes do not type-check.
 export const fromBeta = (m: BetaMessage): Event => assistantFromAnthropic(m, "r1");
 export function wrongShapes(completion: ChatCompletion): void {
