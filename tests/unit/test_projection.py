@@ -460,9 +460,10 @@ def test_gemini_routes_send_images_while_the_request_as_sent_stays_within_its_li
     20 MB, kept as 20,000,000 bytes. With the rest of the request counted, the three newest
     images (each within Gemini's 7 MB for one image) whose base64 fills the room exactly are
     sent and the oldest (4 bytes of base64) is a note; one byte more, and the oldest of the
-    three is a note while the oldest takes the room left. The Gemini body as rendered with the real bytes is within the limit.
-    OpenAI routes, and compiles recorded before the limit (PROJECTION 2), send all three
-    (Anthropic's own limit for one image, 3,932,160 bytes, would leave one out)."""
+    three is a note while the oldest of all takes the room left. The Gemini body as
+    rendered with the real bytes is within the limit. OpenAI routes, and compiles recorded
+    before the limit (PROJECTION 2), send all four (Anthropic's own limit for one image,
+    3,932,160 bytes, would leave some out)."""
     assert GEMINI_REQUEST_BYTES == 20_000_000
     assert request_byte_cap("Gemini") == GEMINI_REQUEST_BYTES
     assert request_byte_cap("anthropic-messages") is request_byte_cap("openai-chat") is None
