@@ -48,8 +48,10 @@ Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 # of the current turn without a logged signature carries Google's stand-in (render_gemini);
 # 5: the loop whose thinking state is sent back goes on across an interrupted tool's
 # calls and from the first event of a log a checkpoint cut mid-turn, and a reused call
-# id gets the signature logged under its own id (turn_thinking.LOOPS_SINCE).
-RENDERING = 5
+# id gets the signature logged under its own id (turn_thinking.LOOPS_SINCE); 6: OpenAI
+# and Anthropic bodies send a tool schema with no combinator at its top level
+# (render_common.flat_schema), which both APIs refuse.
+RENDERING = 6
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from server.compiler.provider_rules import OPENER
 from server.compiler.render_common import (
     ANTHROPIC_IMAGES,
+    FLAT_SINCE,
     JSON,
     args_object,
     call_name,
@@ -191,7 +192,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             {
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "input_schema": schema(t.spec.input_schema_json),
+                "input_schema": schema(t.spec.input_schema_json, flat=view.rendering >= FLAT_SINCE),
             }
             for t in view.tools
         ]

@@ -45,16 +45,82 @@ def args_text(arguments_json: str) -> str:
     return arguments_json or "{}"
 
 
-def schema(text: str) -> JSON:
+def schema(text: str, *, flat: bool = False) -> JSON:
     """A tool's input schema as every API takes it: an object schema. RegisterTools
     refuses a top-level `type` other than "object"; one that names no type (`{"properties":
     ...}`, a bare `anyOf`) gets it, as OpenAI refuses parameters without `type: object`
-    and Anthropic's `input_schema.type` is required."""
+    and Anthropic's `input_schema.type` is required. With `flat`, no combinator at the
+    top level either (flat_schema)."""
     ok, value = parse_json(text or "{}")
     if ok and isinstance(value, dict) and value:
         value = encodable(value) if _may_escape_surrogates(text) else value
+        if flat and not _TOP_LEVEL.isdisjoint(value):
+            value = flat_schema(value)
         return value if "type" in value else {"type": "object", **value}
     return {"type": "object", "properties": {}}
+
+
+# The rendering version from which OpenAI and Anthropic bodies send schemas flat
+# (render.RENDERING).
+FLAT_SINCE = 6
+# OpenAI refuses parameters with "'oneOf'/'anyOf'/'allOf'/'enum'/'not' at the top level"
+# (invalid_function_parameters) and Anthropic an input_schema with "oneOf, allOf, or
+# anyOf at the top level"; zod and pydantic unions, and many MCP servers, make them.
+_TOP_LEVEL = frozenset({"anyOf", "oneOf", "allOf", "enum", "not"})
+
+
+def flat_schema(value: dict[str, object]) -> dict[str, object]:
+    """An object schema without top-level combinators, for OpenAI and Anthropic: the
+    properties of every branch (a local `$ref` resolved) side by side, a property the
+    branches describe differently as the `anyOf` of its descriptions (allowed below the
+    top level); required what `allOf` requires and what every `anyOf`/`oneOf` branch
+    does; `enum` and `not` dropped. The model loses which combination is valid, the tool
+    still validates its arguments, and the request is not refused."""
+    out = {k: v for k, v in value.items() if k not in _TOP_LEVEL}
+    shapes: dict[str, list[object]] = {}
+    required: list[str] = []
+
+    def add(branch: object) -> list[str] | None:
+        """Adds a branch's properties; its required names (None: not an object)."""
+        branch = _resolved(value, branch)
+        if not isinstance(branch, dict) or not isinstance(branch.get("properties", {}), dict):
+            return None
+        for name, shape in dict(branch.get("properties") or {}).items():
+            seen = shapes.setdefault(str(name), [])
+            if shape not in seen:
+                seen.append(shape)
+        names = branch.get("required")
+        return [str(n) for n in names] if isinstance(names, list) else []
+
+    required += add(out) or []
+    all_of = value.get("allOf")
+    for branch in all_of if isinstance(all_of, list) else ():
+        required += add(branch) or []
+    for key in ("anyOf", "oneOf"):
+        branches = value.get(key)
+        if isinstance(branches, list) and branches:
+            each = [add(b) for b in branches]
+            if all(r is not None for r in each):
+                required += [n for n in each[0] or [] if all(n in (r or []) for r in each)]
+    out["properties"] = {n: s[0] if len(s) == 1 else {"anyOf": s} for n, s in shapes.items()}
+    kept = [n for n in dict.fromkeys(required) if n in shapes]
+    if kept:
+        out["required"] = kept
+    else:
+        out.pop("required", None)
+    out["type"] = "object"
+    return out
+
+
+def _resolved(root: dict[str, object], branch: object) -> object:
+    """`branch`, or the definition of `root` its local `$ref` names."""
+    if not isinstance(branch, dict) or not isinstance(ref := branch.get("$ref"), str):
+        return branch
+    for prefix, key in (("#/$defs/", "$defs"), ("#/definitions/", "definitions")):
+        table = root.get(key)
+        if ref.startswith(prefix) and isinstance(table, dict):
+            return table.get(ref[len(prefix) :], branch)
+    return branch
 
 
 # A function name every API takes: OpenAI's and Anthropic's ^[a-zA-Z0-9_-]{1,64}$, and

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from server.compiler.render_common import (
+    FLAT_SINCE,
     JSON,
     OPENAI_IMAGES,
     args_text,
@@ -98,7 +99,9 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "function": {
                     "name": t.spec.name,
                     "description": t.spec.description,
-                    "parameters": schema(t.spec.input_schema_json),
+                    "parameters": schema(
+                        t.spec.input_schema_json, flat=view.rendering >= FLAT_SINCE
+                    ),
                 },
             }
             for t in view.tools
@@ -161,7 +164,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "type": "function",
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "parameters": schema(t.spec.input_schema_json),
+                "parameters": schema(t.spec.input_schema_json, flat=view.rendering >= FLAT_SINCE),
                 # Strict mode needs every property required and no extra ones: agents'
                 # schemas rarely are, so calls are validated by the agent, as in Chat.
                 "strict": False,

@@ -118,6 +118,38 @@ SCHEMAS: list[Any] = [
     },
     {"properties": {"q": {"type": "string"}}},  # no top-level type
     {"anyOf": [{"type": "object"}, {"type": "null"}]},
+    # Unions at the top level, as zod, pydantic and MCP servers write them (OpenAI and
+    # Anthropic refuse them there).
+    {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"event_id": {"type": "string"}},
+                "required": ["event_id"],
+            },
+            {
+                "type": "object",
+                "properties": {"ical_uid": {"type": "string"}},
+                "required": ["ical_uid"],
+            },
+        ]
+    },
+    {
+        "type": "object",
+        "properties": {"path": {"type": "string"}},
+        "required": ["path"],
+        "oneOf": [
+            {"properties": {"insert": {"type": "string"}}, "required": ["insert"]},
+            {"properties": {"delete": {"type": "integer"}}, "required": ["delete"]},
+        ],
+    },
+    {
+        "allOf": [{"$ref": "#/$defs/Page"}, {"properties": {"title": {"type": "string"}}}],
+        "$defs": {
+            "Page": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+        },
+    },
+    {"type": "object", "properties": {"a": {"type": "string"}}, "not": {"required": ["b"]}},
     {"type": "object", "properties": {"k": {"type": "string", "description": "\u202e rtl"}}},
 ]
 
@@ -542,6 +574,13 @@ def _data_url_mime(url: str) -> str:
     return url[5 : url.index(";")] if url.startswith("data:") else ""
 
 
+# OpenAI: "schema must have type 'object' and not have 'oneOf'/'anyOf'/'allOf'/'enum'/'not'
+# at the top level" (invalid_function_parameters); Anthropic: "input_schema does not support
+# oneOf, allOf, or anyOf at the top level".
+_OPENAI_TOP = frozenset({"oneOf", "anyOf", "allOf", "enum", "not"})
+_ANTHROPIC_TOP = frozenset({"oneOf", "anyOf", "allOf"})
+
+
 def rule_errors(fmt: str, body: dict[str, Any]) -> list[str]:
     check: Callable[[dict[str, Any]], list[str]] = {
         "openai_chat": _chat,
@@ -560,6 +599,8 @@ def _chat(body: dict[str, Any]) -> list[str]:
             out.append(f"tool name {fn['name']!r} breaks ^[a-zA-Z0-9_-]{{1,64}}$")
         if fn["parameters"].get("type") != "object":
             out.append(f"tool {fn['name']}: parameters are not type object")
+        if banned := _OPENAI_TOP & set(fn["parameters"]):
+            out.append(f"tool {fn['name']}: parameters with {sorted(banned)} at the top level")
     open_ids: list[str] = []
     for i, m in enumerate(body["messages"]):
         if m["role"] == "tool":
@@ -597,6 +638,8 @@ def _responses(body: dict[str, Any]) -> list[str]:
             out.append(f"tool name {t['name']!r} breaks ^[a-zA-Z0-9_-]{{1,64}}$")
         if t["parameters"].get("type") != "object":
             out.append(f"tool {t['name']}: parameters are not type object")
+        if banned := _OPENAI_TOP & set(t["parameters"]):
+            out.append(f"tool {t['name']}: parameters with {sorted(banned)} at the top level")
     calls = [i["call_id"] for i in body["input"] if i.get("type") == "function_call"]
     outputs = [i["call_id"] for i in body["input"] if i.get("type") == "function_call_output"]
     if sorted(calls) != sorted(outputs) or len(set(calls)) != len(calls):
@@ -620,6 +663,8 @@ def _anthropic(body: dict[str, Any]) -> list[str]:
             out.append(f"tool name {t['name']!r} breaks ^[a-zA-Z0-9_-]{{1,64}}$")
         if t["input_schema"].get("type") != "object":
             out.append(f"tool {t['name']}: input_schema is not type object")
+        if banned := _ANTHROPIC_TOP & set(t["input_schema"]):
+            out.append(f"tool {t['name']}: input_schema with {sorted(banned)} at the top level")
     msgs = body["messages"]
     roles = [m["role"] for m in msgs]
     if not roles or roles[0] != "user":

@@ -112,14 +112,22 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
     errors = " | ".join(sdk_fuzz.rule_errors("openai_chat", chat))
     for expected in ("over 40", "call name 'a.b'", "neither content", "not type object"):
         assert expected in errors, (expected, errors)
+    union = {"type": "object", "anyOf": [{"type": "object"}], "not": {}}
+    chat["tools"] = [{"type": "function", "function": {"name": "f", "parameters": union}}]
+    assert "with ['anyOf', 'not'] at the top level" in " ".join(
+        sdk_fuzz.rule_errors("openai_chat", chat)
+    )
     anthropic: dict[str, list[dict[str, Any]]] = {
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": " "}]},
             {"role": "assistant", "content": [{"type": "text", "text": "done \n"}]},
         ]
     }
+    anthropic["tools"] = [{"name": "f", "input_schema": union}]
     errors = " | ".join(sdk_fuzz.rule_errors("anthropic_messages", anthropic))
     assert "whitespace only" in errors and "ends with whitespace" in errors, errors
+    assert "input_schema with ['anyOf'] at the top level" in errors, errors
+    del anthropic["tools"]
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/bmp", "data": ""}}
     anthropic["messages"][0]["content"].append(image)
     assert "image of type image/bmp" in " ".join(
@@ -139,6 +147,99 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
     errors = " | ".join(sdk_fuzz.rule_errors("gemini", gemini))
     for expected in ("empty text part", "functionCall name '9x'", "declaration name '-f'"):
         assert expected in errors, (expected, errors)
+
+
+UNION_TOOLS = {
+    # google-calendar-mcp's update-event shape: one of two ids.
+    "update_event": {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"event_id": {"type": "string"}, "start": {"type": "string"}},
+                "required": ["event_id", "start"],
+            },
+            {
+                "type": "object",
+                "properties": {"ical_uid": {"type": "string"}, "start": {"type": "string"}},
+                "required": ["ical_uid", "start"],
+            },
+        ]
+    },
+    # A pydantic discriminated union: branches by reference, a property typed two ways.
+    "edit": {
+        "oneOf": [{"$ref": "#/$defs/Insert"}, {"$ref": "#/$defs/Delete"}],
+        "discriminator": {"propertyName": "op"},
+        "$defs": {
+            "Insert": {
+                "type": "object",
+                "properties": {"op": {"const": "insert"}, "text": {"type": "string"}},
+                "required": ["op", "text"],
+            },
+            "Delete": {
+                "type": "object",
+                "properties": {"op": {"const": "delete"}, "count": {"type": "integer"}},
+                "required": ["op", "count"],
+            },
+        },
+    },
+    # zod's .and(): an intersection.
+    "notion_update": {
+        "allOf": [
+            {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+            {"type": "object", "properties": {"title": {"type": "string"}}},
+        ],
+        "not": {"required": ["archived"]},
+    },
+}
+
+
+async def test_tools_with_unions_at_the_top_level_are_sent_flat(api: Stubs) -> None:
+    """OpenAI refuses a function whose parameters have oneOf/anyOf/allOf/enum/not at the
+    top level and Anthropic an input_schema with oneOf/anyOf/allOf there; MCP servers and
+    zod or pydantic unions send such schemas. Their bodies carry the branches' properties
+    side by side instead (a property typed two ways as an anyOf below the top), required
+    what every branch requires; Gemini's full JSON Schema carries the union as written."""
+    tools = [
+        tool_pb2.ToolDefinition(name=n, description=n, input_schema_json=json.dumps(schema))
+        for n, schema in UNION_TOOLS.items()
+    ]
+    view_bodies = await _bodies(api, "unions", user("move my 3pm meeting"), tools=tools)
+    _sent_clean(view_bodies)
+    chat = {
+        t["function"]["name"]: t["function"]["parameters"]
+        for t in view_bodies["openai_chat"]["tools"]
+    }
+    assert chat["update_event"] == {
+        "type": "object",
+        "properties": {
+            "event_id": {"type": "string"},
+            "start": {"type": "string"},
+            "ical_uid": {"type": "string"},
+        },
+        "required": ["start"],
+    }
+    assert chat["edit"]["properties"] == {
+        "op": {"anyOf": [{"const": "insert"}, {"const": "delete"}]},
+        "text": {"type": "string"},
+        "count": {"type": "integer"},
+    }
+    assert chat["edit"]["required"] == ["op"] and "$defs" in chat["edit"]
+    assert chat["notion_update"] == {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "title": {"type": "string"}},
+        "required": ["id"],
+    }
+    responses = {t["name"]: t["parameters"] for t in view_bodies["openai_responses"]["tools"]}
+    anthropic = {t["name"]: t["input_schema"] for t in view_bodies["anthropic_messages"]["tools"]}
+    for name in UNION_TOOLS:
+        assert responses[name] == anthropic[name] == chat[name], name
+    gemini = {
+        d["name"]: d["parametersJsonSchema"]
+        for t in view_bodies["gemini"]["tools"]
+        for d in t["functionDeclarations"]
+    }
+    assert gemini["update_event"] == {"type": "object", **UNION_TOOLS["update_event"]}
+    assert gemini["edit"]["oneOf"] == UNION_TOOLS["edit"]["oneOf"]
 
 
 async def test_a_hallucinated_call_name_is_sent_as_a_name_every_api_takes(api: Stubs) -> None:

@@ -13,6 +13,7 @@ from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.projection import ImagePolicy
 from server.compiler.provider_rules import OPENER
 from server.compiler.render import RENDERING, RenderFormat, render
+from server.compiler.render_common import flat_schema, schema
 from server.domain.model import (
     ArtifactRef,
     AssistantMessage,
@@ -34,7 +35,11 @@ DATA = {"a1": b"\x89PNG"}
 SCHEMA = '{"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}'
 
 
-def view(*payloads: Any, existing: tuple[tuple[str, int], ...] = (("a1", 4),)) -> Any:
+def view(
+    *payloads: Any,
+    existing: tuple[tuple[str, int], ...] = (("a1", 4),),
+    tools: tuple[ToolSpec, ...] = (ToolSpec("read", "Read a file", SCHEMA),),
+) -> Any:
     events = tuple(Event(i + 1, f"e{i + 1}", 0, p) for i, p in enumerate(payloads))
     inputs = CompileInputs(
         "s:1",
@@ -42,7 +47,7 @@ def view(*payloads: Any, existing: tuple[tuple[str, int], ...] = (("a1", 4),)) -
         events,
         len(events),
         Route(model="m"),
-        tools=(ToolSpec("read", "Read a file", SCHEMA),),
+        tools=tools,
         images=ImagePolicy(existing=existing),
     )
     return compile_view(inputs, WordCounter())
@@ -193,7 +198,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 5
+    assert v.rendering == RENDERING == 6
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -208,3 +213,43 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         "type": "text",
         "text": "[image a2 (image/svg+xml) not sent: the provider takes no image/svg+xml]",
     }
+
+
+def test_a_union_at_a_schemas_top_level_is_flattened_from_rendering_6() -> None:
+    """flat_schema: the branches' properties side by side (the top level's own first), a
+    property the branches type differently as an anyOf, required what the top level and
+    allOf require and what every anyOf/oneOf branch does; enum and not dropped; unions
+    below the top level kept. Compiles recorded before version 6 send the schema as is."""
+    nested = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    union = {
+        "type": "object",
+        "properties": {"path": nested},
+        "required": ["path"],
+        "oneOf": [
+            {"properties": {"n": {"type": "integer"}, "x": {"type": "string"}}, "required": ["n"]},
+            {"properties": {"n": {"type": "string"}}, "required": ["n", "y"]},
+        ],
+        "enum": [{"path": "a"}],
+        "not": {"required": ["z"]},
+    }
+    assert flat_schema(union) == {
+        "type": "object",
+        "properties": {
+            "path": nested,
+            "n": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+            "x": {"type": "string"},
+        },
+        "required": ["path", "n"],
+    }
+    # A branch that is no object schema (a bare type) leaves nothing required of anyOf.
+    loose = {"anyOf": [{"properties": {"a": {}}, "required": ["a"]}, True]}
+    assert flat_schema(loose) == {"type": "object", "properties": {"a": {}}}
+    text = json.dumps(union)
+    assert schema(text, flat=True) == flat_schema(union)
+    assert schema(text) == union  # as rendering 5 sent it
+    tool = ToolSpec("edit", "Edit", text)
+    now = view(UserMessage((ContentPart(text="go"),)), tools=(tool,))
+    body = json.loads(render(now, RenderFormat.ANTHROPIC_MESSAGES, {}))
+    assert body["tools"][0]["input_schema"] == flat_schema(union)
+    then = json.loads(render(replace(now, rendering=5), RenderFormat.ANTHROPIC_MESSAGES, {}))
+    assert then["tools"][0]["input_schema"] == union
