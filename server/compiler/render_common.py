@@ -69,7 +69,7 @@ FLAT_SINCE = 6
 _TOP_LEVEL = frozenset({"anyOf", "oneOf", "allOf", "enum", "not"})
 
 
-def flat_schema(value: dict[str, object]) -> dict[str, object]:
+def flat_schema(value: Mapping[str, object]) -> dict[str, object]:
     """An object schema without top-level combinators, for OpenAI and Anthropic: the
     properties of every branch (a local `$ref` resolved) side by side, a property the
     branches describe differently as the `anyOf` of its descriptions (allowed below the
@@ -112,7 +112,7 @@ def flat_schema(value: dict[str, object]) -> dict[str, object]:
     return out
 
 
-def _resolved(root: dict[str, object], branch: object) -> object:
+def _resolved(root: Mapping[str, object], branch: object) -> object:
     """`branch`, or the definition of `root` its local `$ref` names."""
     if not isinstance(branch, dict) or not isinstance(ref := branch.get("$ref"), str):
         return branch

@@ -149,7 +149,7 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
         assert expected in errors, (expected, errors)
 
 
-UNION_TOOLS = {
+UNION_TOOLS: dict[str, Any] = {
     # google-calendar-mcp's update-event shape: one of two ids.
     "update_event": {
         "anyOf": [
