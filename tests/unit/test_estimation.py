@@ -78,6 +78,15 @@ def test_catalog(tmp_path: Path) -> None:
     )
     assert sonnet.tokenizer == "claude" and sonnet.token_factor == pytest.approx(1.0)
     assert c.lookup("meta-llama/llama-4-maverick").family == "llama"
+    # Opus 4.5 writes 64,000 tokens, Opus 4 and 4.1 32,000: the longer key wins.
+    assert c.lookup("claude-opus-4-5-20251101").max_output_tokens == 64_000
+    assert c.lookup("claude-opus-4-1-20250805").max_output_tokens == 32_000
+    gemini_3 = c.lookup("models/gemini-3-pro-preview")
+    assert (gemini_3.key, gemini_3.context_window, gemini_3.max_output_tokens) == (
+        "gemini-3",
+        1_048_576,
+        65_536,
+    )
     assert c.lookup("gpt-5-mini").max_input_tokens == 272_000
     assert not c.lookup("gpt-3.5-turbo").accepts_images
     assert c.lookup("o3-mini").key == "o3" and c.lookup("foo3").key == ""
