@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -255,6 +256,11 @@ async def sessions(args: argparse.Namespace) -> int:
                 "head_seq": session.head_seq,
                 "model": session.current_route.model or args.model,
             }
+            if session.HasField("active_time"):
+                # Since the latest append or recorded compile: what --session-retention
+                # measures (a daemon before the field leaves it out).
+                active = session.active_time.ToNanoseconds()
+                row["idle_seconds"] = max(0, (time.time_ns() - active) // 1_000_000_000)
             if row["model"] and session.head_seq:
                 try:
                     row |= await _summary(sstub, cstub, session.session_id, args.model)
@@ -268,18 +274,27 @@ async def sessions(args: argparse.Namespace) -> int:
         return 0
     # The decision column fits the longest decision (over_budget_send_anyway) and a space.
     print(
-        f"{'session':<36}{'seq':>7}  {'model':<26}{'estimate':>9}{'util':>8}  "
+        f"{'session':<36}{'seq':>7}{'idle':>6}  {'model':<26}{'estimate':>9}{'util':>8}  "
         f"{'decision':<25}pressure"
     )
     for r in rows:
         util = f"{r['utilization']:.1%}" if "utilization" in r else "-"
         decision = f"({r['error']})" if "error" in r else r.get("decision", "-")
+        idle = duration(r["idle_seconds"]) if "idle_seconds" in r else "-"
         print(
-            f"{r['session_id']:<36}{r['head_seq']:>7}  {r['model'] or '-':<26}"
+            f"{r['session_id']:<36}{r['head_seq']:>7}{idle:>6}  {r['model'] or '-':<26}"
             f"{r.get('estimated_input_tokens', '-'):>9}{util:>8}  {decision:<24} "
             f"{r.get('pressure_layer', '-')}"
         )
     return 0
+
+
+def duration(seconds: int) -> str:
+    """A short span, in its largest whole unit: 45s, 12m, 5h, 9d."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def whole(lo: int, hi: int) -> Callable[[str], int]:

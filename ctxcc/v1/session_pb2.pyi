@@ -57,6 +57,7 @@ class Session(_message.Message):
     PROJECT_ROOT_FIELD_NUMBER: _builtins.int
     WORKING_DIRECTORY_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
+    ACTIVE_TIME_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id: 1-128 characters of [A-Za-z0-9._-]; chosen by the client or the daemon."""
     workspace_id: _builtins.str
@@ -89,6 +90,13 @@ class Session(_message.Message):
         are not recorded and leave it alone).
         """
 
+    @_builtins.property
+    def active_time(self) -> _timestamp_pb2.Timestamp:
+        """Time of the session's latest append or recorded compile, the later: what
+        --session-retention measures a session's idleness from. Set by GetSession and
+        ListSessions (unset: a session with neither, or a daemon before this field).
+        """
+
     def __init__(
         self,
         *,
@@ -103,10 +111,11 @@ class Session(_message.Message):
         project_root: _builtins.str = ...,
         working_directory: _builtins.str = ...,
         stored_bytes: _builtins.int = ...,
+        active_time: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "current_route", b"current_route", "update_time", b"update_time"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["active_time", b"active_time", "create_time", b"create_time", "current_route", b"current_route", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "current_route", b"current_route", "head_seq", b"head_seq", "labels", b"labels", "project_id", b"project_id", "project_root", b"project_root", "session_id", b"session_id", "stored_bytes", b"stored_bytes", "update_time", b"update_time", "working_directory", b"working_directory", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_time", b"active_time", "create_time", b"create_time", "current_route", b"current_route", "head_seq", b"head_seq", "labels", b"labels", "project_id", b"project_id", "project_root", b"project_root", "session_id", b"session_id", "stored_bytes", b"stored_bytes", "update_time", b"update_time", "working_directory", b"working_directory", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -134,6 +134,19 @@ class SessionUseCases:
             self._store.page_sessions, after, limit, project_id, examine
         )
 
+    async def active_times(self, sessions: Sequence[Session]) -> list[int]:
+        """Each session's latest append or recorded compile, the later, in ns (0: neither):
+        what the retention sweep measures idleness from (delete_idle)."""
+
+        def read() -> list[int]:
+            out = []
+            for s in sessions:
+                last = self._store.last_compile_outcome(s.session_id)
+                out.append(max(s.update_time_ns, 0 if last is None else last[1]))
+            return out
+
+        return await self._blocking.run(read)
+
     async def delete(self, session_id: str) -> DeleteResult:
         check_id("session_id", session_id)
         result = await self._blocking.run(self._store.delete_session, session_id)

@@ -15,7 +15,13 @@ from server.domain.model import Event, EventKind
 from server.domain.records import Checkpoint
 from server.service.sessions import SessionUseCases
 from server.service.watch import CompileNotice, Resync
-from server.transport.convert_events import event_out, events_in, session_in, session_out
+from server.transport.convert_events import (
+    event_out,
+    events_in,
+    session_in,
+    session_out,
+    timestamp,
+)
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
 from server.transport.paging import decode_position, decode_token, encode_token, page_bytes
@@ -44,7 +50,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSession(
         self, request: pb.GetSessionRequest, context: Ctx
     ) -> pb.GetSessionResponse:
-        session = session_out(await self._s.get(request.session_id))
+        found = await self._s.get(request.session_id)
+        session = session_out(found)
+        _active(session, (await self._s.active_times([found]))[0])
         compile_id = await self._s.recorded_compile(request.session_id, request.compile_at_seq)
         return pb.GetSessionResponse(session=session, compile_id=compile_id)
 
@@ -59,8 +67,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         # Pages end by size as well as by count, so a default 4 MiB client can read them.
         page: list[Any] = []
         total = 0
-        for s in found[:size]:
+        for s, active in zip(found[:size], await self._s.active_times(found[:size]), strict=True):
             msg = session_out(s)
+            _active(msg, active)
             total += msg.ByteSize()
             if page and total > self._page_bytes:
                 break
@@ -154,3 +163,8 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
                     )
                 case Resync():
                     yield pb.WatchSessionResponse(resync=pb.Resync(head_seq=update.head_seq))
+
+
+def _active(msg: Any, active_ns: int) -> None:
+    if active_ns:
+        msg.active_time.CopyFrom(timestamp(active_ns))

@@ -47,7 +47,11 @@ type Session struct {
 	// Working directory of the agent; instruction files are read from project_root down to it.
 	WorkingDirectory string `protobuf:"bytes,10,opt,name=working_directory,json=workingDirectory,proto3" json:"working_directory,omitempty"`
 	// Total bytes stored for the session (events, blobs and artifacts it references).
-	StoredBytes   uint64 `protobuf:"varint,11,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	StoredBytes uint64 `protobuf:"varint,11,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
+	// Time of the session's latest append or recorded compile, the later: what
+	// --session-retention measures a session's idleness from. Set by GetSession and
+	// ListSessions (unset: a session with neither, or a daemon before this field).
+	ActiveTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=active_time,json=activeTime,proto3" json:"active_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,11 +163,18 @@ func (x *Session) GetStoredBytes() uint64 {
 	return 0
 }
 
+func (x *Session) GetActiveTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ActiveTime
+	}
+	return nil
+}
+
 var File_ctxcc_v1_session_proto protoreflect.FileDescriptor
 
 const file_ctxcc_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16ctxcc/v1/session.proto\x12\bctxcc.v1\x1a\x15ctxcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9a\x04\n" +
+	"\x16ctxcc/v1/session.proto\x12\bctxcc.v1\x1a\x15ctxcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x04\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12;\n" +
@@ -180,7 +191,9 @@ const file_ctxcc_v1_session_proto_rawDesc = "" +
 	"\fproject_root\x18\t \x01(\tR\vprojectRoot\x12+\n" +
 	"\x11working_directory\x18\n" +
 	" \x01(\tR\x10workingDirectory\x12!\n" +
-	"\fstored_bytes\x18\v \x01(\x04R\vstoredBytes\x1a9\n" +
+	"\fstored_bytes\x18\v \x01(\x04R\vstoredBytes\x12;\n" +
+	"\vactive_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"activeTime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01b\x06proto3"
@@ -209,11 +222,12 @@ var file_ctxcc_v1_session_proto_depIdxs = []int32{
 	2, // 1: ctxcc.v1.Session.update_time:type_name -> google.protobuf.Timestamp
 	1, // 2: ctxcc.v1.Session.labels:type_name -> ctxcc.v1.Session.LabelsEntry
 	3, // 3: ctxcc.v1.Session.current_route:type_name -> ctxcc.v1.Route
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2, // 4: ctxcc.v1.Session.active_time:type_name -> google.protobuf.Timestamp
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_ctxcc_v1_session_proto_init() }

@@ -46,6 +46,12 @@ export interface Session {
   workingDirectory: string;
   /** Total bytes stored for the session (events, blobs and artifacts it references). */
   storedBytes: number;
+  /**
+   * Time of the session's latest append or recorded compile, the later: what
+   * --session-retention measures a session's idleness from. Set by GetSession and
+   * ListSessions (unset: a session with neither, or a daemon before this field).
+   */
+  activeTime?: Date | undefined;
 }
 
 export interface Session_LabelsEntry {
@@ -66,6 +72,7 @@ function createBaseSession(): Session {
     projectRoot: "",
     workingDirectory: "",
     storedBytes: 0,
+    activeTime: undefined,
   };
 }
 
@@ -103,6 +110,9 @@ export const Session: MessageFns<Session> = {
     }
     if (message.storedBytes !== 0) {
       writer.uint32(88).uint64(message.storedBytes);
+    }
+    if (message.activeTime !== undefined) {
+      Timestamp.encode(toTimestamp(message.activeTime), writer.uint32(98).fork()).join();
     }
     return writer;
   },
@@ -211,6 +221,14 @@ export const Session: MessageFns<Session> = {
             message.storedBytes = longToNumber(reader.uint64());
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.activeTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -289,6 +307,11 @@ export const Session: MessageFns<Session> = {
         : isSet(object.stored_bytes)
         ? globalThis.Number(object.stored_bytes)
         : 0,
+      activeTime: isSet(object.activeTime)
+        ? fromJsonTimestamp(object.activeTime)
+        : isSet(object.active_time)
+        ? fromJsonTimestamp(object.active_time)
+        : undefined,
     };
   },
 
@@ -333,6 +356,9 @@ export const Session: MessageFns<Session> = {
     if (message.storedBytes !== 0) {
       obj.storedBytes = Math.round(message.storedBytes);
     }
+    if (message.activeTime !== undefined) {
+      obj.activeTime = message.activeTime.toISOString();
+    }
     return obj;
   },
 
@@ -362,6 +388,7 @@ export const Session: MessageFns<Session> = {
     message.projectRoot = object.projectRoot ?? "";
     message.workingDirectory = object.workingDirectory ?? "";
     message.storedBytes = object.storedBytes ?? 0;
+    message.activeTime = object.activeTime ?? undefined;
     return message;
   },
 };
