@@ -81,7 +81,9 @@ async def _serve(flags: dict[str, object]) -> int:
         return EXIT_CONFIG
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP too: the terminal of a `make run` closed, or a supervisor that hangs up; its
+    # default action would end the daemon without draining and leave its socket file.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     ready = {
         "tcp": endpoints.tcp,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -218,6 +219,23 @@ def tls(cfg: Config) -> grpc.ServerCredentials | None:
     )
 
 
+def _answers(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at `path`: a stale file
+    refuses them. Anything else (no permission to connect, a full backlog) counts as in
+    use: the file is not ours to remove."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return True
+
+
 def bind_unix(server: grpc.aio.Server, cfg: Config) -> str | None:
     path = cfg.socket_path
     if path is None:
@@ -226,9 +244,16 @@ def bind_unix(server: grpc.aio.Server, cfg: Config) -> str | None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot bind Unix socket {path} (socket): {exc}") from None
-    # We hold the data directory's lock, so a socket file left here is stale.
+    # A socket file left here by a daemon that is gone is stale; but the socket may lie
+    # outside the data directory whose lock we hold (the image's /run/ctxcc), where another
+    # daemon may be serving on it: that one is not taken over.
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(path.lstat().st_mode):
+            if _answers(path):
+                raise ConfigError(
+                    f"cannot bind Unix socket {path} (socket): another process is serving "
+                    "on it; stop it, or give this daemon another --socket"
+                )
             path.unlink()
     old = os.umask(0o117)  # the socket is born 0660, never briefly world-accessible
     try:

@@ -81,6 +81,23 @@ def test_serves_health_and_reflection_then_exits_zero_on_sigterm(
         assert again.terminate() == 0
 
 
+def test_sighup_stops_it_as_sigterm_does(short_tmp: Path) -> None:
+    """The terminal of a `make run` closes, or a supervisor hangs up: the daemon drains
+    and exits 0 with its socket removed, as on SIGTERM (SIGHUP's default would kill it
+    on the spot and leave the socket file)."""
+    d = DaemonProcess(short_tmp / "data").start()
+    try:
+        d.wait_ready()
+        sock = Path(str(d.endpoints["unix"]))
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGHUP)
+        assert d.proc.wait(30) == 0
+        assert "shutting down: draining" in d.log() and "stopped cleanly" in d.log()
+        assert not sock.exists()
+    finally:
+        d.ensure_stopped()
+
+
 def test_second_daemon_on_the_same_data_dir_fails_fast(
     daemon_proc: DaemonProcess, data_dir: Path
 ) -> None:
@@ -420,3 +437,37 @@ def test_tls_files_with_listen_none_are_warned_unused_at_start(short_tmp: Path) 
         "WARNING ctxcc: tls_cert_file, tls_key_file are set but listen is 'none': TLS applies "
         "only to the gRPC TCP listener" in log
     ), log
+
+
+def test_a_socket_another_daemon_serves_on_is_not_taken_over(short_tmp: Path) -> None:
+    """The image's socket lies outside the data directory (/run/ctxcc), so the data
+    directory's lock does not make a socket file found there stale: a second daemon with
+    its own data directory and the same --socket exits 2 naming it, and the first keeps
+    serving on it. A stale file (nothing listening) is replaced."""
+    sock = short_tmp / "run" / "ctxcc.sock"
+    first = DaemonProcess(short_tmp / "a", "--socket", str(sock)).start()
+    try:
+        first.wait_ready()
+        r = serve("--data-dir", str(short_tmp / "b"), "--socket", str(sock))
+        assert r.returncode == 2, r.stderr
+        assert f"cannot bind Unix socket {sock} (socket): another process is serving" in r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+        assert first.health() == health_pb2.HealthCheckResponse.SERVING
+        assert first.terminate() == 0
+    finally:
+        if first.proc is not None and first.proc.poll() is None:
+            first.terminate()
+    # A file nobody listens on (bound, never listening): stale, replaced.
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))
+    stale.close()
+    assert stat.S_ISSOCK(sock.lstat().st_mode)
+    second = DaemonProcess(short_tmp / "b", "--socket", str(sock)).start()
+    try:
+        second.wait_ready()
+        assert second.health() == health_pb2.HealthCheckResponse.SERVING
+        assert second.terminate() == 0
+        assert not sock.exists()  # its own file, removed at stop
+    finally:
+        if second.proc is not None and second.proc.poll() is None:
+            second.terminate()
