@@ -84,6 +84,36 @@ class Row:
     messages: int = 0
 
 
+def _count(value: object) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def shape_error(request: object) -> str | None:
+    """What keeps a trace line from being a request of the documented format (traces
+    README: step, messages, tools, reported tokens), or None. A wrong shape is said
+    where it is, not met later as a traceback or a request silently not counted."""
+    if not isinstance(request, dict):
+        return f"not a JSON object but {type(request).__name__}"
+    step = request.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f'"step" must be a whole number >= 0, not {step!r}'
+    messages = request.get("messages")
+    if messages is not None and (
+        not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages)
+    ):
+        return '"messages" must be a list of objects ({"role": ..., "content": ...})'
+    tools = request.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        return '"tools" must be a list of tool schemas or null'
+    for key in ("reported_input_tokens", "reported_output_tokens"):
+        if not _count(request.get(key)):
+            return f'"{key}" must be a whole number >= 0 or null, not {request.get(key)!r}'
+    for key in ("session", "source", "provider", "model"):
+        if not isinstance(request.get(key, ""), str):
+            return f'"{key}" must be a string, not {request.get(key)!r}'
+    return None
+
+
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
     opener: Any = lzma.open if path.suffix == ".xz" else open
     n = 0
@@ -93,9 +123,12 @@ def read_trace(path: Path) -> Iterator[dict[str, Any]]:
                 if not line.strip():
                     continue
                 try:
-                    yield json.loads(line)
+                    request = json.loads(line)
                 except ValueError as exc:
                     raise SystemExit(f"ctxcc replay: {path}:{n}: not JSON ({exc})") from None
+                if (wrong := shape_error(request)) is not None:
+                    raise SystemExit(f"ctxcc replay: {path}:{n}: {wrong}")
+                yield request
     # A directory, a truncated or damaged .xz, a binary file: one line, not a traceback.
     except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
         where = f" after line {n}" if n else ""

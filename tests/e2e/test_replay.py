@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.paths import dev_traces
 from server.replay import KEYS, run
 from tests.e2e.proc import REPO, DaemonProcess
@@ -186,6 +188,36 @@ def test_a_trace_that_cannot_be_read_is_one_line_not_a_traceback(tmp_path: Path)
         assert r.returncode == 1, r.stderr
         assert r.stderr.startswith(f"ctxcc replay: cannot read {trace}"), r.stderr
         assert "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("{}", '"step" must be a whole number >= 0, not None'),
+        ("[1, 2]", "not a JSON object but list"),
+        ('{"step": "a"}', "\"step\" must be a whole number >= 0, not 'a'"),
+        ('{"step": 0, "messages": "hello"}', '"messages" must be a list of objects'),
+        ('{"step": 0, "messages": [1]}', '"messages" must be a list of objects'),
+        ('{"step": 0, "tools": {"a": 1}}', '"tools" must be a list'),
+        ('{"step": 0, "reported_input_tokens": "12"}', '"reported_input_tokens" must be'),
+        ('{"step": 0, "reported_output_tokens": -1}', '"reported_output_tokens" must be'),
+        ('{"step": true}', '"step" must be a whole number'),
+        ('{"step": 0, "model": 4}', '"model" must be a string, not 4'),
+    ],
+)
+def test_a_trace_line_of_the_wrong_shape_is_named_not_a_traceback(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    """A JSON line that is not a request of the documented format (traces README) ends
+    the replay with its file and line and what is wrong, exit 1, before any daemon is
+    started; a token count given as a string is refused, not silently not counted."""
+    trace = tmp_path / "t.jsonl"
+    good = '{"session": "s", "step": 0, "messages": [{"role": "user", "content": "hi"}]}'
+    trace.write_text(f"{good}\n\n{line}\n")
+    r = replay_cli(str(trace))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith(f"ctxcc replay: {trace}:3: {said}"), r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_rows_path_that_cannot_be_written_fails_before_the_replay(tmp_path: Path) -> None:
