@@ -205,9 +205,10 @@ async def _view(
             why = f"compile {found.compile_id} cannot be rebuilt"
     route = common_pb2.Route(model=model) if model else session.current_route
     if not route.model:
+        # The session's route is that of its latest recorded compile or usage report.
         raise SystemExit(
-            f"ctxcc: session {session.session_id} has no usage reported yet, so its route is "
-            "unknown; pass --model"
+            f"ctxcc inspect: session {session.session_id} has no compile recorded and no "
+            "usage reported, so its route is unknown; pass --model"
         )
     req = compile_service_pb2.CompileRequest(
         session_id=session.session_id,

@@ -199,3 +199,25 @@ async def test_ctxcc_inspect_shows_the_view_the_agent_got(daemon: Daemon) -> Non
     assert str(dry["shown"]).startswith("dry run at seq 3 (no compile recorded")
     listed = await asyncio.to_thread(_ctxcc, daemon, "sessions")
     assert [r["estimated_input_tokens"] for r in listed] == [latest.budget.estimated_input_tokens]
+    # A session with events but neither a compile nor a usage report has no route: the
+    # refusal says so, and how to go on.
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        await _session(api, "new", "hello")
+    finally:
+        await api.channel.close()
+    target = f"unix:{daemon.endpoints.unix}"
+    refused = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "server", "inspect", "new", "--target", target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.strip() == (
+        "ctxcc inspect: session new has no compile recorded and no usage reported, so its "
+        "route is unknown; pass --model"
+    )
