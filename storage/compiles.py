@@ -56,6 +56,15 @@ def kept_bytes(encoded: bytes, value: CompileRecord | RouteState, written: objec
     return len(encoded) + len(value.message_digests) + 3 * len(value.message_tokens)
 
 
+def _ignored_last(session_id: str, exc: CorruptRecordError) -> None:
+    log.warning(
+        "the copy of session %r's latest compile record is damaged and ignored (the next "
+        "compile replaces it): %s",
+        session_id,
+        exc.detail,
+    )
+
+
 def _damaged_chunk(sid: str) -> CorruptRecordError:
     return CorruptRecordError(f"a table chunk of a record of session {sid!r} is missing")
 
@@ -248,23 +257,39 @@ class CompileRecords(StoreCore):
             batch.put("sessions", sid.encode(), encode_value(moved))
 
     def get_last_compile(self, session_id: str) -> CompileRecord | None:
+        """The copy of the session's latest compile record; None when there is none, or
+        when the copy is damaged: it is derived (the records themselves stay), and what
+        reads it (a compile's previous sections, a tool search's route, GetSession's
+        compile id) goes on as if the session had not compiled, instead of failing every
+        compile of the session for good."""
         key = session_key(session_id, LAST_COMPILE)
         kept = self._decoded_value("compiles", key, CompileRecord)
         if kept is not None:
             return kept
         raw = self._kv.get("compiles", key)
-        return None if raw is None else self._joined(session_id, decode_value(raw, CompileRecord))
+        if raw is None:
+            return None
+        try:
+            return self._joined(session_id, decode_value(raw, CompileRecord))
+        except CorruptRecordError as exc:
+            _ignored_last(session_id, exc)
+            return None
 
     def last_compile_outcome(self, session_id: str) -> tuple[int, int] | None:
         """(decision, create time in ns) of the session's latest compile, read without the
-        chunks its table may be stored in: a daemon reads this for every session at start."""
+        chunks its table may be stored in: a daemon reads this for every session at start.
+        None when there is none or its copy is damaged (get_last_compile)."""
         key = session_key(session_id, LAST_COMPILE)
         record = self._decoded_value("compiles", key, CompileRecord)
         if record is None:
             raw = self._kv.get("compiles", key)
             if raw is None:
                 return None
-            record = decode_value(raw, CompileRecord)
+            try:
+                record = decode_value(raw, CompileRecord)
+            except CorruptRecordError as exc:
+                _ignored_last(session_id, exc)
+                return None
         return record.decision, record.create_time_ns
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:

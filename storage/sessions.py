@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import DeleteResult, Session
 from server.domain.sources import Scope, SourceKind
-from storage.codec import decode_value, encode_value
+from storage.codec import CorruptRecordError, decode_value, encode_value
 from storage.keys import COUNT_KEY, END, SEP, be64, key_after, session_prefix, source_prefix
 from storage.kv import Batch
 from storage.store_core import StoreCore
+
+log = logging.getLogger("ctxcc.storage")
+# Sessions whose damaged record was logged (a set of ids: bounded by the sessions there are).
+_told: set[str] = set()
 
 
 class SessionRecords(StoreCore):
@@ -51,8 +57,24 @@ class SessionRecords(StoreCore):
         scan stopped for another reason."""
         start = after.encode() + SEP if after else b""
         out: list[Session] = []
-        for seen, (_, raw) in enumerate(self._kv.scan("sessions", start, b"\xff"), start=1):
-            session = decode_value(raw, Session)
+        for seen, (key, raw) in enumerate(self._kv.scan("sessions", start, b"\xff"), start=1):
+            try:
+                session = decode_value(raw, Session)
+            except CorruptRecordError as exc:
+                # Listed by its id alone, so that it can be found and deleted: one damaged
+                # record must not fail every listing (and the retention sweep's pages).
+                sid = key.decode(errors="replace")
+                if sid not in _told:  # once per process: listings and sweeps repeat
+                    _told.add(sid)
+                    log.warning(
+                        "session %r: its record is damaged (listed by its id alone; "
+                        "DeleteSession removes it): %s",
+                        sid,
+                        exc.detail,
+                    )
+                session = Session(sid, 0, 0)
+                if project_id:
+                    continue
             if not project_id or session.project_id == project_id:
                 out.append(session)
                 if len(out) >= limit:
@@ -63,7 +85,23 @@ class SessionRecords(StoreCore):
 
     def delete_session(self, session_id: str) -> DeleteResult:
         with self._sessions_lock, self._lock(session_id):
-            return self._delete_locked(self.get_session(session_id))
+            try:
+                session = self.get_session(session_id)
+            except CorruptRecordError as exc:
+                # Its key, and so everything stored under it, is known: a damaged record
+                # is no reason to keep the session (nothing else could remove it).
+                log.warning(
+                    "session %r: deleted with its record damaged: %s", session_id, exc.detail
+                )
+                session = Session(session_id, 0, 0, head_seq=self._last_seq(session_id))
+            return self._delete_locked(session)
+
+    def _last_seq(self, session_id: str) -> int:
+        """The seq of the session's last stored event (0: none), from its key."""
+        lo, hi = session_prefix(session_id), session_id.encode() + END
+        for key, _ in self._kv.scan("events", lo, hi, reverse=True):
+            return int.from_bytes(key[len(lo) : len(lo) + 8], "big")
+        return 0
 
     def delete_idle_session(self, session_id: str, before_ns: int) -> DeleteResult | None:
         """Deletes the session if nothing was appended to it or compiled of it since
@@ -73,6 +111,10 @@ class SessionRecords(StoreCore):
         with self._sessions_lock, self._lock(session_id):
             try:
                 session = self.get_session(session_id)
+            except CorruptRecordError:
+                # When it was last used is unknown: kept (listed and logged by its id, and
+                # DeleteSession removes it).
+                return None
             except CtxccError as err:
                 if err.reason is Reason.SESSION_NOT_FOUND:
                     return None

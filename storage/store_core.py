@@ -19,7 +19,7 @@ from server.domain.generation import Generation
 from server.domain.model import Session
 from server.domain.sources import SourceEntry
 from server.domain.table_chunks import Splitter
-from storage.codec import decode_value
+from storage.codec import CorruptRecordError, decode_value
 from storage.generations import Generations
 from storage.keys import SEP, session_key
 from storage.kv import KV, Batch
@@ -181,7 +181,11 @@ class StoreCore:
         raw = self._kv.get("sessions", session_id.encode())
         if raw is None:
             raise session_not_found(session_id)
-        return decode_value(raw, Session)
+        try:
+            return decode_value(raw, Session)
+        except CorruptRecordError as exc:
+            exc.detail = f"session {session_id!r}: {exc.detail}"  # the log says which
+            raise
 
     def _check_quota(self, session: Session, added: int) -> None:
         if session.stored_bytes + added > self.limits.max_session_bytes:

@@ -173,9 +173,9 @@ def test_a_missing_chunk_is_a_damaged_record_not_a_shorter_table(store: KVEventS
     with pytest.raises(CtxccError) as err:
         twin.get_compile("s:c1")
     assert err.value.reason is Reason.RECORD_CORRUPT
-    with pytest.raises(CtxccError) as err:
-        twin.get_last_compile("s")
-    assert err.value.reason is Reason.RECORD_CORRUPT
+    # The latest compile's copy is derived: damaged, it is ignored (the next compile
+    # replaces it) rather than failing every compile of the session.
+    assert twin.get_last_compile("s") is None
 
 
 def test_a_route_state_whose_baseline_record_is_gone_is_damaged(store: KVEventStore) -> None:

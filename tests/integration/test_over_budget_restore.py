@@ -85,13 +85,14 @@ async def test_a_restart_counts_the_sessions_over_budget_of_the_last_five_minute
         await d.stop()
 
 
-@pytest.mark.parametrize(("cf", "key", "counted"), [("compiles", "a", 1), ("sessions", "a", 0)])
+@pytest.mark.parametrize(("cf", "key", "counted"), [("compiles", "a", 1), ("sessions", "a", 2)])
 async def test_a_damaged_record_does_not_stop_the_restart(
     short_tmp: Path, cf: str, key: str, counted: int
 ) -> None:
-    """Session "a"'s latest compile record (or its session record) damaged on disk: the
-    daemon starts all the same (calls that read it answer RECORD_CORRUPT) and counts
-    what it could read: "b", or, past a damaged session record, nothing after it."""
+    """Session "a"'s copy of its latest compile record (or its session record) damaged
+    on disk: the daemon starts all the same and counts what it could read: "b", and "a"
+    too when only its session record is damaged (listed by its id alone, its compile
+    records intact)."""
     d = Daemon(make_config(short_tmp))
     await d.start()
     try:
