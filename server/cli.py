@@ -123,9 +123,21 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             return asyncio.run(_serve(flags))
         except ConfigError as exc:
-            print(f"ctxcc: {exc}", file=sys.stderr)
+            _config_error(exc, flags)
             return EXIT_CONFIG
     return EXIT_CONFIG
+
+
+def _config_error(exc: ConfigError, flags: dict[str, object]) -> None:
+    """A setting refused before the log is set up: written as the log would write it
+    (the settings that name the format may be the ones refused, so the flag or the
+    environment is taken as asked), one line either way."""
+    asked = flags.get("log_format") or os.environ.get("CTXCC_LOG_FORMAT", "")
+    if asked == "json":
+        record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (exc,), None)
+        print(log_format.JsonFormatter().format(record), file=sys.stderr)
+    else:
+        print(f"ctxcc: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

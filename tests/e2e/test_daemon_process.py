@@ -3,6 +3,7 @@ directory, clean exit on SIGTERM, and `make run`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ctxcc.v1 import session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import REPO, DaemonProcess
+from tests.e2e.test_hostile import _certs
 
 
 @pytest.fixture
@@ -216,6 +218,7 @@ def test_a_busy_grpc_or_health_port_exits_2_naming_the_setting(
 
 
 QUIET = ("--metrics-listen", "none", "--ui-listen", "none")
+SERVE = (sys.executable, "-m", "server", "serve")
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -389,6 +392,70 @@ def test_json_logs_are_one_object_per_line_from_start_to_exit(short_tmp: Path) -
     messages = [r["message"] for r in records]
     assert any(m.startswith("serving {") for m in messages), messages
     assert messages[-1] == "stopped cleanly", messages
+
+
+def test_json_logs_stay_json_under_failed_tls_handshakes_and_start_failures(
+    short_tmp: Path,
+) -> None:
+    """gRPC's C core writes its own text lines (one per failed TLS handshake, which any
+    peer reaching the port triggers at will; a failed bind): under --log-format json the
+    entry point silences it before gRPC is imported. Settings refused at start are one
+    JSON record too, as are a port in use and the daemon's own lines."""
+    certs = short_tmp / "certs"
+    certs.mkdir()
+    _certs(certs)
+    env = _environment(CTXCC_LOG_FORMAT="json")
+    env.pop("GRPC_VERBOSITY", None)  # the entry point's choice, not this process's
+    tls = (
+        "--tls-cert-file",
+        str(certs / "server.pem"),
+        "--tls-key-file",
+        str(certs / "server.key"),
+    )
+    d = DaemonProcess(short_tmp / "data", *tls, env=env).start()
+    try:
+        d.wait_ready()
+        host, port = str(d.endpoints["tcp"]).rsplit(":", 1)
+        for _ in range(3):  # a plaintext client, or a port scanner, on the TLS port
+            with socket.create_connection((host, int(port))) as probe:
+                probe.sendall(b"GET / HTTP/1.1\r\n\r\n")
+                probe.settimeout(5)
+                with contextlib.suppress(OSError):
+                    probe.recv(100)
+        taken = subprocess.run(
+            [
+                *SERVE,
+                "--data-dir",
+                str(short_tmp / "b"),
+                "--listen",
+                str(d.endpoints["tcp"]),
+                *QUIET,
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert taken.returncode == 2, taken.stderr
+    finally:
+        assert d.terminate() == 0
+    refused = subprocess.run(
+        [*SERVE, "--data-dir", str(short_tmp / "c"), "--max-tools", "abc", "--log-format", "json"],
+        cwd=REPO,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert refused.returncode == 2, refused.stderr
+    for text in (d.log(), taken.stderr, refused.stderr):
+        lines = text.splitlines()
+        assert lines and all(json.loads(line)["message"] for line in lines), text
+    assert "max_tools must be a whole number, got 'abc'" in json.loads(refused.stderr)["message"]
+    assert "(listen): address in use" in taken.stderr, taken.stderr
 
 
 def test_an_unknown_log_format_exits_2_naming_it(short_tmp: Path) -> None:
