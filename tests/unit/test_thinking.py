@@ -428,22 +428,27 @@ def test_the_loop_carried_from_step_to_step_is_the_loop_found_from_scratch() -> 
         [TurnCancelled("t", False), user("stop")],
         [AssistantMessage((), (call("c5", "e.py"),), "", state(THOUGHT_A))],
     ]
+    sent = stepped(steps)
+    # The loop that began at "b" goes on across the typed messages.
+    assert sent[5] == sent[6] == [4, 7] and sent[7] == [4, 7, 10] and sent[8] == []
+    assert sent[-1] == [15, 18]
+
+
+def stepped(steps: list[list[Any]]) -> list[list[int]]:
+    """Compiles the log as it grows by each step, each from the previous compile's memo:
+    every view, and the current turn carried, must be what a compile from scratch finds.
+    The seqs of the messages whose thinking state each view sends back."""
     log: list[Event] = []
     memo = None
+    out = []
     for n, new in enumerate(steps):
         log += [Event(len(log) + i + 1, f"e{len(log) + i + 1}", 0, p) for i, p in enumerate(new)]
         inputs = CompileInputs("s:1", Session("s", 0, 0), tuple(log), len(log), ROUTE)
         assert active_turn(inputs.events, memo) == active_turn(inputs.events), n
         view, memo, _ = compile_incremental(inputs, WordCounter(), memo)
         assert view == compile_view(inputs, WordCounter()), n
-        # The loop that began at "b" goes on across the typed messages.
-        if n in (5, 6):
-            assert [seq for seq, _, _ in view.thinking] == [4, 7], n
-        if n == 7:
-            assert [seq for seq, _, _ in view.thinking] == [4, 7, 10], n
-        if n == 8:
-            assert view.thinking == (), n
-    assert [seq for seq, _, _ in view.thinking] == [15, 18]
+        out.append([seq for seq, _, _ in view.thinking])
+    return out
 
 
 def test_a_log_without_a_turn_start_carried_from_step_to_step() -> None:
@@ -458,14 +463,4 @@ def test_a_log_without_a_turn_start_carried_from_step_to_step() -> None:
         [ToolResult("c3", "read", text="z"), user("typed")],
         [AssistantMessage((ContentPart(text="Fixed."),), ()), user("next")],
     ]
-    log: list[Event] = []
-    memo = None
-    for n, new in enumerate(steps):
-        log += [Event(len(log) + i + 1, f"e{len(log) + i + 1}", 0, p) for i, p in enumerate(new)]
-        inputs = CompileInputs("s:1", Session("s", 0, 0), tuple(log), len(log), ROUTE)
-        assert active_turn(inputs.events, memo) == active_turn(inputs.events), n
-        view, memo, _ = compile_incremental(inputs, WordCounter(), memo)
-        assert view == compile_view(inputs, WordCounter()), n
-        if n in (3, 4):
-            assert [seq for seq, _, _ in view.thinking] == [2, 4], n
-    assert view.thinking == ()
+    assert stepped(steps) == [[], [2], [2], [2, 4], [2, 4], []]
