@@ -50,8 +50,11 @@ Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 # calls and from the first event of a log a checkpoint cut mid-turn, and a reused call
 # id gets the signature logged under its own id (turn_thinking.LOOPS_SINCE); 6: OpenAI
 # and Anthropic bodies send a tool schema with no combinator at its top level
-# (render_common.flat_schema), which both APIs refuse.
-RENDERING = 6
+# (render_common.flat_schema), which both APIs refuse; 7: Gemini bodies carry no call
+# ids (Vertex AI refuses them), Responses call ids over 64 characters are shortened, a
+# failed call without output says so in OpenAI bodies, image/jpg is sent as image/jpeg
+# (render_common.ALIASES_SINCE).
+RENDERING = 7
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

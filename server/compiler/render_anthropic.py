@@ -32,6 +32,7 @@ from server.compiler.render_common import (
     ANTHROPIC_IMAGES,
     FLAT_SINCE,
     JSON,
+    accepted_images,
     args_object,
     call_name,
     image_note,
@@ -123,6 +124,7 @@ def _thinking_of(view: CompiledView, first_seq: int, last_seq: int) -> list[JSON
 
 
 def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
+    images = accepted_images(view, ANTHROPIC_IMAGES)
     turns: list[tuple[str, list[JSON]]] = []
     for m in view.messages:
         if m.role is Role.TOOL:
@@ -152,7 +154,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             for p in m.parts:
                 if p.text is not None:
                     blocks += _text_block(p.text)
-                elif (img := inline_image(p, data, ANTHROPIC_IMAGES)) is not None:
+                elif (img := inline_image(p, data, images)) is not None:
                     blocks.append(
                         {
                             "type": "image",
@@ -160,7 +162,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                         }
                     )
                 else:
-                    blocks.append({"type": "text", "text": image_note(p, ANTHROPIC_IMAGES)})
+                    blocks.append({"type": "text", "text": image_note(p, images)})
             turns.append(("user", blocks))
     merged = opened_turns(merge_turns(turns), {"type": "text", "text": OPENER})
     if not merged and view.messages:

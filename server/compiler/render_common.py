@@ -4,6 +4,7 @@ arguments as an object, and the cache hints' inputs."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -71,18 +72,30 @@ _TOP_LEVEL = frozenset({"anyOf", "oneOf", "allOf", "enum", "not"})
 
 def flat_schema(value: Mapping[str, object]) -> dict[str, object]:
     """An object schema without top-level combinators, for OpenAI and Anthropic: the
-    properties of every branch (a local `$ref` resolved) side by side, a property the
+    properties of every branch side by side (a branch that is itself a union flattened
+    first; local `$ref`s resolved, through chains and any JSON pointer into the schema,
+    `#/$defs/...`, `#/definitions/...`, `#/components/schemas/...`), a property the
     branches describe differently as the `anyOf` of its descriptions (allowed below the
     top level); required what `allOf` requires and what every `anyOf`/`oneOf` branch
     does; `enum` and `not` dropped. The model loses which combination is valid, the tool
     still validates its arguments, and the request is not refused."""
+    return _flat(value, value, 0)
+
+
+# Unions nested deeper than this (or $ref cycles through them) add nothing more.
+_FLAT_DEPTH = 8
+
+
+def _flat(value: Mapping[str, object], root: Mapping[str, object], depth: int) -> dict[str, object]:
     out = {k: v for k, v in value.items() if k not in _TOP_LEVEL}
     shapes: dict[str, list[object]] = {}
     required: list[str] = []
 
     def add(branch: object) -> list[str] | None:
         """Adds a branch's properties; its required names (None: not an object)."""
-        branch = _resolved(value, branch)
+        branch = _resolved(root, branch)
+        if isinstance(branch, dict) and depth < _FLAT_DEPTH and not _TOP_LEVEL.isdisjoint(branch):
+            branch = _flat(branch, root, depth + 1)
         if not isinstance(branch, dict) or not isinstance(branch.get("properties", {}), dict):
             return None
         for name, shape in dict(branch.get("properties") or {}).items():
@@ -113,13 +126,20 @@ def flat_schema(value: Mapping[str, object]) -> dict[str, object]:
 
 
 def _resolved(root: Mapping[str, object], branch: object) -> object:
-    """`branch`, or the definition of `root` its local `$ref` names."""
-    if not isinstance(branch, dict) or not isinstance(ref := branch.get("$ref"), str):
-        return branch
-    for prefix, key in (("#/$defs/", "$defs"), ("#/definitions/", "definitions")):
-        table = root.get(key)
-        if ref.startswith(prefix) and isinstance(table, dict):
-            return table.get(ref[len(prefix) :], branch)
+    """`branch`, or what its local `$ref` (a JSON pointer into `root`) names, followed
+    through chains of references (a cycle, or one that names nothing, stops there)."""
+    for _ in range(_FLAT_DEPTH):
+        if not isinstance(branch, dict) or not isinstance(ref := branch.get("$ref"), str):
+            return branch
+        if not ref.startswith("#/"):
+            return branch
+        target: object = root
+        for escaped in ref[2:].split("/"):
+            token = escaped.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or token not in target:
+                return branch
+            target = target[token]
+        branch = target
     return branch
 
 
@@ -167,15 +187,40 @@ ANTHROPIC_IMAGES = OPENAI_IMAGES
 GEMINI_IMAGES = frozenset({"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"})
 
 
+# From rendering 7 (render.RENDERING): "image/jpg", a common misspelling the daemon reads
+# as a JPEG (image_size.py), is sent as image/jpeg, which every provider takes; before, no
+# provider was sent it. Failed calls without output say so in OpenAI bodies too, Responses
+# call ids over 64 characters are shortened, and Gemini bodies carry no call ids.
+ALIASES_SINCE = 7
+_ALIASES = {"image/jpg": "image/jpeg"}
+
+
+def accepted_images(view: CompiledView, accepted: frozenset[str]) -> frozenset[str]:
+    """The image types a body of `view` sends of those the provider takes (`accepted`)."""
+    if view.rendering < ALIASES_SINCE:
+        return accepted
+    return accepted | {alias for alias, mime in _ALIASES.items() if mime in accepted}
+
+
 def inline_image(
     part: ViewPart, data: Mapping[str, bytes], accepted: Collection[str]
 ) -> tuple[str, str] | None:
     """(mime type, base64) of an image whose bytes were materialized and whose type the
-    provider takes, else None."""
+    provider takes, else None; an alias is sent under the type it stands for."""
     ref = part.attachment
     if ref is None or ref.artifact_id not in data or ref.mime_type not in accepted:
         return None
-    return ref.mime_type, base64.b64encode(data[ref.artifact_id]).decode()
+    mime = _ALIASES.get(ref.mime_type, ref.mime_type)
+    return mime, base64.b64encode(data[ref.artifact_id]).decode()
+
+
+def short_call_id(call_id: str, most: int) -> str:
+    """A call id within `most` characters, the same for the same id (its call and its
+    result alike): unchanged when it fits, else its first characters, `_` and 12 hex
+    digits of its sha256."""
+    if len(call_id) <= most:
+        return call_id
+    return f"{call_id[: most - 13]}_{hashlib.sha256(call_id.encode()).hexdigest()[:12]}"
 
 
 def image_note(part: ViewPart, accepted: Collection[str]) -> str:

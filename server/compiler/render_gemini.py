@@ -2,8 +2,9 @@
 `Tool` and `GenerationConfig` types.
 
 - Roles alternate (`user` / `model`); tool results travel in user turns.
-- Each `functionResponse` is matched to its `functionCall`: same `id`, and responses
-  in the order of the calls, whatever order the results arrived in.
+- Each `functionResponse` is matched to its `functionCall` by order: responses in the
+  order of the calls, whatever order the results arrived in (no `id`, which Vertex AI
+  refuses, from rendering 7; the same `id` before).
 - A response's payload is `{"output": text}`, or `{"error": text}` for failed calls,
   the keys the API documents.
 - Tool schemas go verbatim as `parametersJsonSchema` (full JSON Schema): `parameters`
@@ -27,8 +28,10 @@ from collections.abc import Mapping
 from server.compiler.provider_rules import OPENER
 from server.compiler.render_anthropic import merge_turns, opened_turns
 from server.compiler.render_common import (
+    ALIASES_SINCE,
     GEMINI_IMAGES,
     JSON,
+    accepted_images,
     args_object,
     call_name,
     image_note,
@@ -76,15 +79,13 @@ def stand_in_signatures(contents: list[JSON]) -> None:
             first["thoughtSignature"] = SKIP_SIGNATURE
 
 
-def _response(m: ViewMessage, names: Mapping[str, str]) -> JSON:
+def _response(m: ViewMessage, names: Mapping[str, str], ids: bool) -> JSON:
     key = "error" if m.is_error else "output"
-    return {
-        "functionResponse": {
-            "id": m.tool_call_id,
-            "name": call_name(names.get(m.tool_call_id, m.tool_name or "tool")),
-            "response": {key: text_of(m)},
-        }
+    response: JSON = {
+        "name": call_name(names.get(m.tool_call_id, m.tool_name or "tool")),
+        "response": {key: text_of(m)},
     }
+    return {"functionResponse": {"id": m.tool_call_id, **response} if ids else response}
 
 
 def _in_call_order(messages: tuple[ViewMessage, ...]) -> list[ViewMessage]:
@@ -134,22 +135,22 @@ def _signature_of(
 
 
 def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
+    images = accepted_images(view, GEMINI_IMAGES)
+    # Vertex AI refuses an `id` in functionCall and functionResponse ('Unknown name "id"
+    # at contents[1].parts[0].function_call: Cannot find field'), which the Gemini API
+    # ignores: from rendering 7 no body sends one (responses follow their calls' order).
+    ids = view.rendering < ALIASES_SINCE
     names = {c.call_id: c.name for m in view.messages for c in m.tool_calls}
     turns: list[tuple[str, list[JSON]]] = []
     for m in _in_call_order(view.messages):
         if m.role is Role.TOOL:
-            turns.append(("user", [_response(m, names)]))
+            turns.append(("user", [_response(m, names, ids)]))
         elif m.role is Role.ASSISTANT:
             parts: list[JSON] = [{"text": text_of(m)}] if text_of(m) else []
             signed = _signatures(view, m) if view.thinking else {}
             for c in m.tool_calls:
-                part: JSON = {
-                    "functionCall": {
-                        "id": c.call_id,
-                        "name": call_name(c.name),
-                        "args": args_object(c.arguments_json),
-                    }
-                }
+                call: JSON = {"name": call_name(c.name), "args": args_object(c.arguments_json)}
+                part: JSON = {"functionCall": {"id": c.call_id, **call} if ids else call}
                 if (signature := _signature_of(view, c.call_id, signed, m)) is not None:
                     part["thoughtSignature"] = signature
                 parts.append(part)
@@ -160,10 +161,10 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 if p.text is not None:
                     if p.text:
                         parts.append({"text": p.text})
-                elif (img := inline_image(p, data, GEMINI_IMAGES)) is not None:
+                elif (img := inline_image(p, data, images)) is not None:
                     parts.append({"inlineData": {"mimeType": img[0], "data": img[1]}})
                 else:
-                    parts.append({"text": image_note(p, GEMINI_IMAGES)})
+                    parts.append({"text": image_note(p, images)})
             turns.append(("user", parts))
     contents = [
         {"role": r, "parts": p} for r, p in opened_turns(merge_turns(turns), {"text": OPENER})

@@ -4,21 +4,27 @@ params (`CompletionCreateParamsNonStreaming`, `ResponseCreateParamsNonStreaming`
 - Call names as every API takes them (`render_common.call_name`).
 - Chat refuses a `tool_calls[].id` over 40 characters (`string_above_max_length`): a
   longer id (a Responses `fc_...` item id is 53) is sent as its first 27 characters,
-  `_` and 12 hex digits of its sha256, the same in the call and its result.
+  `_` and 12 hex digits of its sha256, the same in the call and its result; Responses
+  likewise one over 64 (51 characters, `_`, 12 hex digits), from rendering 7.
+- A failed call without output is sent as "(the tool failed with no output)", as in
+  Anthropic bodies, from rendering 7: neither OpenAI API has an error flag, and "" reads
+  as an empty success.
 - An assistant message with neither text nor calls (a step whose only text was empty)
   is left out of Chat, which refuses one; Responses sends no item for it anyway.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from server.compiler.render_anthropic import EMPTY_ERROR
 from server.compiler.render_common import (
+    ALIASES_SINCE,
     FLAT_SINCE,
     JSON,
     OPENAI_IMAGES,
+    accepted_images,
     args_text,
     cache_key,
     call_name,
@@ -26,21 +32,37 @@ from server.compiler.render_common import (
     inline_image,
     output_cap,
     schema,
+    short_call_id,
     text_of,
 )
-from server.compiler.view import CompiledView
+from server.compiler.view import CompiledView, ViewMessage
 from server.domain.model import Role
 
 MAX_CHAT_CALL_ID = 40
+# Responses refuses a call_id over 64 characters ("Invalid 'input[N].call_id': string too
+# long. Expected a string with maximum length 64"): MCP servers' ids reach 80 and more.
+MAX_RESPONSES_CALL_ID = 64
 
 
 def chat_call_id(call_id: str) -> str:
-    if len(call_id) <= MAX_CHAT_CALL_ID:
-        return call_id
-    return f"{call_id[:27]}_{hashlib.sha256(call_id.encode()).hexdigest()[:12]}"
+    return short_call_id(call_id, MAX_CHAT_CALL_ID)
+
+
+def _responses_call_id(view: CompiledView, call_id: str) -> str:
+    return (
+        call_id if view.rendering < ALIASES_SINCE else short_call_id(call_id, MAX_RESPONSES_CALL_ID)
+    )
+
+
+def _result_text(view: CompiledView, m: ViewMessage) -> str:
+    """A result's text; a failed call's without output says it failed (from rendering 7),
+    as Anthropic's is_error and Gemini's error key do: "" reads as an empty success."""
+    text = text_of(m)
+    return EMPTY_ERROR if not text and m.is_error and view.rendering >= ALIASES_SINCE else text
 
 
 def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
+    images = accepted_images(view, OPENAI_IMAGES)
     messages: list[JSON] = []
     if view.system_prompt:
         messages.append({"role": "system", "content": view.system_prompt})
@@ -50,7 +72,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 {
                     "role": "tool",
                     "tool_call_id": chat_call_id(m.tool_call_id),
-                    "content": text_of(m),
+                    "content": _result_text(view, m),
                 }
             )
             continue
@@ -77,12 +99,12 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         for p in m.parts:
             if p.text is not None:
                 parts.append({"type": "text", "text": p.text})
-            elif (img := inline_image(p, data, OPENAI_IMAGES)) is not None and role == "user":
+            elif (img := inline_image(p, data, images)) is not None and role == "user":
                 parts.append(
                     {"type": "image_url", "image_url": {"url": f"data:{img[0]};base64,{img[1]}"}}
                 )
             else:
-                parts.append({"type": "text", "text": image_note(p, OPENAI_IMAGES)})
+                parts.append({"type": "text", "text": image_note(p, images)})
         only_text = all(p["type"] == "text" for p in parts)
         content: Any = "\n".join(p["text"] for p in parts) if only_text else parts
         messages.append({"role": role, "content": content})
@@ -110,11 +132,16 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
 
 
 def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
+    images = accepted_images(view, OPENAI_IMAGES)
     items: list[JSON] = []
     for m in view.messages:
         if m.role is Role.TOOL:
             items.append(
-                {"type": "function_call_output", "call_id": m.tool_call_id, "output": text_of(m)}
+                {
+                    "type": "function_call_output",
+                    "call_id": _responses_call_id(view, m.tool_call_id),
+                    "output": _result_text(view, m),
+                }
             )
             continue
         if m.role is Role.ASSISTANT:
@@ -126,7 +153,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             items += [
                 {
                     "type": "function_call",
-                    "call_id": c.call_id,
+                    "call_id": _responses_call_id(view, c.call_id),
                     "name": call_name(c.name),
                     "arguments": args_text(c.arguments_json),
                 }
@@ -137,7 +164,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         for p in m.parts:
             if p.text is not None:
                 content.append({"type": "input_text", "text": p.text})
-            elif (img := inline_image(p, data, OPENAI_IMAGES)) is not None:
+            elif (img := inline_image(p, data, images)) is not None:
                 content.append(
                     {
                         "type": "input_image",
@@ -146,7 +173,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     }
                 )
             else:
-                content.append({"type": "input_text", "text": image_note(p, OPENAI_IMAGES)})
+                content.append({"type": "input_text", "text": image_note(p, images)})
         role = "developer" if m.role is Role.SYSTEM else "user"
         items.append({"type": "message", "role": role, "content": content})
     body: JSON = {

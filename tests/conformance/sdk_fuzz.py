@@ -742,8 +742,12 @@ def _gemini(body: dict[str, Any]) -> list[str]:
         if calls:
             nxt = contents[i + 1]["parts"] if i + 1 < len(contents) else []
             resp = [p["functionResponse"] for p in nxt if "functionResponse" in p]
-            if [(r["id"], r["name"]) for r in resp] != [(x["id"], x["name"]) for x in calls]:
+            # Matched by order and name: Vertex AI refuses an id on either ('Unknown
+            # name "id" at contents[1].parts[0].function_call').
+            if [r["name"] for r in resp] != [x["name"] for x in calls]:
                 out.append(f"contents[{i}]: calls not answered in order in the next turn")
+            if any("id" in x for x in (*calls, *resp)):
+                out.append(f"contents[{i}]: a functionCall or functionResponse with an id")
     return out
 
 

@@ -285,7 +285,11 @@ def _gemini_calls(view: view_pb2.CompiledView) -> list[tuple[str, str | None]]:
         if r.format == view_pb2.RENDER_FORMAT_GEMINI
     )
     parts = [p for c in body["contents"] for p in c["parts"] if "functionCall" in p]
-    return [(p["functionCall"]["id"], p.get("thoughtSignature")) for p in parts]
+    # Bodies from rendering 7 carry no call ids (Vertex AI refuses them): the view's calls
+    # are the body's, in order.
+    ids = [c.call_id for m in view.messages for c in m.tool_calls]
+    assert len(ids) == len(parts)
+    return [(i, p.get("thoughtSignature")) for i, p in zip(ids, parts, strict=True)]
 
 
 # The first fixture whose driver compiled a Gemini 3 loop (6d5d7bd: rendering 3).

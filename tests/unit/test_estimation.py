@@ -81,6 +81,20 @@ def test_catalog(tmp_path: Path) -> None:
     # Opus 4.5 writes 64,000 tokens, Opus 4 and 4.1 32,000: the longer key wins.
     assert c.lookup("claude-opus-4-5-20251101").max_output_tokens == 64_000
     assert c.lookup("claude-opus-4-1-20250805").max_output_tokens == 32_000
+    # A sibling's longer name is its own entry, not the bigger model's limits (the
+    # provider refuses a cap over the model's maximum).
+    for name, window, output in (
+        ("gpt-5-chat-latest", 128_000, 16_384),
+        ("gpt-5.1-chat-latest", 128_000, 16_384),
+        ("gpt-5.1", 400_000, 128_000),
+        ("o1-mini", 128_000, 65_536),
+        ("gpt-4o-2024-05-13", 128_000, 4_096),
+        ("gpt-4o-2024-08-06", 128_000, 16_384),
+        ("gemini-2.5-flash-image", 32_768, 32_768),
+        ("gemini-3-pro-image-preview", 65_536, 32_768),
+    ):
+        info = c.lookup(name)
+        assert (info.context_window, info.max_output_tokens) == (window, output), name
     gemini_3 = c.lookup("models/gemini-3-pro-preview")
     assert (gemini_3.key, gemini_3.context_window, gemini_3.max_output_tokens) == (
         "gemini-3",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from server.compiler.budget import ModelLimits
@@ -137,8 +138,14 @@ def test_gemini_responses_follow_the_order_of_their_calls() -> None:
     contents = bodies(v)[RenderFormat.GEMINI]["contents"]
     calls = [p["functionCall"] for p in contents[1]["parts"]]
     responses = [p["functionResponse"] for p in contents[2]["parts"]]
-    assert [c["id"] for c in calls] == ["a", "b"] == [r["id"] for r in responses]
+    # Matched by order: no ids, which Vertex AI refuses ('Unknown name "id"').
+    assert [c["args"]["path"] for c in calls] == ["1", "2"]
     assert [r["response"] for r in responses] == [{"output": "first"}, {"output": "second"}]
+    assert not any("id" in p for p in (*calls, *responses))
+    # As rendering 6 sent them, with ids.
+    old = json.loads(render(replace(v, rendering=6), RenderFormat.GEMINI, {}))["contents"]
+    assert [p["functionCall"]["id"] for p in old[1]["parts"]] == ["a", "b"]
+    assert [p["functionResponse"]["id"] for p in old[2]["parts"]] == ["a", "b"]
 
 
 def test_malformed_arguments_are_sent_one_way_in_every_format_with_a_note() -> None:

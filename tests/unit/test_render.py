@@ -167,14 +167,15 @@ def test_gemini_generate_content() -> None:
         "inlineData": {"mimeType": "image/png", "data": base64.b64encode(b"\x89PNG").decode()}
     }
     calls = [p["functionCall"] for p in b["contents"][1]["parts"] if "functionCall" in p]
+    # No ids: Vertex AI refuses them; responses follow their calls' order.
     assert calls == [
-        {"id": "c1", "name": "read", "args": {"path": "a.py"}},
-        {"id": "c2", "name": "read", "args": {"path": "b.py"}},
+        {"name": "read", "args": {"path": "a.py"}},
+        {"name": "read", "args": {"path": "b.py"}},
     ]
     responses = [
         p["functionResponse"] for p in b["contents"][2]["parts"] if "functionResponse" in p
     ]
-    assert [(r["id"], r["name"]) for r in responses] == [("c1", "read"), ("c2", "read")]
+    assert [set(r) for r in responses] == [{"name", "response"}] * 2
     assert [r["response"] for r in responses] == [{"output": "print(1)"}, {"error": "oops"}]
     assert b["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"]["required"] == ["path"]
 
@@ -198,7 +199,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 6
+    assert v.rendering == RENDERING == 7
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -253,3 +254,90 @@ def test_a_union_at_a_schemas_top_level_is_flattened_from_rendering_6() -> None:
     assert body["tools"][0]["input_schema"] == flat_schema(union)
     then = json.loads(render(replace(now, rendering=5), RenderFormat.ANTHROPIC_MESSAGES, {}))
     assert then["tools"][0]["input_schema"] == union
+
+
+def test_rendering_7_jpg_alias_long_responses_ids_failed_empty_results() -> None:
+    """image/jpg (a misspelling clients send, which the daemon reads as a JPEG) goes to
+    every provider as image/jpeg; a Responses call id over 64 characters is shortened the
+    same in the call and its output (the API refuses longer); a failed call without
+    output says it failed in OpenAI bodies, as in Anthropic's. Rendering 6 did none."""
+    jpg = ArtifactRef("j1", "image/jpg", 4, "e" * 64, 16, 16)
+    long_id = "mcp__jira__search_" + "x" * 70
+    v = view(
+        UserMessage((ContentPart(text="see"), ContentPart(attachment=jpg))),
+        AssistantMessage((), (ToolCall(long_id, "read", "{}"), ToolCall("c2", "read", "{}"))),
+        ToolResult(long_id, "read", text="ok"),
+        ToolResult("c2", "read", text="", is_error=True),
+        existing=(("j1", 4),),
+    )
+    data = {"j1": b"\xff\xd8\xff\xe0"}
+    sent = base64.b64encode(data["j1"]).decode()
+    for fmt in RenderFormat:
+        text = render(v, fmt, data)
+        assert sent in text and "image/jpeg" in text and "image/jpg" not in text, fmt
+        assert "image/jpg" in render(replace(v, rendering=6), fmt, data), fmt
+    responses = json.loads(render(v, RenderFormat.OPENAI_RESPONSES, data))["input"]
+    ids = [i["call_id"] for i in responses if i["type"] == "function_call"]
+    outputs = [i for i in responses if i["type"] == "function_call_output"]
+    assert len(ids[0]) == 64 and ids[0].startswith(long_id[:51]) and ids[1] == "c2"
+    assert [o["call_id"] for o in outputs] == ids
+    assert [o["output"] for o in outputs] == ["ok", "(the tool failed with no output)"]
+    chat = json.loads(render(v, RenderFormat.OPENAI_CHAT, data))["messages"]
+    assert [m["content"] for m in chat if m["role"] == "tool"] == [
+        "ok",
+        "(the tool failed with no output)",
+    ]
+    then = json.loads(render(replace(v, rendering=6), RenderFormat.OPENAI_RESPONSES, data))
+    old_ids = [i["call_id"] for i in then["input"] if i["type"] == "function_call"]
+    assert old_ids[0] == long_id
+    assert [i["output"] for i in then["input"] if i["type"] == "function_call_output"] == [
+        "ok",
+        "",
+    ]
+
+
+def test_flattening_reaches_nested_unions_and_references() -> None:
+    """A branch that is itself a union (zod's nested unions, an allOf holding a oneOf),
+    a chain of references and an OpenAPI component reference: every property reaches the
+    flat schema, with what every branch requires."""
+    nested = {
+        "anyOf": [
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+            {
+                "anyOf": [
+                    {"properties": {"b": {"type": "integer"}}, "required": ["b", "k"]},
+                    {"properties": {"c": {"type": "integer"}}, "required": ["c", "k"]},
+                ]
+            },
+        ]
+    }
+    assert flat_schema(nested) == {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+    }
+    base = {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}
+    intersection = {
+        "allOf": [
+            {"$ref": "#/$defs/Base"},
+            {"oneOf": [{"properties": {"x": {}}, "required": ["x"]}, {"properties": {"y": {}}}]},
+        ],
+        "$defs": {"Base": base},
+    }
+    flat = flat_schema(intersection)
+    assert flat["properties"] == {"id": {"type": "string"}, "x": {}, "y": {}}
+    assert flat["required"] == ["id"]
+    chain = {
+        "oneOf": [{"$ref": "#/$defs/A"}],
+        "$defs": {"A": {"$ref": "#/$defs/B"}, "B": base, "Loop": {"$ref": "#/$defs/Loop"}},
+    }
+    assert flat_schema(chain)["properties"] == {"id": {"type": "string"}}
+    assert flat_schema(chain)["required"] == ["id"]
+    looping = {"oneOf": [{"$ref": "#/$defs/Loop"}], "$defs": {"Loop": {"$ref": "#/$defs/Loop"}}}
+    assert flat_schema(looping)["properties"] == {}  # a cycle stops, adds nothing
+    components = {
+        "oneOf": [{"$ref": "#/components/schemas/Cat"}],
+        "components": {"schemas": {"Cat": {"properties": {"m~/": {}}, "required": ["m~/"]}}},
+    }
+    assert flat_schema(components)["required"] == ["m~/"]
+    escaped = {"oneOf": [{"$ref": "#/d/a~1b~0c"}], "d": {"a/b~c": base}}
+    assert flat_schema(escaped)["required"] == ["id"]

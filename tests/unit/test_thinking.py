@@ -196,8 +196,17 @@ def signed(signatures: dict[str, str], route: Route = GEMINI) -> NativeState:
 
 
 def gemini_body(view: CompiledView) -> dict[str, Any]:
+    """The Gemini body, each functionCall given the view's call id back (the body sends
+    none, Vertex AI refuses them; its calls are the view's, in order) to name it here."""
     body: dict[str, Any] = json.loads(render(view, RenderFormat.GEMINI, {}))
     assert errors_for("gemini", body) == []  # google-genai's own types take it
+    calls = [p["functionCall"] for c in body["contents"] for p in c["parts"] if "functionCall" in p]
+    ids = [c.call_id for m in view.messages for c in m.tool_calls]
+    assert len(calls) == len(ids)
+    # Bodies rendered before version 7 carried the ids themselves.
+    assert [c.get("id") for c in calls] == ([None] * len(ids) if view.rendering >= 7 else ids)
+    for call, call_id in zip(calls, ids, strict=True):
+        call["id"] = call_id
     return body
 
 
