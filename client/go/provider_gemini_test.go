@@ -295,3 +295,30 @@ func jsonValue(t *testing.T, data []byte) any {
 	}
 	return v
 }
+
+func TestAssistantFromGeminiJoinsTextSplitOverParts(t *testing.T) {
+	// Gemini may split one text over parts (a signature on the last); a view joins parts
+	// with line breaks, so "4" + "2" would read "4\n2". A thought summary or a call stands
+	// between texts; an empty part (a signature alone) does not.
+	body := `{"candidates": [{"content": {"role": "model", "parts": [
+		{"text": "The answer is 4"},
+		{"text": "2, as computed."},
+		{"text": "", "thoughtSignature": "c2ln"},
+		{"text": " Checking it."},
+		{"text": "planning the check", "thought": true},
+		{"text": "Now the call:"},
+		{"functionCall": {"id": "c1", "name": "run", "args": {}}},
+		{"text": "After the call."}]}}]}`
+	var resp GeminiResponse
+	if err := json.Unmarshal([]byte(body), &resp); err != nil {
+		t.Fatal(err)
+	}
+	var texts []string
+	for _, p := range AssistantFromGemini(resp, "r1").GetAssistantMessage().GetParts() {
+		texts = append(texts, p.GetText())
+	}
+	want := []string{"The answer is 42, as computed. Checking it.", "Now the call:", "After the call."}
+	if !reflect.DeepEqual(texts, want) {
+		t.Fatalf("parts %q, want %q", texts, want)
+	}
+}

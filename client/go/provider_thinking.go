@@ -87,12 +87,12 @@ func AssistantFromAnthropic(msg AnthropicMessage, routeID string) *ctxccv1.Event
 	afterText := false // the previous block was text: this one continues its part
 	for _, b := range msg.Content {
 		if b.Type == "text" {
-			if n := len(m.Parts); b.Text != "" && afterText && n > 0 {
-				m.Parts[n-1].Part = &ctxccv1.ContentPart_Text{Text: m.Parts[n-1].GetText() + b.Text}
-			} else if b.Text != "" {
-				m.Parts = append(m.Parts, &ctxccv1.ContentPart{Part: &ctxccv1.ContentPart_Text{Text: b.Text}})
+			// An empty block adds nothing and joins nothing: across it, text stays apart or
+			// together as it was.
+			if b.Text != "" {
+				addText(m, b.Text, afterText)
+				afterText = true
 			}
-			afterText = true
 			continue
 		}
 		afterText = false
@@ -211,9 +211,11 @@ func AssistantFromGemini(resp GeminiResponse, routeID string) *ctxccv1.Event {
 	if len(resp.Candidates) > 0 {
 		parts = resp.Candidates[0].Content.Parts
 	}
+	afterText := false // the previous part was text: this one continues its part
 	for _, p := range parts {
 		switch {
 		case p.FunctionCall != nil:
+			afterText = false
 			call := p.FunctionCall
 			id := call.ID
 			if id == "" {
@@ -223,9 +225,15 @@ func AssistantFromGemini(resp GeminiResponse, routeID string) *ctxccv1.Event {
 			if p.ThoughtSignature != "" {
 				signatures[id] = p.ThoughtSignature
 			}
-		case p.Text != "" && !p.Thought:
-			m.Parts = append(m.Parts, &ctxccv1.ContentPart{Part: &ctxccv1.ContentPart_Text{Text: p.Text}})
+		case p.Thought:
+			afterText = false // a thought summary, left out, stands between texts
+		case p.Text != "":
+			// Gemini may split one text over parts (a signature on the last): one part here,
+			// since a view joins parts with line breaks.
+			addText(m, p.Text, afterText)
+			afterText = true
 		}
+		// An empty part (a signature alone) joins nothing and breaks nothing.
 	}
 	if len(signatures) > 0 {
 		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: GeminiThoughtSignatures, Data: marshalJSON(signatures)}
@@ -239,4 +247,13 @@ func newCallID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return "call_" + hex.EncodeToString(b)
+}
+
+// addText adds text as a part of its own, or, right after text, to that part.
+func addText(m *ctxccv1.AssistantMessage, text string, afterText bool) {
+	if n := len(m.Parts); afterText && n > 0 {
+		m.Parts[n-1].Part = &ctxccv1.ContentPart_Text{Text: m.Parts[n-1].GetText() + text}
+		return
+	}
+	m.Parts = append(m.Parts, &ctxccv1.ContentPart{Part: &ctxccv1.ContentPart_Text{Text: text}})
 }

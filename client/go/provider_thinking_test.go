@@ -147,7 +147,10 @@ func TestAssistantFromAnthropicJoinsAdjacentText(t *testing.T) {
 		{"type": "tool_use", "id": "toolu_1", "name": "save", "input": {}},
 		{"type": "text", "text": "Saved."},
 		{"type": "thinking", "thinking": "t", "signature": "s"},
-		{"type": "text", "text": "Done."}]}`
+		{"type": "text", "text": "Done."},
+		{"type": "tool_use", "id": "toolu_2", "name": "save", "input": {}},
+		{"type": "text", "text": ""},
+		{"type": "text", "text": "After."}]}`
 	var msg AnthropicMessage
 	if err := json.Unmarshal([]byte(body), &msg); err != nil {
 		t.Fatal(err)
@@ -156,7 +159,8 @@ func TestAssistantFromAnthropicJoinsAdjacentText(t *testing.T) {
 	for _, p := range AssistantFromAnthropic(msg, "r1").GetAssistantMessage().GetParts() {
 		texts = append(texts, p.GetText())
 	}
-	if want := []string{"The latest release is Python 3.14.1. I'll save it.", "Saved.", "Done."}; !reflect.DeepEqual(texts, want) {
+	// An empty block after a call joins nothing across the call.
+	if want := []string{"The latest release is Python 3.14.1. I'll save it.", "Saved.", "Done.", "After."}; !reflect.DeepEqual(texts, want) {
 		t.Fatalf("parts %q, want %q", texts, want)
 	}
 }

@@ -92,9 +92,10 @@ class Session(_message.Message):
 
     @_builtins.property
     def active_time(self) -> _timestamp_pb2.Timestamp:
-        """Time of the session's latest append or recorded compile, the later: what
-        --session-retention measures a session's idleness from. Set by GetSession and
-        ListSessions (unset: a session with neither, or a daemon before this field).
+        """Time of the session's latest append or recorded compile, the later (its creation
+        when it has neither): what --session-retention measures a session's idleness from.
+        Set by GetSession and ListSessions (unset: a daemon before this field, or a session
+        whose record is damaged and has no compile recorded).
         """
 
     def __init__(

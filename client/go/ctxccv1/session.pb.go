@@ -48,9 +48,10 @@ type Session struct {
 	WorkingDirectory string `protobuf:"bytes,10,opt,name=working_directory,json=workingDirectory,proto3" json:"working_directory,omitempty"`
 	// Total bytes stored for the session (events, blobs and artifacts it references).
 	StoredBytes uint64 `protobuf:"varint,11,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
-	// Time of the session's latest append or recorded compile, the later: what
-	// --session-retention measures a session's idleness from. Set by GetSession and
-	// ListSessions (unset: a session with neither, or a daemon before this field).
+	// Time of the session's latest append or recorded compile, the later (its creation
+	// when it has neither): what --session-retention measures a session's idleness from.
+	// Set by GetSession and ListSessions (unset: a daemon before this field, or a session
+	// whose record is damaged and has no compile recorded).
 	ActiveTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=active_time,json=activeTime,proto3" json:"active_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

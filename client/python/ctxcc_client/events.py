@@ -57,6 +57,14 @@ def _get(obj: object, name: str) -> object:
     return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
 
+def _add_text(m: event_pb2.AssistantMessage, text: str, after_text: bool) -> None:
+    """`text` as a part of its own, or, right after text, added to that part."""
+    if after_text and m.parts:
+        m.parts[-1].text += text
+    else:
+        m.parts.add(text=text)
+
+
 def assistant_from_anthropic(message: object, route_id: str) -> event_pb2.Event:
     """The assistant event to log for an Anthropic Messages response (the SDK's
     `Message`, or the same as a mapping: the response's JSON).
@@ -78,12 +86,11 @@ def assistant_from_anthropic(message: object, route_id: str) -> event_pb2.Event:
     for block in _get(message, "content") or ():  # type: ignore[attr-defined]
         kind = _get(block, "type")
         if kind == "text":
+            # An empty block adds nothing and joins nothing: across it, text stays apart
+            # or together as it was.
             if text := str(_get(block, "text") or ""):
-                if after_text and m.parts:
-                    m.parts[-1].text += text
-                else:
-                    m.parts.add(text=text)
-            after_text = True
+                _add_text(m, text, after_text)
+                after_text = True
             continue
         after_text = False
         if kind == "tool_use":
@@ -125,10 +132,12 @@ def assistant_from_gemini(response: object, route_id: str) -> event_pb2.Event:
     candidates = _get(response, "candidates") or ()
     content = _get(next(iter(candidates), None), "content")  # type: ignore[call-overload]
     signatures: dict[str, str] = {}
+    after_text = False  # the previous part was text: this one continues its part
     for part in _get(content, "parts") or ():  # type: ignore[attr-defined]
         call = _get(part, "function_call") or _get(part, "functionCall")
         signature = _get(part, "thought_signature") or _get(part, "thoughtSignature")
         if call is not None:
+            after_text = False
             call_id = str(_get(call, "id") or f"call_{uuid.uuid4().hex[:16]}")
             m.tool_calls.add(
                 call_id=call_id,
@@ -142,8 +151,14 @@ def assistant_from_gemini(response: object, route_id: str) -> event_pb2.Event:
                     if isinstance(signature, bytes)
                     else str(signature)
                 )
-        elif _get(part, "text") and not _get(part, "thought"):
-            m.parts.add(text=str(_get(part, "text")))
+        elif _get(part, "thought"):
+            after_text = False  # a thought summary, left out, stands between texts
+        elif text := str(_get(part, "text") or ""):
+            # Gemini may split one text over parts (a signature on the last): one part
+            # here, since a view joins parts with line breaks.
+            _add_text(m, text, after_text)
+            after_text = True
+        # An empty part (a signature alone) joins nothing and breaks nothing.
     if signatures:
         m.native_state.route_id = route_id
         m.native_state.kind = GEMINI_THOUGHT_SIGNATURES

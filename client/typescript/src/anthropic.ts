@@ -57,13 +57,15 @@ export function assistantFromAnthropic(message: AnthropicMessage, routeId: strin
   const thinking: object[] = [];
   let afterText = false; // the previous block was text: this one continues its part
   for (const block of message.content ?? []) {
-    const last = parts[parts.length - 1];
     if (block.type !== "text") afterText = false;
     switch (block.type) {
       case "text":
-        if (block.text && afterText && last?.part?.$case === "text") last.part.value += block.text;
-        else if (block.text) parts.push({ part: { $case: "text", value: block.text } });
-        afterText = true;
+        // An empty block adds nothing and joins nothing: across it, text stays apart or
+        // together as it was.
+        if (block.text) {
+          addText(parts, block.text, afterText);
+          afterText = true;
+        }
         break;
       case "tool_use":
         toolCalls.push({ callId: String(block.id), name: String(block.name), argumentsJson: JSON.stringify(block.input ?? {}) });
@@ -79,4 +81,11 @@ export function assistantFromAnthropic(message: AnthropicMessage, routeId: strin
   const nativeState =
     thinking.length > 0 ? { routeId, kind: ANTHROPIC_THINKING, data: Buffer.from(JSON.stringify(thinking), "utf8") } : undefined;
   return Event.fromPartial({ payload: { $case: "assistantMessage", value: { parts, toolCalls, nativeState } } });
+}
+
+/** Adds `text` as a part of its own, or, right after text, to that part. */
+export function addText(parts: ContentPart[], text: string, afterText: boolean): void {
+  const last = parts[parts.length - 1];
+  if (afterText && last?.part?.$case === "text") last.part.value += text;
+  else parts.push({ part: { $case: "text", value: text } });
 }

@@ -12,6 +12,7 @@
  */
 import { randomBytes } from "node:crypto";
 
+import { addText } from "./anthropic.js";
 import type { ContentPart, ToolCall } from "./gen/ctxcc/v1/common.js";
 import { Event } from "./gen/ctxcc/v1/event.js";
 
@@ -62,15 +63,23 @@ export function assistantFromGemini(response: GeminiResponse, routeId: string): 
   const parts: ContentPart[] = [];
   const toolCalls: ToolCall[] = [];
   const signatures = new Map<string, string>();
+  let afterText = false; // the previous part was text: this one continues its part
   for (const part of response.candidates?.[0]?.content?.parts ?? []) {
     const call = part.functionCall;
     if (call) {
+      afterText = false;
       const callId = call.id || newCallId();
       toolCalls.push({ callId, name: String(call.name ?? ""), argumentsJson: JSON.stringify(call.args ?? {}) });
       if (part.thoughtSignature) signatures.set(callId, part.thoughtSignature);
-    } else if (part.text && !part.thought) {
-      parts.push({ part: { $case: "text", value: part.text } });
+    } else if (part.thought) {
+      afterText = false; // a thought summary, left out, stands between texts
+    } else if (part.text) {
+      // Gemini may split one text over parts (a signature on the last): one part here,
+      // since a view joins parts with line breaks.
+      addText(parts, part.text, afterText);
+      afterText = true;
     }
+    // An empty part (a signature alone) joins nothing and breaks nothing.
   }
   const nativeState =
     signatures.size > 0

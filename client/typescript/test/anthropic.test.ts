@@ -135,13 +135,17 @@ test("adjacent text blocks (Claude splits a text at each citation) are one part;
       { type: "text", text: "Saved.", citations: null },
       { type: "thinking", thinking: "t", signature: "s" },
       { type: "text", text: "Done.", citations: null },
+      { type: "tool_use", id: "toolu_2", name: "save", input: {}, caller: { type: "direct" } },
+      { type: "text", text: "", citations: null },
+      { type: "text", text: "After.", citations: null },
     ],
   };
   const ev = assistantFromAnthropic(cited, "r1");
   const parts = ev.payload?.$case === "assistantMessage" ? ev.payload.value.parts : [];
+  // An empty block after a call joins nothing across the call.
   assert.deepEqual(
     parts.map((p) => (p.part?.$case === "text" ? p.part.value : null)),
-    ["The latest release is Python 3.14.1. I'll save it.", "Saved.", "Done."],
+    ["The latest release is Python 3.14.1. I'll save it.", "Saved.", "Done.", "After."],
   );
 });
 

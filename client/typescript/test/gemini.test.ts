@@ -112,6 +112,34 @@ test("no candidates, no signature, a null args: no native state, {} as the argum
   assert.deepEqual(ev, Event.fromPartial({ payload: { $case: "assistantMessage", value } }));
 });
 
+test("text split over parts is one part; a thought summary or a call stands between texts, an empty part does not", () => {
+  const response: GenerateContentResponse = {
+    candidates: [
+      {
+        content: {
+          role: "model",
+          parts: [
+            { text: "The answer is 4" },
+            { text: "2, as computed." },
+            { text: "", thoughtSignature: "c2ln" },
+            { text: " Checking it." },
+            { text: "planning the check", thought: true },
+            { text: "Now the call:" },
+            { functionCall: { id: "c1", name: "run", args: {} } },
+            { text: "After the call." },
+          ],
+        },
+      },
+    ],
+  } as GenerateContentResponse;
+  const ev = assistantFromGemini(response, "r1");
+  const parts = ev.payload?.$case === "assistantMessage" ? ev.payload.value.parts : [];
+  assert.deepEqual(
+    parts.map((p) => (p.part?.$case === "text" ? p.part.value : null)),
+    ["The answer is 42, as computed. Checking it.", "Now the call:", "After the call."],
+  );
+});
+
 // The SDK's response fits; other shapes do not type-check.
 export const fromSdk = (r: GenerateContentResponse): Event => assistantFromGemini(r, "r1");
 export function wrongShapes(completion: ChatCompletion, message: Message): void {

@@ -47,9 +47,10 @@ export interface Session {
   /** Total bytes stored for the session (events, blobs and artifacts it references). */
   storedBytes: number;
   /**
-   * Time of the session's latest append or recorded compile, the later: what
-   * --session-retention measures a session's idleness from. Set by GetSession and
-   * ListSessions (unset: a session with neither, or a daemon before this field).
+   * Time of the session's latest append or recorded compile, the later (its creation
+   * when it has neither): what --session-retention measures a session's idleness from.
+   * Set by GetSession and ListSessions (unset: a daemon before this field, or a session
+   * whose record is damaged and has no compile recorded).
    */
   activeTime?: Date | undefined;
 }
