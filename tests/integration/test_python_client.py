@@ -233,3 +233,121 @@ async def test_a_report_queued_while_a_step_runs_never_loses_the_steps_own() -> 
     await second
     await stream.flush_usage()
     assert unary == ["s:c1", "s:c2"]
+
+
+class _Gated:
+    """A real CompileStream call whose answers wait for `gate`: a daemon that appended a
+    step but whose answer is slow (a long compile, a stalled connection)."""
+
+    def __init__(self, call: Any, gate: asyncio.Event) -> None:
+        self._call = call
+        self._answers = call.__aiter__()
+        self._gate = gate
+        self._cancelled = asyncio.Event()
+
+    def __aiter__(self) -> _Gated:
+        return self
+
+    async def __anext__(self) -> cpb.CompileStreamResponse:
+        answer: cpb.CompileStreamResponse = await self._answers.__anext__()
+        opened = asyncio.ensure_future(self._gate.wait())
+        cancelled = asyncio.ensure_future(self._cancelled.wait())
+        await asyncio.wait({opened, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        opened.cancel()
+        cancelled.cancel()
+        if self._cancelled.is_set():
+            raise asyncio.CancelledError  # as a grpc.aio read of a cancelled call does
+        return answer
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        self._call.cancel()
+
+
+class _GatedStub:
+    def __init__(self, real: Any, gate: asyncio.Event) -> None:
+        self._real, self._gate = real, gate
+
+    def CompileStream(self, requests: Any) -> _Gated:
+        return _Gated(self._real.CompileStream(requests), self._gate)
+
+
+@pytest.mark.parametrize("how", ["timeout", "close"])
+async def test_a_step_cut_short_by_its_caller_appends_once_when_tried_again(
+    short_tmp: Path, how: str
+) -> None:
+    """The daemon appended the step, then the caller stopped waiting (`asyncio.wait_for`,
+    the only way to bound a step) or closed the stream from another task: the same events
+    sent again reuse the request id, so they are replayed, not appended twice (the client
+    kept the id only on its own CtxccError before); a close from another task fails the
+    step with CtxccError CANCELLED/STREAM_CLOSED, not a bare CancelledError."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        async with AsyncClient(f"unix:{d.endpoints.unix}") as ctx:
+            sid = (await ctx.create_session()).session_id
+            gate = asyncio.Event()
+            stream = CompileStream(_GatedStub(ctx._compile_stub, gate))
+            req = cpb.CompileRequest(session_id=sid, route=ROUTE)
+            events = [user("please run the tests")]
+            task = asyncio.create_task(stream.step(req, events))
+            async for _ in ctx.watch(sid):  # the daemon appended it
+                break
+            if how == "timeout":
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                await stream.close()
+                with pytest.raises(CtxccError) as closed:
+                    await task
+                assert closed.value.code == grpc.StatusCode.CANCELLED
+                assert closed.value.reason == "STREAM_CLOSED"
+            gate.set()
+            _, appended = await stream.step(req, events)  # a closed stream opens again
+            assert appended is not None and appended.replayed, appended
+            assert (await ctx.get_session(sid)).head_seq == 1
+            await stream.close()
+    finally:
+        await d.stop()
+
+
+class _Damaged:
+    """A CompileStream call that answers each step with a one-chunk view whose bytes do
+    not match their sha256 (damaged on the way)."""
+
+    def __init__(self, requests: Any, sent: list[cpb.CompileStreamRequest]) -> None:
+        self._requests = requests.__aiter__()
+        self._sent = sent
+
+    def __aiter__(self) -> _Damaged:
+        return self
+
+    async def __anext__(self) -> cpb.CompileStreamResponse:
+        request: cpb.CompileStreamRequest = await self._requests.__anext__()
+        self._sent.append(request)
+        chunk = cpb.ViewChunk(compile_id="s:c1", index=0, count=1, data=b"\x08", sha256="0" * 64)
+        return cpb.CompileStreamResponse(step_id=request.step.step_id, chunk=chunk)
+
+    def cancel(self) -> None:
+        pass
+
+
+async def test_a_view_that_arrives_damaged_is_a_ctxcc_error_and_keeps_the_request_id() -> None:
+    """A damaged chunked view fails the step with CtxccError DATA_LOSS/VIEW_DAMAGED (a
+    bare ValueError escaped before), and the same events sent again reuse the request id
+    (the client kept it only on its own errors before, and the usage report it carried
+    was dropped): it rides on the next step."""
+    sent: list[cpb.CompileStreamRequest] = []
+    stub = SimpleNamespace(CompileStream=lambda requests: _Damaged(requests, sent))
+    stream = CompileStream(stub, retry_seconds=0)
+    req = cpb.CompileRequest(session_id="s", route=ROUTE)
+    assert await stream.report_usage("s:c0", input_tokens=10, output_tokens=2) is None
+    for _ in range(2):
+        with pytest.raises(CtxccError) as err:
+            await stream.step(req, [user("one")])
+        assert (err.value.code, err.value.reason) == (grpc.StatusCode.DATA_LOSS, "VIEW_DAMAGED")
+    first, second = (m.step for m in sent)
+    assert first.request_id and first.request_id == second.request_id
+    assert first.usage.compile_id == "s:c0" and first.usage.input_tokens == 10
+    assert second.usage == first.usage

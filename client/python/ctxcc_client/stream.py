@@ -296,18 +296,38 @@ class CompileStream:
                         backoff.next_pause() if err.code == grpc.StatusCode.UNAVAILABLE else None
                     )
                     if pause is None:
-                        # Whatever the error: the events may have been appended before
-                        # it (a compile over its CPU budget fails after the append), and
-                        # reusing an id that appended nothing appends them as new.
-                        if events:
-                            self._unfinished = (_events_key(events), step.request_id)
-                        # A report the daemon neither recorded nor refused rides on the
-                        # next step (or goes by the unary call at close).
-                        recorded = self.last_usage is not None or err.usage_refused
-                        if usage is not None and not recorded and self._usage is None:
-                            self._usage = usage
+                        self._failed(events, step.request_id, usage, err.usage_refused)
                         raise
                     await asyncio.sleep(pause)
+                except ValueError as err:  # a view that arrived damaged or malformed
+                    self._failed(events, step.request_id, usage, False)
+                    raise CtxccError(
+                        grpc.StatusCode.DATA_LOSS, "VIEW_DAMAGED", str(err), {}
+                    ) from err
+                except BaseException:
+                    # Cancelled (a caller's timeout, `close` from another task) or any other
+                    # failure: the step may have been appended all the same.
+                    self._failed(events, step.request_id, usage, False)
+                    raise
+
+    def _failed(
+        self,
+        events: list[event_pb2.Event],
+        request_id: str,
+        usage: cpb.ReportUsageRequest | None,
+        refused: bool,
+    ) -> None:
+        """What a failed step leaves for the next. Whatever the failure, its events may
+        have been appended before it (a compile over its CPU budget fails after the
+        append; a cancelled wait does not stop the daemon), and reusing an id that
+        appended nothing appends them as new: the same events sent again reuse it. A
+        report the daemon neither recorded nor refused rides on the next step (or goes by
+        the unary call at close)."""
+        if events:
+            self._unfinished = (_events_key(events), request_id)
+        recorded = self.last_usage is not None or refused
+        if usage is not None and not recorded and self._usage is None:
+            self._usage = usage
 
     async def _attempt(
         self, msg: cpb.CompileStreamRequest
@@ -382,6 +402,17 @@ class CompileStream:
             except StopAsyncIteration:
                 self._drop()
                 raise stream_ended() from None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # the caller's own (a timeout, a cancelled task): it stays one
+                # The call was cancelled under the step: another task closed the stream.
+                raise CtxccError(
+                    grpc.StatusCode.CANCELLED,
+                    "STREAM_CLOSED",
+                    "the stream was closed while the step waited for its answer",
+                    {},
+                ) from None
             self.stats.bytes_received += resp.ByteSize()
             ours = _matches(resp.step_id, awaited, bare=resuming and not self._echoes)
             if ours:
