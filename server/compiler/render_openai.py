@@ -48,10 +48,21 @@ def chat_call_id(call_id: str) -> str:
     return short_call_id(call_id, MAX_CHAT_CALL_ID)
 
 
+def _chat_call_id(view: CompiledView, call_id: str) -> str:
+    return chat_call_id(_named(view, call_id))
+
+
 def _responses_call_id(view: CompiledView, call_id: str) -> str:
-    return (
-        call_id if view.rendering < ALIASES_SINCE else short_call_id(call_id, MAX_RESPONSES_CALL_ID)
-    )
+    if view.rendering < ALIASES_SINCE:
+        return call_id
+    return short_call_id(_named(view, call_id), MAX_RESPONSES_CALL_ID)
+
+
+def _named(view: CompiledView, call_id: str) -> str:
+    """An empty call id (a tool message imported from another session carries none, nor
+    the stand-in call the view gives it) as Anthropic bodies send it, `cx_`: Responses
+    refuses an empty call_id ("Expected a string with minimum length 1"), from rendering 7."""
+    return call_id or ("cx_" if view.rendering >= ALIASES_SINCE else call_id)
 
 
 def _result_text(view: CompiledView, m: ViewMessage) -> str:
@@ -71,7 +82,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             messages.append(
                 {
                     "role": "tool",
-                    "tool_call_id": chat_call_id(m.tool_call_id),
+                    "tool_call_id": _chat_call_id(view, m.tool_call_id),
                     "content": _result_text(view, m),
                 }
             )
@@ -83,7 +94,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             if m.tool_calls:
                 msg["tool_calls"] = [
                     {
-                        "id": chat_call_id(c.call_id),
+                        "id": _chat_call_id(view, c.call_id),
                         "type": "function",
                         "function": {
                             "name": call_name(c.name),

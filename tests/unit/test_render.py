@@ -341,3 +341,25 @@ def test_flattening_reaches_nested_unions_and_references() -> None:
     assert flat_schema(components)["required"] == ["m~/"]
     escaped = {"oneOf": [{"$ref": "#/d/a~1b~0c"}], "d": {"a/b~c": base}}
     assert flat_schema(escaped)["required"] == ["id"]
+
+
+def test_an_imported_tool_message_gets_a_call_id_every_api_takes() -> None:
+    """A tool message imported from another session carries no call id, nor does the
+    stand-in call the view gives it: OpenAI bodies send both as `cx_` (Anthropic's
+    encoding of the empty id), which Responses takes (it refuses an empty call_id);
+    rendering 6 sent "" in both."""
+    v = view(
+        UserMessage((ContentPart(text="go on"),)),
+        ImportedMessage("other", 3, Role.TOOL, (ContentPart(text="42 rows"),)),
+    )
+    responses = json.loads(render(v, RenderFormat.OPENAI_RESPONSES, {}))["input"]
+    ids = [i["call_id"] for i in responses if "call_id" in i]
+    assert ids == ["cx_", "cx_"]
+    chat = json.loads(render(v, RenderFormat.OPENAI_CHAT, {}))["messages"]
+    assert [c["id"] for m in chat for c in m.get("tool_calls", [])] == ["cx_"]
+    assert [m["tool_call_id"] for m in chat if m["role"] == "tool"] == ["cx_"]
+    anthropic = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, {}))["messages"]
+    uses = [b["id"] for m in anthropic for b in m["content"] if b["type"] == "tool_use"]
+    assert uses == ["cx_"]
+    then = json.loads(render(replace(v, rendering=6), RenderFormat.OPENAI_RESPONSES, {}))
+    assert [i["call_id"] for i in then["input"] if "call_id" in i] == ["", ""]
