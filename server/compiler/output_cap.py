@@ -9,6 +9,11 @@ truncate the next, longer answer. The cap is:
 lowered only when the window is known and estimated input + cap would not fit in it
 (FITTED_TO_WINDOW), never below FLOOR: a request that far over is the provider's call
 (R-EST-4), and a tiny cap would only hide that.
+
+Fitted, the cap leaves a margin for the estimate's error (from rendering 7, with_margin):
+the estimate is an estimate (R-MISC-1), and the provider counts input + cap against the
+window exactly ("input length and max_tokens exceed context limit: 178959 + 64000 >
+200000"): fitted to the last token, an estimate one token low made every long step a 400.
 """
 
 from __future__ import annotations
@@ -17,10 +22,22 @@ from server.compiler.budget import BudgetConfig, ModelLimits
 from server.compiler.view import OutputCapSource
 
 FLOOR = 1_024
+# The margin a fitted cap leaves: a twentieth (5%) of the estimate, at least MARGIN_MIN
+# tokens (the estimate's error grows with it; replay on real traces: 1.6% mean).
+MARGIN_DIVISOR = 20
+MARGIN_MIN = 256
+# The rendering version (render.RENDERING) from which a fitted cap leaves it: a rebuild of
+# a compile recorded before fits its cap as that compile did.
+MARGIN_SINCE = 7
 
 
 def output_cap(
-    limits: ModelLimits, requested: int, estimate: int, cfg: BudgetConfig
+    limits: ModelLimits,
+    requested: int,
+    estimate: int,
+    cfg: BudgetConfig,
+    *,
+    with_margin: bool = True,
 ) -> tuple[int, OutputCapSource, str]:
     """(cap, where it came from, a note when it was lowered)."""
     if requested > 0:
@@ -30,8 +47,9 @@ def output_cap(
     else:
         cap, source = cfg.unknown_output_reserve, OutputCapSource.DEFAULT
     window = limits.context_window
-    if window > 0 and estimate + cap > window:
-        fitted = max(min(cap, FLOOR), window - estimate)
+    margin = max(MARGIN_MIN, estimate // MARGIN_DIVISOR) if with_margin else 0
+    if window > 0 and estimate + margin + cap > window:
+        fitted = max(min(cap, FLOOR), window - estimate - margin)
         note = (
             f"output cap lowered from {cap} ({source.name.lower()}) to {fitted} so the "
             f"estimated input ({estimate}) and the output fit the {window}-token window"
