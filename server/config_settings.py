@@ -139,8 +139,15 @@ SETTINGS: tuple[Setting, ...] = (
         "user-global directory: AGENTS.md/CLAUDE.md/GEMINI.md, skills/, rules/, MEMORY.md",
     ),
     Setting("instruction_files", "AGENTS.md,CLAUDE.md,GEMINI.md", "instruction file names"),
+    # An hour: the environment section ends the system prompt, so every change of its time
+    # changes the prefix the whole history follows, which providers cache (OpenAI, Gemini
+    # by prefix; an agent's own Anthropic breakpoint on its last message): at a minute,
+    # each step crossing one re-billed the history in full.
     Setting(
-        "time_granularity", "60", "seconds the environment section's time is rounded to", kind="int"
+        "time_granularity",
+        "3600",
+        "seconds the environment section's time is rounded to",
+        kind="int",
     ),
     Setting("instruction_file_cap", "16000", "characters of one instruction file", kind="int"),
     Setting("instructions_cap", "48000", "characters of all instruction files", kind="int"),

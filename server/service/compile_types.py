@@ -85,8 +85,9 @@ class UsageResult:
 class CompilerSettings:
     kernel_text: str = DEFAULT_KERNEL
     default_approval: ApprovalMode = ApprovalMode.ON_REQUEST
-    # Time in the environment section is cut to this many seconds so it changes rarely.
-    time_granularity_s: int = 60
+    # Time in the environment section is cut to this many seconds so it changes rarely
+    # (config_settings: it ends the system prompt, before the whole history).
+    time_granularity_s: int = 3600
     budget: BudgetConfig = BudgetConfig()
     caps: SourceCaps = SourceCaps()
     max_images: int = 20

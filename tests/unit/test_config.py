@@ -22,6 +22,8 @@ def test_defaults_are_the_embedded_ones() -> None:
     assert cfg.listen == "127.0.0.1:50551"
     assert cfg.metrics_listen == "127.0.0.1:9464"
     assert cfg.durability == "sync"
+    # The environment section's time changes hourly: the whole history follows it.
+    assert cfg.time_granularity == 3600
 
 
 def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
