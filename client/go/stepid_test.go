@@ -3,11 +3,13 @@ package ctxcc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -334,4 +336,42 @@ func digestOf(t *testing.T, v *ctxccv1.CompiledView) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// A step bounded by StepContext whose answer never comes (a stalled daemon or
+// connection) fails with the context's error once it ends, instead of waiting forever;
+// the same events sent again go on a new stream under the same request id, so a daemon
+// that appended them replays the append instead of appending them twice.
+func TestAStepBoundedByItsContextKeepsItsRequestID(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	s := &scripted{}
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		if n == 1 {
+			return nil, nil // never answered
+		}
+		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+	}
+	c := serve(t, s)
+	st := c.OpenStream(context.Background())
+	defer st.Close()
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	events := []*ctxccv1.Event{User("please run the tests")}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, _, err := st.StepContext(ctx, req, events, ""); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the step's deadline", err)
+	}
+	view, _, err := st.Step(req, events, "")
+	if err != nil || view.GetCompileId() != v1.GetCompileId() {
+		t.Fatalf("the step again: %v, %v", view.GetCompileId(), err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.got) != 2 || s.got[0].stream == s.got[1].stream {
+		t.Fatalf("requests %d on streams %v", len(s.got), s.got)
+	}
+	first, again := s.got[0].req.GetStep().GetRequestId(), s.got[1].req.GetStep().GetRequestId()
+	if first == "" || first != again {
+		t.Fatalf("request ids %q then %q, want the same", first, again)
+	}
 }

@@ -222,10 +222,23 @@ func eventsKey(events []*ctxccv1.Event) string {
 }
 
 // Step appends events (if any) and compiles, in one round trip. The request id is fixed
-// here, before the first attempt ("" picks one), and every retry resends it.
+// here, before the first attempt ("" picks one), and every retry resends it. It waits as
+// long as the stream's context allows; StepContext bounds one step.
 func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requestID string) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+	return s.StepContext(context.Background(), req, events, requestID)
+}
+
+// StepContext is Step bounded by ctx (a deadline for one step): when ctx ends before the
+// answer, the step fails with ctx's error and the stream is dropped (the next step opens
+// a new one). The daemon may have appended the events all the same: the same events sent
+// again on this Stream reuse the step's request id, so they are appended once.
+func (s *Stream) StepContext(ctx context.Context, req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requestID string) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Retries end with the stream's context or the step's, whichever ends first.
+	bounded, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	key := ""
 	if len(events) > 0 {
 		key = eventsKey(events)
@@ -242,7 +255,7 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 	usage := s.usage
 	s.usage, s.lastUsage = nil, nil
 	msg := &ctxccv1.CompileStreamRequest{Request: &ctxccv1.CompileStreamRequest_Step{Step: step}}
-	view, appended, err := retry2(s.ctx, s.c.RetryFor, func() (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
+	view, appended, err := retry2(bounded, s.c.RetryFor, func() (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
 		if s.stream == nil {
 			ctx, cancel := context.WithCancel(s.ctx)
 			st, err := s.c.Compiles.CompileStream(ctx)
@@ -252,6 +265,8 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 			}
 			s.stream, s.cancel = st, cancel
 		}
+		// The step's end ends the call it waits on (a Recv takes no context of its own).
+		defer context.AfterFunc(bounded, s.cancel)()
 		// Set at each attempt: a reopened stream has no base.
 		step.DeltaBaseCompileId, step.DeltaDigest = "", ctxccv1.DeltaDigest_DELTA_DIGEST_UNSPECIFIED
 		step.KeepCompaction = false
@@ -260,11 +275,14 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 			step.KeepCompaction = true
 		}
 		view, appended, err := s.roundTrip(msg, req)
-		if err != nil && retryable(s.ctx, err) {
-			s.drop() // reopen on the next attempt
+		if err != nil && (retryable(bounded, err) || bounded.Err() != nil) {
+			s.drop() // reopen on the next attempt, or at the next step
 		}
 		return view, appended, err
 	})
+	if err != nil && ctx.Err() != nil {
+		err = ctx.Err() // the step's own deadline, not the call it cut short
+	}
 	switch {
 	case err == nil:
 		s.unfinishedKey, s.unfinishedID = "", ""

@@ -67,6 +67,11 @@ export interface StepOptions {
   /** Idempotency key of the append; by default fixed once per step before its first attempt. */
   requestId?: string;
   expectedLastSeq?: number;
+  /** Bounds the step (`AbortSignal.timeout(ms)`, or a controller's): once aborted, the step
+   * rejects with the signal's reason and the stream's call is dropped (the next step opens a
+   * new one). The daemon may have appended the events all the same: the same events sent
+   * again on this stream reuse the step's request id, so they are appended once. */
+  signal?: AbortSignal;
 }
 
 export interface StreamOptions {
@@ -264,6 +269,13 @@ export class Stream {
     return call;
   }
 
+  /** Ends the call a step waits on (an abort, a close): its waiters are rejected with `err`. */
+  private cut(err: unknown): void {
+    const waiting = this.waiting.splice(0);
+    this.drop();
+    for (const w of waiting) w.reject(err);
+  }
+
   private drop(): void {
     const call = this.call;
     this.call = null;
@@ -293,7 +305,19 @@ export class Stream {
     // grow in the order steps and resumes are sent.
     const step = { stepId: "", events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
     const msg = CompileStreamRequest.fromPartial({ request: { $case: "step", value: step } });
+    const signal = options.signal;
     const run = async (): Promise<StepResult> => {
+      // An abort ends the wait: the call it waits on is dropped, its waiters rejected.
+      const onAbort = () => this.cut(signal?.reason);
+      signal?.addEventListener("abort", onAbort);
+      try {
+        signal?.throwIfAborted();
+        return await runSteps();
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+      }
+    };
+    const runSteps = async (): Promise<StepResult> => {
       // The report queued when the step runs rides on it.
       const usage = this.queued;
       this.queued = null;
@@ -309,16 +333,18 @@ export class Stream {
           this.unfinished = null;
           return { ...out, usage: this.last };
         } catch (err) {
-          const pause = isRetryable(err) ? backoff.next() : null;
+          const aborted = signal?.aborted ?? false;
+          const pause = !aborted && isRetryable(err) ? backoff.next() : null;
           if (pause === null) {
             // Whatever the error: the events may have been appended before it (a compile over
-            // its CPU budget fails after the append), and an id that appended nothing appends
-            // them as new.
+            // its CPU budget fails after the append; an abort does not stop the daemon), and
+            // an id that appended nothing appends them as new.
             if (events.length) this.unfinished = { key, requestId };
             const failed = toCtxccError(err);
             // A report the daemon neither recorded nor refused rides on the next step (or goes
             // by the unary call at close).
             if (usage && !this.last && !failed.usageRefused && !this.queued) this.queued = usage;
+            if (aborted) throw signal?.reason;
             throw failed;
           }
           await sleep(pause);
@@ -460,8 +486,14 @@ export class Stream {
    * its error, if any, rejects). */
   async close(): Promise<void> {
     const call = this.call;
-    this.call = null;
-    call?.end();
+    if (this.waiting.length) {
+      // A step waits on this call: it fails (its events may be appended; the same events sent
+      // again reuse its request id) instead of waiting for an answer that never comes.
+      this.cut(new CtxccError(grpc.status.CANCELLED, "STREAM_CLOSED", "the stream was closed while a step waited for its answer"));
+    } else {
+      this.call = null;
+      call?.end();
+    }
     await this.flushUsage();
   }
 }

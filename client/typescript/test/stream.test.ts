@@ -533,3 +533,30 @@ test(
     }
   },
 );
+
+test("a step bounded by its signal, or cut short by close, rejects and keeps its request id for the same events", async () => {
+  const v1 = fixture(1).view;
+  // The first two steps are never answered (a stalled daemon or connection); then whole views.
+  const { got, client, stop } = await scripted((n) => (n <= 2 ? new Promise<Answer>(() => {}) : whole(v1)));
+  try {
+    const stream = client.openStream();
+    const req = { sessionId: v1.sessionId, route: v1.route };
+    const events = [user("please run the tests")];
+    await assert.rejects(stream.step(req, events, { signal: AbortSignal.timeout(200) }), (err: unknown) => {
+      assert.equal((err as Error).name, "TimeoutError");
+      return true;
+    });
+    const waiting = stream.step(req, events);
+    while (got.length < 2) await new Promise((r) => setTimeout(r, 10));
+    await stream.close();
+    await assert.rejects(waiting, (err: unknown) => err instanceof CtxccError && err.code === grpc.status.CANCELLED && err.reason === "STREAM_CLOSED");
+    const { view } = await stream.step(req, events);
+    assert.equal(view.compileId, v1.compileId);
+    const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
+    assert.equal(ids.length, 3);
+    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+    assert.equal(new Set(got.map((g) => g.stream)).size, 3); // each cut call was dropped
+  } finally {
+    stop();
+  }
+});
