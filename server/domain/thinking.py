@@ -77,6 +77,20 @@ def _is_base64(text: str) -> bool:
         return False
 
 
+def loggable_state(kind: str, data: bytes) -> bool:
+    """Whether an append may log native state of `kind`: valid_state, and for thinking
+    blocks a signature (and redacted data) that is not empty, which the API refuses
+    back; one client wrote "" for a block the response gave none, where the others'
+    null or missing field was refused. At append only: a compile reads what was logged
+    as valid_state says, as compiles recorded before this rule did."""
+    if kind == KIND:
+        blocks = thinking_blocks(data)
+        return blocks is not None and all(
+            b.get("signature", "x") and b.get("data", "x") for b in blocks
+        )
+    return valid_state(kind, data)
+
+
 def valid_state(kind: str, data: bytes) -> bool:
     """Whether native state of `kind` is what its provider takes back (any other kind is
     opaque: sent as it is)."""

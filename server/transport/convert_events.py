@@ -29,7 +29,7 @@ from server.domain.model import (
     TurnStarted,
     UserMessage,
 )
-from server.domain.thinking import GEMINI_KIND, KIND, valid_state
+from server.domain.thinking import GEMINI_KIND, KIND, loggable_state
 
 
 def timestamp(ns: int) -> timestamp_pb2.Timestamp:
@@ -148,7 +148,10 @@ def _has_text(parts: tuple[ContentPart, ...]) -> bool:
 
 # What the native state kinds that providers take back must hold (domain/thinking.py).
 _STATE_SHAPES = {
-    KIND: "the JSON array of the thinking and redacted_thinking blocks the API returned",
+    KIND: (
+        "the JSON array of the thinking and redacted_thinking blocks the API returned, "
+        "each with its signature (or data)"
+    ),
     GEMINI_KIND: "a JSON object from each signed call's call id to its base64 thoughtSignature",
 }
 
@@ -173,7 +176,7 @@ def payload_in(ev: event_pb2.Event, field: str) -> Payload:
             native = None
             if m.HasField("native_state"):
                 s = m.native_state
-                if not valid_state(s.kind, s.data):
+                if not loggable_state(s.kind, s.data):
                     # Sent on, malformed state fails every request of its turn.
                     raise invalid(
                         f"{field}.assistant_message.native_state.data",

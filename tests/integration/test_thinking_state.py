@@ -205,14 +205,27 @@ async def test_an_interrupted_tool_and_a_checkpoint_in_the_loop_keep_its_blocks(
         assert leading(compacted) == [blocks[2]]
 
 
-async def test_a_thinking_state_that_holds_no_blocks_is_refused(daemon: Daemon) -> None:
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'[{"type": "thinking", "thinking": "x"}]',
+        b'[{"type": "thinking", "thinking": "x", "signature": null}]',
+        # A signature or redacted data the response lacked, written as "" (one client did,
+        # where the others wrote null or nothing): the API refuses it back.
+        b'[{"type": "thinking", "thinking": "x", "signature": ""}]',
+        b'[{"type": "redacted_thinking", "data": ""}]',
+    ],
+)
+async def test_a_thinking_state_that_holds_no_blocks_is_refused(
+    daemon: Daemon, data: bytes
+) -> None:
     """Sent on, a malformed block would fail every request of its turn at the provider."""
     async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
         sid = (await ctx.create_session()).session_id
         ev = event_pb2.Event()
         ev.assistant_message.parts.add(text="hi")
         ev.assistant_message.native_state.kind = ANTHROPIC_THINKING
-        ev.assistant_message.native_state.data = b'[{"type": "thinking", "thinking": "x"}]'
+        ev.assistant_message.native_state.data = data
         with pytest.raises(CtxccError) as exc:
             await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
         assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -220,6 +233,11 @@ async def test_a_thinking_state_that_holds_no_blocks_is_refused(daemon: Daemon) 
         assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
         got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
         assert got.session.head_seq == 0
+        # An empty thinking text with its signature is a block the API returns (and takes).
+        ev.assistant_message.native_state.data = (
+            b'[{"type": "thinking", "thinking": "", "signature": "EqQB"}]'
+        )
+        await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
 
 
 GEMINI_ROUTE = common_pb2.Route(

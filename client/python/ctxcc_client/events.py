@@ -129,6 +129,7 @@ def assistant_from_gemini(response: object, route_id: str) -> event_pb2.Event:
     made it."""
     ev = event_pb2.Event()
     m = ev.assistant_message
+    m.SetInParent()  # an empty message for a response without candidates, as Go and TS give
     candidates = _get(response, "candidates") or ()
     content = _get(next(iter(candidates), None), "content")  # type: ignore[call-overload]
     signatures: dict[str, str] = {}
