@@ -108,7 +108,8 @@ def test_gemini_text_split_over_parts_is_one_part() -> None:
 def test_a_gemini_response_without_candidates_is_an_empty_assistant_message() -> None:
     """As the Go and TypeScript helpers give it (the daemon refuses an empty message the
     same way for all three), not an event without a payload."""
-    for response in ({}, {"candidates": []}):
+    responses: list[dict[str, list[object]]] = [{}, {"candidates": []}]
+    for response in responses:
         event = assistant_from_gemini(response, "r1")
         assert event.WhichOneof("payload") == "assistant_message"
         assert not event.assistant_message.parts and not event.assistant_message.tool_calls
