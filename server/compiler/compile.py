@@ -10,12 +10,13 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from server.compiler import renderings
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
 from server.compiler.compaction import compaction_request, working_set_start
 from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
-from server.compiler.output_cap import MARGIN_SINCE, output_cap
+from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import TurnPaths, path_union
 from server.compiler.projection import (
     PROJECTION,
@@ -531,7 +532,7 @@ def compile_incremental(
         inputs.requested_max_output,
         budget.estimated_input_tokens,
         inputs.budget_config,
-        with_margin=inputs.rendering >= MARGIN_SINCE,
+        with_margin=inputs.rendering >= renderings.PROVIDER_LIMITS,
     )
     budget = replaced(budget, output_cap=cap, output_cap_source=cap_source)
     compaction = compaction_memo = None

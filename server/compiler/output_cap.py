@@ -26,9 +26,6 @@ FLOOR = 1_024
 # tokens (the estimate's error grows with it; replay on real traces: 1.6% mean).
 MARGIN_DIVISOR = 20
 MARGIN_MIN = 256
-# The rendering version (render.RENDERING) from which a fitted cap leaves it: a rebuild of
-# a compile recorded before fits its cap as that compile did.
-MARGIN_SINCE = 7
 
 
 def output_cap(

@@ -18,6 +18,7 @@ import enum
 import json
 from collections.abc import Callable, Mapping
 
+from server.compiler import renderings
 from server.compiler.render0 import anthropic as anthropic0
 from server.compiler.render0 import gemini as gemini0
 from server.compiler.render0 import openai as openai0
@@ -38,23 +39,9 @@ class RenderFormat(enum.IntEnum):
 
 Renderer = Callable[[CompiledView, Mapping[str, bytes]], JSON]
 
-# The version of the bodies a compile renders, recorded in its basis: a rebuild of a
-# recorded compile renders as that compile did (exact time travel; compiles recorded
-# before the version was kept are version 0). 1: bodies the providers' SDKs and API
-# rules take (see render0 for what version 0 sent); 2: Anthropic bodies lead the current
-# turn's assistant messages with their logged thinking blocks, and the estimate counts
-# them (domain/thinking.py); 3: Gemini bodies carry the current turn's logged thought
-# signatures on their function calls, likewise counted; 4: on Gemini 3 and later, a step
-# of the current turn without a logged signature carries Google's stand-in (render_gemini);
-# 5: the loop whose thinking state is sent back goes on across an interrupted tool's
-# calls and from the first event of a log a checkpoint cut mid-turn, and a reused call
-# id gets the signature logged under its own id (turn_thinking.LOOPS_SINCE); 6: OpenAI
-# and Anthropic bodies send a tool schema with no combinator at its top level
-# (render_common.flat_schema), which both APIs refuse; 7: Gemini bodies carry no call
-# ids (Vertex AI refuses them), Responses call ids over 64 characters are shortened, a
-# failed call without output says so in OpenAI bodies, image/jpg is sent as image/jpeg
-# (render_common.ALIASES_SINCE).
-RENDERING = 7
+# The version of the bodies a compile renders, recorded in its basis (renderings.py says
+# what each brought).
+RENDERING = renderings.LATEST
 
 RENDERERS: dict[RenderFormat, Renderer] = {
     RenderFormat.OPENAI_CHAT: openai_chat,

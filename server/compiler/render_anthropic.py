@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from server.compiler import renderings
 from server.compiler.provider_rules import OPENER
 from server.compiler.render_common import (
     ANTHROPIC_IMAGES,
-    FLAT_SINCE,
     JSON,
     accepted_images,
     args_object,
@@ -125,6 +125,7 @@ def _thinking_of(view: CompiledView, first_seq: int, last_seq: int) -> list[JSON
 
 def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, ANTHROPIC_IMAGES)
+    flat = view.rendering >= renderings.FLAT_SCHEMAS
     turns: list[tuple[str, list[JSON]]] = []
     for m in view.messages:
         if m.role is Role.TOOL:
@@ -194,7 +195,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             {
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "input_schema": schema(t.spec.input_schema_json, flat=view.rendering >= FLAT_SINCE),
+                "input_schema": schema(t.spec.input_schema_json, flat=flat),
             }
             for t in view.tools
         ]

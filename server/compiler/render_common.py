@@ -9,6 +9,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from server.compiler import renderings
 from server.compiler.textscan import LONE_SURROGATE, loads_strict, parse_json
 from server.compiler.view import CompiledView, ViewMessage, ViewPart
 
@@ -61,9 +62,6 @@ def schema(text: str, *, flat: bool = False) -> JSON:
     return {"type": "object", "properties": {}}
 
 
-# The rendering version from which OpenAI and Anthropic bodies send schemas flat
-# (render.RENDERING).
-FLAT_SINCE = 6
 # OpenAI refuses parameters with "'oneOf'/'anyOf'/'allOf'/'enum'/'not' at the top level"
 # (invalid_function_parameters) and Anthropic an input_schema with "oneOf, allOf, or
 # anyOf at the top level"; zod and pydantic unions, and many MCP servers, make them.
@@ -187,17 +185,15 @@ ANTHROPIC_IMAGES = OPENAI_IMAGES
 GEMINI_IMAGES = frozenset({"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"})
 
 
-# From rendering 7 (render.RENDERING): "image/jpg", a common misspelling the daemon reads
-# as a JPEG (image_size.py), is sent as image/jpeg, which every provider takes; before, no
-# provider was sent it. Failed calls without output say so in OpenAI bodies too, Responses
-# call ids over 64 characters are shortened, and Gemini bodies carry no call ids.
-ALIASES_SINCE = 7
+# "image/jpg", a common misspelling the daemon reads as a JPEG (image_size.py), is sent as
+# image/jpeg, which every provider takes (from renderings.PROVIDER_LIMITS; before, no
+# provider was sent it).
 _ALIASES = {"image/jpg": "image/jpeg"}
 
 
 def accepted_images(view: CompiledView, accepted: frozenset[str]) -> frozenset[str]:
     """The image types a body of `view` sends of those the provider takes (`accepted`)."""
-    if view.rendering < ALIASES_SINCE:
+    if view.rendering < renderings.PROVIDER_LIMITS:
         return accepted
     return accepted | {alias for alias, mime in _ALIASES.items() if mime in accepted}
 

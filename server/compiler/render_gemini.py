@@ -25,10 +25,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from server.compiler import renderings
 from server.compiler.provider_rules import OPENER
 from server.compiler.render_anthropic import merge_turns, opened_turns
 from server.compiler.render_common import (
-    ALIASES_SINCE,
     GEMINI_IMAGES,
     JSON,
     accepted_images,
@@ -40,7 +40,7 @@ from server.compiler.render_common import (
     schema,
     text_of,
 )
-from server.compiler.turn_thinking import LOOPS_SINCE, of_kind
+from server.compiler.turn_thinking import of_kind
 from server.compiler.view import CompiledView, ViewMessage
 from server.domain.model import Role
 from server.domain.thinking import GEMINI_KIND, thought_signatures
@@ -49,8 +49,6 @@ from server.domain.thinking import GEMINI_KIND, thought_signatures
 # (the thought-signatures guide: calls from another model, or injected ones). It stands
 # for no state, so the estimate does not count it as it counts logged signatures.
 SKIP_SIGNATURE = "skip_thought_signature_validator"
-# The rendering version from which it is sent (render.RENDERING).
-SKIP_SINCE = 4
 # Gemini 3 began validating signatures; a model is named "gemini-<major>...", bare or
 # as the last segment of a resource path ("models/…", Vertex's "publishers/google/…").
 _GEMINI_MAJOR = re.compile(r"(?:^|/)gemini-(\d+)(?:[.-]|$)")
@@ -126,7 +124,7 @@ def _signature_of(
     is shown so."""
     if call_id in signed:
         return signed[call_id]
-    if view.rendering < LOOPS_SINCE:
+    if view.rendering < renderings.LOOPS_GO_ON:
         return None
     reused = _REUSED.match(call_id)
     if reused is None or (logged := reused.group(1)) not in signed:
@@ -139,7 +137,7 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     # Vertex AI refuses an `id` in functionCall and functionResponse ('Unknown name "id"
     # at contents[1].parts[0].function_call: Cannot find field'), which the Gemini API
     # ignores: from rendering 7 no body sends one (responses follow their calls' order).
-    ids = view.rendering < ALIASES_SINCE
+    ids = view.rendering < renderings.PROVIDER_LIMITS
     names = {c.call_id: c.name for m in view.messages for c in m.tool_calls}
     turns: list[tuple[str, list[JSON]]] = []
     for m in _in_call_order(view.messages):
@@ -169,7 +167,7 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     contents = [
         {"role": r, "parts": p} for r, p in opened_turns(merge_turns(turns), {"text": OPENER})
     ]
-    if view.rendering >= SKIP_SINCE and validates_signatures(view.route.model):
+    if view.rendering >= renderings.STAND_IN_SIGNATURES and validates_signatures(view.route.model):
         stand_in_signatures(contents)
     body: JSON = {
         "contents": contents,

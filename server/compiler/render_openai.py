@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from server.compiler import renderings
 from server.compiler.render_anthropic import EMPTY_ERROR
 from server.compiler.render_common import (
-    ALIASES_SINCE,
-    FLAT_SINCE,
     JSON,
     OPENAI_IMAGES,
     accepted_images,
@@ -53,7 +52,7 @@ def _chat_call_id(view: CompiledView, call_id: str) -> str:
 
 
 def _responses_call_id(view: CompiledView, call_id: str) -> str:
-    if view.rendering < ALIASES_SINCE:
+    if view.rendering < renderings.PROVIDER_LIMITS:
         return call_id
     return short_call_id(_named(view, call_id), MAX_RESPONSES_CALL_ID)
 
@@ -62,18 +61,23 @@ def _named(view: CompiledView, call_id: str) -> str:
     """An empty call id (a tool message imported from another session carries none, nor
     the stand-in call the view gives it) as Anthropic bodies send it, `cx_`: Responses
     refuses an empty call_id ("Expected a string with minimum length 1"), from rendering 7."""
-    return call_id or ("cx_" if view.rendering >= ALIASES_SINCE else call_id)
+    return call_id or ("cx_" if view.rendering >= renderings.PROVIDER_LIMITS else call_id)
 
 
 def _result_text(view: CompiledView, m: ViewMessage) -> str:
     """A result's text; a failed call's without output says it failed (from rendering 7),
     as Anthropic's is_error and Gemini's error key do: "" reads as an empty success."""
     text = text_of(m)
-    return EMPTY_ERROR if not text and m.is_error and view.rendering >= ALIASES_SINCE else text
+    return (
+        EMPTY_ERROR
+        if not text and m.is_error and view.rendering >= renderings.PROVIDER_LIMITS
+        else text
+    )
 
 
 def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, OPENAI_IMAGES)
+    flat = view.rendering >= renderings.FLAT_SCHEMAS
     messages: list[JSON] = []
     if view.system_prompt:
         messages.append({"role": "system", "content": view.system_prompt})
@@ -132,9 +136,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "function": {
                     "name": t.spec.name,
                     "description": t.spec.description,
-                    "parameters": schema(
-                        t.spec.input_schema_json, flat=view.rendering >= FLAT_SINCE
-                    ),
+                    "parameters": schema(t.spec.input_schema_json, flat=flat),
                 },
             }
             for t in view.tools
@@ -144,6 +146,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
 
 def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, OPENAI_IMAGES)
+    flat = view.rendering >= renderings.FLAT_SCHEMAS
     items: list[JSON] = []
     for m in view.messages:
         if m.role is Role.TOOL:
@@ -202,7 +205,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "type": "function",
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "parameters": schema(t.spec.input_schema_json, flat=view.rendering >= FLAT_SINCE),
+                "parameters": schema(t.spec.input_schema_json, flat=flat),
                 # Strict mode needs every property required and no extra ones: agents'
                 # schemas rarely are, so calls are validated by the agent, as in Chat.
                 "strict": False,

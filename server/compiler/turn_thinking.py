@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from server.compiler import renderings
 from server.compiler.projection_memo import ActiveTurn, loop_start
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
@@ -24,12 +25,7 @@ from server.domain.thinking import GEMINI_KIND, KIND, valid_state
 Thinking = tuple[tuple[int, str, bytes], ...]
 
 # The rendering version from which each kind is sent back (render.RENDERING).
-SINCE = {KIND: 2, GEMINI_KIND: 3}
-# From rendering 5, a loop also goes on across calls left without a result (an
-# interrupted tool: the user message after them joins their synthetic results), and a
-# log without a turn start (a checkpoint covered it) is a loop from its first event;
-# before, neither was (projection_memo.loop_start, active_turn).
-LOOPS_SINCE = 5
+SINCE = {KIND: renderings.THINKING_BLOCKS, GEMINI_KIND: renderings.THOUGHT_SIGNATURES}
 
 
 def turn_thinking(
@@ -43,7 +39,7 @@ def turn_thinking(
     if not kinds or not turn.stated:
         return ()
     loop, stated = turn.loop, turn.stated
-    if rendering < LOOPS_SINCE:
+    if rendering < renderings.LOOPS_GO_ON:
         # As the compile was made: a walk over the turns, made only in its rebuild.
         if turn.start < 0:
             return ()

@@ -1,0 +1,33 @@
+"""The versions of provider bodies, each named by what it brought. A compile records the
+version it rendered with (render.RENDERING, the latest) in its basis, and a rebuild
+renders as that compile did (exact time travel): each change a version brings is made
+only from it on (`view.rendering >= NAME`). Compiles recorded before versions were kept
+are version 0 (render0).
+
+1: bodies the providers' SDKs and API rules take (see render0 for what version 0 sent).
+"""
+
+from __future__ import annotations
+
+# Anthropic bodies lead the current turn's assistant messages with their logged thinking
+# blocks, and the estimate counts them (domain/thinking.py).
+THINKING_BLOCKS = 2
+# Gemini bodies carry the current turn's logged thought signatures, likewise counted.
+THOUGHT_SIGNATURES = 3
+# On Gemini 3 and later, a step of the current turn without a logged signature carries
+# Google's stand-in (render_gemini.stand_in_signatures).
+STAND_IN_SIGNATURES = 4
+# The loop whose thinking state is sent back goes on across an interrupted tool's calls
+# and from the first event of a log a checkpoint cut mid-turn, and a reused call id gets
+# the signature logged under its own id (turn_thinking, render_gemini).
+LOOPS_GO_ON = 5
+# OpenAI and Anthropic bodies send a tool schema with no union at its top level, which
+# both APIs refuse (render_common.flat_schema).
+FLAT_SCHEMAS = 6
+# Bodies each API takes as it states its limits: Gemini bodies carry no call ids (Vertex
+# AI refuses them), Responses call ids over 64 characters are shortened and an empty one
+# named, a failed call without output says so in OpenAI bodies, image/jpg is sent as
+# image/jpeg, and an output cap fitted to the window leaves a margin (output_cap).
+PROVIDER_LIMITS = 7
+
+LATEST = PROVIDER_LIMITS
