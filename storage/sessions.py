@@ -13,8 +13,6 @@ from storage.kv import Batch
 from storage.store_core import StoreCore
 
 log = logging.getLogger("ctxcc.storage")
-# Sessions whose damaged record was logged (a set of ids: bounded by the sessions there are).
-_told: set[str] = set()
 
 
 class SessionRecords(StoreCore):
@@ -64,8 +62,8 @@ class SessionRecords(StoreCore):
                 # Listed by its id alone, so that it can be found and deleted: one damaged
                 # record must not fail every listing (and the retention sweep's pages).
                 sid = key.decode(errors="replace")
-                if sid not in _told:  # once per process: listings and sweeps repeat
-                    _told.add(sid)
+                if sid not in self._told_damaged:  # once: listings and sweeps repeat
+                    self._told_damaged.add(sid)
                     log.warning(
                         "session %r: its record is damaged (listed by its id alone; "
                         "DeleteSession removes it): %s",

@@ -50,6 +50,8 @@ class StoreCore:
     ) -> None:
         self._kv = kv
         self.limits = limits or StoreLimits()
+        # Sessions whose damaged record was logged (sessions.page_sessions): once each.
+        self._told_damaged: set[str] = set()
         self.opened_schema_version = ensure_schema(kv)
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._blob_stripes = [threading.Lock() for _ in range(_BLOB_STRIPES)]

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -100,31 +101,44 @@ async def test_watch_goes_on_across_a_daemon_restart(short_tmp: Path) -> None:
                 await second.stop()
 
 
-class _Unavailable:
-    """A CompileStream call that takes each request and fails it as a dropped connection."""
+class _Answering:
+    """A CompileStream call that takes each request and answers it with `answer` (which
+    may raise, as a call that fails)."""
 
-    def __init__(self, requests: Any, sent: list[cpb.CompileStreamRequest]) -> None:
+    def __init__(
+        self,
+        requests: Any,
+        sent: list[cpb.CompileStreamRequest],
+        answer: Callable[[cpb.CompileStreamRequest], cpb.CompileStreamResponse],
+    ) -> None:
         self._requests = requests.__aiter__()
         self._sent = sent
+        self._answer = answer
 
-    def __aiter__(self) -> _Unavailable:
+    def __aiter__(self) -> _Answering:
         return self
 
     async def __anext__(self) -> cpb.CompileStreamResponse:
-        self._sent.append(await self._requests.__anext__())
-        empty = grpc.aio.Metadata()
-        raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "gone")
+        request: cpb.CompileStreamRequest = await self._requests.__anext__()
+        self._sent.append(request)
+        return self._answer(request)
 
     def cancel(self) -> None:
         pass
+
+
+def _gone(request: cpb.CompileStreamRequest) -> cpb.CompileStreamResponse:
+    """A dropped connection."""
+    empty = grpc.aio.Metadata()
+    raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, empty, empty, "gone")
 
 
 class _Stub:
     def __init__(self) -> None:
         self.sent: list[cpb.CompileStreamRequest] = []
 
-    def CompileStream(self, requests: Any) -> _Unavailable:
-        return _Unavailable(requests, self.sent)
+    def CompileStream(self, requests: Any) -> _Answering:
+        return _Answering(requests, self.sent, _gone)
 
 
 async def test_a_step_keeps_its_request_id_through_retries_and_a_second_try(
@@ -312,25 +326,10 @@ async def test_a_step_cut_short_by_its_caller_appends_once_when_tried_again(
         await d.stop()
 
 
-class _Damaged:
-    """A CompileStream call that answers each step with a one-chunk view whose bytes do
-    not match their sha256 (damaged on the way)."""
-
-    def __init__(self, requests: Any, sent: list[cpb.CompileStreamRequest]) -> None:
-        self._requests = requests.__aiter__()
-        self._sent = sent
-
-    def __aiter__(self) -> _Damaged:
-        return self
-
-    async def __anext__(self) -> cpb.CompileStreamResponse:
-        request: cpb.CompileStreamRequest = await self._requests.__anext__()
-        self._sent.append(request)
-        chunk = cpb.ViewChunk(compile_id="s:c1", index=0, count=1, data=b"\x08", sha256="0" * 64)
-        return cpb.CompileStreamResponse(step_id=request.step.step_id, chunk=chunk)
-
-    def cancel(self) -> None:
-        pass
+def _damaged(request: cpb.CompileStreamRequest) -> cpb.CompileStreamResponse:
+    """A one-chunk view whose bytes do not match their sha256 (damaged on the way)."""
+    chunk = cpb.ViewChunk(compile_id="s:c1", index=0, count=1, data=b"\x08", sha256="0" * 64)
+    return cpb.CompileStreamResponse(step_id=request.step.step_id, chunk=chunk)
 
 
 async def test_a_view_that_arrives_damaged_is_a_ctxcc_error_and_keeps_the_request_id() -> None:
@@ -339,7 +338,7 @@ async def test_a_view_that_arrives_damaged_is_a_ctxcc_error_and_keeps_the_reques
     (the client kept it only on its own errors before, and the usage report it carried
     was dropped): it rides on the next step."""
     sent: list[cpb.CompileStreamRequest] = []
-    stub = SimpleNamespace(CompileStream=lambda requests: _Damaged(requests, sent))
+    stub = SimpleNamespace(CompileStream=lambda requests: _Answering(requests, sent, _damaged))
     stream = CompileStream(stub, retry_seconds=0)
     req = cpb.CompileRequest(session_id="s", route=ROUTE)
     assert await stream.report_usage("s:c0", input_tokens=10, output_tokens=2) is None
