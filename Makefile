@@ -125,12 +125,17 @@ GRPCURL_VERSION := v1.9.3
 .tools/bin/grpcurl:
 	GOBIN=$(CURDIR)/.tools/bin go install github.com/fullstorydev/grpcurl/cmd/grpcurl@$(GRPCURL_VERSION)
 
+# Test processes (pytest-xdist), a test file to each: most tests wait on the daemons,
+# clients and tools they start, so two share the two cores of a small machine well.
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 ## test: everything CI runs
 test: $(STAMP) proto-check lint .tools/promtool .tools/prometheus .tools/chromium .tools/checkov/.stamp .tools/wheels/.stamp clients .tools/bin/grpcurl
-	$(BIN)/pytest -q
+	$(PYTEST)
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit tests/contract
+	$(PYTEST) tests/unit tests/contract
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

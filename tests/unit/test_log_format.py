@@ -69,7 +69,12 @@ def test_extra_fields_are_fields_and_anything_is_written(
     log, out = logged
     log.info("x", extra={"session_id": "s-1", "events": 3, "where": object})
     # A lone surrogate (undecodable bytes of a client's path) must not make it unwritable.
-    log.info("path %s", "a\udcffb")
+    # Handed to the handler alone: pytest's own log capture would carry the record to
+    # xdist's controller, whose channel refuses strings that UTF-8 cannot encode.
+    handler = next(h for h in log.handlers if getattr(h, "stream", None) is out)
+    handler.handle(
+        log.makeRecord(log.name, logging.INFO, __file__, 72, "path %s", ("a\udcffb",), None)
+    )
     rec, odd = lines(out)
     assert rec["session_id"] == "s-1" and rec["events"] == 3
     assert rec["where"] == str(object)  # not JSON: written as text, not an error
