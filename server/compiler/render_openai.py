@@ -11,6 +11,9 @@ params (`CompletionCreateParamsNonStreaming`, `ResponseCreateParamsNonStreaming`
   as an empty success.
 - An assistant message with neither text nor calls (a step whose only text was empty)
   is left out of Chat, which refuses one; Responses sends no item for it anyway.
+- Responses bodies lead each assistant message of the current tool loop with the
+  reasoning items logged with it (`view.thinking`, domain/thinking.py), from rendering 8;
+  Chat has no place for them.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ from server.compiler.render_common import (
     short_call_id,
     text_of,
 )
+from server.compiler.turn_thinking import of_kind
 from server.compiler.view import CompiledView, ViewMessage
 from server.domain.model import Role
+from server.domain.thinking import OPENAI_KIND, reasoning_items
 
 MAX_CHAT_CALL_ID = 40
 # Responses refuses a call_id over 64 characters ("Invalid 'input[N].call_id': string too
@@ -159,6 +164,8 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             )
             continue
         if m.role is Role.ASSISTANT:
+            for logged in of_kind(view.thinking, OPENAI_KIND, m.first_seq, m.last_seq):
+                items += reasoning_items(logged) or ()
             if text_of(m):
                 # Earlier assistant output goes back as an "easy" message with string
                 # content: the output-message item would need the id and status of a

@@ -29,5 +29,8 @@ FLAT_SCHEMAS = 6
 # named, a failed call without output says so in OpenAI bodies, image/jpg is sent as
 # image/jpeg, and an output cap fitted to the window leaves a margin (output_cap).
 PROVIDER_LIMITS = 7
+# Responses bodies send back the current turn's logged reasoning items before the calls
+# they led to, and the estimate counts them (domain/thinking.py).
+REASONING_ITEMS = 8
 
-LATEST = PROVIDER_LIMITS
+LATEST = REASONING_ITEMS

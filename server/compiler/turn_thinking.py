@@ -1,6 +1,7 @@
 """Which thinking state a view's provider body sends back (see domain/thinking.py): that
 of the assistant messages of the current tool loop, on the compile's route, that are in
-the view: Anthropic's thinking blocks from rendering 2, Gemini's thought signatures from 3.
+the view: Anthropic's thinking blocks from rendering 2, Gemini's thought signatures from 3,
+OpenAI's reasoning items from 8.
 
 The loop is the providers' notion of the current turn: it begins after the latest user
 turn that holds no tool result. Usually that is ctxcc's current turn (since the latest
@@ -19,13 +20,17 @@ from server.compiler.projection_memo import ActiveTurn, loop_start
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
 from server.domain.model import AssistantMessage, Event, Role
-from server.domain.thinking import GEMINI_KIND, KIND, valid_state
+from server.domain.thinking import GEMINI_KIND, KIND, OPENAI_KIND, valid_state
 
 # (seq of the assistant message's event, the state's kind, its data as logged)
 Thinking = tuple[tuple[int, str, bytes], ...]
 
 # The rendering version from which each kind is sent back (render.RENDERING).
-SINCE = {KIND: renderings.THINKING_BLOCKS, GEMINI_KIND: renderings.THOUGHT_SIGNATURES}
+SINCE = {
+    KIND: renderings.THINKING_BLOCKS,
+    GEMINI_KIND: renderings.THOUGHT_SIGNATURES,
+    OPENAI_KIND: renderings.REASONING_ITEMS,
+}
 
 
 def turn_thinking(

@@ -1,5 +1,6 @@
 """Thinking state a provider needs back during a tool loop, kept as an assistant
-message's native state: Anthropic's thinking blocks and Gemini's thought signatures.
+message's native state: Anthropic's thinking blocks, Gemini's thought signatures and
+OpenAI's reasoning items.
 
 With extended thinking on, Claude's answer that calls a tool starts with `thinking` (or
 `redacted_thinking`) blocks, and the API refuses the request that sends the tool's result
@@ -19,6 +20,15 @@ Gemini 3 likewise signs the first function call of each step it makes with a
 ("Function call is missing a thought_signature in functionCall parts"). An agent logs
 them as native state of kind GEMINI_KIND with `data` a JSON object from each signed
 call's call id to its signature (base64, as the REST API gives it).
+
+OpenAI's reasoning models, over the Responses API, return `reasoning` items before the
+calls they make; OpenAI asks that every reasoning item since the latest user message be
+sent back with the calls and their outputs, so the model goes on from its reasoning
+instead of reasoning again (fewer tokens, better calls). The bodies ctxcc renders are
+stateless (`store: false`), so an item goes back with the `encrypted_content` the API
+returns with it: an id alone names a stored item, which the API then cannot find. An
+agent logs them as native state of kind OPENAI_KIND with `data` the JSON array of the
+response's reasoning items.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from typing import Any
 
 KIND = "anthropic.thinking"
 GEMINI_KIND = "gemini.thought_signatures"
+OPENAI_KIND = "openai.reasoning"
 
 # The fields each block type carries, all strings (the SDK's ThinkingBlockParam and
 # RedactedThinkingBlockParam).
@@ -70,6 +81,46 @@ def thought_signatures(data: bytes) -> dict[str, str] | None:
     return parsed
 
 
+def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
+    """The reasoning items `data` holds, each with only what the Responses API takes back
+    in a stateless request (type, id, summary, encrypted_content: the SDK's
+    ResponseReasoningItemParam without the raw reasoning text or the status), in their
+    order; None when it is not a non-empty JSON array of such items, each with a
+    non-empty id and encrypted content and summary parts of type summary_text."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(parsed, list) or not parsed:
+        return None
+    out = []
+    for item in parsed:
+        if not isinstance(item, dict) or item.get("type") != "reasoning":
+            return None
+        item_id, sealed, summary = (
+            item.get("id"),
+            item.get("encrypted_content"),
+            item.get("summary"),
+        )
+        if not (isinstance(item_id, str) and item_id and isinstance(sealed, str) and sealed):
+            return None
+        if not isinstance(summary, list) or not all(_summary_part(p) for p in summary):
+            return None
+        parts = [{"type": "summary_text", "text": p["text"]} for p in summary]
+        out.append(
+            {"type": "reasoning", "id": item_id, "summary": parts, "encrypted_content": sealed}
+        )
+    return tuple(out)
+
+
+def _summary_part(part: object) -> bool:
+    return (
+        isinstance(part, dict)
+        and part.get("type") == "summary_text"
+        and isinstance(part.get("text"), str)
+    )
+
+
 def _is_base64(text: str) -> bool:
     try:
         return bool(text) and base64.b64decode(text, validate=True) is not None
@@ -98,4 +149,6 @@ def valid_state(kind: str, data: bytes) -> bool:
         return thinking_blocks(data) is not None
     if kind == GEMINI_KIND:
         return thought_signatures(data) is not None
+    if kind == OPENAI_KIND:
+        return reasoning_items(data) is not None
     return True

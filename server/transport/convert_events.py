@@ -29,7 +29,7 @@ from server.domain.model import (
     TurnStarted,
     UserMessage,
 )
-from server.domain.thinking import GEMINI_KIND, KIND, loggable_state
+from server.domain.thinking import GEMINI_KIND, KIND, OPENAI_KIND, loggable_state
 
 
 def timestamp(ns: int) -> timestamp_pb2.Timestamp:
@@ -153,6 +153,10 @@ _STATE_SHAPES = {
         "each with its signature (or data)"
     ),
     GEMINI_KIND: "a JSON object from each signed call's call id to its base64 thoughtSignature",
+    OPENAI_KIND: (
+        "the JSON array of the response's reasoning items, each with its id, summary and "
+        "encrypted_content"
+    ),
 }
 
 

@@ -328,10 +328,25 @@ async def build(api: Stubs) -> list[Case]:
     return b.cases
 
 
+# Reasoning items as a Responses output returns them (what the clients' helpers log):
+# the raw reasoning text and the status are not sent back.
+REASONING = [
+    {
+        "type": "reasoning",
+        "id": "rs_0c5e2d6f8a1b4c3d",
+        "summary": [{"type": "summary_text", "text": "The lexer splits the last token."}],
+        "content": [{"type": "reasoning_text", "text": "raw reasoning"}],
+        "encrypted_content": "gAAAAABpZ2VuY3J5cHRlZA==",
+        "status": "completed",
+    }
+]
+
+
 async def _thinking_loop(b: Builder) -> None:
     """A tool loop whose assistant messages carry the thinking state their provider wants
-    back (Claude's blocks on the first, Gemini's signature on the second, both on the
-    compile's route): each format's body with what its SDK types take, or nothing."""
+    back (Claude's blocks on the first, Gemini's signature on the second, OpenAI's
+    reasoning items on the third, all on the compile's route): each format's body with
+    what its SDK types take, or nothing."""
     await b.session("thinking", user("fix the failing parser test"))
     route_id = (await b.compile("a tool loop before its thinking state", "thinking")).view.route_id
     blocks = [
@@ -352,6 +367,12 @@ async def _thinking_loop(b: Builder) -> None:
             data=json.dumps({"t2": "CiQBVKhc7s1gn0g="}).encode(),
         )
     )
+    third = assistant("", ("t4", "Read", '{"file_path": "lexer.py"}'))
+    third.assistant_message.native_state.CopyFrom(
+        common_pb2.ProviderNativeState(
+            route_id=route_id, kind="openai.reasoning", data=json.dumps(REASONING).encode()
+        )
+    )
     await b.append(
         "thinking",
         first,
@@ -360,5 +381,7 @@ async def _thinking_loop(b: Builder) -> None:
         second,
         tool_result("t2", "1 failed"),
         tool_result("t3", "def tokenize(): ..."),
+        third,
+        tool_result("t4", "def lex(): ..."),
     )
     await b.compile("a tool loop with its thinking state", "thinking")

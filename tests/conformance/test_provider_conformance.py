@@ -25,7 +25,7 @@ from ctxcc.v1 import tool_pb2, view_pb2
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conformance import agent_tools
-from tests.conformance.corpus import CJK, Case, build
+from tests.conformance.corpus import CJK, REASONING, Case, build
 from tests.conformance.sdk_types import errors_for
 from tests.conftest import make_config, stubs_for
 from tests.helpers import error_info
@@ -419,10 +419,10 @@ async def test_a_registration_over_max_tools_writes_nothing(short_tmp: Path) -> 
 def test_the_tool_loops_thinking_state_goes_back_in_its_providers_body(
     corpus: list[Case],
 ) -> None:
-    """The corpus's loop carries Claude's blocks on its first assistant message and a
-    Gemini signature on its second (a user message typed between them does not end the
-    loop): each in its own provider's body, where the SDK types above took it, and in no
-    other body."""
+    """The corpus's loop carries Claude's blocks on its first assistant message, a
+    Gemini signature on its second and OpenAI reasoning items on its third (a user
+    message typed between them does not end the loop): each in its own provider's body,
+    where the SDK types above took it, and in no other body."""
     case = next(c for c in corpus if c.name == "a tool loop with its thinking state")
     turns = [m["content"] for m in case.bodies["anthropic_messages"]["messages"]]
     assistant_turns = [
@@ -439,13 +439,27 @@ def test_the_tool_loops_thinking_state_goes_back_in_its_providers_body(
         if "functionCall" in p
     ]
     view_calls = [c for m in case.view.messages for c in m.tool_calls]
-    assert [c.call_id for c in view_calls] == ["t1", "t2", "t3"]
+    assert [c.call_id for c in view_calls] == ["t1", "t2", "t3", "t4"]
     assert calls == [
         (json.loads(c.arguments_json), sig)
-        for c, sig in zip(view_calls, (None, "CiQBVKhc7s1gn0g=", None), strict=True)
+        for c, sig in zip(view_calls, (None, "CiQBVKhc7s1gn0g=", None, None), strict=True)
     ]
+    # Responses: the reasoning item right before the call it led to, with what a
+    # stateless request needs of it (its encrypted content), not its raw text or status.
+    items = case.bodies["openai_responses"]["input"]
+    at = next(i for i, item in enumerate(items) if item.get("call_id") == "t4")
+    assert items[at - 1] == {
+        "type": "reasoning",
+        "id": REASONING[0]["id"],
+        "summary": REASONING[0]["summary"],
+        "encrypted_content": REASONING[0]["encrypted_content"],
+    }
+    assert [item["type"] for item in items].count("reasoning") == 1
     for fmt in ("openai_chat", "openai_responses"):
         text = json.dumps(case.bodies[fmt])
         assert "The parser drops" not in text and "CiQBVKhc7s1gn0g=" not in text, fmt
+    for fmt in ("openai_chat", "anthropic_messages", "gemini"):
+        text = json.dumps(case.bodies[fmt])
+        assert "gAAAAABpZ2VuY3J5cHRlZA" not in text and "lexer splits" not in text, fmt
     before = next(c for c in corpus if c.name == "a tool loop before its thinking state")
     assert before.view.route_id == case.view.route_id

@@ -9,7 +9,11 @@ message, or on another model, no block is sent. A rebuild gives the same body.
 
 An agent on Gemini 3: each response is google-genai's own `GenerateContentResponse`,
 logged with `assistant_from_gemini`; the signed calls of the turn carry their thought
-signatures in the Gemini body, which google-genai's types take."""
+signatures in the Gemini body, which google-genai's types take.
+
+An agent on an OpenAI reasoning model over the Responses API: each response is the openai
+SDK's own `Response`, logged with `assistant_from_openai_responses`; the Responses body
+leads the loop's calls with their reasoning items, which the SDK's request type takes."""
 
 from __future__ import annotations
 
@@ -19,15 +23,18 @@ from typing import Any
 
 import anthropic.types as at
 import grpc
+import openai.types.responses as ot
 import pytest
 from ctxcc_client import (
     ANTHROPIC_THINKING,
     GEMINI_THOUGHT_SIGNATURES,
+    OPENAI_REASONING,
     AsyncClient,
     CtxccError,
     assistant,
     assistant_from_anthropic,
     assistant_from_gemini,
+    assistant_from_openai_responses,
     tool_result,
     user,
 )
@@ -303,3 +310,137 @@ async def test_a_gemini_tool_loop_sends_each_calls_thought_signature_back(
         await ctx.append(sid, [assistant("Fixed."), user("thanks")])
         later = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
         assert all("thoughtSignature" not in p for c in later["contents"] for p in c["parts"])
+
+
+RESPONSES_ROUTE = common_pb2.Route(
+    connection="t", protocol="openai-responses", endpoint="api", model="o4-mini"
+)
+
+
+def responses_response(n: int, *output: dict[str, Any]) -> ot.Response:
+    """A Responses API response as the openai SDK parses it."""
+    return ot.Response.model_validate(
+        {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": 1_700_000_000,
+            "model": "o4-mini",
+            "output": list(output),
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        }
+    )
+
+
+def reasoning_item(rid: str, summary: str, sealed: str | None) -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": rid,
+        "summary": [{"type": "summary_text", "text": summary}],
+        "content": [{"type": "reasoning_text", "text": f"raw {rid}"}],
+        "encrypted_content": sealed,
+        "status": "completed",
+    }
+
+
+def function_call(cid: str, path: str) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{cid}",
+        "call_id": cid,
+        "name": "read",
+        "arguments": json.dumps({"path": path}),
+        "status": "completed",
+    }
+
+
+async def test_a_responses_tool_loop_sends_its_reasoning_items_back(daemon: Daemon) -> None:
+    """An agent on a reasoning model over the Responses API: each response (the SDK's own
+    `Response`) logged with `assistant_from_openai_responses`; the Responses body of the
+    loop's next step, which the SDK's request type takes, leads each call with the
+    reasoning items that made it, sealed as a stateless request needs them; not in the
+    next turn, not on another model, and not an item that came without its seal."""
+    first = responses_response(
+        1, reasoning_item("rs_1", "Look at a.py.", "gAAAAseal1"), function_call("call_1", "a.py")
+    )
+    second = responses_response(
+        2,
+        reasoning_item("rs_2", "Then b.py.", "gAAAAseal2"),
+        reasoning_item("rs_3", "Stored only.", None),  # from a stored response: no seal
+        {
+            "type": "message",
+            "id": "msg_2",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Now b.py.", "annotations": []}],
+        },
+        function_call("call_2", "b.py"),
+    )
+    responses = view_pb2.RENDER_FORMAT_OPENAI_RESPONSES
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        await ctx.append(sid, [user("fix the parser bug")])
+        req = cpb.CompileRequest(session_id=sid, route=RESPONSES_ROUTE, render_formats=[responses])
+        view = (await ctx.compiles.Compile(req)).view
+        for answer, cid in ((first, "call_1"), (second, "call_2")):
+            logged = assistant_from_openai_responses(answer, view.route_id)
+            assert logged.assistant_message.native_state.kind == OPENAI_REASONING
+            assert "raw rs_" not in str(logged)  # R-MISC-2: no raw reasoning text
+            assert [c.call_id for c in logged.assistant_message.tool_calls] == [cid]
+            await ctx.append(sid, [logged, tool_result(cid, "ok", "read")])
+            view = (await ctx.compiles.Compile(req)).view
+        body = json.loads(view.renderings[0].body_json)
+        assert errors_for("openai_responses", body) == []
+        assert body["store"] is False
+        items = [(i["type"], i.get("id") or i.get("call_id")) for i in body["input"]]
+        assert items == [
+            ("message", None),
+            ("reasoning", "rs_1"),
+            ("function_call", "call_1"),
+            ("function_call_output", "call_1"),
+            ("reasoning", "rs_2"),
+            ("message", None),
+            ("function_call", "call_2"),
+            ("function_call_output", "call_2"),
+        ]
+        assert body["input"][4]["encrypted_content"] == "gAAAAseal2"
+        native = next(la for la in view.layers if la.layer == view_pb2.LAYER_NATIVE_STATE)
+        assert native.tokens > 0 and native.items == 2
+        # Another model's compile sends none: the items are not its own (R-ROUTE-2).
+        other = cpb.CompileRequest(
+            session_id=sid,
+            route=common_pb2.Route(
+                connection="t", protocol="openai-responses", endpoint="api", model="gpt-5"
+            ),
+            render_formats=[responses],
+        )
+        switched = json.loads((await ctx.compiles.Compile(other)).view.renderings[0].body_json)
+        assert all(i["type"] != "reasoning" for i in switched["input"])
+        # The model's answer ends the loop: the next turn sends none back.
+        await ctx.append(sid, [assistant("Fixed."), user("thanks")])
+        later = json.loads((await ctx.compiles.Compile(req)).view.renderings[0].body_json)
+        assert all(i["type"] != "reasoning" for i in later["input"])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'[{"type": "reasoning", "id": "rs_1", "summary": []}]',  # no encrypted content
+        b'[{"type": "reasoning", "id": "rs_1", "summary": "x", "encrypted_content": "e"}]',
+        b"[]",
+    ],
+)
+async def test_reasoning_items_a_stateless_request_cannot_send_are_refused(
+    daemon: Daemon, data: bytes
+) -> None:
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        ev = assistant("hi")
+        ev.assistant_message.native_state.kind = OPENAI_REASONING
+        ev.assistant_message.native_state.data = data
+        with pytest.raises(CtxccError) as exc:
+            await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
+        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
+        assert "encrypted_content" in str(exc.value)

@@ -32,7 +32,14 @@ from server.domain.model import (
     UserMessage,
     starts_turn,
 )
-from server.domain.thinking import GEMINI_KIND, KIND, thinking_blocks, thought_signatures
+from server.domain.thinking import (
+    GEMINI_KIND,
+    KIND,
+    OPENAI_KIND,
+    reasoning_items,
+    thinking_blocks,
+    thought_signatures,
+)
 from server.domain.tools import ToolSpec
 from tests.conformance.sdk_types import errors_for
 from tests.unit.test_system_prompt import WordCounter
@@ -473,3 +480,101 @@ def test_a_log_without_a_turn_start_carried_from_step_to_step() -> None:
         [AssistantMessage((ContentPart(text="Fixed."),), ()), user("next")],
     ]
     assert stepped(steps) == [[], [2], [2], [2, 4], [2, 4], []]
+
+
+RESPONSES = Route(protocol="openai-responses", model="o4-mini")
+
+
+def reasoned(rid: str, summary: str, route: Route = RESPONSES, **extra: Any) -> NativeState:
+    """Reasoning items as a Responses output returns them (with their raw text, status)."""
+    item = {
+        "type": "reasoning",
+        "id": rid,
+        "summary": [{"type": "summary_text", "text": summary}] if summary else [],
+        "content": [{"type": "reasoning_text", "text": "raw"}],
+        "encrypted_content": f"gAAAA{rid}",
+        "status": "completed",
+        **extra,
+    }
+    return NativeState(route.route_id, OPENAI_KIND, json.dumps([item]).encode())
+
+
+def responses_body(view: CompiledView) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(render(view, RenderFormat.OPENAI_RESPONSES, {}))
+    assert errors_for("openai_responses", body) == []  # the official SDK's type takes it
+    return body
+
+
+REASONING_LOOP = (
+    user("fix the bug"),
+    AssistantMessage((), (call("c1", "a.py"),), "", reasoned("rs_1", "Read a.py first.")),
+    ToolResult("c1", "read", text="print(1)"),
+    AssistantMessage((ContentPart(text="and b"),), (call("c2", "b.py"),), "", reasoned("rs_2", "")),
+    ToolResult("c2", "read", text="print(2)"),
+)
+
+
+def test_responses_calls_of_the_loop_follow_their_reasoning_items() -> None:
+    """Each assistant message of the loop goes back led by its reasoning items, with what a
+    stateless request (store: false) needs of them: id, summary, encrypted content."""
+    view = compiled(*REASONING_LOOP, route=RESPONSES)
+    body = responses_body(view)
+    assert body["store"] is False
+    kinds = [(i["type"], i.get("id") or i.get("call_id") or i.get("role")) for i in body["input"]]
+    assert kinds == [
+        ("message", "user"),
+        ("reasoning", "rs_1"),
+        ("function_call", "c1"),
+        ("function_call_output", "c1"),
+        ("reasoning", "rs_2"),
+        ("message", "assistant"),
+        ("function_call", "c2"),
+        ("function_call_output", "c2"),
+    ]
+    assert body["input"][1] == {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "Read a.py first."}],
+        "encrypted_content": "gAAAArs_1",
+    }
+    assert native_tokens(view) == thinking_tokens(view.thinking) > 0
+    # Chat has no place for them; another model's items are not its own (R-ROUTE-2).
+    chat = render(view, RenderFormat.OPENAI_CHAT, {})
+    assert "rs_1" not in chat and "gAAAA" not in chat
+    other = Route(protocol="openai-responses", model="gpt-5")
+    switched = responses_body(compiled(*REASONING_LOOP, route=other))
+    assert all(i["type"] != "reasoning" for i in switched["input"])
+    # A finished turn's items are not sent back (the API drops them anyway).
+    done = compiled(
+        *REASONING_LOOP,
+        AssistantMessage((ContentPart(text="Fixed."),), ()),
+        user("thanks"),
+        route=RESPONSES,
+    )
+    assert all(i["type"] != "reasoning" for i in responses_body(done)["input"])
+
+
+def test_a_compile_recorded_before_reasoning_items_is_rebuilt_without_them() -> None:
+    """Rendering 7 sent none (the kind was opaque state): its rebuild sends none."""
+    then = compiled(*REASONING_LOOP, route=RESPONSES, rendering=7)
+    assert then.thinking == ()
+    assert all(i["type"] != "reasoning" for i in responses_body(then)["input"])
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[]",
+        b"{}",
+        b'[{"type": "reasoning", "id": "rs_1", "summary": []}]',  # no encrypted content
+        b'[{"type": "reasoning", "id": "", "summary": [], "encrypted_content": "x"}]',
+        b'[{"type": "reasoning", "id": "rs_1", "encrypted_content": "x"}]',  # no summary
+        b'[{"type": "reasoning", "id": "rs_1", "summary": [{"text": "x"}], '
+        b'"encrypted_content": "x"}]',
+        b'[{"type": "message", "id": "rs_1", "summary": [], "encrypted_content": "x"}]',
+        b'[{"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": null}]',
+        b"\xff",
+    ],
+)
+def test_only_arrays_of_sealed_reasoning_items_are_reasoning_items(data: bytes) -> None:
+    assert reasoning_items(data) is None

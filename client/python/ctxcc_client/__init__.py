@@ -21,9 +21,11 @@ from ctxcc_client.errors import CtxccError
 from ctxcc_client.events import (
     ANTHROPIC_THINKING,
     GEMINI_THOUGHT_SIGNATURES,
+    OPENAI_REASONING,
     assistant,
     assistant_from_anthropic,
     assistant_from_gemini,
+    assistant_from_openai_responses,
     tool_result,
     user,
     user_with,
@@ -41,6 +43,7 @@ from ctxcc_client.usage import (
 __all__ = [
     "ANTHROPIC_THINKING",
     "GEMINI_THOUGHT_SIGNATURES",
+    "OPENAI_REASONING",
     "AsyncClient",
     "Client",
     "CompileStream",
@@ -51,6 +54,7 @@ __all__ = [
     "assistant",
     "assistant_from_anthropic",
     "assistant_from_gemini",
+    "assistant_from_openai_responses",
     "new_request_id",
     "new_session_id",
     "tool_result",

@@ -13,6 +13,8 @@ from ctxcc.v1 import common_pb2, event_pb2
 ANTHROPIC_THINKING = "anthropic.thinking"
 # The native state kind of Gemini's thought signatures (see assistant_from_gemini).
 GEMINI_THOUGHT_SIGNATURES = "gemini.thought_signatures"
+# The native state kind of OpenAI's reasoning items (see assistant_from_openai_responses).
+OPENAI_REASONING = "openai.reasoning"
 
 
 def user(text: str) -> event_pb2.Event:
@@ -164,4 +166,56 @@ def assistant_from_gemini(response: object, route_id: str) -> event_pb2.Event:
         m.native_state.route_id = route_id
         m.native_state.kind = GEMINI_THOUGHT_SIGNATURES
         m.native_state.data = json.dumps(signatures).encode()
+    return ev
+
+
+def assistant_from_openai_responses(response: object, route_id: str) -> event_pb2.Event:
+    """The assistant event to log for an OpenAI Responses API response (the SDK's
+    `Response`, or the response's JSON as a mapping): the `output_text` (and `refusal`)
+    parts of its `message` items become the message's text, its `function_call` items its
+    tool calls (call id: the item's `call_id`, which its `function_call_output` names),
+    and its `reasoning` items its native state of kind "openai.reasoning" on `route_id`
+    (the compiled view's `route_id`): each item's id, summary and `encrypted_content`.
+    OpenAI asks that a reasoning model's items since the latest user message go back
+    with its calls; ctxcc's Responses body sends them, stateless (`store: false`), on
+    that route only and only in the turn that made them. An item without encrypted
+    content (a stored response's, named by id alone) cannot go back statelessly and is
+    left out; the raw reasoning text is not logged (R-MISC-2)."""
+    ev = event_pb2.Event()
+    m = ev.assistant_message
+    m.SetInParent()  # a response with no output is an empty message, as Go and TS give
+    reasoning: list[dict[str, object]] = []
+    for item in _get(response, "output") or ():  # type: ignore[attr-defined]
+        kind = _get(item, "type")
+        if kind == "message":
+            after_text = False  # one part per message item: a view joins parts by lines
+            for part in _get(item, "content") or ():  # type: ignore[attr-defined]
+                part_kind = _get(part, "type")
+                text = _get(part, "text" if part_kind == "output_text" else "refusal")
+                if part_kind in ("output_text", "refusal") and text:
+                    _add_text(m, str(text), after_text)
+                    after_text = True
+        elif kind == "function_call":
+            m.tool_calls.add(
+                call_id=str(_get(item, "call_id")),
+                name=str(_get(item, "name")),
+                arguments_json=str(_get(item, "arguments") or "{}"),
+            )
+        elif kind == "reasoning" and _get(item, "encrypted_content"):
+            summary = [
+                {"type": "summary_text", "text": str(_get(p, "text") or "")}
+                for p in _get(item, "summary") or ()  # type: ignore[attr-defined]
+            ]
+            reasoning.append(
+                {
+                    "type": "reasoning",
+                    "id": str(_get(item, "id")),
+                    "summary": summary,
+                    "encrypted_content": str(_get(item, "encrypted_content")),
+                }
+            )
+    if reasoning:
+        m.native_state.route_id = route_id
+        m.native_state.kind = OPENAI_REASONING
+        m.native_state.data = json.dumps(reasoning, ensure_ascii=False).encode()
     return ev

@@ -224,13 +224,15 @@ export interface ToolCall {
  * ProviderNativeState is opaque provider state (e.g. a Responses API item id or
  * encrypted reasoning) that is only valid on the route that produced it.
  *
- * Two kinds are state a provider needs back during a tool loop, and the daemon reads
+ * Three kinds are state a provider needs back during a tool loop, and the daemon reads
  * them: "anthropic.thinking" (data: the JSON array of the response's thinking and
- * redacted_thinking blocks, as returned) and "gemini.thought_signatures" (data: a JSON
- * object from each signed call's call_id to its base64 thoughtSignature). On an
- * assistant message, the rendered Anthropic or Gemini body sends them back during the
- * current tool loop, on their route only; AppendEvents refuses data of these kinds that is
- * not of that shape (INVALID_FIELD). Any other kind is opaque.
+ * redacted_thinking blocks, as returned), "gemini.thought_signatures" (data: a JSON
+ * object from each signed call's call_id to its base64 thoughtSignature) and
+ * "openai.reasoning" (data: the JSON array of a Responses output's reasoning items, each
+ * with its id, summary and encrypted_content). On an assistant message, the rendered
+ * Anthropic, Gemini or Responses body sends them back during the current tool loop, on
+ * their route only; AppendEvents refuses data of these kinds that is not of that shape
+ * (INVALID_FIELD). Any other kind is opaque.
  */
 export interface ProviderNativeState {
   /** The route_id the state belongs to (the compiled view's route_id). */
