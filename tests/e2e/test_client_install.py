@@ -42,6 +42,15 @@ GEMINI_PARTS = json.loads(GEMINI_RESPONSE.read_text(encoding="utf-8"))["candidat
     "parts"
 ]
 GEMINI_CALLS = [p for p in GEMINI_PARTS if "functionCall" in p]
+# A Responses response with a sealed reasoning item and one without, a message, two calls
+# and a web search call.
+OPENAI_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "openai-response.json"
+OPENAI_OUTPUT = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))["output"]
+OPENAI_SEALED = [
+    {k: i[k] for k in ("type", "id", "summary", "encrypted_content")}
+    for i in OPENAI_OUTPUT
+    if i["type"] == "reasoning" and i["encrypted_content"]
+]
 PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
     "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082"
@@ -84,6 +93,19 @@ EXPECTED = {
     "thinking": [["thinking", "redacted_thinking", "text", "tool_use", "tool_use"], True],
     # The Gemini body's functionCall parts: each call with the response's signature, or none.
     "gemini": [[p["functionCall"]["name"], p.get("thoughtSignature")] for p in GEMINI_CALLS],
+    # The Responses body's input: the sealed reasoning item before the calls, as logged.
+    "reasoning": [
+        [
+            "message",
+            "reasoning",
+            "message",
+            "function_call",
+            "function_call",
+            "function_call_output",
+            "function_call_output",
+        ],
+        True,
+    ],
 }
 # The delta session: 10 steps (a tool registered at step 3, a memory changed at step 5): the
 # first view whole, then deltas, but the one at step 6 damaged by the agent's hook, so it is
@@ -235,6 +257,7 @@ def test_scripted_agent(
             "CTXCC_TARGET": target,
             "CTXCC_ANTHROPIC_RESPONSE": str(ANTHROPIC_RESPONSE),
             "CTXCC_GEMINI_RESPONSE": str(GEMINI_RESPONSE),
+            "CTXCC_OPENAI_RESPONSE": str(OPENAI_RESPONSE),
         },
         capture_output=True,
         text=True,
@@ -249,6 +272,7 @@ def test_scripted_agent(
     sid = result.pop("session_id")
     thinking_sid = result.pop("thinking_session_id")
     gemini_sid = result.pop("gemini_session_id")
+    openai_sid = result.pop("openai_session_id")
     assert result == EXPECTED
     deltas = next((ln for ln in done.stdout.splitlines() if ln.startswith("DELTAS ")), None)
     if client in ("go", "typescript"):
@@ -310,6 +334,20 @@ def test_scripted_agent(
             for p, i in zip(GEMINI_CALLS, ids, strict=True)
             if "thoughtSignature" in p
         }
+        # The Responses response as the helper logged it: the sealed reasoning item alone
+        # (no raw reasoning text), the calls with their arguments as the model wrote them.
+        logged = (
+            sessions.ListEvents(spb.ListEventsRequest(session_id=openai_sid), timeout=10)
+            .events[1]
+            .assistant_message
+        )
+        assert logged.native_state.kind == "openai.reasoning"
+        assert json.loads(logged.native_state.data) == OPENAI_SEALED
+        assert [(c.call_id, c.name, c.arguments_json) for c in logged.tool_calls] == [
+            (i["call_id"], i["name"], i["arguments"])
+            for i in OPENAI_OUTPUT
+            if i["type"] == "function_call"
+        ]
 
 
 # The names each README's example leaves to the reader: what the provider answered.

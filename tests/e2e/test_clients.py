@@ -33,6 +33,7 @@ from tests.helpers import usage_counts as counts_at
 CLIENTS = CLIENT_LOOPS
 # A Gemini response with a thought summary, text and three parallel calls, the first signed.
 GEMINI_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "gemini-response.json"
+OPENAI_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "openai-response.json"
 OK = re.compile(r"ok (\d+) steps session (\S+) seq (\d+)(?: largest_view_bytes (\d+))?")
 # The Go and TypeScript loops end their `ok` line with how their stream's views arrived.
 ARRIVED = re.compile(r"whole (\d+) deltas (\d+) mismatches (\d+)$")
@@ -445,3 +446,47 @@ def test_typescript_client_thought_signatures_against_a_daemon(
     env = {"CTXCC_TARGET": daemon.target, "CTXCC_GEMINI_BODY": str(body)}
     _ts_daemon_test("gemini.test.js", GEMINI_TS_TEST, env)
     _check_gemini_body(body)
+
+
+# The clients' tests of their Responses helper against a real daemon (skipped without
+# CTXCC_TARGET); each writes the Responses body it checked to CTXCC_OPENAI_BODY.
+OPENAI_GO_TEST = "TestAssistantFromOpenAIResponsesAgainstADaemon"
+OPENAI_TS_TEST = (
+    "against a daemon: the logged response's reasoning items lead its calls in the Responses body"
+)
+
+
+def _check_openai_body(path: Path) -> None:
+    """The body a client's test compiled: valid for the openai SDK's types, stateless, and
+    the fixture's sealed reasoning item goes right before the calls it led to, with its
+    id, summary and seal only."""
+    body = json.loads(path.read_text(encoding="utf-8"))
+    assert errors_for("openai_responses", body) == [] and body["store"] is False
+    output = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))["output"]
+    sealed = [i for i in output if i["type"] == "reasoning" and i["encrypted_content"]]
+    items = body["input"]
+    first_call = next(i for i, item in enumerate(items) if item["type"] == "function_call")
+    reasoning = [item for item in items if item["type"] == "reasoning"]
+    assert reasoning == [
+        {k: i[k] for k in ("type", "id", "summary", "encrypted_content")} for i in sealed
+    ]
+    assert items.index(reasoning[0]) < first_call
+
+
+def test_go_client_reasoning_items_against_a_daemon(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """client/go/provider_openai_test.go: the event AssistantFromOpenAIResponses builds for
+    a response with reasoning items is accepted and stored as sent, and the Responses body
+    sends the sealed item back before its calls, on its route only."""
+    body = tmp_path / "openai-body.json"
+    _go_daemon_test(OPENAI_GO_TEST, {"CTXCC_TARGET": daemon.target, "CTXCC_OPENAI_BODY": str(body)})
+    _check_openai_body(body)
+
+
+def test_typescript_client_reasoning_items_against_a_daemon(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The same for the TypeScript client (client/typescript/test/openai.test.ts)."""
+    body = tmp_path / "openai-body.json"
+    env = {"CTXCC_TARGET": daemon.target, "CTXCC_OPENAI_BODY": str(body)}
+    _ts_daemon_test("openai.test.js", OPENAI_TS_TEST, env)
+    _check_openai_body(body)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import anthropic.types as at
@@ -444,3 +445,38 @@ async def test_reasoning_items_a_stateless_request_cannot_send_are_refused(
         assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
         assert "encrypted_content" in str(exc.value)
+
+
+OPENAI_RESPONSE = (
+    Path(__file__).parents[1] / "fixtures" / "client-thinking" / "openai-response.json"
+)
+
+
+def test_the_logged_responses_output_says_what_it_said() -> None:
+    """tests/fixtures/client-thinking/openai-response.json (also the Go and TypeScript
+    clients' fixture), as the SDK's `Response` and as its JSON: the message's output_text
+    parts as one text part, the function calls as the calls (arguments as the model wrote
+    them), and the sealed reasoning item alone as the native state, without its raw text
+    or status; the unsealed one and the web search call are left out. The expectations
+    are read from the fixture itself."""
+    raw = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))
+    out = raw["output"]
+    for response in (ot.Response.model_validate(raw), raw):
+        m = assistant_from_openai_responses(response, "r1").assistant_message
+        texts = [p["text"] for i in out if i["type"] == "message" for p in i["content"]]
+        assert [p.text for p in m.parts] == ["".join(texts)]
+        calls = [i for i in out if i["type"] == "function_call"]
+        assert [(c.call_id, c.name, c.arguments_json) for c in m.tool_calls] == [
+            (c["call_id"], c["name"], c["arguments"]) for c in calls
+        ]
+        sealed = [i for i in out if i["type"] == "reasoning" and i.get("encrypted_content")]
+        assert (m.native_state.route_id, m.native_state.kind) == ("r1", OPENAI_REASONING)
+        assert json.loads(m.native_state.data) == [
+            {k: i[k] for k in ("type", "id", "summary", "encrypted_content")} for i in sealed
+        ]
+        assert not m.reasoning
+    # No reasoning item with a seal: no native state; no output: an empty message.
+    plain = assistant_from_openai_responses({"output": [out[1], out[3]]}, "r1")
+    assert not plain.assistant_message.HasField("native_state")
+    empty = assistant_from_openai_responses({"output": []}, "r1")
+    assert empty.HasField("assistant_message") and empty.assistant_message.ByteSize() == 0

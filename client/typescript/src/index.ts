@@ -73,6 +73,7 @@ export {
   type GeminiPart,
   type GeminiResponse,
 } from "./gemini.js";
+export { assistantFromOpenAIResponses, OPENAI_REASONING, type OpenAIOutputItem, type OpenAIResponse } from "./openai.js";
 
 const CHUNK = 1 << 20;
 

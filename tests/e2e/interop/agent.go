@@ -2,8 +2,9 @@
 // built in a temp module that requires the client the way its README says. Prints one
 // line, `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views. Ends the
 // RESULT part with an Anthropic response with thinking blocks (the file
-// CTXCC_ANTHROPIC_RESPONSE) and a Gemini response with a signed call (the file
-// CTXCC_GEMINI_RESPONSE), each logged with the client's helper.
+// CTXCC_ANTHROPIC_RESPONSE), a Gemini response with a signed call (the file
+// CTXCC_GEMINI_RESPONSE) and an OpenAI Responses response with reasoning items (the file
+// CTXCC_OPENAI_RESPONSE), each logged with the client's helper.
 package main
 
 import (
@@ -125,6 +126,46 @@ func geminiSession(ctx context.Context, c *ctxcc.Client) map[string]any {
 		}
 	}
 	return map[string]any{"gemini_session_id": sid, "gemini": calls}
+}
+
+// openAISession logs an OpenAI Responses response with reasoning items and its tools'
+// results, and records the item types of the Responses body's input and whether its
+// reasoning items are the response's sealed ones (id, summary, encrypted content).
+func openAISession(ctx context.Context, c *ctxcc.Client) map[string]any {
+	raw := must(os.ReadFile(os.Getenv("CTXCC_OPENAI_RESPONSE")))
+	var resp ctxcc.OpenAIResponse
+	must(0, json.Unmarshal(raw, &resp))
+	route := &ctxccv1.Route{Connection: "interop", Protocol: "openai-responses", Endpoint: "api", Model: "o4-mini"}
+	sid := must(c.CreateSession(ctx, &ctxccv1.Session{})).GetSessionId()
+	req := &ctxccv1.CompileRequest{SessionId: sid, Route: route,
+		RenderFormats: []ctxccv1.RenderFormat{ctxccv1.RenderFormat_RENDER_FORMAT_OPENAI_RESPONSES}}
+	must(c.Append(ctx, sid, []*ctxccv1.Event{ctxcc.User("Fix the parser bug.")}, ""))
+	view := must(c.Compile(ctx, req))
+	logged := ctxcc.AssistantFromOpenAIResponses(resp, view.GetRouteId())
+	events := []*ctxccv1.Event{logged}
+	for _, call := range logged.GetAssistantMessage().GetToolCalls() {
+		events = append(events, ctxcc.ToolResult(call.GetCallId(), call.GetName(), "ok", false))
+	}
+	must(c.Append(ctx, sid, events, ""))
+	var body, fixture struct {
+		Input  []map[string]any `json:"input"`
+		Output []map[string]any `json:"output"`
+	}
+	must(0, json.Unmarshal([]byte(must(c.Compile(ctx, req)).GetRenderings()[0].GetBodyJson()), &body))
+	must(0, json.Unmarshal(raw, &fixture))
+	types, sent, sealed := []any{}, []any{}, []any{}
+	for _, it := range body.Input {
+		types = append(types, it["type"])
+		if it["type"] == "reasoning" {
+			sent = append(sent, it)
+		}
+	}
+	for _, it := range fixture.Output {
+		if seal, _ := it["encrypted_content"].(string); it["type"] == "reasoning" && seal != "" {
+			sealed = append(sealed, map[string]any{"type": it["type"], "id": it["id"], "summary": it["summary"], "encrypted_content": seal})
+		}
+	}
+	return map[string]any{"openai_session_id": sid, "reasoning": []any{types, reflect.DeepEqual(sent, sealed)}}
 }
 
 // deltaSession runs steps on a stream with delta views (a tool registered and a memory
@@ -439,6 +480,9 @@ func run(target string) (out, deltas map[string]any, err error) {
 		out[k] = v
 	}
 	for k, v := range geminiSession(ctx, c) {
+		out[k] = v
+	}
+	for k, v := range openAISession(ctx, c) {
 		out[k] = v
 	}
 	deltas, err = deltaSession(ctx, c, route)

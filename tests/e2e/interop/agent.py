@@ -3,10 +3,12 @@ sources, tool registration, steps on a CompileStream (user message; a tool call 
 result; an image), deferred-tool search, a tool-result read, artifact upload/download,
 every render format, a usage report, a checkpoint, a watch, time travel, and the session
 RPCs; then an Anthropic response with thinking blocks (the file CTXCC_ANTHROPIC_RESPONSE)
-and a Gemini response with a signed call (the file CTXCC_GEMINI_RESPONSE), each logged with
+a Gemini response with a signed call (the file CTXCC_GEMINI_RESPONSE) and an OpenAI
+Responses response with reasoning items (the file CTXCC_OPENAI_RESPONSE), each logged with
 the client's helper and compiled into its provider's body. Prints one line, `RESULT {json}`,
 that the suite compares across languages and checks against the daemon.
-Usage: CTXCC_TARGET=... CTXCC_ANTHROPIC_RESPONSE=... CTXCC_GEMINI_RESPONSE=... python agent.py"""
+Usage: CTXCC_TARGET=... CTXCC_ANTHROPIC_RESPONSE=... CTXCC_GEMINI_RESPONSE=...
+CTXCC_OPENAI_RESPONSE=... python agent.py"""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from ctxcc_client import (
     assistant,
     assistant_from_anthropic,
     assistant_from_gemini,
+    assistant_from_openai_responses,
     tool_result,
     user,
     user_with,
@@ -51,6 +54,9 @@ CLAUDE = common_pb2.Route(
 )
 GEMINI = common_pb2.Route(
     connection="interop", protocol="gemini", endpoint="api", model="gemini-3-pro-preview"
+)
+OPENAI = common_pb2.Route(
+    connection="interop", protocol="openai-responses", endpoint="api", model="o4-mini"
 )
 FORMATS = [
     view_pb2.RENDER_FORMAT_OPENAI_CHAT,
@@ -209,7 +215,28 @@ async def gemini_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -
     out["gemini"] = [[p["functionCall"]["name"], p.get("thoughtSignature")] for p in parts]
 
 
-async def run(target: str, response: Any, gemini: Any) -> dict[str, Any]:
+async def openai_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -> None:
+    """Logs an OpenAI Responses response with reasoning items and its tools' results;
+    records the item types of the Responses body's input and whether its reasoning items
+    are the response's sealed ones (id, summary, encrypted content)."""
+    sid, body = await logged_body(
+        ctx,
+        OPENAI,
+        view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+        lambda route_id: assistant_from_openai_responses(response, route_id),
+    )
+    out["openai_session_id"] = sid
+    keys = ("type", "id", "summary", "encrypted_content")
+    sealed = [
+        {k: i[k] for k in keys}
+        for i in response["output"]
+        if i["type"] == "reasoning" and i["encrypted_content"]
+    ]
+    sent = [i for i in body["input"] if i["type"] == "reasoning"]
+    out["reasoning"] = [[i["type"] for i in body["input"]], sent == sealed]
+
+
+async def run(target: str, response: Any, gemini: Any, openai: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with AsyncClient(target) as ctx:
         session = await ctx.create_session()
@@ -299,6 +326,7 @@ async def run(target: str, response: Any, gemini: Any) -> dict[str, Any]:
         await drop_sources(ctx, sid, out)
         await thinking_session(ctx, response, out)
         await gemini_session(ctx, gemini, out)
+        await openai_session(ctx, openai, out)
         try:
             await ctx.get_session("no-such-session")
         except CtxccError as err:
@@ -307,10 +335,11 @@ async def run(target: str, response: Any, gemini: Any) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    # The Anthropic and Gemini responses the agent logs (tests/fixtures/client-thinking).
+    # The Anthropic, Gemini and OpenAI responses the agent logs (tests/fixtures/client-thinking).
     response = json.loads(Path(os.environ["CTXCC_ANTHROPIC_RESPONSE"]).read_text("utf-8"))
     gemini = json.loads(Path(os.environ["CTXCC_GEMINI_RESPONSE"]).read_text("utf-8"))
+    openai = json.loads(Path(os.environ["CTXCC_OPENAI_RESPONSE"]).read_text("utf-8"))
     target = os.environ.get("CTXCC_TARGET", "127.0.0.1:50551")
-    result = asyncio.run(run(target, response, gemini))
+    result = asyncio.run(run(target, response, gemini, openai))
     print("RESULT " + json.dumps(result, sort_keys=True))
     sys.exit(0)

@@ -2,8 +2,9 @@
  * The scripted agent of the interop suite in TypeScript: the same script as agent.py and
  * agent.go, built in a temp project against @ctxcc/client installed from its npm pack
  * tarball. Ends with an Anthropic response with thinking blocks (the file
- * CTXCC_ANTHROPIC_RESPONSE) and a Gemini response with a signed call (the file
- * CTXCC_GEMINI_RESPONSE), each logged with the client's helper. Prints one line,
+ * CTXCC_ANTHROPIC_RESPONSE), a Gemini response with a signed call (the file
+ * CTXCC_GEMINI_RESPONSE) and an OpenAI Responses response with reasoning items (the file
+ * CTXCC_OPENAI_RESPONSE), each logged with the client's helper. Prints one line,
  * `RESULT {json}`, and one, `DELTAS {json}`, for a session on delta views.
  */
 import { readFileSync } from "node:fs";
@@ -13,6 +14,7 @@ import {
   assistant,
   assistantFromAnthropic,
   assistantFromGemini,
+  assistantFromOpenAIResponses,
   CheckpointKind,
   connect,
   CoveredDigestMode,
@@ -33,6 +35,7 @@ import {
 const route: Route = { connection: "interop", protocol: "fake", endpoint: "local", model: "gpt-4o" };
 const gemini: Route = { connection: "interop", protocol: "gemini", endpoint: "api", model: "gemini-3-pro-preview" };
 const claude: Route = { connection: "interop", protocol: "anthropic-messages", endpoint: "api", model: "claude-sonnet-4-5" };
+const openai: Route = { connection: "interop", protocol: "openai-responses", endpoint: "api", model: "o4-mini" };
 const PNG = Buffer.from(
   "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489" +
     "0000000d49444154789c63f8cfc0f01f00050001ff89993d1d0000000049454e44ae426082",
@@ -167,6 +170,7 @@ async function main(): Promise<void> {
   }
   Object.assign(out, await thinkingSession(ctx));
   Object.assign(out, await geminiSession(ctx));
+  Object.assign(out, await openAISession(ctx));
   const deltas = { ...(await deltaSession(ctx)), ...(await compactionSession(ctx)) };
   ctx.close();
   console.log("RESULT " + JSON.stringify(sortedKeys(out)));
@@ -213,6 +217,27 @@ async function geminiSession(ctx: Client): Promise<Record<string, unknown>> {
   const body = JSON.parse((await ctx.compile(req)).renderings[0].bodyJson) as { contents: { parts: Part[] }[] };
   const parts = body.contents.flatMap((c) => c.parts).filter((p) => p.functionCall);
   return { gemini_session_id: sid, gemini: parts.map((p) => [p.functionCall!.name, p.thoughtSignature ?? null]) };
+}
+
+/** Logs an OpenAI Responses response with reasoning items and its tools' results; records the
+ * item types of the Responses body's input and whether its reasoning items are the response's
+ * sealed ones (id, summary, encrypted content). */
+async function openAISession(ctx: Client): Promise<Record<string, unknown>> {
+  type Item = { type: string; id?: string; summary?: unknown; encrypted_content?: string | null };
+  const response = JSON.parse(readFileSync(process.env.CTXCC_OPENAI_RESPONSE!, "utf8")) as { output: Item[] };
+  const sid = (await ctx.createSession()).sessionId;
+  const req = { sessionId: sid, route: openai, renderFormats: [RenderFormat.RENDER_FORMAT_OPENAI_RESPONSES] };
+  await ctx.append(sid, [user("Fix the parser bug.")]);
+  const view = await ctx.compile(req);
+  const logged = assistantFromOpenAIResponses(response, view.routeId);
+  const calls = logged.payload?.$case === "assistantMessage" ? logged.payload.value.toolCalls : [];
+  await ctx.append(sid, [logged, ...calls.map((c) => toolResult(c.callId, "ok", c.name))]);
+  const body = JSON.parse((await ctx.compile(req)).renderings[0].bodyJson) as { input: Item[] };
+  const sealed = response.output
+    .filter((i) => i.type === "reasoning" && i.encrypted_content)
+    .map((i) => ({ type: i.type, id: i.id, summary: i.summary, encrypted_content: i.encrypted_content }));
+  const sent = body.input.filter((i) => i.type === "reasoning");
+  return { openai_session_id: sid, reasoning: [body.input.map((i) => i.type), isDeepStrictEqual(sent, sealed)] };
 }
 
 /** Steps on a stream with delta views (a tool registered and a memory changed on the way, one
