@@ -1,8 +1,6 @@
 package ctxcc
 
 import (
-	"encoding/json"
-
 	"github.com/ctxcc/ctxcc/client/go/ctxccv1"
 )
 
@@ -56,24 +54,11 @@ type OpenAIReasoningSummary struct {
 // type whose fields of these names hold something else does not fail the decoding of the
 // whole response.
 func (it *OpenAIOutputItem) UnmarshalJSON(data []byte) error {
-	var head struct {
-		Type string `json:"type"`
-	}
-	if err := json.Unmarshal(data, &head); err != nil {
-		return err
-	}
-	switch head.Type {
-	case "message", "function_call", "reasoning":
-		type plain OpenAIOutputItem // without this method
-		var p plain
-		if err := json.Unmarshal(data, &p); err != nil {
-			return err
-		}
-		*it = OpenAIOutputItem(p)
-	default:
-		*it = OpenAIOutputItem{Type: head.Type}
-	}
-	return nil
+	type plain OpenAIOutputItem // without this method
+	p, kind, err := decodeKnown[plain](data, "message", "function_call", "reasoning")
+	*it = OpenAIOutputItem(p)
+	it.Type = kind
+	return err
 }
 
 // reasoningItem is a reasoning item as a stateless request takes it back: its id, summary

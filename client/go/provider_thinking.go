@@ -44,24 +44,30 @@ type AnthropicContentBlock struct {
 // uses: a block type added to the API later, whose fields of these names may hold
 // something else, does not fail the decoding of the whole response.
 func (b *AnthropicContentBlock) UnmarshalJSON(data []byte) error {
+	type plain AnthropicContentBlock // without this method
+	p, kind, err := decodeKnown[plain](data, "text", "thinking", "redacted_thinking", "tool_use")
+	*b = AnthropicContentBlock(p)
+	b.Type = kind
+	return err
+}
+
+// decodeKnown decodes a JSON object of a provider's response into T when its "type" is one
+// of known, and answers T's zero value otherwise, with the type either way.
+func decodeKnown[T any](data []byte, known ...string) (T, string, error) {
 	var head struct {
 		Type string `json:"type"`
 	}
+	var out T
 	if err := json.Unmarshal(data, &head); err != nil {
-		return err
+		return out, "", err
 	}
-	switch head.Type {
-	case "text", "thinking", "redacted_thinking", "tool_use":
-		type plain AnthropicContentBlock // without this method
-		var p plain
-		if err := json.Unmarshal(data, &p); err != nil {
-			return err
+	for _, k := range known {
+		if head.Type == k {
+			err := json.Unmarshal(data, &out)
+			return out, head.Type, err
 		}
-		*b = AnthropicContentBlock(p)
-	default:
-		*b = AnthropicContentBlock{Type: head.Type}
 	}
-	return nil
+	return out, head.Type, nil
 }
 
 // AssistantFromAnthropic is the assistant event to log for an Anthropic Messages

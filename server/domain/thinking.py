@@ -49,11 +49,8 @@ _FIELDS = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)
 def thinking_blocks(data: bytes) -> tuple[dict[str, Any], ...] | None:
     """The blocks `data` holds, each with only the fields the API takes, in their order;
     None when it is not a non-empty JSON array of such blocks."""
-    try:
-        parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(parsed, list) or not parsed:
+    parsed = _json_array(data)
+    if parsed is None:
         return None
     out = []
     for block in parsed:
@@ -87,11 +84,8 @@ def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
     ResponseReasoningItemParam without the raw reasoning text or the status), in their
     order; None when it is not a non-empty JSON array of such items, each with a
     non-empty id and encrypted content and summary parts of type summary_text."""
-    try:
-        parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(parsed, list) or not parsed:
+    parsed = _json_array(data)
+    if parsed is None:
         return None
     out = []
     for item in parsed:
@@ -111,6 +105,15 @@ def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
             {"type": "reasoning", "id": item_id, "summary": parts, "encrypted_content": sealed}
         )
     return tuple(out)
+
+
+def _json_array(data: bytes) -> list[Any] | None:
+    """`data` parsed when it is a non-empty JSON array, else None."""
+    try:
+        parsed = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return parsed if isinstance(parsed, list) and parsed else None
 
 
 def _summary_part(part: object) -> bool:
