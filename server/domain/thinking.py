@@ -79,11 +79,15 @@ def thought_signatures(data: bytes) -> dict[str, str] | None:
 
 
 def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
-    """The reasoning items `data` holds, each with only what the Responses API takes back
-    in a stateless request (type, id, summary, encrypted_content: the SDK's
-    ResponseReasoningItemParam without the raw reasoning text or the status), in their
-    order; None when it is not a non-empty JSON array of such items, each with a
-    non-empty id and encrypted content and summary parts of type summary_text."""
+    """The reasoning items `data` holds, each with only what a stateless request sends
+    back (type, summary, encrypted_content), in their order; None when it is not a
+    non-empty JSON array of reasoning items, each with encrypted content, summary parts of
+    type summary_text and, if any, a string id.
+
+    Not the raw reasoning text (R-MISC-2) or the status, and not the id: in a request with
+    `store: false` an id names a stored item that is not there. Azure OpenAI refuses a
+    reasoning item's id then, and OpenAI's own Codex, which sends its history statelessly
+    like ctxcc, never sends one (nor a call's or a message's item id)."""
     parsed = _json_array(data)
     if parsed is None:
         return None
@@ -91,19 +95,13 @@ def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
     for item in parsed:
         if not isinstance(item, dict) or item.get("type") != "reasoning":
             return None
-        item_id, sealed, summary = (
-            item.get("id"),
-            item.get("encrypted_content"),
-            item.get("summary"),
-        )
-        if not (isinstance(item_id, str) and item_id and isinstance(sealed, str) and sealed):
+        sealed, summary = item.get("encrypted_content"), item.get("summary")
+        if not (isinstance(sealed, str) and sealed and isinstance(item.get("id", ""), str)):
             return None
         if not isinstance(summary, list) or not all(_summary_part(p) for p in summary):
             return None
         parts = [{"type": "summary_text", "text": p["text"]} for p in summary]
-        out.append(
-            {"type": "reasoning", "id": item_id, "summary": parts, "encrypted_content": sealed}
-        )
+        out.append({"type": "reasoning", "summary": parts, "encrypted_content": sealed})
     return tuple(out)
 
 

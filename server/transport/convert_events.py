@@ -154,7 +154,7 @@ _STATE_SHAPES = {
     ),
     GEMINI_KIND: "a JSON object from each signed call's call id to its base64 thoughtSignature",
     OPENAI_KIND: (
-        "the JSON array of the response's reasoning items, each with its id, summary and "
+        "the JSON array of the response's reasoning items, each with its summary and "
         "encrypted_content"
     ),
 }

@@ -459,7 +459,7 @@ OPENAI_TS_TEST = (
 def _check_openai_body(path: Path) -> None:
     """The body a client's test compiled: valid for the openai SDK's types, stateless, and
     the fixture's sealed reasoning item goes right before the calls it led to, with its
-    id, summary and seal only."""
+    summary and seal only (no id: nothing is stored)."""
     body = json.loads(path.read_text(encoding="utf-8"))
     assert errors_for("openai_responses", body) == [] and body["store"] is False
     output = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))["output"]
@@ -468,7 +468,7 @@ def _check_openai_body(path: Path) -> None:
     first_call = next(i for i, item in enumerate(items) if item["type"] == "function_call")
     reasoning = [item for item in items if item["type"] == "reasoning"]
     assert reasoning == [
-        {k: i[k] for k in ("type", "id", "summary", "encrypted_content")} for i in sealed
+        {k: i[k] for k in ("type", "summary", "encrypted_content")} for i in sealed
     ]
     assert items.index(reasoning[0]) < first_call
 

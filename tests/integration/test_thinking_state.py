@@ -394,18 +394,20 @@ async def test_a_responses_tool_loop_sends_its_reasoning_items_back(daemon: Daem
         body = json.loads(view.renderings[0].body_json)
         assert errors_for("openai_responses", body) == []
         assert body["store"] is False
-        items = [(i["type"], i.get("id") or i.get("call_id")) for i in body["input"]]
+        items = [(i["type"], i.get("encrypted_content") or i.get("call_id")) for i in body["input"]]
         assert items == [
             ("message", None),
-            ("reasoning", "rs_1"),
+            ("reasoning", "gAAAAseal1"),
             ("function_call", "call_1"),
             ("function_call_output", "call_1"),
-            ("reasoning", "rs_2"),
+            ("reasoning", "gAAAAseal2"),
             ("message", None),
             ("function_call", "call_2"),
             ("function_call_output", "call_2"),
         ]
-        assert body["input"][4]["encrypted_content"] == "gAAAAseal2"
+        # As OpenAI's Codex sends them statelessly: no item ids (nothing is stored).
+        assert all("id" not in i for i in body["input"])
+        assert body["input"][4]["summary"] == [{"type": "summary_text", "text": "Then b.py."}]
         native = next(la for la in view.layers if la.layer == view_pb2.LAYER_NATIVE_STATE)
         assert native.tokens > 0 and native.items == 2
         # Another model's compile sends none: the items are not its own (R-ROUTE-2).

@@ -516,24 +516,27 @@ REASONING_LOOP = (
 
 def test_responses_calls_of_the_loop_follow_their_reasoning_items() -> None:
     """Each assistant message of the loop goes back led by its reasoning items, with what a
-    stateless request (store: false) needs of them: id, summary, encrypted content."""
+    stateless request (store: false) needs of them: summary and encrypted content."""
     view = compiled(*REASONING_LOOP, route=RESPONSES)
     body = responses_body(view)
     assert body["store"] is False
-    kinds = [(i["type"], i.get("id") or i.get("call_id") or i.get("role")) for i in body["input"]]
+    kinds = [
+        (i["type"], i.get("encrypted_content") or i.get("call_id") or i.get("role"))
+        for i in body["input"]
+    ]
     assert kinds == [
         ("message", "user"),
-        ("reasoning", "rs_1"),
+        ("reasoning", "gAAAArs_1"),
         ("function_call", "c1"),
         ("function_call_output", "c1"),
-        ("reasoning", "rs_2"),
+        ("reasoning", "gAAAArs_2"),
         ("message", "assistant"),
         ("function_call", "c2"),
         ("function_call_output", "c2"),
     ]
+    # No id: in a stateless request it would name a stored item that is not there.
     assert body["input"][1] == {
         "type": "reasoning",
-        "id": "rs_1",
         "summary": [{"type": "summary_text", "text": "Read a.py first."}],
         "encrypted_content": "gAAAArs_1",
     }
@@ -567,7 +570,7 @@ def test_a_compile_recorded_before_reasoning_items_is_rebuilt_without_them() -> 
         b"[]",
         b"{}",
         b'[{"type": "reasoning", "id": "rs_1", "summary": []}]',  # no encrypted content
-        b'[{"type": "reasoning", "id": "", "summary": [], "encrypted_content": "x"}]',
+        b'[{"type": "reasoning", "id": 7, "summary": [], "encrypted_content": "x"}]',
         b'[{"type": "reasoning", "id": "rs_1", "encrypted_content": "x"}]',  # no summary
         b'[{"type": "reasoning", "id": "rs_1", "summary": [{"text": "x"}], '
         b'"encrypted_content": "x"}]',
@@ -578,3 +581,12 @@ def test_a_compile_recorded_before_reasoning_items_is_rebuilt_without_them() -> 
 )
 def test_only_arrays_of_sealed_reasoning_items_are_reasoning_items(data: bytes) -> None:
     assert reasoning_items(data) is None
+
+
+def test_an_item_logged_without_its_id_is_an_item() -> None:
+    """The id is not sent back (a stateless request names no stored item): an item an
+    agent logged without it goes back as one that had it."""
+    sealed = b'[{"type": "reasoning", "summary": [], "encrypted_content": "x"}]'
+    assert reasoning_items(sealed) == (
+        {"type": "reasoning", "summary": [], "encrypted_content": "x"},
+    )

@@ -130,7 +130,8 @@ func geminiSession(ctx context.Context, c *ctxcc.Client) map[string]any {
 
 // openAISession logs an OpenAI Responses response with reasoning items and its tools'
 // results, and records the item types of the Responses body's input and whether its
-// reasoning items are the response's sealed ones (id, summary, encrypted content).
+// reasoning items are the response's sealed ones (summary, encrypted content: no id is
+// sent).
 func openAISession(ctx context.Context, c *ctxcc.Client) map[string]any {
 	raw := must(os.ReadFile(os.Getenv("CTXCC_OPENAI_RESPONSE")))
 	var resp ctxcc.OpenAIResponse
@@ -162,7 +163,7 @@ func openAISession(ctx context.Context, c *ctxcc.Client) map[string]any {
 	}
 	for _, it := range fixture.Output {
 		if seal, _ := it["encrypted_content"].(string); it["type"] == "reasoning" && seal != "" {
-			sealed = append(sealed, map[string]any{"type": it["type"], "id": it["id"], "summary": it["summary"], "encrypted_content": seal})
+			sealed = append(sealed, map[string]any{"type": it["type"], "summary": it["summary"], "encrypted_content": seal})
 		}
 	}
 	return map[string]any{"openai_session_id": sid, "reasoning": []any{types, reflect.DeepEqual(sent, sealed)}}

@@ -218,7 +218,7 @@ async def gemini_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -
 async def openai_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -> None:
     """Logs an OpenAI Responses response with reasoning items and its tools' results;
     records the item types of the Responses body's input and whether its reasoning items
-    are the response's sealed ones (id, summary, encrypted content)."""
+    are the response's sealed ones (summary, encrypted content: no id is sent)."""
     sid, body = await logged_body(
         ctx,
         OPENAI,
@@ -226,7 +226,7 @@ async def openai_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -
         lambda route_id: assistant_from_openai_responses(response, route_id),
     )
     out["openai_session_id"] = sid
-    keys = ("type", "id", "summary", "encrypted_content")
+    keys = ("type", "summary", "encrypted_content")
     sealed = [
         {k: i[k] for k in keys}
         for i in response["output"]
