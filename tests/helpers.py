@@ -125,3 +125,15 @@ def png_upload(
         height=side,
     )
     return [apb.UploadArtifactRequest(header=header), apb.UploadArtifactRequest(data=data)]
+
+
+def leading_reasoning(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What the helpers log of a response's reasoning: the item right before its first
+    message or call, when it carries encrypted content."""
+    last = None
+    for item in output:
+        if item["type"] in ("message", "function_call"):
+            break
+        if item["type"] == "reasoning":
+            last = item
+    return [last] if last is not None and last.get("encrypted_content") else []

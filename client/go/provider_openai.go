@@ -74,19 +74,32 @@ type reasoningItem struct {
 // response. The output_text (and refusal) parts of its message items become the message's
 // text (one part per message item: a view joins parts with line breaks), its function_call
 // items its tool calls (CallId = call_id, which the function_call_output names; Name;
-// ArgumentsJson = arguments as the model wrote them), and its reasoning items its native
-// state of kind OpenAIReasoning on routeID (the compiled view's RouteId): each item's id,
-// summary and encrypted_content. OpenAI asks that a reasoning model's items since the
-// latest user message go back with its calls; the daemon's Responses body sends them,
-// stateless (store: false), on that route only and only in the turn that made them. An
-// item without encrypted content (a stored response's, named by id alone) cannot go back
-// statelessly and is left out.
+// ArgumentsJson = arguments as the model wrote them), and the reasoning item right before
+// its first message or call its native state of kind OpenAIReasoning on routeID (the
+// compiled view's RouteId): the item's id, summary and encrypted_content. OpenAI asks that
+// a reasoning model's items since the latest user message go back with its calls; the
+// daemon's Responses body sends it, stateless (store: false), on that route only and only
+// in the turn that made it.
+//
+// The API refuses a reasoning item that is not right before the item that followed it, and
+// an event keeps no order between its text and its calls: so only that item is logged (the
+// reasoning items before it, and any after the first message or call, are left out, as a
+// client that keeps no reasoning leaves them all), and only with its encrypted content (a
+// stateless request cannot name a stored item). A response with nothing but reasoning (cut
+// at its output cap) gives a message with only that state, which the daemon logs and sends
+// nowhere.
 func AssistantFromOpenAIResponses(resp OpenAIResponse, routeID string) *ctxccv1.Event {
 	m := &ctxccv1.AssistantMessage{}
-	var reasoning []reasoningItem
-	for _, it := range resp.Output {
+	var leading *OpenAIOutputItem // the last reasoning item before the first message or call
+	started := false
+	for i, it := range resp.Output {
 		switch it.Type {
+		case "reasoning":
+			if !started {
+				leading = &resp.Output[i]
+			}
 		case "message":
+			started = true
 			afterText := false
 			for _, c := range it.Content {
 				text := c.Text
@@ -101,24 +114,21 @@ func AssistantFromOpenAIResponses(resp OpenAIResponse, routeID string) *ctxccv1.
 				}
 			}
 		case "function_call":
+			started = true
 			args := it.Arguments
 			if args == "" {
 				args = "{}"
 			}
 			m.ToolCalls = append(m.ToolCalls, &ctxccv1.ToolCall{CallId: it.CallID, Name: it.Name, ArgumentsJson: args})
-		case "reasoning":
-			if it.EncryptedContent == "" {
-				continue
-			}
-			summary := make([]OpenAIReasoningSummary, 0, len(it.Summary))
-			for _, s := range it.Summary {
-				summary = append(summary, OpenAIReasoningSummary{Type: "summary_text", Text: s.Text})
-			}
-			reasoning = append(reasoning, reasoningItem{"reasoning", it.ID, summary, it.EncryptedContent})
 		}
 	}
-	if reasoning != nil {
-		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: OpenAIReasoning, Data: marshalJSON(reasoning)}
+	if leading != nil && leading.EncryptedContent != "" {
+		summary := make([]OpenAIReasoningSummary, 0, len(leading.Summary))
+		for _, s := range leading.Summary {
+			summary = append(summary, OpenAIReasoningSummary{Type: "summary_text", Text: s.Text})
+		}
+		item := reasoningItem{"reasoning", leading.ID, summary, leading.EncryptedContent}
+		m.NativeState = &ctxccv1.ProviderNativeState{RouteId: routeID, Kind: OpenAIReasoning, Data: marshalJSON([]reasoningItem{item})}
 	}
 	return &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: m}}
 }

@@ -26,8 +26,9 @@ func openAIResponse(t *testing.T) []byte {
 }
 
 // openAIExpected is what the fixture says, read from its JSON on its own, not through
-// OpenAIResponse: the message's text, the calls, and the sealed reasoning items as the
-// daemon takes them back (type, id, summary, encrypted_content).
+// OpenAIResponse: the message's text, the calls, and what is logged of its reasoning: the
+// item right before its first message or call, when sealed, as the daemon takes it back
+// (type, id, summary, encrypted_content).
 func openAIExpected(t *testing.T, raw []byte) (text string, calls [][3]string, sealed []any) {
 	t.Helper()
 	var resp struct {
@@ -36,6 +37,7 @@ func openAIExpected(t *testing.T, raw []byte) (text string, calls [][3]string, s
 	if err := json.Unmarshal(raw, &resp); err != nil {
 		t.Fatal(err)
 	}
+	var leading map[string]any
 	for _, it := range resp.Output {
 		switch it["type"] {
 		case "message":
@@ -45,18 +47,22 @@ func openAIExpected(t *testing.T, raw []byte) (text string, calls [][3]string, s
 		case "function_call":
 			calls = append(calls, [3]string{it["call_id"].(string), it["name"].(string), it["arguments"].(string)})
 		case "reasoning":
-			if seal, ok := it["encrypted_content"].(string); ok && seal != "" {
-				sealed = append(sealed, map[string]any{"type": "reasoning", "id": it["id"], "summary": it["summary"], "encrypted_content": seal})
+			if text == "" && calls == nil {
+				leading = it
 			}
 		}
+	}
+	if seal, ok := leading["encrypted_content"].(string); ok && seal != "" {
+		sealed = []any{map[string]any{"type": "reasoning", "id": leading["id"], "summary": leading["summary"], "encrypted_content": seal}}
 	}
 	return text, calls, sealed
 }
 
 // The event logged for the fixture says what the response said: its message's text as one
-// part, its calls with their arguments as written, and its sealed reasoning item alone as
-// the native state on the route given (no raw reasoning text, no status, nothing of the
-// unsealed item or the web search call).
+// part, its calls with their arguments as written, and the reasoning item right before its
+// message alone as the native state on the route given (no raw reasoning text, no status,
+// nothing of the unsealed item before it, the item after the first call or the web search
+// call).
 func TestAssistantFromOpenAIResponses(t *testing.T) {
 	raw := openAIResponse(t)
 	var resp OpenAIResponse
@@ -86,10 +92,11 @@ func TestAssistantFromOpenAIResponses(t *testing.T) {
 	if m.GetReasoning() != "" {
 		t.Error("reasoning logged as text (R-MISC-2)")
 	}
-	// No sealed item: no native state; no output: an empty message.
-	plain := AssistantFromOpenAIResponses(OpenAIResponse{Output: resp.Output[1:]}, "r1")
-	if plain.GetAssistantMessage().GetNativeState() != nil {
-		t.Errorf("state without a sealed item: %v", plain)
+	// The item right before the message has no seal: no native state (the sealed one
+	// before it is not sent in its place); no output: an empty message.
+	swapped := append([]OpenAIOutputItem{resp.Output[1], resp.Output[0]}, resp.Output[2:]...)
+	if plain := AssistantFromOpenAIResponses(OpenAIResponse{Output: swapped}, "r1"); plain.GetAssistantMessage().GetNativeState() != nil {
+		t.Errorf("state without a sealed item right before the message: %v", plain)
 	}
 	empty := AssistantFromOpenAIResponses(OpenAIResponse{}, "r1")
 	if !proto.Equal(empty, &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: &ctxccv1.AssistantMessage{}}}) {
@@ -99,8 +106,8 @@ func TestAssistantFromOpenAIResponses(t *testing.T) {
 
 // Against a real daemon (daemonClient: CTXCC_TARGET, skipped without): the event logged
 // for the response, appended with its tools' results, is stored as it was sent, and the
-// Responses body leads the calls with the sealed reasoning item (without its id: a stateless
-// request names no stored item); another model's body has
+// Responses body leads the message and the calls with the reasoning item logged; another
+// model's body has
 // none. With CTXCC_OPENAI_BODY set, the body is written to that file
 // (tests/e2e/test_clients.py checks it against the openai SDK's types).
 func TestAssistantFromOpenAIResponsesAgainstADaemon(t *testing.T) {
@@ -136,20 +143,9 @@ func TestAssistantFromOpenAIResponsesAgainstADaemon(t *testing.T) {
 			reasoning = append(reasoning, it)
 		}
 	}
-	// Sent back as the logged items without their ids: nothing is stored to name.
-	var unnamed []any
-	for _, it := range sealed {
-		item := map[string]any{}
-		for k, v := range it.(map[string]any) {
-			if k != "id" {
-				item[k] = v
-			}
-		}
-		unnamed = append(unnamed, item)
-	}
 	want := []string{"message", "reasoning", "message", "function_call", "function_call", "function_call_output", "function_call_output"}
-	if !reflect.DeepEqual(kinds, want) || !reflect.DeepEqual(reasoning, unnamed) {
-		t.Fatalf("input items %v (reasoning %v), want %v (reasoning %v)", kinds, reasoning, want, unnamed)
+	if !reflect.DeepEqual(kinds, want) || !reflect.DeepEqual(reasoning, sealed) {
+		t.Fatalf("input items %v (reasoning %v), want %v (reasoning %v)", kinds, reasoning, want, sealed)
 	}
 	if input[3]["call_id"] != calls[0][0] || input[4]["call_id"] != calls[1][0] {
 		t.Errorf("calls %v %v, want %v", input[3], input[4], calls)

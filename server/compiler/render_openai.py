@@ -11,9 +11,15 @@ params (`CompletionCreateParamsNonStreaming`, `ResponseCreateParamsNonStreaming`
   as an empty success.
 - An assistant message with neither text nor calls (a step whose only text was empty)
   is left out of Chat, which refuses one; Responses sends no item for it anyway.
-- Responses bodies lead each assistant message of the current tool loop with the
-  reasoning items logged with it (`view.thinking`, domain/thinking.py), from rendering 8;
-  Chat has no place for them.
+- Responses bodies lead each assistant message of the current tool loop with a reasoning
+  item logged with it (`view.thinking`, domain/thinking.py), from rendering 8; Chat has
+  no place for them. The API refuses a reasoning item that is not right before the item
+  that followed it in the response ("Item 'rs_…' of type 'reasoning' was provided
+  without its required following item"), and a response may hold several reasoning
+  items in a row, or between its message and its calls, where a logged event keeps no
+  order: only the last item logged goes, before the message and its calls, and only
+  when one event of the message logged items (a message merged from several responses
+  sends none). Sending none is what a client that keeps no reasoning does.
 """
 
 from __future__ import annotations
@@ -46,6 +52,13 @@ MAX_CHAT_CALL_ID = 40
 # Responses refuses a call_id over 64 characters ("Invalid 'input[N].call_id': string too
 # long. Expected a string with maximum length 64"): MCP servers' ids reach 80 and more.
 MAX_RESPONSES_CALL_ID = 64
+
+
+def _reasoning(view: CompiledView, m: ViewMessage) -> list[JSON]:
+    """The reasoning item that leads assistant message `m` (see the module's docstring)."""
+    logged = of_kind(view.thinking, OPENAI_KIND, m.first_seq, m.last_seq)
+    items = reasoning_items(logged[0]) if len(logged) == 1 else None
+    return [items[-1]] if items else []
 
 
 def chat_call_id(call_id: str) -> str:
@@ -164,8 +177,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             )
             continue
         if m.role is Role.ASSISTANT:
-            for logged in of_kind(view.thinking, OPENAI_KIND, m.first_seq, m.last_seq):
-                items += reasoning_items(logged) or ()
+            items += _reasoning(view, m)
             if text_of(m):
                 # Earlier assistant output goes back as an "easy" message with string
                 # content: the output-message item would need the id and status of a

@@ -65,11 +65,19 @@ def turn_thinking(
         state = e.payload.native_state
         if state.kind not in kinds or state.route_id != route_id:
             continue
+        if state.kind == OPENAI_KIND and not _visible(e.payload):
+            # A response cut while the model reasoned: merged into the next assistant
+            # message, its items would be sent before another response's.
+            continue
         # A message with nothing the model sees (reasoning only) is not in the view: its
         # state goes with nothing; and state the provider would refuse is not sent.
         if any(a <= e.seq <= b for a, b in spans) and valid_state(state.kind, state.data):
             out.append((e.seq, state.kind, state.data))
     return tuple(out)
+
+
+def _visible(m: AssistantMessage) -> bool:
+    return bool(m.tool_calls) or any(p.text or p.attachment for p in m.parts)
 
 
 def thinking_tokens(thinking: Thinking) -> int:

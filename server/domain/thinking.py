@@ -28,7 +28,8 @@ instead of reasoning again (fewer tokens, better calls). The bodies ctxcc render
 stateless (`store: false`), so an item goes back with the `encrypted_content` the API
 returns with it: an id alone names a stored item, which the API then cannot find. An
 agent logs them as native state of kind OPENAI_KIND with `data` the JSON array of the
-response's reasoning items.
+response's reasoning items that came before its first message or call; the body sends
+the last of them (see render_openai).
 """
 
 from __future__ import annotations
@@ -80,14 +81,14 @@ def thought_signatures(data: bytes) -> dict[str, str] | None:
 
 def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
     """The reasoning items `data` holds, each with only what a stateless request sends
-    back (type, summary, encrypted_content), in their order; None when it is not a
-    non-empty JSON array of reasoning items, each with encrypted content, summary parts of
-    type summary_text and, if any, a string id.
+    back (type, id, summary, encrypted_content; an item logged without an id goes
+    without), in their order; None when it is not a non-empty JSON array of reasoning
+    items, each with encrypted content, summary parts of type summary_text and, if any,
+    a string id. Not the raw reasoning text (R-MISC-2) or the status.
 
-    Not the raw reasoning text (R-MISC-2) or the status, and not the id: in a request with
-    `store: false` an id names a stored item that is not there. Azure OpenAI refuses a
-    reasoning item's id then, and OpenAI's own Codex, which sends its history statelessly
-    like ctxcc, never sends one (nor a call's or a message's item id)."""
+    The id goes with the encrypted content, as the SDKs' request type has it: Azure AI
+    Foundry's project endpoints refuse a sealed item without its id; the OpenAI API takes
+    both (OpenAI's Codex sends none)."""
     parsed = _json_array(data)
     if parsed is None:
         return None
@@ -95,13 +96,18 @@ def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
     for item in parsed:
         if not isinstance(item, dict) or item.get("type") != "reasoning":
             return None
-        sealed, summary = item.get("encrypted_content"), item.get("summary")
-        if not (isinstance(sealed, str) and sealed and isinstance(item.get("id", ""), str)):
+        item_id, sealed, summary = (
+            item.get("id"),
+            item.get("encrypted_content"),
+            item.get("summary"),
+        )
+        if not (isinstance(sealed, str) and sealed and isinstance(item_id, str | None)):
             return None
         if not isinstance(summary, list) or not all(_summary_part(p) for p in summary):
             return None
         parts = [{"type": "summary_text", "text": p["text"]} for p in summary]
-        out.append({"type": "reasoning", "summary": parts, "encrypted_content": sealed})
+        named = {"id": item_id} if item_id else {}
+        out.append({"type": "reasoning", **named, "summary": parts, "encrypted_content": sealed})
     return tuple(out)
 
 

@@ -175,7 +175,15 @@ def payload_in(ev: event_pb2.Event, field: str) -> Payload:
                 call_in(c, f"{field}.assistant_message.tool_calls[{i}]")
                 for i, c in enumerate(m.tool_calls)
             )
-            if not _has_text(parts) and not calls and not m.reasoning:
+            # A response that holds only thinking state (it stopped at its output cap while
+            # the model reasoned) is logged as it came; like one with reasoning text only,
+            # it leaves nothing in a view, so its state is sent nowhere.
+            if (
+                not _has_text(parts)
+                and not calls
+                and not m.reasoning
+                and not m.HasField("native_state")
+            ):
                 raise invalid(f"{field}.assistant_message", "an assistant message is empty")
             native = None
             if m.HasField("native_state"):

@@ -77,33 +77,12 @@ def errors_for(kind: str, body: dict[str, Any]) -> list[str]:
     """Validation errors of a body, short enough to read; empty when valid."""
     if kind == "gemini":
         return _gemini_errors(body)
-    if kind == "openai_responses":
-        body = reasoning_named(body)
     out: list[str] = []
     try:
         _consume(_adapter(kind).validate_python(body), "body", out)
     except pydantic.ValidationError as exc:
         return _short(exc)
     return out
-
-
-def reasoning_named(body: dict[str, Any]) -> dict[str, Any]:
-    """`body` with an id on each reasoning item that has none. The SDKs'
-    ResponseReasoningItemParam (Python and TypeScript) marks `id` required, but a
-    stateless request (`store: false`) sends none: the id names a stored item, which is
-    not there; Azure OpenAI refuses it (vercel/ai#12687) and OpenAI's own Codex never
-    sends it (codex-rs protocol/src/models.rs: `skip_serializing`). Everything else of
-    the item is checked as the SDK types it."""
-    items = body.get("input")
-    if body.get("store") is not False or not isinstance(items, list):
-        return body
-    named = [
-        {"id": "rs_", **item}
-        if isinstance(item, dict) and item.get("type") == "reasoning" and "id" not in item
-        else item
-        for item in items
-    ]
-    return {**body, "input": named}
 
 
 # The generateContent REST body's top-level fields and the google-genai type of each.

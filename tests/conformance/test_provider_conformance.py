@@ -26,7 +26,7 @@ from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conformance import agent_tools
 from tests.conformance.corpus import CJK, REASONING, Case, build
-from tests.conformance.sdk_types import errors_for, reasoning_named
+from tests.conformance.sdk_types import errors_for
 from tests.conftest import make_config, stubs_for
 from tests.helpers import error_info
 
@@ -136,10 +136,8 @@ def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> 
     n = 0
     for case, fmt, body in _all(corpus):
         if fmt in _TS_TYPES:
-            # See sdk_types.reasoning_named: both SDKs want the id a stateless request omits.
-            typed = reasoning_named(body) if fmt == "openai_responses" else body
             lines.append(f"// {case.name}")
-            lines.append(f"export const b{n}: {_TS_TYPES[fmt]} = {json.dumps(typed)};")
+            lines.append(f"export const b{n}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
             n += 1
         elif fmt == "gemini":
             # @google/genai types the REST body's fields (camelCase, as the wire has them),
@@ -447,12 +445,13 @@ def test_the_tool_loops_thinking_state_goes_back_in_its_providers_body(
         for c, sig in zip(view_calls, (None, "CiQBVKhc7s1gn0g=", None, None), strict=True)
     ]
     # Responses: the reasoning item right before the call it led to, with what a
-    # stateless request needs of it (its encrypted content), not its raw text, its status
-    # or its id (which would name a stored item).
+    # stateless request needs of it (its id and encrypted content), not its raw text or
+    # status.
     items = case.bodies["openai_responses"]["input"]
     at = next(i for i, item in enumerate(items) if item.get("call_id") == "t4")
     assert items[at - 1] == {
         "type": "reasoning",
+        "id": REASONING[0]["id"],
         "summary": REASONING[0]["summary"],
         "encrypted_content": REASONING[0]["encrypted_content"],
     }

@@ -31,6 +31,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import compile_service_pb2_grpc, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import REPO, DaemonProcess
+from tests.helpers import leading_reasoning
 
 INTEROP = REPO / "tests" / "e2e" / "interop"
 # An Anthropic response with thinking, redacted_thinking, text and two tool_use blocks.
@@ -42,14 +43,13 @@ GEMINI_PARTS = json.loads(GEMINI_RESPONSE.read_text(encoding="utf-8"))["candidat
     "parts"
 ]
 GEMINI_CALLS = [p for p in GEMINI_PARTS if "functionCall" in p]
-# A Responses response with a sealed reasoning item and one without, a message, two calls
-# and a web search call.
+# A Responses response: an unsealed reasoning item, a sealed one, a message, a call, a web
+# search call, a reasoning item and another call.
 OPENAI_RESPONSE = REPO / "tests" / "fixtures" / "client-thinking" / "openai-response.json"
 OPENAI_OUTPUT = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))["output"]
 OPENAI_SEALED = [
     {k: i[k] for k in ("type", "id", "summary", "encrypted_content")}
-    for i in OPENAI_OUTPUT
-    if i["type"] == "reasoning" and i["encrypted_content"]
+    for i in leading_reasoning(OPENAI_OUTPUT)
 ]
 PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
@@ -93,7 +93,8 @@ EXPECTED = {
     "thinking": [["thinking", "redacted_thinking", "text", "tool_use", "tool_use"], True],
     # The Gemini body's functionCall parts: each call with the response's signature, or none.
     "gemini": [[p["functionCall"]["name"], p.get("thoughtSignature")] for p in GEMINI_CALLS],
-    # The Responses body's input: the sealed reasoning item before the calls, as logged.
+    # The Responses body's input: the reasoning item right before the message, then the
+    # message and the calls, as logged.
     "reasoning": [
         [
             "message",
@@ -334,8 +335,9 @@ def test_scripted_agent(
             for p, i in zip(GEMINI_CALLS, ids, strict=True)
             if "thoughtSignature" in p
         }
-        # The Responses response as the helper logged it: the sealed reasoning item alone
-        # (no raw reasoning text), the calls with their arguments as the model wrote them.
+        # The Responses response as the helper logged it: the reasoning item right before
+        # the message alone (no raw reasoning text), the calls with their arguments as the
+        # model wrote them.
         logged = (
             sessions.ListEvents(spb.ListEventsRequest(session_id=openai_sid), timeout=10)
             .events[1]

@@ -28,6 +28,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import session_service_pb2_grpc
 from tests.conformance.sdk_types import errors_for
 from tests.e2e.proc import CLIENT_LOOPS, REPO, DaemonProcess
+from tests.helpers import leading_reasoning
 from tests.helpers import usage_counts as counts_at
 
 CLIENTS = CLIENT_LOOPS
@@ -458,17 +459,18 @@ OPENAI_TS_TEST = (
 
 def _check_openai_body(path: Path) -> None:
     """The body a client's test compiled: valid for the openai SDK's types, stateless, and
-    the fixture's sealed reasoning item goes right before the calls it led to, with its
-    summary and seal only (no id: nothing is stored)."""
+    the fixture's reasoning item right before its message goes right before that message
+    and the calls, with its id, summary and seal only; the others are not sent."""
     body = json.loads(path.read_text(encoding="utf-8"))
     assert errors_for("openai_responses", body) == [] and body["store"] is False
     output = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))["output"]
-    sealed = [i for i in output if i["type"] == "reasoning" and i["encrypted_content"]]
+    sealed = leading_reasoning(output)
     items = body["input"]
     first_call = next(i for i, item in enumerate(items) if item["type"] == "function_call")
+    assert items[first_call - 2]["type"] == "reasoning"  # then the message, then the calls
     reasoning = [item for item in items if item["type"] == "reasoning"]
     assert reasoning == [
-        {k: i[k] for k in ("type", "summary", "encrypted_content")} for i in sealed
+        {k: i[k] for k in ("type", "id", "summary", "encrypted_content")} for i in sealed
     ]
     assert items.index(reasoning[0]) < first_call
 

@@ -46,6 +46,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conformance.sdk_types import errors_for
+from tests.helpers import leading_reasoning
 
 ROUTE = common_pb2.Route(
     connection="t", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
@@ -359,16 +360,18 @@ def function_call(cid: str, path: str) -> dict[str, Any]:
 async def test_a_responses_tool_loop_sends_its_reasoning_items_back(daemon: Daemon) -> None:
     """An agent on a reasoning model over the Responses API: each response (the SDK's own
     `Response`) logged with `assistant_from_openai_responses`; the Responses body of the
-    loop's next step, which the SDK's request type takes, leads each call with the
-    reasoning items that made it, sealed as a stateless request needs them; not in the
-    next turn, not on another model, and not an item that came without its seal."""
+    loop's next step, which the SDK's request type takes, leads each response's message and
+    calls with the reasoning item right before them in the response, with its id and its
+    seal as a stateless request needs them; not an unsealed one before it, not one after
+    the message (an event keeps no order between its text and calls), not in the next
+    turn and not on another model."""
     first = responses_response(
         1, reasoning_item("rs_1", "Look at a.py.", "gAAAAseal1"), function_call("call_1", "a.py")
     )
     second = responses_response(
         2,
-        reasoning_item("rs_2", "Then b.py.", "gAAAAseal2"),
         reasoning_item("rs_3", "Stored only.", None),  # from a stored response: no seal
+        reasoning_item("rs_2", "Then b.py.", "gAAAAseal2"),
         {
             "type": "message",
             "id": "msg_2",
@@ -376,6 +379,7 @@ async def test_a_responses_tool_loop_sends_its_reasoning_items_back(daemon: Daem
             "status": "completed",
             "content": [{"type": "output_text", "text": "Now b.py.", "annotations": []}],
         },
+        reasoning_item("rs_4", "After the preamble.", "gAAAAseal4"),
         function_call("call_2", "b.py"),
     )
     responses = view_pb2.RENDER_FORMAT_OPENAI_RESPONSES
@@ -384,6 +388,10 @@ async def test_a_responses_tool_loop_sends_its_reasoning_items_back(daemon: Daem
         await ctx.append(sid, [user("fix the parser bug")])
         req = cpb.CompileRequest(session_id=sid, route=RESPONSES_ROUTE, render_formats=[responses])
         view = (await ctx.compiles.Compile(req)).view
+        # A response cut at its output cap while the model reasoned: only its reasoning.
+        # Logged as it came (not refused as an empty message), it is sent nowhere.
+        cut = responses_response(0, reasoning_item("rs_0", "Cut short.", "gAAAAseal0"))
+        await ctx.append(sid, [assistant_from_openai_responses(cut, view.route_id)])
         for answer, cid in ((first, "call_1"), (second, "call_2")):
             logged = assistant_from_openai_responses(answer, view.route_id)
             assert logged.assistant_message.native_state.kind == OPENAI_REASONING
@@ -405,8 +413,11 @@ async def test_a_responses_tool_loop_sends_its_reasoning_items_back(daemon: Daem
             ("function_call", "call_2"),
             ("function_call_output", "call_2"),
         ]
-        # As OpenAI's Codex sends them statelessly: no item ids (nothing is stored).
-        assert all("id" not in i for i in body["input"])
+        # The reasoning item keeps its id (the SDK's type wants it, Azure AI Foundry too);
+        # the other items carry none (nothing is stored), as before.
+        assert [i.get("id") for i in body["input"]] == [None, "rs_1", None, None, "rs_2"] + [
+            None
+        ] * 3
         assert body["input"][4]["summary"] == [{"type": "summary_text", "text": "Then b.py."}]
         native = next(la for la in view.layers if la.layer == view_pb2.LAYER_NATIVE_STATE)
         assert native.tokens > 0 and native.items == 2
@@ -458,9 +469,9 @@ def test_the_logged_responses_output_says_what_it_said() -> None:
     """tests/fixtures/client-thinking/openai-response.json (also the Go and TypeScript
     clients' fixture), as the SDK's `Response` and as its JSON: the message's output_text
     parts as one text part, the function calls as the calls (arguments as the model wrote
-    them), and the sealed reasoning item alone as the native state, without its raw text
-    or status; the unsealed one and the web search call are left out. The expectations
-    are read from the fixture itself."""
+    them), and the reasoning item right before the message as the native state, without
+    its raw text or status; the unsealed one before it, the one after the first call and
+    the web search call are left out. The expectations are read from the fixture itself."""
     raw = json.loads(OPENAI_RESPONSE.read_text(encoding="utf-8"))
     out = raw["output"]
     for response in (ot.Response.model_validate(raw), raw):
@@ -471,14 +482,18 @@ def test_the_logged_responses_output_says_what_it_said() -> None:
         assert [(c.call_id, c.name, c.arguments_json) for c in m.tool_calls] == [
             (c["call_id"], c["name"], c["arguments"]) for c in calls
         ]
-        sealed = [i for i in out if i["type"] == "reasoning" and i.get("encrypted_content")]
         assert (m.native_state.route_id, m.native_state.kind) == ("r1", OPENAI_REASONING)
         assert json.loads(m.native_state.data) == [
-            {k: i[k] for k in ("type", "id", "summary", "encrypted_content")} for i in sealed
+            {k: i[k] for k in ("type", "id", "summary", "encrypted_content")}
+            for i in leading_reasoning(out)
         ]
         assert not m.reasoning
-    # No reasoning item with a seal: no native state; no output: an empty message.
-    plain = assistant_from_openai_responses({"output": [out[1], out[3]]}, "r1")
+    # The item right before the message has no seal: no native state (the one before it
+    # is not sent in its place); null fields are "", not "None".
+    plain = assistant_from_openai_responses({"output": [out[1], out[0], out[3]]}, "r1")
     assert not plain.assistant_message.HasField("native_state")
+    nulls = {"type": "function_call", "call_id": None, "name": None, "arguments": None}
+    call = assistant_from_openai_responses({"output": [nulls]}, "r1").assistant_message
+    assert [(c.call_id, c.name, c.arguments_json) for c in call.tool_calls] == [("", "", "{}")]
     empty = assistant_from_openai_responses({"output": []}, "r1")
     assert empty.HasField("assistant_message") and empty.assistant_message.ByteSize() == 0

@@ -22,6 +22,7 @@ from server.domain.model import (
     ContentPart,
     Event,
     NativeState,
+    Role,
     Route,
     Session,
     ToolCall,
@@ -516,7 +517,7 @@ REASONING_LOOP = (
 
 def test_responses_calls_of_the_loop_follow_their_reasoning_items() -> None:
     """Each assistant message of the loop goes back led by its reasoning items, with what a
-    stateless request (store: false) needs of them: summary and encrypted content."""
+    stateless request (store: false) needs of them: id, summary and encrypted content."""
     view = compiled(*REASONING_LOOP, route=RESPONSES)
     body = responses_body(view)
     assert body["store"] is False
@@ -534,9 +535,10 @@ def test_responses_calls_of_the_loop_follow_their_reasoning_items() -> None:
         ("function_call", "c2"),
         ("function_call_output", "c2"),
     ]
-    # No id: in a stateless request it would name a stored item that is not there.
+    # With its id and seal, as the SDK's type has it; not its raw text or status.
     assert body["input"][1] == {
         "type": "reasoning",
+        "id": "rs_1",
         "summary": [{"type": "summary_text", "text": "Read a.py first."}],
         "encrypted_content": "gAAAArs_1",
     }
@@ -583,10 +585,53 @@ def test_only_arrays_of_sealed_reasoning_items_are_reasoning_items(data: bytes) 
     assert reasoning_items(data) is None
 
 
-def test_an_item_logged_without_its_id_is_an_item() -> None:
-    """The id is not sent back (a stateless request names no stored item): an item an
-    agent logged without it goes back as one that had it."""
+def test_an_item_logged_without_its_id_goes_without() -> None:
     sealed = b'[{"type": "reasoning", "summary": [], "encrypted_content": "x"}]'
     assert reasoning_items(sealed) == (
         {"type": "reasoning", "summary": [], "encrypted_content": "x"},
     )
+
+
+def several(*rids: str) -> NativeState:
+    """Several reasoning items logged with one message, in the response's order."""
+    items = [json.loads(reasoned(r, r).data)[0] for r in rids]
+    return NativeState(RESPONSES.route_id, OPENAI_KIND, json.dumps(items).encode())
+
+
+def test_only_the_item_right_before_the_message_goes_and_only_where_it_is_known() -> None:
+    """The API refuses a reasoning item not right before the item that followed it: of
+    several logged with one message only the last goes (the ones before it were followed
+    by reasoning); a message merged from two responses' events sends none (which of its
+    text and calls followed which item is not known); a response that held reasoning only
+    (cut at its output cap) sends none, also when merged with the next."""
+    lead = [
+        (i["id"], i["type"])
+        for i in responses_body(
+            compiled(
+                user("go"),
+                AssistantMessage((), (call("c1", "a.py"),), "", several("rs_a", "rs_b")),
+                ToolResult("c1", "read", text="1"),
+                route=RESPONSES,
+            )
+        )["input"]
+        if i["type"] == "reasoning"
+    ]
+    assert lead == [("rs_b", "reasoning")]
+    merged = compiled(
+        user("go"),
+        AssistantMessage((ContentPart(text="first"),), (), "", reasoned("rs_1", "x")),
+        AssistantMessage((), (call("c1", "a.py"),), "", reasoned("rs_2", "y")),
+        ToolResult("c1", "read", text="1"),
+        route=RESPONSES,
+    )
+    assert [m.role for m in merged.messages].count(Role.ASSISTANT) == 1  # one message
+    assert all(i["type"] != "reasoning" for i in responses_body(merged)["input"])
+    cut = compiled(
+        user("go"),
+        AssistantMessage((), (), "", reasoned("rs_0", "cut")),
+        AssistantMessage((), (call("c1", "a.py"),), "", reasoned("rs_1", "y")),
+        ToolResult("c1", "read", text="1"),
+        route=RESPONSES,
+    )
+    sent = [i["id"] for i in responses_body(cut)["input"] if i["type"] == "reasoning"]
+    assert sent == ["rs_1"]

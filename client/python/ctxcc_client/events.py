@@ -174,19 +174,32 @@ def assistant_from_openai_responses(response: object, route_id: str) -> event_pb
     `Response`, or the response's JSON as a mapping): the `output_text` (and `refusal`)
     parts of its `message` items become the message's text, its `function_call` items its
     tool calls (call id: the item's `call_id`, which its `function_call_output` names),
-    and its `reasoning` items its native state of kind "openai.reasoning" on `route_id`
-    (the compiled view's `route_id`): each item's id, summary and `encrypted_content`.
-    OpenAI asks that a reasoning model's items since the latest user message go back
-    with its calls; ctxcc's Responses body sends them, stateless (`store: false`), on
-    that route only and only in the turn that made them. An item without encrypted
-    content (a stored response's, named by id alone) cannot go back statelessly and is
-    left out; the raw reasoning text is not logged (R-MISC-2)."""
+    and the reasoning item right before its first message or call its native state of
+    kind "openai.reasoning" on `route_id` (the compiled view's `route_id`): the item's
+    id, summary and `encrypted_content`. OpenAI asks that a reasoning model's items since
+    the latest user message go back with its calls; ctxcc's Responses body sends it,
+    stateless (`store: false`), on that route only and only in the turn that made it.
+
+    The API refuses a reasoning item that is not right before the item that followed it,
+    and an event keeps no order between its text and its calls: so only that item is
+    logged (the reasoning items before it, and any after the first message or call, are
+    left out, as a client that keeps no reasoning leaves them all), and only with its
+    encrypted content (a stateless request cannot name a stored item). A response with
+    nothing but reasoning (cut at its output cap) gives a message with only that state,
+    which the daemon logs and sends nowhere. The raw reasoning text is not logged
+    (R-MISC-2)."""
     ev = event_pb2.Event()
     m = ev.assistant_message
     m.SetInParent()  # a response with no output is an empty message, as Go and TS give
-    reasoning: list[dict[str, object]] = []
+    leading: object = None  # the last reasoning item before the first message or call
+    started = False
     for item in _get(response, "output") or ():  # type: ignore[attr-defined]
         kind = _get(item, "type")
+        if kind == "reasoning":
+            leading = leading if started else item
+            continue
+        if kind in ("message", "function_call"):
+            started = True
         if kind == "message":
             after_text = False  # one part per message item: a view joins parts by lines
             for part in _get(item, "content") or ():  # type: ignore[attr-defined]
@@ -197,25 +210,26 @@ def assistant_from_openai_responses(response: object, route_id: str) -> event_pb
                     after_text = True
         elif kind == "function_call":
             m.tool_calls.add(
-                call_id=str(_get(item, "call_id")),
-                name=str(_get(item, "name")),
-                arguments_json=str(_get(item, "arguments") or "{}"),
+                call_id=_text(_get(item, "call_id")),
+                name=_text(_get(item, "name")),
+                arguments_json=_text(_get(item, "arguments")) or "{}",
             )
-        elif kind == "reasoning" and _get(item, "encrypted_content"):
-            summary = [
-                {"type": "summary_text", "text": str(_get(p, "text") or "")}
-                for p in _get(item, "summary") or ()  # type: ignore[attr-defined]
-            ]
-            reasoning.append(
-                {
-                    "type": "reasoning",
-                    "id": str(_get(item, "id")),
-                    "summary": summary,
-                    "encrypted_content": str(_get(item, "encrypted_content")),
-                }
-            )
-    if reasoning:
+    if leading is not None and _get(leading, "encrypted_content"):
+        item = {
+            "type": "reasoning",
+            "id": _text(_get(leading, "id")),
+            "summary": [
+                {"type": "summary_text", "text": _text(_get(p, "text"))}
+                for p in _get(leading, "summary") or ()  # type: ignore[attr-defined]
+            ],
+            "encrypted_content": _text(_get(leading, "encrypted_content")),
+        }
         m.native_state.route_id = route_id
         m.native_state.kind = OPENAI_REASONING
-        m.native_state.data = json.dumps(reasoning, ensure_ascii=False).encode()
+        m.native_state.data = json.dumps([item], ensure_ascii=False).encode()
     return ev
+
+
+def _text(value: object) -> str:
+    """A string field of a response: "" for a missing or null one (not "None")."""
+    return "" if value is None else str(value)

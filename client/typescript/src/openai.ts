@@ -41,22 +41,33 @@ function list(value: unknown): Array<Record<string, unknown>> {
  * `refusal`) parts of its message items become the message's text (one part per message
  * item: a view joins parts with line breaks), its `function_call` items its tool calls
  * (`callId` = `call_id`, which the `function_call_output` names; `argumentsJson` = the
- * arguments as the model wrote them), and its `reasoning` items its native state of kind
- * `OPENAI_REASONING` on `routeId` (the compiled view's `routeId`): each item's id, summary
- * and `encrypted_content`. OpenAI asks that a reasoning model's items since the latest user
- * message go back with its calls; the daemon's Responses body sends them, stateless
- * (`store: false`), on that route only and only in the turn that made them. An item without
- * encrypted content (a stored response's, named by id alone) cannot go back statelessly and
- * is left out; the raw reasoning text is not logged (R-MISC-2).
+ * arguments as the model wrote them), and the reasoning item right before its first message
+ * or call its native state of kind `OPENAI_REASONING` on `routeId` (the compiled view's
+ * `routeId`): the item's id, summary and `encrypted_content`. OpenAI asks that a reasoning
+ * model's items since the latest user message go back with its calls; the daemon's Responses
+ * body sends it, stateless (`store: false`), on that route only and only in the turn that
+ * made it.
+ *
+ * The API refuses a reasoning item that is not right before the item that followed it, and
+ * an event keeps no order between its text and its calls: so only that item is logged (the
+ * reasoning items before it, and any after the first message or call, are left out, as a
+ * client that keeps no reasoning leaves them all), and only with its encrypted content (a
+ * stateless request cannot name a stored item). A response with nothing but reasoning (cut
+ * at its output cap) gives a message with only that state, which the daemon logs and sends
+ * nowhere. The raw reasoning text is not logged (R-MISC-2).
  */
 export function assistantFromOpenAIResponses(response: OpenAIResponse, routeId: string): Event {
   const parts: ContentPart[] = [];
   const toolCalls: ToolCall[] = [];
-  const reasoning: Array<{ type: "reasoning"; id: string; summary: Array<{ type: "summary_text"; text: string }>; encrypted_content: string }> = [];
+  let leading: Readonly<Record<string, unknown>> | undefined; // the last reasoning item before the first message or call
+  let started = false;
   for (const it of response.output ?? []) {
     // Read as the untyped object it is: each field's shape is checked where it is used.
     const item: Readonly<Record<string, unknown>> = { ...it };
-    if (item.type === "message") {
+    if (item.type === "reasoning") {
+      if (!started) leading = item;
+    } else if (item.type === "message") {
+      started = true;
       let afterText = false;
       for (const c of list(item.content)) {
         const text = c.type === "output_text" ? c.text : c.type === "refusal" ? c.refusal : null;
@@ -66,14 +77,16 @@ export function assistantFromOpenAIResponses(response: OpenAIResponse, routeId: 
         }
       }
     } else if (item.type === "function_call") {
+      started = true;
       const args = typeof item.arguments === "string" && item.arguments ? item.arguments : "{}";
       toolCalls.push({ callId: String(item.call_id ?? ""), name: String(item.name ?? ""), argumentsJson: args });
-    } else if (item.type === "reasoning" && typeof item.encrypted_content === "string" && item.encrypted_content) {
-      const summary = list(item.summary).map((s) => ({ type: "summary_text" as const, text: String(s.text ?? "") }));
-      reasoning.push({ type: "reasoning", id: String(item.id ?? ""), summary, encrypted_content: item.encrypted_content });
     }
   }
-  const nativeState =
-    reasoning.length > 0 ? { routeId, kind: OPENAI_REASONING, data: Buffer.from(JSON.stringify(reasoning), "utf8") } : undefined;
+  let nativeState;
+  if (leading && typeof leading.encrypted_content === "string" && leading.encrypted_content) {
+    const summary = list(leading.summary).map((s) => ({ type: "summary_text" as const, text: String(s.text ?? "") }));
+    const item = { type: "reasoning", id: String(leading.id ?? ""), summary, encrypted_content: leading.encrypted_content };
+    nativeState = { routeId, kind: OPENAI_REASONING, data: Buffer.from(JSON.stringify([item]), "utf8") };
+  }
   return Event.fromPartial({ payload: { $case: "assistantMessage", value: { parts, toolCalls, nativeState } } });
 }

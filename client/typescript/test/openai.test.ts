@@ -17,19 +17,22 @@ const fixture = JSON.parse(
   readFileSync(new URL("../../../../tests/fixtures/client-thinking/openai-response.json", import.meta.url), "utf8"),
 ) as { output: Array<Record<string, unknown> & { type: string }> };
 
-/** What the fixture says, read from its JSON: the message's text, the calls, and the sealed
- * reasoning items as the daemon takes them back (type, id, summary, encrypted_content). */
+/** What the fixture says, read from its JSON: the message's text, the calls, and what is
+ * logged of its reasoning: the item right before its first message or call, when sealed, as
+ * the daemon takes it back (type, id, summary, encrypted_content). */
 const output = fixture.output;
 const text = output
   .filter((i) => i.type === "message")
   .flatMap((i) => (i.content as Array<{ text: string }>).map((c) => c.text))
   .join("");
 const calls = output.filter((i) => i.type === "function_call").map((i) => [i.call_id, i.name, i.arguments]);
-const sealed = output
-  .filter((i) => i.type === "reasoning" && i.encrypted_content)
-  .map((i) => ({ type: i.type, id: i.id, summary: i.summary, encrypted_content: i.encrypted_content }));
+const first = output.findIndex((i) => i.type === "message" || i.type === "function_call");
+const leading = output.slice(0, first).filter((i) => i.type === "reasoning").at(-1);
+const sealed = leading?.encrypted_content
+  ? [{ type: leading.type, id: leading.id, summary: leading.summary, encrypted_content: leading.encrypted_content }]
+  : [];
 
-test("the logged response says what it said: its text as one part, its calls, its sealed reasoning item as the native state", () => {
+test("the logged response says what it said: its text as one part, its calls, the reasoning item right before its message as the native state", () => {
   const ev = assistantFromOpenAIResponses(fixture, "r1");
   assert.equal(ev.payload?.$case, "assistantMessage");
   const m = ev.payload.value;
@@ -40,8 +43,10 @@ test("the logged response says what it said: its text as one part, its calls, it
   assert.deepEqual(JSON.parse(m.nativeState.data.toString("utf8")), sealed);
   assert.equal(m.reasoning, ""); // R-MISC-2: no raw reasoning text
   assert.ok(!m.nativeState.data.toString("utf8").includes("raw reasoning"));
-  // No sealed item: no native state; no output: an empty message.
-  const plain = assistantFromOpenAIResponses({ output: output.slice(1) }, "r1");
+  assert.equal(sealed.length, 1);
+  // The item right before the message has no seal: no native state (the sealed one before
+  // it is not sent in its place); no output: an empty message.
+  const plain = assistantFromOpenAIResponses({ output: [output[1], output[0], ...output.slice(2)] }, "r1");
   assert.equal(plain.payload?.$case === "assistantMessage" ? plain.payload.value.nativeState : "?", undefined);
   assert.deepEqual(assistantFromOpenAIResponses({}, "r1"), Event.fromPartial({ payload: { $case: "assistantMessage", value: {} } }));
 });
@@ -82,11 +87,7 @@ test(
         sent.input.map((i) => i.type),
         ["message", "reasoning", "message", "function_call", "function_call", "function_call_output", "function_call_output"],
       );
-      // Without their ids: a stateless request names no stored item.
-      assert.deepEqual(
-        sent.input.filter((i) => i.type === "reasoning"),
-        sealed.map(({ id: _, ...item }) => item),
-      );
+      assert.deepEqual(sent.input.filter((i) => i.type === "reasoning"), sealed);
       assert.deepEqual(sent.input.filter((i) => i.type === "function_call").map((i) => i.call_id), calls.map((c) => c[0]));
       if (process.env.CTXCC_OPENAI_BODY) writeFileSync(process.env.CTXCC_OPENAI_BODY, sent.bodyJson);
       const other = await body({ ...route, model: "gpt-5" });

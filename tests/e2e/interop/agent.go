@@ -130,8 +130,7 @@ func geminiSession(ctx context.Context, c *ctxcc.Client) map[string]any {
 
 // openAISession logs an OpenAI Responses response with reasoning items and its tools'
 // results, and records the item types of the Responses body's input and whether its
-// reasoning items are the response's sealed ones (summary, encrypted content: no id is
-// sent).
+// reasoning items are the one right before its message (id, summary, encrypted content).
 func openAISession(ctx context.Context, c *ctxcc.Client) map[string]any {
 	raw := must(os.ReadFile(os.Getenv("CTXCC_OPENAI_RESPONSE")))
 	var resp ctxcc.OpenAIResponse
@@ -161,10 +160,17 @@ func openAISession(ctx context.Context, c *ctxcc.Client) map[string]any {
 			sent = append(sent, it)
 		}
 	}
+	var leading map[string]any // the last reasoning item before the first message or call
 	for _, it := range fixture.Output {
-		if seal, _ := it["encrypted_content"].(string); it["type"] == "reasoning" && seal != "" {
-			sealed = append(sealed, map[string]any{"type": it["type"], "summary": it["summary"], "encrypted_content": seal})
+		if it["type"] == "message" || it["type"] == "function_call" {
+			break
 		}
+		if it["type"] == "reasoning" {
+			leading = it
+		}
+	}
+	if seal, _ := leading["encrypted_content"].(string); seal != "" {
+		sealed = append(sealed, map[string]any{"type": "reasoning", "id": leading["id"], "summary": leading["summary"], "encrypted_content": seal})
 	}
 	return map[string]any{"openai_session_id": sid, "reasoning": []any{types, reflect.DeepEqual(sent, sealed)}}
 }

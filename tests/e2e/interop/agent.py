@@ -218,7 +218,7 @@ async def gemini_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -
 async def openai_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -> None:
     """Logs an OpenAI Responses response with reasoning items and its tools' results;
     records the item types of the Responses body's input and whether its reasoning items
-    are the response's sealed ones (summary, encrypted content: no id is sent)."""
+    are the one right before its message (id, summary, encrypted content)."""
     sid, body = await logged_body(
         ctx,
         OPENAI,
@@ -226,12 +226,13 @@ async def openai_session(ctx: AsyncClient, response: Any, out: dict[str, Any]) -
         lambda route_id: assistant_from_openai_responses(response, route_id),
     )
     out["openai_session_id"] = sid
-    keys = ("type", "summary", "encrypted_content")
-    sealed = [
-        {k: i[k] for k in keys}
-        for i in response["output"]
-        if i["type"] == "reasoning" and i["encrypted_content"]
-    ]
+    keys = ("type", "id", "summary", "encrypted_content")
+    leading = None  # the last reasoning item before the first message or call
+    for i in response["output"]:
+        if i["type"] in ("message", "function_call"):
+            break
+        leading = i if i["type"] == "reasoning" else leading
+    sealed = [{k: leading[k] for k in keys}] if leading and leading["encrypted_content"] else []
     sent = [i for i in body["input"] if i["type"] == "reasoning"]
     out["reasoning"] = [[i["type"] for i in body["input"]], sent == sealed]
 

@@ -221,7 +221,7 @@ async function geminiSession(ctx: Client): Promise<Record<string, unknown>> {
 
 /** Logs an OpenAI Responses response with reasoning items and its tools' results; records the
  * item types of the Responses body's input and whether its reasoning items are the response's
- * sealed ones (summary, encrypted content: no id is sent). */
+ * one right before its message (id, summary, encrypted content). */
 async function openAISession(ctx: Client): Promise<Record<string, unknown>> {
   type Item = { type: string; id?: string; summary?: unknown; encrypted_content?: string | null };
   const response = JSON.parse(readFileSync(process.env.CTXCC_OPENAI_RESPONSE!, "utf8")) as { output: Item[] };
@@ -233,9 +233,11 @@ async function openAISession(ctx: Client): Promise<Record<string, unknown>> {
   const calls = logged.payload?.$case === "assistantMessage" ? logged.payload.value.toolCalls : [];
   await ctx.append(sid, [logged, ...calls.map((c) => toolResult(c.callId, "ok", c.name))]);
   const body = JSON.parse((await ctx.compile(req)).renderings[0].bodyJson) as { input: Item[] };
-  const sealed = response.output
-    .filter((i) => i.type === "reasoning" && i.encrypted_content)
-    .map((i) => ({ type: i.type, summary: i.summary, encrypted_content: i.encrypted_content }));
+  const first = response.output.findIndex((i) => i.type === "message" || i.type === "function_call");
+  const leading = response.output.slice(0, first).filter((i) => i.type === "reasoning").at(-1);
+  const sealed = leading?.encrypted_content
+    ? [{ type: leading.type, id: leading.id, summary: leading.summary, encrypted_content: leading.encrypted_content }]
+    : [];
   const sent = body.input.filter((i) => i.type === "reasoning");
   return { openai_session_id: sid, reasoning: [body.input.map((i) => i.type), isDeepStrictEqual(sent, sealed)] };
 }
