@@ -30,8 +30,8 @@ from typing import Any
 from bench.daemon import BenchDaemon
 from bench.isolation import daemon_cpu_s
 from bench.rpc import ROUTE, Api, StreamAgent, conversation, tool_step
+from ctxcc.v1 import common_pb2, session_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
-from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from server.config import resolve
@@ -121,7 +121,8 @@ def run(data_dir: Path, scale: float = 1.0) -> dict[str, float]:
         agent.close()
     finally:
         d.stop()
-    return out | asyncio.run(_in_process(data_dir.parent / f"{data_dir.name}-inproc", n))
+    grow = max(50, int(5000 * scale))
+    return out | asyncio.run(_in_process(data_dir.parent / f"{data_dir.name}-inproc", n, grow))
 
 
 class _Context:
@@ -130,6 +131,13 @@ class _Context:
     async def abort_with_status(self, status: object) -> None:
         raise RuntimeError(f"the handler failed: {status}")
 
+
+# The route of the growth measure: a model with a 1M-token window, so that ~12,000
+# messages stay under its budget (on GPT-4o's 128k they would not, and every step would
+# also recommend a compaction as long as the history).
+WIDE = common_pb2.Route(
+    connection=ROUTE.connection, protocol=ROUTE.protocol, endpoint=ROUTE.endpoint, model="gpt-4.1"
+)
 
 # The parts that are calls of the daemon's own handlers (not echoes, not the disk).
 IN_PROCESS = tuple(p for p in PARTS if not p.startswith(("echo", "fsync")))
@@ -151,7 +159,48 @@ def _compile_id(answer: Any) -> str:
     return str(out.view.compile_id if kind == "view" else out.delta.head.compile_id)
 
 
-async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
+async def _parts(
+    calls: dict[str, Callable[[], Awaitable[Any]]], last: list[str], n: int
+) -> dict[str, float]:
+    """p50 and CPU ms of each in-process part's call; `last` follows the stream's views."""
+    out: dict[str, float] = {}
+    for name in IN_PROCESS:
+        times, cpu = [], 0.0
+        for i in range(n + 3):
+            started, cpu_started = time.perf_counter(), time.process_time()
+            answer = await calls[name]()
+            if i >= 3:
+                times.append(time.perf_counter() - started)
+                cpu += time.process_time() - cpu_started
+            if name.startswith(("stream", "step")):
+                last[0] = _compile_id(answer)  # the client's part: not timed
+        out[f"inproc_{name}_p50_ms"] = statistics.median(times) * 1000
+        out[f"inproc_{name}_cpu_ms"] = cpu / n * 1000
+    return out
+
+
+async def _grown(step: Callable[[], Awaitable[None]], n: int, grow: int) -> tuple[float, float]:
+    """CPU ms of one `step` over `n`, then again after `grow` of them not measured."""
+
+    async def measured() -> float:
+        started = time.process_time()
+        for _ in range(n):
+            await step()
+        return (time.process_time() - started) / n * 1000
+
+    for _ in range(3):  # the route's first compiles start its memo
+        await step()
+    start = await measured()
+    for _ in range(grow):
+        await step()
+    return start, await measured()
+
+
+async def _in_process(data_dir: Path, n: int, grow: int) -> dict[str, float]:
+    """The parts' calls on the daemon's own handlers; then the step that appends, with the
+    chained digest the clients ask for, before and after `grow` more such steps (2
+    messages each: ~10,000 more at scale 1): a step should cost what is new, whatever
+    the history."""
     cfg = resolve(
         {
             "data_dir": str(data_dir),
@@ -181,11 +230,17 @@ async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
         answers = aiter(cs.CompileStream(feed(), ctx))
         last = [""]
         compile_req = cpb.CompileRequest(session_id="stepped", route=ROUTE)
+        wide_req = cpb.CompileRequest(session_id="stepped", route=WIDE)
 
-        async def stream_step(events: list[Any], carry: bool = False) -> Any:
+        async def stream_step(events: list[Any], carry: bool = False, chained: bool = False) -> Any:
             step = cpb.StepRequest(
-                step_id="s", events=events, compile=compile_req, delta_base_compile_id=last[0]
+                step_id="s",
+                events=events,
+                compile=wide_req if chained else compile_req,
+                delta_base_compile_id=last[0],
             )
+            if chained:  # the digest the clients' stream helpers ask for
+                step.delta_digest = cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
             if carry:  # the usage of the view the previous step returned
                 step.usage.CopyFrom(_usage(last[0]))
             await requests.put(cpb.CompileStreamRequest(step=step))
@@ -212,19 +267,16 @@ async def _in_process(data_dir: Path, n: int) -> dict[str, float]:
             "report_usage": lambda: cs.ReportUsage(_usage(last[0]), ctx),
         }
         last[0] = _compile_id(await stream_step([]))
-        out: dict[str, float] = {}
-        for name in IN_PROCESS:
-            times, cpu = [], 0.0
-            for i in range(n + 3):
-                started, cpu_started = time.perf_counter(), time.process_time()
-                answer = await calls[name]()
-                if i >= 3:
-                    times.append(time.perf_counter() - started)
-                    cpu += time.process_time() - cpu_started
-                if name.startswith(("stream", "step")):
-                    last[0] = _compile_id(answer)  # the client's part: not timed
-            out[f"inproc_{name}_p50_ms"] = statistics.median(times) * 1000
-            out[f"inproc_{name}_cpu_ms"] = cpu / n * 1000
+        out = await _parts(calls, last, n)
+
+        async def appending() -> None:
+            last[0] = _compile_id(await stream_step(appended(), chained=True))
+
+        start, grown = await _grown(appending, n, grow)
+        out["inproc_grown_view_messages"] = float(201 + 2 * count[0])
+        out["inproc_step_chained_start_cpu_ms"] = start
+        out["inproc_step_chained_grown_cpu_ms"] = grown
+        out["inproc_step_grown_vs_start_cpu"] = grown / start
         await requests.put(None)
         async for _ in answers:  # the stream ends with its requests
             pass
@@ -253,6 +305,12 @@ def main() -> None:
             f"{'' if own is None else f'{own:.3f}':>17}"
             f"{'' if own_p50 is None else f'{own_p50:.3f}':>9}"
         )
+    print(
+        f"in-process step that appends, at ~{rows['inproc_grown_view_messages']:.0f} messages: "
+        f"{rows['inproc_step_chained_grown_cpu_ms']:.3f} ms of CPU, "
+        f"{rows['inproc_step_grown_vs_start_cpu']:.2f}x the same step "
+        f"({rows['inproc_step_chained_start_cpu_ms']:.3f} ms) before"
+    )
 
 
 if __name__ == "__main__":
