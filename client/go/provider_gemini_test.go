@@ -3,7 +3,6 @@ package ctxcc
 import (
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -18,12 +17,7 @@ import (
 // characters and numbers written in many ways), the second with an id, the third with
 // neither.
 func geminiResponse(t *testing.T) []byte {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "client-thinking", "gemini-response.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
+	return thinkingFixture(t, "gemini-response.json")
 }
 
 // geminiCall is a call as the test expects it: id ("" when the response gave none), name,

@@ -3,7 +3,6 @@ package ctxcc
 import (
 	"encoding/json"
 	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -17,12 +16,7 @@ import (
 // of two output_text parts, two function calls (arguments with numbers and escapes as the
 // model wrote them) and a web search call between them.
 func openAIResponse(t *testing.T) []byte {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "client-thinking", "openai-response.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
+	return thinkingFixture(t, "openai-response.json")
 }
 
 // openAIExpected is what the fixture says, read from its JSON on its own, not through

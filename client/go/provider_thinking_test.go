@@ -21,8 +21,14 @@ import (
 // text block, and two tool_use blocks, one with non-ASCII and control characters and
 // numbers written in many ways (1.0, 1E+2, -0.0, 5e-324, 2^53-1, index-like keys).
 func anthropicResponse(t *testing.T) []byte {
+	return thinkingFixture(t, "anthropic-response.json")
+}
+
+// thinkingFixture is the file name of tests/fixtures/client-thinking, the provider
+// responses all three clients' helpers are tested with.
+func thinkingFixture(t *testing.T, name string) []byte {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "client-thinking", "anthropic-response.json"))
+	data, err := os.ReadFile(filepath.Join("..", "..", "tests", "fixtures", "client-thinking", name))
 	if err != nil {
 		t.Fatal(err)
 	}
