@@ -29,8 +29,9 @@ FLAT_SCHEMAS = 6
 # named, a failed call without output says so in OpenAI bodies, image/jpg is sent as
 # image/jpeg, and an output cap fitted to the window leaves a margin (output_cap).
 PROVIDER_LIMITS = 7
-# Responses bodies send back the current turn's logged reasoning items before the calls
-# they led to, and the estimate counts them (domain/thinking.py).
+# Responses bodies lead an assistant message of the current tool loop with the reasoning
+# item logged with it, where its place in the response is known, and the estimate counts
+# it (domain/thinking.py, render_openai._reasoning).
 REASONING_ITEMS = 8
 
 LATEST = REASONING_ITEMS
