@@ -31,7 +31,8 @@ FLAT_SCHEMAS = 6
 PROVIDER_LIMITS = 7
 # Responses bodies lead an assistant message of the current tool loop with the reasoning
 # item logged with it, where its place in the response is known, and the estimate counts
-# it (domain/thinking.py, render_openai._reasoning).
+# it (domain/thinking.py, render_openai._reasoning); the state of an assistant message
+# the model sees nothing of is sent with no body, whatever its kind (turn_thinking).
 REASONING_ITEMS = 8
 
 LATEST = REASONING_ITEMS

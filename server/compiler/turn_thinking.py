@@ -65,9 +65,10 @@ def turn_thinking(
         state = e.payload.native_state
         if state.kind not in kinds or state.route_id != route_id:
             continue
-        if state.kind == OPENAI_KIND and not _visible(e.payload):
-            # A response cut while the model reasoned: merged into the next assistant
-            # message, its items would be sent before another response's.
+        if rendering >= renderings.REASONING_ITEMS and not _visible(e.payload):
+            # A response cut while the model reasoned (logged since appends take a message
+            # with only native state): merged into the next assistant message, its state
+            # would be sent with another response's, whatever its kind.
             continue
         # A message with nothing the model sees (reasoning only) is not in the view: its
         # state goes with nothing; and state the provider would refuse is not sent.

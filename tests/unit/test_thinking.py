@@ -635,3 +635,19 @@ def test_only_the_item_right_before_the_message_goes_and_only_where_it_is_known(
     )
     sent = [i["id"] for i in responses_body(cut)["input"] if i["type"] == "reasoning"]
     assert sent == ["rs_1"]
+
+
+def test_state_of_a_message_the_model_sees_nothing_of_goes_nowhere() -> None:
+    """A response cut while Claude thought (only its blocks) merges into the next assistant
+    turn: from rendering 8 its blocks are not sent with the next response's, as for every
+    kind of state; a compile recorded at 7 is rebuilt with them, as it was."""
+    cut = [{"type": "thinking", "thinking": "cut short", "signature": "EqCUT"}]
+    payloads = (
+        user("fix the bug"),
+        AssistantMessage((), (), "", state(cut)),
+        AssistantMessage((), (call("c1", "a.py"),), "", state(THOUGHT_A)),
+        ToolResult("c1", "read", text="print(1)"),
+    )
+    now, then = compiled(*payloads), compiled(*payloads, rendering=7)
+    assert [t[:1] for t in assistant_turns(anthropic(now))] == [THOUGHT_A]
+    assert [t[:2] for t in assistant_turns(anthropic(then))] == [cut + THOUGHT_A]
