@@ -118,10 +118,7 @@ func checkGeminiEvent(t *testing.T, m *ctxccv1.AssistantMessage, raw []byte, rou
 // calls without one are new on every call of the helper (unique in the session).
 func TestAssistantFromGemini(t *testing.T) {
 	raw := geminiResponse(t)
-	var resp GeminiResponse
-	if err := json.Unmarshal(raw, &resp); err != nil {
-		t.Fatal(err)
-	}
+	resp := decodeFixture[GeminiResponse](t, raw)
 	first := AssistantFromGemini(resp, "r1").GetAssistantMessage()
 	checkGeminiEvent(t, first, raw, "r1")
 	again := AssistantFromGemini(resp, "r1").GetAssistantMessage()
@@ -169,7 +166,7 @@ func TestAssistantFromGeminiWithIDs(t *testing.T) {
 		t.Fatalf("got %v, want %v", got, want)
 	}
 	empty := AssistantFromGemini(GeminiResponse{}, "r2")
-	if !proto.Equal(empty, &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: &ctxccv1.AssistantMessage{}}}) {
+	if !isEmptyAssistant(empty) {
 		t.Fatalf("no candidates: %v", empty)
 	}
 }
@@ -182,10 +179,7 @@ func TestAssistantFromGeminiWithIDs(t *testing.T) {
 // (tests/e2e/test_clients.py checks it against google-genai's types).
 func TestAssistantFromGeminiAgainstADaemon(t *testing.T) {
 	raw := geminiResponse(t)
-	var resp GeminiResponse
-	if err := json.Unmarshal(raw, &resp); err != nil {
-		t.Fatal(err)
-	}
+	resp := decodeFixture[GeminiResponse](t, raw)
 	route := &ctxccv1.Route{Connection: "c", Protocol: "gemini", Endpoint: "api", Model: "gemini-3-pro-preview"}
 	d := newDaemonSession(t)
 	type part struct {

@@ -59,10 +59,7 @@ func openAIExpected(t *testing.T, raw []byte) (text string, calls [][3]string, s
 // call).
 func TestAssistantFromOpenAIResponses(t *testing.T) {
 	raw := openAIResponse(t)
-	var resp OpenAIResponse
-	if err := json.Unmarshal(raw, &resp); err != nil {
-		t.Fatal(err)
-	}
+	resp := decodeFixture[OpenAIResponse](t, raw)
 	m := AssistantFromOpenAIResponses(resp, "r1").GetAssistantMessage()
 	text, calls, sealed := openAIExpected(t, raw)
 	if len(m.GetParts()) != 1 || m.GetParts()[0].GetText() != text {
@@ -93,7 +90,7 @@ func TestAssistantFromOpenAIResponses(t *testing.T) {
 		t.Errorf("state without a sealed item right before the message: %v", plain)
 	}
 	empty := AssistantFromOpenAIResponses(OpenAIResponse{}, "r1")
-	if !proto.Equal(empty, &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: &ctxccv1.AssistantMessage{}}}) {
+	if !isEmptyAssistant(empty) {
 		t.Fatalf("no output: %v", empty)
 	}
 }
@@ -106,10 +103,7 @@ func TestAssistantFromOpenAIResponses(t *testing.T) {
 // (tests/e2e/test_clients.py checks it against the openai SDK's types).
 func TestAssistantFromOpenAIResponsesAgainstADaemon(t *testing.T) {
 	raw := openAIResponse(t)
-	var resp OpenAIResponse
-	if err := json.Unmarshal(raw, &resp); err != nil {
-		t.Fatal(err)
-	}
+	resp := decodeFixture[OpenAIResponse](t, raw)
 	route := &ctxccv1.Route{Connection: "c", Protocol: "openai-responses", Endpoint: "api", Model: "o4-mini"}
 	d := newDaemonSession(t)
 	// items is the route's view and its Responses body's input items.

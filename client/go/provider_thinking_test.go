@@ -24,6 +24,22 @@ func anthropicResponse(t *testing.T) []byte {
 	return thinkingFixture(t, "anthropic-response.json")
 }
 
+// decodeFixture is a provider response's JSON decoded into the helper's own type.
+func decodeFixture[T any](t *testing.T, raw []byte) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// isEmptyAssistant is whether ev is an assistant message holding nothing (what a helper
+// gives for a response without output).
+func isEmptyAssistant(ev *ctxccv1.Event) bool {
+	return proto.Equal(ev, &ctxccv1.Event{Payload: &ctxccv1.Event_AssistantMessage{AssistantMessage: &ctxccv1.AssistantMessage{}}})
+}
+
 // thinkingFixture is the file name of tests/fixtures/client-thinking, the provider
 // responses all three clients' helpers are tested with.
 func thinkingFixture(t *testing.T, name string) []byte {
@@ -55,10 +71,7 @@ func decodeJSON(t *testing.T, data []byte) any {
 // own, not through AnthropicMessage.
 func TestAssistantFromAnthropic(t *testing.T) {
 	raw := anthropicResponse(t)
-	var msg AnthropicMessage
-	if err := json.Unmarshal(raw, &msg); err != nil {
-		t.Fatal(err)
-	}
+	msg := decodeFixture[AnthropicMessage](t, raw)
 	m := AssistantFromAnthropic(msg, "r1").GetAssistantMessage()
 
 	var texts []string
@@ -177,10 +190,7 @@ func TestAssistantFromAnthropicJoinsAdjacentText(t *testing.T) {
 // and carries its text and tool calls; a model of another route gets no block.
 func TestAssistantFromAnthropicAgainstADaemon(t *testing.T) {
 	raw := anthropicResponse(t)
-	var msg AnthropicMessage
-	if err := json.Unmarshal(raw, &msg); err != nil {
-		t.Fatal(err)
-	}
+	msg := decodeFixture[AnthropicMessage](t, raw)
 	route := &ctxccv1.Route{Connection: "c", Protocol: "anthropic-messages", Endpoint: "api", Model: "claude-sonnet-4-5"}
 	d := newDaemonSession(t)
 	body := func(route *ctxccv1.Route) (*ctxccv1.CompiledView, []anthropicTurn) {
