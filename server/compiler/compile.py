@@ -93,7 +93,7 @@ class CompileInputs:
     compile_id: str
     session: Session
     # The whole log up to the boundary, or only the events after `checkpoint`.
-    events: tuple[Event, ...]
+    events: Sequence[Event]
     event_boundary: int
     route: Route
     limits: ModelLimits = ModelLimits()
@@ -328,7 +328,7 @@ def changed_sections(
     )
 
 
-def active_texts(inputs: CompileInputs, turn: ActiveTurn) -> tuple[tuple[str, ...], int]:
+def active_texts(inputs: CompileInputs, turn: ActiveTurn) -> tuple[Sequence[str], int]:
     """What the model is working on: the latest user message and every step after it;
     and the seq of that user message when its texts go before the turn's (-1: not)."""
     user = inputs.current_user

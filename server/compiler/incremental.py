@@ -45,6 +45,7 @@ from server.compiler.projection_memo import (
 from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
+from server.domain.grown import grown
 from server.domain.model import (
     AssistantMessage,
     Event,
@@ -437,7 +438,7 @@ def _next_memo(
     ids_before = memo.artifact_ids if memo is not None else ()
     return ProjectionMemo(
         checkpoint_id=checkpoint.checkpoint_id if checkpoint is not None else "",
-        events=tuple(events),
+        events=grown(events),
         cut=cut,
         messages=prefix,
         ws_seq=ws_seq,

@@ -16,6 +16,7 @@ from server.compiler.path_memo import TurnPaths
 from server.compiler.projection import is_user_turn_start
 from server.compiler.prompt_memo import RememberedPrompt
 from server.compiler.view import Layer, ViewMessage
+from server.domain.grown import Grown, grown
 from server.domain.model import (
     AssistantMessage,
     Attachment,
@@ -40,7 +41,7 @@ class ActiveTurn:
     texts of the events from there on (what rule globs are matched against)."""
 
     start: int
-    texts: tuple[str, ...]
+    texts: Sequence[str]
     # The tool loop the turn belongs to, the providers' current turn (turn_thinking.py):
     # the index where it begins (`start`, or an earlier turn's start when a user message
     # follows tool results), and the indices of its assistant messages that carry native
@@ -48,7 +49,7 @@ class ActiveTurn:
     # turns is walked again at every step. A log without a turn start (after a checkpoint
     # that covered it, or one opening mid-loop) is a loop from its first event: loop 0.
     loop: int = -1
-    stated: tuple[int, ...] = ()
+    stated: Sequence[int] = ()
 
 
 NO_TURN = ActiveTurn(-1, ())
@@ -120,12 +121,15 @@ def event_texts(event: Event) -> list[str]:
 
 
 def extends(memo: ProjectionMemo | None, events: Sequence[Event]) -> bool:
-    """Whether `memo`'s events are the first of `events` (compared in C: the same
-    objects, or equal ones)."""
+    """Whether `memo`'s events are the first of `events`: at once when `events` extends
+    the memo's (grown.py: the loader reads only later events), else compared in C (the
+    same objects, or equal ones)."""
     if memo is None:
         return False
+    if isinstance(events, Grown):
+        return events.starts_with(memo.events)
     n = len(memo.events)
-    return n <= len(events) and tuple(events[:n]) == memo.events
+    return n <= len(events) and tuple(events[:n]) == tuple(memo.events)
 
 
 def active_turn(
@@ -144,18 +148,19 @@ def active_turn(
             loop = loop_start(events, i, n, before)
             if loop < n and before.loop >= 0:
                 # The loop goes on from the memo's turn: its state so far, then the new.
-                return ActiveTurn(i, texts, loop, before.stated + _stated(events, n))
+                return ActiveTurn(i, texts, loop, grown(before.stated).extended(_stated(events, n)))
             return ActiveTurn(i, texts, loop, _stated(events, loop))
     if memo is None or before.loop < 0:
         # No turn start: the turn began before the first event (a checkpoint covered it,
         # or the log opens mid-loop), and so did its loop, whose state is still wanted.
         return ActiveTurn(-1, (), 0, _stated(events, 0)) if events else NO_TURN
+    # A turn (or loop) that goes on: its texts and state so far, then the new ones,
+    # carried as Grown so that a long turn is not copied at every step.
+    stated = grown(before.stated).extended(_stated(events, n))
     if before.start < 0:
-        return ActiveTurn(-1, (), 0, before.stated + _stated(events, n))
-    added = tuple(t for e in events[n:] for t in event_texts(e))
-    return ActiveTurn(
-        before.start, before.texts + added, before.loop, before.stated + _stated(events, n)
-    )
+        return ActiveTurn(-1, (), 0, stated)
+    added = (t for e in events[n:] for t in event_texts(e))
+    return ActiveTurn(before.start, grown(before.texts).extended(added), before.loop, stated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +168,9 @@ class ProjectionMemo:
     """What one compile's projection leaves for the next (a frozen value)."""
 
     checkpoint_id: str
-    # Every event the compile saw, the log after its checkpoint (or all of it).
-    events: tuple[Event, ...]
+    # Every event the compile saw, the log after its checkpoint (or all of it); the next
+    # compile's loader extends it (grown.py).
+    events: Grown[Event]
     # events[:cut] are done: `messages` is their final part of the view.
     cut: int
     messages: tuple[ViewMessage, ...]

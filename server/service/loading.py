@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
@@ -21,6 +22,7 @@ from server.compiler.projection_memo import ProjectionMemo, active_turn
 from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
+from server.domain.grown import Grown
 from server.domain.model import Event, Route, Session
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.tools import ToolSpec
@@ -32,7 +34,8 @@ _DIGEST_CACHE = 4096
 
 @dataclass(frozen=True, slots=True)
 class LoadedHistory:
-    events: tuple[Event, ...]
+    # Grown: shares the memo's events it read after (projection_memo.extends).
+    events: Grown[Event]
     checkpoint: Checkpoint | None
     current_user: Event | None
     fallback_reasons: tuple[FallbackReason, ...]
@@ -182,21 +185,22 @@ class HistoryLoader:
         boundary: int,
         chosen: Checkpoint | None,
         known: ProjectionMemo | None,
-    ) -> tuple[tuple[Event, ...], bool]:
-        """The events, and whether they start with `known`'s (only later ones read)."""
+    ) -> tuple[Grown[Event], bool]:
+        """The events, and whether they start with `known`'s (only later ones read: they
+        extend `known`'s events, sharing them)."""
         ck_id = chosen.checkpoint_id if chosen is not None else ""
         if known is not None and known.checkpoint_id == ck_id:
             last = known.events[-1].seq if known.events else after
             first = known.events[0].seq if known.events else after + 1
             if first == after + 1 and last <= boundary:
                 later = self._store.read_events(sid, last, None, frozenset(), boundary)
-                return known.events + tuple(later), True
-        return tuple(self._store.read_events(sid, after, None, frozenset(), boundary)), False
+                return known.events.extended(later), True
+        return Grown(self._store.read_events(sid, after, None, frozenset(), boundary)), False
 
     def _artifact_sizes(
         self,
         session: Session,
-        events: tuple[Event, ...],
+        events: Sequence[Event],
         current: Event | None,
         known: ProjectionMemo | None,
     ) -> tuple[tuple[str, int], ...]:
