@@ -45,7 +45,7 @@ from server.compiler.projection_memo import (
 from server.compiler.provider_rules import non_empty, opened, well_formed_calls
 from server.compiler.tokens import TokenCounter
 from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
-from server.domain.grown import grown
+from server.domain.grown import Grown, grown
 from server.domain.model import (
     AssistantMessage,
     Event,
@@ -82,7 +82,9 @@ class IncrementalProjection:
 class _Run:
     """Accumulates one projection: the part taken from a memo, then fresh segments."""
 
-    messages: list[ViewMessage]
+    # The part taken from the memo and the final messages after it: a Grown that shares
+    # the memo's list, so carrying a long history over copies nothing.
+    messages: Grown[ViewMessage]
     table: MessageTable
     tally: dict[Layer, list[int]]
     pair: PairState
@@ -156,17 +158,17 @@ def _started(memo: ProjectionMemo | None, ws_seq: int | None) -> tuple[int, _Run
     """Where the projection starts and what it starts with: from the verified `memo`'s
     cut with its messages, or from the first event with nothing."""
     if memo is None:
-        return 0, _Run([], EMPTY, {}, PairState(), [], [], 0)
-    kept_messages = list(memo.messages)
+        return 0, _Run(Grown(), EMPTY, {}, PairState(), [], [], 0)
+    kept_messages = memo.messages
     tally = {layer: [tokens, n] for layer, tokens, n in memo.tally}
-    if ws_seq != memo.ws_seq:
+    if ws_seq != memo.ws_seq and memo.ws_index < len(kept_messages):
         # A new turn began: the old working set is history now (layers only; token
         # counts and fingerprints do not depend on them).
         old = kept_messages[memo.ws_index :]
         history = [replaced(m, layer=Layer.HISTORY) for m in old]
         _count(tally, old, -1)
         _count(tally, history)
-        kept_messages[memo.ws_index :] = history
+        kept_messages = kept_messages.prefix(memo.ws_index).extended(history)
     run = _Run(
         kept_messages,
         memo.table,
@@ -336,7 +338,7 @@ def project_incremental(
     if cut > start:
         head = []
     done_sized = _sized(done, counter)
-    run.messages += done_sized
+    run.messages = run.messages.extended(done_sized)
     run.table = _extended(run.table, done_sized)
     _count(run.tally, done_sized)
     memo_tally = _frozen(run.tally)
@@ -352,7 +354,7 @@ def project_incremental(
     rest_notes: list[str] = []
     imaged = _apply_images(rest, images, rest_notes, run.messages)
     rest_sized = _sized(imaged, counter)
-    messages = tuple(run.messages + rest_sized)
+    messages = run.messages.extended(rest_sized)
     table = _extended(run.table, rest_sized)
     _count(run.tally, rest_sized)
     if run.elided:
@@ -424,7 +426,7 @@ def _next_memo(
     """The memo this compile leaves; `memo` is the one it continued (None: from scratch).
     What the memo already knew is carried over, so it costs only the new messages."""
     pair, n_pair, n_form, elided = kept_state
-    prefix = tuple(run.messages)
+    prefix = run.messages
     # Only messages that were not working set in the old memo can have become it.
     known = 0
     if memo is not None:

@@ -302,7 +302,7 @@ def as_projected(
 
 @dataclass(frozen=True, slots=True)
 class Projection:
-    messages: tuple[ViewMessage, ...]
+    messages: Sequence[ViewMessage]
     notes: tuple[str, ...]
     native_state: NativeState | None
     references_blobs: bool

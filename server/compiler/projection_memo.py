@@ -173,7 +173,7 @@ class ProjectionMemo:
     events: Grown[Event]
     # events[:cut] are done: `messages` is their final part of the view.
     cut: int
-    messages: tuple[ViewMessage, ...]
+    messages: Grown[ViewMessage]
     # The working set's first seq then (None: no user message yet), and how many of
     # `messages` came before it (the rest are working set until the next turn starts).
     ws_seq: int | None

@@ -23,7 +23,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from server.compiler import renderings
 from server.compiler.provider_rules import OPENER
@@ -86,7 +86,7 @@ def _response(m: ViewMessage, names: Mapping[str, str], ids: bool) -> JSON:
     return {"functionResponse": {"id": m.tool_call_id, **response} if ids else response}
 
 
-def _in_call_order(messages: tuple[ViewMessage, ...]) -> list[ViewMessage]:
+def _in_call_order(messages: Sequence[ViewMessage]) -> list[ViewMessage]:
     """Each run of tool results, reordered to the order of the calls it answers."""
     out: list[ViewMessage] = []
     order: dict[str, int] = {}

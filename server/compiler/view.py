@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from server.compiler.estimate_basis import EstimateBasis
@@ -181,7 +182,8 @@ class CompiledView:
     system_sections: tuple[SystemSection, ...]
     system_prompt: str
     prefix_digest: str
-    messages: tuple[ViewMessage, ...]
+    # A tuple, or a Grown shared with the projection memo (grown.py).
+    messages: Sequence[ViewMessage]
     tools: tuple[ViewTool, ...]
     layers: tuple[LayerTokens, ...]
     pressure_layer: Layer

@@ -8,7 +8,8 @@ items of a list that is never changed below its end: extending the longest `Grow
 a list appends to that list in place and returns a longer view of it, so the two share
 their items, and "does this start with that" is one identity and one length check
 instead of a copy and a compare. Extending a shorter one with the items the list goes
-on with shares too; with others (a fork) copies its items into a list of its own first.
+on with shares too (equal items: a compile projects its last few messages again at
+every step); with others (a fork) copies its items into a list of its own first.
 
 A `Grown` is immutable as seen from outside: its length and items never change.
 Extending takes a lock, since compiles of one session may run on several threads.
@@ -45,20 +46,31 @@ class Grown(Sequence[T]):
         return out
 
     def extended(self, more: Iterable[T]) -> Grown[T]:
-        """These items, then `more`: in place when this is the list's longest view."""
+        """These items, then `more`: shared with the list when it goes on with `more`
+        (or with a first part of it, up to its end), else a list of their own."""
         added = list(more)
         if not added:
             return self
-        end = self._n + len(added)
+        n, end = self._n, self._n + len(added)
         with self._lock:
-            if len(self._items) == self._n:
-                self._items.extend(added)
-                return self._sharing(self._items, self._lock, end)
-            if self._items[self._n : end] == added:
-                # Extended with these very items before (one turn derived twice): shared.
-                return self._sharing(self._items, self._lock, end)
+            items = self._items
+            after = items[n:end]
+            # Extended with (some of) these very items before: a turn derived twice, a
+            # step that projects its last messages again as equal values.
+            if after == added[: len(after)]:  # shorter only where the list ends
+                items.extend(added[len(after) :])
+                return self._sharing(items, self._lock, end)
         # A fork: the shared list went on past this view with other items.
-        return Grown(self._items[: self._n] + added)
+        return Grown(items[:n] + added)
+
+    def prefix(self, n: int) -> Grown[T]:
+        """The first `n` items (all of them when `n` is larger), sharing the list."""
+        return self if n >= self._n else self._sharing(self._items, self._lock, max(n, 0))
+
+    def shares(self, other: Sequence[T]) -> bool:
+        """Whether `other` is a view of the same list: then the shorter of the two is the
+        first items of the longer."""
+        return isinstance(other, Grown) and other._items is self._items
 
     def starts_with(self, prefix: Sequence[T]) -> bool:
         """Whether `prefix`'s items are the first of these: at once when `prefix` shares

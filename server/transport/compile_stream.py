@@ -13,7 +13,7 @@ import asyncio
 import functools
 import hashlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from ctxcc.v1 import compile_service_pb2 as pb
@@ -56,7 +56,7 @@ class StreamState:
     last: LentRecords = LentRecords()
     # The chain values of the views in `sent` that went as chained deltas (the base's
     # value at the kept count starts the next view's chained digest).
-    chains: dict[str, tuple[bytes, ...]] = field(default_factory=dict)
+    chains: dict[str, Sequence[bytes]] = field(default_factory=dict)
     # The compile id of the last view this stream sent ("" when it was a rebuild, which
     # is never resent; None before any): the only view a resume on a stream that sent
     # views may get again. Its client asks for a view whole after a delta failed its
@@ -72,7 +72,7 @@ class DeltaAsk:
     compaction request (ViewDelta.compaction_kept)."""
 
     chained: bool
-    base_chain: tuple[bytes, ...] | None
+    base_chain: Sequence[bytes] | None
     keep_compaction: bool
     # The chained digest with the compaction request hashed apart.
     compaction_apart: bool = False
@@ -167,7 +167,7 @@ class StreamSteps:
         base: KeptView | None,
         last: LentRecords,
         ask: DeltaAsk,
-    ) -> tuple[ViewBytes, LentRecords, tuple[Answer, tuple[bytes, ...] | None]]:
+    ) -> tuple[ViewBytes, LentRecords, tuple[Answer, Sequence[bytes] | None]]:
         """The view's parts, what the stream lends the next view's encoding, the answer
         (with the view's chain values when it went as a chained delta)."""
         if isinstance(source, ViewBytes):  # a kept view, resent
@@ -187,7 +187,7 @@ class StreamSteps:
         view: ViewBytes,
         base: KeptView | None,
         ask: DeltaAsk,
-    ) -> tuple[Answer, tuple[bytes, ...] | None]:
+    ) -> tuple[Answer, Sequence[bytes] | None]:
         """The view as a ViewDelta against `base` when that is smaller (and fits in one
         message), else whole, in chunks when it is over the chunk size."""
         if base is not None and base.session_id == view.session_id:

@@ -11,13 +11,14 @@ nor re-encoded, and the records themselves are the cached encodings of
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields, replace
 from itertools import chain, compress, count
 from operator import attrgetter, is_, is_not
 
 from ctxcc.v1 import view_pb2
 from server.compiler.view import CompiledView, ViewMessage
+from server.domain.grown import Grown, grown
 from server.service.compile_types import CompileResult
 from server.transport.convert_view import (
     back_fields_bytes,
@@ -50,7 +51,8 @@ class ViewBytes:
     sections: tuple[bytes, ...]
     prompt: bytes
     middle: bytes
-    messages: tuple[bytes, ...]
+    # Grown (server/domain/grown.py): a step's records share the list of the last view's.
+    messages: Sequence[bytes]
     tools: tuple[bytes, ...]
     back: bytes
     # A ViewDelta's reader rebuilds system_prompt as the sections' texts joined by two
@@ -142,8 +144,8 @@ class LentRecords:
     compile the same message objects for the history it carries over, so their records
     are found by identity, compared in C, instead of one cache lookup per message."""
 
-    messages: tuple[ViewMessage, ...] = ()
-    records: tuple[bytes, ...] = ()
+    messages: Sequence[ViewMessage] = ()
+    records: Sequence[bytes] = ()
     # The last view itself and its parts: a repeat of it (the same view under a new
     # compile id, see service/repeats.py) re-encodes only the head field that holds the id.
     view: CompiledView | None = None
@@ -178,7 +180,7 @@ def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
     return replace(parts, compile_id=new.compile_id, front=front, size=size)
 
 
-def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tuple[bytes, ...], int]:
+def _records(messages: Sequence[ViewMessage], last: LentRecords) -> tuple[Grown[bytes], int]:
     """The messages' records and their total size. Both follow only the messages that are
     not `last`'s (the lent view's size is known, the records it lends are not summed)."""
     parts = last.parts
@@ -188,11 +190,12 @@ def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tupl
     # ones equal to the last view's at their place take its records. Compared only near
     # the first one not kept: a history that moved (a checkpoint) is not compared through.
     near = min(len(old), len(lent_records), same + TAIL)
-    new = tuple(
+    new = [
         lent_records[i] if i < near and old[i] == m else message_record(m)
         for i, m in enumerate(messages[same:], same)
-    )
-    records = lent_records[:same] + new
+    ]
+    # The lent records' list goes on with these (grown.py): nothing copied.
+    records = grown(lent_records).prefix(same).extended(new)
     if parts is not None and parts.messages is last.records:
         lent = parts.size - parts.size_without_messages() - sum(map(len, last.records[same:]))
         return records, lent + sum(map(len, new))
@@ -204,13 +207,16 @@ def _records(messages: tuple[ViewMessage, ...], last: LentRecords) -> tuple[tupl
 TAIL = 16
 
 
-def _kept(old: tuple[ViewMessage, ...], new: tuple[ViewMessage, ...]) -> int:
+def _kept(old: Sequence[ViewMessage], new: Sequence[ViewMessage]) -> int:
     """How many messages at the start of `new` have `old`'s records. A step usually keeps
     all of the last view's message objects but the last few (projected again after the
-    memo's cut): the last one kept is looked for from the end, and the ones before it
-    compared in one tuple comparison in C (equal values that are other objects have the
-    same records too)."""
+    memo's cut): when both share the memo's list (grown.py) the shorter is the other's
+    start; otherwise the last one kept is looked for from the end, and the ones before
+    it compared in one tuple comparison in C (equal values that are other objects have
+    the same records too)."""
     n = min(len(old), len(new))
+    if isinstance(new, Grown) and new.shares(old):
+        return n
     k = n
     while k > n - TAIL and k > 0 and old[k - 1] is not new[k - 1]:
         k -= 1
@@ -292,7 +298,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     sections, prompt, joined = _sections_of(v, last)
     if result.attachments:
         data = dict(result.attachments)
-        messages = tuple(message_record_inline(m, data) for m in v.messages)
+        messages: Sequence[bytes] = tuple(message_record_inline(m, data) for m in v.messages)
         messages_size = sum(map(len, messages))
     else:
         messages, messages_size = _records(v.messages, last)

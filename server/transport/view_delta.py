@@ -5,10 +5,11 @@ chained digest (chain_sha256, view_digest.py)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import compress, count
 from operator import ne
 
+from server.domain.grown import Grown
 from server.transport import view_digest
 from server.transport.convert_view import tagged, varint
 from server.transport.view_bytes import TAIL, ViewBytes
@@ -17,13 +18,16 @@ from server.transport.view_bytes import TAIL, ViewBytes
 _SECTIONS_KEY, _MESSAGES_KEY, _TOOLS_KEY = 0x32, 0x52, 0x5A
 
 
-def common_prefix(a: tuple[bytes, ...], b: tuple[bytes, ...]) -> int:
+def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     """How many records at the start of `a` and `b` are equal. A step keeps all of its
     base's records or all but the last few (a new turn re-layers the old working set):
-    the first unequal one is looked for from the end, and the records before it compared
-    in one tuple comparison in C (the kept ones are the base's own objects), so a long
-    view is never walked in Python."""
+    when both share one list (grown.py) the shorter is the other's start; otherwise the
+    first unequal one is looked for from the end, and the records before it compared in
+    one tuple comparison in C (the kept ones are the base's own objects), so a long view
+    is never walked in Python."""
     n = min(len(a), len(b))
+    if isinstance(a, Grown) and a.shares(b):
+        return n
     if a[:n] == b[:n]:  # the usual step: the base's messages all kept (compared in C)
         return n
     k = n
@@ -65,10 +69,10 @@ def _sha256(pieces: Iterable[bytes]) -> hashlib._Hash:
 def chained_delta_record(
     base: ViewBytes,
     new: ViewBytes,
-    base_chain: tuple[bytes, ...] | None,
+    base_chain: Sequence[bytes] | None,
     keep_compaction: bool = False,
     compaction_apart: bool = False,
-) -> tuple[bytes, tuple[bytes, ...]] | None:
+) -> tuple[bytes, Sequence[bytes]] | None:
     """delta_record with the chained digest (chain_sha256) instead of view_sha256, and the
     new view's chain values. `base_chain` (None: not kept) are the base's; without them
     the base's kept messages are hashed once here. `compaction_apart`: the digest with

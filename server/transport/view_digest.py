@@ -9,7 +9,9 @@ whole view's sha256 hashed every message at every step. With the compaction apar
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+from server.domain.grown import Grown, grown
 
 # c_0: the chain value of no messages.
 CHAIN_START = bytes(32)
@@ -38,26 +40,27 @@ def chain(start: bytes, records: Iterable[bytes]) -> tuple[bytes, ...]:
     return tuple(out)
 
 
-def continued(base: tuple[bytes, ...], kept: int, records: tuple[bytes, ...]) -> tuple[bytes, ...]:
+def continued(base: Sequence[bytes], kept: int, records: Sequence[bytes]) -> Grown[bytes]:
     """The chain values (c_1..c_n) of a view whose first `kept` messages are the base's (its
-    chain values `base`) and the rest `records[kept:]`."""
+    chain values `base`) and the rest `records[kept:]`: going on with the base's list
+    (grown.py), so a step copies none of the values it keeps."""
     start = base[kept - 1] if kept else CHAIN_START
-    return base[:kept] + chain(start, records[kept:])
+    return grown(base).prefix(kept).extended(chain(start, records[kept:]))
 
 
-def chain_digest(rest: bytes, values: tuple[bytes, ...]) -> str:
+def chain_digest(rest: bytes, values: Sequence[bytes]) -> str:
     """The lower-case hex digest of a view whose encoding without messages is `rest` and
     whose messages' chain values are `values`."""
     return chain_digest_of(hashlib.sha256(rest).digest(), values)
 
 
-def chain_digest_of(rest_sha256: bytes, values: tuple[bytes, ...]) -> str:
+def chain_digest_of(rest_sha256: bytes, values: Sequence[bytes]) -> str:
     """chain_digest from the sha256 of the encoding without messages (hashed in pieces)."""
     last = values[-1] if values else CHAIN_START
     return hashlib.sha256(rest_sha256 + last).hexdigest()
 
 
-def apart_digest_of(rest_sha256: bytes, values: tuple[bytes, ...], compaction: bytes) -> str:
+def apart_digest_of(rest_sha256: bytes, values: Sequence[bytes], compaction: bytes) -> str:
     """The digest with the compaction apart (DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART):
     sha256(R' || c_n || q), R' the sha256 of the encoding without messages and without
     the compaction request, q the sha256 of that request's encoding (32 zero bytes

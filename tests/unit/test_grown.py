@@ -33,6 +33,12 @@ def test_a_fork_copies_and_keeps_both_lines_apart() -> None:
     again = a.extended([3])  # what the list goes on with already: shared, not forked
     assert again._items is b._items and tuple(again) == (1, 2, 3) and b.starts_with(again)
     assert b.extended([4])._items is b._items  # `b` is still the shared list's tip
+    # Going on past the list's end with equal items first (the last messages projected
+    # again): shared, the rest appended.
+    c = Grown([1]).extended([2, 3])
+    d = c.prefix(2).extended([3, 4, 5])
+    assert d._items is c._items and tuple(d) == (1, 2, 3, 4, 5) and tuple(c) == (1, 2, 3)
+    assert c.prefix(1).extended([7])._items is not c._items  # other items: a fork
 
 
 def test_reads_stop_at_the_views_length() -> None:
@@ -83,6 +89,7 @@ def test_any_history_of_extensions_reads_as_tuples(ops: list[tuple[int, list[int
     for pick, more in ops:
         g, t = views[pick % len(views)]
         views.append((g.extended(more), t + tuple(more)))
+        views.append((g.prefix(pick), t[:pick]))
     for g, t in views:
         assert tuple(g) == t and g == t and len(g) == len(t)
         assert g[1:3] == t[1:3] and g[::-1] == t[::-1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -70,7 +71,7 @@ def said(text: str, *calls: ToolCall) -> AssistantMessage:
     return AssistantMessage((ContentPart(text=text),) if text else (), calls)
 
 
-def transcript(messages: tuple[ViewMessage, ...] | list[ViewMessage]) -> str:
+def transcript(messages: Sequence[ViewMessage]) -> str:
     lines = []
     for m in messages:
         body = " ".join(p.text or "" for p in m.parts)

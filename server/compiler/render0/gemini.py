@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from server.compiler.render0.anthropic import merge_turns
 from server.compiler.render0.common import (
@@ -39,7 +39,7 @@ def _response(m: ViewMessage, names: Mapping[str, str]) -> JSON:
     }
 
 
-def _in_call_order(messages: tuple[ViewMessage, ...]) -> list[ViewMessage]:
+def _in_call_order(messages: Sequence[ViewMessage]) -> list[ViewMessage]:
     """Each run of tool results, reordered to the order of the calls it answers."""
     out: list[ViewMessage] = []
     order: dict[str, int] = {}
