@@ -20,6 +20,7 @@ costs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -30,7 +31,7 @@ from typing import Any
 from bench.daemon import BenchDaemon
 from bench.isolation import daemon_cpu_s
 from bench.rpc import ROUTE, Api, StreamAgent, conversation, tool_step
-from ctxcc.v1 import common_pb2, session_pb2
+from ctxcc.v1 import common_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
@@ -138,6 +139,11 @@ class _Context:
 WIDE = common_pb2.Route(
     connection=ROUTE.connection, protocol=ROUTE.protocol, endpoint=ROUTE.endpoint, model="gpt-4.1"
 )
+# The route of the thinking loop: Claude sends back the thinking blocks of every assistant
+# message of the current tool loop, so each step of a long loop carries them all.
+CLAUDE = common_pb2.Route(
+    connection="bench", protocol="anthropic-messages", endpoint="local", model="claude-sonnet-4"
+)
 
 # The parts that are calls of the daemon's own handlers (not echoes, not the disk).
 IN_PROCESS = tuple(p for p in PARTS if not p.startswith(("echo", "fsync")))
@@ -147,6 +153,13 @@ def _usage(compile_id: str) -> cpb.ReportUsageRequest:
     return cpb.ReportUsageRequest(
         compile_id=compile_id, route=ROUTE, input_tokens=30_000, output_tokens=50
     )
+
+
+def _unary_view(answer: Any) -> Any:
+    """The view of a unary Compile's answer (the handler's encoded bytes, in-process)."""
+    if not isinstance(answer, cpb.CompileResponse):
+        answer = cpb.CompileResponse.FromString(answer.data)
+    return answer.view
 
 
 def _compile_id(answer: Any) -> str:
@@ -280,9 +293,61 @@ async def _in_process(data_dir: Path, n: int, grow: int) -> dict[str, float]:
         await requests.put(None)
         async for _ in answers:  # the stream ends with its requests
             pass
+        out |= await _thinking_loop(ss, cs, ctx, n, max(10, grow // 10))
     finally:
         await d.stop()
     return out
+
+
+async def _thinking_loop(ss: Any, cs: Any, ctx: Any, n: int, grow: int) -> dict[str, float]:
+    """A stream step that appends, in one Claude tool loop whose every assistant message
+    logs its thinking blocks (the body sends all of them back at each step), early in the
+    loop and after `grow` more steps (~1,000 more messages at scale 1)."""
+    sid = "thinking"
+    session = session_pb2.Session(session_id=sid)
+    await ss.CreateSession(spb.CreateSessionRequest(session=session), ctx)
+    opening = conversation(1, "t")[:1]  # the user message that starts the turn
+    await ss.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=opening), ctx)
+    compile_req = cpb.CompileRequest(session_id=sid, route=CLAUDE)
+    route_id = _unary_view(await cs.Compile(compile_req, ctx)).route_id  # as a client learns it
+    requests: asyncio.Queue[cpb.CompileStreamRequest | None] = asyncio.Queue()
+
+    async def feed() -> AsyncIterator[cpb.CompileStreamRequest]:
+        while (req := await requests.get()) is not None:
+            yield req
+
+    answers = aiter(cs.CompileStream(feed(), ctx))
+    last, count = [""], [0]
+
+    async def step() -> None:
+        count[0] += 1
+        events = tool_step(f"t{count[0]}")
+        state = events[0].assistant_message.native_state
+        state.route_id, state.kind = route_id, "anthropic.thinking"
+        state.data = json.dumps(
+            [{"type": "thinking", "thinking": f"step {count[0]}", "signature": "Eq" * 80}]
+        ).encode()
+        s = cpb.StepRequest(
+            step_id="t", events=events, compile=compile_req, delta_base_compile_id=last[0]
+        )
+        s.delta_digest = cpb.DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART
+        await requests.put(cpb.CompileStreamRequest(step=s))
+        last[0] = _compile_id(await anext(answers))
+
+    start, grown = await _grown(step, n, grow)
+    await requests.put(None)
+    async for _ in answers:
+        pass
+    # Every step's blocks go back: a loop that sent fewer would measure less work.
+    view = _unary_view(await cs.Compile(compile_req, ctx))
+    sent = next(r.items for r in view.layers if r.layer == view_pb2.LAYER_NATIVE_STATE)
+    assert sent == count[0], (sent, count[0])
+    return {
+        "inproc_thinking_loop_messages": float(1 + 2 * count[0]),
+        "inproc_thinking_loop_start_cpu_ms": start,
+        "inproc_thinking_loop_grown_cpu_ms": grown,
+        "inproc_thinking_loop_grown_vs_start_cpu": grown / start,
+    }
 
 
 def main() -> None:
@@ -310,6 +375,13 @@ def main() -> None:
         f"{rows['inproc_step_chained_grown_cpu_ms']:.3f} ms of CPU, "
         f"{rows['inproc_step_grown_vs_start_cpu']:.2f}x the same step "
         f"({rows['inproc_step_chained_start_cpu_ms']:.3f} ms) before"
+    )
+    print(
+        f"in-process step of a Claude tool loop with thinking, at "
+        f"~{rows['inproc_thinking_loop_messages']:.0f} messages: "
+        f"{rows['inproc_thinking_loop_grown_cpu_ms']:.3f} ms of CPU, "
+        f"{rows['inproc_thinking_loop_grown_vs_start_cpu']:.2f}x the same step "
+        f"({rows['inproc_thinking_loop_start_cpu_ms']:.3f} ms) early in the loop"
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from server.compiler.compaction import CompactionMemo
 from server.compiler.message_table import MessageTable
@@ -22,6 +23,7 @@ from server.domain.model import (
     Attachment,
     BrowserSelection,
     Event,
+    NativeState,
     ToolCall,
     ToolResult,
     TurnCancelled,
@@ -30,9 +32,19 @@ from server.domain.model import (
     UserMessage,
     starts_turn,
 )
+from server.domain.thinking import valid_state
 
 # (layer, tokens, messages) for each layer that has messages, in layer order.
 Tally = tuple[tuple[Layer, int, int], ...]
+
+
+class Stated(NamedTuple):
+    """An assistant message of the loop with native state its provider takes back."""
+
+    at: int  # index in the events
+    seq: int
+    state: NativeState
+    visible: bool  # visible(): the model sees something of the message
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +56,13 @@ class ActiveTurn:
     texts: Sequence[str]
     # The tool loop the turn belongs to, the providers' current turn (turn_thinking.py):
     # the index where it begins (`start`, or an earlier turn's start when a user message
-    # follows tool results), and the indices of its assistant messages that carry native
-    # state. Both are carried from memo to memo, so neither a long turn nor a log of such
-    # turns is walked again at every step. A log without a turn start (after a checkpoint
-    # that covered it, or one opening mid-loop) is a loop from its first event: loop 0.
+    # follows tool results), and its assistant messages that carry native state their
+    # provider takes back (_stated). Both are carried from memo to memo, so
+    # neither a long turn nor a log of such turns is walked again at every step. A log
+    # without a turn start (after a checkpoint that covered it, or one opening mid-loop)
+    # is a loop from its first event: loop 0.
     loop: int = -1
-    stated: Sequence[int] = ()
+    stated: Sequence[Stated] = ()
 
 
 NO_TURN = ActiveTurn(-1, ())
@@ -59,12 +72,24 @@ NO_TURN = ActiveTurn(-1, ())
 _USER_SIDE = (TurnCompleted, TurnCancelled, TurnStarted, Attachment, BrowserSelection)
 
 
-def _stated(events: Sequence[Event], start: int) -> tuple[int, ...]:
+def _stated(events: Sequence[Event], start: int) -> tuple[Stated, ...]:
+    """The assistant messages from `start` on whose native state is what its provider
+    takes back (state it would refuse is never sent). Found once per event, with what
+    turn_thinking asks of each: a Claude tool loop has state to check on every assistant
+    message, and all of it goes back at every step."""
     return tuple(
-        i
-        for i in range(start, len(events))
-        if isinstance(p := events[i].payload, AssistantMessage) and p.native_state is not None
+        Stated(i, e.seq, s, visible(p))
+        for i, e in enumerate(events[start:], start)
+        if isinstance(p := e.payload, AssistantMessage)
+        and (s := p.native_state) is not None
+        and valid_state(s.kind, s.data)
     )
+
+
+def visible(m: AssistantMessage) -> bool:
+    """Whether the model sees anything of the message (a response cut while the model
+    reasoned holds native state only)."""
+    return bool(m.tool_calls) or any(p.text or p.attachment for p in m.parts)
 
 
 def _goes_on(payload: object, unanswered: bool) -> bool:

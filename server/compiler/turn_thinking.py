@@ -13,14 +13,16 @@ state, the current turn holds (projection_memo.ActiveTurn: loop, stated)."""
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 
 from server.compiler import renderings
 from server.compiler.projection_memo import ActiveTurn, loop_start
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
-from server.domain.model import AssistantMessage, Event, Role
-from server.domain.thinking import GEMINI_KIND, KIND, OPENAI_KIND, valid_state
+from server.domain.model import Event, Role
+from server.domain.thinking import GEMINI_KIND, KIND, OPENAI_KIND
 
 # (seq of the assistant message's event, the state's kind, its data as logged)
 Thinking = tuple[tuple[int, str, bytes], ...]
@@ -49,36 +51,38 @@ def turn_thinking(
         if turn.start < 0:
             return ()
         loop = loop_start(events, turn.start, unanswered=False)
-        stated = tuple(i for i in stated if i >= loop)
+        stated = tuple(s for s in stated if s.at >= loop)
     first = events[loop].seq
-    # The assistant messages of the view from the turn's start on (the working set).
+    # The assistant messages of the view from the turn's start on (the working set), as
+    # seq spans sorted by start with the furthest end reached so far: whether an event is
+    # in one is a bisect. (A Claude tool loop with thinking has state on every assistant
+    # message, all sent back at every step: this walk is linear in the loop, and cheap.)
     spans = []
+    assistant = Role.ASSISTANT
     for m in reversed(messages):
         if 0 < m.last_seq < first:  # synthetic messages (a missing result) have no seq
             break
-        if m.role is Role.ASSISTANT and not m.synthetic:
+        if m.role is assistant and not m.synthetic:
             spans.append((m.first_seq, m.last_seq))
+    if not spans:
+        return ()
+    spans.sort()
+    starts = [a for a, _ in spans]
+    reach = list(accumulate((b for _, b in spans), max))
+    # A response cut while the model reasoned (logged since appends take a message with
+    # only native state) is merged into the next assistant message: from rendering 8 its
+    # state is not sent with another response's, whatever its kind.
+    shown_only = rendering >= renderings.REASONING_ITEMS
     out = []
-    for i in stated:
-        e = events[i]
-        assert isinstance(e.payload, AssistantMessage) and e.payload.native_state is not None
-        state = e.payload.native_state
-        if state.kind not in kinds or state.route_id != route_id:
-            continue
-        if rendering >= renderings.REASONING_ITEMS and not _visible(e.payload):
-            # A response cut while the model reasoned (logged since appends take a message
-            # with only native state): merged into the next assistant message, its state
-            # would be sent with another response's, whatever its kind.
+    for _, seq, state, seen in stated:
+        if state.kind not in kinds or state.route_id != route_id or (shown_only and not seen):
             continue
         # A message with nothing the model sees (reasoning only) is not in the view: its
-        # state goes with nothing; and state the provider would refuse is not sent.
-        if any(a <= e.seq <= b for a, b in spans) and valid_state(state.kind, state.data):
-            out.append((e.seq, state.kind, state.data))
+        # state goes with nothing.
+        j = bisect_right(starts, seq) - 1
+        if j >= 0 and reach[j] >= seq:
+            out.append((seq, state.kind, state.data))
     return tuple(out)
-
-
-def _visible(m: AssistantMessage) -> bool:
-    return bool(m.tool_calls) or any(p.text or p.attachment for p in m.parts)
 
 
 def thinking_tokens(thinking: Thinking) -> int:
@@ -88,5 +92,13 @@ def thinking_tokens(thinking: Thinking) -> int:
 
 
 def of_kind(thinking: Thinking, kind: str, first_seq: int, last_seq: int) -> list[bytes]:
-    """The data of `kind` logged with the events an assistant message holds, in order."""
-    return [d for seq, k, d in thinking if k == kind and first_seq <= seq <= last_seq]
+    """The data of `kind` logged with the events an assistant message holds, in order
+    (`thinking` is in seq order: the message's entries are found by bisection, since a
+    body asks this of every assistant message of a loop that may be long)."""
+    i = bisect_left(thinking, first_seq, key=_seq)
+    j = bisect_right(thinking, last_seq, lo=i, key=_seq)
+    return [d for _, k, d in thinking[i:j] if k == kind]
+
+
+def _seq(entry: tuple[int, str, bytes]) -> int:
+    return entry[0]

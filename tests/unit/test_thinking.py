@@ -11,12 +11,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
 from server.compiler.projection_memo import active_turn, loop_start
-from server.compiler.render import RenderFormat, render
-from server.compiler.turn_thinking import thinking_tokens
-from server.compiler.view import CompiledView, Layer
+from server.compiler.render import RENDERING, RenderFormat, render
+from server.compiler.turn_thinking import of_kind, thinking_tokens, turn_thinking
+from server.compiler.view import CompiledView, Layer, ViewMessage
 from server.domain.model import (
     AssistantMessage,
     ContentPart,
@@ -651,3 +653,49 @@ def test_state_of_a_message_the_model_sees_nothing_of_goes_nowhere() -> None:
     now, then = compiled(*payloads), compiled(*payloads, rendering=7)
     assert [t[:1] for t in assistant_turns(anthropic(now))] == [THOUGHT_A]
     assert [t[:2] for t in assistant_turns(anthropic(then))] == [cut + THOUGHT_A]
+
+
+_SPAN = st.tuples(st.integers(1, 40), st.integers(0, 6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=40),
+    st.lists(st.tuples(_SPAN, st.booleans()), max_size=30),
+)
+def test_the_state_sent_is_that_of_messages_the_view_holds(
+    logged: list[tuple[bool, bool]], shown: list[tuple[tuple[int, int], bool]]
+) -> None:
+    """Whatever spans of events the view's assistant messages hold (in any order,
+    overlapping, some synthetic), the state sent is exactly that of the loop's assistant
+    messages, valid and on the route, that some non-synthetic span holds: the plain
+    definition, checked message by message against every span; and what a body puts with
+    each message is the state its span holds."""
+    other = Route(protocol="anthropic-messages", model="claude-opus-4")
+    events = [Event(1, "e1", 0, user("go"))]
+    for valid, ours in logged:
+        s = state(THOUGHT_A, ROUTE if ours else other)
+        s = s if valid else replace(s, data=b'[{"type": "thinking"}]')
+        seq = len(events) + 1
+        events.append(Event(seq, f"e{seq}", 0, AssistantMessage((), (call("c", "a"),), "", s)))
+    messages = [
+        ViewMessage(Role.ASSISTANT, (), Layer.WORKING_SET, 1, first_seq=a, last_seq=a + n)
+        if not synthetic
+        else ViewMessage(Role.ASSISTANT, (), Layer.WORKING_SET, 1, synthetic=True)
+        for (a, n), synthetic in shown
+    ]
+    sent = turn_thinking(events, active_turn(events), ROUTE.route_id, messages, RENDERING)
+    expected = tuple(
+        (e.seq, KIND, e.payload.native_state.data)
+        for e in events[1:]
+        if isinstance(e.payload, AssistantMessage)
+        and e.payload.native_state is not None
+        and e.payload.native_state.route_id == ROUTE.route_id
+        and thinking_blocks(e.payload.native_state.data) is not None
+        and any(m.first_seq <= e.seq <= m.last_seq for m in messages if not m.synthetic)
+    )
+    assert sent == expected
+    for m in messages:  # what a body puts with each message: found by bisection
+        held = [d for seq, _, d in sent if m.first_seq <= seq <= m.last_seq]
+        assert of_kind(sent, KIND, m.first_seq, m.last_seq) == held
+        assert of_kind(sent, GEMINI_KIND, m.first_seq, m.last_seq) == []
