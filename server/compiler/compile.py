@@ -28,6 +28,7 @@ from server.compiler.projection import (
 from server.compiler.projection_memo import (
     ActiveTurn,
     ProjectionMemo,
+    SentThinking,
     active_turn,
     event_texts,
     extends,
@@ -58,7 +59,7 @@ from server.compiler.tool_cap import (
     with_deferred,
 )
 from server.compiler.tool_search import query_of, search_tools
-from server.compiler.turn_thinking import SINCE, Thinking, thinking_tokens, turn_thinking
+from server.compiler.turn_thinking import SINCE, sent_thinking
 from server.compiler.view import (
     VOLATILE_SECTIONS,
     CompiledView,
@@ -75,6 +76,7 @@ from server.compiler.view import (
     ViewTool,
 )
 from server.compiler.work import Check, checked, unchecked
+from server.domain.grown import Grown
 from server.domain.model import (
     AssistantMessage,
     Event,
@@ -386,8 +388,11 @@ def compile_view(inputs: CompileInputs, counter: TokenCounter) -> CompiledView:
 
 
 def _native(
-    inputs: CompileInputs, turn: ActiveTurn, projection: Projection
-) -> tuple[Thinking, int, int]:
+    inputs: CompileInputs,
+    turn: ActiveTurn,
+    projection: Projection,
+    before: SentThinking | None,
+) -> tuple[SentThinking | None, int, int]:
     """The thinking state the view's provider body sends back (turn_thinking.py), and
     the tokens and items of the native state the view holds."""
     replayed = {kind for kind, since in SINCE.items() if inputs.rendering >= since}
@@ -396,10 +401,17 @@ def _native(
     # Thinking state is counted where the body sends it, each turn's once (below).
     if native is not None and native.kind not in replayed:
         tokens, items = native_state_tokens(native), 1
-    thinking = turn_thinking(
-        inputs.events, turn, inputs.route.route_id, projection.messages, inputs.rendering
+    sent = sent_thinking(
+        inputs.events,
+        turn,
+        inputs.route.route_id,
+        projection.messages,
+        inputs.rendering,
+        before,
     )
-    return thinking, tokens + thinking_tokens(thinking), items + len(thinking)
+    if sent is None:
+        return None, tokens, items
+    return sent, tokens + sent.tokens, items + len(sent.thinking)
 
 
 def compile_incremental(
@@ -494,7 +506,9 @@ def compile_incremental(
     for t in tools:
         ledger[Layer.TOOL_SCHEMA][0] += t.tokens
         ledger[Layer.TOOL_SCHEMA][1] += 1
-    thinking, native_tokens, native_items = _native(inputs, turn, projection)
+    sent, native_tokens, native_items = _native(
+        inputs, turn, projection, memo.thinking if memo is not None and known else None
+    )
     ledger[Layer.NATIVE_STATE][0] += native_tokens
     ledger[Layer.NATIVE_STATE][1] += native_items
     layers = tuple(LayerTokens(layer, tok, n) for layer, (tok, n) in ledger.items())
@@ -575,19 +589,33 @@ def compile_incremental(
         basis=basis,
         compaction=compaction,
         rendering=inputs.rendering,
-        thinking=thinking,
+        thinking=sent.thinking if sent is not None else (),
         tools_deferred_by_cap=choice.deferred_by_cap,
     )
     next_memo = run.memo
+    # Thinking state found against messages of the memo's own list (the view's are the
+    # memo's and the step's after them) holds nothing the memo does not.
+    if sent is not None and not (
+        isinstance(sent.messages, Grown)
+        and next_memo is not None
+        and sent.messages.shares(next_memo.messages)
+    ):
+        sent = None
     if next_memo is not None and (
         compaction_memo is not next_memo.compaction
         or remembered is not next_memo.prompt
         or turn_paths is not next_memo.paths
+        or sent is not next_memo.thinking
     ):
         # None is counted in the memo's bytes: the compaction prompt and the system
         # prompt are the view's, which the views kept for repeats count, and a memo holds
-        # one of each at most; the paths are capped (textscan.MAX_PATH_BYTES).
+        # one of each at most; the paths are capped (textscan.MAX_PATH_BYTES); the
+        # thinking state is the events', and its messages the memo's.
         next_memo = replaced(
-            next_memo, compaction=compaction_memo, prompt=remembered, paths=turn_paths
+            next_memo,
+            compaction=compaction_memo,
+            prompt=remembered,
+            paths=turn_paths,
+            thinking=sent,
         )
     return view, next_memo, run.reused

@@ -47,6 +47,26 @@ class Stated(NamedTuple):
     visible: bool  # visible(): the model sees something of the message
 
 
+# (seq of the assistant message's event, the state's kind, its data as logged)
+Thinking = tuple[tuple[int, str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SentThinking:
+    """The thinking state a compile's body sends back, with what it was found from, so
+    that the next compile of the loop matches only its new messages (turn_thinking.py)."""
+
+    route_id: str
+    rendering: int
+    first: int  # seq of the loop's first event
+    stated: Sequence[Stated]  # the turn's, all looked at
+    messages: Sequence[ViewMessage]  # the view's, which they were matched against
+    # The furthest seq an assistant message of the loop in `messages` reaches (0: none).
+    reach: int
+    thinking: Thinking
+    tokens: int
+
+
 @dataclass(frozen=True, slots=True)
 class ActiveTurn:
     """The current turn of a log: the index of its latest turn start (-1: none) and the
@@ -225,3 +245,5 @@ class ProjectionMemo:
     prompt: RememberedPrompt | None = None
     # The paths the current turn names, for the next (path_memo.py).
     paths: TurnPaths | None = None
+    # The thinking state the view sent back, for the next (turn_thinking.py).
+    thinking: SentThinking | None = None

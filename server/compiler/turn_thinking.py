@@ -14,18 +14,22 @@ state, the current turn holds (projection_memo.ActiveTurn: loop, stated)."""
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import accumulate
 
 from server.compiler import renderings
-from server.compiler.projection_memo import ActiveTurn, loop_start
+from server.compiler.projection_memo import (
+    ActiveTurn,
+    SentThinking,
+    Stated,
+    Thinking,
+    loop_start,
+)
 from server.compiler.tokens import MESSAGE_OVERHEAD
 from server.compiler.view import ViewMessage
+from server.domain.grown import Grown
 from server.domain.model import Event, Role
 from server.domain.thinking import GEMINI_KIND, KIND, OPENAI_KIND
-
-# (seq of the assistant message's event, the state's kind, its data as logged)
-Thinking = tuple[tuple[int, str, bytes], ...]
 
 # The rendering version from which each kind is sent back (render.RENDERING).
 SINCE = {
@@ -42,31 +46,125 @@ def turn_thinking(
     messages: Sequence[ViewMessage],
     rendering: int,
 ) -> Thinking:
+    found = sent_thinking(events, turn, route_id, messages, rendering)
+    return found.thinking if found is not None else ()
+
+
+def sent_thinking(
+    events: Sequence[Event],
+    turn: ActiveTurn,
+    route_id: str,
+    messages: Sequence[ViewMessage],
+    rendering: int,
+    before: SentThinking | None = None,
+) -> SentThinking | None:
+    """The thinking state the view's body sends back, with its tokens (None: none, and
+    nothing to carry). A Claude tool loop with thinking has state on every assistant
+    message, all sent back at every step: going on from `before` (the previous compile
+    of the loop), a step matches only the messages and states that are new, when the
+    old ones are the same objects and nothing new reaches back among them."""
     kinds = {kind for kind, since in SINCE.items() if rendering >= since}
     if not kinds or not turn.stated:
-        return ()
+        return None
     loop, stated = turn.loop, turn.stated
     if rendering < renderings.LOOPS_GO_ON:
         # As the compile was made: a walk over the turns, made only in its rebuild.
         if turn.start < 0:
-            return ()
+            return None
         loop = loop_start(events, turn.start, unanswered=False)
         stated = tuple(s for s in stated if s.at >= loop)
+        before = None
     first = events[loop].seq
-    # The assistant messages of the view from the turn's start on (the working set), as
-    # seq spans sorted by start with the furthest end reached so far: whether an event is
-    # in one is a bisect. (A Claude tool loop with thinking has state on every assistant
-    # message, all sent back at every step: this walk is linear in the loop, and cheap.)
+    if (
+        before is not None
+        and before.route_id == route_id
+        and before.rendering == rendering
+        and before.first == first
+        and isinstance(messages, Grown)
+        and messages.shares(before.messages)
+        and len(messages) >= len(before.messages)
+        and isinstance(stated, Grown)
+        and stated.starts_with(before.stated)
+    ):
+        went_on = _went_on(before, stated, messages, route_id, kinds, rendering)
+        if went_on is not None:
+            return went_on
+    # The assistant messages of the view from the turn's start on (the working set).
+    spans = _spans(reversed(messages), first, from_end=True) or []
+    thinking = _sent(stated, spans, route_id, kinds, rendering)
+    return SentThinking(
+        route_id,
+        rendering,
+        first,
+        stated,
+        messages,
+        max((b for _, b in spans), default=0),
+        thinking,
+        thinking_tokens(thinking),
+    )
+
+
+def _went_on(
+    before: SentThinking,
+    stated: Sequence[Stated],
+    messages: Sequence[ViewMessage],
+    route_id: str,
+    kinds: set[str],
+    rendering: int,
+) -> SentThinking | None:
+    """`before` gone on with the messages and states after its own; None when one of the
+    new messages reaches back among the old states or ends before the loop (then each
+    state is matched again)."""
+    new = _spans(messages[len(before.messages) :], before.first, from_end=False)
+    more = stated[len(before.stated) :]
+    last = before.stated[-1].seq if before.stated else 0
+    if new is None or any(a <= last for a, _ in new) or any(s.seq <= before.reach for s in more):
+        return None
+    added = _sent(more, new, route_id, kinds, rendering)
+    return SentThinking(
+        route_id,
+        rendering,
+        before.first,
+        stated,
+        messages,
+        max(before.reach, *(b for _, b in new)) if new else before.reach,
+        before.thinking + added,
+        before.tokens + thinking_tokens(added),
+    )
+
+
+def _spans(
+    messages: Iterable[ViewMessage], first: int, *, from_end: bool
+) -> list[tuple[int, int]] | None:
+    """The (first, last) seqs of the assistant messages the model sees of the loop that
+    begins at seq `first`. Read `from_end` of the view, until a message that ends before
+    the loop; read forward (a step's new messages), None if one does."""
     spans = []
     assistant = Role.ASSISTANT
-    for m in reversed(messages):
+    for m in messages:
         if 0 < m.last_seq < first:  # synthetic messages (a missing result) have no seq
+            if not from_end:
+                return None
             break
         if m.role is assistant and not m.synthetic:
             spans.append((m.first_seq, m.last_seq))
+    return spans
+
+
+def _sent(
+    stated: Iterable[Stated],
+    spans: list[tuple[int, int]],
+    route_id: str,
+    kinds: set[str],
+    rendering: int,
+) -> Thinking:
+    """The states of `stated` that go back: of a kind the rendering sends, on the route,
+    of a message the model sees something of that one of `spans` holds."""
     if not spans:
         return ()
-    spans.sort()
+    # Sorted by start, with the furthest end reached so far: whether a seq is in one of
+    # them is a bisect.
+    spans = sorted(spans)
     starts = [a for a, _ in spans]
     reach = list(accumulate((b for _, b in spans), max))
     # A response cut while the model reasoned (logged since appends take a message with

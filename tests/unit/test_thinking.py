@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import server.compiler.turn_thinking as thinking_module
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
-from server.compiler.projection_memo import active_turn, loop_start
+from server.compiler.projection_memo import ActiveTurn, active_turn, loop_start
 from server.compiler.render import RENDERING, RenderFormat, render
-from server.compiler.turn_thinking import of_kind, thinking_tokens, turn_thinking
+from server.compiler.turn_thinking import of_kind, sent_thinking, thinking_tokens, turn_thinking
 from server.compiler.view import CompiledView, Layer, ViewMessage
+from server.domain.grown import Grown, grown
 from server.domain.model import (
     AssistantMessage,
     ContentPart,
@@ -671,19 +673,7 @@ def test_the_state_sent_is_that_of_messages_the_view_holds(
     messages, valid and on the route, that some non-synthetic span holds: the plain
     definition, checked message by message against every span; and what a body puts with
     each message is the state its span holds."""
-    other = Route(protocol="anthropic-messages", model="claude-opus-4")
-    events = [Event(1, "e1", 0, user("go"))]
-    for valid, ours in logged:
-        s = state(THOUGHT_A, ROUTE if ours else other)
-        s = s if valid else replace(s, data=b'[{"type": "thinking"}]')
-        seq = len(events) + 1
-        events.append(Event(seq, f"e{seq}", 0, AssistantMessage((), (call("c", "a"),), "", s)))
-    messages = [
-        ViewMessage(Role.ASSISTANT, (), Layer.WORKING_SET, 1, first_seq=a, last_seq=a + n)
-        if not synthetic
-        else ViewMessage(Role.ASSISTANT, (), Layer.WORKING_SET, 1, synthetic=True)
-        for (a, n), synthetic in shown
-    ]
+    events, messages = _loop_events(logged), _shown(shown)
     sent = turn_thinking(events, active_turn(events), ROUTE.route_id, messages, RENDERING)
     expected = tuple(
         (e.seq, KIND, e.payload.native_state.data)
@@ -699,3 +689,90 @@ def test_the_state_sent_is_that_of_messages_the_view_holds(
         held = [d for seq, _, d in sent if m.first_seq <= seq <= m.last_seq]
         assert of_kind(sent, KIND, m.first_seq, m.last_seq) == held
         assert of_kind(sent, GEMINI_KIND, m.first_seq, m.last_seq) == []
+
+
+def _loop_events(logged: list[tuple[bool, bool]]) -> list[Event]:
+    """A user message, then an assistant message with Claude thinking state per entry:
+    (valid, on ROUTE)."""
+    other = Route(protocol="anthropic-messages", model="claude-opus-4")
+    events = [Event(1, "e1", 0, user("go"))]
+    for valid, ours in logged:
+        s = state(THOUGHT_A, ROUTE if ours else other)
+        s = s if valid else replace(s, data=b'[{"type": "thinking"}]')
+        seq = len(events) + 1
+        events.append(Event(seq, f"e{seq}", 0, AssistantMessage((), (call("c", "a"),), "", s)))
+    return events
+
+
+def _shown(spans: list[tuple[tuple[int, int], bool]]) -> list[ViewMessage]:
+    return [
+        ViewMessage(Role.ASSISTANT, (), Layer.WORKING_SET, 1, first_seq=a, last_seq=a + n)
+        if not synthetic
+        else ViewMessage(Role.ASSISTANT, (), Layer.WORKING_SET, 1, synthetic=True)
+        for (a, n), synthetic in spans
+    ]
+
+
+def _went_on(old: ActiveTurn, events: list[Event]) -> ActiveTurn:
+    """The turn of `events` as a compile carrying `old` finds it (active_turn's memo)."""
+    return replace(
+        old, stated=grown(old.stated).extended(active_turn(events).stated[len(old.stated) :])
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=30),
+    st.integers(0, 30),
+    st.lists(st.tuples(_SPAN, st.booleans()), max_size=20),
+    st.lists(st.tuples(_SPAN, st.booleans()), max_size=10),
+)
+def test_thinking_carried_from_the_step_before_is_what_a_walk_finds(
+    logged: list[tuple[bool, bool]],
+    seen: int,
+    shown_before: list[tuple[tuple[int, int], bool]],
+    shown_after: list[tuple[tuple[int, int], bool]],
+) -> None:
+    """A step that goes on from the previous compile's thinking state (its messages and
+    states extended) sends what matching every state against the whole view sends,
+    whatever the new messages hold: reaching back among the old states, or ending before
+    the loop."""
+    events = _loop_events(logged)
+    k = min(seen, len(events) - 1) + 1
+    then = active_turn(events[:k])
+    before_messages = Grown(_shown(shown_before))
+    messages = before_messages.extended(_shown(shown_after))
+    now = _went_on(then, events)
+    before = sent_thinking(events[:k], then, ROUTE.route_id, before_messages, RENDERING)
+    carried = sent_thinking(events, now, ROUTE.route_id, messages, RENDERING, before)
+    walked = sent_thinking(events, now, ROUTE.route_id, tuple(messages), RENDERING)
+    assert (carried is None) == (walked is None)
+    if carried is not None and walked is not None:
+        assert carried.thinking == walked.thinking
+        assert carried.tokens == walked.tokens == thinking_tokens(walked.thinking)
+        assert carried.reach == walked.reach
+
+
+def test_a_step_of_a_long_loop_matches_only_its_new_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Carried from step to step, a loop's thinking state is matched against the view
+    once: a step looks at its own new message and state, not the loop's 40 before."""
+    events = _loop_events([(True, True)] * 41)
+    messages: Grown[ViewMessage] = Grown()
+    turn, sent = active_turn(events[:1]), None
+    looked_at: list[int] = []
+    real = thinking_module._sent
+
+    def counting(stated: Any, *rest: Any) -> Any:
+        stated = tuple(stated)
+        looked_at.append(len(stated))
+        return real(stated, *rest)
+
+    monkeypatch.setattr(thinking_module, "_sent", counting)
+    for n in range(2, len(events) + 1):
+        turn = _went_on(turn, events[:n])
+        messages = messages.extended(_shown([((n, 0), False)]))
+        sent = sent_thinking(events[:n], turn, ROUTE.route_id, messages, RENDERING, sent)
+    assert sent is not None and [s for s, _, _ in sent.thinking] == list(range(2, 43))
+    assert looked_at[1:] == [1] * 40  # the first step found its one state by the walk
