@@ -776,3 +776,36 @@ def test_a_step_of_a_long_loop_matches_only_its_new_state(
         sent = sent_thinking(events[:n], turn, ROUTE.route_id, messages, RENDERING, sent)
     assert sent is not None and [s for s, _, _ in sent.thinking] == list(range(2, 43))
     assert looked_at[1:] == [1] * 40  # the first step found its one state by the walk
+
+
+def test_a_long_loop_stepped_from_memo_to_memo_sends_what_scratch_sends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Thirty steps of a Claude loop (a call and its result appended at each), each
+    compiled from the previous compile's memo (its thinking state carried), with a user
+    message typed while the tools ran, a message with text only and one whose state is
+    another route's: every view is the view a compile from scratch makes, and the steps
+    went on from the memo's state. (A step compiled with its call still open forks the
+    view's messages at the next: that step matches every state again.)"""
+    carried: list[bool] = []
+    real = thinking_module._went_on
+
+    def counting(*args: Any) -> Any:
+        found = real(*args)
+        carried.append(found is not None)
+        return found
+
+    monkeypatch.setattr(thinking_module, "_went_on", counting)
+    other = Route(protocol="anthropic-messages", model="claude-opus-4")
+    steps: list[list[Any]] = [[user("fix it")]]
+    for i in range(30):
+        thought = state(THOUGHT_B if i % 3 else THOUGHT_A, other if i == 11 else ROUTE)
+        called = AssistantMessage((), (call(f"c{i}", f"{i}.py"),), "", thought)
+        steps.append([called, ToolResult(f"c{i}", "read", text=f"line {i}")])
+        if i == 7:
+            steps.append([user("also check the tests")])
+        if i == 19:
+            steps.append([AssistantMessage((ContentPart(text="halfway"),), ())])
+    sent = stepped(steps)
+    assert len(sent[-1]) == 29  # every call's blocks but the other route's
+    assert carried.count(True) >= 28, carried
