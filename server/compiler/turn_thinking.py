@@ -16,6 +16,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from itertools import accumulate
+from operator import itemgetter
 
 from server.compiler import renderings
 from server.compiler.projection_memo import (
@@ -37,17 +38,6 @@ SINCE = {
     GEMINI_KIND: renderings.THOUGHT_SIGNATURES,
     OPENAI_KIND: renderings.REASONING_ITEMS,
 }
-
-
-def turn_thinking(
-    events: Sequence[Event],
-    turn: ActiveTurn,
-    route_id: str,
-    messages: Sequence[ViewMessage],
-    rendering: int,
-) -> Thinking:
-    found = sent_thinking(events, turn, route_id, messages, rendering)
-    return found.thinking if found is not None else ()
 
 
 def sent_thinking(
@@ -193,10 +183,9 @@ def of_kind(thinking: Thinking, kind: str, first_seq: int, last_seq: int) -> lis
     """The data of `kind` logged with the events an assistant message holds, in order
     (`thinking` is in seq order: the message's entries are found by bisection, since a
     body asks this of every assistant message of a loop that may be long)."""
-    i = bisect_left(thinking, first_seq, key=_seq)
-    j = bisect_right(thinking, last_seq, lo=i, key=_seq)
+    i = bisect_left(thinking, first_seq, key=_SEQ)
+    j = bisect_right(thinking, last_seq, lo=i, key=_SEQ)
     return [d for _, k, d in thinking[i:j] if k == kind]
 
 
-def _seq(entry: tuple[int, str, bytes]) -> int:
-    return entry[0]
+_SEQ = itemgetter(0)

@@ -18,7 +18,7 @@ import server.compiler.turn_thinking as thinking_module
 from server.compiler.compile import CompileInputs, compile_incremental, compile_view
 from server.compiler.projection_memo import ActiveTurn, active_turn, loop_start
 from server.compiler.render import RENDERING, RenderFormat, render
-from server.compiler.turn_thinking import of_kind, sent_thinking, thinking_tokens, turn_thinking
+from server.compiler.turn_thinking import of_kind, sent_thinking, thinking_tokens
 from server.compiler.view import CompiledView, Layer, ViewMessage
 from server.domain.grown import Grown, grown
 from server.domain.model import (
@@ -674,7 +674,8 @@ def test_the_state_sent_is_that_of_messages_the_view_holds(
     definition, checked message by message against every span; and what a body puts with
     each message is the state its span holds."""
     events, messages = _loop_events(logged), _shown(shown)
-    sent = turn_thinking(events, active_turn(events), ROUTE.route_id, messages, RENDERING)
+    found = sent_thinking(events, active_turn(events), ROUTE.route_id, messages, RENDERING)
+    sent = found.thinking if found is not None else ()
     expected = tuple(
         (e.seq, KIND, e.payload.native_state.data)
         for e in events[1:]
