@@ -1,9 +1,11 @@
 """Token budget (R-BUD-1..5). Local scheduling parameters, not provider claims.
 
 - Known window, no usage yet: reserve a quarter of the window for output, at most 16K.
-- After real usage: reserve twice the last output, clamped to 1K..8K.
+- Known window, after real usage: reserve twice the last output, clamped to 1K..8K.
 - A configured max-input cap smaller than window - reserve is the stricter cap.
-- Unknown window: history high watermark 32K, output reserve 16K.
+- Unknown window: history high watermark 32K, output reserve 16K, usage or not (the
+  source text gives the dynamic reserve for a known window only: with the window a
+  guess, 8K at most would leave the model less room than the guess assumed).
 - Never reject on an estimate (R-EST-4): the decision only advises.
 """
 
@@ -39,11 +41,20 @@ class ModelLimits:
     accepts_images: bool = True
 
 
-def output_reserve(limits: ModelLimits, last_output_tokens: int | None, cfg: BudgetConfig) -> int:
-    if last_output_tokens is not None:
+def output_reserve(
+    limits: ModelLimits,
+    last_output_tokens: int | None,
+    cfg: BudgetConfig,
+    *,
+    dynamic_when_unknown: bool = False,
+) -> int:
+    """`dynamic_when_unknown`: the reserve of an unknown window follows the last output
+    too, as compiles recorded before projection 5 had it (rebuilt so)."""
+    known = limits.context_window > 0
+    if last_output_tokens is not None and (known or dynamic_when_unknown):
         wanted = cfg.dynamic_reserve_factor * last_output_tokens
         reserve = max(cfg.dynamic_reserve_min, min(cfg.dynamic_reserve_max, wanted))
-    elif limits.context_window > 0:
+    elif known:
         reserve = min(
             int(limits.context_window * cfg.first_reserve_fraction), cfg.first_reserve_max
         )
@@ -80,8 +91,12 @@ def judge(
     cfg: BudgetConfig,
     baseline_tokens: int = 0,
     ledger_tokens: int | None = None,
+    *,
+    dynamic_when_unknown: bool = False,
 ) -> tuple[Budget, Decision]:
-    reserve = output_reserve(limits, last_output_tokens, cfg)
+    reserve = output_reserve(
+        limits, last_output_tokens, cfg, dynamic_when_unknown=dynamic_when_unknown
+    )
     budget = input_budget(limits, reserve, cfg)
     watermark = history_watermark(limits, budget, cfg)
     utilization = estimate / budget if budget else 0.0

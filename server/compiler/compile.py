@@ -528,6 +528,7 @@ def compile_incremental(
         inputs.budget_config,
         baseline_tokens=basis.baseline_tokens,
         ledger_tokens=basis.ledger_tokens,
+        dynamic_when_unknown=inputs.projection < 5,
     )
     budget = replaced(
         budget,

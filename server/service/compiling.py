@@ -623,6 +623,13 @@ class CompileUseCases:
         """See `UsageReports.report_usage` (server/service/usage.py)."""
         return await self._usage.report_usage(compile_id, route, usage, session_id)
 
+    async def check_recorded(self, compile_id: str) -> None:
+        """COMPILE_NOT_FOUND (or RECORD_CORRUPT) unless `compile_id` is recorded now: what
+        a rebuild reads, checked by a stream step before it writes anything. The record
+        goes with its session, so a compile id from before the session was deleted (and
+        maybe made again under its id) is refused too."""
+        await self._blocking.run(self._store.get_compile, compile_id)
+
     async def gone(self, compile_id: str) -> bool:
         """Whether this compile was recorded and its record is no longer stored (its
         session was deleted, maybe made again since) or no longer decodes. An unrecorded

@@ -570,3 +570,70 @@ def test_compiles_that_sent_no_message_images_are_rebuilt_as_they_were(tmp_path:
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` whose unknown windows reserved twice the last output after a
+# usage report (projection.PROJECTION 4).
+DYNAMIC_UNKNOWN_DAEMON = "7be0f951e78f25f3c2e931012f222c5d8076ecb7"
+
+
+def test_an_unknown_windows_reserve_is_rebuilt_as_the_earlier_daemon_had_it(
+    tmp_path: Path,
+) -> None:
+    """A data directory written by the daemon that gave an unknown window the dynamic
+    reserve of a known one (R-BUD-2) once usage was reported: its compiles are rebuilt
+    with that reserve, from rebuild_compile_id and from as_of_seq, while today's
+    compile of the same log keeps R-BUD-4's ~16K."""
+    code = _daemon_code(DYNAMIC_UNKNOWN_DAEMON, tmp_path / "dynamic")
+    base = Path("/tmp") / f"ctxcc-tt-bud-{os.getpid()}"
+    base.mkdir()
+    unknown = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model-x")
+    req = cpb.CompileRequest(session_id="u", route=unknown)
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        views = []
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "u")
+            for i in range(3):
+                stubs.sessions.AppendEvents(
+                    spb.AppendEventsRequest(session_id="u", events=[user(f"step {i}")])
+                )
+                view = stubs.compiles.Compile(req).view
+                views.append(view)
+                stubs.compiles.ReportUsage(
+                    cpb.ReportUsageRequest(
+                        compile_id=view.compile_id,
+                        route=unknown,
+                        input_tokens=view.budget.estimated_input_tokens + 40,
+                        output_tokens=300,
+                    )
+                )
+        assert views[0].budget.window_unknown
+        # That daemon's reserve after a report: 2 x 300, clamped up to 1K.
+        assert [v.budget.output_reserve for v in views] == [16_384, 1_024, 1_024]
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            for view in views:
+                rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+                assert _bytes(rebuilt.view) == _bytes(view)
+                again = cpb.CompileRequest()
+                again.CopyFrom(req)
+                again.as_of_seq = view.event_boundary
+                assert compiles.Compile(again).view.budget.output_reserve == (
+                    view.budget.output_reserve
+                )
+            fresh = compiles.Compile(
+                cpb.CompileRequest(session_id="u", route=unknown, dry_run=True)
+            ).view
+            assert fresh.budget.window_unknown
+            assert (fresh.budget.output_reserve, fresh.budget.input_budget) == (
+                16_384,
+                32_768 + 16_384,
+            )
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)

@@ -44,6 +44,35 @@ async def test_a_rebuild_step_appends_its_events_to_the_rebuilt_compiles_session
         await steps.close()
 
 
+async def test_a_rebuild_step_of_a_compile_that_is_not_there_writes_nothing(
+    api: Stubs,
+) -> None:
+    """A rebuild step naming a compile of a session since deleted and made again under
+    its id, or one never made, is refused before its append: the new conversation gets
+    no event of the old one's client."""
+    await _new_session(api, "rg")
+    steps = Steps(api)
+    try:
+        old, _ = await steps.view(_compile("rg"), [user("old conversation")])
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="rg"))
+        await _new_session(api, "rg")
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="rg", events=[user("new conversation")])
+        )
+        for named in (old.compile_id, "rg:000000000000000000000000"):
+            rebuild = cpb.CompileRequest(rebuild_compile_id=named)
+            (answer,) = await steps.step(rebuild, [user("stray")])
+            assert answer.error.reason == "COMPILE_NOT_FOUND", answer
+            assert not answer.HasField("append")
+        listed = await api.sessions.ListEvents(spb.ListEventsRequest(session_id="rg"))
+        assert [e.user_message.parts[0].text for e in listed.events] == ["new conversation"]
+        # The stream goes on: a step of the new session is answered.
+        new, _ = await steps.view(_compile("rg"), [user("next")])
+        assert new.event_boundary == 2
+    finally:
+        await steps.close()
+
+
 async def _watched(api: Stubs, sid: str) -> tuple[Any, Any]:
     """A new session with events 1 and 2, and a watch (its call and its updates) that
     has seen 2 live, so it is subscribed."""

@@ -26,6 +26,39 @@ def test_output_reserve(window: int, last_output: int | None, expected: int) -> 
     assert output_reserve(ModelLimits(context_window=window), last_output, CFG) == expected
 
 
+@pytest.mark.parametrize("last_output", [300, 3_000, 6_000])
+def test_unknown_window_keeps_its_reserve_after_usage(last_output: int) -> None:  # R-BUD-4
+    """The dynamic reserve (R-BUD-2) is a known window's: an unknown one keeps ~16K, and
+    with it the input budget its 32K watermark implies, whatever the model last wrote."""
+    budget, _ = judge(ModelLimits(), last_output, 10_000, EstimateMethod.BASELINE_DELTA, 100, CFG)
+    first, _ = judge(ModelLimits(), None, 10_000, EstimateMethod.FULL, 100, CFG)
+    assert budget.output_reserve == first.output_reserve == 16_384
+    assert budget.input_budget == first.input_budget == 32_768 + 16_384
+    # The model's own output limit still bounds it.
+    small = ModelLimits(max_output_tokens=4_096)
+    assert output_reserve(small, last_output, CFG) == 4_096
+
+
+def test_unknown_window_reserve_of_compiles_before_projection_5() -> None:
+    """Compiles recorded at projection 4 or before followed the last output there too,
+    and are rebuilt so."""
+    old, _ = judge(
+        ModelLimits(),
+        300,
+        10_000,
+        EstimateMethod.BASELINE_DELTA,
+        100,
+        CFG,
+        dynamic_when_unknown=True,
+    )
+    assert old.output_reserve == 1_024
+    assert old.input_budget == 32_768 + 1_024
+    # A known window is the same in either version.
+    known = ModelLimits(context_window=200_000)
+    assert output_reserve(known, 3_000, CFG) == 6_000
+    assert output_reserve(known, 3_000, CFG, dynamic_when_unknown=True) == 6_000
+
+
 def test_max_input_cap_wins_when_stricter() -> None:  # R-BUD-3
     limits = ModelLimits(context_window=200_000, max_input_tokens=100_000)
     assert input_budget(limits, 16_384, CFG) == 100_000
