@@ -265,6 +265,50 @@ async def test_valid_and_route_mismatched_checkpoints(api: Stubs) -> None:
     assert portable.checkpoint_id and not portable.fallback_reasons
 
 
+async def test_a_checkpoint_naming_no_route_is_bound_to_the_last_compiles(api: Stubs) -> None:
+    """The clients make a checkpoint from a view's compaction request, which names no
+    route: a non-portable one is bound to the route the session last compiled for, so a
+    switch passes over it (R-ROUTE-2); a portable one, or one made before any compile,
+    holds on any route."""
+    other = common_pb2.Route(connection="other", model="gpt-4o")
+    for sid, portable, compiled in (
+        ("nr", False, True),
+        ("nr2", True, True),
+        ("nr3", False, False),
+    ):
+        await _session(api, sid)
+        await _append(
+            api, sid, user("one"), assistant("first answer"), user("two"), assistant("second")
+        )
+        if compiled:
+            await api.compiles.Compile(compile_request(sid))
+        made = await api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id=sid, covers_through_seq=2, summary="SUMMARY", portable=portable
+                )
+            )
+        )
+        bound = not portable and compiled
+        assert made.checkpoint.HasField("source_route") == bound
+        if bound:
+            assert made.checkpoint.source_route == ROUTE
+        same = (await api.compiles.Compile(compile_request(sid))).view
+        assert same.checkpoint_id == made.checkpoint.checkpoint_id
+        switched = (
+            await api.compiles.Compile(cpb.CompileRequest(session_id=sid, route=other))
+        ).view
+        if bound:
+            assert not switched.checkpoint_id
+            assert list(switched.fallback_reasons) == [view_pb2.FALLBACK_REASON_ROUTE_MISMATCH]
+            assert "one" in [p.text for m in switched.messages for p in m.parts]
+        else:
+            assert switched.checkpoint_id == made.checkpoint.checkpoint_id
+            assert not switched.fallback_reasons
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="nr"))
+    assert [c.source_route for c in listed.checkpoints] == [ROUTE]
+
+
 async def test_corrupted_checkpoint_falls_back_to_the_canonical_history(short_tmp: Path) -> None:
     cfg = make_config(short_tmp)
     d = Daemon(cfg)

@@ -69,7 +69,11 @@ export interface Checkpoint {
   coversThroughSeq: number;
   /** The text that replaces the covered events in the projection. */
   summary: string;
-  /** Route whose model wrote the summary. */
+  /**
+   * Route whose model wrote the summary. Left unset on a checkpoint that is not portable,
+   * CreateCheckpoint sets the route the session last compiled for (none before any compile:
+   * the checkpoint then holds on every route).
+   */
   sourceRoute?:
     | Route
     | undefined;
