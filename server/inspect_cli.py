@@ -152,10 +152,13 @@ def render(s: dict[str, Any]) -> str:
         + f"  {GLYPHS['reserve']} reserve {s['output_reserve']}"
         + f"  {GLYPHS['free']} free {s['free_tokens']}",
         f"estimate {s['estimated_input_tokens']} ({s['estimate_method']})"
+        # The report the estimate stood on: one made after this compile (for the view
+        # shown, say) is the next compile's baseline, and the web inspector's timeline
+        # shows it against this estimate.
         + (
-            f"  last reported {s['last_reported_input_tokens']}"
+            f"  baseline {s['last_reported_input_tokens']} reported before it"
             if s["last_reported_input_tokens"]
-            else "  no usage reported on this route yet"
+            else "  no usage reported on this route before it"
         )
         + f"  budget {s['input_budget']}  utilization {s['utilization']:.1%}",
         "route model: ratio {ratio}  framing {framing_tokens}/message  overhead {overhead_tokens}"

@@ -199,6 +199,13 @@ async def test_inspect_and_sessions_after_a_replay(replayed: tuple[Daemon, str])
     assert text.stdout.splitlines()[1].startswith("showing ")
     # Seq 3 is the first request's tool result: all of it is the current turn.
     assert text.stdout.splitlines()[2].startswith("[") and "▒" in text.stdout.splitlines()[2]
+    # The first request had no report before it (its own came after it: the next one's
+    # baseline), which the text says as such.
+    first = await asyncio.to_thread(ctxcc, "inspect", sid, "--at-seq", "1")
+    assert "(route_model)" in first.stdout, first.stdout
+    assert "no usage reported on this route before it" in first.stdout
+    latest = await asyncio.to_thread(ctxcc, "inspect", sid)
+    assert f"baseline {s['last_reported_input_tokens']} reported before it" in latest.stdout
     # Inspecting changes nothing: no compile is recorded, the estimate basis stays.
     again = json.loads((await asyncio.to_thread(ctxcc, "inspect", sid, "--json")).stdout)
     assert again["estimated_input_tokens"] == s["estimated_input_tokens"]
