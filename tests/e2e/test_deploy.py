@@ -276,6 +276,51 @@ def _healthcheck_command() -> list[str]:
     return command
 
 
+def _image_env() -> dict[str, str]:
+    """The variables the Dockerfile's runtime stage sets (its last ENV, lines joined)."""
+    text = _dockerfile().replace("\\\n", " ")
+    env_lines = re.findall(r"^ENV\s+(.*)$", text, re.M)
+    assert env_lines, "the Dockerfile sets no ENV"
+    pairs = re.findall(r"([A-Z_][A-Z0-9_]*)=(\S*)", env_lines[-1])
+    return dict(pairs)
+
+
+def test_the_configmap_mounted_over_the_images_file_is_what_the_daemon_reads(
+    tmp_path: Path,
+) -> None:
+    """The image's settings are the sidecar's ConfigMap file, copied to where a pod mounts
+    that ConfigMap: with the image's environment, every value of a changed ConfigMap
+    holds (a CTXCC_* variable for it in the image would win over the file, so an edit of
+    the ConfigMap's listen or paths would do nothing)."""
+    env = _image_env()
+    assert {k for k in env if k.startswith("CTXCC_")} == {"CTXCC_CONFIG"}, env
+    copied = re.search(r"^COPY\s+deploy/kubernetes/base/ctxcc\.toml\s+(\S+)$", _dockerfile(), re.M)
+    assert copied and copied.group(1) == env["CTXCC_CONFIG"]
+    spec = pod_spec(render(OVERLAYS["base"]))
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "ctxcc")
+    assert sidecar["args"] == ["--config", env["CTXCC_CONFIG"]]
+    config_mount = next(
+        m["mountPath"] for m in sidecar["volumeMounts"] if m["name"] == "ctxcc-config"
+    )
+    assert config_mount == str(Path(env["CTXCC_CONFIG"]).parent)
+    shipped = (K8S / "base" / "ctxcc.toml").read_text()
+    image = resolve({}, env={**env, "CTXCC_CONFIG": str(K8S / "base" / "ctxcc.toml")})
+    volume_line = re.search(r"^VOLUME (.*)$", _dockerfile(), re.M)
+    assert volume_line
+    volumes = set(re.findall(r'"(/[^"]+)"', volume_line.group(1)))
+    assert {str(image.data_dir), str(Path(str(image.socket_path)).parent)} == volumes
+    assert image.log_format == "json"
+    edited = tmp_path / "ctxcc.toml"
+    edited.write_text(
+        shipped.replace('listen = "127.0.0.1:50551"', 'listen = "none"')
+        .replace('"0.0.0.0:9464"', '"0.0.0.0:9999"')
+        .replace('"/run/ctxcc/ctxcc.sock"', '"/run/ctxcc/other.sock"')
+    )
+    cfg = resolve({"config": str(edited)}, env={**env, "CTXCC_CONFIG": str(edited)})
+    assert (cfg.listen, cfg.metrics_listen) == ("none", "0.0.0.0:9999")
+    assert str(cfg.socket_path) == "/run/ctxcc/other.sock"
+
+
 def test_files_cited_by_deploy_and_docs_exist() -> None:
     texts = [p for p in (REPO / "deploy").rglob("*") if p.is_file() and p.suffix != ".json"]
     cited = {
