@@ -462,3 +462,33 @@ async def test_gemini_bodies_hold_only_the_images_that_keep_the_request_within_i
     ]
     assert [base64.b64decode(u.split(",", 1)[1]) for u in urls] == shots
     assert not _unsent(view)
+
+
+async def test_an_images_estimate_follows_its_size(api: Stubs) -> None:
+    """R-EST-3: the estimate covers attachments. An image sent costs about
+    width x height / 750 tokens (what Anthropic documents for its models, and about what
+    OpenAI's tiles come to), at least 85 (OpenAI's base cost of one image) and at most
+    1,600 (a ~1,100 px square: providers scale larger images down): each view's ledger
+    exceeds the same view without the image by exactly that, in its layer and in the
+    message's own count."""
+    plain_sid = "est-plain"
+    await _session(api, plain_sid)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id=plain_sid, events=[user("What is in this image?")])
+    )
+    plain = (await api.compiles.Compile(compile_request(plain_sid))).view
+    for side, cost in ((16, 85), (300, 120), (600, 480), (2_000, 1_600)):
+        sid = f"est-{side}"
+        await _session(api, sid)
+        up = await api.artifacts.UploadArtifact(iter(png_upload(sid, _png(side), side)))
+        asked = _with_image(user("What is in this image?"), up.artifact)
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[asked]))
+        view = (await api.compiles.Compile(compile_request(sid))).view
+        assert list(_sent(view)) == [up.artifact.artifact_id]
+        assert view.budget.ledger_tokens - plain.budget.ledger_tokens == cost, side
+        assert view.messages[-1].tokens - plain.messages[-1].tokens == cost
+        layers = {r.layer: r.tokens for r in view.layers}
+        plain_layers = {r.layer: r.tokens for r in plain.layers}
+        assert layers[view_pb2.LAYER_WORKING_SET] - plain_layers[view_pb2.LAYER_WORKING_SET] == (
+            cost
+        )
