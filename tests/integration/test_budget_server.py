@@ -84,6 +84,36 @@ async def test_baseline_plus_delta_on_numbers_and_route_isolation(api: Stubs) ->
     assert error_info(exc.value).reason == "ROUTE_MISMATCH"
 
 
+@pytest.mark.parametrize("field", ["connection", "endpoint", "protocol", "model"])
+async def test_each_part_of_a_route_makes_another_route(api: Stubs, field: str) -> None:
+    """R-ROUTE-1: the baseline and native state are bound to the route of connection,
+    protocol, endpoint and model: the same model through another connection (a failover
+    to another account or gateway) or endpoint (another region) is another route, whose
+    first compile reuses neither."""
+    sid = f"parts-{field}"
+    await _session(api, sid, user("hello"))
+    first = (await api.compiles.Compile(compile_request(sid))).view
+    await _report(api, first, ROUTE, 5_000)
+    reply = assistant("hi")
+    reply.assistant_message.native_state.route_id = first.route_id
+    reply.assistant_message.native_state.kind = "openai.previous_response_id"
+    reply.assistant_message.native_state.data = b"resp_123"
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id=sid, events=[reply, user("more")])
+    )
+    same = (await api.compiles.Compile(compile_request(sid))).view
+    assert same.budget.baseline_tokens == 5_000
+    assert same.provider_state.data == b"resp_123"
+    changed = common_pb2.Route()
+    changed.CopyFrom(ROUTE)
+    setattr(changed, field, {"model": "claude-opus-4"}.get(field, "elsewhere"))
+    other = (await api.compiles.Compile(cpb.CompileRequest(session_id=sid, route=changed))).view
+    assert other.route_id != same.route_id
+    assert other.budget.baseline_tokens == 0
+    assert other.budget.estimate_method != view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert not other.HasField("provider_state")
+
+
 async def test_native_state_is_replayed_only_on_its_route(api: Stubs) -> None:
     await _session(api, "nat", user("hi"))
     first = (await api.compiles.Compile(compile_request("nat"))).view

@@ -182,3 +182,87 @@ async def test_source_errors(project_api: tuple[Stubs, Path]) -> None:
         )
     )
     assert await reason(escape) == (grpc.StatusCode.INVALID_ARGUMENT, "PATH_OUTSIDE_ROOT")
+
+
+async def test_memory_and_the_rule_index_have_caps_of_their_own(short_tmp: Path) -> None:
+    """R-MISC-4: memory and the on-demand rule index are each cut at their own cap
+    (--memory-cap, --rule-index-cap), whole entries kept in order and the rest counted in
+    the text and the notes, whatever the other sections' caps; under the caps, nothing is
+    cut."""
+    session = "caps"
+    entries = [f"fact {i}: " + "the build needs the cache warmed first. " * 2 for i in range(8)]
+    entries = [e.strip() for e in entries]  # as the section holds them
+    rules = [
+        (f"r{i}", f"when touching module {i} " + "of the storage layer " * 3) for i in range(8)
+    ]
+    for memory_cap, index_cap, cut in (("300", "250", True), ("8000", "4000", False)):
+        d = Daemon(
+            make_config(
+                short_tmp / f"data-{memory_cap}", memory_cap=memory_cap, rule_index_cap=index_cap
+            )
+        )
+        await d.start()
+        api = stubs_for(str(d.endpoints.tcp))
+        try:
+            await api.sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id=session))
+            )
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=session, events=[user("hi")])
+            )
+            for i, text in enumerate(entries):
+                await api.sources.PutMemory(
+                    rpb.PutMemoryRequest(
+                        memory=source_pb2.MemoryEntry(
+                            memory_id=f"m{i}",
+                            scope=common_pb2.SCOPE_SESSION,
+                            scope_id=session,
+                            text=text,
+                        )
+                    )
+                )
+            for name, description in rules:
+                await api.sources.PutRule(
+                    rpb.PutRuleRequest(
+                        rule=source_pb2.Rule(
+                            rule_id=name,
+                            scope=common_pb2.SCOPE_SESSION,
+                            scope_id=session,
+                            name=name,
+                            description=description,
+                            text="Check the cache first.",
+                            activation=source_pb2.RULE_ACTIVATION_ON_DEMAND,
+                        )
+                    )
+                )
+            view = (await api.compiles.Compile(compile_request(session))).view
+        finally:
+            await api.channel.close()
+            await d.stop()
+        by = {s.kind: s for s in view.system_sections}
+        memory, index = by[view_pb2.SECTION_KIND_MEMORY], by[view_pb2.SECTION_KIND_RULE_INDEX]
+        kept_facts = [t for t in entries if t in memory.text]
+        kept_rules = [n for n, desc in rules if f"- {n}: {desc}" in index.text]
+        if not cut:
+            assert (kept_facts, kept_rules) == (entries, [n for n, _ in rules])
+            assert not memory.truncated and not index.truncated
+            assert not [n for n in view.notes if "omitted" in n]
+            continue
+        # Each entry line is `<entry ...>text</entry>` (~150 characters): two fit in 300.
+        assert kept_facts == entries[: len(kept_facts)] and 1 <= len(kept_facts) < len(entries)
+        assert kept_rules == [n for n, _ in rules][: len(kept_rules)]
+        assert 1 <= len(kept_rules) < len(rules)
+        assert memory.truncated and index.truncated
+        lines = [ln for ln in memory.text.splitlines() if ln.startswith("<entry")]
+        assert sum(len(ln) + 1 for ln in lines) <= 300 + 1
+        omitted_facts, omitted_rules = len(entries) - len(kept_facts), len(rules) - len(kept_rules)
+        assert f"[... {omitted_facts} more memory entries omitted: cap of 300 characters]" in (
+            memory.text
+        )
+        assert f"[... {omitted_rules} more rule(s) omitted: cap of 250 characters]" in index.text
+        assert f"{omitted_facts} memory entries omitted from the memory section (cap 300)" in (
+            view.notes
+        )
+        assert f"{omitted_rules} rule(s) omitted from the rule_index section (cap 250)" in (
+            view.notes
+        )

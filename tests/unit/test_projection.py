@@ -340,6 +340,26 @@ def test_an_image_over_anthropics_limit_for_one_image_is_a_note_on_anthropic_rou
     assert image_byte_cap("anthropic-messages", projection=1) is None
 
 
+def test_a_requests_images_stay_within_its_total_bytes_newest_first() -> None:
+    """R-IMG-1: the request's images together stay within max_image_bytes: the newest are
+    sent while they fit, and each older one that would take the total over is a note
+    saying so (a smaller older one that still fits is sent)."""
+    mb = 1 << 20
+    sizes = {"oldest": 2 * mb, "old": 9 * mb, "new": 6 * mb, "newest": 8 * mb}
+    events = log(
+        user("look"),
+        *(Attachment(replace(PNG, artifact_id=a, size_bytes=n)) for a, n in sizes.items()),
+    )
+    policy = ImagePolicy(existing=tuple(sizes.items()), max_image_bytes=20 * mb)
+    ids, notes = _anthropic_sent(events, policy, "openai-chat")
+    # newest 8 + new 6 = 14 MiB; old (9) would make 23; oldest (2) makes 16.
+    assert ids == ["oldest", "new", "newest"]
+    (note,) = [n for n in notes if n.startswith("image old ")]
+    assert f"the request's images would exceed {20 * mb} bytes" in note
+    roomy = replace(policy, max_image_bytes=25 * mb)
+    assert _anthropic_sent(events, roomy, "openai-chat")[0] == list(sizes)
+
+
 def test_an_image_over_7_mb_is_a_note_on_gemini_routes() -> None:
     """Vertex AI takes an inline image of up to 7 MB, and a Gemini route may reach it: a
     larger one is a note (the Gemini API itself would take it, within its 20 MB request).
