@@ -95,13 +95,18 @@ class UsageRecords(CompileRecords):
             # table of a row per message) is neither split nor encoded nor written again.
             batch.put("compiles", session_key(sid, USAGE + suffix), encode_value(usage))
             state_key = session_key(sid, route_state.route_id.encode())
-            stored_state, state_chunks = self._state_form(sid, route_state, record)
-            # Usually known from the record's own write (a record written before chunks
-            # existed has none stored yet).
-            keys = self._stage_parts(batch, sid, state_chunks)
-            state_bytes = encode_value(stored_state)
-            self._move_route(batch, sid, record.route)
-            batch.put("routes", state_key, state_bytes)
+            # A late report of an older compile is kept (its error measured, the route's
+            # model taught) but leaves the newer baseline as it is.
+            current = not self._newer_baseline(sid, route_state)
+            keys: list[bytes] = []
+            if current:
+                stored_state, state_chunks = self._state_form(sid, route_state, record)
+                # Usually known from the record's own write (a record written before
+                # chunks existed has none stored yet).
+                keys = self._stage_parts(batch, sid, state_chunks)
+                state_bytes = encode_value(stored_state)
+                self._move_route(batch, sid, record.route)
+                batch.put("routes", state_key, state_bytes)
             # The record kept decoded is kept with its usage: it goes right before the
             # write (a reader meanwhile reads both keys from the store), back after it.
             record_key = session_key(sid, suffix)
@@ -125,17 +130,39 @@ class UsageRecords(CompileRecords):
                     self._models_lock.release()
             if kept_size is not None:
                 self._remember_decoded("compiles", record_key, updated, kept_size)
-            self._remember_decoded(
-                "routes", state_key, route_state, kept_bytes(state_bytes, route_state, stored_state)
-            )
-            if keys:
-                self._known_parts(keys)
-            self._staged_now(sid, stored_state)
+            if current:
+                self._remember_decoded(
+                    "routes",
+                    state_key,
+                    route_state,
+                    kept_bytes(state_bytes, route_state, stored_state),
+                )
+                if keys:
+                    self._known_parts(keys)
+                self._staged_now(sid, stored_state)
             return updated, False
         except WriteWouldWait:
             return None
         finally:
             lock.release()
+
+    def _newer_baseline(self, sid: str, state: RouteState) -> bool:
+        """Whether the session's stored baseline on the state's route is of a later
+        compile than `state`'s (a later boundary, or the same one compiled later)."""
+        key = session_key(sid, state.route_id.encode())
+        stored = self._decoded_value("routes", key, RouteState)
+        if stored is None:
+            raw = self._kv.get("routes", key)
+            if raw is None:
+                return False
+            try:
+                stored = decode_value(raw, RouteState)
+            except CorruptRecordError:
+                return False  # overwritten by this report, as before
+        return (stored.baseline_seq, stored.baseline_create_ns) > (
+            state.baseline_seq,
+            state.baseline_create_ns,
+        )
 
     def _state_form(
         self, sid: str, state: RouteState, record: CompileRecord

@@ -137,6 +137,11 @@ class RouteState:
     # On disk only: the table is the baseline compile's (a usage report's state), so it
     # is read from that record instead of being stored twice (none of it inline).
     table_of_baseline: bool = False
+    # The baseline compile's event boundary and creation time: a report for an older
+    # compile, arriving late (a client's retry), does not take the baseline back to it
+    # (R-EST-1: the last request's usage). 0 in states written before they were kept.
+    baseline_seq: int = 0
+    baseline_create_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

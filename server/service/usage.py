@@ -120,6 +120,8 @@ class UsageReports:
                 fixed_tokens=record.fixed_tokens,
                 message_digests=record.message_digests,
                 message_tokens=record.message_tokens,
+                baseline_seq=record.event_boundary,
+                baseline_create_ns=record.create_time_ns,
             )
             return state, self._learner(record, usage, now)
 

@@ -84,6 +84,34 @@ async def test_baseline_plus_delta_on_numbers_and_route_isolation(api: Stubs) ->
     assert error_info(exc.value).reason == "ROUTE_MISMATCH"
 
 
+async def test_a_late_report_of_an_older_compile_keeps_the_newer_baseline(api: Stubs) -> None:
+    """R-EST-1: the baseline is the last request's usage. A report of an older compile
+    that arrives after a newer one's (a client's queued retry) is recorded and measured,
+    but the next estimate still stands on the newer request, and so does the reserve."""
+    await _session(api, "late", user("hello"))
+    older = (await api.compiles.Compile(compile_request("late"))).view
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="late", events=[assistant("hi"), user("go on")])
+    )
+    newer = (await api.compiles.Compile(compile_request("late"))).view
+    await _report(api, newer, ROUTE, 6_000, out=3_000)
+    late = await _report(api, older, ROUTE, 4_000, out=200)
+    assert not late.replayed
+    assert late.error_tokens == 4_000 - older.budget.estimated_input_tokens
+    again = await _report(api, older, ROUTE, 4_000, out=200)
+    assert again.replayed  # recorded
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="late", events=[assistant("done"), user("thanks")])
+    )
+    after = (await api.compiles.Compile(compile_request("late"))).view
+    assert after.budget.baseline_tokens == 6_000
+    assert after.budget.output_reserve == 6_000  # twice the newer request's 3,000
+    # In order, a report moves the baseline on as before.
+    await _report(api, after, ROUTE, 7_000, out=200)
+    last = (await api.compiles.Compile(compile_request("late"))).view
+    assert last.budget.baseline_tokens == 7_000 and last.budget.output_reserve == 1_024
+
+
 @pytest.mark.parametrize("field", ["connection", "endpoint", "protocol", "model"])
 async def test_each_part_of_a_route_makes_another_route(api: Stubs, field: str) -> None:
     """R-ROUTE-1: the baseline and native state are bound to the route of connection,
