@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
 PROTO_FILES := $(shell find proto -name '*.proto' | sort)
 
-.PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard clients
+.PHONY: run test venv proto proto-check lint fmt unit bench clean dashboard clients client-py client-ts
 
 $(STAMP): pyproject.toml constraints.txt client/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ NPM_TARBALL := $(CLIENT_DIST)/ctxcc-client-0.1.0.tgz
 PY_WHEEL := $(CLIENT_DIST)/ctxcc_client-0.1.0-py3-none-any.whl
 clients: .tools/bin/agentloop-go .tools/bin/checkpointdigest-go .tools/bin/createsession-go client/typescript/dist/examples/agent-loop.js $(NPM_TARBALL) $(PY_WHEEL)
 
+## client-py: the Python client's wheel alone (needs Python only: the daemon's small venv)
+client-py: $(PY_WHEEL)
+
+## client-ts: the TypeScript client's npm tarball alone (needs Node.js and npm only)
+client-ts: $(NPM_TARBALL)
+
 .tools/bin/agentloop-go: $(shell find client/go -name '*.go') client/go/go.mod client/go/go.sum
 	cd client/go && go vet ./... && go build -o ../../.tools/bin/agentloop-go ./examples/agentloop
 
@@ -74,9 +80,11 @@ $(NPM_TARBALL): client/typescript/dist/examples/agent-loop.js client/typescript/
 	mkdir -p $(CLIENT_DIST)
 	cd client/typescript && npm pack --silent --ignore-scripts --pack-destination ../../$(CLIENT_DIST) >/dev/null
 
-# The wheel carries the generated ctxcc.v1 code, so it installs anywhere.
-$(PY_WHEEL): $(STAMP) $(shell find client/python/ctxcc_client ctxcc/v1 -name '*.py' -o -name '*.pyi' -o -name py.typed) client/python/pyproject.toml client/python/README.md
+# The wheel carries the generated ctxcc.v1 code, so it installs anywhere. Built in the
+# daemon's venv (not the test suite's: a pure-Python wheel needs only setuptools).
+$(PY_WHEEL): $(RUN_STAMP) $(shell find client/python/ctxcc_client ctxcc/v1 -name '*.py' -o -name '*.pyi' -o -name py.typed) client/python/pyproject.toml client/python/README.md
 	mkdir -p $(CLIENT_DIST)
+	$(BIN)/pip install --quiet -c constraints.txt 'setuptools>=77'
 	rm -rf client/python/build
 	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(CLIENT_DIST) ./client/python
 	rm -rf client/python/build
