@@ -200,11 +200,21 @@ def _checkov(path: Path, framework: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_checkov_passes_every_rendered_kustomization(overlay: str, tmp_path: Path) -> None:
-    annotations = yaml.safe_load(SKIPS.read_text())["commonAnnotations"]
+    patches = yaml.safe_load(SKIPS.read_text())["patches"]
+    per_kind = {
+        p["target"]["kind"]: yaml.safe_load(p["patch"])["metadata"]["annotations"] for p in patches
+    }
+    # The same skips on each kind of workload, and on nothing else an overlay renders.
+    assert set(per_kind) == {"Deployment", "StatefulSet"}
+    annotations = per_kind["Deployment"]
+    assert per_kind["StatefulSet"] == annotations
     listed = dict(
         v.split("=", 1) for k, v in annotations.items() if k.startswith("checkov.io/skip")
     )
     assert listed and all(reason.strip() for reason in listed.values())
+    for doc in render(OVERLAYS[overlay]):
+        skipping = any(k.startswith("checkov.io/") for k in doc["metadata"].get("annotations", {}))
+        assert skipping == (doc["kind"] in per_kind), doc["kind"]
     kustomization = yaml.safe_load((OVERLAYS[overlay] / "kustomization.yaml").read_text())
     assert any(c.endswith("components/checkov-skips") for c in kustomization["components"])
     rendered = tmp_path / "all.yaml"
