@@ -75,6 +75,11 @@ class UsageReports:
         stored, replayed = done
         actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
         output = stored.usage.output_tokens if stored.usage else usage.output_tokens
+        # The next request's reserve follows the session's baseline on the route, which a
+        # late report of an older compile leaves at a newer one's (usage_records.py).
+        state = self._store.get_route_state(compile_id.partition(":")[0], stored.route.route_id)
+        if state is not None and state.baseline_compile_id != compile_id:
+            output = state.last_output_tokens
         estimated = stored.estimated_input_tokens
         if not replayed:
             method = EstimateMethod(stored.estimate_method).name.lower()

@@ -98,6 +98,7 @@ async def test_a_late_report_of_an_older_compile_keeps_the_newer_baseline(api: S
     late = await _report(api, older, ROUTE, 4_000, out=200)
     assert not late.replayed
     assert late.error_tokens == 4_000 - older.budget.estimated_input_tokens
+    assert late.next_output_reserve == 6_000  # the newer request's, as the next compile
     again = await _report(api, older, ROUTE, 4_000, out=200)
     assert again.replayed  # recorded
     await api.sessions.AppendEvents(
