@@ -84,7 +84,7 @@ $(NPM_TARBALL): client/typescript/dist/examples/agent-loop.js client/typescript/
 # daemon's venv (not the test suite's: a pure-Python wheel needs only setuptools).
 $(PY_WHEEL): $(RUN_STAMP) $(shell find client/python/ctxcc_client ctxcc/v1 -name '*.py' -o -name '*.pyi' -o -name py.typed) client/python/pyproject.toml client/python/README.md
 	mkdir -p $(CLIENT_DIST)
-	$(BIN)/pip install --quiet -c constraints.txt 'setuptools>=77'
+	$(BIN)/pip install --quiet -c constraints.txt setuptools
 	rm -rf client/python/build
 	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation -w $(CLIENT_DIST) ./client/python
 	rm -rf client/python/build

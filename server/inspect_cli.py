@@ -208,7 +208,7 @@ async def _view(
             why = f"compile {found.compile_id} cannot be rebuilt"
     route = common_pb2.Route(model=model) if model else session.current_route
     if not route.model:
-        # The session's route is that of its latest recorded compile or usage report.
+        # The session's route is that of its latest recorded compile (or its report).
         raise SystemExit(
             f"ctxcc inspect: session {session.session_id} has no compile recorded and no "
             "usage reported, so its route is unknown; pass --model"

@@ -244,7 +244,8 @@ class CompileRecords(StoreCore):
                 self._parts.popitem(last=False)
 
     def _move_route(self, batch: Batch, sid: str, route: Route, created_ns: int = 0) -> None:
-        """Session.current_route follows the latest compile or usage report. `created_ns`:
+        """Session.current_route follows the latest compile (and the report of that compile:
+        see UsageRecords._moves_route). `created_ns`:
         the create time of the session the record's compile read, when it is checked."""
         session = self.get_session(sid)
         if created_ns and session.create_time_ns != created_ns:
@@ -336,7 +337,11 @@ class CompileRecords(StoreCore):
             return kept
         raw = self._kv.get("compiles", key)
         if raw is None:
-            raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {compile_id!r} does not exist",
+                compile_id=compile_id,
+            )
         return self._reported(sid, suffix, decode_value(raw, CompileRecord))
 
     def _reported(self, sid: str, suffix: bytes, record: CompileRecord) -> CompileRecord:

@@ -97,7 +97,7 @@ class UsageRecords(CompileRecords):
             state_key = session_key(sid, route_state.route_id.encode())
             # A late report of an older compile is kept (its error measured, the route's
             # model taught) but leaves the newer baseline as it is.
-            current = not self._newer_baseline(sid, route_state)
+            current = not self._newer_baseline(sid, route_state.route_id, record)
             keys: list[bytes] = []
             if current:
                 stored_state, state_chunks = self._state_form(sid, route_state, record)
@@ -105,7 +105,8 @@ class UsageRecords(CompileRecords):
                 # chunks existed has none stored yet).
                 keys = self._stage_parts(batch, sid, state_chunks)
                 state_bytes = encode_value(stored_state)
-                self._move_route(batch, sid, record.route)
+                if self._moves_route(sid, record):
+                    self._move_route(batch, sid, record.route)
                 batch.put("routes", state_key, state_bytes)
             # The record kept decoded is kept with its usage: it goes right before the
             # write (a reader meanwhile reads both keys from the store), back after it.
@@ -146,10 +147,11 @@ class UsageRecords(CompileRecords):
         finally:
             lock.release()
 
-    def _newer_baseline(self, sid: str, state: RouteState) -> bool:
-        """Whether the session's stored baseline on the state's route is of a later
-        compile than `state`'s (a later boundary, or the same one compiled later)."""
-        key = session_key(sid, state.route_id.encode())
+    def _newer_baseline(self, sid: str, route_id: str, record: CompileRecord) -> bool:
+        """Whether the session's stored baseline on the route is of a later compile than
+        `record` (a later boundary, or the same one compiled later) and can still serve
+        as one (its table is its compile's, which may be gone or damaged)."""
+        key = session_key(sid, route_id.encode())
         stored = self._decoded_value("routes", key, RouteState)
         if stored is None:
             raw = self._kv.get("routes", key)
@@ -159,10 +161,27 @@ class UsageRecords(CompileRecords):
                 stored = decode_value(raw, RouteState)
             except CorruptRecordError:
                 return False  # overwritten by this report, as before
-        return (stored.baseline_seq, stored.baseline_create_ns) > (
-            state.baseline_seq,
-            state.baseline_create_ns,
-        )
+        at = (stored.baseline_seq, stored.baseline_create_ns)
+        if not stored.baseline_seq:
+            # Written before states kept these: its compile's record has them.
+            try:
+                base = self.get_compile(stored.baseline_compile_id)
+            except CtxccError:
+                return False
+            at = (base.event_boundary, base.create_time_ns)
+        if at <= (record.event_boundary, record.create_time_ns):
+            return False
+        try:
+            return self.get_route_state(sid, route_id) is not None
+        except CtxccError:
+            return False
+
+    def _moves_route(self, sid: str, record: CompileRecord) -> bool:
+        """A report moves the session's current route only for its latest compile: one
+        of an earlier compile, on a route the session has left, must not take it back
+        (a checkpoint made next is bound to the current route)."""
+        last = self.get_last_compile(sid)
+        return last is None or last.compile_id == record.compile_id
 
     def _state_form(
         self, sid: str, state: RouteState, record: CompileRecord

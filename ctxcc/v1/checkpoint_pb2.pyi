@@ -117,8 +117,8 @@ class Checkpoint(_message.Message):
     @_builtins.property
     def source_route(self) -> _common_pb2.Route:
         """Route whose model wrote the summary. Left unset on a checkpoint that is not portable,
-        CreateCheckpoint sets the route the session last compiled for (none before any compile:
-        the checkpoint then holds on every route).
+        CreateCheckpoint sets the route of the session's latest recorded compile (none before
+        any compile: the checkpoint then holds on every route).
         """
 
     @_builtins.property

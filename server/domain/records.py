@@ -87,6 +87,10 @@ class CompileRecord:
     # read with the defaults (empty layers, zero budget) and are shown as "not recorded".
     layer_tokens: tuple[tuple[int, int], ...] = ()  # (layer number, tokens)
     context_window: int = 0
+    # The most the model may write, as the compile had it (a request's `limits` may set
+    # it): a usage report answers the next reserve with it. 0: none known, or a record
+    # written before it was kept.
+    max_output_tokens: int = 0
     input_budget: int = 0
     decision: int = 0
     changed_sections: tuple[int, ...] = ()

@@ -69,10 +69,11 @@ class CheckpointUseCases:
             raise invalid("checkpoint.summary", f"summary is over {MAX_SUMMARY_CHARS} characters")
         session = await self._blocking.run(self._store.get_session, sid)
         if not template.portable and template.source_route is None:
-            # A view's compaction request names no route, and the clients make their
-            # checkpoints from it: the summary was written on the route the session last
-            # compiled for, which a later switch must not reuse it on (R-ROUTE-2). With
-            # no compile yet the route is not known, and the checkpoint holds on any.
+            # A view's compaction request names no route, and agents make their
+            # checkpoints from it: the summary was written on the route of the session's
+            # latest recorded compile (its current route), which a later switch must not
+            # reuse it on (R-ROUTE-2). With no compile yet the route is not known, and the
+            # checkpoint holds on any.
             template = dataclasses.replace(template, source_route=session.current_route)
         n = template.covers_through_seq
         if not 1 <= n <= session.head_seq:

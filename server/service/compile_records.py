@@ -94,6 +94,7 @@ def record_of(
         message_change=basis.message_change if basis else 0,
         layer_tokens=tuple((int(r.layer), r.tokens) for r in view.layers),
         context_window=view.budget.context_window,
+        max_output_tokens=inputs.limits.max_output_tokens,
         input_budget=view.budget.input_budget,
         decision=int(view.decision),
         changed_sections=tuple(int(k) for k in view.changed_sections),

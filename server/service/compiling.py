@@ -54,6 +54,7 @@ from server.service.inputs import (
     UNRECORDED_PREFIX,
     InputAssembler,
     is_recorded,
+    unrebuildable,
 )
 from server.service.lanes import (
     LIGHT_CPU_MS,
@@ -623,12 +624,15 @@ class CompileUseCases:
         """See `UsageReports.report_usage` (server/service/usage.py)."""
         return await self._usage.report_usage(compile_id, route, usage, session_id)
 
-    async def check_recorded(self, compile_id: str) -> None:
-        """COMPILE_NOT_FOUND (or RECORD_CORRUPT) unless `compile_id` is recorded now: what
-        a rebuild reads, checked by a stream step before it writes anything. The record
-        goes with its session, so a compile id from before the session was deleted (and
-        maybe made again under its id) is refused too."""
-        await self._blocking.run(self._store.get_compile, compile_id)
+    async def check_rebuildable(self, compile_id: str) -> None:
+        """COMPILE_NOT_FOUND (or RECORD_CORRUPT) unless `compile_id` is recorded with the
+        basis a rebuild reads: checked by a stream step before it writes anything, so a
+        step naming a compile that was never made, went with its session (deleted, maybe
+        made again under its id) or cannot be rebuilt writes nothing. (A deletion racing
+        the step can still come between this and its append, which then fails.)"""
+        record = await self._blocking.run(self._store.get_compile, compile_id)
+        if not record.basis_digest:
+            raise unrebuildable(compile_id)
 
     async def gone(self, compile_id: str) -> bool:
         """Whether this compile was recorded and its record is no longer stored (its

@@ -78,6 +78,16 @@ def counting_of(old: Recalled | None, record: CompileRecord | None) -> int:
     return BEFORE_CALL_IDS if record.before_call_ids else old.basis.counting
 
 
+def unrebuildable(compile_id: str) -> CtxccError:
+    """A rebuild of a compile recorded without its basis (by a daemon before exact time
+    travel): nothing to rebuild it from."""
+    return CtxccError(
+        Reason.COMPILE_NOT_FOUND,
+        f"compile {compile_id!r} was recorded without its basis and cannot be rebuilt",
+        compile_id=compile_id,
+    )
+
+
 class InputAssembler:
     def __init__(
         self,
@@ -116,12 +126,7 @@ class InputAssembler:
             return None
         if record is None or not record.basis_digest:
             if opts.rebuild_compile_id:
-                raise CtxccError(
-                    Reason.COMPILE_NOT_FOUND,
-                    f"compile {opts.rebuild_compile_id!r} was recorded without its basis "
-                    "and cannot be rebuilt",
-                    compile_id=opts.rebuild_compile_id,
-                )
+                raise unrebuildable(opts.rebuild_compile_id)
             return None
         return recall(self._store, session.session_id, record.basis_digest), record
 

@@ -77,9 +77,15 @@ class UsageReports:
         output = stored.usage.output_tokens if stored.usage else usage.output_tokens
         # The next request's reserve follows the session's baseline on the route, which a
         # late report of an older compile leaves at a newer one's (usage_records.py).
-        state = self._store.get_route_state(compile_id.partition(":")[0], stored.route.route_id)
+        state = self._baseline(compile_id.partition(":")[0], stored.route.route_id)
         if state is not None and state.baseline_compile_id != compile_id:
             output = state.last_output_tokens
+        # The limits the compile had (a request's `limits` may set what the catalog lacks).
+        limits = effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False)
+        if stored.context_window:
+            limits = replaced(limits, context_window=stored.context_window)
+        if stored.max_output_tokens:
+            limits = replaced(limits, max_output_tokens=stored.max_output_tokens)
         estimated = stored.estimated_input_tokens
         if not replayed:
             method = EstimateMethod(stored.estimate_method).name.lower()
@@ -91,12 +97,18 @@ class UsageReports:
             error_tokens=actual - estimated,
             relative_error=(actual - estimated) / actual if actual else 0.0,
             replayed=replayed,
-            next_output_reserve=output_reserve(
-                effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False),
-                output,
-                self._settings.budget,
-            ),
+            next_output_reserve=output_reserve(limits, output, self._settings.budget),
         )
+
+    def _baseline(self, session_id: str, route_id: str) -> RouteState | None:
+        """The session's baseline on the route; None when there is none or it is damaged
+        (as a compile takes it: the next estimate is a full one)."""
+        try:
+            return self._store.get_route_state(session_id, route_id)
+        except CtxccError as err:
+            if err.reason is not Reason.RECORD_CORRUPT:
+                raise
+            return None
 
     def _report(
         self, compile_id: str, route: Route | None, usage: Usage, wait: bool = True

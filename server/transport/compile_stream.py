@@ -249,10 +249,10 @@ class StreamSteps:
                     opts = self._options.checked(step.compile)
                     if opts.rebuild_compile_id:
                         # Its session is the compile id's: a compile that is not there
-                        # (never made, or its session deleted and maybe made again)
-                        # would fail after the step's report and append were written,
-                        # into a conversation the client never stepped.
-                        await self._c.check_recorded(opts.rebuild_compile_id)
+                        # (never made, or its session deleted and maybe made again) or
+                        # cannot be rebuilt would fail after the step's report and append
+                        # were written, into a conversation the client never stepped.
+                        await self._c.check_rebuildable(opts.rebuild_compile_id)
                     if step.HasField("usage") and not await self._step_usage(
                         step.usage, opts.session_id, out
                     ):

@@ -934,3 +934,36 @@ def test_an_idle_session_is_deleted_only_if_nothing_landed_since_the_cutoff(
     assert st.delete_idle_session("compiled", before_ns=101) is not None
     assert [s.session_id for s in st.list_sessions("", 10)] == ["appended", "fresh"]
     assert st.count_sessions() == 2
+
+
+def test_a_late_report_of_an_older_compile_leaves_the_newer_baseline(make_store: object) -> None:
+    """Only a report of the baseline's compile or a later one (later boundary, or the
+    same boundary compiled later) replaces the session's baseline on a route; an older
+    one is still recorded. States that keep no boundary are ordered by their record."""
+    st = new_store(make_store)
+    route = Route("c", "p", "e", "m")
+    st.create_session(Session("s", 0, 0))
+    st.append(batch("s", msg("a", "e1"), msg("b", "e2")))
+    for cid, boundary, created in (("s:o1", 1, 5), ("s:o2", 2, 6), ("s:o3", 2, 7)):
+        st.put_compile(CompileRecord(cid, "s", route, boundary, 100, 1, created))
+
+    def state(cid: str, seq: int, created: int) -> RouteState:
+        return RouteState(
+            route.route_id, 100, cid, 30, 9, baseline_seq=seq, baseline_create_ns=created
+        )
+
+    st.record_usage("s:o2", Usage(200, 30), planned(state("s:o2", 2, 6)))
+    st.record_usage("s:o1", Usage(100, 30), planned(state("s:o1", 1, 5)))
+    assert st.get_compile("s:o1").usage == Usage(100, 30)
+    held = st.get_route_state("s", route.route_id)
+    assert held is not None and held.baseline_compile_id == "s:o2"
+    # The same boundary compiled later is newer; a state without its boundary (written
+    # before states kept it) is ordered by its compile's record.
+    st.record_usage("s:o3", Usage(300, 30), planned(state("s:o3", 0, 0)))
+    st.record_usage("s:o2", Usage(200, 30), planned(state("s:o2", 2, 6)))  # a repeat
+    held = st.get_route_state("s", route.route_id)
+    assert held is not None and held.baseline_compile_id == "s:o3"
+    st.put_compile(CompileRecord("s:o4", "s", route, 1, 100, 1, 8))
+    st.record_usage("s:o4", Usage(50, 30), planned(state("s:o4", 1, 8)))
+    held = st.get_route_state("s", route.route_id)
+    assert held is not None and held.baseline_compile_id == "s:o3"

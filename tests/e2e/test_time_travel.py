@@ -111,17 +111,18 @@ class _Stubs:
     artifacts: Any
 
 
-def _with_session(ch: grpc.Channel, sid: str) -> _Stubs:
-    """The stubs on `ch`, with session `sid` made."""
+def _with_session(ch: grpc.Channel, sid: str, *, create: bool = True) -> _Stubs:
+    """The stubs on `ch`, with session `sid` made (unless `create` is False)."""
     stubs = _Stubs(
         session_service_pb2_grpc.SessionServiceStub(ch),
         compile_service_pb2_grpc.CompileServiceStub(ch),
         source_service_pb2_grpc.SourceServiceStub(ch),
         artifact_service_pb2_grpc.ArtifactServiceStub(ch),
     )
-    stubs.sessions.CreateSession(
-        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
-    )
+    if create:
+        stubs.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+        )
     return stubs
 
 
@@ -634,6 +635,54 @@ def test_an_unknown_windows_reserve_is_rebuilt_as_the_earlier_daemon_had_it(
                 16_384,
                 32_768 + 16_384,
             )
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_late_report_keeps_a_newer_baseline_the_earlier_daemon_wrote(tmp_path: Path) -> None:
+    """Route states written before they kept their baseline compile's boundary: a late
+    report of an older compile still leaves the newer baseline in place (its record
+    says how new it is)."""
+    code = _daemon_code(DYNAMIC_UNKNOWN_DAEMON, tmp_path / "earlier")
+    base = Path("/tmp") / f"ctxcc-tt-late-{os.getpid()}"
+    base.mkdir()
+    req = cpb.CompileRequest(session_id="l", route=ROUTE)
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "l")
+            stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="l", events=[user("a")]))
+            older = stubs.compiles.Compile(req).view
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="l", events=[assistant("b"), user("c")])
+            )
+            newer = stubs.compiles.Compile(req).view
+            stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=newer.compile_id,
+                    route=ROUTE,
+                    input_tokens=9_000,
+                    output_tokens=3_000,
+                )
+            )
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "l", create=False)
+            late = stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=older.compile_id, route=ROUTE, input_tokens=4_000, output_tokens=100
+                )
+            )
+            assert not late.replayed and late.next_output_reserve == 6_000
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="l", events=[assistant("d"), user("e")])
+            )
+            after = stubs.compiles.Compile(req).view
+            assert (after.budget.baseline_tokens, after.budget.output_reserve) == (9_000, 6_000)
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -22,10 +23,14 @@ from ctxcc.v1 import (
 from ctxcc.v1 import (
     session_service_pb2 as spb,
 )
+from server.app import Daemon
 from server.compiler.compaction import working_set_start
 from server.compiler.projection import has_elidable
 from server.service import compiling
-from tests.conftest import Stubs
+from storage import open_rocks
+from storage.keys import session_key, split_compile_id
+from storage.kv import Batch
+from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import ROUTE, assistant, compile_request, error_info, tool_result, user
 
 _T = TypeVar("_T")
@@ -111,6 +116,105 @@ async def test_a_late_report_of_an_older_compile_keeps_the_newer_baseline(api: S
     await _report(api, after, ROUTE, 7_000, out=200)
     last = (await api.compiles.Compile(compile_request("late"))).view
     assert last.budget.baseline_tokens == 7_000 and last.budget.output_reserve == 1_024
+
+
+@pytest.mark.parametrize(
+    ("model", "limits"),
+    [
+        ("house-model", None),
+        ("house-model", cpb.ModelLimits(context_window=60_000)),
+        ("house-model", cpb.ModelLimits(max_output_tokens=4_000)),
+        ("claude-sonnet-4", None),
+        ("claude-sonnet-4", cpb.ModelLimits(max_output_tokens=2_000)),
+    ],
+)
+async def test_a_reports_next_reserve_is_the_next_compiles(
+    api: Stubs, model: str, limits: cpb.ModelLimits | None
+) -> None:
+    """ReportUsage's next_output_reserve is the reserve the next compile on the route
+    makes, with the limits the reported compile had (a request's window or output cap
+    included) and R-BUD-4's for an unknown window."""
+    route = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model=model)
+    window, cap = (limits.context_window, limits.max_output_tokens) if limits else (0, 0)
+    sid = f"next-{model}-{window}-{cap}"
+    await _session(api, sid, user("hello"))
+    req = cpb.CompileRequest(session_id=sid, route=route, limits=limits)
+    view = (await api.compiles.Compile(req)).view
+    for i, out in enumerate((300, 3_000, 30_000)):
+        answer = await _report(api, view, route, 5_000 + 100 * i, out=out)
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[assistant("ok"), user(f"step {i}")])
+        )
+        view = (await api.compiles.Compile(req)).view
+        assert answer.next_output_reserve == view.budget.output_reserve, (out, view.budget)
+
+
+async def test_a_late_report_leaves_the_current_route_and_a_checkpoint_follows_it(
+    api: Stubs,
+) -> None:
+    """A report of a compile on a route the session has since left does not take the
+    session's current route back, so a checkpoint made next is bound to the new route."""
+    await _session(api, "moved", user("one"), assistant("first"), user("two"))
+    on_a = (await api.compiles.Compile(compile_request("moved"))).view
+    on_b = (await api.compiles.Compile(cpb.CompileRequest(session_id="moved", route=OTHER))).view
+    await _report(api, on_a, ROUTE, 4_000)
+    got = await api.sessions.GetSession(spb.GetSessionRequest(session_id="moved"))
+    assert got.session.current_route == OTHER and got.compile_id == on_b.compile_id
+    made = await api.compiles.CreateCheckpoint(
+        cpb.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id="moved", covers_through_seq=2, summary="SUMMARY"
+            )
+        )
+    )
+    assert made.checkpoint.source_route == OTHER
+    again = (await api.compiles.Compile(cpb.CompileRequest(session_id="moved", route=OTHER))).view
+    assert again.checkpoint_id == made.checkpoint.checkpoint_id and not again.fallback_reasons
+
+
+async def test_a_late_report_replaces_a_newer_baseline_that_cannot_serve(
+    short_tmp: Path,
+) -> None:
+    """A newer baseline whose compile record is damaged serves no estimate: a late report
+    of an older compile is recorded (not refused DATA_LOSS at every retry) and becomes
+    the baseline, as any report did before reports were ordered."""
+    cfg = make_config(short_tmp)
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        await _session(api, "dmg", user("hi"))
+        older = (await api.compiles.Compile(compile_request("dmg"))).view
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="dmg", events=[assistant("x"), user("y")])
+        )
+        newer = (await api.compiles.Compile(compile_request("dmg"))).view
+        await _report(api, newer, ROUTE, 9_000, out=3_000)
+    finally:
+        await api.channel.close()
+        await d.stop()
+    kv = open_rocks(cfg.db_path)
+    sid, suffix = split_compile_id(newer.compile_id)
+    batch = Batch()
+    batch.put("compiles", session_key(sid, suffix), b"\x00damaged")
+    kv.write(batch)
+    kv.close()
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        late = await _report(api, older, ROUTE, 4_000, out=100)
+        assert not late.replayed and late.next_output_reserve == 1_024
+        assert (await _report(api, older, ROUTE, 4_000, out=100)).replayed
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="dmg", events=[assistant("z"), user("w")])
+        )
+        after = (await api.compiles.Compile(compile_request("dmg"))).view
+        assert after.budget.baseline_tokens == 4_000
+        assert after.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    finally:
+        await api.channel.close()
+        await d.stop()
 
 
 @pytest.mark.parametrize("field", ["connection", "endpoint", "protocol", "model"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,7 +16,12 @@ import pytest
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
-from tests.conftest import Stubs
+from server.domain.records import CompileRecord
+from storage import open_rocks
+from storage.codec import decode_value, encode_value
+from storage.keys import session_key, split_compile_id
+from storage.kv import Batch
+from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import usage_counts, user
 from tests.integration.test_repeat_compiles import _repeats
 from tests.integration.test_resume import _one
@@ -71,6 +78,53 @@ async def test_a_rebuild_step_of_a_compile_that_is_not_there_writes_nothing(
         assert new.event_boundary == 2
     finally:
         await steps.close()
+
+
+async def test_a_rebuild_step_of_a_compile_recorded_without_its_basis_writes_nothing(
+    short_tmp: Path,
+) -> None:
+    """A compile recorded without its basis (by a daemon before exact time travel) cannot
+    be rebuilt: a rebuild step naming it is refused before its report and its append."""
+    cfg = make_config(short_tmp)
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        await _new_session(api, "nb")
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="nb", events=[user("one")])
+        )
+        view = (await api.compiles.Compile(_compile("nb"))).view
+    finally:
+        await api.channel.close()
+        await d.stop()
+    # As such a daemon wrote it: the record without a basis digest.
+    kv = open_rocks(cfg.db_path)
+    sid, suffix = split_compile_id(view.compile_id)
+    key = session_key(sid, suffix)
+    raw = kv.get("compiles", key)
+    assert raw is not None
+    batch = Batch()
+    batch.put(
+        "compiles", key, encode_value(replace(decode_value(raw, CompileRecord), basis_digest=""))
+    )
+    kv.write(batch)
+    kv.close()
+    d = Daemon(cfg)
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    steps = Steps(api)
+    try:
+        rebuild = cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+        (answer,) = await steps.step(rebuild, [user("stray")], usage=_usage(view, 7, 10))
+        assert answer.error.reason == "COMPILE_NOT_FOUND", answer
+        assert "without its basis" in answer.error.message
+        assert not answer.HasField("append") and not answer.HasField("usage")
+        assert await _head(api, "nb") == 1
+    finally:
+        await steps.close()
+        await api.channel.close()
+        await d.stop()
 
 
 async def _watched(api: Stubs, sid: str) -> tuple[Any, Any]:

@@ -88,8 +88,8 @@ type Checkpoint struct {
 	// The text that replaces the covered events in the projection.
 	Summary string `protobuf:"bytes,4,opt,name=summary,proto3" json:"summary,omitempty"`
 	// Route whose model wrote the summary. Left unset on a checkpoint that is not portable,
-	// CreateCheckpoint sets the route the session last compiled for (none before any compile:
-	// the checkpoint then holds on every route).
+	// CreateCheckpoint sets the route of the session's latest recorded compile (none before
+	// any compile: the checkpoint then holds on every route).
 	SourceRoute *Route `protobuf:"bytes,5,opt,name=source_route,json=sourceRoute,proto3" json:"source_route,omitempty"`
 	// Portable checkpoints are plain text and usable on any route after their source is verified.
 	Portable bool `protobuf:"varint,6,opt,name=portable,proto3" json:"portable,omitempty"`

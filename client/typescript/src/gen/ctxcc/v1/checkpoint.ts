@@ -71,8 +71,8 @@ export interface Checkpoint {
   summary: string;
   /**
    * Route whose model wrote the summary. Left unset on a checkpoint that is not portable,
-   * CreateCheckpoint sets the route the session last compiled for (none before any compile:
-   * the checkpoint then holds on every route).
+   * CreateCheckpoint sets the route of the session's latest recorded compile (none before
+   * any compile: the checkpoint then holds on every route).
    */
   sourceRoute?:
     | Route
