@@ -280,18 +280,14 @@ class CompileRecords(StoreCore):
         """(decision, create time in ns) of the session's latest compile, read without the
         chunks its table may be stored in: a daemon reads this for every session at start.
         None when there is none or its copy is damaged (get_last_compile)."""
-        key = session_key(session_id, LAST_COMPILE)
-        record = self._decoded_value("compiles", key, CompileRecord)
-        if record is None:
-            raw = self._kv.get("compiles", key)
-            if raw is None:
-                return None
-            try:
-                record = decode_value(raw, CompileRecord)
-            except CorruptRecordError as exc:
-                _ignored_last(session_id, exc)
-                return None
-        return record.decision, record.create_time_ns
+        try:
+            record = self._stored_value(
+                "compiles", session_key(session_id, LAST_COMPILE), CompileRecord
+            )
+        except CorruptRecordError as exc:
+            _ignored_last(session_id, exc)
+            return None
+        return None if record is None else (record.decision, record.create_time_ns)
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
         # Suffixes are random hex, so key order is not time order; the usage reports sit

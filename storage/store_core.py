@@ -153,6 +153,15 @@ class StoreCore:
             kept = self._decoded.get((cf, key))
         return kept[0] if kept is not None and isinstance(kept[0], cls) else None
 
+    def _stored_value(self, cf: str, key: bytes, cls: type[T]) -> T | None:
+        """The value under `key` as kept decoded, else as read (not kept: a look, not a
+        use); None when there is none. Raises CorruptRecordError when it does not decode."""
+        kept = self._decoded_value(cf, key, cls)
+        if kept is not None:
+            return kept
+        raw = self._kv.get(cf, key)
+        return None if raw is None else decode_value(raw, cls)
+
     def decoded_footprint(self) -> tuple[int, int]:
         """(records, encoded bytes) of the decoded records kept now."""
         with self._decoded_lock:

@@ -151,16 +151,12 @@ class UsageRecords(CompileRecords):
         """Whether the session's stored baseline on the route is of a later compile than
         `record` (a later boundary, or the same one compiled later) and can still serve
         as one (its table is its compile's, which may be gone or damaged)."""
-        key = session_key(sid, route_id.encode())
-        stored = self._decoded_value("routes", key, RouteState)
+        try:
+            stored = self._stored_value("routes", session_key(sid, route_id.encode()), RouteState)
+        except CorruptRecordError:
+            return False  # overwritten by this report, as before
         if stored is None:
-            raw = self._kv.get("routes", key)
-            if raw is None:
-                return False
-            try:
-                stored = decode_value(raw, RouteState)
-            except CorruptRecordError:
-                return False  # overwritten by this report, as before
+            return False
         at = (stored.baseline_seq, stored.baseline_create_ns)
         if not stored.baseline_seq:
             # Written before states kept these: its compile's record has them.
