@@ -187,8 +187,7 @@ async def test_source_errors(project_api: tuple[Stubs, Path]) -> None:
 async def test_memory_and_the_rule_index_have_caps_of_their_own(short_tmp: Path) -> None:
     """R-MISC-4: memory and the on-demand rule index are each cut at their own cap
     (--memory-cap, --rule-index-cap), whole entries kept in order and the rest counted in
-    the text and the notes, whatever the other sections' caps; under the caps, nothing is
-    cut."""
+    the text and the notes; under the caps, nothing is cut."""
     session = "caps"
     entries = [f"fact {i}: " + "the build needs the cache warmed first. " * 2 for i in range(8)]
     entries = [e.strip() for e in entries]  # as the section holds them
