@@ -404,6 +404,12 @@ def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> Non
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _rebuilt_as_recorded(compiles: Any, view: view_pb2.CompiledView) -> None:
+    """Today's daemon rebuilds `view`, recorded by an earlier one, byte for byte."""
+    rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
+    assert _bytes(rebuilt.view) == _bytes(view)
+
+
 def _daemon_code(commit: str, dest: Path) -> Path:
     """The daemon's code at `commit` of the repository's history, extracted into `dest`
     (run it with `cwd=dest`)."""
@@ -464,8 +470,7 @@ def test_compiles_of_the_previous_daemon_are_rebuilt_byte_for_byte(tmp_path: Pat
         with grpc.insecure_channel(d.target) as ch:
             compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
             for view in views:
-                rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
-                assert _bytes(rebuilt.view) == _bytes(view)
+                _rebuilt_as_recorded(compiles, view)
             # Today's count of the same history differs: the rebuild did not just agree.
             fresh = compiles.Compile(
                 cpb.CompileRequest(session_id="p", route=ROUTE, dry_run=True)
@@ -548,8 +553,7 @@ def test_compiles_that_sent_no_message_images_are_rebuilt_as_they_were(tmp_path:
         with grpc.insecure_channel(d.target) as ch:
             compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
             for view in views:
-                rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
-                assert _bytes(rebuilt.view) == _bytes(view)
+                _rebuilt_as_recorded(compiles, view)
                 # As of its boundary, the same request gets that view again (by reference:
                 # a compile that is not recorded sends no image bytes).
                 again = cpb.CompileRequest()
@@ -619,8 +623,7 @@ def test_an_unknown_windows_reserve_is_rebuilt_as_the_earlier_daemon_had_it(
         with grpc.insecure_channel(d.target) as ch:
             compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
             for view in views:
-                rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
-                assert _bytes(rebuilt.view) == _bytes(view)
+                _rebuilt_as_recorded(compiles, view)
                 again = cpb.CompileRequest()
                 again.CopyFrom(req)
                 again.as_of_seq = view.event_boundary

@@ -89,17 +89,25 @@ async def test_baseline_plus_delta_on_numbers_and_route_isolation(api: Stubs) ->
     assert error_info(exc.value).reason == "ROUTE_MISMATCH"
 
 
+async def _older_and_newer(
+    api: Stubs, sid: str, tokens: int, out: int
+) -> tuple[view_pb2.CompiledView, view_pb2.CompiledView]:
+    """Session `sid` compiled twice, the second (newer) compile's usage reported."""
+    await _session(api, sid, user("hello"))
+    older = (await api.compiles.Compile(compile_request(sid))).view
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id=sid, events=[assistant("hi"), user("go on")])
+    )
+    newer = (await api.compiles.Compile(compile_request(sid))).view
+    await _report(api, newer, ROUTE, tokens, out=out)
+    return older, newer
+
+
 async def test_a_late_report_of_an_older_compile_keeps_the_newer_baseline(api: Stubs) -> None:
     """R-EST-1: the baseline is the last request's usage. A report of an older compile
     that arrives after a newer one's (a client's queued retry) is recorded and measured,
     but the next estimate still stands on the newer request, and so does the reserve."""
-    await _session(api, "late", user("hello"))
-    older = (await api.compiles.Compile(compile_request("late"))).view
-    await api.sessions.AppendEvents(
-        spb.AppendEventsRequest(session_id="late", events=[assistant("hi"), user("go on")])
-    )
-    newer = (await api.compiles.Compile(compile_request("late"))).view
-    await _report(api, newer, ROUTE, 6_000, out=3_000)
+    older, _ = await _older_and_newer(api, "late", 6_000, 3_000)
     late = await _report(api, older, ROUTE, 4_000, out=200)
     assert not late.replayed
     assert late.error_tokens == 4_000 - older.budget.estimated_input_tokens
@@ -183,13 +191,7 @@ async def test_a_late_report_replaces_a_newer_baseline_that_cannot_serve(
     await d.start()
     api = stubs_for(f"unix:{d.endpoints.unix}")
     try:
-        await _session(api, "dmg", user("hi"))
-        older = (await api.compiles.Compile(compile_request("dmg"))).view
-        await api.sessions.AppendEvents(
-            spb.AppendEventsRequest(session_id="dmg", events=[assistant("x"), user("y")])
-        )
-        newer = (await api.compiles.Compile(compile_request("dmg"))).view
-        await _report(api, newer, ROUTE, 9_000, out=3_000)
+        older, newer = await _older_and_newer(api, "dmg", 9_000, 3_000)
     finally:
         await api.channel.close()
         await d.stop()
