@@ -77,14 +77,21 @@ def flat_schema(value: Mapping[str, object]) -> dict[str, object]:
     top level); required what `allOf` requires and what every `anyOf`/`oneOf` branch
     does; `enum` and `not` dropped. The model loses which combination is valid, the tool
     still validates its arguments, and the request is not refused."""
-    return _flat(value, value, 0)
+    return _flat(value, value, 0, {})
 
 
 # Unions nested deeper than this (or $ref cycles through them) add nothing more.
 _FLAT_DEPTH = 8
 
+# A branch flattened at a depth, by the branch's identity in the schema: a union of k
+# `$ref`s to one definition that is itself such a union, eight levels down, is a schema
+# of a few hundred bytes that names k^8 branches; each (branch, depth) is flattened once.
+_Flattened = dict[tuple[int, int], dict[str, object]]
 
-def _flat(value: Mapping[str, object], root: Mapping[str, object], depth: int) -> dict[str, object]:
+
+def _flat(
+    value: Mapping[str, object], root: Mapping[str, object], depth: int, done: _Flattened
+) -> dict[str, object]:
     out = {k: v for k, v in value.items() if k not in _TOP_LEVEL}
     shapes: dict[str, list[object]] = {}
     required: list[str] = []
@@ -93,7 +100,12 @@ def _flat(value: Mapping[str, object], root: Mapping[str, object], depth: int) -
         """Adds a branch's properties; its required names (None: not an object)."""
         branch = _resolved(root, branch)
         if isinstance(branch, dict) and depth < _FLAT_DEPTH and not _TOP_LEVEL.isdisjoint(branch):
-            branch = _flat(branch, root, depth + 1)
+            # Every branch lives in `root` while this runs, so its id names it.
+            key = (id(branch), depth + 1)
+            flattened = done.get(key)
+            if flattened is None:
+                flattened = done[key] = _flat(branch, root, depth + 1, done)
+            branch = flattened
         if not isinstance(branch, dict) or not isinstance(branch.get("properties", {}), dict):
             return None
         for name, shape in dict(branch.get("properties") or {}).items():

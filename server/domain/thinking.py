@@ -67,10 +67,7 @@ def thinking_blocks(data: bytes) -> tuple[dict[str, Any], ...] | None:
 def thought_signatures(data: bytes) -> dict[str, str] | None:
     """Call id to signature from `data`; None when it is not a non-empty JSON object of
     non-empty call ids to base64 signatures (the API refuses one it cannot decode)."""
-    try:
-        parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    parsed = _parsed(data)
     if not isinstance(parsed, dict) or not parsed:
         return None
     for call_id, signature in parsed.items():
@@ -113,11 +110,17 @@ def reasoning_items(data: bytes) -> tuple[dict[str, Any], ...] | None:
 
 def _json_array(data: bytes) -> list[Any] | None:
     """`data` parsed when it is a non-empty JSON array, else None."""
-    try:
-        parsed = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    parsed = _parsed(data)
     return parsed if isinstance(parsed, list) and parsed else None
+
+
+def _parsed(data: bytes) -> Any:
+    """`data` as JSON; None when it is none. RecursionError: a client's state nested
+    past the interpreter's limit is as malformed as any other (not an INTERNAL)."""
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
 
 
 def _summary_part(part: object) -> bool:

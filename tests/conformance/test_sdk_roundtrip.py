@@ -242,6 +242,30 @@ async def test_tools_with_unions_at_the_top_level_are_sent_flat(api: Stubs) -> N
     assert gemini["edit"]["oneOf"] == UNION_TOOLS["edit"]["oneOf"]
 
 
+def _ref_bomb(k: int, levels: int = 8) -> dict[str, Any]:
+    """A union of k `$ref`s to a definition that is itself such a union, `levels` deep:
+    a few hundred bytes that name k^levels branches, each of the same object."""
+    defs: dict[str, Any] = {
+        f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * k} for i in range(1, levels)
+    }
+    defs[f"d{levels}"] = {"type": "object", "properties": {"a": {"type": "string"}}}
+    return {"anyOf": [{"$ref": "#/$defs/d1"}] * k, "$defs": defs}
+
+
+async def test_a_schema_of_unions_of_references_is_flattened_once_per_branch(api: Stubs) -> None:
+    """7^8 (5.8 million) branches named by 700 bytes of schema: the flat bodies list the
+    one object's property, made once per definition and depth (it held a compute thread
+    for minutes, and every compile of the session with it)."""
+    bomb = _ref_bomb(7)
+    tool = tool_pb2.ToolDefinition(name="bomb", description="d", input_schema_json=json.dumps(bomb))
+    bodies = await _bodies(api, "bomb", user("hi"), tools=[tool])
+    _sent_clean(bodies)
+    chat = bodies["openai_chat"]["tools"][0]["function"]["parameters"]
+    assert chat["properties"] == {"a": {"type": "string"}}
+    assert chat["$defs"] == bomb["$defs"]
+    assert bodies["anthropic_messages"]["tools"][0]["input_schema"] == chat
+
+
 async def test_a_hallucinated_call_name_is_sent_as_a_name_every_api_takes(api: Stubs) -> None:
     """Models call tools that do not exist (`functions.Read`, `Read tool`); the log keeps
     what they said, and OpenAI refuses such a name in the history ('string does not

@@ -249,6 +249,33 @@ async def test_a_thinking_state_that_holds_no_blocks_is_refused(
         await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
 
 
+@pytest.mark.parametrize(
+    ("kind", "data"),
+    [
+        (ANTHROPIC_THINKING, b"[" * 5_000),
+        (GEMINI_THOUGHT_SIGNATURES, b'{"a":' * 5_000),
+        (OPENAI_REASONING, b"[" * 5_000),
+    ],
+)
+async def test_a_native_state_nested_past_the_interpreters_limit_is_refused(
+    daemon: Daemon, kind: str, data: bytes
+) -> None:
+    """JSON nested deeper than Python's recursion limit is malformed state like any
+    other: INVALID_FIELD on that field and nothing written, not an INTERNAL."""
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        ev = assistant("hi")
+        ev.assistant_message.native_state.kind = kind
+        ev.assistant_message.native_state.data = data
+        with pytest.raises(CtxccError) as exc:
+            await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
+        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.value.reason == "INVALID_FIELD"
+        assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
+        got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+        assert got.session.head_seq == 0
+
+
 GEMINI_ROUTE = common_pb2.Route(
     connection="t", protocol="gemini", endpoint="api", model="gemini-3-pro-preview"
 )

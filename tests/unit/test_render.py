@@ -9,6 +9,9 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
+from server.compiler import render_common
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.projection import ImagePolicy
 from server.compiler.provider_rules import OPENER
@@ -363,3 +366,38 @@ def test_an_imported_tool_message_gets_a_call_id_every_api_takes() -> None:
     assert uses == ["cx_"]
     then = json.loads(render(replace(v, rendering=6), RenderFormat.OPENAI_RESPONSES, {}))
     assert [i["call_id"] for i in then["input"] if "call_id" in i] == ["", ""]
+
+
+def test_a_branch_named_many_times_is_flattened_once_per_depth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A union whose k branches all name one definition, itself such a union: flattened
+    once per definition and depth, not k^depth times; the result the same either way."""
+    resolved = [0]
+    real = render_common._resolved
+
+    def counted(root: Any, branch: object) -> object:
+        resolved[0] += 1
+        return real(root, branch)
+
+    monkeypatch.setattr(render_common, "_resolved", counted)
+    defs: dict[str, Any] = {
+        f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 3} for i in range(1, 8)
+    }
+    defs["d8"] = {"type": "object", "properties": {"a": {}}, "required": ["a"]}
+    bomb = {"anyOf": [{"$ref": "#/$defs/d1"}] * 3, "$defs": defs}
+    assert flat_schema(bomb) == {
+        "type": "object",
+        "$defs": defs,
+        "properties": {"a": {}},
+        "required": ["a"],
+    }
+    # 3 branches at each of 8 depths (and the top's own properties), not 3^8.
+    assert resolved[0] <= 3 * 8 + 9
+    looping = {
+        "anyOf": [{"$ref": "#/$defs/L"}] * 4,
+        "$defs": {"L": {"anyOf": [{"$ref": "#/$defs/L"}] * 4}},
+    }
+    resolved[0] = 0
+    assert flat_schema(looping)["properties"] == {}
+    assert resolved[0] <= 4 * 9 + 9
