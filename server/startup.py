@@ -168,6 +168,9 @@ def private_data_dir(cfg: Config) -> None:
         cfg.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(data_dir_error(cfg, exc)) from None
+    if os.statvfs(cfg.data_dir).f_flag & os.ST_RDONLY:
+        # Every request writes (the log, compile records, usage): nothing could be served.
+        raise ConfigError(f"cannot use data_dir {cfg.data_dir}: it is on a read-only filesystem")
     sock = cfg.socket_path
     mode = 0o700
     try:
@@ -178,6 +181,8 @@ def private_data_dir(cfg: Config) -> None:
     except PermissionError as exc:
         # A mount point owned by someone else (a Kubernetes volume): its owner decides.
         log.warning("cannot restrict the data directory %s: %s", cfg.data_dir, exc)
+    except OSError as exc:
+        raise ConfigError(data_dir_error(cfg, exc)) from None
 
 
 def warn_missing_dirs(cfg: Config) -> None:

@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -39,6 +42,23 @@ CLIENT_CREATE_SESSION = {
     "typescript": ["node", str(REPO / "client/typescript/dist/examples/create-session.js")],
     "python": [sys.executable, str(REPO / "client/python/examples/create_session.py")],
 }
+
+
+@contextmanager
+def tmpfs(mnt: Path, size: int, why: str) -> Iterator[Path]:
+    """A tmpfs of `size` bytes mounted on `mnt` (made here) while in use: a filesystem of
+    its own to fill or make read-only. Mounting needs root; without it the test is
+    skipped, saying `why` it needs one."""
+    mnt.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)]
+    done = subprocess.run(mount, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = done.stderr.strip() or f"exit {done.returncode}"
+        pytest.skip(f"{why} needs to mount a small tmpfs (root), and mount said: {reason}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _message(line: str) -> str:

@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ctxcc.v1 import session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.e2e.proc import REPO, DaemonProcess
+from tests.e2e.proc import REPO, DaemonProcess, tmpfs
 from tests.e2e.test_hostile import _certs
 
 
@@ -252,6 +252,26 @@ def test_an_unusable_data_dir_exits_2_naming_it(short_tmp: Path, where: str) -> 
     }[where]
     assert f"cannot use data_dir {data}: {why}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_data_dir_on_a_read_only_filesystem_exits_2_naming_it(short_tmp: Path) -> None:
+    """A volume mounted read-only (a Kubernetes volume's readOnly, a full remount), with a
+    store a daemon wrote before: exit 2 saying so, not a traceback from the first write
+    (the directory's chmod) nor RocksDB's IO error."""
+    with tmpfs(short_tmp / "vol", 512 << 20, "a read-only filesystem") as mnt:
+        data = mnt / "data"
+        d = DaemonProcess(data, log_path=short_tmp / "first.log").start()
+        try:
+            d.wait_ready()
+        finally:
+            assert d.terminate() == 0
+        assert (data / "db" / "CURRENT").is_file()
+        remount = ["mount", "-o", "remount,ro", str(mnt)]
+        subprocess.run(remount, check=True, capture_output=True)
+        r = serve("--data-dir", str(data))
+        assert r.returncode == 2, r.stderr
+        assert f"cannot use data_dir {data}: it is on a read-only filesystem" in r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_socket_directory_that_cannot_be_made_exits_2_naming_it(short_tmp: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from grpc_health.v1 import health_pb2
 from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import LIVENESS_SERVICE
-from tests.e2e.proc import DaemonProcess
+from tests.e2e.proc import DaemonProcess, tmpfs
 from tests.helpers import compile_request, error_info, user
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -32,19 +31,8 @@ READ_DEADLINE_S = 5
 
 @pytest.fixture
 def small_fs(short_tmp: Path) -> Iterator[Path]:
-    mnt = short_tmp / "fs"
-    mnt.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=48m,mode=0755", "tmpfs", str(mnt)]
-    done = subprocess.run(mount, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = done.stderr.strip() or f"exit {done.returncode}"
-        pytest.skip(
-            f"a disk-full test needs to mount a small tmpfs (root), and mount said: {reason}"
-        )
-    try:
+    with tmpfs(short_tmp / "fs", 48 << 20, "a disk-full test") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill(mnt: Path) -> Path:

@@ -12,7 +12,6 @@ that is where CtxccDataDirLowSpace alone used to go quiet."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from grpc_health.v1 import health_pb2
 
 from ctxcc.v1 import session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
-from tests.e2e.proc import DaemonProcess
+from tests.e2e.proc import DaemonProcess, tmpfs
 from tests.e2e.prom import Prometheus, _free_port, rules_firing_at_once
 from tests.e2e.test_disk_full import fill, wait_started
 from tests.helpers import error_info, user
@@ -39,17 +38,8 @@ SMALL, BIG = "agent-0", "agent-1"
 
 @pytest.fixture
 def volume(short_tmp: Path) -> Iterator[Path]:
-    mnt = short_tmp / "vol"
-    mnt.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={SIZE},mode=0755", "tmpfs", str(mnt)]
-    done = subprocess.run(mount, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        reason = done.stderr.strip() or f"exit {done.returncode}"
-        pytest.skip(f"a small filesystem needs a tmpfs mount (root), and mount said: {reason}")
-    try:
+    with tmpfs(short_tmp / "vol", SIZE, "a small filesystem") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def statvfs_space(path: Path) -> tuple[int, int]:
