@@ -99,7 +99,11 @@ def channel(
 ) -> grpc.aio.Channel:
     metadata = bearer_for(target, token_file)
     interceptors = [_Sending(metadata)] if metadata else None
-    return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    # A recorded view is as large as the daemon's max_message_bytes lets it be (64 MiB
+    # by default, which these commands cannot know): gRPC's 4 MiB default refused a
+    # session's view of 6 MB. The daemon bounds what it sends.
+    everything = [("grpc.max_receive_message_length", -1), *options]
+    return grpc.aio.insecure_channel(target, options=everything, interceptors=interceptors)
 
 
 class _Sending(

@@ -164,6 +164,31 @@ def _layers(view: view_pb2.CompiledView) -> dict[str, int]:
     }
 
 
+async def test_ctxcc_inspect_and_sessions_show_a_view_over_grpcs_default_limit(
+    daemon: Daemon,
+) -> None:
+    """A view of ~6 MB (the daemon sends up to max_message_bytes, 64 MiB by default):
+    `ctxcc inspect` and `ctxcc sessions` read it like any other, past gRPC's 4 MiB
+    default for what a channel receives."""
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        await _session(api, "big", "start")
+        for k in range(6):
+            text = f"word{k} " * 150_000  # ~1 MB each, under the per-event limit
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="big", events=[user(text)])
+            )
+        view = (await api.compiles.Compile(compile_request("big"))).view
+    finally:
+        await api.channel.close()
+    assert view.ByteSize() > 5 << 20
+    shown = await asyncio.to_thread(_ctxcc, daemon, "inspect", "big")
+    assert shown["shown"] == f"recorded compile {view.compile_id}"
+    assert shown["estimated_input_tokens"] == view.budget.estimated_input_tokens
+    listed = await asyncio.to_thread(_ctxcc, daemon, "sessions")
+    assert [r["estimated_input_tokens"] for r in listed] == [view.budget.estimated_input_tokens]
+
+
 async def test_ctxcc_inspect_shows_the_view_the_agent_got(daemon: Daemon) -> None:
     api = stubs_for(f"unix:{daemon.endpoints.unix}")
     # The agent sends its own system prompt: ctxcc's kernel and approval text stay out.
