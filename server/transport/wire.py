@@ -141,13 +141,52 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
                 if len(child) > (COUNTED in child):
                     count = _count(data, i, i + size, child, cap, count)
             i += size
+        elif wire == 3:
+            # No field of ours is a group, but the decoder keeps an unknown one as
+            # unknown fields: two bytes of it in front of a flood must not end the walk
+            # (then the decoder, not this count, saw the millions of elements).
+            i = _past_group(data, i, end, number)
         else:
-            raise ValueError("unknown wire type")
+            raise ValueError("unknown wire type")  # 4 (an end without its start), 6, 7
         if count > cap.limit:
             return count
     if i > end:
         raise ValueError("field past the end")
     return count
+
+
+# Groups nested deeper than this are refused by the decoder (upb's default depth limit).
+_GROUP_DEPTH = 100
+
+
+def _past_group(data: bytes, i: int, end: int, number: int) -> int:
+    """Where the group started before `i` (field `number`) ends: past its matching end
+    tag, nested groups included. Nothing inside is counted: it is never decoded into
+    fields."""
+    opened = [number]
+    while i < end:
+        tag, i = _varint(data, i)
+        wire = tag & 7
+        if wire == 0:
+            _, i = _varint(data, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            size, i = _varint(data, i)
+            i += size
+        elif wire == 3:
+            opened.append(tag >> 3)
+            if len(opened) > _GROUP_DEPTH:
+                raise ValueError("groups nested too deep")
+        elif wire == 4 and tag >> 3 == opened[-1]:
+            opened.pop()
+            if not opened:
+                return i
+        else:
+            raise ValueError("malformed group")
+    raise ValueError("group past the end")
 
 
 def string_at(data: bytes, path: tuple[int, ...]) -> str:
@@ -163,6 +202,9 @@ def string_at(data: bytes, path: tuple[int, ...]) -> str:
                     continue
                 if tag & 7 in (1, 5):
                     i += 8 if tag & 7 == 1 else 4
+                    continue
+                if tag & 7 == 3:
+                    i = _past_group(data, i, end, tag >> 3)
                     continue
                 if tag & 7 != 2:
                     return ""

@@ -359,18 +359,24 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _million_events(env: Env) -> Any:
-    """2,000,000 one-character user messages in one AppendEvents, encoded by hand (the
-    Python message API would take the client longer than the daemon)."""
-    env.current = "flood"
-    env.session("flood")
+def _million_events(env: Env, before: bytes = b"", sid: str = "flood") -> Any:
+    """2,000,000 one-character user messages in one AppendEvents to a new session `sid`,
+    encoded by hand (the Python message API would take the client longer than the
+    daemon), after `before`."""
+    env.current = sid
+    env.session(sid)
     ev = event_pb2.Event()
     ev.user_message.parts.add(text="x")
     one = ev.SerializeToString()
     field = b"\x12" + _varint(len(one)) + one
-    body = b"\x0a\x05flood" + field * 2_000_000
+    body = before + _len_field(1, sid.encode()) + field * 2_000_000
     call: Any = env.channel.unary_unary("/ctxcc.v1.SessionService/AppendEvents")
     return call(body, timeout=60)
+
+
+# An empty group of an unknown field (99): no field of ours is a group, and the decoder
+# keeps it as an unknown field; the wire count must step over it, not give up.
+_UNKNOWN_GROUP = _varint(99 << 3 | 3) + _varint(99 << 3 | 4)
 
 
 # Each over-limit list below ends with an element that is not valid UTF-8: decoding the
@@ -687,6 +693,16 @@ CASES: list[Case] = [
         after=lambda e, _: (
             None
             if not e.sessions.ListEvents(spb.ListEventsRequest(session_id="flood")).events
+            else pytest.fail("a refused append wrote events")
+        ),
+    ),
+    Case(
+        "2,000,000 events in one append behind an empty unknown group",
+        lambda e: _million_events(e, _UNKNOWN_GROUP, "gflood"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "TOO_MANY_EVENTS"),
+        after=lambda e, _: (
+            None
+            if not e.sessions.ListEvents(spb.ListEventsRequest(session_id="gflood")).events
             else pytest.fail("a refused append wrote events")
         ),
     ),

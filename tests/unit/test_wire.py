@@ -121,6 +121,10 @@ def test_the_refused_step_is_named_from_the_raw_bytes() -> None:
     resume = cpb.CompileStreamRequest(resume=cpb.ResumeRequest(compile_id="c"))
     assert string_at(resume.SerializeToString(), (1, 1)) == ""
     assert string_at(data[:-3], (1, 1)) == ""  # cut short: no name rather than garbage
+    # Unknown groups on the way (outside the step and inside it) are stepped over.
+    grouped = b"\x4b\x08\x01\x4c" + b"\x0a" + bytes([len(data) - 2 + 2]) + b"\x4b\x4c" + data[2:]
+    assert cpb.CompileStreamRequest.FromString(grouped).step.step_id == "step-7"
+    assert string_at(grouped, (1, 1)) == "step-7"
 
 
 def _events_with(kind: str, per_event: int, events: int) -> list[event_pb2.Event]:
@@ -220,3 +224,34 @@ def test_every_truncation_of_a_step_is_left_to_the_decoder_or_counted_no_higher(
         for cap in caps:
             found = count_over(data[:end], cap)
             assert found is None or cap.limit < found <= 65, (end, found)
+
+
+def _group(number: int, inner: bytes = b"") -> bytes:
+    """An unknown group (wire types 3 and 4): no field of ours is one; the decoder keeps
+    it as unknown fields."""
+    return bytes([number << 3 | 3]) + inner + bytes([number << 3 | 4])
+
+
+def test_events_behind_an_unknown_group_are_counted() -> None:
+    """Two bytes of an empty group in front of a flood ended the walk ("malformed: the
+    decoder reports it"), and the decoder, which takes the group, decoded every event."""
+    for group in (_group(9), _group(9, _group(10, b"\x08\x01") + b"\x15abcd"), _group(15)):
+        body = group + _append(1_001)
+        assert len(spb.AppendEventsRequest.FromString(body).events) == 1_001  # the decoder's view
+        assert count_over(body, APPEND) == 1_001
+        assert count_over(_append(1_001) + group, APPEND) == 1_001
+    # Events inside a group are not events: the decoder keeps them as unknown bytes.
+    inside = _group(9, _append(1_001))
+    assert len(spb.AppendEventsRequest.FromString(inside).events) == 0
+    assert count_over(inside + b"\x0a\x01s", APPEND) is None
+
+
+def test_malformed_groups_are_left_to_the_decoder() -> None:
+    cap = RepeatedCap(2, 1, APPEND.error)
+    assert count_over(bytes([9 << 3 | 3]) + b"\x12\x00" * 3, cap) is None  # never ends
+    assert count_over(bytes([9 << 3 | 3, 10 << 3 | 4]) + b"\x12\x00" * 3, cap) is None
+    assert count_over(bytes([9 << 3 | 4]) + b"\x12\x00" * 3, cap) is None  # an end alone
+    deep = bytes([9 << 3 | 3]) * 101 + bytes([9 << 3 | 4]) * 101 + b"\x12\x00" * 3
+    assert count_over(deep, cap) is None
+    ok = bytes([9 << 3 | 3]) * 100 + bytes([9 << 3 | 4]) * 100 + b"\x12\x00" * 3
+    assert count_over(ok, cap) == 2
