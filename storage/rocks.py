@@ -86,6 +86,18 @@ def disk_full(written: bool = False) -> CtxccError:
     )
 
 
+class ReadFailedError(CtxccError):
+    """A read RocksDB failed: it raises its status as a bare Exception. Damaged data is
+    RECORD_CORRUPT (DATA_LOSS), anything else (an I/O error) STORAGE_FAILURE; RocksDB's
+    words go to the daemon's log (`detail`), not to the client."""
+
+    def __init__(self, status: Exception) -> None:
+        damaged = str(status).startswith("Corruption")
+        reason = Reason.RECORD_CORRUPT if damaged else Reason.STORAGE_FAILURE
+        super().__init__(reason, "stored data is damaged" if damaged else "cannot read the store")
+        self.detail = f"RocksDB read: {status}"
+
+
 def is_write_stall(exc: BaseException) -> bool:
     """A write with `no_slowdown` that would have waited fails with RocksDB's
     `Status::Incomplete("Write stall")`, shown as `Result incomplete: Write stall`."""
@@ -229,7 +241,12 @@ class RocksKV:
 
     def get(self, cf: str, key: bytes) -> bytes | None:
         with self._use():
-            value = self._cf[cf].get(key)
+            try:
+                value = self._cf[cf].get(key)
+            except Exception as exc:
+                if type(exc) is not Exception:
+                    raise
+                raise ReadFailedError(exc) from exc
         return value if value is None else bytes(value)
 
     def scan(
@@ -244,7 +261,7 @@ class RocksKV:
                 while it.valid():
                     key = bytes(it.key())
                     if key < start:
-                        break
+                        return
                     yield key, bytes(it.value())
                     it.prev()
             else:
@@ -252,9 +269,18 @@ class RocksKV:
                 while it.valid():
                     key = bytes(it.key())
                     if key >= end:
-                        break
+                        return
                     yield key, bytes(it.value())
                     it.next()
+            # An iterator that hits a damaged block (a checksum that does not match) or
+            # an I/O error just stops being valid: without this check a session's log
+            # read back as its events up to the damage, as if that were all of it.
+            try:
+                it.status()
+            except Exception as exc:
+                if type(exc) is not Exception:
+                    raise
+                raise ReadFailedError(exc) from exc
 
     def write(self, batch: Batch) -> None:
         if self._full:

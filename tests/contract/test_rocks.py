@@ -14,6 +14,7 @@ from server.domain.model import AppendBatch, ContentPart, NewEvent, Route, Sessi
 from server.domain.records import CompileRecord, RouteState, Usage
 from storage import KVEventStore, StoreLockedError, open_rocks
 from storage.codec import CorruptRecordError
+from storage.keys import be64, session_key
 from storage.kv import Batch
 from storage.schema import SCHEMA_VERSION, SchemaError, ensure_schema
 from tests.contract.test_store_contract import planned
@@ -340,3 +341,49 @@ def test_writes_made_on_the_event_loop_never_wait_out_a_write_stall(tmp_path: Pa
     finally:
         kv._db = stalling._db  # type: ignore[assignment]
         kv.close()
+
+
+def damaged_table(path: Path) -> None:
+    """Flips 256 bytes in the middle of the largest table file: a data block whose
+    checksum no longer matches."""
+    table = max(path.glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(table.read_bytes())
+    middle = len(data) // 2
+    for i in range(middle, middle + 256):
+        data[i] ^= 0x5A
+    table.write_bytes(bytes(data))
+
+
+def test_a_damaged_table_block_fails_the_read_instead_of_ending_it(tmp_path: Path) -> None:
+    """RocksDB's iterator stops at a block whose checksum fails and keeps the error in
+    its status: a scan read the keys before the damage as if they were all there was (a
+    session's log of 200 events read back as 105). A read through the damage fails."""
+    store = KVEventStore(open_rocks(tmp_path / "db"))
+    store.create_session(Session("s", 1, 1))
+    for k in range(200):
+        _append(store, "s", f"message {k} " + "lorem ipsum " * 120, f"e{k}")
+    store.close()
+    open_rocks(tmp_path / "db").close()  # the log replayed into a table file at open
+    damaged_table(tmp_path / "db")
+    kv = open_rocks(tmp_path / "db")
+    store = KVEventStore(kv)
+    try:
+        assert store.get_session("s").head_seq == 200
+        with pytest.raises(CtxccError) as err:
+            list(store.read_events("s"))
+        assert err.value.reason.value == "RECORD_CORRUPT"
+        assert "Corruption" in getattr(err.value, "detail", "")
+        for reverse in (False, True):
+            with pytest.raises(CtxccError):
+                list(kv.scan("events", b"", b"\xff" * 8, reverse=reverse))
+        # A point read of a key in the damaged block fails the same way.
+        failed = 0
+        for seq in range(1, 201):
+            try:
+                kv.get("events", session_key("s", be64(seq)))
+            except CtxccError as exc:
+                assert exc.reason.value == "RECORD_CORRUPT"
+                failed += 1
+        assert failed > 0
+    finally:
+        store.close()

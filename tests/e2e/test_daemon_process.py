@@ -12,7 +12,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,13 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ctxcc.v1 import session_pb2, session_service_pb2_grpc
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
+from tests.contract.test_rocks import damaged_table
 from tests.e2e.proc import REPO, DaemonProcess, tmpfs
 from tests.e2e.test_hostile import _certs
+from tests.helpers import ROUTE, error_info, user
 
 
 @pytest.fixture
@@ -558,3 +561,57 @@ def test_a_socket_another_daemon_serves_on_is_not_taken_over(short_tmp: Path) ->
     finally:
         if second.proc is not None and second.proc.poll() is None:
             second.terminate()
+
+
+def test_a_damaged_table_file_is_data_loss_not_a_shorter_log(short_tmp: Path) -> None:
+    """A data block of a RocksDB table file damaged on disk (256 bytes flipped): reading
+    a session's log through it answered its events before the damage as the whole log
+    (105 of 200 listed, a view of 105 messages, a rebuild that was not the recorded
+    view). The reads that cross it are DATA_LOSS (RECORD_CORRUPT); the session's record,
+    in another block, still reads."""
+    data = short_tmp / "data"
+    d = DaemonProcess(data).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="s"))
+            )
+            for k in range(200):
+                text = f"message {k} " + "lorem ipsum " * 120
+                sessions.AppendEvents(spb.AppendEventsRequest(session_id="s", events=[user(text)]))
+            recorded = compiles.Compile(cpb.CompileRequest(session_id="s", route=ROUTE)).view
+    finally:
+        assert d.terminate() == 0
+    d.start()  # the log replayed into a table file at open
+    d.wait_ready()
+    assert d.terminate() == 0
+    damaged_table(data / "db")
+    d.start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            sessions = session_service_pb2_grpc.SessionServiceStub(ch)
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            got = sessions.GetSession(spb.GetSessionRequest(session_id="s")).session
+            assert got.head_seq == 200
+            calls: list[Callable[[], object]] = [
+                lambda: sessions.ListEvents(spb.ListEventsRequest(session_id="s", page_size=1000)),
+                lambda: compiles.Compile(cpb.CompileRequest(session_id="s", route=ROUTE)),
+                lambda: compiles.Compile(
+                    cpb.CompileRequest(
+                        session_id="s", route=ROUTE, rebuild_compile_id=recorded.compile_id
+                    )
+                ),
+            ]
+            for call in calls:
+                with pytest.raises(grpc.RpcError) as err:
+                    call()
+                assert err.value.code() == grpc.StatusCode.DATA_LOSS
+                assert error_info(err.value).reason == "RECORD_CORRUPT"
+                assert "Corruption" not in (err.value.details() or "")
+    finally:
+        assert d.terminate() == 0
+    assert "RocksDB read: Corruption" in d.log()
