@@ -80,6 +80,7 @@ from server.transport.source_servicer import SourceServicer
 from server.transport.tool_servicer import ToolServicer
 from server.transport.wire import request_caps
 from storage import KVEventStore, RocksKV, StoreLimits, StoreOpenError, open_rocks
+from storage.schema import SchemaError
 
 if TYPE_CHECKING:
     from server.web.server import WebServer
@@ -283,12 +284,20 @@ class Daemon:
         try:
             return KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes), splitter)
         except CtxccError as exc:
+            kv.close()
             # A new store writes its schema version at open: on a disk too full to take
             # writes that was a DISK_FULL traceback.
-            if exc.reason is not Reason.DISK_FULL:
-                raise
+            if exc.reason is Reason.DISK_FULL:
+                raise StoreOpenError(new_store_on_full_disk(cfg)) from None
+            # What the open reads (the schema, the sessions' count and bytes) damaged on
+            # disk, or unreadable: one line with RocksDB's words, not a traceback.
+            why = getattr(exc, "detail", exc.message)
+            raise StoreOpenError(f"cannot open the store in {cfg.db_path}: {why}") from None
+        except SchemaError as exc:
+            # A store of a newer ctxcc (a rollback after an upgrade), or one that cannot
+            # be migrated: the operator's to decide, with this one line.
             kv.close()
-            raise StoreOpenError(new_store_on_full_disk(cfg)) from None
+            raise StoreOpenError(f"cannot open the store in {cfg.db_path}: {exc}") from None
 
     def _open_kv(self) -> RocksKV:
         cfg = self.cfg

@@ -24,7 +24,12 @@ class SchemaError(RuntimeError):
 
 def stored_version(kv: KV) -> int | None:
     raw = kv.get("meta", _KEY)
-    return None if raw is None else int(raw.decode())
+    if raw is None:
+        return None
+    try:
+        return int(raw.decode())
+    except (UnicodeDecodeError, ValueError):
+        raise SchemaError(f"the store's schema version {raw[:32]!r} is damaged") from None
 
 
 def ensure_schema(kv: KV, *, target: int = SCHEMA_VERSION) -> int:

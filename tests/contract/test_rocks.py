@@ -343,13 +343,13 @@ def test_writes_made_on_the_event_loop_never_wait_out_a_write_stall(tmp_path: Pa
         kv.close()
 
 
-def damaged_table(path: Path) -> None:
-    """Flips 256 bytes in the middle of the largest table file: a data block whose
-    checksum no longer matches."""
+def damaged_table(path: Path, at: float = 0.5) -> None:
+    """Flips 256 bytes of the largest table file, `at` its length (the middle, or 0 for
+    its first data block): a data block whose checksum no longer matches."""
     table = max(path.glob("*.sst"), key=lambda p: p.stat().st_size)
     data = bytearray(table.read_bytes())
-    middle = len(data) // 2
-    for i in range(middle, middle + 256):
+    start = int(len(data) * at)
+    for i in range(start, start + 256):
         data[i] ^= 0x5A
     table.write_bytes(bytes(data))
 

@@ -24,6 +24,10 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
+from server.domain.model import Session
+from storage import KVEventStore, open_rocks
+from storage.kv import Batch
+from storage.schema import SCHEMA_VERSION
 from tests.contract.test_rocks import damaged_table
 from tests.e2e.proc import REPO, DaemonProcess, tmpfs
 from tests.e2e.test_hostile import _certs
@@ -298,6 +302,44 @@ def test_a_rocksdb_that_cannot_open_exits_1_with_one_line(short_tmp: Path) -> No
     assert f"cannot open RocksDB in {data / 'db'}: Corruption" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     assert not (data / "ctxcc.sock").exists()
+
+
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        (str(SCHEMA_VERSION + 1).encode(), "store schema version 2 is newer than this ctxcc"),
+        (b"\xff1", "the store's schema version b'\\xff1' is damaged"),
+        (None, "RocksDB read: Corruption"),
+    ],
+)
+def test_a_store_this_daemon_cannot_read_exits_1_with_one_line(
+    short_tmp: Path, version: bytes | None, said: str
+) -> None:
+    """A rollback after an upgrade (the data directory's schema version newer than this
+    daemon's), a damaged version, and a store without one whose sessions (read to tell
+    a new store from one that lost its version) sit in a damaged table block: exit 1
+    saying so, with the directory's lock released (each was a traceback)."""
+    data = short_tmp / "data"
+    store = KVEventStore(open_rocks(data / "db"))
+    for i in range(300):
+        store.create_session(Session(f"s{i}", 1, 1, labels=(("k", "v" * 100),)))
+    store.close()
+    kv = open_rocks(data / "db")
+    changed = Batch()
+    if version is None:
+        changed.delete("meta", b"schema_version")
+    else:
+        changed.put("meta", b"schema_version", version)
+    kv.write(changed)
+    kv.close()
+    if version is None:
+        open_rocks(data / "db").close()  # the log replayed into table files at open
+        damaged_table(data / "db", at=0)  # the first session's block
+    r = serve("--data-dir", str(data))
+    assert r.returncode == 1, r.stderr
+    assert f"cannot open the store in {data / 'db'}: {said}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    open_rocks(data / "db").close()  # the lock was released
 
 
 def test_a_short_auth_token_names_its_file(short_tmp: Path) -> None:
