@@ -233,6 +233,8 @@ def _packed_count(data: bytes, start: int, end: int, room: int) -> int:
 
 
 STREAM_STEP = 1  # CompileStreamRequest.step
+STREAM_RESUME = 2  # CompileStreamRequest.resume
+RESUME_COMPILE, RESUME_STEP_ID = 2, 3  # ResumeRequest.compile, .step_id
 
 
 # Repeated elements inside an Event: user_message (10) and assistant_message (11) parts
@@ -326,6 +328,16 @@ def request_caps(max_events_per_append: int, max_tools: int) -> dict[str, tuple[
                 path=(STREAM_STEP, STEP_COMPILE),
                 also=((STREAM_STEP, STEP_COMPILE, 9),),
                 id_path=(STREAM_STEP, 1),
+            ),
+            # A resume compiles too: the same enums, answered under the resume's step_id.
+            RepeatedCap(
+                7,
+                MAX_KINDS,
+                enums,
+                packed=True,
+                path=(STREAM_RESUME, RESUME_COMPILE),
+                also=((STREAM_RESUME, RESUME_COMPILE, 9),),
+                id_path=(STREAM_RESUME, RESUME_STEP_ID),
             ),
         ),
         "/ctxcc.v1.ToolService/RegisterTools": (

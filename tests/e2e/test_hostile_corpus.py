@@ -471,6 +471,26 @@ def _stream_flood(env: Env) -> Any:
     return [cpb.CompileStreamResponse.FromString(r) for r in replies]
 
 
+def _resume_enums(env: Env) -> Any:
+    """A CompileStream resume whose compile names 5,000,000 excluded sections (5 MB),
+    encoded by hand: CompileStreamRequest.resume (2) -> ResumeRequest.compile (2) ->
+    CompileRequest.exclude_sections (7, packed)."""
+    env.current = "renums"
+    env.session("renums")
+    env.user("renums", "hello")
+    head = cpb.CompileRequest(session_id="renums", route=_FLOOD_ROUTE).SerializeToString()
+    compile_req = head + _len_field(7, b"\x01" * 5_000_000)
+    resume = _len_field(2, compile_req) + _len_field(3, b"r1")
+    call: Any = env.channel.stream_stream("/ctxcc.v1.CompileService/CompileStream")
+    replies = call(iter([_len_field(2, resume)]), timeout=60)
+    return [cpb.CompileStreamResponse.FromString(r) for r in replies]
+
+
+def _resume_enums_refused(env: Env, replies: list[cpb.CompileStreamResponse]) -> None:
+    got = [(r.step_id, r.error.reason, dict(r.error.metadata)) for r in replies]
+    assert got == [("r1", "INVALID_FIELD", {"field": "compile"})], got
+
+
 def _flood_step_refused(env: Env, replies: list[cpb.CompileStreamResponse]) -> None:
     got = [(r.step_id, r.WhichOneof("response"), r.error.reason) for r in replies]
     assert got == [("s1", "error", "TOO_MANY_EVENTS"), ("s2", "view", "")], got
@@ -612,6 +632,12 @@ CASES: list[Case] = [
         (OK, ""),
         _stream_flood_setup,
         _flood_step_refused,
+    ),
+    Case(
+        "5,000,000 excluded sections in a CompileStream resume, refused before decoding",
+        _resume_enums,
+        (OK, ""),
+        after=_resume_enums_refused,
     ),
     Case(
         "30,000 backtracking globs in a rule file",

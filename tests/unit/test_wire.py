@@ -205,6 +205,18 @@ def test_search_keywords_and_compile_enums_are_capped() -> None:
     step_enums = CAPS["/ctxcc.v1.CompileService/CompileStream"][2]
     step = cpb.CompileStreamRequest(step=cpb.StepRequest(step_id="x", compile=req))
     assert count_over(step.SerializeToString(), step_enums) == 65
+    # A resume's compile too (5,000,000 of them were decoded and compiled), and its refusal
+    # is named by the resume's step_id.
+    resume_enums = CAPS["/ctxcc.v1.CompileService/CompileStream"][3]
+    resume = cpb.CompileStreamRequest(
+        resume=cpb.ResumeRequest(compile_id="c", compile=req, step_id="r-9")
+    ).SerializeToString()
+    assert count_over(resume, resume_enums) == 65
+    assert count_over(resume, step_enums) is None
+    assert string_at(resume, resume_enums.id_path) == "r-9"
+    req.render_formats.pop()
+    fine = cpb.CompileStreamRequest(resume=cpb.ResumeRequest(compile_id="c", compile=req))
+    assert count_over(fine.SerializeToString(), resume_enums) is None
 
 
 def test_every_truncation_of_a_step_is_left_to_the_decoder_or_counted_no_higher() -> None:
