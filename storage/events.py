@@ -11,6 +11,7 @@ from server.domain.model import (
     AppendResult,
     Event,
     EventKind,
+    EventPage,
     ToolResult,
     starts_turn,
 )
@@ -142,6 +143,34 @@ class EventRecords(StoreCore):
         ):
             raise session_not_found(session_id)
         return out
+
+    def read_event_page(
+        self,
+        session_id: str,
+        after_seq: int,
+        limit: int,
+        kinds: frozenset[EventKind],
+        max_bytes: int,
+        session_created_ns: int = 0,
+    ) -> EventPage:
+        out: list[Event] = []
+        more = False
+        if after_seq < MAX_SEQ:
+            start = session_key(session_id, be64(after_seq + 1))
+            read = 0
+            for key, raw in self._kv.scan("events", start, session_id.encode() + END):
+                if len(out) >= limit or (out and read > max_bytes):
+                    more = True  # stopped with this one left
+                    break
+                event = decode_event(raw, int.from_bytes(key[-8:], "big"))
+                read += len(raw)
+                if not kinds or event.kind in kinds:
+                    out.append(event)
+        if session_created_ns and self.get_session(session_id).create_time_ns != (
+            session_created_ns
+        ):
+            raise session_not_found(session_id)
+        return EventPage(tuple(out), more)
 
     def _read_events(
         self,

@@ -219,6 +219,15 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class EventPage:
+    """A page of a session's log read for a client: `more` when the read stopped at its
+    count or bytes with events left after it (which may all be of other kinds)."""
+
+    events: tuple[Event, ...]
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Session:
     session_id: str
     create_time_ns: int

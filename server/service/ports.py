@@ -20,7 +20,15 @@ from server.compiler.tokens import TokenCounter
 from server.compiler.view import CompiledView
 from server.domain.catalog import ModelInfo
 from server.domain.generation import Generation
-from server.domain.model import AppendBatch, AppendResult, DeleteResult, Event, EventKind, Session
+from server.domain.model import (
+    AppendBatch,
+    AppendResult,
+    DeleteResult,
+    Event,
+    EventKind,
+    EventPage,
+    Session,
+)
 from server.domain.records import (
     ArtifactRecord,
     Checkpoint,
@@ -107,6 +115,20 @@ class EventStore(Protocol):
         through_seq: int | None = None,
         session_created_ns: int = 0,
     ) -> list[Event]: ...
+
+    def read_event_page(
+        self,
+        session_id: str,
+        after_seq: int,
+        limit: int,
+        kinds: frozenset[EventKind],
+        max_bytes: int,
+        session_created_ns: int = 0,
+    ) -> EventPage:
+        """Like read_events, for a client's page: also stops once the events read hold
+        more than `max_bytes` as stored (at least one event), so a page of large events
+        never reads and decodes `limit` of them to send a few."""
+        ...
 
     def get_blob(self, sha256: str) -> bytes | None: ...
 

@@ -17,6 +17,7 @@ from server.domain.model import (
     DeleteResult,
     Event,
     EventKind,
+    EventPage,
     NewEvent,
     Payload,
     Session,
@@ -41,6 +42,9 @@ _encoder = msgspec.msgpack.Encoder()
 # calls at once held every storage thread. Its page may come back short (even empty)
 # with a token to go on.
 EXAMINE_PER_PAGE = 4_096
+# Events a watch's backlog page reads at most, as stored (and one more): a watcher that
+# stops reading holds its page, and 1,000 events of 1 MiB each held ~450 MB.
+WATCH_PAGE_BYTES = 3 << 20
 
 # What an append's write returns: the batch it wrote, the events' encoded bytes, the result.
 Written = tuple[AppendBatch, int, AppendResult]
@@ -209,15 +213,18 @@ class SessionUseCases:
 
     def _synced_page(
         self, session_id: str, created_ns: int, after_seq: int, limit: int
-    ) -> list[Event]:
+    ) -> EventPage:
         """Blocking: a page of a watch's events, the log synced first when they may not
         be durable yet (a step's append is synced beside its compile): a watcher is never
         told of an event a crash could take back. Only of the session made at `created_ns`
         (the one the watch subscribed to): deleted and made again under its id since,
         SESSION_NOT_FOUND, as the watch of a deleted session ends, and never a page of the
-        new log (its seqs start over)."""
-        page = self._store.read_events(session_id, after_seq, limit, session_created_ns=created_ns)
-        if page:
+        new log (its seqs start over). At most WATCH_PAGE_BYTES of events as stored (and
+        one): a watcher that does not read holds its page."""
+        page = self._store.read_event_page(
+            session_id, after_seq, limit, frozenset(), WATCH_PAGE_BYTES, created_ns
+        )
+        if page.events:
             self._store.sync_reads()
         return page
 
@@ -331,11 +338,15 @@ class SessionUseCases:
         after_seq: int,
         limit: int,
         kinds: frozenset[EventKind],
-    ) -> list[Event]:
+        max_bytes: int,
+    ) -> EventPage:
+        """Up to `limit` events of `kinds` after `after_seq`, read until they hold more
+        than `max_bytes` as stored (a page's room: 1,000 events of 1 MiB each were read
+        and decoded to send three)."""
         check_id("session_id", session_id)
         await self.get(session_id)
         return await self._blocking.run(
-            self._store.read_events, session_id, after_seq, limit, kinds
+            self._store.read_event_page, session_id, after_seq, limit, kinds, max_bytes
         )
 
     async def watch(
@@ -388,10 +399,10 @@ class SessionUseCases:
                     page = await self._blocking.run(
                         self._synced_page, session_id, created, last, self.limits.max_page_size
                     )
-                    for event in page:
+                    for event in page.events:
                         last = event.seq
                         yield event
-                    if len(page) < self.limits.max_page_size:
+                    if not page.more:
                         break
                 while True:
                     update = await watcher.queue.get()
@@ -420,9 +431,9 @@ class SessionUseCases:
                                 last,
                                 min(update.seq - 1 - last, self.limits.max_page_size),
                             )
-                            if not page:
+                            if not page.events:
                                 break
-                            for event in page:
+                            for event in page.events:
                                 last = event.seq
                                 yield event
                         last = update.seq

@@ -124,17 +124,21 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         token = decode_position(request.page_token, query)
         after = token if token is not None else request.after_seq
         size = self._s.page_size(request.page_size)
-        found = await self._s.list_events(request.session_id, after, size + 1, frozenset(kinds))
+        # Read up to the page's room as stored (and one event more): the page is cut by
+        # its size on the wire below.
+        found = await self._s.list_events(
+            request.session_id, after, size, frozenset(kinds), self._page_bytes
+        )
         page: list[event_pb2.Event] = []
         total = 0
-        for e in found[:size]:
+        for e in found.events:
             msg = event_out(e)
             total += msg.ByteSize()
             if page and total > self._page_bytes:
                 break
             page.append(msg)
-        more = len(page) < len(found)
-        next_token = encode_token(found[len(page) - 1].seq, query) if more else ""
+        more = found.more or len(page) < len(found.events)
+        next_token = encode_token(page[-1].seq, query) if more else ""
         return pb.ListEventsResponse(events=page, next_page_token=next_token)
 
     @streaming

@@ -15,6 +15,7 @@ from server.domain.model import (
     BlobRef,
     ContentPart,
     EventKind,
+    EventPage,
     NewEvent,
     Route,
     Session,
@@ -547,6 +548,34 @@ def test_kind_filter(make_store: object) -> None:
     st.append(batch("s", msg("a", "e1"), NewEvent("e2", ToolResult("c", text="out"))))
     only = st.read_events("s", kinds=frozenset({EventKind.TOOL_RESULT}))
     assert [e.seq for e in only] == [2]
+
+
+def test_a_page_of_events_stops_at_its_count_or_its_bytes(make_store: object) -> None:
+    """A client's page is read until it holds `limit` events or more than `max_bytes` as
+    stored (at least one event, whatever its size), saying whether any are left: a page
+    of 1 MiB events was read 1,000 events deep to send three."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    for k in range(10):
+        st.append(batch("s", msg(f"{k} " + "x" * 100_000, f"e{k}")))
+    st.append(batch("s", NewEvent("t", ToolResult("c", text="out"))))
+    everything = frozenset[EventKind]()
+    page = st.read_event_page("s", 0, 1_000, everything, 250_000)
+    assert ([e.seq for e in page.events], page.more) == ([1, 2, 3], True)
+    page = st.read_event_page("s", 0, 1_000, everything, 1)
+    assert ([e.seq for e in page.events], page.more) == ([1], True)
+    page = st.read_event_page("s", 3, 2, everything, 10 << 20)
+    assert ([e.seq for e in page.events], page.more) == ([4, 5], True)
+    page = st.read_event_page("s", 8, 1_000, everything, 10 << 20)
+    assert ([e.seq for e in page.events], page.more) == ([9, 10, 11], False)
+    # Events of other kinds are read (and count) but not returned.
+    results = frozenset({EventKind.TOOL_RESULT})
+    page = st.read_event_page("s", 0, 1_000, results, 10 << 20)
+    assert ([e.seq for e in page.events], page.more) == ([11], False)
+    assert st.read_event_page("s", 11, 10, everything, 1) == EventPage((), False)
+    with pytest.raises(CtxccError) as err:
+        st.read_event_page("s", 0, 10, everything, 1, session_created_ns=2)
+    assert err.value.reason is Reason.SESSION_NOT_FOUND
 
 
 def test_concurrent_appends_never_duplicate_or_skip(make_store: object) -> None:

@@ -593,6 +593,45 @@ async def test_watchers_of_a_session_are_bounded(short_tmp: Path) -> None:
         await d.stop()
 
 
+async def test_a_backlog_of_large_events_is_read_a_few_megabytes_at_a_time(api: Stubs) -> None:
+    """ListEvents and a watch's catch-up read a log of large events a page's room at a
+    time (3 MiB as stored, and one event more; they read 1,000 events of 1 MiB to send
+    three): every event still arrives once, in order, across the pages, then the live
+    ones."""
+    await _create(api, "large")
+    for i in range(12):
+        event = user(f"{i} " + "e" * 600_000)
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="large", events=[event]))
+    seqs, pages, token = [], 0, ""
+    while True:
+        page = await api.sessions.ListEvents(
+            spb.ListEventsRequest(session_id="large", page_size=1_000, page_token=token)
+        )
+        assert 1 <= len(page.events) <= 6  # at most 3 MiB and one event as stored
+        seqs += [e.seq for e in page.events]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert seqs == list(range(1, 13)) and pages >= 3
+    call = api.sessions.WatchSession(spb.WatchSessionRequest(session_id="large"))
+
+    async def seq() -> int:
+        # Bounded: a catch-up that stopped after its first page would wait for live ones.
+        got = await asyncio.wait_for(call.read(), 30)
+        assert isinstance(got, spb.WatchSessionResponse)
+        return got.event.seq
+
+    try:
+        assert [await seq() for _ in range(12)] == list(range(1, 13))
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="large", events=[user("live")])
+        )
+        assert await seq() == 13
+    finally:
+        call.cancel()
+
+
 async def test_a_method_the_daemon_does_not_serve_is_answered_with_a_reason(
     short_tmp: Path,
 ) -> None:
