@@ -37,7 +37,9 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_REQUEST_ID_REUSED: _ErrorReason.ValueType  # 6
     """A request_id was reused with different content (FAILED_PRECONDITION)."""
     ERROR_REASON_EVENT_ID_CONFLICT: _ErrorReason.ValueType  # 7
-    """An event id already exists in the session with other content (ALREADY_EXISTS)."""
+    """An event id already exists in the session, whatever its content: retries are
+    recognized by request_id (ALREADY_EXISTS).
+    """
     ERROR_REASON_TOO_MANY_EVENTS: _ErrorReason.ValueType  # 8
     """Too many events in one append (INVALID_ARGUMENT)."""
     ERROR_REASON_QUOTA_EXCEEDED: _ErrorReason.ValueType  # 9
@@ -118,7 +120,9 @@ ERROR_REASON_SEQUENCE_MISMATCH: ErrorReason.ValueType  # 5
 ERROR_REASON_REQUEST_ID_REUSED: ErrorReason.ValueType  # 6
 """A request_id was reused with different content (FAILED_PRECONDITION)."""
 ERROR_REASON_EVENT_ID_CONFLICT: ErrorReason.ValueType  # 7
-"""An event id already exists in the session with other content (ALREADY_EXISTS)."""
+"""An event id already exists in the session, whatever its content: retries are
+recognized by request_id (ALREADY_EXISTS).
+"""
 ERROR_REASON_TOO_MANY_EVENTS: ErrorReason.ValueType  # 8
 """Too many events in one append (INVALID_ARGUMENT)."""
 ERROR_REASON_QUOTA_EXCEEDED: ErrorReason.ValueType  # 9

@@ -43,7 +43,8 @@ const (
 	ErrorReason_ERROR_REASON_SEQUENCE_MISMATCH ErrorReason = 5
 	// A request_id was reused with different content (FAILED_PRECONDITION).
 	ErrorReason_ERROR_REASON_REQUEST_ID_REUSED ErrorReason = 6
-	// An event id already exists in the session with other content (ALREADY_EXISTS).
+	// An event id already exists in the session, whatever its content: retries are
+	// recognized by request_id (ALREADY_EXISTS).
 	ErrorReason_ERROR_REASON_EVENT_ID_CONFLICT ErrorReason = 7
 	// Too many events in one append (INVALID_ARGUMENT).
 	ErrorReason_ERROR_REASON_TOO_MANY_EVENTS ErrorReason = 8

@@ -32,7 +32,10 @@ export enum ErrorReason {
   ERROR_REASON_SEQUENCE_MISMATCH = 5,
   /** ERROR_REASON_REQUEST_ID_REUSED - A request_id was reused with different content (FAILED_PRECONDITION). */
   ERROR_REASON_REQUEST_ID_REUSED = 6,
-  /** ERROR_REASON_EVENT_ID_CONFLICT - An event id already exists in the session with other content (ALREADY_EXISTS). */
+  /**
+   * ERROR_REASON_EVENT_ID_CONFLICT - An event id already exists in the session, whatever its content: retries are
+   * recognized by request_id (ALREADY_EXISTS).
+   */
   ERROR_REASON_EVENT_ID_CONFLICT = 7,
   /** ERROR_REASON_TOO_MANY_EVENTS - Too many events in one append (INVALID_ARGUMENT). */
   ERROR_REASON_TOO_MANY_EVENTS = 8,
