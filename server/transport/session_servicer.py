@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,7 +26,7 @@ from server.transport.convert_events import (
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
 from server.transport.paging import decode_position, decode_token, encode_token, page_bytes
-from server.transport.wire import MAX_KINDS
+from server.transport.wire import MAX_KINDS, Encoded
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -34,10 +35,42 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 SESSION_CREATE_TIME_KEY = "ctxcc-session-create-time-ns"
 
 
+class WatchedBytes:
+    """The encoded WatchSessionResponse of each event the watch hub publishes, made once
+    for all of its session's watchers: the hub hands every watcher the same Event, and
+    each converted and encoded it on the event loop (64 watchers and a 60 MB append held
+    the loop ~6 s). The latest events, by identity (an entry keeps its event alive, so
+    its id cannot be reused meanwhile), up to `most_bytes`."""
+
+    def __init__(self, most_bytes: int = 16 << 20) -> None:
+        self._kept: OrderedDict[int, tuple[Event, Encoded]] = OrderedDict()
+        self._bytes = 0
+        self._most = most_bytes
+
+    def of(self, event: Event) -> Encoded:
+        found = self._kept.get(id(event))
+        if found is not None and found[0] is event:
+            self._kept.move_to_end(id(event))
+            return found[1]
+        encoded = Encoded(pb.WatchSessionResponse(event=event_out(event)).SerializeToString())
+        self._drop(id(event))
+        self._kept[id(event)] = (event, encoded)
+        self._bytes += len(encoded.data)
+        while self._bytes > self._most and len(self._kept) > 1:
+            self._drop(next(iter(self._kept)))
+        return encoded
+
+    def _drop(self, key: int) -> None:
+        gone = self._kept.pop(key, None)
+        if gone is not None:
+            self._bytes -= len(gone[1].data)
+
+
 class SessionServicer(pb_grpc.SessionServiceServicer):
     def __init__(self, sessions: SessionUseCases, max_message_bytes: int = 64 << 20) -> None:
         self._s = sessions
         self._page_bytes = page_bytes(max_message_bytes)
+        self._watched = WatchedBytes()
 
     @unary
     async def CreateSession(
@@ -144,7 +177,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     @streaming
     async def WatchSession(
         self, request: pb.WatchSessionRequest, context: Ctx
-    ) -> AsyncIterator[pb.WatchSessionResponse]:
+    ) -> AsyncIterator[pb.WatchSessionResponse | Encoded]:
         async def subscribed(created_ns: int) -> None:
             # Headers sent at once (not with the first update, which may never come): the
             # incarnation the watch follows, for the clients' reconnects (README, Watchers).
@@ -154,7 +187,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         async for update in watch:
             match update:
                 case Event():
-                    yield pb.WatchSessionResponse(event=event_out(update))
+                    yield self._watched.of(update)
                 case Checkpoint():
                     yield pb.WatchSessionResponse(checkpoint=checkpoint_out(update))
                 case CompileNotice():

@@ -28,6 +28,7 @@ from ctxcc.v1 import (
     session_service_pb2 as spb,
 )
 from server.app import Daemon
+from server.transport import convert_events, session_servicer
 from tests.conftest import Stubs
 from tests.helpers import compile_request, error_info, tool_result, user
 
@@ -60,6 +61,44 @@ async def test_watch_resumes_then_streams_live(api: Stubs) -> None:
     notice = await asyncio.wait_for(it.__anext__(), 30)
     assert notice.WhichOneof("update") == "compile" and notice.compile.event_boundary == 4
     call.cancel()
+
+
+async def test_an_event_is_encoded_once_for_all_of_its_watchers(
+    api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch hub hands each watcher the same event; each converted and encoded it on
+    the event loop (64 watchers and a 60 MB append held the loop ~6 s). It is encoded once,
+    and every watcher gets the same bytes, live event after live event."""
+    converted: list[int] = []
+    real = convert_events.event_out
+
+    def counted(event: Any) -> Any:
+        converted.append(event.seq)
+        return real(event)
+
+    monkeypatch.setattr(session_servicer, "event_out", counted)
+    await _session(api, "fan")
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="fan", events=[user("0")]))
+    calls = [
+        api.sessions.WatchSession(spb.WatchSessionRequest(session_id="fan", after_seq=1))
+        for _ in range(8)
+    ]
+    try:
+        for c in calls:  # subscribed once its header came: live events from then on
+            await asyncio.wait_for(c.initial_metadata(), 30)
+        for n in (2, 3):
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="fan", events=[user(f"{n} " * 1000)])
+            )
+        got = [
+            [cast(Any, await asyncio.wait_for(c.read(), 30)).event for _ in range(2)] for c in calls
+        ]
+        assert all([e.seq for e in g] == [2, 3] for g in got)
+        assert all(g == got[0] for g in got)
+        assert sorted(converted) == [2, 3]
+    finally:
+        for c in calls:
+            c.cancel()
 
 
 async def test_a_watch_after_a_seq_the_log_never_reached_is_refused(api: Stubs) -> None:
