@@ -214,6 +214,24 @@ async def test_an_interrupted_tool_and_a_checkpoint_in_the_loop_keep_its_blocks(
         assert leading(compacted) == [blocks[2]]
 
 
+async def _state_refused(ctx: AsyncClient, kind: str, data: bytes) -> tuple[str, Any]:
+    """A new session, and an assistant message with this native state refused by its
+    AppendEvents (INVALID_FIELD on the state's data, nothing written): the session's id
+    and the event."""
+    sid = (await ctx.create_session()).session_id
+    ev = assistant("hi")
+    ev.assistant_message.native_state.kind = kind
+    ev.assistant_message.native_state.data = data
+    with pytest.raises(CtxccError) as exc:
+        await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
+    assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.reason == "INVALID_FIELD"
+    assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
+    got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+    assert got.session.head_seq == 0
+    return sid, ev
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -230,18 +248,7 @@ async def test_a_thinking_state_that_holds_no_blocks_is_refused(
 ) -> None:
     """Sent on, a malformed block would fail every request of its turn at the provider."""
     async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
-        sid = (await ctx.create_session()).session_id
-        ev = event_pb2.Event()
-        ev.assistant_message.parts.add(text="hi")
-        ev.assistant_message.native_state.kind = ANTHROPIC_THINKING
-        ev.assistant_message.native_state.data = data
-        with pytest.raises(CtxccError) as exc:
-            await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
-        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert exc.value.reason == "INVALID_FIELD"
-        assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
-        got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
-        assert got.session.head_seq == 0
+        sid, ev = await _state_refused(ctx, ANTHROPIC_THINKING, data)
         # An empty thinking text with its signature is a block the API returns (and takes).
         ev.assistant_message.native_state.data = (
             b'[{"type": "thinking", "thinking": "", "signature": "EqQB"}]'
@@ -263,17 +270,7 @@ async def test_a_native_state_nested_past_the_interpreters_limit_is_refused(
     """JSON nested deeper than Python's recursion limit is malformed state like any
     other: INVALID_FIELD on that field and nothing written, not an INTERNAL."""
     async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
-        sid = (await ctx.create_session()).session_id
-        ev = assistant("hi")
-        ev.assistant_message.native_state.kind = kind
-        ev.assistant_message.native_state.data = data
-        with pytest.raises(CtxccError) as exc:
-            await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
-        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert exc.value.reason == "INVALID_FIELD"
-        assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
-        got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
-        assert got.session.head_seq == 0
+        await _state_refused(ctx, kind, data)
 
 
 GEMINI_ROUTE = common_pb2.Route(
