@@ -733,6 +733,7 @@ _READS = frozenset(
         "page_sessions",
         "count_sessions",
         "read_events",
+        "read_event_page",
         "sync_reads",
         "reads_synced",
         "get_blob",

@@ -104,16 +104,16 @@ async def test_a_catch_up_page_read_after_the_session_is_made_again_ends_the_wat
     await _append_many(api, sid, "old", held_after + 2)
     store = daemon._store
     assert store is not None
-    read_events = store.read_events
+    read_page = store.read_event_page
     reading, release = threading.Event(), threading.Event()
 
-    def held_page(session_id: str, after_seq: int = 0, limit: int | None = None, **kw: Any) -> Any:
+    def held_page(session_id: str, after_seq: int, limit: int, *args: Any) -> Any:
         if (session_id, after_seq, limit) == (sid, held_after, PAGE) and not reading.is_set():
             reading.set()
             assert release.wait(30)
-        return read_events(session_id, after_seq, limit, **kw)
+        return read_page(session_id, after_seq, limit, *args)
 
-    monkeypatch.setattr(store, "read_events", held_page)
+    monkeypatch.setattr(store, "read_event_page", held_page)
     watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid), timeout=60)
     got: list[tuple[int, str]] = []
 
@@ -175,7 +175,7 @@ async def test_a_live_gap_read_after_the_session_is_made_again_ends_the_watch(
     await _append(api, sid, "old 1")
     hub, store = daemon.hub, daemon._store
     assert store is not None
-    publish, read_events = hub.publish, store.read_events
+    publish, read_page = hub.publish, store.read_event_page
     created = (await api.sessions.GetSession(spb.GetSessionRequest(session_id=sid))).session
 
     def without_seq_2(session_id: str, updates: list[Any], head_seq: int, inc: int = 0) -> None:
@@ -184,14 +184,14 @@ async def test_a_live_gap_read_after_the_session_is_made_again_ends_the_watch(
 
     reading, release = threading.Event(), threading.Event()
 
-    def held_gap(session_id: str, after_seq: int = 0, limit: int | None = None, **kw: Any) -> Any:
+    def held_gap(session_id: str, after_seq: int, limit: int, *args: Any) -> Any:
         if (session_id, after_seq, limit) == (sid, 1, 1) and not reading.is_set():
             reading.set()
             assert release.wait(30)
-        return read_events(session_id, after_seq, limit, **kw)
+        return read_page(session_id, after_seq, limit, *args)
 
     monkeypatch.setattr(hub, "publish", without_seq_2)
-    monkeypatch.setattr(store, "read_events", held_gap)
+    monkeypatch.setattr(store, "read_event_page", held_gap)
     watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid), timeout=60)
     updates = watch.__aiter__()
     assert await _next_event(updates) == (1, "old 1")  # caught up: the watch is live
