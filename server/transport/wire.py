@@ -119,10 +119,6 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
         if wire == 0:
             _, i = _varint(data, i)
             count += number in node and COUNTED in node[number]
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
         elif wire == 2:
             if i < end and data[i] < 0x80:
                 size = data[i]
@@ -141,13 +137,12 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
                 if len(child) > (COUNTED in child):
                     count = _count(data, i, i + size, child, cap, count)
             i += size
-        elif wire == 3:
-            # No field of ours is a group, but the decoder keeps an unknown one as
-            # unknown fields: two bytes of it in front of a flood must not end the walk
-            # (then the decoder, not this count, saw the millions of elements).
-            i = _past_group(data, i, end, number)
         else:
-            raise ValueError("unknown wire type")  # 4 (an end without its start), 6, 7
+            # Fixed-size scalars, and groups: no field of ours is a group, but the decoder
+            # keeps an unknown one as unknown fields: two bytes of it in front of a flood
+            # must not end the walk (then the decoder, not this count, saw the millions
+            # of elements).
+            i = _past(data, i, end, tag)
         if count > cap.limit:
             return count
     if i > end:
@@ -159,33 +154,32 @@ def _count(data: bytes, i: int, end: int, node: _Node, cap: RepeatedCap, count: 
 _GROUP_DEPTH = 100
 
 
-def _past_group(data: bytes, i: int, end: int, number: int) -> int:
-    """Where the group started before `i` (field `number`) ends: past its matching end
-    tag, nested groups included. Nothing inside is counted: it is never decoded into
-    fields."""
-    opened = [number]
+def _past(data: bytes, i: int, end: int, tag: int, depth: int = 0) -> int:
+    """Where the value of the field `tag` that starts at `i` ends: a group's, past its
+    matching end tag (nested groups included; nothing inside is counted, it is never
+    decoded into fields). The one walker over field values, so that what `_count` and
+    `string_at` step over cannot differ."""
+    wire = tag & 7
+    if wire == 0:
+        return _varint(data, i)[1]
+    if wire == 1:
+        return i + 8
+    if wire == 5:
+        return i + 4
+    if wire == 2:
+        size, i = _varint(data, i)
+        return i + size
+    if wire != 3:
+        raise ValueError("unknown wire type")  # 4 (an end without its start), 6, 7
+    if depth >= _GROUP_DEPTH:
+        raise ValueError("groups nested too deep")
     while i < end:
-        tag, i = _varint(data, i)
-        wire = tag & 7
-        if wire == 0:
-            _, i = _varint(data, i)
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        elif wire == 2:
-            size, i = _varint(data, i)
-            i += size
-        elif wire == 3:
-            opened.append(tag >> 3)
-            if len(opened) > _GROUP_DEPTH:
-                raise ValueError("groups nested too deep")
-        elif wire == 4 and tag >> 3 == opened[-1]:
-            opened.pop()
-            if not opened:
-                return i
-        else:
-            raise ValueError("malformed group")
+        inner, i = _varint(data, i)
+        if inner & 7 == 4:
+            if inner >> 3 != tag >> 3:
+                raise ValueError("malformed group")
+            return i
+        i = _past(data, i, end, inner, depth + 1)
     raise ValueError("group past the end")
 
 
@@ -197,17 +191,9 @@ def string_at(data: bytes, path: tuple[int, ...]) -> str:
         for depth, number in enumerate(path):
             while i < end:
                 tag, i = _varint(data, i)
-                if tag & 7 == 0:
-                    _, i = _varint(data, i)
-                    continue
-                if tag & 7 in (1, 5):
-                    i += 8 if tag & 7 == 1 else 4
-                    continue
-                if tag & 7 == 3:
-                    i = _past_group(data, i, end, tag >> 3)
-                    continue
                 if tag & 7 != 2:
-                    return ""
+                    i = _past(data, i, end, tag)
+                    continue
                 size, i = _varint(data, i)
                 if tag >> 3 == number and i + size <= end:
                     if depth == len(path) - 1:
