@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from server.domain.errors import CtxccError, Reason, session_not_found
@@ -138,10 +139,7 @@ class EventRecords(StoreCore):
         the read, so anything the read saw of another log is refused (SESSION_NOT_FOUND,
         as a deleted session's watch ends)."""
         out = self._read_events(session_id, after_seq, limit, kinds, through_seq)
-        if session_created_ns and self.get_session(session_id).create_time_ns != (
-            session_created_ns
-        ):
-            raise session_not_found(session_id)
+        self._check_incarnation(session_id, session_created_ns)
         return out
 
     def read_event_page(
@@ -155,22 +153,38 @@ class EventRecords(StoreCore):
     ) -> EventPage:
         out: list[Event] = []
         more = False
-        if after_seq < MAX_SEQ:
-            start = session_key(session_id, be64(after_seq + 1))
-            read = 0
-            for key, raw in self._kv.scan("events", start, session_id.encode() + END):
-                if len(out) >= limit or (out and read > max_bytes):
-                    more = True  # stopped with this one left
-                    break
-                event = decode_event(raw, int.from_bytes(key[-8:], "big"))
-                read += len(raw)
-                if not kinds or event.kind in kinds:
-                    out.append(event)
-        if session_created_ns and self.get_session(session_id).create_time_ns != (
-            session_created_ns
-        ):
-            raise session_not_found(session_id)
+        read = 0
+        for key, raw in self._scan_events(session_id, after_seq, None):
+            if len(out) >= limit or (out and read > max_bytes):
+                more = True  # stopped with this one left
+                break
+            event = decode_event(raw, int.from_bytes(key[-8:], "big"))
+            read += len(raw)
+            if not kinds or event.kind in kinds:
+                out.append(event)
+        self._check_incarnation(session_id, session_created_ns)
         return EventPage(tuple(out), more)
+
+    def _check_incarnation(self, session_id: str, created_ns: int) -> None:
+        """Refuses a read made for the session created at `created_ns` (when given) that a
+        session deleted and made again under its id answered (see `read_events`)."""
+        if created_ns and self.get_session(session_id).create_time_ns != created_ns:
+            raise session_not_found(session_id)
+
+    def _scan_events(
+        self, session_id: str, after_seq: int, through_seq: int | None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """(key, stored event) of the log after `after_seq` through `through_seq` (to the
+        end when None), in order."""
+        if after_seq >= MAX_SEQ:
+            return iter(())  # nothing can follow the largest sequence number
+        start = session_key(session_id, be64(after_seq + 1))
+        end = (
+            session_key(session_id, be64(through_seq + 1))
+            if through_seq is not None and through_seq < MAX_SEQ
+            else session_id.encode() + END
+        )
+        return self._kv.scan("events", start, end)
 
     def _read_events(
         self,
@@ -187,14 +201,8 @@ class EventRecords(StoreCore):
             kept = self._tails.read(session_id, after_seq, through_seq)
             if kept is not None:
                 return kept
-        start = session_key(session_id, be64(after_seq + 1))
-        end = (
-            session_key(session_id, be64(through_seq + 1))
-            if through_seq is not None and through_seq < MAX_SEQ
-            else session_id.encode() + END
-        )
         out: list[Event] = []
-        for key, raw in self._kv.scan("events", start, end):
+        for key, raw in self._scan_events(session_id, after_seq, through_seq):
             event = decode_event(raw, int.from_bytes(key[-8:], "big"))
             if kinds and event.kind not in kinds:
                 continue
