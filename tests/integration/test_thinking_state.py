@@ -214,10 +214,12 @@ async def test_an_interrupted_tool_and_a_checkpoint_in_the_loop_keep_its_blocks(
         assert leading(compacted) == [blocks[2]]
 
 
-async def _state_refused(ctx: AsyncClient, kind: str, data: bytes) -> tuple[str, Any]:
+async def _state_refused(
+    ctx: AsyncClient, kind: str, data: bytes, says: str = ""
+) -> tuple[str, Any]:
     """A new session, and an assistant message with this native state refused by its
-    AppendEvents (INVALID_FIELD on the state's data, nothing written): the session's id
-    and the event."""
+    AppendEvents (INVALID_FIELD on the state's data, its message naming `says`, nothing
+    written): the session's id and the event."""
     sid = (await ctx.create_session()).session_id
     ev = assistant("hi")
     ev.assistant_message.native_state.kind = kind
@@ -227,6 +229,7 @@ async def _state_refused(ctx: AsyncClient, kind: str, data: bytes) -> tuple[str,
     assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert exc.value.reason == "INVALID_FIELD"
     assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
+    assert says in str(exc.value)
     got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
     assert got.session.head_seq == 0
     return sid, ev
@@ -473,15 +476,7 @@ async def test_reasoning_items_a_stateless_request_cannot_send_are_refused(
     daemon: Daemon, data: bytes
 ) -> None:
     async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
-        sid = (await ctx.create_session()).session_id
-        ev = assistant("hi")
-        ev.assistant_message.native_state.kind = OPENAI_REASONING
-        ev.assistant_message.native_state.data = data
-        with pytest.raises(CtxccError) as exc:
-            await ctx.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[ev]))
-        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert exc.value.metadata["field"] == "events[0].assistant_message.native_state.data"
-        assert "encrypted_content" in str(exc.value)
+        await _state_refused(ctx, OPENAI_REASONING, data, says="encrypted_content")
 
 
 OPENAI_RESPONSE = (
