@@ -70,6 +70,11 @@ class CompileResult:
     attachments: tuple[tuple[str, bytes], ...] = ()
     # (format, body JSON, estimated input tokens of that body)
     renderings: tuple[tuple[RenderFormat, str, int], ...] = ()
+    # The create time of the session the view is of: a session deleted and made again
+    # under its id is another conversation, whose log may reach the same boundary. A
+    # stream resends a kept view, or answers a delta against one, only of the same
+    # session life. 0 for a rebuild (never resent nor a delta base).
+    created_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,7 +194,7 @@ class CompileUseCases:
             if done.view.compaction is not None:
                 self._telemetry.compaction("model_summary", performed=False)
             self._published(opts, session, done.view, started)
-            return done
+            return _of(session, done)
         rebuild = bool(opts.rebuild_compile_id)
         if compact_through is not None and await self._builtin_compaction(session, compact_through):
             return await self._compile(opts, False, budget)
@@ -215,17 +215,18 @@ class CompileUseCases:
             if not opts.render_formats and not images:
                 # Nothing left to do: a hop to the compute pool would queue a dry run
                 # made on the light lane behind heavy compiles for nothing.
-                return CompileResult(view)
+                return CompileResult(view, created_ns=session.create_time_ns)
             # Looking may still read images inline and render provider bodies; it
             # records nothing.
-            return await self._blocking.compute(
+            looked = await self._blocking.compute(
                 self._finish, None, (), view, opts, counter, budget, plain
             )
+            return _of(session, looked)
         result = await self._blocking.compute(
             self._finish, record, parts, view, opts, counter, budget, plain
         )
         self._published(opts, session, view, started)
-        return result
+        return _of(session, result)
 
     async def _compute(
         self,
@@ -337,7 +338,7 @@ class CompileUseCases:
             found = self._repeats.repeat(entry, False)
             if isinstance(found, Busy):
                 found = await self._blocking.run(self._repeats.repeat, entry)
-        result = found if isinstance(found, CompileResult) else None
+        result = _of(entry.session, found) if isinstance(found, CompileResult) else None
         if result is not None and not self._store.reads_synced():
             # The view repeated may be a step's whose append is still being synced.
             await self._blocking.run(self._store.sync_reads)
@@ -647,6 +648,11 @@ class CompileUseCases:
                 raise
             return True
         return False
+
+
+def _of(session: Session, result: CompileResult) -> CompileResult:
+    """`result` marked as a view of this life of its session (CompileResult.created_ns)."""
+    return replace(result, created_ns=session.create_time_ns)
 
 
 T = TypeVar("T")

@@ -190,7 +190,13 @@ class StreamSteps:
     ) -> tuple[Answer, Sequence[bytes] | None]:
         """The view as a ViewDelta against `base` when that is smaller (and fits in one
         message), else whole, in chunks when it is over the chunk size."""
-        if base is not None and base.session_id == view.session_id:
+        # A base of another life of the session (deleted and made again under its id)
+        # would be diffed against a conversation that is gone: the view goes whole.
+        if (
+            base is not None
+            and base.session_id == view.session_id
+            and base.view.created_ns == view.created_ns
+        ):
             values = None
             if ask.chained:
                 found = chained_delta_record(
@@ -315,10 +321,13 @@ class StreamSteps:
         if kept is None or kept.session_id != session_id:
             return None
         session = await self._s.get(session_id)
+        # The session may have been deleted and made again under its id, as long: its
+        # view is then of a conversation that is gone (a dry run's or time travel's view
+        # has no record whose absence would tell).
+        if session.create_time_ns != kept.view.created_ns:
+            return None
         if session.head_seq != kept.view.event_boundary:
             return None
-        # The session may have been deleted and made again under its id, as long: its
-        # view is then of a conversation that is gone, and so is its compile's record.
         return None if await self._c.gone(compile_id) else kept.view
 
     async def _step_usage(

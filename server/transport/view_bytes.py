@@ -70,6 +70,8 @@ class ViewBytes:
     # The records of the notes (field 21, the end of `back`), lent to the next view of the
     # stream when its notes start with these.
     notes: bytes = b""
+    # CompileResult.created_ns: the session life the view is of (not part of the view).
+    created_ns: int = 0
 
     def whole(self, field: int = 0) -> bytes:
         """The view's encoding; with `field`, as that length-delimited field of another
@@ -162,8 +164,9 @@ def same_but_id(new: CompiledView, old: CompiledView) -> bool:
     return all(map(is_, _fields_but_id(new), _fields_but_id(old)))
 
 
-def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
-    """`last`'s parts for `new` when `new` is `last`'s view under another compile id."""
+def _repeat_of(new: CompiledView, last: LentRecords, created_ns: int) -> ViewBytes | None:
+    """`last`'s parts for `new` when `new` is `last`'s view under another compile id (of
+    the session life `created_ns`: the same fields may be another life's)."""
     old, parts = last.view, last.parts
     # A step with new events has another boundary: no field walk needed to tell.
     if old is None or parts is None or old.event_boundary != new.event_boundary:
@@ -177,7 +180,7 @@ def _repeat_of(new: CompiledView, last: LentRecords) -> ViewBytes | None:
     else:
         front = head_front(new).SerializeToString(deterministic=True)
     size = parts.size - len(parts.front) + len(front)
-    return replace(parts, compile_id=new.compile_id, front=front, size=size)
+    return replace(parts, compile_id=new.compile_id, front=front, size=size, created_ns=created_ns)
 
 
 def _records(messages: Sequence[ViewMessage], last: LentRecords) -> tuple[Grown[bytes], int]:
@@ -280,7 +283,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     lends the records of the messages both share."""
     v = result.view
     if not result.attachments and not result.renderings:
-        repeated = _repeat_of(v, last)
+        repeated = _repeat_of(v, last, result.created_ns)
         if repeated is not None:
             return repeated
     front = front_bytes(v)
@@ -329,4 +332,5 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
         compaction_at=len(back_fields),
         compaction_sha256=compaction_sha256,
         notes=notes,
+        created_ns=result.created_ns,
     )

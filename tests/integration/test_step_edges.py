@@ -324,3 +324,62 @@ async def test_an_append_published_after_a_later_one_still_reaches_watchers_in_o
     seen = [(await asyncio.wait_for(updates.__anext__(), 30)).event.seq for _ in range(2)]
     watch.cancel()
     assert seen == [3, 4]
+
+
+@pytest.mark.parametrize("where", ["same stream", "new stream"])
+@pytest.mark.parametrize("unrecorded", ["dry_run", "as_of_seq"])
+async def test_resume_of_an_unrecorded_view_of_a_deleted_life_compiles_afresh(
+    api: Stubs, unrecorded: str, where: str
+) -> None:
+    """A dry run's or time travel's view has no record whose absence tells that its
+    session was deleted and made again under its id: with as many events, a resume naming
+    it resent the gone conversation to the new one (on the stream that sent it, or on a
+    new stream after a reconnect). Views are kept with their session's create time."""
+    await _new_session(api, "ru")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="ru", events=[user("OLD secret"), user("OLD more")])
+    )
+    looked = _compile("ru")
+    if unrecorded == "dry_run":
+        looked.dry_run = True
+    else:
+        looked.as_of_seq = 2
+    steps = Steps(api)
+    try:
+        old, _ = await steps.view(looked, [])
+        assert old.event_boundary == 2
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="ru"))
+        await _new_session(api, "ru")
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="ru", events=[user("NEW ask"), user("NEW more")])
+        )
+        resume = cpb.ResumeRequest(compile_id=old.compile_id, compile=_compile("ru"), step_id="r")
+        msg = cpb.CompileStreamRequest(resume=resume)
+        if where == "new stream":
+            got = (await _one(api, msg)).view
+        else:
+            await steps._queue.put(msg)
+            got = (await steps._it.__anext__()).view
+    finally:
+        await steps.close()
+    assert got.compile_id != old.compile_id
+    assert [p.text for m in got.messages for p in m.parts] == ["NEW ask", "NEW more"]
+
+
+async def test_a_delta_base_of_a_deleted_life_is_no_base(api: Stubs) -> None:
+    """A step naming, as its delta base, a view its stream got before the session was
+    deleted and made again under its id is answered with the whole view: a delta would
+    be against a conversation that is gone."""
+    await _new_session(api, "rl")
+    steps = Steps(api)
+    try:
+        old, _ = await steps.view(_compile("rl"), [user("same words")])
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="rl"))
+        await _new_session(api, "rl")
+        answers = await steps.step(
+            _compile("rl"), [user("same words")], delta_base_compile_id=old.compile_id
+        )
+    finally:
+        await steps.close()
+    assert answers[0].WhichOneof("response") == "view"
+    assert [p.text for m in answers[0].view.messages for p in m.parts] == ["same words"]
