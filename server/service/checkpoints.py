@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 
 from server.domain.canonical import events_digest
-from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.errors import CtxccError, Reason, invalid, session_not_found
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.validation import check_id, check_route_fields
 from server.service.blocking import Blocking
@@ -44,10 +44,18 @@ class CheckpointUseCases:
         return (await self.create_reporting(template, request_id, require_digest=require_digest))[0]
 
     async def create_reporting(
-        self, template: Checkpoint, request_id: str = "", *, require_digest: bool = False
+        self,
+        template: Checkpoint,
+        request_id: str = "",
+        *,
+        require_digest: bool = False,
+        life: int = 0,
     ) -> tuple[Checkpoint, bool]:
         """create, and whether this call stored the checkpoint (False when a retry or a
-        racing built-in compaction of the same range had stored it first)."""
+        racing built-in compaction of the same range had stored it first). `life`: the
+        create time of the session the checkpoint is for, when the caller read it (a
+        compile's built-in compaction): a session deleted and made again under its id
+        since is SESSION_NOT_FOUND, never shortened by a compile of the one that is gone."""
         sid = template.session_id
         check_id("checkpoint.session_id", sid)
         check_id("request_id", request_id, required=False)
@@ -68,6 +76,8 @@ class CheckpointUseCases:
         if len(template.summary) > MAX_SUMMARY_CHARS:
             raise invalid("checkpoint.summary", f"summary is over {MAX_SUMMARY_CHARS} characters")
         session = await self._blocking.run(self._store.get_session, sid)
+        if life and session.create_time_ns != life:
+            raise session_not_found(sid)
         if not template.portable and template.source_route is None:
             # A view's compaction request names no route, and agents make their
             # checkpoints from it: the summary was written on the route of the session's
@@ -95,7 +105,9 @@ class CheckpointUseCases:
             ckpt_id = "c-" + hashlib.sha256(f"{sid}\x00builtin\x00{n}".encode()).hexdigest()[:24]
         else:
             ckpt_id = self._ids.new_id("c-")
-        events = await self._blocking.run(self._store.read_events, sid, 0, None, frozenset(), n)
+        events = await self._blocking.run(
+            self._store.read_events, sid, 0, None, frozenset(), n, session.create_time_ns
+        )
         digest = await self._blocking.run(events_digest, events)
         if template.covered_digest and template.covered_digest != digest:
             raise CtxccError(

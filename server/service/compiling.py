@@ -584,7 +584,9 @@ class CompileUseCases:
             create_time_ns=0,
         )
         try:
-            _, created = await self._checkpoints.create_reporting(template)
+            _, created = await self._checkpoints.create_reporting(
+                template, life=session.create_time_ns
+            )
         except CtxccError as err:
             if err.reason is not Reason.DISK_FULL:
                 raise

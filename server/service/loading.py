@@ -69,7 +69,11 @@ class HistoryLoader:
         if known is not None:
             return known
         try:
-            events = self._store.read_events(session.session_id, 0, None, frozenset(), through)
+            # Checked against the session's life: one made again under its id since
+            # would have its log's digest kept under the gone one's key.
+            events = self._store.read_events(
+                session.session_id, 0, None, frozenset(), through, session.create_time_ns
+            )
         except CtxccError as err:
             if err.reason is not Reason.RECORD_CORRUPT:
                 raise

@@ -305,3 +305,83 @@ async def test_a_checkpoint_of_a_deleted_log_is_not_stored_in_its_successor(
     assert error_info(err.value).reason == "SESSION_NOT_FOUND"
     listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="c"))
     assert list(listed.checkpoints) == []
+
+
+# Over a 3,000-token window: the compile asks for a built-in compaction of the listing.
+LISTING = "".join(f"line {i} of a long listing\n" for i in range(400))
+
+
+@pytest.mark.parametrize("new_events", [4, 1])
+async def test_a_compiles_builtin_compaction_is_not_made_in_the_sessions_next_life(
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch, new_events: int
+) -> None:
+    """An over-budget compile shortens older tool results by a built-in checkpoint, made
+    after the compile read the session. Deleted and made again under its id in between,
+    the new conversation got a BUILTIN checkpoint digested from its own log (a chat of
+    four messages then compiled behind it), or the compile failed CHECKPOINT_INVALID (a
+    shorter new log). It is SESSION_NOT_FOUND, and the new life is left as it is."""
+    api = unix_api
+    await _session(api, "b")
+    old = [
+        user("list the files"),
+        assistant("", ("c1", "shell", '{"cmd": "ls -R"}')),
+        tool_result("c1", LISTING),
+        user("now the next directory"),
+    ]
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="b", events=old))
+    assert daemon.compile_servicer is not None
+    checkpoints = daemon.compile_servicer._c._checkpoints
+    create = checkpoints.create_reporting
+    raced: list[int] = []
+
+    async def made_again_first(template: Any, *args: Any, **kw: Any) -> Any:
+        if not raced:
+            raced.append(template.covers_through_seq)
+            await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="b"))
+            await _session(api, "b")
+            new = [user("hi"), assistant("hello"), user("bye"), assistant("ok")][:new_events]
+            await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="b", events=new))
+        return await create(template, *args, **kw)
+
+    monkeypatch.setattr(checkpoints, "create_reporting", made_again_first)
+    req = compile_request("b")
+    req.limits.context_window = 3_000
+    req.limits.max_output_tokens = 500
+    with pytest.raises(grpc.RpcError) as err:
+        await api.compiles.Compile(req)
+    assert raced, "the compile asked for no built-in compaction"
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="b"))
+    assert list(listed.checkpoints) == []
+    view = (await api.compiles.Compile(compile_request("b"))).view
+    assert (view.checkpoint_id, len(view.messages)) == ("", new_events)
+
+
+async def test_a_range_digest_is_not_taken_from_the_sessions_next_life(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """The digest of a compaction request's range, asked for the session as a compile
+    read it, is kept by its life: read from the log of a session made again under its id
+    since, it was kept (and sent) as the gone life's."""
+    from server.domain.errors import CtxccError, Reason
+
+    api = unix_api
+    await _session(api, "d")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="d", events=[user("old one"), user("old two")])
+    )
+    store, compiles = daemon._store, daemon.compile_servicer
+    assert store is not None and compiles is not None
+    loader = compiles._c._loader
+    gone = await asyncio.to_thread(store.get_session, "d")
+    await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="d"))
+    await _session(api, "d")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="d", events=[user("new one"), user("new two")])
+    )
+    with pytest.raises(CtxccError) as err:
+        await asyncio.to_thread(loader.range_digest, gone, 2)
+    assert err.value.reason is Reason.SESSION_NOT_FOUND
+    assert loader.cached_range_digest(gone, 2) is None
+    now = await asyncio.to_thread(store.get_session, "d")
+    assert await asyncio.to_thread(loader.range_digest, now, 2)
