@@ -89,6 +89,12 @@ def variable(name: str, label: str, query: str) -> dict[str, Any]:
     }
 
 
+# The overhead's negative half (metrics.py observes it apart: a histogram's _sum must not
+# fall), drawn below zero so that the stack still adds up to the estimate.
+NEGATIVE = 'layer="provider_overhead_negative"'
+NOT_NEGATIVE = 'layer!="provider_overhead_negative"'
+
+
 def panels() -> list[dict[str, Any]]:
     sum_rate = lambda by, name, *ms: f"sum by ({by}) (rate({m(name, *ms)}[{RI}]))"  # noqa: E731
     return [
@@ -99,17 +105,24 @@ def panels() -> list[dict[str, Any]]:
             0,
             [
                 (
-                    f"{sum_rate('layer', 'ctxcc_view_tokens_sum')} / "
-                    f"{sum_rate('layer', 'ctxcc_view_tokens_count')}",
+                    f"{sum_rate('layer', 'ctxcc_view_tokens_sum', NOT_NEGATIVE)} / "
+                    f"{sum_rate('layer', 'ctxcc_view_tokens_count', NOT_NEGATIVE)}",
                     "{{layer}}",
-                )
+                ),
+                (
+                    f"-1 * {sum_rate('layer', 'ctxcc_view_tokens_sum', NEGATIVE)} / "
+                    f"{sum_rate('layer', 'ctxcc_view_tokens_count', NEGATIVE)}",
+                    "{{layer}}",
+                ),
             ],
             unit="short",
             stacked=True,
             description=(
                 "Average estimated tokens of compiled views, per layer. provider_overhead is "
                 "what the provider counts that no local item explains, so the stack adds "
-                "up to the estimate that utilisation divides by the budget."
+                "up to the estimate that utilisation divides by the budget; when the "
+                "provider counts fewer tokens than the layers, provider_overhead_negative "
+                "is drawn below zero."
             ),
         ),
         panel(

@@ -297,6 +297,7 @@ class PrometheusTelemetry:
         self._decided = {d: self.decisions.labels(d.name.lower()) for d in Decision}
         self._layer_tokens = {layer: self.view_tokens.labels(layer.name.lower()) for layer in Layer}
         self._overhead_tokens = self.view_tokens.labels("provider_overhead")
+        self._overhead_below = self.view_tokens.labels("provider_overhead_negative")
         for reason in FallbackReason:
             self.fallbacks.labels(reason.name.lower())
         for section in SectionKind:
@@ -331,9 +332,14 @@ class PrometheusTelemetry:
             layers = self._layer_tokens
             for row in view.layers:
                 layers[row.layer].observe(row.tokens)
-            # With the layers it adds up to the estimate (negative when the provider counts
-            # fewer tokens than the ledger, so the family's _sum stays exact).
-            self._overhead_tokens.observe(budget.provider_overhead_tokens)
+            # With the layers it adds up to the estimate; negative when the provider counts
+            # fewer tokens than the ledger. A histogram's _sum must only grow (Prometheus
+            # takes a drop for a counter reset, and rate() of it turned an average of
+            # -8,551 into +478,548): the overhead is observed as two non-negative
+            # halves at every compile, so overhead - negative is its average.
+            overhead = budget.provider_overhead_tokens
+            self._overhead_tokens.observe(max(overhead, 0))
+            self._overhead_below.observe(max(-overhead, 0))
             if budget.input_budget:
                 self.utilization.labels(model_family).observe(budget.utilization)
             self._decided[view.decision].inc()

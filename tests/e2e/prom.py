@@ -27,7 +27,15 @@ import grpc
 import yaml
 
 from bench.paths import dev_traces
-from ctxcc.v1 import session_service_pb2, session_service_pb2_grpc
+from ctxcc.v1 import (
+    common_pb2,
+    compile_service_pb2,
+    compile_service_pb2_grpc,
+    event_pb2,
+    session_pb2,
+    session_service_pb2,
+    session_service_pb2_grpc,
+)
 from tests.e2e.proc import DaemonProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,6 +224,43 @@ class Run:
     scrape: str  # the daemon's /metrics at the end
 
 
+def dense_provider_session(target: str, steps: int = 3) -> None:
+    """A session whose provider counts 100 tokens fewer than the daemon's layers (a
+    provider-side cut of what the layers hold), on a route of its own: its provider
+    overhead is -100 from its second compile on, which a histogram must carry without its
+    _sum ever falling. Each report after the first is the estimate itself (error 0), the
+    first ~3 % off: no alert has a reason to fire."""
+    route = common_pb2.Route(
+        connection="dense", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
+    )
+    with grpc.insecure_channel(target) as ch:
+        sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+        sessions.CreateSession(
+            session_service_pb2.CreateSessionRequest(
+                session=session_pb2.Session(session_id="dense")
+            )
+        )
+        for step in range(steps):
+            event = event_pb2.Event()
+            event.user_message.parts.add(text="word " * 3_000 + f"step {step}")
+            sessions.AppendEvents(
+                session_service_pb2.AppendEventsRequest(session_id="dense", events=[event])
+            )
+            view = compiles.Compile(
+                compile_service_pb2.CompileRequest(session_id="dense", route=route)
+            ).view
+            b = view.budget
+            tokens = b.ledger_tokens - 100 if step == 0 else b.estimated_input_tokens
+            if step:
+                assert b.provider_overhead_tokens < 0, b
+            compiles.ReportUsage(
+                compile_service_pb2.ReportUsageRequest(
+                    compile_id=view.compile_id, route=route, input_tokens=tokens, output_tokens=10
+                )
+            )
+
+
 @contextlib.contextmanager
 def replay_under_prometheus(
     work: Path, requests: int, *, pods: int = 1, rounds: int = 1
@@ -268,6 +313,7 @@ def replay_under_prometheus(
             for replay in replays:
                 _, err = replay.communicate(timeout=900)
                 assert replay.returncode == 0, err
+        dense_provider_session(daemons[0].target)
         prom.wait_scrapes(3)  # the final state is in Prometheus, and the rules ran over it
         scrapes = []
         for url in metrics.values():

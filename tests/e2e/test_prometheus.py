@@ -94,12 +94,31 @@ def test_dashboard_variables_list_the_scraped_target(run: Run) -> None:
 
 def test_pressure_panel_shows_every_layer_the_daemon_measured(run: Run) -> None:
     (pressure,) = [p for p in dashboard()["panels"] if "pressure by layer" in p["title"]]
-    shown = {s.labels["layer"] for s in finite(_query(run, pressure["targets"][0]["expr"]))}
+    shown = {s.labels["layer"] for t in pressure["targets"] for s in finite(_query(run, t["expr"]))}
     measured = set(re.findall(r'^ctxcc_view_tokens_count\{layer="(\w+)"\} [1-9]', run.scrape, re.M))
     # provider_overhead: what the provider counted that no local item explains, so the
-    # stack adds up to the estimate.
+    # stack adds up to the estimate; its negative half (the dense provider's session)
+    # drawn below zero.
     assert {"pinned", "history", "tool_schema", "provider_overhead"} <= measured
+    assert "provider_overhead_negative" in measured
     assert shown == measured
+    (below,) = finite(_query(run, pressure["targets"][1]["expr"]))
+    assert below.values[0][1] < 0
+
+
+def test_no_histogram_sum_ever_fell(run: Run) -> None:
+    """A histogram's _sum and _count only grow: Prometheus takes a fall for a counter
+    reset. A negative provider overhead observed as it was made the overhead's _sum fall
+    (the dense provider's session) and rate() of it meaningless."""
+    sums = run.prom.query('ctxcc_view_tokens_sum{layer="provider_overhead_negative"}', at=run.at)
+    assert sums and all(s.values[0][1] > 0 for s in sums if s.labels["pod"] == "agent-0")
+    names = [
+        n for n in run.prom.api("label/__name__/values") if re.fullmatch(r"ctxcc_.*_(sum|count)", n)
+    ]
+    assert "ctxcc_view_tokens_sum" in names
+    for name in names:
+        resets = run.prom.query(f"resets({name}[{RATE_INTERVAL}]) > 0", at=run.at)
+        assert resets == [], (name, [r.labels for r in resets])
 
 
 def test_rpc_error_panel_shows_the_first_error_of_a_method(run: Run) -> None:

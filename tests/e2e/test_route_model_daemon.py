@@ -129,6 +129,7 @@ def test_route_model_survives_a_restart_and_the_ledger_agrees_everywhere(
         assert sums == {
             **{k: float(v) for k, v in layers.items()},
             "provider_overhead": float(b.provider_overhead_tokens),
+            "provider_overhead_negative": 0.0,
         }
         assert sum(sums.values()) == b.estimated_input_tokens
         shown = subprocess.run(
@@ -150,3 +151,40 @@ def test_route_model_survives_a_restart_and_the_ledger_agrees_everywhere(
         api.channel.close()
     finally:
         assert restarted.terminate() == 0
+
+
+def test_a_negative_provider_overhead_never_lowers_a_metric_sum(short_tmp: Path) -> None:
+    """A provider that counts fewer tokens than the layers makes the overhead negative.
+    Observed as it was, `ctxcc_view_tokens_sum{layer="provider_overhead"}` fell, which
+    Prometheus takes for a counter reset (rate() of it showed +478,548 tokens for an
+    average of -8,551). It is observed as two non-negative halves: every `_sum` only
+    grows from scrape to scrape, and overhead - negative adds up to the estimates."""
+    daemon = DaemonProcess(short_tmp / "data").start()
+    try:
+        metrics = str(daemon.wait_ready()["metrics"])
+        api = Api(daemon.target)
+        api.new_session("dense", TEXT * 40)
+        first = api.compile("dense")
+        before = _view_tokens_sums(metrics)
+        # The provider's tokenizer is denser than the local count: 40 % fewer tokens.
+        api.report(first, round(first.budget.ledger_tokens * 0.6))
+        estimates = first.budget.estimated_input_tokens
+        negative = 0
+        for step in range(3):
+            api.append("dense", f"step {step} " + TEXT * 20, "done")
+            view = api.compile("dense")
+            b = view.budget
+            assert b.provider_overhead_tokens < 0, b
+            negative -= b.provider_overhead_tokens
+            estimates += b.estimated_input_tokens
+            api.report(view, round(b.ledger_tokens * 0.6))
+            after = _view_tokens_sums(metrics)
+            assert all(after[k] >= before.get(k, 0.0) for k in after), (before, after)
+            before = after
+        api.channel.close()
+    finally:
+        assert daemon.terminate() == 0
+    assert before["provider_overhead_negative"] == negative
+    layers = sum(v for k, v in before.items() if not k.startswith("provider_overhead"))
+    overhead = before["provider_overhead"] - before["provider_overhead_negative"]
+    assert layers + overhead == estimates
