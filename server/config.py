@@ -244,6 +244,10 @@ def _read_toml(path: str) -> dict[str, str]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise ConfigError(
+            f"config file {path} is not valid TOML: not UTF-8 at byte {exc.start}"
+        ) from exc
     unknown = sorted(set(data) - set(BY_NAME))
     if unknown:
         raise ConfigError(f"config file {path}: unknown setting(s) {', '.join(unknown)}")
@@ -266,6 +270,10 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> C
     return _build(raw)
 
 
+# The largest gid: gid_t is 32 bits, and its all-ones value means "no group" to chown.
+MAX_GID = 2**32 - 2
+
+
 def _build(raw: Mapping[str, str]) -> Config:
     if raw["durability"] not in {"sync", "buffered"}:
         raise ConfigError(f"durability must be 'sync' or 'buffered', got {raw['durability']!r}")
@@ -283,6 +291,12 @@ def _build(raw: Mapping[str, str]) -> Config:
         raise ConfigError(
             f"grace_period must be a number of seconds, 0 or more, got {raw['grace_period']!r}"
         )
+    group = raw["socket_group"]
+    if group.isascii() and group.isdigit() and int(group) > MAX_GID:
+        # Checked before anything binds: the socket's chown raised OverflowError after
+        # the server had started (a traceback, a stale socket), and 4294967295 is
+        # (gid_t)-1, which chown takes for "leave the group".
+        raise ConfigError(f"socket_group {group} is not a gid (0 to {MAX_GID})")
     cfg = Config(
         data_dir=Path(raw["data_dir"]),
         socket=raw["socket"],

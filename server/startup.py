@@ -116,8 +116,8 @@ def add_port(
 
 
 def gid(group: str) -> int:
-    if group.isdigit():
-        return int(group)
+    if group.isascii() and group.isdigit():
+        return int(group)  # at most MAX_GID: config.resolve checked it
     import grp
 
     try:

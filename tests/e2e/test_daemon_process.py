@@ -281,6 +281,24 @@ def test_a_data_dir_on_a_read_only_filesystem_exits_2_naming_it(short_tmp: Path)
         assert "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_socket_group_past_the_largest_gid_exits_2_before_binding(short_tmp: Path) -> None:
+    """With the socket outside the data dir (the Kubernetes layout) the chown failed
+    with a traceback after the server had started, and left the socket behind."""
+    sock = short_tmp / "x.sock"
+    r = serve("--data-dir", str(short_tmp / "d"), "--socket", str(sock), "--socket-group", "9" * 20)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().endswith(f"socket_group {'9' * 20} is not a gid (0 to 4294967294)")
+    assert "Traceback" not in r.stderr and not sock.exists()
+
+
+def test_a_config_file_that_is_not_utf8_exits_2(short_tmp: Path) -> None:
+    bad = short_tmp / "bad.toml"
+    bad.write_bytes(b'log_level = "\xffinfo"\n')
+    r = serve("--data-dir", str(short_tmp / "d"), "--config", str(bad))
+    assert r.returncode == 2, r.stderr
+    assert "is not valid TOML: not UTF-8" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_a_socket_directory_that_cannot_be_made_exits_2_naming_it(short_tmp: Path) -> None:
     blocker = short_tmp / "a-file"
     blocker.write_text("")

@@ -277,3 +277,24 @@ def test_tls_files_with_no_tcp_listener_are_warned_unused() -> None:
     # With a TCP listener they are used (and checked when it binds); without TLS, nothing.
     assert unused_settings(resolve({"listen": "127.0.0.1:0", **with_ca}, env={})) == []
     assert unused_settings(resolve({"listen": "none"}, env={})) == []
+
+
+@pytest.mark.parametrize("gid", ["4294967295", "99999999999999999999"])
+def test_a_socket_group_past_the_largest_gid_is_refused_before_anything_binds(
+    gid: str,
+) -> None:
+    """A gid past 32 bits made the socket's chown raise OverflowError after the server
+    had started (a traceback, a stale socket); 4294967295 is (gid_t)-1, which chown
+    takes for "leave the group" (accepted, and nothing changed)."""
+    with pytest.raises(ConfigError) as err:
+        resolve({"socket_group": gid}, env={})
+    assert str(err.value) == f"socket_group {gid} is not a gid (0 to 4294967294)"
+    assert resolve({"socket_group": "4294967294"}, env={}).socket_group == "4294967294"
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_bytes(b'data_dir = "d\xff"\n')
+    with pytest.raises(ConfigError) as err:
+        resolve({"config": str(f)}, env={})
+    assert str(err.value) == f"config file {f} is not valid TOML: not UTF-8 at byte 13"
