@@ -467,3 +467,68 @@ def test_image_environment_serves_as_a_non_root_user(short_tmp: Path) -> None:
         for root, dirs, _ in os.walk(short_tmp):  # let the fixture clean up
             for name in dirs:
                 os.chmod(os.path.join(root, name), 0o755)
+
+
+def _limit_bytes(quantity: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", quantity)
+    assert match, quantity
+    return int(match.group(1)) * units[match.group(2)]
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_the_sidecars_largest_requests_fit_its_memory_limit(overlay: str, short_tmp: Path) -> None:
+    """With the shipped settings (max_message_bytes 64 MiB then) one allowed append of 60
+    events of 1 MiB took the daemon from ~100 MB to ~500 MB, and the next ones to ~900 MB:
+    the 512Mi container would have been OOM-killed. The daemon, with the image's
+    environment and the sidecar's file, takes four appends of the largest size its
+    settings allow at once, three times over; its peak RSS (VmHWM) stays under the
+    container's memory limit."""
+    spec = pod_spec(render(OVERLAYS[overlay]))
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "ctxcc")
+    limit = _limit_bytes(sidecar["resources"]["limits"]["memory"])
+    shipped = K8S / "base" / "ctxcc.toml"
+    cfg = resolve({"config": str(shipped)}, env={})
+    data = short_tmp / "data"
+    d = DaemonProcess(
+        data,
+        "--config",
+        str(shipped),
+        "--socket",
+        str(short_tmp / "s.sock"),
+        "--health-listen",
+        "127.0.0.1:0",
+        env={**os.environ, **{k: v for k, v in _image_env().items() if k.startswith("MALLOC")}},
+    )
+    d.start()
+    try:
+        d.wait_ready()
+        assert d.proc is not None
+        events = (cfg.max_message_bytes - (64 << 10)) // cfg.max_event_bytes
+        text = "abcdefgh " * ((cfg.max_event_bytes - 1024) // 9)
+        with grpc.insecure_channel(
+            d.target, options=[("grpc.max_send_message_length", cfg.max_message_bytes)]
+        ) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            for i in range(4):
+                session = session_pb2.Session(session_id=f"big{i}")
+                sessions.CreateSession(spb.CreateSessionRequest(session=session))
+            for _ in range(3):
+                calls = [
+                    sessions.AppendEvents.future(
+                        spb.AppendEventsRequest(
+                            session_id=f"big{i}", events=[user(text) for _ in range(events)]
+                        ),
+                        timeout=300,
+                    )
+                    for i in range(4)
+                ]
+                assert [c.result().last_seq - c.result().first_seq + 1 for c in calls] == [
+                    events
+                ] * 4
+        status = Path(f"/proc/{d.proc.pid}/status").read_text()
+        peak = int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M).group(1)) << 10  # type: ignore[union-attr]
+    finally:
+        d.ensure_stopped()
+    assert events * cfg.max_event_bytes > cfg.max_message_bytes // 2  # requests near the cap
+    assert peak < limit, f"peak RSS {peak >> 20} MiB over the {limit >> 20} MiB limit"
