@@ -63,6 +63,15 @@ async def _serve(flags: dict[str, object]) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(log_format.formatter(cfg.log_format))
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # SIGHUP too: the terminal of a `make run` closed, or a supervisor that hangs up; its
+    # default action would end the daemon without draining and leave its socket file.
+    # Taken before the start: a signal while the store opens (a long WAL replay, the
+    # over-budget sessions read back) ended the process undrained (SIGTERM, SIGHUP) or
+    # with a KeyboardInterrupt traceback (SIGINT); it now stops the daemon once started.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, stop.set)
     for warning in [*unknown_env(os.environ), *unused_settings(cfg)]:
         log.warning("%s", warning)
     daemon = Daemon(cfg)
@@ -79,12 +88,6 @@ async def _serve(flags: dict[str, object]) -> int:
         log.error("%s", exc)
         await daemon.stop()
         return EXIT_CONFIG
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    # SIGHUP too: the terminal of a `make run` closed, or a supervisor that hangs up; its
-    # default action would end the daemon without draining and leave its socket file.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        loop.add_signal_handler(sig, stop.set)
     ready = {
         "tcp": endpoints.tcp,
         "unix": endpoints.unix,

@@ -675,3 +675,37 @@ def test_a_damaged_table_file_is_data_loss_not_a_shorter_log(short_tmp: Path) ->
     finally:
         assert d.terminate() == 0
     assert "RocksDB read: Corruption" in d.log()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_during_start_up_stops_the_daemon_cleanly(
+    short_tmp: Path, sig: signal.Signals
+) -> None:
+    """The handlers were installed once the start was done: a signal while the store
+    opened (a long WAL replay, over-budget sessions read back) ended the process
+    undrained (SIGTERM -15, as kubelet sees 143; SIGHUP -1) or with a KeyboardInterrupt
+    traceback (SIGINT). The signal is sent when the start-up's first log line (a warning
+    for an unknown variable, logged before the store opens) is out: the daemon finishes
+    its start, then stops as on any signal."""
+    log = short_tmp / "start.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [*SERVE, "--data-dir", str(short_tmp / "d"), "--listen", "none", *QUIET],
+            cwd=REPO,
+            stdout=out,
+            stderr=out,
+            env={**os.environ, "CTXCC_NOT_A_SETTING": "1"},
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "CTXCC_NOT_A_SETTING" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(sig)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 0, text
+    assert "stopped cleanly" in text and "Traceback" not in text
+    assert not (short_tmp / "d" / "ctxcc.sock").exists()
