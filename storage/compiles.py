@@ -290,6 +290,12 @@ class CompileRecords(StoreCore):
         return None if record is None else (record.decision, record.create_time_ns)
 
     def list_compiles(self, session_id: str) -> list[CompileRecord]:
+        return self._list_compiles(session_id, joined=True)
+
+    def list_compile_heads(self, session_id: str) -> list[CompileRecord]:
+        return self._list_compiles(session_id, joined=False)
+
+    def _list_compiles(self, session_id: str, *, joined: bool) -> list[CompileRecord]:
         # Suffixes are random hex, so key order is not time order; the usage reports sit
         # at 0xfc, the boundary index, the parts and the copy of the latest record at
         # 0xfd..0xff, past every hex suffix: the reports are read in the same scan.
@@ -301,7 +307,10 @@ class CompileRecords(StoreCore):
             if suffix.startswith(USAGE):
                 usages[suffix[len(USAGE) :]] = decode_value(raw, Usage)
             else:
-                records.append((suffix, self._joined(session_id, decode_value(raw, CompileRecord))))
+                record = decode_value(raw, CompileRecord)
+                records.append(
+                    (suffix, self._joined(session_id, record) if joined else _headed(record))
+                )
         out = [
             r if r.usage is not None or s not in usages else replaced(r, usage=usages[s])
             for s, r in records
@@ -347,3 +356,10 @@ class CompileRecords(StoreCore):
             return record
         raw = self._kv.get("compiles", session_key(sid, USAGE + suffix))
         return record if raw is None else replaced(record, usage=decode_value(raw, Usage))
+
+
+def _headed(record: CompileRecord) -> CompileRecord:
+    """A record without its per-message table (list_compile_heads)."""
+    if not record.message_digests and not record.message_tokens and not record.table_chunks:
+        return record
+    return dataclasses.replace(record, message_digests=b"", message_tokens=(), table_chunks=())

@@ -218,6 +218,13 @@ class EventStore(Protocol):
         """Every compile record of a session, oldest first (by create time)."""
         ...
 
+    def list_compile_heads(self, session_id: str) -> list[CompileRecord]:
+        """list_compiles without each record's per-message table (message_digests and
+        message_tokens empty): what listing compiles needs. Each table is as long as its
+        view and stored in chunks shared from step to step; joining every one read
+        O(compiles x messages) entries (a session of 8,000 compiles: ~5 s a listing)."""
+        ...
+
     def put_source(self, entry: SourceEntry) -> None: ...
 
     def project_scopes(self, most: int) -> frozenset[str]:

@@ -288,3 +288,26 @@ def test_a_basis_names_the_chunks_its_record_before_wrote_once(store: KVEventSto
     store.put_compile(record("s:g3", digests, tokens, boundary=3), other)
     for name, _ in other:
         assert store.get_compile_part("s", name, TableChunk) is not None
+
+
+def test_compile_heads_are_the_records_without_their_tables_and_read_no_chunk(
+    store: KVEventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the inspector lists: every record as list_compiles gives it (usage reports
+    included, oldest first), its per-message table left out and none of its chunks
+    read. Joining every record's table read O(compiles x messages) entries."""
+    n = 3 * CHUNK + 40
+    digests, tokens = table(n + 5)
+    for i, size in enumerate((n, n + 2, n + 5, 7)):
+        store.put_compile(record(f"s:a{i}", digests[: 8 * size], tokens[:size], boundary=i + 1))
+    store.record_usage("s:a1", Usage(120, 30), PLAN)
+    whole = store.list_compiles("s")
+    assert [len(r.message_tokens) for r in whole] == [n, n + 2, n + 5, 7]
+    parts: list[str] = []
+    get_part = store.get_compile_part
+    monkeypatch.setattr(store, "get_compile_part", lambda *a: parts.append(a[1]) or get_part(*a))
+    heads = store.list_compile_heads("s")
+    assert parts == []
+    assert heads == [replace(r, message_digests=b"", message_tokens=()) for r in whole]
+    assert heads[1].usage == Usage(120, 30)
+    assert store.list_compile_heads("nobody") == []
