@@ -753,6 +753,7 @@ _READS = frozenset(
         "get_last_compile",
         "last_compile_outcome",
         "list_compiles",
+        "list_compile_heads",
         "list_sources",
         "project_scopes",
         "approximate_size",
