@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from server.compiler.render import RenderFormat
 from server.compiler.view import CompiledView
 from server.domain.errors import CtxccError, Reason, invalid
-from server.domain.model import Event, Route, Session
+from server.domain.model import EventPage, Route, Session
 from server.domain.records import Checkpoint, CompileRecord
 from server.domain.tools import ToolSpec
 from server.domain.validation import check_id
@@ -28,6 +28,8 @@ from server.service.watch import Update
 
 MAX_SESSIONS = 500
 MAX_EVENTS_PAGE = 200
+# Bytes of stored events one events page reads (at least one event: up to max_event_bytes).
+MAX_EVENTS_PAGE_BYTES = 2 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,13 +215,26 @@ class InspectUseCases:
             "choose a model",
         )
 
-    async def events(self, session_id: str, after_seq: int, through_seq: int) -> list[Event]:
+    async def events(self, session_id: str, after_seq: int, through_seq: int) -> EventPage:
+        """Up to MAX_EVENTS_PAGE events after `after_seq` (through `through_seq` when given),
+        stopping once they hold MAX_EVENTS_PAGE_BYTES as stored (at least one event):
+        `more` when events are left before `through_seq` (or the end)."""
         check_id("session_id", session_id)
         await self._sessions.get(session_id)
         limit = MAX_EVENTS_PAGE
         if through_seq:
             limit = max(0, min(limit, through_seq - after_seq))
-        return await self._blocking.run(self._store.read_events, session_id, after_seq, limit)
+        page = await self._blocking.run(
+            self._store.read_event_page,
+            session_id,
+            after_seq,
+            limit,
+            frozenset(),
+            MAX_EVENTS_PAGE_BYTES,
+        )
+        if through_seq and page.events and page.events[-1].seq >= through_seq:
+            return EventPage(page.events, False)  # stopped at `through_seq` by its count
+        return page
 
     async def watch(self, session_id: str) -> AsyncGenerator[Update, None]:
         """Live updates of a session from now on (events, checkpoints, compiles), led by a

@@ -20,7 +20,7 @@ from server.service.step_diff import diff_views
 from server.service.watch import CompileNotice, Resync
 from server.web import charts, present
 from server.web.keys import HEADERS, INSPECT, TEMPLATES
-from server.web.step_page import event_view, step_context
+from server.web.step_page import event_view, event_views, step_context
 
 SORTS: dict[str, Callable[[SessionRow], Any]] = {
     "session": lambda r: r.session.session_id,
@@ -42,14 +42,20 @@ def install_filters(env: jinja2.Environment) -> None:
         signed_pct=present.signed_pct,
         when=present.when,
     )
+    env.globals.update(full_text=present.FULL_TEXT, max_page_chars=present.MAX_PAGE_CHARS)
 
 
 async def _page(request: web.Request, template: str, **context: Any) -> web.Response:
-    # A long session's page is a few hundred KB of escaped text: render it off the event
-    # loop, which also serves gRPC (Jinja2 templates render safely from any thread).
-    env = request.app[TEMPLATES]
-    html = await asyncio.to_thread(env.get_template(template).render, **context)
-    return web.Response(text=html, content_type="text/html", charset="utf-8")
+    # A long session's page is a few MB of escaped text (its text is cut to a budget,
+    # present.PageBudget): render and encode it off the event loop, which also serves
+    # gRPC (Jinja2 templates render safely from any thread), and hand aiohttp bytes.
+    template_ = request.app[TEMPLATES].get_template(template)
+
+    def render() -> bytes:
+        return template_.render(**context).encode()
+
+    body = await asyncio.to_thread(render)
+    return web.Response(body=body, content_type="text/html", charset="utf-8")
 
 
 def _uses(request: web.Request) -> InspectUseCases:
@@ -151,6 +157,14 @@ async def diff_page(request: web.Request) -> web.Response:
     a = await uses.step(sid, seq=_int(request, "a"), model=model)
     b = await uses.step(sid, seq=_int(request, "b"), model=model)
     d = diff_views(a.view, b.view)
+    budget = present.PageBudget()
+    entered, _ = event_views(d.entered, budget)
+    left, _ = event_views(d.left, budget)
+    changed = []
+    for c in d.changed:
+        if budget.spent:
+            break
+        changed.append((event_view(c.before, budget), event_view(c.after, budget), c.what))
     return await _page(
         request,
         "diff.html",
@@ -159,9 +173,9 @@ async def diff_page(request: web.Request) -> web.Response:
         b=b,
         diff=d,
         model=model,
-        entered=[event_view(m) for m in d.entered],
-        left=[event_view(m) for m in d.left],
-        changed=[(event_view(c.before), event_view(c.after), c.what) for c in d.changed],
+        entered=entered,
+        left=left,
+        changed=changed,
         name=present.name,
     )
 
@@ -170,15 +184,26 @@ async def events_page(request: web.Request) -> web.Response:
     sid = request.match_info["sid"]
     after = _int(request, "after")
     through = _int(request, "through")
-    events = await _uses(request).events(sid, after, through)
+    page = await _uses(request).events(sid, after, through)
+    # Paged by bytes read as well as by count (a few 1 MB messages fill a page), and each
+    # event's text cut to the page's budget: a page that spends it ends early, "more".
+    budget = present.PageBudget()
+    rows = []
+    more = page.more
+    for e in page.events:
+        if budget.spent:
+            more = True
+            break
+        rows.append((e, budget.cut(present.event_text(e))))
     return await _page(
         request,
         "events.html",
         sid=sid,
         after=after,
         through=through,
-        events=[(e, present.event_text(e)) for e in events],
-        next_after=events[-1].seq if events else after,
+        events=rows,
+        more=more,
+        next_after=rows[-1][0].seq if rows else after,
         kind=lambda e: present.name(e.kind),
     )
 

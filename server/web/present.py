@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import time
+from dataclasses import dataclass
 
 from server.compiler.render import RenderFormat, surrogates_escaped
 from server.compiler.view import VOLATILE_SECTIONS, Decision, FallbackReason, Layer, SectionKind
@@ -36,6 +37,50 @@ FORMATS: dict[str, RenderFormat] = {f.name.lower(): f for f in RenderFormat}
 MAX_BODY_CHARS = 400_000
 # Longest string shown whole inside a rendered JSON body.
 MAX_JSON_STRING = 4_000
+# Longest text part (a message part, a system section, an event, a tool description or
+# call) shown whole on a page: the rest is counted, not shown.
+MAX_PART_CHARS = 20_000
+# Characters of such text one page shows in all; past them parts are shown empty and
+# lists (messages, events) stop. With the rendered body's own cut this bounds a page:
+# a session of 1 MB messages must not become a page of hundreds of megabytes.
+MAX_PAGE_CHARS = 600_000
+# What each part or list item costs that budget besides its text (its markup), so a
+# view of many small messages is bounded too.
+ITEM_COST = 300
+# Where the whole of what a page cuts stays readable.
+FULL_TEXT = (
+    "the API returns it whole (SessionService.ListEvents for events; "
+    "CompileService.Compile with rebuild_compile_id, or as_of_seq and dry_run, for a view)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A text as a page shows it: its start, and how many characters were left out."""
+
+    text: str
+    omitted: int = 0
+
+
+class PageBudget:
+    """The text one page may still show (MAX_PAGE_CHARS), handed out part by part."""
+
+    def __init__(self, total: int = MAX_PAGE_CHARS, part: int = MAX_PART_CHARS) -> None:
+        self.left = total
+        self.part = part
+
+    @property
+    def spent(self) -> bool:
+        return self.left <= 0
+
+    def item(self) -> None:
+        """Charge one list item's markup."""
+        self.left -= ITEM_COST
+
+    def cut(self, text: str) -> Cut:
+        shown = max(0, min(len(text), self.part, self.left))
+        self.left -= shown + ITEM_COST
+        return Cut(text[:shown], len(text) - shown)
 
 
 def name(value: enum.Enum | int | None, kind: type[enum.Enum] | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from server.compiler.view import Authority, ToolOrigin, ViewMessage
@@ -21,21 +22,38 @@ TOOL_GROUPS = (
 )
 
 
-def event_view(m: ViewMessage) -> dict[str, Any]:
+def event_view(m: ViewMessage, budget: present.PageBudget) -> dict[str, Any]:
+    """A view message for the page, its text parts and tool calls cut to what `budget`
+    still allows (each part to MAX_PART_CHARS at most)."""
     parts = []
     for p in m.parts:
         if p.attachment is not None:
             a = p.attachment
+            budget.item()
             parts.append({"kind": "image", "ref": a})
         elif p.text is not None:
             placeholder = p.text.startswith(_IMAGE_NOTE) and " not sent" in p.text
+            cut = budget.cut(p.text)
             parts.append(
                 {
                     "kind": "placeholder" if placeholder else "text",
-                    "text": p.text,
+                    "text": cut.text,
+                    "omitted": cut.omitted,
                     "untrusted": p.authority == Authority.UNTRUSTED,
                 }
             )
+    calls = []
+    for c in m.tool_calls:
+        cut = budget.cut(c.arguments_json)
+        calls.append(
+            {
+                "name": c.name,
+                "call_id": c.call_id,
+                "arguments_json": cut.text,
+                "omitted": cut.omitted,
+            }
+        )
+    budget.item()
     return {
         "role": present.name(m.role),
         "layer": present.name(m.layer),
@@ -44,7 +62,7 @@ def event_view(m: ViewMessage) -> dict[str, Any]:
         "last_seq": m.last_seq,
         "synthetic": m.synthetic,
         "is_error": m.is_error,
-        "tool_calls": m.tool_calls,
+        "tool_calls": calls,
         "tool_call_id": m.tool_call_id,
         "tool_name": m.tool_name,
         "origin_session_id": m.origin_session_id,
@@ -52,7 +70,19 @@ def event_view(m: ViewMessage) -> dict[str, Any]:
     }
 
 
-def _tools(step: Step) -> dict[str, list[dict[str, Any]]]:
+def event_views(
+    messages: Sequence[ViewMessage], budget: present.PageBudget
+) -> tuple[list[dict[str, Any]], int]:
+    """`messages` for the page while `budget` lasts, and how many were left out."""
+    out = []
+    for m in messages:
+        if budget.spent:
+            break
+        out.append(event_view(m, budget))
+    return out, len(messages) - len(out)
+
+
+def _tools(step: Step, budget: present.PageBudget) -> dict[str, list[dict[str, Any]]]:
     groups: dict[str, list[dict[str, Any]]] = {g: [] for g, _ in TOOL_GROUPS}
     offered = set()
     for t in step.view.tools:
@@ -65,7 +95,7 @@ def _tools(step: Step) -> dict[str, list[dict[str, Any]]]:
             {
                 "name": t.spec.name,
                 "tokens": t.tokens,
-                "description": t.spec.description,
+                "description": budget.cut(t.spec.description),
                 "origin": present.name(t.origin),
             }
         )
@@ -77,13 +107,22 @@ def _tools(step: Step) -> dict[str, list[dict[str, Any]]]:
             continue  # registered after this step: not part of its view
         # Else over the route's tool cap (tool_cap.py): offered through tool_search.
         groups[group].append(
-            {"name": spec.name, "tokens": 0, "description": spec.description, "origin": ""}
+            {
+                "name": spec.name,
+                "tokens": 0,
+                "description": budget.cut(spec.description),
+                "origin": "",
+            }
         )
     return groups
 
 
 def step_context(step: Step, fmt: str) -> dict[str, Any]:
+    """The step page's values. Its text is cut to one PageBudget, in the page's order:
+    system sections, the checkpoint's summary, messages (a long view's last ones are left
+    out), tool descriptions; the rendered body has a cut of its own."""
     view, b = step.view, step.view.budget
+    budget = present.PageBudget()
     layers = {present.name(r.layer): r.tokens for r in view.layers}
     layers["provider_overhead"] = b.provider_overhead_tokens
     window = b.context_window or (b.input_budget + b.output_reserve)
@@ -101,11 +140,13 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
             "tokens": s.tokens,
             "truncated": s.truncated,
             "stable": s.stable,
-            "text": s.text,
+            "text": budget.cut(s.text),
         }
         for i, s in enumerate(view.system_sections)
     ]
-    messages = [event_view(m) for m in view.messages]
+    checkpoint = step.checkpoint
+    summary = budget.cut(checkpoint.summary) if checkpoint else present.Cut("")
+    messages, hidden = event_views(view.messages, budget)
     images = [(m, p) for m in messages for p in m["parts"] if p["kind"] in ("image", "placeholder")]
     return {
         "step": step,
@@ -132,12 +173,14 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
         "next_seq": later[0] if later else None,
         "sections": sections,
         "messages": messages,
+        "hidden_messages": hidden,
         "images": images,
-        "tools": _tools(step),
+        "tools": _tools(step, budget),
         "tool_groups": TOOL_GROUPS,
         "fallbacks": [present.name(r) for r in view.fallback_reasons],
-        "checkpoint": step.checkpoint,
-        "checkpoint_kind": present.name(step.checkpoint.kind) if step.checkpoint else "",
+        "checkpoint": checkpoint,
+        "summary": summary,
+        "checkpoint_kind": present.name(checkpoint.kind) if checkpoint else "",
         "formats": list(present.FORMATS),
         "format": fmt,
         "body": present.pretty_body(step.rendering[1]) if step.rendering else "",
