@@ -4,7 +4,6 @@ template. No HTML is built here; the templates escape everything they print."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -227,12 +226,22 @@ async def live(request: web.Request) -> web.StreamResponse:
 
     The stream opens (the page shows "live") only once the watch is subscribed, and its
     first update is a resync: what was written between the page's render and the
-    subscription is re-read then rather than lost."""
+    subscription is re-read then rather than lost.
+
+    It ends, and frees its watcher, however the page goes away: a connection lost
+    while a write waits on a stalled reader is a ConnectionError (aiohttp's
+    "Connection lost", not only a reset); the pump never waits on the queue, which
+    nobody reads once the stream ended; and the handler's own cancellation (the daemon
+    stopping) is never taken for the pump's."""
     sid = request.match_info["sid"]
     await _uses(request).session(sid)  # an unknown session is a 404 page, not a dead stream
     updates = _uses(request).watch(sid)
     queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=64)
-    first = _sse(await anext(updates))
+    try:
+        first = _sse(await anext(updates))
+    except BaseException:
+        await updates.aclose()
+        raise
     if first is not None:
         queue.put_nowait(first)
 
@@ -245,7 +254,12 @@ async def live(request: web.Request) -> web.StreamResponse:
         except CtxccError:
             pass  # the session was deleted (a reload shows the 404) or the daemon stops
         finally:
-            await queue.put(None)
+            # The end of the stream, queued without waiting: a full queue gives up its
+            # oldest update for it (the writer may never read again).
+            if queue.full():
+                queue.get_nowait()
+            queue.put_nowait(None)
+            await updates.aclose()
 
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     response.headers.update(request.app[HEADERS])
@@ -261,13 +275,15 @@ async def live(request: web.Request) -> web.StreamResponse:
             if item is None:
                 break
             await response.write(item.encode())
-    except ConnectionResetError:
-        pass  # the page went away
+    except ConnectionError:
+        pass  # the page went away (reset, or lost while a write waited)
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await updates.aclose()  # a pump cancelled before it ran leaves the watch subscribed
+        # Waits for the pump's end without taking its CancelledError for this handler's:
+        # a cancelled handler (the daemon stopping) still raises CancelledError here.
+        await asyncio.wait([task])
+        # A pump cancelled before it ran never closed the watch: closed here.
+        await updates.aclose()
     return response
 
 

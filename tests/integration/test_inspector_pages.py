@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import struct
 import urllib.error
 import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
 
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
@@ -86,3 +92,124 @@ async def test_pages_of_big_messages_are_bounded_and_say_what_they_left_out(
         assert len(seqs) < count
         after = int(more.group(1))
     assert seen == list(range(1, count + 1))
+
+
+async def _metric(daemon: Daemon, name: str) -> float:
+    scrape = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://{daemon.endpoints.metrics}/metrics").read()
+    )
+    found = re.search(rf"^{name} (\S+)$", scrape.decode(), re.M)
+    assert found is not None, name
+    return float(found.group(1))
+
+
+def _pumps() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if _awaits(t)[0] == "pump"]
+
+
+def _awaits(task: asyncio.Task[Any]) -> list[str]:
+    """The names of the coroutines `task` is suspended in, outermost first."""
+    names = []
+    coro: Any = task.get_coro()
+    while coro is not None:
+        code = getattr(coro, "cr_code", None) or getattr(coro, "ag_code", None)
+        names.append(code.co_name if code else type(coro).__name__)
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    return names
+
+
+def _draining() -> bool:
+    """Whether some task waits for a full send buffer to drain (aiohttp's writer)."""
+    return any("_drain_helper" in _awaits(t) for t in asyncio.all_tasks())
+
+
+async def _stalled_live_stream(daemon: Daemon, api: Stubs, sid: str) -> socket.socket:
+    """A live page that stopped reading: its stream's writes wait (the daemon's socket
+    buffer is full), and the updates meanwhile fill the queue before the writer."""
+    await _session(api, sid)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[user("hi")]))
+    host, port = str(daemon.endpoints.ui).rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    client.setblocking(False)
+    await loop.sock_connect(client, (host, int(port)))
+    request = f"GET /s/{sid}/live HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
+    await loop.sock_sendall(client, request.encode())
+    assert daemon._web is not None
+    server: Any = daemon._web._runner.server
+
+    async def streaming() -> bool:
+        return bool(server.connections) and await _metric(daemon, "ctxcc_watchers") == 1
+
+    await _eventually(streaming, "the live stream is subscribed")
+    (connection,) = server.connections
+    # A slow link: the daemon's send buffer held to the kernel's least (it grows to
+    # megabytes on loopback, which tiny SSE messages would take long to fill).
+    connection.transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+    )
+    while not _draining():  # the writer buffers 64 KB before it waits
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[user("x")] * 200)
+        )
+    for _ in range(20):  # the pump fills its queue (64) while the write waits
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[user("y")] * 50)
+        )
+    assert _draining() and len(_pumps()) == 1
+    return client
+
+
+async def test_a_live_stream_ends_when_its_page_drops_while_a_write_waits(
+    daemon: Daemon, unix_api: Stubs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The page's connection reset while the stream's write waited on it: aiohttp raised
+    ConnectionError("Connection lost"), which the handler did not catch, and its pump,
+    cancelled, waited for good to queue the stream's end on a queue nobody read: the
+    handler never returned and the watcher stayed subscribed."""
+    client = await _stalled_live_stream(daemon, unix_api, "drop")
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()  # a reset
+    assert daemon._web is not None
+    server: Any = daemon._web._runner.server
+
+    async def ended() -> bool:
+        return (
+            not server.connections and not _pumps() and await _metric(daemon, "ctxcc_watchers") == 0
+        )
+
+    await _eventually(ended, "the stream's handler, its pump and its watcher end")
+    assert "inspector page failed" not in caplog.text  # a page going away is no incident
+
+
+async def _eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Polls `check` until it holds: a bound on a hang (the old code never got there), not
+    a measure of speed."""
+    for _ in range(1200):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never true: {what}")
+
+
+async def test_a_live_stream_cancelled_while_a_write_waits_ends_cancelled(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """The daemon stopping cancels a stream's handler (here, while its write waits on a
+    stalled page): the handler used to swallow its own cancellation with the pump's, and
+    wait on the pump, which waited for good on the full queue."""
+    client = await _stalled_live_stream(daemon, unix_api, "stop")
+    assert daemon._web is not None
+    server: Any = daemon._web._runner.server
+    (connection,) = server.connections
+    handler: asyncio.Task[None] = connection._task_handler
+    handler.cancel()  # as aiohttp does to the handlers left when the daemon stops
+
+    async def ended() -> bool:
+        return handler.done() and not _pumps()
+
+    await _eventually(ended, "the handler and its pump end")
+    assert handler.cancelled()
+    assert await _metric(daemon, "ctxcc_watchers") == 0
+    client.close()
