@@ -67,6 +67,10 @@ class Step:
     boundaries: tuple[int, ...]
     # True: the recorded compile rebuilt byte for byte; False: compiled now as of `seq`.
     rebuilt: bool = False
+    # The recorded compiles at the boundaries before and after `seq` (of this step's
+    # route where there is one), for ◀ ▶: their views are the recorded ones.
+    previous: CompileRecord | None = None
+    next: CompileRecord | None = None
 
 
 def relative_error(record: CompileRecord) -> float | None:
@@ -74,6 +78,16 @@ def relative_error(record: CompileRecord) -> float | None:
         return None
     actual = record.usage.input_tokens
     return (actual - record.estimated_input_tokens) / actual
+
+
+def _recorded_at(records: list[CompileRecord], route: Route, seq: int) -> CompileRecord | None:
+    """The newest compile recorded at `seq`: of `route` if any, else of its model, else
+    of any route."""
+    at = [r for r in records if r.event_boundary == seq]
+    same = [r for r in at if r.route.route_id == route.route_id]
+    model = [r for r in at if r.route.model == route.model]
+    chosen = same or model or at
+    return chosen[-1] if chosen else None
 
 
 def summarize(session: Session, records: list[CompileRecord]) -> SessionRow:
@@ -146,7 +160,7 @@ class InspectUseCases:
         if seq < 0:
             raise invalid("seq", "seq must not be negative")
         seq = seq or session.head_seq
-        route = self._route(session, records, record, model)
+        route = self._route(session, records, record, model, seq)
         if record is None:
             at_seq = [
                 r for r in records if r.event_boundary == seq and r.route.route_id == route.route_id
@@ -180,6 +194,9 @@ class InspectUseCases:
             listed = await self._blocking.run(self._store.list_checkpoints, session_id)
             checkpoint = next((c for c in listed if c.checkpoint_id == view.checkpoint_id), None)
         registry = await self._blocking.run(self._store.list_tools, session_id)
+        boundaries = tuple(sorted({r.event_boundary for r in records}))
+        earlier = [b for b in boundaries if b < seq]
+        later = [b for b in boundaries if b > seq]
         return Step(
             session=session,
             seq=seq,
@@ -188,8 +205,10 @@ class InspectUseCases:
             checkpoint=checkpoint,
             registry=tuple(registry),
             rendering=result.renderings[0] if result.renderings else None,
-            boundaries=tuple(sorted({r.event_boundary for r in records})),
+            boundaries=boundaries,
             rebuilt=rebuilt,
+            previous=_recorded_at(records, route, earlier[-1]) if earlier else None,
+            next=_recorded_at(records, route, later[0]) if later else None,
         )
 
     @staticmethod
@@ -198,13 +217,26 @@ class InspectUseCases:
         records: list[CompileRecord],
         record: CompileRecord | None,
         model: str,
+        seq: int,
     ) -> Route:
-        """The route a step is compiled for: the chosen compile's, a model named in the
-        request, the session's current route, or the route of its newest compile."""
+        """The route a step is compiled for: the chosen compile's; for a model named in
+        the request, the route of a compile recorded at `seq` for that model, else the
+        session's current route if it is that model's, else the route of the newest
+        compile for that model, else that model alone (an agent's route names its
+        connection, protocol and endpoint too: a route of the model alone is another
+        route, with no recorded compile to show); with no model, the session's current
+        route, or the route of its newest compile."""
         if record is not None:
             return record.route
         if model:
-            return Route(model=model)
+            at_seq = [r for r in records if r.event_boundary == seq and r.route.model == model]
+            if at_seq:
+                return at_seq[-1].route
+            current = session.current_route
+            if current is not None and current.model == model:
+                return current
+            used = [r for r in records if r.route.model == model]
+            return used[-1].route if used else Route(model=model)
         if session.current_route is not None:
             return session.current_route
         if records:

@@ -127,8 +127,6 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
     layers["provider_overhead"] = b.provider_overhead_tokens
     window = b.context_window or (b.input_budget + b.output_reserve)
     record = step.record
-    earlier = [s for s in step.boundaries if s < step.seq]
-    later = [s for s in step.boundaries if s > step.seq]
     sections = [
         {
             "index": i + 1,
@@ -169,8 +167,8 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
         "recorded_error": relative_error(record) if record else None,
         "recorded_busts": present.busts(record.changed_sections) if record else [],
         "changed_sections": [present.name(k) for k in view.changed_sections],
-        "previous_seq": earlier[-1] if earlier else None,
-        "next_seq": later[0] if later else None,
+        "previous": step.previous,
+        "next": step.next,
         "sections": sections,
         "messages": messages,
         "hidden_messages": hidden,

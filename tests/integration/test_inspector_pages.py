@@ -4,6 +4,7 @@ sessions, and how they answer odd requests."""
 from __future__ import annotations
 
 import asyncio
+import html
 import re
 import socket
 import struct
@@ -11,15 +12,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
-from ctxcc.v1 import session_pb2
+from ctxcc.v1 import common_pb2, session_pb2, source_pb2
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import source_service_pb2 as rpb
 from server.app import Daemon
 from server.web import present
 from tests.conftest import Stubs
-from tests.helpers import compile_request, user
+from tests.helpers import ROUTE, assistant, compile_request, user
 
 # What a page may weigh: its text budget and the rendered body's cut, escaped (`<` is
 # `&lt;`, `"` is `&#34;`), with room for the markup around them.
@@ -213,3 +216,75 @@ async def test_a_live_stream_cancelled_while_a_write_waits_ends_cancelled(
     assert handler.cancelled()
     assert await _metric(daemon, "ctxcc_watchers") == 0
     client.close()
+
+
+def _estimate(page: str) -> int:
+    found = re.search(r'data-field="estimated_input_tokens">([\d,]+)<', page)
+    assert found is not None
+    return int(found.group(1).replace(",", ""))
+
+
+def _link(page: str, anchor: str) -> str:
+    found = re.search(rf'id="{anchor}" href="([^"]+)"', page)
+    assert found is not None, anchor
+    return html.unescape(found.group(1))
+
+
+async def test_time_travel_shows_the_recorded_views_of_an_agent_on_a_full_route(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """An agent's route names its connection, protocol and endpoint: ◀ ▶, a typed seq
+    (seq and model) and the diff links used to compile a route of the model alone, which
+    no compile was recorded for, so they showed a view compiled now (today's memory)
+    instead of the one the agent got."""
+    api = unix_api
+    await _session(api, "routed")
+    views = []
+    for i in range(4):
+        await api.sources.PutMemory(
+            rpb.PutMemoryRequest(
+                memory=source_pb2.MemoryEntry(
+                    memory_id="m1",
+                    scope=common_pb2.SCOPE_SESSION,
+                    scope_id="routed",
+                    text=f"memory version {i} " + "x" * (50 * i),
+                )
+            )
+        )
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="routed", events=[user(f"question {i}")])
+        )
+        views.append((await api.compiles.Compile(compile_request("routed"))).view)
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="routed", events=[assistant(f"answer {i}")])
+        )
+    assert ROUTE.connection and ROUTE.protocol and ROUTE.endpoint
+
+    def recorded(page: str, i: int) -> None:
+        v = views[i]
+        assert "rebuilt byte for byte" in page and f"<code>{v.compile_id}</code>" in page
+        assert _estimate(page) == v.budget.estimated_input_tokens
+        assert re.findall(r"memory version (\d+)", page)[:1] == [str(i)]
+
+    for i, v in enumerate(views):
+        _, page, _ = await _get(
+            daemon, f"/s/routed/step?seq={v.event_boundary}&model={ROUTE.model}"
+        )
+        recorded(page, i)
+    _, page, _ = await _get(daemon, f"/s/routed/step?compile={quote(views[2].compile_id)}")
+    recorded(page, 2)
+    _, before, _ = await _get(daemon, _link(page, "prev-step"))
+    recorded(before, 1)
+    _, after, _ = await _get(daemon, _link(page, "next-step"))
+    recorded(after, 3)
+    _, diff, _ = await _get(daemon, _link(page, "diff-prev"))
+    shown = re.search(
+        r'data-layer="estimate"><td>estimate</td><td class="n">([\d,]+)</td>'
+        r'<td class="n">([\d,]+)</td>',
+        diff,
+    )
+    assert shown is not None
+    assert [int(x.replace(",", "")) for x in shown.groups()] == [
+        views[1].budget.estimated_input_tokens,
+        views[2].budget.estimated_input_tokens,
+    ]
