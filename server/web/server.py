@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,6 +55,9 @@ STATUS = {
     Reason.INTERNAL: 500,
 }
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+# The names of the inspector's own files: anything else is not one (a 404, never asked
+# of the file system).
+STATIC_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -72,6 +76,41 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _host_name(header: str) -> str | None:
+    """The host name of a Host header (`name`, `name:port`, `[v6]`, `[v6]:port`), in
+    lower case; None when it is none of those (`::1` unbracketed, `name:abc`,
+    `name:80:x`, `[::1]x`, a port past 65535)."""
+    if header.startswith("["):
+        end = header.find("]")
+        if end < 0:
+            return None
+        name, rest = header[1:end], header[end + 1 :]
+    else:
+        name, colon, port = header.partition(":")
+        rest = colon + port
+    if rest:
+        port = rest[1:]
+        if not rest.startswith(":") or not (port == "" or _port(port)):
+            return None
+    return name.lower()
+
+
+def _host_refused(header: str) -> tuple[int, str, str] | None:
+    """Why a loopback-bound page refuses this Host header (status, title, message), if
+    it does. Read here, not through request.url: yarl raises on a malformed one (`::1`,
+    `localhost:abc`), which made a 500 and a traceback."""
+    host = _host_name(header)
+    if host is None:
+        return 400, "Bad request", "The Host header is not a host name and port."
+    if not _loopback(host):
+        return 421, "Wrong host", "This page answers only on its loopback address."
+    return None
+
+
+def _port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
 
 
 def _cookie_value(token: str) -> str:
@@ -96,18 +135,17 @@ async def _static(request: web.Request) -> web.StreamResponse:
     kinds = {".css": "text/css", ".js": "text/javascript"}
     kind = next((v for k, v in kinds.items() if name.endswith(k)), None)
     files = resources.files("server.web") / "static"
-    if kind is None or "/" in name or name.startswith("."):
+    if kind is None or not STATIC_NAME.fullmatch(name) or name.startswith("."):
         raise web.HTTPNotFound()
     try:
         body = (files / name).read_bytes()
-    except (FileNotFoundError, IsADirectoryError):
+    except (OSError, ValueError):  # not there, a directory, a name the system refuses
         raise web.HTTPNotFound() from None
     return web.Response(body=body, content_type=kind, charset="utf-8")
 
 
 def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Application:
-    host = settings.listen.rpartition(":")[0].strip("[]")
-    loopback_only = _loopback(host)
+    loopback_only = _loopback(settings.listen.rpartition(":")[0].strip("[]"))
     env = environment()
     cookie = _cookie_value(settings.token) if settings.token else ""
 
@@ -128,10 +166,9 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
     @web.middleware
     async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if loopback_only and not _loopback((request.url.host or "").strip("[]")):
-                response: web.StreamResponse = render_error(
-                    421, "Wrong host", "This page answers only on its loopback address."
-                )
+            refused = _host_refused(request.host) if loopback_only else None
+            if refused is not None:
+                response: web.StreamResponse = render_error(*refused)
             elif (
                 request.path not in ("/login",)
                 and not request.path.startswith("/static/")

@@ -288,3 +288,32 @@ async def test_time_travel_shows_the_recorded_views_of_an_agent_on_a_full_route(
         views[1].budget.estimated_input_tokens,
         views[2].budget.estimated_input_tokens,
     ]
+
+
+def _raw_status(address: str, path: str, host: str) -> int:
+    name, port = address.rsplit(":", 1)
+    with socket.create_connection((name, int(port)), timeout=30) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        head = s.recv(64)
+    return int(head.split(b" ")[1])
+
+
+async def test_malformed_hosts_and_static_names_are_refused_without_an_incident(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Host headers yarl cannot parse (request.url.host raised) and static file names
+    the file system refuses (a NUL, past its name length) were a 500 with a traceback
+    in the log."""
+    ui = str(daemon.endpoints.ui)
+    port = ui.rsplit(":", 1)[1]
+    for host in ("::1", "localhost:abc", "127.0.0.1:80:evil", "[::1]evil", "localhost:" + "9" * 20):
+        assert await asyncio.to_thread(_raw_status, ui, "/", host) == 400, host
+    for host in ("evil.example", f"evil.example:{port}", "[::2]:80"):
+        assert await asyncio.to_thread(_raw_status, ui, "/", host) == 421, host
+    for host in (f"localhost:{port}", "LOCALHOST", f"[::1]:{port}", "127.0.0.1:"):
+        assert await asyncio.to_thread(_raw_status, ui, "/", host) == 200, host
+    for path in ("/static/a%00.css", "/static/" + "a" * 300 + ".css", "/static/%2e.css"):
+        assert await asyncio.to_thread(_raw_status, ui, path, ui) == 404, path
+    assert await asyncio.to_thread(_raw_status, ui, "/static/inspector.css", ui) == 200
+    assert "inspector page failed" not in caplog.text
+    assert "Traceback" not in caplog.text
