@@ -40,6 +40,7 @@ def install_filters(env: jinja2.Environment) -> None:
         pct=present.pct,
         signed_pct=present.signed_pct,
         when=present.when,
+        id_path=present.id_path,
     )
     env.globals.update(full_text=present.FULL_TEXT, max_page_chars=present.MAX_PAGE_CHARS)
 
@@ -59,6 +60,10 @@ async def _page(request: web.Request, template: str, **context: Any) -> web.Resp
 
 def _uses(request: web.Request) -> InspectUseCases:
     return request.app[INSPECT]
+
+
+def _sid(request: web.Request) -> str:
+    return present.path_id(request.match_info["sid"])
 
 
 def _int(request: web.Request, key: str, default: int = 0) -> int:
@@ -95,7 +100,7 @@ async def sessions_page(request: web.Request) -> web.Response:
 
 
 async def timeline_page(request: web.Request) -> web.Response:
-    sid = request.match_info["sid"]
+    sid = _sid(request)
     full = request.query.get("scale") == "window"
     t = await _uses(request).timeline(sid)
     # A long session draws its newest compiles; ?all=1 draws every one.
@@ -136,7 +141,7 @@ def _checkpoint_kind(c: Checkpoint) -> str:
 
 
 async def step_page(request: web.Request) -> web.Response:
-    sid = request.match_info["sid"]
+    sid = _sid(request)
     fmt_name = request.query.get("format", "")
     fmt = present.FORMATS.get(fmt_name)
     step = await _uses(request).step(
@@ -150,7 +155,7 @@ async def step_page(request: web.Request) -> web.Response:
 
 
 async def diff_page(request: web.Request) -> web.Response:
-    sid = request.match_info["sid"]
+    sid = _sid(request)
     model = request.query.get("model", "")[:200]
     uses = _uses(request)
     a = await uses.step(sid, seq=_int(request, "a"), model=model)
@@ -180,7 +185,7 @@ async def diff_page(request: web.Request) -> web.Response:
 
 
 async def events_page(request: web.Request) -> web.Response:
-    sid = request.match_info["sid"]
+    sid = _sid(request)
     after = _int(request, "after")
     through = _int(request, "through")
     page = await _uses(request).events(sid, after, through)
@@ -233,7 +238,7 @@ async def live(request: web.Request) -> web.StreamResponse:
     "Connection lost", not only a reset); the pump never waits on the queue, which
     nobody reads once the stream ended; and the handler's own cancellation (the daemon
     stopping) is never taken for the pump's."""
-    sid = request.match_info["sid"]
+    sid = _sid(request)
     await _uses(request).session(sid)  # an unknown session is a 404 page, not a dead stream
     updates = _uses(request).watch(sid)
     queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=64)

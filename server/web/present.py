@@ -94,6 +94,22 @@ def name(value: enum.Enum | int | None, kind: type[enum.Enum] | None = None) -> 
     return value.name.lower() if isinstance(value, enum.Enum) else str(value)
 
 
+# Written before a session id in the inspector's paths when the id alone would be a
+# dot segment ("." and ".." are valid ids), which a browser resolves away (also as %2e):
+# "~" is no id character, so "~." and "~.." name those sessions and nothing else.
+ID_ESCAPE = "~"
+
+
+def id_path(session_id: str) -> str:
+    """A session id as a path segment of the inspector's links."""
+    return ID_ESCAPE + session_id if session_id in (".", "..") else session_id
+
+
+def path_id(segment: str) -> str:
+    """The session id a path segment of the inspector names (the reverse of id_path)."""
+    return segment[1:] if segment in (ID_ESCAPE + ".", ID_ESCAPE + "..") else segment
+
+
 def num(value: int | float | None) -> str:
     if value is None:
         return "-"

@@ -675,3 +675,27 @@ def test_a_data_dir_from_before_the_inspector_is_shown(short_tmp: Path, page: Pa
         assert page.locator("#messages article.msg").count() > 0
     finally:
         assert d.terminate() == 0
+
+
+def test_sessions_named_dot_and_dot_dot_open_in_the_browser(world: World, page: Page) -> None:
+    """ "." and ".." are valid session ids, and dot segments to a browser (as "%2e" too):
+    their links led to /s/ (a 404) and to /, and /s/./step showed the session "step".
+    The inspector's links write them "~." and "~.." ("~" is no id character)."""
+    for sid in (".", ".."):
+        agent = Agent(world.channel, sid, "gpt-4o")
+        agent.create()
+        agent.append(user(f"hello from {sid}"))
+        agent.step()
+    for sid in (".", ".."):
+        page.goto(world.ui + "/")
+        page.locator(f'#sessions tr[data-session="{sid}"] td a').click()
+        expect(page.locator("h1 code")).to_have_text(sid)
+        expect(page.locator("#compiles tbody tr")).to_have_count(1)
+        page.click("text=latest step")
+        expect(page.locator("#step-seq")).to_have_text("1")
+        expect(page.locator(".crumb a")).to_have_text(sid)
+        expect(page.locator("#messages")).to_contain_text(f"hello from {sid}")
+        page.locator("#messages article.msg header a").first.click()
+        expect(page.locator("#events")).to_contain_text(f"hello from {sid}")
+        page.locator(".crumb a").click()
+        expect(page.locator("h1 code")).to_have_text(sid)
