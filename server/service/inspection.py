@@ -255,7 +255,9 @@ class InspectUseCases:
         await self._sessions.get(session_id)
         limit = MAX_EVENTS_PAGE
         if through_seq:
-            limit = max(0, min(limit, through_seq - after_seq))
+            if through_seq <= after_seq:
+                return EventPage((), False)  # an empty range (a read would give one event)
+            limit = min(limit, through_seq - after_seq)
         page = await self._blocking.run(
             self._store.read_event_page,
             session_id,

@@ -317,3 +317,23 @@ async def test_malformed_hosts_and_static_names_are_refused_without_an_incident(
     assert await asyncio.to_thread(_raw_status, ui, "/static/inspector.css", ui) == 200
     assert "inspector page failed" not in caplog.text
     assert "Traceback" not in caplog.text
+
+
+async def test_an_empty_event_range_shows_no_events(daemon: Daemon, unix_api: Stubs) -> None:
+    """after=5&through=2 showed seq 6 under "Canonical events 6-2": the limit came to 0,
+    and the store's read takes one event before it checks its limit."""
+    await _session(unix_api, "ranges")
+    await unix_api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="ranges", events=[user(str(i)) for i in range(10)])
+    )
+    for query, seqs in [
+        ("after=5&through=2", []),
+        ("after=5&through=5", []),
+        ("after=5&through=6", [6]),
+        ("after=1&through=3", [2, 3]),
+        ("after=8", [9, 10]),
+    ]:
+        status, page, _ = await _get(daemon, f"/s/ranges/events?{query}")
+        assert status == 200
+        assert [int(s) for s in re.findall(r'data-seq="(\d+)"', page)] == seqs, query
+        assert 'id="more-events"' not in page, query
