@@ -27,6 +27,10 @@ from server.service.sessions import SessionUseCases
 from server.service.watch import Update
 
 MAX_SESSIONS = 500
+# Sessions a filtered list looks at (in id order) to find its matches: the list page
+# refreshes every few seconds, so a filter never scans an unbounded store.
+MAX_FILTER_SCAN = 20_000
+_SCAN_PAGE = 1_000
 MAX_EVENTS_PAGE = 200
 # Bytes of stored events one events page reads (at least one event: up to max_event_bytes).
 MAX_EVENTS_PAGE_BYTES = 2 << 20
@@ -43,6 +47,16 @@ class SessionRow:
     # (reported - estimated) ÷ reported of the newest compile with a usage report.
     last_error: float | None
     fallbacks: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionList:
+    rows: list[SessionRow]
+    total: int  # sessions the daemon holds
+    # More sessions match than the MAX_SESSIONS shown (the first ones in id order).
+    more: bool
+    # Sessions looked at: fewer than `total` when the filter stopped at MAX_FILTER_SCAN.
+    examined: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +140,39 @@ class InspectUseCases:
     async def session(self, session_id: str) -> Session:
         return await self._sessions.get(session_id)
 
-    async def sessions(self) -> list[SessionRow]:
-        return await self._blocking.run(self._rows)
+    async def sessions(self, query: str = "") -> SessionList:
+        """The first MAX_SESSIONS sessions in id order whose id or model holds `query`
+        (any case; every session when empty), the filter applied before the cut."""
+        return await self._blocking.run(self._rows, query.lower())
 
-    def _rows(self) -> list[SessionRow]:
-        sessions = self._store.list_sessions("", MAX_SESSIONS)
-        return [summarize(s, self._store.list_compiles(s.session_id)) for s in sessions]
+    def _rows(self, query: str) -> SessionList:
+        total = self._store.count_sessions()
+        picked: list[Session] = []
+        examined, after, more = 0, "", False
+        while not more and examined < MAX_FILTER_SCAN:
+            batch = self._store.list_sessions(after, _SCAN_PAGE)
+            for s in batch:
+                examined += 1
+                if query and not self._matches(s, query):
+                    continue
+                if len(picked) == MAX_SESSIONS:
+                    more = True
+                    break
+                picked.append(s)
+            if len(batch) < _SCAN_PAGE:
+                break
+            after = batch[-1].session_id
+        rows = [summarize(s, self._store.list_compiles(s.session_id)) for s in picked]
+        return SessionList(rows, max(total, examined), more, examined)
+
+    def _matches(self, session: Session, query: str) -> bool:
+        """Whether `query` is in the session's id or its model (as `summarize` names it)."""
+        if query in session.session_id.lower():
+            return True
+        if session.current_route is not None and session.current_route.model:
+            return query in session.current_route.model.lower()
+        last = self._store.get_last_compile(session.session_id)
+        return last is not None and query in last.route.model.lower()
 
     async def timeline(self, session_id: str) -> Timeline:
         session = await self._sessions.get(session_id)

@@ -77,20 +77,18 @@ def _int(request: web.Request, key: str, default: int = 0) -> int:
 
 
 async def sessions_page(request: web.Request) -> web.Response:
-    rows = await _uses(request).sessions()
     query = request.query.get("q", "")[:200]
+    listed = await _uses(request).sessions(query)
     sort = request.query.get("sort", "last_compile")
     order = request.query.get("order", "desc")
     if sort not in SORTS:
         sort = "last_compile"
-    if query:
-        q = query.lower()
-        rows = [r for r in rows if q in r.session.session_id.lower() or q in r.model.lower()]
-    rows.sort(key=SORTS[sort], reverse=order != "asc")
+    rows = sorted(listed.rows, key=SORTS[sort], reverse=order != "asc")
     return await _page(
         request,
         "sessions.html",
         rows=rows,
+        listed=listed,
         q=query,
         sort=sort,
         order=order,

@@ -337,3 +337,30 @@ async def test_an_empty_event_range_shows_no_events(daemon: Daemon, unix_api: St
         assert status == 200
         assert [int(s) for s in re.findall(r'data-seq="(\d+)"', page)] == seqs, query
         assert 'id="more-events"' not in page, query
+
+
+async def test_the_sessions_list_filters_before_it_cuts_and_says_what_it_shows(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """The list read the first 500 sessions in id order and filtered those: with 600,
+    a filter for the 551st found nothing, and the list never said it was cut."""
+    for i in range(600):
+        await _session(unix_api, f"s{i:04}")
+    await unix_api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="s0590", events=[user("hi")])
+    )
+    await unix_api.compiles.Compile(compile_request("s0590"))
+
+    def listed(page: str) -> list[str]:
+        return re.findall(r'<tr data-session="([^"]+)"', page)
+
+    _, page, _ = await _get(daemon, "/")
+    assert len(listed(page)) == 500
+    cut = re.search(r'id="sessions-cut">([^<]*)<', page)
+    assert cut is not None and "first 500 sessions in id order, of 600 sessions" in cut.group(1)
+    _, page, _ = await _get(daemon, "/?q=s0550")
+    assert listed(page) == ["s0550"] and 'id="sessions-cut"' not in page
+    _, page, _ = await _get(daemon, "/?q=S055")
+    assert listed(page) == [f"s{i:04}" for i in range(550, 560)]
+    _, page, _ = await _get(daemon, f"/?q={ROUTE.model}")  # by the model of its compile
+    assert listed(page) == ["s0590"]
