@@ -699,3 +699,37 @@ def test_sessions_named_dot_and_dot_dot_open_in_the_browser(world: World, page: 
         expect(page.locator("#events")).to_contain_text(f"hello from {sid}")
         page.locator(".crumb a").click()
         expect(page.locator("h1 code")).to_have_text(sid)
+
+
+# Every fetch of the page's script answers 7 s late (a long session's page; the list
+# refreshes every 5 s), counting how many are in flight at once.
+SLOW_FETCH = """
+window.__calls = 0; window.__inflight = 0; window.__most = 0;
+const realFetch = window.fetch;
+window.fetch = async (...args) => {
+  window.__calls += 1; window.__inflight += 1;
+  window.__most = Math.max(window.__most, window.__inflight);
+  try {
+    await new Promise((done) => setTimeout(done, 7000));
+    return await realFetch(...args);
+  } finally {
+    window.__inflight -= 1;
+  }
+};
+"""
+
+
+def test_the_sessions_list_refreshes_one_request_at_a_time(world: World, page: Page) -> None:
+    """The list refreshed every 5 s whether or not the last refresh had answered: on a
+    daemon whose list took longer, one open tab had 9 of 13 requests in flight at once.
+    With answers 7 s late, the second refresh starts only after the first answered."""
+    page.add_init_script(SLOW_FETCH)
+    page.goto(world.ui + "/")
+    # Polled from here: the page's CSP forbids the eval of wait_for_function.
+    for _ in range(160):
+        if page.evaluate("() => window.__calls") >= 2:
+            break
+        page.wait_for_timeout(250)
+    assert page.evaluate("() => window.__calls") == 2
+    assert page.evaluate("() => window.__most") == 1
+    assert page.evaluate("() => Number(document.body.dataset.refreshed || 0)") >= 1

@@ -4,7 +4,12 @@
 
 (function () {
   const status = document.getElementById("live-status");
-  let pending = null;
+  // One refresh at a time: a page whose render takes longer than the period (a long
+  // session) piled up requests, each holding the daemon's work, when one started every
+  // period whether or not the last had answered.
+  let pending = null; // the timer of a refresh asked for by a live update
+  let running = false;
+  let again = false; // asked for while one ran: made once it is done
 
   function show(text) {
     if (!status) return;
@@ -14,14 +19,29 @@
 
   async function refresh() {
     pending = null;
-    const response = await fetch(window.location.href, { credentials: "same-origin" });
-    if (!response.ok) return;
-    const doc = new DOMParser().parseFromString(await response.text(), "text/html");
-    const fresh = doc.getElementById("main");
-    const main = document.getElementById("main");
-    if (fresh && main) {
-      main.replaceChildren(...Array.from(fresh.childNodes).map((n) => document.importNode(n, true)));
-      document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+    if (running) {
+      again = true;
+      return;
+    }
+    running = true;
+    try {
+      const response = await fetch(window.location.href, { credentials: "same-origin" });
+      if (!response.ok) return;
+      const doc = new DOMParser().parseFromString(await response.text(), "text/html");
+      const fresh = doc.getElementById("main");
+      const main = document.getElementById("main");
+      if (fresh && main) {
+        main.replaceChildren(...Array.from(fresh.childNodes).map((n) => document.importNode(n, true)));
+        document.body.dataset.refreshed = String(Number(document.body.dataset.refreshed || 0) + 1);
+      }
+    } catch (err) {
+      // The daemon restarting or the network gone: the next period tries again.
+    } finally {
+      running = false;
+      if (again) {
+        again = false;
+        soon();
+      }
     }
   }
 
@@ -39,6 +59,11 @@
   const every = Number(document.body.dataset.refresh || 0);
   if (every > 0) {
     show("● refreshing every " + every + " s");
-    window.setInterval(refresh, every * 1000);
+    // The next period starts when the last refresh has answered.
+    const tick = async () => {
+      await refresh();
+      window.setTimeout(tick, every * 1000);
+    };
+    window.setTimeout(tick, every * 1000);
   }
 })();
