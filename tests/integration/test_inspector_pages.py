@@ -364,3 +364,42 @@ async def test_the_sessions_list_filters_before_it_cuts_and_says_what_it_shows(
     assert listed(page) == [f"s{i:04}" for i in range(550, 560)]
     _, page, _ = await _get(daemon, f"/?q={ROUTE.model}")  # by the model of its compile
     assert listed(page) == ["s0590"]
+
+
+async def test_the_list_timeline_and_step_pages_read_no_compile_tables(
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each compile record's per-message table is as long as its view, stored in chunks:
+    the pages joined every record's (a session of 8,000 compiles: ~5 s a page, 9 s the
+    step page). What they show of a record needs none of it; only the step's rebuild
+    (Compile with rebuild_compile_id) reads its one record's table."""
+    api = unix_api
+    await _session(api, "long")
+    for i in range(3):
+        # Past one stored chunk of 256 entries: the records name chunks.
+        events = [user(f"ask {i}.{k}") if k % 2 == 0 else assistant("ok") for k in range(300)]
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="long", events=events))
+        last = (await api.compiles.Compile(compile_request("long"))).view
+    store = daemon._store
+    assert store is not None
+    read: list[str] = []
+    get_part = store.get_compile_part
+
+    def counted(sid: str, digest: str, cls: Any) -> Any:
+        read.append(digest)
+        return get_part(sid, digest, cls)
+
+    monkeypatch.setattr(store, "get_compile_part", counted)
+    for path in ("/", "/s/long", "/s/long?all=1"):
+        status, page, _ = await _get(daemon, path)
+        assert status == 200 and "long" in page, path
+    assert read == []
+    from ctxcc.v1 import compile_service_pb2 as cpb
+
+    await api.compiles.Compile(cpb.CompileRequest(rebuild_compile_id=last.compile_id))
+    rebuild = len(read)
+    assert rebuild > 0
+    read.clear()
+    status, page, _ = await _get(daemon, "/s/long/step?seq=900")
+    assert status == 200 and last.compile_id in page
+    assert len(read) == rebuild  # the rebuilt compile's own table, no other
