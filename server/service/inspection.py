@@ -24,7 +24,7 @@ from server.service.compile_types import CompileOptions
 from server.service.compiling import CompileUseCases
 from server.service.ports import EventStore
 from server.service.sessions import SessionUseCases
-from server.service.watch import Update
+from server.service.watch import INSPECTOR, Update
 
 MAX_SESSIONS = 500
 # Sessions a filtered list looks at (in id order) to find its matches: the list page
@@ -318,5 +318,7 @@ class InspectUseCases:
         """Live updates of a session from now on (events, checkpoints, compiles), led by a
         Resync once subscribed."""
         session = await self._sessions.get(session_id)
-        async for update in self._sessions.watch(session_id, session.head_seq, announce=True):
+        # In the inspector's pool of watchers: open pages never take the agent's watches.
+        watch = self._sessions.watch(session_id, session.head_seq, announce=True, pool=INSPECTOR)
+        async for update in watch:
             yield update

@@ -34,7 +34,7 @@ from server.service.lanes import PendingWork
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
 from server.service.references import resolve_references
-from server.service.watch import Closed, Deleted, Resync, Update, WatchHub
+from server.service.watch import API, Closed, Deleted, Resync, Update, WatchHub
 
 _encoder = msgspec.msgpack.Encoder()
 # Sessions a filtered ListSessions page decodes at most (~6 ms of a storage thread each
@@ -356,6 +356,7 @@ class SessionUseCases:
         *,
         announce: bool = False,
         subscribed: Callable[[int], Awaitable[None]] | None = None,
+        pool: str = API,
     ) -> AsyncIterator[Update]:
         """Backlog after `after_seq` from the log, then live updates, without gaps or repeats.
         With `announce`, a Resync of the head comes first, once the watch is subscribed: a
@@ -378,7 +379,7 @@ class SessionUseCases:
                 f"after_seq {after_seq} is beyond the session head {head}",
                 head_seq=str(head),
             )
-        async with self._hub.subscribe(session_id, session.create_time_ns) as watcher:
+        async with self._hub.subscribe(session_id, session.create_time_ns, pool) as watcher:
             # Looked up once subscribed: a delete that this lookup does not see yet ends
             # the watch (WatchHub.deleted) instead of leaving it waiting on a log that is gone;
             # one made again since the first lookup is another log.

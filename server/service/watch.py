@@ -10,7 +10,7 @@ Order is never changed: items leave each queue in publish order.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -87,24 +87,40 @@ class Watcher:
             return False
 
 
+# The inspector's live pages watch in a pool of their own: sharing the API's per-session
+# cap, 64 open tabs made the agent's own WatchSession RESOURCE_EXHAUSTED.
+API, INSPECTOR = "api", "inspector"
+INSPECTOR_PER_SESSION = 16
+
+
 class WatchHub:
-    def __init__(self, queue_size: int, per_session: int = 64, most: int = 4_096) -> None:
+    def __init__(
+        self,
+        queue_size: int,
+        per_session: int = 64,
+        most: int = 4_096,
+        inspector_per_session: int = INSPECTOR_PER_SESSION,
+    ) -> None:
         self._size = queue_size
-        self._per_session = per_session
+        self._caps = {API: per_session, INSPECTOR: inspector_per_session}
         self._most = most
         self._watchers: dict[str, set[Watcher]] = defaultdict(set)
+        # Watchers per (pool, session): each pool has its own per-session cap.
+        self._pooled: Counter[tuple[str, str]] = Counter()
         self._count = 0
         self._closed = False
 
-    def _refuse_past_caps(self, session_id: str) -> None:
+    def _refuse_past_caps(self, session_id: str, pool: str = API) -> None:
         """Each watcher costs every append of its session a queue offer on the event loop
-        (and memory for its queue): bounded per session and in all."""
-        if len(self._watchers.get(session_id, ())) >= self._per_session:
+        (and memory for its queue): bounded per session (in its pool) and in all."""
+        cap = self._caps[pool]
+        if self._pooled[(pool, session_id)] >= cap:
+            whose = "" if pool == API else f" {pool}"
             raise CtxccError(
                 Reason.QUOTA_EXCEEDED,
-                f"session {session_id} already has {self._per_session} watchers",
+                f"session {session_id} already has {cap}{whose} watchers",
                 quota="watchers_per_session",
-                limit=str(self._per_session),
+                limit=str(cap),
             )
         if self._count >= self._most:
             raise CtxccError(
@@ -115,19 +131,25 @@ class WatchHub:
             )
 
     @asynccontextmanager
-    async def subscribe(self, session_id: str, incarnation: int = 0) -> AsyncIterator[Watcher]:
-        self._refuse_past_caps(session_id)
+    async def subscribe(
+        self, session_id: str, incarnation: int = 0, pool: str = API
+    ) -> AsyncIterator[Watcher]:
+        self._refuse_past_caps(session_id, pool)
         watcher = Watcher(self._size, incarnation)
         if self._closed:
             # Subscribed while the daemon shuts down: end at once rather than wait for
             # updates that will never come (and hold up the shutdown).
             watcher.close()
         self._watchers[session_id].add(watcher)
+        self._pooled[(pool, session_id)] += 1
         self._count += 1
         try:
             yield watcher
         finally:
             self._count -= 1
+            self._pooled[(pool, session_id)] -= 1
+            if not self._pooled[(pool, session_id)]:
+                del self._pooled[(pool, session_id)]
             watchers = self._watchers.get(session_id)
             if watchers is not None:
                 watchers.discard(watcher)

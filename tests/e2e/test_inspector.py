@@ -615,12 +615,16 @@ def test_a_live_page_of_a_deleted_session_ends_its_stream(short_tmp: Path) -> No
         d.ensure_stopped()
 
 
-def test_a_live_page_past_the_watcher_cap_answers_too_many_requests(short_tmp: Path) -> None:
-    """A page's live stream is a watcher of its session: past the 64 a session may have,
-    it is refused as the API refuses a watch (QUOTA_EXCEEDED: 429 Too Many Requests, to
-    retry later), not as a bad request (400)."""
+def test_live_pages_have_a_watcher_cap_of_their_own(short_tmp: Path) -> None:
+    """A page's live stream is a watcher of its session, in the inspector's own pool:
+    sharing the API's 64 per session, open tabs made the agent's WatchSession
+    RESOURCE_EXHAUSTED. With the agent's 64 watches open a page still goes live, and past
+    the inspector's 16 a page is refused as the API refuses a watch (QUOTA_EXCEEDED: 429
+    Too Many Requests, to retry later), not as a bad request (400); the agent's 65th
+    watch is still refused by its own cap."""
     d = DaemonProcess(short_tmp / "data").start()
     watches: list[Any] = []
+    pages: list[http.client.HTTPConnection] = []
     try:
         ui = str(d.wait_ready()["ui"])
         with grpc.insecure_channel(d.target) as ch:
@@ -628,25 +632,43 @@ def test_a_live_page_past_the_watcher_cap_answers_too_many_requests(short_tmp: P
             agent.create()
             agent.append(user("hello"))
             sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-            for _ in range(64):  # each subscribed once its backlog's first event is read
-                watch = sessions.WatchSession(
+
+            def watch() -> Any:
+                return sessions.WatchSession(
                     session_service_pb2.WatchSessionRequest(session_id="busy")
                 )
-                assert next(watch).event.seq == 1
-                watches.append(watch)
-            conn = http.client.HTTPConnection(ui, timeout=10)
-            conn.request("GET", "/s/busy/live")
-            response = conn.getresponse()
-            assert response.status == 429, response.status
-            assert b"QUOTA_EXCEEDED" in response.read()
+
+            for _ in range(64):  # each subscribed once its backlog's first event is read
+                w = watch()
+                assert next(w).event.seq == 1
+                watches.append(w)
+
+            def live() -> tuple[int, bytes]:
+                conn = http.client.HTTPConnection(ui, timeout=10)
+                pages.append(conn)
+                conn.request("GET", "/s/busy/live")
+                response = conn.getresponse()
+                if response.status != 200:
+                    return response.status, response.read()
+                return 200, response.readline()  # the stream's first line: subscribed
+
+            for _ in range(16):
+                status, first = live()
+                assert (status, first) == (200, b": live\n")
+            status, body = live()
+            assert status == 429 and b"QUOTA_EXCEEDED" in body, (status, body)
+            with pytest.raises(grpc.RpcError) as err:
+                next(watch())
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            for w in watches:
+                w.cancel()
+        for conn in pages:
             conn.close()
-            for watch in watches:
-                watch.cancel()
         assert "inspector page failed" not in d.log()
         assert d.terminate() == 0
     finally:
-        for watch in watches:
-            watch.cancel()
+        for w in watches:
+            w.cancel()
         d.ensure_stopped()
 
 

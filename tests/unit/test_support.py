@@ -82,6 +82,34 @@ async def test_watchers_are_capped_per_session_and_in_all() -> None:
     assert hub.count() == 0
 
 
+async def test_the_inspectors_watchers_have_a_per_session_cap_of_their_own() -> None:
+    """The inspector's live pages shared the API's per-session cap: open tabs made the
+    agent's WatchSession RESOURCE_EXHAUSTED. Each pool is capped on its own; both count
+    toward the daemon's cap in all, and every watcher of the session gets its updates."""
+    from server.service.watch import API, INSPECTOR
+
+    hub = WatchHub(queue_size=3, per_session=2, most=6, inspector_per_session=1)
+
+    def refused(pool: str) -> str:
+        with pytest.raises(CtxccError) as exc:
+            hub._refuse_past_caps("a", pool)
+        assert exc.value.metadata["limit"] == str(1 if pool == INSPECTOR else 2)
+        return str(exc.value.metadata["quota"])
+
+    async with hub.subscribe("a", pool=INSPECTOR) as page:
+        assert refused(INSPECTOR) == "watchers_per_session"
+        async with hub.subscribe("a") as one, hub.subscribe("a", pool=API) as two:
+            assert refused(API) == "watchers_per_session"
+            assert hub.count() == 3
+            hub.publish("a", [_ev(1, "x")], 1)
+            assert [w.queue.qsize() for w in (page, one, two)] == [1, 1, 1]
+        async with hub.subscribe("a"):  # the API's places are free again
+            assert refused(INSPECTOR) == "watchers_per_session"
+    async with hub.subscribe("a", pool=INSPECTOR):  # and the inspector's
+        assert hub.count() == 1
+    assert hub.count() == 0
+
+
 def test_error_details_quoting_client_input_are_cut_to_fit_trailers() -> None:
     from server.transport.errors import status_for
 
