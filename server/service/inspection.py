@@ -94,14 +94,28 @@ def relative_error(record: CompileRecord) -> float | None:
     return (actual - record.estimated_input_tokens) / actual
 
 
+def _newest_at(
+    records: list[CompileRecord], seq: int, *, route_id: str | None = None, model: str | None = None
+) -> CompileRecord | None:
+    """The newest compile recorded at `seq`, of `route_id` and of `model` where given."""
+    for r in reversed(records):
+        if (
+            r.event_boundary == seq
+            and route_id in (None, r.route.route_id)
+            and model in (None, r.route.model)
+        ):
+            return r
+    return None
+
+
 def _recorded_at(records: list[CompileRecord], route: Route, seq: int) -> CompileRecord | None:
     """The newest compile recorded at `seq`: of `route` if any, else of its model, else
-    of any route."""
-    at = [r for r in records if r.event_boundary == seq]
-    same = [r for r in at if r.route.route_id == route.route_id]
-    model = [r for r in at if r.route.model == route.model]
-    chosen = same or model or at
-    return chosen[-1] if chosen else None
+    of any route (◀ ▶ step to a neighbour even where the route changed)."""
+    return (
+        _newest_at(records, seq, route_id=route.route_id)
+        or _newest_at(records, seq, model=route.model)
+        or _newest_at(records, seq)
+    )
 
 
 def summarize(session: Session, records: list[CompileRecord]) -> SessionRow:
@@ -206,10 +220,7 @@ class InspectUseCases:
         seq = seq or session.head_seq
         route = self._route(session, records, record, model, seq)
         if record is None:
-            at_seq = [
-                r for r in records if r.event_boundary == seq and r.route.route_id == route.route_id
-            ]
-            record = at_seq[-1] if at_seq else None
+            record = _newest_at(records, seq, route_id=route.route_id)
         options = CompileOptions(
             session_id=session_id,
             route=route,
@@ -273,9 +284,9 @@ class InspectUseCases:
         if record is not None:
             return record.route
         if model:
-            at_seq = [r for r in records if r.event_boundary == seq and r.route.model == model]
-            if at_seq:
-                return at_seq[-1].route
+            at_seq = _newest_at(records, seq, model=model)
+            if at_seq is not None:
+                return at_seq.route
             current = session.current_route
             if current is not None and current.model == model:
                 return current

@@ -126,8 +126,11 @@ def _timeline_parts(
     """The timeline's chart and table rows (blocking: on a thread)."""
     chart = charts.timeline(shown, full_window=full)
     rows = []
-    previous = None
+    # A row's diff is against the previous compile of its own route (an agent's route
+    # names its connection and endpoint too): two routes of one model interleave.
+    previous_on: dict[str, CompileRecord] = {}
     for r in shown:
+        previous = previous_on.get(r.route.route_id)
         layers = present.layer_tokens(r.layer_tokens, r.estimated_input_tokens)
         rows.append(
             {
@@ -136,11 +139,11 @@ def _timeline_parts(
                 "decision": present.decision_name(r.decision),
                 "error": relative_error(r),
                 "busts": present.busts(r.changed_sections),
-                "previous_seq": previous.event_boundary if previous else None,
+                "previous": previous,
                 "fallbacks": [present.name(k, present.FallbackReason) for k in r.fallback_reasons],
             }
         )
-        previous = r
+        previous_on[r.route.route_id] = r
     return chart, rows
 
 
@@ -166,8 +169,15 @@ async def diff_page(request: web.Request) -> web.Response:
     sid = _sid(request)
     model = request.query.get("model", "")[:200]
     uses = _uses(request)
-    a = await uses.step(sid, seq=_int(request, "a"), model=model)
-    b = await uses.step(sid, seq=_int(request, "b"), model=model)
+    # Each side is a recorded compile (`from`, `to`: exact, as the timeline and the step
+    # page link them) or a seq of the model (the form): two compiles at one seq for one
+    # model on different connections are told apart only by their ids.
+    a = await uses.step(
+        sid, seq=_int(request, "a"), compile_id=request.query.get("from", "")[:300], model=model
+    )
+    b = await uses.step(
+        sid, seq=_int(request, "b"), compile_id=request.query.get("to", "")[:300], model=model
+    )
     d = diff_views(a.view, b.view)
     budget = present.PageBudget()
     entered, _ = event_views(d.entered, budget)
@@ -184,7 +194,8 @@ async def diff_page(request: web.Request) -> web.Response:
         a=a,
         b=b,
         diff=d,
-        model=model,
+        # The form and links by seq keep to the compared model.
+        model=model or b.view.route.model,
         entered=entered,
         left=left,
         changed=changed,

@@ -278,16 +278,73 @@ async def test_time_travel_shows_the_recorded_views_of_an_agent_on_a_full_route(
     _, after, _ = await _get(daemon, _link(page, "next-step"))
     recorded(after, 3)
     _, diff, _ = await _get(daemon, _link(page, "diff-prev"))
-    shown = re.search(
-        r'data-layer="estimate"><td>estimate</td><td class="n">([\d,]+)</td>'
-        r'<td class="n">([\d,]+)</td>',
-        diff,
-    )
-    assert shown is not None
-    assert [int(x.replace(",", "")) for x in shown.groups()] == [
+    assert _diff_estimates(diff) == [
         views[1].budget.estimated_input_tokens,
         views[2].budget.estimated_input_tokens,
     ]
+
+
+def _diff_estimates(page: str) -> list[int]:
+    shown = re.search(
+        r'data-layer="estimate"><td>estimate</td><td class="n">([\d,]+)</td>'
+        r'<td class="n">([\d,]+)</td>',
+        page,
+    )
+    assert shown is not None
+    return [int(x.replace(",", "")) for x in shown.groups()]
+
+
+async def test_diffs_compare_the_compiles_of_one_route_when_two_share_a_model(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """Two agents' routes of one model (other connections) compiled at the same seq: the
+    diff links named a seq and a model, so their `from` side took the other route's
+    compile, the newest at that seq, instead of the previous compile of the row's route."""
+    api = unix_api
+    await _session(api, "pair")
+    other = common_pb2.Route()
+    other.CopyFrom(ROUTE)
+    other.connection = "backup"
+
+    async def remember(text: str) -> None:
+        entry = source_pb2.MemoryEntry(
+            memory_id="m1", scope=common_pb2.SCOPE_SESSION, scope_id="pair", text=text
+        )
+        await api.sources.PutMemory(rpb.PutMemoryRequest(memory=entry))
+
+    await remember("short memory")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="pair", events=[user("question 0")])
+    )
+    first = (await api.compiles.Compile(compile_request("pair"))).view
+    await remember("a much longer memory " + "y" * 400)
+    on_backup = compile_request("pair")
+    on_backup.route.CopyFrom(other)
+    backup = (await api.compiles.Compile(on_backup)).view
+    assert backup.event_boundary == first.event_boundary
+    assert backup.budget.estimated_input_tokens != first.budget.estimated_input_tokens
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="pair", events=[assistant("answer 0"), user("question 1")]
+        )
+    )
+    second = (await api.compiles.Compile(compile_request("pair"))).view
+    want = [first.budget.estimated_input_tokens, second.budget.estimated_input_tokens]
+
+    _, timeline, _ = await _get(daemon, "/s/pair")
+    row = re.search(
+        rf'<tr data-compile="{re.escape(second.compile_id)}".*?class="diff-link"', timeline, re.S
+    )
+    assert row is not None
+    link = re.findall(r'href="([^"]+)" class="diff-link"', row.group(0))[-1]
+    _, diff, _ = await _get(daemon, html.unescape(link))
+    assert _diff_estimates(diff) == want
+    shown = re.findall(r'data-compile="([^"]*)">seq', diff)
+    assert shown == [first.compile_id, second.compile_id]
+
+    _, step, _ = await _get(daemon, f"/s/pair/step?compile={quote(second.compile_id)}")
+    _, diff, _ = await _get(daemon, _link(step, "diff-prev"))
+    assert _diff_estimates(diff) == want
 
 
 def _raw_status(address: str, path: str, host: str) -> int:
