@@ -101,11 +101,17 @@ async def timeline_page(request: web.Request) -> web.Response:
     sid = _sid(request)
     full = request.query.get("scale") == "window"
     t = await _uses(request).timeline(sid)
-    # A long session draws its newest compiles; ?all=1 draws every one.
-    shown = t.compiles if request.query.get("all") == "1" else t.compiles[-MAX_TIMELINE:]
-    # The chart and the rows of thousands of compiles (?all=1) took the event loop, which
-    # also serves gRPC, for up to ~0.8 s: made on a thread, like the page's render.
-    chart, rows = await asyncio.to_thread(_timeline_parts, shown, full)
+    # A page of MAX_TIMELINE compiles, newest first (?page=1 the ones before them...): a
+    # page of every compile was ~2 KB a compile, unbounded, and its chart's bars of
+    # thousands of compiles narrower than a pixel.
+    total = len(t.compiles)
+    pages = max(1, -(-total // MAX_TIMELINE))
+    page = min(_int(request, "page"), pages - 1)
+    end = total - page * MAX_TIMELINE
+    start = max(0, end - MAX_TIMELINE)
+    # The chart and the rows of thousands of compiles took the event loop, which also
+    # serves gRPC, for up to ~0.8 s: made on a thread, like the page's render.
+    chart, rows = await asyncio.to_thread(_timeline_parts, t.compiles[:end], start, full)
     return await _page(
         request,
         "timeline.html",
@@ -113,7 +119,11 @@ async def timeline_page(request: web.Request) -> web.Response:
         chart=chart,
         rows=rows,
         full=full,
-        hidden=len(t.compiles) - len(shown),
+        page=page,
+        first=start + 1,
+        last=end,
+        older=page + 1 if start > 0 else None,
+        newer=page - 1 if page > 0 else None,
         layer_order=present.LAYER_ORDER,
         checkpoint_kind=_checkpoint_kind,
         kinds={c.checkpoint_id: _checkpoint_kind(c) for c in t.checkpoints},
@@ -121,20 +131,23 @@ async def timeline_page(request: web.Request) -> web.Response:
 
 
 def _timeline_parts(
-    shown: tuple[CompileRecord, ...], full: bool
+    records: tuple[CompileRecord, ...], start: int, full: bool
 ) -> tuple[charts.TimelineChart, list[dict[str, Any]]]:
-    """The timeline's chart and table rows (blocking: on a thread)."""
+    """The chart and table rows of `records[start:]` (blocking: on a thread)."""
+    shown = records[start:]
     chart = charts.timeline(shown, full_window=full)
     rows = []
     # A row's diff is against the previous compile of its own route (an agent's route
-    # names its connection and endpoint too): two routes of one model interleave.
-    previous_on: dict[str, CompileRecord] = {}
-    for r in shown:
+    # names its connection and endpoint too): two routes of one model interleave. Those
+    # before the page count too: its first rows have their diff.
+    previous_on = {r.route.route_id: r for r in records[:start]}
+    for index, r in enumerate(shown, start + 1):
         previous = previous_on.get(r.route.route_id)
         layers = present.layer_tokens(r.layer_tokens, r.estimated_input_tokens)
         rows.append(
             {
                 "record": r,
+                "index": index,
                 "layers": layers if r.layer_tokens else None,
                 "decision": present.decision_name(r.decision),
                 "error": relative_error(r),

@@ -447,7 +447,7 @@ async def test_the_list_timeline_and_step_pages_read_no_compile_tables(
         return get_part(sid, digest, cls)
 
     monkeypatch.setattr(store, "get_compile_part", counted)
-    for path in ("/", "/s/long", "/s/long?all=1"):
+    for path in ("/", "/s/long", "/s/long?page=1"):
         status, page, _ = await _get(daemon, path)
         assert status == 200 and "long" in page, path
     assert read == []
@@ -465,8 +465,9 @@ async def test_the_list_timeline_and_step_pages_read_no_compile_tables(
 async def test_the_timeline_chart_is_made_off_the_event_loop(
     daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The chart and rows of every compile (?all=1) were made on the event loop, which
-    also serves gRPC: ~0.8 s of it at 8,000 compiles. They are made on a thread."""
+    """The chart and rows of every compile (once a page of the timeline) were made on the
+    event loop, which also serves gRPC: ~0.8 s of it at 8,000 compiles. They are made on a
+    thread."""
     import threading
 
     from server.web import charts
@@ -486,6 +487,51 @@ async def test_the_timeline_chart_is_made_off_the_event_loop(
         return timeline(records, full_window=full_window)
 
     monkeypatch.setattr(charts, "timeline", watched)
-    status, page, _ = await _get(daemon, "/s/tl?all=1")
+    status, page, _ = await _get(daemon, "/s/tl")
     assert status == 200 and "tl" in page
     assert len(made_on) == 1 and made_on[0] is not threading.main_thread()
+
+
+async def test_the_timeline_pages_through_a_long_session(
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`?all=1` drew every compile on one page, ~2 KB each without a bound; the timeline
+    now shows a page of compiles (newest first) with links to the older and newer ones,
+    and each row keeps its number and its diff against the previous compile of its
+    route, also across a page's edge."""
+    from server.web import pages
+
+    monkeypatch.setattr(pages, "MAX_TIMELINE", 3)
+    api = unix_api
+    await _session(api, "paged")
+    ids = []
+    for i in range(8):
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="paged", events=[user(f"{i}")])
+        )
+        ids.append((await api.compiles.Compile(compile_request("paged"))).view.compile_id)
+
+    def rows(page: str) -> list[tuple[int, str]]:
+        found = re.findall(r'<tr data-compile="([^"]+)"[^>]*>\s*<td>(\d+)</td>', page)
+        return [(int(n), cid) for cid, n in found]
+
+    seen: list[tuple[int, str]] = []
+    path: str | None = "/s/paged"
+    while path is not None:
+        status, page, _ = await _get(daemon, path)
+        assert status == 200
+        shown = rows(page)
+        assert 0 < len(shown) <= 3
+        seen = shown + seen
+        for n, cid in shown:
+            if n > 1:  # a diff against the compile before it, even on the page before
+                assert f"from={quote(ids[n - 2])}&amp;to={quote(cid)}" in page
+        older = re.search(r'id="older-compiles" href="([^"]+)"', page)
+        path = html.unescape(older.group(1)) if older else None
+    assert seen == [(n, cid) for n, cid in enumerate(ids, 1)]
+    _, newest, _ = await _get(daemon, "/s/paged")
+    assert "newer-compiles" not in newest and "Compiles 6\u20138 of 8" in newest
+    _, past, _ = await _get(daemon, "/s/paged?page=99")  # past the end: the oldest page
+    assert rows(past) == [(1, ids[0]), (2, ids[1])] and "older-compiles" not in past
+    newer = re.search(r'id="newer-compiles" href="([^"]+)"', past)
+    assert newer is not None and html.unescape(newer.group(1)) == "/s/paged?page=1"
