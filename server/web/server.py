@@ -6,6 +6,7 @@ to HTTP statuses through one table and never show a traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -25,6 +26,9 @@ from server.web import pages
 from server.web.keys import HEADERS, INSPECT, TEMPLATES
 
 log = logging.getLogger("ctxcc.web")
+# Seconds a page's reader may take to read it: one that stops reading held its page
+# (up to a few MB) and its handler for as long as the connection stayed open.
+WRITE_TIMEOUT_S = 60.0
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -144,6 +148,34 @@ async def _static(request: web.Request) -> web.StreamResponse:
     return web.Response(body=body, content_type=kind, charset="utf-8")
 
 
+async def _finish(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    if response.prepared:
+        return response  # a stream (/live): it writes as it goes, to a bounded queue
+    response.headers.update(SECURITY_HEADERS)
+    if isinstance(response, web.Response):
+        await _send(request, response)
+    return response
+
+
+async def _send(request: web.Request, response: web.Response) -> None:
+    """Write the page within WRITE_TIMEOUT_S, or close the connection (aiohttp's own
+    write of a response sent here is a no-op; after a close it meets a ConnectionError,
+    which aiohttp takes for a reader gone)."""
+    try:
+        async with asyncio.timeout(WRITE_TIMEOUT_S):
+            await response.prepare(request)
+            await response.write_eof()
+    except TimeoutError:
+        log.warning(
+            "inspector: a page was not read within %.0f s; its connection is closed",
+            WRITE_TIMEOUT_S,
+        )
+        if request.transport is not None:
+            request.transport.abort()
+    except ConnectionError:
+        pass  # the reader went away: aiohttp's write of it meets the same
+
+
 def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Application:
     loopback_only = _loopback(settings.listen.rpartition(":")[0].strip("[]"))
     env = environment()
@@ -188,9 +220,7 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
             incident = uuid.uuid4().hex[:12]
             log.exception("inspector page failed (incident %s)", incident)
             response = render_error(500, "Internal error", f"incident {incident}")
-        if not response.prepared:
-            response.headers.update(SECURITY_HEADERS)
-        return response
+        return await _finish(request, response)
 
     async def login_page(request: web.Request) -> web.StreamResponse:
         failed = False

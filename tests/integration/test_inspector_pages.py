@@ -535,3 +535,62 @@ async def test_the_timeline_pages_through_a_long_session(
     assert rows(past) == [(1, ids[0]), (2, ids[1])] and "older-compiles" not in past
     newer = re.search(r'id="newer-compiles" href="([^"]+)"', past)
     assert newer is not None and html.unescape(newer.group(1)) == "/s/paged?page=1"
+
+
+def _stalled_gets(address: str, path: str, count: int) -> socket.socket:
+    """`count` GETs of `path` on one connection (pipelined) whose reader reads nothing:
+    more than the kernel's buffers hold (its send buffer is at most 4 MB here)."""
+    name, port = address.rsplit(":", 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((name, int(port)))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {address}\r\n\r\n".encode() * count)
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    s.settimeout(120)
+    chunks = []
+    try:
+        while chunk := s.recv(1 << 20):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+async def test_a_page_that_is_not_read_is_given_up(
+    daemon: Daemon,
+    unix_api: Stubs,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reader that stopped reading a page held its handler and its few MB for as long as
+    its connection stayed open: the page is now written within a time or its connection
+    is closed, and the daemon serves the next page."""
+    from server.web import server
+
+    monkeypatch.setattr(server, "WRITE_TIMEOUT_S", 1.0)
+    api = unix_api
+    await _session(api, "stall")
+    for _ in range(4):
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="stall", events=[user('"' * 150_000)] * 10)
+        )
+    await api.compiles.Compile(compile_request("stall"))
+    ui = str(daemon.endpoints.ui)
+    path = "/s/stall/step?format=anthropic_messages"
+    status, whole, size = await _get(daemon, path)
+    assert status == 200 and size > 3 << 20, size
+    count = 4
+    s = await asyncio.to_thread(_stalled_gets, ui, path, count)
+    with s:
+        for _ in range(1200):
+            if "was not read within" in caplog.text:
+                break
+            await asyncio.sleep(0.1)
+        assert "was not read within" in caplog.text
+        got = await asyncio.to_thread(_read_all, s)
+    assert len(got) < count * size  # cut short: the connection was closed
+    status, again, _ = await _get(daemon, path)
+    assert status == 200 and again == whole
