@@ -142,9 +142,12 @@ def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
     )
 
 
-def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set[str]:
+def searched_in_turn(
+    turn: Sequence[Event], registry: Sequence[ToolSpec], *, any_script: bool = True
+) -> set[str]:
     """Deferred tools found by tool_search calls of this turn that have a result: the
-    search is re-run, deterministically, on the call's query (R-TOOL-2)."""
+    search is re-run, deterministically, on the call's query (R-TOOL-2), with the words
+    of the tool capping version the compile applies (`any_script`: from version 3)."""
     answered = {e.payload.call_id for e in turn if isinstance(e.payload, ToolResult)}
     found: set[str] = set()
     for e in turn:
@@ -156,7 +159,8 @@ def searched_in_turn(turn: Sequence[Event], registry: Sequence[ToolSpec]) -> set
         )
         for call in calls:
             if call.name == TOOL_SEARCH.name and call.call_id in answered:
-                found.update(s.name for s in search_tools(registry, query_of(call.arguments_json)))
+                query = query_of(call.arguments_json)
+                found.update(s.name for s in search_tools(registry, query, any_script=any_script))
     return found
 
 
@@ -192,7 +196,11 @@ def select_tools(
     deferred = any(s.visibility == ToolVisibility.DEFERRED for s in registry)
     # Only deferred tools are activated: without any, the turn need not be searched.
     activated_names = set(inputs.activated_tools) | (
-        searched_in_turn(inputs.events[turn_start:] if turn_start >= 0 else (), searchable)
+        searched_in_turn(
+            inputs.events[turn_start:] if turn_start >= 0 else (),
+            searchable,
+            any_script=inputs.tool_capping >= 3,
+        )
         if deferred or over
         else set()
     )

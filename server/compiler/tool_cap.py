@@ -45,11 +45,13 @@ from dataclasses import replace
 
 from server.domain.tools import ToolSpec, ToolVisibility
 
-# The version of tool capping a compile applies, recorded in its basis: a rebuild of a
-# recorded compile caps as that compile did (exact time travel; compiles recorded before
-# the version was kept are version 0, which caps nothing).
-# 1: the count cap; 2: also OpenAI's description cap.
-TOOL_CAPPING = 2
+# The version of tool capping (and of tool_search's words) a compile applies, recorded
+# in its basis: a rebuild of a recorded compile caps and searches as that compile did
+# (exact time travel; compiles recorded before the version was kept are version 0,
+# which caps nothing).
+# 1: the count cap; 2: also OpenAI's description cap; 3: also tool_search matches words
+# of any script, CJK text by character pairs (tool_search.py; before, ASCII words only).
+TOOL_CAPPING = 3
 
 # Slots a capped view holds back from the always-offered prefix: the three built-ins
 # and room for the tools a turn's searches activate (a search activates 5 by default).

@@ -146,6 +146,45 @@ async def test_image_on_a_text_only_model_becomes_a_note(api: Stubs) -> None:
     assert any("does not accept images" in n for n in view.notes)
 
 
+async def test_deferred_tools_described_in_chinese_and_japanese_are_found(api: Stubs) -> None:
+    """tool_search words are not only ASCII: Chinese and Japanese have no spaces between
+    words, and a deferred tool described only in them was unreachable (no query found
+    it, so it could never be activated, R-TOOL-1)."""
+    await _session(api, "cjk")
+    schema = '{"type": "object"}'
+    await api.tools.RegisterTools(
+        tpb.RegisterToolsRequest(
+            session_id="cjk",
+            tools=[
+                tool_pb2.ToolDefinition(
+                    name=name,
+                    description=description,
+                    input_schema_json=schema,
+                    visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+                )
+                for name, description in (
+                    ("translate", "翻译文本到另一种语言"),
+                    ("deploy", "部署服务到生产环境"),
+                    ("read_jp", "ファイルを読む"),
+                )
+            ],
+        )
+    )
+    await _append(api, "cjk", user("请部署服务"))
+    await _append(
+        api,
+        "cjk",
+        assistant("", ("s1", "tool_search", '{"query": "部署"}')),
+        tool_result("s1", "deploy", name="tool_search"),
+    )
+    view = (await api.compiles.Compile(compile_request("cjk"))).view
+    assert [t.definition.name for t in view.tools] == ["deploy", "tool_search"]
+    full_width = "".join(chr(ord(c) + 0xFEE0) for c in "DEPLOY")
+    for query, found in (("翻译", ["translate"]), ("読む", ["read_jp"]), (full_width, ["deploy"])):
+        answer = await api.tools.SearchTools(tpb.SearchToolsRequest(session_id="cjk", query=query))
+        assert [t.name for t in answer.tools] == found
+
+
 async def test_deferred_tool_found_by_tool_search(api: Stubs) -> None:
     await _session(api, "tools")
     schema = '{"type": "object", "properties": {"env": {"type": "string"}}}'

@@ -269,3 +269,17 @@ def test_a_compile_recorded_before_the_description_cap_is_rebuilt_without_it() -
     v = view(OPENAI, (BROWSER,), tool_capping=1)
     assert v.tools[0].spec == BROWSER and not v.notes
     assert view(OPENAI, (BROWSER,)).tools[0].spec != BROWSER
+
+
+def test_a_compile_recorded_before_any_script_search_replays_ascii_words() -> None:
+    """tool_search finds tools by words of any script from TOOL_CAPPING 3; a compile
+    recorded before it is rebuilt with its searches replayed as they ran then (ASCII
+    words only, under which a Chinese query found nothing)."""
+    registry = (ToolSpec("translate", "翻译文本", SCHEMA, visibility=ToolVisibility.DEFERRED),)
+    turn = (
+        user("翻译这个"),
+        AssistantMessage((), (ToolCall("c1", "tool_search", '{"query": "翻译"}'),)),
+        ToolResult("c1", "tool_search", text="translate"),
+    )
+    assert names(view(ANTHROPIC, registry, *turn)) == ["translate", "tool_search"]
+    assert names(view(ANTHROPIC, registry, *turn, tool_capping=2)) == ["tool_search"]
