@@ -19,7 +19,7 @@ from operator import attrgetter, is_
 
 from server.compiler.tokens import MESSAGE_OVERHEAD, TokenCounter
 from server.compiler.view import CompactionRequest, Layer, ViewMessage
-from server.domain.model import Role
+from server.domain.model import ArtifactRef, Role
 from server.domain.records import Checkpoint, CheckpointKind
 
 INSTRUCTIONS = (
@@ -40,8 +40,26 @@ def _label(m: ViewMessage) -> str:
     return f"--- {label} (seq {m.first_seq})"
 
 
-def _body(m: ViewMessage) -> str:
-    body = "\n".join(p.text for p in m.parts if p.text)
+def _image(ref: ArtifactRef) -> str:
+    size = f", {ref.width}x{ref.height} pixels" if ref.width and ref.height else ""
+    return (
+        f"[image {ref.artifact_id} ({ref.mime_type}{size}): the model saw it here; it is not "
+        "in this transcript and leaves the conversation with the summary, so describe what "
+        "matters in it]"
+    )
+
+
+def _body(m: ViewMessage, images: bool = True) -> str:
+    """`images`: the images a message holds are named in its place (projection 6 on;
+    before, they were left out unsaid)."""
+    if images:
+        texts = (
+            p.text if p.text else _image(p.attachment) if p.attachment is not None else ""
+            for p in m.parts
+        )
+        body = "\n".join(t for t in texts if t)
+    else:
+        body = "\n".join(p.text for p in m.parts if p.text)
     for call in m.tool_calls:
         body += f"\n[tool call {call.name} {call.arguments_json}]"
     return body.strip()
@@ -65,14 +83,14 @@ def working_set_start(messages: Sequence[ViewMessage]) -> int | None:
     return min(filter(None, compress(tail, in_set)), default=None)
 
 
-def transcript(messages: Sequence[ViewMessage]) -> str:
-    return "\n".join(f"{_label(m)}\n{_body(m)}" for m in messages)
+def transcript(messages: Sequence[ViewMessage], images: bool = True) -> str:
+    return "\n".join(f"{_label(m)}\n{_body(m, images)}" for m in messages)
 
 
-def _cut(m: ViewMessage, room: int) -> str:
+def _cut(m: ViewMessage, room: int, images: bool = True) -> str:
     """A message longer than a whole prompt may hold, cut to about `room` tokens (by its
     own characters-per-token), with a marker: it could never be summarised whole."""
-    body = _body(m)
+    body = _body(m, images)
     # 10 % under the message's own ratio, and room for the marker: a cut can split
     # differently (more tokens per character) than the whole did.
     keep = max(1, len(body) * max(room - _LABEL_TOKENS * 2, 1) * 9 // (10 * max(m.tokens, 1)))
@@ -113,10 +131,13 @@ def compaction_request(
     max_tokens: int,
     counter: TokenCounter,
     previous: CompactionMemo | None = None,
+    *,
+    images: bool = True,
 ) -> tuple[CompactionRequest | None, CompactionMemo | None]:
     """Covers the oldest messages before the current user message (the protected
     working set) that fit `max_tokens` with the instructions and the summary so far;
-    with the memo for the next compile (`previous`: the last compile's)."""
+    with the memo for the next compile (`previous`: the last compile's). `images`: the
+    transcript names the images of the covered messages (projection 6 on)."""
     through = working_set_seq - 1 if working_set_seq is not None else boundary
     model_summary = checkpoint is not None and checkpoint.kind != CheckpointKind.BUILTIN
     start = checkpoint.covers_through_seq + 1 if model_summary and checkpoint else 1
@@ -152,9 +173,9 @@ def compaction_request(
     else:
         through_seq = through
     if taken:
-        text = transcript(covered[:taken])
+        text = transcript(covered[:taken], images)
     else:  # not even the oldest message fits whole
-        text = _cut(covered[0], room)
+        text = _cut(covered[0], room, images)
         through_seq = max(covered[0].last_seq, covered[0].first_seq)
     parts.append(f"Conversation, seq {start} to {through_seq}:\n{text}")
     request = CompactionRequest(

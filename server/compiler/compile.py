@@ -568,6 +568,7 @@ def compile_incremental(
             budget.input_budget,
             counter,
             memo.compaction if memo is not None else None,
+            images=inputs.projection >= 6,
         )
     view = CompiledView(
         compile_id=inputs.compile_id,

@@ -99,8 +99,11 @@ class ImagePolicy:
 # 4: on Gemini routes, an image over 7 MB (GEMINI_IMAGE_BYTES, Vertex AI's limit for one
 #    inline image) is a note;
 # 5: an unknown window's output reserve stays 16K after a usage report (R-BUD-4; it
-#    followed the last output before, as a known window's does).
-PROJECTION = 5
+#    followed the last output before, as a known window's does);
+# 6: the transcript of a compaction prompt names every image the covered messages hold
+#    (compaction.py; it left them out, so an image vanished from the view unsaid once its
+#    summary replaced it, R-IMG-2).
+PROJECTION = 6
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

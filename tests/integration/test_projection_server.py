@@ -146,6 +146,37 @@ async def test_image_on_a_text_only_model_becomes_a_note(api: Stubs) -> None:
     assert any("does not accept images" in n for n in view.notes)
 
 
+async def test_a_compaction_prompt_names_the_images_it_covers(api: Stubs) -> None:
+    """Over budget, the view asks for a summary of the oldest messages; an image one of
+    them holds leaves the view with them. The transcript names it, so the model writing
+    the summary knows it was there: it was left out unsaid (R-IMG-2)."""
+    await _session(api, "shot")
+    data = b"\x89PNG" + bytes(2000)
+
+    async def upload() -> AsyncIterator[apb.UploadArtifactRequest]:
+        yield apb.UploadArtifactRequest(
+            header=apb.ArtifactHeader(
+                session_id="shot",
+                mime_type="image/png",
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+            )
+        )
+        yield apb.UploadArtifactRequest(data=data)
+
+    ref = (await api.artifacts.UploadArtifact(upload())).artifact
+    ev = user("what is wrong in this screenshot?")
+    ev.user_message.parts.add(attachment=ref)
+    await _append(api, "shot", ev, assistant("the button is red " * 200), user("fix it " * 300))
+    request = compile_request("shot", limits=cpb.ModelLimits(context_window=2_400))
+    view = (await api.compiles.Compile(request)).view
+    assert view.decision == view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY
+    assert view.compaction.from_seq == 1 <= view.compaction.through_seq
+    prompt = view.compaction.prompt
+    assert "what is wrong in this screenshot?" in prompt
+    assert f"[image {ref.artifact_id} (image/png" in prompt
+
+
 async def test_deferred_tools_described_in_chinese_and_japanese_are_found(api: Stubs) -> None:
     """tool_search words are not only ASCII: Chinese and Japanese have no spaces between
     words, and a deferred tool described only in them was unreachable (no query found

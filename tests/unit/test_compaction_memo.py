@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from server.compiler.compaction import CompactionMemo, compaction_request, working_set_start
 from server.compiler.view import Layer, ViewMessage, ViewPart
-from server.domain.model import Role
+from server.domain.model import ArtifactRef, Role
 from tests.unit.test_system_prompt import WordCounter
 
 C = WordCounter()
@@ -104,3 +104,26 @@ def test_the_working_set_starts_at_its_least_seq(rows: list[tuple[Layer, int]]) 
     messages = tuple(_msg(seq, "m", layer=layer) for layer, seq in rows)
     seqs = [seq for layer, seq in rows if layer is Layer.WORKING_SET and seq]
     assert working_set_start(messages) == (min(seqs) if seqs else None)
+
+
+def test_the_transcript_names_images_from_projection_6_only() -> None:
+    """An image a covered message holds is named in the transcript (it leaves the view
+    with the messages the summary replaces); compiles recorded before projection 6 are
+    rebuilt with the transcript they had, which left it out."""
+    ref = ArtifactRef("a-1", "image/png", 2_004, "00" * 32, 640, 480)
+    shot = ViewMessage(
+        Role.USER,
+        (ViewPart(text="what is wrong here?"), ViewPart(attachment=ref)),
+        Layer.HISTORY,
+        900,
+        first_seq=1,
+        last_seq=1,
+    )
+    view = (shot, *_history(4, 3)[1:])
+    named, _ = compaction_request(view, None, 3, 4, 10_000, C)
+    assert named is not None and named.through_seq == 2
+    assert "what is wrong here?\n[image a-1 (image/png, 640x480 pixels)" in named.prompt
+    old, _ = compaction_request(view, None, 3, 4, 10_000, C, images=False)
+    assert old is not None and "a-1" not in old.prompt
+    line = next(x for x in named.prompt.splitlines() if x.startswith("[image a-1"))
+    assert old.prompt == named.prompt.replace("\n" + line, "")
