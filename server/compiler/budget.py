@@ -2,6 +2,9 @@
 
 - Known window, no usage yet: reserve a quarter of the window for output, at most 16K.
 - Known window, after real usage: reserve twice the last output, clamped to 1K..8K.
+- Whatever the last output, the reserve after usage never takes more than half of a
+  known window: below 16K windows the 1K..8K clamp alone could reserve all of it (an 8K
+  window after a 4K reply), leaving the input a budget of 0 (projection 7 on).
 - A configured max-input cap smaller than window - reserve is the stricter cap.
 - Unknown window: history high watermark 32K, output reserve 16K, usage or not (the
   source text gives the dynamic reserve for a known window only: with the window a
@@ -47,13 +50,18 @@ def output_reserve(
     cfg: BudgetConfig,
     *,
     dynamic_when_unknown: bool = False,
+    half_window: bool = True,
 ) -> int:
     """`dynamic_when_unknown`: the reserve of an unknown window follows the last output
-    too, as compiles recorded before projection 5 had it (rebuilt so)."""
+    too, as compiles recorded before projection 5 had it (rebuilt so). `half_window`
+    False: the reserve after usage may take a whole small window, as compiles recorded
+    before projection 7 had it (rebuilt so)."""
     known = limits.context_window > 0
     if last_output_tokens is not None and (known or dynamic_when_unknown):
         wanted = cfg.dynamic_reserve_factor * last_output_tokens
         reserve = max(cfg.dynamic_reserve_min, min(cfg.dynamic_reserve_max, wanted))
+        if known and half_window:
+            reserve = min(reserve, limits.context_window // 2)
     elif known:
         reserve = min(
             int(limits.context_window * cfg.first_reserve_fraction), cfg.first_reserve_max
@@ -93,9 +101,14 @@ def judge(
     ledger_tokens: int | None = None,
     *,
     dynamic_when_unknown: bool = False,
+    half_window: bool = True,
 ) -> tuple[Budget, Decision]:
     reserve = output_reserve(
-        limits, last_output_tokens, cfg, dynamic_when_unknown=dynamic_when_unknown
+        limits,
+        last_output_tokens,
+        cfg,
+        dynamic_when_unknown=dynamic_when_unknown,
+        half_window=half_window,
     )
     budget = input_budget(limits, reserve, cfg)
     watermark = history_watermark(limits, budget, cfg)

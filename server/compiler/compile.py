@@ -537,6 +537,7 @@ def compile_incremental(
         baseline_tokens=basis.baseline_tokens,
         ledger_tokens=basis.ledger_tokens,
         dynamic_when_unknown=inputs.projection < 5,
+        half_window=inputs.projection >= 7,
     )
     budget = replaced(
         budget,

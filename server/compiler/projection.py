@@ -102,8 +102,10 @@ class ImagePolicy:
 #    followed the last output before, as a known window's does);
 # 6: the transcript of a compaction prompt names every image the covered messages hold
 #    (compaction.py; it left them out, so an image vanished from the view unsaid once its
-#    summary replaced it, R-IMG-2).
-PROJECTION = 6
+#    summary replaced it, R-IMG-2);
+# 7: after usage, a known window's output reserve is at most half the window (budget.py;
+#    the 1K..8K clamp alone reserved all of an 8K window after a 4K reply: input budget 0).
+PROJECTION = 7
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

@@ -157,6 +157,34 @@ async def test_a_reports_next_reserve_is_the_next_compiles(
         assert answer.next_output_reserve == view.budget.output_reserve, (out, view.budget)
 
 
+async def test_a_long_reply_never_reserves_a_small_window_whole(api: Stubs) -> None:
+    """gpt-4 as the shipped catalog has it (8,192-token window, 8,192 max output) after a
+    5,000-token reply: twice the reply clamped to 1K..8K is the whole window, which left
+    the input a budget of 0, a utilization of 0 and a compaction prompt cut to two
+    characters "longer than the model's window". The reserve stays at half the window
+    (R-BUD-2 within what the window holds) and ReportUsage says so."""
+    route = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model="gpt-4")
+    await _session(api, "tiny", user("write a long story " * 50))
+    req = cpb.CompileRequest(session_id="tiny", route=route)
+    view = (await api.compiles.Compile(req)).view
+    answer = await _report(api, view, route, 300, out=5_000)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="tiny", events=[assistant("story " * 5_000), user("another one")]
+        )
+    )
+    view = (await api.compiles.Compile(req)).view
+    budget = view.budget
+    assert budget.context_window == 8_192
+    assert answer.next_output_reserve == budget.output_reserve == 4_096
+    assert budget.input_budget == 4_096
+    assert budget.estimated_input_tokens > budget.input_budget
+    assert budget.utilization > 1
+    assert view.decision == view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY
+    assert "longer than the model's window" not in view.compaction.prompt
+    assert ("write a long story " * 50).strip() in view.compaction.prompt
+
+
 async def test_a_late_report_leaves_the_current_route_and_a_checkpoint_follows_it(
     api: Stubs,
 ) -> None:

@@ -59,6 +59,36 @@ def test_unknown_window_reserve_of_compiles_before_projection_5() -> None:
     assert output_reserve(known, 3_000, CFG, dynamic_when_unknown=True) == 6_000
 
 
+@pytest.mark.parametrize(
+    ("window", "last_output", "expected"),
+    [
+        (8_192, 5_000, 4_096),  # 2 x 5,000 clamped to 8K would be the whole window
+        (8_192, 1_500, 3_000),  # under half: twice the last output, as R-BUD-2 says
+        (12_000, 4_000, 6_000),
+        (1_500, 100, 750),  # the 1K floor would leave 476 of 1,500 for input
+        (16_384, 6_000, 8_192),  # from 16K on the 8K clamp is at most half anyway
+        (200_000, 6_000, 8_192),
+    ],
+)
+def test_the_reserve_after_usage_leaves_half_of_a_small_window(
+    window: int, last_output: int, expected: int
+) -> None:  # R-BUD-2
+    """The window holds input and output: below 16K the 1K..8K clamp alone could reserve
+    all of it for output (an 8K window after a 5K reply), the input budget 0, the
+    compaction prompt room for two characters of one message, and every decision
+    COMPACT_RECOMMENDED or even OK whatever the estimate. Compiles recorded before
+    projection 7 are rebuilt with the reserve they had."""
+    limits = ModelLimits(context_window=window)
+    assert output_reserve(limits, last_output, CFG) == expected
+    budget, decision = judge(limits, last_output, 100, EstimateMethod.BASELINE_DELTA, 0, CFG)
+    assert budget.input_budget == window - expected > 0
+    assert decision is Decision.OK
+    over, decision = judge(limits, last_output, window, EstimateMethod.BASELINE_DELTA, 0, CFG)
+    assert decision is Decision.OVER_BUDGET_SEND_ANYWAY and over.utilization > 1
+    old = output_reserve(limits, last_output, CFG, half_window=False)
+    assert old == max(1_024, min(8_192, 2 * last_output))
+
+
 def test_max_input_cap_wins_when_stricter() -> None:  # R-BUD-3
     limits = ModelLimits(context_window=200_000, max_input_tokens=100_000)
     assert input_budget(limits, 16_384, CFG) == 100_000
