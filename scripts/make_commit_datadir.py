@@ -110,6 +110,30 @@ def _daemon_code(commit: str, dest: Path) -> None:
         tar.extractall(dest, filter="data")
 
 
+# The versions of what a compile record keeps, as the old daemon's code has them (each
+# absent from the commits before it): tests tell what its recorded views already hold.
+_VERSIONS = """
+import importlib, json
+versions = {}
+for module, name in (
+    ("projection", "PROJECTION"), ("render", "RENDERING"), ("tool_cap", "TOOL_CAPPING")
+):
+    try:
+        code = importlib.import_module("server.compiler." + module)
+        versions[name.lower()] = getattr(code, name)
+    except (ImportError, AttributeError):
+        pass
+print(json.dumps(versions))
+"""
+
+
+def _code_versions(code: Path) -> dict[str, int]:
+    shown = subprocess.run(
+        [sys.executable, "-c", _VERSIONS], cwd=code, capture_output=True, text=True, check=True
+    )
+    return dict(json.loads(shown.stdout))
+
+
 def _proto_text(commit: str) -> str:
     names = ["compile_service", "checkpoint", "tool_service", "event", "view"]
     return "\n".join(
@@ -765,6 +789,7 @@ def main(commit: str, out: Path, kill: bool) -> None:
         manifest = {
             "commit": full.stdout.strip(),
             "features": d.features,
+            "versions": _code_versions(code),
             "route": {
                 "connection": ROUTE.connection,
                 "protocol": ROUTE.protocol,
