@@ -74,12 +74,19 @@ MAX_LABEL_KEY_CHARS = 128
 MAX_LABEL_VALUE_CHARS = 1_024
 
 
+# Control characters in a route field: a route's id joins its fields with one (\x1f), so
+# ("a\x1fb", "c") and ("a", "b\x1fc") would be one route, sharing baselines and state.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def check_route_fields(fields: dict[str, str], prefix: str = "route") -> None:
     for name, value in fields.items():
         if len(value) > MAX_ROUTE_FIELD_CHARS:
             raise invalid(
                 f"{prefix}.{name}", f"{prefix}.{name} is over {MAX_ROUTE_FIELD_CHARS} characters"
             )
+        if _CONTROL.search(value):
+            raise invalid(f"{prefix}.{name}", f"{prefix}.{name} holds a control character")
 
 
 def check_environment_fields(fields: dict[str, str]) -> None:

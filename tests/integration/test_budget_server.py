@@ -277,6 +277,33 @@ async def test_each_part_of_a_route_makes_another_route(api: Stubs, field: str) 
     assert not other.HasField("provider_state")
 
 
+async def test_route_fields_that_would_make_two_routes_one_are_refused(api: Stubs) -> None:
+    """A route's id joins its fields with a unit separator (\x1f): a field holding one
+    made two routes one ("a\x1fb", "c") and ("a", "b\x1fc"), sharing baselines and
+    native state. Route fields with control characters are refused, and nothing is
+    recorded."""
+    from server.domain.model import Route
+
+    one = Route(connection="a\x1fb", protocol="c", endpoint="e", model="m")
+    two = Route(connection="a", protocol="b\x1fc", endpoint="e", model="m")
+    assert one.route_id == two.route_id
+    await _session(api, "ctl", user("hello"))
+    for field, value in [("connection", "a\x1fb"), ("protocol", "b\x1fc"), ("model", "m\n")]:
+        route = common_pb2.Route()
+        route.CopyFrom(ROUTE)
+        setattr(route, field, value)
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.compiles.Compile(cpb.CompileRequest(session_id="ctl", route=route))
+        info = error_info(exc.value)
+        assert (exc.value.code(), info.reason, info.metadata["field"]) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_FIELD",
+            f"route.{field}",
+        )
+    session = (await api.sessions.GetSession(spb.GetSessionRequest(session_id="ctl"))).session
+    assert not session.HasField("current_route")  # no compile was recorded
+
+
 async def test_native_state_is_replayed_only_on_its_route(api: Stubs) -> None:
     await _session(api, "nat", user("hi"))
     first = (await api.compiles.Compile(compile_request("nat"))).view
