@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -275,8 +276,14 @@ func (s *Stream) StepContext(ctx context.Context, req *ctxccv1.CompileRequest, e
 			step.KeepCompaction = true
 		}
 		view, appended, err := s.roundTrip(msg, req)
-		if err != nil && (retryable(bounded, err) || bounded.Err() != nil) {
-			s.drop() // reopen on the next attempt, or at the next step
+		// Only a StepError (an *Error) leaves the call open. Any other error is the call's
+		// end (a status gRPC gave it: a step over the daemon's --max-message-bytes is
+		// RESOURCE_EXHAUSTED, before the daemon reads it) or an answer this stream could not
+		// read: its next Send or Recv would only fail again, so it is reopened on the next
+		// attempt, or at the next step.
+		var inBand *Error
+		if err != nil && (retryable(bounded, err) || bounded.Err() != nil || !errors.As(err, &inBand)) {
+			s.drop()
 		}
 		return view, appended, err
 	})

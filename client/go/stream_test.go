@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -381,5 +383,54 @@ func TestAStepErrorCarriesItsMetadata(t *testing.T) {
 	e, ok := AsError(err)
 	if !ok || e.Reason != "SEQUENCE_MISMATCH" || e.Metadata["head_seq"] != "7" {
 		t.Fatalf("err = %#v, want SEQUENCE_MISMATCH with head_seq 7", err)
+	}
+}
+
+// A step larger than the daemon's --max-message-bytes is refused by gRPC itself
+// (RESOURCE_EXHAUSTED, no reason), which ends the call: the stream must not keep it. The
+// next step (smaller) goes on a new stream and is answered, the refused step appended
+// nothing, and every step after it is answered too. Against a real daemon (CTXCC_TARGET,
+// CTXCC_MAX_MESSAGE_BYTES its --max-message-bytes; tests/e2e/test_clients.py starts one
+// with 2 MiB), skipped without.
+func TestAStepGRPCRefusesLeavesTheStreamUsable(t *testing.T) {
+	c := daemonClient(t)
+	limit := 64 << 20
+	if v := os.Getenv("CTXCC_MAX_MESSAGE_BYTES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		limit = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	session, err := c.CreateSession(ctx, &ctxccv1.Session{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	route := &ctxccv1.Route{Connection: "default", Protocol: "openai-chat", Endpoint: "api", Model: "gpt-4o"}
+	req := &ctxccv1.CompileRequest{SessionId: session.GetSessionId(), Route: route}
+	st := c.OpenStream(ctx)
+	defer st.Close()
+	if _, _, err := st.Step(req, []*ctxccv1.Event{User("start")}, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Events under the daemon's 1 MiB per event, together over its message limit.
+	var big []*ctxccv1.Event
+	for n := 0; n <= limit; n += 900_000 {
+		big = append(big, User(strings.Repeat("x", 900_000)))
+	}
+	_, _, err = st.Step(req, big, "")
+	if e, ok := AsError(err); !ok || e.Code != codes.ResourceExhausted {
+		t.Fatalf("the step over the message limit: %v, want ResourceExhausted", err)
+	}
+	for i, text := range []string{"after the refused step", "and the next"} {
+		view, appended, err := st.Step(req, []*ctxccv1.Event{User(text)}, "")
+		if err != nil {
+			t.Fatalf("step %d after the refused one: %v", i+1, err)
+		}
+		if appended.GetFirstSeq() != uint64(i+2) || len(view.GetMessages()) != i+2 {
+			t.Fatalf("step %d after the refused one: appended %v, %d messages", i+1, appended, len(view.GetMessages()))
+		}
 	}
 }

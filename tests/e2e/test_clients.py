@@ -385,6 +385,26 @@ def test_typescript_client_resume_ids_against_a_daemon(daemon: DaemonProcess) ->
     _ts_daemon_test("stream.test.js", DAEMON_TS_TEST, {"CTXCC_TARGET": daemon.target})
 
 
+# A step over the daemon's --max-message-bytes, refused by gRPC (RESOURCE_EXHAUSTED, which
+# ends the call): the stream reopens at the next step instead of failing it the same way.
+REFUSED_GO_TEST = "TestAStepGRPCRefusesLeavesTheStreamUsable"
+SMALL_MESSAGES = 2 << 20
+
+
+def test_go_client_stream_usable_after_a_step_grpc_refused(short_tmp: Path) -> None:
+    """client/go/stream_test.go: after a step too large for the daemon's message limit
+    fails with RESOURCE_EXHAUSTED, the next steps on the same Stream are answered, and the
+    refused one appended nothing."""
+    d = DaemonProcess(short_tmp / "data", "--max-message-bytes", str(SMALL_MESSAGES))
+    d.start()
+    try:
+        d.wait_ready()
+        env = {"CTXCC_TARGET": d.target, "CTXCC_MAX_MESSAGE_BYTES": str(SMALL_MESSAGES)}
+        _go_daemon_test(REFUSED_GO_TEST, env)
+    finally:
+        d.terminate()
+
+
 # The clients' tests of their Anthropic helper against a real daemon (skipped without
 # CTXCC_TARGET).
 THINKING_GO_TEST = "TestAssistantFromAnthropicAgainstADaemon"
