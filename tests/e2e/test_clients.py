@@ -405,6 +405,18 @@ def test_go_client_stream_usable_after_a_step_grpc_refused(short_tmp: Path) -> N
         d.terminate()
 
 
+# A unary call slower than the client's retry budget is answered, not cut off at it.
+UNARY_TS_TEST = (
+    "against a daemon: a unary call the daemon answers after retrySeconds is not cut off"
+)
+
+
+def test_typescript_client_unary_calls_outlast_the_retry_budget(daemon: DaemonProcess) -> None:
+    """client/typescript/test/unary.test.ts: retrySeconds bounds the wait for an unavailable
+    daemon, not the call: a compile the daemon answers after it is returned whole."""
+    _ts_daemon_test("unary.test.js", UNARY_TS_TEST, {"CTXCC_TARGET": daemon.target})
+
+
 # The clients' tests of their Anthropic helper against a real daemon (skipped without
 # CTXCC_TARGET).
 THINKING_GO_TEST = "TestAssistantFromAnthropicAgainstADaemon"

@@ -81,14 +81,16 @@ type Callback<Res> = (err: grpc.ServiceError | null, res: Res) => void;
 export type UnaryMethod<Req, Res> = (req: Req, md: grpc.Metadata, opts: Partial<grpc.CallOptions>, cb: Callback<Res>) => grpc.ClientUnaryCall;
 
 /**
- * One attempt of a unary call. `waitForReady` belongs in the call's metadata options (grpc-js
- * ignores it as a call option): the call waits for the channel to (re)connect, up to the
- * remaining budget, and goes out as soon as the daemon is back.
+ * One attempt of a unary call, with no deadline: `retrySeconds` bounds how long an
+ * unavailable daemon is waited out, never a call a daemon that is up takes long to answer
+ * (a large compile, a search over a long result). While the channel connects the call waits
+ * for it; a daemon that cannot be reached fails it with UNAVAILABLE at once, and `retry`
+ * tries again every 50-250 ms (the channel itself looks again at most every 500 ms) until
+ * the budget is spent, so a call goes out within about a second of the daemon coming back.
  */
-export function unaryOnce<Req, Res>(fn: UnaryMethod<Req, Res>, req: Req, remainingMs: number, md?: grpc.Metadata): Promise<Res> {
+export function unaryOnce<Req, Res>(fn: UnaryMethod<Req, Res>, req: Req, md?: grpc.Metadata): Promise<Res> {
   const metadata = md ? md.clone() : new grpc.Metadata();
-  metadata.setOptions({ waitForReady: true });
   return new Promise((resolve, reject) => {
-    fn(req, metadata, { deadline: Date.now() + Math.max(remainingMs, 1) }, (err, res) => (err ? reject(err) : resolve(res)));
+    fn(req, metadata, {}, (err, res) => (err ? reject(err) : resolve(res)));
   });
 }

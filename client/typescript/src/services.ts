@@ -31,9 +31,9 @@ abstract class Service<C extends grpc.Client> {
   protected call<Req, Res>(method: unknown, req: Req, idempotent: boolean, attempted?: () => void): Promise<Res> {
     const fn = (method as UnaryMethod<Req, Res>).bind(this.raw);
     return retry(
-      (left) => {
+      () => {
         attempted?.();
-        return unaryOnce(fn, req, left, this.settings.metadata);
+        return unaryOnce(fn, req, this.settings.metadata);
       },
       idempotent,
       this.settings.retrySeconds,
