@@ -8,7 +8,7 @@ cover the calls whose shape is awkward by hand (streams, uploads, idempotency ke
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, cast
 
 import grpc
@@ -194,7 +194,7 @@ class AsyncClient:
 
     async def watch(
         self, session_id: str, after_seq: int = 0
-    ) -> AsyncIterator[session_service_pb2.WatchSessionResponse]:
+    ) -> AsyncGenerator[session_service_pb2.WatchSessionResponse, None]:
         """Updates of a session after `after_seq`; reopens after a daemon restart from the
         last event it delivered, so no event is delivered twice or skipped. A session
         deleted (and perhaps made again under its id) while the watch was away ends it with
@@ -213,6 +213,7 @@ class AsyncClient:
             # must be the one delivered last, or the log is no longer the one watched.
             anchor = last
             start = after_seq - 1 if anchor is not None else after_seq
+            call: Any = None
             try:
                 call = stub.WatchSession(
                     spb.WatchSessionRequest(session_id=session_id, after_seq=start)
@@ -244,6 +245,12 @@ class AsyncClient:
                 if pause is None:
                     raise from_rpc_error(err) from None
                 await asyncio.sleep(pause)
+            finally:
+                # A caller that stops iterating (a break, aclose(), a cancelled task) ends the
+                # call: the daemon's watcher goes with it (64 per session at most), and
+                # grpc.aio does not cancel a call whose generator was closed.
+                if call is not None:
+                    call.cancel()
 
 
 def _same_event(msg: session_service_pb2.WatchSessionResponse, event: event_pb2.Event) -> bool:
