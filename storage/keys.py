@@ -61,5 +61,9 @@ def split_compile_id(compile_id: str) -> tuple[str, bytes]:
     """Compile ids are `<session id>:<suffix>`, so usage reports find their session."""
     session_id, sep, suffix = compile_id.partition(":")
     if not sep or not session_id or not suffix:
-        raise CtxccError(Reason.COMPILE_NOT_FOUND, f"compile {compile_id!r} does not exist")
+        raise CtxccError(
+            Reason.COMPILE_NOT_FOUND,
+            f"compile {compile_id!r} does not exist",
+            compile_id=compile_id,
+        )
     return session_id, suffix.encode()

@@ -303,7 +303,9 @@ func (c *Client) Append(ctx context.Context, sessionID string, events []*ctxccv1
 	return c.Sessions.AppendEvents(ctx, req)
 }
 
-// Compile compiles one view (unary; use a Stream for views larger than 4 MiB).
+// Compile compiles one view (unary: a view over the daemon's --max-message-bytes, 64 MiB
+// by default, is refused with the reason QUOTA_EXCEEDED; a Stream receives any view, in
+// chunks).
 func (c *Client) Compile(ctx context.Context, req *ctxccv1.CompileRequest) (*ctxccv1.CompiledView, error) {
 	resp, err := c.Compiles.Compile(ctx, req)
 	if err != nil {

@@ -37,7 +37,15 @@ def checked(opts: CompileOptions) -> CompileOptions:
     names. A stream step makes them before its usage report and its append, so a step
     whose compile is refused for what it asks does nothing at all."""
     if opts.rebuild_compile_id:
-        sid = opts.rebuild_compile_id.partition(":")[0]
+        # Not of a compile id's shape: no compile has it (the same answer as an id of that
+        # shape never recorded), not "of another session".
+        sid, sep, suffix = opts.rebuild_compile_id.partition(":")
+        if not (sep and sid and suffix):
+            raise CtxccError(
+                Reason.COMPILE_NOT_FOUND,
+                f"compile {opts.rebuild_compile_id!r} does not exist",
+                compile_id=opts.rebuild_compile_id,
+            )
         if opts.session_id and opts.session_id != sid:
             raise invalid("rebuild_compile_id", "the compile belongs to another session")
         if not is_id(sid):  # named as the field the client sent

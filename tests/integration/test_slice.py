@@ -166,10 +166,26 @@ async def test_bad_input_gets_status_and_reason(api: Stubs) -> None:
         grpc.StatusCode.OUT_OF_RANGE,
         "SEQ_OUT_OF_RANGE",
     )
-    # Usage: unknown compile, and a route other than the compile's.
-    assert await fails(
-        c.ReportUsage(cpb.ReportUsageRequest(compile_id="b:nope", input_tokens=1))
-    ) == (grpc.StatusCode.NOT_FOUND, "COMPILE_NOT_FOUND")
+    # Usage: unknown compile (the id in the metadata, as on a stream step's error, also
+    # for one not shaped <session>:<suffix>), and a route other than the compile's.
+    for unknown in ("b:nope", "nope"):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await c.ReportUsage(cpb.ReportUsageRequest(compile_id=unknown, input_tokens=1))
+        info = error_info(exc.value)
+        assert (exc.value.code(), info.reason, info.metadata["compile_id"]) == (
+            grpc.StatusCode.NOT_FOUND,
+            "COMPILE_NOT_FOUND",
+            unknown,
+        )
+    # A rebuild naming an id of no compile's shape: not found, not "another session's".
+    with pytest.raises(grpc.aio.AioRpcError) as exc:
+        await c.Compile(cpb.CompileRequest(session_id="b", rebuild_compile_id="nope"))
+    info = error_info(exc.value)
+    assert (exc.value.code(), info.reason, info.metadata["compile_id"]) == (
+        grpc.StatusCode.NOT_FOUND,
+        "COMPILE_NOT_FOUND",
+        "nope",
+    )
     await s.AppendEvents(spb.AppendEventsRequest(session_id="b", events=[user("hi")]))
     view = (await c.Compile(compile_request("b"))).view
     other = common_pb2.Route(model="gpt-4o")
