@@ -108,24 +108,29 @@ async def test_large_tool_result_is_previewed_and_readable(api: Stubs) -> None:
     )
 
 
-async def test_image_on_a_text_only_model_becomes_a_note(api: Stubs) -> None:
-    await _session(api, "img")
-    data = b"\x89PNG" + bytes(2000)
-
+async def _upload_png(
+    api: Stubs, sid: str, data: bytes, width: int = 0, height: int = 0
+) -> common_pb2.ArtifactRef:
     async def upload() -> AsyncIterator[apb.UploadArtifactRequest]:
         yield apb.UploadArtifactRequest(
             header=apb.ArtifactHeader(
-                session_id="img",
+                session_id=sid,
                 mime_type="image/png",
                 size_bytes=len(data),
                 sha256=hashlib.sha256(data).hexdigest(),
-                width=64,
-                height=64,
+                width=width,
+                height=height,
             )
         )
         yield apb.UploadArtifactRequest(data=data)
 
-    ref = (await api.artifacts.UploadArtifact(upload())).artifact
+    return (await api.artifacts.UploadArtifact(upload())).artifact
+
+
+async def test_image_on_a_text_only_model_becomes_a_note(api: Stubs) -> None:
+    await _session(api, "img")
+    data = b"\x89PNG" + bytes(2000)
+    ref = await _upload_png(api, "img", data, width=64, height=64)
     ev = user("what is in this picture?")
     ev.user_message.parts.add(attachment=ref)
     await _append(api, "img", ev)
@@ -151,20 +156,7 @@ async def test_a_compaction_prompt_names_the_images_it_covers(api: Stubs) -> Non
     them holds leaves the view with them. The transcript names it, so the model writing
     the summary knows it was there: it was left out unsaid (R-IMG-2)."""
     await _session(api, "shot")
-    data = b"\x89PNG" + bytes(2000)
-
-    async def upload() -> AsyncIterator[apb.UploadArtifactRequest]:
-        yield apb.UploadArtifactRequest(
-            header=apb.ArtifactHeader(
-                session_id="shot",
-                mime_type="image/png",
-                size_bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-            )
-        )
-        yield apb.UploadArtifactRequest(data=data)
-
-    ref = (await api.artifacts.UploadArtifact(upload())).artifact
+    ref = await _upload_png(api, "shot", b"\x89PNG" + bytes(2000))
     ev = user("what is wrong in this screenshot?")
     ev.user_message.parts.add(attachment=ref)
     await _append(api, "shot", ev, assistant("the button is red " * 200), user("fix it " * 300))
