@@ -174,4 +174,8 @@ class SessionRecords(StoreCore):
         self._kv.write(batch)
         self._sources_changed()  # before the bump, as in `_write`
         self._generations.forget(session_id)
-        return DeleteResult(deleted_events=session.head_seq, deleted_blobs=deleted_blobs)
+        return DeleteResult(
+            deleted_events=session.head_seq,
+            deleted_blobs=deleted_blobs,
+            create_time_ns=session.create_time_ns,
+        )

@@ -275,6 +275,10 @@ class AppendBatch:
 class DeleteResult:
     deleted_events: int
     deleted_blobs: int
+    # The create time of the session deleted (0: unknown, its record was damaged): what
+    # is kept of it in memory goes, never what a session made again under its id since
+    # keeps (a delete's result can reach the event loop after that one was made).
+    create_time_ns: int = 0
 
 
 def starts_turn(payload: Payload) -> bool:

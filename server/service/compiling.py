@@ -108,7 +108,7 @@ class CompileUseCases:
         checkpoints: CheckpointUseCases,
         splitter: Splitter | None = None,
         pending: PendingWork | None = None,
-        on_delete: Callable[[Callable[[str], None]], None] | None = None,
+        on_delete: Callable[[Callable[[str, int], None]], None] | None = None,
     ) -> None:
         """`on_delete`: registers what to call with a deleted session's id (the
         sessions' `on_delete`), so that `forget` runs at every DeleteSession."""
@@ -268,14 +268,16 @@ class CompileUseCases:
         async with self._heavy.slot(session_id):
             return await self._blocking.compute(_then_synced, work, self._store.sync_reads)
 
-    def forget(self, session_id: str) -> None:
-        """The session was deleted: its memos and repeatable views, which nothing can
-        use again, are dropped now instead of holding memory and evicting live sessions'
-        until the LRUs reach them (a compile of it still running may store one more;
-        that one is left to the LRU, as it always was), and it leaves the sessions over
-        budget (ctxcc_sessions_over_budget) at once."""
-        self._memos.forget(session_id)
-        self._repeats.forget_session(session_id)
+    def forget(self, session_id: str, created: int = 0) -> None:
+        """The session made at `created` (0: whichever) was deleted: its memos and
+        repeatable views, which nothing can use again, are dropped now instead of holding
+        memory and evicting live sessions' until the LRUs reach them (a compile of it still
+        running may store one more; that one is left to the LRU, as it always was), and it
+        leaves the sessions over budget (ctxcc_sessions_over_budget) at once. Those of a
+        session made again under its id since stay: a delete's result can reach the event
+        loop after that one was made."""
+        self._memos.forget(session_id, created)
+        self._repeats.forget_session(session_id, created)
         self._telemetry.session_deleted(session_id)
 
     def restore_over_budget(self) -> None:

@@ -47,13 +47,15 @@ class _Pending:
     when it started, and the compiles running; `whole` while they are all its log has
     (a session made by this daemon that no compile has seen yet)."""
 
-    __slots__ = ("landed", "running", "seen", "whole")
+    __slots__ = ("created", "landed", "running", "seen", "whole")
 
-    def __init__(self, whole: bool = False) -> None:
+    def __init__(self, whole: bool = False, created: int = 0) -> None:
         self.landed = 0
         self.seen = 0
         self.running = 0
         self.whole = whole
+        # The create time of the session `made` it (0: an append or a compile did).
+        self.created = created
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,17 +128,19 @@ class PendingWork:
     def __init__(self) -> None:
         self._sessions: dict[str, _Pending] = {}
 
-    def made(self, session_id: str) -> None:
-        """The session was just made, empty: until a compile sees its log, all of it is
-        what lands here (its first compile, cold, may still be light work)."""
+    def made(self, session_id: str, created: int = 0) -> None:
+        """The session was just made (at `created`), empty: until a compile sees its
+        log, all of it is what lands here (its first compile, cold, may still be light
+        work)."""
         entry = self._sessions.get(session_id)
         if entry is None:
-            self._sessions[session_id] = _Pending(whole=True)
+            self._sessions[session_id] = _Pending(whole=True, created=created)
         else:
             # An append of another client landed before this ran (the write came first):
             # its bytes are of this log too and stay counted. (A deleted predecessor's
             # count, not yet forgotten, only counts more.)
             entry.whole = True
+            entry.created = created
 
     def whole(self, session_id: str) -> bool:
         """Whether what `unseen` says of the session is its whole log."""
@@ -188,8 +192,13 @@ class PendingWork:
         # Its summary is not counted here: its log is more than what landed.
         self._sessions[session_id].whole = False
 
-    def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+    def forget(self, session_id: str, created: int = 0) -> None:
+        """The session made at `created` (0: whichever) was deleted. A count of the
+        session made again under its id since (the delete's result reached the event
+        loop late) stays."""
+        entry = self._sessions.get(session_id)
+        if entry is not None and (not created or entry.created in (0, created)):
+            del self._sessions[session_id]
 
 
 # CPU a compile may use on the light lane before it is left for the compute pool (see

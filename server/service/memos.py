@@ -65,14 +65,19 @@ class MemoCache:
             size = self._bytes
         self._telemetry.memo_changed(evicted, size)
 
-    def forget(self, session_id: str) -> None:
-        """The session was deleted: its memos (of every route and incarnation) go now.
+    def forget(self, session_id: str, created: int = 0) -> None:
+        """The session made at `created` was deleted: its memos (of every route; of every
+        incarnation with 0) go now; those of a session made again under its id since stay.
         Their key's create time keeps them from ever matching again, so until the LRU
         reached them they only held budget that live sessions' memos were evicted for
         (a session deleted right after its last step left the newest entry). A scan:
         deletes are rare next to steps, and the cache holds a few thousand at most."""
         with self._lock:
-            gone = [key for key in self._items if key[0] == session_id]
+            gone = [
+                key
+                for key in self._items
+                if key[0] == session_id and (not created or key[1] == created)
+            ]
             for key in gone:
                 self._bytes -= self._items.pop(key).size_bytes
                 self._dropped(key)

@@ -247,12 +247,17 @@ class Repeats:
             if old is not None:
                 self._bytes -= old.size
 
-    def forget_session(self, session_id: str) -> None:
-        """The session was deleted: its views (of every route) go now. A deleted
-        session's generation is gone too, so they could never be repeated, and each holds
-        a whole view until the LRU reaches it (see `MemoCache.forget`)."""
+    def forget_session(self, session_id: str, created: int = 0) -> None:
+        """The session made at `created` (0: whichever) was deleted: its views (of every
+        route) go now. A deleted session's generation is gone too, so they could never be
+        repeated, and each holds a whole view until the LRU reaches it (see
+        `MemoCache.forget`). Those of a session made again under its id since stay."""
         with self._lock:
-            for key in [k for k in self._entries if k[0] == session_id]:
+            for key, entry in list(self._entries.items()):
+                if key[0] != session_id:
+                    continue
+                if created and entry.session.create_time_ns not in (0, created):
+                    continue
                 self._bytes -= self._entries.pop(key).size
 
     def __len__(self) -> int:

@@ -82,11 +82,12 @@ class SessionUseCases:
         self._ids = ids
         self.limits = limits
         self._telemetry = telemetry
-        # Called with a deleted session's id: what the compiles keep of it goes (wired
-        # by the composition root, which builds the compiles after the sessions).
-        self._on_delete: list[Callable[[str], None]] = []
+        # Called with a deleted session's id and create time (0: unknown): what the
+        # compiles keep of it goes (wired by the composition root, which builds the
+        # compiles after the sessions).
+        self._on_delete: list[Callable[[str, int], None]] = []
 
-    def on_delete(self, forget: Callable[[str], None]) -> None:
+    def on_delete(self, forget: Callable[[str, int], None]) -> None:
         self._on_delete.append(forget)
 
     async def create(self, template: Session) -> Session:
@@ -107,7 +108,7 @@ class SessionUseCases:
             current_route=None,
         )
         made = await self._blocking.run(self._store.create_session, session)
-        self._pending.made(made.session_id)
+        self._pending.made(made.session_id, made.create_time_ns)
         return made
 
     async def get(self, session_id: str) -> Session:
@@ -154,7 +155,7 @@ class SessionUseCases:
     async def delete(self, session_id: str) -> DeleteResult:
         check_id("session_id", session_id)
         result = await self._blocking.run(self._store.delete_session, session_id)
-        self._deleted(session_id)
+        self._deleted(session_id, result.create_time_ns)
         return result
 
     async def delete_idle(self, session_id: str, before_ns: int) -> DeleteResult | None:
@@ -162,15 +163,19 @@ class SessionUseCases:
         `before_ns` (the retention sweep); None when something was, or it is gone."""
         result = await self._blocking.run(self._store.delete_idle_session, session_id, before_ns)
         if result is not None:
-            self._deleted(session_id)
+            self._deleted(session_id, result.create_time_ns)
         return result
 
-    def _deleted(self, session_id: str) -> None:
-        """What is kept about a deleted session outside the store goes; its watches end."""
-        self._hub.deleted(session_id)
-        self._pending.forget(session_id)
+    def _deleted(self, session_id: str, created_ns: int) -> None:
+        """What is kept about the deleted session made at `created_ns` (0: unknown, all of
+        the id's) outside the store goes; its watches end. Only that session's: the
+        delete's storage thread may hand its result back after the session was made
+        again under its id, and watched (that watch ended SESSION_NOT_FOUND on a session
+        that exists)."""
+        self._hub.deleted(session_id, created_ns)
+        self._pending.forget(session_id, created_ns)
         for forget in self._on_delete:
-            forget(session_id)
+            forget(session_id, created_ns)
 
     def page_size(self, requested: int) -> int:
         if requested == 0:

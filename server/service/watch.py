@@ -174,12 +174,25 @@ class WatchHub:
                 if not watcher.offer(update, head_seq):
                     break  # the Resync marker's head already covers the rest of the batch
 
-    def deleted(self, session_id: str) -> None:
-        """Ends the watches of a deleted session. They leave the hub at once: a session
-        made again under the id publishes nothing to them (its updates could push the
-        marker out of a full queue)."""
-        for watcher in self._watchers.pop(session_id, ()):
+    def deleted(self, session_id: str, incarnation: int = 0) -> None:
+        """Ends the watches of the deleted session made at `incarnation` (its create
+        time; 0: every watch of the id). They leave the hub at once: a session made again
+        under the id publishes nothing to them (its updates could push the marker out of
+        a full queue). The watches of a session made again under the id before this runs
+        (the delete's result reached the event loop late) go on: theirs is another log."""
+        watchers = self._watchers.get(session_id)
+        if watchers is None:
+            return
+        gone = [
+            w
+            for w in watchers
+            if not incarnation or not w.incarnation or w.incarnation == incarnation
+        ]
+        for watcher in gone:
+            watchers.discard(watcher)
             watcher.close(Deleted())
+        if not watchers:
+            del self._watchers[session_id]
 
     def close_all(self) -> None:
         self._closed = True
