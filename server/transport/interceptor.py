@@ -38,6 +38,10 @@ class RpcObserver(Protocol):
 
 
 _OPEN_SERVICES = ("grpc.health.v1.Health",)
+# Streams the drain does not wait for: a watch ends when the watch hub closes at shutdown,
+# unless its handler is blocked sending to a client that stopped reading (a backlog of
+# megabytes, flow control), where only the server's stop ends it.
+_NOT_WAITED_FOR = ("/ctxcc.v1.SessionService/WatchSession",)
 # Codes the gRPC runtime ends calls with besides the error table's: the client cancels or
 # its deadline passes, a message exceeds the size limit, a handler fails unguarded.
 _RUNTIME_CODES = ("CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNKNOWN", "INTERNAL")
@@ -224,8 +228,10 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             fn = self._wrap(handler.unary_unary, name, service, False, True)
             return grpc.unary_unary_rpc_method_handler(fn, **kw)
         if handler.unary_stream:
-            # Watch streams end when the watch hub closes at shutdown.
-            fn = self._wrap(handler.unary_stream, name, service, False, True)
+            # Watches are not waited for (_NOT_WAITED_FOR): one whose client stopped
+            # reading its backlog held the drain for the whole grace period.
+            counted = full not in _NOT_WAITED_FOR
+            fn = self._wrap(handler.unary_stream, name, service, False, counted)
             return grpc.unary_stream_rpc_method_handler(fn, **kw)
         if handler.stream_unary:
             fn = self._wrap(handler.stream_unary, name, service, True, True)

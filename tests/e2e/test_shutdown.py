@@ -238,3 +238,51 @@ def test_a_step_in_progress_at_sigterm_is_answered_then_the_stream_ends(short_tm
     print(f"\nstep in progress at SIGTERM: {answer}, then {end} after {took:.2f} s")
     assert answer in ("view", "chunk")
     assert end == "UNAVAILABLE/SHUTTING_DOWN"
+
+
+def test_a_watch_whose_client_stopped_reading_does_not_hold_the_drain(short_tmp: Path) -> None:
+    """A watch of a 16 MB log whose client read one event and then stopped: its handler
+    waits on flow control in the middle of the backlog and never sees the hub close. The
+    drain used to count it busy and wait the whole grace period (600 s here) for it; it
+    now stops as with idle streams, and the client, once it reads again, gets what was
+    sent and then UNAVAILABLE, on which the clients' watches reopen after the last event."""
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "600").start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> tuple[int, str]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            await sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="w"))
+            )
+            for k in range(16):
+                events = [user(f"{k}-{j} " + "x" * (256 << 10)) for j in range(4)]
+                await sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=events))
+            watch = sessions.WatchSession(spb.WatchSessionRequest(session_id="w"))
+            updates = watch.__aiter__()
+            first = await asyncio.wait_for(updates.__anext__(), 30)
+            assert first.event.seq == 1
+            await asyncio.to_thread(d.wait_in_flight, "SessionService/WatchSession", 1)
+            os.kill(pid, signal.SIGTERM)
+            # Not reading: a bound far under the grace period, far over a drain's second.
+            code = await asyncio.to_thread(d.proc.wait, 120)  # type: ignore[union-attr]
+            last = first.event.seq
+            try:
+                async for update in updates:
+                    assert update.event.seq == last + 1
+                    last = update.event.seq
+                end = "a clean end"
+            except grpc.aio.AioRpcError as err:
+                end = err.code().name
+            return code, f"{end} after seq {last}"
+
+    try:
+        code, end = asyncio.run(run())
+    finally:
+        d.ensure_stopped()
+    print(f"\nSIGTERM with a watch stalled in its backlog: exit {code}, the watch: {end}")
+    assert code == 0
+    assert end.startswith("UNAVAILABLE"), end
+    assert "calls still running" not in d.log()
