@@ -438,6 +438,8 @@ class Daemon:
         for task in (self._disk_watch, self._sweep):
             if task is not None:
                 task.cancel()
+                # Ended before the store closes: a sweep's delete under way is logged.
+                await asyncio.wait([task])
         # New calls now answer SHUTTING_DOWN and idle streams end; running calls finish.
         self._drain.close()
         self.hub.close_all()

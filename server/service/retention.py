@@ -6,9 +6,13 @@ sweep never holds a storage thread for long."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
+from server.domain.errors import CtxccError
+from server.domain.model import DeleteResult
 from server.service.ports import Clock, Telemetry
 from server.service.sessions import SessionUseCases
 
@@ -56,18 +60,31 @@ class RetentionSweep:
             # session's lock, with its latest compile, before it deletes anything.
             if session.update_time_ns >= cutoff:
                 continue
-            result = await self._sessions.delete_idle(session.session_id, cutoff)
-            if result is None:
-                continue
-            deleted += 1
-            self._telemetry.session_expired()
-            log.info(
-                "session %s deleted: idle for over %.0f s (%d events, %d blobs)",
-                session.session_id,
-                self._retention_ns / 1e9,
-                result.deleted_events,
-                result.deleted_blobs,
-            )
+            deleting = asyncio.ensure_future(self._sessions.delete_idle(session.session_id, cutoff))
+            try:
+                result = await asyncio.shield(deleting)
+            except asyncio.CancelledError:
+                # The daemon stops: the delete's storage thread finishes it whatever
+                # happens, so it is logged and counted all the same before the sweep ends.
+                with contextlib.suppress(CtxccError):  # failed: nothing was deleted
+                    self._expired(session.session_id, await deleting)
+                raise
+            if self._expired(session.session_id, result):
+                deleted += 1
         wrapped = len(page) < self._page
         self._after = "" if wrapped else page[-1].session_id
         return Swept(len(page), deleted, wrapped)
+
+    def _expired(self, session_id: str, result: DeleteResult | None) -> bool:
+        """Logs and counts a session the sweep deleted (None: it was kept)."""
+        if result is None:
+            return False
+        self._telemetry.session_expired()
+        log.info(
+            "session %s deleted: idle for over %.0f s (%d events, %d blobs)",
+            session_id,
+            self._retention_ns / 1e9,
+            result.deleted_events,
+            result.deleted_blobs,
+        )
+        return True
