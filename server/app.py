@@ -434,12 +434,16 @@ class Daemon:
 
     async def stop(self) -> None:
         """Health NOT_SERVING, drain in-flight calls within the grace period, close RocksDB."""
-        await self._health.enter_graceful_shutdown()
         for task in (self._disk_watch, self._sweep):
             if task is not None:
                 task.cancel()
-                # Ended before the store closes: a sweep's delete under way is logged.
+                # Ended before the store closes: a sweep's delete under way is logged. The
+                # disk watch ends before health is set: it could set SERVING again.
                 await asyncio.wait([task])
+        # Not grpc's enter_graceful_shutdown, which turns every service NOT_SERVING:
+        # LIVENESS_SERVICE stays SERVING while the process runs, draining included (it
+        # answered NOT_SERVING for the whole drain, up to the grace period).
+        await self._set_health(False)
         # New calls now answer SHUTTING_DOWN and idle streams end; running calls finish.
         self._drain.close()
         self.hub.close_all()

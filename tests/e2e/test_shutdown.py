@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ctxcc.v1 import artifact_service_pb2 as apb
 from ctxcc.v1 import (
@@ -286,3 +286,54 @@ def test_a_watch_whose_client_stopped_reading_does_not_hold_the_drain(short_tmp:
     assert code == 0
     assert end.startswith("UNAVAILABLE"), end
     assert "calls still running" not in d.log()
+
+
+def test_liveness_stays_serving_while_the_daemon_drains(short_tmp: Path) -> None:
+    """SIGTERM turns the overall health NOT_SERVING (readiness) at once; the service the
+    startup and liveness probes ask, ctxcc.liveness, answers SERVING as long as the process
+    runs, the drain included. grpc's enter_graceful_shutdown turned it NOT_SERVING too,
+    for as long as the drain lasted (up to the grace period)."""
+    d = DaemonProcess(
+        short_tmp / "data", "--grace-period", "600", "--health-listen", "127.0.0.1:0"
+    ).start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    def on_probe_port(service: str) -> int:
+        with grpc.insecure_channel(str(d.endpoints["health"])) as ch:
+            stub: Any = health_pb2_grpc.HealthStub(ch)
+            req = health_pb2.HealthCheckRequest(service=service)
+            return int(stub.Check(req, timeout=10).status)
+
+    async def run() -> tuple[int, int, int]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
+            await sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id="s0"))
+            )
+            # An upload held open keeps the daemon draining until the test lets it finish.
+            held = await open_upload(artifacts, "s0", BLOB)
+            await asyncio.to_thread(d.wait_in_flight, UPLOAD, 1)
+            before = await asyncio.to_thread(on_probe_port, "ctxcc.liveness")
+            os.kill(pid, signal.SIGTERM)
+            await asyncio.to_thread(d.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING)
+            draining = await asyncio.to_thread(on_probe_port, "ctxcc.liveness")
+            overall = await asyncio.to_thread(on_probe_port, "")
+            await held.write(apb.UploadArtifactRequest(data=BLOB[65536:]))
+            await held.done_writing()
+            assert (await held).artifact.size_bytes == len(BLOB)
+            return before, draining, overall
+
+    try:
+        before, draining, overall = asyncio.run(run())
+        code = d.proc.wait(120)
+    finally:
+        d.ensure_stopped()
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    assert (before, draining, overall) == (serving, serving, not_serving)
+    assert code == 0
