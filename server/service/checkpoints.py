@@ -130,8 +130,23 @@ class CheckpointUseCases:
             self._hub.publish(sid, [checkpoint], session.head_seq, session.create_time_ns)
         return stored, created
 
-    async def list_for(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
-        """Newest first; damaged records are listed (marked) rather than failing the list."""
+    async def list_for(
+        self, session_id: str, created_ns: int = 0
+    ) -> tuple[list[Checkpoint | DamagedCheckpoint], int]:
+        """Newest first; damaged records are listed (marked) rather than failing the list.
+        With the create time of the session they are of. With `created_ns` (a listing's
+        next page), of the session made then only: deleted and made again under its id
+        since, SESSION_NOT_FOUND, never the new session's checkpoints at the old one's
+        position."""
         check_id("session_id", session_id)
-        await self._blocking.run(self._store.get_session, session_id)
-        return await self._blocking.run(self._store.list_checkpoint_entries, session_id)
+
+        def read() -> tuple[list[Checkpoint | DamagedCheckpoint], int]:
+            made = self._store.get_session(session_id).create_time_ns
+            if created_ns and made != created_ns:
+                raise session_not_found(session_id)
+            entries = self._store.list_checkpoint_entries(session_id)
+            if self._store.get_session(session_id).create_time_ns != made:
+                raise session_not_found(session_id)  # made again while they were read
+            return entries, made
+
+        return await self._blocking.run(read)

@@ -344,15 +344,28 @@ class SessionUseCases:
         limit: int,
         kinds: frozenset[EventKind],
         max_bytes: int,
-    ) -> EventPage:
+        created_ns: int = 0,
+    ) -> tuple[EventPage, int]:
         """Up to `limit` events of `kinds` after `after_seq`, read until they hold more
         than `max_bytes` as stored (a page's room: 1,000 events of 1 MiB each were read
-        and decoded to send three)."""
+        and decoded to send three), and the create time of the session they are of. With
+        `created_ns` (a listing's next page), of the session made then only: deleted and
+        made again under its id since, SESSION_NOT_FOUND, never the new log's events
+        after the old one's seq."""
         check_id("session_id", session_id)
-        await self.get(session_id)
-        return await self._blocking.run(
-            self._store.read_event_page, session_id, after_seq, limit, kinds, max_bytes
+        session = await self.get(session_id)
+        if created_ns and session.create_time_ns != created_ns:
+            raise session_not_found(session_id)
+        page = await self._blocking.run(
+            self._store.read_event_page,
+            session_id,
+            after_seq,
+            limit,
+            kinds,
+            max_bytes,
+            session.create_time_ns,
         )
+        return page, session.create_time_ns
 
     async def watch(
         self,

@@ -29,7 +29,7 @@ from server.transport.drain import Drain
 from server.transport.errors import streaming, unary
 from server.transport.lent import LentBySession
 from server.transport.options_memo import OptionsMemo
-from server.transport.paging import decode_position, encode_token, page_bytes
+from server.transport.paging import decode_position, encode_token, page_bytes, token_created
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, view_chars
 from server.transport.wire import Encoded
@@ -152,7 +152,10 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         token = decode_position(request.page_token, query)
         start = token if token is not None else 0
         size = self._s.page_size(request.page_size)
-        found = await self._k.list_for(request.session_id)
+        # A next page is of the session the first was of.
+        found, created = await self._k.list_for(
+            request.session_id, token_created(request.page_token)
+        )
         # Cut by size too, as ListEvents: a summary may take 1 MiB, a page 1,000 of them.
         most = page_bytes(self._max_message)
         page: list[checkpoint_pb2.Checkpoint] = []
@@ -167,5 +170,5 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         more = end < len(found)
         return pb.ListCheckpointsResponse(
             checkpoints=page,
-            next_page_token=encode_token(end, query) if more else "",
+            next_page_token=encode_token(end, query, created) if more else "",
         )

@@ -41,9 +41,25 @@ def _fingerprint(query: object) -> str:
     return hashlib.sha256(json.dumps(query, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def encode_token(last: str | int, query: object) -> str:
-    raw = json.dumps({"l": last, "q": _fingerprint(query)}).encode()
+def encode_token(last: str | int, query: object, created_ns: int = 0) -> str:
+    """`created_ns`: the create time of the session listed (0: none), for a listing that
+    must not go on into a session made again under its id (`token_created`)."""
+    fields: dict[str, object] = {"l": last, "q": _fingerprint(query)}
+    if created_ns:
+        fields["c"] = created_ns
+    raw = json.dumps(fields).encode()
     return base64.urlsafe_b64encode(raw).decode()
+
+
+def token_created(token: str) -> int:
+    """The create time of the session a token's listing was of (0: none, or a token that
+    predates it). For a token `decode_token` already took, so it decodes."""
+    if not token:
+        return 0
+    created = json.loads(base64.urlsafe_b64decode(token.encode())).get("c", 0)
+    if type(created) is not int or not 0 <= created < 1 << 64:
+        raise CtxccError(Reason.INVALID_PAGE_TOKEN, "page_token is malformed or from another query")
+    return created
 
 
 def decode_token(token: str, query: object) -> str | int | None:

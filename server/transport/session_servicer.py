@@ -25,7 +25,13 @@ from server.transport.convert_events import (
 )
 from server.transport.convert_misc import checkpoint_out
 from server.transport.errors import streaming, unary
-from server.transport.paging import decode_position, decode_token, encode_token, page_bytes
+from server.transport.paging import (
+    decode_position,
+    decode_token,
+    encode_token,
+    page_bytes,
+    token_created,
+)
 from server.transport.wire import MAX_KINDS, Encoded
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -158,9 +164,14 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         after = token if token is not None else request.after_seq
         size = self._s.page_size(request.page_size)
         # Read up to the page's room as stored (and one event more): the page is cut by
-        # its size on the wire below.
-        found = await self._s.list_events(
-            request.session_id, after, size, frozenset(kinds), self._page_bytes
+        # its size on the wire below. A next page is of the session the first was of.
+        found, created = await self._s.list_events(
+            request.session_id,
+            after,
+            size,
+            frozenset(kinds),
+            self._page_bytes,
+            token_created(request.page_token),
         )
         page: list[event_pb2.Event] = []
         total = 0
@@ -171,7 +182,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
                 break
             page.append(msg)
         more = found.more or len(page) < len(found.events)
-        next_token = encode_token(page[-1].seq, query) if more else ""
+        next_token = encode_token(page[-1].seq, query, created) if more else ""
         return pb.ListEventsResponse(events=page, next_page_token=next_token)
 
     @streaming
