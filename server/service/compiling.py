@@ -269,8 +269,9 @@ class CompileUseCases:
             return await self._blocking.compute(_then_synced, work, self._store.sync_reads)
 
     def forget(self, session_id: str, created: int = 0) -> None:
-        """The session made at `created` (0: whichever) was deleted: its memos and
-        repeatable views, which nothing can use again, are dropped now instead of holding
+        """The session made at `created` (0: whichever) was deleted: its memos,
+        repeatable views and kept reads (tool, checkpoint and source lists, artifact
+        sizes, range digests), which nothing can use again, are dropped now instead of holding
         memory and evicting live sessions' until the LRUs reach them (a compile of it still
         running may store one more; that one is left to the LRU, as it always was), and it
         leaves the sessions over budget (ctxcc_sessions_over_budget) at once. Those of a
@@ -278,6 +279,8 @@ class CompileUseCases:
         loop after that one was made."""
         self._memos.forget(session_id, created)
         self._repeats.forget_session(session_id, created)
+        self._loader.forget(session_id, created)
+        self._assembler.forget(session_id, created)
         self._telemetry.session_deleted(session_id)
 
     def restore_over_budget(self) -> None:
@@ -311,6 +314,11 @@ class CompileUseCases:
     def kept(self) -> tuple[int, int]:
         """(memos, repeatable views) kept: for tests and inspection."""
         return len(self._memos), len(self._repeats)
+
+    def kept_reads(self) -> int:
+        """Values read from the store kept between compiles (checkpoint, tool and source
+        lists, artifact sizes, range digests): for tests and inspection."""
+        return self._loader.kept() + self._assembler.kept()
 
     def _light(self, opts: CompileOptions, unseen: int, step_bytes: int) -> tuple[bool, bool]:
         """Whether the compile goes on the light lane: at the head, it continues a kept

@@ -112,6 +112,15 @@ class InputAssembler:
         self._kept_sources = KeptReads("sources", store)
         self._settings_part: SettingsPart | None = None
 
+    def forget(self, session_id: str, created_ns: int = 0) -> None:
+        """The session made at `created_ns` (0: whichever) was deleted: the sources read
+        for it go (see `KeptReads.forget`)."""
+        self._kept_sources.forget(session_id, created_ns)
+
+    def kept(self) -> int:
+        """Source lists kept (for tests: a deleted session's are not)."""
+        return len(self._kept_sources)
+
     def _recalled(
         self, opts: CompileOptions, session: Session
     ) -> tuple[Recalled, CompileRecord] | None:

@@ -77,3 +77,20 @@ class KeptReads:
                 _, (_, _, dropped) = self._entries.popitem(last=False)
                 self._bytes -= dropped
         return value
+
+    def forget(self, session_id: str, created_ns: int = 0) -> None:
+        """The session made at `created_ns` (0: whichever) was deleted: its values, which
+        no compile can ask for again (their key holds its create time), go now instead
+        of holding the LRU's room until it reaches them."""
+        with self._lock:
+            gone = [
+                k
+                for k in self._entries
+                if k[0] == session_id and (not created_ns or k[1] == created_ns)
+            ]
+            for key in gone:
+                self._bytes -= self._entries.pop(key)[2]
+
+    def __len__(self) -> int:
+        """Values kept (for tests: a deleted session's are not)."""
+        return len(self._entries)

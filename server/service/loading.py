@@ -55,6 +55,23 @@ class HistoryLoader:
         self._tool_lists = KeptReads("tools", store)
         self._artifact_sizes_kept = KeptReads("artifacts", store)
 
+    def forget(self, session_id: str, created_ns: int = 0) -> None:
+        """The session made at `created_ns` (0: whichever) was deleted: what was read of
+        it goes (see `KeptReads.forget`)."""
+        for kept in (self._checkpoint_lists, self._tool_lists, self._artifact_sizes_kept):
+            kept.forget(session_id, created_ns)
+        with self._lock:
+            for key in [k for k in self._digests if k[0] == session_id]:
+                if not created_ns or key[1] == created_ns:
+                    del self._digests[key]
+
+    def kept(self) -> int:
+        """Values and digests kept (for tests: a deleted session's are not)."""
+        reads = (self._checkpoint_lists, self._tool_lists, self._artifact_sizes_kept)
+        with self._lock:
+            digests = len(self._digests)
+        return sum(len(kept) for kept in reads) + digests
+
     def cached_range_digest(self, session: Session, through: int) -> str | None:
         """range_digest when it is known without reading (None: not known)."""
         key = (session.session_id, session.create_time_ns, through)

@@ -95,8 +95,9 @@ async def test_deleted_sessions_leave_no_memos_or_views_behind(
     generations: Any = daemon._store._generations  # type: ignore[union-attr]
     # One session lives throughout: what it keeps is the baseline.
     await _stepped(api, "live", 1)
-    baseline = compiles.kept()
+    baseline, reads = compiles.kept(), compiles.kept_reads()
     assert baseline[0] >= 1, "the live session's memo is kept"
+    assert reads >= 1, "the live session's tool and checkpoint lists are kept"
     assert set(generations._sessions) == {"live"}
 
     rounds, per = 3, 6
@@ -110,6 +111,9 @@ async def test_deleted_sessions_leave_no_memos_or_views_behind(
         for sid in ids:
             await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
         assert compiles.kept() == baseline, f"round {r}: a deleted session's memo kept"
+        # And what its compiles read of the store (tool, checkpoint and source lists,
+        # artifact sizes): they held the LRUs' room until evicted (1,024 entries each).
+        assert compiles.kept_reads() == reads, f"round {r}: a deleted session's reads kept"
         assert set(generations._sessions) == {"live"}
         assert set(generations._tables) == {"live"}
 
