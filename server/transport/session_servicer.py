@@ -41,17 +41,29 @@ Ctx = grpc.aio.ServicerContext[Any, Any]
 SESSION_CREATE_TIME_KEY = "ctxcc-session-create-time-ns"
 
 
+# What an entry holds besides its encoded bytes: the Event it keeps alive (its payload,
+# parts and texts as Python objects: ~640 bytes for a one-word user message, ~1 KB for an
+# assistant message with a call, whose encodings are 54 and 77 bytes), the key and tuple.
+ENTRY_BYTES = 1024
+# Entries kept at most, whatever their size: an event of many small parts holds more than
+# ENTRY_BYTES. One missing only costs a watcher an encoding of its own.
+MOST_ENTRIES = 16_384
+
+
 class WatchedBytes:
     """The encoded WatchSessionResponse of each event the watch hub publishes, made once
     for all of its session's watchers: the hub hands every watcher the same Event, and
     each converted and encoded it on the event loop (64 watchers and a 60 MB append held
     the loop ~6 s). The latest events, by identity (an entry keeps its event alive, so
-    its id cannot be reused meanwhile), up to `most_bytes`."""
+    its id cannot be reused meanwhile), up to `most_bytes` counting each entry's
+    ENTRY_BYTES, and MOST_ENTRIES of them. Counted by their encodings alone, 16 MiB of
+    one-word messages were ~310,000 entries holding ~200 MB."""
 
-    def __init__(self, most_bytes: int = 16 << 20) -> None:
+    def __init__(self, most_bytes: int = 16 << 20, most_entries: int = MOST_ENTRIES) -> None:
         self._kept: OrderedDict[int, tuple[Event, Encoded]] = OrderedDict()
         self._bytes = 0
         self._most = most_bytes
+        self._most_entries = most_entries
 
     def of(self, event: Event) -> Encoded:
         found = self._kept.get(id(event))
@@ -61,15 +73,17 @@ class WatchedBytes:
         encoded = Encoded(pb.WatchSessionResponse(event=event_out(event)).SerializeToString())
         self._drop(id(event))
         self._kept[id(event)] = (event, encoded)
-        self._bytes += len(encoded.data)
-        while self._bytes > self._most and len(self._kept) > 1:
+        self._bytes += len(encoded.data) + ENTRY_BYTES
+        while len(self._kept) > 1 and (
+            self._bytes > self._most or len(self._kept) > self._most_entries
+        ):
             self._drop(next(iter(self._kept)))
         return encoded
 
     def _drop(self, key: int) -> None:
         gone = self._kept.pop(key, None)
         if gone is not None:
-            self._bytes -= len(gone[1].data)
+            self._bytes -= len(gone[1].data) + ENTRY_BYTES
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
