@@ -434,12 +434,10 @@ class Daemon:
 
     async def stop(self) -> None:
         """Health NOT_SERVING, drain in-flight calls within the grace period, close RocksDB."""
-        for task in (self._disk_watch, self._sweep):
-            if task is not None:
-                task.cancel()
-                # Ended before the store closes: a sweep's delete under way is logged. The
-                # disk watch ends before health is set: it could set SERVING again.
-                await asyncio.wait([task])
+        if self._disk_watch is not None:
+            # Ended before health is set: it could set SERVING again.
+            self._disk_watch.cancel()
+            await asyncio.wait([self._disk_watch])
         # Not grpc's enter_graceful_shutdown, which turns every service NOT_SERVING:
         # LIVENESS_SERVICE stays SERVING while the process runs, draining included (it
         # answered NOT_SERVING for the whole drain, up to the grace period).
@@ -447,6 +445,11 @@ class Daemon:
         # New calls now answer SHUTTING_DOWN and idle streams end; running calls finish.
         self._drain.close()
         self.hub.close_all()
+        if self._sweep is not None:
+            # Ended before the store closes: a delete under way finishes, and is logged and
+            # counted (after health and the drain: a large delete takes a while).
+            self._sweep.cancel()
+            await asyncio.wait([self._sweep])
         if self._web is not None:
             await self._web.stop()
         if self._server is not None:
