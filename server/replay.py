@@ -16,6 +16,7 @@ import hashlib
 import json
 import lzma
 import math
+import os
 import secrets
 import statistics
 import sys
@@ -264,6 +265,20 @@ def summary(rows: list[Row]) -> dict[str, float | int]:
     }
 
 
+# The replay's own daemon binds its Unix socket inside its scratch directory: a socket
+# path is at most 107 bytes, so a temp dir longer than this is passed over for /tmp.
+MAX_SCRATCH_BASE_CHARS = 64
+
+
+def scratch_base() -> str:
+    """Where the replay's own daemon keeps its data: the temp dir (TMPDIR; a read-only
+    root filesystem may have no /tmp), or /tmp when that path is too long for a socket."""
+    base = tempfile.gettempdir()
+    if len(os.fsencode(base)) <= MAX_SCRATCH_BASE_CHARS:
+        return base
+    return "/tmp"  # noqa: S108 (a private directory is made in it, mode 0700, by mkdtemp)
+
+
 @contextlib.asynccontextmanager
 async def _target(address: str | None, token_file: str = "") -> AsyncIterator[grpc.aio.Channel]:
     if address:
@@ -273,7 +288,7 @@ async def _target(address: str | None, token_file: str = "") -> AsyncIterator[gr
     from server.app import Daemon
     from server.config import resolve
 
-    with tempfile.TemporaryDirectory(prefix="ctxcc-replay-", dir="/tmp") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ctxcc-replay-", dir=scratch_base()) as tmp:
         cfg = resolve(
             {
                 "data_dir": tmp,
