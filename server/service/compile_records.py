@@ -37,10 +37,11 @@ def checked(opts: CompileOptions) -> CompileOptions:
     names. A stream step makes them before its usage report and its append, so a step
     whose compile is refused for what it asks does nothing at all."""
     if opts.rebuild_compile_id:
-        # Not of a compile id's shape: no compile has it (the same answer as an id of that
-        # shape never recorded), not "of another session".
+        # No <session>:<suffix> in it: no compile has it (the answer to an id of that shape
+        # never recorded), not "of another session". A malformed session id before the
+        # colon is named as the field sent (below).
         sid, sep, suffix = opts.rebuild_compile_id.partition(":")
-        if not (sep and sid and suffix):
+        if not (sep and suffix):
             raise CtxccError(
                 Reason.COMPILE_NOT_FOUND,
                 f"compile {opts.rebuild_compile_id!r} does not exist",

@@ -344,6 +344,8 @@ def test_rebuild_errors(api: Api) -> None:
         (cpb.CompileRequest(rebuild_compile_id=":00ff"), "INVALID_FIELD"),
         (cpb.CompileRequest(rebuild_compile_id="bad id!:x"), "INVALID_FIELD"),
         (cpb.CompileRequest(session_id="other", rebuild_compile_id=compile_id), "INVALID_FIELD"),
+        # Not <session>:<suffix> at all: no compile has it, whatever session is named.
+        (cpb.CompileRequest(session_id="other", rebuild_compile_id="nope"), "COMPILE_NOT_FOUND"),
     ]:
         with pytest.raises(grpc.RpcError) as exc:
             api.compiles.Compile(bad)
