@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from ctxcc_client import AsyncClient, user
 
@@ -1019,5 +1020,39 @@ async def test_over_budget_steps_digest_their_range_once_off_the_light_lane(
             )
         )
         assert made_ck.checkpoint.covered_digest == digest and not made_ck.digest_computed
+    finally:
+        await _stopped(d, api)
+
+
+async def test_tool_definitions_are_checked_off_the_event_loop(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RegisterTools parses and walks every schema (up to 64 MiB of them in one request:
+    seconds of CPU): on the compute pool, never on the event loop's thread."""
+    from server.service import tools
+
+    checked: list[str] = []
+    original = tools.check_tool
+
+    def check_tool(i: int, spec: Any, *rest: Any) -> None:
+        checked.append(threading.current_thread().name)
+        original(i, spec, *rest)
+
+    monkeypatch.setattr(tools, "check_tool", check_tool)
+    d, api, _ = await _started(make_config(short_tmp))
+    try:
+        loop_thread = threading.current_thread().name
+        await _made(api, "tooly")
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="tooly", tools=_big_tools("a", 3))
+        )
+        assert len(checked) == 3
+        assert loop_thread not in checked
+        assert {name.rsplit("_", 1)[0] for name in checked} == {"ctxcc-compute"}
+        # A refused definition is still refused, from the compute thread.
+        bad = tool_pb2.ToolDefinition(name="b", description="d", input_schema_json="[1]")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id="tooly", tools=[bad]))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await _stopped(d, api)
