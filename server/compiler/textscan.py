@@ -15,6 +15,7 @@ path_memo.py: it remembers these answers and scans nothing itself.
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -405,3 +406,49 @@ class LineSearch:
         chunk = self.data[lo:hi]
         chunk = chunk[:-1] if chunk.endswith(b"\n") else chunk
         return chunk.decode("utf-8", errors="replace")
+
+
+# -- line reads of stored results ------------------------------------------------------
+
+# Bytes of a stored result decoded and split at a time by `line_slice`: a 32 MiB result
+# split whole was one call of seconds holding the GIL, and a list of 16 million lines.
+LINE_PIECE_BYTES = 256 << 10
+# Where str.splitlines ends a line ("\r\n" is one end).
+_LINE_ENDS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+
+
+def _split(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def line_slice(
+    data: bytes, offset: int, limit: int, piece_bytes: int = LINE_PIECE_BYTES
+) -> tuple[str, int]:
+    """Lines `offset` to `offset + limit` of `data` (UTF-8, undecodable bytes replaced),
+    joined with their ends, and how many lines it holds in all: what
+    `data.decode("utf-8", "replace").splitlines(keepends=True)` gives, but decoded and
+    split `piece_bytes` at a time, keeping only the lines asked for."""
+    decode = codecs.getincrementaldecoder("utf-8")("replace").decode
+    end = offset + limit
+    out: list[str] = []
+    finished = 0  # lines ended so far: also the index of a line still open
+    open_line = False
+    held = ""  # a piece's last "\r", which a "\n" starting the next piece would join
+    size = len(data)
+    for start in range(0, size, piece_bytes):
+        last = start + piece_bytes >= size
+        text = held + decode(data[start : start + piece_bytes], last)
+        held = ""
+        if not last and text.endswith("\r"):
+            text, held = text[:-1], "\r"
+        if not text:
+            continue
+        lines = _split(text)
+        # lines[0] continues the open line, if any: its index is `finished` either way.
+        lo, hi = max(offset - finished, 0), min(end - finished, len(lines))
+        if lo < hi:
+            out.extend(lines[lo:hi])
+        ended = len(lines) if lines[-1][-1] in _LINE_ENDS else len(lines) - 1
+        finished += ended
+        open_line = ended < len(lines)
+    return "".join(out), finished + open_line

@@ -13,6 +13,7 @@ from server.compiler.textscan import (
     LineSearch,
     PatternError,
     compile_search,
+    line_slice,
     loads_strict,
 )
 from server.compiler.tool_cap import searchable_registry, tool_cap
@@ -232,10 +233,10 @@ class ToolUseCases:
         return self._result_data(session_id, call_id).decode("utf-8", errors="replace")
 
     def _lines(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
-        lines = self._result_text(session_id, call_id).splitlines(keepends=True)
         limit = min(limit or 200, 2_000)
-        chunk = lines[offset : offset + limit]
-        return Slice("".join(chunk), offset, len(lines), offset + limit < len(lines))
+        # Decoded and split in pieces, keeping only the lines asked for (line_slice).
+        text, total = line_slice(self._result_data(session_id, call_id), offset, limit)
+        return Slice(text, offset, total, offset + limit < total)
 
     def _bytes(self, session_id: str, call_id: str, offset: int, limit: int) -> Slice:
         data = self._result_text(session_id, call_id).encode()

@@ -229,3 +229,46 @@ def test_compiled_globs_are_kept_by_their_globs_and_bounded() -> None:
     assert cache.get(("src/**/*.py", "docs/*.md")) is not first
     assert cache.held() <= 6
     assert textscan.compile_globs(["lib/*.rs"]) is textscan.compile_globs(("lib/*.rs",))
+
+
+_LINE_TEXT = st.lists(
+    st.sampled_from(["a", "é", "🙂", "\n", "\r", "\r\n", "\x0b", "\x1c", "\x85", "\u2028"]),
+    max_size=40,
+).map("".join)
+
+
+@given(
+    _LINE_TEXT,
+    st.binary(max_size=3),
+    st.integers(0, 45),
+    st.integers(0, 45),
+    st.integers(1, 9),
+)
+@settings(max_examples=400)
+def test_line_slice_is_splitlines_of_the_decoded_text(
+    text: str, junk: bytes, offset: int, limit: int, piece: int
+) -> None:
+    """Pieces of any size ("\\r" and "\\n" of one end, or one character's bytes, on both
+    sides of a cut) give what splitting the whole decoded text gives."""
+    data = text.encode() + junk + text.encode()
+    lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+    got = textscan.line_slice(data, offset, limit, piece)
+    assert got == ("".join(lines[offset : offset + limit]), len(lines))
+
+
+def test_a_huge_result_is_split_in_bounded_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 MiB of one-character lines: no split over a piece, and only the lines asked for
+    kept (splitting it whole made a list of 4 million lines in one call)."""
+    split = textscan._split
+    sizes: list[int] = []
+
+    def spy(text: str) -> list[str]:
+        sizes.append(len(text))
+        return split(text)
+
+    monkeypatch.setattr(textscan, "_split", spy)
+    data = b"\n" * (4 << 20)
+    text, total = textscan.line_slice(data, 1_000, 10)
+    assert (text, total) == ("\n" * 10, 4 << 20)
+    assert len(sizes) == (4 << 20) // textscan.LINE_PIECE_BYTES
+    assert max(sizes) <= textscan.LINE_PIECE_BYTES + 1
