@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.compiler.render import RenderFormat, surrogates_escaped
@@ -159,15 +161,76 @@ def _cut(value: object) -> object:
     return value
 
 
+_SPACE = re.compile(r"[ \t\r\n]*")
+_SCALAR = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|true|false|null")
+_CLOSING = {"{": "}", "[": "]"}
+
+
+# json's own string scanner (C): one call over one string; typeshed does not declare it.
+_SCAN: Callable[[str, int], tuple[str, int]] = vars(json.decoder)["scanstring"]
+
+
+def _scanstring(body: str, start: int) -> tuple[str, int]:
+    """The JSON string whose opening quote is at `start - 1`, decoded, and where it ends."""
+    return _SCAN(body, start)
+
+
 def pretty_body(body: str) -> str:
-    """The rendered provider body, indented, with very long strings (image data) cut."""
+    """The rendered provider body, indented as `json.dumps(indent=2)` would, with very
+    long strings (image data) cut, up to MAX_BODY_CHARS: read token by token from the
+    compact body and stopped there. (Parsing and indenting a whole body of 100,000
+    messages took seconds of CPU, the parse one call holding the GIL, for a page that
+    shows its first 400,000 characters.)"""
+    out: list[str] = []
+    size = depth = 0
+    n = len(body)
+    pos = _skip_space(body, 0)
     try:
-        text = surrogates_escaped(json.dumps(_cut(json.loads(body)), indent=2, ensure_ascii=False))
-    except ValueError:
-        text = body
+        while pos < n and size <= MAX_BODY_CHARS:
+            c = body[pos]
+            if c == '"':
+                value, pos = _scanstring(body, pos + 1)
+                piece = json.dumps(_cut(value), ensure_ascii=False)
+            elif c in _CLOSING:
+                after = _skip_space(body, pos + 1)
+                if body[after : after + 1] == _CLOSING[c]:
+                    piece, pos = c + _CLOSING[c], after + 1
+                else:
+                    depth += 1
+                    piece, pos = c + "\n" + "  " * depth, pos + 1
+            elif c in "}]":
+                depth -= 1
+                piece, pos = "\n" + "  " * depth + c, pos + 1
+            elif c == ",":
+                piece, pos = ",\n" + "  " * depth, pos + 1
+            elif c == ":":
+                piece, pos = ": ", pos + 1
+            else:
+                scalar = _SCALAR.match(body, pos)
+                if scalar is None:
+                    raise ValueError(f"unexpected {c!r} at {pos}")
+                piece, pos = scalar.group(), scalar.end()
+            out.append(piece)
+            size += len(piece)
+            pos = _skip_space(body, pos)
+            if depth < 0:
+                raise ValueError("unbalanced")
+        if pos >= n and depth:
+            raise ValueError("unclosed")
+    except ValueError:  # not JSON: shown as it is
+        out, pos = [body[: MAX_BODY_CHARS + 1]], n
+    text = surrogates_escaped("".join(out))
+    if pos < n:  # stopped: what is left is not indented, so not counted in characters
+        return text[:MAX_BODY_CHARS] + f"\n… [cut here: the body is {n:,} characters of JSON]"
     if len(text) > MAX_BODY_CHARS:
         text = text[:MAX_BODY_CHARS] + f"\n… [{len(text) - MAX_BODY_CHARS:,} more characters]"
     return text
+
+
+def _skip_space(body: str, pos: int) -> int:
+    """Where the JSON whitespace at `pos` ends."""
+    space = _SPACE.match(body, pos)
+    return space.end() if space is not None else pos
 
 
 def parts_text(parts: tuple[ContentPart, ...]) -> str:

@@ -594,3 +594,43 @@ async def test_a_page_that_is_not_read_is_given_up(
     assert len(got) < count * size  # cut short: the connection was closed
     status, again, _ = await _get(daemon, path)
     assert status == 200 and again == whole
+
+
+async def test_the_step_and_diff_pages_are_made_off_the_event_loop(
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step page's values (the rendered body indented: seconds for a view of 100,000
+    messages) and the diff of two views were made on the event loop, which also serves
+    gRPC. They are made on a thread."""
+    import threading
+
+    from server.web import pages
+
+    api = unix_api
+    await _session(api, "off")
+    for i in range(2):
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="off", events=[user(f"{i}")])
+        )
+        await api.compiles.Compile(compile_request("off"))
+    made_on: dict[str, list[threading.Thread]] = {"body": [], "diff": []}
+    from server.service.step_diff import diff_views as diff
+
+    pretty = present.pretty_body
+
+    def pretty_watched(body: str) -> str:
+        made_on["body"].append(threading.current_thread())
+        return pretty(body)
+
+    def diff_watched(a: Any, b: Any) -> Any:
+        made_on["diff"].append(threading.current_thread())
+        return diff(a, b)
+
+    monkeypatch.setattr(present, "pretty_body", pretty_watched)
+    monkeypatch.setattr(pages, "diff_views", diff_watched)
+    status, page, _ = await _get(daemon, "/s/off/step?format=openai_chat")
+    assert status == 200 and "&#34;messages&#34;" in page
+    status, _, _ = await _get(daemon, "/s/off/diff?a=1&b=2")
+    assert status == 200
+    assert [len(made_on["body"]), len(made_on["diff"])] == [1, 1]
+    assert threading.main_thread() not in made_on["body"] + made_on["diff"]

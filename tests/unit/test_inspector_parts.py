@@ -8,7 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from server.compiler.render import surrogates_escaped
 from server.compiler.view import Decision, Layer, SectionKind
 from server.config import ConfigError, resolve
 from server.domain.model import Route
@@ -129,3 +132,54 @@ def test_a_body_with_an_escaped_lone_surrogate_is_shown_and_stays_encodable() ->
     shown.encode()  # raises UnicodeEncodeError when a surrogate is left in
     assert "\\ud800" in shown and "é" in shown
     assert json.loads(shown) == json.loads(body)
+
+
+def _old_pretty(body: str) -> str:
+    """The step page's body as it was made: parsed whole, cut, indented whole."""
+    text = surrogates_escaped(
+        json.dumps(present._cut(json.loads(body)), indent=2, ensure_ascii=False)
+    )
+    if len(text) > present.MAX_BODY_CHARS:
+        cut = len(text) - present.MAX_BODY_CHARS
+        text = text[: present.MAX_BODY_CHARS] + f"\n… [{cut:,} more characters]"
+    return text
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+    | st.just("x" * (present.MAX_JSON_STRING + 5)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=30,
+)
+
+
+@given(_JSON, st.booleans())
+@settings(max_examples=300)
+def test_the_body_is_indented_as_json_dumps_indents_it(value: object, spaced: bool) -> None:
+    body = json.dumps(value, ensure_ascii=False, separators=(", ", ": ") if spaced else None)
+    body = surrogates_escaped(body)
+    assert present.pretty_body(body) == _old_pretty(body)
+
+
+def test_a_huge_body_is_read_only_up_to_the_pages_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body of 250,000 messages (750,000 strings): only the strings before the page's
+    cut are decoded (it was parsed and indented whole, seconds of CPU), and the page's
+    text is the same up to the cut."""
+    messages = [{"role": "user", "content": f"m{i}"} for i in range(250_000)]
+    body = json.dumps({"model": "m", "messages": messages}, separators=(",", ":"))
+    scan = present._scanstring
+    decoded: list[int] = []
+
+    def counted(text: str, start: int) -> tuple[str, int]:
+        decoded.append(start)
+        return scan(text, start)
+
+    monkeypatch.setattr(present, "_scanstring", counted)
+    shown = present.pretty_body(body)
+    assert len(decoded) < 40_000
+    assert shown[: present.MAX_BODY_CHARS] == _old_pretty(body)[: present.MAX_BODY_CHARS]
+    assert shown.endswith(f"[cut here: the body is {len(body):,} characters of JSON]")
