@@ -191,14 +191,17 @@ class ToolUseCases:
         if len(query) > 1_000:
             raise invalid("query", "query is over 1000 characters")
         most = min(max_results, 50)
-        found = await self._blocking.run(self._search_tools, session_id, query, most)
+        # Words are read from every deferred definition (512 of 64 KB descriptions: ~8 s
+        # of CPU): compute work, which must not take the storage threads other sessions'
+        # appends need.
+        found = await self._blocking.compute(self._search_tools, session_id, query, most)
         if found:
             # Deferred definitions are counted only once activated: by the next compile.
             self._pending.landed(session_id, sum(_spec_bytes(s) for s in found))
         return found
 
     def _search_tools(self, session_id: str, query: str, most: int) -> list[ToolSpec]:
-        """Blocking, one hop: the search and, when it found tools, their activation."""
+        """Blocking (CPU), one hop: the search and, when it found tools, their activation."""
         session = self._store.get_session(session_id)
         # On a route with a tool cap, direct tools a view may not carry are searched as
         # deferred ones (tool_cap.py): the route is the one the session last compiled for,

@@ -1056,3 +1056,34 @@ async def test_tool_definitions_are_checked_off_the_event_loop(
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await _stopped(d, api)
+
+
+async def test_tool_searches_run_on_the_compute_pool(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SearchTools call reads the words of every deferred definition (seconds of CPU
+    for a registry of long descriptions): on the compute pool, so that searches asked at
+    once never take the storage threads every session's appends use."""
+    from server.compiler.tool_search import search_tools as original
+    from server.service import tools
+
+    ran_on: list[str] = []
+
+    def search_tools(*args: Any, **kw: Any) -> Any:
+        ran_on.append(_lane())
+        return original(*args, **kw)
+
+    monkeypatch.setattr(tools, "search_tools", search_tools)
+    d, api, _ = await _started(make_config(short_tmp))
+    try:
+        await _made(api, "searcher")
+        deferred = _big_tools("w", 2, visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED)
+        await api.tools.RegisterTools(
+            tpb.RegisterToolsRequest(session_id="searcher", tools=deferred)
+        )
+        req = tpb.SearchToolsRequest(session_id="searcher", query="w0 w1")
+        found = await asyncio.gather(*(api.tools.SearchTools(req) for _ in range(3)))
+        assert all(len(f.tools) == 2 for f in found)
+        assert ran_on == ["ctxcc-compute"] * 3
+    finally:
+        await _stopped(d, api)
