@@ -10,7 +10,10 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from server.compiler import render as render_mod
 from server.compiler import render_common
 from server.compiler.compile import CompileInputs, compile_view
 from server.compiler.projection import ImagePolicy
@@ -401,3 +404,49 @@ def test_a_branch_named_many_times_is_flattened_once_per_depth(
     resolved[0] = 0
     assert flat_schema(looping)["properties"] == {}
     assert resolved[0] <= 4 * 9 + 9
+
+
+_BODY_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=7)
+        | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=40,
+)
+
+
+@given(_BODY_JSON)
+@settings(max_examples=500)
+def test_a_body_in_pieces_is_the_text_of_one_dumps(value: object) -> None:
+    whole = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    piece = render_mod.DUMPS_PIECE
+    render_mod.DUMPS_PIECE = 2  # pieces of arrays of any length
+    try:
+        assert render_mod.dumps_in_pieces(value) == whole
+    finally:
+        render_mod.DUMPS_PIECE = piece
+
+
+def test_a_long_body_is_encoded_a_few_members_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body of 100,000 messages was one json.dumps call (holding the GIL ~150 ms a
+    format); no call encodes more than DUMPS_PIECE of its members now."""
+    dumps = render_mod._dumps
+    widths: list[int] = []
+
+    def counted(value: object) -> str:
+        widths.append(len(value) if isinstance(value, list | dict) else 1)
+        return dumps(value)
+
+    monkeypatch.setattr(render_mod, "_dumps", counted)
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": f"m{i}"}]} for i in range(100_000)
+    ]
+    body = {"model": "m", "messages": messages, "tools": []}
+    text = render_mod.dumps_in_pieces(body)
+    assert text == json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    assert max(widths) <= render_mod.DUMPS_PIECE
