@@ -24,8 +24,11 @@ from server.domain.tools import ToolSpec, ToolVisibility
 _ASCII_WORD = re.compile(r"[a-z0-9]+")
 # Han (with its extensions and compatibility forms), kana and Hangul.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003ffff"
-_WORD = re.compile(f"[{_CJK}]+|(?:(?![{_CJK}])[^\\W_])+")
-_CJK_CHAR = re.compile(f"[{_CJK}]")
+# A run of letters, digits and CJK characters, split below into its CJK runs and the rest
+# (one pattern with a lookahead per character made a search of 512 descriptions of 64 KB
+# take ~5 s of CPU; this, ~1 s, as ASCII words did).
+_RUN = re.compile(f"(?:[^\\W_]|[{_CJK}])+")
+_CJK_RUN = re.compile(f"[{_CJK}]+")
 DEFAULT_MAX_RESULTS = 5
 
 
@@ -34,12 +37,22 @@ def _ascii_words(text: str) -> set[str]:
 
 
 def _unicode_words(text: str) -> set[str]:
+    if text.isascii():  # NFKC and casefold are lower(); the words are ASCII ones
+        return _ascii_words(text)
     words: set[str] = set()
-    for run in _WORD.findall(unicodedata.normalize("NFKC", text).casefold()):
-        if _CJK_CHAR.match(run):
-            words.update(run[i : i + 2] for i in range(max(1, len(run) - 1)))
-        else:
+    for run in set(_RUN.findall(unicodedata.normalize("NFKC", text).casefold())):
+        if run.isascii():
             words.add(run)
+            continue
+        rest = 0
+        for cjk in _CJK_RUN.finditer(run):
+            if cjk.start() > rest:
+                words.add(run[rest : cjk.start()])
+            pairs = cjk.group()
+            words.update(pairs[i : i + 2] for i in range(max(1, len(pairs) - 1)))
+            rest = cjk.end()
+        if rest < len(run):
+            words.add(run[rest:])
     return words
 
 

@@ -1,0 +1,54 @@
+"""The words `tool_search` matches (TOOL_CAPPING 3 on): letters and digits of any script,
+NFKC and case-folded, CJK runs as their character pairs. The recorded compiles of that
+version replay their searches with them, so how they are found must not change what
+they are."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.compiler import tool_search
+
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003ffff"
+# The words as first defined: one pattern, CJK runs and runs of other letters and digits.
+_FIRST = re.compile(f"[{_CJK}]+|(?:(?![{_CJK}])[^\\W_])+")
+
+
+def first_words(text: str) -> set[str]:
+    words: set[str] = set()
+    for run in _FIRST.findall(unicodedata.normalize("NFKC", text).casefold()):
+        if re.match(f"[{_CJK}]", run):
+            words.update(run[i : i + 2] for i in range(max(1, len(run) - 1)))
+        else:
+            words.add(run)
+    return words
+
+
+# Text drawn from what descriptions hold: ASCII, accented and full-width letters, CJK
+# (with kana punctuation that is not a word character), Hangul, digits, underscores.
+_ALPHABET = st.sampled_from(
+    list("abcXYZ019 _-.,\n")
+    + list("éÅßİﬁ")
+    + ["\uff21", "\uff22", "\uff11"]  # full-width A, B, 1
+    + list("翻译文本部署・ファイルを読む")
+    + ["\u30a0"]  # the kana double hyphen: in the CJK range, not a word character
+    + list("한국어")
+    + ["\U00020000", "\U0003fffe", "\u00b2", "\u0661"]
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.text(_ALPHABET, max_size=40))
+def test_the_words_are_the_first_definitions(text: str) -> None:
+    assert tool_search._unicode_words(text) == first_words(text)
+
+
+def test_ascii_text_has_its_ascii_words() -> None:
+    text = "Deploy the_service to PROD-2 now."
+    assert tool_search._unicode_words(text) == tool_search._ascii_words(text)
+    words = {"deploy", "the", "service", "to", "prod", "2", "now"}
+    assert tool_search._unicode_words(text) == words
