@@ -111,6 +111,21 @@ def gif_bytes(width: int, height: int) -> bytes:
     return header + image + b"\x02" + blocks + b"\x00\x3b"
 
 
+def jpeg_bytes(width: int, height: int) -> bytes:
+    """A JPEG's segments up to its frame header (SOI, APP0, a baseline SOF naming the
+    size) and EOI: what the daemon reads of one, and its magic bytes."""
+    app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    frame = b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, height, width, 1) + b"\x01\x11\x00"
+    return b"\xff\xd8" + app0 + frame + b"\xff\xd9"
+
+
+def webp_bytes(width: int, height: int) -> bytes:
+    """A lossy WebP's RIFF header and VP8 frame header naming the size."""
+    body = b"\x00\x00\x00\x9d\x01\x2a" + struct.pack("<HH", width, height) + b"\0" * 10
+    payload = b"WEBPVP8 " + struct.pack("<I", len(body)) + body
+    return b"RIFF" + struct.pack("<I", len(payload)) + payload
+
+
 def png_upload(
     sid: str, data: bytes, side: int = 32, mime_type: str = "image/png"
 ) -> list[apb.UploadArtifactRequest]:

@@ -23,6 +23,25 @@ def measurable(mime_type: str) -> bool:
     return mime_type.lower() in _FORMATS
 
 
+# The MIME type of each format read, as an upload of another declared type is stored.
+_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
+
+
+def actual_type(mime_type: str, data: bytes) -> str | None:
+    """The type `data` is, when it was declared as one of the types read here but is a
+    well-formed image of another of them (a JPEG screenshot a tool saved as `.png`);
+    None when it reads as declared, as none of them, or was declared as another type.
+    Anthropic refuses an image whose bytes are not its `media_type` ("Image does not
+    match the provided media type image/png"), and every later request holding it."""
+    declared = _FORMATS.get(mime_type.lower())
+    if declared is None or image_size(mime_type, data) is not None:
+        return None
+    for kind, mime in _TYPES.items():
+        if kind != declared and image_size(mime, data) is not None:
+            return mime
+    return None
+
+
 def image_size(mime_type: str, data: bytes) -> tuple[int, int] | None:
     """(width, height) of `data` read as `mime_type`; None when the type is not one read
     here or the bytes are not a well-formed image of it (or state a zero side)."""

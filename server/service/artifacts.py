@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 from server.domain.errors import CtxccError, Reason, invalid
-from server.domain.image_size import image_size, measurable
+from server.domain.image_size import actual_type, image_size, measurable
 from server.domain.records import ArtifactRecord
 from server.domain.validation import check_id
 from server.service.blocking import Blocking
@@ -61,7 +61,9 @@ class ArtifactUseCases:
     async def put(self, h: ArtifactHeader, data: bytes) -> ArtifactRecord:
         self.check_header(h)
         # Hashing and measuring read the bytes (up to the artifact limit): off the loop.
-        actual, measured = await self._blocking.run(_digest_and_size, h.mime_type, data)
+        actual, mime_type, measured = await self._blocking.run(
+            _digest_type_and_size, h.mime_type, data
+        )
         if len(data) != h.size_bytes or actual != h.sha256:
             raise CtxccError(
                 Reason.ARTIFACT_CHECKSUM_MISMATCH,
@@ -73,11 +75,19 @@ class ArtifactUseCases:
             artifact_id = "a-" + hashlib.sha256(key).hexdigest()[:24]
         else:
             artifact_id = self._ids.new_id("a-")
+        if mime_type != h.mime_type:
+            log.info(
+                "artifact %s in session %s: declared %s, its bytes are %s (stored)",
+                artifact_id,
+                h.session_id,
+                h.mime_type,
+                mime_type,
+            )
         width, height = _dimensions(h, artifact_id, measured)
         record = ArtifactRecord(
             session_id=h.session_id,
             artifact_id=artifact_id,
-            mime_type=h.mime_type,
+            mime_type=mime_type,
             size_bytes=h.size_bytes,
             sha256=h.sha256,
             width=width,
@@ -106,9 +116,12 @@ class ArtifactUseCases:
         return data
 
 
-def _digest_and_size(mime_type: str, data: bytes) -> tuple[str, tuple[int, int] | None]:
-    """Blocking: the bytes' sha256 (hex) and the size their header states (image_size)."""
-    return hashlib.sha256(data).hexdigest(), image_size(mime_type, data)
+def _digest_type_and_size(mime_type: str, data: bytes) -> tuple[str, str, tuple[int, int] | None]:
+    """Blocking: the bytes' sha256 (hex), their type (the declared one, or the one they
+    are when declared as another image type the daemon reads: actual_type) and the size
+    their header states (image_size)."""
+    mime_type = actual_type(mime_type, data) or mime_type
+    return hashlib.sha256(data).hexdigest(), mime_type, image_size(mime_type, data)
 
 
 def _dimensions(

@@ -16,6 +16,7 @@ Run directly to explore many seeds: `python -m tests.conformance.sdk_fuzz COUNT 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import random
@@ -39,7 +40,7 @@ from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.conformance.corpus import FORMATS, PNG
 from tests.conformance.sdk_types import errors_for
 from tests.conftest import Stubs
-from tests.helpers import ROUTE
+from tests.helpers import ROUTE, gif_bytes, jpeg_bytes, webp_bytes
 
 # -- pools of awkward values --------------------------------------------------------------
 
@@ -355,8 +356,20 @@ def plan(rng: random.Random, sid: str) -> Plan:
 # -- running a plan on a daemon -----------------------------------------------------------
 
 
+# Bytes of each image type the daemon reads, as agents upload them (an upload declared
+# as one of these types whose bytes are another is stored as what its bytes are); the
+# other types get a PNG's bytes, which are sent as declared (as no provider takes them).
+_IMAGE_BYTES = {
+    "image/jpeg": jpeg_bytes(1, 1),
+    "image/gif": gif_bytes(1, 1),
+    "image/webp": webp_bytes(1, 1),
+    "image/heic": b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic",  # an HEIF box
+}
+
+
 async def _upload(api: Stubs, sid: str, mime: str, salt: int) -> common_pb2.ArtifactRef:
-    data = PNG + salt.to_bytes(4, "big")  # distinct bytes, distinct artifacts
+    # Distinct bytes, distinct artifacts.
+    data = _IMAGE_BYTES.get(mime, PNG) + salt.to_bytes(4, "big")
     header = apb.ArtifactHeader(
         session_id=sid,
         mime_type=mime,
@@ -574,6 +587,25 @@ def _data_url_mime(url: str) -> str:
     return url[5 : url.index(";")] if url.startswith("data:") else ""
 
 
+# The first bytes of each image type the providers take and the daemon reads.
+_MAGIC = {
+    b"\x89PNG": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF8": "image/gif",
+    b"RIFF": "image/webp",
+}
+
+
+def _mislabelled(mime: str, data: str) -> str | None:
+    """What an image's bytes are when they are not its declared type (None when they
+    are, or are none of the four): Anthropic refuses such an image ("Image does not match
+    the provided media type image/png"). `data` is base64, standard or URL-safe (which
+    google-genai re-encodes it as)."""
+    head = base64.urlsafe_b64decode(data[:16].replace("+", "-").replace("/", "_"))
+    actual = next((t for magic, t in _MAGIC.items() if head.startswith(magic)), None)
+    return actual if actual is not None and actual != mime else None
+
+
 # OpenAI: "schema must have type 'object' and not have 'oneOf'/'anyOf'/'allOf'/'enum'/'not'
 # at the top level" (invalid_function_parameters); Anthropic: "input_schema does not support
 # oneOf, allOf, or anyOf at the top level".
@@ -626,6 +658,8 @@ def _chat(body: dict[str, Any]) -> list[str]:
                     mime = _data_url_mime(p["image_url"]["url"])
                     if mime not in OPENAI_IMAGE:
                         out.append(f"messages[{i}]: image of type {mime}")
+                    if bytes_are := _mislabelled(mime, p["image_url"]["url"].split(",")[1]):
+                        out.append(f"messages[{i}]: an {mime} image whose bytes are {bytes_are}")
     if open_ids:
         out.append(f"calls left unanswered at the end {open_ids}")
     return out
@@ -653,6 +687,8 @@ def _responses(body: dict[str, Any]) -> list[str]:
                     mime = _data_url_mime(p["image_url"])
                     if mime not in OPENAI_IMAGE:
                         out.append(f"input[{i}]: image of type {mime}")
+                    if bytes_are := _mislabelled(mime, p["image_url"].split(",")[1]):
+                        out.append(f"input[{i}]: an {mime} image whose bytes are {bytes_are}")
     return out
 
 
@@ -685,6 +721,10 @@ def _anthropic(body: dict[str, Any]) -> list[str]:
                 out.append(f"messages[{i}]: tool_result content empty or whitespace only")
             if b["type"] == "image" and b["source"].get("media_type") not in ANTHROPIC_IMAGE:
                 out.append(f"messages[{i}]: image of type {b['source'].get('media_type')}")
+            if b["type"] == "image" and b["source"].get("type") == "base64":
+                mime = b["source"]["media_type"]
+                if bytes_are := _mislabelled(mime, b["source"]["data"]):
+                    out.append(f"messages[{i}]: an {mime} image whose bytes are {bytes_are}")
             if b["type"] == "tool_use":
                 if not ANTHROPIC_ID.match(b["id"]):
                     out.append(f"messages[{i}]: tool_use id {b['id']!r}")
@@ -732,6 +772,10 @@ def _gemini(body: dict[str, Any]) -> list[str]:
                 out.append(f"contents[{i}]: an empty text part")
             if "inlineData" in p and p["inlineData"]["mimeType"] not in GEMINI_IMAGE:
                 out.append(f"contents[{i}]: image of type {p['inlineData']['mimeType']}")
+            if "inlineData" in p:
+                mime = p["inlineData"]["mimeType"]
+                if bytes_are := _mislabelled(mime, p["inlineData"]["data"]):
+                    out.append(f"contents[{i}]: an {mime} image whose bytes are {bytes_are}")
             if "functionCall" in p and not GEMINI_NAME.match(p["functionCall"]["name"]):
                 out.append(f"contents[{i}]: functionCall name {p['functionCall']['name']!r}")
             if "functionResponse" in p and not GEMINI_NAME.match(p["functionResponse"]["name"]):
@@ -757,7 +801,8 @@ _OPAQUE = {"args", "response", "parametersJsonSchema"}
 
 def camel(value: Any) -> Any:
     """google-genai writes some REST fields in snake_case (`mime_type`), which the API
-    reads as their camelCase names: compare in camelCase."""
+    reads as their camelCase names, and inline bytes as URL-safe base64: compare in
+    camelCase and standard base64."""
     if isinstance(value, list):
         return [camel(v) for v in value]
     if not isinstance(value, dict):
@@ -766,6 +811,10 @@ def camel(value: Any) -> Any:
     for k, v in value.items():
         key = re.sub(r"_([a-z])", lambda m: m.group(1).upper(), k)
         out[key] = v if key in _OPAQUE else camel(v)
+    if isinstance(out.get("inlineData"), dict) and isinstance(out["inlineData"].get("data"), str):
+        # google-genai re-encodes inline bytes as URL-safe base64: the same bytes.
+        data = out["inlineData"]["data"].replace("-", "+").replace("_", "/")
+        out["inlineData"] = {**out["inlineData"], "data": data}
     return out
 
 

@@ -133,6 +133,10 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
     assert "image of type image/bmp" in " ".join(
         sdk_fuzz.rule_errors("anthropic_messages", anthropic)
     )
+    image["source"] = {"type": "base64", "media_type": "image/png", "data": "/9j/4AAQ"}
+    assert "an image/png image whose bytes are image/jpeg" in " ".join(
+        sdk_fuzz.rule_errors("anthropic_messages", anthropic)
+    )
     gemini = {
         "contents": [
             {"role": "user", "parts": [{"text": ""}]},

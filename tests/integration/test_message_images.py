@@ -23,10 +23,12 @@ from tests.helpers import (
     assistant,
     compile_request,
     gif_bytes,
+    jpeg_bytes,
     png_bytes,
     png_upload,
     tool_result,
     user,
+    webp_bytes,
 )
 from tests.integration.delta_session import RawStream, encoded
 
@@ -492,3 +494,104 @@ async def test_an_images_estimate_follows_its_size(api: Stubs) -> None:
         assert layers[view_pb2.LAYER_WORKING_SET] - plain_layers[view_pb2.LAYER_WORKING_SET] == (
             cost
         )
+
+
+# The first bytes of each image type the daemon reads.
+_MAGIC = {
+    b"\x89PNG": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF8": "image/gif",
+    b"RIFF": "image/webp",
+}
+
+
+def _bytes_type(data: bytes) -> str:
+    return next(mime for magic, mime in _MAGIC.items() if data.startswith(magic))
+
+
+def _inline_images(fmt: str, body: dict[str, object]) -> list[tuple[str, bytes]]:
+    """(declared type, bytes) of every image a body sends inline."""
+    out: list[tuple[str, bytes]] = []
+
+    def walk(v: object) -> None:
+        if isinstance(v, dict):
+            if v.get("type") == "base64" and "media_type" in v:  # Anthropic
+                out.append((v["media_type"], base64.b64decode(v["data"])))
+            elif "mimeType" in v and "data" in v:  # Gemini inlineData
+                out.append((v["mimeType"], base64.b64decode(v["data"])))
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and v.startswith("data:image/"):  # OpenAI data URLs
+            head, data = v.split(",", 1)
+            out.append((head[5 : head.index(";")], base64.b64decode(data)))
+
+    walk(body)
+    return out
+
+
+async def test_an_image_declared_as_another_type_is_stored_and_sent_as_its_bytes(
+    api: Stubs,
+) -> None:
+    """Agents label images by file name (a screenshot tool that saves JPEGs as `.png`),
+    and Anthropic refuses an image whose bytes are not its media_type ("Image does not
+    match the provided media type image/png"), and every later request holding it. An
+    upload declared as one of the types the daemon reads (PNG, JPEG, GIF, WebP) whose
+    bytes are a well-formed image of another is stored as what its bytes are, measured
+    as that: every body declares each image as its bytes, Gemini gets the GIF as a note,
+    and a JPEG 8,001 px high declared as a 100x100 PNG is left out of Anthropic bodies.
+    Other declared types are kept as declared."""
+    sid = "mislabelled"
+    await _session(api, sid)
+    uploads = {
+        "screenshot": (jpeg_bytes(640, 480), "image/png", "image/jpeg", (640, 480)),
+        "photo": (png_bytes(3, 2), "image/jpeg", "image/png", (3, 2)),
+        "spinner": (gif_bytes(4, 4), "image/png", "image/gif", (4, 4)),
+        "sticker": (webp_bytes(30, 20), "image/jpg", "image/webp", (30, 20)),
+        "page": (jpeg_bytes(100, 8001), "image/png", "image/jpeg", (100, 8001)),
+        "vector": (png_bytes(1, 1), "image/svg+xml", "image/svg+xml", (16, 16)),
+    }
+    refs: dict[str, common_pb2.ArtifactRef] = {}
+    for name, (data, declared, _, _) in uploads.items():
+        up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 16, declared)))
+        refs[name] = up.artifact
+    assert {n: (r.mime_type, (r.width, r.height)) for n, r in refs.items()} == {
+        n: (stored, size) for n, (_, _, stored, size) in uploads.items()
+    }
+    message = user("What do these show?")
+    for ref in refs.values():
+        _with_image(message, ref)
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[message]))
+    formats = [
+        view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+        view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+        view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+        view_pb2.RENDER_FORMAT_GEMINI,
+    ]
+    kinds = ["openai_chat", "openai_responses", "anthropic_messages", "gemini"]
+    routes = {
+        "anthropic": ("anthropic-messages", "claude-sonnet-4"),
+        "gemini": ("gemini", "gemini-2.5-pro"),
+    }
+    for route, (protocol, model) in routes.items():
+        req = cpb.CompileRequest(
+            session_id=sid,
+            route=common_pb2.Route(connection="c", protocol=protocol, endpoint="api", model=model),
+            render_formats=formats,
+        )
+        view = (await api.compiles.Compile(req)).view
+        page_sent = route != "anthropic"
+        for kind, rendering in zip(kinds, view.renderings, strict=True):
+            body = json.loads(rendering.body_json)
+            assert errors_for(kind, body) == [], (route, kind)
+            images = _inline_images(kind, body)
+            assert images, (route, kind)
+            assert all(mime == _bytes_type(data) for mime, data in images), (route, kind)
+            sent = {data for _, data in images}
+            takes_gif = kind != "gemini"
+            assert (uploads["spinner"][0] in sent) == takes_gif, (route, kind)
+            assert (uploads["page"][0] in sent) == page_sent, (route, kind)
+            assert {uploads[n][0] for n in ("screenshot", "photo", "sticker")} <= sent
+            assert uploads["vector"][0] not in sent

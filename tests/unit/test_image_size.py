@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 
-from server.domain.image_size import image_size, measurable
+from server.domain.image_size import actual_type, image_size, measurable
 from tests.helpers import gif_bytes as gif
 from tests.helpers import png_bytes as png
 
@@ -127,3 +127,19 @@ def test_the_jpeg_walk_is_bounded() -> None:
     # 20 MiB of either: refused within the bounds, not walked to the end.
     assert image_size("image/jpeg", b"\xff\xd8" + b"\xff" * (20 << 20)) is None
     assert image_size("image/jpeg", b"\xff\xd8" + b"\xff\xfe\x00\x02" * (5 << 20)) is None
+
+
+def test_an_image_declared_as_another_type_read_here_is_what_its_bytes_are() -> None:
+    """actual_type: bytes that are a well-formed image of another of the types read here
+    than the one declared; None when they read as declared, as none of them, or were
+    declared as a type not read here (kept as declared)."""
+    assert actual_type("image/png", jpeg(640, 480)) == "image/jpeg"
+    assert actual_type("image/jpeg", png(3, 2)) == "image/png"
+    assert actual_type("image/jpg", png(3, 2)) == "image/png"
+    assert actual_type("IMAGE/PNG", gif(3, 2)) == "image/gif"
+    assert actual_type("image/gif", webp_lossless(3, 2)) == "image/webp"
+    assert actual_type("image/png", png(3, 2)) is None
+    assert actual_type("image/jpg", jpeg(3, 2)) is None
+    assert actual_type("image/png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64) is None
+    assert actual_type("image/svg+xml", png(3, 2)) is None
+    assert actual_type("application/octet-stream", jpeg(3, 2)) is None
