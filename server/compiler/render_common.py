@@ -47,18 +47,28 @@ def args_text(arguments_json: str) -> str:
     return arguments_json or "{}"
 
 
-def schema(text: str, *, flat: bool = False) -> JSON:
+def schema(text: str, *, flat: bool = False, properties: bool = False) -> JSON:
     """A tool's input schema as every API takes it: an object schema. RegisterTools
     refuses a top-level `type` other than "object"; one that names no type (`{"properties":
     ...}`, a bare `anyOf`) gets it, as OpenAI refuses parameters without `type: object`
     and Anthropic's `input_schema.type` is required. With `flat`, no combinator at the
-    top level either (flat_schema)."""
+    top level either (flat_schema). With `properties`, a schema without `properties`
+    (or with a value that is no object, as `null` from a Go server's nil map) gets
+    `"properties": {}` (which constrains nothing): OpenAI refuses parameters
+    without them ("Invalid schema for function 'f': In context=(), object schema missing
+    properties"), the form MCP servers give a tool that takes no arguments (`{"type":
+    "object"}`, or with `"additionalProperties": false` as the MCP specification
+    recommends)."""
     ok, value = parse_json(text or "{}")
     if ok and isinstance(value, dict) and value:
         value = encodable(value) if _may_escape_surrogates(text) else value
         if flat and not _TOP_LEVEL.isdisjoint(value):
             value = flat_schema(value)
-        return value if "type" in value else {"type": "object", **value}
+        if "type" not in value:
+            value = {"type": "object", **value}
+        if properties and not isinstance(value.get("properties"), dict):
+            value = {**value, "properties": {}}
+        return value
     return {"type": "object", "properties": {}}
 
 

@@ -9,6 +9,9 @@ params (`CompletionCreateParamsNonStreaming`, `ResponseCreateParamsNonStreaming`
 - A failed call without output is sent as "(the tool failed with no output)", as in
   Anthropic bodies, from rendering 7: neither OpenAI API has an error flag, and "" reads
   as an empty success.
+- A tool schema without `properties` is sent with `"properties": {}`, from rendering 9:
+  OpenAI refuses it without ("object schema missing properties"), the form MCP servers
+  give a tool that takes no arguments (render_common.schema).
 - An assistant message with neither text nor calls (a step whose only text was empty)
   is left out of Chat, which refuses one; Responses sends no item for it anyway.
 - Responses bodies lead each assistant message of the current tool loop with a reasoning
@@ -96,6 +99,7 @@ def _result_text(view: CompiledView, m: ViewMessage) -> str:
 def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, OPENAI_IMAGES)
     flat = view.rendering >= renderings.FLAT_SCHEMAS
+    properties = view.rendering >= renderings.OBJECT_PROPERTIES
     messages: list[JSON] = []
     if view.system_prompt:
         messages.append({"role": "system", "content": view.system_prompt})
@@ -154,7 +158,9 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "function": {
                     "name": t.spec.name,
                     "description": t.spec.description,
-                    "parameters": schema(t.spec.input_schema_json, flat=flat),
+                    "parameters": schema(
+                        t.spec.input_schema_json, flat=flat, properties=properties
+                    ),
                 },
             }
             for t in view.tools
@@ -165,6 +171,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
 def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, OPENAI_IMAGES)
     flat = view.rendering >= renderings.FLAT_SCHEMAS
+    properties = view.rendering >= renderings.OBJECT_PROPERTIES
     items: list[JSON] = []
     for m in view.messages:
         if m.role is Role.TOOL:
@@ -224,7 +231,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "type": "function",
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "parameters": schema(t.spec.input_schema_json, flat=flat),
+                "parameters": schema(t.spec.input_schema_json, flat=flat, properties=properties),
                 # Strict mode needs every property required and no extra ones: agents'
                 # schemas rarely are, so calls are validated by the agent, as in Chat.
                 "strict": False,

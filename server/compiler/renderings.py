@@ -34,5 +34,9 @@ PROVIDER_LIMITS = 7
 # it (domain/thinking.py, render_openai._reasoning); the state of an assistant message
 # the model sees nothing of is sent with no body, whatever its kind (turn_thinking).
 REASONING_ITEMS = 8
+# OpenAI bodies send a tool schema without `properties` (an MCP server's tool that takes
+# no arguments, `{"type": "object"}`) with `"properties": {}`: OpenAI refuses it without
+# ("object schema missing properties", render_common.schema).
+OBJECT_PROPERTIES = 9
 
-LATEST = REASONING_ITEMS
+LATEST = OBJECT_PROPERTIES

@@ -633,6 +633,10 @@ def _chat(body: dict[str, Any]) -> list[str]:
             out.append(f"tool {fn['name']}: parameters are not type object")
         if banned := _OPENAI_TOP & set(fn["parameters"]):
             out.append(f"tool {fn['name']}: parameters with {sorted(banned)} at the top level")
+        if "properties" not in fn["parameters"]:
+            # "Invalid schema for function 'f': In context=(), object schema missing
+            # properties" (invalid_function_parameters).
+            out.append(f"tool {fn['name']}: parameters without properties")
     open_ids: list[str] = []
     for i, m in enumerate(body["messages"]):
         if m["role"] == "tool":
@@ -674,6 +678,10 @@ def _responses(body: dict[str, Any]) -> list[str]:
             out.append(f"tool {t['name']}: parameters are not type object")
         if banned := _OPENAI_TOP & set(t["parameters"]):
             out.append(f"tool {t['name']}: parameters with {sorted(banned)} at the top level")
+        if "properties" not in t["parameters"]:
+            # "Invalid schema for function 'f': In context=(), object schema missing
+            # properties" (invalid_function_parameters).
+            out.append(f"tool {t['name']}: parameters without properties")
     calls = [i["call_id"] for i in body["input"] if i.get("type") == "function_call"]
     outputs = [i["call_id"] for i in body["input"] if i.get("type") == "function_call_output"]
     if sorted(calls) != sorted(outputs) or len(set(calls)) != len(calls):

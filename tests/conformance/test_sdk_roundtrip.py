@@ -110,7 +110,13 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
     }
     errors = " | ".join(sdk_fuzz.rule_errors("openai_chat", chat))
-    for expected in ("over 40", "call name 'a.b'", "neither content", "not type object"):
+    for expected in (
+        "over 40",
+        "call name 'a.b'",
+        "neither content",
+        "not type object",
+        "parameters without properties",
+    ):
         assert expected in errors, (expected, errors)
     union = {"type": "object", "anyOf": [{"type": "object"}], "not": {}}
     chat["tools"] = [{"type": "function", "function": {"name": "f", "parameters": union}}]
@@ -332,6 +338,36 @@ async def test_tool_definitions_every_api_takes(api: Stubs) -> None:
     assert named(bodies["anthropic_messages"]["tools"])["input_schema"] == want
     decls = bodies["gemini"]["tools"][0]["functionDeclarations"]
     assert named(decls)["parametersJsonSchema"] == want
+
+
+async def test_a_tool_without_arguments_is_sent_with_properties_to_openai(api: Stubs) -> None:
+    """MCP servers give a tool that takes no arguments `{"type": "object"}` (the
+    specification recommends adding `"additionalProperties": false`), which OpenAI refuses
+    in Chat and Responses ("Invalid schema for function 'list_regions': In context=(),
+    object schema missing properties"): OpenAI bodies send it with `"properties": {}`,
+    which constrains nothing; Anthropic and Gemini get the schema as registered."""
+    schemas: dict[str, dict[str, Any]] = {
+        "list_regions": {"type": "object"},
+        "get_lists": {"type": "object", "additionalProperties": False},
+        "whoami": {"additionalProperties": False},
+    }
+    tools = [
+        tool_pb2.ToolDefinition(name=n, description="d", input_schema_json=json.dumps(s))
+        for n, s in schemas.items()
+    ]
+    bodies = await _bodies(api, "no-args", user("Which regions are there?"), tools=tools)
+    _sent_clean(bodies)
+    chat = {
+        t["function"]["name"]: t["function"]["parameters"] for t in bodies["openai_chat"]["tools"]
+    }
+    responses = {t["name"]: t["parameters"] for t in bodies["openai_responses"]["tools"]}
+    anthropic = {t["name"]: t["input_schema"] for t in bodies["anthropic_messages"]["tools"]}
+    decls = bodies["gemini"]["tools"][0]["functionDeclarations"]
+    gemini = {d["name"]: d["parametersJsonSchema"] for d in decls}
+    for name, registered in schemas.items():
+        typed = {"type": "object", **registered}
+        assert chat[name] == responses[name] == {**typed, "properties": {}}, name
+        assert anthropic[name] == gemini[name] == typed, name
 
 
 async def test_images_of_a_type_the_provider_refuses_are_notes(api: Stubs) -> None:

@@ -205,7 +205,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 8
+    assert v.rendering == RENDERING == 9
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -260,6 +260,28 @@ def test_a_union_at_a_schemas_top_level_is_flattened_from_rendering_6() -> None:
     assert body["tools"][0]["input_schema"] == flat_schema(union)
     then = json.loads(render(replace(now, rendering=5), RenderFormat.ANTHROPIC_MESSAGES, {}))
     assert then["tools"][0]["input_schema"] == union
+
+
+def test_an_object_schema_without_properties_gets_them_in_openai_bodies_from_rendering_9() -> None:
+    """OpenAI refuses parameters without `properties` ("object schema missing properties"):
+    from rendering 9 its bodies add `"properties": {}`, which constrains nothing; other
+    formats, and a compile recorded at 8, send the schema as registered."""
+    bare = '{"type": "object", "additionalProperties": false}'
+    now = view(UserMessage((ContentPart(text="go"),)), tools=(ToolSpec("whoami", "d", bare),))
+    want = {"type": "object", "additionalProperties": False}
+    for when, openai in ((now, {**want, "properties": {}}), (replace(now, rendering=8), want)):
+        chat = json.loads(render(when, RenderFormat.OPENAI_CHAT, {}))
+        responses = json.loads(render(when, RenderFormat.OPENAI_RESPONSES, {}))
+        assert chat["tools"][0]["function"]["parameters"] == openai
+        assert responses["tools"][0]["parameters"] == openai
+        anthropic = json.loads(render(when, RenderFormat.ANTHROPIC_MESSAGES, {}))
+        assert anthropic["tools"][0]["input_schema"] == want
+        gemini = json.loads(render(when, RenderFormat.GEMINI, {}))
+        assert gemini["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"] == want
+    assert schema("{}", properties=False) == {"type": "object", "properties": {}}
+    null = '{"type": "object", "properties": null}'
+    assert schema(null, properties=True) == {"type": "object", "properties": {}}
+    assert schema(null) == {"type": "object", "properties": None}
 
 
 def test_rendering_7_jpg_alias_long_responses_ids_failed_empty_results() -> None:
