@@ -130,7 +130,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     for m in view.messages:
         if m.role is Role.TOOL:
             block: JSON = {"type": "tool_result", "tool_use_id": tool_use_id(m.tool_call_id)}
-            text = text_of(m)
+            text = text_of(m, view.rendering)
             if text.strip():
                 block["content"] = text
             elif m.is_error:
@@ -139,7 +139,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             turns.append(("user", [block]))
         elif m.role is Role.ASSISTANT:
             blocks = _thinking_of(view, m.first_seq, m.last_seq) if view.thinking else []
-            blocks += _text_block(text_of(m))
+            blocks += _text_block(text_of(m, view.rendering))
             blocks += [
                 {
                     "type": "tool_use",

@@ -12,6 +12,7 @@ from typing import Any
 from server.compiler import renderings
 from server.compiler.textscan import LONE_SURROGATE, loads_strict, parse_json
 from server.compiler.view import CompiledView, ViewMessage, ViewPart
+from server.domain.model import Role
 
 JSON = dict[str, Any]
 
@@ -182,21 +183,34 @@ def call_name(name: str) -> str:
     return fixed[:64]
 
 
-def text_of(m: ViewMessage) -> str:
+def text_of(m: ViewMessage, rendering: int) -> str:
     """A message's text as one string, for the messages a format sends as text only (the
     assistant's, a tool result's). An image among the parts of an assistant message (a
     diagram the agent drew) is a note in its place (it was dropped without a word): Chat
     and Responses take text only in an assistant message, Anthropic refuses "'image'
-    blocks are not permitted within assistant turns", and Gemini is sent the same."""
-    return "\n".join(p.text if p.text is not None else _not_sent(p) for p in m.parts)
+    blocks are not permitted within assistant turns", and Gemini is sent the same. One
+    among a tool result's parts (a tool message imported from another session) is noted
+    as a tool result's from rendering 10 (as an assistant turn's before)."""
+    return "\n".join(p.text if p.text is not None else _not_sent(p, m, rendering) for p in m.parts)
 
 
-def _not_sent(part: ViewPart) -> str:
+def _not_sent(part: ViewPart, m: ViewMessage, rendering: int) -> str:
     ref = part.attachment
     if ref is None:
         return ""
+    tool = m.role is Role.TOOL and rendering >= renderings.IMAGE_NOTES
+    where = "a tool result" if tool else "an assistant turn"
+    return f"[image {ref.artifact_id} ({ref.mime_type}) not sent: {where} carries no images]"
+
+
+def system_image_note(part: ViewPart) -> str:
+    """The note for an image Chat cannot carry in a system message (its content is text
+    only), which another format sends: from rendering 10 (noted as "sent by reference
+    only" before, also when it was sent inline elsewhere)."""
+    ref = part.attachment
+    assert ref is not None
     return (
-        f"[image {ref.artifact_id} ({ref.mime_type}) not sent: an assistant turn carries no images]"
+        f"[image {ref.artifact_id} ({ref.mime_type}) not sent: a system message carries no images]"
     )
 
 

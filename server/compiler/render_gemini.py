@@ -77,11 +77,11 @@ def stand_in_signatures(contents: list[JSON]) -> None:
             first["thoughtSignature"] = SKIP_SIGNATURE
 
 
-def _response(m: ViewMessage, names: Mapping[str, str], ids: bool) -> JSON:
+def _response(m: ViewMessage, names: Mapping[str, str], ids: bool, rendering: int) -> JSON:
     key = "error" if m.is_error else "output"
     response: JSON = {
         "name": call_name(names.get(m.tool_call_id, m.tool_name or "tool")),
-        "response": {key: text_of(m)},
+        "response": {key: text_of(m, rendering)},
     }
     return {"functionResponse": {"id": m.tool_call_id, **response} if ids else response}
 
@@ -142,9 +142,11 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     turns: list[tuple[str, list[JSON]]] = []
     for m in _in_call_order(view.messages):
         if m.role is Role.TOOL:
-            turns.append(("user", [_response(m, names, ids)]))
+            turns.append(("user", [_response(m, names, ids, view.rendering)]))
         elif m.role is Role.ASSISTANT:
-            parts: list[JSON] = [{"text": text_of(m)}] if text_of(m) else []
+            parts: list[JSON] = (
+                [{"text": text_of(m, view.rendering)}] if text_of(m, view.rendering) else []
+            )
             signed = _signatures(view, m) if view.thinking else {}
             for c in m.tool_calls:
                 call: JSON = {"name": call_name(c.name), "args": args_object(c.arguments_json)}

@@ -44,6 +44,7 @@ from server.compiler.render_common import (
     output_cap,
     schema,
     short_call_id,
+    system_image_note,
     text_of,
 )
 from server.compiler.turn_thinking import of_kind
@@ -88,7 +89,7 @@ def _named(view: CompiledView, call_id: str) -> str:
 def _result_text(view: CompiledView, m: ViewMessage) -> str:
     """A result's text; a failed call's without output says it failed (from rendering 7),
     as Anthropic's is_error and Gemini's error key do: "" reads as an empty success."""
-    text = text_of(m)
+    text = text_of(m, view.rendering)
     return (
         EMPTY_ERROR
         if not text and m.is_error and view.rendering >= renderings.PROVIDER_LIMITS
@@ -114,9 +115,9 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             )
             continue
         if m.role is Role.ASSISTANT:
-            if not text_of(m) and not m.tool_calls:
+            if not text_of(m, view.rendering) and not m.tool_calls:
                 continue
-            msg: JSON = {"role": "assistant", "content": text_of(m) or None}
+            msg: JSON = {"role": "assistant", "content": text_of(m, view.rendering) or None}
             if m.tool_calls:
                 msg["tool_calls"] = [
                     {
@@ -140,6 +141,9 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 parts.append(
                     {"type": "image_url", "image_url": {"url": f"data:{img[0]};base64,{img[1]}"}}
                 )
+            elif img is not None and view.rendering >= renderings.IMAGE_NOTES:
+                # A system message's content is text only; other formats send the image.
+                parts.append({"type": "text", "text": system_image_note(p)})
             else:
                 parts.append({"type": "text", "text": image_note(p, images)})
         only_text = all(p["type"] == "text" for p in parts)
@@ -185,11 +189,13 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             continue
         if m.role is Role.ASSISTANT:
             items += _reasoning(view, m)
-            if text_of(m):
+            if text_of(m, view.rendering):
                 # Earlier assistant output goes back as an "easy" message with string
                 # content: the output-message item would need the id and status of a
                 # stored response, and input_text parts are refused for this role.
-                items.append({"type": "message", "role": "assistant", "content": text_of(m)})
+                items.append(
+                    {"type": "message", "role": "assistant", "content": text_of(m, view.rendering)}
+                )
             items += [
                 {
                     "type": "function_call",

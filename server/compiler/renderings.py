@@ -38,5 +38,10 @@ REASONING_ITEMS = 8
 # no arguments, `{"type": "object"}`) with `"properties": {}`: OpenAI refuses it without
 # ("object schema missing properties", render_common.schema).
 OBJECT_PROPERTIES = 9
+# An image a format cannot carry in a message it sends as text is noted with that
+# message's reason: a tool result's (an imported tool message's) and, in Chat, a system
+# message's, which were noted as an assistant turn's and as "sent by reference only"
+# (render_common.text_of, render_openai.openai_chat).
+IMAGE_NOTES = 10
 
-LATEST = OBJECT_PROPERTIES
+LATEST = IMAGE_NOTES

@@ -418,6 +418,46 @@ async def test_an_image_the_assistant_drew_is_a_note_in_every_body(api: Stubs) -
     assert bodies["gemini"]["contents"][1]["parts"] == [{"text": want}]
 
 
+async def test_an_image_a_format_cannot_carry_is_noted_with_its_messages_reason(
+    api: Stubs,
+) -> None:
+    """An image among the parts of an imported tool message is sent by no format (each
+    sends a result as text): its note said "an assistant turn carries no images". One in
+    an imported system message is sent by Responses, Anthropic and Gemini, but Chat's
+    system content is text only: its note said "sent by reference only", although the
+    view sent it inline. Each now names its message's reason."""
+    await api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="notes"))
+    )
+    ref = await sdk_fuzz._upload(api, "notes", "image/png", 1)
+    events = []
+    for seq, role in enumerate((event_pb2.MESSAGE_ROLE_SYSTEM, event_pb2.MESSAGE_ROLE_TOOL), 1):
+        ev = event_pb2.Event()
+        ev.imported_message.origin_session_id = "elsewhere"
+        ev.imported_message.origin_seq = seq
+        ev.imported_message.role = role
+        ev.imported_message.parts.add(text="with a diagram")
+        ev.imported_message.parts.add(attachment=ref)
+        events.append(ev)
+    for ev in (user("Go on."), *events):
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="notes", events=[ev]))
+    bodies = await _compile(api, "notes")
+    _sent_clean(bodies)
+    tool_note = f"[image {ref.artifact_id} (image/png) not sent: a tool result carries no images]"
+    for fmt, body in bodies.items():
+        text = json.dumps(body)
+        assert tool_note in text and "an assistant turn carries no images" not in text, fmt
+    chat = bodies["openai_chat"]["messages"]
+    system = next(m for m in chat[1:] if m["role"] == "system")
+    assert system["content"] == (
+        f"with a diagram\n[image {ref.artifact_id} (image/png) not sent: a system message"
+        " carries no images]"
+    )
+    assert "sent by reference only" not in json.dumps(bodies["openai_chat"])
+    for fmt in ("openai_responses", "anthropic_messages", "gemini"):
+        assert "system message carries no images" not in json.dumps(bodies[fmt]), fmt
+
+
 async def test_gemini_gets_no_empty_text_part(api: Stubs) -> None:
     """'Unable to submit request because it has an empty text parameter': a user message
     may hold an empty text part beside another part."""

@@ -205,7 +205,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 9
+    assert v.rendering == RENDERING == 10
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -282,6 +282,23 @@ def test_an_object_schema_without_properties_gets_them_in_openai_bodies_from_ren
     null = '{"type": "object", "properties": null}'
     assert schema(null, properties=True) == {"type": "object", "properties": {}}
     assert schema(null) == {"type": "object", "properties": None}
+
+
+def test_image_notes_name_their_messages_reason_from_rendering_10() -> None:
+    """An image in an imported tool message is noted as a tool result's, and one Chat
+    cannot carry in a system message as a system message's; rendering 9 noted them as an
+    assistant turn's and as "sent by reference only"."""
+    v = view(
+        UserMessage((ContentPart(text="go"),)),
+        ImportedMessage("o", 1, Role.SYSTEM, (ContentPart(text="s"), ContentPart(attachment=PNG))),
+        ImportedMessage("o", 2, Role.TOOL, (ContentPart(text="t"), ContentPart(attachment=PNG))),
+    )
+    old = replace(v, rendering=9)
+    for fmt in RenderFormat:
+        assert "a tool result carries no images" in render(v, fmt, DATA), fmt
+        assert "an assistant turn carries no images" in render(old, fmt, DATA), fmt
+    assert "a system message carries no images" in render(v, RenderFormat.OPENAI_CHAT, DATA)
+    assert "sent by reference only" in render(old, RenderFormat.OPENAI_CHAT, DATA)
 
 
 def test_rendering_7_jpg_alias_long_responses_ids_failed_empty_results() -> None:
