@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 import urllib.request
@@ -152,3 +153,12 @@ def leading_reasoning(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if item["type"] == "reasoning":
             last = item
     return [last] if last is not None and last.get("encrypted_content") else []
+
+
+async def next_user_event(updates: Any) -> tuple[int, str]:
+    """(seq, text) of the next event a WatchSession iterator delivers (a user message),
+    past any other update; waits at most 30 s."""
+    while True:
+        msg = await asyncio.wait_for(updates.__anext__(), 30)
+        if msg.HasField("event"):
+            return msg.event.seq, msg.event.user_message.parts[0].text

@@ -17,18 +17,11 @@ from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs
-from tests.helpers import error_info, user
+from tests.helpers import error_info, next_user_event, user
 
 
 async def _append(api: Stubs, sid: str, text: str) -> None:
     await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[user(text)]))
-
-
-async def _next_event(updates: Any) -> tuple[int, str]:
-    while True:
-        msg = await asyncio.wait_for(updates.__anext__(), 30)
-        if msg.HasField("event"):
-            return msg.event.seq, msg.event.user_message.parts[0].text
 
 
 async def test_a_delete_landing_late_ends_only_the_deleted_sessions_watches(
@@ -40,7 +33,7 @@ async def test_a_delete_landing_late_ends_only_the_deleted_sessions_watches(
     await _append(api, sid, "old 1")
     old_watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid))
     old_updates = old_watch.__aiter__()
-    assert await _next_event(old_updates) == (1, "old 1")
+    assert await next_user_event(old_updates) == (1, "old 1")
 
     store = daemon._store
     assert store is not None
@@ -62,18 +55,18 @@ async def test_a_delete_landing_late_ends_only_the_deleted_sessions_watches(
     watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid))
     updates = watch.__aiter__()
     await _append(api, sid, "new 1")
-    assert await _next_event(updates) == (1, "new 1")  # subscribed to the new log
+    assert await next_user_event(updates) == (1, "new 1")  # subscribed to the new log
 
     release.set()
     assert (await gone).deleted_events == 1
     # The old session's watch ends with the delete ...
     with pytest.raises(grpc.aio.AioRpcError) as ended:
-        await _next_event(old_updates)
+        await next_user_event(old_updates)
     assert ended.value.code() == grpc.StatusCode.NOT_FOUND
     assert error_info(ended.value).reason == "SESSION_NOT_FOUND"
     # ... the new one's goes on.
     await _append(api, sid, "new 2")
     try:
-        assert await _next_event(updates) == (2, "new 2")
+        assert await next_user_event(updates) == (2, "new 2")
     finally:
         watch.cancel()

@@ -19,20 +19,13 @@ from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import Stubs
-from tests.helpers import error_info, user
+from tests.helpers import error_info, next_user_event, user
 
 
 async def _append(api: Stubs, sid: str, text: str) -> Any:
     return await api.sessions.AppendEvents(
         spb.AppendEventsRequest(session_id=sid, events=[user(text)])
     )
-
-
-async def _next_event(updates: Any) -> tuple[int, str]:
-    while True:
-        msg = await asyncio.wait_for(updates.__anext__(), 30)
-        if msg.HasField("event"):
-            return msg.event.seq, msg.event.user_message.parts[0].text
 
 
 async def test_an_old_sessions_append_landing_late_never_reaches_the_new_sessions_watch(
@@ -64,15 +57,15 @@ async def test_an_old_sessions_append_landing_late_never_reaches_the_new_session
     watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid))
     updates = watch.__aiter__()
     await _append(api, sid, "new 1")
-    assert await _next_event(updates) == (1, "new 1")  # subscribed to the new log
+    assert await next_user_event(updates) == (1, "new 1")  # subscribed to the new log
 
     release.set()
     assert (await late).last_seq == 3  # the old log's append, answered
     await _append(api, sid, "new 2")
     await _append(api, sid, "new 3")
     try:
-        assert await _next_event(updates) == (2, "new 2")
-        assert await _next_event(updates) == (3, "new 3")
+        assert await next_user_event(updates) == (2, "new 2")
+        assert await next_user_event(updates) == (3, "new 3")
     finally:
         watch.cancel()
 
@@ -194,13 +187,13 @@ async def test_a_live_gap_read_after_the_session_is_made_again_ends_the_watch(
     monkeypatch.setattr(store, "read_event_page", held_gap)
     watch = api.sessions.WatchSession(spb.WatchSessionRequest(session_id=sid), timeout=60)
     updates = watch.__aiter__()
-    assert await _next_event(updates) == (1, "old 1")  # caught up: the watch is live
+    assert await next_user_event(updates) == (1, "old 1")  # caught up: the watch is live
     got: list[tuple[int, str]] = []
 
     async def collect() -> grpc.RpcError | None:
         try:
             while True:
-                got.append(await _next_event(updates))
+                got.append(await next_user_event(updates))
         except grpc.RpcError as err:
             return err
 
