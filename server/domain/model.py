@@ -281,6 +281,14 @@ class DeleteResult:
     create_time_ns: int = 0
 
 
+def of_deleted(created_ns: int, deleted_ns: int) -> bool:
+    """Whether what is kept in memory of the session made at `created_ns` goes with the
+    deletion of the one made at `deleted_ns` (a DeleteResult's). Either 0, unknown (a
+    damaged record, state not keyed by it), goes with any: only a session made again
+    under the id, known to be another, keeps its own."""
+    return not deleted_ns or not created_ns or created_ns == deleted_ns
+
+
 def starts_turn(payload: Payload) -> bool:
     """The one definition of a turn's start, for tool activations, the working set, the
     re-injected request and kept reasoning: a user message (original or imported) or an

@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
-from server.domain.model import Session
+from server.domain.model import Session, of_deleted
 from server.service.ports import EventStore
 
 T = TypeVar("T")
@@ -86,7 +86,8 @@ class KeptReads:
             gone = [
                 k
                 for k in self._entries
-                if k[0] == session_id and (not created_ns or k[1] == created_ns)
+                # Keys are (session id, its create time, ...): see `get`.
+                if k[0] == session_id and isinstance(k[1], int) and of_deleted(k[1], created_ns)
             ]
             for key in gone:
                 self._bytes -= self._entries.pop(key)[2]

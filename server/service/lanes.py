@@ -33,6 +33,7 @@ from server.domain.model import (
     ToolCall,
     ToolResult,
     UserMessage,
+    of_deleted,
 )
 from server.domain.sources import MemoryEntry, RuleActivation, RuleEntry, SkillEntry
 
@@ -197,7 +198,7 @@ class PendingWork:
         session made again under its id since (the delete's result reached the event
         loop late) stays."""
         entry = self._sessions.get(session_id)
-        if entry is not None and (not created or entry.created in (0, created)):
+        if entry is not None and of_deleted(entry.created, created):
             del self._sessions[session_id]
 
 

@@ -23,7 +23,7 @@ from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
 from server.domain.errors import CtxccError, Reason
 from server.domain.grown import Grown
-from server.domain.model import Event, Route, Session
+from server.domain.model import Event, Route, Session, of_deleted
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
 from server.domain.tools import ToolSpec
 from server.service.kept import KeptReads
@@ -62,7 +62,7 @@ class HistoryLoader:
             kept.forget(session_id, created_ns)
         with self._lock:
             for key in [k for k in self._digests if k[0] == session_id]:
-                if not created_ns or key[1] == created_ns:
+                if of_deleted(key[1], created_ns):
                     del self._digests[key]
 
     def kept(self) -> int:

@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 
 from server.compiler.projection_memo import ProjectionMemo
+from server.domain.model import of_deleted
 from server.service.ports import Telemetry
 
 MemoKey = tuple[str, int, str]  # session id, session create time, route id
@@ -74,9 +75,7 @@ class MemoCache:
         deletes are rare next to steps, and the cache holds a few thousand at most."""
         with self._lock:
             gone = [
-                key
-                for key in self._items
-                if key[0] == session_id and (not created or key[1] == created)
+                key for key in self._items if key[0] == session_id and of_deleted(key[1], created)
             ]
             for key in gone:
                 self._bytes -= self._items.pop(key).size_bytes

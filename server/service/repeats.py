@@ -33,7 +33,7 @@ from server.compiler.sources import SourceCaps, SourceInputs
 from server.compiler.view import CompiledView, FallbackReason
 from server.domain.errors import CtxccError, Reason
 from server.domain.generation import Generation
-from server.domain.model import Session
+from server.domain.model import Session, of_deleted
 from server.domain.records import CompileRecord
 from server.service.compile_types import CompileResult
 from server.service.ports import Clock, EventStore, IdSource
@@ -256,7 +256,7 @@ class Repeats:
             for key, entry in list(self._entries.items()):
                 if key[0] != session_id:
                     continue
-                if created and entry.session.create_time_ns not in (0, created):
+                if not of_deleted(entry.session.create_time_ns, created):
                     continue
                 self._bytes -= self._entries.pop(key).size
 

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from server.domain.errors import CtxccError, Reason
-from server.domain.model import Event
+from server.domain.model import Event, of_deleted
 from server.domain.records import Checkpoint
 
 
@@ -183,11 +183,7 @@ class WatchHub:
         watchers = self._watchers.get(session_id)
         if watchers is None:
             return
-        gone = [
-            w
-            for w in watchers
-            if not incarnation or not w.incarnation or w.incarnation == incarnation
-        ]
+        gone = [w for w in watchers if of_deleted(w.incarnation, incarnation)]
         for watcher in gone:
             watchers.discard(watcher)
             watcher.close(Deleted())
