@@ -49,6 +49,25 @@ _RUNTIME_CODES = ("CANCELLED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "UNKNO
 
 # See _code: a cancel this close to the call's deadline is its deadline passing.
 _DEADLINE_SLACK_SECONDS = 0.1
+# ... or this share of the time the call had when it reached its handler, up to a second.
+_DEADLINE_SLACK_SHARE = 0.1
+_DEADLINE_SLACK_MAX_SECONDS = 1.0
+
+
+def _deadline_slack(context: Any) -> float:
+    """How close to its deadline a cancel of this call counts as the deadline passing.
+
+    The client's deadline timer starts when it sends the call, the daemon's when the call
+    arrives: on a loaded machine the client's runs out first by that delay and its cancel
+    arrives with time still left here. A fixed 0.1 s counted one watch in five of a 10 s
+    deadline as cancelled on a loaded CI runner, so the slack grows with the call's
+    deadline (a client that cancels in the last tenth of it is rare)."""
+    budget: float | None = context.time_remaining()
+    if budget is None:
+        return _DEADLINE_SLACK_SECONDS
+    return max(
+        _DEADLINE_SLACK_SECONDS, min(_DEADLINE_SLACK_MAX_SECONDS, budget * _DEADLINE_SLACK_SHARE)
+    )
 
 
 def error_codes() -> tuple[str, ...]:
@@ -97,7 +116,7 @@ def _malformed() -> CtxccError:
     )
 
 
-def _code(context: Any, failed: BaseException | None) -> str:
+def _code(context: Any, failed: BaseException | None, slack: float) -> str:
     code = context.code()
     if code is None:
         if failed is None:
@@ -108,7 +127,7 @@ def _code(context: Any, failed: BaseException | None) -> str:
             # not a handler that failed unguarded (UNKNOWN). gRPC's deadline timer fires
             # a few milliseconds before the deadline as Python's clock sees it.
             remaining = context.time_remaining()
-            if remaining is not None and remaining <= _DEADLINE_SLACK_SECONDS:
+            if remaining is not None and remaining <= slack:
                 return "DEADLINE_EXCEEDED"
             return "CANCELLED"
         return "UNKNOWN"
@@ -172,6 +191,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
                 started = time.perf_counter()
+                slack = _deadline_slack(context)
                 failed: BaseException | None = None
                 observer.rpc_started(name)
                 try:
@@ -183,12 +203,15 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                     failed = exc
                     raise
                 finally:
-                    observer.rpc_done(name, _code(context, failed), time.perf_counter() - started)
+                    observer.rpc_done(
+                        name, _code(context, failed, slack), time.perf_counter() - started
+                    )
 
             return stream
 
         async def unary(request: Any, context: Any) -> Any:
             started = time.perf_counter()
+            slack = _deadline_slack(context)
             failed: BaseException | None = None
             observer.rpc_started(name)
             try:
@@ -199,7 +222,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 failed = exc
                 raise
             finally:
-                observer.rpc_done(name, _code(context, failed), time.perf_counter() - started)
+                observer.rpc_done(
+                    name, _code(context, failed, slack), time.perf_counter() - started
+                )
 
         return unary
 
