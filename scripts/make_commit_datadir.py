@@ -70,6 +70,7 @@ SID = "upg-session"
 OTHER = "upg-other"
 WIDE = "upg-wide"  # every kind of event, two routes, provider renderings
 GONE = "upg-gone"  # deleted
+PAIRING = "upg-pairing"  # a screenshot logged while its call ran, imported tool messages
 PROJECT = "upg-project"
 ROUTE = common_pb2.Route(
     connection="default", protocol="anthropic-messages", endpoint="api", model="claude-sonnet-4"
@@ -589,23 +590,7 @@ def _wide(d: Driver) -> None:
         session_service_pb2.AppendEventsRequest(session_id=GONE, events=[_user("bye")])
     )
     d.sessions.DeleteSession(session_service_pb2.DeleteSessionRequest(session_id=GONE))
-    png = _png(8, 30)
-    header = artifact_service_pb2.ArtifactHeader(
-        session_id=WIDE,
-        mime_type="image/png",
-        size_bytes=len(png),
-        sha256=hashlib.sha256(png).hexdigest(),
-        width=8,
-        height=8,
-    )
-    ref = d.artifacts.UploadArtifact(
-        iter(
-            [
-                artifact_service_pb2.UploadArtifactRequest(header=header),
-                artifact_service_pb2.UploadArtifactRequest(data=png),
-            ]
-        )
-    ).artifact
+    ref = _upload_png(d, WIDE)
     events = [_ev(), _user("Start: what is on this page?")]
     events[0].turn_started.turn_id = "t-1"
     browser = _ev()
@@ -671,6 +656,63 @@ def _wide(d: Driver) -> None:
     req = d.request(WIDE, render_formats=formats)
     req.route.CopyFrom(GEMINI_3)
     d.compile("wide-gemini-3", req)
+    _pairing(d, formats)
+
+
+def _upload_png(d: Driver, sid: str) -> Any:
+    png = _png(8, 30)
+    header = artifact_service_pb2.ArtifactHeader(
+        session_id=sid,
+        mime_type="image/png",
+        size_bytes=len(png),
+        sha256=hashlib.sha256(png).hexdigest(),
+        width=8,
+        height=8,
+    )
+    return d.artifacts.UploadArtifact(
+        iter(
+            [
+                artifact_service_pb2.UploadArtifactRequest(header=header),
+                artifact_service_pb2.UploadArtifactRequest(data=png),
+            ]
+        )
+    ).artifact
+
+
+def _pairing(d: Driver, formats: list[Any]) -> None:
+    """A screenshot logged while its call ran, then two tool messages imported in a row:
+    from projection 8 the attachment waits for the call's result and each imported one
+    keeps a stand-in call of its own; compiles recorded before are rebuilt as they paired."""
+    d.sessions.CreateSession(
+        session_service_pb2.CreateSessionRequest(
+            session=session_pb2.Session(session_id=PAIRING, project_id="wide-project")
+        )
+    )
+    ref = _upload_png(d, PAIRING)
+    imported_results = []
+    for seq, text in ((5, "cart: 2 items"), (7, "total: 41.90 EUR")):
+        result = _ev()
+        result.imported_message.origin_session_id = SID
+        result.imported_message.origin_seq = seq
+        result.imported_message.role = event_pb2.MESSAGE_ROLE_TOOL
+        result.imported_message.parts.add(text=text)
+        imported_results.append(result)
+    shot = _ev()
+    shot.attachment.CopyFrom(ref)
+    d.sessions.AppendEvents(
+        session_service_pb2.AppendEventsRequest(
+            session_id=PAIRING,
+            events=[
+                _user("What is in the cart?"),
+                _assistant("", ("w3", "screenshot", '{"url": "https://example.test/cart"}')),
+                shot,
+                _result("w3", "screenshot", "saved"),
+                *imported_results,
+            ],
+            request_id="w-pairing",
+        )
+    )
+    d.compile("pairing", d.request(PAIRING, render_formats=formats))
 
 
 def _time_travel(d: Driver) -> None:
@@ -694,7 +736,7 @@ def _time_travel(d: Driver) -> None:
 
 def _read_back(d: Driver) -> dict[str, Any]:
     out: dict[str, Any] = {"sessions": {}}
-    for sid in (SID, OTHER, WIDE):
+    for sid in (SID, OTHER, WIDE, PAIRING):
         session = d.sessions.GetSession(session_service_pb2.GetSessionRequest(session_id=sid))
         events = d.sessions.ListEvents(
             session_service_pb2.ListEventsRequest(session_id=sid, page_size=1000)

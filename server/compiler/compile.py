@@ -491,6 +491,7 @@ def compile_incremental(
         remember=remember,
         turn=turn,
         known=known,
+        projection_version=inputs.projection,
     )
     projection = run.projection
     check()

@@ -22,6 +22,8 @@ from server.compiler.memo_cut import clean_cut, has_attachment, memo_usable
 from server.compiler.message_table import EMPTY, MessageTable
 from server.compiler.pairing import PairState, pair_tool_messages
 from server.compiler.projection import (
+    DEFERRED_ATTACHMENTS,
+    PROJECTION,
     ImagePolicy,
     Projection,
     _apply_images,
@@ -48,6 +50,7 @@ from server.compiler.view import Authority, Layer, ViewMessage, ViewPart
 from server.domain.grown import Grown, grown
 from server.domain.model import (
     AssistantMessage,
+    Attachment,
     Event,
     Role,
     ToolResult,
@@ -91,6 +94,8 @@ class _Run:
     pair_notes: list[str]
     form_notes: list[str]
     elided: int
+    # projection.PROJECTION the view is projected with (pairing changed at 8).
+    projection: int = PROJECTION
 
 
 def _segment(
@@ -120,7 +125,17 @@ def _segment(
         replaced(m, layer=Layer.WORKING_SET) if ws_seq is not None and m.first_seq >= ws_seq else m
         for m in _merge_calls(raw)
     ]
-    paired, run.pair = pair_tool_messages(non_empty(layered), run.pair_notes, run.pair, final=final)
+    later = run.projection >= DEFERRED_ATTACHMENTS
+    paired, run.pair = pair_tool_messages(
+        non_empty(layered),
+        run.pair_notes,
+        run.pair,
+        final=final,
+        deferred=frozenset(e.seq for e in events if isinstance(e.payload, Attachment))
+        if later
+        else frozenset(),
+        imported_apart=later,
+    )
     formed = well_formed_calls(paired, run.form_notes)
     return opened(formed) if not run.messages else formed
 
@@ -154,11 +169,11 @@ def _extended(table: MessageTable, messages: Sequence[ViewMessage]) -> MessageTa
     return table.extend(digests, [m.tokens for m in messages])
 
 
-def _started(memo: ProjectionMemo | None, ws_seq: int | None) -> tuple[int, _Run]:
+def _started(memo: ProjectionMemo | None, ws_seq: int | None, projection: int) -> tuple[int, _Run]:
     """Where the projection starts and what it starts with: from the verified `memo`'s
     cut with its messages, or from the first event with nothing."""
     if memo is None:
-        return 0, _Run(Grown(), EMPTY, {}, PairState(), [], [], 0)
+        return 0, _Run(Grown(), EMPTY, {}, PairState(), [], [], 0, projection)
     kept_messages = memo.messages
     tally = {layer: [tokens, n] for layer, tokens, n in memo.tally}
     if ws_seq != memo.ws_seq and memo.ws_index < len(kept_messages):
@@ -177,6 +192,7 @@ def _started(memo: ProjectionMemo | None, ws_seq: int | None) -> tuple[int, _Run
         list(memo.pair_notes),
         list(memo.form_notes),
         memo.elided,
+        projection,
     )
     return memo.cut, run
 
@@ -305,6 +321,7 @@ def project_incremental(
     remember: bool = True,
     turn: ActiveTurn = NO_TURN,
     known: bool | None = None,
+    projection_version: int = PROJECTION,
 ) -> IncrementalProjection:
     """`events` are the whole log (no checkpoint) or the events after the checkpoint;
     `current_user` is the latest user message when the checkpoint covers it. Without
@@ -312,7 +329,9 @@ def project_incremental(
     from-scratch projection the incremental one is held to. `turn` is the current turn of
     `events`, kept in the memo for the next compile; `known`: whether `memo`'s events are
     the first of `events`, if already found (projection_memo.extends)."""
-    reused = memo_usable(memo, events, checkpoint, current_user, known)
+    reused = memo_usable(memo, events, checkpoint, current_user, known) and (
+        memo is not None and memo.later_pairing == (projection_version >= DEFERRED_ATTACHMENTS)
+    )
     tail_start = 0 if not (reused and memo is not None) else memo.cut
     tail_users = [e.seq for e in events[tail_start:] if is_user_turn_start(e)]
     if current_user is not None:
@@ -321,7 +340,7 @@ def project_incremental(
         ws_seq = tail_users[-1]
     else:
         ws_seq = memo.ws_seq if (reused and memo is not None) else None
-    start, run = _started(memo if reused else None, ws_seq)
+    start, run = _started(memo if reused else None, ws_seq, projection_version)
     head = _head(checkpoint, current_user) if start == 0 else []
     # Reasoning kept by a cancel is decided per turn, over the whole tail at once.
     kept = _kept_reasoning_seqs(events[start:])
@@ -457,6 +476,7 @@ def _next_memo(
         artifact_ids=tuple(dict.fromkeys((*ids_before, *artifact_ids(events[seen_before:])))),
         turn=turn,
         last_assistant=last_assistant,
+        later_pairing=run.projection >= DEFERRED_ATTACHMENTS,
     )
 
 
@@ -468,6 +488,7 @@ def project(
     current_user: Event | None = None,
     route_id: str = "",
     images: ImagePolicy = NO_LIMITS,
+    projection_version: int = PROJECTION,
 ) -> Projection:
     """The projection from scratch."""
     return project_incremental(
@@ -478,4 +499,5 @@ def project(
         route_id=route_id,
         images=images,
         remember=False,
+        projection_version=projection_version,
     ).projection

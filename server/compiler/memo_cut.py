@@ -74,7 +74,11 @@ def clean_cut(events: Sequence[Event], start: int, *, results: bool) -> int:
         if i <= start:
             break
         if (msg.role is Role.TOOL and results) or (
-            msg.role is not Role.TOOL and (msg.parts or msg.tool_calls)
+            msg.role is not Role.TOOL
+            and (msg.parts or msg.tool_calls)
+            # An attachment does not close the calls open before it (it waits for their
+            # results, pairing.py): a run starting there could reach back.
+            and not isinstance(events[i].payload, Attachment)
         ):
             clean = i
     if clean is not None and not any(has_attachment(e) for e in events[start:clean]):

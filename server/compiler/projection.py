@@ -104,8 +104,12 @@ class ImagePolicy:
 #    (compaction.py; it left them out, so an image vanished from the view unsaid once its
 #    summary replaced it, R-IMG-2);
 # 7: after usage, a known window's output reserve is at most half the window (budget.py;
-#    the 1K..8K clamp alone reserved all of an 8K window after a 4K reply: input budget 0).
-PROJECTION = 7
+#    the 1K..8K clamp alone reserved all of an 8K window after a 4K reply: input budget 0);
+# 8: an attachment event logged while tool calls are open waits for their results
+#    instead of closing them, and each tool message imported from another session gets a
+#    stand-in call of its own (pairing.py; the second of two in a row was dropped).
+PROJECTION = 8
+DEFERRED_ATTACHMENTS = 8
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

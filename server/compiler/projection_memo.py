@@ -247,3 +247,6 @@ class ProjectionMemo:
     paths: TurnPaths | None = None
     # The thinking state the view sent back, for the next (turn_thinking.py).
     thinking: SentThinking | None = None
+    # Whether its pairing deferred attachments and kept imported tool messages apart
+    # (projection 8 on, pairing.py): a compile pairing the other way starts afresh.
+    later_pairing: bool = True

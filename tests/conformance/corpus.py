@@ -325,6 +325,7 @@ async def build(api: Stubs) -> list[Case]:
         "caller's own output cap", "agent", limits=cpb.ModelLimits(max_output_tokens=8_000)
     )
     await _thinking_loop(b)
+    await _screenshot_before_its_result(b)
     return b.cases
 
 
@@ -385,3 +386,36 @@ async def _thinking_loop(b: Builder) -> None:
         tool_result("t4", "def lex(): ..."),
     )
     await b.compile("a tool loop with its thinking state", "thinking")
+
+
+async def _screenshot_before_its_result(b: Builder) -> None:
+    """A browser agent's call whose screenshot it logs as an attachment before the
+    call's result, on a Claude turn with thinking, then two results imported from a
+    sub-agent's session (tool messages without call ids)."""
+    await b.session("screenshot", user("what does the checkout page show?"))
+    route_id = (await b.compile("a screenshot turn before its call", "screenshot")).view.route_id
+    ref = await b.upload_png("screenshot")
+    blocks = [{"type": "thinking", "thinking": "Look at the page.", "signature": "EqQC"}]
+    call = assistant("", ("shot1", "Screenshot", '{"url": "https://shop.example/checkout"}'))
+    call.assistant_message.native_state.CopyFrom(
+        common_pb2.ProviderNativeState(
+            route_id=route_id, kind="anthropic.thinking", data=json.dumps(blocks).encode()
+        )
+    )
+    imported = [
+        _ev(
+            imported_message=event_pb2.ImportedMessage(
+                origin_session_id="sub-agent",
+                origin_seq=seq,
+                role=event_pb2.MESSAGE_ROLE_TOOL,
+                parts=[common_pb2.ContentPart(text=text)],
+            )
+        )
+        for seq, text in ((4, "cart: 2 items"), (6, "total: 41.90 EUR"))
+    ]
+    await b.append(
+        "screenshot", call, _ev(attachment=ref), tool_result("shot1", "saved", "Screenshot")
+    )
+    await b.compile("a screenshot logged before its call's result", "screenshot")
+    await b.append("screenshot", *imported)
+    await b.compile("two tool messages imported in a row", "screenshot")

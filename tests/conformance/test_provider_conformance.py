@@ -464,3 +464,38 @@ def test_the_tool_loops_thinking_state_goes_back_in_its_providers_body(
         assert "gAAAAABpZ2VuY3J5cHRlZA" not in text and "lexer splits" not in text, fmt
     before = next(c for c in corpus if c.name == "a tool loop before its thinking state")
     assert before.view.route_id == case.view.route_id
+
+
+def test_a_screenshot_logged_before_its_result_keeps_the_call_whole(corpus: list[Case]) -> None:
+    """The attachment waits for the result of the call that took it (projection 8): one
+    call, its own result, then the image, and Claude's turn keeps its thinking in front
+    of its only tool_use. Before, the attachment closed the call with a made-up failure
+    and the real result came back under a restored call `shot1~2` with no thinking."""
+    case = next(c for c in corpus if c.name == "a screenshot logged before its call's result")
+    messages = case.bodies["anthropic_messages"]["messages"]
+    uses = [b for m in messages for b in m["content"] if b["type"] == "tool_use"]
+    assert [u["id"] for u in uses] == ["shot1"]
+    last_assistant = next(m for m in reversed(messages) if m["role"] == "assistant")
+    assert [b["type"] for b in last_assistant["content"]] == ["thinking", "tool_use"]
+    assert messages[-1]["role"] == "user"
+    assert [b["type"] for b in messages[-1]["content"]] == ["tool_result", "image"]
+    assert messages[-1]["content"][0]["content"] == "saved"
+    assert not any(m.synthetic for m in case.view.messages)
+    chat = case.bodies["openai_chat"]["messages"]
+    roles = [m["role"] for m in chat if m["role"] != "system"]
+    assert roles[-3:] == ["assistant", "tool", "user"]
+    calls = [
+        p for c in case.bodies["gemini"]["contents"] for p in c["parts"] if "functionCall" in p
+    ]
+    assert len(calls) == 1
+
+
+def test_each_imported_tool_message_reaches_every_body(corpus: list[Case]) -> None:
+    """Two tool messages imported in a row (no call ids): each with a stand-in call of
+    its own. The second was dropped from every body as a second result."""
+    case = next(c for c in corpus if c.name == "two tool messages imported in a row")
+    for fmt, body in case.bodies.items():
+        text = json.dumps(body)
+        assert "cart: 2 items" in text and "total: 41.90 EUR" in text, fmt
+    results = [m.tool_call_id for m in case.view.messages if m.origin_session_id]
+    assert len(results) == len(set(results)) == 2

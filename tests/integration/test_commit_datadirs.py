@@ -34,7 +34,7 @@ import grpc
 import pytest
 
 from ctxcc.v1 import artifact_service_pb2 as apb
-from ctxcc.v1 import common_pb2, session_pb2, view_pb2
+from ctxcc.v1 import common_pb2, event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
@@ -319,6 +319,52 @@ async def test_a_gemini_3_step_gets_its_stand_in_signature_only_when_compiled_no
         assert _gemini_calls(old) == calls
     else:
         assert ("w2", None) in _gemini_calls(old)
+
+
+# The first fixture whose driver logged a screenshot while its call ran (888a760:
+# projection 7, before such an attachment waited for the call's result).
+PAIRING_FIXTURES = [f for f in FIXTURES if (f / "views" / "pairing.pb.gz").exists()]
+
+
+def _pairs(view: view_pb2.CompiledView) -> list[tuple[str, str, bool]]:
+    """Each message as its role, its calls' ids or its result's call id, and synthetic."""
+    return [
+        (
+            event_pb2.MessageRole.Name(m.role).removeprefix("MESSAGE_ROLE_").lower(),
+            ",".join(c.call_id for c in m.tool_calls) or m.tool_call_id,
+            m.synthetic,
+        )
+        for m in view.messages
+    ]
+
+
+@pytest.mark.parametrize("u", PAIRING_FIXTURES, indirect=True, ids=lambda p: p.name)
+async def test_a_screenshot_before_its_result_pairs_the_new_way_only_when_compiled_now(
+    u: Upgraded,
+) -> None:
+    """The compile the daemon before projection 8 recorded is rebuilt as it paired (above:
+    the attachment closed the call, the second imported tool message was left out); the
+    same request compiled now keeps the call whole and both imported messages."""
+    (entry,) = [c for c in u.recorded() if c["name"] == "pairing"]
+    old = view_pb2.CompiledView.FromString(u.saved("pairing"))
+    now = (
+        await u.api.compiles.Compile(cpb.CompileRequest.FromString(bytes.fromhex(entry["request"])))
+    ).view
+    imported = ["cart: 2 items", "total: 41.90 EUR"]
+    assert _pairs(now) == [
+        ("user", "", False),
+        ("assistant", "w3", False),
+        ("tool", "w3", False),
+        ("user", "", False),  # the screenshot, after its call's result
+        ("assistant", "", True),
+        ("tool", "", False),
+        ("assistant", "~2", True),
+        ("tool", "~2", False),
+    ]
+    assert [m.parts[0].text for m in now.messages if m.origin_session_id] == imported
+    if u.m["versions"]["projection"] < 8:
+        assert ("tool", "w3", True) in _pairs(old)  # a made-up result, then w3~2
+        assert [m.parts[0].text for m in old.messages if m.origin_session_id] == imported[:1]
 
 
 async def test_new_writes_go_on_top(u: Upgraded) -> None:

@@ -282,6 +282,11 @@ payload_st = st.one_of(
     st.builds(
         lambda i, t: ToolResult(f"c{i}", "f", text=t), st.integers(0, 4), st.text(max_size=10)
     ),
+    st.just(Attachment(PNG)),
+    st.builds(
+        lambda t: ImportedMessage("o", 1, Role.TOOL, (ContentPart(text=t),)),
+        st.sampled_from(["42 rows", "3 files", "ok"]),
+    ),
 )
 
 
@@ -307,6 +312,38 @@ def test_pairing_ledger_and_determinism_properties(payloads: list[Payload]) -> N
             open_calls |= {c.call_id for c in m.tool_calls}
     assert not open_calls
     assert len(results) == len(set(results))
+    # Nothing imported is lost: each tool message imported has its result in the view.
+    imported = [p for p in payloads if isinstance(p, ImportedMessage)]
+    shown = [m for m in view.messages if m.role is Role.TOOL and m.origin_session_id]
+    assert [m.parts[0].text for m in shown] == [p.parts[0].text for p in imported]
+    # An attachment closes no call: no result is made up while its own is logged.
+    answered = {p.call_id for p in payloads if isinstance(p, ToolResult)}
+    for m in view.messages:
+        made_up = m.role is Role.TOOL and m.synthetic
+        assert not (made_up and m.tool_call_id in answered and _only_images_after(m, payloads))
+
+
+def _only_images_after(result: ViewMessage, payloads: list[Payload]) -> bool:
+    """Whether nothing but attachments came between the call `result` answers (made up)
+    and the call's own result in the log."""
+    call_id = result.tool_call_id
+    made = next(
+        (
+            i
+            for i, p in enumerate(payloads)
+            if any(c.call_id == call_id for c in getattr(p, "tool_calls", ()))
+            or (isinstance(p, ToolCall) and p.call_id == call_id)
+        ),
+        None,
+    )
+    if made is None:
+        return False
+    for p in payloads[made + 1 :]:
+        if isinstance(p, ToolResult) and p.call_id == call_id:
+            return True
+        if not isinstance(p, Attachment | ToolResult):
+            return False
+    return False
 
 
 def test_an_image_over_anthropics_limit_for_one_image_is_a_note_on_anthropic_routes() -> None:
