@@ -166,8 +166,8 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     blocks.append({"type": "text", "text": image_note(p, images)})
             turns.append(("user", blocks))
     merged = opened_turns(merge_turns(turns), {"type": "text", "text": OPENER})
-    if not merged and view.messages:
-        # Every message was whitespace-only text: a body needs one message.
+    if not merged and (view.messages or view.rendering >= renderings.EMPTY_VIEWS):
+        # Every message was whitespace-only text, or there is none yet: a body needs one.
         merged = [("user", [{"type": "text", "text": OPENER}])]
     if merged and merged[-1][0] == "assistant":
         _without_trailing_whitespace(merged)

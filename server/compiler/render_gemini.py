@@ -169,6 +169,8 @@ def gemini(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     contents = [
         {"role": r, "parts": p} for r, p in opened_turns(merge_turns(turns), {"text": OPENER})
     ]
+    if not contents and view.rendering >= renderings.EMPTY_VIEWS:
+        contents = [{"role": "user", "parts": [{"text": OPENER}]}]
     if view.rendering >= renderings.STAND_IN_SIGNATURES and validates_signatures(view.route.model):
         stand_in_signatures(contents)
     body: JSON = {

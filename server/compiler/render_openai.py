@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from server.compiler import renderings
+from server.compiler.provider_rules import OPENER
 from server.compiler.render_anthropic import EMPTY_ERROR
 from server.compiler.render_common import (
     JSON,
@@ -149,6 +150,8 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         only_text = all(p["type"] == "text" for p in parts)
         content: Any = "\n".join(p["text"] for p in parts) if only_text else parts
         messages.append({"role": role, "content": content})
+    if view.rendering >= renderings.EMPTY_VIEWS and all(m["role"] == "system" for m in messages):
+        messages.append({"role": "user", "content": OPENER})
     body: JSON = {
         "model": view.route.model,
         "messages": messages,
@@ -222,6 +225,8 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 content.append({"type": "input_text", "text": image_note(p, images)})
         role = "developer" if m.role is Role.SYSTEM else "user"
         items.append({"type": "message", "role": role, "content": content})
+    if not items and view.rendering >= renderings.EMPTY_VIEWS:
+        items.append({"type": "message", "role": "user", "content": OPENER})
     body: JSON = {
         "model": view.route.model,
         "input": items,

@@ -43,5 +43,11 @@ OBJECT_PROPERTIES = 9
 # message's, which were noted as an assistant turn's and as "sent by reference only"
 # (render_common.text_of, render_openai.openai_chat).
 IMAGE_NOTES = 10
+# A view with no message yet (compiled before the first user message: the system prompt
+# and tools alone) is sent with the opener as its one user message in every format:
+# Anthropic ("messages: at least one message is required"), Gemini (contents) and
+# Responses (no input, even with instructions) refuse a request without one
+# (provider_rules.OPENER).
+EMPTY_VIEWS = 11
 
-LATEST = IMAGE_NOTES
+LATEST = EMPTY_VIEWS

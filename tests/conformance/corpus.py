@@ -326,6 +326,10 @@ async def build(api: Stubs) -> list[Case]:
     )
     await _thinking_loop(b)
     await _screenshot_before_its_result(b)
+    # Compiled before the first user message (to see the system prompt's size): the
+    # system prompt and tools alone, sent with the opener as the one user message.
+    await b.session("fresh")
+    await b.compile("a session with no message yet", "fresh")
     return b.cases
 
 

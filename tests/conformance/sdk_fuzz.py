@@ -682,6 +682,9 @@ def _responses(body: dict[str, Any]) -> list[str]:
             # "Invalid schema for function 'f': In context=(), object schema missing
             # properties" (invalid_function_parameters).
             out.append(f"tool {t['name']}: parameters without properties")
+    if not body["input"]:
+        # Refused even with instructions: a request needs input (pydantic/pydantic-ai#3470).
+        out.append("no input")
     calls = [i["call_id"] for i in body["input"] if i.get("type") == "function_call"]
     outputs = [i["call_id"] for i in body["input"] if i.get("type") == "function_call_output"]
     if sorted(calls) != sorted(outputs) or len(set(calls)) != len(calls):

@@ -157,6 +157,14 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
     errors = " | ".join(sdk_fuzz.rule_errors("gemini", gemini))
     for expected in ("empty text part", "functionCall name '9x'", "declaration name '-f'"):
         assert expected in errors, (expected, errors)
+    empty = {"input": [], "instructions": "You are a coding agent."}
+    assert sdk_fuzz.rule_errors("openai_responses", empty) == ["no input"]
+    no_turns: list[tuple[str, dict[str, Any]]] = [
+        ("anthropic_messages", {"messages": []}),
+        ("gemini", {"contents": []}),
+    ]
+    for fmt, body in no_turns:
+        assert sdk_fuzz.rule_errors(fmt, body) == ["first turn is not the user's: []"], fmt
 
 
 UNION_TOOLS: dict[str, Any] = {

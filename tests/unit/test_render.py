@@ -31,6 +31,7 @@ from server.domain.model import (
     Session,
     ToolCall,
     ToolResult,
+    TurnStarted,
     UserMessage,
 )
 from server.domain.tools import ToolSpec
@@ -205,7 +206,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 10
+    assert v.rendering == RENDERING == 11
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -386,6 +387,32 @@ def test_flattening_reaches_nested_unions_and_references() -> None:
     assert flat_schema(components)["required"] == ["m~/"]
     escaped = {"oneOf": [{"$ref": "#/d/a~1b~0c"}], "d": {"a/b~c": base}}
     assert flat_schema(escaped)["required"] == ["id"]
+
+
+def test_a_view_with_no_message_yet_is_sent_with_the_opener() -> None:
+    """Compiled before the first user message, or with only turn markers logged: every
+    body holds one user message, the opener, where Anthropic, Gemini and Responses
+    refuse a request with none; rendering 10 sent the empty lists."""
+    for v in (view(), view(TurnStarted("t"))):
+        assert v.messages == ()
+        bodies = {f: json.loads(render(v, f, {})) for f in RenderFormat}
+        assert bodies[RenderFormat.OPENAI_CHAT]["messages"][1:] == [
+            {"role": "user", "content": OPENER}
+        ]
+        assert bodies[RenderFormat.OPENAI_RESPONSES]["input"] == [
+            {"type": "message", "role": "user", "content": OPENER}
+        ]
+        assert bodies[RenderFormat.ANTHROPIC_MESSAGES]["messages"] == [
+            {"role": "user", "content": [{"type": "text", "text": OPENER}]}
+        ]
+        assert bodies[RenderFormat.GEMINI]["contents"] == [
+            {"role": "user", "parts": [{"text": OPENER}]}
+        ]
+        then = {f: json.loads(render(replace(v, rendering=10), f, {})) for f in RenderFormat}
+        assert len(then[RenderFormat.OPENAI_CHAT]["messages"]) == 1  # the system prompt
+        assert then[RenderFormat.OPENAI_RESPONSES]["input"] == []
+        assert then[RenderFormat.ANTHROPIC_MESSAGES]["messages"] == []
+        assert then[RenderFormat.GEMINI]["contents"] == []
 
 
 def test_an_imported_tool_message_gets_a_call_id_every_api_takes() -> None:
