@@ -195,7 +195,11 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
             {
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "input_schema": schema(t.spec.input_schema_json, flat=flat),
+                "input_schema": schema(
+                    t.spec.input_schema_json,
+                    flat=flat,
+                    top_ref=view.rendering >= renderings.TOP_LEVEL_REFS,
+                ),
             }
             for t in view.tools
         ]

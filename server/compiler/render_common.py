@@ -48,7 +48,9 @@ def args_text(arguments_json: str) -> str:
     return arguments_json or "{}"
 
 
-def schema(text: str, *, flat: bool = False, properties: bool = False) -> JSON:
+def schema(
+    text: str, *, flat: bool = False, properties: bool = False, top_ref: bool = False
+) -> JSON:
     """A tool's input schema as every API takes it: an object schema. RegisterTools
     refuses a top-level `type` other than "object"; one that names no type (`{"properties":
     ...}`, a bare `anyOf`) gets it, as OpenAI refuses parameters without `type: object`
@@ -59,10 +61,14 @@ def schema(text: str, *, flat: bool = False, properties: bool = False) -> JSON:
     without them ("Invalid schema for function 'f': In context=(), object schema missing
     properties"), the form MCP servers give a tool that takes no arguments (`{"type":
     "object"}`, or with `"additionalProperties": false` as the MCP specification
-    recommends)."""
+    recommends). With `top_ref`, a top level that is a local `$ref` is the schema it
+    names, beside the top level's other keys (its definitions, for the references
+    below)."""
     ok, value = parse_json(text or "{}")
     if ok and isinstance(value, dict) and value:
         value = encodable(value) if _may_escape_surrogates(text) else value
+        if top_ref and isinstance(value.get("$ref"), str):
+            value = _top_ref_resolved(value)
         if flat and not _TOP_LEVEL.isdisjoint(value):
             value = flat_schema(value)
         if "type" not in value:
@@ -71,6 +77,16 @@ def schema(text: str, *, flat: bool = False, properties: bool = False) -> JSON:
             value = {**value, "properties": {}}
         return value
     return {"type": "object", "properties": {}}
+
+
+def _top_ref_resolved(value: dict[str, object]) -> dict[str, object]:
+    """A schema `{"$ref": "#/$defs/Node", "$defs": {...}}` as the definition it names,
+    the top level's own keys kept beside it (and winning: they sit next to the reference
+    on purpose). A reference that names nothing, or no object, is left as it is."""
+    named = _resolved(value, {"$ref": value["$ref"]})
+    if not isinstance(named, dict) or "$ref" in named:
+        return value
+    return {**named, **{k: v for k, v in value.items() if k != "$ref"}}
 
 
 # OpenAI refuses parameters with "'oneOf'/'anyOf'/'allOf'/'enum'/'not' at the top level"

@@ -102,6 +102,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, OPENAI_IMAGES)
     flat = view.rendering >= renderings.FLAT_SCHEMAS
     properties = view.rendering >= renderings.OBJECT_PROPERTIES
+    top_ref = view.rendering >= renderings.TOP_LEVEL_REFS
     messages: list[JSON] = []
     if view.system_prompt:
         messages.append({"role": "system", "content": view.system_prompt})
@@ -166,7 +167,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     "name": t.spec.name,
                     "description": t.spec.description,
                     "parameters": schema(
-                        t.spec.input_schema_json, flat=flat, properties=properties
+                        t.spec.input_schema_json, flat=flat, properties=properties, top_ref=top_ref
                     ),
                 },
             }
@@ -179,6 +180,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     images = accepted_images(view, OPENAI_IMAGES)
     flat = view.rendering >= renderings.FLAT_SCHEMAS
     properties = view.rendering >= renderings.OBJECT_PROPERTIES
+    top_ref = view.rendering >= renderings.TOP_LEVEL_REFS
     items: list[JSON] = []
     for m in view.messages:
         if m.role is Role.TOOL:
@@ -242,7 +244,9 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "type": "function",
                 "name": t.spec.name,
                 "description": t.spec.description,
-                "parameters": schema(t.spec.input_schema_json, flat=flat, properties=properties),
+                "parameters": schema(
+                    t.spec.input_schema_json, flat=flat, properties=properties, top_ref=top_ref
+                ),
                 # Strict mode needs every property required and no extra ones: agents'
                 # schemas rarely are, so calls are validated by the agent, as in Chat.
                 "strict": False,

@@ -49,5 +49,11 @@ IMAGE_NOTES = 10
 # Responses (no input, even with instructions) refuse a request without one
 # (provider_rules.OPENER).
 EMPTY_VIEWS = 11
+# OpenAI and Anthropic bodies send a tool schema whose top level is a local `$ref` (what
+# pydantic makes of a recursive model, zod-to-json-schema of a named one) as the object
+# it names, its definitions kept for the references below: OpenAI refused it ("schema
+# must be a JSON Schema of 'type: \"object\"'") or, given the `type` and `properties`
+# rendering 9 adds, showed the model no argument at all (render_common.schema).
+TOP_LEVEL_REFS = 12
 
-LATEST = EMPTY_VIEWS
+LATEST = TOP_LEVEL_REFS

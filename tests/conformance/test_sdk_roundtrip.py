@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 import pytest
+from pydantic import BaseModel, TypeAdapter
 
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import event_pb2, session_pb2, tool_pb2
@@ -619,3 +620,63 @@ def test_the_sdk_call_sends_the_body_as_rendered() -> None:
     broken["messages"][0]["content"] = object()
     with pytest.raises(TypeError):
         sdk_fuzz.send("anthropic_messages", broken)
+
+
+class _Filter(BaseModel):
+    """A recursive argument (a filter of filters): pydantic's schema of it is a top-level
+    `$ref` into `$defs`."""
+
+    field: str
+    equals: str | None = None
+    any_of: list[_Filter] = []
+
+
+async def test_a_schema_that_is_a_top_level_reference_is_sent_as_the_object_it_names(
+    api: Stubs,
+) -> None:
+    """pydantic makes `{"$defs": {...}, "$ref": "#/$defs/_Filter"}` of a recursive model,
+    zod-to-json-schema `{"$ref": "#/definitions/args", "definitions": {...}}` of a named
+    one. OpenAI and Anthropic bodies send the object the reference names, the
+    definitions kept for the references inside it; rendering 11 sent OpenAI
+    `{"type": "object", "properties": {}, "$ref": ...}`: a tool whose arguments the model
+    could not see. Gemini takes full JSON Schema and gets it as registered."""
+    recursive = TypeAdapter(_Filter).json_schema()
+    assert set(recursive) == {"$defs", "$ref"}  # what pydantic makes, read, not assumed
+    named = {
+        "$ref": "#/definitions/args",
+        "definitions": {
+            "args": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            }
+        },
+        "$schema": "http://json-schema.org/draft-07/schema#",
+    }
+    schemas = {"search": recursive, "read_file": named}
+    tools = [
+        tool_pb2.ToolDefinition(name=n, description="d", input_schema_json=json.dumps(s))
+        for n, s in schemas.items()
+    ]
+    bodies = await _bodies(api, "top-ref", user("Find the open ones."), tools=tools)
+    _sent_clean(bodies)
+    chat = {
+        t["function"]["name"]: t["function"]["parameters"] for t in bodies["openai_chat"]["tools"]
+    }
+    responses = {t["name"]: t["parameters"] for t in bodies["openai_responses"]["tools"]}
+    anthropic = {t["name"]: t["input_schema"] for t in bodies["anthropic_messages"]["tools"]}
+    decls = bodies["gemini"]["tools"][0]["functionDeclarations"]
+    gemini = {d["name"]: d["parametersJsonSchema"] for d in decls}
+    filter_def = recursive["$defs"]["_Filter"]
+    assert chat["search"] == responses["search"] == anthropic["search"]
+    assert chat["search"]["properties"] == filter_def["properties"]
+    assert chat["search"]["required"] == ["field"] and chat["search"]["type"] == "object"
+    assert chat["search"]["$defs"] == recursive["$defs"]  # any_of's items still resolve
+    assert "$ref" not in chat["search"]
+    assert chat["read_file"] == responses["read_file"] == anthropic["read_file"]
+    assert chat["read_file"]["properties"] == {"path": {"type": "string"}}
+    assert chat["read_file"]["additionalProperties"] is False
+    assert chat["read_file"]["$schema"] == named["$schema"]
+    assert gemini["search"] == {"type": "object", **recursive}
+    assert gemini["read_file"] == {"type": "object", **named}

@@ -206,7 +206,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 11
+    assert v.rendering == RENDERING == 12
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -516,3 +516,37 @@ def test_a_long_body_is_encoded_a_few_members_a_call(monkeypatch: pytest.MonkeyP
     text = render_mod.dumps_in_pieces(body)
     assert text == json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     assert max(widths) <= render_mod.DUMPS_PIECE
+
+
+def test_a_top_level_reference_is_the_schema_it_names_from_rendering_12() -> None:
+    defs = {"Node": {"type": "object", "properties": {"kids": {"$ref": "#/$defs/Node"}}}}
+    top = {"$ref": "#/$defs/Node", "$defs": defs, "description": "a tree"}
+    assert schema(json.dumps(top), top_ref=True) == {
+        **defs["Node"],
+        "$defs": defs,
+        "description": "a tree",
+    }
+    # Through a chain of references; the top level's own keys win.
+    chain = {"$ref": "#/a", "a": {"$ref": "#/b"}, "b": {"type": "object", "title": "B"}}
+    assert schema(json.dumps({**chain, "title": "T"}), top_ref=True)["title"] == "T"
+    assert schema(json.dumps(chain), top_ref=True)["title"] == "B"
+    # What names nothing, no object, or only itself stays as registered (with its type).
+    for kept in (
+        {"$ref": "#/$defs/Missing", "$defs": {}},
+        {"$ref": "https://example.com/schema.json"},
+        {"$ref": "#/x", "x": ["not", "an", "object"]},
+        {"$ref": "#/x", "x": {"$ref": "#/x"}},
+    ):
+        assert schema(json.dumps(kept), top_ref=True) == {"type": "object", **kept}
+    v = view(
+        UserMessage((ContentPart(text="go"),)),
+        tools=(ToolSpec("walk", "Walks a tree", json.dumps(top)),),
+    )
+    now = json.loads(render(v, RenderFormat.OPENAI_CHAT, {}))["tools"]
+    then = json.loads(render(replace(v, rendering=11), RenderFormat.OPENAI_CHAT, {}))["tools"]
+    walk_now, walk_then = (
+        next(t["function"]["parameters"] for t in tools if t["function"]["name"] == "walk")
+        for tools in (now, then)
+    )
+    assert walk_now["properties"] == defs["Node"]["properties"] and "$ref" not in walk_now
+    assert walk_then["properties"] == {} and walk_then["$ref"] == "#/$defs/Node"
