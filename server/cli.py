@@ -97,9 +97,25 @@ async def _serve(flags: dict[str, object]) -> int:
     }
     log.info("serving %s", json.dumps(ready))
     await stop.wait()
-    log.info("shutting down: draining in-flight calls for up to %ss", cfg.grace_period)
+    log.info(
+        "shutting down: draining in-flight calls for up to %ss (a second signal cuts it short)",
+        cfg.grace_period,
+    )
+    hurried: list[int] = []
+
+    def hurry(sig: signal.Signals) -> None:
+        # An operator's second Ctrl-C (or a supervisor's second TERM) will not wait out
+        # a long grace period: the calls still running are cut as at its end, and the
+        # store still closes (what was acknowledged is on disk either way).
+        if not hurried:
+            log.warning("%s again: not waiting for the calls still in flight", sig.name)
+        hurried.append(sig)
+        daemon.hurry()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, hurry, sig)
     await daemon.stop()
-    log.info("stopped cleanly")
+    log.info("stopped (calls in flight cut short)" if hurried else "stopped cleanly")
     return 0
 
 

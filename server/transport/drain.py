@@ -57,6 +57,7 @@ class Drain:
         self._progress = time.monotonic()
         self._closing = asyncio.Event()
         self._closed_at = 0.0
+        self._hurried = False
 
     @property
     def closing(self) -> bool:
@@ -93,10 +94,15 @@ class Drain:
         finally:
             self._moved(-1)
 
+    def hurry(self) -> None:
+        """Ends the wait for calls in flight now (a second stop signal: the operator
+        will not wait out the grace period); what runs then is cut as at its end."""
+        self._hurried = True
+
     async def wait_idle(self, grace_s: float) -> bool:
         """True when every admitted call finished within `grace_s` seconds."""
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._hurried:
             quiet = time.monotonic() - self._progress
             if self._busy == 0 and quiet > (PENDING_SETTLE_S if self._pending else SETTLE_S):
                 return True
