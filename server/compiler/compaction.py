@@ -12,6 +12,7 @@ whole history (a session of tens of MB would otherwise copy all of it on every c
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -38,6 +39,16 @@ def _label(m: ViewMessage) -> str:
     if m.tool_call_id:
         label += f" (result of {m.tool_call_id})"
     return f"--- {label} (seq {m.first_seq})"
+
+
+def prompt_room(input_budget: int, ratio: float, framing: float) -> int:
+    """The local tokens a compaction prompt may hold for the route's provider to count it
+    within `input_budget` (projection 9 on): the route model's ratio and its framing for
+    the one message the prompt is. A ratio below 1 (a counter that runs high) leaves the
+    room as it is: the local count already over-states what the provider counts."""
+    if ratio <= 1.0 and framing <= 0.0:
+        return input_budget
+    return max(0, math.floor((input_budget - max(framing, 0.0)) / max(ratio, 1.0)))
 
 
 def _image(ref: ArtifactRef) -> str:

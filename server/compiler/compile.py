@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from server.compiler import renderings
 from server.compiler.budget import BudgetConfig, ModelLimits, judge
 from server.compiler.builtin_tools import LOAD_RULE, READ_TOOL_RESULT, TOOL_SEARCH
-from server.compiler.compaction import compaction_request, working_set_start
+from server.compiler.compaction import compaction_request, prompt_room, working_set_start
 from server.compiler.estimate import estimate
 from server.compiler.incremental import project_incremental
 from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import TurnPaths, path_union
 from server.compiler.projection import (
+    COMPACTION_IN_PROVIDER_TOKENS,
     PROJECTION,
     ImagePolicy,
     Projection,
@@ -40,7 +41,7 @@ from server.compiler.prompt_memo import (
     system_prompt,
 )
 from server.compiler.render import RENDERING
-from server.compiler.route_model import BOUNDS, CounterKind, ratio_of
+from server.compiler.route_model import BOUNDS, CounterKind, RatioBounds, ratio_of
 from server.compiler.sources import SourceInputs, matches_paths
 from server.compiler.system import (
     DEFAULT_KERNEL,
@@ -422,6 +423,17 @@ def _native(
     return sent, tokens + sent.tokens, items + len(sent.thinking)
 
 
+def _compaction_room(
+    projection: int, input_budget: int, model: RouteModel | None, bounds: RatioBounds
+) -> int:
+    """What a compaction prompt may hold in local tokens: it is read by the route's
+    model, so it is sized in the tokens that model counts (projection 9 on; before, it
+    filled the input budget in local tokens, which a ratio over 1 overflows)."""
+    if projection < COMPACTION_IN_PROVIDER_TOKENS:
+        return input_budget
+    return prompt_room(input_budget, ratio_of(model, bounds), model.framing if model else 0.0)
+
+
 def compile_incremental(
     inputs: CompileInputs,
     counter: TokenCounter,
@@ -567,7 +579,7 @@ def compile_incremental(
             inputs.checkpoint,
             working_set_start(projection.messages),
             inputs.event_boundary,
-            budget.input_budget,
+            _compaction_room(inputs.projection, budget.input_budget, model, bounds),
             counter,
             memo.compaction if memo is not None else None,
             images=inputs.projection >= 6,

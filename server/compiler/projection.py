@@ -107,9 +107,13 @@ class ImagePolicy:
 #    the 1K..8K clamp alone reserved all of an 8K window after a 4K reply: input budget 0);
 # 8: an attachment event logged while tool calls are open waits for their results
 #    instead of closing them, and each tool message imported from another session gets a
-#    stand-in call of its own (pairing.py; the second of two in a row was dropped).
-PROJECTION = 8
+#    stand-in call of its own (pairing.py; the second of two in a row was dropped);
+# 9: a compaction prompt is sized so that the route model's ratio and framing of it stay
+#    within the input budget (compaction.prompt_room; it filled the budget in local
+#    tokens, which a route whose provider counts more than the local count overflows).
+PROJECTION = 9
 DEFERRED_ATTACHMENTS = 8
+COMPACTION_IN_PROVIDER_TOKENS = 9
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

@@ -691,3 +691,74 @@ def test_a_late_report_keeps_a_newer_baseline_the_earlier_daemon_wrote(tmp_path:
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` whose compaction prompts filled the input budget in local tokens,
+# whatever the route model's ratio (projection.PROJECTION 7).
+LOCAL_ROOM_DAEMON = "888a760086d5607795dc716e5ed6d8491fc8f704"
+
+
+def test_a_compaction_prompt_is_rebuilt_with_the_room_the_earlier_daemon_gave_it(
+    tmp_path: Path,
+) -> None:
+    """A data directory written by the daemon that sized a compaction prompt in local
+    tokens on a route whose provider counts about twice as many: its over-budget compile
+    is rebuilt with that prompt, from rebuild_compile_id and from as_of_seq, while
+    today's compile of the same log covers fewer messages (the prompt fits the window as
+    the provider counts it)."""
+    code = _daemon_code(LOCAL_ROOM_DAEMON, tmp_path / "local-room")
+    base = Path("/tmp") / f"ctxcc-tt-room-{os.getpid()}"
+    base.mkdir()
+    claude = common_pb2.Route(
+        connection="default", protocol="anthropic", endpoint="api", model="claude-sonnet-4"
+    )
+    req = cpb.CompileRequest(
+        session_id="r", route=claude, limits=cpb.ModelLimits(context_window=6_000)
+    )
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "r")
+
+            def step(*events: event_pb2.Event) -> view_pb2.CompiledView:
+                stubs.sessions.AppendEvents(
+                    spb.AppendEventsRequest(session_id="r", events=list(events))
+                )
+                view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+                return view
+
+            def report(view: view_pb2.CompiledView, tokens: int) -> None:
+                stubs.compiles.ReportUsage(
+                    cpb.ReportUsageRequest(
+                        compile_id=view.compile_id, route=claude, input_tokens=tokens
+                    )
+                )
+
+            report(step(user("hello")), 1_000)
+            second = step(assistant("sure " * 450), user("more " * 450))
+            report(second, 1_000 + 2 * (second.budget.estimated_input_tokens - 1_000))
+            chat = []
+            for i in range(12):
+                chat += [user(f"question {i} " + "design " * 300), assistant("yes " * 300)]
+            over = step(*chat, user("and finally?"))
+        assert over.budget.route_model.ratio > 1.5 and over.compaction.prompt
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            _rebuilt_as_recorded(compiles, over)
+            again = cpb.CompileRequest()
+            again.CopyFrom(req)
+            again.as_of_seq = over.event_boundary
+            assert compiles.Compile(again).view.compaction == over.compaction
+            fresh = cpb.CompileRequest()
+            fresh.CopyFrom(req)
+            fresh.dry_run = True
+            now = compiles.Compile(fresh).view.compaction
+            assert now.from_seq == over.compaction.from_seq
+            assert now.through_seq < over.compaction.through_seq
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)

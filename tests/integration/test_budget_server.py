@@ -549,3 +549,47 @@ async def test_a_message_longer_than_the_window_is_cut_in_its_compaction_prompt(
     assert (c.from_seq, c.through_seq) == (1, 1)
     assert "more characters of this message not shown" in c.prompt
     assert _gpt4_tokens(c.prompt) <= view.budget.input_budget
+
+
+CLAUDE = common_pb2.Route(
+    connection="default", protocol="anthropic", endpoint="api", model="claude-sonnet-4"
+)
+
+
+async def test_a_compaction_prompt_fits_the_window_in_the_providers_tokens(api: Stubs) -> None:
+    """The compaction prompt is read by the route's model, which counts what its usage
+    taught: here about twice the local count (the scaled Claude vocabulary may be off
+    that far). A prompt filling the input budget in local tokens was twice the window as
+    the provider counts it, a summarisation request it refuses; it is sized so that the
+    route model's ratio and framing of it stay within the input budget."""
+    from server.adapters.tokenizer import ClaudeCounter
+
+    await _session(api, "ratio", user("hello"))
+    req = cpb.CompileRequest(
+        session_id="ratio", route=CLAUDE, limits=cpb.ModelLimits(context_window=6_000)
+    )
+    first = (await api.compiles.Compile(req)).view
+    await _report(api, first, CLAUDE, 1_000)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="ratio", events=[assistant("sure " * 450), user("more " * 450)]
+        )
+    )
+    second = (await api.compiles.Compile(req)).view
+    assert second.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    grown = second.budget.estimated_input_tokens - 1_000
+    await _report(api, second, CLAUDE, 1_000 + 2 * grown)
+    chat = []
+    for i in range(12):
+        chat += [user(f"question {i} " + "design " * 300), assistant(f"answer {i} " + "yes " * 300)]
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="ratio", events=[*chat, user("and finally?")])
+    )
+    view = (await api.compiles.Compile(req)).view
+    model = view.budget.route_model
+    assert model.ratio > 1.5
+    assert view.decision == view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY
+    local = ClaudeCounter().count(view.compaction.prompt)
+    assert local > 1_000  # it covers messages, not just its instructions
+    provider = model.ratio * local + max(model.framing_tokens, 0.0)
+    assert provider <= view.budget.input_budget, (local, model.ratio, view.budget.input_budget)
