@@ -80,6 +80,9 @@ class ImagePolicy:
     # besides its messages: the system prompt and the tools a view may offer (registry and
     # built-ins), measured only when the limit may take images out (other_request_bytes).
     max_request_bytes: int | None = None
+    # The route's wire protocol, for what its provider counts for an image sent
+    # (image_tokens); empty: the area rule, as before projection 10.
+    token_protocol: str = ""
     request_system_prompt: str = ""
     request_tools: tuple[ToolSpec, ...] = ()
 
@@ -110,10 +113,14 @@ class ImagePolicy:
 #    stand-in call of its own (pairing.py; the second of two in a row was dropped);
 # 9: a compaction prompt is sized so that the route model's ratio and framing of it stay
 #    within the input budget (compaction.prompt_room; it filled the budget in local
-#    tokens, which a route whose provider counts more than the local count overflows).
-PROJECTION = 9
+#    tokens, which a route whose provider counts more than the local count overflows);
+# 10: an image sent costs what the route's provider documents (image_tokens): OpenAI's
+#    tiles on `openai*` routes, at least Gemini's 258 tokens on `gemini*` routes (the area
+#    rule on every route counted a 64x2048 strip at 175 tokens where OpenAI counts 765).
+PROJECTION = 10
 DEFERRED_ATTACHMENTS = 8
 COMPACTION_IN_PROVIDER_TOKENS = 9
+PROVIDER_IMAGE_TOKENS = 10
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >
@@ -307,6 +314,9 @@ def as_projected(
         policy.many_images_side,
     ):
         policy = replaced(policy, max_image_side=side, many_images=many, many_images_side=many_side)
+    counted = protocol if projection >= PROVIDER_IMAGE_TOKENS else ""
+    if counted != policy.token_protocol:
+        policy = replaced(policy, token_protocol=counted)
     if projection >= 1:
         return policy
     named = set(artifact_ids(events, projection))
@@ -377,14 +387,55 @@ def blob_reference_text(result: ToolResult) -> str:
     )
 
 
-def image_tokens(ref: ArtifactRef) -> int:
-    """About width*height/750 on the common providers, capped; unknown size: a default."""
-    if ref.width > 0 and ref.height > 0:
-        return min(IMAGE_TOKENS, max(85, math.ceil(ref.width * ref.height / 750)))
-    return IMAGE_TOKENS
+# OpenAI's high-detail image rule (GPT-4o, GPT-4.1; the o-series and GPT-5 count less a
+# tile), the most `detail: auto` may pick: the image is scaled to fit a 2048-pixel
+# square, then down to a shortest side of 768, and costs 170 tokens a 512-pixel tile plus
+# 85 ("1024 x 1024 ... 765 tokens", "2048 x 4096 ... 1105 tokens").
+OPENAI_IMAGE_FIT = 2_048
+OPENAI_IMAGE_SHORT_SIDE = 768
+OPENAI_IMAGE_TILE = 512
+OPENAI_TILE_TOKENS = 170
+OPENAI_IMAGE_BASE_TOKENS = 85
+# Gemini: "images with both dimensions <= 384 pixels are counted as 258 tokens"; larger
+# ones are cropped and scaled into 768-pixel tiles of 258 tokens each, how is not stated.
+GEMINI_IMAGE_TOKENS = 258
 
 
-def message_tokens(msg: ViewMessage, counter: TokenCounter) -> int:
+def _openai_image_tokens(width: int, height: int) -> int:
+    w, h = float(width), float(height)
+    if max(w, h) > OPENAI_IMAGE_FIT:
+        scale = OPENAI_IMAGE_FIT / max(w, h)
+        w, h = w * scale, h * scale
+    if min(w, h) > OPENAI_IMAGE_SHORT_SIDE:
+        scale = OPENAI_IMAGE_SHORT_SIDE / min(w, h)
+        w, h = w * scale, h * scale
+    tiles = math.ceil(w / OPENAI_IMAGE_TILE) * math.ceil(h / OPENAI_IMAGE_TILE)
+    return OPENAI_IMAGE_BASE_TOKENS + OPENAI_TILE_TOKENS * tiles
+
+
+def image_tokens(ref: ArtifactRef, protocol: str = "", projection: int = PROJECTION) -> int:
+    """What an image sent on a route of `protocol` costs. About width*height/750 (what
+    Anthropic documents), at least 85 and at most 1,600 (providers scale larger images
+    down); from projection 10, OpenAI's tile rule on `openai*` routes and at least
+    Gemini's 258 tokens an image on `gemini*` routes (the area rule alone counted a
+    64x2048 strip at 175 where OpenAI counts 765, a 16x16 icon at 85 where Gemini counts
+    258). Unknown size: 1,600, more than any of them counts for one image."""
+    if ref.width <= 0 or ref.height <= 0:
+        return IMAGE_TOKENS
+    area = min(IMAGE_TOKENS, max(85, math.ceil(ref.width * ref.height / 750)))
+    if projection < PROVIDER_IMAGE_TOKENS:
+        return area
+    wire = protocol.strip().lower()
+    if wire.startswith("openai"):
+        return _openai_image_tokens(ref.width, ref.height)
+    if wire.startswith("gemini"):
+        return max(area, GEMINI_IMAGE_TOKENS)
+    return area
+
+
+def message_tokens(msg: ViewMessage, counter: TokenCounter, protocol: str = "") -> int:
+    """`protocol`: the route's, for what its provider counts for an image (image_tokens);
+    empty, as a compile recorded before projection 10 counted on every route."""
     # A rebuild of an earlier daemon's compile counts as that daemon did (work.py).
     counting = int(getattr(counter, "arguments_counting", COUNTING))
     # Call ids travel in the request with each call and again with its result.
@@ -394,7 +445,7 @@ def message_tokens(msg: ViewMessage, counter: TokenCounter) -> int:
         if part.text is not None:
             total += counter.count(part.text)
         elif part.attachment is not None:
-            total += image_tokens(part.attachment)
+            total += image_tokens(part.attachment, protocol)
     # Counters for providers that take arguments as parameters say so (ClaudeCounter).
     as_parameters = bool(getattr(counter, "arguments_as_parameters", False))
     for call in msg.tool_calls:

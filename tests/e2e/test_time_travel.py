@@ -42,7 +42,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.e2e.proc import REPO, DaemonProcess
-from tests.helpers import ROUTE, assistant, error_info, png_upload, tool_result, user
+from tests.helpers import ROUTE, assistant, error_info, png_bytes, png_upload, tool_result, user
 
 OTHER_ROUTE = common_pb2.Route(
     connection="c2", protocol="openai-chat", endpoint="e", model="gpt-4o"
@@ -759,6 +759,52 @@ def test_a_compaction_prompt_is_rebuilt_with_the_room_the_earlier_daemon_gave_it
             now = compiles.Compile(fresh).view.compaction
             assert now.from_seq == over.compaction.from_seq
             assert now.through_seq < over.compaction.through_seq
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` that counted an image by its area on every route (projection
+# 7; versions 8 and 9 counted the same way).
+AREA_RULE_DAEMON = LOCAL_ROOM_DAEMON
+
+
+def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(tmp_path: Path) -> None:
+    """A data directory written by the daemon that counted an image sent on an OpenAI
+    route by its area (175 tokens for a 64x2048 strip): its compile is rebuilt with that
+    count, from rebuild_compile_id and from as_of_seq, while today's compile of the same
+    log counts OpenAI's four tiles (765)."""
+    code = _daemon_code(AREA_RULE_DAEMON, tmp_path / "area-rule")
+    base = Path("/tmp") / f"ctxcc-tt-area-{os.getpid()}"
+    base.mkdir()
+    openai = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model="gpt-4o")
+    req = cpb.CompileRequest(session_id="a", route=openai)
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "a")
+            data = png_bytes(64, 2_048)
+            ref = stubs.artifacts.UploadArtifact(iter(png_upload("a", data, 1))).artifact
+            asked = user("What is in this image?")
+            asked.user_message.parts.add(attachment=ref)
+            stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="a", events=[asked]))
+            view = stubs.compiles.Compile(req).view
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            _rebuilt_as_recorded(compiles, view)
+            again = cpb.CompileRequest()
+            again.CopyFrom(req)
+            again.as_of_seq = view.event_boundary
+            assert compiles.Compile(again).view.budget == view.budget
+            fresh = cpb.CompileRequest()
+            fresh.CopyFrom(req)
+            fresh.dry_run = True
+            now = compiles.Compile(fresh).view
+            assert now.budget.ledger_tokens - view.budget.ledger_tokens == 765 - 175
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)

@@ -467,9 +467,9 @@ async def test_gemini_bodies_hold_only_the_images_that_keep_the_request_within_i
 
 
 async def test_an_images_estimate_follows_its_size(api: Stubs) -> None:
-    """R-EST-3: the estimate covers attachments. An image sent costs about
-    width x height / 750 tokens (what Anthropic documents for its models, and about what
-    OpenAI's tiles come to), at least 85 (OpenAI's base cost of one image) and at most
+    """R-EST-3: the estimate covers attachments. An image sent on an Anthropic route
+    costs about width x height / 750 tokens (what Anthropic documents for its models),
+    at least 85 and at most
     1,600 (a ~1,100 px square: providers scale larger images down): each view's ledger
     exceeds the same view without the image by exactly that, in its layer and in the
     message's own count."""
@@ -494,6 +494,39 @@ async def test_an_images_estimate_follows_its_size(api: Stubs) -> None:
         assert layers[view_pb2.LAYER_WORKING_SET] - plain_layers[view_pb2.LAYER_WORKING_SET] == (
             cost
         )
+
+
+async def test_an_images_estimate_is_what_the_routes_provider_counts(api: Stubs) -> None:
+    """R-EST-3 per provider: on an OpenAI route an image costs OpenAI's high-detail tiles
+    (170 tokens a 512-pixel tile plus 85), on a Gemini route at least the 258 tokens
+    Gemini counts for any image. The area rule on every route counted a 64x2048 strip
+    at 175 tokens (OpenAI: 765) and a 16x16 icon at 85 (Gemini: 258), so a request of
+    such images was estimated well under what its provider read."""
+    cases = (
+        ("openai-chat", "gpt-4o", 64, 2_048, 765),
+        ("openai-responses", "gpt-4.1", 16, 16, 255),
+        ("gemini", "gemini-2.5-pro", 16, 16, 258),
+        ("anthropic-messages", "claude-sonnet-4", 64, 2_048, 175),
+    )
+    for protocol, model, width, height, cost in cases:
+        route = common_pb2.Route(connection="c", protocol=protocol, endpoint="e", model=model)
+        views = []
+        for with_image in (False, True):
+            sid = f"per-provider-{protocol}-{with_image}"
+            await _session(api, sid)
+            asked = user("What is in this image?")
+            if with_image:
+                data = png_bytes(width, height)
+                up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 1)))
+                assert (up.artifact.width, up.artifact.height) == (width, height)
+                asked = _with_image(asked, up.artifact)
+            await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[asked]))
+            req = cpb.CompileRequest(session_id=sid, route=route)
+            views.append((await api.compiles.Compile(req)).view)
+        plain, view = views
+        assert list(_sent(view)) == [up.artifact.artifact_id], protocol
+        assert view.messages[-1].tokens - plain.messages[-1].tokens == cost, protocol
+        assert view.budget.ledger_tokens - plain.budget.ledger_tokens == cost, protocol
 
 
 # The first bytes of each image type the daemon reads.

@@ -27,6 +27,7 @@ from server.compiler.projection import (
     base64_bytes,
     image_byte_cap,
     image_side_caps,
+    image_tokens,
     messages_request_bytes,
     other_request_bytes,
     request_byte_cap,
@@ -617,3 +618,45 @@ def test_the_request_count_is_never_less_than_any_body_as_rendered(
     counted = other_request_bytes(v.system_prompt, registry) + messages_request_bytes(v.messages)
     for fmt in RenderFormat:
         assert len(render(v, fmt).encode()) <= counted, fmt
+
+
+@pytest.mark.parametrize(
+    ("protocol", "width", "height", "tokens"),
+    [
+        # OpenAI's high detail (the most `auto` may pick): within 2048 on a side, the
+        # shortest side at most 768, then 170 a 512-pixel tile and 85. That rule, not
+        # the area rule: a 1024x1024 image is 765 tokens there, not 1,399.
+        ("openai-chat", 1_024, 1_024, 765),  # OpenAI's own example
+        ("openai-responses", 2_048, 4_096, 1_105),  # OpenAI's own example (not 1,600)
+        ("openai-chat", 64, 2_048, 765),  # a strip: four tiles, not 175
+        ("openai-chat", 2_048, 20, 765),
+        ("openai-chat", 16, 16, 255),  # one tile, not the 85 of low detail
+        ("openai-chat", 600, 800, 765),  # four tiles: more than the area rule's 640
+        ("openai-chat", 640, 480, 425),  # two tiles: more than the area rule's 410
+        ("openai-chat", 768, 2_048, 1_445),  # the most OpenAI counts for one image
+        # Gemini counts any image of at most 384 pixels a side as 258 tokens.
+        ("gemini", 16, 16, 258),
+        ("gemini", 384, 384, 258),
+        ("gemini", 1_000, 1_000, 1_334),  # the area rule, above Gemini's 4 tiles
+        # Anthropic documents the area rule itself.
+        ("anthropic-messages", 16, 16, 85),
+        ("anthropic-messages", 64, 2_048, 175),
+        ("anthropic-messages", 1_000, 1_000, 1_334),
+        ("anthropic-messages", 4_000, 3_000, 1_600),
+        # Unknown size: the most any of them counts for one image.
+        ("openai-chat", 0, 0, 1_600),
+        ("gemini", 0, 0, 1_600),
+    ],
+)
+def test_an_images_estimate_is_never_below_its_providers_documented_count(
+    protocol: str, width: int, height: int, tokens: int
+) -> None:
+    """R-EST-3: an image sent on a route costs what the route's provider documents for it
+    (at least; Gemini's tiles above 384 pixels are not stated, the area rule stays). The
+    area rule (width x height / 750, 85..1,600) on every route counted a 64x2048 strip at
+    175 tokens where OpenAI counts 765, and a 16x16 icon at 85 where Gemini counts 258
+    (OpenAI 255)."""
+    ref = ArtifactRef("a", "image/png", 100, "0" * 64, width, height)
+    assert image_tokens(ref, protocol) == tokens
+    # A compile recorded before projection 10 counted the area rule on every route.
+    assert image_tokens(ref, protocol, 9) == image_tokens(ref, "anthropic-messages")
