@@ -19,6 +19,7 @@ estimator of R-EST-2 for families without a known tokenizer.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import importlib.machinery
 import importlib.util
@@ -32,21 +33,123 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from server.adapters.charclass_table import CJK_SINGLES
 from server.compiler.textscan import LONE_SURROGATE
-from server.compiler.tokens import TokenCounter
+from server.compiler.tokens import CHARCLASS_BY_SCRIPT, COUNTING, TokenCounter
 from server.domain.catalog import ModelInfo
 
 _CACHE_MIN_CHARS = 24
 _CACHE_SIZE = 8192
 
 
+# Weights of non-ASCII characters by script, against cl100k_base (R-EST-2): (first code
+# point, class, weight), each range running to the next one's start. A script cl100k_base
+# splits into bytes gets up to its UTF-8 length (2 or 3, 4 above U+FFFF): Armenian,
+# combining marks (decomposed accents: macOS file names, NFD text), Tibetan, Ethiopic,
+# Yi, private use.
+_SCRIPTS: tuple[tuple[int, str, float], ...] = (
+    (0x0080, "o", 2.0),  # C1 controls, Latin-1 symbols
+    (0x00C0, "o", 0.8),  # Latin-1 letters, Latin Extended-A and -B
+    (0x0250, "o", 2.0),  # IPA, spacing modifiers, combining diacritical marks
+    (0x0370, "o", 1.3),  # Greek and Coptic
+    (0x0400, "o", 0.8),  # Cyrillic
+    (0x0530, "o", 2.1),  # Armenian
+    (0x0590, "o", 1.3),  # Hebrew
+    (0x0600, "o", 1.0),  # Arabic (Urdu's letters take more than Arabic's)
+    (0x0700, "o", 2.0),  # Syriac, Thaana, NKo
+    (0x0800, "o", 3.0),  # Samaritan, Mandaic, Arabic Extended
+    (0x0900, "o", 2.0),  # Indic scripts
+    (0x0D80, "o", 2.2),  # Sinhala
+    (0x0E00, "o", 2.0),  # Thai, Lao
+    (0x0F00, "o", 3.0),  # Tibetan
+    (0x1000, "o", 2.2),  # Myanmar, Georgian
+    (0x1100, "o", 3.0),  # Hangul Jamo, Ethiopic, Cherokee, syllabics, Ogham, Runic, ...
+    (0x1780, "o", 2.2),  # Khmer
+    (0x1800, "o", 3.0),  # Mongolian, ..., combining marks extended and supplement
+    (0x1E00, "o", 2.0),  # Latin Extended Additional (Vietnamese), Greek Extended
+    (0x2000, "o", 2.0),  # punctuation, symbols, arrows, box drawing, maths
+    (0x2C00, "o", 3.0),  # Glagolitic, Coptic, Tifinagh, ...
+    (0x2E80, "c", 3.0),  # CJK radicals
+    (0x3000, "c", 1.35),  # CJK symbols and punctuation
+    (0x3040, "c", 2.0),  # kana (the one-token ones: _CJK_SINGLES)
+    (0x3100, "c", 3.0),  # Bopomofo, compatibility Jamo, enclosed, CJK Extension A, ...
+    (0x4E00, "c", 3.0),  # CJK unified ideographs (the one-token ones: _CJK_SINGLES)
+    (0xA000, "o", 3.0),  # Yi, Vai, ...
+    (0xAC00, "c", 2.7),  # Hangul syllables (the one-token ones: _CJK_SINGLES)
+    (0xD7B0, "o", 3.0),  # Jamo Extended-B
+    (0xD800, "o", 2.0),  # surrogates (counted as U+FFFD)
+    (0xE000, "o", 3.0),  # private use
+    (0xF900, "c", 3.0),  # CJK compatibility ideographs
+    (0xFB00, "o", 2.0),  # presentation forms, half- and full-width forms, specials
+    (0x10000, "o", 4.0),  # historic scripts
+    (0x1D000, "o", 3.2),  # musical and mathematical symbols
+    (0x1D800, "o", 4.0),
+    (0x1F000, "o", 3.2),  # emoji and other symbols
+    (0x20000, "o", 4.0),  # CJK Extension B on, tags, private use
+)
+_SCRIPT_STARTS = tuple(start for start, _, _ in _SCRIPTS)
+_SCRIPT_WEIGHTS = tuple((cls, w) for _, cls, w in _SCRIPTS)
+# Kana, ideographs and Hangul syllables cl100k_base encodes as one token each.
+_CJK_SINGLES = frozenset(CJK_SINGLES)
+_CJK_SINGLE = ("c", 1.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _script(ch: str) -> tuple[str, float]:
+    """The class and weight of a non-ASCII character (cached: text repeats its script)."""
+    if ch in _CJK_SINGLES:
+        return _CJK_SINGLE
+    return _SCRIPT_WEIGHTS[bisect.bisect_right(_SCRIPT_STARTS, ord(ch)) - 1]
+
+
 def charclass_count(text: str) -> int:
     """Per-character-class weights that lean high (R-EST-2), for a text that is not empty.
 
     Measured against cl100k_base on English, code, JSON, digits, whitespace-heavy text,
-    hex ids, URLs, CJK, Japanese, Cyrillic, Arabic and emoji, they never undercount by
-    more than 5% (tests/unit/test_estimation.py) and run high on prose and code.
+    hex ids, URLs, Simplified and Traditional Chinese, Japanese, Korean, Cyrillic, Greek,
+    Armenian, Hebrew, Arabic, Urdu, Indic scripts, Amharic, decomposed accents and emoji,
+    they never undercount by more than 5% (tests/unit/test_estimation.py) and run high on
+    prose and code. Compiles recorded before tokens.COUNTING 2 are rebuilt with the
+    weights they had (charclass_count_1).
     """
+    total = 0.0
+    prev = ""  # class of the previous character
+    lower = False  # was the previous character a lower-case letter
+    for ch in text:
+        o = ord(ch)
+        if o < 128:
+            if ch.isalpha():
+                cls, w = "a", 1 / 3.3
+                if lower and ch.isupper():
+                    w += 1.2  # a case switch inside a word: camelCase, base64
+            elif ch.isdigit():
+                cls, w = "d", 0.55
+            elif ch == "\n":
+                cls, w = "s", 0.6
+            elif ch.isspace():
+                cls, w = "s", 0.2
+            elif o < 32 or o == 127:
+                cls, w = "p", 1.2  # control characters: one token each, or more
+            else:
+                cls, w = "p", 0.9
+        else:
+            cls, w = _script(ch)
+        if cls != prev:
+            if cls == "s":
+                w += 0.3  # a whitespace run often stands alone before digits or symbols
+            elif {cls, prev} == {"a", "d"}:
+                w += 0.7  # letter/digit switches split ids, hashes and base64
+        total += w
+        prev = cls
+        lower = ch.islower() and o < 128
+    return max(1, math.ceil(total))
+
+
+def charclass_count_1(text: str) -> int:
+    """The weights of compiles recorded before tokens.COUNTING 2, kept to rebuild them:
+    three for all non-ASCII text, which undercount cl100k_base by up to 60% on Armenian,
+    decomposed accents and rare CJK characters, and by 30-40% on Traditional Chinese and
+    kanji-heavy Japanese."""
     total = 0.0
     prev = ""  # class of the previous character
     lower = False  # was the previous character a lower-case letter
@@ -299,12 +402,14 @@ class CharClassCounter(_CachedCounter):
     here), and a compile counts every tool schema it offers at every step (a session
     with a megabyte of tools on such a route spent ~0.2 s a step on them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, counting: int = COUNTING) -> None:
         super().__init__("charclass")
-        self.name = "charclass"
+        by_script = counting >= CHARCLASS_BY_SCRIPT
+        self.name = "charclass" if by_script else "charclass-1"
+        self._weigh = charclass_count if by_script else charclass_count_1
 
     def _count(self, text: str) -> int:
-        return charclass_count(text)
+        return self._weigh(text)
 
 
 class BpeCounter(_CachedCounter):
@@ -365,7 +470,7 @@ class CounterRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[tuple[str, float], TokenCounter] = {}
+        self._counters: dict[tuple[str, float, bool], TokenCounter] = {}
 
     def ready(self, info: ModelInfo) -> bool:
         """Whether counting for `info` needs no table built first (a build takes up to
@@ -373,8 +478,11 @@ class CounterRegistry:
         table = TABLES.get(info.tokenizer)
         return table is None or table.loaded
 
-    def for_model(self, info: ModelInfo) -> TokenCounter:
-        key = (info.tokenizer, info.token_factor)
+    def for_model(self, info: ModelInfo, counting: int = COUNTING) -> TokenCounter:
+        """`counting`: tokens.COUNTING of the compile (a rebuild's is its record's): the
+        conservative estimator's weights changed at 2."""
+        legacy = info.tokenizer not in TABLES and counting < CHARCLASS_BY_SCRIPT
+        key = (info.tokenizer, info.token_factor, legacy)
         with self._lock:
             counter = self._counters.get(key)
             if counter is None:
@@ -385,6 +493,6 @@ class CounterRegistry:
                 elif info.tokenizer == "claude":
                     counter = ClaudeCounter(info.token_factor)
                 else:
-                    counter = CharClassCounter()
+                    counter = CharClassCounter(counting if legacy else COUNTING)
                 self._counters[key] = counter
             return counter

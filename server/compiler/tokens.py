@@ -27,11 +27,17 @@ IMAGE_TOKENS = 1_600
 # How tool-call arguments are counted. Each compile records it, so that a compile an
 # earlier daemon recorded is rebuilt counting as that daemon did (exact time travel):
 # 0: nested parameter values as JSON with spaces, non-ASCII as is;
-# 1: nested values as compact JSON, non-ASCII escaped (what Claude's counts follow).
+# 1: nested values as compact JSON, non-ASCII escaped (what Claude's counts follow);
+# 2: as 1, and the conservative estimator of families without a tokenizer weighs each
+#    script by what cl100k_base makes of it (adapters/tokenizer.charclass_count; before,
+#    three weights for all non-ASCII text undercounted Armenian by 60%, Traditional
+#    Chinese by 30%).
+# Arguments are counted as 1 from 1 on.
 # BEFORE_CALL_IDS (-1), for compiles recorded before call ids were counted (the store
 # tells them by their records, see CompileRecord.before_call_ids): arguments as their
 # JSON string as is, and neither a call's id nor its result's counted.
-COUNTING = 1
+COUNTING = 2
+CHARCLASS_BY_SCRIPT = 2
 BEFORE_CALL_IDS = -1
 # Separators of the JSON a provider renders nested parameter values with.
 _COMPACT = (",", ":")

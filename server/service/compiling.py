@@ -528,7 +528,7 @@ class CompileUseCases:
             # checkpoint is still the one chosen; the projection would redo much more.
             raise _Stale
         budget.check()
-        counter = self._tokenizers.for_model(info)
+        counter = self._tokenizers.for_model(info, inputs.counting)
         view, new_memo, reused = compile_incremental(
             inputs,
             counter,

@@ -808,3 +808,62 @@ def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(tmp_path
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` whose conservative estimator had three weights for all non-ASCII
+# text (tokens.COUNTING 1).
+THREE_WEIGHTS_DAEMON = LOCAL_ROOM_DAEMON
+
+
+def test_an_unknown_models_text_is_rebuilt_with_the_weights_it_was_counted_with(
+    tmp_path: Path,
+) -> None:
+    """A data directory written by the daemon that counted an unknown model's Armenian
+    text with three weights for all non-ASCII text (under half of what cl100k_base makes
+    of it): its compiles are rebuilt with those counts, from rebuild_compile_id and from
+    as_of_seq, while today's compile of the same log weighs the script as it should."""
+    code = _daemon_code(THREE_WEIGHTS_DAEMON, tmp_path / "three-weights")
+    base = Path("/tmp") / f"ctxcc-tt-weights-{os.getpid()}"
+    base.mkdir()
+    unknown = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model-y")
+    req = cpb.CompileRequest(session_id="w", route=unknown)
+    text = "Հայաստանը գտնվում է Հարավային Կովկասում " * 40
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        views = []
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "w")
+            for i in range(2):
+                stubs.sessions.AppendEvents(
+                    spb.AppendEventsRequest(session_id="w", events=[user(f"{text} {i}")])
+                )
+                view = stubs.compiles.Compile(req).view
+                views.append(view)
+                stubs.compiles.ReportUsage(
+                    cpb.ReportUsageRequest(
+                        compile_id=view.compile_id,
+                        route=unknown,
+                        input_tokens=2 * view.budget.estimated_input_tokens,
+                        output_tokens=300,
+                    )
+                )
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            for view in views:
+                _rebuilt_as_recorded(compiles, view)
+                again = cpb.CompileRequest()
+                again.CopyFrom(req)
+                again.as_of_seq = view.event_boundary
+                assert compiles.Compile(again).view.budget == view.budget
+            fresh = cpb.CompileRequest()
+            fresh.CopyFrom(req)
+            fresh.dry_run = True
+            now = compiles.Compile(fresh).view
+            assert now.budget.ledger_tokens > 2 * views[-1].budget.ledger_tokens
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)

