@@ -42,7 +42,9 @@ from ctxcc.v1 import (
     view_pb2,
 )
 from server import cli_channel
+from server.compiler.textscan import LONE_SURROGATE
 from server.replay_events import events_of, tools_of
+from server.service.inputs import MAX_USAGE_TOKENS
 
 MIN_REPORTED = 100
 KEYS = (
@@ -109,10 +111,29 @@ def shape_error(request: object) -> str | None:
     for key in ("reported_input_tokens", "reported_output_tokens"):
         if not _count(request.get(key)):
             return f'"{key}" must be a whole number >= 0 or null, not {request.get(key)!r}'
+        if (request.get(key) or 0) > MAX_USAGE_TOKENS:
+            # The daemon refuses such a report; a protobuf field cannot even hold most.
+            return (
+                f'"{key}" is {request[key]}, over {MAX_USAGE_TOKENS} (more than any model '
+                "reads or writes)"
+            )
     for key in ("session", "source", "provider", "model"):
         if not isinstance(request.get(key, ""), str):
             return f'"{key}" must be a string, not {request.get(key)!r}'
     return None
+
+
+def whole_characters(value: Any) -> Any:
+    """`value` with each lone surrogate in its strings (JSON may escape half of a pair:
+    an emoji a logger cut in two) as U+FFFD, the daemon's count of one: no protobuf
+    string can carry it."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value) if LONE_SURROGATE.search(value) else value
+    if isinstance(value, list):
+        return [whole_characters(v) for v in value]
+    if isinstance(value, dict):
+        return {whole_characters(k): whole_characters(v) for k, v in value.items()}
+    return value
 
 
 def read_trace(path: Path) -> Iterator[dict[str, Any]]:
@@ -129,7 +150,7 @@ def read_trace(path: Path) -> Iterator[dict[str, Any]]:
                     raise SystemExit(f"ctxcc replay: {path}:{n}: not JSON ({exc})") from None
                 if (wrong := shape_error(request)) is not None:
                     raise SystemExit(f"ctxcc replay: {path}:{n}: {wrong}")
-                yield request
+                yield whole_characters(request)
     # A directory, a truncated or damaged .xz, a binary file: one line, not a traceback.
     except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
         where = f" after line {n}" if n else ""

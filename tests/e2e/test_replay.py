@@ -203,6 +203,14 @@ def test_a_trace_that_cannot_be_read_is_one_line_not_a_traceback(tmp_path: Path)
         ('{"step": 0, "reported_output_tokens": -1}', '"reported_output_tokens" must be'),
         ('{"step": true}', '"step" must be a whole number'),
         ('{"step": 0, "model": 4}', '"model" must be a string, not 4'),
+        (
+            '{"step": 0, "reported_input_tokens": 1000000000000}',
+            '"reported_input_tokens" is 1000000000000, over 268435456 (more than any model',
+        ),
+        (
+            '{"step": 0, "reported_output_tokens": 4294967296}',
+            '"reported_output_tokens" is 4294967296, over 268435456',
+        ),
     ],
 )
 def test_a_trace_line_of_the_wrong_shape_is_named_not_a_traceback(
@@ -295,3 +303,27 @@ def test_a_token_no_header_can_carry_is_a_usage_error(tmp_path: Path) -> None:
             assert r.returncode == 2, (args, r.stderr)
             assert f"--auth-token-file {token} holds characters" in r.stderr, r.stderr
             assert "Traceback" not in r.stderr and "half" not in r.stderr, r.stderr
+
+
+def test_a_lone_surrogate_in_a_trace_is_replayed_as_the_replacement_character(
+    tmp_path: Path,
+) -> None:
+    """JSON may escape half of a surrogate pair ("\\ud83d" of an emoji a logger cut in
+    two), which no protobuf string can carry: the replay sent it and ended in a traceback
+    (UnicodeEncodeError). It is replayed as U+FFFD, as the daemon counts one, and the
+    request is measured."""
+    trace = tmp_path / "t.jsonl"
+    text = "cut emoji \\ud83d here " * 30
+    lines = [
+        f'{{"session": "s", "step": 0, "provider": "openai", "model": "gpt-4o", '
+        f'"reported_input_tokens": 400, "reported_output_tokens": 5, '
+        f'"messages": [{{"role": "user", "content": "{text}"}}], '
+        f'"tools": [{{"name": "t", "description": "d\\ud800 \\udc00", '
+        f'"input_schema": {{"type": "object"}}}}]}}',
+    ]
+    trace.write_text("\n".join(lines) + "\n")
+    assert "\\ud83d" in trace.read_text()
+    r = replay_cli(str(trace))
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["requests"] == 1
