@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from server.compiler.budget import ModelLimits, output_reserve
-from server.compiler.route_model import BOUNDS, counter_kind, observe_delta, observe_full
+from server.compiler.route_model import (
+    BOUNDS,
+    RatioBounds,
+    counter_kind,
+    observe_delta,
+    observe_full,
+)
 from server.compiler.view import EstimateMethod
 from server.domain.catalog import Catalog
 from server.domain.errors import CtxccError, Reason, invalid
@@ -152,22 +158,39 @@ class UsageReports:
         cfg = self._settings.learning
         delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
 
+        # Records written before the ledger was kept: a FULL estimate was the ledger.
+        local = record.ledger_tokens or record.estimated_input_tokens
+
         def learn(model: RouteModel | None) -> RouteModel:
             m = model or RouteModel(route_id=record.route.route_id)
-            if delta and record.raw_delta is not None:
+            if not plausible(usage.input_tokens, local, bounds):
+                pass  # part of the input: teaches nothing (the session keeps it)
+            elif delta and record.raw_delta is not None:
                 # Only a pure append isolates the tokenizer: with removals the net
-                # change can be small beside large gross changes.
-                if record.removed_tokens == 0:
+                # change can be small beside large gross changes. A change from a
+                # baseline that was part of its input is no change of the payload.
+                base_local = local - record.raw_delta
+                if record.removed_tokens == 0 and plausible(
+                    record.baseline_tokens, base_local, bounds
+                ):
                     reported = usage.input_tokens - record.baseline_tokens
                     change = (record.raw_delta, reported, record.message_change or 0)
                     m = observe_delta(m, change, bounds, cfg)
             elif not delta:
-                # Records written before the ledger was kept: a FULL estimate was the ledger.
-                local = record.ledger_tokens or record.estimated_input_tokens
                 m = observe_full(m, local, usage.input_tokens, bounds, cfg)
             return replaced(m, update_time_ns=now_ns)
 
         return learn
+
+
+def plausible(reported: int, local: int, bounds: RatioBounds) -> bool:
+    """Whether a provider can have counted `reported` input tokens for a request whose
+    local count is `local`: at least the lowest ratio the route's counter kind allows.
+    Below it is part of the input (Anthropic's `input_tokens` without its cache reads
+    and writes); the route model learns nothing from it, or from a change since it: one
+    such report made a daemon-wide overhead of minus the whole request, and every new
+    session's first estimate on the route 0."""
+    return reported >= bounds.low * local
 
 
 def check_usage(usage: Usage) -> None:

@@ -178,3 +178,36 @@ async def test_impossible_usage_is_refused_and_changes_nothing(
     assert again.budget.route_model.full_samples == 0
     ok = await _report(api, view, 7_000)
     assert not ok.replayed
+
+
+async def test_a_report_of_part_of_the_input_teaches_the_route_nothing(api: Stubs) -> None:
+    """A client that sends Anthropic's `input_tokens` alone (the uncached part: 4 tokens
+    of a 20,000-token request) makes a report no provider makes for that request. It
+    stays that session's baseline (R-EST-1, the client's report), but taught the
+    daemon-wide route model an overhead of -20,000: every later session's first
+    estimate on the route was max(0, ledger - 20,000), 0 for a 14,000-token request, and
+    the next honest change from that baseline pushed the ratio to its bound. Neither
+    report teaches the route anything now; honest ones still do."""
+    await _session(api, "partial", user("hello " * 20_000))
+    bad = await _compile(api, "partial")
+    await _report(api, bad, 4)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="partial", events=[assistant("ok"), user("next")])
+    )
+    step = await _compile(api, "partial")
+    assert step.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert step.budget.baseline_tokens == 4  # the session's own report, as it came
+    # An honest report from that baseline: a change of ~20,000 for a local change of ~10.
+    await _report(api, step, step.budget.ledger_tokens + 300)
+    await _session(api, "after", user("please fix the build " * 500))
+    later = await _compile(api, "after")
+    model = later.budget.route_model
+    assert (model.full_samples, model.delta_samples) == (0, 0), model
+    assert later.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+    assert later.budget.estimated_input_tokens == later.budget.ledger_tokens > 2_000
+    # Honest reports teach as before.
+    await _report(api, later, later.budget.ledger_tokens + 12_000)
+    await _session(api, "then", user("and now the docs " * 500))
+    then = await _compile(api, "then")
+    assert then.budget.estimate_method == view_pb2.ESTIMATE_METHOD_ROUTE_MODEL
+    assert then.budget.estimated_input_tokens > then.budget.ledger_tokens + 10_000
