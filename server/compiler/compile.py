@@ -20,6 +20,7 @@ from server.compiler.output_cap import output_cap
 from server.compiler.path_memo import TurnPaths, path_union
 from server.compiler.projection import (
     COMPACTION_IN_PROVIDER_TOKENS,
+    HISTORY_IN_PROVIDER_TOKENS,
     PROJECTION,
     ImagePolicy,
     Projection,
@@ -423,6 +424,18 @@ def _native(
     return sent, tokens + sent.tokens, items + len(sent.thinking)
 
 
+def _history_tokens(
+    projection: int, history: int, model: RouteModel | None, bounds: RatioBounds
+) -> int:
+    """The history layer as its watermark (a share of the input budget, in the
+    provider's tokens) takes it: the local count times the route model's ratio
+    (projection 11 on; before, the local count, which a conservative counter's ratio of
+    0.4 made 2.5 times the provider's and recommended a compaction nothing called for)."""
+    if projection < HISTORY_IN_PROVIDER_TOKENS:
+        return history
+    return round(ratio_of(model, bounds) * history)
+
+
 def _compaction_room(
     projection: int, input_budget: int, model: RouteModel | None, bounds: RatioBounds
 ) -> int:
@@ -545,7 +558,7 @@ def compile_incremental(
         last_output,
         value,
         method,
-        ledger[Layer.HISTORY][0],
+        _history_tokens(inputs.projection, ledger[Layer.HISTORY][0], model, bounds),
         inputs.budget_config,
         baseline_tokens=basis.baseline_tokens,
         ledger_tokens=basis.ledger_tokens,

