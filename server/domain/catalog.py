@@ -35,6 +35,13 @@ _REMEMBERED = 1_024
 
 # An entry's fields and what each must be. `_comment` is free text, at the top or in an entry.
 _INT_FIELDS = ("context_window", "max_output", "max_input")
+# The most a view's budget can state (its fields, like a request's `limits`, are uint32):
+# a window over it made every compile on the model fail (INTERNAL).
+MAX_LIMIT_TOKENS = (1 << 32) - 1
+# No tokenizer counts ten times what another does (a character-level one counts about
+# four times cl100k_base): a factor of 1e300, or Infinity (which JSON readers take), made
+# every count overflow and every compile on the model fail (INTERNAL).
+MAX_TOKEN_FACTOR = 10.0
 _FIELDS = frozenset({*_INT_FIELDS, "family", "images", "tokenizer", "token_factor", "_comment"})
 
 
@@ -66,18 +73,27 @@ def parse_catalog(data: object) -> dict[str, ModelInfo]:
             )
         for name in _INT_FIELDS:
             value = raw.get(name, 0)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_LIMIT_TOKENS
+            ):
                 raise ValueError(
                     f"catalog: {key!r} {name} must be a whole number of tokens,"
-                    f" 0 or more (0: unknown), got {value!r}"
+                    f" 0 (unknown) to {MAX_LIMIT_TOKENS}, got {value!r}"
                 )
         images = raw.get("images", True)
         if not isinstance(images, bool):
             raise ValueError(f"catalog: {key!r} images must be true or false, got {images!r}")
         factor = raw.get("token_factor", 1.0)
-        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 0:
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not 0 < factor <= MAX_TOKEN_FACTOR
+        ):
             raise ValueError(
-                f"catalog: {key!r} token_factor must be a number above 0, got {factor!r}"
+                f"catalog: {key!r} token_factor must be a number above 0, at most "
+                f"{MAX_TOKEN_FACTOR:g}, got {factor!r}"
             )
         family = raw.get("family", "")
         if not isinstance(family, str):

@@ -62,6 +62,13 @@ def test_entries_are_added_and_replace_shipped_ones(tmp_path: Path) -> None:
         ({"models": {"m": {"images": "no"}}}, "'m' images must be true or false, got 'no'"),
         ({"models": {"m": {"token_factor": 0}}}, "'m' token_factor must be a number above 0"),
         ({"models": {"m": {"token_factor": "1.1"}}}, "'m' token_factor must be a number above"),
+        # Values the daemon would take and then fail every compile of the model with
+        # INTERNAL: a window no budget field holds, counts that overflow.
+        ({"models": {"m": {"context_window": 1 << 33}}}, "'m' context_window must be a whole"),
+        ({"models": {"m": {"max_output": 1 << 32}}}, "to 4294967295, got 4294967296"),
+        ({"models": {"m": {"token_factor": float("inf")}}}, "at most 10, got inf"),
+        ({"models": {"m": {"token_factor": 1e300}}}, "'m' token_factor must be a number above"),
+        ({"models": {"m": {"token_factor": float("nan")}}}, "'m' token_factor must be a"),
         ({"models": {"m": {"family": 3}}}, "'m' family must be a string, got 3"),
         ({"models": {"m": {"tokenizer": "llama"}}}, "'m' has unknown tokenizer 'llama'"),
     ],
