@@ -20,7 +20,13 @@ def hostport(name: str, value: str) -> str:
     return value
 
 
-def int_setting(raw: Mapping[str, str], name: str, base: int = 10, minimum: int = 0) -> int:
+def int_setting(
+    raw: Mapping[str, str],
+    name: str,
+    base: int = 10,
+    minimum: int = 0,
+    maximum: int | None = None,
+) -> int:
     try:
         value = int(raw[name], base)
     except ValueError:
@@ -28,7 +34,15 @@ def int_setting(raw: Mapping[str, str], name: str, base: int = 10, minimum: int 
         raise ConfigError(f"{name} must be {kind}, got {raw[name]!r}") from None
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+# The most tokens a view's budget states (its fields are uint32): an unknown window's
+# watermark and reserve add up to its input budget, and a sum over this made every compile
+# of an unknown model fail (INTERNAL).
+MAX_BUDGET_TOKENS = (1 << 32) - 1
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -135,13 +149,23 @@ def fraction_setting(raw: Mapping[str, str], name: str) -> float:
 def budget_config(raw: Mapping[str, str]) -> BudgetConfig:
     cfg = BudgetConfig(
         first_reserve_fraction=fraction_setting(raw, "first_reserve_fraction"),
-        first_reserve_max=int_setting(raw, "first_reserve_max", minimum=1),
-        dynamic_reserve_factor=int_setting(raw, "reserve_last_output_factor", minimum=1),
-        dynamic_reserve_min=int_setting(raw, "reserve_min", minimum=1),
-        dynamic_reserve_max=int_setting(raw, "reserve_max", minimum=1),
-        unknown_history_watermark=int_setting(raw, "unknown_window_watermark", minimum=1),
-        unknown_output_reserve=int_setting(raw, "unknown_window_reserve", minimum=1),
+        first_reserve_max=int_setting(raw, "first_reserve_max", 10, 1, MAX_BUDGET_TOKENS),
+        dynamic_reserve_factor=int_setting(
+            raw, "reserve_last_output_factor", 10, 1, MAX_BUDGET_TOKENS
+        ),
+        dynamic_reserve_min=int_setting(raw, "reserve_min", 10, 1, MAX_BUDGET_TOKENS),
+        dynamic_reserve_max=int_setting(raw, "reserve_max", 10, 1, MAX_BUDGET_TOKENS),
+        unknown_history_watermark=int_setting(
+            raw, "unknown_window_watermark", 10, 1, MAX_BUDGET_TOKENS
+        ),
+        unknown_output_reserve=int_setting(raw, "unknown_window_reserve", 10, 1, MAX_BUDGET_TOKENS),
     )
+    if cfg.unknown_history_watermark + cfg.unknown_output_reserve > MAX_BUDGET_TOKENS:
+        raise ConfigError(
+            f"unknown_window_watermark + unknown_window_reserve (an unknown window's input "
+            f"budget) must be at most {MAX_BUDGET_TOKENS}, got "
+            f"{cfg.unknown_history_watermark + cfg.unknown_output_reserve}"
+        )
     if cfg.dynamic_reserve_min > cfg.dynamic_reserve_max:
         raise ConfigError(
             f"reserve_min ({cfg.dynamic_reserve_min}) is above reserve_max "

@@ -59,6 +59,17 @@ def test_defaults_are_the_spec_values() -> None:
         ({"first_reserve_max": "-5"}, "first_reserve_max must be at least 1"),
         ({"reserve_min": "9000"}, "reserve_min \\(9000\\) is above reserve_max"),
         ({"unknown_window_watermark": "lots"}, "unknown_window_watermark must be a whole"),
+        # Over what a budget states: every compile of an unknown model failed (INTERNAL).
+        (
+            {"unknown_window_watermark": "5000000000"},
+            "unknown_window_watermark must be at most 4294967295, got 5000000000",
+        ),
+        (
+            {"unknown_window_watermark": "4294967295"},
+            "unknown_window_watermark \\+ unknown_window_reserve .* at most 4294967295",
+        ),
+        ({"unknown_window_reserve": "4294967296"}, "unknown_window_reserve must be at most"),
+        ({"first_reserve_max": "99999999999"}, "first_reserve_max must be at most"),
     ],
 )
 def test_bad_budget_settings_are_named(flags: dict[str, str], message: str) -> None:
