@@ -185,12 +185,14 @@ class UsageReports:
 
 def plausible(reported: int, local: int, bounds: RatioBounds) -> bool:
     """Whether a provider can have counted `reported` input tokens for a request whose
-    local count is `local`: at least the lowest ratio the route's counter kind allows.
-    Below it is part of the input (Anthropic's `input_tokens` without its cache reads
-    and writes); the route model learns nothing from it, or from a change since it: one
+    local count is `local`: at least half the lowest ratio the route's counter kind
+    allows (half: a provider may count parts for less than the local count does, tool
+    schemas, images of unknown size, and a first request is mostly such parts). Below
+    it is part of the input (Anthropic's `input_tokens` without its cache reads and
+    writes); the route model learns nothing from it, or from a change since it: one
     such report made a daemon-wide overhead of minus the whole request, and every new
     session's first estimate on the route 0."""
-    return reported >= bounds.low * local
+    return 2 * reported >= bounds.low * local
 
 
 def check_usage(usage: Usage) -> None:

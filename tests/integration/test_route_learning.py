@@ -248,3 +248,19 @@ async def test_history_meets_its_watermark_in_the_providers_tokens(api: Stubs) -
     assert history > b.history_high_watermark  # the local count, 2.6 times the provider's
     assert view.decision == view_pb2.DECISION_OK, (history, b)
     assert not view.HasField("compaction") and not view.checkpoint_id
+
+
+async def test_a_provider_that_counts_less_than_the_ledger_still_teaches(api: Stubs) -> None:
+    """A provider may count parts of a request for less than the local count does (OpenAI
+    renders tool schemas its own way, an image of unknown size is counted 1,600): a first
+    request at 70% of its ledger, even on an exact tokenizer, is a report a provider
+    makes, and the route learns its overhead from it."""
+    gpt = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model="gpt-4o")
+    await _session(api, "less", user(PROSE * 40))
+    first = await _compile(api, "less", gpt)
+    await _report(api, first, first.budget.ledger_tokens * 7 // 10)
+    await _session(api, "less2", user(PROSE * 40))
+    second = await _compile(api, "less2", gpt)
+    assert second.budget.estimate_method == view_pb2.ESTIMATE_METHOD_ROUTE_MODEL
+    assert second.budget.route_model.full_samples == 1
+    assert second.budget.estimated_input_tokens < second.budget.ledger_tokens
