@@ -94,12 +94,20 @@ _CJK_SINGLES = frozenset(CJK_SINGLES)
 _CJK_SINGLE = ("c", 1.0)
 
 
-@functools.lru_cache(maxsize=4096)
+# The class and weight of each BMP character met so far (at most 65,536 entries): text
+# repeats its script, and a dict lookup costs less than the search.
+_SEEN: dict[str, tuple[str, float]] = {}
+
+
 def _script(ch: str) -> tuple[str, float]:
-    """The class and weight of a non-ASCII character (cached: text repeats its script)."""
+    """The class and weight of a non-ASCII character."""
     if ch in _CJK_SINGLES:
-        return _CJK_SINGLE
-    return _SCRIPT_WEIGHTS[bisect.bisect_right(_SCRIPT_STARTS, ord(ch)) - 1]
+        found = _CJK_SINGLE
+    else:
+        found = _SCRIPT_WEIGHTS[bisect.bisect_right(_SCRIPT_STARTS, ord(ch)) - 1]
+    if ord(ch) < 0x10000:
+        _SEEN[ch] = found
+    return found
 
 
 def charclass_count(text: str) -> int:
@@ -133,7 +141,7 @@ def charclass_count(text: str) -> int:
             else:
                 cls, w = "p", 0.9
         else:
-            cls, w = _script(ch)
+            cls, w = _SEEN.get(ch) or _script(ch)
         if cls != prev:
             if cls == "s":
                 w += 0.3  # a whitespace run often stands alone before digits or symbols
