@@ -35,6 +35,7 @@ from ctxcc.v1 import (
 )
 from server import __version__
 from server.adapters.catalog import load_catalog
+from server.adapters.gc_pauses import COLLECTIONS
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tokenizer import CounterRegistry, loaded_tokenizers, preload_tokenizers
@@ -121,7 +122,7 @@ class Daemon:
         self._health = health.aio.HealthServicer()
         self._metrics_server: WSGIServer | None = None
         self._web: WebServer | None = None
-        self._blocking = Blocking(cfg.workers, cfg.compile_workers)
+        self._blocking = Blocking(cfg.workers, cfg.compile_workers, around_compute=COLLECTIONS.held)
         # Appends feed it, compiles read it (their lane): one for both.
         self._pending = PendingWork()
         self._store: KVEventStore | None = None

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from server import __version__, health_cli, inspect_cli, log_format, replay
+from server.adapters.gc_pauses import COLLECTIONS
 from server.config import ConfigError, add_flags, resolve, unknown_env, unused_settings
 
 log = logging.getLogger("ctxcc")
@@ -57,6 +58,7 @@ async def _serve(flags: dict[str, object]) -> int:
     # runs, 5 ms per take made health checks and appends of other sessions wait 50-100 ms;
     # at 1 ms they wait 10-20 ms (hostile corpus, 34 MB history case).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    COLLECTIONS.install()
     # A native crash (RocksDB, grpc core) prints every thread's Python stack to the
     # log instead of vanishing with a bare exit status.
     faulthandler.enable(all_threads=True)
@@ -95,6 +97,9 @@ async def _serve(flags: dict[str, object]) -> int:
         "health": endpoints.health,
         "ui": endpoints.ui,
     }
+    # What starting made lives as long as the process: out of every full collection's
+    # walk from now on (server/adapters/gc_pauses.py).
+    COLLECTIONS.freeze_startup()
     log.info("serving %s", json.dumps(ready))
     await stop.wait()
     log.info(

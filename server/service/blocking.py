@@ -54,7 +54,13 @@ class _Threads:
     Daemon threads: the daemon's stop shuts the pools down (waiting for the work in
     flight); a process that ends without that loses no more than a crash would."""
 
-    def __init__(self, size: int, name: str) -> None:
+    def __init__(
+        self,
+        size: int,
+        name: str,
+        around: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> None:
+        self._around = around
         self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
         self._size = size
         self._name = name
@@ -76,9 +82,14 @@ class _Threads:
 
     def _work(self) -> None:
         take = self._queue.get
+        around = self._around
         while (job := take()) is not None:
             try:
-                job()
+                if around is None:
+                    job()
+                else:
+                    with around():
+                        job()
             except BaseException:  # jobs hand their own failures over: this is a bug
                 log.exception("a blocking job failed outside its caller's reach")
 
@@ -93,11 +104,17 @@ class _Threads:
 
 class Blocking:
     def __init__(
-        self, workers: int, compute_workers: int = 2, sync_start_wait_s: float = SYNC_START_WAIT_S
+        self,
+        workers: int,
+        compute_workers: int = 2,
+        sync_start_wait_s: float = SYNC_START_WAIT_S,
+        around_compute: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
+        """`around_compute`: entered around each job of the compute pool (the daemon
+        holds full garbage collections off meanwhile: server/adapters/gc_pauses.py)."""
         self._sync_start_wait_s = sync_start_wait_s
         self._pool = _Threads(workers, "ctxcc-io")
-        self._compute = _Threads(compute_workers, "ctxcc-compute")
+        self._compute = _Threads(compute_workers, "ctxcc-compute", around_compute)
         # The light lane: compiles that continue a warm session with little new text
         # (lanes.py), on a thread heavy work never takes.
         self._light = _Threads(1, "ctxcc-light")

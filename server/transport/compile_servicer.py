@@ -13,6 +13,7 @@ import grpc
 from ctxcc.v1 import checkpoint_pb2
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
+from server.adapters.gc_pauses import held_off
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compile_types import CompileResult
@@ -75,7 +76,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         else:
             # Encoding (and sizing) a multi-MiB view is CPU work: off the event loop, and
             # so is a repeat's copy of it (its answer is not kept).
-            view, data = await asyncio.to_thread(self._large_response, result, last)
+            view, data = await asyncio.to_thread(held_off, self._large_response, result, last)
             kept = b""
         if not request.rebuild_compile_id and not request.as_of_seq:
             self._lent.keep(result, view, kept if plain else b"")

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from ctxcc.v1 import compile_service_pb2 as pb
+from server.adapters.gc_pauses import held_off
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.compile_types import CompileResult, Prior
 from server.service.compiling import CompileUseCases
@@ -124,7 +125,9 @@ class StreamSteps:
         try:
             # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
             view, stream.last, (answer, values) = (
-                await asyncio.to_thread(work) if size >= ON_LOOP_CHARS and not small else work()
+                await asyncio.to_thread(held_off, work)
+                if size >= ON_LOOP_CHARS and not small
+                else work()
             )
         except Exception as exc:
             out.error.CopyFrom(step_error(internal_error(exc)))
