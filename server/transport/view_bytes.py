@@ -28,7 +28,7 @@ from server.transport.convert_view import (
     head_middle,
     message_record,
     message_record_inline,
-    renderings_out,
+    renderings_bytes,
     section_record,
     tagged,
     tool_record,
@@ -291,10 +291,7 @@ def view_bytes(result: CompileResult, last: LentRecords = LentRecords()) -> View
     compaction, compaction_sha256 = _compaction_record(v, last)
     # Fields 12-18, the compaction request (19), then renderings (20) and notes (21): the
     # deterministic encoding writes fields in number order, so the four concatenate.
-    rendered = b""
-    if result.renderings:
-        out = view_pb2.CompiledView(renderings=renderings_out(result.renderings))
-        rendered = out.SerializeToString(deterministic=True)
+    rendered = renderings_bytes(result.renderings)
     notes = _notes_record(v, last)
     back_fields = back_fields_bytes(v)
     back = b"".join((back_fields, compaction, rendered, notes))
