@@ -288,6 +288,19 @@ def test_a_watch_whose_client_stopped_reading_does_not_hold_the_drain(short_tmp:
     assert "calls still running" not in d.log()
 
 
+async def _held_upload(ch: grpc.aio.Channel, d: DaemonProcess) -> Any:
+    """An upload to a new session "s0" that stays in its handler (and the daemon draining)
+    until the test writes the rest of BLOB (open_upload)."""
+    sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+    artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
+    await sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="s0"))
+    )
+    held = await open_upload(artifacts, "s0", BLOB)
+    await asyncio.to_thread(d.wait_in_flight, UPLOAD, 1)
+    return held
+
+
 def test_liveness_stays_serving_while_the_daemon_drains(short_tmp: Path) -> None:
     """SIGTERM turns the overall health NOT_SERVING (readiness) at once; the service the
     startup and liveness probes ask, ctxcc.liveness, answers SERVING as long as the process
@@ -308,14 +321,8 @@ def test_liveness_stays_serving_while_the_daemon_drains(short_tmp: Path) -> None
 
     async def run() -> tuple[int, int, int]:
         async with grpc.aio.insecure_channel(d.target) as ch:
-            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
-            await sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id="s0"))
-            )
             # An upload held open keeps the daemon draining until the test lets it finish.
-            held = await open_upload(artifacts, "s0", BLOB)
-            await asyncio.to_thread(d.wait_in_flight, UPLOAD, 1)
+            held = await _held_upload(ch, d)
             before = await asyncio.to_thread(on_probe_port, "ctxcc.liveness")
             os.kill(pid, signal.SIGTERM)
             await asyncio.to_thread(d.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -351,13 +358,7 @@ def test_a_second_sigterm_stops_waiting_for_calls_in_flight(short_tmp: Path) -> 
 
     async def run() -> str:
         async with grpc.aio.insecure_channel(d.target) as ch:
-            sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-            artifacts: Any = artifact_service_pb2_grpc.ArtifactServiceStub(ch)
-            await sessions.CreateSession(
-                spb.CreateSessionRequest(session=session_pb2.Session(session_id="s0"))
-            )
-            held = await open_upload(artifacts, "s0", BLOB)
-            await asyncio.to_thread(d.wait_in_flight, UPLOAD, 1)
+            held = await _held_upload(ch, d)
             os.kill(pid, signal.SIGTERM)
             await asyncio.to_thread(d.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING)
             os.kill(pid, signal.SIGTERM)
