@@ -25,6 +25,7 @@ from server.compiler.view import (
     Layer,
     SectionKind,
 )
+from server.domain.model import of_deleted
 from storage.kv import Footprint
 
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -48,21 +49,38 @@ class _OverBudgetSessions(Collector):
     def __init__(self, lock: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = lock
         self._clock = clock
-        self._last: dict[str, float] = {}  # session id -> when its over-budget compile came
+        # session id -> when its over-budget compile came, and the session's create time
+        self._last: dict[str, tuple[float, int]] = {}
+        # session id -> (when, create time) of a deleted session: a compile of it that
+        # was running at the delete finishes after it and must not count it again.
+        self._deleted: dict[str, tuple[float, int]] = {}
 
-    def decided(self, session_id: str, over: bool) -> None:
-        """Called under the lock."""
+    def decided(self, session_id: str, over: bool, created_ns: int = 0) -> None:
+        """Called under the lock. `created_ns`: the compiled session's create time."""
         if not over:
             self._last.pop(session_id, None)
             return
+        gone = self._deleted.get(session_id)
+        if gone is not None and created_ns and created_ns == gone[1]:
+            return  # the deleted session's own compile, finishing after its delete
         now = self._clock()
-        self._last[session_id] = now
-        if len(self._last) > _OVER_BUDGET_KEPT:
+        self._last[session_id] = (now, created_ns)
+        if len(self._last) > _OVER_BUDGET_KEPT or len(self._deleted) > _OVER_BUDGET_KEPT:
             self._prune(now)
 
-    def forget(self, session_id: str) -> None:
+    def forget(self, session_id: str, created_ns: int = 0) -> None:
+        """DeleteSession of the session made at `created_ns` (0: unknown, whichever). One
+        made again under the id since keeps its place (the delete's result can reach the
+        loop after it compiled)."""
         with self._lock:
-            self._last.pop(session_id, None)
+            now = self._clock()
+            last = self._last.get(session_id)
+            if last is not None and of_deleted(last[1], created_ns):
+                del self._last[session_id]
+            if created_ns:
+                self._deleted[session_id] = (now, created_ns)
+            if len(self._deleted) > _OVER_BUDGET_KEPT:
+                self._prune(now)
 
     def restored(self, ages: Iterable[tuple[str, float]]) -> None:
         """At start, before any call is served: sessions whose latest recorded compile was
@@ -74,13 +92,16 @@ class _OverBudgetSessions(Collector):
             for session_id, age in ages:
                 # A record stamped ahead of this clock (the wall clock stepped back)
                 # counts as just made.
-                self._last[session_id] = now - max(age, 0.0)
+                self._last[session_id] = (now - max(age, 0.0), 0)
             self._prune(now)  # those older than the window, at once
 
     def _prune(self, now: float) -> None:
-        old = [s for s, t in self._last.items() if now - t > OVER_BUDGET_RECENT_SECONDS]
-        for sid in old:
-            del self._last[sid]
+        # A delete is remembered as long as an over-budget compile counts: a compile
+        # running at the delete ends long before (its CPU budget stops it).
+        for kept in (self._last, self._deleted):
+            old = [s for s, (t, _) in kept.items() if now - t > OVER_BUDGET_RECENT_SECONDS]
+            for sid in old:
+                del kept[sid]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
@@ -322,12 +343,17 @@ class PrometheusTelemetry:
         self.registry.register(_TokenizerCollector(names, loaded))
 
     def compiled(
-        self, seconds: float, view: CompiledView, model_family: str, session_id: str
+        self,
+        seconds: float,
+        view: CompiledView,
+        model_family: str,
+        session_id: str,
+        created_ns: int = 0,
     ) -> None:
         budget = view.budget
         over = view.decision is Decision.OVER_BUDGET_SEND_ANYWAY
         with self._lock:
-            self._over_budget.decided(session_id, over)
+            self._over_budget.decided(session_id, over, created_ns)
             self.compile_seconds.labels(model_family).observe(seconds)
             layers = self._layer_tokens
             for row in view.layers:
@@ -350,8 +376,8 @@ class PrometheusTelemetry:
             if view.tools_deferred_by_cap:
                 self.tools_deferred_by_cap.labels().inc(view.tools_deferred_by_cap)
 
-    def session_deleted(self, session_id: str) -> None:
-        self._over_budget.forget(session_id)
+    def session_deleted(self, session_id: str, created_ns: int = 0) -> None:
+        self._over_budget.forget(session_id, created_ns)
 
     def over_budget_restored(self, ages: Sequence[tuple[str, float]]) -> None:
         self._over_budget.restored(ages)

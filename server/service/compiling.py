@@ -281,7 +281,7 @@ class CompileUseCases:
         self._repeats.forget_session(session_id, created)
         self._loader.forget(session_id, created)
         self._assembler.forget(session_id, created)
-        self._telemetry.session_deleted(session_id)
+        self._telemetry.session_deleted(session_id, created)
 
     def restore_over_budget(self) -> None:
         """Blocking, at start before calls are served: tells telemetry which sessions'
@@ -437,7 +437,11 @@ class CompileUseCases:
         )
         self._hub.publish(opts.session_id, [notice], session.head_seq, session.create_time_ns)
         self._telemetry.compiled(
-            time.perf_counter() - started, view, family_of(opts.route.model), opts.session_id
+            time.perf_counter() - started,
+            view,
+            family_of(opts.route.model),
+            opts.session_id,
+            session.create_time_ns,
         )
 
     def _record(

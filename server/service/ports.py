@@ -254,14 +254,20 @@ class Telemetry(Protocol):
     """What the service reports; the Prometheus adapter implements it."""
 
     def compiled(
-        self, seconds: float, view: CompiledView, model_family: str, session_id: str
+        self,
+        seconds: float,
+        view: CompiledView,
+        model_family: str,
+        session_id: str,
+        created_ns: int = 0,
     ) -> None:
-        """A recorded compile at the head of `session_id` (never a label: the adapter
-        keeps which sessions are over budget now)."""
+        """A recorded compile at the head of `session_id`, made at `created_ns` (never a
+        label: the adapter keeps which sessions are over budget now)."""
         ...
 
-    def session_deleted(self, session_id: str) -> None:
-        """DeleteSession: what is kept about the session goes."""
+    def session_deleted(self, session_id: str, created_ns: int = 0) -> None:
+        """DeleteSession of the session made at `created_ns` (0: unknown): what is kept
+        about it goes, and a compile of it that finishes later does not bring it back."""
         ...
 
     def over_budget_restored(self, ages: Sequence[tuple[str, float]]) -> None:

@@ -85,3 +85,41 @@ def test_sessions_restored_at_start_count_until_their_compile_is_old() -> None:
     assert _value(gauge) == 1  # and "recent"'s, 10 s older than "ahead"'s
     clock.now += 10
     assert _value(gauge) == 0
+
+
+def test_a_compile_finishing_after_its_sessions_delete_does_not_count_it_again() -> None:
+    lock = threading.Lock()
+    clock = Clock()
+    gauge = _OverBudgetSessions(lock, clock)
+    with lock:
+        gauge.decided("s", True, created_ns=5)
+    gauge.forget("s", created_ns=5)
+    assert _value(gauge) == 0
+    with lock:  # a compile of the deleted session that was running at the delete
+        gauge.decided("s", True, created_ns=5)
+    assert _value(gauge) == 0
+    with lock:  # the session made again under its id is another one
+        gauge.decided("s", True, created_ns=6)
+    assert _value(gauge) == 1
+    # The first one's delete reaching the loop late leaves the new session counted.
+    gauge.forget("s", created_ns=5)
+    assert _value(gauge) == 1
+    gauge.forget("s", created_ns=6)
+    assert _value(gauge) == 0
+    # A delete whose session's create time is unknown (a damaged record) drops any.
+    with lock:
+        gauge.decided("t", True, created_ns=7)
+    gauge.forget("t")
+    assert _value(gauge) == 0
+
+
+def test_deletes_are_remembered_only_while_a_late_compile_could_count() -> None:
+    lock = threading.Lock()
+    clock = Clock()
+    gauge = _OverBudgetSessions(lock, clock)
+    for i in range(1025):
+        gauge.forget(f"gone-{i}", created_ns=i + 1)
+    assert len(gauge._deleted) == 1025  # all within the window
+    clock.now += OVER_BUDGET_RECENT_SECONDS + 1
+    gauge.forget("last", created_ns=9)
+    assert list(gauge._deleted) == ["last"]
