@@ -459,9 +459,17 @@ class Daemon:
         if self._web is not None:
             await self._web.stop()
         if self._server is not None:
-            if not await self._drain.wait_idle(self.cfg.grace_period):
-                log.warning("calls still running after the %ss grace period", self.cfg.grace_period)
-            # Only idle streams are left (health watches, reflection): no need to wait.
+            idle = await self._drain.wait_idle(self.cfg.grace_period)
+            # What is still in a handler (calls over the grace period; idle streams such as
+            # health watches and reflection) answers UNAVAILABLE with SHUTTING_DOWN, which
+            # the clients take as "reconnect and resend", not grpc's bare CANCELLED.
+            cut = await self._drain.cut(STOP_GRACE_S)
+            if not idle:
+                log.warning(
+                    "calls still running after the %ss grace period: %d ended with SHUTTING_DOWN",
+                    self.cfg.grace_period,
+                    cut,
+                )
             await self._server.stop(STOP_GRACE_S)
         if self._health_server is not None:
             await self._health_server.stop(0)

@@ -49,6 +49,17 @@ def shutting_down() -> CtxccError:
     )
 
 
+def cut_short() -> CtxccError:
+    """The answer of a call still running when the drain ends (grace period over, or a
+    second stop signal). What it wrote stays written; a resend with the same request id
+    finds it."""
+    return CtxccError(
+        Reason.SHUTTING_DOWN,
+        "the daemon is shutting down and this call did not finish within its grace "
+        "period: reconnect and resend with the same request id",
+    )
+
+
 class Drain:
     def __init__(self) -> None:
         self._busy = 0
@@ -58,6 +69,9 @@ class Drain:
         self._closing = asyncio.Event()
         self._closed_at = 0.0
         self._hurried = False
+        # The tasks of the calls in their handlers, ended by `cut` when the drain is over.
+        self._running: set[asyncio.Task[object]] = set()
+        self._cut = False
 
     @property
     def closing(self) -> bool:
@@ -93,6 +107,38 @@ class Drain:
             yield
         finally:
             self._moved(-1)
+
+    @contextlib.contextmanager
+    def cuttable(self) -> Iterator[None]:
+        """The calling task (a call in its handler) is ended by `cut` if still running."""
+        task = asyncio.current_task()
+        if task is None:
+            yield
+            return
+        self._running.add(task)
+        try:
+            yield
+        finally:
+            self._running.discard(task)
+
+    @property
+    def was_cut(self) -> bool:
+        """Whether `cut` ended the calls still running (their handler's CancelledError is
+        then the drain's, to answer with `cut_short`, not the client's)."""
+        return self._cut
+
+    async def cut(self, wait_s: float) -> int:
+        """Ends the calls still in their handlers (the grace period is over): each is
+        cancelled and answers UNAVAILABLE with SHUTTING_DOWN (grpc's own stop would end it
+        with a bare CANCELLED, which the clients do not take as "resend"); waits at most
+        `wait_s` for their answers to be sent. The number of calls cut."""
+        tasks = [t for t in self._running if not t.done()]
+        self._cut = True
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=wait_s)
+        return len(tasks)
 
     def hurry(self) -> None:
         """Ends the wait for calls in flight now (a second stop signal: the operator

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import grpc
 
 from server.domain.errors import CtxccError, Reason
-from server.transport.drain import Drain, Ticket, shutting_down
+from server.transport.drain import Drain, Ticket, cut_short, shutting_down
 from server.transport.errors import CODES, status_for
 from server.transport.wire import RefusedMessage, RepeatedCap, count_over, passing, string_at
 
@@ -164,7 +164,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(
         self, behavior: Any, name: str, service: str, streaming_in: bool, counted: bool
     ) -> Any:
-        observer, denied = self._observe, self._denied
+        observer, denied, drain = self._observe, self._denied, self._drain
         # Health answers NOT_SERVING through the drain; other calls are turned away.
         open_service = service in _OPEN_SERVICES
         ticket: Ticket | None = None
@@ -196,9 +196,10 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 observer.rpc_started(name)
                 try:
                     with running():
-                        request = await gate(request, context)
-                        async for item in behavior(request, context):
-                            yield item
+                        async with _cut_with_reason(drain, context):
+                            request = await gate(request, context)
+                            async for item in behavior(request, context):
+                                yield item
                 except BaseException as exc:
                     failed = exc
                     raise
@@ -216,8 +217,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             observer.rpc_started(name)
             try:
                 with running():
-                    request = await gate(request, context)
-                    return await behavior(request, context)
+                    async with _cut_with_reason(drain, context):
+                        request = await gate(request, context)
+                        return await behavior(request, context)
             except BaseException as exc:
                 failed = exc
                 raise
@@ -263,6 +265,20 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             return grpc.stream_unary_rpc_method_handler(fn, **kw)
         fn = self._wrap(handler.stream_stream, name, service, True, False)
         return grpc.stream_stream_rpc_method_handler(fn, **kw)
+
+
+@contextlib.asynccontextmanager
+async def _cut_with_reason(drain: Drain, context: Any) -> AsyncIterator[None]:
+    """A call the drain cuts (still in its handler when the grace period is over) answers
+    UNAVAILABLE with SHUTTING_DOWN: the clients resend on it, not on grpc's bare
+    CANCELLED. A cancel that is not the drain's (the client's, a deadline) passes."""
+    with drain.cuttable():
+        try:
+            yield
+        except asyncio.CancelledError:
+            if drain.was_cut:
+                await context.abort_with_status(status_for(cut_short()))
+            raise
 
 
 def _not_served(full: str) -> grpc.RpcMethodHandler[Any, Any]:

@@ -366,7 +366,7 @@ def test_a_second_sigterm_stops_waiting_for_calls_in_flight(short_tmp: Path) -> 
                 await asyncio.wait_for(held, 60)
                 return "OK"
             except grpc.aio.AioRpcError as err:
-                return err.code().name
+                return _outcome(err)
 
     try:
         ended = asyncio.run(run())
@@ -374,7 +374,9 @@ def test_a_second_sigterm_stops_waiting_for_calls_in_flight(short_tmp: Path) -> 
     finally:
         d.ensure_stopped()
     assert code == 0
-    assert ended in ("UNAVAILABLE", "CANCELLED"), ended
+    # Ended with the reason the clients resend on (grpc's own stop ended it with a bare
+    # CANCELLED).
+    assert ended == "UNAVAILABLE/SHUTTING_DOWN", ended
     log = d.log()
     assert "SIGTERM again: not waiting for the calls still in flight" in log
     assert "stopped (calls in flight cut short)" in log
@@ -387,3 +389,34 @@ def test_a_second_sigterm_stops_waiting_for_calls_in_flight(short_tmp: Path) -> 
             assert got.session.session_id == "s0"
     finally:
         again.ensure_stopped()
+
+
+def test_a_call_over_the_grace_period_ends_with_shutting_down(short_tmp: Path) -> None:
+    """An upload still running when a 1 s grace period is over is ended with the reason
+    the clients resend on, and the log says how many calls were ended so. grpc's own
+    stop ended it with a bare CANCELLED (or UNAVAILABLE without ErrorInfo)."""
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "1").start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> str:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            held = await _held_upload(ch, d)
+            os.kill(pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(held, 60)
+                return "OK"
+            except grpc.aio.AioRpcError as err:
+                return _outcome(err)
+
+    try:
+        ended = asyncio.run(run())
+        code = d.proc.wait(60)
+    finally:
+        d.ensure_stopped()
+    assert code == 0
+    assert ended == "UNAVAILABLE/SHUTTING_DOWN", ended
+    assert "calls still running after the 1.0s grace period: 1 ended with SHUTTING_DOWN" in (
+        d.log()
+    ), d.log()[-2000:]
