@@ -94,19 +94,16 @@ class UsageRecords(CompileRecords):
             # The report goes under a key of its own beside the record: the record (its
             # table of a row per message) is neither split nor encoded nor written again.
             batch.put("compiles", session_key(sid, USAGE + suffix), encode_value(usage))
-            state_key = session_key(sid, route_state.route_id.encode())
-            # A late report of an older compile is kept (its error measured, the route's
-            # model taught) but leaves the newer baseline as it is.
-            current = not self._newer_baseline(sid, route_state.route_id, record)
+            route_id = record.route.route_id
+            state_key = session_key(sid, route_id.encode())
+            current = self._reported_state(batch, sid, record, route_state)
             keys: list[bytes] = []
-            if current:
-                stored_state, state_chunks = self._state_form(sid, route_state, record)
+            if current is not None:
+                stored_state, state_chunks = self._state_form(sid, current, record)
                 # Usually known from the record's own write (a record written before
                 # chunks existed has none stored yet).
                 keys = self._stage_parts(batch, sid, state_chunks)
                 state_bytes = encode_value(stored_state)
-                if self._moves_route(sid, record):
-                    self._move_route(batch, sid, record.route)
                 batch.put("routes", state_key, state_bytes)
             # The record kept decoded is kept with its usage: it goes right before the
             # write (a reader meanwhile reads both keys from the store), back after it.
@@ -119,7 +116,7 @@ class UsageRecords(CompileRecords):
                 if not self._models_lock.acquire(blocking=wait):
                     return None
                 try:
-                    model = learn(self.get_route_model(route_state.route_id))
+                    model = learn(self.get_route_model(route_id))
                     model_key = ROUTE_MODEL + model.route_id.encode()
                     model_bytes = encode_value(model)
                     batch.put("routes", model_key, model_bytes)
@@ -131,12 +128,12 @@ class UsageRecords(CompileRecords):
                     self._models_lock.release()
             if kept_size is not None:
                 self._remember_decoded("compiles", record_key, updated, kept_size)
-            if current:
+            if current is not None:
                 self._remember_decoded(
                     "routes",
                     state_key,
-                    route_state,
-                    kept_bytes(state_bytes, route_state, stored_state),
+                    current,
+                    kept_bytes(state_bytes, current, stored_state),
                 )
                 if keys:
                     self._known_parts(keys)
@@ -171,6 +168,21 @@ class UsageRecords(CompileRecords):
             return self.get_route_state(sid, route_id) is not None
         except CtxccError:
             return False
+
+    def _reported_state(
+        self, batch: Batch, sid: str, record: CompileRecord, state: RouteState | None
+    ) -> RouteState | None:
+        """The session's new baseline on the route from a report of `record` whose plan
+        made `state`; None when it leaves the stored one: a late report of an older
+        compile (kept, its error measured, the route's model taught) or one the plan took
+        for no baseline (None: part of the input). Unless late, the report moves the
+        session's route (in `batch`) for its latest compile, baseline or not: a request
+        was sent on it."""
+        if self._newer_baseline(sid, record.route.route_id, record):
+            return None
+        if self._moves_route(sid, record):
+            self._move_route(batch, sid, record.route)
+        return state
 
     def _moves_route(self, sid: str, record: CompileRecord) -> bool:
         """A report moves the session's current route only for its latest compile: one

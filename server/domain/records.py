@@ -174,9 +174,9 @@ class RouteModel:
 
 # What a usage report teaches its route's model (called once, inside the store's write).
 Learn = Callable[[RouteModel | None], RouteModel]
-# A usage report's route state and learner, made from the compile's record as the store
-# reads it for the report.
-UsagePlan = Callable[[CompileRecord], tuple[RouteState, Learn | None]]
+# A usage report's route state (None: the report leaves the session's baseline as it is)
+# and learner, made from the compile's record as the store reads it for the report.
+UsagePlan = Callable[[CompileRecord], tuple[RouteState | None, Learn | None]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from server.compiler.budget import ModelLimits, output_reserve
 from server.compiler.route_model import (
     BOUNDS,
@@ -23,6 +25,10 @@ from server.service.compile_types import CompilerSettings, UsageResult, route_fi
 from server.service.inputs import MAX_USAGE_TOKENS, UNRECORDED_PREFIX, effective_limits
 from server.service.ports import Clock, EventStore, Telemetry
 
+log = logging.getLogger("ctxcc.usage")
+# Routes whose partial usage reports are logged (once each) before the log stays quiet.
+_WARNED_ROUTES = 256
+
 
 class UsageReports:
     def __init__(
@@ -40,6 +46,7 @@ class UsageReports:
         self._catalog = catalog
         self._settings = settings
         self._telemetry = telemetry
+        self._warned: set[str] = set()  # routes a partial report was logged for
 
     async def report_usage(
         self, compile_id: str, route: Route | None, usage: Usage, session_id: str | None = None
@@ -124,7 +131,7 @@ class UsageReports:
         lock or a write stall."""
         now = self._clock.now_ns()
 
-        def plan(record: CompileRecord) -> tuple[RouteState, Learn]:
+        def plan(record: CompileRecord) -> tuple[RouteState | None, Learn]:
             """From the record the store reads under the session's lock (once)."""
             if route is not None and route.route_id != record.route.route_id:
                 raise CtxccError(
@@ -132,6 +139,14 @@ class UsageReports:
                     "the usage report's route differs from the route the view was compiled for",
                     compile_id=compile_id,
                 )
+            learn = self._learner(record, usage, now)
+            if not self._plausible(record, usage):
+                # Part of the input: as a baseline it made every later estimate of the
+                # session that part plus the change (4 tokens for a 20,000-token request,
+                # and compaction never recommended). The session's baseline stays as it
+                # was; the report is still kept and its error measured.
+                self._partial_report(record, usage)
+                return None, learn
             state = RouteState(
                 route_id=record.route.route_id,
                 baseline_input_tokens=usage.input_tokens,
@@ -146,25 +161,47 @@ class UsageReports:
                 baseline_seq=record.event_boundary,
                 baseline_create_ns=record.create_time_ns,
             )
-            return state, self._learner(record, usage, now)
+            return state, learn
 
         if wait:
             return self._store.record_usage(compile_id, usage, plan)
         return self._store.try_record_usage(compile_id, usage, plan)
+
+    def _plausible(self, record: CompileRecord, usage: Usage) -> bool:
+        """Whether the report can be the whole input of the compile's request (see
+        `plausible`)."""
+        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+        return plausible(usage.input_tokens, _ledger(record), bounds)
+
+    def _partial_report(self, record: CompileRecord, usage: Usage) -> None:
+        """Logged once per route (an agent that reports part of its input does so at
+        every step)."""
+        route_id = record.route.route_id
+        if route_id in self._warned or len(self._warned) >= _WARNED_ROUTES:
+            return
+        self._warned.add(route_id)
+        log.warning(
+            "usage report for compile %s: input_tokens %d is less than any provider counts "
+            "for that request (%d tokens by ctxcc's count); it is kept and measured but is "
+            "not the session's baseline. Report the whole input: Anthropic's input_tokens "
+            "+ cache_creation_input_tokens + cache_read_input_tokens (the clients' usage "
+            "helpers do). Logged once per route.",
+            record.compile_id,
+            usage.input_tokens,
+            _ledger(record),
+        )
 
     def _learner(self, record: CompileRecord, usage: Usage, now_ns: int) -> Learn:
         """What this report teaches the route model (run once, inside the store's write)."""
         bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
         cfg = self._settings.learning
         delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
-
-        # Records written before the ledger was kept: a FULL estimate was the ledger.
-        local = record.ledger_tokens or record.estimated_input_tokens
+        local = _ledger(record)
 
         def learn(model: RouteModel | None) -> RouteModel:
             m = model or RouteModel(route_id=record.route.route_id)
             if not plausible(usage.input_tokens, local, bounds):
-                pass  # part of the input: teaches nothing (the session keeps it)
+                pass  # part of the input: teaches nothing (nor is it the session's baseline)
             elif delta and record.raw_delta is not None:
                 # Only a pure append isolates the tokenizer: with removals the net
                 # change can be small beside large gross changes. A change from a
@@ -181,6 +218,12 @@ class UsageReports:
             return replaced(m, update_time_ns=now_ns)
 
         return learn
+
+
+def _ledger(record: CompileRecord) -> int:
+    """The compile's local count of its request. Records written before the ledger was
+    kept: a FULL estimate was the ledger."""
+    return record.ledger_tokens or record.estimated_input_tokens
 
 
 def plausible(reported: int, local: int, bounds: RatioBounds) -> bool:
