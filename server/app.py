@@ -338,6 +338,7 @@ class Daemon:
             cfg.stream_chunk_bytes,
             self._drain,
             cfg.max_message_bytes,
+            COLLECTIONS.held,
         )
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.session_servicer, server)
         compile_service_pb2_grpc.add_CompileServiceServicer_to_server(self.compile_servicer, server)

@@ -11,16 +11,16 @@ through it. Nothing that work allocates can be freed while it runs, so those wal
 almost nothing (a few thousand objects each).
 
 So the daemon holds automatic full collections off while work runs on the compute pool
-(`held`, around each compute job; `held_off` around a large view's encoding) and lets
-CPython's own rule start them again when none runs: by then the compile's objects are
-freed by their reference counts and the walk is over what the daemon keeps, not over
-what the compile built. The young
-generations are collected as always meanwhile (short-lived cycles, such as grpc's per
-call, are freed as before), and a full collection is held off for at most `max_hold_s`
-in a row (compute threads that never go idle all together: the collector's own rule
-applies again from then until they do). At start, the objects made while starting
-(modules, tables, settings) are frozen (`gc.freeze`): they live as long as the process,
-and no full collection walks them again.
+(`held`, around each compute job and a large view's encoding: the composition root
+passes it to both) and lets CPython's own rule start them again when none runs: by then
+the compile's objects are freed by their reference counts and the walk is over what the
+daemon keeps, not over what the compile built. The young generations are collected as
+always meanwhile (short-lived cycles, such as grpc's per call, are freed as before), and
+a full collection is held off for at most `max_hold_s` in a row (compute threads that
+never go idle all together: the collector's own rule applies again from then until they
+do). At start, the objects made while starting (modules, tables, settings) are frozen
+(`gc.freeze`): they live as long as the process, and no full collection walks them
+again.
 """
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, ParamSpec, TypeVar
-
-P = ParamSpec("P")
-T = TypeVar("T")
+from typing import Any
 
 # A threshold the old generation's counter (collections of the middle one since the
 # last full collection) never reaches in a daemon's life.
@@ -125,11 +122,3 @@ class FullCollections:
 
 # One per process: the collector's thresholds are the process's.
 COLLECTIONS = FullCollections()
-
-
-def held_off(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """`fn` with full collections held off: CPU work off the loop outside the compute pool
-    (a multi-MiB view encoded for its answer, which builds a record per message while the
-    view is alive)."""
-    with COLLECTIONS.held():
-        return fn(*args, **kwargs)

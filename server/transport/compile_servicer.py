@@ -5,6 +5,7 @@ an idle stream at shutdown. A stream's steps are answered by compile_stream.py."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,16 +14,17 @@ import grpc
 from ctxcc.v1 import checkpoint_pb2
 from ctxcc.v1 import compile_service_pb2 as pb
 from ctxcc.v1 import compile_service_pb2_grpc as pb_grpc
-from server.adapters.gc_pauses import held_off
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.checkpoints import CheckpointUseCases
 from server.service.compile_types import CompileResult
 from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases
 from server.transport.compile_stream import (
+    Hold,
     StreamReads,
     StreamState,
     StreamSteps,
+    held,
     report_usage,
 )
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
@@ -47,14 +49,18 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         chunk_bytes: int = 1 << 20,
         drain: Drain | None = None,
         max_message_bytes: int = 64 << 20,
+        hold: Hold = contextlib.nullcontext,
     ) -> None:
+        """`hold`: entered around the encoding of a large view off the event loop (the
+        daemon's holds full garbage collections off meanwhile: gc_pauses.py)."""
         self._c = compiles
         self._s = sessions
         self._k = checkpoints
         self._drain = drain or Drain()
         self._max_message = max_message_bytes
+        self._hold = hold
         self._options = OptionsMemo()
-        self._steps = StreamSteps(compiles, sessions, chunk_bytes, self._options)
+        self._steps = StreamSteps(compiles, sessions, chunk_bytes, self._options, hold)
         self._lent = LentBySession()
 
     @unary
@@ -76,7 +82,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         else:
             # Encoding (and sizing) a multi-MiB view is CPU work: off the event loop, and
             # so is a repeat's copy of it (its answer is not kept).
-            view, data = await asyncio.to_thread(held_off, self._large_response, result, last)
+            view, data = await asyncio.to_thread(
+                held, self._hold, self._large_response, result, last
+            )
             kept = b""
         if not request.rebuild_compile_id and not request.as_of_seq:
             self._lent.keep(result, view, kept if plain else b"")

@@ -10,14 +10,15 @@ reported in-band so the stream stays open, and its state lives as long as the st
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ctxcc.v1 import compile_service_pb2 as pb
-from server.adapters.gc_pauses import held_off
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.compile_types import CompileResult, Prior
 from server.service.compiling import CompileUseCases
@@ -33,6 +34,19 @@ from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
 from server.transport.view_delta import chained_delta_record, delta_record
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, unshared_hint
 from server.transport.wire import Encoded, RefusedMessage
+
+T = TypeVar("T")
+# Entered around CPU work made off the event loop outside the compute pool (a large
+# view's encoding); the composition root passes the daemon's hold on full garbage
+# collections (server/adapters/gc_pauses.py).
+Hold = Callable[[], contextlib.AbstractContextManager[object]]
+
+
+def held(hold: Hold, fn: Callable[..., T], *args: object) -> T:
+    """Blocking: `fn(*args)` inside `hold`."""
+    with hold():
+        return fn(*args)
+
 
 # A stream's answer to one request: responses, or their bytes already encoded.
 Answer = list[pb.CompileStreamResponse | Encoded]
@@ -89,10 +103,12 @@ class StreamSteps:
         sessions: SessionUseCases,
         chunk_bytes: int,
         options: OptionsMemo,
+        hold: Hold = contextlib.nullcontext,
     ) -> None:
         self._c = compiles
         self._s = sessions
         self._chunk = chunk_bytes
+        self._hold = hold
         # An agent sends the same compile request at every step: converted once.
         self._options = options
         # Views sent on any stream, by compile id: a delta's base, a resume's answer.
@@ -125,7 +141,7 @@ class StreamSteps:
         try:
             # Encoding, hashing and parsing a multi-MiB view is CPU work: off the loop.
             view, stream.last, (answer, values) = (
-                await asyncio.to_thread(held_off, work)
+                await asyncio.to_thread(held, self._hold, work)
                 if size >= ON_LOOP_CHARS and not small
                 else work()
             )
