@@ -22,6 +22,7 @@ from bench import (
     isolation,
     rpc,
     scale,
+    searched,
     stepcost,
     tokenizers,
     usage_fit,
@@ -94,6 +95,7 @@ def main() -> None:
         detail |= rpc.run(root / "rpc", scale=s)
         detail |= stepcost.run(root / "stepcost", scale=s)
         detail |= delta.run(root / "delta", scale=s)
+        detail |= searched.run(root / "searched", scale=s)
         detail |= appends.run(scale=s)
         detail |= usage_fit.run(scale=s)
         detail |= clients.run(root / "clients", scale=s)

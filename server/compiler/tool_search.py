@@ -15,7 +15,9 @@ way, ASCII letters and digits only, under which such a tool could not be found.
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from server.compiler.textscan import parse_json
@@ -56,26 +58,76 @@ def _unicode_words(text: str) -> set[str]:
     return words
 
 
+class _SpecWords:
+    """The words of deferred tools seen recently (of the name, the keywords and the
+    description), keyed by their texts' (hash, length) and the word rule, so that no
+    text is kept alive; at most `max_bytes` of word sets (about what they hold). Every
+    compile in a turn that called tool_search runs its searches again over the whole
+    registry (R-TOOL-2: the activation is derived from the log): 200 deferred tools of
+    ~2.5 KB each cost ~28 ms of CPU a search, at every step; with their words
+    remembered, ~0.5 ms (hashes the strings have cached and a dict lookup a tool). A
+    memo of a pure function: answers are the same with or without it (as in
+    path_memo.py)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[int, ...], tuple[_Words, int]] = OrderedDict()
+
+    def get(self, spec: ToolSpec, any_script: bool) -> _Words:
+        text = spec.description
+        key = (hash(spec.name), hash(spec.search_keywords), hash(text), len(text), any_script)
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit[0]
+        words = _unicode_words if any_script else _ascii_words
+        found = (
+            frozenset(words(spec.name) | {spec.name.lower()}),
+            frozenset(set().union(*(words(k) for k in spec.search_keywords))),
+            frozenset(words(text)),
+        )
+        size = _SPEC_BYTES + sum(len(w) + _WORD_BYTES for part in found for w in part)
+        if size > self._max:
+            return found
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = (found, size)
+                self._bytes += size
+            while self._bytes > self._max:
+                _, (_, gone) = self._items.popitem(last=False)
+                self._bytes -= gone
+        return found
+
+
+# A tool's words: of its name (and the name itself), its keywords, its description.
+_Words = tuple[frozenset[str], frozenset[str], frozenset[str]]
+# About what a tool's word sets cost besides their words' characters: per tool, per word.
+_SPEC_BYTES = 512
+_WORD_BYTES = 64
+_WORDS = _SpecWords(32 << 20)
+
+
 def search_tools(
     registry: Sequence[ToolSpec], query: str, max_results: int = 0, *, any_script: bool = True
 ) -> list[ToolSpec]:
     """Deferred tools matching the query, best first: name words count three times,
     keywords twice, description once; ties break by name. `any_script` False: words of
     ASCII letters and digits only (compiles recorded before tool_cap.TOOL_CAPPING 3)."""
-    words = _unicode_words if any_script else _ascii_words
-    terms = words(query)
+    terms = (_unicode_words if any_script else _ascii_words)(query)
     if not terms:
         return []
     scored: list[tuple[int, str, ToolSpec]] = []
     for spec in registry:
         if spec.visibility != ToolVisibility.DEFERRED:
             continue
-        name_words = words(spec.name) | {spec.name.lower()}
-        keyword_words = set().union(*(words(k) for k in spec.search_keywords))
+        name_words, keyword_words, description_words = _WORDS.get(spec, any_script)
         score = (
             3 * len(terms & name_words)
             + 2 * len(terms & keyword_words)
-            + len(terms & words(spec.description))
+            + len(terms & description_words)
         )
         if score:
             scored.append((-score, spec.name, spec))

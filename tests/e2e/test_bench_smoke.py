@@ -30,6 +30,7 @@ def test_bench_smoke_prints_every_figure() -> None:
         assert f"part_{part}_p50_ms" in done.stdout
     assert "inproc_step_grown_vs_start_cpu" in done.stdout
     assert "inproc_thinking_loop_grown_vs_start_cpu" in done.stdout
+    assert "step_after_3_searches_vs_none_cpu" in done.stdout
     for window in ("settled", "outliers"):
         assert f"usage_fit_{window}_vs_plain" in done.stdout
     for side in ("daemon", "client"):

@@ -1,0 +1,94 @@
+"""tool_search's memo of each deferred tool's words (tool_search._SpecWords): every
+compile of a turn that called tool_search runs its searches again over the registry, so
+the words of each tool are remembered. A memo of a pure function: the answers must be
+the ones the words give when split anew, whatever the memo holds, and it stays within
+its bytes."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.compiler import tool_search
+from server.compiler.tool_search import _ascii_words, _SpecWords, _unicode_words, search_tools
+from server.domain.tools import ToolSpec, ToolVisibility
+
+
+def reference(registry: list[ToolSpec], query: str, most: int, any_script: bool) -> list[str]:
+    """The ranking as defined (tool_search's docstring), every text split anew."""
+    words = _unicode_words if any_script else _ascii_words
+    terms = words(query)
+    if not terms:
+        return []
+    scored = []
+    for spec in registry:
+        if spec.visibility != ToolVisibility.DEFERRED:
+            continue
+        score = (
+            3 * len(terms & (words(spec.name) | {spec.name.lower()}))
+            + 2 * len(terms & set().union(*(words(k) for k in spec.search_keywords)))
+            + len(terms & words(spec.description))
+        )
+        if score:
+            scored.append((-score, spec.name))
+    return [name for _, name in sorted(scored)[: most or tool_search.DEFAULT_MAX_RESULTS]]
+
+
+_WORD = st.sampled_from(["read", "file", "Grep", "pull", "request", "翻译文本", "ファイル", "x1"])
+_TEXT = st.lists(_WORD, max_size=30).map(" ".join)
+_SPEC = st.builds(
+    lambda name, description, keywords, deferred: ToolSpec(
+        name=name,
+        description=description,
+        input_schema_json="{}",
+        visibility=ToolVisibility.DEFERRED if deferred else ToolVisibility.DIRECT,
+        search_keywords=tuple(keywords),
+    ),
+    st.sampled_from(["read_file", "grep", "open_pr", "翻译", "tool"]),
+    _TEXT,
+    st.lists(_WORD, max_size=3),
+    st.booleans(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    registries=st.lists(st.lists(_SPEC, max_size=8), min_size=1, max_size=4),
+    query=_TEXT,
+    most=st.integers(0, 4),
+    any_script=st.booleans(),
+)
+def test_searches_answer_as_the_words_split_anew(
+    registries: list[list[ToolSpec]], query: str, most: int, any_script: bool
+) -> None:
+    # Registries one after another (a tool's description or keywords edited between
+    # them, under the same name): each search sees the words of the texts it is given.
+    for registry in registries:
+        for _ in range(2):  # the second search answers from the memo
+            got = [s.name for s in search_tools(registry, query, most, any_script=any_script)]
+            assert got == reference(registry, query, most, any_script)
+
+
+def test_an_edited_description_is_searched_as_edited() -> None:
+    old = ToolSpec("deploy", "ship the build", "{}", ToolVisibility.DEFERRED)
+    new = ToolSpec("deploy", "roll back the release", "{}", ToolVisibility.DEFERRED)
+    assert [s.name for s in search_tools([old], "release")] == []
+    assert [s.name for s in search_tools([new], "release")] == ["deploy"]
+    assert [s.name for s in search_tools([old], "release")] == []
+
+
+def test_the_memo_stays_within_its_bytes() -> None:
+    memo = _SpecWords(max_bytes=64 << 10)
+    for i in range(500):
+        spec = ToolSpec(
+            f"tool_{i}", " ".join(f"w{i}x{k}" for k in range(50)), "{}", ToolVisibility.DEFERRED
+        )
+        words = memo.get(spec, True)
+        assert f"w{i}x7" in words[2]
+        assert memo._bytes <= 64 << 10
+    assert 0 < len(memo._items) < 500  # the oldest went
+    assert memo._bytes == sum(size for _, size in memo._items.values())
+    # A tool whose words alone are over the bytes is answered, not kept.
+    huge = ToolSpec("huge", " ".join(f"h{k}" for k in range(5_000)), "{}", ToolVisibility.DEFERRED)
+    assert len(memo.get(huge, True)[2]) == 5_000
+    assert memo._bytes <= 64 << 10
