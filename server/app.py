@@ -462,8 +462,8 @@ class Daemon:
         if self._server is not None:
             idle = await self._drain.wait_idle(self.cfg.grace_period)
             # What is still in a handler (calls over the grace period; idle streams such as
-            # health watches and reflection) answers UNAVAILABLE with SHUTTING_DOWN, which
-            # the clients take as "reconnect and resend", not grpc's bare CANCELLED.
+            # health watches and reflection) answers UNAVAILABLE with SHUTTING_DOWN ("reconnect
+            # and resend"), a reason any gRPC client can act on, not grpc's bare CANCELLED.
             cut = await self._drain.cut(STOP_GRACE_S)
             if not idle:
                 log.warning(

@@ -130,7 +130,7 @@ class Drain:
     async def cut(self, wait_s: float) -> int:
         """Ends the calls still in their handlers (the grace period is over): each is
         cancelled and answers UNAVAILABLE with SHUTTING_DOWN (grpc's own stop would end it
-        with a bare CANCELLED, which the clients do not take as "resend"); waits at most
+        without ErrorInfo, which only this project's clients know to resend); waits at most
         `wait_s` for their answers to be sent. The number of calls cut."""
         tasks = [t for t in self._running if not t.done()]
         self._cut = True

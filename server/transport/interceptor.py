@@ -270,8 +270,9 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 @contextlib.asynccontextmanager
 async def _cut_with_reason(drain: Drain, context: Any) -> AsyncIterator[None]:
     """A call the drain cuts (still in its handler when the grace period is over) answers
-    UNAVAILABLE with SHUTTING_DOWN: the clients resend on it, not on grpc's bare
-    CANCELLED. A cancel that is not the drain's (the client's, a deadline) passes."""
+    UNAVAILABLE with SHUTTING_DOWN ("reconnect and resend"), not grpc's bare CANCELLED
+    without a reason. A cancel that is not the drain's (the client's, a deadline)
+    passes."""
     with drain.cuttable():
         try:
             yield
