@@ -682,9 +682,10 @@ async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
 ) -> None:
     """Whether rendering is light work is judged from the tokens the daemon counted in
     the view, not from the estimate alone, which follows the client's usage reports: one
-    reporting 1 input token for a long view (the next estimates are a few tokens) would
-    otherwise have its bodies rendered on the light lane at every step (4 formats of a
-    1.5M-token view: ~75 ms a step)."""
+    reporting under half the tokens the daemon counts for a long view (the least a
+    report may say and still be the session's baseline: usage.plausible) would otherwise
+    have its bodies rendered on the light lane at every step (4 formats of a 1.5M-token
+    view: ~75 ms a step)."""
     made = Projections(monkeypatch)
     d, api, _ = await _started(make_config(short_tmp))
     preload_tokenizers(["o200k"])
@@ -701,9 +702,11 @@ async def test_a_usage_report_does_not_make_a_long_views_renderings_light(
         await _append(api, "long", *(helpers.user(words) for _ in range(16)))
         view = (await api.compiles.Compile(req)).view
         assert view.budget.estimated_input_tokens > RENDER_LIGHT_TOKENS
+        reported = int(view.budget.ledger_tokens * 0.46)
+        assert reported < RENDER_LIGHT_TOKENS - 1_000
         await api.compiles.ReportUsage(
             cpb.ReportUsageRequest(
-                compile_id=view.compile_id, route=ROUTE, input_tokens=1, output_tokens=1
+                compile_id=view.compile_id, route=ROUTE, input_tokens=reported, output_tokens=1
             )
         )
         await _append(api, "long", helpers.assistant("noted"))
