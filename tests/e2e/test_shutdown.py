@@ -301,6 +301,34 @@ async def _held_upload(ch: grpc.aio.Channel, d: DaemonProcess) -> Any:
     return held
 
 
+def _upload_cut(d: DaemonProcess, signals: int) -> tuple[str, int]:
+    """Holds an upload open (_held_upload) in the started daemon `d`, sends SIGTERM
+    (`signals` 2: again once it drains) and waits for the upload's end: its outcome
+    (_outcome) and the daemon's exit code."""
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> str:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            held = await _held_upload(ch, d)
+            os.kill(pid, signal.SIGTERM)
+            if signals == 2:
+                await asyncio.to_thread(d.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING)
+                os.kill(pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(held, 60)
+                return "OK"
+            except grpc.aio.AioRpcError as err:
+                return _outcome(err)
+
+    try:
+        ended = asyncio.run(run())
+        return ended, d.proc.wait(60)
+    finally:
+        d.ensure_stopped()
+
+
 def test_liveness_stays_serving_while_the_daemon_drains(short_tmp: Path) -> None:
     """SIGTERM turns the overall health NOT_SERVING (readiness) at once; the service the
     startup and liveness probes ask, ctxcc.liveness, answers SERVING as long as the process
@@ -352,30 +380,9 @@ def test_a_second_sigterm_stops_waiting_for_calls_in_flight(short_tmp: Path) -> 
     cuts the wait short: the upload is ended, the store still closes and the data
     directory opens again. Before, only SIGKILL stopped it sooner."""
     d = DaemonProcess(short_tmp / "data", "--grace-period", "600").start()
-    d.wait_ready()
-    assert d.proc is not None
-    pid = d.proc.pid
-
-    async def run() -> str:
-        async with grpc.aio.insecure_channel(d.target) as ch:
-            held = await _held_upload(ch, d)
-            os.kill(pid, signal.SIGTERM)
-            await asyncio.to_thread(d.wait_health, health_pb2.HealthCheckResponse.NOT_SERVING)
-            os.kill(pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(held, 60)
-                return "OK"
-            except grpc.aio.AioRpcError as err:
-                return _outcome(err)
-
-    try:
-        ended = asyncio.run(run())
-        code = d.proc.wait(60)
-    finally:
-        d.ensure_stopped()
+    ended, code = _upload_cut(d, signals=2)
     assert code == 0
-    # Ended with the reason the clients resend on (grpc's own stop ended it with a bare
-    # CANCELLED).
+    # Ended with a reason (grpc's own stop ended it without ErrorInfo).
     assert ended == "UNAVAILABLE/SHUTTING_DOWN", ended
     log = d.log()
     assert "SIGTERM again: not waiting for the calls still in flight" in log
@@ -392,29 +399,11 @@ def test_a_second_sigterm_stops_waiting_for_calls_in_flight(short_tmp: Path) -> 
 
 
 def test_a_call_over_the_grace_period_ends_with_shutting_down(short_tmp: Path) -> None:
-    """An upload still running when a 1 s grace period is over is ended with the reason
-    the clients resend on, and the log says how many calls were ended so. grpc's own
-    stop ended it with a bare CANCELLED (or UNAVAILABLE without ErrorInfo)."""
+    """An upload still running when a 1 s grace period is over is ended with SHUTTING_DOWN
+    ("reconnect and resend"), and the log says how many calls were ended so. grpc's own
+    stop ended it with a bare CANCELLED (or UNAVAILABLE) without ErrorInfo."""
     d = DaemonProcess(short_tmp / "data", "--grace-period", "1").start()
-    d.wait_ready()
-    assert d.proc is not None
-    pid = d.proc.pid
-
-    async def run() -> str:
-        async with grpc.aio.insecure_channel(d.target) as ch:
-            held = await _held_upload(ch, d)
-            os.kill(pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(held, 60)
-                return "OK"
-            except grpc.aio.AioRpcError as err:
-                return _outcome(err)
-
-    try:
-        ended = asyncio.run(run())
-        code = d.proc.wait(60)
-    finally:
-        d.ensure_stopped()
+    ended, code = _upload_cut(d, signals=1)
     assert code == 0
     assert ended == "UNAVAILABLE/SHUTTING_DOWN", ended
     assert "calls still running after the 1.0s grace period: 1 ended with SHUTTING_DOWN" in (
