@@ -92,6 +92,10 @@ class _Threads:
                         job()
             except BaseException:  # jobs hand their own failures over: this is a bug
                 log.exception("a blocking job failed outside its caller's reach")
+            # Not kept while the thread waits for the next one: a job holds its arguments
+            # and the future it settled (a time-travel compile's whole view and history),
+            # which each idle thread of the pools would keep until its next job.
+            del job
 
     def shutdown(self) -> None:
         with self._lock:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import queue
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -430,3 +433,80 @@ def test_writes_that_owe_no_sync_wake_no_storage_thread() -> None:
     finally:
         blocking.shutdown()
     assert owed.syncs == []
+
+
+class _Result:
+    """A job's result, as large as a time-travel compile's view, but weakly referable."""
+
+
+class _Watched:
+    """A pool's queue that counts the jobs put and the takes its threads make: a thread
+    that has taken every job but one more waits for the next, its last job done."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], object] | None] = queue.SimpleQueue()
+        self._changed = threading.Condition()
+        self._puts = 0
+        self._takes = 0
+
+    def put(self, job: Callable[[], object] | None) -> None:
+        with self._changed:
+            self._puts += 1
+        self._queue.put(job)
+
+    def get(self) -> Callable[[], object] | None:
+        with self._changed:
+            self._takes += 1
+            self._changed.notify_all()
+        return self._queue.get()
+
+    def idle(self, threads: int) -> bool:
+        """Waits until each of the pool's `threads` waits for a job none was put for."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._takes == self._puts + threads, 5)
+
+
+def _deferred(blocking: Blocking) -> Awaitable[object]:
+    gate = threading.Event()
+    gate.set()
+    owed = _Owed(gate)
+    return blocking.run_then_compute(_Result, _Result, None, owed.deferring)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda b: b.run(_Result),
+        lambda b: b.compute(_Result),
+        lambda b: b.compute_light(_Result),
+        lambda b: b.run_then_compute(_Result, _Result),
+        _deferred,
+    ],
+    ids=["run", "compute", "compute_light", "run_then_compute", "run_then_compute_synced"],
+)
+def test_an_idle_thread_holds_nothing_of_the_last_job_it_ran(
+    call: Callable[[Blocking], Awaitable[object]],
+) -> None:
+    """Once answered, a job's result (and its arguments) are held by its caller alone:
+    a pool's thread waiting for its next job kept the last one it ran, with the future
+    it settled, so up to one time-travel compile's view and history per thread of the
+    pools (eleven by default) stayed alive while the daemon was idle."""
+    blocking = Blocking(1, 1)
+    pools = (blocking._pool, blocking._compute, blocking._light)
+    watched = [_Watched() for _ in pools]
+    for pool, q in zip(pools, watched, strict=True):
+        pool._queue = q  # type: ignore[assignment]
+
+    async def main() -> list[weakref.ref[_Result]]:
+        answer = await call(blocking)
+        values = answer if isinstance(answer, tuple) else (answer,)
+        return [weakref.ref(v) for v in values]
+
+    try:
+        results = asyncio.run(main())
+        for pool, q in zip(pools, watched, strict=True):
+            assert q.idle(len(pool._threads))
+        gc.collect()
+        assert results and all(r() is None for r in results)
+    finally:
+        blocking.shutdown()
