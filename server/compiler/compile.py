@@ -511,6 +511,7 @@ def compile_incremental(
             inputs.current_user,
             inputs.projection,
             inputs.route.protocol,
+            inputs.route.model,
         ),
         memo=memo,
         remember=remember,

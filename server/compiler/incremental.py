@@ -161,9 +161,9 @@ def _head(checkpoint: Checkpoint | None, current_user: Event | None) -> list[Vie
 
 
 def _sized(
-    messages: Sequence[ViewMessage], counter: TokenCounter, protocol: str = ""
+    messages: Sequence[ViewMessage], counter: TokenCounter, protocol: str = "", model: str = ""
 ) -> list[ViewMessage]:
-    return [with_tokens(m, message_tokens(m, counter, protocol)) for m in messages]
+    return [with_tokens(m, message_tokens(m, counter, protocol, model)) for m in messages]
 
 
 def _extended(table: MessageTable, messages: Sequence[ViewMessage]) -> MessageTable:
@@ -374,7 +374,7 @@ def project_incremental(
     notes: list[str] = []
     rest_notes: list[str] = []
     imaged = _apply_images(rest, images, rest_notes, run.messages)
-    rest_sized = _sized(imaged, counter, images.token_protocol)
+    rest_sized = _sized(imaged, counter, images.token_protocol, images.token_model)
     messages = run.messages.extended(rest_sized)
     table = _extended(run.table, rest_sized)
     _count(run.tally, rest_sized)

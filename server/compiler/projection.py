@@ -23,6 +23,15 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from server.compiler.image_cost import (
+    GEMINI_IMAGE_TOKENS,
+    OPENAI_DEFAULT,
+    ImageRule,
+    gemini_rule,
+    openai_rule,
+    rule_most,
+    rule_tokens,
+)
 from server.compiler.render_common import schema
 from server.compiler.text import escape_fences
 from server.compiler.tokens import (
@@ -83,6 +92,9 @@ class ImagePolicy:
     # The route's wire protocol, for what its provider counts for an image sent
     # (image_tokens); empty: the area rule, as before projection 10.
     token_protocol: str = ""
+    # The route's model, for what its provider counts for an image on that model
+    # (image_tokens); empty: the protocol's rule alone, as before projection 12.
+    token_model: str = ""
     request_system_prompt: str = ""
     request_tools: tuple[ToolSpec, ...] = ()
 
@@ -119,12 +131,18 @@ class ImagePolicy:
 #    rule on every route counted a 64x2048 strip at 175 tokens where OpenAI counts 765);
 # 11: the history layer meets its watermark in the provider's tokens: its local count
 #    times the route model's ratio (compile._history_tokens; the local count alone, 2.5
-#    times the provider's on a conservative counter, recommended needless compactions).
-PROJECTION = 11
+#    times the provider's on a conservative counter, recommended needless compactions);
+# 12: an image sent costs what its provider documents for the route's model
+#    (image_cost.py): OpenAI's tiles with each model's figures or its 32-pixel patches,
+#    Gemini 2.x's 768-pixel tiles, Gemini 3's default media resolution (GPT-4o's tiles on
+#    every `openai*` route counted a 1024x1024 image at 765 tokens where GPT-4o mini
+#    counts 25,501 and gpt-4.1-mini 1,659).
+PROJECTION = 12
 DEFERRED_ATTACHMENTS = 8
 COMPACTION_IN_PROVIDER_TOKENS = 9
 PROVIDER_IMAGE_TOKENS = 10
 HISTORY_IN_PROVIDER_TOKENS = 11
+MODEL_IMAGE_TOKENS = 12
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >
@@ -295,12 +313,15 @@ def as_projected(
     current_user: Event | None,
     projection: int,
     protocol: str = "",
+    model: str = "",
 ) -> ImagePolicy:
     """`policy` (its artifacts sized for every message's images) as a compile of
-    `projection` for a route of `protocol` knew it: from 3, with the provider's limit on a
-    whole request; from 2, with its limits for one image (bytes and pixels); before,
-    without; at 0, only the artifacts its loader sized (a walk over the log, made only for
-    a compile an earlier daemon recorded: its rebuild, or as_of_seq at its step)."""
+    `projection` for a route of `protocol` and `model` knew it: from 12, counting an
+    image as the provider documents for the model; from 10, for the protocol; from 3,
+    with the provider's limit on a whole request; from 2, with its limits for one image
+    (bytes and pixels); before, without; at 0, only the artifacts its loader sized (a
+    walk over the log, made only for a compile an earlier daemon recorded: its rebuild,
+    or as_of_seq at its step)."""
     whole = request_byte_cap(protocol) if projection >= 3 else None
     if whole != policy.max_request_bytes:
         policy = replaced(policy, max_request_bytes=whole)
@@ -321,6 +342,9 @@ def as_projected(
     counted = protocol if projection >= PROVIDER_IMAGE_TOKENS else ""
     if counted != policy.token_protocol:
         policy = replaced(policy, token_protocol=counted)
+    counted_model = model if projection >= MODEL_IMAGE_TOKENS else ""
+    if counted_model != policy.token_model:
+        policy = replaced(policy, token_model=counted_model)
     if projection >= 1:
         return policy
     named = set(artifact_ids(events, projection))
@@ -391,55 +415,47 @@ def blob_reference_text(result: ToolResult) -> str:
     )
 
 
-# OpenAI's high-detail image rule (GPT-4o, GPT-4.1; the o-series and GPT-5 count less a
-# tile), the most `detail: auto` may pick: the image is scaled to fit a 2048-pixel
-# square, then down to a shortest side of 768, and costs 170 tokens a 512-pixel tile plus
-# 85 ("1024 x 1024 ... 765 tokens", "2048 x 4096 ... 1105 tokens").
-OPENAI_IMAGE_FIT = 2_048
-OPENAI_IMAGE_SHORT_SIDE = 768
-OPENAI_IMAGE_TILE = 512
-OPENAI_TILE_TOKENS = 170
-OPENAI_IMAGE_BASE_TOKENS = 85
-# Gemini: "images with both dimensions <= 384 pixels are counted as 258 tokens"; larger
-# ones are cropped and scaled into 768-pixel tiles of 258 tokens each, how is not stated.
-GEMINI_IMAGE_TOKENS = 258
-
-
-def _openai_image_tokens(width: int, height: int) -> int:
-    w, h = float(width), float(height)
-    if max(w, h) > OPENAI_IMAGE_FIT:
-        scale = OPENAI_IMAGE_FIT / max(w, h)
-        w, h = w * scale, h * scale
-    if min(w, h) > OPENAI_IMAGE_SHORT_SIDE:
-        scale = OPENAI_IMAGE_SHORT_SIDE / min(w, h)
-        w, h = w * scale, h * scale
-    tiles = math.ceil(w / OPENAI_IMAGE_TILE) * math.ceil(h / OPENAI_IMAGE_TILE)
-    return OPENAI_IMAGE_BASE_TOKENS + OPENAI_TILE_TOKENS * tiles
-
-
-def image_tokens(ref: ArtifactRef, protocol: str = "", projection: int = PROJECTION) -> int:
-    """What an image sent on a route of `protocol` costs. About width*height/750 (what
-    Anthropic documents), at least 85 and at most 1,600 (providers scale larger images
-    down); from projection 10, OpenAI's tile rule on `openai*` routes and at least
-    Gemini's 258 tokens an image on `gemini*` routes (the area rule alone counted a
-    64x2048 strip at 175 where OpenAI counts 765, a 16x16 icon at 85 where Gemini counts
-    258). Unknown size: 1,600, more than any of them counts for one image."""
+def image_tokens(
+    ref: ArtifactRef, protocol: str = "", projection: int = PROJECTION, model: str = ""
+) -> int:
+    """What an image sent on a route of `protocol` and `model` costs. About
+    width*height/750 (what Anthropic documents), at least 85 and at most 1,600 (providers
+    scale larger images down); from projection 10, OpenAI's tile rule on `openai*` routes
+    and at least Gemini's 258 tokens an image on `gemini*` routes (the area rule alone
+    counted a 64x2048 strip at 175 where OpenAI counts 765, a 16x16 icon at 85 where
+    Gemini counts 258); from projection 12, what the provider documents for the route's
+    model (image_cost.py: GPT-4o mini's tiles, the patch models, Gemini 2.x's tiles and
+    Gemini 3's default), GPT-4o's tiles for an OpenAI model it does not name and the
+    rule of 10 for a Gemini model of another generation. Unknown size: 1,600, or the most
+    the model's rule counts for one image where that is more."""
+    wire = protocol.strip().lower()
+    rule: ImageRule | None = None
+    if projection >= MODEL_IMAGE_TOKENS and model:
+        if wire.startswith("openai"):
+            rule = openai_rule(model)
+        elif wire.startswith("gemini"):
+            rule = gemini_rule(model)
     if ref.width <= 0 or ref.height <= 0:
-        return IMAGE_TOKENS
+        most = rule_most(rule) if rule is not None else None
+        return max(IMAGE_TOKENS, most or 0)
+    if rule is not None:
+        return rule_tokens(rule, ref.width, ref.height)
     area = min(IMAGE_TOKENS, max(85, math.ceil(ref.width * ref.height / 750)))
     if projection < PROVIDER_IMAGE_TOKENS:
         return area
-    wire = protocol.strip().lower()
     if wire.startswith("openai"):
-        return _openai_image_tokens(ref.width, ref.height)
+        return rule_tokens(OPENAI_DEFAULT, ref.width, ref.height)
     if wire.startswith("gemini"):
         return max(area, GEMINI_IMAGE_TOKENS)
     return area
 
 
-def message_tokens(msg: ViewMessage, counter: TokenCounter, protocol: str = "") -> int:
-    """`protocol`: the route's, for what its provider counts for an image (image_tokens);
-    empty, as a compile recorded before projection 10 counted on every route."""
+def message_tokens(
+    msg: ViewMessage, counter: TokenCounter, protocol: str = "", model: str = ""
+) -> int:
+    """`protocol` and `model`: the route's, for what its provider counts for an image
+    (image_tokens); empty, as a compile recorded before projection 10 (the protocol) or
+    12 (the model) counted."""
     # A rebuild of an earlier daemon's compile counts as that daemon did (work.py).
     counting = int(getattr(counter, "arguments_counting", COUNTING))
     # Call ids travel in the request with each call and again with its result.
@@ -449,7 +465,7 @@ def message_tokens(msg: ViewMessage, counter: TokenCounter, protocol: str = "") 
         if part.text is not None:
             total += counter.count(part.text)
         elif part.attachment is not None:
-            total += image_tokens(part.attachment, protocol)
+            total += image_tokens(part.attachment, protocol, model=model)
     # Counters for providers that take arguments as parameters say so (ClaudeCounter).
     as_parameters = bool(getattr(counter, "arguments_as_parameters", False))
     for call in msg.tool_calls:

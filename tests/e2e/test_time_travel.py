@@ -802,6 +802,42 @@ def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(tmp_path
         assert now.budget.ledger_tokens - view.budget.ledger_tokens == 765 - 175
 
 
+# The daemon of `main` that counted an image sent on every OpenAI route with GPT-4o's
+# tiles, whatever the route's model (projection.PROJECTION 11).
+PER_PROTOCOL_IMAGE_DAEMON = "c894c452e8568e2d15fb189674ecbbd1a0a6840b"
+
+
+def test_an_images_estimate_is_rebuilt_without_the_routes_model_rule(tmp_path: Path) -> None:
+    """A data directory written by the daemon that counted an image on a GPT-4o mini
+    route with GPT-4o's tiles (765 tokens for a 64x2048 strip): its compile is rebuilt
+    with that count, from rebuild_compile_id and from as_of_seq, while today's compile of
+    the same log counts what OpenAI documents for GPT-4o mini (2,833 + 4 x 5,667 =
+    25,501)."""
+    mini = common_pb2.Route(
+        connection="c", protocol="openai-chat", endpoint="e", model="gpt-4o-mini"
+    )
+    req = cpb.CompileRequest(session_id="m", route=mini)
+
+    def record(stubs: _Stubs) -> view_pb2.CompiledView:
+        data = png_bytes(64, 2_048)
+        ref = stubs.artifacts.UploadArtifact(iter(png_upload("m", data, 1))).artifact
+        asked = user("What is in this image?")
+        asked.user_message.parts.add(attachment=ref)
+        stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="m", events=[asked]))
+        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+        return view
+
+    with _recorded_then_today(PER_PROTOCOL_IMAGE_DAEMON, tmp_path, "m", record) as (
+        view,
+        compiles,
+    ):
+        _rebuilt_as_recorded(compiles, view)
+        again = _asked(req, as_of_seq=view.event_boundary)
+        assert compiles.Compile(again).view.budget == view.budget
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        assert now.budget.ledger_tokens - view.budget.ledger_tokens == 25_501 - 765
+
+
 # The daemon of `main` whose conservative estimator had three weights for all non-ASCII
 # text (tokens.COUNTING 1).
 THREE_WEIGHTS_DAEMON = LOCAL_ROOM_DAEMON

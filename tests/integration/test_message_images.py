@@ -529,6 +529,47 @@ async def test_an_images_estimate_is_what_the_routes_provider_counts(api: Stubs)
         assert view.budget.ledger_tokens - plain.budget.ledger_tokens == cost, protocol
 
 
+async def test_an_images_estimate_is_what_the_provider_counts_for_the_routes_model(
+    api: Stubs,
+) -> None:
+    """R-EST-3 per model: OpenAI's vision guide gives each model its own rule, Gemini's
+    docs each generation its own. GPT-4o's tiles on every OpenAI route counted a 64x2048
+    strip at 765 tokens where GPT-4o mini counts 2,833 + 4 tiles of 5,667 = 25,501, and a
+    1024x1024 image at 765 where gpt-4.1-mini counts 1,024 patches times 1.62 = 1,659;
+    at least 258 on Gemini routes counted a 16x16 icon at 258 where Gemini 3 counts its
+    default media resolution, 1,120. The image's message, its layer and the view's
+    ledger all carry the provider's figure."""
+    cases = (
+        ("openai-chat", "gpt-4o-mini", 64, 2_048, 25_501),
+        ("openai-responses", "gpt-4.1-mini-2025-04-14", 1_024, 1_024, 1_659),
+        ("gemini", "gemini-3-pro-preview", 16, 16, 1_120),
+        ("gemini", "gemini-2.5-flash", 64, 2_048, 774),
+    )
+    for protocol, model, width, height, cost in cases:
+        route = common_pb2.Route(connection="c", protocol=protocol, endpoint="e", model=model)
+        views = []
+        for with_image in (False, True):
+            sid = f"per-model-{model}-{with_image}"
+            await _session(api, sid)
+            asked = user("What is in this image?")
+            if with_image:
+                data = png_bytes(width, height)
+                up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 1)))
+                assert (up.artifact.width, up.artifact.height) == (width, height)
+                asked = _with_image(asked, up.artifact)
+            await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[asked]))
+            req = cpb.CompileRequest(session_id=sid, route=route)
+            views.append((await api.compiles.Compile(req)).view)
+        plain, view = views
+        assert list(_sent(view)) == [up.artifact.artifact_id], model
+        assert view.messages[-1].tokens - plain.messages[-1].tokens == cost, model
+        assert view.budget.ledger_tokens - plain.budget.ledger_tokens == cost, model
+        layers = {r.layer: r.tokens for r in view.layers}
+        plain_layers = {r.layer: r.tokens for r in plain.layers}
+        working = view_pb2.LAYER_WORKING_SET
+        assert layers[working] - plain_layers[working] == cost, model
+
+
 # The first bytes of each image type the daemon reads.
 _MAGIC = {
     b"\x89PNG": "image/png",
