@@ -8,6 +8,7 @@ an agent switching routes keeps both memos warm.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 
@@ -15,7 +16,12 @@ from server.compiler.projection_memo import ProjectionMemo
 from server.domain.model import of_deleted
 from server.service.ports import Telemetry
 
+log = logging.getLogger("ctxcc.memos")
+
 MemoKey = tuple[str, int, str]  # session id, session create time, route id
+# Sessions (and routes) whose memo over the whole budget was logged, before the log
+# stays quiet.
+_WARNED = 256
 
 
 class MemoCache:
@@ -27,6 +33,7 @@ class MemoCache:
         self._routes: dict[tuple[str, str], MemoKey] = {}
         self._bytes = 0
         self._lock = threading.Lock()
+        self._warned: set[tuple[str, str]] = set()
 
     def warm(self, session_id: str, route_id: str) -> bool:
         """Whether a memo of the session on the route is kept (a hint: the compile still
@@ -53,18 +60,43 @@ class MemoCache:
             if old is not None:
                 self._bytes -= old.size_bytes
                 self._dropped(key)
-            if memo is None or memo.size_bytes > self._max:
-                return  # one memo over the whole budget is not kept
-            self._items[key] = memo
-            self._routes[(key[0], key[2])] = key
-            self._bytes += memo.size_bytes
-            while self._bytes > self._max:
-                gone_key, gone = self._items.popitem(last=False)
-                self._bytes -= gone.size_bytes
-                self._dropped(gone_key)
-                evicted += 1
+            if memo is None or not self._max:  # dropped; or memos are off
+                return
+            if memo.size_bytes > self._max:
+                # One memo over the whole budget is not kept: each compile of the session
+                # starts from scratch (seconds a step at 100,000 events), which the
+                # operator must be able to see and undo. Counted as an eviction.
+                self._too_large(key, memo.size_bytes)
+                evicted = 1
+            else:
+                self._items[key] = memo
+                self._routes[(key[0], key[2])] = key
+                self._bytes += memo.size_bytes
+                while self._bytes > self._max:
+                    gone_key, gone = self._items.popitem(last=False)
+                    self._bytes -= gone.size_bytes
+                    self._dropped(gone_key)
+                    evicted += 1
             size = self._bytes
         self._telemetry.memo_changed(evicted, size)
+
+    def _too_large(self, key: MemoKey, size_bytes: int) -> None:
+        """Under the lock: a memo over the whole budget, logged once per session and
+        route."""
+        route = (key[0], key[2])
+        if route in self._warned or len(self._warned) >= _WARNED:
+            return
+        self._warned.add(route)
+        log.warning(
+            "the compile memo of session %s on route %s (~%.1f MiB) is larger than "
+            "--compile-memo-bytes (%.1f MiB): it is not kept, and each compile of the "
+            "session projects its whole history again; raise --compile-memo-bytes or "
+            "compact the session (logged once per session and route)",
+            key[0],
+            key[2],
+            size_bytes / (1 << 20),
+            self._max / (1 << 20),
+        )
 
     def forget(self, session_id: str, created: int = 0) -> None:
         """The session made at `created` was deleted: its memos (of every route; of every

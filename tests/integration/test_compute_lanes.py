@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -1088,5 +1090,44 @@ async def test_tool_searches_run_on_the_compute_pool(
         found = await asyncio.gather(*(api.tools.SearchTools(req) for _ in range(3)))
         assert all(len(f.tools) == 2 for f in found)
         assert ran_on == ["ctxcc-compute"] * 3
+    finally:
+        await _stopped(d, api)
+
+
+async def test_a_memo_over_the_whole_budget_is_logged_and_counted(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session whose memo alone is over --compile-memo-bytes is compiled from scratch
+    at every step (seconds a step at 100,000 events); nothing said so. The daemon now
+    logs it once per session and route, with what to do, and counts it as an eviction."""
+    caplog.set_level("WARNING", logger="ctxcc.memos")
+    d, api, _ = await _started(make_config(short_tmp, compile_memo_bytes="65536"))
+
+    async def memo_metrics() -> dict[str, float]:
+        url = f"http://{d.endpoints.metrics}/metrics"
+        text = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=30).read().decode()
+        )
+        found = re.findall(r"^(ctxcc_compile_memo_(?:evictions_total|bytes)) (\S+)$", text, re.M)
+        return {k: float(v) for k, v in found}
+
+    try:
+        await _made(api, "big")
+        words = "word " * 200
+        await _append(api, "big", *(helpers.user(f"step {i} {words}") for i in range(200)))
+        for i in range(3):
+            await api.compiles.Compile(cpb.CompileRequest(session_id="big", route=ROUTE))
+            await _append(api, "big", helpers.assistant(f"noted {i}"))
+        warned = [r.getMessage() for r in caplog.records if r.name == "ctxcc.memos"]
+        assert len(warned) == 1, warned
+        assert "session big" in warned[0] and "raise --compile-memo-bytes" in warned[0]
+        seen = await memo_metrics()
+        assert seen["ctxcc_compile_memo_evictions_total"] >= 3, seen
+        assert seen["ctxcc_compile_memo_bytes"] == 0, seen  # not kept
+        await _made(api, "small")
+        await _append(api, "small", helpers.user("hello"))
+        await api.compiles.Compile(cpb.CompileRequest(session_id="small", route=ROUTE))
+        # A memo within the budget is kept as before.
+        assert (await memo_metrics())["ctxcc_compile_memo_bytes"] > 0
     finally:
         await _stopped(d, api)
