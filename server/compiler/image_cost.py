@@ -101,6 +101,13 @@ _OPENAI_KEYS = sorted(OPENAI_RULES, key=len, reverse=True)
 
 GEMINI_IMAGE_TOKENS = 258
 GEMINI_TILE = 768
+# Gemini states no largest image, and its tiles follow the image's size: a side is taken
+# at most at this, the most a JPEG, GIF or WebP header can state (a PNG's may state 2^32 -
+# 1, which no provider decodes). Unbounded, an image's stated 4,000,000,000 x
+# 4,000,000,000 counted 7e15 tokens, past the 32-bit counts of a view, and the compile
+# failed to encode at every step of the session; bounded, one image counts at most
+# 86 x 86 tiles, 1,908,168 tokens.
+GEMINI_MOST_SIDE = 65_535
 GEMINI_3_DEFAULT = FlatRule(1_120)
 # "gemini-2.5-flash", "models/gemini-2.0-flash-001", "google/gemini-3-pro-preview",
 # "gemini-3.1-pro-preview": the major version after "gemini-".
@@ -178,6 +185,7 @@ def _patch_tokens(rule: PatchRule, width: int, height: int) -> int:
 
 def _gemini_tiles(width: int, height: int) -> int:
     # An image of at most 384 pixels a side (258 tokens) is one tile.
+    width, height = min(width, GEMINI_MOST_SIDE), min(height, GEMINI_MOST_SIDE)
     tiles = math.ceil(width / GEMINI_TILE) * math.ceil(height / GEMINI_TILE)
     return GEMINI_IMAGE_TOKENS * tiles
 
@@ -195,7 +203,7 @@ def rule_tokens(rule: ImageRule, width: int, height: int) -> int:
 
 def rule_most(rule: ImageRule) -> int | None:
     """The most `rule` counts for one image of any size; None: no bound is stated
-    (Gemini 2.x tiles an image at its own size)."""
+    (Gemini 2.x tiles an image at its own size, up to GEMINI_MOST_SIDE a side)."""
     if isinstance(rule, TileRule):
         return rule.base + rule.tile * OPENAI_MOST_TILES
     if isinstance(rule, PatchRule):

@@ -669,3 +669,25 @@ async def test_an_image_declared_as_another_type_is_stored_and_sent_as_its_bytes
             assert (uploads["page"][0] in sent) == page_sent, (route, kind)
             assert {uploads[n][0] for n in ("screenshot", "photo", "sticker")} <= sent
             assert uploads["vector"][0] not in sent
+
+
+async def test_an_image_stated_beyond_any_header_compiles_on_gemini_2(api: Stubs) -> None:
+    """Bytes that read as no image keep the client's stated size, here 4,000,000,000
+    pixels a side: Gemini 2.x counts 768-pixel tiles at an image's own size, and that many
+    were 7e15 tokens, past the view's 32-bit counts. The compile failed to encode
+    (INTERNAL) at every step of the session on the route; a side now counts at most at
+    65,535 pixels, the most a JPEG, GIF or WebP header can state."""
+    sid = "stated-huge"
+    await _session(api, sid)
+    data = b"these bytes are not a PNG" * 4
+    ref = (await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 4_000_000_000)))).artifact
+    assert ref.width == ref.height == 4_000_000_000
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id=sid, events=[_with_image(user("look:"), ref)])
+    )
+    route = common_pb2.Route(
+        connection="c", protocol="gemini", endpoint="api", model="gemini-2.5-pro"
+    )
+    view = (await api.compiles.Compile(cpb.CompileRequest(session_id=sid, route=route))).view
+    assert 1_908_168 < view.budget.ledger_tokens < 1_908_168 + 1_000
+    assert view.decision == view_pb2.DECISION_OVER_BUDGET_SEND_ANYWAY

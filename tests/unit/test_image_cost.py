@@ -176,6 +176,14 @@ def test_gemini_2_counts_258_or_its_768_pixel_tiles(width: int, height: int, tok
         assert image_tokens(_ref(width, height), "gemini", model=model) == tokens
 
 
+@pytest.mark.parametrize("side", [65_535, 65_536, 2**31 - 1, 2**32 - 1])
+def test_gemini_2_counts_a_side_at_most_at_the_largest_a_header_states(side: int) -> None:
+    """A PNG header (or a client's ArtifactHeader) may state 2^32 - 1 pixels a side: its
+    tiles at that size were 7e15 tokens, past a view's 32-bit counts."""
+    assert rule_tokens(GeminiTiles(), side, side) == 86 * 86 * 258 == 1_908_168
+    assert rule_tokens(GeminiTiles(), side, 1) == 86 * 258
+
+
 def test_gemini_3_counts_its_default_media_resolution() -> None:
     """Gemini 3's media resolution guide: the default for images is high, at most 1,120
     tokens (Vertex AI: "Default resolution tokens: 1120"), whatever the image's size."""
