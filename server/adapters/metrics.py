@@ -58,7 +58,11 @@ class _OverBudgetSessions(Collector):
     def decided(self, session_id: str, over: bool, created_ns: int = 0) -> None:
         """Called under the lock. `created_ns`: the compiled session's create time."""
         if not over:
-            self._last.pop(session_id, None)
+            # Only the counted session's own compile ends its count: one of an earlier
+            # session under the id (running at its delete) leaves the one made again.
+            last = self._last.get(session_id)
+            if last is not None and of_deleted(last[1], created_ns):
+                del self._last[session_id]
             return
         gone = self._deleted.get(session_id)
         if gone is not None and created_ns and created_ns == gone[1]:

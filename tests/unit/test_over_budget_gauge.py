@@ -113,6 +113,24 @@ def test_a_compile_finishing_after_its_sessions_delete_does_not_count_it_again()
     assert _value(gauge) == 0
 
 
+def test_a_deleted_sessions_late_compile_within_budget_leaves_the_new_one_counted() -> None:
+    """The compile running at the delete may be within budget: it ended the count of the
+    session made again under the id (over budget), which its own compiles had set."""
+    lock = threading.Lock()
+    clock = Clock()
+    gauge = _OverBudgetSessions(lock, clock)
+    with lock:
+        gauge.decided("s", False, created_ns=5)
+    gauge.forget("s", created_ns=5)
+    with lock:
+        gauge.decided("s", True, created_ns=6)
+        gauge.decided("s", False, created_ns=5)  # the deleted one's, finishing late
+    assert _value(gauge) == 1
+    with lock:
+        gauge.decided("s", False, created_ns=6)  # the new one's own
+    assert _value(gauge) == 0
+
+
 def test_deletes_are_remembered_only_while_a_late_compile_could_count() -> None:
     lock = threading.Lock()
     clock = Clock()
