@@ -461,15 +461,20 @@ class Daemon:
             await self._web.stop()
         if self._server is not None:
             idle = await self._drain.wait_idle(self.cfg.grace_period)
+            # Counted before the cut, which ends idle streams too: a health watch is no call
+            # still running (two of a load balancer's made one held call read as three).
+            over = self._drain.running
             # What is still in a handler (calls over the grace period; idle streams such as
             # health watches and reflection) answers UNAVAILABLE with SHUTTING_DOWN ("reconnect
             # and resend"), a reason any gRPC client can act on, not grpc's bare CANCELLED.
             cut = await self._drain.cut(STOP_GRACE_S)
             if not idle:
                 log.warning(
-                    "calls still running after the %ss grace period: %d ended with SHUTTING_DOWN",
+                    "calls still running after the %ss grace period: %d ended with "
+                    "SHUTTING_DOWN (and %d idle streams)",
                     self.cfg.grace_period,
-                    cut,
+                    over,
+                    max(0, cut - over),
                 )
             await self._server.stop(STOP_GRACE_S)
         if self._health_server is not None:

@@ -122,6 +122,11 @@ class Drain:
             self._running.discard(task)
 
     @property
+    def running(self) -> int:
+        """The calls in their handlers the drain waits for (idle streams are not)."""
+        return self._busy
+
+    @property
     def was_cut(self) -> bool:
         """Whether `cut` ended the calls still running (their handler's CancelledError is
         then the drain's, to answer with `cut_short`, not the client's)."""

@@ -409,3 +409,50 @@ def test_a_call_over_the_grace_period_ends_with_shutting_down(short_tmp: Path) -
     assert "calls still running after the 1.0s grace period: 1 ended with SHUTTING_DOWN" in (
         d.log()
     ), d.log()[-2000:]
+
+
+def test_the_log_counts_the_calls_over_the_grace_period_not_idle_streams(
+    short_tmp: Path,
+) -> None:
+    """Health watches are cut at the end of the drain with the calls over the grace
+    period (both answer SHUTTING_DOWN), but they are no call the drain waited for: the
+    warning counted them as calls still running (3 for one held upload and two watches
+    of a load balancer)."""
+    d = DaemonProcess(short_tmp / "data", "--grace-period", "1").start()
+    d.wait_ready()
+    assert d.proc is not None
+    pid = d.proc.pid
+
+    async def run() -> list[str]:
+        async with grpc.aio.insecure_channel(d.target) as ch:
+            health: Any = health_pb2_grpc.HealthStub(ch)
+            watches = [health.Watch(health_pb2.HealthCheckRequest(service="")) for _ in range(2)]
+            for watch in watches:
+                await watch.read()
+            held = await _held_upload(ch, d)
+            os.kill(pid, signal.SIGTERM)
+            ends = []
+            for call in (held, *watches):
+                try:
+                    await asyncio.wait_for(call if call is held else _drained(call), 60)
+                    ends.append("OK")
+                except grpc.aio.AioRpcError as err:
+                    ends.append(_outcome(err))
+            return ends
+
+    try:
+        ends = asyncio.run(run())
+        code = d.proc.wait(60)
+    finally:
+        d.ensure_stopped()
+    assert code == 0
+    assert ends == ["UNAVAILABLE/SHUTTING_DOWN"] * 3, ends
+    assert "calls still running after the 1.0s grace period: 1 ended with SHUTTING_DOWN" in (
+        d.log()
+    ), d.log()[-2000:]
+
+
+async def _drained(call: Any) -> None:
+    """Reads a stream to its end."""
+    while await call.read() is not grpc.aio.EOF:
+        pass
