@@ -6,6 +6,8 @@ its bytes."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,3 +94,23 @@ def test_the_memo_stays_within_its_bytes() -> None:
     huge = ToolSpec("huge", " ".join(f"h{k}" for k in range(5_000)), "{}", ToolVisibility.DEFERRED)
     assert len(memo.get(huge, True)[2]) == 5_000
     assert memo._bytes <= 64 << 10
+
+
+def test_the_bytes_counted_are_the_bytes_held() -> None:
+    """The memo's bound is in the bytes its word sets take: a word's characters and 64
+    bytes counted 2.1 times under what CJK words hold (4 bytes a character past the
+    Latin-1 range, a str's 80-byte header) and 1.4 times under for ASCII ones, so the
+    32 MiB memo held up to ~67 MiB."""
+    for alphabet in ("abcdefghijklmnopqrstuvwxyz", "".join(map(chr, range(0x4E00, 0x4F00)))):
+        memo = _SpecWords(max_bytes=1 << 40)
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(50):
+                words = (alphabet[(i * 7 + k) % len(alphabet) :][:4] + str(k) for k in range(300))
+                memo.get(ToolSpec(f"t{i}", " ".join(words), "{}", ToolVisibility.DEFERRED), True)
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        # What the memo's own dict and keys take besides the words is not counted.
+        assert 0.9 < held / memo._bytes < 1.15, (alphabet[:3], held, memo._bytes)
