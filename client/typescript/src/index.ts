@@ -53,7 +53,7 @@ export { CtxccError, toCtxccError } from "./errors.js";
 export { RETRY_SECONDS, SESSION_ALREADY_EXISTS, newRequestId, newSessionId } from "./retry.js";
 export { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
 export { Stream, type StepOptions, type StepResult, type StreamOptions, type StreamStats, type UsageReporter } from "./stream.js";
-export { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, viewDigest } from "./delta.js";
+export { applyChainedDelta, applyDelta, chainDigest, DeltaMismatch, extendChain, PartRecords, viewDigest } from "./delta.js";
 export {
   type AnthropicUsage,
   type GeminiUsage,
