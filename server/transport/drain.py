@@ -79,7 +79,11 @@ class Drain:
 
     def close(self) -> None:
         if not self.closing:
-            self._closed_at = time.monotonic()
+            # The signal counts as activity: the drain settles after it, so idle
+            # CompileStreams end by their own SHUTTING_DOWN answer (a few loop turns
+            # away) before `cut` would end them as calls over the grace period, and
+            # calls on the wire at the signal reach their handlers.
+            self._closed_at = self._progress = time.monotonic()
         self._closing.set()
 
     async def closed(self) -> None:
