@@ -154,6 +154,11 @@ class Drain:
         will not wait out the grace period); what runs then is cut as at its end."""
         self._hurried = True
 
+    @property
+    def hurried(self) -> bool:
+        """Whether a second stop signal ended the wait (not the grace period)."""
+        return self._hurried
+
     async def wait_idle(self, grace_s: float) -> bool:
         """True when every admitted call finished within `grace_s` seconds."""
         deadline = time.monotonic() + grace_s
