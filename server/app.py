@@ -468,16 +468,15 @@ class Daemon:
             # health watches and reflection) answers UNAVAILABLE with SHUTTING_DOWN ("reconnect
             # and resend"), a reason any gRPC client can act on, not grpc's bare CANCELLED.
             cut = await self._drain.cut(STOP_GRACE_S)
-            if not idle and self._drain.hurried:
-                log.warning(
-                    "calls still running at the second stop signal: %d ended with SHUTTING_DOWN",
-                    cut,
+            if not idle:
+                when = (
+                    "at the second stop signal"
+                    if self._drain.hurried
+                    else f"after the {self.cfg.grace_period}s grace period"
                 )
-            elif not idle:
                 log.warning(
-                    "calls still running after the %ss grace period: %d ended with "
-                    "SHUTTING_DOWN (and %d idle streams)",
-                    self.cfg.grace_period,
+                    "calls still running %s: %d ended with SHUTTING_DOWN (and %d idle streams)",
+                    when,
                     over,
                     max(0, cut - over),
                 )
