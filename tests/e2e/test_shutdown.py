@@ -124,6 +124,8 @@ def test_idle_compile_streams_end_at_once_on_sigterm(short_tmp: Path) -> None:
     assert d.proc is not None
     pid = d.proc.pid
 
+    details: list[str] = []
+
     async def run() -> tuple[list[str], float]:
         async with grpc.aio.insecure_channel(d.target) as ch:
             sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
@@ -153,7 +155,9 @@ def test_idle_compile_streams_end_at_once_on_sigterm(short_tmp: Path) -> None:
                 assert first.WhichOneof("response") == "view"
                 queues.append(queue)
                 answers.append(it)
-            # Every stream now waits for its agent's next step.
+            # Every stream now waits for its agent's next step, idle for longer than the
+            # drain's settle time (which then ended them as calls over the grace period).
+            await asyncio.sleep(1.0)
             started = time.monotonic()
             os.kill(pid, signal.SIGTERM)
             ends = []
@@ -163,12 +167,15 @@ def test_idle_compile_streams_end_at_once_on_sigterm(short_tmp: Path) -> None:
                     ends.append("a message")
                 except grpc.aio.AioRpcError as err:
                     ends.append(_outcome(err))
+                    details.append(str(err.details()))
             await asyncio.to_thread(d.proc.wait, 60)  # type: ignore[union-attr]
             return ends, time.monotonic() - started
 
     ends, exit_s = asyncio.run(run())
     print(f"\nSIGTERM with 4 idle CompileStreams: exited in {exit_s:.2f} s")
     assert ends == ["UNAVAILABLE/SHUTTING_DOWN"] * 4
+    # Ended by their own answer, not cut as calls still running at the grace period's end.
+    assert all("did not finish within its grace period" not in m for m in details), details
     assert d.proc.returncode == 0
     # The grace period is 20 s: an exit well before it means nobody waited for idle streams
     # (about 1 s here; the bound leaves a loaded machine room to stop and exit).
