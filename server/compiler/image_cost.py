@@ -138,6 +138,11 @@ def openai_rule(model: str) -> ImageRule:
     return OPENAI_RULES[key] if key is not None else OPENAI_DEFAULT
 
 
+def openai_named(model: str) -> bool:
+    """Whether OpenAI's guide names `model` (a rule of its own, not the default)."""
+    return _segment_key(model.strip().lower(), _OPENAI_KEYS) is not None
+
+
 def gemini_rule(model: str) -> ImageRule | None:
     """The rule Gemini's docs state for `model`'s generation (2 or 3); None for another
     (or none named): the caller keeps its own rule."""

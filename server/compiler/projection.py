@@ -28,6 +28,7 @@ from server.compiler.image_cost import (
     OPENAI_DEFAULT,
     ImageRule,
     gemini_rule,
+    openai_named,
     openai_rule,
     rule_most,
     rule_tokens,
@@ -426,11 +427,16 @@ def image_tokens(
     Gemini counts 258); from projection 12, what the provider documents for the route's
     model (image_cost.py: GPT-4o mini's tiles, the patch models, Gemini 2.x's tiles and
     Gemini 3's default), GPT-4o's tiles for an OpenAI model it does not name and the
-    rule of 10 for a Gemini model of another generation. Unknown size: 1,600, or the most
-    the model's rule counts for one image where that is more."""
+    rule of 10 for a Gemini model of another generation; a Claude, Gemini or named
+    OpenAI model counts by its own provider's rule whatever the protocol (_image_wire: an
+    OpenAI-compatible endpoint serving Claude counted GPT-4o's 765 for a 1024x1024 image
+    Claude reads as 1,399).
+    Unknown size: 1,600, or the most the model's rule counts for one image where that is
+    more."""
     wire = protocol.strip().lower()
     rule: ImageRule | None = None
     if projection >= MODEL_IMAGE_TOKENS and model:
+        wire = _image_wire(wire, model)
         if wire.startswith("openai"):
             rule = openai_rule(model)
         elif wire.startswith("gemini"):
@@ -448,6 +454,21 @@ def image_tokens(
     if wire.startswith("gemini"):
         return max(area, GEMINI_IMAGE_TOKENS)
     return area
+
+
+def _image_wire(wire: str, model: str) -> str:
+    """Whose image rule a route's model reads by (from projection 12): Anthropic's for a
+    Claude model, Gemini's for a Gemini one and OpenAI's for one its guide names,
+    whatever protocol reaches them (a gateway's OpenAI-compatible endpoint serving Claude
+    or Gemini, an Anthropic-compatible one serving GPT); else the route's protocol's."""
+    name = model.strip().lower()
+    if "claude" in name:
+        return "anthropic"
+    if "gemini" in name:
+        return "gemini"
+    if openai_named(name):
+        return "openai"
+    return wire
 
 
 def message_tokens(

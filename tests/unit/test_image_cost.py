@@ -202,11 +202,25 @@ def test_a_gemini_model_of_another_generation_keeps_the_protocols_rule() -> None
         assert image_tokens(_ref(1_000, 1_000), "gemini", model=model) == 1_334
 
 
-def test_the_model_is_counted_only_on_its_providers_routes() -> None:
-    """An Anthropic route keeps Anthropic's area rule whatever the model is called."""
+def test_a_model_counts_by_its_own_providers_rule_whatever_the_protocol() -> None:
+    """A gateway's OpenAI-compatible endpoint serving Claude or Gemini (and an
+    Anthropic-compatible one serving GPT) reaches a model that reads the image as its own
+    provider documents: GPT-4o's tiles counted a 1024x1024 image at 765 for Claude, which
+    reads 1,399. A model no rule names keeps its protocol's rule."""
     ref = _ref(1_024, 1_024)
-    assert image_tokens(ref, "anthropic-messages", model="gpt-4o-mini") == 1_399
-    assert image_tokens(ref, "anthropic-messages", model="gemini-3-pro") == 1_399
+    assert image_tokens(ref, "openai-chat", model="claude-sonnet-4-5") == 1_399
+    assert image_tokens(ref, "openai-chat", model="anthropic/claude-3.7-sonnet") == 1_399
+    assert image_tokens(ref, "openai-chat", model="gemini-2.5-pro") == 1_032
+    assert image_tokens(ref, "openai-responses", model="google/gemini-3-pro") == 1_120
+    assert image_tokens(ref, "anthropic-messages", model="gpt-4o-mini") == 25_501
+    assert image_tokens(ref, "anthropic-messages", model="gemini-3-pro") == 1_120
+    assert image_tokens(ref, "gemini", model="gpt-4.1-mini") == 1_659
+    # Not named: the protocol's rule.
+    assert image_tokens(ref, "openai-chat", model="mistral-large") == 765
+    assert image_tokens(ref, "anthropic-messages", model="my-model") == 1_399
+    assert image_tokens(ref, "gemini", model="gemma-3") == 1_399
+    # Recorded before projection 12: by protocol alone, as counted then.
+    assert image_tokens(ref, "openai-chat", 11, "claude-sonnet-4-5") == 765
 
 
 def test_compiles_recorded_before_projection_12_count_as_they_did() -> None:
