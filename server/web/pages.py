@@ -169,6 +169,10 @@ async def step_page(request: web.Request) -> web.Response:
     sid = _sid(request)
     fmt_name = request.query.get("format", "")
     fmt = present.FORMATS.get(fmt_name)
+    if fmt_name and fmt is None:
+        # A 400 like a malformed seq's: the page without the body asked for read as if
+        # the format had been shown.
+        raise invalid("format", f"format must be one of {', '.join(sorted(present.FORMATS))}")
     step = await _uses(request).step(
         sid,
         seq=_int(request, "seq"),

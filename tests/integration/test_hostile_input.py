@@ -161,6 +161,13 @@ async def test_inspector_numbers_in_other_scripts_are_a_bad_request(
         assert f"{key} must be a whole number" in body, body[-300:]
     code, _ = await asyncio.to_thread(_status, base + "/events?after=0")
     assert code == 200
+    # A rendering the inspector does not know is refused the same way (it was ignored:
+    # the page came without the body asked for).
+    code, body = await asyncio.to_thread(_status, base + "/step?seq=1&format=bogus")
+    assert code == 400, (code, body[-300:])
+    assert "format must be one of anthropic_messages, gemini, openai_chat" in body, body[-300:]
+    code, body = await asyncio.to_thread(_status, base + "/step?seq=1&format=gemini&model=gpt-4o")
+    assert code == 200, (code, body[-600:])
 
 
 def _forged(real: str, last: object) -> str:
