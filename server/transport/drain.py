@@ -55,8 +55,9 @@ def cut_short() -> CtxccError:
     finds it."""
     return CtxccError(
         Reason.SHUTTING_DOWN,
-        "the daemon is shutting down and this call did not finish within its grace "
-        "period: reconnect and resend with the same request id",
+        "the daemon is shutting down and ended this call before it finished (its grace "
+        "period was over, or a second stop signal came): reconnect and resend with the "
+        "same request id",
     )
 
 
