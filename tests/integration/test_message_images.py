@@ -509,24 +509,33 @@ async def test_an_images_estimate_is_what_the_routes_provider_counts(api: Stubs)
         ("anthropic-messages", "claude-sonnet-4", 64, 2_048, 175),
     )
     for protocol, model, width, height, cost in cases:
-        route = common_pb2.Route(connection="c", protocol=protocol, endpoint="e", model=model)
-        views = []
-        for with_image in (False, True):
-            sid = f"per-provider-{protocol}-{with_image}"
-            await _session(api, sid)
-            asked = user("What is in this image?")
-            if with_image:
-                data = png_bytes(width, height)
-                up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 1)))
-                assert (up.artifact.width, up.artifact.height) == (width, height)
-                asked = _with_image(asked, up.artifact)
-            await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[asked]))
-            req = cpb.CompileRequest(session_id=sid, route=route)
-            views.append((await api.compiles.Compile(req)).view)
-        plain, view = views
-        assert list(_sent(view)) == [up.artifact.artifact_id], protocol
+        plain, view = await _with_and_without_image(api, protocol, model, width, height)
         assert view.messages[-1].tokens - plain.messages[-1].tokens == cost, protocol
         assert view.budget.ledger_tokens - plain.budget.ledger_tokens == cost, protocol
+
+
+async def _with_and_without_image(
+    api: Stubs, protocol: str, model: str, width: int, height: int
+) -> tuple[view_pb2.CompiledView, view_pb2.CompiledView]:
+    """The views of two new sessions on a route of `protocol` and `model` whose one user
+    message is the same but for a width x height PNG in the second (which is sent)."""
+    route = common_pb2.Route(connection="c", protocol=protocol, endpoint="e", model=model)
+    views = []
+    for with_image in (False, True):
+        sid = f"image-cost-{protocol}-{model.replace('/', '.')}-{with_image}"
+        await _session(api, sid)
+        asked = user("What is in this image?")
+        if with_image:
+            data = png_bytes(width, height)
+            up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 1)))
+            assert (up.artifact.width, up.artifact.height) == (width, height)
+            asked = _with_image(asked, up.artifact)
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[asked]))
+        req = cpb.CompileRequest(session_id=sid, route=route)
+        views.append((await api.compiles.Compile(req)).view)
+    plain, view = views
+    assert list(_sent(view)) == [up.artifact.artifact_id], model
+    return plain, view
 
 
 async def test_an_images_estimate_is_what_the_provider_counts_for_the_routes_model(
@@ -544,24 +553,12 @@ async def test_an_images_estimate_is_what_the_provider_counts_for_the_routes_mod
         ("openai-responses", "gpt-4.1-mini-2025-04-14", 1_024, 1_024, 1_659),
         ("gemini", "gemini-3-pro-preview", 16, 16, 1_120),
         ("gemini", "gemini-2.5-flash", 64, 2_048, 774),
+        # A gateway's OpenAI-compatible endpoint serving Claude: Claude's area rule
+        # (1024 * 1024 / 750), not GPT-4o's 765.
+        ("openai-chat", "anthropic/claude-sonnet-4-5", 1_024, 1_024, 1_399),
     )
     for protocol, model, width, height, cost in cases:
-        route = common_pb2.Route(connection="c", protocol=protocol, endpoint="e", model=model)
-        views = []
-        for with_image in (False, True):
-            sid = f"per-model-{model}-{with_image}"
-            await _session(api, sid)
-            asked = user("What is in this image?")
-            if with_image:
-                data = png_bytes(width, height)
-                up = await api.artifacts.UploadArtifact(iter(png_upload(sid, data, 1)))
-                assert (up.artifact.width, up.artifact.height) == (width, height)
-                asked = _with_image(asked, up.artifact)
-            await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[asked]))
-            req = cpb.CompileRequest(session_id=sid, route=route)
-            views.append((await api.compiles.Compile(req)).view)
-        plain, view = views
-        assert list(_sent(view)) == [up.artifact.artifact_id], model
+        plain, view = await _with_and_without_image(api, protocol, model, width, height)
         assert view.messages[-1].tokens - plain.messages[-1].tokens == cost, model
         assert view.budget.ledger_tokens - plain.budget.ledger_tokens == cost, model
         layers = {r.layer: r.tokens for r in view.layers}
