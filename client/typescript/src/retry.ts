@@ -23,7 +23,18 @@ export const newSessionId = (): string => `s-${randomBytes(12).toString("hex")}`
 /** The reason of a createSession whose id is taken. */
 export const SESSION_ALREADY_EXISTS = "SESSION_ALREADY_EXISTS";
 
-export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+/** Resolves after `ms`, or at once when `signal` aborts (the caller then sees it aborted). */
+export const sleep = (ms: number, signal?: AbortSignal): Promise<void> =>
+  new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done);
+  });
 
 /** Pauses of 50 ms doubling to 250 ms until the budget is spent; null when it is. */
 export class Backoff {

@@ -69,7 +69,7 @@ export interface StepOptions {
   expectedLastSeq?: number;
   /** Bounds the step (`AbortSignal.timeout(ms)`, or a controller's): once aborted, the step
    * rejects with the signal's reason and the stream's call is dropped (the next step opens a
-   * new one). The daemon may have appended the events all the same: the same events sent
+   * new one); aborted while it pauses before a retry, it sends nothing more. The daemon may have appended the events all the same: the same events sent
    * again on this stream reuse the step's request id, so they are appended once. */
   signal?: AbortSignal;
 }
@@ -329,6 +329,8 @@ export class Stream {
       const backoff = new Backoff(this.retrySeconds);
       for (;;) {
         try {
+          // Aborted while pausing before this retry: no further attempt.
+          signal?.throwIfAborted();
           const out = await this.attempt(msg, request);
           this.unfinished = null;
           return { ...out, usage: this.last };
@@ -347,7 +349,7 @@ export class Stream {
             if (aborted) throw signal?.reason;
             throw failed;
           }
-          await sleep(pause);
+          await sleep(pause, signal);
         }
       }
     };

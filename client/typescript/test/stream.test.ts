@@ -560,3 +560,32 @@ test("a step bounded by its signal, or cut short by close, rejects and keeps its
     stop();
   }
 });
+
+test("a step aborted while it waits to retry rejects with the signal's reason and sends no further attempt", async () => {
+  const v1 = fixture(1).view;
+  // The first attempt finds the daemon going away; any later one would be answered.
+  const { got, client, stop } = await scripted((n) =>
+    n === 1 ? { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() } : whole(v1),
+  );
+  try {
+    const stream = client.openStream();
+    const req = { sessionId: v1.sessionId, route: v1.route };
+    const events = [user("please run the tests")];
+    const controller = new AbortController();
+    const stepping = stream.step(req, events, { signal: controller.signal });
+    // Abort once the first attempt failed, while the step pauses before its retry.
+    while (got.length < 1) await new Promise((r) => setTimeout(r, 1));
+    await new Promise((r) => setTimeout(r, 5));
+    controller.abort(new Error("caller gave up"));
+    await assert.rejects(stepping, /caller gave up/);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(got.length, 1, "an aborted step is not sent again");
+    // The same events sent again reuse the step's request id.
+    const { view } = await stream.step(req, events);
+    assert.equal(view.compileId, v1.compileId);
+    const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
+    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+  } finally {
+    stop();
+  }
+});
