@@ -126,6 +126,7 @@ function matchAnswer(answer: string, awaited: string, bare: boolean): "ours" | "
   return earlier ? "stale" : "unmatched";
 }
 
+const streamClosed = () => new CtxccError(grpc.status.CANCELLED, "STREAM_CLOSED", "the stream was closed while a step waited for its answer");
 const streamEnded = () => new CtxccError(grpc.status.UNAVAILABLE, "UNAVAILABLE", "the stream ended");
 
 function eventsKey(events: Event[]): string {
@@ -175,6 +176,11 @@ export class Stream {
   // The usage report the next step carries, and the answer to the one the last step carried.
   private queued: ReportUsageRequest | null = null;
   private last: ReportUsageResponse | undefined = undefined;
+  // Calls of `close`: a step running across one (pausing before a retry) fails instead of
+  // opening a call after it.
+  private closes = 0;
+  // Ends the retry pause of the step running (at close).
+  private pausing: AbortController | null = null;
 
   constructor(
     private readonly client: CompileServiceClient,
@@ -327,10 +333,12 @@ export class Stream {
         msg.request.value.stepId = String(++this.counter);
       }
       const backoff = new Backoff(this.retrySeconds);
+      const closes = this.closes;
       for (;;) {
         try {
-          // Aborted while pausing before this retry: no further attempt.
+          // Aborted or closed while pausing before this retry: no further attempt.
           signal?.throwIfAborted();
+          if (this.closes !== closes) throw streamClosed();
           const out = await this.attempt(msg, request);
           this.unfinished = null;
           return { ...out, usage: this.last };
@@ -349,7 +357,16 @@ export class Stream {
             if (aborted) throw signal?.reason;
             throw failed;
           }
-          await sleep(pause, signal);
+          // Ended early by the step's abort or by close.
+          const pausing = (this.pausing = new AbortController());
+          const onAbort = () => pausing.abort();
+          signal?.addEventListener("abort", onAbort);
+          try {
+            await sleep(pause, pausing.signal);
+          } finally {
+            signal?.removeEventListener("abort", onAbort);
+            this.pausing = null;
+          }
         }
       }
     };
@@ -488,10 +505,13 @@ export class Stream {
    * its error, if any, rejects). */
   async close(): Promise<void> {
     const call = this.call;
+    // A step pausing before a retry fails likewise instead of opening a call after this.
+    this.closes++;
+    this.pausing?.abort();
     if (this.waiting.length) {
       // A step waits on this call: it fails (its events may be appended; the same events sent
       // again reuse its request id) instead of waiting for an answer that never comes.
-      this.cut(new CtxccError(grpc.status.CANCELLED, "STREAM_CLOSED", "the stream was closed while a step waited for its answer"));
+      this.cut(streamClosed());
     } else {
       this.call = null;
       call?.end();

@@ -589,3 +589,30 @@ test("a step aborted while it waits to retry rejects with the signal's reason an
     stop();
   }
 });
+
+test("a step pausing before a retry when the stream is closed fails STREAM_CLOSED and opens no call after the close", async () => {
+  const v1 = fixture(1).view;
+  const { got, client, stop } = await scripted((n) =>
+    n === 1 ? { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() } : whole(v1),
+  );
+  try {
+    const stream = client.openStream();
+    const req = { sessionId: v1.sessionId, route: v1.route };
+    const events = [user("please run the tests")];
+    const stepping = stream.step(req, events);
+    while (got.length < 1) await new Promise((r) => setTimeout(r, 1));
+    await new Promise((r) => setTimeout(r, 5));
+    await stream.close();
+    await assert.rejects(stepping, (err: unknown) => err instanceof CtxccError && err.reason === "STREAM_CLOSED");
+    await new Promise((r) => setTimeout(r, 300));
+    assert.equal(got.length, 1, "nothing is sent on the closed stream");
+    // The stream is usable again, and the same events reuse the step's request id.
+    const { view } = await stream.step(req, events);
+    assert.equal(view.compileId, v1.compileId);
+    const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
+    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+    await stream.close();
+  } finally {
+    stop();
+  }
+});
