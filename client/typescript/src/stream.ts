@@ -181,6 +181,8 @@ export class Stream {
   private closes = 0;
   // Ends the retry pause of the step running (at close).
   private pausing: AbortController | null = null;
+  // Settles when the step running now does (close waits for it before flushing its report).
+  private current: Promise<unknown> = Promise.resolve();
 
   constructor(
     private readonly client: CompileServiceClient,
@@ -318,7 +320,9 @@ export class Stream {
       signal?.addEventListener("abort", onAbort);
       try {
         signal?.throwIfAborted();
-        return await runSteps();
+        const running = runSteps();
+        this.current = running.catch(() => undefined);
+        return await running;
       } finally {
         signal?.removeEventListener("abort", onAbort);
       }
@@ -502,7 +506,7 @@ export class Stream {
   }
 
   /** Ends the stream; a usage report still queued is sent by the unary ReportUsage (await it:
-   * its error, if any, rejects). */
+   * its error, if any, rejects), the report of a step cut by this close included. */
   async close(): Promise<void> {
     const call = this.call;
     // A step pausing before a retry fails likewise instead of opening a call after this.
@@ -516,6 +520,8 @@ export class Stream {
       this.call = null;
       call?.end();
     }
+    // The step cut puts back a report the daemon did not answer: it goes with the queued one.
+    if (this.running) await this.current;
     await this.flushUsage();
   }
 }

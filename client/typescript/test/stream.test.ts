@@ -616,3 +616,21 @@ test("a step pausing before a retry when the stream is closed fails STREAM_CLOSE
     stop();
   }
 });
+
+test("close while a step carrying a usage report waits sends the report by the unary call", async () => {
+  const v1 = fixture(1).view;
+  // The step is never answered (a stalled daemon): close cuts it.
+  const { got, client, stop, reports } = await scripted(() => new Promise<Answer>(() => {}));
+  try {
+    const stream = client.openStream();
+    await stream.reportUsage({ compileId: "earlier", inputTokens: 9 });
+    const waiting = stream.step({ sessionId: v1.sessionId, route: v1.route }, [user("go on")]);
+    while (got.length < 1) await new Promise((r) => setTimeout(r, 5));
+    await stream.close();
+    await assert.rejects(waiting, (err: unknown) => err instanceof CtxccError && err.reason === "STREAM_CLOSED");
+    // The daemon may or may not have recorded it before the cut; a replay is harmless, a loss is not.
+    assert.deepEqual(reports.map((r) => r.compileId), ["earlier"]);
+  } finally {
+    stop();
+  }
+});
