@@ -69,8 +69,9 @@ export interface StepOptions {
   expectedLastSeq?: number;
   /** Bounds the step (`AbortSignal.timeout(ms)`, or a controller's): once aborted, the step
    * rejects with the signal's reason and the stream's call is dropped (the next step opens a
-   * new one); aborted while it pauses before a retry, it sends nothing more. The daemon may have appended the events all the same: the same events sent
-   * again on this stream reuse the step's request id, so they are appended once. */
+   * new one); aborted while it pauses before a retry, it sends nothing more. The daemon may
+   * have appended the events all the same: the same events sent again on this stream reuse
+   * the step's request id, so they are appended once. */
   signal?: AbortSignal;
 }
 
