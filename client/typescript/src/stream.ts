@@ -315,6 +315,8 @@ export class Stream {
     const step = { stepId: "", events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
     const msg = CompileStreamRequest.fromPartial({ request: { $case: "step", value: step } });
     const signal = options.signal;
+    // A close after this call fails the step (waiting its turn, or pausing before a retry).
+    const closes = this.closes;
     const run = async (): Promise<StepResult> => {
       // An abort ends the wait: the call it waits on is dropped, its waiters rejected.
       const onAbort = () => this.cut(signal?.reason);
@@ -338,10 +340,9 @@ export class Stream {
         msg.request.value.stepId = String(++this.counter);
       }
       const backoff = new Backoff(this.retrySeconds);
-      const closes = this.closes;
       for (;;) {
         try {
-          // Aborted or closed while pausing before this retry: no further attempt.
+          // Aborted, or closed since it was called: no (further) attempt.
           signal?.throwIfAborted();
           if (this.closes !== closes) throw streamClosed();
           const out = await this.attempt(msg, request);

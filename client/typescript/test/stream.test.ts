@@ -634,3 +634,27 @@ test("close while a step carrying a usage report waits sends the report by the u
     stop();
   }
 });
+
+test("a step called before close and waiting its turn fails STREAM_CLOSED too; one called after runs", async () => {
+  const v1 = fixture(1).view;
+  const { got, client, stop } = await scripted((n) => (n === 1 ? new Promise<Answer>(() => {}) : whole(v1)));
+  try {
+    const stream = client.openStream();
+    const req = { sessionId: v1.sessionId, route: v1.route };
+    const first = stream.step(req, [user("one")]);
+    const queued = stream.step(req, [user("two")]);
+    while (got.length < 1) await new Promise((r) => setTimeout(r, 5));
+    const closing = stream.close();
+    const after = stream.step(req, [user("three")]);
+    await closing;
+    for (const step of [first, queued]) {
+      await assert.rejects(step, (err: unknown) => err instanceof CtxccError && err.reason === "STREAM_CLOSED");
+    }
+    assert.equal((await after).view.compileId, v1.compileId);
+    const texts = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.events.map((e) => JSON.stringify(e.payload)).join() : ""));
+    assert.equal(got.length, 2, texts.join(" | "));
+    assert.ok(texts[1].includes("three"), texts[1]);
+  } finally {
+    stop();
+  }
+});
