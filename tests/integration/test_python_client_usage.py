@@ -185,3 +185,40 @@ async def test_the_unary_helpers_report_reasoning_tokens_like_the_stream(daemon:
         assert (
             not answer.replayed and answer.error_tokens == 900 - view.budget.estimated_input_tokens
         )
+
+
+async def test_close_ends_a_step_pausing_before_a_retry_and_sends_its_report(
+    short_tmp: Path,
+) -> None:
+    """A step waiting out a daemon that went away when the stream is closed fails
+    STREAM_CLOSED instead of resending after the close, and the report it carried goes by
+    the unary call at close."""
+    first = Daemon(make_config(short_tmp))
+    await first.start()
+    target = f"unix:{first.endpoints.unix}"
+    async with AsyncClient(target, retry_seconds=20.0) as ctx:
+        session = await ctx.create_session()
+        req = cpb.CompileRequest(session_id=session.session_id, route=ROUTE)
+        stream = ctx.stream()
+        view, _ = await stream.step(req, [user("one")])
+        await stream.report_usage(view.compile_id, input_tokens=50, output_tokens=3)
+        await first.stop()
+        stepping = asyncio.create_task(stream.step(req, [user("two")]))
+        await asyncio.sleep(0.3)  # the step pauses between attempts
+        assert not stepping.done()
+        second = Daemon(make_config(short_tmp))
+        closing = asyncio.create_task(stream.close())
+        await asyncio.sleep(0.05)
+        assert stepping.done(), "close ends the step's pause"
+        await second.start()
+        try:
+            await closing
+            with pytest.raises(CtxccError) as err:
+                await stepping
+            assert err.value.reason == "STREAM_CLOSED"
+            await asyncio.sleep(0.5)
+            got = await ctx.get_session(session.session_id)
+            assert got.head_seq == 1, "nothing was sent after the close"
+            assert await asyncio.to_thread(_counts, second) == (1, 1), "the report went at close"
+        finally:
+            await second.stop()

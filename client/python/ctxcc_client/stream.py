@@ -179,6 +179,10 @@ class CompileStream:
         # The request id of a step that failed, by its events: calling `step` again with the
         # same events (the natural "try again") reuses it instead of appending them twice.
         self._unfinished: tuple[bytes, str] | None = None
+        # Calls of `close`, and the event the one to come sets: a step called before a close
+        # fails instead of opening a call after it (one pausing before a retry wakes).
+        self._closes = 0
+        self._closing = asyncio.Event()
 
     @staticmethod
     async def _requests(
@@ -270,6 +274,7 @@ class CompileStream:
         """Append `events` (if any) and compile, in one round trip. The request id is
         fixed here, before the first attempt, and every retry resends it."""
         events = list(events or [])
+        closes = self._closes
         async with self._lock:  # one step at a time keeps answers in order
             self._counter += 1
             step = cpb.StepRequest(
@@ -288,6 +293,8 @@ class CompileStream:
             backoff = Backoff(self._retry_seconds)
             while True:
                 try:
+                    if self._closes != closes:  # closed while it waited or paused
+                        raise _stream_closed()
                     result = await self._attempt(msg)
                     self._unfinished = None
                     return result
@@ -298,7 +305,7 @@ class CompileStream:
                     if pause is None:
                         self._failed(events, step.request_id, usage, err.usage_refused)
                         raise
-                    await asyncio.sleep(pause)
+                    await self._pause(pause)
                 except ValueError as err:  # a view that arrived damaged or malformed
                     self._failed(events, step.request_id, usage, False)
                     raise CtxccError(
@@ -407,12 +414,7 @@ class CompileStream:
                 if task is not None and task.cancelling():
                     raise  # the caller's own (a timeout, a cancelled task): it stays one
                 # The call was cancelled under the step: another task closed the stream.
-                raise CtxccError(
-                    grpc.StatusCode.CANCELLED,
-                    "STREAM_CLOSED",
-                    "the stream was closed while the step waited for its answer",
-                    {},
-                ) from None
+                raise _stream_closed() from None
             self.stats.bytes_received += resp.ByteSize()
             ours = _matches(resp.step_id, awaited, bare=resuming and not self._echoes)
             if ours:
@@ -445,8 +447,33 @@ class CompileStream:
             self._deltas = False
         return None
 
+    async def _pause(self, seconds: float) -> None:
+        """Waits before a retry; `close` ends the wait."""
+        waiter = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=seconds)
+        finally:
+            waiter.cancel()
+
     async def close(self) -> None:
         """Ends the stream; a usage report still queued is sent by the unary ReportUsage
-        (its error, if any, is raised)."""
+        (its error, if any, is raised), the report of a step this close ended included. A
+        step called before the close and still running or waiting fails (one pausing
+        before a retry with CtxccError CANCELLED/STREAM_CLOSED) instead of opening a call
+        after it; the stream is usable again by the steps called after."""
+        self._closes += 1
+        self._closing.set()
+        self._closing = asyncio.Event()
         self._drop()
+        async with self._lock:  # the step ended puts back a report the daemon did not answer
+            pass
         await self.flush_usage()
+
+
+def _stream_closed() -> CtxccError:
+    return CtxccError(
+        grpc.StatusCode.CANCELLED,
+        "STREAM_CLOSED",
+        "the stream was closed while the step waited for its answer",
+        {},
+    )
