@@ -234,12 +234,20 @@ class EventRecords(StoreCore):
 
     # -- artifacts ----------------------------------------------------------------
 
-    def put_artifact(self, record: ArtifactRecord, data: bytes) -> ArtifactRecord:
+    def put_artifact(
+        self, record: ArtifactRecord, data: bytes, session_created_ns: int = 0
+    ) -> ArtifactRecord:
         """Stores the artifact, or returns the one already stored under its id (an upload
-        retried with its request id), never storing or counting the bytes twice."""
+        retried with its request id), never storing or counting the bytes twice.
+        `session_created_ns`: the create time of the session the upload began in, when
+        it is checked."""
         sid = record.session_id
         with self._lock(sid), self._blob_locks((record.sha256,)):
             session = self.get_session(sid)
+            if session_created_ns and session.create_time_ns != session_created_ns:
+                # Deleted while the bytes were on their way and made again under its id:
+                # the new session never uploaded them.
+                raise session_not_found(sid)
             existing = self.get_artifact_record(sid, record.artifact_id)
             if existing is not None:
                 if existing.sha256 != record.sha256:

@@ -51,6 +51,15 @@ class ArtifactUseCases:
         if h.size_bytes > self.max_bytes:
             raise self.too_large(h.size_bytes)
 
+    async def begin(self, h: ArtifactHeader) -> int:
+        """Checks an upload's header and returns the create time of the session it names
+        (SESSION_NOT_FOUND before any bytes are sent when there is none). The bytes
+        follow in the same stream, which can outlast the session: `put` is given this
+        time so an upload never lands in a session made again under the id meanwhile."""
+        self.check_header(h)
+        session = await self._blocking.run(self._store.get_session, h.session_id)
+        return session.create_time_ns
+
     def too_large(self, size: int) -> CtxccError:
         return CtxccError(
             Reason.ARTIFACT_TOO_LARGE,
@@ -58,7 +67,9 @@ class ArtifactUseCases:
             limit=str(self.max_bytes),
         )
 
-    async def put(self, h: ArtifactHeader, data: bytes) -> ArtifactRecord:
+    async def put(self, h: ArtifactHeader, data: bytes, life: int = 0) -> ArtifactRecord:
+        """`life`: the create time `begin` read, when the caller read it; the session
+        deleted (and perhaps made again) since is SESSION_NOT_FOUND."""
         self.check_header(h)
         # Hashing and measuring read the bytes (up to the artifact limit): off the loop.
         actual, mime_type, measured = await self._blocking.run(
@@ -94,7 +105,7 @@ class ArtifactUseCases:
             height=height,
             create_time_ns=self._clock.now_ns(),
         )
-        return await self._blocking.run(self._store.put_artifact, record, data)
+        return await self._blocking.run(self._store.put_artifact, record, data, life)
 
     async def record(self, session_id: str, artifact_id: str) -> ArtifactRecord:
         """The artifact's record without its bytes: a download takes its memory budget

@@ -77,6 +77,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
         self, request: AsyncIterator[pb.UploadArtifactRequest], context: Ctx
     ) -> pb.UploadArtifactResponse:
         header: ArtifactHeader | None = None
+        life = 0  # the create time of the session the upload began in
         chunks: list[bytes] = []
         received = 0
         try:
@@ -95,7 +96,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                         h.height,
                         h.request_id,
                     )
-                    self._a.check_header(header)
+                    life = await self._a.begin(header)
                 elif kind == "data":
                     # Stop reading as soon as the declared size or the limit is passed:
                     # memory stays bounded whatever the client sends.
@@ -110,7 +111,7 @@ class ArtifactServicer(pb_grpc.ArtifactServiceServicer):
                     raise invalid("header", "only the first upload message may carry a header")
             if header is None:
                 raise invalid("header", "the upload stream was empty")
-            record = await self._a.put(header, b"".join(chunks))
+            record = await self._a.put(header, b"".join(chunks), life)
         finally:
             self._held.give(received)
         return pb.UploadArtifactResponse(artifact=ref_out(record))

@@ -20,7 +20,7 @@ from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from tests.conftest import Stubs
-from tests.helpers import assistant, compile_request, error_info, tool_result, user
+from tests.helpers import assistant, compile_request, error_info, png_bytes, tool_result, user
 
 # Over the default blob threshold (16 KiB): stored once as a blob, shared by sessions.
 SHARED = "a result both sessions hold\n" * 1_000
@@ -385,3 +385,38 @@ async def test_a_range_digest_is_not_taken_from_the_sessions_next_life(
     assert loader.cached_range_digest(gone, 2) is None
     now = await asyncio.to_thread(store.get_session, "d")
     assert await asyncio.to_thread(loader.range_digest, now, 2)
+
+
+async def test_an_upload_spanning_a_delete_does_not_land_in_the_sessions_next_life(
+    unix_api: Stubs,
+) -> None:
+    """An upload's stream can outlast its session: the header names the session, the
+    bytes follow. Deleted and made again under the id before the stream ends, the upload
+    must not store its artifact in the new session (which never uploaded it, would hold
+    its bytes against its quota and could download them): SESSION_NOT_FOUND."""
+    api = unix_api
+    await _session(api, "u")
+    data = png_bytes(2, 2)
+    header = apb.ArtifactHeader(
+        session_id="u",
+        mime_type="image/png",
+        size_bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+    )
+    recreated = asyncio.Event()
+
+    async def stream() -> Any:
+        yield apb.UploadArtifactRequest(header=header)
+        await recreated.wait()
+        yield apb.UploadArtifactRequest(data=data)
+
+    upload = asyncio.ensure_future(api.artifacts.UploadArtifact(stream()))
+    await asyncio.sleep(0.5)  # the daemon reads the header (nothing to wait on)
+    await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="u"))
+    await _session(api, "u")
+    recreated.set()
+    with pytest.raises(grpc.RpcError) as err:
+        await upload
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    got = await api.sessions.GetSession(spb.GetSessionRequest(session_id="u"))
+    assert got.session.stored_bytes == 0
