@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.errors import CtxccError, Reason, invalid, session_not_found
 from server.domain.sources import (
     MemoryEntry,
     RuleEntry,
@@ -153,10 +153,23 @@ class RegistryRecords(StoreCore):
         lo, hi = session_prefix(session_id), session_key(session_id, ACTIVATIONS)
         return [decode_value(raw, ToolSpec) for _, raw in self._kv.scan("tools", lo, hi)]
 
-    def add_activations(self, session_id: str, turn_seq: int, names: tuple[str, ...]) -> None:
+    def add_activations(
+        self,
+        session_id: str,
+        turn_seq: int,
+        names: tuple[str, ...],
+        session_created_ns: int = 0,
+    ) -> None:
+        """`session_created_ns`: the create time of the session whose registry and turn
+        the search read, when it is checked."""
         key = session_key(session_id, ACTIVATIONS + be64(turn_seq))
         with self._lock(session_id):
-            self.get_session(session_id)  # not deleted since the search read it (see put_source)
+            # Not deleted since the search read it (see put_source), nor made again under
+            # its id: the new session's turn at the same seq would get tools no search of
+            # its own activated.
+            session = self.get_session(session_id)
+            if session_created_ns and session.create_time_ns != session_created_ns:
+                raise session_not_found(session_id)
             old = self.get_activations(session_id, turn_seq)
             merged = ToolActivations(turn_seq, tuple(sorted(set(old) | set(names))))
             batch = Batch()

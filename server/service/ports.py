@@ -146,7 +146,13 @@ class EventStore(Protocol):
 
     def list_tools(self, session_id: str) -> list[ToolSpec]: ...
 
-    def add_activations(self, session_id: str, turn_seq: int, names: tuple[str, ...]) -> None: ...
+    def add_activations(
+        self,
+        session_id: str,
+        turn_seq: int,
+        names: tuple[str, ...],
+        session_created_ns: int = 0,
+    ) -> None: ...
 
     def get_activations(self, session_id: str, turn_seq: int) -> tuple[str, ...]: ...
 

@@ -213,7 +213,9 @@ class ToolUseCases:
         if found:
             turn = self._store.last_turn_start(session_id, session.head_seq)
             names = tuple(s.name for s in found)
-            self._store.add_activations(session_id, turn.seq if turn else 0, names)
+            self._store.add_activations(
+                session_id, turn.seq if turn else 0, names, session.create_time_ns
+            )
         return found
 
     def _result_data(self, session_id: str, call_id: str) -> bytes:

@@ -420,3 +420,42 @@ async def test_an_upload_spanning_a_delete_does_not_land_in_the_sessions_next_li
     assert error_info(err.value).reason == "SESSION_NOT_FOUND"
     got = await api.sessions.GetSession(spb.GetSessionRequest(session_id="u"))
     assert got.session.stored_bytes == 0
+
+
+async def test_a_search_racing_a_delete_and_recreate_activates_nothing_in_the_next_life(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """SearchTools reads the session's registry and turn, then activates what it found.
+    Deleted and made again under the id in between (the same tool registered, a turn at
+    the same seq), the activation must not land in the new session: its next view would
+    carry the deferred tool no search of its own activated."""
+    api = unix_api
+    deferred = tool_pb2.ToolDefinition(
+        name="deploy",
+        description="deploy the site",
+        input_schema_json='{"type": "object"}',
+        visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+    )
+    register = tpb.RegisterToolsRequest(session_id="t", tools=[deferred])
+    ask = spb.AppendEventsRequest(session_id="t", events=[user("ship it")])  # turn 1
+    await _session(api, "t")
+    await api.tools.RegisterTools(register)
+    await api.sessions.AppendEvents(ask)
+    paused = _Paused(daemon._store, "add_activations")
+    try:
+        search = asyncio.ensure_future(
+            api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
+        )
+        assert await asyncio.to_thread(paused.waiting.wait, 30)
+        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="t"))
+        await _session(api, "t")
+        await api.tools.RegisterTools(register)
+        await api.sessions.AppendEvents(ask)
+        paused.release.set()
+        with pytest.raises(grpc.RpcError) as err:
+            await search
+    finally:
+        paused.restore()
+    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
+    view = (await api.compiles.Compile(compile_request("t"))).view
+    assert "deploy" not in [t.definition.name for t in view.tools]
