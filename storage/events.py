@@ -36,6 +36,11 @@ class EventRecords(StoreCore):
         sid = batch_in.session_id
         with self._lock(sid), self._blob_locks(sha for sha, _ in batch_in.blobs):
             session = self.get_session(sid)
+            created = batch_in.session_created_ns
+            if created and session.create_time_ns != created:
+                # Its references were checked against a session deleted since and made
+                # again under the id: the new one holds none of those artifacts.
+                raise session_not_found(sid)
             if batch_in.request_id:
                 replay = self._replayed(sid, batch_in)
                 if replay is not None:

@@ -269,6 +269,10 @@ class AppendBatch:
     expected_last_seq: int | None = None
     blobs: tuple[tuple[str, bytes], ...] = field(default=())
     added_bytes: int = 0
+    # The create time of the session the events' artifact references were checked
+    # against (0: nothing to check): a session made again under the id since holds none
+    # of those artifacts, and the append must not land in it.
+    session_created_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,18 @@ def _parts(
     return tuple(out)
 
 
+def names_artifacts(payload: Payload) -> bool:
+    """Whether `resolve_references` reads the session's artifact store for `payload`."""
+    match payload:
+        case Attachment():
+            return True
+        case (
+            UserMessage(parts=parts) | AssistantMessage(parts=parts) | ImportedMessage(parts=parts)
+        ):
+            return any(p.attachment for p in parts)
+    return False
+
+
 def resolve_references(store: EventStore, session_id: str, payload: Payload, field: str) -> Payload:
     """Blocking: the payload with every artifact reference checked and filled from the store."""
     match payload:

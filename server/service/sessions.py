@@ -33,7 +33,7 @@ from server.service.blocking import Blocking
 from server.service.lanes import PendingWork
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
-from server.service.references import resolve_references
+from server.service.references import names_artifacts, resolve_references
 from server.service.watch import API, Closed, Deleted, Resync, Update, WatchHub
 
 _encoder = msgspec.msgpack.Encoder()
@@ -295,6 +295,15 @@ class SessionUseCases:
         expected_last_seq: int | None,
     ) -> tuple[AppendBatch, int]:
         digest = request_digest(events, expected_last_seq)
+        # References are checked against the session as it is now, outside its lock: the
+        # store writes the events only to this session, never to one made again under
+        # its id meanwhile, which holds none of these artifacts. Read only when there
+        # are references (appends without are the hot path).
+        life = (
+            self._store.get_session(session_id).create_time_ns
+            if any(names_artifacts(e.payload) for e in events)
+            else 0
+        )
         prepared: list[NewEvent] = []
         blobs: dict[str, bytes] = {}
         size = 0
@@ -317,6 +326,7 @@ class SessionUseCases:
             request_digest=digest,
             expected_last_seq=expected_last_seq,
             blobs=tuple(sorted(blobs.items())),
+            session_created_ns=life,
         )
         return batch, size
 

@@ -92,15 +92,24 @@ class _Paused:
 
 
 async def _refused_when_deleted_meanwhile(
-    daemon: Daemon, api: Stubs, method: str, call: Awaitable[Any], sid: str
+    daemon: Daemon,
+    api: Stubs,
+    method: str,
+    call: Awaitable[Any],
+    sid: str,
+    *,
+    recreate: bool = False,
 ) -> None:
     """`call` reaches the store's `method`, is held there while session `sid` is
-    deleted, and must then answer SESSION_NOT_FOUND."""
+    deleted (and, with `recreate`, made again under its id), and must then answer
+    SESSION_NOT_FOUND."""
     paused = _Paused(daemon._store, method)
     try:
         pending = asyncio.ensure_future(call)
         assert await asyncio.to_thread(paused.waiting.wait, 30)
         await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
+        if recreate:
+            await _session(api, sid)
         paused.release.set()
         with pytest.raises(grpc.RpcError) as err:
             await pending
@@ -459,3 +468,22 @@ async def test_a_search_racing_a_delete_and_recreate_activates_nothing_in_the_ne
     assert error_info(err.value).reason == "SESSION_NOT_FOUND"
     view = (await api.compiles.Compile(compile_request("t"))).view
     assert "deploy" not in [t.definition.name for t in view.tools]
+
+
+async def test_an_append_naming_an_artifact_does_not_land_in_the_sessions_next_life(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """An append's artifact references are checked against the session's store, then the
+    events are written. Deleted and made again under the id in between, the events must
+    not land in the new session: their references were checked against the deleted
+    session's artifacts, which the new one does not hold (references never cross
+    sessions)."""
+    api = unix_api
+    await _session(api, "r")
+    ref = common_pb2.ArtifactRef(artifact_id=await _upload(api, "r", png_bytes(2, 2)))
+    attach = spb.AppendEventsRequest(session_id="r", events=[user("look")])
+    attach.events[0].user_message.parts.add(attachment=ref)
+    append = api.sessions.AppendEvents(attach)
+    await _refused_when_deleted_meanwhile(daemon, api, "append", append, "r", recreate=True)
+    listed = await api.sessions.ListEvents(spb.ListEventsRequest(session_id="r"))
+    assert list(listed.events) == []
