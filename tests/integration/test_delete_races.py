@@ -19,6 +19,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
+from server.service.artifacts import ArtifactUseCases
 from tests.conftest import Stubs
 from tests.helpers import assistant, compile_request, error_info, png_bytes, tool_result, user
 
@@ -397,7 +398,7 @@ async def test_a_range_digest_is_not_taken_from_the_sessions_next_life(
 
 
 async def test_an_upload_spanning_a_delete_does_not_land_in_the_sessions_next_life(
-    unix_api: Stubs,
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An upload's stream can outlast its session: the header names the session, the
     bytes follow. Deleted and made again under the id before the stream ends, the upload
@@ -413,6 +414,16 @@ async def test_an_upload_spanning_a_delete_does_not_land_in_the_sessions_next_li
         sha256=hashlib.sha256(data).hexdigest(),
     )
     recreated = asyncio.Event()
+    # The daemon (in this process) has read the header and the session it names.
+    begun = asyncio.Event()
+    begin = ArtifactUseCases.begin
+
+    async def beginning(uses: ArtifactUseCases, h: Any) -> int:
+        created = await begin(uses, h)
+        begun.set()
+        return created
+
+    monkeypatch.setattr(ArtifactUseCases, "begin", beginning)
 
     async def stream() -> Any:
         yield apb.UploadArtifactRequest(header=header)
@@ -420,7 +431,7 @@ async def test_an_upload_spanning_a_delete_does_not_land_in_the_sessions_next_li
         yield apb.UploadArtifactRequest(data=data)
 
     upload = asyncio.ensure_future(api.artifacts.UploadArtifact(stream()))
-    await asyncio.sleep(0.5)  # the daemon reads the header (nothing to wait on)
+    await asyncio.wait_for(begun.wait(), 60)
     await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="u"))
     await _session(api, "u")
     recreated.set()
