@@ -99,18 +99,18 @@ async def _refused_when_deleted_meanwhile(
     call: Awaitable[Any],
     sid: str,
     *,
-    recreate: bool = False,
+    recreate: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """`call` reaches the store's `method`, is held there while session `sid` is
-    deleted (and, with `recreate`, made again under its id), and must then answer
+    deleted (and, with `recreate`, made again under its id by it), and must then answer
     SESSION_NOT_FOUND."""
     paused = _Paused(daemon._store, method)
     try:
         pending = asyncio.ensure_future(call)
         assert await asyncio.to_thread(paused.waiting.wait, 30)
         await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id=sid))
-        if recreate:
-            await _session(api, sid)
+        if recreate is not None:
+            await recreate()
         paused.release.set()
         with pytest.raises(grpc.RpcError) as err:
             await pending
@@ -263,24 +263,28 @@ async def test_a_search_racing_the_delete_of_its_session_activates_nothing_after
     """tool_search activations written while their session is deleted would outlive it:
     a session made again under the id would see the deferred tool without searching."""
     api = unix_api
+    await _deploy_turn(api)
+    search = api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
+    await _refused_when_deleted_meanwhile(daemon, api, "add_activations", search, "t")
+    await _deploy_turn(api)
+    view = (await api.compiles.Compile(compile_request("t"))).view
+    assert "deploy" not in [t.definition.name for t in view.tools]
+
+
+async def _deploy_turn(api: Stubs) -> None:
+    """Session "t" made, with the deferred tool "deploy" registered and its first turn
+    begun (a search in it would activate the tool)."""
     deferred = tool_pb2.ToolDefinition(
         name="deploy",
         description="deploy the site",
         input_schema_json='{"type": "object"}',
         visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
     )
-    register = tpb.RegisterToolsRequest(session_id="t", tools=[deferred])
-    ask = spb.AppendEventsRequest(session_id="t", events=[user("ship it")])  # turn 1
     await _session(api, "t")
-    await api.tools.RegisterTools(register)
-    await api.sessions.AppendEvents(ask)
-    search = api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
-    await _refused_when_deleted_meanwhile(daemon, api, "add_activations", search, "t")
-    await _session(api, "t")
-    await api.tools.RegisterTools(register)
-    await api.sessions.AppendEvents(ask)
-    view = (await api.compiles.Compile(compile_request("t"))).view
-    assert "deploy" not in [t.definition.name for t in view.tools]
+    await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id="t", tools=[deferred]))
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="t", events=[user("ship it")])
+    )
 
 
 async def test_a_checkpoint_of_a_deleted_log_is_not_stored_in_its_successor(
@@ -450,33 +454,11 @@ async def test_a_search_racing_a_delete_and_recreate_activates_nothing_in_the_ne
     the same seq), the activation must not land in the new session: its next view would
     carry the deferred tool no search of its own activated."""
     api = unix_api
-    deferred = tool_pb2.ToolDefinition(
-        name="deploy",
-        description="deploy the site",
-        input_schema_json='{"type": "object"}',
-        visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+    await _deploy_turn(api)
+    search = api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
+    await _refused_when_deleted_meanwhile(
+        daemon, api, "add_activations", search, "t", recreate=lambda: _deploy_turn(api)
     )
-    register = tpb.RegisterToolsRequest(session_id="t", tools=[deferred])
-    ask = spb.AppendEventsRequest(session_id="t", events=[user("ship it")])  # turn 1
-    await _session(api, "t")
-    await api.tools.RegisterTools(register)
-    await api.sessions.AppendEvents(ask)
-    paused = _Paused(daemon._store, "add_activations")
-    try:
-        search = asyncio.ensure_future(
-            api.tools.SearchTools(tpb.SearchToolsRequest(session_id="t", query="deploy"))
-        )
-        assert await asyncio.to_thread(paused.waiting.wait, 30)
-        await api.sessions.DeleteSession(spb.DeleteSessionRequest(session_id="t"))
-        await _session(api, "t")
-        await api.tools.RegisterTools(register)
-        await api.sessions.AppendEvents(ask)
-        paused.release.set()
-        with pytest.raises(grpc.RpcError) as err:
-            await search
-    finally:
-        paused.restore()
-    assert error_info(err.value).reason == "SESSION_NOT_FOUND"
     view = (await api.compiles.Compile(compile_request("t"))).view
     assert "deploy" not in [t.definition.name for t in view.tools]
 
@@ -495,6 +477,9 @@ async def test_an_append_naming_an_artifact_does_not_land_in_the_sessions_next_l
     attach = spb.AppendEventsRequest(session_id="r", events=[user("look")])
     attach.events[0].user_message.parts.add(attachment=ref)
     append = api.sessions.AppendEvents(attach)
-    await _refused_when_deleted_meanwhile(daemon, api, "append", append, "r", recreate=True)
+
+    await _refused_when_deleted_meanwhile(
+        daemon, api, "append", append, "r", recreate=lambda: _session(api, "r")
+    )
     listed = await api.sessions.ListEvents(spb.ListEventsRequest(session_id="r"))
     assert list(listed.events) == []
