@@ -455,6 +455,33 @@ def _recorded_then_today(
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _reported_steps(
+    stubs: _Stubs,
+    req: cpb.CompileRequest,
+    steps: list[list[event_pb2.Event]],
+    reported: Callable[[int, view_pb2.CompiledView], int],
+    output_tokens: int = 0,
+) -> list[view_pb2.CompiledView]:
+    """For each step's events: appended to `req`'s session, compiled (recorded) and the
+    view's usage reported as `reported(step index, view)` input tokens."""
+    views = []
+    for i, events in enumerate(steps):
+        stubs.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=req.session_id, events=events)
+        )
+        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+        views.append(view)
+        stubs.compiles.ReportUsage(
+            cpb.ReportUsageRequest(
+                compile_id=view.compile_id,
+                route=req.route,
+                input_tokens=reported(i, view),
+                output_tokens=output_tokens,
+            )
+        )
+    return views
+
+
 def _asked(req: cpb.CompileRequest, **fields: Any) -> cpb.CompileRequest:
     """`req` again with `fields` set (as_of_seq, dry_run)."""
     out = cpb.CompileRequest()
@@ -634,22 +661,10 @@ def test_an_unknown_windows_reserve_is_rebuilt_as_the_earlier_daemon_had_it(
     req = cpb.CompileRequest(session_id="u", route=unknown)
 
     def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
-        views = []
-        for i in range(3):
-            stubs.sessions.AppendEvents(
-                spb.AppendEventsRequest(session_id="u", events=[user(f"step {i}")])
-            )
-            view = stubs.compiles.Compile(req).view
-            views.append(view)
-            stubs.compiles.ReportUsage(
-                cpb.ReportUsageRequest(
-                    compile_id=view.compile_id,
-                    route=unknown,
-                    input_tokens=view.budget.estimated_input_tokens + 40,
-                    output_tokens=300,
-                )
-            )
-        return views
+        steps = [[user(f"step {i}")] for i in range(3)]
+        return _reported_steps(
+            stubs, req, steps, lambda _, v: v.budget.estimated_input_tokens + 40, 300
+        )
 
     with _recorded_then_today(DYNAMIC_UNKNOWN_DAEMON, tmp_path, "u", record) as (views, compiles):
         assert views[0].budget.window_unknown
@@ -777,13 +792,32 @@ def test_a_compaction_prompt_is_rebuilt_with_the_room_the_earlier_daemon_gave_it
 AREA_RULE_DAEMON = LOCAL_ROOM_DAEMON
 
 
-def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(tmp_path: Path) -> None:
-    """A data directory written by the daemon that counted an image sent on an OpenAI
-    route by its area (175 tokens for a 64x2048 strip): its compile is rebuilt with that
-    count, from rebuild_compile_id and from as_of_seq, while today's compile of the same
-    log counts OpenAI's four tiles (765)."""
-    openai = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model="gpt-4o")
-    req = cpb.CompileRequest(session_id="a", route=openai)
+# The daemon of `main` that counted an image sent on every OpenAI route with GPT-4o's
+# tiles, whatever the route's model (projection.PROJECTION 11).
+PER_PROTOCOL_IMAGE_DAEMON = "c894c452e8568e2d15fb189674ecbbd1a0a6840b"
+
+
+@pytest.mark.parametrize(
+    ("daemon", "model", "then", "today"),
+    [
+        # Counted by its area (175 tokens for a 64x2048 strip); today OpenAI's four
+        # tiles (765).
+        (AREA_RULE_DAEMON, "gpt-4o", 175, 765),
+        # Counted with GPT-4o's tiles on a GPT-4o mini route (765); today what OpenAI
+        # documents for GPT-4o mini (2,833 + 4 x 5,667 = 25,501).
+        (PER_PROTOCOL_IMAGE_DAEMON, "gpt-4o-mini", 765, 25_501),
+    ],
+    ids=["area-rule", "per-protocol"],
+)
+def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(
+    tmp_path: Path, daemon: str, model: str, then: int, today: int
+) -> None:
+    """A data directory written by a daemon that counted an image sent on an OpenAI
+    route by an earlier rule: its compile is rebuilt with that count, from
+    rebuild_compile_id and from as_of_seq, while today's compile of the same log counts
+    what OpenAI documents for the route's model."""
+    route = common_pb2.Route(connection="c", protocol="openai-chat", endpoint="e", model=model)
+    req = cpb.CompileRequest(session_id="a", route=route)
 
     def record(stubs: _Stubs) -> view_pb2.CompiledView:
         data = png_bytes(64, 2_048)
@@ -794,48 +828,12 @@ def test_an_images_estimate_is_rebuilt_as_the_earlier_daemon_counted_it(tmp_path
         view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
         return view
 
-    with _recorded_then_today(AREA_RULE_DAEMON, tmp_path, "a", record) as (view, compiles):
+    with _recorded_then_today(daemon, tmp_path, "a", record) as (view, compiles):
         _rebuilt_as_recorded(compiles, view)
         again = _asked(req, as_of_seq=view.event_boundary)
         assert compiles.Compile(again).view.budget == view.budget
         now = compiles.Compile(_asked(req, dry_run=True)).view
-        assert now.budget.ledger_tokens - view.budget.ledger_tokens == 765 - 175
-
-
-# The daemon of `main` that counted an image sent on every OpenAI route with GPT-4o's
-# tiles, whatever the route's model (projection.PROJECTION 11).
-PER_PROTOCOL_IMAGE_DAEMON = "c894c452e8568e2d15fb189674ecbbd1a0a6840b"
-
-
-def test_an_images_estimate_is_rebuilt_without_the_routes_model_rule(tmp_path: Path) -> None:
-    """A data directory written by the daemon that counted an image on a GPT-4o mini
-    route with GPT-4o's tiles (765 tokens for a 64x2048 strip): its compile is rebuilt
-    with that count, from rebuild_compile_id and from as_of_seq, while today's compile of
-    the same log counts what OpenAI documents for GPT-4o mini (2,833 + 4 x 5,667 =
-    25,501)."""
-    mini = common_pb2.Route(
-        connection="c", protocol="openai-chat", endpoint="e", model="gpt-4o-mini"
-    )
-    req = cpb.CompileRequest(session_id="m", route=mini)
-
-    def record(stubs: _Stubs) -> view_pb2.CompiledView:
-        data = png_bytes(64, 2_048)
-        ref = stubs.artifacts.UploadArtifact(iter(png_upload("m", data, 1))).artifact
-        asked = user("What is in this image?")
-        asked.user_message.parts.add(attachment=ref)
-        stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="m", events=[asked]))
-        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
-        return view
-
-    with _recorded_then_today(PER_PROTOCOL_IMAGE_DAEMON, tmp_path, "m", record) as (
-        view,
-        compiles,
-    ):
-        _rebuilt_as_recorded(compiles, view)
-        again = _asked(req, as_of_seq=view.event_boundary)
-        assert compiles.Compile(again).view.budget == view.budget
-        now = compiles.Compile(_asked(req, dry_run=True)).view
-        assert now.budget.ledger_tokens - view.budget.ledger_tokens == 25_501 - 765
+        assert now.budget.ledger_tokens - view.budget.ledger_tokens == today - then
 
 
 # The daemon of `main` whose conservative estimator had three weights for all non-ASCII
@@ -855,22 +853,10 @@ def test_an_unknown_models_text_is_rebuilt_with_the_weights_it_was_counted_with(
     text = "Հայաստանը գտնվում է Հարավային Կովկասում " * 40
 
     def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
-        views = []
-        for i in range(2):
-            stubs.sessions.AppendEvents(
-                spb.AppendEventsRequest(session_id="w", events=[user(f"{text} {i}")])
-            )
-            view = stubs.compiles.Compile(req).view
-            views.append(view)
-            stubs.compiles.ReportUsage(
-                cpb.ReportUsageRequest(
-                    compile_id=view.compile_id,
-                    route=unknown,
-                    input_tokens=2 * view.budget.estimated_input_tokens,
-                    output_tokens=300,
-                )
-            )
-        return views
+        steps = [[user(f"{text} {i}")] for i in range(2)]
+        return _reported_steps(
+            stubs, req, steps, lambda _, v: 2 * v.budget.estimated_input_tokens, 300
+        )
 
     with _recorded_then_today(THREE_WEIGHTS_DAEMON, tmp_path, "w", record) as (views, compiles):
         for view in views:
@@ -902,21 +888,13 @@ def test_a_history_watermark_is_rebuilt_as_the_earlier_daemon_met_it(tmp_path: P
     sentence = "Контекст — это все входные данные, которые получает запрос модели. "
 
     def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
-        views, provider = [], 300
+        steps, provider, counts = [], 300, []
         for step in range(9):
             said = [f"Шаг {step}. " + sentence * 25, f"Ответ {step}. " + sentence * 25]
             provider += sum(len(enc.encode(t)) + 4 for t in said)
-            stubs.sessions.AppendEvents(
-                spb.AppendEventsRequest(session_id="h", events=[user(said[0]), assistant(said[1])])
-            )
-            view = stubs.compiles.Compile(req).view
-            views.append(view)
-            stubs.compiles.ReportUsage(
-                cpb.ReportUsageRequest(
-                    compile_id=view.compile_id, route=mistral, input_tokens=provider
-                )
-            )
-        return views
+            steps.append([user(said[0]), assistant(said[1])])
+            counts.append(provider)
+        return _reported_steps(stubs, req, steps, lambda i, _: counts[i])
 
     with _recorded_then_today(LOCAL_HISTORY_DAEMON, tmp_path, "h", record) as (views, compiles):
         last = views[-1]
