@@ -89,6 +89,22 @@ function chunked(view: CompiledView): CompileStreamResponse[] {
 const baseOf = (r: { req: CompileStreamRequest }): string | undefined =>
   r.req.request?.$case === "step" ? r.req.request.value.deltaBaseCompileId : undefined;
 
+type Got = Array<{ stream: number; req: CompileStreamRequest }>;
+
+/** A daemon going away: the answer that makes a step pause and retry. */
+const restarting = (): grpc.StatusObject => ({ code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() });
+
+/** Resolves once the scripted daemon has received `n` requests. */
+async function received(got: Got, n: number): Promise<void> {
+  while (got.length < n) await new Promise((r) => setTimeout(r, 1));
+}
+
+/** Every step request received carried the same, non-empty request id (a resend, never a new step). */
+function oneRequestId(got: Got): void {
+  const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
+  assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+}
+
 test("deltas are applied, a mismatch is fetched whole, a reopened stream names no base", async () => {
   const [v1, v2, v3] = [fixture(1), fixture(2), fixture(3)];
   const d12 = makeDelta(v1.view, v2.view);
@@ -99,7 +115,7 @@ test("deltas are applied, a mismatch is fetched whole, a reopened stream names n
       case 2: return delta(d12, { firstSeq: 2, lastSeq: 3 });
       case 3: return delta(d23, { firstSeq: 4, lastSeq: 5 });
       case 4: return chunked(v3.view); // the resume after the mismatch
-      case 5: return { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() };
+      case 5: return restarting();
       default: return whole(v3.view);
     }
   });
@@ -211,7 +227,7 @@ test("a queued usage report rides on the next step; refused it is dropped, unsen
       const error = { code: grpc.status.NOT_FOUND, reason: "COMPILE_NOT_FOUND", message: "no such compile", usageRefused: true };
       return [CompileStreamResponse.fromPartial({ response: { $case: "error", value: error } })];
     }
-    if (n === 4) return { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() };
+    if (n === 4) return restarting();
     const carried = req.request?.$case === "step" && req.request.value.usage;
     return [CompileStreamResponse.fromPartial({ response: { $case: "view", value: v1.view }, usage: carried ? { errorTokens: 5 } : undefined })];
   });
@@ -547,14 +563,13 @@ test("a step bounded by its signal, or cut short by close, rejects and keeps its
       return true;
     });
     const waiting = stream.step(req, events);
-    while (got.length < 2) await new Promise((r) => setTimeout(r, 10));
+    await received(got, 2);
     await stream.close();
     await assert.rejects(waiting, (err: unknown) => err instanceof CtxccError && err.code === grpc.status.CANCELLED && err.reason === "STREAM_CLOSED");
     const { view } = await stream.step(req, events);
     assert.equal(view.compileId, v1.compileId);
-    const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
-    assert.equal(ids.length, 3);
-    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+    assert.equal(got.length, 3);
+    oneRequestId(got);
     assert.equal(new Set(got.map((g) => g.stream)).size, 3); // each cut call was dropped
   } finally {
     stop();
@@ -565,7 +580,7 @@ test("a step aborted while it waits to retry rejects with the signal's reason an
   const v1 = fixture(1).view;
   // The first attempt finds the daemon going away; any later one would be answered.
   const { got, client, stop } = await scripted((n) =>
-    n === 1 ? { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() } : whole(v1),
+    n === 1 ? restarting() : whole(v1),
   );
   try {
     const stream = client.openStream();
@@ -574,7 +589,7 @@ test("a step aborted while it waits to retry rejects with the signal's reason an
     const controller = new AbortController();
     const stepping = stream.step(req, events, { signal: controller.signal });
     // Abort once the first attempt failed, while the step pauses before its retry.
-    while (got.length < 1) await new Promise((r) => setTimeout(r, 1));
+    await received(got, 1);
     await new Promise((r) => setTimeout(r, 5));
     controller.abort(new Error("caller gave up"));
     await assert.rejects(stepping, /caller gave up/);
@@ -583,8 +598,7 @@ test("a step aborted while it waits to retry rejects with the signal's reason an
     // The same events sent again reuse the step's request id.
     const { view } = await stream.step(req, events);
     assert.equal(view.compileId, v1.compileId);
-    const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
-    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+    oneRequestId(got);
   } finally {
     stop();
   }
@@ -593,14 +607,14 @@ test("a step aborted while it waits to retry rejects with the signal's reason an
 test("a step pausing before a retry when the stream is closed fails STREAM_CLOSED and opens no call after the close", async () => {
   const v1 = fixture(1).view;
   const { got, client, stop } = await scripted((n) =>
-    n === 1 ? { code: grpc.status.UNAVAILABLE, details: "restarting", metadata: new grpc.Metadata() } : whole(v1),
+    n === 1 ? restarting() : whole(v1),
   );
   try {
     const stream = client.openStream();
     const req = { sessionId: v1.sessionId, route: v1.route };
     const events = [user("please run the tests")];
     const stepping = stream.step(req, events);
-    while (got.length < 1) await new Promise((r) => setTimeout(r, 1));
+    await received(got, 1);
     await new Promise((r) => setTimeout(r, 5));
     await stream.close();
     await assert.rejects(stepping, (err: unknown) => err instanceof CtxccError && err.reason === "STREAM_CLOSED");
@@ -609,8 +623,7 @@ test("a step pausing before a retry when the stream is closed fails STREAM_CLOSE
     // The stream is usable again, and the same events reuse the step's request id.
     const { view } = await stream.step(req, events);
     assert.equal(view.compileId, v1.compileId);
-    const ids = got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.requestId : ""));
-    assert.ok(ids[0] !== "" && ids.every((id) => id === ids[0]), `request ids ${ids.join(", ")}`);
+    oneRequestId(got);
     await stream.close();
   } finally {
     stop();
@@ -625,7 +638,7 @@ test("close while a step carrying a usage report waits sends the report by the u
     const stream = client.openStream();
     await stream.reportUsage({ compileId: "earlier", inputTokens: 9 });
     const waiting = stream.step({ sessionId: v1.sessionId, route: v1.route }, [user("go on")]);
-    while (got.length < 1) await new Promise((r) => setTimeout(r, 5));
+    await received(got, 1);
     await stream.close();
     await assert.rejects(waiting, (err: unknown) => err instanceof CtxccError && err.reason === "STREAM_CLOSED");
     // The daemon may or may not have recorded it before the cut; a replay is harmless, a loss is not.
@@ -643,7 +656,7 @@ test("a step called before close and waiting its turn fails STREAM_CLOSED too; o
     const req = { sessionId: v1.sessionId, route: v1.route };
     const first = stream.step(req, [user("one")]);
     const queued = stream.step(req, [user("two")]);
-    while (got.length < 1) await new Promise((r) => setTimeout(r, 5));
+    await received(got, 1);
     const closing = stream.close();
     const after = stream.step(req, [user("three")]);
     await closing;
