@@ -6,7 +6,7 @@ import dataclasses
 import logging
 from typing import TypeVar
 
-from server.domain.errors import CtxccError, Reason, session_not_found
+from server.domain.errors import CtxccError, Reason
 from server.domain.generation import Generation
 from server.domain.model import Route
 from server.domain.records import (
@@ -81,11 +81,9 @@ class CompileRecords(StoreCore):
             for existing in self.list_checkpoints(sid):
                 if existing.checkpoint_id == checkpoint.checkpoint_id:
                     return existing
-            session = self.get_session(sid)
-            if session_created_ns and session.create_time_ns != session_created_ns:
-                # Deleted after its log was read and created again under its id: the
-                # checkpoint summarises a log that is gone (as in `_move_route`).
-                raise session_not_found(sid)
+            # Deleted after its log was read and created again under its id: the
+            # checkpoint summarises a log that is gone (as in `_move_route`).
+            session = self.session_of_life(sid, session_created_ns)
             encoded = encode_value(checkpoint)
             # Summaries count against the session's byte quota like events do.
             self._check_quota(session, len(encoded))
@@ -247,12 +245,10 @@ class CompileRecords(StoreCore):
         """Session.current_route follows the latest compile (and the report of that compile:
         see UsageRecords._moves_route). `created_ns`:
         the create time of the session the record's compile read, when it is checked."""
-        session = self.get_session(sid)
-        if created_ns and session.create_time_ns != created_ns:
-            # Deleted during the compile and created again under its id: the compile
-            # answers as one whose session is gone, and this session gets nothing of it
-            # (the parts it names may have gone with the deletion).
-            raise session_not_found(sid)
+        # Deleted during the compile and created again under its id: the compile answers
+        # as one whose session is gone, and this session gets nothing of it (the parts it
+        # names may have gone with the deletion).
+        session = self.session_of_life(sid, created_ns)
         if session.current_route != route:
             moved = dataclasses.replace(session, current_route=route)
             batch.put("sessions", sid.encode(), encode_value(moved))

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from server.domain.errors import CtxccError, Reason, session_not_found
+from server.domain.errors import CtxccError, Reason
 from server.domain.model import (
     AppendBatch,
     AppendResult,
@@ -35,12 +35,9 @@ class EventRecords(StoreCore):
     def append(self, batch_in: AppendBatch) -> AppendResult:
         sid = batch_in.session_id
         with self._lock(sid), self._blob_locks(sha for sha, _ in batch_in.blobs):
-            session = self.get_session(sid)
-            created = batch_in.session_created_ns
-            if created and session.create_time_ns != created:
-                # Its references were checked against a session deleted since and made
-                # again under the id: the new one holds none of those artifacts.
-                raise session_not_found(sid)
+            # Its references were checked against this session: one made again under the
+            # id since holds none of those artifacts.
+            session = self.session_of_life(sid, batch_in.session_created_ns)
             if batch_in.request_id:
                 replay = self._replayed(sid, batch_in)
                 if replay is not None:
@@ -173,8 +170,8 @@ class EventRecords(StoreCore):
     def _check_incarnation(self, session_id: str, created_ns: int) -> None:
         """Refuses a read made for the session created at `created_ns` (when given) that a
         session deleted and made again under its id answered (see `read_events`)."""
-        if created_ns and self.get_session(session_id).create_time_ns != created_ns:
-            raise session_not_found(session_id)
+        if created_ns:  # else nothing to check, nor a session to read
+            self.session_of_life(session_id, created_ns)
 
     def _scan_events(
         self, session_id: str, after_seq: int, through_seq: int | None
@@ -248,11 +245,9 @@ class EventRecords(StoreCore):
         it is checked."""
         sid = record.session_id
         with self._lock(sid), self._blob_locks((record.sha256,)):
-            session = self.get_session(sid)
-            if session_created_ns and session.create_time_ns != session_created_ns:
-                # Deleted while the bytes were on their way and made again under its id:
-                # the new session never uploaded them.
-                raise session_not_found(sid)
+            # Deleted while the bytes were on their way and made again under its id: the
+            # new session never uploaded them.
+            session = self.session_of_life(sid, session_created_ns)
             existing = self.get_artifact_record(sid, record.artifact_id)
             if existing is not None:
                 if existing.sha256 != record.sha256:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from server.domain.errors import CtxccError, Reason, invalid, session_not_found
+from server.domain.errors import CtxccError, Reason, invalid
 from server.domain.sources import (
     MemoryEntry,
     RuleEntry,
@@ -167,9 +167,7 @@ class RegistryRecords(StoreCore):
             # Not deleted since the search read it (see put_source), nor made again under
             # its id: the new session's turn at the same seq would get tools no search of
             # its own activated.
-            session = self.get_session(session_id)
-            if session_created_ns and session.create_time_ns != session_created_ns:
-                raise session_not_found(session_id)
+            self.session_of_life(session_id, session_created_ns)
             old = self.get_activations(session_id, turn_seq)
             merged = ToolActivations(turn_seq, tuple(sorted(set(old) | set(names))))
             batch = Batch()

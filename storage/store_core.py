@@ -185,6 +185,16 @@ class StoreCore:
                 held.enter_context(self._blob_stripes[stripe])
             yield
 
+    def session_of_life(self, session_id: str, created_ns: int) -> Session:
+        """The session, when it is the one made at `created_ns` (0: any). Else
+        SESSION_NOT_FOUND: the one a caller read (its log, its artifacts, its registry)
+        was deleted since and another made under the id, which must not get what was
+        meant for the first. Called under the session's lock by writers."""
+        session = self.get_session(session_id)
+        if created_ns and session.create_time_ns != created_ns:
+            raise session_not_found(session_id)
+        return session
+
     def get_session(self, session_id: str) -> Session:
         kept = self._decoded_value("sessions", session_id.encode(), Session)
         if kept is not None:
