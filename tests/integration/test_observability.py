@@ -147,7 +147,7 @@ async def test_dashboard_queries_use_only_scraped_metrics(replayed: tuple[Daemon
 
 def test_alert_rules_check_and_unit_tests_pass() -> None:
     checked = _promtool("check", "rules", "ctxcc-rules.yaml")
-    assert checked.returncode == 0 and "6 rules found" in checked.stdout, (
+    assert checked.returncode == 0 and "7 rules found" in checked.stdout, (
         checked.stdout + checked.stderr
     )
     tested = _promtool("test", "rules", "ctxcc-rules.test.yaml")
@@ -164,6 +164,7 @@ def test_alert_rules_check_and_unit_tests_pass() -> None:
         "CtxccSessionsOverBudget",
         "CtxccDataDirLowSpace",
         "CtxccDataDirFull",
+        "CtxccServerErrors",
     }
 
 
