@@ -1,5 +1,6 @@
 """Real agents' tool sets, as fixtures: OpenHands' four tools verbatim (from its public
-logs, MIT, see fixtures/LICENSE.openhands) and a set of the size and shape of Claude
+logs, MIT, see fixtures/LICENSE.openhands), the GitHub MCP server's, Gemini CLI's and
+SWE-agent's (below, each with its license beside it) and a set of the size and shape of Claude
 Code's (a shell tool with a ~9,600-character description, file tools, a todo list of
 objects, a sub-agent launcher), plus a tool whose schema nests deep, as MCP servers
 and OpenAPI-derived tools send. The Claude Code-shaped texts are written here, not
@@ -179,6 +180,56 @@ def claude_code_shaped() -> list[dict[str, Any]]:
 
 def openhands() -> list[dict[str, Any]]:
     data = json.loads((FIXTURES / "openhands_tools.json").read_text(encoding="utf-8"))
+    return [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "schema": t["function"]["parameters"],
+        }
+        for t in data["tools"]
+    ]
+
+
+def github_mcp() -> list[dict[str, Any]]:
+    """The GitHub MCP server's 117 tools (github/github-mcp-server at 64a49f34, MIT, see
+    fixtures/LICENSE.github-mcp-server), verbatim: each is one of the server's own
+    snapshots of a tool as its `tools/list` returns it (pkg/github/__toolsnaps__/*.snap,
+    which its tests compare the Go definitions against), so no schema here was written or
+    derived by hand. Descriptions reach 1,115 characters (over OpenAI's 1,024); schemas
+    hold `oneOf` and `anyOf` below the top level, `enum`, `default` and
+    `minimum`/`maximum`."""
+    data = json.loads((FIXTURES / "github_mcp_tools.json").read_text(encoding="utf-8"))
+    return [
+        {"name": t["name"], "description": t["description"], "schema": t["inputSchema"]}
+        for t in data["tools"]
+    ]
+
+
+def gemini_cli() -> list[dict[str, Any]]:
+    """Gemini CLI's 16 core tools (google-gemini/gemini-cli at 5411f113, Apache-2.0, see
+    fixtures/LICENSE.gemini-cli), verbatim: its function declarations for
+    gemini-3-pro-preview as its own snapshot test records them
+    (packages/core/src/tools/definitions/__snapshots__/coreToolsModelSnapshots.test.ts.snap;
+    the default variant of each tool). The snapshot is vitest's print of each
+    declaration, keys sorted; read back as JSON, each printed again the vitest way gives
+    the snapshot's text exactly. Most schemas are written by hand in its source; the
+    skill tool's comes from zod (`$schema` draft-07, `additionalProperties: false`), and
+    the todo tool's descriptions run to ~4,900 characters."""
+    data = json.loads((FIXTURES / "gemini_cli_tools.json").read_text(encoding="utf-8"))
+    return [
+        {"name": t["name"], "description": t["description"], "schema": t["parametersJsonSchema"]}
+        for t in data["functionDeclarations"]
+    ]
+
+
+def swe_agent() -> list[dict[str, Any]]:
+    """SWE-agent's 31 tools (SWE-agent/SWE-agent at 3ea751c0, MIT, see
+    fixtures/LICENSE.swe-agent): its built-in `bash` and every uniquely named tool of its
+    bundles' tools/*/config.yaml, each as SWE-agent itself sends it to a model
+    (sweagent/tools/commands.py `Command.get_function_calling_tool`: a tool without
+    arguments is `{"type": "object"}`, with no `properties`). Derived by running that
+    rule over the YAML; fixtures/swe_agent_tools.json names each tool's file."""
+    data = json.loads((FIXTURES / "swe_agent_tools.json").read_text(encoding="utf-8"))
     return [
         {
             "name": t["function"]["name"],
