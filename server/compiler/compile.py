@@ -145,11 +145,16 @@ def tool_tokens(spec: ToolSpec, counter: TokenCounter) -> int:
 
 
 def searched_in_turn(
-    turn: Sequence[Event], registry: Sequence[ToolSpec], *, any_script: bool = True
+    turn: Sequence[Event],
+    registry: Sequence[ToolSpec],
+    *,
+    any_script: bool = True,
+    forms: bool = True,
 ) -> set[str]:
     """Deferred tools found by tool_search calls of this turn that have a result: the
     search is re-run, deterministically, on the call's query (R-TOOL-2), with the words
-    of the tool capping version the compile applies (`any_script`: from version 3)."""
+    of the tool capping version the compile applies (`any_script`: from version 3;
+    `forms`, plurals folded: from version 4)."""
     answered = {e.payload.call_id for e in turn if isinstance(e.payload, ToolResult)}
     found: set[str] = set()
     for e in turn:
@@ -162,7 +167,10 @@ def searched_in_turn(
         for call in calls:
             if call.name == TOOL_SEARCH.name and call.call_id in answered:
                 query = query_of(call.arguments_json)
-                found.update(s.name for s in search_tools(registry, query, any_script=any_script))
+                found.update(
+                    s.name
+                    for s in search_tools(registry, query, any_script=any_script, forms=forms)
+                )
     return found
 
 
@@ -202,6 +210,7 @@ def select_tools(
             inputs.events[turn_start:] if turn_start >= 0 else (),
             searchable,
             any_script=inputs.tool_capping >= 3,
+            forms=inputs.tool_capping >= 4,
         )
         if deferred or over
         else set()

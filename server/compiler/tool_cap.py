@@ -50,8 +50,9 @@ from server.domain.tools import ToolSpec, ToolVisibility
 # (exact time travel; compiles recorded before the version was kept are version 0,
 # which caps nothing).
 # 1: the count cap; 2: also OpenAI's description cap; 3: also tool_search matches words
-# of any script, CJK text by character pairs (tool_search.py; before, ASCII words only).
-TOOL_CAPPING = 3
+# of any script, CJK text by character pairs (tool_search.py; before, ASCII words only);
+# 4: also a word and its plural form are one word in a search (tool_search._singular).
+TOOL_CAPPING = 4
 
 # Slots a capped view holds back from the always-offered prefix: the three built-ins
 # and room for the tools a turn's searches activate (a search activates 5 by default).

@@ -10,6 +10,12 @@ words: a run of those characters counts as its overlapping character pairs (a lo
 character as itself), so a query "翻译" finds a tool described as "翻译文本". Compiles
 recorded before this (tool_cap.TOOL_CAPPING < 3) replay their searches with the first
 way, ASCII letters and digits only, under which such a tool could not be found.
+
+A word and its plural or third-person `s` form are one word (`_singular`, Harman's "S"
+stemmer): a model's "edit a file" finds Gemini CLI's `replace`, which "is preferred for
+surgical edits to existing files", and "list issue" finds `list_issues`. Compiles
+recorded before this (tool_cap.TOOL_CAPPING 3 or less) replay their searches with words
+as written, under which neither was found.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import sys
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from server.compiler.textscan import parse_json
 from server.domain.tools import ToolSpec, ToolVisibility
@@ -33,6 +39,29 @@ _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020
 _RUN = re.compile(f"(?:[^\\W_]|[{_CJK}])+")
 _CJK_RUN = re.compile(f"[{_CJK}]+")
 DEFAULT_MAX_RESULTS = 5
+
+
+def _singular(word: str) -> str:
+    """The word without a plural or third-person `s`, by Harman's "S" stemmer (1991):
+    "-ies" becomes "-y" (not after "a" or "e"), a final "s" goes (not after "u" or "s":
+    "status", "class"); words of three characters or fewer stay ("has", "its"). Both
+    sides of a match are folded alike, so an odd stem ("branche") still meets itself."""
+    if len(word) <= 3 or word[-1] != "s" or word.endswith(("us", "ss")):
+        return word
+    if word.endswith("ies") and not word.endswith(("aies", "eies")):
+        return word[:-3] + "y"
+    return word[:-1]
+
+
+def _folded(words: set[str]) -> set[str]:
+    return {_singular(w) for w in words}
+
+
+def words_of(any_script: bool, forms: bool) -> Callable[[str], set[str]]:
+    """How a version of tool_search splits text into words: of any script or ASCII only
+    (tool_cap.TOOL_CAPPING 3), plural forms folded or not (4)."""
+    split = _unicode_words if any_script else _ascii_words
+    return (lambda text: _folded(split(text))) if forms else split
 
 
 def _ascii_words(text: str) -> set[str]:
@@ -76,17 +105,25 @@ class _SpecWords:
         self._lock = threading.Lock()
         self._items: OrderedDict[tuple[int, ...], tuple[_Words, int]] = OrderedDict()
 
-    def get(self, spec: ToolSpec, any_script: bool) -> _Words:
+    def get(self, spec: ToolSpec, any_script: bool, forms: bool) -> _Words:
         text = spec.description
-        key = (hash(spec.name), hash(spec.search_keywords), hash(text), len(text), any_script)
+        key = (
+            hash(spec.name),
+            hash(spec.search_keywords),
+            hash(text),
+            len(text),
+            any_script,
+            forms,
+        )
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
                 return hit[0]
-        words = _unicode_words if any_script else _ascii_words
+        words = words_of(any_script, forms)
+        whole = {spec.name.lower()}
         found = (
-            frozenset(words(spec.name) | {spec.name.lower()}),
+            frozenset(words(spec.name) | (_folded(whole) if forms else whole)),
             frozenset(set().union(*(words(k) for k in spec.search_keywords))),
             frozenset(words(text)),
         )
@@ -119,19 +156,25 @@ _WORDS = _SpecWords(32 << 20)
 
 
 def search_tools(
-    registry: Sequence[ToolSpec], query: str, max_results: int = 0, *, any_script: bool = True
+    registry: Sequence[ToolSpec],
+    query: str,
+    max_results: int = 0,
+    *,
+    any_script: bool = True,
+    forms: bool = True,
 ) -> list[ToolSpec]:
     """Deferred tools matching the query, best first: name words count three times,
     keywords twice, description once; ties break by name. `any_script` False: words of
-    ASCII letters and digits only (compiles recorded before tool_cap.TOOL_CAPPING 3)."""
-    terms = (_unicode_words if any_script else _ascii_words)(query)
+    ASCII letters and digits only (compiles recorded before tool_cap.TOOL_CAPPING 3);
+    `forms` False: plural forms not folded (before TOOL_CAPPING 4)."""
+    terms = words_of(any_script, forms)(query)
     if not terms:
         return []
     scored: list[tuple[int, str, ToolSpec]] = []
     for spec in registry:
         if spec.visibility != ToolVisibility.DEFERRED:
             continue
-        name_words, keyword_words, description_words = _WORDS.get(spec, any_script)
+        name_words, keyword_words, description_words = _WORDS.get(spec, any_script, forms)
         score = (
             3 * len(terms & name_words)
             + 2 * len(terms & keyword_words)

@@ -66,6 +66,9 @@ class Scenario:
     query: str
     wanted: str
     wanted_args: dict[str, Any]
+    # More searches in a model's words, each with a tool it must find: words that meet
+    # the tool's name or description only in another form ("issue", `list_issues`).
+    natural: tuple[tuple[str, str], ...] = ()
 
 
 SCENARIOS = {
@@ -79,6 +82,12 @@ SCENARIOS = {
         "create a pull request",
         "create_pull_request",
         {"owner": "octocat", "repo": "hello", "title": "Fix", "head": "fix", "base": "main"},
+        (
+            ("list issue", "list_issues"),
+            ("list pull request", "list_pull_requests"),
+            ("read notification", "list_notifications"),
+            ("search user", "search_users"),
+        ),
     ),
     "gemini-cli": Scenario(
         agent_tools.gemini_cli(),
@@ -90,6 +99,9 @@ SCENARIOS = {
         "search the web",
         "google_web_search",
         {"query": "vitest snapshot format"},
+        # `replace` "is preferred for surgical edits to existing files"; `glob` "finds
+        # files matching specific glob patterns".
+        (("edit a file", "replace"), ("find a file by name", "glob")),
     ),
     "swe-agent": Scenario(
         agent_tools.swe_agent(),
@@ -116,6 +128,7 @@ class Run:
     sid: str
     registered: dict[str, dict[str, Any]]
     found: list[str] = field(default_factory=list)
+    natural: dict[str, list[str]] = field(default_factory=dict)
     # Per route: before the search (deferred runs) or after the calls; after the search.
     before: dict[str, Compiled] = field(default_factory=dict)
     after: dict[str, Compiled] = field(default_factory=dict)
@@ -160,6 +173,10 @@ async def _run(api: Stubs, name: str, s: Scenario, deferred: bool) -> Run:
         tpb.RegisterToolsRequest(session_id=sid, tools=_definitions(s, deferred))
     )
     run = Run(sid, {t["name"]: t for t in s.tools})
+    if deferred:
+        for query, _ in s.natural:
+            hits = await api.tools.SearchTools(tpb.SearchToolsRequest(session_id=sid, query=query))
+            run.natural[query] = [t.name for t in hits.tools]
     events = [user("Fix the failing test and open a pull request for it.")]
     for i, (tool, args) in enumerate(s.calls):
         events += [
@@ -327,3 +344,18 @@ def test_long_descriptions_are_cut_for_openai_only_and_said(
     assert any("(pull_request_review_write) are cut to 1024" in n for n in notes), notes
     for route_name in ("anthropic", "gemini"):
         assert not any("are cut to" in n for n in run.before[route_name].view.notes)
+
+
+def test_a_search_in_a_models_words_finds_the_tool_in_any_form(
+    runs: dict[tuple[str, bool], Run],
+) -> None:
+    """A word and its plural or third-person form are one word (TOOL_CAPPING 4): before,
+    "edit a file" did not find Gemini CLI's `replace` (its description says "edits" and
+    "files") nor "list issue" GitHub's `list_issues`, among tools of their own server."""
+    missed = {
+        (name, query): runs[(name, True)].natural[query]
+        for name, s in SCENARIOS.items()
+        for query, wanted in s.natural
+        if wanted not in runs[(name, True)].natural[query]
+    }
+    assert not missed, missed

@@ -283,3 +283,25 @@ def test_a_compile_recorded_before_any_script_search_replays_ascii_words() -> No
     )
     assert names(view(ANTHROPIC, registry, *turn)) == ["translate", "tool_search"]
     assert names(view(ANTHROPIC, registry, *turn, tool_capping=2)) == ["tool_search"]
+
+
+def test_a_compile_recorded_before_plural_forms_replays_words_as_written() -> None:
+    """From TOOL_CAPPING 4 a word and its plural are one word in a search; a compile
+    recorded before it is rebuilt with its searches replayed as they ran then (Gemini
+    CLI's `replace`, for "surgical edits to existing files", was not found by "edit a
+    file")."""
+    registry = (
+        ToolSpec(
+            "replace",
+            "Preferred for surgical edits to existing files.",
+            SCHEMA,
+            visibility=ToolVisibility.DEFERRED,
+        ),
+    )
+    turn = (
+        user("fix the typo"),
+        AssistantMessage((), (ToolCall("c1", "tool_search", '{"query": "edit a file"}'),)),
+        ToolResult("c1", "tool_search", text="replace"),
+    )
+    assert names(view(ANTHROPIC, registry, *turn)) == ["replace", "tool_search"]
+    assert names(view(ANTHROPIC, registry, *turn, tool_capping=3)) == ["tool_search"]

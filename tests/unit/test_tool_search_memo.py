@@ -12,13 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.compiler import tool_search
-from server.compiler.tool_search import _ascii_words, _SpecWords, _unicode_words, search_tools
+from server.compiler.tool_search import _SpecWords, search_tools, words_of
 from server.domain.tools import ToolSpec, ToolVisibility
 
 
-def reference(registry: list[ToolSpec], query: str, most: int, any_script: bool) -> list[str]:
+def reference(
+    registry: list[ToolSpec], query: str, most: int, any_script: bool, forms: bool
+) -> list[str]:
     """The ranking as defined (tool_search's docstring), every text split anew."""
-    words = _unicode_words if any_script else _ascii_words
+    words = words_of(any_script, forms)
     terms = words(query)
     if not terms:
         return []
@@ -27,7 +29,7 @@ def reference(registry: list[ToolSpec], query: str, most: int, any_script: bool)
         if spec.visibility != ToolVisibility.DEFERRED:
             continue
         score = (
-            3 * len(terms & (words(spec.name) | {spec.name.lower()}))
+            3 * len(terms & (words(spec.name) | words_of(False, forms)(spec.name.lower())))
             + 2 * len(terms & set().union(*(words(k) for k in spec.search_keywords)))
             + len(terms & words(spec.description))
         )
@@ -36,7 +38,9 @@ def reference(registry: list[ToolSpec], query: str, most: int, any_script: bool)
     return [name for _, name in sorted(scored)[: most or tool_search.DEFAULT_MAX_RESULTS]]
 
 
-_WORD = st.sampled_from(["read", "file", "Grep", "pull", "request", "翻译文本", "ファイル", "x1"])
+_WORD = st.sampled_from(
+    ["read", "file", "files", "Grep", "pull", "requests", "翻译文本", "ファイル", "x1", "queries"]
+)
 _TEXT = st.lists(_WORD, max_size=30).map(" ".join)
 _SPEC = st.builds(
     lambda name, description, keywords, deferred: ToolSpec(
@@ -46,7 +50,7 @@ _SPEC = st.builds(
         visibility=ToolVisibility.DEFERRED if deferred else ToolVisibility.DIRECT,
         search_keywords=tuple(keywords),
     ),
-    st.sampled_from(["read_file", "grep", "open_pr", "翻译", "tool"]),
+    st.sampled_from(["read_file", "grep", "open_pr", "翻译", "tool", "tools"]),
     _TEXT,
     st.lists(_WORD, max_size=3),
     st.booleans(),
@@ -59,16 +63,17 @@ _SPEC = st.builds(
     query=_TEXT,
     most=st.integers(0, 4),
     any_script=st.booleans(),
+    forms=st.booleans(),
 )
 def test_searches_answer_as_the_words_split_anew(
-    registries: list[list[ToolSpec]], query: str, most: int, any_script: bool
+    registries: list[list[ToolSpec]], query: str, most: int, any_script: bool, forms: bool
 ) -> None:
     # Registries one after another (a tool's description or keywords edited between
     # them, under the same name): each search sees the words of the texts it is given.
     for registry in registries:
         for _ in range(2):  # the second search answers from the memo
-            got = [s.name for s in search_tools(registry, query, most, any_script=any_script)]
-            assert got == reference(registry, query, most, any_script)
+            found = search_tools(registry, query, most, any_script=any_script, forms=forms)
+            assert [s.name for s in found] == reference(registry, query, most, any_script, forms)
 
 
 def test_an_edited_description_is_searched_as_edited() -> None:
@@ -85,14 +90,14 @@ def test_the_memo_stays_within_its_bytes() -> None:
         spec = ToolSpec(
             f"tool_{i}", " ".join(f"w{i}x{k}" for k in range(50)), "{}", ToolVisibility.DEFERRED
         )
-        words = memo.get(spec, True)
+        words = memo.get(spec, True, True)
         assert f"w{i}x7" in words[2]
         assert memo._bytes <= 64 << 10
     assert 0 < len(memo._items) < 500  # the oldest went
     assert memo._bytes == sum(size for _, size in memo._items.values())
     # A tool whose words alone are over the bytes is answered, not kept.
     huge = ToolSpec("huge", " ".join(f"h{k}" for k in range(5_000)), "{}", ToolVisibility.DEFERRED)
-    assert len(memo.get(huge, True)[2]) == 5_000
+    assert len(memo.get(huge, True, True)[2]) == 5_000
     assert memo._bytes <= 64 << 10
 
 
@@ -108,7 +113,9 @@ def test_the_bytes_counted_are_the_bytes_held() -> None:
             before = tracemalloc.get_traced_memory()[0]
             for i in range(50):
                 words = (alphabet[(i * 7 + k) % len(alphabet) :][:4] + str(k) for k in range(300))
-                memo.get(ToolSpec(f"t{i}", " ".join(words), "{}", ToolVisibility.DEFERRED), True)
+                memo.get(
+                    ToolSpec(f"t{i}", " ".join(words), "{}", ToolVisibility.DEFERRED), True, True
+                )
             held = tracemalloc.get_traced_memory()[0] - before
         finally:
             tracemalloc.stop()
