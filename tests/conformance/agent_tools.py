@@ -1,6 +1,7 @@
 """Real agents' tool sets, as fixtures: OpenHands' four tools verbatim (from its public
-logs, MIT, see fixtures/LICENSE.openhands), the GitHub MCP server's, Gemini CLI's and
-SWE-agent's (below, each with its license beside it) and a set of the size and shape of Claude
+logs, MIT, see fixtures/LICENSE.openhands), the GitHub MCP server's, the reference MCP
+servers', Gemini CLI's and SWE-agent's (below, each with its license beside it) and a
+set of the size and shape of Claude
 Code's (a shell tool with a ~9,600-character description, file tools, a todo list of
 objects, a sub-agent launcher), plus a tool whose schema nests deep, as MCP servers
 and OpenAPI-derived tools send. The Claude Code-shaped texts are written here, not
@@ -202,6 +203,25 @@ def github_mcp() -> list[dict[str, Any]]:
     return [
         {"name": t["name"], "description": t["description"], "schema": t["inputSchema"]}
         for t in data["tools"]
+    ]
+
+
+def mcp_reference_servers() -> list[dict[str, Any]]:
+    """The reference MCP servers' tools (modelcontextprotocol/servers at 76d64c82, MIT
+    and Apache-2.0, see fixtures/LICENSE.mcp-servers): filesystem (14), memory (9) and
+    everything (13), each server built from that commit with the SDK and zod versions
+    its lock file pins and run over stdio, `tools/list` as it answered (zod-made schemas
+    with `$schema`, `default`, `enum`, `minItems`, `minimum`/`maximum`). Named as Claude
+    Code names MCP tools, `mcp__<server>__<tool>`, so the three sets share one registry."""
+    data = json.loads((FIXTURES / "mcp_reference_servers_tools.json").read_text(encoding="utf-8"))
+    return [
+        {
+            "name": f"mcp__{server}__{t['name']}",
+            "description": t["description"],
+            "schema": t["inputSchema"],
+        }
+        for server, tools in data["servers"].items()
+        for t in tools
     ]
 
 

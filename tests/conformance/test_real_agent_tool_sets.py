@@ -1,5 +1,6 @@
 """Real agents' tool sets, verbatim from their public source (the GitHub MCP server's 117
-tools, Gemini CLI's core tools, SWE-agent's; agent_tools.py says where each comes from),
+tools, the reference MCP servers' (filesystem, memory, everything), Gemini CLI's core
+tools, SWE-agent's; agent_tools.py says where each comes from),
 through a real daemon as an agent uses them: registered direct, and with all but two
 deferred behind `tool_search`; a short conversation calls some of them, and a
 `tool_search` call (served with SearchTools, as an agent serves it) activates one. Each
@@ -87,6 +88,21 @@ SCENARIOS = {
             ("list pull request", "list_pull_requests"),
             ("read notification", "list_notifications"),
             ("search user", "search_users"),
+        ),
+    ),
+    "mcp-reference-servers": Scenario(
+        agent_tools.mcp_reference_servers(),
+        ("mcp__filesystem__read_text_file", "mcp__filesystem__list_directory"),
+        (
+            ("mcp__filesystem__list_directory", {"path": "/repo"}),
+            ("mcp__filesystem__read_text_file", {"path": "/repo/README.md", "head": 20}),
+        ),
+        "create entities in the knowledge graph",
+        "mcp__memory__create_entities",
+        {"entities": [{"name": "ctxcc", "entityType": "project", "observations": ["Python"]}]},
+        (
+            ("edit a file", "mcp__filesystem__edit_file"),
+            ("add two numbers", "mcp__everything__get-sum"),
         ),
     ),
     "gemini-cli": Scenario(
@@ -256,8 +272,12 @@ def test_the_real_tool_sets_are_what_their_sources_say() -> None:
     """The fixtures hold the sets whole: their sizes, and the shapes that make them worth
     testing (descriptions over OpenAI's limit, schemas without `properties`, zod's
     `$schema`, unions below the top level)."""
-    gh, gem, swe = (SCENARIOS[n].tools for n in ("github-mcp-server", "gemini-cli", "swe-agent"))
-    assert (len(gh), len(gem), len(swe)) == (117, 16, 31)
+    gh, mcp, gem, swe = (
+        SCENARIOS[n].tools
+        for n in ("github-mcp-server", "mcp-reference-servers", "gemini-cli", "swe-agent")
+    )
+    assert (len(gh), len(mcp), len(gem), len(swe)) == (117, 36, 16, 31)
+    assert all(t["schema"]["$schema"].endswith("draft-07/schema#") for t in mcp)
     assert max(len(t["description"]) for t in gh) > OPENAI_DESCRIPTION_MAX
     assert any("oneOf" in json.dumps(t["schema"]) for t in gh)
     assert [t["name"] for t in gem if "$schema" in t["schema"]] == ["activate_skill"]
