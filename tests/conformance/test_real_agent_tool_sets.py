@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ OWN_FORMATS = {
     "gemini": ("gemini",),
 }
 OPENAI_DESCRIPTION_MAX = 1_024
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -379,3 +381,74 @@ def test_a_search_in_a_models_words_finds_the_tool_in_any_form(
         if wanted not in runs[(name, True)].natural[query]
     }
     assert not missed, missed
+
+
+_TS_IMPORTS = (
+    ("ChatCompletionCreateParamsNonStreaming", "openai/resources/chat/completions"),
+    ("ResponseCreateParamsNonStreaming", "openai/resources/responses/responses"),
+    ("MessageCreateParamsNonStreaming", "@anthropic-ai/sdk/resources/messages"),
+    ("Content, GenerationConfig, Tool", "@google/genai"),
+)
+_TS_TYPES = {
+    "openai_chat": "ChatCompletionCreateParamsNonStreaming",
+    "openai_responses": "ResponseCreateParamsNonStreaming",
+    "anthropic_messages": "MessageCreateParamsNonStreaming",
+}
+_GEMINI_TS = {
+    "contents": "Content[]",
+    "systemInstruction": "Content",
+    "tools": "Tool[]",
+    "generationConfig": "GenerationConfig",
+}
+
+
+def test_every_body_type_checks_with_the_typescript_sdks(
+    runs: dict[tuple[str, bool], Run],
+) -> None:
+    """The bodies each route's own formats get, typed with the TypeScript SDKs' request
+    types under `tsc --strict` (as test_provider_conformance does for its corpus; a file
+    of its own, in a directory of its own, so the two checks never read each other's)."""
+    ts_dir = REPO / "client" / "typescript"
+    tsc = ts_dir / "node_modules" / ".bin" / "tsc"
+    assert tsc.exists(), "client/typescript dev dependencies missing: run `make clients`"
+    lines = [f'import type {{ {names} }} from "{module}";' for names, module in _TS_IMPORTS]
+    n = 0
+    for run in runs.values():
+        for where, route_name, c in _compiles(run):
+            for fmt in OWN_FORMATS[route_name]:
+                body = c.bodies[fmt]
+                lines.append(f"// {where} {fmt}")
+                if fmt == "gemini":
+                    for key, value in body.items():
+                        ts_type = _GEMINI_TS[key]
+                        lines.append(f"export const b{n}_{key}: {ts_type} = {json.dumps(value)};")
+                else:
+                    lines.append(f"export const b{n}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
+                n += 1
+    out = ts_dir / "conformance" / "real-tools" / "bodies.generated.ts"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    done = subprocess.run(
+        [
+            str(tsc),
+            "--noEmit",
+            "--strict",
+            "--skipLibCheck",
+            "--target",
+            "ES2022",
+            "--module",
+            "NodeNext",
+            "--moduleResolution",
+            "NodeNext",
+            str(out),
+        ],
+        cwd=ts_dir,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[:6000]
+    # Per set, three rounds of the three routes (direct; deferred, before and after the
+    # search), each round four bodies (Chat and Responses for OpenAI, one each other).
+    assert n == 3 * 4 * len(SCENARIOS)
