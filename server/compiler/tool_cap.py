@@ -51,7 +51,8 @@ from server.domain.tools import ToolSpec, ToolVisibility
 # which caps nothing).
 # 1: the count cap; 2: also OpenAI's description cap; 3: also tool_search matches words
 # of any script, CJK text by character pairs (tool_search.py; before, ASCII words only);
-# 4: also a word and its plural form are one word in a search (tool_search._singular).
+# 4: also a word and its plural form are one word in a search, and a camel-case name's
+# parts are words of it (tool_search._singular, tool_search.name_words).
 TOOL_CAPPING = 4
 
 # Slots a capped view holds back from the always-offered prefix: the three built-ins

@@ -13,9 +13,11 @@ way, ASCII letters and digits only, under which such a tool could not be found.
 
 A word and its plural or third-person `s` form are one word (`_singular`, Harman's "S"
 stemmer): a model's "edit a file" finds Gemini CLI's `replace`, which "is preferred for
-surgical edits to existing files", and "list issue" finds `list_issues`. Compiles
-recorded before this (tool_cap.TOOL_CAPPING 3 or less) replay their searches with words
-as written, under which neither was found.
+surgical edits to existing files", and "list issue" finds `list_issues`. A name written
+in camel case has its parts as words too (`TodoWrite`: "todo", "write", besides
+"todowrite"), as a snake-case name has: "todo list" finds Claude Code's `TodoWrite` by
+its name. Compiles recorded before this (tool_cap.TOOL_CAPPING 3 or less) replay their
+searches with words as written, under which none of these was found.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def _singular(word: str) -> str:
     if word.endswith("ies") and not word.endswith(("aies", "eies")):
         return word[:-3] + "y"
     return word[:-1]
+
+
+# Where a camel-case name's parts meet: a lower-case letter or digit before a capital
+# (`TodoWrite`), or a capital before a capitalised word (`HTTPRequest`).
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def name_words(name: str, any_script: bool, forms: bool) -> set[str]:
+    """A tool's name's words, and the name itself as one word (a query naming the tool
+    finds it); with `forms`, camel-case parts split and plurals folded."""
+    whole = {name.lower()}
+    if not forms:
+        return words_of(any_script, forms)(name) | whole
+    return words_of(any_script, forms)(_CAMEL.sub(" ", name)) | _folded(whole)
 
 
 def _folded(words: set[str]) -> set[str]:
@@ -121,9 +137,8 @@ class _SpecWords:
                 self._items.move_to_end(key)
                 return hit[0]
         words = words_of(any_script, forms)
-        whole = {spec.name.lower()}
         found = (
-            frozenset(words(spec.name) | (_folded(whole) if forms else whole)),
+            frozenset(name_words(spec.name, any_script, forms)),
             frozenset(set().union(*(words(k) for k in spec.search_keywords))),
             frozenset(words(text)),
         )

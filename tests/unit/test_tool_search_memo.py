@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.compiler import tool_search
-from server.compiler.tool_search import _SpecWords, search_tools, words_of
+from server.compiler.tool_search import _SpecWords, name_words, search_tools, words_of
 from server.domain.tools import ToolSpec, ToolVisibility
 
 
@@ -29,7 +29,7 @@ def reference(
         if spec.visibility != ToolVisibility.DEFERRED:
             continue
         score = (
-            3 * len(terms & (words(spec.name) | words_of(False, forms)(spec.name.lower())))
+            3 * len(terms & name_words(spec.name, any_script, forms))
             + 2 * len(terms & set().union(*(words(k) for k in spec.search_keywords)))
             + len(terms & words(spec.description))
         )
@@ -50,7 +50,7 @@ _SPEC = st.builds(
         visibility=ToolVisibility.DEFERRED if deferred else ToolVisibility.DIRECT,
         search_keywords=tuple(keywords),
     ),
-    st.sampled_from(["read_file", "grep", "open_pr", "翻译", "tool", "tools"]),
+    st.sampled_from(["read_file", "grep", "open_pr", "翻译", "tool", "tools", "ReadFiles"]),
     _TEXT,
     st.lists(_WORD, max_size=3),
     st.booleans(),

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server.compiler import tool_search
+from server.domain.tools import ToolSpec, ToolVisibility
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003ffff"
 # The words as first defined: one pattern, CJK runs and runs of other letters and digits.
@@ -52,3 +53,34 @@ def test_ascii_text_has_its_ascii_words() -> None:
     assert tool_search._unicode_words(text) == tool_search._ascii_words(text)
     words = {"deploy", "the", "service", "to", "prod", "2", "now"}
     assert tool_search._unicode_words(text) == words
+
+
+def test_a_camel_case_name_is_found_by_its_parts() -> None:
+    """Claude Code names its tools in camel case (`TodoWrite`, `WebFetch`,
+    `NotebookEdit`): from TOOL_CAPPING 4 their parts are words of the name, as a snake-case
+    name's are, so a search in those words finds the tool by its name (three points a
+    word). Before, only the whole name ("todowrite") matched, and a description that
+    said nothing of a todo list left "todo list" finding another tool."""
+    registry = [
+        ToolSpec(name, text, "{}", ToolVisibility.DEFERRED)
+        for name, text in (
+            ("TodoWrite", "Creates and updates the structured task list of the session."),
+            ("WebFetch", "Retrieves a URL and answers a question about the page."),
+            ("NotebookEdit", "Replaces the contents of one cell of a Jupyter notebook."),
+            ("list_tasks", "Shows the tasks of the build."),
+            ("HTTPRequest", "Sends an arbitrary request."),
+        )
+    ]
+
+    def first(query: str, *, forms: bool = True) -> str:
+        found = tool_search.search_tools(registry, query, forms=forms)
+        return found[0].name if found else ""
+
+    assert first("todo list") == "TodoWrite"
+    assert first("web fetch") == "WebFetch"
+    assert first("edit a notebook") == "NotebookEdit"
+    assert first("http request") == "HTTPRequest"
+    assert first("TodoWrite") == "TodoWrite"  # the whole name still matches
+    # Words as written (compiles recorded before TOOL_CAPPING 4 replay so).
+    assert first("todo list", forms=False) == "list_tasks"
+    assert first("web fetch", forms=False) == ""
