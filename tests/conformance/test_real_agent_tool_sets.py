@@ -452,3 +452,81 @@ def test_every_body_type_checks_with_the_typescript_sdks(
     # Per set, three rounds of the three routes (direct; deferred, before and after the
     # search), each round four bodies (Chat and Responses for OpenAI, one each other).
     assert n == 3 * 4 * len(SCENARIOS)
+
+
+async def test_real_tool_sets_together_over_openais_limit(short_tmp: Path) -> None:
+    """Gemini CLI's core tools, the GitHub MCP server's and the reference servers' (169,
+    the MCP ones under Claude Code's `mcp__<server>__` names), all direct, on an OpenAI
+    route: the body carries 128 (OpenAI's limit) and passes the SDKs, the view's note
+    says how many went to tool_search, and each left out is found by a search in a
+    model's words, activated and offered at the next step."""
+    github = [dict(t, name=f"mcp__github__{t['name']}") for t in agent_tools.github_mcp()]
+    registry = agent_tools.gemini_cli() + github + agent_tools.mcp_reference_servers()
+    assert len(registry) == 169
+    route = common_pb2.Route(
+        connection="t", protocol="openai-responses", endpoint="api", model="gpt-4o"
+    )
+    daemon = Daemon(make_config(short_tmp / "data"))
+    await daemon.start()
+    api = stubs_for(f"unix:{daemon.endpoints.unix}")
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="all"))
+        )
+        tools = [
+            tool_pb2.ToolDefinition(
+                name=t["name"],
+                description=t["description"],
+                input_schema_json=json.dumps(t["schema"]),
+            )
+            for t in registry
+        ]
+        await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id="all", tools=tools))
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="all", events=[user("Tidy the README.")])
+        )
+
+        async def compiled() -> Compiled:
+            req = cpb.CompileRequest(
+                session_id="all", route=route, render_formats=list(FORMATS.values())
+            )
+            view = (await api.compiles.Compile(req)).view
+            bodies = {
+                next(k for k, v in FORMATS.items() if v == r.format): json.loads(r.body_json)
+                for r in view.renderings
+            }
+            problems = sdk_fuzz.check(sdk_fuzz.Outcome("all", bodies, []))
+            assert not problems, problems
+            assert len(bodies["openai_responses"]["tools"]) == 128
+            return Compiled(view, bodies)
+
+        before = await compiled()
+        offered = {t.definition.name for t in before.view.tools}
+        left_out = {t["name"] for t in registry} - offered
+        assert len(left_out) == 169 - 127  # tool_search takes the 128th slot
+        assert any(f"{len(left_out)} of the 169 direct" in n for n in before.view.notes)
+        searches = {
+            "edit a file": "replace",
+            "create entities in the knowledge graph": "mcp__memory__create_entities",
+            "update a pull request title": "mcp__github__update_pull_request_title",
+        }
+        events = []
+        for i, (query, wanted) in enumerate(searches.items()):
+            assert wanted in left_out, wanted
+            found = await api.tools.SearchTools(
+                tpb.SearchToolsRequest(session_id="all", query=query)
+            )
+            names = [t.name for t in found.tools]
+            assert wanted in names, (query, names)
+            events += [
+                assistant("", (f"s{i}", "tool_search", json.dumps({"query": query}))),
+                tool_result(f"s{i}", json.dumps(names), "tool_search"),
+            ]
+        await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="all", events=events))
+        after = await compiled()
+        origin = {t.definition.name: t.origin for t in after.view.tools}
+        for wanted in searches.values():
+            assert origin[wanted] == view_pb2.TOOL_ORIGIN_ACTIVATED, wanted
+    finally:
+        await api.channel.close()
+        await daemon.stop()
