@@ -207,12 +207,15 @@ def github_mcp() -> list[dict[str, Any]]:
 
 
 def mcp_reference_servers() -> list[dict[str, Any]]:
-    """The reference MCP servers' tools (modelcontextprotocol/servers at 76d64c82, MIT
-    and Apache-2.0, see fixtures/LICENSE.mcp-servers): filesystem (14), memory (9) and
-    everything (13), each server built from that commit with the SDK and zod versions
-    its lock file pins and run over stdio, `tools/list` as it answered (zod-made schemas
-    with `$schema`, `default`, `enum`, `minItems`, `minimum`/`maximum`). Named as Claude
-    Code names MCP tools, `mcp__<server>__<tool>`, so the three sets share one registry."""
+    """The reference MCP servers' 51 tools (modelcontextprotocol/servers at 76d64c82, MIT
+    and Apache-2.0, see fixtures/LICENSE.mcp-servers), each server built from that
+    commit with the versions its lock file pins and run over stdio, `tools/list` as it
+    answered: the TypeScript servers filesystem (14), memory (9) and everything (13),
+    zod-made schemas with `$schema`, `default`, `enum`, `minItems`, `minimum`/`maximum`;
+    the Python servers git (12), fetch (1) and time (2), the first two's pydantic-made
+    with `title`s, `format: uri`, `exclusiveMinimum`/`exclusiveMaximum` and optional
+    arguments as `anyOf` with `null`. Named as Claude Code names MCP tools,
+    `mcp__<server>__<tool>`, so the servers share one registry."""
     data = json.loads((FIXTURES / "mcp_reference_servers_tools.json").read_text(encoding="utf-8"))
     return [
         {

@@ -1,5 +1,6 @@
 """Real agents' tool sets, verbatim from their public source (the GitHub MCP server's 117
-tools, the reference MCP servers' (filesystem, memory, everything), Gemini CLI's core
+tools, the reference MCP servers' (filesystem, memory, everything, git, fetch, time),
+Gemini CLI's core
 tools, SWE-agent's; agent_tools.py says where each comes from),
 through a real daemon as an agent uses them: registered direct, and with all but two
 deferred behind `tool_search`; a short conversation calls some of them, and a
@@ -278,8 +279,17 @@ def test_the_real_tool_sets_are_what_their_sources_say() -> None:
         SCENARIOS[n].tools
         for n in ("github-mcp-server", "mcp-reference-servers", "gemini-cli", "swe-agent")
     )
-    assert (len(gh), len(mcp), len(gem), len(swe)) == (117, 36, 16, 31)
-    assert all(t["schema"]["$schema"].endswith("draft-07/schema#") for t in mcp)
+    assert (len(gh), len(mcp), len(gem), len(swe)) == (117, 51, 16, 31)
+    # zod's schemas (TypeScript servers) name their draft; pydantic's (the git and fetch
+    # servers; the time server writes its own) give every property a `title` and an
+    # optional one `anyOf` with `null`.
+    for t in mcp:
+        server = t["name"].split("__")[1]
+        if server in ("filesystem", "memory", "everything"):
+            assert t["schema"]["$schema"].endswith("draft-07/schema#"), t["name"]
+        elif server in ("git", "fetch"):
+            assert "$schema" not in t["schema"] and "title" in t["schema"], t["name"]
+    assert any('{"type": "null"}' in json.dumps(t["schema"]) for t in mcp)
     assert max(len(t["description"]) for t in gh) > OPENAI_DESCRIPTION_MAX
     assert any("oneOf" in json.dumps(t["schema"]) for t in gh)
     assert [t["name"] for t in gem if "$schema" in t["schema"]] == ["activate_skill"]
@@ -455,14 +465,14 @@ def test_every_body_type_checks_with_the_typescript_sdks(
 
 
 async def test_real_tool_sets_together_over_openais_limit(short_tmp: Path) -> None:
-    """Gemini CLI's core tools, the GitHub MCP server's and the reference servers' (169,
+    """Gemini CLI's core tools, the GitHub MCP server's and the reference servers' (184,
     the MCP ones under Claude Code's `mcp__<server>__` names), all direct, on an OpenAI
     route: the body carries 128 (OpenAI's limit) and passes the SDKs, the view's note
     says how many went to tool_search, and each left out is found by a search in a
     model's words, activated and offered at the next step."""
     github = [dict(t, name=f"mcp__github__{t['name']}") for t in agent_tools.github_mcp()]
     registry = agent_tools.gemini_cli() + github + agent_tools.mcp_reference_servers()
-    assert len(registry) == 169
+    assert len(registry) == 184
     route = common_pb2.Route(
         connection="t", protocol="openai-responses", endpoint="api", model="gpt-4o"
     )
@@ -503,8 +513,8 @@ async def test_real_tool_sets_together_over_openais_limit(short_tmp: Path) -> No
         before = await compiled()
         offered = {t.definition.name for t in before.view.tools}
         left_out = {t["name"] for t in registry} - offered
-        assert len(left_out) == 169 - 127  # tool_search takes the 128th slot
-        assert any(f"{len(left_out)} of the 169 direct" in n for n in before.view.notes)
+        assert len(left_out) == 184 - 127  # tool_search takes the 128th slot
+        assert any(f"{len(left_out)} of the 184 direct" in n for n in before.view.notes)
         # Name order: Gemini CLI's own tools that sort after `mcp__` are among those left
         # out (README, "Tool caps").
         own = {"read_file", "replace", "run_shell_command", "write_file"}
