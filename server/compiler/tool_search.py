@@ -75,7 +75,7 @@ def _folded(words: set[str]) -> set[str]:
 
 def words_of(any_script: bool, forms: bool) -> Callable[[str], set[str]]:
     """How a version of tool_search splits text into words: of any script or ASCII only
-    (tool_cap.TOOL_CAPPING 3), plural forms folded or not (4)."""
+    (tool_cap.TOOL_CAPPING 3), plural forms folded or not (4; names: name_words)."""
     split = _unicode_words if any_script else _ascii_words
     return (lambda text: _folded(split(text))) if forms else split
 
@@ -181,7 +181,8 @@ def search_tools(
     """Deferred tools matching the query, best first: name words count three times,
     keywords twice, description once; ties break by name. `any_script` False: words of
     ASCII letters and digits only (compiles recorded before tool_cap.TOOL_CAPPING 3);
-    `forms` False: plural forms not folded (before TOOL_CAPPING 4)."""
+    `forms` False: plural forms not folded nor camel-case names split (before
+    TOOL_CAPPING 4)."""
     terms = words_of(any_script, forms)(query)
     if not terms:
         return []
@@ -189,11 +190,9 @@ def search_tools(
     for spec in registry:
         if spec.visibility != ToolVisibility.DEFERRED:
             continue
-        name_words, keyword_words, description_words = _WORDS.get(spec, any_script, forms)
+        in_name, in_keywords, in_description = _WORDS.get(spec, any_script, forms)
         score = (
-            3 * len(terms & name_words)
-            + 2 * len(terms & keyword_words)
-            + len(terms & description_words)
+            3 * len(terms & in_name) + 2 * len(terms & in_keywords) + len(terms & in_description)
         )
         if score:
             scored.append((-score, spec.name, spec))
