@@ -42,17 +42,13 @@ def event_view(m: ViewMessage, budget: present.PageBudget) -> dict[str, Any]:
                     "untrusted": p.authority == Authority.UNTRUSTED,
                 }
             )
-    calls = []
-    for c in m.tool_calls:
-        cut = budget.cut(c.arguments_json)
-        calls.append(
-            {
-                "name": c.name,
-                "call_id": c.call_id,
-                "arguments_json": cut.text,
-                "omitted": cut.omitted,
-            }
-        )
+    # A call's name and id are whatever the model wrote, as long as its arguments: cut
+    # with them, as one text (printed whole, four calls of 200,000 characters made a
+    # page of 12 MB).
+    calls = [budget.cut(f"{c.name}({c.arguments_json}) [{c.call_id}]") for c in m.tool_calls]
+    tool = (
+        budget.cut(f"{m.tool_name} [{m.tool_call_id}]") if m.tool_name or m.tool_call_id else None
+    )
     budget.item()
     return {
         "role": present.name(m.role),
@@ -63,8 +59,7 @@ def event_view(m: ViewMessage, budget: present.PageBudget) -> dict[str, Any]:
         "synthetic": m.synthetic,
         "is_error": m.is_error,
         "tool_calls": calls,
-        "tool_call_id": m.tool_call_id,
-        "tool_name": m.tool_name,
+        "tool": tool,
         "origin_session_id": m.origin_session_id,
         "parts": parts,
     }

@@ -22,7 +22,7 @@ from ctxcc.v1 import source_service_pb2 as rpb
 from server.app import Daemon
 from server.web import present
 from tests.conftest import Stubs
-from tests.helpers import ROUTE, assistant, compile_request, user
+from tests.helpers import ROUTE, assistant, compile_request, tool_result, user
 
 # What a page may weigh: its text budget and the rendered body's cut, escaped (`<` is
 # `&lt;`, `"` is `&#34;`), with room for the markup around them.
@@ -634,3 +634,26 @@ async def test_the_step_and_diff_pages_are_made_off_the_event_loop(
     assert status == 200
     assert [len(made_on["body"]), len(made_on["diff"])] == [1, 1]
     assert threading.main_thread() not in made_on["body"] + made_on["diff"]
+
+
+async def test_tool_call_names_and_ids_are_cut_like_the_rest_of_a_page(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """A tool call's name and id are whatever the model wrote (up to an event's 1 MB):
+    the step and diff pages printed them whole, in the call and in its result's header,
+    so four calls of 200,000 `<` made pages of 12 MB. They are cut with the call's text."""
+    await _session(unix_api, "names")
+    size, calls = 200_000, 4
+    for i in range(calls):
+        name, call_id = "<" * size, f"c{i}" + "<" * size
+        await unix_api.sessions.AppendEvents(
+            spb.AppendEventsRequest(
+                session_id="names",
+                events=[assistant("", (call_id, name, "{}")), tool_result(call_id, "ok", name)],
+            )
+        )
+    model = f"model={ROUTE.model}"
+    for path in (f"/s/names/step?{model}", f"/s/names/diff?a=1&b={2 * calls}&{model}"):
+        status, page, weight = await _get(daemon, path)
+        assert status == 200 and weight < PAGE_BOUND, (path, weight)
+        assert "more characters left out of this page" in page, path
