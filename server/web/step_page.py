@@ -113,9 +113,10 @@ def _tools(step: Step, budget: present.PageBudget) -> dict[str, list[dict[str, A
 
 
 def step_context(step: Step, fmt: str) -> dict[str, Any]:
-    """The step page's values. Its text is cut to one PageBudget, in the page's order:
-    system sections, the checkpoint's summary, messages (a long view's last ones are left
-    out), tool descriptions; the rendered body has a cut of its own."""
+    """The step page's values. Its text is cut to one PageBudget, in the page's order
+    (but for the notes, cut last): system sections, the checkpoint's summary, messages (a
+    long view's last ones are left out), tool descriptions; the rendered body has a cut
+    of its own."""
     view, b = step.view, step.view.budget
     budget = present.PageBudget()
     layers = {present.name(r.layer): r.tokens for r in view.layers}
@@ -140,6 +141,15 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
     checkpoint = step.checkpoint
     summary = budget.cut(checkpoint.summary) if checkpoint else present.Cut("")
     messages, hidden = event_views(view.messages, budget)
+    tools = _tools(step, budget)
+    # A view's notes name what they are about (the id of a call repaired or dropped, of
+    # any length), one per repair: cut with the page's text, and last, so a session
+    # that makes many cannot crowd its messages off the page.
+    notes = []
+    for n in view.notes:
+        if budget.spent:
+            break
+        notes.append(budget.cut(n))
     images = [(m, p) for m in messages for p in m["parts"] if p["kind"] in ("image", "placeholder")]
     return {
         "step": step,
@@ -168,7 +178,9 @@ def step_context(step: Step, fmt: str) -> dict[str, Any]:
         "messages": messages,
         "hidden_messages": hidden,
         "images": images,
-        "tools": _tools(step, budget),
+        "tools": tools,
+        "notes": notes,
+        "hidden_notes": len(view.notes) - len(notes),
         "tool_groups": TOOL_GROUPS,
         "fallbacks": [present.name(r) for r in view.fallback_reasons],
         "checkpoint": checkpoint,

@@ -72,7 +72,7 @@ async def test_pages_of_big_messages_are_bounded_and_say_what_they_left_out(
     assert f"{omitted:,} more characters left out of this page" in page
     assert "CompileService.Compile" in page  # where the whole text is
     shown = page.count('<article class="msg')
-    hidden = re.search(r'data-hidden="(\d+)"', page)
+    hidden = re.search(r'data-hidden="(\d+)">[^<]* more messages', page)
     assert hidden is not None and 0 < shown < count
     assert shown + int(hidden.group(1)) == count  # the rest are counted, not shown
 
@@ -657,3 +657,29 @@ async def test_tool_call_names_and_ids_are_cut_like_the_rest_of_a_page(
         status, page, weight = await _get(daemon, path)
         assert status == 200 and weight < PAGE_BOUND, (path, weight)
         assert "more characters left out of this page" in page, path
+
+
+async def test_a_views_notes_are_cut_like_the_rest_of_a_page(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """A view's notes name what they are about, such as the call id of a result repaired
+    or dropped, and there is one per repair: the step page printed every note whole, so
+    five results answering no call, each sent twice with an id of 200,000 `<`, made a
+    page of 8 MB. The notes are cut to what the page has left after its messages and
+    tools, and the page says how many it left out."""
+    await _session(unix_api, "notes")
+    size, results = 200_000, 5
+    for i in range(results):
+        call_id = f"r{i}" + "<" * size
+        await unix_api.sessions.AppendEvents(
+            spb.AppendEventsRequest(
+                session_id="notes",
+                events=[tool_result(call_id, "ok"), tool_result(call_id, "again")],
+            )
+        )
+    status, page, weight = await _get(daemon, f"/s/notes/step?model={ROUTE.model}")
+    assert status == 200 and weight < PAGE_BOUND, weight
+    assert re.search(r'<p class="note">[^<]*</p><p class="cut" data-omitted="\d+"', page)
+    # A repair and a drop each: cut, they fit the page.
+    repairs = re.findall(r'<p class="note">(restored a call|dropped a second result)', page)
+    assert len(repairs) == 2 * results and "more notes left out" not in page
