@@ -33,6 +33,9 @@ SORTS: dict[str, Callable[[SessionRow], Any]] = {
 }
 HEARTBEAT_S = 15.0
 MAX_TIMELINE = 400
+# Checkpoints the timeline lists, the newest: a session has no cap on them, and a row
+# each made the page grow without a bound (20,000 checkpoints: 3.6 MB).
+MAX_CHECKPOINTS = 400
 
 
 def install_filters(env: jinja2.Environment) -> None:
@@ -128,6 +131,8 @@ async def timeline_page(request: web.Request) -> web.Response:
         layer_order=present.LAYER_ORDER,
         checkpoint_kind=_checkpoint_kind,
         kinds={c.checkpoint_id: _checkpoint_kind(c) for c in t.checkpoints},
+        checkpoints=t.checkpoints[-MAX_CHECKPOINTS:],
+        older_checkpoints=max(0, len(t.checkpoints) - MAX_CHECKPOINTS),
     )
 
 

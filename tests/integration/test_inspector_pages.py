@@ -16,7 +16,9 @@ from urllib.parse import quote
 
 import pytest
 
+from ctxcc.v1 import checkpoint_pb2 as kpb
 from ctxcc.v1 import common_pb2, session_pb2, source_pb2
+from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from server.app import Daemon
@@ -683,3 +685,37 @@ async def test_a_views_notes_are_cut_like_the_rest_of_a_page(
     # A repair and a drop each: cut, they fit the page.
     repairs = re.findall(r'<p class="note">(restored a call|dropped a second result)', page)
     assert len(repairs) == 2 * results and "more notes left out" not in page
+
+
+async def test_the_timeline_lists_the_newest_checkpoints_and_counts_the_others(
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timeline listed every checkpoint of its session, which has no cap on them: a
+    session of 20,000 checkpoints made a page of 3.6 MB. It lists the newest ones and
+    says how many it left out."""
+    from server.web import pages
+
+    monkeypatch.setattr(pages, "MAX_CHECKPOINTS", 3)
+    await _session(unix_api, "checkpoints")
+    await unix_api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="checkpoints", events=[user("hi"), user("more")])
+    )
+    made = []
+    for i in range(5):
+        done = await unix_api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=kpb.Checkpoint(
+                    session_id="checkpoints",
+                    covers_through_seq=1,
+                    summary=f"summary {i}",
+                    kind=kpb.CHECKPOINT_KIND_MODEL_SUMMARY,
+                )
+            )
+        )
+        made.append(done.checkpoint.checkpoint_id)
+    status, page, _ = await _get(daemon, "/s/checkpoints")
+    assert status == 200
+    listed = re.findall(r"<tr><td><code>([^<]+)</code></td>", page)
+    assert listed == made[-3:]
+    assert "5 checkpoints" in page and 'id="checkpoints-cut"' in page
+    assert "The 2 checkpoints before these are not listed" in page
