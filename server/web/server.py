@@ -148,6 +148,17 @@ async def _static(request: web.Request) -> web.StreamResponse:
     return web.Response(body=body, content_type=kind, charset="utf-8")
 
 
+async def _form_token(request: web.Request) -> str:
+    """The token a sign-in form sent. A body the form never sends (multipart without its
+    boundary or cut short, an unknown charset, a compression that is none) is the
+    sender's fault: a 400, not an incident with a traceback."""
+    try:
+        form = await request.post()
+    except (ValueError, LookupError, web.RequestPayloadError):
+        raise web.HTTPBadRequest(text="The sign-in form could not be read.") from None
+    return str(form.get("token", ""))
+
+
 async def _finish(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
     if response.prepared:
         return response  # a stream (/live): it writes as it goes, to a bounded queue
@@ -225,8 +236,7 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
     async def login_page(request: web.Request) -> web.StreamResponse:
         failed = False
         if request.method == "POST":
-            form = await request.post()
-            given = str(form.get("token", ""))
+            given = await _form_token(request)
             if settings.token and hmac.compare_digest(given.encode(), settings.token.encode()):
                 response = web.HTTPSeeOther("/")
                 response.set_cookie(COOKIE, cookie, httponly=True, samesite="Strict", path="/")

@@ -719,3 +719,35 @@ async def test_the_timeline_lists_the_newest_checkpoints_and_counts_the_others(
     assert listed == made[-3:]
     assert "5 checkpoints" in page and 'id="checkpoints-cut"' in page
     assert "The 2 checkpoints before these are not listed" in page
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [
+        ({"Content-Type": "multipart/form-data"}, b"x"),  # no boundary
+        ({"Content-Type": "multipart/form-data; boundary=zz"}, b"--zz\r\n"),  # cut short
+        ({"Content-Type": "application/x-www-form-urlencoded; charset=nope"}, b"token=a"),
+        ({"Content-Type": "application/x-www-form-urlencoded; charset=utf-16"}, b"token=a"),
+        ({"Content-Type": "multipart/form-data; boundary=zz", "Content-Encoding": "gzip"}, b"x"),
+    ],
+)
+async def test_a_sign_in_body_that_cannot_be_read_is_a_bad_request(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture, headers: dict[str, str], body: bytes
+) -> None:
+    """A sign-in form whose body cannot be read (a multipart one without its boundary or
+    cut short, an unknown charset, a compression that is none) was a 500, an incident
+    with a traceback in the log: it is the sender's fault, a 400."""
+    url = f"http://{daemon.endpoints.ui}/login"
+    status, page = await asyncio.to_thread(_post, url, body, headers)
+    assert status == 400 and "incident" not in page, (status, page)
+    assert "The sign-in form could not be read" in page
+    assert "inspector page failed" not in caplog.text and "Traceback" not in caplog.text
