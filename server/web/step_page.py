@@ -42,13 +42,14 @@ def event_view(m: ViewMessage, budget: present.PageBudget) -> dict[str, Any]:
                     "untrusted": p.authority == Authority.UNTRUSTED,
                 }
             )
-    # A call's name and id are whatever the model wrote, as long as its arguments: cut
-    # with them, as one text (printed whole, four calls of 200,000 characters made a
-    # page of 12 MB).
+    # A call's name and id are whatever the model wrote, as long as its arguments, and an
+    # imported message's origin whatever the client sent: cut with the page's text
+    # (printed whole, four calls of 200,000 characters made a page of 12 MB).
     calls = [budget.cut(f"{c.name}({c.arguments_json}) [{c.call_id}]") for c in m.tool_calls]
     tool = (
         budget.cut(f"{m.tool_name} [{m.tool_call_id}]") if m.tool_name or m.tool_call_id else None
     )
+    origin = budget.cut(m.origin_session_id) if m.origin_session_id else None
     budget.item()
     return {
         "role": present.name(m.role),
@@ -60,7 +61,7 @@ def event_view(m: ViewMessage, budget: present.PageBudget) -> dict[str, Any]:
         "is_error": m.is_error,
         "tool_calls": calls,
         "tool": tool,
-        "origin_session_id": m.origin_session_id,
+        "origin": origin,
         "parts": parts,
     }
 

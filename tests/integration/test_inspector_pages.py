@@ -17,7 +17,7 @@ from urllib.parse import quote
 import pytest
 
 from ctxcc.v1 import checkpoint_pb2 as kpb
-from ctxcc.v1 import common_pb2, session_pb2, source_pb2
+from ctxcc.v1 import common_pb2, event_pb2, session_pb2, source_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
@@ -751,3 +751,27 @@ async def test_a_sign_in_body_that_cannot_be_read_is_a_bad_request(
     assert status == 400 and "incident" not in page, (status, page)
     assert "The sign-in form could not be read" in page
     assert "inspector page failed" not in caplog.text and "Traceback" not in caplog.text
+
+
+async def test_an_imported_messages_origin_is_cut_like_the_rest_of_a_page(
+    daemon: Daemon, unix_api: Stubs
+) -> None:
+    """An imported message names the session it came from in any string the client
+    sent: the step and diff pages printed it whole on each such message, so ten of
+    them from an origin of 200,000 `<` made pages of 8 MB."""
+    await _session(unix_api, "imported")
+    size, count = 200_000, 10
+    event = event_pb2.Event()
+    event.imported_message.origin_session_id = "<" * size
+    event.imported_message.origin_seq = 1
+    event.imported_message.role = event_pb2.MESSAGE_ROLE_USER
+    event.imported_message.parts.add(text="hello")
+    for _ in range(2):
+        await unix_api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="imported", events=[event] * (count // 2))
+        )
+    model = f"model={ROUTE.model}"
+    for path in (f"/s/imported/step?{model}", f"/s/imported/diff?a=1&b={count}&{model}"):
+        status, page, weight = await _get(daemon, path)
+        assert status == 200 and weight < PAGE_BOUND, (path, weight)
+        assert "more characters left out of this page" in page, path
