@@ -1,8 +1,9 @@
 """The inspector's HTTP server (aiohttp, on the daemon's event loop) and its boundary
 rules: every answer carries a strict Content-Security-Policy; a loopback-bound page
-answers only loopback Host names (DNS rebinding); with an API token configured, every
-page needs it (a bearer header, or the cookie the login form sets); domain errors map
-to HTTP statuses through one table and never show a traceback."""
+answers only loopback Host names (DNS rebinding); a browser's request made for another
+site's page is refused unless it follows a link (Fetch Metadata); with an API token
+configured, every page needs it (a bearer header, or the cookie the login form sets);
+domain errors map to HTTP statuses through one table and never show a traceback."""
 
 from __future__ import annotations
 
@@ -113,6 +114,25 @@ def _host_refused(header: str) -> tuple[int, str, str] | None:
     return None
 
 
+def _cross_site(request: web.Request) -> bool:
+    """Whether a browser made this request for another site's page, other than by
+    following a link (Fetch Metadata). Such a page cannot read the answer, but a GET made
+    from it (an image, a no-cors fetch, an EventSource) still runs the page's work: a
+    compile, a live watcher; and a page on the same host at another port is the same site
+    to the cookie's SameSite rule, so it sends the sign-in cookie too. A link followed
+    from elsewhere (a dashboard, a chat) opens the page as always; clients that are no
+    browser send no such header."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is None or site in ("same-origin", "none"):
+        return False
+    followed = (
+        request.method == "GET"
+        and request.headers.get("Sec-Fetch-Mode") == "navigate"
+        and request.headers.get("Sec-Fetch-Dest") == "document"
+    )
+    return not followed
+
+
 def _port(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
 
@@ -212,6 +232,12 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
             refused = _host_refused(request.host) if loopback_only else None
             if refused is not None:
                 response: web.StreamResponse = render_error(*refused)
+            elif _cross_site(request):
+                response = render_error(
+                    403,
+                    "Cross-site request",
+                    "This page answers another site's page only as a link followed.",
+                )
             elif (
                 request.path not in ("/login",)
                 and not request.path.startswith("/static/")

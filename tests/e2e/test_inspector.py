@@ -6,15 +6,19 @@ hostile content, and photographed."""
 from __future__ import annotations
 
 import hashlib
+import html
 import http.client
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -488,6 +492,62 @@ def test_loopback_page_refuses_foreign_host_names(world: World) -> None:
     assert status == 421
     status, _ = _status(world.ui + "/", Host="localhost")
     assert status == 200
+
+
+@pytest.fixture
+def other_site() -> Iterator[int]:
+    """A port on loopback serving another web page: the one an attacker's local page
+    (another app's, another port's) would be. It links to the inspector's page `?to=`."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            to = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("to")
+            if not to:  # the browser's own asks (/favicon.ico)
+                self.send_error(404)
+                return
+            body = f'<a id="go" href="{html.escape(to[0])}">the inspector</a>'.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _requested(page: Page, url: str, script: str) -> int:
+    """The status of the inspector's answer to what `script` (run in `page`) asks of
+    `url`: as the browser saw it, also where the page cannot read it (no-cors)."""
+    with page.expect_response(lambda r: r.url == url) as got:
+        page.evaluate(script, url)
+    return got.value.status
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1"], ids=["cross-site", "same-site"])
+def test_another_sites_page_only_follows_links_to_the_inspector(
+    world: World, page: Page, other_site: int, host: str
+) -> None:
+    """A page of another site (`localhost`, against the inspector's 127.0.0.1) or of the
+    same site at another port can neither make the inspector compile a step nor open a
+    live watcher with a request it cannot read (a no-cors fetch, as an image or an
+    EventSource would make); a link from it opens the inspector's page as usual."""
+    step, live = world.ui + "/s/demo/step", world.ui + "/s/demo/live"
+    page.goto(f"http://{host}:{other_site}/?to={urllib.parse.quote(world.ui + '/s/demo')}")
+    no_cors = "u => { fetch(u, {mode: 'no-cors'}).catch(() => {}) }"
+    assert _requested(page, step, no_cors) == 403
+    assert _requested(page, live, no_cors) == 403
+    with page.expect_navigation() as followed:
+        page.click("#go")
+    assert followed.value is not None and followed.value.status == 200
+    expect(page.locator("h1")).to_contain_text("demo")
 
 
 def test_token_is_required_when_configured(
