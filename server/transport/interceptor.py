@@ -157,7 +157,11 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         if str(context.peer()).startswith("unix:"):
             return None
         sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if hmac.compare_digest(str(sent), f"Bearer {self._token}"):
+        # As bytes: compare_digest raises TypeError on a str with non-ASCII characters,
+        # which any HTTP/2 peer can send (grpc decodes the header as UTF-8), and that
+        # answered UNKNOWN with the exception's text instead of UNAUTHENTICATED.
+        expected = f"Bearer {self._token}".encode()
+        if hmac.compare_digest(str(sent).encode("utf-8", "surrogatepass"), expected):
             return None
         return CtxccError(Reason.UNAUTHENTICATED, "a valid bearer token is required over TCP")
 

@@ -47,6 +47,7 @@ from ctxcc.v1 import (
 from ctxcc.v1 import (
     tool_service_pb2 as tpb,
 )
+from tests.e2e import raw_h2
 from tests.e2e.proc import REPO, DaemonProcess
 
 DOCUMENTED = {
@@ -279,6 +280,17 @@ def test_bearer_token_over_tcp_and_the_socket_group(short_tmp: Path) -> None:
             with pytest.raises(grpc.RpcError) as exc:
                 stub.GetSession(req, metadata=[("authorization", "Bearer wrong")], timeout=5)
             assert exc.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # A token with non-ASCII bytes (no grpc library sends one; any HTTP/2 peer
+            # can): it was UNKNOWN with a TypeError's text and a traceback in the log.
+            for sent in (b"Bearer s3cr\xc3\xa9t", b"Bearer \xff\xfe"):
+                trailers = raw_h2.call(
+                    str(d.endpoints["tcp"]),
+                    "/ctxcc.v1.SessionService/GetSession",
+                    req.SerializeToString(),
+                    [(b"authorization", sent)],
+                )
+                assert trailers.get(b"grpc-status") == b"16", trailers  # UNAUTHENTICATED
+                assert b"grpc-status-details-bin" in trailers, trailers
             with pytest.raises(grpc.RpcError) as exc:
                 stub.GetSession(
                     req,
@@ -294,6 +306,7 @@ def test_bearer_token_over_tcp_and_the_socket_group(short_tmp: Path) -> None:
         sock = Path(str(d.endpoints["unix"])).stat()
         assert stat.S_IMODE(sock.st_mode) == 0o660 and sock.st_gid == os.getgid()
         assert "s3cret" not in d.log(), "the token must never be logged"
+        assert "TypeError" not in d.log(), d.log()
     finally:
         d.ensure_stopped()
     bad = subprocess.run(
