@@ -85,6 +85,13 @@ def auth_token(cfg: Config) -> str:
             f"auth_token_file {cfg.auth_token_file} holds {len(token)} characters"
             " (surrounding whitespace aside): a token must have at least 16"
         )
+    # gRPC sends a header value only as printable ASCII (its clients refuse anything
+    # else): a token of other characters would start a daemon no TCP client can call.
+    if not all(" " <= c <= "~" for c in token):
+        raise ConfigError(
+            f"auth_token_file {cfg.auth_token_file} holds characters other than printable"
+            " ASCII: gRPC clients cannot send them in the authorization header"
+        )
     return token
 
 

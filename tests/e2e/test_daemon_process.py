@@ -370,6 +370,17 @@ def test_a_short_auth_token_names_its_file(short_tmp: Path) -> None:
     assert f"auth_token_file {token} holds 5 characters" in r.stderr, r.stderr
 
 
+def test_an_auth_token_grpc_cannot_send_exits_2_naming_its_file(short_tmp: Path) -> None:
+    """A token with non-ASCII characters started a daemon that no gRPC client could
+    call over TCP: they refuse to send such a header value."""
+    token = short_tmp / "token"
+    token.write_text("pässwörd-0123456789\n", encoding="utf-8")
+    r = serve("--data-dir", str(short_tmp / "data"), "--auth-token-file", str(token))
+    assert r.returncode == 2, r.stderr
+    assert f"auth_token_file {token} holds characters other than printable ASCII" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_a_model_catalog_that_is_not_an_object_exits_2_naming_it(short_tmp: Path) -> None:
     """A catalog file holding a JSON array crashed the start with a traceback (exit 1,
     AttributeError); it is a setting to fix like any other."""
