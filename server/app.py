@@ -87,6 +87,8 @@ if TYPE_CHECKING:
     from server.web.server import WebServer
 
 log = logging.getLogger("ctxcc")
+# New calls gRPC holds for the daemon to take (see the server's options).
+MAX_PENDING_CALLS = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +228,13 @@ class Daemon:
                 ("grpc.max_send_message_length", cfg.max_message_bytes),
                 # Without this, a second daemon on the same TCP port would silently share it.
                 ("grpc.so_reuseport", 0),
+                # Calls that arrived but that the event loop has not taken yet: past
+                # grpc's default of 1,000 (3,000 hard) a share of a burst was cancelled
+                # at random, a bare CANCELLED before any handler ran (3,000 streams
+                # opened at once on one connection: ~700 of them). A pending call holds
+                # no more than one taken, and taken ones have no such limit.
+                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
