@@ -17,6 +17,7 @@ import contextlib
 import importlib
 import logging
 import os
+import resource
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
@@ -89,6 +90,21 @@ if TYPE_CHECKING:
 log = logging.getLogger("ctxcc")
 # New calls gRPC holds for the daemon to take (see the server's options).
 MAX_PENDING_CALLS = 16_384
+
+
+def max_connections() -> int:
+    """Connections each gRPC listener takes at once (the API's socket and TCP port, the
+    health port): an eighth of the process's file descriptors, so that together they
+    hold under half. A peer holding idle connections (~20,000, a few bytes each) took
+    every descriptor: the agent's own connection still answered, but compiles left the
+    instruction files out of the view ("skipped AGENTS.md: Too many open files"), and
+    any file opened meanwhile (RocksDB's next table file too) would fail. Past the cap
+    gRPC closes a new connection at once (its client sees UNAVAILABLE); the rest stays
+    for the store and the workspace."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 17
+    return max(16, soft // 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +256,7 @@ class Daemon:
                 # another session's append p99 at 0.5-1.1 s). A compressed request is now
                 # refused from its headers; a sidecar's socket gains nothing from it.
                 ("grpc.compression_enabled_algorithms_bitset", 1),
+                ("grpc.max_allowed_incoming_connections", max_connections()),
                 ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
                 ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
                 ("grpc.keepalive_time_ms", 30_000),
@@ -402,7 +419,12 @@ class Daemon:
         API itself stays on the socket and loopback."""
         if self.cfg.health_listen == "none":
             return None
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_allowed_incoming_connections", max_connections()),
+            ]
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         host, _, _ = self.cfg.health_listen.rpartition(":")
         try:
