@@ -25,7 +25,6 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from ctxcc.v1 import (
     artifact_service_pb2_grpc,
@@ -38,6 +37,7 @@ from server import __version__
 from server.adapters.catalog import load_catalog
 from server.adapters.gc_pauses import COLLECTIONS
 from server.adapters.metrics import PrometheusTelemetry
+from server.adapters.metrics_http import serve_metrics
 from server.adapters.system import RandomIds, SystemClock
 from server.adapters.tokenizer import CounterRegistry, loaded_tokenizers, preload_tokenizers
 from server.adapters.workspace import WorkspaceConfig, WorkspaceReader
@@ -466,7 +466,7 @@ class Daemon:
             return None
         host, _, port = self.cfg.metrics_listen.rpartition(":")
         try:
-            srv, _thread = start_http_server(int(port), host, registry=self.telemetry.registry)
+            srv = serve_metrics(host, int(port), self.telemetry.registry)
         except OSError as exc:
             raise ConfigError(f"cannot serve /metrics on {self.cfg.metrics_listen}: {exc}") from exc
         self._metrics_server = srv

@@ -1,6 +1,7 @@
 """A peer that opens connections and holds them idle, each a file descriptor of the
-daemon's: every gRPC listener takes at most an eighth of the process's descriptors, so
-the agent's own connection keeps being served whole, instruction files included."""
+daemon's: every gRPC listener takes at most an eighth of the process's descriptors and
+the /metrics port 64 connections, so the agent's own connection keeps being served
+whole, instruction files included."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
+from server.adapters.metrics_http import MAX_CONNECTIONS
 from tests.e2e.proc import REPO, DaemonProcess
 from tests.helpers import ROUTE, user
 
@@ -36,7 +38,7 @@ def workspace(short_tmp: Path) -> Path:
 @pytest.fixture
 def daemon(short_tmp: Path, workspace: Path) -> Iterator[DaemonProcess]:
     serve = [sys.executable, "-m", "server", "serve", "--data-dir", str(short_tmp / "data")]
-    flags = ["--listen", "none", "--metrics-listen", "none", "--ui-listen", "none"]
+    flags = ["--listen", "none", "--metrics-listen", "127.0.0.1:0", "--ui-listen", "none"]
     flags += ["--workspace-roots", str(workspace.parent)]
     # The limit of the daemon's process alone (a shell sets it, then becomes the daemon).
     command = ["sh", "-c", f'ulimit -n {FILES} && exec "$@"', "sh", *serve, *flags]
@@ -73,6 +75,59 @@ def _flood(d: DaemonProcess) -> list[socket.socket]:
         ready, _, _ = select.select(list(waiting), [], [], 1.0)
         waiting -= set(ready)
     return held
+
+
+def _flood_metrics(d: DaemonProcess) -> list[socket.socket]:
+    """FLOOD connections to /metrics that sent half a request and wait, until the daemon
+    closed those past its cap or ran out of descriptors."""
+    host, port = str(d.endpoints["metrics"]).rsplit(":", 1)
+    held = []
+    for i in range(FLOOD):
+        # Once the daemon has no descriptor left, a connection would wait in the listen
+        # backlog until its connect timed out.
+        if i % 16 == 0 and _descriptors(d) >= FILES - 8:
+            break
+        try:
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        except OSError:
+            continue
+        held.append(s)
+    closed: set[socket.socket] = set()
+    while len(closed) < len(held) - MAX_CONNECTIONS and _descriptors(d) < FILES - 8:
+        ready, _, _ = select.select([s for s in held if s not in closed], [], [], 1.0)
+        closed |= set(ready)
+    return held
+
+
+def _compile_reads_the_workspace(channel: grpc.Channel, workspace: Path, text: str) -> None:
+    compiles: Any = compile_service_pb2_grpc.CompileServiceStub(channel)
+    # Changed, so that the compile reads it again rather than from a memo.
+    (workspace / "AGENTS.md").write_text(text)
+    view = compiles.Compile(cpb.CompileRequest(session_id="s", route=ROUTE), timeout=60)
+    prompt = "".join(section.text for section in view.view.system_sections)
+    assert text.strip() in prompt, list(view.view.notes)
+    assert not any("Too many open files" in n for n in view.view.notes)
+
+
+def test_idle_metrics_connections_leave_the_daemon_descriptors_for_its_files(
+    daemon: DaemonProcess, workspace: Path
+) -> None:
+    with grpc.insecure_channel(daemon.target) as ch:
+        sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        session = session_pb2.Session(
+            session_id="s", project_root=str(workspace), working_directory=str(workspace)
+        )
+        sessions.CreateSession(spb.CreateSessionRequest(session=session), timeout=30)
+        sessions.AppendEvents(spb.AppendEventsRequest(session_id="s", events=[user("hi")]))
+        _compile_reads_the_workspace(ch, workspace, "Run the linter before committing.\n")
+        flood = _flood_metrics(daemon)
+        try:
+            _compile_reads_the_workspace(ch, workspace, "Run the tests before committing.\n")
+            assert _descriptors(daemon) < FILES // 2
+        finally:
+            for s in flood:
+                s.close()
 
 
 def test_idle_connections_leave_the_daemon_descriptors_for_its_files(
