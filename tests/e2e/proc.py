@@ -116,6 +116,16 @@ class DaemonProcess:
         log.close()
         return self
 
+    @contextmanager
+    def serving(self) -> Iterator[DaemonProcess]:
+        """Started and SERVING for the block, stopped after it whatever happens."""
+        self.start()
+        try:
+            self.wait_ready()
+            yield self
+        finally:
+            self.ensure_stopped()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

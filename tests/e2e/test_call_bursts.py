@@ -23,13 +23,9 @@ STREAMS = 3_000
 
 @pytest.fixture
 def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(short_tmp / "data", "--metrics-listen", "none", "--ui-listen", "none")
-    d.start()
-    try:
-        d.wait_ready()
+    plain = DaemonProcess(short_tmp / "data", "--metrics-listen", "none", "--ui-listen", "none")
+    with plain.serving() as d:
         yield d
-    finally:
-        d.ensure_stopped()
 
 
 async def test_a_burst_of_streams_on_one_connection_is_served_whole(

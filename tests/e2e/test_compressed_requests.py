@@ -21,13 +21,9 @@ INFLATED = 100_000_000  # over the 64 MiB cap: gRPC inflated 64 MiB of it before
 
 @pytest.fixture
 def daemon(short_tmp: Path) -> Iterator[DaemonProcess]:
-    d = DaemonProcess(short_tmp / "data", "--metrics-listen", "none", "--ui-listen", "none")
-    d.start()
-    try:
-        d.wait_ready()
+    plain = DaemonProcess(short_tmp / "data", "--metrics-listen", "none", "--ui-listen", "none")
+    with plain.serving() as d:
         yield d
-    finally:
-        d.ensure_stopped()
 
 
 def _peak_rss_kib(daemon: DaemonProcess) -> int:

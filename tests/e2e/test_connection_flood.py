@@ -42,13 +42,8 @@ def daemon(short_tmp: Path, workspace: Path) -> Iterator[DaemonProcess]:
     flags += ["--workspace-roots", str(workspace.parent)]
     # The limit of the daemon's process alone (a shell sets it, then becomes the daemon).
     command = ["sh", "-c", f'ulimit -n {FILES} && exec "$@"', "sh", *serve, *flags]
-    d = DaemonProcess(short_tmp / "data", command=command, cwd=REPO)
-    d.start()
-    try:
-        d.wait_ready()
+    with DaemonProcess(short_tmp / "data", command=command, cwd=REPO).serving() as d:
         yield d
-    finally:
-        d.ensure_stopped()
 
 
 def _descriptors(d: DaemonProcess) -> int:
