@@ -24,7 +24,7 @@ import pytest
 from ctxcc.v1 import tool_pb2, view_pb2
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
-from tests.conformance import agent_tools
+from tests.conformance import agent_tools, ts_bodies
 from tests.conformance.corpus import CJK, REASONING, Case, build
 from tests.conformance.sdk_types import errors_for
 from tests.conftest import make_config, stubs_for
@@ -102,49 +102,18 @@ def test_the_python_validators_catch_what_the_apis_refuse(corpus: list[Case]) ->
     assert errors_for("anthropic_messages", anthropic)
 
 
-_TS_TYPES = {
-    "openai_chat": "ChatCompletionCreateParamsNonStreaming",
-    "openai_responses": "ResponseCreateParamsNonStreaming",
-    "anthropic_messages": "MessageCreateParamsNonStreaming",
-}
-
-
-# The generateContent REST body's fields and the @google/genai type of each.
-_GEMINI_TS = {
-    "contents": "Content[]",
-    "systemInstruction": "Content",
-    "tools": "Tool[]",
-    "generationConfig": "GenerationConfig",
-}
-
-
 def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> None:
     tsc = TS_DIR / "node_modules" / ".bin" / "tsc"
     sdk = TS_DIR / "node_modules" / "@anthropic-ai" / "sdk"
     assert tsc.exists() and sdk.exists(), (
         "client/typescript dev dependencies missing: run `make clients`"
     )
-    lines = [
-        f'import type {{ {name} }} from "{module}";'
-        for name, module in (
-            ("ChatCompletionCreateParamsNonStreaming", "openai/resources/chat/completions"),
-            ("ResponseCreateParamsNonStreaming", "openai/resources/responses/responses"),
-            ("MessageCreateParamsNonStreaming", "@anthropic-ai/sdk/resources/messages"),
-            ("Content, GenerationConfig, Tool", "@google/genai"),
-        )
-    ]
+    lines = ts_bodies.imports()
     n = 0
     for case, fmt, body in _all(corpus):
-        if fmt in _TS_TYPES:
+        if fmt in ts_bodies.TYPES or fmt == "gemini":
             lines.append(f"// {case.name}")
-            lines.append(f"export const b{n}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
-            n += 1
-        elif fmt == "gemini":
-            # @google/genai types the REST body's fields (camelCase, as the wire has them),
-            # not the body as one: each field is checked against its type.
-            lines.append(f"// {case.name}")
-            for key, value in body.items():
-                lines.append(f"export const b{n}_{key}: {_GEMINI_TS[key]} = {json.dumps(value)};")
+            lines += ts_bodies.declarations(n, fmt, body)
             n += 1
     # The checker must refuse what the API refuses: each of these has to be an error.
     sample = next(c for c in corpus if c.name == "images inline").bodies
@@ -154,7 +123,7 @@ def test_every_body_type_checks_with_the_typescript_sdks(corpus: list[Case]) -> 
     anthropic["messages"][0]["content"][0]["unknown_key"] = 1
     for fmt, body in (("openai_responses", responses), ("anthropic_messages", anthropic)):
         lines.append("// @ts-expect-error a body the API refuses")
-        lines.append(f"export const bad_{fmt}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
+        lines.append(f"export const bad_{fmt}: {ts_bodies.TYPES[fmt]} = {json.dumps(body)};")
     gemini = copy.deepcopy(sample["gemini"]["contents"])
     gemini[0]["parts"][0]["thought_signature"] = "CiQB"  # snake case: not the REST field
     lines.append("// @ts-expect-error a body the API refuses")

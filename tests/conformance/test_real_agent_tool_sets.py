@@ -31,7 +31,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from server.app import Daemon
 from server.compiler.tool_cap import CUT_MARK
-from tests.conformance import agent_tools, sdk_fuzz
+from tests.conformance import agent_tools, sdk_fuzz, ts_bodies
 from tests.conformance.corpus import FORMATS
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import assistant, tool_result, user
@@ -393,25 +393,6 @@ def test_a_search_in_a_models_words_finds_the_tool_in_any_form(
     assert not missed, missed
 
 
-_TS_IMPORTS = (
-    ("ChatCompletionCreateParamsNonStreaming", "openai/resources/chat/completions"),
-    ("ResponseCreateParamsNonStreaming", "openai/resources/responses/responses"),
-    ("MessageCreateParamsNonStreaming", "@anthropic-ai/sdk/resources/messages"),
-    ("Content, GenerationConfig, Tool", "@google/genai"),
-)
-_TS_TYPES = {
-    "openai_chat": "ChatCompletionCreateParamsNonStreaming",
-    "openai_responses": "ResponseCreateParamsNonStreaming",
-    "anthropic_messages": "MessageCreateParamsNonStreaming",
-}
-_GEMINI_TS = {
-    "contents": "Content[]",
-    "systemInstruction": "Content",
-    "tools": "Tool[]",
-    "generationConfig": "GenerationConfig",
-}
-
-
 def test_every_body_type_checks_with_the_typescript_sdks(
     runs: dict[tuple[str, bool], Run],
 ) -> None:
@@ -421,19 +402,13 @@ def test_every_body_type_checks_with_the_typescript_sdks(
     ts_dir = REPO / "client" / "typescript"
     tsc = ts_dir / "node_modules" / ".bin" / "tsc"
     assert tsc.exists(), "client/typescript dev dependencies missing: run `make clients`"
-    lines = [f'import type {{ {names} }} from "{module}";' for names, module in _TS_IMPORTS]
+    lines = ts_bodies.imports()
     n = 0
     for run in runs.values():
         for where, route_name, c in _compiles(run):
             for fmt in OWN_FORMATS[route_name]:
-                body = c.bodies[fmt]
                 lines.append(f"// {where} {fmt}")
-                if fmt == "gemini":
-                    for key, value in body.items():
-                        ts_type = _GEMINI_TS[key]
-                        lines.append(f"export const b{n}_{key}: {ts_type} = {json.dumps(value)};")
-                else:
-                    lines.append(f"export const b{n}: {_TS_TYPES[fmt]} = {json.dumps(body)};")
+                lines += ts_bodies.declarations(n, fmt, c.bodies[fmt])
                 n += 1
     out = ts_dir / "conformance" / "real-tools" / "bodies.generated.ts"
     out.parent.mkdir(exist_ok=True)
