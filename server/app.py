@@ -372,6 +372,7 @@ class Daemon:
             self._drain,
             cfg.max_message_bytes,
             COLLECTIONS.held,
+            self.telemetry,
         )
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.session_servicer, server)
         compile_service_pb2_grpc.add_CompileServiceServicer_to_server(self.compile_servicer, server)

@@ -25,6 +25,7 @@ from server.compiler.view import (
     Layer,
     SectionKind,
 )
+from server.domain.errors import Reason
 from server.domain.model import of_deleted
 from storage.kv import Footprint
 
@@ -309,6 +310,16 @@ class PrometheusTelemetry:
             "RPCs that ended with a status other than OK, by method and code.",
             ["method", "code"],
         )
+        # By reason, across methods and the ways an error is answered (a call's status, a
+        # CompileStream step's StepError, which no status code ever shows): gRPC codes
+        # cannot tell a failing disk (STORAGE_FAILURE) from a drain (SHUTTING_DOWN), both
+        # UNAVAILABLE.
+        self.errors = plain.counter(
+            "ctxcc_errors_total",
+            "Errors answered, by their ErrorInfo reason: calls' statuses and CompileStream "
+            "steps' StepErrors, each once.",
+            ["reason"],
+        )
         self.write_seconds = plain.histogram(
             "ctxcc_storage_write_duration_seconds",
             "Time of one atomic storage write (RocksDB WriteBatch, fsync included in sync mode).",
@@ -325,6 +336,9 @@ class PrometheusTelemetry:
         self._overhead_below = self.view_tokens.labels("provider_overhead_negative")
         for reason in FallbackReason:
             self.fallbacks.labels(reason.name.lower())
+        # Every reason at zero (rate() needs two samples: a series born at the first
+        # failing disk's error would not show it), each child looked up once.
+        self._errors = {r.value: self.errors.labels(r.value) for r in Reason}
         for section in SectionKind:
             if section not in VOLATILE_SECTIONS:
                 self.prefix_changes.labels(section.name.lower())
@@ -445,6 +459,12 @@ class PrometheusTelemetry:
             self.rpc_seconds.labels(method, code).observe(seconds)
             if code != "OK":
                 self.rpc_errors.labels(method, code).inc()
+
+    def error_answered(self, reason: str) -> None:
+        child = self._errors.get(reason)
+        with self._lock:
+            # Reasons come from the Reason enum; one that does not would still be counted.
+            (child or self.errors.labels(reason)).inc()
 
     def _in_flight(self, method: str) -> Any:
         """The gauge's child, remembered: the client's lookup validates and locks each

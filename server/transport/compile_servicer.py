@@ -29,7 +29,7 @@ from server.transport.compile_stream import (
 )
 from server.transport.convert_misc import checkpoint_in, checkpoint_out
 from server.transport.drain import Drain
-from server.transport.errors import streaming, unary
+from server.transport.errors import ErrorObserver, streaming, unary
 from server.transport.lent import LentBySession
 from server.transport.options_memo import OptionsMemo
 from server.transport.paging import decode_position, encode_token, page_bytes, token_created
@@ -50,9 +50,11 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         drain: Drain | None = None,
         max_message_bytes: int = 64 << 20,
         hold: Hold = contextlib.nullcontext,
+        errors: ErrorObserver | None = None,
     ) -> None:
         """`hold`: entered around the encoding of a large view off the event loop (the
-        daemon's holds full garbage collections off meanwhile: gc_pauses.py)."""
+        daemon's holds full garbage collections off meanwhile: gc_pauses.py). `errors`:
+        told the reason of each CompileStream step answered with a StepError."""
         self._c = compiles
         self._s = sessions
         self._k = checkpoints
@@ -60,7 +62,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._max_message = max_message_bytes
         self._hold = hold
         self._options = OptionsMemo()
-        self._steps = StreamSteps(compiles, sessions, chunk_bytes, self._options, hold)
+        self._steps = StreamSteps(compiles, sessions, chunk_bytes, self._options, hold, errors)
         self._lent = LentBySession()
 
     @unary

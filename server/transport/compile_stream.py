@@ -27,7 +27,7 @@ from server.transport.convert_events import events_in
 from server.transport.convert_misc import usage_in, usage_out
 from server.transport.convert_view import compile_options_in, tagged, varint
 from server.transport.drain import shutting_down
-from server.transport.errors import CODES, internal_error, shown
+from server.transport.errors import CODES, ErrorObserver, Unobserved, internal_error, shown
 from server.transport.options_memo import OptionsMemo
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
@@ -104,11 +104,15 @@ class StreamSteps:
         chunk_bytes: int,
         options: OptionsMemo,
         hold: Hold = contextlib.nullcontext,
+        errors: ErrorObserver | None = None,
     ) -> None:
+        """`errors`: told the reason of each step answered with a StepError (the stream
+        stays open, so no call status ever counts it)."""
         self._c = compiles
         self._s = sessions
         self._chunk = chunk_bytes
         self._hold = hold
+        self._errors = errors or Unobserved()
         # An agent sends the same compile request at every step: converted once.
         self._options = options
         # Views sent on any stream, by compile id: a delta's base, a resume's answer.
@@ -118,8 +122,8 @@ class StreamSteps:
         self, msg: pb.CompileStreamRequest | RefusedMessage, stream: StreamState
     ) -> Answer:
         out, source, base_id = await self._step(msg, stream)
-        if source is None:
-            return [out]
+        if source is None:  # the step failed: `out` carries its error
+            return self._failed(out)
         base = self._base(base_id, stream)
         # A chained digest continues from the base's chain values (None: hashed once).
         digest = msg.step.delta_digest if isinstance(msg, pb.CompileStreamRequest) else 0
@@ -147,7 +151,7 @@ class StreamSteps:
             )
         except Exception as exc:
             out.error.CopyFrom(step_error(internal_error(exc)))
-            return [out]
+            return self._failed(out)
         if _rebuilt(msg) and not isinstance(source, ViewBytes):
             # A rebuild is sent under its compile's id, but with another image mode or
             # other renderings it is another view: never a delta base nor a resume's
@@ -164,6 +168,13 @@ class StreamSteps:
             stream.chains[view.compile_id] = values
         self._recent.keep(view.session_id, view)
         return answer
+
+    def _failed(self, out: pb.CompileStreamResponse) -> Answer:
+        """A step's answer with its error, counted here: the one place each failed step's
+        answer leaves (`_step` and the encoding only fill `out.error`)."""
+        if out.HasField("error"):
+            self._errors.error_answered(out.error.reason)
+        return [out]
 
     def _base(self, base_id: str, stream: StreamState) -> KeptView | None:
         """The view `base_id` names when this stream sent it: from the recent views, or

@@ -11,10 +11,11 @@ import functools
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -23,6 +24,23 @@ from server.domain.errors import CtxccError, Reason
 log = logging.getLogger("ctxcc.transport")
 
 DOMAIN = "ctxcc.dev"
+_DETAILS_KEY = "grpc-status-details-bin"
+
+
+class ErrorObserver(Protocol):
+    """Where every error ctxcc answers is reported once, by its ErrorInfo reason: a
+    call's status (the interceptor) or a CompileStream step's StepError (the stream)."""
+
+    def error_answered(self, reason: str) -> None: ...
+
+
+class Unobserved:
+    """An ErrorObserver that keeps nothing: handlers built without a daemon (benchmarks,
+    unit tests)."""
+
+    def error_answered(self, reason: str) -> None:
+        pass
+
 
 CODES: dict[Reason, grpc.StatusCode] = {
     Reason.INVALID_FIELD: grpc.StatusCode.INVALID_ARGUMENT,
@@ -85,6 +103,24 @@ def shown(err: CtxccError) -> tuple[str, dict[str, str]]:
     or a stream step's StepError): cut to their limits."""
     metadata = {k: _cut(v, MAX_METADATA_VALUE) for k, v in err.metadata.items()}
     return _cut(err.message, MAX_MESSAGE), metadata
+
+
+def answered_reason(trailing_metadata: Any) -> str | None:
+    """The ErrorInfo reason of the status a call ended with, read back from its trailing
+    metadata (where `abort_with_status` puts the `google.rpc.Status`); None for a status
+    without one of ours (gRPC's own: a cancel, a deadline, a handler failed unguarded)."""
+    for key, value in trailing_metadata or ():
+        if key != _DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        try:
+            status = status_pb2.Status.FromString(value)
+        except DecodeError:  # not ours: counted by its code alone
+            return None
+        for detail in status.details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info) and info.domain == DOMAIN:
+                return str(info.reason)
+    return None
 
 
 def internal_error(exc: BaseException) -> CtxccError:

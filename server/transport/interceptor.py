@@ -25,12 +25,13 @@ import grpc
 
 from server.domain.errors import CtxccError, Reason
 from server.transport.drain import Drain, Ticket, cut_short, shutting_down
-from server.transport.errors import CODES, status_for
+from server.transport.errors import CODES, ErrorObserver, answered_reason, status_for
 from server.transport.wire import RefusedMessage, RepeatedCap, count_over, passing, string_at
 
 
-class RpcObserver(Protocol):
-    """Where the interceptor reports each call: when its handler starts, and when it ends."""
+class RpcObserver(ErrorObserver, Protocol):
+    """Where the interceptor reports each call: when its handler starts, and when it ends
+    (and the ErrorInfo reason of the status it ended with, when it has one)."""
 
     def rpc_started(self, method: str) -> None: ...
 
@@ -136,6 +137,25 @@ def _code(context: Any, failed: BaseException | None, slack: float) -> str:
     return str(code)
 
 
+def _done(
+    observer: RpcObserver,
+    name: str,
+    context: Any,
+    failed: BaseException | None,
+    slack: float,
+    started: float,
+) -> None:
+    code = _code(context, failed, slack)
+    observer.rpc_done(name, code, time.perf_counter() - started)
+    if code != "OK":
+        # Every status with our ErrorInfo passes here whoever set it (the handler's
+        # guard, this interceptor's gate before the handler, the drain's cut), and a call
+        # ends once: each is counted once, by the reason it answered.
+        reason = answered_reason(context.trailing_metadata())
+        if reason is not None:
+            observer.error_answered(reason)
+
+
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     def __init__(
         self,
@@ -208,9 +228,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                     failed = exc
                     raise
                 finally:
-                    observer.rpc_done(
-                        name, _code(context, failed, slack), time.perf_counter() - started
-                    )
+                    _done(observer, name, context, failed, slack, started)
 
             return stream
 
@@ -228,9 +246,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 failed = exc
                 raise
             finally:
-                observer.rpc_done(
-                    name, _code(context, failed, slack), time.perf_counter() - started
-                )
+                _done(observer, name, context, failed, slack, started)
 
         return unary
 
@@ -244,7 +260,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             # gRPC's own answer carries no ErrorInfo.
-            return _not_served(handler_call_details.method or "")
+            return _not_served(handler_call_details.method or "", self._observe)
         full = handler_call_details.method or ""
         service = full.strip("/").split("/")[0]
         name = method_label(full)
@@ -286,7 +302,7 @@ async def _cut_with_reason(drain: Drain, context: Any) -> AsyncIterator[None]:
             raise
 
 
-def _not_served(full: str) -> grpc.RpcMethodHandler[Any, Any]:
+def _not_served(full: str, observer: ErrorObserver) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler for `full`, a method no service has, whatever its kind (a stream
     handler fits a call of any kind): UNIMPLEMENTED with METHOD_NOT_FOUND before a
     request is read. Made per call, kept nowhere: any client may send any name."""
@@ -299,6 +315,8 @@ def _not_served(full: str) -> grpc.RpcMethodHandler[Any, Any]:
             "daemon?); server reflection lists what it serves",
             method=method,
         )
+        # Outside the calls the interceptor wraps (no method, no rpc_done): counted here.
+        observer.error_answered(err.reason.value)
         await context.abort_with_status(status_for(err))
         yield  # never reached: abort raises
 

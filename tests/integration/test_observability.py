@@ -14,14 +14,21 @@ import sys
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from bench.paths import dev_traces
+from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from server.domain.errors import Reason
 from server.replay import run
-from tests.conftest import make_config
+from tests.conftest import make_config, stubs_for
+from tests.helpers import ROUTE
 
 REPO = Path(__file__).resolve().parents[2]
 PROMTOOL = REPO / ".tools" / "promtool"
@@ -259,3 +266,55 @@ def test_dashboard_layout_and_variables_are_consistent() -> None:
         name for p in panels for t in p["targets"] for name in re.findall(r"\$\{?(\w+)", t["expr"])
     }
     assert used == defined - {"datasource"}
+
+
+def _errors_by_reason(d: Daemon) -> dict[str, float]:
+    text = generate_latest(d.telemetry.registry).decode()
+    return {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(r'^ctxcc_errors_total\{reason="(\w+)"\} (\S+)$', text, re.M)
+    }
+
+
+async def test_each_answered_error_is_counted_once_by_its_reason(short_tmp: Path) -> None:
+    token = short_tmp / "token"
+    token.write_text("t" * 32)
+    d = Daemon(make_config(short_tmp / "data", auth_token_file=str(token)))
+    await d.start()
+    assert d.endpoints.tcp is not None
+    tcp, unix = stubs_for(d.endpoints.tcp), stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        assert set(_errors_by_reason(d).values()) == {0.0}
+        # Refused by the interceptor before any handler runs (no token over TCP).
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await tcp.sessions.GetSession(spb.GetSessionRequest(session_id="gone"))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # A handler's own error, through its guard and then the interceptor.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await unix.sessions.GetSession(spb.GetSessionRequest(session_id="gone"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        # A method no service has: answered outside the calls the interceptor wraps.
+        nothing: Any = unix.channel.unary_unary("/ctxcc.v1.NoService/Nothing")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await nothing(b"")
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # Two stream steps answered in-band, then the stream ends OK: counted as steps,
+        # never again as a call.
+        call: Any = unix.compiles.CompileStream()
+        for k in range(2):
+            step = cpb.StepRequest(
+                step_id=str(k), compile=cpb.CompileRequest(session_id="gone", route=ROUTE)
+            )
+            await call.write(cpb.CompileStreamRequest(step=step))
+            answer = await call.read()
+            assert answer.error.reason == "SESSION_NOT_FOUND"
+        await call.done_writing()
+        assert await call.code() == grpc.StatusCode.OK
+
+        counted = {r: n for r, n in _errors_by_reason(d).items() if n}
+        assert counted == {"UNAUTHENTICATED": 1, "SESSION_NOT_FOUND": 3, "METHOD_NOT_FOUND": 1}
+        assert set(_errors_by_reason(d)) == {r.value for r in Reason}
+    finally:
+        await tcp.channel.close()
+        await unix.channel.close()
+        await d.stop()

@@ -15,6 +15,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 
 from server.adapters.metrics import PrometheusTelemetry
 from server.adapters.plain_metrics import PlainMetrics
+from server.domain.errors import Reason
 
 _BUCKETS = (0.5, 1, 256, 1024, 1048576)
 # Bounds exactly, between them, below the first (negative too), above the last, infinity.
@@ -127,3 +128,16 @@ def test_threads_recording_while_scraping_lose_no_update() -> None:
     assert value("ctxcc_events_appended_total") == n
     assert value("ctxcc_appended_bytes_total") == 3 * n
     assert value('ctxcc_rpc_duration_seconds_count{code="OK",method="m3-99"}') == n / 4 / 100
+
+
+def test_every_error_reason_has_a_series_at_zero_from_the_start() -> None:
+    # rate() needs two samples: a series born at a failing disk's first error would keep
+    # CtxccServerErrors quiet through it.
+    telemetry = PrometheusTelemetry("test")
+    text = generate_latest(telemetry.registry).decode()
+    for reason in Reason:
+        assert f'ctxcc_errors_total{{reason="{reason.value}"}} 0.0' in text, reason
+    telemetry.error_answered("STORAGE_FAILURE")
+    text = generate_latest(telemetry.registry).decode()
+    assert 'ctxcc_errors_total{reason="STORAGE_FAILURE"} 1.0' in text
+    assert 'ctxcc_errors_total{reason="SHUTTING_DOWN"} 0.0' in text
