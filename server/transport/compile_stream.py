@@ -27,7 +27,14 @@ from server.transport.convert_events import events_in
 from server.transport.convert_misc import usage_in, usage_out
 from server.transport.convert_view import compile_options_in, tagged, varint
 from server.transport.drain import shutting_down
-from server.transport.errors import CODES, ErrorObserver, Unobserved, internal_error, shown
+from server.transport.errors import (
+    CODES,
+    ErrorObserver,
+    Unobserved,
+    internal_error,
+    logged,
+    shown,
+)
 from server.transport.options_memo import OptionsMemo
 from server.transport.recent_views import KeptView, RecentViews
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
@@ -452,7 +459,9 @@ def _encoded(out: pb.CompileStreamResponse, field: int, payload: bytes) -> Encod
 
 def step_error(err: CtxccError) -> pb.StepError:
     """A step's failure, reported in the step's response: the stream stays open. Its
-    message and metadata as a unary call's status would carry them (cut the same way)."""
+    message and metadata as a unary call's status would carry them (cut the same way), and
+    logged as its status would be."""
+    logged(err)
     message, metadata = shown(err)
     code = CODES[err.reason].value[0]
     return pb.StepError(code=code, reason=err.reason.value, message=message, metadata=metadata)

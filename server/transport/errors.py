@@ -86,9 +86,15 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def status_for(err: CtxccError) -> grpc.Status:
+def logged(err: CtxccError) -> None:
+    """The store's failures go to the daemon's log with RocksDB's words (`detail`), which
+    the client never sees: how an operator paged for them finds the damaged table."""
     if err.reason in (Reason.RECORD_CORRUPT, Reason.STORAGE_FAILURE):
         log.error("%s: %s", err.reason.value, getattr(err, "detail", err.message))
+
+
+def status_for(err: CtxccError) -> grpc.Status:
+    logged(err)
     message, metadata = shown(err)
     info = error_details_pb2.ErrorInfo(reason=err.reason.value, domain=DOMAIN, metadata=metadata)
     detail = any_pb2.Any()

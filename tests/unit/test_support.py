@@ -117,3 +117,23 @@ def test_error_details_quoting_client_input_are_cut_to_fit_trailers() -> None:
     st = status_for(err)
     details = dict(st.trailing_metadata)["grpc-status-details-bin"]
     assert len(details) < 2_000 and len(st.details) <= 1_000
+
+
+def test_a_store_failure_is_logged_with_its_detail_as_a_step_error_as_a_status(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The client sees "stored data is damaged"; RocksDB's words (which table file) only
+    # ever reach the daemon's log, where an operator paged for them looks.
+    from server.transport.compile_stream import step_error
+    from server.transport.errors import status_for
+    from storage.rocks import ReadFailedError
+
+    err = ReadFailedError(Exception("Corruption: block checksum mismatch in 000012.sst"))
+    with caplog.at_level("ERROR", logger="ctxcc.transport"):
+        step_error(err)
+        status_for(err)
+    said = [r.getMessage() for r in caplog.records if r.name == "ctxcc.transport"]
+    assert (
+        said
+        == ["RECORD_CORRUPT: RocksDB read: Corruption: block checksum mismatch in 000012.sst"] * 2
+    )
