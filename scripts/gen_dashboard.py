@@ -93,6 +93,8 @@ def variable(name: str, label: str, query: str) -> dict[str, Any]:
 # fall), drawn below zero so that the stack still adds up to the estimate.
 NEGATIVE = 'layer="provider_overhead_negative"'
 NOT_NEGATIVE = 'layer!="provider_overhead_negative"'
+# The reasons CtxccServerErrors counts: the daemon's own failures.
+OWN_FAULT = 'reason=~"STORAGE_FAILURE|RECORD_CORRUPT|INTERNAL"'
 
 
 def panels() -> list[dict[str, Any]]:
@@ -273,6 +275,24 @@ def panels() -> list[dict[str, Any]]:
                 (q(0.99, "le", "ctxcc_storage_write_duration_seconds_bucket"), "p99"),
             ],
             unit="s",
+        ),
+        panel(
+            14,
+            "Errors by reason",
+            12,
+            48,
+            [
+                (f"sum(rate({m('ctxcc_errors_total', OWN_FAULT)}[{RI}]))", "the daemon's own"),
+                (f"{sum_rate('reason', 'ctxcc_errors_total')} > 0", "{{reason}}"),
+            ],
+            unit="ops",
+            description=(
+                "Every error answered, calls' statuses and CompileStream steps' in-band "
+                "errors alike, by ErrorInfo reason: a failing disk (STORAGE_FAILURE) and a "
+                "drain (SHUTTING_DOWN) are both UNAVAILABLE by code. The daemon's own: "
+                "STORAGE_FAILURE, RECORD_CORRUPT and INTERNAL, which CtxccServerErrors "
+                "counts."
+            ),
         ),
     ]
 

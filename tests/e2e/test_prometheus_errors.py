@@ -5,7 +5,11 @@ check the durations): two daemons, one of them on a store with a damaged table f
 Every step of the damaged session's agent answers DATA_LOSS while the daemon stays
 SERVING and every other rule stays quiet: CtxccServerErrors must name that daemon. The
 other daemon's clients send invalid requests, ask for sessions that do not exist and
-create ones that do: the clients' errors, which must page no one."""
+create ones that do: the clients' errors, which must page no one.
+
+The same damaged session stepped over CompileStream (as the official clients step):
+each step's failure is answered in-band (a StepError, the stream stays open), so no
+call's status code ever shows it; `ctxcc_errors_total` counts it by its reason."""
 
 from __future__ import annotations
 
@@ -122,7 +126,7 @@ def test_server_errors_fire_for_the_damaged_daemon_and_clients_errors_do_not(
 
         fired = until(f"{ALERT} fires", lambda: prom.alerts(ALERT).get(DAMAGED))
         assert fired["labels"]["severity"] == "warning"
-        assert "calls in 10 minutes on its own side" in fired["annotations"]["summary"]
+        assert "errors in 10 minutes on its own side" in fired["annotations"]["summary"]
         prom.wait_scrapes(3)
         for state in ("pending", "firing"):
             assert CLUMSY not in prom.alerts(ALERT, state), state
@@ -138,3 +142,57 @@ def test_server_errors_fire_for_the_damaged_daemon_and_clients_errors_do_not(
             prom.stop()
         damaged.ensure_stopped()
         clumsy.ensure_stopped()
+
+
+def test_stream_steps_on_a_damaged_record_are_counted_by_reason_and_fire(
+    short_tmp: Path, tmp_path: Path
+) -> None:
+    damaged_store(short_tmp / "a", tmp_path / "a.log")
+    damaged = DaemonProcess(short_tmp / "a", log_path=tmp_path / "a.log").start()
+    prom: Prometheus | None = None
+    try:
+        targets = {DAMAGED: str(damaged.wait_ready()["metrics"])}
+        prom = Prometheus(tmp_path, targets, rules_firing_at_once(tmp_path))
+        prom.start()
+        prom.wait_scrapes(2)
+
+        # One stream, as an agent holds it: eight steps of the damaged session, and two of
+        # a session that does not exist (the client's mistake, counted apart).
+        steps = [
+            cpb.CompileStreamRequest(
+                step=cpb.StepRequest(
+                    step_id=f"step-{k}",
+                    compile=cpb.CompileRequest(session_id="s" if k < 8 else "gone", route=ROUTE),
+                )
+            )
+            for k in range(10)
+        ]
+        with grpc.insecure_channel(damaged.target) as ch:
+            compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+            answers = list(compiles.CompileStream(iter(steps), timeout=120))
+        # Every step answered in-band, the stream ended OK by its client.
+        assert [a.step_id for a in answers] == [f"step-{k}" for k in range(10)]
+        assert [a.error.reason for a in answers] == ["RECORD_CORRUPT"] * 8 + [
+            "SESSION_NOT_FOUND"
+        ] * 2
+        assert all(a.error.code == grpc.StatusCode.DATA_LOSS.value[0] for a in answers[:8])
+        assert damaged.health() == health_pb2.HealthCheckResponse.SERVING
+
+        # Counted once per failed step, by reason; no call ended with an error.
+        assert damaged.metric("ctxcc_errors_total", reason="RECORD_CORRUPT") == 8
+        assert damaged.metric("ctxcc_errors_total", reason="SESSION_NOT_FOUND") == 2
+        assert damaged.metric("ctxcc_errors_total") == 10
+        assert damaged.metric("ctxcc_rpc_errors_total") == 0
+        # RocksDB's words for each, in the log the alert sends the operator to.
+        assert (tmp_path / "a.log").read_text().count("RECORD_CORRUPT: RocksDB read") == 8
+
+        until(
+            f"{ALERT} pending or firing",
+            lambda: any(DAMAGED in prom.alerts(ALERT, state) for state in ("pending", "firing")),
+        )
+        fired = until(f"{ALERT} fires", lambda: prom.alerts(ALERT).get(DAMAGED))
+        assert fired["labels"]["severity"] == "warning"
+    finally:
+        if prom is not None:
+            prom.stop()
+        damaged.ensure_stopped()
