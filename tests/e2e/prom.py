@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -345,3 +345,12 @@ def grafana_expr(expr: str, variables: dict[str, str], rate_interval: str) -> st
     for name in sorted(variables, key=len, reverse=True):
         out = out.replace(f"${{{name}}}", variables[name]).replace(f"${name}", variables[name])
     return out
+
+
+def until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    """Polls `check` until it returns something true; fails with `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
+        time.sleep(0.2)
+    return got

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2
 from ctxcc.v1 import session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import DaemonProcess, tmpfs
-from tests.e2e.prom import Prometheus, _free_port, rules_firing_at_once
+from tests.e2e.prom import Prometheus, _free_port, rules_firing_at_once, until
 from tests.e2e.test_disk_full import fill, wait_started
 from tests.helpers import error_info, user
 
@@ -45,15 +45,6 @@ def volume(short_tmp: Path) -> Iterator[Path]:
 def statvfs_space(path: Path) -> tuple[int, int]:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    """Polls `check` until it returns something true; fails with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
-        time.sleep(0.2)
-    return got
 
 
 def append(stub: Any, n: int) -> str:

@@ -13,7 +13,6 @@ call's status code ever shows it; `ctxcc_errors_total` counts it by its reason."
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,20 +26,11 @@ from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.contract.test_rocks import damaged_table
 from tests.e2e.proc import DaemonProcess
-from tests.e2e.prom import Prometheus, rules_firing_at_once
+from tests.e2e.prom import Prometheus, rules_firing_at_once, until
 from tests.helpers import ROUTE, user
 
 ALERT = "CtxccServerErrors"
 DAMAGED, CLUMSY = "agent-0", "agent-1"
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    """Polls `check` until it returns something true; fails with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
-        time.sleep(0.2)
-    return got
 
 
 def damaged_store(data: Path, log: Path) -> None:

@@ -9,8 +9,6 @@ fired; per daemon, the damaged one is named and the busy one is not."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from storage.kv import Batch
 from storage.rocks import open_rocks
 from tests.e2e.proc import DaemonProcess
-from tests.e2e.prom import Prometheus, rules_firing_at_once
+from tests.e2e.prom import Prometheus, rules_firing_at_once, until
 from tests.helpers import ROUTE, assistant, user
 
 ALERT = "CtxccProjectionFallbacks"
@@ -41,15 +39,6 @@ FLEET_RATIO = (
     'sum(rate(ctxcc_projection_fallbacks_total{reason!="route_mismatch"}[10m]))'
     " / sum(rate(ctxcc_compile_decisions_total[10m]))"
 )
-
-
-def until(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    """Polls `check` until it returns something true; fails with `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, f"{what}: not after {timeout} s"
-        time.sleep(0.2)
-    return got
 
 
 class Agent:
