@@ -155,6 +155,18 @@ class Daemon:
         self.session_servicer: SessionServicer | None = None
         self.compile_servicer: CompileServicer | None = None
 
+    def _boundary(self) -> BoundaryInterceptor:
+        cfg = self.cfg
+        boundary = BoundaryInterceptor(
+            self.telemetry,
+            auth_token(cfg),
+            self._drain,
+            request_caps(cfg.max_events_per_append, cfg.max_tools),
+            cfg.max_request_bytes_in_memory,
+        )
+        self.telemetry.watch_requests(lambda: boundary.requests.held)
+        return boundary
+
     async def start(self) -> Endpoints:
         cfg = self.cfg
         kernel = kernel_text(cfg)
@@ -231,14 +243,7 @@ class Daemon:
 
         self.telemetry.expect_rpcs(rpc_methods(), error_codes())
         server = grpc.aio.server(
-            interceptors=[
-                BoundaryInterceptor(
-                    self.telemetry,
-                    auth_token(self.cfg),
-                    self._drain,
-                    request_caps(cfg.max_events_per_append, cfg.max_tools),
-                )
-            ],
+            interceptors=[self._boundary()],
             options=[
                 ("grpc.max_receive_message_length", cfg.max_message_bytes),
                 ("grpc.max_send_message_length", cfg.max_message_bytes),

@@ -112,6 +112,7 @@ class Config:
     blob_threshold_bytes: int
     max_artifact_bytes: int
     max_message_bytes: int
+    max_request_bytes_in_memory: int
     disk_reserve_bytes: int
     stream_chunk_bytes: int
     compile_memo_bytes: int
@@ -324,6 +325,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         blob_threshold_bytes=int_setting(raw, "blob_threshold_bytes", minimum=256),
         max_artifact_bytes=int_setting(raw, "max_artifact_bytes", minimum=1),
         max_message_bytes=message_bytes(raw),
+        max_request_bytes_in_memory=int_setting(raw, "max_request_bytes_in_memory", minimum=0),
         disk_reserve_bytes=int_setting(raw, "disk_reserve_bytes"),
         stream_chunk_bytes=int_setting(raw, "stream_chunk_bytes", minimum=1024),
         compile_memo_bytes=int_setting(raw, "compile_memo_bytes", minimum=0),

@@ -100,6 +100,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact", kind="int"),
     Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted", kind="int"),
     Setting(
+        "max_request_bytes_in_memory",
+        str(64 << 20),
+        "bytes of requests of 64 KiB or more that calls in progress may hold together; past "
+        "it such a request answers RESOURCE_EXHAUSTED/QUOTA_EXCEEDED (retry later), one "
+        "alone always passes; 0 = no limit",
+        kind="int",
+    ),
+    Setting(
         "disk_reserve_bytes",
         str(64 << 20),
         "space held back beside RocksDB so it can always recover from a full disk; writes "

@@ -30,6 +30,16 @@ def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
     raise AssertionError(f"no ErrorInfo on error {err!r}")
 
 
+def varint(n: int) -> bytes:
+    """`n` as protobuf's base-128 varint: for messages encoded by hand."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
 def user(text: str, event_id: str = "") -> event_pb2.Event:
     ev = event_pb2.Event(event_id=event_id)
     ev.user_message.parts.add(text=text)

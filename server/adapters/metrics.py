@@ -357,6 +357,15 @@ class PrometheusTelemetry:
     def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
         self.registry.register(_StoreCollector(sessions, footprint))
 
+    def watch_requests(self, held: Callable[[], int]) -> None:
+        """`held`: bytes of large requests calls in progress hold now (read at a scrape)."""
+        Gauge(
+            "ctxcc_request_bytes_in_memory",
+            "Bytes of requests of 64 KiB or more that calls in progress hold (decoded and "
+            "worked on), against --max-request-bytes-in-memory.",
+            registry=self.registry,
+        ).set_function(held)
+
     def watch_tokenizers(self, names: Iterable[str], loaded: Callable[[], Collection[str]]) -> None:
         self.registry.register(_TokenizerCollector(names, loaded))
 

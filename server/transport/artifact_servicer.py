@@ -10,10 +10,11 @@ import grpc
 from ctxcc.v1 import artifact_service_pb2 as pb
 from ctxcc.v1 import artifact_service_pb2_grpc as pb_grpc
 from ctxcc.v1 import common_pb2
-from server.domain.errors import CtxccError, Reason, invalid
+from server.domain.errors import invalid
 from server.domain.records import ArtifactRecord
 from server.service.artifacts import ArtifactHeader, ArtifactUseCases
 from server.transport.errors import streaming, unary
+from server.transport.held import HeldBytes
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 DOWNLOAD_CHUNK = 256 << 10
@@ -24,33 +25,6 @@ DOWNLOAD_CHUNK = 256 << 10
 # call ends, since gRPC keeps what a reader has not taken yet (30 unread downloads of
 # 19 MiB held ~625 MB).
 MEMORY_IN_ARTIFACTS = 8
-
-
-class HeldBytes:
-    """Bytes held by calls in progress of one kind, against one budget (on the event
-    loop): `what` names them in the refusal, `quota` in its ErrorInfo."""
-
-    def __init__(self, limit: int, what: str = "uploads", quota: str = "upload") -> None:
-        self.limit = limit
-        self.held = 0
-        self._what = what
-        self._quota = f"{quota}_bytes_in_memory"
-
-    def take(self, size: int) -> None:
-        # One call alone always passes: an artifact stored under a larger
-        # --max-artifact-bytes may be over the whole budget, and retrying never helps it.
-        if self.held and self.held + size > self.limit:
-            raise CtxccError(
-                Reason.QUOTA_EXCEEDED,
-                f"{self._what} in progress hold {self.held} bytes; {size} more would pass "
-                f"the daemon's {self.limit}; retry later",
-                quota=self._quota,
-                limit=str(self.limit),
-            )
-        self.held += size
-
-    def give(self, size: int) -> None:
-        self.held -= size
 
 
 def ref_out(r: ArtifactRecord) -> common_pb2.ArtifactRef:

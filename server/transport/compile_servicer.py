@@ -129,6 +129,9 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                 with self._drain.busy():
                     for part in await self._steps.answer(msg, stream):
                         yield part
+                # Not held while the stream waits for its next step: the request budget
+                # counts a step's bytes until it is answered (a step may carry MBs).
+                del msg
         finally:
             closed.cancel()
 

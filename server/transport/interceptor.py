@@ -26,6 +26,7 @@ import grpc
 from server.domain.errors import CtxccError, Reason
 from server.transport.drain import Drain, Ticket, cut_short, shutting_down
 from server.transport.errors import CODES, ErrorObserver, answered_reason, status_for
+from server.transport.held import Charge, HeldBytes
 from server.transport.wire import RefusedMessage, RepeatedCap, count_over, passing, string_at
 
 
@@ -89,12 +90,30 @@ class _Malformed:
         return self.error if isinstance(self.error, CtxccError) else _malformed()
 
 
+class _Charged:
+    """A decoded request and the bytes it holds of the request budget (see `_safe`)."""
+
+    __slots__ = ("charge", "message")
+
+    def __init__(self, message: Any, charge: Charge) -> None:
+        self.message, self.charge = message, charge
+
+
+# Requests smaller than this are never counted against the request budget: an agent's
+# steps and appends are a few KB, and counting them would cost every call for nothing.
+UNCOUNTED_REQUEST_BYTES = 64 << 10
+
+
 def _safe(
-    deserializer: Callable[[bytes], Any] | None, caps: tuple[RepeatedCap, ...] = ()
+    deserializer: Callable[[bytes], Any] | None,
+    caps: tuple[RepeatedCap, ...] = (),
+    budget: HeldBytes | None = None,
 ) -> Callable[[bytes], Any] | None:
     if deserializer is None:
         return None
     tries = tuple((cap, cap.trie()) for cap in caps)
+    # Where a stream's message names itself, to be refused in-band under that name.
+    ids = tuple(dict.fromkeys(cap.id_path for cap in caps if cap.id_path))
 
     def decode(data: bytes) -> Any:
         for cap, trie in tries:
@@ -103,12 +122,54 @@ def _safe(
                 return RefusedMessage(string_at(data, cap.id_path), cap.error(over))
             if over is not None:
                 return _Malformed(cap.error(over))
+        charge = None
+        if budget is not None and len(data) >= UNCOUNTED_REQUEST_BYTES:
+            # A request holds ~6 copies of its bytes while it is decoded and worked on
+            # (gRPC's, the parsed message, its strings, the stored encoding, RocksDB's
+            # batch and memtable): one 60 MB append peaked 386 MB over an idle daemon,
+            # four at once 1.15 GB, past a 768 MiB pod's limit. Over the budget a request
+            # is refused before it is parsed.
+            err = budget.refusal(len(data))
+            if err is not None and ids:
+                named = next(filter(None, (string_at(data, p) for p in ids)), "")
+                return RefusedMessage(named, err)
+            if err is not None:
+                return _Malformed(err)
+            charge = Charge(budget, len(data))
         try:
-            return deserializer(data)
+            message = deserializer(data)
         except Exception as exc:  # the parser's text stays in the daemon
             return _Malformed(exc)
+        return message if charge is None else _Charged(message, charge)
 
     return decode
+
+
+# What a request holds of the budget when it holds nothing.
+_NO_CHARGE = Charge(HeldBytes(0), 0)
+
+
+def _unwrapped(request: Any) -> tuple[Any, Charge]:
+    """A request as its handler takes it, and the budget it holds (see `_safe`)."""
+    if type(request) is _Charged:
+        return request.message, request.charge
+    return request, _NO_CHARGE
+
+
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A stream's messages: a refused one ends the call with its error. A message's bytes
+    are held of the request budget until the handler asks for the next one (a
+    CompileStream step: once it is answered), or the call ends."""
+    held = _NO_CHARGE
+    try:
+        async for item in requests:
+            held.release()
+            message, held = _unwrapped(item)
+            if isinstance(message, _Malformed):
+                raise message.answer()
+            yield message
+    finally:
+        held.release()
 
 
 def _malformed() -> CtxccError:
@@ -163,11 +224,15 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         auth_token: str = "",
         drain: Drain | None = None,
         caps: Mapping[str, tuple[RepeatedCap, ...]] | None = None,
+        request_bytes: int = 0,
     ) -> None:
         self._observe = observe
         self._token = auth_token
         self._drain = drain or Drain()
         self._caps = dict(caps or {})
+        # Bytes of large requests decoded and not yet done with, all calls together.
+        self.requests = HeldBytes(request_bytes, "large requests", "request")
+        self._budget = self.requests if request_bytes > 0 else None
         # (request decoder, response encoder) by method: the same for every call of it.
         self._codecs: dict[str, tuple[Any, Any]] = {}
 
@@ -196,12 +261,6 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             ticket = self._drain.admit(counted)
         running = ticket.running if ticket is not None else contextlib.nullcontext
 
-        async def checked_requests(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-            async for item in requests:
-                if isinstance(item, _Malformed):
-                    raise item.answer()
-                yield item
-
         async def gate(request: Any, context: Any) -> Any:
             err = shutting_down() if ticket is None and not open_service else None
             err = err or denied(context, service)
@@ -209,7 +268,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 err = request.answer()
             if err is not None:
                 await context.abort_with_status(status_for(err))
-            return checked_requests(request) if streaming_in else request
+            return _checked(request) if streaming_in else request
 
         if inspect.isasyncgenfunction(behavior):
 
@@ -217,6 +276,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 started = time.perf_counter()
                 slack = _deadline_slack(context)
                 failed: BaseException | None = None
+                request, charge = _unwrapped(request)  # a charge held until the stream ends
                 observer.rpc_started(name)
                 try:
                     with running():
@@ -228,6 +288,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                     failed = exc
                     raise
                 finally:
+                    charge.release()
                     _done(observer, name, context, failed, slack, started)
 
             return stream
@@ -236,6 +297,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             started = time.perf_counter()
             slack = _deadline_slack(context)
             failed: BaseException | None = None
+            request, charge = _unwrapped(request)  # a charge held until the handler returns
             observer.rpc_started(name)
             try:
                 with running():
@@ -246,6 +308,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
                 failed = exc
                 raise
             finally:
+                charge.release()
                 _done(observer, name, context, failed, slack, started)
 
         return unary
@@ -267,7 +330,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         codecs = self._codecs.get(full)
         if codecs is None:
             codecs = self._codecs[full] = (
-                _safe(handler.request_deserializer, self._caps.get(full, ())),
+                _safe(handler.request_deserializer, self._caps.get(full, ()), self._budget),
                 passing(handler.response_serializer),
             )
         kw = {"request_deserializer": codecs[0], "response_serializer": codecs[1]}

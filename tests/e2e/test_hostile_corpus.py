@@ -45,7 +45,7 @@ from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
 from ctxcc.v1 import tool_service_pb2 as tpb
 from tests.e2e.proc import DaemonProcess
-from tests.helpers import png_upload
+from tests.helpers import png_upload, varint
 
 P99_BOUND_S = 0.250
 QUIET_WINDOW_S = 0.5
@@ -350,15 +350,6 @@ def _bad_environment(env: Env) -> Any:
     return env.compile("badenv", environment=cpb.Environment(working_directory="/tmp/a\x00b"))
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _million_events(env: Env, before: bytes = b"", sid: str = "flood") -> Any:
     """2,000,000 one-character user messages in one AppendEvents to a new session `sid`,
     encoded by hand (the Python message API would take the client longer than the
@@ -368,7 +359,7 @@ def _million_events(env: Env, before: bytes = b"", sid: str = "flood") -> Any:
     ev = event_pb2.Event()
     ev.user_message.parts.add(text="x")
     one = ev.SerializeToString()
-    field = b"\x12" + _varint(len(one)) + one
+    field = b"\x12" + varint(len(one)) + one
     body = before + _len_field(1, sid.encode()) + field * 2_000_000
     call: Any = env.channel.unary_unary("/ctxcc.v1.SessionService/AppendEvents")
     return call(body, timeout=60)
@@ -376,7 +367,7 @@ def _million_events(env: Env, before: bytes = b"", sid: str = "flood") -> Any:
 
 # An empty group of an unknown field (99): no field of ours is a group, and the decoder
 # keeps it as an unknown field; the wire count must step over it, not give up.
-_UNKNOWN_GROUP = _varint(99 << 3 | 3) + _varint(99 << 3 | 4)
+_UNKNOWN_GROUP = varint(99 << 3 | 3) + varint(99 << 3 | 4)
 
 
 # Each over-limit list below ends with an element that is not valid UTF-8: decoding the
@@ -386,7 +377,7 @@ _BAD_STRING = b"\xff\xfe"
 
 
 def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def _raw_unary(env: Env, method: str, body: bytes) -> Any:
