@@ -163,6 +163,7 @@ class Daemon:
             self._drain,
             request_caps(cfg.max_events_per_append, cfg.max_tools),
             cfg.max_request_bytes_in_memory,
+            cfg.max_calls_in_progress,
         )
         self.telemetry.watch_requests(lambda: boundary.requests.held)
         return boundary

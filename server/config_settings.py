@@ -100,6 +100,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_artifact_bytes", str(20 << 20), "bytes of one uploaded artifact", kind="int"),
     Setting("max_message_bytes", str(64 << 20), "largest gRPC message accepted", kind="int"),
     Setting(
+        "max_calls_in_progress",
+        "8192",
+        "calls in their handlers at once (open streams and watches included); past it a "
+        "new call answers RESOURCE_EXHAUSTED/QUOTA_EXCEEDED (retry later); health checks "
+        "always answer; 0 = no limit",
+        kind="int",
+    ),
+    Setting(
         "max_request_bytes_in_memory",
         str(64 << 20),
         "bytes of requests of 64 KiB or more that calls in progress may hold together; past "

@@ -127,6 +127,11 @@ class Drain:
             self._running.discard(task)
 
     @property
+    def in_handlers(self) -> int:
+        """The calls in their handlers now, idle streams included."""
+        return len(self._running)
+
+    @property
     def running(self) -> int:
         """The calls in their handlers the drain waits for (idle streams are not)."""
         return self._busy

@@ -225,10 +225,12 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         drain: Drain | None = None,
         caps: Mapping[str, tuple[RepeatedCap, ...]] | None = None,
         request_bytes: int = 0,
+        max_calls: int = 0,
     ) -> None:
         self._observe = observe
         self._token = auth_token
         self._drain = drain or Drain()
+        self._max_calls = max_calls
         self._caps = dict(caps or {})
         # Bytes of large requests decoded and not yet done with, all calls together.
         self.requests = HeldBytes(request_bytes, "large requests", "request")
@@ -250,10 +252,33 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
             return None
         return CtxccError(Reason.UNAUTHENTICATED, "a valid bearer token is required over TCP")
 
+    def _refused(self, context: Any, service: str) -> CtxccError | None:
+        """Why a call is turned away before its handler: no valid token, or too many calls
+        (health answers however many there are)."""
+        if service in _OPEN_SERVICES:
+            return None
+        return self._denied(context, service) or self._crowded()
+
+    def _crowded(self) -> CtxccError | None:
+        """Each call in its handler costs ~25-30 KB (gRPC's call, its task, its stream's
+        state) however little it sends: 5,000 idle CompileStreams or uploads held ~140 MB,
+        and nothing else bounded how many a client keeps open. The calling one is among
+        those counted."""
+        most = self._max_calls
+        if not most or self._drain.in_handlers <= most:
+            return None
+        return CtxccError(
+            Reason.QUOTA_EXCEEDED,
+            f"the daemon already has {most} calls in progress (open streams and watches "
+            "included); retry later, or end streams that are not used",
+            quota="calls_in_progress",
+            limit=str(most),
+        )
+
     def _wrap(
         self, behavior: Any, name: str, service: str, streaming_in: bool, counted: bool
     ) -> Any:
-        observer, denied, drain = self._observe, self._denied, self._drain
+        observer, refused, drain = self._observe, self._refused, self._drain
         # Health answers NOT_SERVING through the drain; other calls are turned away.
         open_service = service in _OPEN_SERVICES
         ticket: Ticket | None = None
@@ -263,7 +288,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
         async def gate(request: Any, context: Any) -> Any:
             err = shutting_down() if ticket is None and not open_service else None
-            err = err or denied(context, service)
+            err = err or refused(context, service)
             if err is None and not streaming_in and isinstance(request, _Malformed):
                 err = request.answer()
             if err is not None:

@@ -189,6 +189,14 @@ class DaemonProcess:
             assert time.monotonic() < deadline, f"{calls} {method} never reached their handler"
             time.sleep(0.05)
 
+    def wait_in_flight_at_most(self, method: str, calls: int, timeout: float = 60) -> None:
+        """Polls `ctxcc_rpcs_in_flight` until at most `calls` calls of `method` are in their
+        handler."""
+        deadline = time.monotonic() + timeout
+        while (now := self.metric("ctxcc_rpcs_in_flight", method=method)) > calls:
+            assert time.monotonic() < deadline, f"{now} {method} still in their handler"
+            time.sleep(0.05)
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
