@@ -380,8 +380,10 @@ class Daemon:
             COLLECTIONS.held,
             self.telemetry,
         )
+        servicer = self.compile_servicer
+        self.telemetry.watch_stream_views(lambda: servicer.stream_view_bytes)
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.session_servicer, server)
-        compile_service_pb2_grpc.add_CompileServiceServicer_to_server(self.compile_servicer, server)
+        compile_service_pb2_grpc.add_CompileServiceServicer_to_server(servicer, server)
 
     async def _set_health(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse

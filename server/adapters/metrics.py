@@ -359,12 +359,24 @@ class PrometheusTelemetry:
 
     def watch_requests(self, held: Callable[[], int]) -> None:
         """`held`: bytes of large requests calls in progress hold now (read at a scrape)."""
-        Gauge(
+        self._read_at_scrape(
             "ctxcc_request_bytes_in_memory",
             "Bytes of requests of 64 KiB or more that calls in progress hold (decoded and "
             "worked on), against --max-request-bytes-in-memory.",
-            registry=self.registry,
-        ).set_function(held)
+            held,
+        )
+
+    def watch_stream_views(self, held: Callable[[], int]) -> None:
+        """`held`: bytes of the last views open CompileStreams keep now."""
+        self._read_at_scrape(
+            "ctxcc_stream_view_bytes",
+            "Bytes of the last views open CompileStreams keep between steps (each its next "
+            "step's delta base), counted whole; bounded together.",
+            held,
+        )
+
+    def _read_at_scrape(self, name: str, doc: str, value: Callable[[], int]) -> None:
+        Gauge(name, doc, registry=self.registry).set_function(value)
 
     def watch_tokenizers(self, names: Iterable[str], loaded: Callable[[], Collection[str]]) -> None:
         self.registry.register(_TokenizerCollector(names, loaded))

@@ -65,6 +65,11 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         self._steps = StreamSteps(compiles, sessions, chunk_bytes, self._options, hold, errors)
         self._lent = LentBySession()
 
+    @property
+    def stream_view_bytes(self) -> int:
+        """Bytes of the last views the open streams keep (see stream_views.py)."""
+        return self._steps.kept.held
+
     @unary
     async def Compile(
         self, request: pb.CompileRequest, context: Ctx
@@ -134,6 +139,7 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
                 del msg
         finally:
             closed.cancel()
+            self._steps.kept.closed(stream)
 
     @unary
     async def ReportUsage(

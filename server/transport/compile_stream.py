@@ -37,6 +37,7 @@ from server.transport.errors import (
 )
 from server.transport.options_memo import OptionsMemo
 from server.transport.recent_views import KeptView, RecentViews
+from server.transport.stream_views import StreamViews
 from server.transport.view_bytes import LentRecords, ViewBytes, view_bytes
 from server.transport.view_delta import chained_delta_record, delta_record
 from server.transport.view_size import ON_LOOP_CHARS, size_hint, unshared_hint
@@ -124,6 +125,8 @@ class StreamSteps:
         self._options = options
         # Views sent on any stream, by compile id: a delta's base, a resume's answer.
         self._recent = RecentViews()
+        # Each open stream's last view, bounded together.
+        self.kept = StreamViews()
 
     async def answer(
         self, msg: pb.CompileStreamRequest | RefusedMessage, stream: StreamState
@@ -159,6 +162,7 @@ class StreamSteps:
         except Exception as exc:
             out.error.CopyFrom(step_error(internal_error(exc)))
             return self._failed(out)
+        self.kept.kept(stream)
         if _rebuilt(msg) and not isinstance(source, ViewBytes):
             # A rebuild is sent under its compile's id, but with another image mode or
             # other renderings it is another view: never a delta base nor a resume's
