@@ -30,6 +30,18 @@ log = logging.getLogger("ctxcc.web")
 # Seconds a page's reader may take to read it: one that stops reading held its page
 # (up to a few MB) and its handler for as long as the connection stayed open.
 WRITE_TIMEOUT_S = 60.0
+# Connections open at once, and the seconds one may stay without a request in progress
+# (before its first, between two): aiohttp's default held a connection that never
+# finished its request line for an hour, so 5,000 half-sent requests held 5,000 of the
+# daemon's descriptors (those its compiles read instruction files with). A browser
+# opens a few connections per origin; live pages hold one each (16 per session).
+MAX_CONNECTIONS = 256
+IDLE_S = 30.0
+# What a connection past MAX_CONNECTIONS gets, before any of its request is read.
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n"
+    b"Retry-After: 1\r\n\r\n"
+)
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -285,12 +297,37 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
 
 
 class WebServer:
-    def __init__(self, runner: web.AppRunner, address: str) -> None:
+    def __init__(
+        self, runner: web.AppRunner, listener: asyncio.AbstractServer, address: str
+    ) -> None:
         self._runner = runner
+        self._listener = listener
         self.address = address
 
     async def stop(self) -> None:
+        self._listener.close()  # no new connections; the runner ends the open ones
         await self._runner.cleanup()
+        await self._listener.wait_closed()
+
+
+class _Turned(asyncio.Protocol):
+    """A connection past MAX_CONNECTIONS: told so and closed, nothing of it read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_BUSY)
+        transport.close()
+
+
+def _capped(server: web.Server, most: int) -> Callable[[], asyncio.BaseProtocol]:
+    """aiohttp's protocol factory, turning connections away past `most` open ones."""
+
+    def make() -> asyncio.BaseProtocol:
+        if len(server.connections) >= most:
+            return _Turned()
+        return server()
+
+    return make
 
 
 async def start_web(inspect: InspectUseCases, settings: WebSettings) -> WebServer:
@@ -300,14 +337,19 @@ async def start_web(inspect: InspectUseCases, settings: WebSettings) -> WebServe
         build_app(inspect, settings),
         access_log=None,  # URLs carry session ids; the daemon's logs carry no client data
         shutdown_timeout=settings.shutdown_timeout,
+        keepalive_timeout=IDLE_S,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, int(port), reuse_port=False)
+    assert runner.server is not None
     try:
-        await site.start()
+        # Listened on here rather than through aiohttp's TCPSite, whose factory cannot be
+        # wrapped: the cap on connections needs to see each one come.
+        listener = await asyncio.get_running_loop().create_server(
+            _capped(runner.server, MAX_CONNECTIONS), host, int(port), reuse_port=False
+        )
     except OSError:
         await runner.cleanup()
         raise
-    bound = runner.addresses[0]
+    bound = listener.sockets[0].getsockname()
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-    return WebServer(runner, f"{shown}:{bound[1]}")
+    return WebServer(runner, listener, f"{shown}:{bound[1]}")
