@@ -7,6 +7,9 @@ from __future__ import annotations
 
 def parse_front_matter(text: str) -> tuple[dict[str, str | tuple[str, ...]], str]:
     """Returns (fields, body). Without front matter: ({}, text)."""
+    # A leading byte-order mark (editors on Windows save UTF-8 with one) is encoding
+    # metadata: left in, the first line is not `---` and the front matter goes unseen.
+    text = text.removeprefix("\ufeff")
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         return {}, text

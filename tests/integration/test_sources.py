@@ -265,3 +265,33 @@ async def test_memory_and_the_rule_index_have_caps_of_their_own(short_tmp: Path)
         assert f"{omitted_rules} rule(s) omitted from the rule_index section (cap 250)" in (
             view.notes
         )
+
+
+async def test_skill_and_rule_files_saved_with_a_byte_order_mark_keep_their_front_matter(
+    project_api: tuple[Stubs, Path],
+) -> None:
+    """Editors on Windows save UTF-8 with a byte-order mark, and CRLF line ends. The
+    front matter after it is still front matter: the skill is listed, and the on-demand
+    rule goes to the index (its text only through LoadRule), not into every prompt as an
+    always rule with its front matter for text."""
+    api, proj = project_api
+    bom = b"\xef\xbb\xbf"
+    skill = proj / ".ctxcc" / "skills" / "release" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_bytes(bom + b"---\r\nname: release\r\ndescription: Tag and publish.\r\n---\r\nx")
+    (proj / ".ctxcc" / "rules").mkdir()
+    (proj / ".ctxcc" / "rules" / "sql.md").write_bytes(
+        bom + b"---\nname: sql\ndescription: How to write SQL\nactivation: on_demand\n---\n"
+        b"Always use CTEs.\n"
+    )
+    session = session_pb2.Session(session_id="bom", project_root=str(proj))
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="bom", events=[user("hi")]))
+    view = (await api.compiles.Compile(compile_request("bom"))).view
+    by = {s.kind: s.text for s in view.system_sections}
+    assert "- release: Tag and publish." in by[view_pb2.SECTION_KIND_SKILLS], list(view.notes)
+    assert "- sql: How to write SQL" in by[view_pb2.SECTION_KIND_RULE_INDEX]
+    assert view_pb2.SECTION_KIND_RULES not in by, by.get(view_pb2.SECTION_KIND_RULES)
+    assert not [n for n in view.notes if "front matter" in n], list(view.notes)
+    rule = (await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="bom", name="sql"))).rule
+    assert rule.text == "Always use CTEs." and rule.description == "How to write SQL"
