@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from server.adapters.confined import (
@@ -40,6 +40,11 @@ from server.domain.validation import check_session_paths, within
 
 # Read at most this much of any one file; caps cut far earlier, this bounds memory.
 MAX_READ_BYTES = 1 << 20
+# Read at most this much of all the files of one workspace read together. The caps show
+# ~100K characters by default, but every file is read, sanitized and recorded before
+# they cut: 200 rule files of 1 MiB (hard links of one file cost no disk) made each
+# compile take ~7 s and the daemon 2.7 GB. Past it, files are skipped with a note.
+MAX_READ_TOTAL = 16 << 20
 # Notes of one workspace read a view carries: a repository with thousands of bad or
 # outside-linking rule files would otherwise put megabytes of notes in every view.
 # Past them, one note counts the rest (truncation is marked, never silent).
@@ -83,6 +88,19 @@ def _decoded(data: bytes) -> tuple[str, bool]:
         return data.decode("utf-8", errors="replace"), True
 
 
+@dataclass(slots=True)
+class _Reading:
+    """One workspace read in progress: its notes, and the bytes it may still read."""
+
+    notes: list[str] = field(default_factory=list)
+    left: int = MAX_READ_TOTAL
+
+    def limit(self) -> int:
+        """How much of the next file to read: one byte more than the room left tells a
+        file that does not fit without reading more of it."""
+        return min(MAX_READ_BYTES, self.left + 1)
+
+
 @dataclass(frozen=True, slots=True)
 class WorkspaceConfig:
     roots: tuple[Path, ...] = ()
@@ -105,23 +123,35 @@ class WorkspaceReader:
         is_global = g is not None and Path(os.path.realpath(g)) == root
         return f"global:{rel}" if is_global else rel
 
-    def _read(self, path: Path, root: Path, notes: list[str]) -> tuple[str, bool] | None:
+    def _read(self, path: Path, root: Path, run: _Reading) -> tuple[str, bool] | None:
         """Text of a regular file under `root`, or None (with a note). The walk holds a
         directory descriptor at every step, so no swap on disk can lead it outside."""
         try:
             parts = list(path.relative_to(root).parts)
         except ValueError:
-            notes.append(f"refused {self._shown(path, root)}: it resolves outside its root")
+            run.notes.append(f"refused {self._shown(path, root)}: it resolves outside its root")
             return None
-        data = read_confined(str(root), parts, MAX_READ_BYTES)
+        data = read_confined(str(root), parts, run.limit())
         if isinstance(data, Refused):
             verb = "refused" if data.outside else "skipped"
             if not data.missing:
-                notes.append(f"{verb} {self._shown(path, root)}: {data.why}")
+                run.notes.append(f"{verb} {self._shown(path, root)}: {data.why}")
             return None
+        return self._taken(data, path, root, run)
+
+    def _taken(self, data: bytes, path: Path, root: Path, run: _Reading) -> tuple[str, bool] | None:
+        """The text of `data`, read from `path`, when it fits in what the read may still
+        take; else None with a note (a smaller file after it may still fit)."""
+        if len(data) > run.left:
+            run.notes.append(
+                f"skipped {self._shown(path, root)}: with the workspace files read before "
+                f"it, over {MAX_READ_TOTAL >> 20} MiB, the most one read takes"
+            )
+            return None
+        run.left -= len(data)
         return _decoded(data)
 
-    def _list(self, d: Path, root: Path, notes: list[str]) -> list[tuple[str, bool]]:
+    def _list(self, d: Path, root: Path, run: _Reading) -> list[tuple[str, bool]]:
         """The entries of the directory `d` under `root`, listed by a confined walk (a
         glob would follow a link out and name what is there); none when it is not a
         directory, with a note when it leads outside."""
@@ -132,36 +162,36 @@ class WorkspaceReader:
         listed = list_confined(str(root), parts)
         if isinstance(listed, Refused):
             if listed.outside:
-                notes.append(f"refused {self._shown(d, root)}: {listed.why}")
+                run.notes.append(f"refused {self._shown(d, root)}: {listed.why}")
             return []
         return listed
 
     def _read_in(
-        self, fd: int | None, path: Path, root: Path, notes: list[str]
+        self, fd: int | None, path: Path, root: Path, run: _Reading
     ) -> tuple[str, bool] | None:
         """As `_read`, through `fd`, the directory of `path` already opened confined
         (None: not held), falling back to `_read` for anything but a plain file."""
         if fd is not None:
-            data = read_at(fd, path.name, MAX_READ_BYTES)
+            data = read_at(fd, path.name, run.limit())
             if isinstance(data, Refused):
                 return None  # read_at refuses only a missing name: no note, as _read
             if data is not None:
-                return _decoded(data)
-        return self._read(path, root, notes)
+                return self._taken(data, path, root, run)
+        return self._read(path, root, run)
 
-    def _project_root(self, raw: str, notes: list[str]) -> Path | None:
+    def _project_root(self, raw: str, run: _Reading) -> Path | None:
         if not raw:
             return None
         real = Path(os.path.realpath(raw))
         if not any(within(str(real), str(r)) for r in self._roots):
             configured = "" if self._roots else " (none is configured)"
-            notes.append(
+            run.notes.append(
                 f"project files not read: {raw} is not under a workspace root{configured}; "
                 "see --workspace-roots"
             )
             return None
         if not real.is_dir():
-            notes.append(f"project files not read: {raw} is not a directory")
+            run.notes.append(f"project files not read: {raw} is not a directory")
             return None
         return real
 
@@ -182,7 +212,7 @@ class WorkspaceReader:
             return WorkspaceSources(notes=(f"workspace files not read: {why}",))
 
     def _read_all(self, project_root: str, working_directory: str) -> WorkspaceSources:
-        notes: list[str] = []
+        run = _Reading()
         files: list[InstructionFile] = []
         skills: list[SkillEntry] = []
         rules: list[RuleEntry] = []
@@ -190,22 +220,22 @@ class WorkspaceReader:
         g = self.cfg.global_dir
         if g is not None and g.is_dir():
             groot = Path(os.path.realpath(g))
-            files += self._instructions([groot], groot, Scope.GLOBAL, notes)
-            skills += self._skills([groot / "skills"], groot, Scope.GLOBAL, notes)
-            rules += self._rules(groot / "rules", groot, Scope.GLOBAL, notes)
-            memory += self._memory(groot / "MEMORY.md", groot, Scope.GLOBAL, notes)
-        root = self._project_root(project_root, notes)
+            files += self._instructions([groot], groot, Scope.GLOBAL, run)
+            skills += self._skills([groot / "skills"], groot, Scope.GLOBAL, run)
+            rules += self._rules(groot / "rules", groot, Scope.GLOBAL, run)
+            memory += self._memory(groot / "MEMORY.md", groot, Scope.GLOBAL, run)
+        root = self._project_root(project_root, run)
         if root is not None:
             files += self._instructions(
-                self._chain(root, project_root, working_directory), root, Scope.PROJECT, notes
+                self._chain(root, project_root, working_directory), root, Scope.PROJECT, run
             )
             skills += self._skills(
-                [root / d for d in self.cfg.project_skill_dirs], root, Scope.PROJECT, notes
+                [root / d for d in self.cfg.project_skill_dirs], root, Scope.PROJECT, run
             )
-            rules += self._rules(root / self.cfg.project_rule_dir, root, Scope.PROJECT, notes)
-            memory += self._memory(root / self.cfg.project_memory_file, root, Scope.PROJECT, notes)
+            rules += self._rules(root / self.cfg.project_rule_dir, root, Scope.PROJECT, run)
+            memory += self._memory(root / self.cfg.project_memory_file, root, Scope.PROJECT, run)
         return WorkspaceSources(
-            tuple(files), tuple(skills), tuple(rules), tuple(memory), _bounded(notes)
+            tuple(files), tuple(skills), tuple(rules), tuple(memory), _bounded(run.notes)
         )
 
     def _chain(self, root: Path, project_root: str, working_directory: str) -> list[Path]:
@@ -222,7 +252,7 @@ class WorkspaceReader:
         return dirs
 
     def _instructions(
-        self, dirs: list[Path], root: Path, scope: Scope, notes: list[str]
+        self, dirs: list[Path], root: Path, scope: Scope, run: _Reading
     ) -> list[InstructionFile]:
         out = []
         # Each directory of the chain is opened from its parent's descriptor, once: a
@@ -236,7 +266,7 @@ class WorkspaceReader:
                     os.close(fd)
                     fd = nfd
                 for name in self.cfg.instruction_names:
-                    got = self._read_in(fd, d / name, root, notes)
+                    got = self._read_in(fd, d / name, root, run)
                     if got is not None:
                         shown = self._shown(d / name, root)
                         path = _text(str(d / name))
@@ -247,21 +277,21 @@ class WorkspaceReader:
         return out
 
     def _skills(
-        self, dirs: list[Path], root: Path, scope: Scope, notes: list[str]
+        self, dirs: list[Path], root: Path, scope: Scope, run: _Reading
     ) -> list[SkillEntry]:
         out = []
         for d in dirs:
-            listed = self._list(d, root, notes)
+            listed = self._list(d, root, run)
             for entry in sorted(n for n, subdir in listed if subdir and not n.startswith(".")):
                 skill_md = d / entry / "SKILL.md"
-                got = self._read(skill_md, root, notes)
+                got = self._read(skill_md, root, run)
                 if got is None:
                     continue
                 fields, _ = parse_front_matter(got[0])
                 name, desc = fields.get("name"), fields.get("description")
                 if not isinstance(name, str) or not isinstance(desc, str) or not name:
                     shown = self._shown(skill_md, root)
-                    notes.append(f"skipped {shown}: front matter needs name and description")
+                    run.notes.append(f"skipped {shown}: front matter needs name and description")
                     continue
                 out.append(
                     SkillEntry(
@@ -276,12 +306,12 @@ class WorkspaceReader:
                 )
         return out
 
-    def _rules(self, d: Path, root: Path, scope: Scope, notes: list[str]) -> list[RuleEntry]:
+    def _rules(self, d: Path, root: Path, scope: Scope, run: _Reading) -> list[RuleEntry]:
         out: list[RuleEntry] = []
-        listed = self._list(d, root, notes)
+        listed = self._list(d, root, run)
         for name in sorted(n for n, _ in listed if n.endswith(".md") and not n.startswith(".")):
             path = d / name
-            got = self._read(path, root, notes)
+            got = self._read(path, root, run)
             if got is None:
                 continue
             fields, body = parse_front_matter(got[0])
@@ -289,7 +319,9 @@ class WorkspaceReader:
             globs = fields.get("globs", ())
             if activation is None:
                 shown = self._shown(path, root)
-                notes.append(f"skipped {shown}: activation must be always, on_demand or matched")
+                run.notes.append(
+                    f"skipped {shown}: activation must be always, on_demand or matched"
+                )
                 continue
             out.append(
                 RuleEntry(
@@ -306,8 +338,8 @@ class WorkspaceReader:
             )
         return out
 
-    def _memory(self, path: Path, root: Path, scope: Scope, notes: list[str]) -> list[MemoryEntry]:
-        got = self._read(path, root, notes)
+    def _memory(self, path: Path, root: Path, scope: Scope, run: _Reading) -> list[MemoryEntry]:
+        got = self._read(path, root, run)
         if got is None:
             return []
         return [MemoryEntry(path.name, scope, "", got[0], origin=_text(str(path)))]

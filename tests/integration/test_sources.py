@@ -3,6 +3,7 @@ token count, API memory/rules/skills, LoadRule, change reporting and errors."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from ctxcc.v1 import common_pb2, session_pb2, source_pb2, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
+from server.adapters.workspace import MAX_READ_BYTES, MAX_READ_TOTAL
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import compile_request, error_info, user
@@ -295,3 +297,38 @@ async def test_skill_and_rule_files_saved_with_a_byte_order_mark_keep_their_fron
     assert not [n for n in view.notes if "front matter" in n], list(view.notes)
     rule = (await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="bom", name="sql"))).rule
     assert rule.text == "Always use CTEs." and rule.description == "How to write SQL"
+
+
+async def test_a_workspace_read_stops_at_its_byte_budget(
+    project_api: tuple[Stubs, Path],
+) -> None:
+    """Every file found is read, decoded and sanitized before the caps cut (rules past
+    the rules cap are counted, not skipped unread): a repository of many big rule files
+    (hard links of one file cost no disk) made each compile read all of them (200 of 1 MiB:
+    ~7 s and 2.7 GB). One read takes MAX_READ_TOTAL bytes at most; each file that does
+    not fit in what is left is skipped with a note, the files read stay in the view."""
+    api, proj = project_api
+    big = proj.parent / "big"
+    rules = big / ".ctxcc" / "rules"
+    rules.mkdir(parents=True)
+    (big / "AGENTS.md").write_text("Keep the build green.\n")
+    one = big / "one"
+    one.write_bytes(b"---\nactivation: always\n---\n" + b"Use tabs. " * (MAX_READ_BYTES // 10))
+    fit = MAX_READ_TOTAL // MAX_READ_BYTES - 1  # AGENTS.md took some of the room
+    for i in range(fit + 4):
+        os.link(one, rules / f"r{i:02d}.md")
+    (big / ".ctxcc" / "MEMORY.md").write_text("Small files still fit.\n")  # read after rules
+    session = session_pb2.Session(session_id="big", project_root=str(big))
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="big", events=[user("hi")]))
+    view = (await api.compiles.Compile(compile_request("big"))).view
+    by = {s.kind: s.text for s in view.system_sections}
+    assert "Keep the build green." in by[view_pb2.SECTION_KIND_INSTRUCTIONS]
+    skipped = sorted(n.split(":")[0] for n in view.notes if "MiB, the most one read" in n)
+    assert skipped == [f"skipped .ctxcc/rules/r{i:02d}.md" for i in range(fit, fit + 4)], list(
+        view.notes
+    )
+    # The big rules read are each over the rules cap: all counted as omitted, none more;
+    # a small file after the budget was reached still fits in what is left.
+    assert f"{fit} rule(s) omitted from the rules section (cap 16000)" in view.notes
+    assert "Small files still fit." in by[view_pb2.SECTION_KIND_MEMORY]
