@@ -45,6 +45,11 @@ MAX_READ_BYTES = 1 << 20
 # they cut: 200 rule files of 1 MiB (hard links of one file cost no disk) made each
 # compile take ~7 s and the daemon 2.7 GB. Past it, files are skipped with a note.
 MAX_READ_TOTAL = 16 << 20
+# Skills or rule files read from one directory, the first by name. Each costs a walk
+# from the root and a parse however small it is, and the caps show ~100 of them:
+# 20,000 of each made every compile take ~5 s, and 200,000 would pass the compile's
+# CPU budget. Past them, one note counts the rest.
+MAX_DIR_FILES = 1_024
 # Notes of one workspace read a view carries: a repository with thousands of bad or
 # outside-linking rule files would otherwise put megabytes of notes in every view.
 # Past them, one note counts the rest (truncation is marked, never silent).
@@ -166,6 +171,17 @@ class WorkspaceReader:
             return []
         return listed
 
+    def _first(self, names: list[str], d: Path, root: Path, run: _Reading) -> list[str]:
+        """The first MAX_DIR_FILES of `names`, found in the directory `d`, by name; a
+        note counts the rest."""
+        names.sort()
+        if len(names) > MAX_DIR_FILES:
+            run.notes.append(
+                f"skipped {len(names) - MAX_DIR_FILES} more entries of {self._shown(d, root)}: "
+                f"a skills or rules directory gives its first {MAX_DIR_FILES} by name"
+            )
+        return names[:MAX_DIR_FILES]
+
     def _read_in(
         self, fd: int | None, path: Path, root: Path, run: _Reading
     ) -> tuple[str, bool] | None:
@@ -282,7 +298,8 @@ class WorkspaceReader:
         out = []
         for d in dirs:
             listed = self._list(d, root, run)
-            for entry in sorted(n for n, subdir in listed if subdir and not n.startswith(".")):
+            found = [n for n, subdir in listed if subdir and not n.startswith(".")]
+            for entry in self._first(found, d, root, run):
                 skill_md = d / entry / "SKILL.md"
                 got = self._read(skill_md, root, run)
                 if got is None:
@@ -309,7 +326,8 @@ class WorkspaceReader:
     def _rules(self, d: Path, root: Path, scope: Scope, run: _Reading) -> list[RuleEntry]:
         out: list[RuleEntry] = []
         listed = self._list(d, root, run)
-        for name in sorted(n for n, _ in listed if n.endswith(".md") and not n.startswith(".")):
+        found = [n for n, _ in listed if n.endswith(".md") and not n.startswith(".")]
+        for name in self._first(found, d, root, run):
             path = d / name
             got = self._read(path, root, run)
             if got is None:

@@ -13,7 +13,7 @@ import pytest
 from ctxcc.v1 import common_pb2, session_pb2, source_pb2, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
-from server.adapters.workspace import MAX_READ_BYTES, MAX_READ_TOTAL
+from server.adapters.workspace import MAX_DIR_FILES, MAX_READ_BYTES, MAX_READ_TOTAL
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import compile_request, error_info, user
@@ -332,3 +332,44 @@ async def test_a_workspace_read_stops_at_its_byte_budget(
     # a small file after the budget was reached still fits in what is left.
     assert f"{fit} rule(s) omitted from the rules section (cap 16000)" in view.notes
     assert "Small files still fit." in by[view_pb2.SECTION_KIND_MEMORY]
+
+
+async def test_a_skills_or_rules_directory_gives_a_bounded_number_of_files(
+    project_api: tuple[Stubs, Path],
+) -> None:
+    """Each skill or rule file costs a walk from the root and a parse however small it
+    is, while the caps show ~100: a repository with 20,000 of each made every compile
+    take ~5 s. A directory gives its first MAX_DIR_FILES by name; a note counts the rest."""
+    api, proj = project_api
+    wide = proj.parent / "wide"
+    rules, skills = wide / ".ctxcc" / "rules", wide / ".claude" / "skills"
+    rules.mkdir(parents=True)
+    extra = 3
+    for i in range(MAX_DIR_FILES + extra):
+        (rules / f"r{i:05d}.md").write_text(
+            f"---\nactivation: on_demand\ndescription: d\n---\nr{i}"
+        )
+        (skills / f"s{i:05d}").mkdir(parents=True)
+        (skills / f"s{i:05d}" / "SKILL.md").write_text(
+            f"---\nname: s{i:05d}\ndescription: d\n---\n"
+        )
+    session = session_pb2.Session(session_id="wide", project_root=str(wide))
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="wide", events=[user("hi")]))
+    view = (await api.compiles.Compile(compile_request("wide"))).view
+    notes = list(view.notes)
+    assert f"skipped {extra} more entries of .ctxcc/rules: " in "\n".join(notes), notes
+    assert f"skipped {extra} more entries of .claude/skills: " in "\n".join(notes), notes
+    by = {s.kind: s.text for s in view.system_sections}
+    # Kept and omitted together: what was read, the first by name.
+    kept = by[view_pb2.SECTION_KIND_SKILLS].count("\n- s")
+    omitted = [n for n in notes if "skill(s) omitted from the skills section" in n]
+    assert kept + int(omitted[0].split()[0]) == MAX_DIR_FILES, notes
+    assert "- s00000: d" in by[view_pb2.SECTION_KIND_SKILLS]
+    index = by[view_pb2.SECTION_KIND_RULE_INDEX].count("\n- r")
+    omitted = [n for n in notes if "rule(s) omitted from the rule_index section" in n]
+    assert index + int(omitted[0].split()[0]) == MAX_DIR_FILES, notes
+    last = await api.sources.LoadRule(
+        rpb.LoadRuleRequest(session_id="wide", name=f"r{MAX_DIR_FILES - 1:05d}")
+    )
+    assert last.rule.text == f"r{MAX_DIR_FILES - 1}"
