@@ -37,6 +37,29 @@ class _Outside(Exception):
     pass
 
 
+class Opens:
+    """How many more names the walks of one workspace read may open. A walk opens one
+    name per component and goes back to the root for each absolute link and each `..`,
+    so a chain of 15 links, each `d/` 800 times then `../` 800 times, cost ~5M opens and
+    5.8 s for one file, a rules directory of such files hours of a compute thread. The
+    walks of one read share one, and each refuses to open more once it is spent."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def take(self) -> None:
+        if self.left <= 0:
+            raise OSError(errno.ELOOP, "past the directories one workspace read may open")
+        self.left -= 1
+
+
+def _take(opens: Opens | None) -> None:
+    if opens is not None:
+        opens.take()
+
+
 def _relative(root: str, target: str) -> list[str]:
     """An absolute link target as components under `root`, or _Outside."""
     norm = os.path.normpath(target)
@@ -45,14 +68,16 @@ def _relative(root: str, target: str) -> list[str]:
     return [p for p in PurePosixPath(norm).relative_to(root).parts if p != "/"]
 
 
-def _root_fd(root: str) -> int:
+def _root_fd(root: str, opens: Opens | None = None) -> int:
     """A descriptor of the directory `root`, opened one component at a time from `/`
     without following a symlink. Callers pass a root they resolved and checked: a
     component that is a symlink now was swapped in since (a project directory replaced
     by a link to elsewhere), and following it would read outside, so it is _Outside."""
+    _take(opens)
     fd = os.open("/", _DIR)
     try:
         for name in PurePosixPath(os.path.abspath(root)).parts[1:]:
+            _take(opens)
             try:
                 nfd = os.open(name, _DIR, dir_fd=fd)
             except OSError as exc:
@@ -66,14 +91,14 @@ def _root_fd(root: str) -> int:
         raise
 
 
-def _walk(root: str, parts: list[str], directory: bool = False) -> int:
+def _walk(root: str, parts: list[str], directory: bool = False, opens: Opens | None = None) -> int:
     """A descriptor of the regular file (or with `directory`, the directory) at
     root/parts, resolved inside root only. Raises _Outside, or OSError for anything
     missing, looping or not a file (a directory)."""
     links = 0
     todo = list(parts)
     done: list[str] = []  # real directories under root, opened one by one
-    fd = _root_fd(root)
+    fd = _root_fd(root, opens)
     try:
         while todo:
             name = todo.pop(0)
@@ -84,9 +109,13 @@ def _walk(root: str, parts: list[str], directory: bool = False) -> int:
                     raise _Outside
                 done.pop()
                 os.close(fd)
-                fd = _reopen(root, done)
+                # Closed: should the reopen fail, the handler below must not close the
+                # number again (another thread may have been given it meanwhile).
+                fd = -1
+                fd = _reopen(root, done, opens)
                 continue
             last = not todo
+            _take(opens)
             try:
                 nfd = os.open(name, _FILE if last and not directory else _DIR, dir_fd=fd)
             except OSError as exc:
@@ -97,7 +126,8 @@ def _walk(root: str, parts: list[str], directory: bool = False) -> int:
                 if os.path.isabs(target):
                     done = []
                     os.close(fd)
-                    fd = _root_fd(root)
+                    fd = -1  # as for `..` above
+                    fd = _root_fd(root, opens)
                     todo = _relative(root, target) + todo
                 else:
                     todo = [p for p in target.split("/") if p] + todo
@@ -114,7 +144,8 @@ def _walk(root: str, parts: list[str], directory: bool = False) -> int:
             raise OSError(errno.EINVAL, "not a regular file")
         return fd
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
 
 
@@ -128,10 +159,11 @@ def _link_target(fd: int, name: str, exc: OSError) -> str:
         raise exc from None
 
 
-def _reopen(root: str, parts: list[str]) -> int:
-    fd = _root_fd(root)
+def _reopen(root: str, parts: list[str], opens: Opens | None) -> int:
+    fd = _root_fd(root, opens)
     for name in parts:
         try:
+            _take(opens)
             nfd = os.open(name, _DIR, dir_fd=fd)
         finally:
             os.close(fd)
@@ -139,10 +171,12 @@ def _reopen(root: str, parts: list[str]) -> int:
     return fd
 
 
-def read_confined(root: str, parts: list[str], limit: int) -> bytes | Refused:
+def read_confined(
+    root: str, parts: list[str], limit: int, opens: Opens | None = None
+) -> bytes | Refused:
     """Up to `limit` bytes of the regular file root/parts, never from outside root."""
     try:
-        fd = _walk(root, parts)
+        fd = _walk(root, parts, opens=opens)
     except _Outside:
         return Refused("it resolves outside its root", outside=True)
     except OSError as exc:
@@ -155,28 +189,29 @@ def read_confined(root: str, parts: list[str], limit: int) -> bytes | Refused:
         return Refused(exc.strerror or type(exc).__name__)
 
 
-def open_root(root: str) -> int | None:
+def open_root(root: str, opens: Opens | None = None) -> int | None:
     """A descriptor of the directory `root` (as `read_confined` opens it: no component a
     link), or None. The caller closes it."""
     try:
-        return _root_fd(root)
+        return _root_fd(root, opens)
     except (_Outside, OSError):
         return None
 
 
-def open_subdir(fd: int, name: str) -> int | None:
+def open_subdir(fd: int, name: str, opens: Opens | None = None) -> int | None:
     """A descriptor of the real directory `name` in the directory `fd`, or None for
     anything else (missing, a link, a file). A real directory of a confined directory is
     confined: nothing was followed. The caller closes it."""
     if name in ("", ".", "..") or "/" in name:
         return None
     try:
+        _take(opens)
         return os.open(name, _DIR, dir_fd=fd)
     except OSError:
         return None
 
 
-def read_at(fd: int, name: str, limit: int) -> bytes | Refused | None:
+def read_at(fd: int, name: str, limit: int, opens: Opens | None = None) -> bytes | Refused | None:
     """Up to `limit` bytes of the regular file `name` in the confined directory `fd`;
     Refused (missing) when there is no such name; None when it is anything else (a
     link, a FIFO, a device...), for the caller to read it with `read_confined`, which
@@ -186,6 +221,7 @@ def read_at(fd: int, name: str, limit: int) -> bytes | Refused | None:
     if name in ("", ".", "..") or "/" in name:
         return None
     try:
+        _take(opens)
         nfd = os.open(name, _FILE, dir_fd=fd)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
@@ -200,12 +236,14 @@ def read_at(fd: int, name: str, limit: int) -> bytes | Refused | None:
         return None
 
 
-def list_confined(root: str, parts: list[str]) -> list[tuple[str, bool]] | Refused:
+def list_confined(
+    root: str, parts: list[str], opens: Opens | None = None
+) -> list[tuple[str, bool]] | Refused:
     """The names in the directory root/parts, each with whether it is a directory or a
     link (what may hold a skill), never listing a directory outside root: a rules or
     skills directory that is a link to elsewhere would name files outside the root."""
     try:
-        fd = _walk(root, parts, directory=True)
+        fd = _walk(root, parts, directory=True, opens=opens)
     except _Outside:
         return Refused("it resolves outside its root", outside=True)
     except OSError as exc:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from server.adapters.confined import (
+    Opens,
     Refused,
     list_confined,
     open_root,
@@ -50,6 +51,10 @@ MAX_READ_TOTAL = 16 << 20
 # 20,000 of each made every compile take ~5 s, and 200,000 would pass the compile's
 # CPU budget. Past them, one note counts the rest.
 MAX_DIR_FILES = 1_024
+# Names the walks of one workspace read may open (see confined.Opens). A read of the
+# most the bounds above let through opens ~50,000 under a root 10 deep; past this (~0.3
+# s of opens), every later file is skipped with a note.
+MAX_READ_OPENS = 250_000
 # Notes of one workspace read a view carries: a repository with thousands of bad or
 # outside-linking rule files would otherwise put megabytes of notes in every view.
 # Past them, one note counts the rest (truncation is marked, never silent).
@@ -99,6 +104,7 @@ class _Reading:
 
     notes: list[str] = field(default_factory=list)
     left: int = MAX_READ_TOTAL
+    opens: Opens = field(default_factory=lambda: Opens(MAX_READ_OPENS))
 
     def limit(self) -> int:
         """How much of the next file to read: one byte more than the room left tells a
@@ -136,7 +142,7 @@ class WorkspaceReader:
         except ValueError:
             run.notes.append(f"refused {self._shown(path, root)}: it resolves outside its root")
             return None
-        data = read_confined(str(root), parts, run.limit())
+        data = read_confined(str(root), parts, run.limit(), run.opens)
         if isinstance(data, Refused):
             verb = "refused" if data.outside else "skipped"
             if not data.missing:
@@ -164,7 +170,7 @@ class WorkspaceReader:
             parts = list(d.relative_to(root).parts)
         except ValueError:
             return []
-        listed = list_confined(str(root), parts)
+        listed = list_confined(str(root), parts, run.opens)
         if isinstance(listed, Refused):
             if listed.outside:
                 run.notes.append(f"refused {self._shown(d, root)}: {listed.why}")
@@ -188,7 +194,7 @@ class WorkspaceReader:
         """As `_read`, through `fd`, the directory of `path` already opened confined
         (None: not held), falling back to `_read` for anything but a plain file."""
         if fd is not None:
-            data = read_at(fd, path.name, run.limit())
+            data = read_at(fd, path.name, run.limit(), run.opens)
             if isinstance(data, Refused):
                 return None  # read_at refuses only a missing name: no note, as _read
             if data is not None:
@@ -274,11 +280,11 @@ class WorkspaceReader:
         # Each directory of the chain is opened from its parent's descriptor, once: a
         # walk from the root for every file costs the square of the depth. A step that
         # is no plain subdirectory (a link, missing) leaves the rest to `_read`.
-        fd = open_root(str(root)) if dirs and dirs[0] == root else None
+        fd = open_root(str(root), run.opens) if dirs and dirs[0] == root else None
         try:
             for i, d in enumerate(dirs):
                 if i > 0 and fd is not None:
-                    nfd = open_subdir(fd, d.name) if d.parent == dirs[i - 1] else None
+                    nfd = open_subdir(fd, d.name, run.opens) if d.parent == dirs[i - 1] else None
                     os.close(fd)
                     fd = nfd
                 for name in self.cfg.instruction_names:

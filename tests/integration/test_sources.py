@@ -373,3 +373,41 @@ async def test_a_skills_or_rules_directory_gives_a_bounded_number_of_files(
         rpb.LoadRuleRequest(session_id="wide", name=f"r{MAX_DIR_FILES - 1:05d}")
     )
     assert last.rule.text == f"r{MAX_DIR_FILES - 1}"
+
+
+async def test_a_workspace_read_opens_a_bounded_number_of_directories(
+    project_api: tuple[Stubs, Path],
+) -> None:
+    """The confined walk goes back to the root for each `..` of a link's target, so a
+    chain of links of `d/` 800 times then `../` 800 times cost millions of opens: 5.8 s a
+    rule file, hours of a compute thread for a rules directory of them, while every other
+    session's first compile waited. One read opens MAX_READ_OPENS names at most; the files
+    read before that stay in the view, the rest are skipped with a note."""
+    api, proj = project_api
+    maze = proj.parent / "maze"
+    rules = maze / ".ctxcc" / "rules"
+    rules.mkdir(parents=True)
+    (maze / "AGENTS.md").write_text("Keep the build green.\n")
+    (rules / "a.md").write_text("Write tests first.\n")
+    (maze / "real.md").write_text("The end of the maze.\n")
+    depth, links = 800, 4
+    deep = maze
+    for _ in range(depth):  # one level at a time: mkdir(parents=True) recurses per level
+        deep /= "d"
+        deep.mkdir()
+    for i in range(links):
+        there = f"link{i + 1}" if i + 1 < links else "real.md"
+        (maze / f"link{i}").symlink_to("/".join(["d"] * depth + [".."] * depth + [there]))
+    for name in ("r0.md", "r1.md"):
+        (rules / name).symlink_to("../../link0")
+    session = session_pb2.Session(session_id="maze", project_root=str(maze))
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="maze", events=[user("hi")]))
+    view = (await api.compiles.Compile(compile_request("maze"))).view
+    by = {s.kind: s.text for s in view.system_sections}
+    assert "Keep the build green." in by[view_pb2.SECTION_KIND_INSTRUCTIONS]
+    assert "Write tests first." in by[view_pb2.SECTION_KIND_RULES]
+    assert "The end of the maze." not in by[view_pb2.SECTION_KIND_RULES]
+    for name in ("r0.md", "r1.md"):
+        note = f"skipped .ctxcc/rules/{name}: past the directories one workspace read may open"
+        assert note in view.notes, list(view.notes)
