@@ -56,7 +56,11 @@ FENCE_TAGS = (
     "untrusted_page_content",
     "conversation_summary",
 )
-_FENCE = re.compile(r"<\s*(/?)\s*(" + "|".join(FENCE_TAGS) + r")\b", re.IGNORECASE)
+# Possessive: with two plain `\s*` around an absent `/`, every way of splitting a run of
+# whitespace after `<` was tried before failing, quadratic in the run (8,000 spaces after
+# one `<` in a compile held the GIL ~11 s). The first run can only end at a
+# non-space, so nothing that could match is given up.
+_FENCE = re.compile(r"<\s*+(/?)\s*+(" + "|".join(FENCE_TAGS) + r")\b", re.IGNORECASE)
 
 
 def escape_fences(text: str) -> str:
