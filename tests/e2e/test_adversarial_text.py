@@ -55,6 +55,7 @@ def stubs() -> Iterator[dict[str, Any]]:
                 "sessions": session_service_pb2_grpc.SessionServiceStub(ch),
                 "compiles": compile_service_pb2_grpc.CompileServiceStub(ch),
                 "sources": source_service_pb2_grpc.SourceServiceStub(ch),
+                "tools": tool_service_pb2_grpc.ToolServiceStub(ch),
             }
         assert d.terminate() == 0
     finally:
@@ -155,3 +156,39 @@ def test_a_union_of_thousands_of_branches_is_flattened_in_one_pass(short_tmp: Pa
     body = json.loads(view.renderings[0].body_json)
     shapes = body["tools"][0]["function"]["parameters"]["properties"]["a"]["anyOf"]
     assert shapes == [{"const": i} for i in range(distinct)]
+
+
+def test_a_logged_tool_search_of_marks_out_of_order_is_replayed(stubs: dict[str, Any]) -> None:
+    """Every compile of a turn runs its logged tool_search queries again, NFKC first, and
+    no cap holds a logged query (its event is up to 1 MiB). CPython's NFKC sorts a run of
+    combining marks by insertion: 32,000 marks in reverse class order held every session
+    ~2.6 s at each compile of the turn; 400,000 would hold them for minutes. The search
+    still finds the tool by the query's word."""
+    s = stubs
+    sid = "marks"
+    s["sessions"].CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    deploy = tool_pb2.ToolDefinition(
+        name="deployer",
+        description="Deploys a service",
+        input_schema_json='{"type": "object"}',
+        visibility=tool_pb2.TOOL_VISIBILITY_DEFERRED,
+    )
+    s["tools"].RegisterTools(tpb.RegisterToolsRequest(session_id=sid, tools=[deploy]))
+    query = "deploys a" + "\u0301" * 200_000 + "\u0316" * 200_000
+    user = event_pb2.Event()
+    user.user_message.parts.add(text="ship it")
+    call = event_pb2.Event()
+    call.tool_call.call_id = "c1"
+    call.tool_call.name = "tool_search"
+    call.tool_call.arguments_json = json.dumps({"query": query}, ensure_ascii=False)
+    result = event_pb2.Event()
+    result.tool_result.call_id = "c1"
+    result.tool_result.tool_name = "tool_search"
+    result.tool_result.text = "deployer"
+    s["sessions"].AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[user, call, result]))
+
+    view = _compile(s, sid)
+
+    assert "deployer" in [t.definition.name for t in view.tools]

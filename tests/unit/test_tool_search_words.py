@@ -84,3 +84,34 @@ def test_a_camel_case_name_is_found_by_its_parts() -> None:
     # Words as written (compiles recorded before TOOL_CAPPING 4 replay so).
     assert first("todo list", forms=False) == "list_tasks"
     assert first("web fetch", forms=False) == ""
+
+
+# Combining marks of several classes (220, 230, 232, 240, 202, 1, 8), marks that decompose
+# (U+0344), starters that decompose to marks (U+0F73, U+0F75, U+0F81, U+FF9E, U+FF9F),
+# starters marks compose with (Latin, Hangul jamo, Oriya U+0B47 with U+0B3E), and a
+# compatibility character ending in marks (U+01D5 is Ü with a macron, U+1E9B).
+_MARKS = st.sampled_from(
+    [chr(c) for c in range(0x300, 0x370)]
+    + ["\u0344", "\u0345", "\u0323", "\u0327", "\u0334", "\u3099", "\u0f71", "\u0f72", "\u0f80"]
+    + ["\u0f73", "\u0f75", "\u0f81", "\uff9e", "\uff9f", "\u037a", "\u1e9b", "\u01d5"]
+    + list("aeuoAEU ")
+    + ["\u1100", "\u1161", "\u11a8", "\uac00", "\u0b47", "\u0b3e", "\u304b"]
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.text(_MARKS, min_size=30, max_size=200))
+def test_runs_of_marks_normalize_as_nfkc_does(text: str) -> None:
+    """Long runs of marks are put in canonical order before NFKC (whose own insertion
+    sort is quadratic in a run out of order): the result is NFKC's, whatever the run."""
+    assert tool_search.nfkc(text) == unicodedata.normalize("NFKC", text)
+    assert tool_search._unicode_words(text) == first_words(text)
+
+
+def test_a_long_run_of_marks_out_of_order_is_normalized_whole() -> None:
+    run = "a" + "\u0301" * 40_000 + "\u0316" * 40_000 + "\u0f73" * 1_000 + "b"
+    # One run, by class: U+0F71 (129) and U+0F72 (130) of the Tibetan U+0F73, U+0316
+    # (220), U+0301 (230); none of the lower classes blocks the first U+0301, which
+    # makes á with the a.
+    by_class = "\u0f71" * 1_000 + "\u0f72" * 1_000 + "\u0316" * 40_000 + "\u0301" * 39_999
+    assert tool_search.nfkc(run) == "\u00e1" + by_class + "b"
