@@ -550,3 +550,37 @@ def test_a_top_level_reference_is_the_schema_it_names_from_rendering_12() -> Non
     )
     assert walk_now["properties"] == defs["Node"]["properties"] and "$ref" not in walk_now
     assert walk_then["properties"] == {} and walk_then["$ref"] == "#/$defs/Node"
+
+
+def test_large_tools_are_encoded_a_few_megabytes_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 tools of 250 KB schemas (52 MB of JSON) were one json.dumps call under the
+    256-member pieces, holding the GIL ~0.33 s a render format: no call encodes more
+    than 16 of them now."""
+    dumps = render_mod._dumps
+    sizes: list[int] = []
+
+    def measured(value: object) -> str:
+        text = dumps(value)
+        sizes.append(len(text))
+        return text
+
+    monkeypatch.setattr(render_mod, "_dumps", measured)
+    word = "word " * 20
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"t{i}",
+                "parameters": {
+                    "type": "object",
+                    "properties": {f"p{i}_{j}": {"description": word} for j in range(1_900)},
+                },
+            },
+        }
+        for i in range(200)
+    ]
+    body = {"model": "m", "messages": [], "tools": tools}
+    text = render_mod.dumps_in_pieces(body)
+    assert text == json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    assert len(text) > 40 << 20
+    assert max(sizes) < 8 << 20
