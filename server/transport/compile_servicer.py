@@ -168,14 +168,19 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
     async def ListCheckpoints(
         self, request: pb.ListCheckpointsRequest, context: Ctx
     ) -> pb.ListCheckpointsResponse:
-        query = {"s": request.session_id}
-        token = decode_position(request.page_token, query)
-        start = token if token is not None else 0
+        # A token holds how many older checkpoints are left to list: checkpoints are
+        # added at the newest end (and go only with their session), so counting from
+        # the oldest end keeps a position where checkpoints made between two pages
+        # would shift an index from the newest one back onto checkpoints already
+        # listed. "v" keeps an index token of an earlier daemon from being misread.
+        query = {"s": request.session_id, "v": 2}
+        left = decode_position(request.page_token, query)
         size = self._s.page_size(request.page_size)
         # A next page is of the session the first was of.
         found, created = await self._k.list_for(
             request.session_id, token_created(request.page_token)
         )
+        start = 0 if left is None else max(0, len(found) - left)
         # Cut by size too, as ListEvents: a summary may take 1 MiB, a page 1,000 of them.
         most = page_bytes(self._max_message)
         page: list[checkpoint_pb2.Checkpoint] = []
@@ -186,9 +191,8 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
             if page and total > most:
                 break
             page.append(msg)
-        end = start + len(page)
-        more = end < len(found)
+        left = len(found) - (start + len(page))
         return pb.ListCheckpointsResponse(
             checkpoints=page,
-            next_page_token=encode_token(end, query, created) if more else "",
+            next_page_token=encode_token(left, query, created) if left > 0 else "",
         )

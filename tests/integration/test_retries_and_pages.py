@@ -184,3 +184,40 @@ async def test_view_notes_name_files_relative_to_their_root(
     leaks = [n for n in notes if str(tmp / "global") in n or str(tmp / "work") + ")" in n]
     assert leaks == []
     assert [n for n in notes if str(tmp / "outside") in n and "project files" not in n] == []
+
+
+async def test_checkpoint_pages_hold_each_checkpoint_once_while_more_are_made(
+    unix_api: Stubs,
+) -> None:
+    """An agent that lists its checkpoints while it (or a compile's built-in compaction)
+    makes more: the new ones are newest, so they go before the listing's position, which
+    must not move the next page back onto checkpoints already listed."""
+    api = unix_api
+    await _session(api, "ckpages")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="ckpages", events=[user("a"), user("b")])
+    )
+
+    async def make(n: int) -> str:
+        made = await api.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id="ckpages", covers_through_seq=1, summary=f"summary {n}"
+                )
+            )
+        )
+        return made.checkpoint.checkpoint_id
+
+    before = [await make(n) for n in range(5)]
+    listed: list[str] = []
+    token = ""
+    while True:
+        page = await api.compiles.ListCheckpoints(
+            cpb.ListCheckpointsRequest(session_id="ckpages", page_size=2, page_token=token)
+        )
+        listed += [c.checkpoint_id for c in page.checkpoints]
+        token = page.next_page_token
+        if not token:
+            break
+        await make(len(listed) + 100)  # between two pages
+    assert listed == before[::-1]
