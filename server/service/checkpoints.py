@@ -78,6 +78,7 @@ class CheckpointUseCases:
         session = await self._blocking.run(self._store.get_session, sid)
         if life and session.create_time_ns != life:
             raise session_not_found(sid)
+        asked = template  # as the client sent it: a retry is compared with this
         if not template.portable and template.source_route is None:
             # A view's compaction request names no route, and agents make their
             # checkpoints from it: the summary was written on the route of the session's
@@ -97,7 +98,7 @@ class CheckpointUseCases:
             ckpt_id = "c-" + hashlib.sha256(f"{sid}\x00{request_id}".encode()).hexdigest()[:24]
             for existing in await self._blocking.run(self._store.list_checkpoints, sid):
                 if existing.checkpoint_id == ckpt_id:
-                    return existing, False
+                    return _retried(existing, asked, request_id), False
         elif template.kind == CheckpointKind.BUILTIN:
             # One built-in compaction of a range is one checkpoint: compiles of the session
             # at once, each over its window, each ask for it (put_checkpoint keeps the first
@@ -125,6 +126,8 @@ class CheckpointUseCases:
             self._store.put_checkpoint, checkpoint, session.create_time_ns
         )
         created = stored is checkpoint  # not a racing retry answered with the first one
+        if not created and request_id:
+            _retried(stored, asked, request_id)
         if created:
             self._pending.reprojected(sid)
             self._hub.publish(sid, [checkpoint], session.head_seq, session.create_time_ns)
@@ -150,3 +153,28 @@ class CheckpointUseCases:
             return entries, made
 
         return await self._blocking.run(read)
+
+
+def _retried(stored: Checkpoint, asked: Checkpoint, request_id: str) -> Checkpoint:
+    """The checkpoint stored under `request_id`, when `asked` is the same checkpoint again
+    (a retry); REQUEST_ID_REUSED when it is another, as for appends and uploads: answered
+    with the first, an agent reusing one id for every compaction would take each new
+    summary for stored. What the daemon fills in is not compared: the digest when none
+    was sent, and the route a checkpoint without one is bound to, which a compile on
+    another route between the two calls moves."""
+    same = (
+        stored.covers_through_seq == asked.covers_through_seq
+        and stored.kind == asked.kind
+        and stored.summary == asked.summary
+        and stored.portable == asked.portable
+        and stored.origin_session_id == asked.origin_session_id
+        and asked.source_route in (None, stored.source_route)
+        and asked.covered_digest in ("", stored.covered_digest)
+    )
+    if not same:
+        raise CtxccError(
+            Reason.REQUEST_ID_REUSED,
+            f"request_id {request_id!r} was used for a different checkpoint",
+            request_id=request_id,
+        )
+    return stored

@@ -52,6 +52,41 @@ async def test_concurrent_checkpoints_with_one_request_id_store_one(api: Stubs) 
     assert [c.checkpoint_id for c in listed.checkpoints] == list(ids)
 
 
+async def test_a_checkpoint_request_id_reused_for_another_checkpoint_is_refused(
+    unix_api: Stubs,
+) -> None:
+    """As for appends and uploads: a retry (the same checkpoint again) answers the one
+    stored, also after the session compiled on another route (which a checkpoint without
+    a source route is bound to); another checkpoint under the same request id, say an
+    agent that reuses one id for every compaction, is REQUEST_ID_REUSED, not answered
+    with the first checkpoint as if the new summary had been stored."""
+    api = unix_api
+    await _session(api, "ckreuse")
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="ckreuse", events=[user(f"m{i}") for i in range(4)])
+    )
+
+    def request(through: int, summary: str) -> cpb.CreateCheckpointRequest:
+        return cpb.CreateCheckpointRequest(
+            request_id="compact",
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id="ckreuse", covers_through_seq=through, summary=summary
+            ),
+        )
+
+    first = (await api.compiles.CreateCheckpoint(request(2, "two messages"))).checkpoint
+    await api.compiles.Compile(compile_request("ckreuse"))  # the session's route moves
+    retried = (await api.compiles.CreateCheckpoint(request(2, "two messages"))).checkpoint
+    assert retried == first
+    for other in (request(3, "three messages"), request(2, "two other messages")):
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.compiles.CreateCheckpoint(other)
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert error_info(exc.value).reason == "REQUEST_ID_REUSED"
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="ckreuse"))
+    assert list(listed.checkpoints) == [first]
+
+
 def _upload(
     sid: str, data: bytes, request_id: str, cut_at: int | None = None
 ) -> AsyncIterator[apb.UploadArtifactRequest]:
