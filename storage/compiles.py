@@ -78,9 +78,9 @@ class CompileRecords(StoreCore):
         sid = checkpoint.session_id
         key = session_key(sid, be64(checkpoint.create_time_ns) + checkpoint.checkpoint_id.encode())
         with self._lock(sid):
-            for existing in self.list_checkpoints(sid):
-                if existing.checkpoint_id == checkpoint.checkpoint_id:
-                    return existing
+            existing = self.find_checkpoint(sid, checkpoint.checkpoint_id)
+            if existing is not None:
+                return existing
             # Deleted after its log was read and created again under its id: the
             # checkpoint summarises a log that is gone (as in `_move_route`).
             session = self.session_of_life(sid, session_created_ns)
@@ -101,13 +101,66 @@ class CompileRecords(StoreCore):
         for key, raw in self._kv.scan(
             "checkpoints", prefix, session_id.encode() + END, reverse=True
         ):
-            try:
-                out.append(decode_value(raw, Checkpoint))
-            except CorruptRecordError:
-                rest = key[len(prefix) :]
-                ckpt_id = rest[8:].decode(errors="replace")
-                out.append(DamagedCheckpoint(ckpt_id, session_id, int.from_bytes(rest[:8], "big")))
+            out.append(self._checkpoint_entry(session_id, prefix, key, raw))
         return out
+
+    def find_checkpoint(self, session_id: str, checkpoint_id: str) -> Checkpoint | None:
+        """The checkpoint stored under this id (None: none, or its record is damaged),
+        read one record at a time: a session may hold a gigabyte of summaries, which a
+        whole list decoded under the session's lock held at once on every create."""
+        prefix = session_prefix(session_id)
+        wanted = checkpoint_id.encode()
+        for key, raw in self._kv.scan(
+            "checkpoints", prefix, session_id.encode() + END, reverse=True
+        ):
+            if key[len(prefix) + 8 :] == wanted:
+                try:
+                    return decode_value(raw, Checkpoint)
+                except CorruptRecordError:
+                    return None
+        return None
+
+    def page_checkpoint_entries(
+        self, session_id: str, left: int | None, size: int, max_bytes: int
+    ) -> tuple[list[Checkpoint | DamagedCheckpoint], int]:
+        """A page of `list_checkpoint_entries`: newest first, up to `size` checkpoints
+        from the one `left` places from the oldest (None: the newest on), ending after
+        the one that takes the records read past `max_bytes`; with how many older ones
+        are left after it. Only the page's records are decoded (a listing decoded every
+        summary of the session for each page of one)."""
+        prefix = session_prefix(session_id)
+        end = session_id.encode() + END
+        if left is not None:
+            # The key `left` places from the oldest: the page begins there.
+            if left <= 0:
+                return [], 0
+            first = None
+            for n, (key, _) in enumerate(self._kv.scan("checkpoints", prefix, end), start=1):
+                first = key
+                if n == left:
+                    break
+            if first is None:
+                return [], 0
+            end = first + b"\x00"
+        page: list[Checkpoint | DamagedCheckpoint] = []
+        read, after = 0, 0
+        for key, raw in self._kv.scan("checkpoints", prefix, end, reverse=True):
+            if len(page) >= size or (page and read > max_bytes):
+                after += 1  # counted, not decoded
+                continue
+            read += len(raw)
+            page.append(self._checkpoint_entry(session_id, prefix, key, raw))
+        return page, after
+
+    def _checkpoint_entry(
+        self, session_id: str, prefix: bytes, key: bytes, raw: bytes
+    ) -> Checkpoint | DamagedCheckpoint:
+        try:
+            return decode_value(raw, Checkpoint)
+        except CorruptRecordError:
+            rest = key[len(prefix) :]
+            ckpt_id = rest[8:].decode(errors="replace")
+            return DamagedCheckpoint(ckpt_id, session_id, int.from_bytes(rest[:8], "big"))
 
     def list_checkpoints(self, session_id: str) -> list[Checkpoint]:
         """Newest first, damaged records left out."""

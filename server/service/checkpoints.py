@@ -96,9 +96,9 @@ class CheckpointUseCases:
         if request_id:
             # The id derives from the request id, so a retry finds the first checkpoint.
             ckpt_id = "c-" + hashlib.sha256(f"{sid}\x00{request_id}".encode()).hexdigest()[:24]
-            for existing in await self._blocking.run(self._store.list_checkpoints, sid):
-                if existing.checkpoint_id == ckpt_id:
-                    return _retried(existing, asked, request_id), False
+            existing = await self._blocking.run(self._store.find_checkpoint, sid, ckpt_id)
+            if existing is not None:
+                return _retried(existing, asked, request_id), False
         elif template.kind == CheckpointKind.BUILTIN:
             # One built-in compaction of a range is one checkpoint: compiles of the session
             # at once, each over its window, each ask for it (put_checkpoint keeps the first
@@ -133,24 +133,26 @@ class CheckpointUseCases:
             self._hub.publish(sid, [checkpoint], session.head_seq, session.create_time_ns)
         return stored, created
 
-    async def list_for(
-        self, session_id: str, created_ns: int = 0
-    ) -> tuple[list[Checkpoint | DamagedCheckpoint], int]:
-        """Newest first; damaged records are listed (marked) rather than failing the list.
-        With the create time of the session they are of. With `created_ns` (a listing's
-        next page), of the session made then only: deleted and made again under its id
-        since, SESSION_NOT_FOUND, never the new session's checkpoints at the old one's
-        position."""
+    async def page_for(
+        self, session_id: str, created_ns: int, left: int | None, size: int, max_bytes: int
+    ) -> tuple[list[Checkpoint | DamagedCheckpoint], int, int]:
+        """A page of the session's checkpoints, newest first (see
+        `EventStore.page_checkpoint_entries`: `left` older ones from the oldest end on),
+        with how many older ones are left after it and the create time of the session
+        they are of; damaged records are listed (marked) rather than failing the page.
+        With `created_ns` (a listing's next page), of the session made then only:
+        deleted and made again under its id since, SESSION_NOT_FOUND, never the new
+        session's checkpoints at the old one's position."""
         check_id("session_id", session_id)
 
-        def read() -> tuple[list[Checkpoint | DamagedCheckpoint], int]:
+        def read() -> tuple[list[Checkpoint | DamagedCheckpoint], int, int]:
             made = self._store.get_session(session_id).create_time_ns
             if created_ns and made != created_ns:
                 raise session_not_found(session_id)
-            entries = self._store.list_checkpoint_entries(session_id)
+            page, after = self._store.page_checkpoint_entries(session_id, left, size, max_bytes)
             if self._store.get_session(session_id).create_time_ns != made:
                 raise session_not_found(session_id)  # made again while they were read
-            return entries, made
+            return page, after, made
 
         return await self._blocking.run(read)
 

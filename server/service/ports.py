@@ -170,6 +170,12 @@ class EventStore(Protocol):
 
     def list_checkpoint_entries(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]: ...
 
+    def find_checkpoint(self, session_id: str, checkpoint_id: str) -> Checkpoint | None: ...
+
+    def page_checkpoint_entries(
+        self, session_id: str, left: int | None, size: int, max_bytes: int
+    ) -> tuple[list[Checkpoint | DamagedCheckpoint], int]: ...
+
     def put_compile(
         self,
         record: CompileRecord,

@@ -176,22 +176,21 @@ class CompileServicer(pb_grpc.CompileServiceServicer):
         query = {"s": request.session_id, "v": 2}
         left = decode_position(request.page_token, query)
         size = self._s.page_size(request.page_size)
-        # A next page is of the session the first was of.
-        found, created = await self._k.list_for(
-            request.session_id, token_created(request.page_token)
-        )
-        start = 0 if left is None else max(0, len(found) - left)
         # Cut by size too, as ListEvents: a summary may take 1 MiB, a page 1,000 of them.
         most = page_bytes(self._max_message)
+        # A next page is of the session the first was of.
+        found, after, created = await self._k.page_for(
+            request.session_id, token_created(request.page_token), left, size, most
+        )
         page: list[checkpoint_pb2.Checkpoint] = []
         total = 0
-        for c in found[start : start + size]:
+        for c in found:
             msg = checkpoint_out(c)
             total += msg.ByteSize()
             if page and total > most:
                 break
             page.append(msg)
-        left = len(found) - (start + len(page))
+        left = after + len(found) - len(page)
         return pb.ListCheckpointsResponse(
             checkpoints=page,
             next_page_token=encode_token(left, query, created) if left > 0 else "",

@@ -578,6 +578,36 @@ def test_a_page_of_events_stops_at_its_count_or_its_bytes(make_store: object) ->
     assert err.value.reason is Reason.SESSION_NOT_FOUND
 
 
+def test_a_page_of_checkpoints_stops_at_its_count_or_its_bytes(make_store: object) -> None:
+    """Newest first from `left` places from the oldest end, until `size` checkpoints or
+    more than `max_bytes` as stored (at least one), with how many older ones are left;
+    a checkpoint is found by its id without a list of them all."""
+    st = new_store(make_store)
+    st.create_session(Session("s", 1, 1))
+    for t in range(1, 6):
+        summary = f"{t} " + "x" * 100_000
+        st.put_checkpoint(
+            Checkpoint(f"c{t}", "s", 1, summary, None, False, "d", CheckpointKind.MODEL_SUMMARY, t)
+        )
+
+    def page(left: int | None, size: int, most: int) -> tuple[list[str], int]:
+        found, after = st.page_checkpoint_entries("s", left, size, most)
+        return [c.checkpoint_id for c in found], after
+
+    assert page(None, 2, 10 << 20) == (["c5", "c4"], 3)
+    assert page(3, 2, 10 << 20) == (["c3", "c2"], 1)
+    assert page(1, 2, 10 << 20) == (["c1"], 0)
+    assert page(None, 100, 150_000) == (["c5", "c4"], 3)  # the one that went over ends it
+    assert page(None, 100, 1) == (["c5"], 4)
+    assert page(0, 100, 1) == ([], 0)
+    assert page(None, 100, 10 << 20)[0] == [f"c{t}" for t in range(5, 0, -1)]
+    assert page(99, 1, 10 << 20) == (["c5"], 4)  # a position past the oldest: the newest
+    found = st.find_checkpoint("s", "c2")
+    assert found is not None and found.summary.startswith("2 ")
+    assert st.find_checkpoint("s", "c9") is None
+    assert st.find_checkpoint("other", "c2") is None
+
+
 def test_concurrent_appends_never_duplicate_or_skip(make_store: object) -> None:
     st = new_store(make_store)
     st.create_session(Session("s", 1, 1))
@@ -745,6 +775,8 @@ _READS = frozenset(
         "get_artifact_record",
         "list_checkpoints",
         "list_checkpoint_entries",
+        "find_checkpoint",
+        "page_checkpoint_entries",
         "get_compile_part",
         "compile_at",
         "get_compile",
