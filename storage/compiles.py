@@ -120,6 +120,37 @@ class CompileRecords(StoreCore):
                     return None
         return None
 
+    def get_checkpoint(
+        self, session_id: str, create_time_ns: int, checkpoint_id: str
+    ) -> Checkpoint | None:
+        """The checkpoint under its key (its create time and id, as a head names them);
+        None when there is none or its record is damaged."""
+        key = session_key(session_id, be64(create_time_ns) + checkpoint_id.encode())
+        raw = self._kv.get("checkpoints", key)
+        if raw is None:
+            return None
+        try:
+            return decode_value(raw, Checkpoint)
+        except CorruptRecordError:
+            return None
+
+    def list_checkpoint_heads(self, session_id: str) -> list[Checkpoint | DamagedCheckpoint]:
+        """`list_checkpoint_entries` with every summary left empty, read one record at a
+        time: what a compile chooses from, small enough to keep between compiles (the
+        summaries of a session's checkpoints may take a gigabyte, and a list over a few
+        MiB was read whole at every compile). The chosen one is read whole with
+        `get_checkpoint`."""
+        prefix = session_prefix(session_id)
+        out: list[Checkpoint | DamagedCheckpoint] = []
+        for key, raw in self._kv.scan(
+            "checkpoints", prefix, session_id.encode() + END, reverse=True
+        ):
+            entry = self._checkpoint_entry(session_id, prefix, key, raw)
+            out.append(
+                dataclasses.replace(entry, summary="") if isinstance(entry, Checkpoint) else entry
+            )
+        return out
+
     def page_checkpoint_entries(
         self, session_id: str, left: int | None, size: int, max_bytes: int
     ) -> tuple[list[Checkpoint | DamagedCheckpoint], int]:

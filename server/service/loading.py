@@ -117,15 +117,27 @@ class HistoryLoader:
                 return CheckpointCandidate(ck, "")  # origin gone: cannot be verified
         return CheckpointCandidate(ck, self.range_digest(owner, ck.covers_through_seq))
 
+    def _heads(self, session: Session) -> tuple[Checkpoint | DamagedCheckpoint, ...]:
+        """The session's checkpoints, newest first, without their summaries: what a
+        compile chooses from (the summaries of them all may take a gigabyte)."""
+        sid = session.session_id
+        return self._checkpoint_lists.get(
+            session, (), lambda: tuple(self._store.list_checkpoint_heads(sid))
+        )
+
+    def _whole(self, session: Session, head: Checkpoint) -> Checkpoint | None:
+        """The checkpoint `head` names, with its summary (None: its record is gone)."""
+        sid = session.session_id
+        return self._checkpoint_lists.get(
+            session,
+            ("whole", head.checkpoint_id),
+            lambda: self._store.get_checkpoint(sid, head.create_time_ns, head.checkpoint_id),
+        )
+
     def _checkpoints(
         self, session: Session, boundary: int, until_ns: int | None = None
     ) -> list[Checkpoint | DamagedCheckpoint]:
-        sid = session.session_id
-        checkpoints = list(
-            self._checkpoint_lists.get(
-                session, (), lambda: tuple(self._store.list_checkpoint_entries(sid))
-            )
-        )
+        checkpoints = list(self._heads(session))
         if boundary < session.head_seq:
             # Time travel: only checkpoints that existed when event boundary+1 arrived.
             nxt = self._store.read_events(session.session_id, boundary, 1)
@@ -155,10 +167,15 @@ class HistoryLoader:
             ck_id, why = recorded
             reasons: list[FallbackReason] = list(why)
             if ck_id:
-                chosen = next(
-                    (c for c in self._store.list_checkpoints(sid) if c.checkpoint_id == ck_id),
+                head = next(
+                    (
+                        c
+                        for c in self._heads(session)
+                        if isinstance(c, Checkpoint) and c.checkpoint_id == ck_id
+                    ),
                     None,
                 )
+                chosen = self._whole(session, head) if head is not None else None
                 if chosen is None:
                     raise CtxccError(Reason.RECORD_CORRUPT, "a recorded checkpoint is missing")
         else:
@@ -173,7 +190,9 @@ class HistoryLoader:
                 )
                 reasons.extend(why)
                 if pick is not None:
-                    chosen = pick
+                    chosen = self._whole(session, pick)
+                    if chosen is None:
+                        raise CtxccError(Reason.RECORD_CORRUPT, "a chosen checkpoint is missing")
                     break
         if chosen is None or chosen.kind == CheckpointKind.BUILTIN:
             # A built-in checkpoint keeps every message and shortens old tool results:

@@ -581,7 +581,8 @@ def test_a_page_of_events_stops_at_its_count_or_its_bytes(make_store: object) ->
 def test_a_page_of_checkpoints_stops_at_its_count_or_its_bytes(make_store: object) -> None:
     """Newest first from `left` places from the oldest end, until `size` checkpoints or
     more than `max_bytes` as stored (at least one), with how many older ones are left;
-    a checkpoint is found by its id without a list of them all."""
+    a checkpoint is found by its id without a list of them all, and by its key from
+    the heads a compile chooses from (every summary left out)."""
     st = new_store(make_store)
     st.create_session(Session("s", 1, 1))
     for t in range(1, 6):
@@ -604,6 +605,10 @@ def test_a_page_of_checkpoints_stops_at_its_count_or_its_bytes(make_store: objec
     assert page(99, 1, 10 << 20) == (["c5"], 4)  # a position past the oldest: the newest
     found = st.find_checkpoint("s", "c2")
     assert found is not None and found.summary.startswith("2 ")
+    heads = [c for c in st.list_checkpoint_heads("s") if isinstance(c, Checkpoint)]
+    assert [(c.checkpoint_id, c.summary) for c in heads] == [(f"c{t}", "") for t in range(5, 0, -1)]
+    assert st.get_checkpoint("s", 2, "c2") == found
+    assert st.get_checkpoint("s", 3, "c2") is None
     assert st.find_checkpoint("s", "c9") is None
     assert st.find_checkpoint("other", "c2") is None
 
@@ -776,6 +781,8 @@ _READS = frozenset(
         "list_checkpoints",
         "list_checkpoint_entries",
         "find_checkpoint",
+        "get_checkpoint",
+        "list_checkpoint_heads",
         "page_checkpoint_entries",
         "get_compile_part",
         "compile_at",

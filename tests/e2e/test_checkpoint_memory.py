@@ -1,8 +1,10 @@
 """A session's checkpoints are not held in memory at once by the calls that write and
-list them. A session may store a gigabyte (`--max-session-bytes`), and each checkpoint
-a summary of up to 1 MiB characters: creating one, retrying one by its request id, or
-listing a page of one decoded every summary of the session, so a daemon in a sidecar's
-memory limit grew by hundreds of megabytes for a page of one checkpoint."""
+list them, nor by its compiles, which need only the newest one that holds. A session
+may store a gigabyte (`--max-session-bytes`), and each checkpoint a summary of up to
+1 MiB characters: creating one, retrying one by its request id, or listing a page of one
+decoded every summary of the session, so a daemon in a sidecar's memory limit grew by
+hundreds of megabytes for a page of one checkpoint; and every compile read every summary
+(a list that large is never kept between compiles) for a view that holds one."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ctxcc.v1 import checkpoint_pb2, compile_service_pb2_grpc, session_pb2, sess
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import DaemonProcess
-from tests.helpers import assistant, user
+from tests.helpers import ROUTE, assistant, user
 
 CHECKPOINTS = 100
 SUMMARY_CHARS = 1 << 20  # the most a summary may hold; ~100 MiB in all
@@ -69,6 +71,20 @@ def test_checkpoints_are_written_and_listed_a_page_at_a_time(short_tmp: Path) ->
             t.join()
         assert pages == [[str(CHECKPOINTS - 1)]] * LISTINGS
         grown = _peak_rss(daemon.proc.pid) - before
+        # The agent's latest summary is a short one; its compiles read that one whole.
+        ck = checkpoint_pb2.Checkpoint(session_id="m", covers_through_seq=1, summary="latest")
+        latest = compiles.CreateCheckpoint(cpb.CreateCheckpointRequest(checkpoint=ck))
+        before = _peak_rss(daemon.proc.pid)
+        for step in range(3):
+            sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="m", events=[user(f"step {step}")])
+            )
+            view = compiles.Compile(cpb.CompileRequest(session_id="m", route=ROUTE)).view
+            assert view.checkpoint_id == latest.checkpoint.checkpoint_id
+            assert "latest" in view.messages[0].parts[0].text
+        compiled = _peak_rss(daemon.proc.pid) - before
     # What the store and its write buffers hold is well under the summaries' ~100 MiB
     # once more; the whole list decoded for each call grew the peak by over 500 MB.
     assert grown < 250 << 20, f"the peak grew by {grown >> 20} MiB"
+    # Reading every summary at each compile grew the peak by ~150 MB.
+    assert compiled < 64 << 20, f"compiles grew the peak by {compiled >> 20} MiB"
