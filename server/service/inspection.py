@@ -194,7 +194,9 @@ class InspectUseCases:
     async def timeline(self, session_id: str) -> Timeline:
         session = await self._sessions.get(session_id)
         records = await self._blocking.run(self._store.list_compile_heads, session_id)
-        checkpoints = await self._blocking.run(self._store.list_checkpoints, session_id)
+        # Heads (no summaries): the page shows none, and they may take a gigabyte.
+        heads = await self._blocking.run(self._store.list_checkpoint_heads, session_id)
+        checkpoints = [c for c in heads if isinstance(c, Checkpoint)]
         ordered = sorted(checkpoints, key=lambda c: (c.create_time_ns, c.checkpoint_id))
         return Timeline(session, tuple(records), tuple(ordered))
 
@@ -246,8 +248,9 @@ class InspectUseCases:
         view = result.view
         checkpoint = None
         if view.checkpoint_id:
-            listed = await self._blocking.run(self._store.list_checkpoints, session_id)
-            checkpoint = next((c for c in listed if c.checkpoint_id == view.checkpoint_id), None)
+            checkpoint = await self._blocking.run(
+                self._store.find_checkpoint, session_id, view.checkpoint_id
+            )
         registry = await self._blocking.run(self._store.list_tools, session_id)
         boundaries = tuple(sorted({r.event_boundary for r in records}))
         earlier = [b for b in boundaries if b < seq]

@@ -4,11 +4,13 @@ may store a gigabyte (`--max-session-bytes`), and each checkpoint a summary of u
 1 MiB characters: creating one, retrying one by its request id, or listing a page of one
 decoded every summary of the session, so a daemon in a sidecar's memory limit grew by
 hundreds of megabytes for a page of one checkpoint; and every compile read every summary
-(a list that large is never kept between compiles) for a view that holds one."""
+(a list that large is never kept between compiles) for a view that holds one, as did
+the inspector's timeline and step pages, which show one summary at most."""
 
 from __future__ import annotations
 
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +85,17 @@ def test_checkpoints_are_written_and_listed_a_page_at_a_time(short_tmp: Path) ->
             assert view.checkpoint_id == latest.checkpoint.checkpoint_id
             assert "latest" in view.messages[0].parts[0].text
         compiled = _peak_rss(daemon.proc.pid) - before
+        # The inspector's timeline and the step page of that view.
+        before = _peak_rss(daemon.proc.pid)
+        shown = {}
+        for path in ("/s/m", "/s/m/step"):
+            with urllib.request.urlopen(f"http://{daemon.endpoints['ui']}{path}") as page:
+                shown[path] = page.read()
+        assert b"latest" in shown["/s/m/step"]  # the view's summary, on its step page
+        inspected = _peak_rss(daemon.proc.pid) - before
     # What the store and its write buffers hold is well under the summaries' ~100 MiB
     # once more; the whole list decoded for each call grew the peak by over 500 MB.
     assert grown < 250 << 20, f"the peak grew by {grown >> 20} MiB"
     # Reading every summary at each compile grew the peak by ~150 MB.
     assert compiled < 64 << 20, f"compiles grew the peak by {compiled >> 20} MiB"
+    assert inspected < 64 << 20, f"the inspector grew the peak by {inspected >> 20} MiB"
