@@ -63,6 +63,13 @@ class CheckpointUseCases:
         check_id("checkpoint.origin_session_id", template.origin_session_id, required=False)
         if template.source_route is not None:
             check_route_fields(route_fields(template.source_route), "checkpoint.source_route")
+            if not template.source_route.model:
+                # Every compile's route names its model: bound to a route without one,
+                # the checkpoint would hold on none, passed over at every compile.
+                raise invalid(
+                    "checkpoint.source_route.model",
+                    "checkpoint.source_route.model is required when a source route is set",
+                )
         if require_digest and not template.covered_digest:
             raise invalid(
                 "checkpoint.covered_digest",

@@ -120,6 +120,30 @@ async def test_covered_digest_modes(api: Stubs) -> None:
     assert error_info(exc.value).reason == "INVALID_FIELD"
 
 
+async def test_a_source_route_without_its_model_is_refused(api: Stubs) -> None:
+    """A compile's route names its model (route.model is required), so a checkpoint
+    bound to a route without one held on no route: it was stored, and every compile
+    passed over it (ROUTE_MISMATCH) without the agent knowing why its summary was never
+    used. A client that sends an empty route message (a Go `&Route{}`) meant none."""
+    await _session(api, "nomodel", user("a"), assistant("b"), user("c"))
+    for route in (common_pb2.Route(), common_pb2.Route(connection="c", protocol="p")):
+        ck = checkpoint_pb2.Checkpoint(
+            session_id="nomodel", covers_through_seq=2, summary="s", source_route=route
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as exc:
+            await api.compiles.CreateCheckpoint(cpb.CreateCheckpointRequest(checkpoint=ck))
+        info = error_info(exc.value)
+        assert (exc.value.code(), info.reason) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_FIELD",
+        )
+        assert info.metadata["field"] == "checkpoint.source_route.model"
+    listed = await api.compiles.ListCheckpoints(cpb.ListCheckpointsRequest(session_id="nomodel"))
+    assert not listed.checkpoints
+    view = (await api.compiles.Compile(compile_request("nomodel"))).view
+    assert not view.checkpoint_id and not view.fallback_reasons
+
+
 def test_the_documented_encoding_example() -> None:
     """checkpoint.proto's worked example is what the daemon hashes."""
     event = Event(seq=1, event_id="e1", create_time_ns=123, payload=TurnStarted("t"))
