@@ -15,10 +15,11 @@ from typing import Any
 
 import grpc
 import pytest
-from ctxcc_client import AsyncClient, CompileStream, CtxccError, retry, user
+from ctxcc_client import AsyncClient, Client, CompileStream, CtxccError, retry, user
 
 from ctxcc.v1 import common_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from tests.conftest import make_config
 
@@ -61,6 +62,45 @@ async def test_stream_survives_a_daemon_that_is_gone_then_back(short_tmp: Path) 
             assert str(missing.value).startswith("NOT_FOUND SESSION_NOT_FOUND: ")
         finally:
             await second.stop()
+
+
+# Longer than the test's deadlines by far: a call that waited for its retry budget instead
+# of its deadline ends UNAVAILABLE, after this.
+LONG_RETRY_BUDGET = 20.0
+
+
+async def test_a_calls_timeout_bounds_it_through_its_retries(short_tmp: Path) -> None:
+    """`timeout=` on a wrapped unary call is the whole call's deadline, as a deadline is in
+    the Go client: every attempt got it whole, so against a daemon that is not there a call
+    with timeout=0.5 was retried for the full budget (20 s here, 30 s by default) and ended
+    UNAVAILABLE. It ends DEADLINE_EXCEEDED at its deadline; with the daemon there, a call
+    with a timeout is answered as before."""
+    target = f"unix:{short_tmp / 'ctxcc.sock'}"
+    get = spb.GetSessionRequest(session_id="s-000000000000000000000000")
+    create = spb.CreateSessionRequest()
+    async with AsyncClient(target, retry_seconds=LONG_RETRY_BUDGET) as ctx:
+        for call in (
+            ctx.sessions.GetSession(get, timeout=0.5),
+            ctx.sessions.CreateSession(create, timeout=0.5),
+        ):
+            with pytest.raises(CtxccError) as err:
+                await call
+            assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+            assert err.value.reason == "DEADLINE_EXCEEDED"
+    with Client(target, retry_seconds=LONG_RETRY_BUDGET) as sync:
+        with pytest.raises(CtxccError) as err:
+            sync.sessions.GetSession(get, timeout=0.5)
+        assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        async with AsyncClient(target, retry_seconds=LONG_RETRY_BUDGET) as ctx:
+            made = await ctx.sessions.CreateSession(create, timeout=30)
+            sid = made.session.session_id
+            got = await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid), timeout=30)
+            assert got.session.session_id == sid
+    finally:
+        await d.stop()
 
 
 async def test_watch_goes_on_across_a_daemon_restart(short_tmp: Path) -> None:

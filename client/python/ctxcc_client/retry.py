@@ -108,6 +108,34 @@ class Backoff:
         return pause
 
 
+def per_attempt(kw: dict[str, Any]) -> tuple[float | None, Callable[[], dict[str, Any]]]:
+    """The deadline a caller's `timeout=` sets for a whole call (None: none) and the keyword
+    arguments of each attempt. gRPC applies a timeout to one attempt: passed as it is, every
+    retry would get it whole, and an unavailable daemon would be waited out for the full
+    retry budget whatever the caller asked. Each attempt gets what is left of it instead."""
+    timeout = kw.get("timeout")
+    if timeout is None:
+        return None, lambda: kw
+    deadline = time.monotonic() + timeout
+    return deadline, lambda: {**kw, "timeout": max(0.0, deadline - time.monotonic())}
+
+
+def _within(deadline: float | None, pause: float, err: grpc.RpcError) -> float:
+    """`pause`, cut to the caller's deadline; DEADLINE_EXCEEDED once it has passed (the
+    status gRPC gives a call whose deadline passes, with the last attempt's error)."""
+    if deadline is None:
+        return pause
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise CtxccError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "DEADLINE_EXCEEDED",
+            f"the call's deadline passed while it was retried: {from_rpc_error(err)}",
+            {},
+        )
+    return min(pause, left)
+
+
 def retryable(err: grpc.RpcError) -> bool:
     return (
         bool(err.code() == grpc.StatusCode.UNAVAILABLE)
@@ -116,7 +144,12 @@ def retryable(err: grpc.RpcError) -> bool:
     )
 
 
-async def retry_async(fn: Callable[[], Awaitable[T]], idempotent: bool, seconds: float) -> T:
+async def retry_async(
+    fn: Callable[[], Awaitable[T]],
+    idempotent: bool,
+    seconds: float,
+    deadline: float | None = None,
+) -> T:
     backoff = Backoff(seconds)
     while True:
         try:
@@ -125,7 +158,7 @@ async def retry_async(fn: Callable[[], Awaitable[T]], idempotent: bool, seconds:
             pause = backoff.next_pause() if idempotent and retryable(err) else None
             if pause is None:
                 raise from_rpc_error(err) from None
-            await asyncio.sleep(pause)
+            await asyncio.sleep(_within(deadline, pause, err))
 
 
 async def create_session_async(
@@ -133,6 +166,7 @@ async def create_session_async(
     get: Callable[[spb.GetSessionRequest], Awaitable[spb.GetSessionResponse]],
     request: spb.CreateSessionRequest,
     seconds: float,
+    deadline: float | None = None,
 ) -> spb.CreateSessionResponse:
     """CreateSession, retried like any safe call under one session id fixed before the
     first attempt. SESSION_ALREADY_EXISTS for a retry may be an earlier attempt's session,
@@ -147,13 +181,13 @@ async def create_session_async(
         return await create(req)
 
     try:
-        return await retry_async(once, True, seconds)
+        return await retry_async(once, True, seconds, deadline)
     except CtxccError as err:
         if attempts < 2 or err.reason != SESSION_ALREADY_EXISTS:
             raise
         get_req = spb.GetSessionRequest(session_id=req.session.session_id)
         try:
-            stored = (await retry_async(lambda: get(get_req), True, seconds)).session
+            stored = (await retry_async(lambda: get(get_req), True, seconds, deadline)).session
         except CtxccError:
             raise err from None
         if not same_creation(stored, req.session):
@@ -166,6 +200,7 @@ def create_session_sync(
     get: Callable[[spb.GetSessionRequest], spb.GetSessionResponse],
     request: spb.CreateSessionRequest,
     seconds: float,
+    deadline: float | None = None,
 ) -> spb.CreateSessionResponse:
     """The blocking twin of create_session_async."""
     req = with_session_id(request)
@@ -177,13 +212,13 @@ def create_session_sync(
         return create(req)
 
     try:
-        return retry_sync(once, True, seconds)
+        return retry_sync(once, True, seconds, deadline)
     except CtxccError as err:
         if attempts < 2 or err.reason != SESSION_ALREADY_EXISTS:
             raise
         get_req = spb.GetSessionRequest(session_id=req.session.session_id)
         try:
-            stored = retry_sync(lambda: get(get_req), True, seconds).session
+            stored = retry_sync(lambda: get(get_req), True, seconds, deadline).session
         except CtxccError:
             raise err from None
         if not same_creation(stored, req.session):
@@ -191,7 +226,9 @@ def create_session_sync(
         return spb.CreateSessionResponse(session=stored)
 
 
-def retry_sync(fn: Callable[[], T], idempotent: bool, seconds: float) -> T:
+def retry_sync(
+    fn: Callable[[], T], idempotent: bool, seconds: float, deadline: float | None = None
+) -> T:
     backoff = Backoff(seconds)
     while True:
         try:
@@ -200,7 +237,7 @@ def retry_sync(fn: Callable[[], T], idempotent: bool, seconds: float) -> T:
             pause = backoff.next_pause() if idempotent and retryable(err) else None
             if pause is None:
                 raise from_rpc_error(err) from None
-            time.sleep(pause)
+            time.sleep(_within(deadline, pause, err))
 
 
 class AsyncService:
@@ -218,8 +255,13 @@ class AsyncService:
             get = self._stub.GetSession
 
             async def create(request: Any, **kw: Any) -> Any:
+                deadline, attempt = per_attempt(kw)
                 return await create_session_async(
-                    lambda r: method(r, **kw), lambda r: get(r, **kw), request, seconds
+                    lambda r: method(r, **attempt()),
+                    lambda r: get(r, **attempt()),
+                    request,
+                    seconds,
+                    deadline,
                 )
 
             return create
@@ -228,7 +270,10 @@ class AsyncService:
 
             async def unary(request: Any, **kw: Any) -> Any:
                 req = with_request_id(request)
-                return await retry_async(lambda: method(req, **kw), idempotent, seconds)
+                deadline, attempt = per_attempt(kw)
+                return await retry_async(
+                    lambda: method(req, **attempt()), idempotent, seconds, deadline
+                )
 
             return unary
         if isinstance(method, grpc.aio.UnaryStreamMultiCallable):
@@ -267,8 +312,13 @@ class SyncService:
             get = self._stub.GetSession
 
             def create(request: Any, **kw: Any) -> Any:
+                deadline, attempt = per_attempt(kw)
                 return create_session_sync(
-                    lambda r: method(r, **kw), lambda r: get(r, **kw), request, seconds
+                    lambda r: method(r, **attempt()),
+                    lambda r: get(r, **attempt()),
+                    request,
+                    seconds,
+                    deadline,
                 )
 
             return create
@@ -277,7 +327,8 @@ class SyncService:
 
             def unary(request: Any, **kw: Any) -> Any:
                 req = with_request_id(request)
-                return retry_sync(lambda: method(req, **kw), idempotent, seconds)
+                deadline, attempt = per_attempt(kw)
+                return retry_sync(lambda: method(req, **attempt()), idempotent, seconds, deadline)
 
             return unary
         if isinstance(method, grpc.UnaryStreamMultiCallable):
