@@ -81,6 +81,9 @@ export interface GeminiUsage {
   candidatesTokenCount?: Count;
   /** The model's thoughts, counted apart from the candidates. */
   thoughtsTokenCount?: Count;
+  /** The first hop's prompt when the SDK merged automatic continuation hops, whose counts it
+   * adds up (`promptTokenCount` is then every hop's prompt): the request ctxcc compiled. */
+  initialPromptTokenCount?: Count;
 }
 
 function n(count: Count): number {
@@ -122,11 +125,12 @@ export function usageFromOpenAIResponses(usage: OpenAIResponsesUsage): UsageCoun
   };
 }
 
-/** input = `promptTokenCount`, cached = `cachedContentTokenCount` (at most the input: a usage
- * merged from several continuation hops adds their counts up), output =
- * `candidatesTokenCount + thoughtsTokenCount`, reasoning = `thoughtsTokenCount`. */
+/** input = `promptTokenCount`, or `initialPromptTokenCount` when the SDK merged continuation
+ * hops (it adds their counts up: the input is the first hop's prompt), cached =
+ * `cachedContentTokenCount` (at most the input), output = `candidatesTokenCount +
+ * thoughtsTokenCount`, reasoning = `thoughtsTokenCount`. */
 export function usageFromGemini(usage: GeminiUsage): UsageCounts {
-  const prompt = n(usage.promptTokenCount);
+  const prompt = n(usage.initialPromptTokenCount) || n(usage.promptTokenCount);
   const thoughts = n(usage.thoughtsTokenCount);
   return {
     inputTokens: prompt,

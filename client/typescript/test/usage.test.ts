@@ -1,5 +1,9 @@
 import assert from "node:assert/strict";
+import http from "node:http";
+import type { AddressInfo } from "node:net";
 import { test } from "node:test";
+
+import { GoogleGenAI } from "@google/genai";
 
 // The SDKs' own usage types (type-only: erased from the compiled test; `tsc --strict` over
 // this file checks that each is assignable to the parameter of its mapping).
@@ -82,6 +86,40 @@ test("Gemini: thoughts add to the output; tool-use prompts stay out; cached is c
   assert.deepEqual(usageFromGemini(meta), counts(1000, 170, 800, 120));
   assert.deepEqual(usageFromGemini({ promptTokenCount: 1000, cachedContentTokenCount: 2100, candidatesTokenCount: 8 }), counts(1000, 8, 1000, 0));
   assert.deepEqual(usageFromGemini({}), counts(0, 0, 0, 0));
+});
+
+test("Gemini: after @google/genai's automatic continuation, the input is the first hop's prompt", async () => {
+  // Two hops of one generateContent, served here as the Gemini API would: the first ends
+  // with a continuationToken, so the SDK asks again and merges the two responses, adding
+  // their counts up (prompt 2250, cached 2100). The request ctxcc compiled is the first
+  // hop's prompt, which the SDK keeps as initialPromptTokenCount.
+  const hops = [
+    { promptTokenCount: 1000, cachedContentTokenCount: 900, candidatesTokenCount: 200, continuationToken: "t1" },
+    { promptTokenCount: 1250, cachedContentTokenCount: 1200, candidatesTokenCount: 30, finishReason: "STOP" },
+  ].map(({ continuationToken, finishReason, ...usageMetadata }, i) => ({
+    candidates: [{ content: { role: "model", parts: [{ text: `part ${i}` }] }, continuationToken, finishReason }],
+    usageMetadata,
+  }));
+  let served = 0;
+  const api = http.createServer((req, res) => {
+    req.resume().on("end", () => {
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify(hops[served++]));
+    });
+  });
+  await new Promise<void>((resolve) => api.listen(0, "127.0.0.1", resolve));
+  try {
+    const baseUrl = `http://127.0.0.1:${(api.address() as AddressInfo).port}`;
+    const genai = new GoogleGenAI({ apiKey: "test", httpOptions: { baseUrl } });
+    const response = await genai.models.generateContent({ model: "gemini-3-pro-preview", contents: "hi" });
+    assert.equal(served, 2);
+    const usage = response.usageMetadata;
+    assert.ok(usage);
+    assert.equal(usage.promptTokenCount, 2250);
+    assert.deepEqual(usageFromGemini(usage), counts(1000, 230, 1000, 0));
+  } finally {
+    api.close();
+  }
 });
 
 test("the counts spread into a report request", () => {
