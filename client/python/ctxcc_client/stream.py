@@ -410,8 +410,7 @@ class CompileStream:
                 self._drop()
                 raise stream_ended() from None
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                if _cancelled_by_caller(responses is self._responses):
                     raise  # the caller's own (a timeout, a cancelled task): it stays one
                 # The call was cancelled under the step: another task closed the stream.
                 raise _stream_closed() from None
@@ -468,6 +467,15 @@ class CompileStream:
         async with self._lock:  # the step ended puts back a report the daemon did not answer
             pass
         await self.flush_usage()
+
+
+def _cancelled_by_caller(call_kept: bool) -> bool:
+    """Whether the CancelledError a step got while it waited is its caller's (a timeout,
+    its task cancelled) rather than its call's, cancelled under it by `close` from another
+    task. Task.cancelling() tells from Python 3.11 on; Python 3.10 (which this client
+    supports) has none, and there a call that `close` did not drop (`call_kept`) says it."""
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else call_kept
 
 
 def _stream_closed() -> CtxccError:
