@@ -69,7 +69,8 @@ export interface StepOptions {
   expectedLastSeq?: number;
   /** Bounds the step (`AbortSignal.timeout(ms)`, or a controller's): once aborted, the step
    * rejects with the signal's reason and the stream's call is dropped (the next step opens a
-   * new one); aborted while it pauses before a retry, it sends nothing more. The daemon may
+   * new one); aborted while it pauses before a retry, it sends nothing more, and while it waits
+   * its turn behind another step it rejects at once and is never sent. The daemon may
    * have appended the events all the same: the same events sent again on this stream reuse
    * the step's request id, so they are appended once. */
   signal?: AbortSignal;
@@ -317,7 +318,9 @@ export class Stream {
     const signal = options.signal;
     // A close after this call fails the step (waiting its turn, or pausing before a retry).
     const closes = this.closes;
+    let started = false;
     const run = async (): Promise<StepResult> => {
+      started = true;
       // An abort ends the wait: the call it waits on is dropped, its waiters rejected.
       const onAbort = () => this.cut(signal?.reason);
       signal?.addEventListener("abort", onAbort);
@@ -382,7 +385,18 @@ export class Stream {
       this.running--;
     };
     this.chain = result.then(settled, settled);
-    return result;
+    if (!signal) return result;
+    // Aborted while an earlier step still runs, it rejects at once too: `run` then sends
+    // nothing when its turn comes, instead of the caller waiting as long as that step. (Once
+    // running, `run` rejects it, having kept its request id for the same events.)
+    return new Promise<StepResult>((resolve, reject) => {
+      const onAbort = () => {
+        if (!started) reject(signal.reason);
+      };
+      if (signal.aborted) onAbort();
+      signal.addEventListener("abort", onAbort, { once: true });
+      result.then(resolve, reject).finally(() => signal.removeEventListener("abort", onAbort));
+    });
   }
 
   private async attempt(msg: CompileStreamRequest, compile: CompileRequest): Promise<StepResult> {

@@ -671,3 +671,41 @@ test("a step called before close and waiting its turn fails STREAM_CLOSED too; o
     stop();
   }
 });
+
+test("a step aborted while it waits its turn behind a stalled step rejects at once and is never sent", async () => {
+  const v1 = fixture(1).view;
+  // The first step is never answered (a stalled daemon or connection); then whole views.
+  const { got, client, stop } = await scripted((n) => (n === 1 ? new Promise<Answer>(() => {}) : whole(v1)));
+  try {
+    const stream = client.openStream();
+    const req = { sessionId: v1.sessionId, route: v1.route };
+    const first = stream.step(req, [user("one")]);
+    first.catch(() => undefined);
+    const controller = new AbortController();
+    const queued = stream.step(req, [user("two")], { signal: controller.signal });
+    let settled: unknown = "pending";
+    queued.then(
+      () => (settled = "resolved"),
+      (err: unknown) => (settled = err),
+    );
+    await received(got, 1);
+    controller.abort(new Error("caller gave up"));
+    // A step called with a signal already aborted, behind the same stalled one.
+    let late: unknown = "pending";
+    stream.step(req, [user("three")], { signal: AbortSignal.abort(new Error("too late")) }).then(
+      () => (late = "resolved"),
+      (err: unknown) => (late = err),
+    );
+    // The rejections are settled by the aborts themselves, before any I/O or timer of this loop.
+    await new Promise((r) => setImmediate(r));
+    assert.ok(settled instanceof Error && /caller gave up/.test(settled.message), `the queued step is ${String(settled)}`);
+    assert.ok(late instanceof Error && /too late/.test(late.message), `the step called aborted is ${String(late)}`);
+    await stream.close();
+    await assert.rejects(first, (err: unknown) => err instanceof CtxccError && err.reason === "STREAM_CLOSED");
+    assert.equal(got.length, 1, "the aborted steps are never sent");
+    // The stream is usable again.
+    assert.equal((await stream.step(req, [user("four")])).view.compileId, v1.compileId);
+  } finally {
+    stop();
+  }
+});
