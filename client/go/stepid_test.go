@@ -375,3 +375,52 @@ func TestAStepBoundedByItsContextKeepsItsRequestID(t *testing.T) {
 		t.Fatalf("request ids %q then %q, want the same", first, again)
 	}
 }
+
+// A step bounded by StepContext that waits its turn behind another goroutine's step (one
+// whose answer never comes) fails with its context's error when that ends, and is never
+// sent; it waited for the lock the running step held, as long as that step ran.
+func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	s := &scripted{}
+	first := make(chan struct{})
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		if n == 1 {
+			close(first)
+			return nil, nil // never answered
+		}
+		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+	}
+	c := serve(t, s)
+	streamCtx, endStream := context.WithCancel(context.Background())
+	defer endStream()
+	st := c.OpenStream(streamCtx)
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	running := make(chan error, 1)
+	go func() {
+		_, _, err := st.Step(req, []*ctxccv1.Event{User("one")}, "")
+		running <- err
+	}()
+	<-first
+	ctx, cancel := context.WithCancel(context.Background())
+	queued := make(chan error, 1)
+	go func() {
+		_, _, err := st.StepContext(ctx, req, []*ctxccv1.Event{User("two")}, "")
+		queued <- err
+	}()
+	cancel()
+	select {
+	case err := <-queued:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want the step's context's", err)
+		}
+	case <-time.After(time.Minute): // a bound, not a wait: the first step never ends
+		t.Fatal("the step whose context ended still waits behind the stalled one")
+	}
+	endStream()
+	<-running
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.got) != 1 {
+		t.Fatalf("%d requests sent, want the first step's alone", len(s.got))
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -52,9 +51,12 @@ import (
 // echoed a resume's id (so on such a daemon a resume's answer delivered twice cannot be told
 // from the next one's).
 type Stream struct {
-	c      *Client
-	ctx    context.Context
-	mu     sync.Mutex
+	c   *Client
+	ctx context.Context
+	// Held by one step at a time (and briefly by the other methods): a one-slot semaphore
+	// rather than a mutex, so a step bounded by its context stops waiting for its turn when
+	// that context ends.
+	turn   chan struct{}
 	stream grpc.BidiStreamingClient[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]
 	cancel context.CancelFunc
 	// The ids of steps and resumes: one counter, so an earlier one's is a smaller number.
@@ -136,17 +138,20 @@ func WithDeltaHook(fn func(*ctxccv1.ViewDelta)) StreamOption {
 
 // OpenStream opens a compile stream; it reopens itself when the connection drops.
 func (c *Client) OpenStream(ctx context.Context, opts ...StreamOption) *Stream {
-	s := &Stream{c: c, ctx: ctx, deltas: true, digest: ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART}
+	s := &Stream{c: c, ctx: ctx, turn: make(chan struct{}, 1), deltas: true, digest: ctxccv1.DeltaDigest_DELTA_DIGEST_MESSAGE_CHAIN_COMPACTION_APART}
 	for _, o := range opts {
 		o(s)
 	}
 	return s
 }
 
+func (s *Stream) lock()   { s.turn <- struct{}{} }
+func (s *Stream) unlock() { <-s.turn }
+
 // Stats reports how the stream's views arrived so far.
 func (s *Stream) Stats() StreamStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	return s.stats
 }
 
@@ -158,10 +163,10 @@ func (s *Stream) Stats() StreamStats {
 // with an *Error whose UsageRefused is set, having appended nothing: the report is
 // dropped, so calling Step again goes without it.
 func (s *Stream) ReportUsage(ctx context.Context, req *ctxccv1.ReportUsageRequest) (*ctxccv1.ReportUsageResponse, error) {
-	s.mu.Lock()
+	s.lock()
 	earlier := s.usage
 	s.usage = req
-	s.mu.Unlock()
+	s.unlock()
 	if earlier == nil || earlier.GetCompileId() == req.GetCompileId() {
 		return nil, nil
 	}
@@ -171,18 +176,18 @@ func (s *Stream) ReportUsage(ctx context.Context, req *ctxccv1.ReportUsageReques
 // LastUsage is the daemon's answer to the usage report the last step carried (nil when it
 // carried none).
 func (s *Stream) LastUsage() *ctxccv1.ReportUsageResponse {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.lock()
+	defer s.unlock()
 	return s.lastUsage
 }
 
 // FlushUsage sends the queued usage report now by the unary ReportUsage (nil, nil: none
 // queued); for a view after which no step follows. Close does it too.
 func (s *Stream) FlushUsage(ctx context.Context) (*ctxccv1.ReportUsageResponse, error) {
-	s.mu.Lock()
+	s.lock()
 	usage := s.usage
 	s.usage = nil
-	s.mu.Unlock()
+	s.unlock()
 	if usage == nil {
 		return nil, nil
 	}
@@ -192,13 +197,13 @@ func (s *Stream) FlushUsage(ctx context.Context) (*ctxccv1.ReportUsageResponse, 
 // Close ends the stream; a usage report still queued is sent by the unary ReportUsage
 // (its error, if any, is returned).
 func (s *Stream) Close() error {
-	s.mu.Lock()
+	s.lock()
 	var err error
 	if s.stream != nil {
 		err = s.stream.CloseSend()
 		s.drop()
 	}
-	s.mu.Unlock()
+	s.unlock()
 	if _, uerr := s.FlushUsage(s.ctx); uerr != nil {
 		return uerr
 	}
@@ -231,11 +236,18 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 
 // StepContext is Step bounded by ctx (a deadline for one step): when ctx ends before the
 // answer, the step fails with ctx's error and the stream is dropped (the next step opens
-// a new one). The daemon may have appended the events all the same: the same events sent
+// a new one); when it ends while the step waits its turn behind another goroutine's, the
+// step fails with it and is never sent. The daemon may have appended the events all the same: the same events sent
 // again on this Stream reuse the step's request id, so they are appended once.
 func (s *Stream) StepContext(ctx context.Context, req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requestID string) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	// Its turn comes after the step running (another goroutine's), unless ctx ends first:
+	// then nothing of it was sent.
+	select {
+	case s.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, nil, ctx.Err()
+	}
+	defer s.unlock()
 	// Retries end with the stream's context or the step's, whichever ends first.
 	bounded, cancel := context.WithCancel(s.ctx)
 	defer cancel()
