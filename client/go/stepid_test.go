@@ -424,3 +424,58 @@ func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
 		t.Fatalf("%d requests sent, want the first step's alone", len(s.got))
 	}
 }
+
+// ReportUsage and FlushUsage called while another goroutine's step runs (one whose answer
+// never comes) return their context's error when it ends, queuing and sending nothing;
+// they waited for the step as long as it ran, whatever their context.
+func TestUsageCallsWaitingForAStepEndWithTheirContext(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	s := &scripted{}
+	first := make(chan struct{})
+	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+		if n == 1 {
+			close(first)
+			return nil, nil // never answered
+		}
+		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+	}
+	c := serve(t, s)
+	streamCtx, endStream := context.WithCancel(context.Background())
+	defer endStream()
+	st := c.OpenStream(streamCtx)
+	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+	running := make(chan error, 1)
+	go func() {
+		_, _, err := st.Step(req, []*ctxccv1.Event{User("one")}, "")
+		running <- err
+	}()
+	<-first
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() {
+		_, err := st.ReportUsage(ctx, &ctxccv1.ReportUsageRequest{CompileId: "s:c1", InputTokens: 10})
+		done <- err
+	}()
+	go func() {
+		_, err := st.FlushUsage(ctx)
+		done <- err
+	}()
+	cancel()
+	for range 2 {
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("err = %v, want the call's context's", err)
+			}
+		case <-time.After(time.Minute): // a bound, not a wait: the step never ends
+			t.Fatal("a usage call whose context ended still waits behind the stalled step")
+		}
+	}
+	endStream()
+	<-running
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.reports) != 0 {
+		t.Fatalf("%d unary reports sent, want none", len(s.reports))
+	}
+}

@@ -148,6 +148,17 @@ func (c *Client) OpenStream(ctx context.Context, opts ...StreamOption) *Stream {
 func (s *Stream) lock()   { s.turn <- struct{}{} }
 func (s *Stream) unlock() { <-s.turn }
 
+// lockContext is lock unless ctx ends first (a step of another goroutine may hold the
+// stream for as long as the daemon takes): then ctx's error, and the stream is not held.
+func (s *Stream) lockContext(ctx context.Context) error {
+	select {
+	case s.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Stats reports how the stream's views arrived so far.
 func (s *Stream) Stats() StreamStats {
 	s.lock()
@@ -161,9 +172,12 @@ func (s *Stream) Stats() StreamStats {
 // still queued, that one is sent now by the unary ReportUsage and its answer returned;
 // otherwise nothing is sent and the answer is nil. A step whose report is refused fails
 // with an *Error whose UsageRefused is set, having appended nothing: the report is
-// dropped, so calling Step again goes without it.
+// dropped, so calling Step again goes without it. Called while another goroutine's step
+// runs, it waits for that step, or until ctx ends (then ctx's error, and nothing queued).
 func (s *Stream) ReportUsage(ctx context.Context, req *ctxccv1.ReportUsageRequest) (*ctxccv1.ReportUsageResponse, error) {
-	s.lock()
+	if err := s.lockContext(ctx); err != nil {
+		return nil, err
+	}
 	earlier := s.usage
 	s.usage = req
 	s.unlock()
@@ -184,7 +198,9 @@ func (s *Stream) LastUsage() *ctxccv1.ReportUsageResponse {
 // FlushUsage sends the queued usage report now by the unary ReportUsage (nil, nil: none
 // queued); for a view after which no step follows. Close does it too.
 func (s *Stream) FlushUsage(ctx context.Context) (*ctxccv1.ReportUsageResponse, error) {
-	s.lock()
+	if err := s.lockContext(ctx); err != nil {
+		return nil, err
+	}
 	usage := s.usage
 	s.usage = nil
 	s.unlock()
@@ -242,10 +258,8 @@ func (s *Stream) Step(req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requ
 func (s *Stream) StepContext(ctx context.Context, req *ctxccv1.CompileRequest, events []*ctxccv1.Event, requestID string) (*ctxccv1.CompiledView, *ctxccv1.AppendResult, error) {
 	// Its turn comes after the step running (another goroutine's), unless ctx ends first:
 	// then nothing of it was sent.
-	select {
-	case s.turn <- struct{}{}:
-	case <-ctx.Done():
-		return nil, nil, ctx.Err()
+	if err := s.lockContext(ctx); err != nil {
+		return nil, nil, err
 	}
 	defer s.unlock()
 	// Retries end with the stream's context or the step's, whichever ends first.
