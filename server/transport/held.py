@@ -1,9 +1,13 @@
 """Bytes held in memory by calls in progress, against a budget: an upload buffered until
 its sha256 is checked, a download gRPC keeps until it is read, a large request while it is
-decoded and worked on. All of it is counted on the event loop (gRPC's aio server decodes
-requests there), so no lock."""
+decoded and worked on. Counted on the event loop (gRPC's aio server decodes requests
+there), but under a lock all the same: a request's bytes may be given back by the
+garbage collector, which runs in whatever thread allocates, and an update lost there
+would move the budget for good."""
 
 from __future__ import annotations
+
+import threading
 
 from server.domain.errors import CtxccError, Reason
 
@@ -17,6 +21,7 @@ class HeldBytes:
         self.held = 0
         self._what = what
         self._quota = f"{quota}_bytes_in_memory"
+        self._lock = threading.Lock()
 
     def refusal(self, size: int) -> CtxccError | None:
         """Why `size` more bytes cannot be taken now, or None when they can. One call alone
@@ -36,10 +41,14 @@ class HeldBytes:
         err = self.refusal(size)
         if err is not None:
             raise err
-        self.held += size
+        self.add(size)
 
     def give(self, size: int) -> None:
-        self.held -= size
+        self.add(-size)
+
+    def add(self, size: int) -> None:
+        with self._lock:
+            self.held += size
 
 
 class Charge:
@@ -51,13 +60,13 @@ class Charge:
     __slots__ = ("_held", "_size")
 
     def __init__(self, held: HeldBytes, size: int) -> None:
-        held.held += size
+        held.add(size)
         self._held, self._size = held, size
 
     def release(self) -> None:
-        if self._size:
-            self._held.give(self._size)
-            self._size = 0
+        size, self._size = self._size, 0
+        if size:
+            self._held.give(size)
 
     def __del__(self) -> None:
         self.release()
