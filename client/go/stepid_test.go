@@ -376,10 +376,11 @@ func TestAStepBoundedByItsContextKeepsItsRequestID(t *testing.T) {
 	}
 }
 
-// A step bounded by StepContext that waits its turn behind another goroutine's step (one
-// whose answer never comes) fails with its context's error when that ends, and is never
-// sent; it waited for the lock the running step held, as long as that step ran.
-func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
+// A stream whose first step (sent from another goroutine, its error on `running`) is
+// never answered; the scripted daemon answers any later request with a whole view.
+// `endStream` ends the stream (and so that step).
+func stalledStep(t *testing.T) (*scripted, *Stream, *ctxccv1.CompileRequest, context.CancelFunc, chan error) {
+	t.Helper()
 	v1, _ := fixture(t, 1)
 	s := &scripted{}
 	first := make(chan struct{})
@@ -392,7 +393,6 @@ func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
 	}
 	c := serve(t, s)
 	streamCtx, endStream := context.WithCancel(context.Background())
-	defer endStream()
 	st := c.OpenStream(streamCtx)
 	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
 	running := make(chan error, 1)
@@ -401,6 +401,15 @@ func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
 		running <- err
 	}()
 	<-first
+	return s, st, req, endStream, running
+}
+
+// A step bounded by StepContext that waits its turn behind another goroutine's step (one
+// whose answer never comes) fails with its context's error when that ends, and is never
+// sent; it waited for the lock the running step held, as long as that step ran.
+func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
+	s, st, req, endStream, running := stalledStep(t)
+	defer endStream()
 	ctx, cancel := context.WithCancel(context.Background())
 	queued := make(chan error, 1)
 	go func() {
@@ -429,27 +438,8 @@ func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
 // never comes) return their context's error when it ends, queuing and sending nothing;
 // they waited for the step as long as it ran, whatever their context.
 func TestUsageCallsWaitingForAStepEndWithTheirContext(t *testing.T) {
-	v1, _ := fixture(t, 1)
-	s := &scripted{}
-	first := make(chan struct{})
-	s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
-		if n == 1 {
-			close(first)
-			return nil, nil // never answered
-		}
-		return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
-	}
-	c := serve(t, s)
-	streamCtx, endStream := context.WithCancel(context.Background())
+	s, st, _, endStream, running := stalledStep(t)
 	defer endStream()
-	st := c.OpenStream(streamCtx)
-	req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
-	running := make(chan error, 1)
-	go func() {
-		_, _, err := st.Step(req, []*ctxccv1.Event{User("one")}, "")
-		running <- err
-	}()
-	<-first
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
 	go func() {
