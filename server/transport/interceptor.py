@@ -163,11 +163,20 @@ async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     held = _NO_CHARGE
     try:
         async for item in requests:
-            held.release()
             message, held = _unwrapped(item)
+            if type(item) is _Charged:
+                # gRPC's receiver keeps the last message it handed over while it waits
+                # for the next: emptied, it keeps nothing of the request.
+                item.message = None
+            del item
             if isinstance(message, _Malformed):
                 raise message.answer()
             yield message
+            # The handler asks for the next message: done with this one, given back now,
+            # not when the next arrives (an idle CompileStream held its last large step
+            # for as long as it stayed open).
+            del message
+            held.release()
     finally:
         held.release()
 

@@ -183,3 +183,35 @@ def test_every_call_gives_its_bytes_back_however_it_ends(daemon: DaemonProcess) 
     # A refusal may come after its client's deadline: that client saw DEADLINE_EXCEEDED.
     refused = daemon.metric("ctxcc_errors_total", reason="QUOTA_EXCEEDED")
     assert outcomes[refusal] <= refused <= outcomes[refusal] + outcomes["DEADLINE_EXCEEDED"]
+
+
+def test_an_idle_stream_holds_nothing_of_its_answered_step(daemon: DaemonProcess) -> None:
+    """A CompileStream step's bytes are given back once it is answered, not when the next
+    step arrives: an agent's stream idles between steps (its model call, its tools), and
+    one that had sent a large step held it for as long as it stayed open, refusing every
+    other large request beside it (36 MB steps: one idle stream refused all others)."""
+    with grpc.insecure_channel(daemon.target) as ch:
+        sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        compiles: Any = compile_service_pb2_grpc.CompileServiceStub(ch)
+        _create(sessions, "streamed", "big")
+        req = cpb.CompileRequest(session_id="streamed", route=ROUTE, dry_run=True)
+        sent = threading.Event()
+
+        def steps() -> Iterator[cpb.CompileStreamRequest]:
+            yield cpb.CompileStreamRequest(
+                step=cpb.StepRequest(step_id="large", events=[user(BIG_TEXT)], compile=req)
+            )
+            sent.wait()  # the stream stays open, idle, until the append below is answered
+
+        answers = compiles.CompileStream(steps(), timeout=120)
+        try:
+            first = next(answers)
+            assert first.step_id == "large"
+            assert not first.HasField("error")
+            _wait_nothing_held(daemon)
+            # Beside the idle stream, a request of the whole budget's size passes.
+            big = spb.AppendEventsRequest(session_id="big", events=[user(BIG_TEXT)] * 2)
+            assert sessions.AppendEvents(big).last_seq == 2
+        finally:
+            sent.set()
+            answers.cancel()
