@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -98,6 +99,14 @@ def _decoded(data: bytes) -> tuple[str, bool]:
         return data.decode("utf-8", errors="replace"), True
 
 
+def _skill_dir(name: str, subdir: bool) -> bool:
+    return subdir and not name.startswith(".")
+
+
+def _rule_file(name: str, subdir: bool) -> bool:
+    return name.endswith(".md") and not name.startswith(".")
+
+
 @dataclass(slots=True)
 class _Reading:
     """One workspace read in progress: its notes, and the bytes it may still read."""
@@ -162,31 +171,30 @@ class WorkspaceReader:
         run.left -= len(data)
         return _decoded(data)
 
-    def _list(self, d: Path, root: Path, run: _Reading) -> list[tuple[str, bool]]:
-        """The entries of the directory `d` under `root`, listed by a confined walk (a
-        glob would follow a link out and name what is there); none when it is not a
-        directory, with a note when it leads outside."""
+    def _first(
+        self, d: Path, root: Path, run: _Reading, wanted: Callable[[str, bool], bool]
+    ) -> list[str]:
+        """The first MAX_DIR_FILES names, by name, of the entries of the directory `d`
+        under `root` that `wanted` takes (given whether each is a directory or a link),
+        listed by a confined walk (a glob would follow a link out and name what is
+        there); a note counts the rest. None when it is not a directory, with a note
+        when it leads outside."""
         try:
             parts = list(d.relative_to(root).parts)
         except ValueError:
             return []
-        listed = list_confined(str(root), parts, run.opens)
-        if isinstance(listed, Refused):
-            if listed.outside:
-                run.notes.append(f"refused {self._shown(d, root)}: {listed.why}")
+        found = list_confined(str(root), parts, wanted, MAX_DIR_FILES, run.opens)
+        if isinstance(found, Refused):
+            if found.outside:
+                run.notes.append(f"refused {self._shown(d, root)}: {found.why}")
             return []
-        return listed
-
-    def _first(self, names: list[str], d: Path, root: Path, run: _Reading) -> list[str]:
-        """The first MAX_DIR_FILES of `names`, found in the directory `d`, by name; a
-        note counts the rest."""
-        names.sort()
-        if len(names) > MAX_DIR_FILES:
+        names, taken = found
+        if taken > MAX_DIR_FILES:
             run.notes.append(
-                f"skipped {len(names) - MAX_DIR_FILES} more entries of {self._shown(d, root)}: "
+                f"skipped {taken - MAX_DIR_FILES} more entries of {self._shown(d, root)}: "
                 f"a skills or rules directory gives its first {MAX_DIR_FILES} by name"
             )
-        return names[:MAX_DIR_FILES]
+        return names
 
     def _read_in(
         self, fd: int | None, path: Path, root: Path, run: _Reading
@@ -303,9 +311,7 @@ class WorkspaceReader:
     ) -> list[SkillEntry]:
         out = []
         for d in dirs:
-            listed = self._list(d, root, run)
-            found = [n for n, subdir in listed if subdir and not n.startswith(".")]
-            for entry in self._first(found, d, root, run):
+            for entry in self._first(d, root, run, _skill_dir):
                 skill_md = d / entry / "SKILL.md"
                 got = self._read(skill_md, root, run)
                 if got is None:
@@ -331,9 +337,7 @@ class WorkspaceReader:
 
     def _rules(self, d: Path, root: Path, scope: Scope, run: _Reading) -> list[RuleEntry]:
         out: list[RuleEntry] = []
-        listed = self._list(d, root, run)
-        found = [n for n, _ in listed if n.endswith(".md") and not n.startswith(".")]
-        for name in self._first(found, d, root, run):
+        for name in self._first(d, root, run, _rule_file):
             path = d / name
             got = self._read(path, root, run)
             if got is None:

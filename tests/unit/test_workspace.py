@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from server.adapters.workspace import MAX_NOTE_CHARS, MAX_NOTES, WorkspaceConfig, WorkspaceReader
+from server.adapters.workspace import (
+    MAX_DIR_FILES,
+    MAX_NOTE_CHARS,
+    MAX_NOTES,
+    WorkspaceConfig,
+    WorkspaceReader,
+)
 from server.domain.errors import CtxccError, Reason
 from server.domain.sources import RuleActivation, Scope
 from server.domain.validation import check_session_paths
@@ -204,3 +211,29 @@ def test_a_long_note_is_cut_and_marked() -> None:
     assert _bounded(["a"] * MAX_NOTES) == ("a",) * MAX_NOTES
     over = ["skipped a"] * MAX_NOTES + ["refused b", "skipped c"]
     assert _bounded(over)[-1] == "3 more workspace notes not shown (1 refused, 2 skipped)"
+
+
+def test_a_huge_rules_directory_is_listed_in_bounded_memory(tree: Path) -> None:
+    """Only the first MAX_DIR_FILES names are kept while a skills or rules directory is
+    listed: anyone who writes the workspace (an agent's tools) can make a directory of
+    1,000,000 entries, and listing it whole raised the daemon's peak by ~380 MB at every
+    compile. Measured by tracemalloc: what a read allocates, not the machine's state."""
+    p = tree / "work" / "proj"
+    rules = p / ".ctxcc" / "rules"
+    many = 40_000
+    for i in range(many):
+        os.close(os.open(rules / f"{i:06d}{'r' * 200}.md", os.O_CREAT | os.O_WRONLY, 0o644))
+    tracemalloc.start()
+    try:
+        got = reader(tree).read(str(p), str(p))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # A whole listing peaked at ~15 MB; the first 1,024 entries, read, ~2.4 MB.
+    assert peak < 6 << 20, peak
+    # The first MAX_DIR_FILES by name, as before: "000000rrr..." first, "tests" not.
+    assert len([r for r in got.rules if r.scope is Scope.PROJECT]) == MAX_DIR_FILES
+    assert min(r.rule_id for r in got.rules).startswith("000000")
+    assert f"skipped {many + 1 - MAX_DIR_FILES} more entries of .ctxcc/rules" in "\n".join(
+        got.notes
+    ), got.notes
