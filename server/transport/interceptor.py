@@ -389,7 +389,9 @@ async def _cut_with_reason(drain: Drain, context: Any) -> AsyncIterator[None]:
     """A call the drain cuts (still in its handler when the grace period is over) answers
     UNAVAILABLE with SHUTTING_DOWN ("reconnect and resend"), not grpc's bare CANCELLED
     without a reason. A cancel that is not the drain's (the client's, a deadline)
-    passes."""
+    passes. A stream message `_checked` refused, raised through a handler without a
+    guard of ours (server reflection's), answers with its reason too: grpc answered it
+    UNKNOWN with the exception's text, no ErrorInfo, and logged an ERROR."""
     with drain.cuttable():
         try:
             yield
@@ -397,6 +399,8 @@ async def _cut_with_reason(drain: Drain, context: Any) -> AsyncIterator[None]:
             if drain.was_cut:
                 await context.abort_with_status(status_for(cut_short()))
             raise
+        except CtxccError as err:
+            await context.abort_with_status(status_for(err))
 
 
 def _not_served(full: str, observer: ErrorObserver) -> grpc.RpcMethodHandler[Any, Any]:

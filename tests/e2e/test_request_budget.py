@@ -215,3 +215,35 @@ def test_an_idle_stream_holds_nothing_of_its_answered_step(daemon: DaemonProcess
         finally:
             sent.set()
             answers.cancel()
+
+
+def test_a_refused_reflection_message_answers_with_its_reason(daemon: DaemonProcess) -> None:
+    """Server reflection's stream has no handler guard of ours: a message the boundary
+    refused (over the budget, or not a valid message) was raised through it and answered
+    UNKNOWN with the exception's text, no ErrorInfo, and an ERROR in the daemon's log."""
+    reflection = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+    with grpc.insecure_channel(daemon.target) as ch:
+        sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        _create(sessions, "watched")
+        info = ch.stream_stream(
+            reflection, request_serializer=lambda b: b, response_deserializer=lambda b: b
+        )
+        with pytest.raises(grpc.RpcError) as malformed:
+            list(info(iter([b"\x0a\xff\xff"]), timeout=60))  # a string field cut short
+        assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(malformed.value).reason == "INVALID_FIELD"
+        watch = ch.unary_stream(
+            "/ctxcc.v1.SessionService/WatchSession",
+            request_serializer=lambda b: b,
+            response_deserializer=spb.WatchSessionResponse.FromString,
+        )(_padded_watch("watched", 2 * BUDGET // 3))
+        try:
+            daemon.wait_in_flight("SessionService/WatchSession", 1)
+            host = b"h" * (BUDGET // 2)  # ServerReflectionRequest.host
+            large = varint(1 << 3 | 2) + varint(len(host)) + host
+            with pytest.raises(grpc.RpcError) as refused:
+                list(info(iter([large]), timeout=60))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_info(refused.value).metadata["quota"] == "request_bytes_in_memory"
+        finally:
+            watch.cancel()
