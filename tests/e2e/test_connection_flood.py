@@ -19,6 +19,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
 from server.adapters.metrics_http import MAX_CONNECTIONS
+from server.web import server as web_server
 from tests.e2e.proc import REPO, DaemonProcess
 from tests.helpers import ROUTE, user
 
@@ -151,3 +152,27 @@ def test_idle_connections_leave_the_daemon_descriptors_for_its_files(
         finally:
             for s in flood:
                 s.close()
+
+
+def test_a_burst_of_inspector_connections_leaves_at_most_its_cap_open(short_tmp: Path) -> None:
+    """The inspector takes at most MAX_CONNECTIONS connections however fast they come:
+    asyncio makes the protocols of all the connections one wake-up accepts (up to 100)
+    before any of them is made, and a cap counted when the protocol was made left 301 of
+    a burst of 600 open past a cap of 256."""
+    with DaemonProcess(short_tmp / "data", "--metrics-listen", "none").serving() as d:
+        host, port = str(d.endpoints["ui"]).rsplit(":", 1)
+        burst = [socket.create_connection((host, int(port)), timeout=60) for _ in range(FLOOD)]
+        taken = 0
+        try:
+            for s in burst:
+                try:
+                    s.sendall(b"GET /no-such-page HTTP/1.1\r\nHost: x\r\n\r\n")
+                    answer = s.recv(64)
+                except ConnectionResetError:  # turned away, its 503 lost to the reset
+                    continue
+                assert answer.startswith(b"HTTP/1.1 "), answer
+                taken += not answer.startswith(b"HTTP/1.1 503 ")
+        finally:
+            for s in burst:
+                s.close()
+    assert 0 < taken <= web_server.MAX_CONNECTIONS, taken
