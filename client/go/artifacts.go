@@ -148,7 +148,7 @@ func (c *Client) Watch(ctx context.Context, sessionID string, afterSeq uint64, f
 		if e, ok := AsError(err); ok && anchor != nil && e.Reason == "SEQ_OUT_OF_RANGE" {
 			return sessionGone(sessionID) // a shorter log: another one
 		}
-		if !retryable(ctx, err) || time.Now().After(deadline) {
+		if !(retryable(ctx, err) || transientQuota(err)) || time.Now().After(deadline) {
 			return wrap(err)
 		}
 		select {

@@ -8,7 +8,7 @@
 // request ids, streams and uploads. Errors from the daemon convert to *Error, whose Reason
 // is the stable ErrorInfo reason (e.g. "SESSION_NOT_FOUND"); branch on it, never on the
 // message. Calls that are safe to repeat are retried on Unavailable for up to
-// Client.RetryFor: appends, checkpoints and stream steps carry a request id fixed before the
+// Client.RetryFor, and every call on a transient quota (transientQuota): appends, checkpoints and stream steps carry a request id fixed before the
 // first attempt, so a resend is replayed, never duplicated. CreateSession carries a session
 // id fixed the same way ("s-" and 24 hex digits when the caller gives none): a retry
 // answered SESSION_ALREADY_EXISTS reads the session back and returns it as created when its
@@ -194,7 +194,7 @@ func (c *Client) createSession(ctx context.Context, method string, r *ctxccv1.Cr
 
 // unary is every unary call's interceptor: an append or checkpoint without a request id gets
 // one here, once, before any attempt, a CreateSession without a session id likewise; calls that are safe to repeat are retried on
-// Unavailable; errors become *Error.
+// Unavailable, every call on a transient quota (transientQuota); errors become *Error.
 func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	switch r := req.(type) {
 	case *ctxccv1.AppendEventsRequest:
@@ -213,7 +213,11 @@ func (c *Client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return c.createSession(ctx, method, r, reply, cc, invoker, opts...)
 	}
 	if notRetried[method[strings.LastIndex(method, "/")+1:]] {
-		return wrap(invoker(ctx, method, req, reply, cc, opts...))
+		// Only a transient quota's refusal, which did none of it, is tried again.
+		_, err := retryOn(ctx, c.RetryFor, func(_ context.Context, err error) bool { return transientQuota(err) }, func() (struct{}, error) {
+			return struct{}{}, invoker(ctx, method, req, reply, cc, opts...)
+		})
+		return err
 	}
 	_, err := retry(ctx, c.RetryFor, func() (struct{}, error) {
 		return struct{}{}, invoker(ctx, method, req, reply, cc, opts...)
@@ -262,16 +266,47 @@ func retryable(ctx context.Context, err error) bool {
 	return false
 }
 
-// retry runs call until it succeeds, fails with anything but what retryable accepts, or
+// transientQuotas are the daemon's quotas on what calls in progress hold at once (README
+// "Memory of requests", --max-calls-in-progress): a call refused under one was not started,
+// and the refusal ends when other calls end, so sending it again later is safe and can pass.
+// Every other quota (a session's bytes, max_message_bytes, compile_cpu_budget_ms, watchers)
+// would refuse the same call again: it fails at once.
+var transientQuotas = map[string]bool{
+	"request_bytes_in_memory":  true,
+	"calls_in_progress":        true,
+	"upload_bytes_in_memory":   true,
+	"download_bytes_in_memory": true,
+}
+
+// transientQuota: ResourceExhausted/QUOTA_EXCEEDED under one of transientQuotas, as a
+// call's status or a stream step's in-band *Error. Nothing of the call was done, so any
+// call is retried on it, a delete included.
+func transientQuota(err error) bool {
+	if status.Code(err) != codes.ResourceExhausted {
+		return false
+	}
+	e, ok := AsError(err)
+	return ok && e.Reason == "QUOTA_EXCEEDED" && transientQuotas[e.Metadata["quota"]]
+}
+
+// retry runs call until it succeeds, fails with anything but what retryable or
+// transientQuota accepts, or
 // budget has passed since the first attempt; pauses grow from 50 ms to 250 ms.
 func retry[T any](ctx context.Context, budget time.Duration, call func() (T, error)) (T, error) {
+	return retryOn(ctx, budget, func(ctx context.Context, err error) bool {
+		return retryable(ctx, err) || transientQuota(err)
+	}, call)
+}
+
+// retryOn is retry with the errors tried again chosen by again.
+func retryOn[T any](ctx context.Context, budget time.Duration, again func(context.Context, error) bool, call func() (T, error)) (T, error) {
 	var zero T
 	deadline := time.Now().Add(budget)
 	pause := 50 * time.Millisecond
 	for {
 		out, err := call()
 		left := time.Until(deadline)
-		if err == nil || !retryable(ctx, err) || left <= 0 {
+		if err == nil || !again(ctx, err) || left <= 0 {
 			return out, wrap(err)
 		}
 		select {

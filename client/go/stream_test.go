@@ -434,3 +434,51 @@ func TestAStepGRPCRefusesLeavesTheStreamUsable(t *testing.T) {
 		}
 	}
 }
+
+// A step refused in-band under a transient quota (request_bytes_in_memory: nothing of it
+// was done) is sent again on the same stream, with the same step and request ids, and
+// answered; one refused under a lasting quota fails on its first answer.
+func TestAStepRefusedForATransientQuotaIsSentAgainOnTheSameStream(t *testing.T) {
+	v1, _ := fixture(t, 1)
+	for _, tc := range []struct {
+		quota string
+		sent  int
+	}{{"request_bytes_in_memory", 3}, {"max_message_bytes", 1}} {
+		t.Run(tc.quota, func(t *testing.T) {
+			s := &scripted{}
+			s.answer = func(n int, req *ctxccv1.CompileStreamRequest) ([]*ctxccv1.CompileStreamResponse, error) {
+				if n < 3 {
+					return []*ctxccv1.CompileStreamResponse{{
+						StepId: req.GetStep().GetStepId(),
+						Response: &ctxccv1.CompileStreamResponse_Error{Error: &ctxccv1.StepError{
+							Code: int32(codes.ResourceExhausted), Reason: "QUOTA_EXCEEDED", Message: "retry later",
+							Metadata: map[string]string{"quota": tc.quota, "limit": "1048576"}}},
+					}}, nil
+				}
+				return []*ctxccv1.CompileStreamResponse{whole(v1)}, nil
+			}
+			c := serve(t, s)
+			c.RetryFor = 5 * time.Second
+			st := c.OpenStream(context.Background())
+			req := &ctxccv1.CompileRequest{SessionId: v1.GetSessionId(), Route: v1.GetRoute()}
+			_, _, err := st.Step(req, []*ctxccv1.Event{User("one")}, "")
+			if tc.sent == 1 {
+				if e, ok := AsError(err); !ok || e.Metadata["quota"] != tc.quota {
+					t.Fatalf("err = %v; want the %s refusal", err, tc.quota)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if len(s.got) != tc.sent {
+				t.Fatalf("%d steps sent; want %d", len(s.got), tc.sent)
+			}
+			for _, r := range s.got {
+				first := s.got[0]
+				if r.stream != first.stream || r.req.GetStep().GetRequestId() != first.req.GetStep().GetRequestId() ||
+					r.req.GetStep().GetStepId() != first.req.GetStep().GetStepId() {
+					t.Fatalf("sent %v on stream %d; want %v again on stream %d", r.req, r.stream, first.req, first.stream)
+				}
+			}
+		})
+	}
+}

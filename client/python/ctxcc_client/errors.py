@@ -109,6 +109,40 @@ def from_step_error(err: cpb.StepError) -> CtxccError:
     return CtxccError(code, err.reason, err.message, metadata, usage_refused=err.usage_refused)
 
 
+# The daemon's quotas on what calls in progress hold at once (README "Memory of requests",
+# --max-calls-in-progress): it refuses a call under them before doing any of it, and the
+# refusal ends when other calls end, so the same call sent again later is safe and can pass.
+# Every other quota (a session's bytes, max_message_bytes, compile_cpu_budget_ms, watchers)
+# says the same call would fail again: it fails at once.
+TRANSIENT_QUOTAS = frozenset(
+    {
+        "request_bytes_in_memory",
+        "calls_in_progress",
+        "upload_bytes_in_memory",
+        "download_bytes_in_memory",
+    }
+)
+
+
+def transient_quota(code: grpc.StatusCode, reason: str, metadata: dict[str, str]) -> bool:
+    """RESOURCE_EXHAUSTED/QUOTA_EXCEEDED under one of TRANSIENT_QUOTAS: nothing of the call
+    was done, and it is retried as after UNAVAILABLE, a delete included."""
+    return (
+        code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and reason == "QUOTA_EXCEEDED"
+        and metadata.get("quota", "") in TRANSIENT_QUOTAS
+    )
+
+
+def refused_for_now(err: grpc.RpcError) -> bool:
+    """transient_quota of a call's status."""
+    call: Any = err
+    if call.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return False
+    info = _error_info(call)
+    return info is not None and transient_quota(call.code(), info.reason, dict(info.metadata))
+
+
 def stream_ended() -> CtxccError:
     """The daemon closed a stream without a status: it went away, reconnect and resend."""
     return CtxccError(grpc.StatusCode.UNAVAILABLE, "UNAVAILABLE", "the stream ended", {})

@@ -1,4 +1,5 @@
-"""Retries on UNAVAILABLE, bounded by time rather than attempts: a daemon that is down for a
+"""Retries on UNAVAILABLE (and on the daemon's transient quotas, see
+errors.TRANSIENT_QUOTAS), bounded by time rather than attempts: a daemon that is down for a
 few seconds (a restart, a rollout) is waited out, and the channel options below make the
 client find it again within about a second of it coming back.
 
@@ -9,7 +10,8 @@ session id, chosen here before the first attempt when the caller gives none: a r
 finds the session already there (SESSION_ALREADY_EXISTS) reads it back, and returns it as
 created when its creation fields are the request's, since it is then the session an earlier
 attempt stored before its answer was lost. Deletes are not retried: a repeat of a delete that
-went through finds nothing, and nothing tells that apart from a delete of nothing."""
+went through finds nothing, and nothing tells that apart from a delete of nothing, but for
+a transient quota's refusal (see `retried`): the daemon did none of it."""
 
 from __future__ import annotations
 
@@ -25,7 +27,13 @@ import grpc
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
-from ctxcc_client.errors import CtxccError, cancelled_by_daemon, from_rpc_error, lost_write
+from ctxcc_client.errors import (
+    CtxccError,
+    cancelled_by_daemon,
+    from_rpc_error,
+    lost_write,
+    refused_for_now,
+)
 
 T = TypeVar("T")
 
@@ -137,11 +145,19 @@ def _within(deadline: float | None, pause: float, err: grpc.RpcError) -> float:
 
 
 def retryable(err: grpc.RpcError) -> bool:
+    """Whether a call safe to repeat is tried again (see retried for any call)."""
     return (
         bool(err.code() == grpc.StatusCode.UNAVAILABLE)
         or lost_write(err)
         or cancelled_by_daemon(err)
+        or refused_for_now(err)
     )
+
+
+def retried(err: grpc.RpcError, idempotent: bool) -> bool:
+    """A call safe to repeat on what `retryable` accepts; any call, a delete included, on a
+    transient quota's refusal, since the daemon did none of it."""
+    return (idempotent and retryable(err)) or refused_for_now(err)
 
 
 async def retry_async(
@@ -155,7 +171,7 @@ async def retry_async(
         try:
             return await fn()
         except grpc.aio.AioRpcError as err:
-            pause = backoff.next_pause() if idempotent and retryable(err) else None
+            pause = backoff.next_pause() if retried(err, idempotent) else None
             if pause is None:
                 raise from_rpc_error(err) from None
             await asyncio.sleep(_within(deadline, pause, err))
@@ -234,7 +250,7 @@ def retry_sync(
         try:
             return fn()
         except grpc.RpcError as err:
-            pause = backoff.next_pause() if idempotent and retryable(err) else None
+            pause = backoff.next_pause() if retried(err, idempotent) else None
             if pause is None:
                 raise from_rpc_error(err) from None
             time.sleep(_within(deadline, pause, err))

@@ -44,7 +44,13 @@ from ctxcc.v1 import common_pb2, event_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc_client import build
 from ctxcc_client.deltas import DeltaMismatch, HeldView
-from ctxcc_client.errors import CtxccError, from_rpc_error, from_step_error, stream_ended
+from ctxcc_client.errors import (
+    CtxccError,
+    from_rpc_error,
+    from_step_error,
+    stream_ended,
+    transient_quota,
+)
 from ctxcc_client.retry import RETRY_SECONDS, Backoff, new_request_id
 
 MAX_CHUNKS = 1 << 16
@@ -299,9 +305,13 @@ class CompileStream:
                     self._unfinished = None
                     return result
                 except CtxccError as err:
-                    pause = (
-                        backoff.next_pause() if err.code == grpc.StatusCode.UNAVAILABLE else None
+                    # A transient quota's refusal did none of the step: in-band the stream
+                    # stays open and the step goes again on it; as the call's status
+                    # (calls_in_progress) the call was dropped and the step goes on a new one.
+                    again = err.code == grpc.StatusCode.UNAVAILABLE or transient_quota(
+                        err.code, err.reason, err.metadata
                     )
+                    pause = backoff.next_pause() if again else None
                     if pause is None:
                         self._failed(events, step.request_id, usage, err.usage_refused)
                         raise

@@ -13,7 +13,8 @@
  * safe to repeat are retried on UNAVAILABLE for up to `retrySeconds`; appends, checkpoints
  * and stream steps carry a request id fixed before the first attempt, so a resend is
  * replayed, never duplicated; createSession a session id fixed the same way, and a retry
- * that finds the session an earlier attempt stored returns it. Deletes are not retried.
+ * that finds the session an earlier attempt stored returns it. Deletes are not retried, but
+ * for a transient quota's refusal (isTransientQuota in retry.ts), which every call waits out.
  */
 import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -28,7 +29,7 @@ import { AppendEventsResponse, SessionServiceClient, WatchSessionRequest, WatchS
 import { SourceServiceClient } from "./gen/ctxcc/v1/source_service.js";
 import { ToolServiceClient } from "./gen/ctxcc/v1/tool_service.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
-import { Backoff, RETRY_SECONDS, isRetryable, newRequestId, retry, sleep } from "./retry.js";
+import { Backoff, RETRY_SECONDS, isRetryable, isTransientQuota, newRequestId, retry, sleep } from "./retry.js";
 import { Artifacts, Compiles, Sessions, Sources, Tools, type CallSettings } from "./services.js";
 import { Stream, type StreamOptions } from "./stream.js";
 
@@ -310,7 +311,7 @@ export class Client {
       } catch (err) {
         const e = toCtxccError(err);
         if (anchor !== undefined && e.reason === "SEQ_OUT_OF_RANGE") throw sessionGone(sessionId); // a shorter log: another one
-        const pause = isRetryable(e) ? backoff.next() : null;
+        const pause = isRetryable(e) || isTransientQuota(e) ? backoff.next() : null;
         if (pause === null) throw e;
         await sleep(pause);
       } finally {

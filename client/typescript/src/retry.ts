@@ -5,7 +5,8 @@
  * repeat is answered as a replay, never stored twice. createSession carries a session id
  * fixed the same way and reads back a session an earlier attempt stored (see
  * Sessions.createSession). Deletes are not retried: a repeat of a delete that went through
- * finds nothing, and nothing tells that apart from a delete of nothing.
+ * finds nothing, and nothing tells that apart from a delete of nothing. Every call, a delete
+ * included, is retried on a transient quota (isTransientQuota): the daemon did none of it.
  */
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -59,7 +60,7 @@ export class Backoff {
 }
 
 /** Runs `call` (given the remaining budget in ms) until it succeeds, fails with anything but
- * UNAVAILABLE, or the budget is spent. */
+ * UNAVAILABLE (when `idempotent`) or a transient quota (always), or the budget is spent. */
 export async function retry<T>(call: (remainingMs: number) => Promise<T>, idempotent: boolean, seconds: number): Promise<T> {
   const backoff = new Backoff(seconds);
   for (;;) {
@@ -67,11 +68,35 @@ export async function retry<T>(call: (remainingMs: number) => Promise<T>, idempo
       return await call(backoff.remainingMs());
     } catch (err) {
       const e = toCtxccError(err);
-      const pause = idempotent && isRetryable(e) ? backoff.next() : null;
+      const pause = (idempotent && isRetryable(e)) || isTransientQuota(e) ? backoff.next() : null;
       if (pause === null) throw e;
       await sleep(pause);
     }
   }
+}
+
+/** The daemon's quotas on what calls in progress hold at once (README "Memory of requests",
+ * --max-calls-in-progress): a call refused under one was not started, and the refusal ends
+ * when other calls end, so sending it again later is safe and can pass. Every other quota (a
+ * session's bytes, max_message_bytes, compile_cpu_budget_ms, watchers) would refuse the same
+ * call again: it fails at once. */
+export const TRANSIENT_QUOTAS: ReadonlySet<string> = new Set([
+  "request_bytes_in_memory",
+  "calls_in_progress",
+  "upload_bytes_in_memory",
+  "download_bytes_in_memory",
+]);
+
+/** RESOURCE_EXHAUSTED/QUOTA_EXCEEDED under one of TRANSIENT_QUOTAS, as a call's status or a
+ * stream step's in-band error. Nothing of the call was done, so any call is retried on it, a
+ * delete included. */
+export function isTransientQuota(err: unknown): boolean {
+  return (
+    err instanceof CtxccError &&
+    err.code === grpc.status.RESOURCE_EXHAUSTED &&
+    err.reason === "QUOTA_EXCEEDED" &&
+    TRANSIENT_QUOTAS.has(err.metadata.quota ?? "")
+  );
 }
 
 export function isUnavailable(err: unknown): boolean {

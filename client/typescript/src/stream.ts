@@ -48,7 +48,7 @@ import {
 } from "./gen/ctxcc/v1/compile_service.js";
 import { Event } from "./gen/ctxcc/v1/event.js";
 import { CompiledView } from "./gen/ctxcc/v1/view.js";
-import { Backoff, isRetryable, newRequestId, sleep } from "./retry.js";
+import { Backoff, isRetryable, isTransientQuota, newRequestId, sleep } from "./retry.js";
 
 type Duplex = grpc.ClientDuplexStream<CompileStreamRequest, CompileStreamResponse>;
 
@@ -353,7 +353,10 @@ export class Stream {
           return { ...out, usage: this.last };
         } catch (err) {
           const aborted = signal?.aborted ?? false;
-          const pause = !aborted && isRetryable(err) ? backoff.next() : null;
+          // A transient quota's refusal did none of the step: in-band the call stays open and
+          // the step goes again on it; as the call's status (calls_in_progress) the call has
+          // ended and the step goes on a new one.
+          const pause = !aborted && (isRetryable(err) || isTransientQuota(err)) ? backoff.next() : null;
           if (pause === null) {
             // Whatever the error: the events may have been appended before it (a compile over
             // its CPU budget fails after the append; an abort does not stop the daemon), and

@@ -709,3 +709,33 @@ test("a step aborted while it waits its turn behind a stalled step rejects at on
     stop();
   }
 });
+
+test("a step refused in-band for a transient quota is sent again on the same stream; a lasting quota fails at once", async () => {
+  const v1 = fixture(1);
+  for (const [quota, sent] of [
+    ["request_bytes_in_memory", 3],
+    ["max_message_bytes", 1],
+  ] as const) {
+    const { got, client, stop } = await scripted((n) => {
+      if (n < 3) {
+        const error = { code: grpc.status.RESOURCE_EXHAUSTED, reason: "QUOTA_EXCEEDED", message: "retry later", metadata: { quota, limit: "1048576" } };
+        return [CompileStreamResponse.fromPartial({ response: { $case: "error", value: error } })];
+      }
+      return whole(v1.view);
+    });
+    const stream = client.openStream();
+    try {
+      const step = stream.step({ sessionId: v1.view.sessionId }, [user("one")]);
+      if (sent === 1) await assert.rejects(step, (err: CtxccError) => err.metadata.quota === quota);
+      else assert.equal((await step).view.compileId, v1.view.compileId);
+      assert.equal(got.length, sent, quota);
+      oneRequestId(got);
+      const stepIds = new Set(got.map((g) => (g.req.request?.$case === "step" ? g.req.request.value.stepId : "?")));
+      assert.equal(stepIds.size, 1, "the same step, sent again");
+      assert.ok(got.every((g) => g.stream === got[0].stream), "on the stream that refused it");
+    } finally {
+      await stream.close();
+      stop();
+    }
+  }
+});
