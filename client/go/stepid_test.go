@@ -469,3 +469,28 @@ func TestUsageCallsWaitingForAStepEndWithTheirContext(t *testing.T) {
 		t.Fatalf("%d unary reports sent, want none", len(s.reports))
 	}
 }
+
+// Stats and LastUsage answer while another goroutine's step runs (one whose answer never
+// comes), with what the last step that ended left; they waited for the running step, so
+// an agent's monitoring goroutine hung as long as the daemon did.
+func TestStatsAndLastUsageDoNotWaitForARunningStep(t *testing.T) {
+	_, st, _, endStream, running := stalledStep(t)
+	defer endStream()
+	answered := make(chan StreamStats, 1)
+	go func() {
+		if st.LastUsage() != nil {
+			t.Error("a usage answer before any step ended")
+		}
+		answered <- st.Stats()
+	}()
+	select {
+	case got := <-answered:
+		if got != (StreamStats{}) {
+			t.Fatalf("stats %+v before any step ended", got)
+		}
+	case <-time.After(time.Minute): // a bound, not a wait: the step never ends
+		t.Fatal("Stats waits for the running step")
+	}
+	endStream()
+	<-running
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,9 +57,14 @@ type Stream struct {
 	// Held by one step at a time (and briefly by the other methods): a one-slot semaphore
 	// rather than a mutex, so a step bounded by its context stops waiting for its turn when
 	// that context ends.
-	turn   chan struct{}
-	stream grpc.BidiStreamingClient[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]
-	cancel context.CancelFunc
+	turn chan struct{}
+	// What Stats and LastUsage report: stats and lastUsage as the last holder of the turn
+	// left them, published under their own lock.
+	shown      sync.Mutex
+	shownStats StreamStats
+	shownUsage *ctxccv1.ReportUsageResponse
+	stream     grpc.BidiStreamingClient[ctxccv1.CompileStreamRequest, ctxccv1.CompileStreamResponse]
+	cancel     context.CancelFunc
 	// The ids of steps and resumes: one counter, so an earlier one's is a smaller number.
 	step int
 	// Whether the open stream's daemon echoed a resume's step_id: until it has, an answer
@@ -145,8 +151,16 @@ func (c *Client) OpenStream(ctx context.Context, opts ...StreamOption) *Stream {
 	return s
 }
 
-func (s *Stream) lock()   { s.turn <- struct{}{} }
-func (s *Stream) unlock() { <-s.turn }
+func (s *Stream) lock() { s.turn <- struct{}{} }
+
+// unlock publishes what Stats and LastUsage report, then lets the next holder in: those
+// two never wait for the turn (a step may hold it for as long as the daemon takes).
+func (s *Stream) unlock() {
+	s.shown.Lock()
+	s.shownStats, s.shownUsage = s.stats, s.lastUsage
+	s.shown.Unlock()
+	<-s.turn
+}
 
 // lockContext is lock unless ctx ends first (a step of another goroutine may hold the
 // stream for as long as the daemon takes): then ctx's error, and the stream is not held.
@@ -159,11 +173,12 @@ func (s *Stream) lockContext(ctx context.Context) error {
 	}
 }
 
-// Stats reports how the stream's views arrived so far.
+// Stats reports how the stream's views arrived so far: as of the last step (or other call
+// of the stream) that ended; it never waits for one still running.
 func (s *Stream) Stats() StreamStats {
-	s.lock()
-	defer s.unlock()
-	return s.stats
+	s.shown.Lock()
+	defer s.shown.Unlock()
+	return s.shownStats
 }
 
 // ReportUsage queues the provider's usage of a view (req.CompileId): the next Step carries
@@ -188,11 +203,12 @@ func (s *Stream) ReportUsage(ctx context.Context, req *ctxccv1.ReportUsageReques
 }
 
 // LastUsage is the daemon's answer to the usage report the last step carried (nil when it
-// carried none).
+// carried none), the last step being the last one that ended: it never waits for one
+// still running.
 func (s *Stream) LastUsage() *ctxccv1.ReportUsageResponse {
-	s.lock()
-	defer s.unlock()
-	return s.lastUsage
+	s.shown.Lock()
+	defer s.shown.Unlock()
+	return s.shownUsage
 }
 
 // FlushUsage sends the queued usage report now by the unary ReportUsage (nil, nil: none
