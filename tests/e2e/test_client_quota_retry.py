@@ -22,7 +22,7 @@ from ctxcc.v1 import compile_service_pb2_grpc, session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import DaemonProcess
 from tests.e2e.test_clients import _go_daemon_test, _ts_daemon_test
-from tests.helpers import ROUTE, varint
+from tests.helpers import ROUTE, padded_watch
 
 CAP = 2
 STREAM = "CompileService/CompileStream"
@@ -153,16 +153,8 @@ def test_a_step_refused_in_band_is_sent_again_on_the_same_stream(short_tmp: Path
             client.sessions.CreateSession(
                 spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
             )
-        pad = 2 * BUDGET // 3
-        head = spb.WatchSessionRequest(session_id="watched").SerializeToString()
-        # An unknown field the daemon keeps, with its bytes held, while the watch lives.
-        padded = head + varint(99 << 3 | 2) + varint(pad) + b"p" * pad
         with grpc.insecure_channel(d.target) as ch:
-            watch = ch.unary_stream(
-                "/ctxcc.v1.SessionService/WatchSession",
-                request_serializer=lambda b: b,
-                response_deserializer=spb.WatchSessionResponse.FromString,
-            )(padded)
+            watch = padded_watch(ch, "watched", 2 * BUDGET // 3)
             try:
                 d.wait_in_flight("SessionService/WatchSession", 1)
 

@@ -23,7 +23,7 @@ from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import compile_service_pb2_grpc, session_pb2, session_service_pb2_grpc
 from ctxcc.v1 import session_service_pb2 as spb
 from tests.e2e.proc import DaemonProcess
-from tests.helpers import ROUTE, error_info, user, varint
+from tests.helpers import ROUTE, error_info, padded_watch, user, varint
 
 BUDGET = 1 << 20
 # Events of 600 KB: two make a request over the budget (each event is under the 1 MiB cap).
@@ -56,22 +56,11 @@ def _wait_nothing_held(daemon: DaemonProcess, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def _padded_watch(session_id: str, pad: int) -> bytes:
-    """A WatchSessionRequest with `pad` bytes in a field no version of it has: parsed and
-    kept (as an unknown field) for as long as the watch lives, so its bytes stay held."""
-    head = spb.WatchSessionRequest(session_id=session_id).SerializeToString()
-    return head + varint(99 << 3 | 2) + varint(pad) + b"p" * pad
-
-
 def test_a_large_request_waits_for_the_budget_a_held_one_takes(daemon: DaemonProcess) -> None:
     with grpc.insecure_channel(daemon.target) as ch:
         sessions: Any = session_service_pb2_grpc.SessionServiceStub(ch)
         _create(sessions, "watched", "big")
-        watch = ch.unary_stream(
-            "/ctxcc.v1.SessionService/WatchSession",
-            request_serializer=lambda b: b,
-            response_deserializer=spb.WatchSessionResponse.FromString,
-        )(_padded_watch("watched", 2 * BUDGET // 3))
+        watch = padded_watch(ch, "watched", 2 * BUDGET // 3)
         try:
             daemon.wait_in_flight("SessionService/WatchSession", 1)
             big = spb.AppendEventsRequest(session_id="big", events=[user(BIG_TEXT)] * 2)
@@ -169,11 +158,7 @@ def test_every_call_gives_its_bytes_back_however_it_ends(daemon: DaemonProcess) 
         whole = spb.AppendEventsRequest(session_id="s0", events=[user(BIG_TEXT)] * 2)
         sessions.AppendEvents(whole)
         # ... and beside a watch holding a third of it, one of two thirds passes too.
-        watch = ch.unary_stream(
-            "/ctxcc.v1.SessionService/WatchSession",
-            request_serializer=lambda b: b,
-            response_deserializer=spb.WatchSessionResponse.FromString,
-        )(_padded_watch("s1", BUDGET // 3))
+        watch = padded_watch(ch, "s1", BUDGET // 3)
         try:
             daemon.wait_in_flight("SessionService/WatchSession", 1)
             two_thirds = spb.AppendEventsRequest(session_id="s0", events=[user("y" * 650_000)])
@@ -232,11 +217,7 @@ def test_a_refused_reflection_message_answers_with_its_reason(daemon: DaemonProc
             list(info(iter([b"\x0a\xff\xff"]), timeout=60))  # a string field cut short
         assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error_info(malformed.value).reason == "INVALID_FIELD"
-        watch = ch.unary_stream(
-            "/ctxcc.v1.SessionService/WatchSession",
-            request_serializer=lambda b: b,
-            response_deserializer=spb.WatchSessionResponse.FromString,
-        )(_padded_watch("watched", 2 * BUDGET // 3))
+        watch = padded_watch(ch, "watched", 2 * BUDGET // 3)
         try:
             daemon.wait_in_flight("SessionService/WatchSession", 1)
             host = b"h" * (BUDGET // 2)  # ServerReflectionRequest.host
