@@ -3,9 +3,12 @@ token count, API memory/rules/skills, LoadRule, change reporting and errors."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -13,7 +16,12 @@ import pytest
 from ctxcc.v1 import common_pb2, session_pb2, source_pb2, view_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from ctxcc.v1 import source_service_pb2 as rpb
-from server.adapters.workspace import MAX_DIR_FILES, MAX_READ_BYTES, MAX_READ_TOTAL
+from server.adapters.workspace import (
+    MAX_DIR_FILES,
+    MAX_READ_BYTES,
+    MAX_READ_TOTAL,
+    WorkspaceReader,
+)
 from server.app import Daemon
 from tests.conftest import Stubs, make_config, stubs_for
 from tests.helpers import compile_request, error_info, user
@@ -297,6 +305,35 @@ async def test_skill_and_rule_files_saved_with_a_byte_order_mark_keep_their_fron
     assert not [n for n in view.notes if "front matter" in n], list(view.notes)
     rule = (await api.sources.LoadRule(rpb.LoadRuleRequest(session_id="bom", name="sql"))).rule
     assert rule.text == "Always use CTEs." and rule.description == "How to write SQL"
+
+
+async def test_load_rule_reads_the_workspace_on_the_compute_pool(
+    project_api: tuple[Stubs, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LoadRule reads the whole workspace (up to 16 MiB of files) to find one rule, as a
+    compile does: that is the compute pool's work. On the storage threads, eight agents
+    loading rules in a loop took the threads other sessions' appends make their fsync
+    on. The reader is the daemon's own; only the thread each read runs on is noted."""
+    api, proj = project_api
+    (proj / ".ctxcc" / "rules").mkdir()
+    (proj / ".ctxcc" / "rules" / "sql.md").write_text(
+        "---\nname: sql\ndescription: SQL\nactivation: on_demand\n---\nUse CTEs.\n"
+    )
+    threads: list[str] = []
+    read = WorkspaceReader.read
+
+    def noted(reader: WorkspaceReader, project_root: str, working_directory: str) -> Any:
+        threads.append(threading.current_thread().name)
+        return read(reader, project_root, working_directory)
+
+    monkeypatch.setattr(WorkspaceReader, "read", noted)
+    session = session_pb2.Session(session_id="lr", project_root=str(proj))
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    loaded = await asyncio.gather(
+        *(api.sources.LoadRule(rpb.LoadRuleRequest(session_id="lr", name="sql")) for _ in range(8))
+    )
+    assert [r.rule.text for r in loaded] == ["Use CTEs."] * 8
+    assert len(threads) == 8 and all(t.startswith("ctxcc-compute") for t in threads), threads
 
 
 async def test_a_workspace_read_stops_at_its_byte_budget(
