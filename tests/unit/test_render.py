@@ -518,6 +518,37 @@ def test_a_long_body_is_encoded_a_few_members_a_call(monkeypatch: pytest.MonkeyP
     assert max(widths) <= render_mod.DUMPS_PIECE
 
 
+def test_a_merged_turn_is_encoded_a_few_blocks_a_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anthropic merges every tool result of a step into one user turn: one member of the
+    body's messages, which was one json.dumps call however many blocks it held (256
+    results of 1 MiB: ~2.7 s holding the GIL). Its blocks, and a result's own blocks,
+    go DUMPS_PIECE a call now, in a body of the same text."""
+    dumps = render_mod._dumps
+    blocks_a_call: list[int] = []
+
+    def counted(value: object) -> str:
+        text = dumps(value)
+        blocks_a_call.append(text.count('"type":"tool_') + text.count('"type":"text"'))
+        return text
+
+    monkeypatch.setattr(render_mod, "_dumps", counted)
+    calls = tuple(ToolCall(f"c{i}", "read", '{"path": "a.py"}') for i in range(100))
+    v = view(
+        UserMessage((ContentPart(text="go"),)),
+        AssistantMessage((), calls),
+        *(ToolResult(f"c{i}", "read", text=f"r{i}") for i in range(100)),
+    )
+    body: Any = render_mod.render_body(v, RenderFormat.ANTHROPIC_MESSAGES, {})
+    merged = [m for m in body["messages"] if len(m["content"]) >= 100]
+    assert len(merged) == 2, [len(m["content"]) for m in body["messages"]]  # calls, results
+    # A result holding many blocks of its own is split again.
+    blocks = [{"type": "text", "text": f"b{i}"} for i in range(40)]
+    merged[1]["content"][7]["content"] = blocks
+    text = render_mod.dumps_in_pieces(body)
+    assert text == json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    assert max(blocks_a_call) <= render_mod.DUMPS_PIECE, max(blocks_a_call)
+
+
 def test_a_top_level_reference_is_the_schema_it_names_from_rendering_12() -> None:
     defs = {"Node": {"type": "object", "properties": {"kids": {"$ref": "#/$defs/Node"}}}}
     top = {"$ref": "#/$defs/Node", "$defs": defs, "description": "a tree"}
