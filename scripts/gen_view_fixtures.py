@@ -8,7 +8,10 @@ tool is registered, an inline image arrives and every render format is asked for
 
 It also writes view4.binpb and view5.binpb, made from view3 without a daemon (view3
 recommending a compaction with a long prompt, then one more message under the same
-request), and apart_sha256.txt: the digest with the compaction apart of views 1-5.
+request), view6.binpb (view3 whose route model's framing is -0.0, what rounding a tiny
+negative fit gives: proto3 writes it, only +0.0 is left out) and apart_sha256.txt: the
+digest with the compaction apart of views 1-6; view6's chained digest joins
+chain_sha256.txt.
 
 Usage: a daemon running, then `python scripts/gen_view_fixtures.py TARGET`; or
 `python scripts/gen_view_fixtures.py --apart` for views 4-5 and apart_sha256.txt alone."""
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import sys
 from pathlib import Path
 
@@ -143,13 +147,29 @@ def over_budget(view3: view_pb2.CompiledView) -> list[view_pb2.CompiledView]:
     return [view4, view5]
 
 
+def negative_zero(view3: view_pb2.CompiledView) -> view_pb2.CompiledView:
+    """view6: view3 whose route model learned a framing of -0.0 (round(-0.0004, 3)) and
+    a ratio of 1.0, made here (no daemon)."""
+    view6 = view_pb2.CompiledView()
+    view6.CopyFrom(view3)
+    view6.compile_id = view3.compile_id + "-6"
+    view6.budget.route_model.ratio = 1.0
+    view6.budget.route_model.framing_tokens = round(-0.0004, 3)
+    assert math.copysign(1.0, view6.budget.route_model.framing_tokens) == -1.0
+    return view6
+
+
 def write_apart(views: list[view_pb2.CompiledView]) -> None:
-    """view4.binpb, view5.binpb and apart_sha256.txt from views 1-3."""
-    views = views[:3] + over_budget(views[2])
+    """view4.binpb, view5.binpb, view6.binpb and apart_sha256.txt from views 1-3, and
+    view6's line of chain_sha256.txt."""
+    views = views[:3] + over_budget(views[2]) + [negative_zero(views[2])]
     for i, view in enumerate(views[3:], 4):
         (OUT / f"view{i}.binpb").write_bytes(view.SerializeToString(deterministic=True))
     lines = [f"view{i} {apart_sha256(view)}\n" for i, view in enumerate(views, 1)]
     (OUT / "apart_sha256.txt").write_text("".join(lines))
+    chains = OUT / "chain_sha256.txt"
+    kept = [ln for ln in chains.read_text().splitlines(True) if not ln.startswith("view6 ")]
+    chains.write_text("".join(kept) + f"view6 {chain_sha256(views[5])}\n")
 
 
 def main() -> None:

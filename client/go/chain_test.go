@@ -3,6 +3,8 @@ package ctxcc
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -299,4 +301,24 @@ func mustChain(t *testing.T, view *ctxccv1.CompiledView) string {
 		t.Fatal(err)
 	}
 	return sum
+}
+
+// View6's route model holds a framing of -0.0, which proto3 writes (only +0.0 is left out):
+// the client's encoding and digests are the daemon's, as in Python and TypeScript.
+func TestNegativeZeroIsWrittenAsTheDaemonWritesIt(t *testing.T) {
+	view, data := fixture(t, 6)
+	if f := view.GetBudget().GetRouteModel().GetFramingTokens(); f != 0 || !math.Signbit(f) {
+		t.Fatalf("view6's framing is %v, not -0.0", f)
+	}
+	got, err := canonicalMarshal(view.ProtoReflect())
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("view6 encodes otherwise than the daemon wrote it (%v)", err)
+	}
+	if sum, err := ChainDigest(view); err != nil || sum != daemonChain(t, 6) {
+		t.Fatalf("view6: %s (%v), the daemon's is %s", sum, err, daemonChain(t, 6))
+	}
+	wire, err := proto.Marshal(&ctxccv1.RouteModel{Ratio: math.Copysign(0, -1)})
+	if err != nil || hex.EncodeToString(wire) != "090000000000000080" {
+		t.Fatalf("RouteModel{ratio: -0.0} is %x (%v)", wire, err)
+	}
 }

@@ -20,6 +20,7 @@ import { createHash } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 
 import { CtxccError, toCtxccError } from "./errors.js";
+import { refuseLoneSurrogates } from "./text.js";
 import { ArtifactServiceClient, DownloadArtifactRequest, UploadArtifactRequest } from "./gen/ctxcc/v1/artifact_service.js";
 import type { ArtifactRef, DeepPartial, Route } from "./gen/ctxcc/v1/common.js";
 import { CompileRequest, CompileServiceClient, ReportUsageRequest, ReportUsageResponse } from "./gen/ctxcc/v1/compile_service.js";
@@ -222,6 +223,11 @@ export class Client {
       // Fixed before the first attempt: a retry is answered with what the first one stored.
       requestId: options.requestId ?? newRequestId(),
     };
+    try {
+      refuseLoneSurrogates(header, "request.header");
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const once = () =>
       new Promise<ArtifactRef>((resolve, reject) => {
         const call = this.artifacts.raw.uploadArtifact(this.md(), (err, res) => (err ? reject(err) : resolve(res.artifact!)));
@@ -237,6 +243,11 @@ export class Client {
   /** Downloads an artifact and checks its bytes against the ref's sha256. */
   downloadArtifact(sessionId: string, artifactId: string): Promise<{ artifact: ArtifactRef; data: Buffer }> {
     const req = DownloadArtifactRequest.fromPartial({ sessionId, artifactId });
+    try {
+      refuseLoneSurrogates(req);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const once = () =>
       new Promise<{ artifact: ArtifactRef; data: Buffer }>((resolve, reject) => {
         let artifact: ArtifactRef | undefined;
@@ -269,6 +280,7 @@ export class Client {
    * sends no such header).
    */
   async *watch(sessionId: string, afterSeq = 0): AsyncGenerator<WatchSessionResponse> {
+    refuseLoneSurrogates({ sessionId });
     let backoff = new Backoff(this.settings.retrySeconds);
     let last: Event | undefined; // the last event delivered
     let made: string | undefined; // the create time of the session watched, from a header

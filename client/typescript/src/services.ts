@@ -14,6 +14,7 @@ import { DeleteMemoryRequest, DeleteMemoryResponse, DeleteRuleRequest, DeleteRul
 import { ArtifactServiceClient } from "./gen/ctxcc/v1/artifact_service.js";
 import { Session } from "./gen/ctxcc/v1/session.js";
 import { CtxccError } from "./errors.js";
+import { refuseLoneSurrogates } from "./text.js";
 import { newRequestId, newSessionId, retry, SESSION_ALREADY_EXISTS, unaryOnce, type UnaryMethod } from "./retry.js";
 
 /** What every call of one Client shares. */
@@ -29,6 +30,11 @@ abstract class Service<C extends grpc.Client> {
   ) {}
 
   protected call<Req, Res>(method: unknown, req: Req, idempotent: boolean, attempted?: () => void): Promise<Res> {
+    try {
+      refuseLoneSurrogates(req);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const fn = (method as UnaryMethod<Req, Res>).bind(this.raw);
     return retry(
       () => {

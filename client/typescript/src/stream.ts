@@ -32,6 +32,7 @@ import {
   PartRecords,
   type MessageRecords,
 } from "./delta.js";
+import { refuseLoneSurrogates } from "./text.js";
 import { CtxccError, toCtxccError } from "./errors.js";
 import type { DeepPartial } from "./gen/ctxcc/v1/common.js";
 import {
@@ -315,6 +316,11 @@ export class Stream {
     // grow in the order steps and resumes are sent.
     const step = { stepId: "", events, requestId, expectedLastSeq: options.expectedLastSeq, compile: request, deltaBaseCompileId: "" };
     const msg = CompileStreamRequest.fromPartial({ request: { $case: "step", value: step } });
+    try {
+      refuseLoneSurrogates(step);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const signal = options.signal;
     // A close after this call fails the step (waiting its turn, or pausing before a retry).
     const closes = this.closes;

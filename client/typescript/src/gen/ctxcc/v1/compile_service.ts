@@ -2985,7 +2985,7 @@ export const ReportUsageResponse: MessageFns<ReportUsageResponse> = {
     if (message.errorTokens !== 0) {
       writer.uint32(16).int64(message.errorTokens);
     }
-    if (message.relativeError !== 0) {
+    if (!Object.is(message.relativeError, 0)) {
       writer.uint32(25).double(message.relativeError);
     }
     if (message.replayed !== false) {

@@ -2206,7 +2206,7 @@ export const Budget: MessageFns<Budget> = {
     if (message.estimateMethod !== 0) {
       writer.uint32(48).int32(message.estimateMethod);
     }
-    if (message.utilization !== 0) {
+    if (!Object.is(message.utilization, 0)) {
       writer.uint32(57).double(message.utilization);
     }
     if (message.baselineTokens !== 0) {
@@ -2519,7 +2519,7 @@ function createBaseRouteModel(): RouteModel {
 
 export const RouteModel: MessageFns<RouteModel> = {
   encode(message: RouteModel, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.ratio !== 0) {
+    if (!Object.is(message.ratio, 0)) {
       writer.uint32(9).double(message.ratio);
     }
     if (message.overheadTokens !== 0) {
@@ -2534,7 +2534,7 @@ export const RouteModel: MessageFns<RouteModel> = {
     if (message.counterKind !== "") {
       writer.uint32(42).string(message.counterKind);
     }
-    if (message.framingTokens !== 0) {
+    if (!Object.is(message.framingTokens, 0)) {
       writer.uint32(49).double(message.framingTokens);
     }
     return writer;
