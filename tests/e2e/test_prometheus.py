@@ -146,7 +146,7 @@ def _host_disk_free_ratio() -> float:
 
 def test_no_alert_fires_on_healthy_load(run: Run) -> None:
     rules = _rules()
-    assert len(rules) == 7
+    assert len(rules) == 8
     # The data dirs are on the host's disk: on a host whose disk is itself nearly full,
     # CtxccDataDirLowSpace is right to fire, and then it must show that disk's free share.
     host_low = _host_disk_free_ratio() < 0.11

@@ -163,7 +163,7 @@ def test_sessions_over_budget_then_compacted_or_deleted_and_a_model_switch_stay_
     at = prom.settled()
     assert _gauge(prom, at) == 0
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
-    assert len(rules) == 7
+    assert len(rules) == 8
     for rule in rules:
         if rule["alert"] == "CtxccDataDirLowSpace":
             continue  # the host's disk, not these sessions (test_prometheus.py covers it)

@@ -154,7 +154,7 @@ async def test_dashboard_queries_use_only_scraped_metrics(replayed: tuple[Daemon
 
 def test_alert_rules_check_and_unit_tests_pass() -> None:
     checked = _promtool("check", "rules", "ctxcc-rules.yaml")
-    assert checked.returncode == 0 and "7 rules found" in checked.stdout, (
+    assert checked.returncode == 0 and "8 rules found" in checked.stdout, (
         checked.stdout + checked.stderr
     )
     tested = _promtool("test", "rules", "ctxcc-rules.test.yaml")
@@ -172,6 +172,7 @@ def test_alert_rules_check_and_unit_tests_pass() -> None:
         "CtxccDataDirLowSpace",
         "CtxccDataDirFull",
         "CtxccServerErrors",
+        "CtxccTargetDown",
     }
 
 
