@@ -14,7 +14,7 @@ protos=$(cd proto && find ctxcc/v1 -name '*.proto' | sort)
   --ts_proto_opt=outputServices=grpc-js,env=node,esModuleInterop=true,importSuffix=.js,forceLong=number,useOptionals=messages,oneof=unions-value \
   $protos)
 # ts-proto leaves out a double or float field that is 0 with `!== 0`, -0 included. Proto3
-# leaves out only the default, +0 (C++, Java, Go, Python's upb and protobuf-es compare the
+# leaves out only the default, +0 (protobuf-go, Python's upb and protobuf-es compare the
 # bits): -0.0 is written, and a view's digest covers the daemon's bytes, which hold it.
 find "$out" -name '*.ts' -exec perl -0pi -e \
   's/if \(message\.(\w+) !== 0\) \{(\s*writer\.uint32\(\d+\)\.(?:double|float)\()/if (!Object.is(message.$1, 0)) {$2/g' {} +
