@@ -90,6 +90,7 @@ from server.domain.model import (
 )
 from server.domain.records import Checkpoint, RouteModel, RouteState
 from server.domain.replacing import replaced
+from server.domain.tools import REGISTRY_SEARCHES, ToolRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,12 +167,23 @@ def searched_in_turn(
         )
         for call in calls:
             if call.name == TOOL_SEARCH.name and call.call_id in answered:
-                query = query_of(call.arguments_json)
-                found.update(
-                    s.name
-                    for s in search_tools(registry, query, any_script=any_script, forms=forms)
-                )
+                found.update(_found(registry, query_of(call.arguments_json), any_script, forms))
     return found
+
+
+def _found(
+    registry: Sequence[ToolSpec], query: str, any_script: bool, forms: bool
+) -> frozenset[str]:
+    """The names `query` finds in `registry`, remembered by a ToolRegistry."""
+    searches = registry.searches if isinstance(registry, ToolRegistry) else None
+    key = (query, any_script, forms)
+    names = searches.get(key) if searches is not None else None
+    if names is None:
+        found = search_tools(registry, query, any_script=any_script, forms=forms)
+        names = frozenset(s.name for s in found)
+        if searches is not None and len(searches) < REGISTRY_SEARCHES:
+            searches[key] = names
+    return names
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from server.domain.errors import CtxccError, Reason
 from server.domain.grown import Grown
 from server.domain.model import Event, Route, Session, of_deleted
 from server.domain.records import Checkpoint, CheckpointKind, DamagedCheckpoint
-from server.domain.tools import ToolSpec
+from server.domain.tools import ToolRegistry, ToolSpec
 from server.service.kept import KeptReads
 from server.service.ports import EventStore
 
@@ -213,7 +213,9 @@ class HistoryLoader:
             checkpoint=chosen,
             current_user=current,
             fallback_reasons=tuple(dict.fromkeys(reasons)),
-            tools=self._tool_lists.get(session, (), lambda: tuple(self._store.list_tools(sid))),
+            tools=self._tool_lists.get(
+                session, (), lambda: ToolRegistry(self._store.list_tools(sid))
+            ),
             activated=activated,
             artifacts=self._artifact_sizes(session, events, current, known if reread else None),
         )

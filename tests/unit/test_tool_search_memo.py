@@ -6,14 +6,28 @@ its bytes."""
 
 from __future__ import annotations
 
+import json
 import tracemalloc
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server.compiler import compile as compile_module
 from server.compiler import tool_search
+from server.compiler.builtin_tools import TOOL_SEARCH
+from server.compiler.compile import searched_in_turn
 from server.compiler.tool_search import _SpecWords, name_words, search_tools, words_of
-from server.domain.tools import ToolSpec, ToolVisibility
+from server.domain.model import (
+    AssistantMessage,
+    ContentPart,
+    Event,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+)
+from server.domain.tools import REGISTRY_SEARCHES, ToolRegistry, ToolSpec, ToolVisibility
 
 
 def reference(
@@ -121,3 +135,58 @@ def test_the_bytes_counted_are_the_bytes_held() -> None:
             tracemalloc.stop()
         # What the memo's own dict and keys take besides the words is not counted.
         assert 0.9 < held / memo._bytes < 1.15, (alphabet[:3], held, memo._bytes)
+
+
+def _turn(*queries: str) -> tuple[Event, ...]:
+    """A turn whose assistant called tool_search once per query, each call answered."""
+    calls = tuple(
+        ToolCall(f"q{i}", TOOL_SEARCH.name, json.dumps({"query": q})) for i, q in enumerate(queries)
+    )
+    events: list[Event] = [Event(1, "e1", 0, UserMessage((ContentPart(text="go"),)))]
+    events.append(Event(2, "e2", 0, AssistantMessage((), calls)))
+    for i in range(len(queries)):
+        events.append(Event(3 + i, f"e{3 + i}", 0, ToolResult(f"q{i}", TOOL_SEARCH.name, "ok")))
+    return tuple(events)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    registry=st.lists(_SPEC, max_size=8),
+    queries=st.lists(_TEXT, min_size=1, max_size=3),
+    any_script=st.booleans(),
+    forms=st.booleans(),
+)
+def test_a_registry_remembers_what_its_searches_found(
+    registry: list[ToolSpec], queries: list[str], any_script: bool, forms: bool
+) -> None:
+    """The loader keeps a session's tools as one ToolRegistry between compiles, which
+    remembers what each query found: the turn's searches at the next step answer as a
+    plain tuple's (searched anew), and without searching again."""
+    kept = ToolRegistry(registry)
+    turn = _turn(*queries)
+    plain = searched_in_turn(turn, tuple(registry), any_script=any_script, forms=forms)
+    assert searched_in_turn(turn, kept, any_script=any_script, forms=forms) == plain
+    assert len(kept.searches) == len(set(queries))
+    searched: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        searched.append(args[1])
+        return search_tools(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(compile_module, "search_tools", counted)
+        again = searched_in_turn(turn, kept, any_script=any_script, forms=forms)
+        other_rule = searched_in_turn(turn, kept, any_script=not any_script, forms=forms)
+    assert again == plain
+    # Another word rule (an older compile's tool capping version) is another search.
+    assert searched == list(dict.fromkeys(queries))
+    assert other_rule == searched_in_turn(
+        turn, tuple(registry), any_script=not any_script, forms=forms
+    )
+
+
+def test_a_registry_remembers_a_bounded_number_of_queries() -> None:
+    kept = ToolRegistry([ToolSpec("grep", "search files", "{}", ToolVisibility.DEFERRED)])
+    queries = [f"files {i}" for i in range(REGISTRY_SEARCHES + 5)]
+    assert searched_in_turn(_turn(*queries), kept) == {"grep"}
+    assert len(kept.searches) == REGISTRY_SEARCHES
