@@ -380,7 +380,7 @@ def project_incremental(
     _count(run.tally, rest_sized)
     if run.elided:
         notes.append(f"built-in compaction: {run.elided} older tool result(s) shown by reference")
-    notes += run.pair_notes + run.form_notes + rest_notes
+    notes += _block_note(checkpoint, events) + run.pair_notes + run.form_notes + rest_notes
     pre_blobs = memo.blobs if (reused and memo is not None) else False
     done_blobs = pre_blobs or any(
         isinstance(e.payload, ToolResult) and e.payload.blob is not None for e in events[start:cut]
@@ -419,6 +419,22 @@ def project_incremental(
             last_assistant,
         )
     return IncrementalProjection(projection, table, _frozen(run.tally), new_memo, reused)
+
+
+def _block_note(checkpoint: Checkpoint | None, events: Sequence[Event]) -> list[str]:
+    """A note when the events start before the end of the model-written checkpoint: the
+    loader read back the call block its boundary splits (projection 13 on)."""
+    if (
+        checkpoint is None
+        or checkpoint.kind == CheckpointKind.BUILTIN
+        or not events
+        or events[0].seq > checkpoint.covers_through_seq
+    ):
+        return []
+    return [
+        f"checkpoint {checkpoint.checkpoint_id} ends inside a block of tool calls: "
+        f"shown whole from seq {events[0].seq}"
+    ]
 
 
 def _last_assistant(events: Sequence[Event], seen: int, known: int) -> int:

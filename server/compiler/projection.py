@@ -138,12 +138,19 @@ class ImagePolicy:
 #    Gemini 2.x's 768-pixel tiles, Gemini 3's default media resolution (GPT-4o's tiles on
 #    every `openai*` route counted a 1024x1024 image at 765 tokens where GPT-4o mini
 #    counts 25,501 and gpt-4.1-mini 1,659).
-PROJECTION = 12
+# 13: a checkpoint that ends inside a block of tool calls (after an assistant message's
+#    calls, before some of their results) is shown with that block whole, from its
+#    assistant message on, when a result of one of those calls follows the boundary
+#    (checkpoints.split_block; the loader reads the block back): the call went back
+#    restored from its result alone, with empty arguments and without the thinking block
+#    Claude's extended thinking requires before it.
+PROJECTION = 13
 DEFERRED_ATTACHMENTS = 8
 COMPACTION_IN_PROVIDER_TOKENS = 9
 PROVIDER_IMAGE_TOKENS = 10
 HISTORY_IN_PROVIDER_TOKENS = 11
 MODEL_IMAGE_TOKENS = 12
+CALL_BLOCKS = 13
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

@@ -184,6 +184,7 @@ class InputAssembler:
             record.event_boundary,
             b.route,
             recorded=(b.checkpoint_id, b.fallback_reasons),
+            projection=b.projection,
         )
         inputs = CompileInputs(
             compile_id=record.compile_id,
@@ -254,6 +255,7 @@ class InputAssembler:
                 opts.route,
                 until_ns=record.create_time_ns,
                 recorded=(b.checkpoint_id, b.fallback_reasons) if same_route else None,
+                projection=b.projection,
             )
             history = replace(history, tools=old.tools, activated=b.activated_tools)
             route_state = b.route_state if same_route else self._route_state(opts)

@@ -1,9 +1,11 @@
 """Loads what one compile needs, reading as little of the log as the projection uses.
 
 With a valid checkpoint only the events after it are read (plus the current user
-message when the checkpoint covers it), so compile cost follows the projection, not the
-length of the log. Checkpoint digests are verified against the log once per process
-and remembered: the log is immutable, so a verified range stays verified.
+message when the checkpoint covers it, and, from projection 13, the block of tool calls
+its boundary splits when a result of one of them follows it: checkpoints.split_block), so
+compile cost follows the projection, not the length of the log. Checkpoint digests are
+verified against the log once per process and remembered: the log is immutable, so a
+verified range stays verified.
 
 A step reads the session's checkpoints and tools, which change far less often than its
 log: they are kept while their tables are not written (kept.py).
@@ -16,8 +18,14 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.compiler.checkpoints import CheckpointCandidate, choose_checkpoint
-from server.compiler.projection import artifact_ids
+from server.compiler.checkpoints import (
+    CallBlock,
+    CheckpointCandidate,
+    answered_after,
+    choose_checkpoint,
+    split_block,
+)
+from server.compiler.projection import CALL_BLOCKS, PROJECTION, artifact_ids
 from server.compiler.projection_memo import ProjectionMemo, active_turn
 from server.compiler.view import FallbackReason
 from server.domain.canonical import events_digest
@@ -30,6 +38,9 @@ from server.service.kept import KeptReads
 from server.service.ports import EventStore
 
 _DIGEST_CACHE = 4096
+# Covered events read back at first when looking for the call block a checkpoint's
+# boundary splits (four times as many again while the block reaches further back).
+_BLOCK_READ = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +61,13 @@ class HistoryLoader:
     def __init__(self, store: EventStore) -> None:
         self._store = store
         self._digests: OrderedDict[tuple[str, int, int], str] = OrderedDict()
+        # (session, its life, checkpoint id) -> the call block its boundary splits (None:
+        # none) and the seq of the event after it that decided whether the view shows it
+        # (that of the result that answers one of its calls; 0: another message came
+        # first; None: not decided yet). Both follow from the immutable log.
+        self._blocks: OrderedDict[tuple[str, int, str], tuple[CallBlock | None, int | None]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
         self._checkpoint_lists = KeptReads("checkpoints", store)
         self._tool_lists = KeptReads("tools", store)
@@ -64,12 +82,15 @@ class HistoryLoader:
             for key in [k for k in self._digests if k[0] == session_id]:
                 if of_deleted(key[1], created_ns):
                     del self._digests[key]
+            for block_key in [k for k in self._blocks if k[0] == session_id]:
+                if of_deleted(block_key[1], created_ns):
+                    del self._blocks[block_key]
 
     def kept(self) -> int:
         """Values and digests kept (for tests: a deleted session's are not)."""
         reads = (self._checkpoint_lists, self._tool_lists, self._artifact_sizes_kept)
         with self._lock:
-            digests = len(self._digests)
+            digests = len(self._digests) + len(self._blocks)
         return sum(len(kept) for kept in reads) + digests
 
     def cached_range_digest(self, session: Session, through: int) -> str | None:
@@ -156,11 +177,14 @@ class HistoryLoader:
         until_ns: int | None = None,
         recorded: tuple[str, tuple[FallbackReason, ...]] | None = None,
         known: ProjectionMemo | None = None,
+        projection: int = PROJECTION,
     ) -> LoadedHistory:
         """`until_ns` hides checkpoints made later; `recorded` (checkpoint id, reasons)
         repeats the choice a recorded compile made instead of choosing again; `known`
         holds events already read after the same checkpoint choice (the log is
-        append-only, so only later ones are read)."""
+        append-only, so only later ones are read); `projection`: the version the view is
+        projected with (a recorded compile's own), which decides whether a call block
+        the checkpoint splits is read back (CALL_BLOCKS)."""
         sid = session.session_id
         chosen: Checkpoint | None = None
         if recorded is not None:
@@ -199,7 +223,8 @@ class HistoryLoader:
             # the projection needs the covered events too.
             events, reread = self._read(sid, 0, boundary, chosen, known)
         else:
-            events, reread = self._read(sid, chosen.covers_through_seq, boundary, chosen, known)
+            after = self._shown_after(session, chosen, boundary, projection)
+            events, reread = self._read(sid, after, boundary, chosen, known)
         current = None
         # The events `known` saw are not looked at again for the turn (`_read` put them
         # first: no need to compare them).
@@ -219,6 +244,62 @@ class HistoryLoader:
             activated=activated,
             artifacts=self._artifact_sizes(session, events, current, known if reread else None),
         )
+
+    def _shown_after(self, session: Session, ck: Checkpoint, boundary: int, projection: int) -> int:
+        """The seq after which a view standing on model-written checkpoint `ck` shows the
+        log: its boundary, or, from projection CALL_BLOCKS, the seq before the call block
+        it splits when a result of one of the block's calls follows the boundary (a
+        checkpoint of another session's log is not looked into: its covered events are
+        not this log's)."""
+        through = ck.covers_through_seq
+        sid = session.session_id
+        if projection < CALL_BLOCKS or (ck.origin_session_id and ck.origin_session_id != sid):
+            return through
+        key = (sid, session.create_time_ns, ck.checkpoint_id)
+        with self._lock:
+            entry = self._blocks.get(key)
+            if entry is not None:
+                self._blocks.move_to_end(key)
+        if entry is None:
+            entry = (self._split_block(sid, through), None)
+        block, answer = entry
+        if block is not None and answer is None:
+            answer = self._answer(sid, through, boundary, block)
+        if entry != (block, answer):
+            with self._lock:
+                self._blocks[key] = (block, answer)
+                if len(self._blocks) > _DIGEST_CACHE:
+                    self._blocks.popitem(last=False)
+        if block is not None and answer and answer <= boundary:
+            return block.start - 1
+        return through
+
+    def _split_block(self, sid: str, through: int) -> CallBlock | None:
+        """The call block the events through `through` end inside (split_block), read
+        back from there as far as it reaches."""
+        n = _BLOCK_READ
+        while True:
+            after = max(0, through - n)
+            covered = self._store.read_events(sid, after, None, frozenset(), through)
+            decided, block = split_block(covered, whole=after == 0)
+            if decided:
+                return block
+            n *= 4
+
+    def _answer(self, sid: str, through: int, boundary: int, block: CallBlock) -> int | None:
+        """The seq of the event after `through` that decides whether `block` is shown
+        (answered_after: the answering result's seq; 0: another message came first);
+        None when the log through `boundary` does not tell yet."""
+        after, n = through, _BLOCK_READ
+        while after < boundary:
+            following = self._store.read_events(sid, after, n, frozenset(), boundary)
+            if not following:
+                return None
+            decided, seq = answered_after(following, block)
+            if decided:
+                return seq or 0
+            after, n = following[-1].seq, n * 4
+        return None
 
     def _read(
         self,

@@ -905,3 +905,68 @@ def test_a_history_watermark_is_rebuilt_as_the_earlier_daemon_met_it(tmp_path: P
         again = _asked(req, as_of_seq=last.event_boundary)
         assert compiles.Compile(again).view.decision == last.decision
         assert compiles.Compile(_asked(req, dry_run=True)).view.decision == view_pb2.DECISION_OK
+
+
+# The daemon of `main` that showed only the events after a checkpoint, whose boundary may
+# split a block of tool calls (projection.PROJECTION 12).
+SPLIT_BLOCK_DAEMON = "f2d87833d58b407643715810f59b5cfe77ddb840"
+
+
+def test_a_call_block_a_checkpoint_split_is_rebuilt_as_the_earlier_daemon_showed_it(
+    tmp_path: Path,
+) -> None:
+    """A data directory written by the daemon that restored a call whose result followed
+    a checkpoint's boundary from the result alone (empty arguments): its compile is
+    rebuilt so, from rebuild_compile_id and from as_of_seq, while today's compile of the
+    same log shows the block from its assistant message, the call with its arguments."""
+    req = cpb.CompileRequest(
+        session_id="k", route=ROUTE, render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES]
+    )
+
+    def record(stubs: _Stubs) -> view_pb2.CompiledView:
+        def append(*events: event_pb2.Event) -> int:
+            got = stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="k", events=list(events))
+            )
+            return int(got.last_seq)
+
+        append(user("fix the parser"))
+        head = append(
+            assistant("", ("c1", "read", '{"path": "a.py"}'), ("c2", "read", '{"path": "b.py"}')),
+            tool_result("c1", "def parse(): ...", "read"),
+        )
+        stubs.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id="k", covers_through_seq=head, summary="Reading the parser."
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+        append(tool_result("c2", "x = 1", "read"))
+        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+        return view
+
+    def inputs(view: view_pb2.CompiledView) -> dict[str, Any]:
+        body = json.loads(view.renderings[0].body_json)
+        return {
+            b["id"]: b["input"]
+            for m in body["messages"]
+            if isinstance(m["content"], list)
+            for b in m["content"]
+            if b["type"] == "tool_use"
+        }
+
+    with _recorded_then_today(SPLIT_BLOCK_DAEMON, tmp_path, "k", record) as (then, compiles):
+        assert then.checkpoint_id and inputs(then) == {"c2": {}}
+        rebuilt = compiles.Compile(
+            cpb.CompileRequest(
+                rebuild_compile_id=then.compile_id, render_formats=req.render_formats
+            )
+        ).view
+        assert _bytes(rebuilt) == _bytes(then)
+        again = compiles.Compile(_asked(req, as_of_seq=then.event_boundary)).view
+        assert again.renderings[0].body_json == then.renderings[0].body_json
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        assert now.checkpoint_id == then.checkpoint_id
+        assert inputs(now) == {"c1": {"path": "a.py"}, "c2": {"path": "b.py"}}

@@ -214,6 +214,133 @@ async def test_an_interrupted_tool_and_a_checkpoint_in_the_loop_keep_its_blocks(
         assert leading(compacted) == [blocks[2]]
 
 
+FORMATS = {
+    view_pb2.RENDER_FORMAT_OPENAI_CHAT: "openai_chat",
+    view_pb2.RENDER_FORMAT_OPENAI_RESPONSES: "openai_responses",
+    ANTHROPIC: "anthropic_messages",
+    view_pb2.RENDER_FORMAT_GEMINI: "gemini",
+}
+
+
+def _sent_arguments(kind: str, parsed: dict[str, Any]) -> dict[str, Any]:
+    """Each call id (or, in a Gemini body, which has none, each function name with its
+    position) of a body with its arguments as sent."""
+    out: dict[str, Any] = {}
+    if kind == "openai_chat":
+        for m in parsed["messages"]:
+            for c in m.get("tool_calls") or ():
+                out[c["id"]] = json.loads(c["function"]["arguments"])
+    elif kind == "openai_responses":
+        for item in parsed["input"]:
+            if item.get("type") == "function_call":
+                out[item["call_id"]] = json.loads(item["arguments"])
+    elif kind == "anthropic_messages":
+        for m in parsed["messages"]:
+            for b in m["content"] if isinstance(m["content"], list) else ():
+                if b["type"] == "tool_use":
+                    out[b["id"]] = b["input"]
+    else:
+        calls = [
+            p["functionCall"] for c in parsed["contents"] for p in c["parts"] if "functionCall" in p
+        ]
+        out = {f"{c['name']}#{i}": c.get("args", {}) for i, c in enumerate(calls)}
+    return out
+
+
+async def test_a_checkpoint_between_a_call_and_its_result_keeps_the_call_as_logged(
+    daemon: Daemon,
+) -> None:
+    """An agent's checkpoint ends after Claude's two parallel calls and the result of the
+    first, before the result of the second: the body of every format shows the calls
+    with the arguments they were logged with, the Anthropic one after the thinking block
+    of their turn (extended thinking refuses a tool_use without it); the SDKs' request
+    types take every body, a rebuild gives the same bytes, and as of the checkpoint's
+    end (before the result) the view is the summary alone."""
+    first = response(
+        1,
+        thinking("Both files may hold the parser.", "EqQBsig1"),
+        tool_use("toolu_1", "a.py"),
+        tool_use("toolu_2", "b.py"),
+    )
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        await ctx.append(sid, [user("fix the parser bug")])
+        view, _ = await body(ctx, sid, ROUTE)
+        await ctx.append(
+            sid,
+            [
+                assistant_from_anthropic(first, view.route_id),
+                tool_result("toolu_1", "def parse(): ...", "read"),
+            ],
+        )
+        head = (
+            await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+        ).session.head_seq
+        await ctx.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id=sid,
+                    covers_through_seq=head,
+                    summary="Reading a.py and b.py for the parser.",
+                    source_route=ROUTE,
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+        await ctx.append(sid, [tool_result("toolu_2", "x = 1", "read")])
+        req = cpb.CompileRequest(session_id=sid, route=ROUTE, render_formats=list(FORMATS))
+        view = (await ctx.compiles.Compile(req)).view
+        assert view.checkpoint_id
+        assert not [n for n in view.notes if n.startswith("restored a call")]
+        assert len(view.renderings) == len(FORMATS)
+        logged = {"toolu_1": {"path": "a.py"}, "toolu_2": {"path": "b.py"}}
+        for rendering in view.renderings:
+            kind = FORMATS[rendering.format]
+            parsed = json.loads(rendering.body_json)
+            assert errors_for(kind, parsed) == [], kind
+            sent = _sent_arguments(kind, parsed)
+            if kind == "gemini":
+                assert sorted(sent.values(), key=str) == sorted(logged.values(), key=str)
+            else:
+                assert sent == logged, kind
+            if kind == "anthropic_messages":
+                turns = [m for m in parsed["messages"] if m["role"] == "assistant"]
+                assert len(turns) == 1
+                assert turns[0]["content"][0] == first.content[0].model_dump()
+                assert [b["type"] for b in turns[0]["content"]] == [
+                    "thinking",
+                    "tool_use",
+                    "tool_use",
+                ]
+                results = [
+                    b["tool_use_id"]
+                    for m in parsed["messages"]
+                    if m["role"] == "user" and isinstance(m["content"], list)
+                    for b in m["content"]
+                    if b["type"] == "tool_result"
+                ]
+                assert results == ["toolu_1", "toolu_2"]
+        rebuilt = await ctx.compiles.Compile(
+            cpb.CompileRequest(
+                session_id=sid, rebuild_compile_id=view.compile_id, render_formats=list(FORMATS)
+            )
+        )
+        assert [r.body_json for r in rebuilt.view.renderings] == [
+            r.body_json for r in view.renderings
+        ]
+        # As of the checkpoint's end, no result follows it: the summary and the request.
+        before = (
+            await ctx.compiles.Compile(
+                cpb.CompileRequest(
+                    session_id=sid, route=ROUTE, as_of_seq=head, render_formats=[ANTHROPIC]
+                )
+            )
+        ).view
+        parsed = json.loads(before.renderings[0].body_json)
+        assert errors_for("anthropic_messages", parsed) == []
+        assert _sent_arguments("anthropic_messages", parsed) == {}
+
+
 async def _state_refused(
     ctx: AsyncClient, kind: str, data: bytes, says: str = ""
 ) -> tuple[str, Any]:
