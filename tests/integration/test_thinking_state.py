@@ -468,6 +468,61 @@ async def test_a_gemini_tool_loop_sends_each_calls_thought_signature_back(
         assert all("thoughtSignature" not in p for c in later["contents"] for p in c["parts"])
 
 
+async def test_a_checkpoint_between_gemini_calls_and_a_result_keeps_the_signed_call(
+    daemon: Daemon,
+) -> None:
+    """Gemini 3 refuses a step whose first call lacks its thought signature: a checkpoint
+    that ends after the result of the first of two parallel calls, before the second's,
+    leaves the first call in the body with its arguments and signature."""
+    first = gemini_response(
+        {
+            "function_call": {"id": "fc1", "name": "read", "args": {"path": "a.py"}},
+            "thought_signature": b"\x0a\x24\x01sig-one",
+        },
+        {"function_call": {"id": "fc2", "name": "read", "args": {"path": "b.py"}}},
+    )
+    gemini_format = view_pb2.RENDER_FORMAT_GEMINI
+    async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
+        sid = (await ctx.create_session()).session_id
+        await ctx.append(sid, [user("fix the parser bug")])
+        req = cpb.CompileRequest(session_id=sid, route=GEMINI_ROUTE, render_formats=[gemini_format])
+        view = (await ctx.compiles.Compile(req)).view
+        await ctx.append(
+            sid,
+            [assistant_from_gemini(first, view.route_id), tool_result("fc1", "ok", "read")],
+        )
+        head = (
+            await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+        ).session.head_seq
+        await ctx.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id=sid,
+                    covers_through_seq=head,
+                    summary="Reading a.py and b.py.",
+                    source_route=GEMINI_ROUTE,
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+        await ctx.append(sid, [tool_result("fc2", "x = 1", "read")])
+        view = (await ctx.compiles.Compile(req)).view
+        assert view.checkpoint_id
+        body = json.loads(view.renderings[0].body_json)
+        assert errors_for("gemini", body) == []
+        parts = [
+            gt.Part.model_validate(p)
+            for c in body["contents"]
+            for p in c["parts"]
+            if "functionCall" in p
+        ]
+        assert [(p.function_call.args if p.function_call else None) for p in parts] == [
+            {"path": "a.py"},
+            {"path": "b.py"},
+        ]
+        assert [p.thought_signature for p in parts] == [b"\x0a\x24\x01sig-one", None]
+
+
 RESPONSES_ROUTE = common_pb2.Route(
     connection="t", protocol="openai-responses", endpoint="api", model="o4-mini"
 )
