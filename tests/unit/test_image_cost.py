@@ -36,7 +36,8 @@ def _ref(width: int, height: int) -> ArtifactRef:
 
 
 def test_the_projection_that_counts_by_model_is_the_current_one() -> None:
-    assert PROJECTION == MODEL_IMAGE_TOKENS == 12
+    # 13 (a call block a checkpoint splits is shown whole) counts images as 12 did.
+    assert MODEL_IMAGE_TOKENS == 12 and PROJECTION >= MODEL_IMAGE_TOKENS
 
 
 @pytest.mark.parametrize(
