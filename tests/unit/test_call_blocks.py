@@ -43,7 +43,7 @@ def _said(text: str = "", *calls: str) -> AssistantMessage:
 
 
 USER = UserMessage((ContentPart(text="go"),))
-PICTURE = Attachment(ArtifactRef("art", "image/png", 10, 1, 1))
+PICTURE = Attachment(ArtifactRef("art", "image/png", 10, "0" * 64, 1, 1))
 
 
 def test_a_boundary_after_one_of_two_parallel_results_splits_their_block() -> None:
@@ -78,7 +78,7 @@ def test_no_block_is_split_when_every_call_is_answered_or_a_user_spoke() -> None
 
 
 def test_attachments_markers_and_reasoning_alone_stay_inside_a_block() -> None:
-    thought = AssistantMessage(native_state=NativeState("anthropic.thinking", b"[]", "r"))
+    thought = AssistantMessage(native_state=NativeState("r", "anthropic.thinking", b"[]"))
     log = _log(USER, _said("", "a", "b"), PICTURE, TurnCancelled(), thought, TurnStarted())
     assert split_block(log, whole=True) == (True, CallBlock(2, frozenset({"a", "b"})))
 
