@@ -113,6 +113,26 @@ def _cut(m: ViewMessage, room: int, images: bool = True) -> str:
     )
 
 
+def _summary_within(summary: str, most: int, counter: TokenCounter) -> str:
+    """`summary` when it counts at most `most` tokens; else its start and its end, about
+    `most` tokens together (by its own characters-per-token, 10 % under), with a marker
+    between them. A summary larger than the window (one written on a route with a larger
+    window, or a portable one from another session) made a prompt the model could not
+    read: no round could ever shorten the history, and every step stayed over budget. The
+    next summary loses what is cut; without the cut no summary could be made at all."""
+    tokens = counter.count(summary)
+    if tokens <= most:
+        return summary
+    keep = len(summary) * max(most - _LABEL_TOKENS * 2, 1) * 9 // (10 * max(tokens, 1))
+    head = keep * 2 // 3
+    tail = keep - head
+    return (
+        f"{summary[:head]}\n[... {len(summary) - keep} characters of the summary so far not "
+        "shown: with them it is longer than half the model's window. Keep what is shown.]\n"
+        f"{summary[len(summary) - tail :] if tail else ''}"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionMemo:
     """A compaction request and what it was made from. Over budget, every step of a long
@@ -144,11 +164,14 @@ def compaction_request(
     previous: CompactionMemo | None = None,
     *,
     images: bool = True,
+    summary_cut: bool = False,
 ) -> tuple[CompactionRequest | None, CompactionMemo | None]:
     """Covers the oldest messages before the current user message (the protected
     working set) that fit `max_tokens` with the instructions and the summary so far;
     with the memo for the next compile (`previous`: the last compile's). `images`: the
-    transcript names the images of the covered messages (projection 6 on)."""
+    transcript names the images of the covered messages (projection 6 on);
+    `summary_cut`: the summary so far takes at most half of `max_tokens` (projection 14
+    on, `_summary_within`)."""
     through = working_set_seq - 1 if working_set_seq is not None else boundary
     model_summary = checkpoint is not None and checkpoint.kind != CheckpointKind.BUILTIN
     start = checkpoint.covers_through_seq + 1 if model_summary and checkpoint else 1
@@ -156,7 +179,10 @@ def compaction_request(
         return None, None
     parts = [INSTRUCTIONS]
     if model_summary and checkpoint is not None:
-        parts.append(f"Summary of the conversation before seq {start}:\n{checkpoint.summary}")
+        summary = checkpoint.summary
+        if summary_cut:
+            summary = _summary_within(summary, max_tokens // 2, counter)
+        parts.append(f"Summary of the conversation before seq {start}:\n{summary}")
     room = max_tokens - sum(counter.count(p) + MESSAGE_OVERHEAD for p in parts) - _LABEL_TOKENS
     if previous is not None and _holds(previous, messages, start, through, room):
         return previous.request, previous

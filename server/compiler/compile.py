@@ -22,6 +22,7 @@ from server.compiler.projection import (
     COMPACTION_IN_PROVIDER_TOKENS,
     HISTORY_IN_PROVIDER_TOKENS,
     PROJECTION,
+    SUMMARY_CUT,
     ImagePolicy,
     Projection,
     as_projected,
@@ -618,6 +619,7 @@ def compile_incremental(
             counter,
             memo.compaction if memo is not None else None,
             images=inputs.projection >= 6,
+            summary_cut=inputs.projection >= SUMMARY_CUT,
         )
     view = CompiledView(
         compile_id=inputs.compile_id,

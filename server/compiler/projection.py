@@ -144,13 +144,18 @@ class ImagePolicy:
 #    (checkpoints.split_block; the loader reads the block back): the call went back
 #    restored from its result alone, with empty arguments and without the thinking block
 #    Claude's extended thinking requires before it.
-PROJECTION = 13
+# 14: a compaction prompt holds at most half its room of the summary so far: its start
+#    and its end with a marker between (compaction._summary_within). A summary larger
+#    than the window made a prompt no model could read, and the history could never be
+#    shortened again.
+PROJECTION = 14
 DEFERRED_ATTACHMENTS = 8
 COMPACTION_IN_PROVIDER_TOKENS = 9
 PROVIDER_IMAGE_TOKENS = 10
 HISTORY_IN_PROVIDER_TOKENS = 11
 MODEL_IMAGE_TOKENS = 12
 CALL_BLOCKS = 13
+SUMMARY_CUT = 14
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

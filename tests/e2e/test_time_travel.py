@@ -970,3 +970,58 @@ def test_a_call_block_a_checkpoint_split_is_rebuilt_as_the_earlier_daemon_showed
         now = compiles.Compile(_asked(req, dry_run=True)).view
         assert now.checkpoint_id == then.checkpoint_id
         assert inputs(now) == {"c1": {"path": "a.py"}, "c2": {"path": "b.py"}}
+
+
+# The daemon of `main` whose compaction prompt held the summary so far whole, however large
+# (projection.PROJECTION 13).
+WHOLE_SUMMARY_DAEMON = "1e16b8f143cf811c7aa3c267efd25350e1a26201"
+
+
+def test_a_summary_over_the_window_is_cut_in_todays_prompt_and_rebuilt_whole(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint's summary larger than the window (8,000 tokens here: written where the
+    window was larger) went whole into the compaction prompt, which then covered one
+    message cut to a few characters and was over the window itself: no model could read
+    it. Today's prompt holds the summary's start and end within half the room and covers
+    whole messages; the compile the earlier daemon recorded is rebuilt as it was."""
+    req = cpb.CompileRequest(
+        session_id="m", route=ROUTE, limits=cpb.ModelLimits(context_window=8_000)
+    )
+    summary = " ".join(f"fact{i}" for i in range(12_000))
+
+    def record(stubs: _Stubs) -> view_pb2.CompiledView:
+        def append(*events: event_pb2.Event) -> int:
+            got = stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="m", events=list(events))
+            )
+            return int(got.last_seq)
+
+        head = append(user("start"), assistant("ok"))
+        stubs.compiles.CreateCheckpoint(
+            cpb.CreateCheckpointRequest(
+                checkpoint=checkpoint_pb2.Checkpoint(
+                    session_id="m", covers_through_seq=head, summary=summary
+                ),
+                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+            )
+        )
+        for i in range(12):
+            append(user(f"question {i} " + "detail " * 60), assistant(f"answer {i} " + "x " * 60))
+        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+        return view
+
+    marker = "characters of the summary so far not shown"
+    with _recorded_then_today(WHOLE_SUMMARY_DAEMON, tmp_path, "m", record) as (then, compiles):
+        assert then.checkpoint_id and then.HasField("compaction")
+        assert summary in then.compaction.prompt and marker not in then.compaction.prompt
+        assert then.compaction.from_seq == then.compaction.through_seq
+        rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=then.compile_id)).view
+        assert _bytes(rebuilt) == _bytes(then)
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        prompt = now.compaction.prompt
+        assert marker in prompt and "fact0 fact1" in prompt and "fact11999" in prompt
+        assert len(prompt) < len(summary) // 2
+        # Whole messages of the range, several of them, none cut.
+        assert now.compaction.through_seq - now.compaction.from_seq >= 3
+        assert "more characters of this message not shown" not in prompt
