@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from server.domain.model import Event
 
@@ -51,3 +51,16 @@ def events_digest(events: Iterable[Event]) -> str:
     for e in events:
         h.update(canonical_bytes((e.seq, e.event_id, e.payload)))
     return h.hexdigest()
+
+
+def events_digests(events: Sequence[Event], ends: Sequence[int]) -> list[str]:
+    """events_digest of `events[:end]` for each of `ends` (ascending), in one pass."""
+    h = hashlib.sha256()
+    out: list[str] = []
+    done = 0
+    for end in ends:
+        for e in events[done:end]:
+            h.update(canonical_bytes((e.seq, e.event_id, e.payload)))
+        done = end
+        out.append(h.copy().hexdigest())
+    return out

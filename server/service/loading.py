@@ -28,7 +28,7 @@ from server.compiler.checkpoints import (
 from server.compiler.projection import CALL_BLOCKS, PROJECTION, artifact_ids
 from server.compiler.projection_memo import ProjectionMemo, active_turn
 from server.compiler.view import FallbackReason
-from server.domain.canonical import events_digest
+from server.domain.canonical import events_digests
 from server.domain.errors import CtxccError, Reason
 from server.domain.grown import Grown
 from server.domain.model import Event, Route, Session, of_deleted
@@ -102,7 +102,10 @@ class HistoryLoader:
                 return self._digests[key]
         return None
 
-    def range_digest(self, session: Session, through: int) -> str | None:
+    def range_digest(self, session: Session, through: int, marks: Sequence[int] = ()) -> str | None:
+        """The digest of the session's events 1..`through` (None: not all there). With
+        `marks`, the digests of the shorter ranges ending at those seqs are kept too,
+        made in the same pass: the digest of 1..n is the hash of 1..m carried on."""
         known = self.cached_range_digest(session, through)
         if known is not None:
             return known
@@ -120,14 +123,29 @@ class HistoryLoader:
             # Not all there yet (a foreign checkpoint's origin behind it): not kept, the
             # log grows and the range may be complete at the next compile.
             return None
-        digest = events_digest(events)
+        shorter = sorted(
+            m
+            for m in set(marks)
+            if 0 < m < through
+            and events[m - 1].seq == m
+            and self.cached_range_digest(session, m) is None
+        )
+        found = events_digests(events, (*shorter, len(events)))
         with self._lock:
-            self._digests[(session.session_id, session.create_time_ns, through)] = digest
-            if len(self._digests) > _DIGEST_CACHE:
+            for at, digest in zip((*shorter, through), found, strict=True):
+                self._digests[(session.session_id, session.create_time_ns, at)] = digest
+                self._digests.move_to_end((session.session_id, session.create_time_ns, at))
+            while len(self._digests) > _DIGEST_CACHE:
                 self._digests.popitem(last=False)
-        return digest
+        return found[-1]
 
-    def _candidate(self, session: Session, ck: Checkpoint, boundary: int) -> CheckpointCandidate:
+    def _candidate(
+        self, session: Session, ck: Checkpoint, boundary: int, marks: Sequence[int] = ()
+    ) -> CheckpointCandidate:
+        """`marks`: the boundaries of the session's older checkpoints, whose digests the
+        pass over this one's range makes too (a compile passing over each of 50
+        checkpoints of another route read and hashed the log from its start 50 times:
+        4.5 s for the first compile after a restart at 10,000 events, 0.15 s on theirs)."""
         if ck.covers_through_seq > boundary:
             return CheckpointCandidate(ck, None)
         owner = session
@@ -136,7 +154,8 @@ class HistoryLoader:
                 owner = self._store.get_session(ck.origin_session_id)
             except CtxccError:
                 return CheckpointCandidate(ck, "")  # origin gone: cannot be verified
-        return CheckpointCandidate(ck, self.range_digest(owner, ck.covers_through_seq))
+            marks = ()  # the others' boundaries are of this session's log
+        return CheckpointCandidate(ck, self.range_digest(owner, ck.covers_through_seq, marks))
 
     def _heads(self, session: Session) -> tuple[Checkpoint | DamagedCheckpoint, ...]:
         """The session's checkpoints, newest first, without their summaries: what a
@@ -204,13 +223,21 @@ class HistoryLoader:
                     raise CtxccError(Reason.RECORD_CORRUPT, "a recorded checkpoint is missing")
         else:
             reasons = []
-            for ck in self._checkpoints(session, boundary, until_ns):
+            listed = self._checkpoints(session, boundary, until_ns)
+            own = [
+                c.covers_through_seq
+                for c in listed
+                if isinstance(c, Checkpoint)
+                and c.covers_through_seq <= boundary
+                and c.origin_session_id in ("", sid)
+            ]
+            for ck in listed:
                 if isinstance(ck, DamagedCheckpoint):
                     # A damaged record is passed over for the next older checkpoint.
                     reasons.append(FallbackReason.PROJECTION_CORRUPT)
                     continue
                 pick, why = choose_checkpoint(
-                    [self._candidate(session, ck, boundary)], sid, route, boundary
+                    [self._candidate(session, ck, boundary, own)], sid, route, boundary
                 )
                 reasons.extend(why)
                 if pick is not None:
