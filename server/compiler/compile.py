@@ -606,6 +606,7 @@ def compile_incremental(
         budget.estimated_input_tokens,
         inputs.budget_config,
         with_margin=inputs.rendering >= renderings.PROVIDER_LIMITS,
+        true_notes=inputs.rendering >= renderings.CAP_NOTES,
     )
     budget = replaced(budget, output_cap=cap, output_cap_source=cap_source)
     compaction = compaction_memo = None

@@ -35,8 +35,13 @@ def output_cap(
     cfg: BudgetConfig,
     *,
     with_margin: bool = True,
+    true_notes: bool = True,
 ) -> tuple[int, OutputCapSource, str]:
-    """(cap, where it came from, a note when it was lowered)."""
+    """(cap, where it came from, a note when it was lowered or cannot fit). `true_notes`
+    (from rendering 13): when even the floor does not fit, the note says so (before, it
+    said the input and the output fit, with an estimate over the window: an image whose
+    header claims 60,000 x 60,000 pixels is counted as such), and a cap at or under the
+    floor is left as it is, not "lowered" to itself."""
     if requested > 0:
         cap, source = requested, OutputCapSource.CALLER
     elif limits.max_output_tokens > 0:
@@ -46,7 +51,29 @@ def output_cap(
     window = limits.context_window
     margin = max(MARGIN_MIN, estimate // MARGIN_DIVISOR) if with_margin else 0
     if window > 0 and estimate + margin + cap > window:
-        fitted = max(min(cap, FLOOR), window - estimate - margin)
+        room = window - estimate - margin
+        fitted = max(min(cap, FLOOR), room)
+        if true_notes and fitted > room:
+            left = f"leaves {max(room, 0)} tokens of the {window}-token window"
+            if fitted == cap:
+                return (
+                    cap,
+                    source,
+                    (
+                        f"output cap {cap} ({source.name.lower()}) kept: the estimated input "
+                        f"({estimate}) {left} after the estimate's margin; the provider's count "
+                        "decides"
+                    ),
+                )
+            return (
+                fitted,
+                OutputCapSource.FITTED_TO_WINDOW,
+                (
+                    f"output cap lowered from {cap} ({source.name.lower()}) to {fitted}, the "
+                    f"least it is lowered to: the estimated input ({estimate}) {left} after the "
+                    "estimate's margin; the provider's count decides"
+                ),
+            )
         note = (
             f"output cap lowered from {cap} ({source.name.lower()}) to {fitted} so the "
             f"estimated input ({estimate}) and the output fit the {window}-token window"

@@ -55,5 +55,9 @@ EMPTY_VIEWS = 11
 # must be a JSON Schema of 'type: \"object\"'") or, given the `type` and `properties`
 # rendering 9 adds, showed the model no argument at all (render_common.schema).
 TOP_LEVEL_REFS = 12
+# The view's note on the output cap says when even its floor does not fit the window
+# (an estimate over the window: it said the input and the output fit), and a cap at or
+# under the floor is kept, not "lowered" to itself (output_cap.output_cap).
+CAP_NOTES = 13
 
-LATEST = TOP_LEVEL_REFS
+LATEST = CAP_NOTES

@@ -98,6 +98,34 @@ def test_the_callers_cap_wins_and_a_cap_is_lowered_only_to_fit_the_window() -> N
     assert unknown.budget.output_cap_source is OutputCapSource.DEFAULT
 
 
+def test_a_cap_that_cannot_fit_is_noted_as_such_from_rendering_13() -> None:
+    """An estimate over the window (a history that long, an image whose header claims
+    60,000 x 60,000 pixels) leaves the cap at its floor, 1,024: the note said the input
+    and the output then fit the window, and a caller's cap of 500 was "lowered from 500
+    to 500" as FITTED_TO_WINDOW. Compiles recorded before rendering 13 keep those notes."""
+    over = user("word " * 30_000)
+    small = ModelLimits(context_window=20_000, max_output_tokens=32_000)
+    v = compiled(over, limits=small)
+    est = v.budget.estimated_input_tokens
+    assert est > 20_000 and caps(v) == [1_024] * 4
+    assert v.budget.output_cap_source is OutputCapSource.FITTED_TO_WINDOW
+    (note,) = [n for n in v.notes if "output cap" in n]
+    assert note == (
+        f"output cap lowered from 32000 (model_max) to 1024, the least it is lowered to: the "
+        f"estimated input ({est}) leaves 0 tokens of the 20000-token window after the "
+        "estimate's margin; the provider's count decides"
+    )
+    kept = compiled(over, limits=small, requested_max_output=500)
+    assert caps(kept) == [500] * 4 and kept.budget.output_cap_source is OutputCapSource.CALLER
+    assert any(
+        n.startswith("output cap 500 (caller) kept: the estimated input") for n in kept.notes
+    )
+    then = compiled(over, limits=small, requested_max_output=500, rendering=12)
+    assert caps(then) == [500] * 4
+    assert then.budget.output_cap_source is OutputCapSource.FITTED_TO_WINDOW
+    assert any("output cap lowered from 500 (caller) to 500 so the" in n for n in then.notes)
+
+
 def test_anthropic_ids_are_valid_unique_stable_and_reversible() -> None:
     log = (
         user("go"),
