@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from server.domain.errors import CtxccError, Reason
 from server.domain.generation import Generation
-from server.domain.model import Route
+from server.domain.model import Route, Session
 from server.domain.records import (
     Checkpoint,
     CompileRecord,
@@ -207,6 +207,10 @@ class CompileRecords(StoreCore):
     ) -> bool:
         """Stores the record, the parts it names that are not stored yet (content-addressed
         by the caller's digest, so unchanged sources cost nothing), and the boundary index.
+        The parts' bytes count against the session's byte quota; a record whose new parts
+        would take the session past it is stored without its basis (and none of them):
+        the compile is not refused, it cannot be rebuilt (COMPILE_NOT_FOUND). So is a
+        record naming a basis that is not stored (a repeat of such a compile).
         Without `wait`, writes nothing and answers False when the session's lock is held
         (an append may hold it through its fsync) or RocksDB would stall the write.
         `route_since`: a generation after which the session's current route was the
@@ -214,27 +218,54 @@ class CompileRecords(StoreCore):
         sid, suffix = split_compile_id(record.compile_id)
         stored, chunks = self._split(sid, record)
         encoded = encode_value(stored)
-        parts = self._unstaged(sid, parts) + chunks
+        # A repeat names none; the record's own basis is looked for only in `_parts`.
+        keys, puts = self._new_parts(sid, self._unstaged(sid, parts), record.basis_digest)
+        added = sum(len(value) for _, value in puts)
         # A compile record lost in a machine crash only turns its usage report into
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
-        # A repeat names none; the record's own basis is looked for only in `_parts`.
-        keys = self._stage_parts(batch, sid, parts, record.basis_digest)
+        chunk_keys = self._stage_parts(batch, sid, chunks)
         record_key, last_key = session_key(sid, suffix), session_key(sid, LAST_COMPILE)
-        batch.put("compiles", record_key, encoded)
-        batch.put("compiles", last_key, encoded)
         batch.put("compiles", session_key(sid, AT_BOUNDARY + be64(record.event_boundary)), suffix)
         batch.no_wait = not wait
         lock = self._lock(sid)
         if not lock.acquire(blocking=wait):
             return False
         try:
+            session = None
             # Every write of the session record holds this lock and moves the generation
             # before it lets go: an unmoved generation is an unchanged current route.
             # A deletion moves the generation too: one that holds also holds the session
             # the compile read.
-            if route_since is None or self.generation(sid, record.route.route_id) != route_since:
-                self._move_route(batch, sid, record.route, record.session_create_time_ns)
+            if (
+                added
+                or route_since is None
+                or self.generation(sid, record.route.route_id) != route_since
+            ):
+                # Deleted during the compile and created again under its id: the compile
+                # answers as one whose session is gone, and this session gets nothing of
+                # it (the parts it names may have gone with the deletion).
+                session = self.session_of_life(sid, record.session_create_time_ns)
+            kept_basis = self._keeps_basis(sid, record, bool(puts), session, added)
+            if kept_basis and session is not None and added:
+                session = dataclasses.replace(session, stored_bytes=session.stored_bytes + added)
+            if not kept_basis and record.basis_digest:
+                record = dataclasses.replace(record, basis_digest="")
+                stored = dataclasses.replace(stored, basis_digest="")
+                encoded = encode_value(stored)
+                keys = chunk_keys
+            else:
+                keys += chunk_keys
+                for key, value in puts:
+                    batch.put("compiles", key, value)
+            batch.put("compiles", record_key, encoded)
+            batch.put("compiles", last_key, encoded)
+            if session is not None:
+                moved = session.current_route != record.route
+                if moved:
+                    session = dataclasses.replace(session, current_route=record.route)
+                if moved or (kept_basis and added):
+                    batch.put("sessions", sid.encode(), encode_value(session))
             self._write(batch, sid)
             self._remember_decoded(
                 "compiles", record_key, record, kept_bytes(encoded, record, stored)
@@ -254,24 +285,69 @@ class CompileRecords(StoreCore):
             lock.release()
         return True
 
+    def _keeps_basis(
+        self, sid: str, record: CompileRecord, puts: bool, session: Session | None, added: int
+    ) -> bool:
+        """Whether `record` is written naming its basis: it has one, stored or among the
+        parts written with it (`puts`), whose `added` bytes fit the session's quota."""
+        if not record.basis_digest:
+            return False
+        why = ""
+        if not puts and not self._basis_stored(sid, record.basis_digest):
+            why = "the basis it names is not stored"
+        elif session is not None and session.stored_bytes + added > self.limits.max_session_bytes:
+            why = (
+                f"its {added} bytes of new basis parts would take the session past "
+                f"--max-session-bytes ({self.limits.max_session_bytes})"
+            )
+        if why:
+            log.warning(
+                "compile %s is recorded without its basis (it cannot be rebuilt): %s",
+                record.compile_id,
+                why,
+            )
+        return not why
+
+    def _basis_stored(self, sid: str, digest: str) -> bool:
+        """Whether the basis part `digest` is stored (known, else read)."""
+        key = session_key(sid, PART + digest.encode())
+        with self._sources_lock:
+            if key in self._parts:
+                return True
+        return self._kv.get("compiles", key) is not None
+
+    def _new_parts(
+        self, sid: str, parts: tuple[tuple[str, object], ...], new: str = ""
+    ) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+        """The keys of `parts`, to be marked known once written (under the session's lock),
+        and the encoded puts of those not known to be stored. The part named `new` is put
+        unless known, without reading the store for it: a compile's basis holds its route
+        state and model, which a report changes at every step, so that read (a miss
+        through every level's filter) nearly always found nothing; a basis that was
+        stored after all is written again as the same bytes under the same name (and
+        counted again against the quota: only after the set of known parts forgot it)."""
+        named: dict[bytes, tuple[str, object]] = {}
+        for digest, value in parts:  # the same content twice is one part
+            named.setdefault(session_key(sid, PART + digest.encode()), (digest, value))
+        keys = list(named)
+        with self._sources_lock:
+            known = {key for key in keys if key in self._parts}
+        puts: list[tuple[bytes, bytes]] = []
+        for key, (digest, value) in named.items():
+            if key in known or (digest != new and self._kv.get("compiles", key) is not None):
+                continue
+            made = value.cut() if isinstance(value, PendingChunk) else value
+            puts.append((key, encode_value(made)))
+        return keys, puts
+
     def _stage_parts(
-        self, batch: Batch, sid: str, parts: tuple[tuple[str, object], ...], new: str = ""
+        self, batch: Batch, sid: str, parts: tuple[tuple[str, object], ...]
     ) -> list[bytes]:
-        """Puts the parts not known to be stored into `batch`; their keys, to be marked
-        known once the batch is written (under the session's lock). The part named `new`
-        is put unless known, without reading the store for it: a compile's basis holds
-        its route state and model, which a report changes at every step, so that read
-        (a miss through every level's filter) nearly always found nothing; a basis that
-        was stored after all is written again as the same bytes under the same name."""
-        keys = [session_key(sid, PART + digest.encode()) for digest, _ in parts]
-        if keys:
-            with self._sources_lock:
-                known = [key in self._parts for key in keys]
-            for key, (digest, value), stored in zip(keys, parts, known, strict=True):
-                if stored or (digest != new and self._kv.get("compiles", key) is not None):
-                    continue
-                made = value.cut() if isinstance(value, PendingChunk) else value
-                batch.put("compiles", key, encode_value(made))
+        """Puts the parts (chunks of a table) not known to be stored into `batch`; their
+        keys, to be marked known once the batch is written (see `_new_parts`)."""
+        keys, puts = self._new_parts(sid, parts)
+        for key, value in puts:
+            batch.put("compiles", key, value)
         return keys
 
     def _split(self, sid: str, value: Tabled) -> tuple[Tabled, tuple[tuple[str, object], ...]]:

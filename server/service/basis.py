@@ -6,7 +6,9 @@ daemon's view-shaping settings, the model catalog, the route's baseline and lear
 model, the previous compile's sections and the clock. Each compile stores what it read,
 as versions named by content digest: the large, rarely changing parts (sources, tools,
 settings) once per session and content, the small per-step rest in a basis part the
-compile record names.
+compile record names. Each text of the sources (an instruction file's, a rule's, a memory
+entry's) is a part of its own, which the sources part names by digest: an edit of one
+file stores that file's text again, not every text the compile read.
 A past view is then rebuilt from the store alone, byte for byte (exact time travel).
 """
 
@@ -15,7 +17,9 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
 import msgspec
 
@@ -34,12 +38,38 @@ from server.service.ports import EventStore
 
 _encoder = msgspec.msgpack.Encoder()
 
+T = TypeVar("T")
+
+# How a basis stores its sources (CompileBasis.source_texts): 0, one SourceInputs part
+# holding every text (bases stored before texts were parts of their own); 1, a
+# SourcesPart naming a TextPart per text.
+SOURCE_TEXTS = 1
+
 
 @dataclass(frozen=True, slots=True)
 class ToolsPart:
     """The session's tool registry as a compile saw it."""
 
     tools: tuple[ToolSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TextPart:
+    """One text of a compile's sources (an instruction file's, a rule's, a memory
+    entry's), stored once per session and content."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SourcesPart:
+    """A compile's sources with their texts taken out (left empty in `sources`), each
+    named by the digest of its TextPart, in the order of its entries."""
+
+    sources: SourceInputs
+    instruction_texts: tuple[str, ...]
+    rule_texts: tuple[str, ...]
+    memory_texts: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +114,9 @@ class CompileBasis:
     # tool_cap.TOOL_CAPPING of the daemon that recorded it; bases stored before it was
     # kept were compiled without a tool cap (0).
     tool_capping: int = 0
+    # SOURCE_TEXTS of the daemon that recorded it: how `sources` is stored (0 for bases
+    # stored before it was kept: one SourceInputs part with every text).
+    source_texts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,21 +145,56 @@ class PartDigests:
     def __init__(self, size: int = 32) -> None:
         self._size = size
         self._lock = threading.Lock()
-        self._known: OrderedDict[int, tuple[object, str]] = OrderedDict()
+        self._known: OrderedDict[tuple[int, str], tuple[object, object]] = OrderedDict()
 
     def of(self, held: object, part: object) -> str:
         """The digest of `part`, a function of `held` alone (the value it wraps)."""
+        return self._kept(held, "digest", lambda: digest_of(part))
+
+    def sources(self, held: SourceInputs) -> tuple[tuple[str, object], ...]:
+        """`sources_parts(held)`, the SourcesPart last."""
+        return self._kept(held, "sources", lambda: sources_parts(held))
+
+    def _kept(self, held: object, kind: str, make: Callable[[], T]) -> T:
+        key = (id(held), kind)
         with self._lock:
-            known = self._known.get(id(held))
+            known = self._known.get(key)
         if known is not None and known[0] is held:
-            return known[1]
+            return cast(T, known[1])
+        made = make()
+        if self._size:
+            with self._lock:
+                self._known[key] = (held, made)
+                self._known.move_to_end(key)
+                while len(self._known) > self._size:
+                    self._known.popitem(last=False)
+        return made
+
+
+def sources_parts(sources: SourceInputs) -> tuple[tuple[str, object], ...]:
+    """The parts `sources` is stored as: a TextPart per distinct text, then the
+    SourcesPart naming them."""
+    texts: dict[str, tuple[str, object]] = {}
+
+    def named(text: str) -> str:
+        part = TextPart(text)
         digest = digest_of(part)
-        with self._lock:
-            self._known[id(held)] = (held, digest)
-            self._known.move_to_end(id(held))
-            while len(self._known) > self._size:
-                self._known.popitem(last=False)
+        texts.setdefault(digest, (digest, part))
         return digest
+
+    emptied = replace(
+        sources,
+        instruction_files=tuple(replace(f, text="") for f in sources.instruction_files),
+        rules=tuple(replace(r, text="") for r in sources.rules),
+        memory=tuple(replace(m, text="") for m in sources.memory),
+    )
+    part = SourcesPart(
+        emptied,
+        tuple(named(f.text) for f in sources.instruction_files),
+        tuple(named(r.text) for r in sources.rules),
+        tuple(named(m.text) for m in sources.memory),
+    )
+    return (*texts.values(), (digest_of(part), part))
 
 
 def basis_of(
@@ -141,17 +209,19 @@ def basis_of(
     basis (it is the baseline view's, thousands of entries in a long session);
     `digests` remembers the digests of the sources, tools and settings parts."""
     tools = ToolsPart(inputs.tools)
-    held = ((inputs.sources, inputs.sources), (inputs.tools, tools), (settings, settings))
     known = digests or PartDigests(0)
-    parts: list[tuple[str, object]] = [(known.of(h, p), p) for h, p in held]
+    parts: list[tuple[str, object]] = list(known.sources(inputs.sources))
+    sources_digest = parts[-1][0]
+    parts += [(known.of(h, p), p) for h, p in ((inputs.tools, tools), (settings, settings))]
+    tools_digest, settings_digest = parts[-2][0], parts[-1][0]
     route_state, chunks = (
         stored(inputs.route_state, splitter) if inputs.route_state is not None else (None, ())
     )
     parts += chunks
     basis = CompileBasis(
-        sources=parts[0][0],
-        tools=parts[1][0],
-        settings=parts[2][0],
+        sources=sources_digest,
+        tools=tools_digest,
+        settings=settings_digest,
         route=inputs.route,
         model=model,
         limits=inputs.limits,
@@ -169,6 +239,7 @@ def basis_of(
         projection=inputs.projection,
         rendering=inputs.rendering,
         tool_capping=inputs.tool_capping,
+        source_texts=SOURCE_TEXTS,
     )
     digest = digest_of(basis)
     parts.append((digest, basis))
@@ -179,7 +250,7 @@ def recall(store: EventStore, session_id: str, digest: str) -> Recalled:
     """Blocking: a stored basis and its parts; RECORD_CORRUPT when any is missing."""
     basis = store.get_compile_part(session_id, digest, CompileBasis)
     if basis is not None:
-        sources = store.get_compile_part(session_id, basis.sources, SourceInputs)
+        sources = _recalled_sources(store, session_id, basis)
         tools = store.get_compile_part(session_id, basis.tools, ToolsPart)
         settings = store.get_compile_part(session_id, basis.settings, SettingsPart)
         if sources is not None and tools is not None and settings is not None:
@@ -192,6 +263,41 @@ def recall(store: EventStore, session_id: str, digest: str) -> Recalled:
                 basis = replace(basis, route_state=whole(rs, chunk, _incomplete))
             return Recalled(basis, sources, tools.tools, settings)
     raise _incomplete()
+
+
+def _recalled_sources(
+    store: EventStore, session_id: str, basis: CompileBasis
+) -> SourceInputs | None:
+    """The sources a stored basis names, in the way its daemon stored them; None when a
+    part is missing."""
+    if basis.source_texts == 0:
+        return store.get_compile_part(session_id, basis.sources, SourceInputs)
+    part = store.get_compile_part(session_id, basis.sources, SourcesPart)
+    if part is None:
+        return None
+    read: dict[str, str] = {}
+    for name in (*part.instruction_texts, *part.rule_texts, *part.memory_texts):
+        if name not in read:
+            text = store.get_compile_part(session_id, name, TextPart)
+            if text is None:
+                return None
+            read[name] = text.text
+    s = part.sources
+    if not (
+        len(part.instruction_texts) == len(s.instruction_files)
+        and len(part.rule_texts) == len(s.rules)
+        and len(part.memory_texts) == len(s.memory)
+    ):
+        raise _incomplete()
+    files = zip(s.instruction_files, part.instruction_texts, strict=True)
+    rules = zip(s.rules, part.rule_texts, strict=True)
+    memory = zip(s.memory, part.memory_texts, strict=True)
+    return replace(
+        s,
+        instruction_files=tuple(replace(f, text=read[n]) for f, n in files),
+        rules=tuple(replace(r, text=read[n]) for r, n in rules),
+        memory=tuple(replace(m, text=read[n]) for m, n in memory),
+    )
 
 
 def _incomplete() -> CtxccError:
