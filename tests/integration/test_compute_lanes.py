@@ -985,17 +985,17 @@ async def test_over_budget_steps_digest_their_range_once_off_the_light_lane(
     made = Projections(monkeypatch)
     hashed: list[str] = []
     recorded: list[str] = []
-    digest_of, put = canonical.events_digest, compile_records.put_record
+    digest_of, put = canonical.events_digests, compile_records.put_record
 
-    def digesting(events: Any) -> str:
+    def digesting(events: Any, ends: Any) -> list[str]:
         hashed.append(_lane())
-        return digest_of(events)
+        return digest_of(events, ends)
 
     def putting(*args: Any) -> bool:
         recorded.append(_lane())
         return put(*args)
 
-    monkeypatch.setattr(loading, "events_digest", digesting)
+    monkeypatch.setattr(loading, "events_digests", digesting)
     monkeypatch.setattr(compiling, "put_record", putting)
     d, api, _ = await _started(make_config(short_tmp))
     try:
