@@ -343,12 +343,14 @@ class WorkspaceReader:
             if got is None:
                 continue
             fields, body = parse_front_matter(got[0])
-            activation = _ACTIVATIONS.get(str(fields.get("activation", "always")).lower())
+            given = fields.get("activation", "always")
+            activation = _ACTIVATIONS.get(str(given).lower())
             globs = fields.get("globs", ())
             if activation is None:
                 shown = self._shown(path, root)
                 run.notes.append(
-                    f"skipped {shown}: activation must be always, on_demand or matched"
+                    f"skipped {shown}: activation must be always, on_demand or matched, "
+                    f"not {str(given)[:64]!r}"
                 )
                 continue
             out.append(

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from ctxcc_client import AsyncClient, Client, CompileStream, CtxccError, retry, user
 
-from ctxcc.v1 import common_pb2
+from ctxcc.v1 import common_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
@@ -414,3 +414,24 @@ async def test_a_view_that_arrives_damaged_is_a_ctxcc_error_and_keeps_the_reques
     assert first.request_id and first.request_id == second.request_id
     assert first.usage.compile_id == "s:c0" and first.usage.input_tokens == 10
     assert second.usage == first.usage
+
+
+async def test_compile_takes_a_model_or_a_route_and_says_which(short_tmp: Path) -> None:
+    """`compile(sid, route=..., render_formats=[...])` as the README shows it; a Route
+    given where the model name goes failed deep in the request's build ("bad argument
+    type for built-in operation"): a TypeError that names the signature now, sent nothing."""
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    try:
+        async with AsyncClient(f"unix:{d.endpoints.unix}") as ctx:
+            session = await ctx.create_session()
+            await ctx.append(session.session_id, [user("hi")])
+            view = await ctx.compile(
+                session.session_id, route=ROUTE, render_formats=[view_pb2.RENDER_FORMAT_OPENAI_CHAT]
+            )
+            assert len(view.renderings) == 1 and view.event_boundary == 1
+            with pytest.raises(TypeError, match="pass a Route as route="):
+                await ctx.compile(session.session_id, ROUTE)  # type: ignore[arg-type]
+            assert (await ctx.get_session(session.session_id)).head_seq == 1
+    finally:
+        await d.stop()

@@ -17,6 +17,7 @@ from server.adapters.workspace import (
     WorkspaceReader,
 )
 from server.domain.errors import CtxccError, Reason
+from server.domain.frontmatter import parse_front_matter
 from server.domain.sources import RuleActivation, Scope
 from server.domain.validation import check_session_paths
 
@@ -193,8 +194,9 @@ def test_notes_of_a_read_are_bounded_and_the_rest_counted(tree: Path) -> None:
     assert len(got.notes) == MAX_NOTES
     # In the order of the names read: the 20 bad ones, then the links out.
     kept = got.notes[:-1]
-    assert (
-        kept[0] == "skipped .ctxcc/rules/bad-00.md: activation must be always, on_demand or matched"
+    assert kept[0] == (
+        "skipped .ctxcc/rules/bad-00.md: activation must be always, on_demand or matched, "
+        "not 'sometimes'"
     )
     assert [n.split(" ")[0] for n in kept] == ["skipped"] * 20 + ["refused"] * (MAX_NOTES - 21)
     assert kept[20] == "refused .ctxcc/rules/out-000.md: it resolves outside its root"
@@ -237,3 +239,37 @@ def test_a_huge_rules_directory_is_listed_in_bounded_memory(tree: Path) -> None:
     assert f"skipped {many + 1 - MAX_DIR_FILES} more entries of .ctxcc/rules" in "\n".join(
         got.notes
     ), got.notes
+
+
+def test_the_readmes_rule_file_is_read_as_written(tree: Path) -> None:
+    """The README's example rule file, copied as it is shown: its `# always | on_demand
+    | matched` comment was read as part of the activation, and the rule was skipped."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme.split("Rule files are Markdown with front matter", 1)[1]
+    example = section.split("```markdown\n", 1)[1].split("```", 1)[0]
+    assert "# always | on_demand | matched" in example  # the comment this test is about
+    p = tree / "work" / "proj"
+    (p / ".ctxcc" / "rules" / "tests.md").write_text(example)
+    got = reader(tree).read(str(p), str(p))
+    (rule,) = [r for r in got.rules if r.rule_id == "tests"]
+    assert rule.activation is RuleActivation.MATCHED
+    assert rule.path_globs == ("tests/**/*.py",) and rule.description == "How we test"
+    assert rule.text == "Tests use pytest and never touch the network."
+    assert not [n for n in got.notes if "tests.md" in n], got.notes
+
+
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        ("d: Don't #mock", "Don't"),
+        ("u: a#b", "a#b"),
+        ('q: "a # b"  # c', "a # b"),
+        ("e: # nothing", ""),
+        ("l: ['x # y', z]  # c", ("x # y", "z")),
+    ],
+)
+def test_front_matter_comments_are_dropped_as_yaml_drops_them(
+    line: str, value: str | tuple[str, ...]
+) -> None:
+    fields, body = parse_front_matter(f"---\n{line}\n---\nbody")
+    assert list(fields.values()) == [value] and body == "body"

@@ -119,6 +119,16 @@ class AsyncClient:
         route: common_pb2.Route | None = None,
         **fields: Any,
     ) -> view_pb2.CompiledView:
+        """A unary Compile of the session at its head: `model` alone, or a whole `route=`;
+        `fields` are CompileRequest's other fields (`render_formats=[...]`, `dry_run=True`,
+        `as_of_seq=n`, ...)."""
+        if not isinstance(model, str):
+            # A Route passed where the model name goes failed deep in the request's build
+            # ("bad argument type for built-in operation").
+            raise TypeError(
+                f"compile(session_id, model='', *, route=None, **fields): model is a model "
+                f"name, not {type(model).__name__}; pass a Route as route="
+            )
         req = build.compile_request(session_id, model, route, fields)
         return (await self.compiles.Compile(req)).view
 
