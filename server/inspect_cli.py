@@ -328,7 +328,7 @@ def add_parsers(sub: Any) -> None:
         "--at-seq",
         type=whole(0, UINT64_MAX),
         default=0,
-        help="the compile recorded at this seq (default: the latest)",
+        help="the compile recorded at this seq (default, or 0: the latest)",
     )
     p.add_argument(
         "--model",
@@ -336,7 +336,10 @@ def add_parsers(sub: Any) -> None:
         help="dry-run compile for this route model instead of the recorded view",
     )
     p.add_argument(
-        "--top", type=whole(0, UINT32_MAX), default=3, help="biggest items shown per layer"
+        "--top",
+        type=whole(0, UINT32_MAX),
+        default=3,
+        help="biggest items shown per layer (default 3)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
@@ -346,7 +349,10 @@ def add_parsers(sub: Any) -> None:
     )
     s = sub.add_parser("sessions", help="list sessions with their pressure")
     s.add_argument(
-        "--limit", type=whole(1, UINT32_MAX), default=50, help="sessions to list (at most)"
+        "--limit",
+        type=whole(1, UINT32_MAX),
+        default=50,
+        help="sessions to list (at most; default 50)",
     )
     s.add_argument("--model", default="", help="model for sessions without a current route")
     s.add_argument("--json", action="store_true", help="machine-readable output")

@@ -383,7 +383,8 @@ def add_parser(sub: Any) -> None:
         "--target",
         default=None,
         help="gRPC target of a running daemon, e.g. unix:/path/ctxcc.sock or "
-        "127.0.0.1:50551 (default: an in-process daemon on a temp dir)",
+        "127.0.0.1:50551 (default: an in-process daemon on a temp dir; CTXCC_TARGET is not "
+        "read: a replay writes sessions, so it goes to a daemon only when named here)",
     )
     p.add_argument("--rows", type=Path, default=None, help="write one JSON line per request here")
     cli_channel.add_token_flag(p)
