@@ -52,6 +52,14 @@ OTHER_ROUTE = common_pb2.Route(
 WORDS = st.sampled_from(["alpha", "deploy", "src/app.py", "lint", "tests/x_test.py", "é", "日本"])
 TEXT = st.lists(WORDS, min_size=1, max_size=4).map(" ".join)
 SCOPES = st.sampled_from(["session", "project"])
+# Every compile of the property asks for the provider bodies too: a rebuild promises
+# them byte for byte as well as the view.
+FORMATS = [
+    view_pb2.RENDER_FORMAT_OPENAI_CHAT,
+    view_pb2.RENDER_FORMAT_OPENAI_RESPONSES,
+    view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES,
+    view_pb2.RENDER_FORMAT_GEMINI,
+]
 
 ACTIONS = st.one_of(
     st.tuples(st.just("user"), TEXT),
@@ -275,12 +283,13 @@ class History:
             )
         elif kind == "compile" and self.head:
             route = OTHER_ROUTE if args[0] else ROUTE
-            view = a.compiles.Compile(cpb.CompileRequest(session_id=self.sid, route=route)).view
+            req = cpb.CompileRequest(session_id=self.sid, route=route, render_formats=FORMATS)
+            view = a.compiles.Compile(req).view
             self.compiled.append((route, _bytes(view)))
 
 
 def _rebuilt(api: Api, compile_id: str) -> bytes:
-    req = cpb.CompileRequest(rebuild_compile_id=compile_id)
+    req = cpb.CompileRequest(rebuild_compile_id=compile_id, render_formats=FORMATS)
     return _bytes(api.compiles.Compile(req).view)
 
 
@@ -303,7 +312,9 @@ def test_every_past_view_is_rebuilt_byte_for_byte(api: Api, actions: list[Any]) 
         latest_at[view.event_boundary] = (route, original)
     for boundary, (route, original) in latest_at.items():
         again = api.compiles.Compile(
-            cpb.CompileRequest(session_id=history.sid, route=route, as_of_seq=boundary)
+            cpb.CompileRequest(
+                session_id=history.sid, route=route, as_of_seq=boundary, render_formats=FORMATS
+            )
         ).view
         expected = view_pb2.CompiledView.FromString(original)
         assert again.compile_id != expected.compile_id
