@@ -419,6 +419,174 @@ def test_a_rebuild_survives_a_restart_with_other_settings(tmp_path: Path) -> Non
         shutil.rmtree(base, ignore_errors=True)
 
 
+def _workspace(root: Path, home: Path, tag: str) -> None:
+    """Instruction files, rules, skills and memory files of a project and of the
+    user-global directory, each naming `tag`."""
+    for d in (root / "sub", root / ".ctxcc/rules", root / ".ctxcc/skills/a", home / "rules"):
+        d.mkdir(parents=True, exist_ok=True)
+    (root / "AGENTS.md").write_text(f"Project conventions {tag}. " * 40)
+    (root / "sub/AGENTS.md").write_text(f"Sub-directory notes {tag}.")
+    rule = "---\nname: {0}\ndescription: {0} {1}\nactivation: {2}\n---\nRule {0} {1}. "
+    (root / ".ctxcc/rules/a.md").write_text(rule.format("always", tag, "always") * 20)
+    (root / ".ctxcc/rules/o.md").write_text(rule.format("lookup", tag, "on_demand"))
+    (root / ".ctxcc/skills/a/SKILL.md").write_text(f"---\nname: a\ndescription: skill {tag}\n---\n")
+    (root / ".ctxcc/MEMORY.md").write_text(f"Project memory {tag}. " * 30)
+    (home / "AGENTS.md").write_text(f"Global conventions {tag}.")
+    (home / "rules/g.md").write_text(rule.format("global", tag, "always"))
+
+
+def test_views_and_bodies_survive_workspace_edits_and_every_compile_setting_changed(
+    tmp_path: Path,
+) -> None:
+    """Compiles on five routes with their four provider bodies, then the workspace
+    rewritten (files edited, deleted, one replaced by a link out of its root, the global
+    directory gone), the tools replaced, a checkpoint, a usage report and a thousand
+    events: each compile is rebuilt byte for byte by the same daemon, and by one
+    restarted with every setting that shapes a view changed."""
+    base = Path("/tmp") / f"ctxcc-tt-ws-{os.getpid()}"
+    work, home = base / "work", base / "home"
+    root = work / "p"
+    _workspace(root, home, "one")
+    catalog = base / "catalog.json"
+    catalog.write_text('{"models": {"gpt-4o": {"context_window": 20000, "tokenizer": "o200k"}}}')
+    first = (
+        *("--workspace-roots", str(work), "--global-dir", str(home), "--time-granularity", "1"),
+        *("--instruction-file-cap", "400", "--skills-cap", "300", "--rules-cap", "500"),
+        *("--rule-index-cap", "200", "--memory-cap", "300", "--model-catalog", str(catalog)),
+        *("--first-reserve-fraction", "0.3", "--reserve-max", "3000", "--reserve-min", "200"),
+        *("--unknown-window-watermark", "5000", "--unknown-window-reserve", "1000"),
+        *("--compile-memo-bytes", "4096", "--preload-tokenizers", "all"),
+    )
+    second = (
+        *("--workspace-roots", str(base / "elsewhere"), "--instruction-files", "CLAUDE.md"),
+        *("--instruction-file-cap", "100", "--skills-cap", "100", "--rules-cap", "100"),
+        *("--rule-index-cap", "100", "--memory-cap", "100", "--reserve-max", "1100"),
+        *("--unknown-window-reserve", "10", "--compile-memo-bytes", "0"),
+        *("--preload-tokenizers", "none"),
+    )
+    routes = [
+        ROUTE,
+        OTHER_ROUTE,
+        common_pb2.Route(connection="r", protocol="openai-responses", endpoint="e", model="gpt-5"),
+        common_pb2.Route(connection="g", protocol="gemini", endpoint="e", model="gemini-3-pro"),
+        common_pb2.Route(connection="u", protocol="openai-chat", endpoint="e", model="house-x"),
+    ]
+    recorded: list[tuple[cpb.CompileRequest, bytes]] = []
+
+    def rebuilt_as_recorded(compiles: Any) -> None:
+        for req, original in recorded:
+            view = view_pb2.CompiledView.FromString(original)
+            again = cpb.CompileRequest(
+                rebuild_compile_id=view.compile_id,
+                image_mode=req.image_mode,
+                render_formats=req.render_formats,
+            )
+            assert _bytes(compiles.Compile(again).view) == original, view.route.model
+        req, original = recorded[-1]
+        at = view_pb2.CompiledView.FromString(original)
+        past = cpb.CompileRequest()
+        past.CopyFrom(req)
+        past.as_of_seq = at.event_boundary
+        view = compiles.Compile(past).view
+        view.compile_id = at.compile_id
+        assert _bytes(view) == original
+
+    d = DaemonProcess(base / "data", *first).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "w", create=False)
+            session = session_pb2.Session(
+                session_id="w", project_root=str(root), working_directory=str(root / "sub")
+            )
+            stubs.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+            tools = tool_service_pb2_grpc.ToolServiceStub(ch)
+            tools.RegisterTools(
+                tpb.RegisterToolsRequest(
+                    session_id="w",
+                    tools=[
+                        tool_pb2.ToolDefinition(
+                            name=name,
+                            description=f"{name} things",
+                            input_schema_json='{"type": "object"}',
+                            visibility=visibility,
+                        )
+                        for name, visibility in (
+                            ("shell", tool_pb2.TOOL_VISIBILITY_DIRECT),
+                            ("deploy", tool_pb2.TOOL_VISIBILITY_DEFERRED),
+                        )
+                    ],
+                )
+            )
+            art = stubs.artifacts.UploadArtifact(iter(png_upload("w", png_bytes(32, 32)))).artifact
+            look = user("look at src/app.py")
+            look.user_message.parts.add().attachment.CopyFrom(art)
+            thinking = assistant("", ("c1", "shell", '{"cmd": "ls"}'))
+            # Claude's thinking state, logged on the view's route_id, goes into its body.
+            opener = cpb.CompileRequest(session_id="w", route=ROUTE, dry_run=True)
+            route_id = stubs.compiles.Compile(opener).view.route_id
+            thinking.assistant_message.native_state.route_id = route_id
+            thinking.assistant_message.native_state.kind = "anthropic.thinking"
+            thinking.assistant_message.native_state.data = (
+                b'[{"type": "thinking", "thinking": "hm", "signature": "c2ln"}]'
+            )
+            events = [user("hello"), look, thinking, tool_result("c1", "src/app.py")]
+            for event in events:
+                stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id="w", events=[event]))
+                for route in routes:
+                    for image_mode in (cpb.IMAGE_MODE_REFERENCE, cpb.IMAGE_MODE_INLINE):
+                        req = cpb.CompileRequest(
+                            session_id="w",
+                            route=route,
+                            image_mode=image_mode,
+                            render_formats=FORMATS,
+                        )
+                        req.limits.context_window = 3000 if route is OTHER_ROUTE else 0
+                        recorded.append((req, _bytes(stubs.compiles.Compile(req).view)))
+            first_view = view_pb2.CompiledView.FromString(recorded[0][1])
+            assert "Project conventions one" in first_view.system_prompt
+            assert "Global conventions one" in first_view.system_prompt
+            claude = view_pb2.CompiledView.FromString(recorded[-len(routes) * 2][1])
+            assert '"signature":"c2ln"' in claude.renderings[2].body_json
+            rebuilt_as_recorded(stubs.compiles)
+            # Everything a compile read changes or goes.
+            _workspace(root, home, "two")
+            (root / "sub/AGENTS.md").unlink()
+            (root / "AGENTS.md").unlink()
+            (root / "AGENTS.md").symlink_to(base / "outside.md")
+            (base / "outside.md").write_text("Outside the root.")
+            shutil.rmtree(home)
+            tools.RegisterTools(tpb.RegisterToolsRequest(session_id="w", replace_all=True))
+            last = view_pb2.CompiledView.FromString(recorded[-1][1])
+            stubs.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=last.compile_id,
+                    route=last.route,
+                    input_tokens=5000,
+                    output_tokens=700,
+                )
+            )
+            stubs.compiles.CreateCheckpoint(
+                cpb.CreateCheckpointRequest(
+                    checkpoint=checkpoint_pb2.Checkpoint(
+                        session_id="w", covers_through_seq=3, summary="s", portable=True
+                    )
+                )
+            )
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="w", events=[user(f"{i}") for i in range(1000)])
+            )
+            rebuilt_as_recorded(stubs.compiles)
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data", *second).start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            rebuilt_as_recorded(compile_service_pb2_grpc.CompileServiceStub(ch))
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _rebuilt_as_recorded(compiles: Any, view: view_pb2.CompiledView) -> None:
     """Today's daemon rebuilds `view`, recorded by an earlier one, byte for byte."""
     rebuilt = compiles.Compile(cpb.CompileRequest(rebuild_compile_id=view.compile_id))
