@@ -21,6 +21,7 @@ from server.compiler.path_memo import TurnPaths, path_union
 from server.compiler.projection import (
     COMPACTION_IN_PROVIDER_TOKENS,
     HISTORY_IN_PROVIDER_TOKENS,
+    PLAUSIBLE_DELTAS,
     PROJECTION,
     SUMMARY_CUT,
     ImagePolicy,
@@ -572,7 +573,13 @@ def compile_incremental(
     bounds = BOUNDS[inputs.counter_kind]
     model = inputs.route_model
     value, method, basis = estimate(
-        layers, projection.messages, inputs.route_state, model, bounds, known=run.table
+        layers,
+        projection.messages,
+        inputs.route_state,
+        model,
+        bounds,
+        known=run.table,
+        plausible_only=inputs.projection >= PLAUSIBLE_DELTAS,
     )
     pressure = max(layers, key=lambda row: (row.tokens, -int(row.layer))).layer
     last_output = inputs.route_state.last_output_tokens if inputs.route_state else None

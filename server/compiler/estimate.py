@@ -92,9 +92,18 @@ def estimate(
     bounds: RatioBounds,
     digests: Sequence[bytes] | None = None,
     known: MessageTable | None = None,
+    *,
+    plausible_only: bool = False,
 ) -> tuple[int, EstimateMethod, EstimateBasis]:
     """`digests` are the messages' fingerprints when the caller already has them, `known`
-    their table (with the messages' tokens: what an incremental compile carries over)."""
+    their table (with the messages' tokens: what an incremental compile carries over).
+    `plausible_only` (projection 15 on): a baseline plus its change that no provider can
+    count for this view (under half the lowest ratio times the local count, as a usage
+    report is judged) is no estimate: the full one is made instead, and the local count
+    when the route model's is no more plausible. A baseline the
+    provider counted low (a report at 60 % of the local count, which is plausible), then a
+    checkpoint that took most of the history out, gave 0 for a view of 316 local tokens
+    until the next report."""
     ledger = sum(row.tokens for row in layers)
     history = {Layer.HISTORY, Layer.WORKING_SET}
     fixed = sum(row.tokens for row in layers if row.layer not in history)
@@ -122,6 +131,9 @@ def estimate(
     if rs is not None and added is not None:
         raw = added - removed + fixed - rs.fixed_tokens
         value = predict_delta(route_model, rs.baseline_input_tokens, raw, count_change, bounds)
+        if plausible_only and 2 * value < bounds.low * ledger:
+            added = None
+    if rs is not None and added is not None:
         basis = EstimateBasis(
             len(messages),
             full,
@@ -137,5 +149,9 @@ def estimate(
         return value, EstimateMethod.BASELINE_DELTA, basis
     basis = EstimateBasis(len(messages), full, fixed, ledger, None, 0, table, tokens)
     if learned(route_model):
-        return predict_full(route_model, ledger, bounds), EstimateMethod.ROUTE_MODEL, basis
+        value = predict_full(route_model, ledger, bounds)
+        # The route's overhead, learned from such a low report, is as far below: the
+        # local count is the estimate then (R-EST-2's conservatism).
+        if not (plausible_only and 2 * value < bounds.low * ledger):
+            return value, EstimateMethod.ROUTE_MODEL, basis
     return ledger, EstimateMethod.FULL, basis

@@ -148,7 +148,12 @@ class ImagePolicy:
 #    and its end with a marker between (compaction._summary_within). A summary larger
 #    than the window made a prompt no model could read, and the history could never be
 #    shortened again.
-PROJECTION = 14
+# 15: an estimate from the session's baseline that no provider can count for the view
+#    (under half the lowest ratio times its local count) gives way to a full estimate,
+#    and one of the route model that is no more plausible to the local count
+#    (estimate.estimate): a baseline counted low, then a checkpoint that took most of the
+#    history out, estimated a view of 316 local tokens at 0.
+PROJECTION = 15
 DEFERRED_ATTACHMENTS = 8
 COMPACTION_IN_PROVIDER_TOKENS = 9
 PROVIDER_IMAGE_TOKENS = 10
@@ -156,6 +161,7 @@ HISTORY_IN_PROVIDER_TOKENS = 11
 MODEL_IMAGE_TOKENS = 12
 CALL_BLOCKS = 13
 SUMMARY_CUT = 14
+PLAUSIBLE_DELTAS = 15
 
 # Anthropic refuses an image whose base64 is over 5 MiB, in a message or a tool result:
 # "messages.2.content.0.image.source.base64: image exceeds 5 MB maximum: 8259148 bytes >

@@ -83,6 +83,37 @@ async def test_a_checkpoint_keeps_what_the_provider_measured(api: Stubs) -> None
     _adds_up(after)
 
 
+async def test_a_baseline_counted_low_never_estimates_a_view_below_what_a_provider_counts(
+    api: Stubs,
+) -> None:
+    """A report at 60 % of the local count is plausible (a provider may count less), and
+    is the baseline. A checkpoint then takes most of the history out: the baseline minus
+    what left at the local count's ratio went below zero, and the view of a few hundred
+    tokens was estimated at 0 until the next report. From projection 15 such an estimate
+    gives way to a full one: at least what a provider can count for the view."""
+    gpt = common_pb2.Route(
+        connection="default", protocol="openai-chat", endpoint="api", model="gpt-4o"
+    )
+    events = [user(f"message {i} " + "lorem ipsum dolor " * 60) for i in range(40)]
+    await _session(api, "low", *events)
+    first = await _compile(api, "low", gpt)
+    await _report(api, first, int(first.budget.ledger_tokens * 0.6))
+    await api.compiles.CreateCheckpoint(
+        cpb.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id="low", covers_through_seq=39, summary="short summary", portable=True
+            )
+        )
+    )
+    after = await _compile(api, "low", gpt)
+    assert after.checkpoint_id and len(after.messages) == 2
+    ledger = after.budget.ledger_tokens
+    assert 100 < ledger < 1_000
+    assert after.budget.estimate_method != view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert after.budget.estimated_input_tokens >= ledger // 2
+    _adds_up(after)
+
+
 async def test_a_new_session_starts_from_what_the_route_learned(api: Stubs) -> None:
     await _session(api, "la", user("first session: " + PROSE))
     first = await _compile(api, "la")
