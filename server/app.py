@@ -58,7 +58,7 @@ from server.service.retention import RetentionSweep
 from server.service.sessions import SessionUseCases
 from server.service.sources import SourceUseCases
 from server.service.tools import ToolLimits, ToolUseCases
-from server.service.watch import WatchHub
+from server.service.watch import WatchBytes, WatchHub
 from server.startup import (
     SERVICE_NAMES,
     add_port,
@@ -76,6 +76,7 @@ from server.startup import (
 from server.transport.artifact_servicer import ArtifactServicer
 from server.transport.compile_servicer import CompileServicer
 from server.transport.drain import Drain
+from server.transport.held import HeldBytes
 from server.transport.interceptor import BoundaryInterceptor, error_codes
 from server.transport.session_servicer import SessionServicer
 from server.transport.source_servicer import SourceServicer
@@ -168,6 +169,12 @@ class Daemon:
         self.telemetry.watch_requests(lambda: boundary.requests.held)
         return boundary
 
+    def _watch_bytes(self) -> WatchBytes:
+        """The bytes the watches hold in flight, together (their pages, unsent messages)."""
+        watching = HeldBytes(self.cfg.max_watch_bytes_in_memory, "watches", "watch")
+        self.telemetry.watch_watch_bytes(lambda: watching.held)
+        return WatchBytes(watching)
+
     async def start(self) -> Endpoints:
         cfg = self.cfg
         kernel = kernel_text(cfg)
@@ -196,7 +203,15 @@ class Daemon:
         )
         clock, ids = SystemClock(), RandomIds()
         sessions = SessionUseCases(
-            store, self._blocking, self.hub, clock, ids, limits, self.telemetry, self._pending
+            store,
+            self._blocking,
+            self.hub,
+            clock,
+            ids,
+            limits,
+            self.telemetry,
+            self._pending,
+            self._watch_bytes(),
         )
         checkpoints = CheckpointUseCases(store, self._blocking, self.hub, clock, ids, self._pending)
         workspace = WorkspaceReader(

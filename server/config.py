@@ -113,6 +113,7 @@ class Config:
     max_artifact_bytes: int
     max_message_bytes: int
     max_request_bytes_in_memory: int
+    max_watch_bytes_in_memory: int
     max_calls_in_progress: int
     disk_reserve_bytes: int
     stream_chunk_bytes: int
@@ -327,6 +328,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         max_artifact_bytes=int_setting(raw, "max_artifact_bytes", minimum=1),
         max_message_bytes=message_bytes(raw),
         max_request_bytes_in_memory=int_setting(raw, "max_request_bytes_in_memory", minimum=0),
+        max_watch_bytes_in_memory=int_setting(raw, "max_watch_bytes_in_memory", minimum=0),
         max_calls_in_progress=int_setting(raw, "max_calls_in_progress", minimum=0),
         disk_reserve_bytes=int_setting(raw, "disk_reserve_bytes"),
         stream_chunk_bytes=int_setting(raw, "stream_chunk_bytes", minimum=1024),

@@ -116,6 +116,14 @@ SETTINGS: tuple[Setting, ...] = (
         kind="int",
     ),
     Setting(
+        "max_watch_bytes_in_memory",
+        str(64 << 20),
+        "bytes that WatchSession calls may hold in flight together (backlog pages read and "
+        "messages gRPC has not yet sent to a client that stopped reading); past it a watch "
+        "waits before reading its next page; one alone always reads; 0 = no limit",
+        kind="int",
+    ),
+    Setting(
         "disk_reserve_bytes",
         str(64 << 20),
         "space held back beside RocksDB so it can always recover from a full disk; writes "

@@ -165,7 +165,7 @@ class EventRecords(StoreCore):
             if not kinds or event.kind in kinds:
                 out.append(event)
         self._check_incarnation(session_id, session_created_ns)
-        return EventPage(tuple(out), more)
+        return EventPage(tuple(out), more, read)
 
     def _check_incarnation(self, session_id: str, created_ns: int) -> None:
         """Refuses a read made for the session created at `created_ns` (when given) that a

@@ -276,6 +276,7 @@ var transientQuotas = map[string]bool{
 	"calls_in_progress":        true,
 	"upload_bytes_in_memory":   true,
 	"download_bytes_in_memory": true,
+	"watch_bytes_in_memory":    true,
 }
 
 // transientQuota: ResourceExhausted/QUOTA_EXCEEDED under one of transientQuotas, as a

@@ -32,7 +32,7 @@ func quotaErr(t *testing.T, quota string) error {
 // Only the quotas on what calls in progress hold pass with time; the others would refuse
 // the same call again.
 func TestTransientQuotaIsOnlyTheFourInProgressQuotas(t *testing.T) {
-	for _, q := range []string{"request_bytes_in_memory", "calls_in_progress", "upload_bytes_in_memory", "download_bytes_in_memory"} {
+	for _, q := range []string{"request_bytes_in_memory", "calls_in_progress", "upload_bytes_in_memory", "download_bytes_in_memory", "watch_bytes_in_memory"} {
 		if !transientQuota(quotaErr(t, q)) {
 			t.Errorf("%s: not transient", q)
 		}

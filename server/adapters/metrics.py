@@ -366,6 +366,15 @@ class PrometheusTelemetry:
             held,
         )
 
+    def watch_watch_bytes(self, held: Callable[[], int]) -> None:
+        """`held`: bytes WatchSession calls hold in flight now."""
+        self._read_at_scrape(
+            "ctxcc_watch_bytes_in_memory",
+            "Bytes WatchSession calls hold in flight (backlog pages read, messages gRPC has "
+            "not yet sent), against --max-watch-bytes-in-memory.",
+            held,
+        )
+
     def watch_stream_views(self, held: Callable[[], int]) -> None:
         """`held`: bytes of the last views open CompileStreams keep now."""
         self._read_at_scrape(

@@ -225,6 +225,9 @@ class EventPage:
 
     events: tuple[Event, ...]
     more: bool
+    # Bytes of the events read as stored (those of other kinds included): what the page
+    # holds in memory, about (a watch's pages count against --max-watch-bytes-in-memory).
+    stored_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
 
@@ -34,7 +35,16 @@ from server.service.lanes import PendingWork
 from server.service.limits import ServiceLimits
 from server.service.ports import Clock, EventStore, IdSource, Telemetry
 from server.service.references import names_artifacts, resolve_references
-from server.service.watch import API, Closed, Deleted, Resync, Update, WatchHub
+from server.service.watch import (
+    API,
+    Closed,
+    Deleted,
+    Holding,
+    Resync,
+    Update,
+    WatchBytes,
+    WatchHub,
+)
 
 _encoder = msgspec.msgpack.Encoder()
 # Sessions a filtered ListSessions page decodes at most (~6 ms of a storage thread each
@@ -43,7 +53,8 @@ _encoder = msgspec.msgpack.Encoder()
 # with a token to go on.
 EXAMINE_PER_PAGE = 4_096
 # Events a watch's backlog page reads at most, as stored (and one more): a watcher that
-# stops reading holds its page, and 1,000 events of 1 MiB each held ~450 MB.
+# stops reading holds its page, and 1,000 events of 1 MiB each held ~450 MB. Less when
+# the watches' bytes in memory leave less room (WatchBytes).
 WATCH_PAGE_BYTES = 3 << 20
 
 # What an append's write returns: the batch it wrote, the events' encoded bytes, the result.
@@ -72,8 +83,12 @@ class SessionUseCases:
         limits: ServiceLimits,
         telemetry: Telemetry,
         pending: PendingWork | None = None,
+        watch_bytes: WatchBytes | None = None,
     ) -> None:
         self._store = store
+        # What the watches hold in flight, together (their pages here, their messages in
+        # the transport).
+        self.watch_bytes = watch_bytes or WatchBytes()
         # Shared with the compiles: what each session's next compile has not seen.
         self._pending = pending or PendingWork()
         self._blocking = blocking
@@ -217,17 +232,17 @@ class SessionUseCases:
         return await self._blocking.run_landing(write, functools.partial(self.landed, session_id))
 
     def _synced_page(
-        self, session_id: str, created_ns: int, after_seq: int, limit: int
+        self, session_id: str, created_ns: int, after_seq: int, limit: int, max_bytes: int
     ) -> EventPage:
         """Blocking: a page of a watch's events, the log synced first when they may not
         be durable yet (a step's append is synced beside its compile): a watcher is never
         told of an event a crash could take back. Only of the session made at `created_ns`
         (the one the watch subscribed to): deleted and made again under its id since,
         SESSION_NOT_FOUND, as the watch of a deleted session ends, and never a page of the
-        new log (its seqs start over). At most WATCH_PAGE_BYTES of events as stored (and
-        one): a watcher that does not read holds its page."""
+        new log (its seqs start over). At most `max_bytes` of events as stored (and one):
+        a watcher that does not read holds its page."""
         page = self._store.read_event_page(
-            session_id, after_seq, limit, frozenset(), WATCH_PAGE_BYTES, created_ns
+            session_id, after_seq, limit, frozenset(), max_bytes, created_ns
         )
         if page.events:
             self._store.sync_reads()
@@ -377,6 +392,51 @@ class SessionUseCases:
         )
         return page, session.create_time_ns
 
+    async def _watch_page(
+        self, holding: Holding, session_id: str, created_ns: int, after_seq: int, limit: int
+    ) -> tuple[EventPage, int]:
+        """A page of a watch's events, read once the watches' bytes in memory leave room
+        for it (WatchBytes), and the bytes it holds of them: given back by the caller once
+        it has handed the page on."""
+        # A page may read one event past its room; its messages in flight (one at a time)
+        # are counted twice, as the transport counts them (`Holding.sending`).
+        aside = 2 * self.limits.max_event_bytes
+        over = self.limits.max_event_bytes + aside
+        room = await holding.reserve(WATCH_PAGE_BYTES, over)
+        try:
+            page = await self._blocking.run(
+                self._synced_page, session_id, created_ns, after_seq, limit, room
+            )
+        except BaseException:
+            holding.give(room + over)
+            raise
+        return page, holding.read(room + over, page.stored_bytes, aside)
+
+    async def _pages(
+        self,
+        part: Holding,
+        session_id: str,
+        created_ns: int,
+        after_seq: int,
+        through_seq: int | None = None,
+    ) -> AsyncGenerator[Event, None]:
+        """A watch's events after `after_seq` from the log, through `through_seq` (None:
+        to its end), page by page: each page held of the watches' bytes in memory until
+        the last of its events is handed on."""
+        last = after_seq
+        while through_seq is None or last < through_seq:
+            most = self.limits.max_page_size
+            count = most if through_seq is None else min(through_seq - last, most)
+            page, held = await self._watch_page(part, session_id, created_ns, last, count)
+            try:
+                for event in page.events:
+                    last = event.seq
+                    yield event
+            finally:
+                part.handed_on(held)
+            if not page.more:
+                return
+
     async def watch(
         self,
         session_id: str,
@@ -385,6 +445,7 @@ class SessionUseCases:
         announce: bool = False,
         subscribed: Callable[[int], Awaitable[None]] | None = None,
         pool: str = API,
+        holding: Holding | None = None,
     ) -> AsyncIterator[Update]:
         """Backlog after `after_seq` from the log, then live updates, without gaps or repeats.
         With `announce`, a Resync of the head comes first, once the watch is subscribed: a
@@ -393,7 +454,9 @@ class SessionUseCases:
         `subscribed` is called once subscribed, before anything is yielded, with the create
         time of the session watched (the one whose updates alone the watch gets): a
         client told it can tell a watch reopened later on a session made again under the
-        id, even when the first watch delivered nothing it could ask for again."""
+        id, even when the first watch delivered nothing it could ask for again.
+        `holding`: the watch's part of the watches' bytes in memory (WatchBytes), whose
+        `end` ends the call if it stalls (none: a part that cannot end it)."""
         # Looked up before the watcher caps are charged too: past them, a session that
         # does not exist would answer QUOTA_EXCEEDED ("retry later") instead of NOT_FOUND.
         session = await self.get(session_id)
@@ -417,6 +480,8 @@ class SessionUseCases:
             if subscribed is not None:
                 await subscribed(created)
             self._telemetry.watchers_changed(1)
+            # Closed here and by the caller that made it: closing twice changes nothing.
+            part = self.watch_bytes.holding(lambda: None) if holding is None else holding
             try:
                 last = after_seq
                 if announce:
@@ -424,15 +489,13 @@ class SessionUseCases:
                     if now.create_time_ns != created:
                         raise session_not_found(session_id)  # the head of another log
                     yield Resync(now.head_seq)
-                while True:  # catch up in pages; live updates queue up meanwhile
-                    page = await self._blocking.run(
-                        self._synced_page, session_id, created, last, self.limits.max_page_size
-                    )
-                    for event in page.events:
+                # Catch up in pages; live updates queue up meanwhile.
+                async with contextlib.aclosing(
+                    self._pages(part, session_id, created, last)
+                ) as read:
+                    async for event in read:
                         last = event.seq
                         yield event
-                    if not page.more:
-                        break
                 while True:
                     update = await watcher.queue.get()
                     if isinstance(update, Closed):
@@ -452,20 +515,13 @@ class SessionUseCases:
                             continue  # already sent from the backlog (or a gap's read)
                         # An earlier append can be published after a later one (its
                         # thread handed its result back later): the log holds the gap.
-                        while last < update.seq - 1:
-                            page = await self._blocking.run(
-                                self._synced_page,
-                                session_id,
-                                created,
-                                last,
-                                min(update.seq - 1 - last, self.limits.max_page_size),
-                            )
-                            if not page.events:
-                                break
-                            for event in page.events:
+                        gap = self._pages(part, session_id, created, last, update.seq - 1)
+                        async with contextlib.aclosing(gap) as read:
+                            async for event in read:
                                 last = event.seq
                                 yield event
                         last = update.seq
                     yield update
             finally:
+                part.close()
                 self._telemetry.watchers_changed(-1)

@@ -10,10 +10,12 @@ Order is never changed: items leave each queue in publish order.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Event, of_deleted
@@ -85,6 +87,194 @@ class Watcher:
             self._marker = Resync(head_seq)
             self.queue.put_nowait(self._marker)
             return False
+
+
+class HeldCounter(Protocol):
+    """Bytes held against a limit (the transport's HeldBytes); a limit of 0: none."""
+
+    @property
+    def limit(self) -> int: ...
+
+    @property
+    def held(self) -> int: ...
+
+    def add(self, size: int) -> None: ...
+
+
+class _Uncounted:
+    limit = 0
+    held = 0
+
+    def add(self, size: int) -> None:
+        pass
+
+
+# How long a watch may hold bytes of WatchBytes without gRPC taking any of them (its
+# client reads nothing) before it is ended, once other watches wait for room: a reader
+# takes a 1 MiB message in milliseconds, even a slow link in a few seconds.
+STALLED_S = 10.0
+
+
+class WatchBytes:
+    """The bytes every watch holds in flight, bounded together (--max-watch-bytes-in-memory):
+    the backlog page it read and hands on, and the message gRPC is sending. A watcher
+    that stops reading keeps both for as long as its call lives: gRPC's send waits for
+    the client's flow-control window (180 such watchers of 1 MB events held ~1 GB).
+
+    Past the limit a watch reads nothing more: its next page waits for room (live updates
+    queue up meanwhile, as for any slow reader). A watch alone (nothing held) always reads
+    a page of at least one event. While watches wait, those that have held bytes for
+    STALLED_S without gRPC taking any are ended (`Holding`'s `end`: QUOTA_EXCEEDED,
+    quota=watch_bytes_in_memory, after what their client was already sent), so a client
+    that stopped reading never holds up the others for long; its client, reading again,
+    watches again after the last event it got. On the event loop."""
+
+    def __init__(self, counter: HeldCounter | None = None, stalled_s: float = STALLED_S) -> None:
+        self._counter: HeldCounter = counter if counter is not None else _Uncounted()
+        self._stalled_s = stalled_s
+        self._freed = asyncio.Event()
+        self._holders: set[Holding] = set()
+        self.waiting = 0
+        self.ended = 0
+
+    @property
+    def held(self) -> int:
+        return self._counter.held
+
+    @property
+    def limit(self) -> int:
+        return self._counter.limit
+
+    def holding(self, end: Callable[[], None]) -> Holding:
+        """One watch's part; `end` ends its call (called once, if it stalls)."""
+        holding = Holding(self, end)
+        self._holders.add(holding)
+        return holding
+
+    def stalled_error(self) -> CtxccError:
+        return CtxccError(
+            Reason.QUOTA_EXCEEDED,
+            f"this watch held bytes of the daemon's {self.limit} for watches in flight, its "
+            f"client reading none of them for {self._stalled_s:g} s while other watches "
+            "waited: watch again after the last event received",
+            quota="watch_bytes_in_memory",
+            limit=str(self.limit),
+        )
+
+    async def _reserve(self, holding: Holding, most: int, over: int) -> int:
+        while True:
+            limit, held = self._counter.limit, self._counter.held
+            if not limit or held <= 0:
+                room = most
+                break
+            if held + over < limit:
+                room = min(most, limit - held - over)
+                break
+            wait = self._end_stalled(holding)
+            freed = self._freed
+            self.waiting += 1
+            try:
+                await asyncio.wait_for(freed.wait(), wait)
+            except TimeoutError:
+                pass
+            finally:
+                self.waiting -= 1
+        holding.take(room + over)
+        return room
+
+    def _end_stalled(self, waiter: Holding) -> float:
+        """Ends the watches stalled now; how long until the next could be."""
+        now = time.monotonic()
+        wait = self._stalled_s
+        for h in list(self._holders):
+            if h is waiter or h.held <= 0:
+                continue
+            left = h.moved + self._stalled_s - now
+            if left > 0:
+                wait = min(wait, left)
+                continue
+            self._holders.discard(h)  # ended once; its bytes come back as its call unwinds
+            self.ended += 1
+            h.end()
+        return max(wait, 0.01)
+
+    def _add(self, size: int) -> None:
+        self._counter.add(size)
+        if size < 0 and self.waiting:
+            # Every waiter looks again; those that find no room wait on the next one.
+            self._freed.set()
+            self._freed = asyncio.Event()
+
+    def _closed(self, holding: Holding) -> None:
+        self._holders.discard(holding)
+
+
+class Holding:
+    """What one watch holds of WatchBytes, and when gRPC last took any of it."""
+
+    __slots__ = ("_aside", "_aside_most", "_of", "end", "held", "moved")
+
+    def __init__(self, of: WatchBytes, end: Callable[[], None]) -> None:
+        self._of = of
+        self.end = end
+        self.held = 0
+        self.moved = time.monotonic()
+        # Bytes held for the messages of the page being handed on (see `sending`).
+        self._aside = self._aside_most = 0
+
+    async def reserve(self, most: int, over: int = 0) -> int:
+        """Up to `most` bytes for the watch's next page to read, once there is room for
+        them and `over` more (what the page may come to past its room, and its messages
+        in flight), waiting while the watches hold the limit. Both are taken: `read`
+        says what the page holds of them."""
+        return await self._of._reserve(self, most, over)
+
+    def read(self, reserved: int, page_bytes: int, aside: int) -> int:
+        """The page read with `reserved` bytes holds `page_bytes`, and sets `aside` for
+        its messages: the rest goes back. What `handed_on` gives back."""
+        keep = page_bytes + aside
+        if keep > reserved:
+            self.take(keep - reserved)
+        elif keep < reserved:
+            self.give(reserved - keep)
+        self._aside = self._aside_most = aside
+        return page_bytes
+
+    def handed_on(self, page_bytes: int) -> None:
+        """The page is handed on: its bytes and what was set aside go back."""
+        self.give(page_bytes + self._aside)
+        self._aside = self._aside_most = 0
+
+    def sending(self, size: int) -> None:
+        """A message of `size` bytes handed to gRPC: of what its page set aside first."""
+        drawn = min(size, self._aside)
+        self._aside -= drawn
+        self.take(size - drawn)
+
+    def sent(self, size: int) -> None:
+        """gRPC took it: what it drew of its page's set-aside bytes is set aside again."""
+        back = min(size, self._aside_most - self._aside)
+        self._aside += back
+        self.give(size - back)
+
+    def take(self, size: int) -> None:
+        """Counted without waiting: bytes already made (a message handed to gRPC)."""
+        if self.held <= 0:
+            self.moved = time.monotonic()  # held since now
+        self.held += size
+        self._of._add(size)
+
+    def give(self, size: int) -> None:
+        """Given back: sent (gRPC took the message), or done with."""
+        self.held -= size
+        self.moved = time.monotonic()
+        self._of._add(-size)
+
+    def close(self) -> None:
+        if self.held:
+            self._of._add(-self.held)
+            self.held = 0
+        self._of._closed(self)
 
 
 # The inspector's live pages watch in a pool of their own: sharing the API's per-session

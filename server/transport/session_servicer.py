@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,7 +18,7 @@ from server.domain.errors import invalid
 from server.domain.model import Event, EventKind
 from server.domain.records import Checkpoint
 from server.service.sessions import SessionUseCases
-from server.service.watch import CompileNotice, Resync
+from server.service.watch import CompileNotice, Update
 from server.transport.convert_events import (
     event_out,
     events_in,
@@ -24,7 +27,7 @@ from server.transport.convert_events import (
     timestamp,
 )
 from server.transport.convert_misc import checkpoint_out
-from server.transport.errors import streaming, unary
+from server.transport.errors import status_for, streaming, unary
 from server.transport.paging import (
     decode_position,
     decode_token,
@@ -91,6 +94,8 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self._s = sessions
         self._page_bytes = page_bytes(max_message_bytes)
         self._watched = WatchedBytes()
+        # Ends of stalled watches in progress (see _end): kept until done.
+        self._ending: set[asyncio.Task[None]] = set()
 
     @unary
     async def CreateSession(
@@ -208,23 +213,62 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             # incarnation the watch follows, for the clients' reconnects (README, Watchers).
             await context.send_initial_metadata(((SESSION_CREATE_TIME_KEY, str(created_ns)),))
 
-        watch = self._s.watch(request.session_id, request.after_seq, subscribed=subscribed)
-        async for update in watch:
-            match update:
-                case Event():
-                    yield self._watched.of(update)
-                case Checkpoint():
-                    yield pb.WatchSessionResponse(checkpoint=checkpoint_out(update))
-                case CompileNotice():
-                    yield pb.WatchSessionResponse(
-                        compile=pb.CompileNotice(
-                            compile_id=update.compile_id,
-                            event_boundary=update.event_boundary,
-                            estimated_input_tokens=update.estimated_input_tokens,
-                        )
-                    )
-                case Resync():
-                    yield pb.WatchSessionResponse(resync=pb.Resync(head_seq=update.head_seq))
+        budget = self._s.watch_bytes
+        holding = budget.holding(functools.partial(self._end, context, asyncio.current_task()))
+        try:
+            watch = self._s.watch(
+                request.session_id, request.after_seq, subscribed=subscribed, holding=holding
+            )
+            async for update in watch:
+                out = _response(update, self._watched)
+                # Held until gRPC has taken it (the yield returns): by a client that stops
+                # reading, for as long as its call lives. Twice: ours, and gRPC's copy.
+                size = 2 * (len(out.data) if isinstance(out, Encoded) else out.ByteSize())
+                holding.sending(size)
+                try:
+                    yield out
+                finally:
+                    holding.sent(size)
+        finally:
+            holding.close()
+
+    def _end(self, context: Ctx, task: asyncio.Task[Any] | None) -> None:
+        """Ends a watch stalled over the watches' bytes in memory (WatchBytes): its handler
+        is stuck in gRPC's send, where nothing it raises is seen. The status goes first,
+        queued after what the client was already sent (a client that reads again gets
+        every event of it, then QUOTA_EXCEEDED; one that goes away ends it); then the
+        handler is cancelled, and lets go of its page. A cancel alone left the client
+        waiting forever; the status's send completes only once the client reads (or
+        goes), so its task is not waited for, only kept."""
+        loop = asyncio.get_running_loop()
+        ending = loop.create_task(self._abort(context))
+        self._ending.add(ending)
+        ending.add_done_callback(self._ending.discard)
+        if task is not None:
+            # After the abort's first step, which hands gRPC the status.
+            loop.call_soon(task.cancel)
+
+    async def _abort(self, context: Ctx) -> None:
+        err = self._s.watch_bytes.stalled_error()
+        with contextlib.suppress(Exception):  # AbortError, or the call ended meanwhile
+            await context.abort_with_status(status_for(err))
+
+
+def _response(update: Update, watched: WatchedBytes) -> pb.WatchSessionResponse | Encoded:
+    match update:
+        case Event():
+            return watched.of(update)
+        case Checkpoint():
+            return pb.WatchSessionResponse(checkpoint=checkpoint_out(update))
+        case CompileNotice():
+            return pb.WatchSessionResponse(
+                compile=pb.CompileNotice(
+                    compile_id=update.compile_id,
+                    event_boundary=update.event_boundary,
+                    estimated_input_tokens=update.estimated_input_tokens,
+                )
+            )
+    return pb.WatchSessionResponse(resync=pb.Resync(head_seq=update.head_seq))
 
 
 def _active(msg: Any, active_ns: int) -> None:

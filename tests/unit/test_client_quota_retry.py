@@ -19,6 +19,7 @@ TRANSIENT = [
     "calls_in_progress",
     "upload_bytes_in_memory",
     "download_bytes_in_memory",
+    "watch_bytes_in_memory",
 ]
 LASTING = [
     "max_session_bytes",

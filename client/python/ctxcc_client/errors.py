@@ -120,6 +120,7 @@ TRANSIENT_QUOTAS = frozenset(
         "calls_in_progress",
         "upload_bytes_in_memory",
         "download_bytes_in_memory",
+        "watch_bytes_in_memory",
     }
 )
 

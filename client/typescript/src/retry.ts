@@ -85,6 +85,7 @@ export const TRANSIENT_QUOTAS: ReadonlySet<string> = new Set([
   "calls_in_progress",
   "upload_bytes_in_memory",
   "download_bytes_in_memory",
+  "watch_bytes_in_memory",
 ]);
 
 /** RESOURCE_EXHAUSTED/QUOTA_EXCEEDED under one of TRANSIENT_QUOTAS, as a call's status or a

@@ -10,7 +10,7 @@ import { isTransientQuota, retry } from "../src/retry.js";
 const quota = (q: string) => new CtxccError(grpc.status.RESOURCE_EXHAUSTED, "QUOTA_EXCEEDED", "retry later", { quota: q, limit: "2" });
 
 test("only the four quotas on calls in progress are transient", () => {
-  for (const q of ["request_bytes_in_memory", "calls_in_progress", "upload_bytes_in_memory", "download_bytes_in_memory"]) {
+  for (const q of ["request_bytes_in_memory", "calls_in_progress", "upload_bytes_in_memory", "download_bytes_in_memory", "watch_bytes_in_memory"]) {
     assert.ok(isTransientQuota(quota(q)), q);
   }
   for (const q of ["max_session_bytes", "max_sessions", "max_message_bytes", "compile_cpu_budget_ms", "watchers", "watchers_per_session", ""]) {
