@@ -112,7 +112,7 @@ class _Uncounted:
 # How long a watch may hold bytes of WatchBytes without gRPC taking any of them (its
 # client reads nothing) before it is ended, once other watches wait for room: a reader
 # takes a 1 MiB message in milliseconds, even a slow link in a few seconds.
-STALLED_S = 10.0
+STALLED_S = 5.0
 
 
 class WatchBytes:
