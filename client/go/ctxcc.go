@@ -329,6 +329,16 @@ func (c *Client) CreateSession(ctx context.Context, s *ctxccv1.Session) (*ctxccv
 	return resp.GetSession(), nil
 }
 
+// GetSession reads a session (its head_seq, stored_bytes, current route): NotFound with the
+// reason SESSION_NOT_FOUND when there is none under the id.
+func (c *Client) GetSession(ctx context.Context, sessionID string) (*ctxccv1.Session, error) {
+	resp, err := c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: sessionID})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSession(), nil
+}
+
 // Append appends events. The request id is fixed before the first attempt ("" gets a fresh
 // one) and reused by every retry, so a retry is replayed, never duplicated.
 func (c *Client) Append(ctx context.Context, sessionID string, events []*ctxccv1.Event, requestID string) (*ctxccv1.AppendEventsResponse, error) {

@@ -464,7 +464,7 @@ func run(target string) (out, deltas map[string]any, err error) {
 		}
 	}
 	out["events"] = kinds
-	out["head_seq"] = must(c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: sid})).GetSession().GetHeadSeq()
+	out["head_seq"] = must(c.GetSession(ctx, sid)).GetHeadSeq()
 
 	other := must(c.CreateSession(ctx, &ctxccv1.Session{}))
 	must(c.Append(ctx, other.GetSessionId(), []*ctxccv1.Event{ctxcc.User("throwaway")}, ""))
@@ -479,7 +479,7 @@ func run(target string) (out, deltas map[string]any, err error) {
 	must(c.Sources.DeleteRule(ctx, &ctxccv1.DeleteRuleRequest{Scope: scope, ScopeId: sid, RuleId: "r1"}))
 	must(c.Sources.DeleteSkill(ctx, &ctxccv1.DeleteSkillRequest{Scope: scope, ScopeId: sid, SkillId: "k1"}))
 	out["sources_after_delete"] = counts()
-	_, err = c.Sessions.GetSession(ctx, &ctxccv1.GetSessionRequest{SessionId: "no-such-session"})
+	_, err = c.GetSession(ctx, "no-such-session")
 	if e, ok := ctxcc.AsError(err); ok {
 		out["missing_reason"] = e.Reason
 	}
