@@ -64,6 +64,9 @@ EXPECTED = {
     "deleted_events": 1,
     "events": ["user_message", "assistant_message", "tool_result", "user_message"],
     "head_seq": 4,
+    # A user message holding text UTF-8 cannot carry is refused by the client before it
+    # is sent (TypeScript turned a lone surrogate into U+FFFD), and nothing is appended.
+    "lone_surrogate": [True, True],
     "listed_session": True,
     "listed_tools": ["deploy_service", "read_file"],
     "missing_reason": "SESSION_NOT_FOUND",

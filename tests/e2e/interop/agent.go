@@ -465,6 +465,10 @@ func run(target string) (out, deltas map[string]any, err error) {
 	}
 	out["events"] = kinds
 	out["head_seq"] = must(c.GetSession(ctx, sid)).GetHeadSeq()
+	// Text UTF-8 cannot carry (invalid UTF-8, Go's form of a lone surrogate): refused
+	// before anything is sent.
+	_, badErr := c.Append(ctx, sid, []*ctxccv1.Event{ctxcc.User("bad \xff text")}, "")
+	out["lone_surrogate"] = []bool{badErr != nil, must(c.GetSession(ctx, sid)).GetHeadSeq() == 4}
 
 	other := must(c.CreateSession(ctx, &ctxccv1.Session{}))
 	must(c.Append(ctx, other.GetSessionId(), []*ctxccv1.Event{ctxcc.User("throwaway")}, ""))

@@ -323,6 +323,13 @@ async def run(target: str, response: Any, gemini: Any, openai: Any) -> dict[str,
         events = await ctx.sessions.ListEvents(spb.ListEventsRequest(session_id=sid))
         out["events"] = [e.WhichOneof("payload") for e in events.events]
         out["head_seq"] = (await ctx.get_session(sid)).head_seq
+        # Text UTF-8 cannot carry (a lone surrogate): refused before anything is sent.
+        try:
+            await ctx.append(sid, [user("bad \ud800 text")])
+            refused = False
+        except (CtxccError, UnicodeError, ValueError):
+            refused = True
+        out["lone_surrogate"] = [refused, (await ctx.get_session(sid)).head_seq == 4]
         await session_rpcs(ctx, sid, out)
         await drop_sources(ctx, sid, out)
         await thinking_session(ctx, response, out)

@@ -152,6 +152,14 @@ async function main(): Promise<void> {
   const events = await ctx.sessions.listEvents({ sessionId: sid });
   out.events = events.events.map((e) => e.payload?.$case.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()));
   out.head_seq = (await ctx.getSession(sid)).headSeq;
+  // Text UTF-8 cannot carry (a lone surrogate): refused before anything is sent.
+  let refused = false;
+  try {
+    await ctx.append(sid, [user("bad \ud800 text")]);
+  } catch (err) {
+    refused = err instanceof CtxccError && err.reason === "INVALID_FIELD";
+  }
+  out.lone_surrogate = [refused, (await ctx.getSession(sid)).headSeq === 4];
 
   const other = await ctx.createSession();
   await ctx.append(other.sessionId, [user("throwaway")]);
