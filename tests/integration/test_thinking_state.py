@@ -273,20 +273,7 @@ async def test_a_checkpoint_between_a_call_and_its_result_keeps_the_call_as_logg
                 tool_result("toolu_1", "def parse(): ...", "read"),
             ],
         )
-        head = (
-            await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
-        ).session.head_seq
-        await ctx.compiles.CreateCheckpoint(
-            cpb.CreateCheckpointRequest(
-                checkpoint=checkpoint_pb2.Checkpoint(
-                    session_id=sid,
-                    covers_through_seq=head,
-                    summary="Reading a.py and b.py for the parser.",
-                    source_route=ROUTE,
-                ),
-                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
-            )
-        )
+        head = await _checkpoint_at_head(ctx, sid, "Reading a.py and b.py for the parser.", ROUTE)
         await ctx.append(sid, [tool_result("toolu_2", "x = 1", "read")])
         req = cpb.CompileRequest(session_id=sid, route=ROUTE, render_formats=list(FORMATS))
         view = (await ctx.compiles.Compile(req)).view
@@ -491,20 +478,7 @@ async def test_a_checkpoint_between_gemini_calls_and_a_result_keeps_the_signed_c
             sid,
             [assistant_from_gemini(first, view.route_id), tool_result("fc1", "ok", "read")],
         )
-        head = (
-            await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
-        ).session.head_seq
-        await ctx.compiles.CreateCheckpoint(
-            cpb.CreateCheckpointRequest(
-                checkpoint=checkpoint_pb2.Checkpoint(
-                    session_id=sid,
-                    covers_through_seq=head,
-                    summary="Reading a.py and b.py.",
-                    source_route=GEMINI_ROUTE,
-                ),
-                covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
-            )
-        )
+        await _checkpoint_at_head(ctx, sid, "Reading a.py and b.py.", GEMINI_ROUTE)
         await ctx.append(sid, [tool_result("fc2", "x = 1", "read")])
         view = (await ctx.compiles.Compile(req)).view
         assert view.checkpoint_id
@@ -698,3 +672,20 @@ def test_the_logged_responses_output_says_what_it_said() -> None:
     assert [(c.call_id, c.name, c.arguments_json) for c in call.tool_calls] == [("", "", "{}")]
     empty = assistant_from_openai_responses({"output": []}, "r1")
     assert empty.HasField("assistant_message") and empty.assistant_message.ByteSize() == 0
+
+
+async def _checkpoint_at_head(
+    ctx: AsyncClient, sid: str, summary: str, route: common_pb2.Route
+) -> int:
+    """A model-written checkpoint through the session's head (returned), its digest
+    computed."""
+    head = (await ctx.sessions.GetSession(spb.GetSessionRequest(session_id=sid))).session.head_seq
+    await ctx.compiles.CreateCheckpoint(
+        cpb.CreateCheckpointRequest(
+            checkpoint=checkpoint_pb2.Checkpoint(
+                session_id=sid, covers_through_seq=head, summary=summary, source_route=route
+            ),
+            covered_digest_mode=cpb.COVERED_DIGEST_MODE_COMPUTE,
+        )
+    )
+    return int(head)
