@@ -225,7 +225,6 @@ class CompileRecords(StoreCore):
         # compile's, like the record (neither counts): counted, every step rewrote and
         # re-read the session record (~0.1-0.15 ms of an agent's step).
         own = session_key(sid, PART + record.basis_digest.encode()) if record.basis_digest else b""
-        added = sum(len(value) for key, value in puts if key != own)
         # A compile record lost in a machine crash only turns its usage report into
         # COMPILE_NOT_FOUND: not worth an fsync on every step.
         batch = Batch(durable=False)
@@ -237,6 +236,10 @@ class CompileRecords(StoreCore):
         if not lock.acquire(blocking=wait):
             return False
         try:
+            # A compile of the session that read the same new parts may have written
+            # them since they were looked for: they are not written or counted again.
+            puts = self._still_new(puts, own)
+            added = sum(len(value) for key, value in puts if key != own)
             session = None
             # Every write of the session record holds this lock and moves the generation
             # before it lets go: an unmoved generation is an unchanged current route.
@@ -289,6 +292,18 @@ class CompileRecords(StoreCore):
         finally:
             lock.release()
         return True
+
+    def _still_new(self, puts: list[tuple[bytes, bytes]], own: bytes) -> list[tuple[bytes, bytes]]:
+        """Under the session's lock: `puts` without the parts written since `_new_parts`
+        found them missing (known, else read; the record's own basis is not read, see
+        `_new_parts`)."""
+        with self._sources_lock:
+            unknown = [(key, value) for key, value in puts if key not in self._parts]
+        return [
+            (key, value)
+            for key, value in unknown
+            if key == own or self._kv.get("compiles", key) is None
+        ]
 
     def _keeps_basis(
         self, sid: str, record: CompileRecord, puts: bool, session: Session | None, added: int

@@ -291,3 +291,55 @@ def test_a_basis_is_recalled_whichever_way_its_sources_were_stored(short_tmp: Pa
             assert recall(store, "s", basis_digest).sources == sources
     finally:
         kv.close()
+
+
+def test_two_compiles_storing_the_same_new_text_at_once_count_it_once(short_tmp: Path) -> None:
+    """Two compiles of a session that read the same new text both find it not stored
+    before either takes the session's lock: the one that writes second must not count
+    its parts again (they were counted twice: +201,508 bytes for 100 KB of parts)."""
+    import threading
+    import time
+
+    text = "Use tabs.\n" * 10_000
+    sources = SourceInputs(
+        rules=(RuleEntry("r", Scope.PROJECT, "p", "r", "d", text, RuleActivation.ALWAYS),)
+    )
+    session = Session("s", 1, 1)
+    settings = SettingsPart("kernel", BudgetConfig(), 1, 1)
+
+    def stored(n: int) -> tuple[CompileRecord, tuple[tuple[str, object], ...]]:
+        inputs = CompileInputs(
+            f"s:{n}", session, (), 0, Route(model="m"), sources=sources, requested_max_output=n
+        )
+        digest, parts = basis_of(inputs, ModelInfo("m", "m"), settings, Splitter())
+        record = CompileRecord(f"s:{n:04x}", "s", Route(model="m"), 0, 1, 1, 1)
+        return replace(record, basis_digest=digest), parts
+
+    kv = open_rocks(short_tmp / "db")
+    try:
+        store = KVEventStore(kv)
+        store.create_session(session)
+        alone_kv = open_rocks(short_tmp / "alone")
+        try:
+            alone = KVEventStore(alone_kv)
+            alone.create_session(session)
+            alone.put_compile(*stored(1))
+            once = alone.get_session("s").stored_bytes
+        finally:
+            alone_kv.close()
+        assert once > len(text)
+        lock = store._lock("s")  # both compiles find the parts unstored, then wait
+        lock.acquire()
+        threads = [threading.Thread(target=store.put_compile, args=stored(n)) for n in (1, 2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        lock.release()
+        for t in threads:
+            t.join()
+        assert store.get_session("s").stored_bytes == once
+        for n in (1, 2):
+            record = store.get_compile(f"s:{n:04x}")
+            assert recall(store, "s", record.basis_digest).sources == sources
+    finally:
+        kv.close()
