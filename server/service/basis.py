@@ -146,6 +146,11 @@ class PartDigests:
         self._size = size
         self._lock = threading.Lock()
         self._known: OrderedDict[tuple[int, str], tuple[object, object]] = OrderedDict()
+        # The sources last digested, with the digest of each of their texts: a compile
+        # reads its sources into new objects, nearly always equal to the last ones (~0.2
+        # ms to compare 1,000 rules, ~4 ms to digest them again) or one text edited.
+        self._last: tuple[SourceInputs, tuple[tuple[str, object], ...], dict[str, str]] | None
+        self._last = None
 
     def of(self, held: object, part: object) -> str:
         """The digest of `part`, a function of `held` alone (the value it wraps)."""
@@ -153,7 +158,21 @@ class PartDigests:
 
     def sources(self, held: SourceInputs) -> tuple[tuple[str, object], ...]:
         """`sources_parts(held)`, the SourcesPart last."""
-        return self._kept(held, "sources", lambda: sources_parts(held))
+        return self._kept(held, "sources", lambda: self._sources_like(held))
+
+    def _sources_like(self, held: SourceInputs) -> tuple[tuple[str, object], ...]:
+        """`sources_parts(held)`, taken from the sources last digested when they are
+        equal, else with the digests of the texts they had."""
+        with self._lock:
+            last = self._last
+        if last is not None and last[0] == held:
+            return last[1]
+        made = sources_parts(held, last[2] if last is not None else None)
+        if self._size:
+            texts = {p.text: d for d, p in made if isinstance(p, TextPart)}
+            with self._lock:
+                self._last = (held, made, texts)
+        return made
 
     def _kept(self, held: object, kind: str, make: Callable[[], T]) -> T:
         key = (id(held), kind)
@@ -171,14 +190,17 @@ class PartDigests:
         return made
 
 
-def sources_parts(sources: SourceInputs) -> tuple[tuple[str, object], ...]:
+def sources_parts(
+    sources: SourceInputs, known: dict[str, str] | None = None
+) -> tuple[tuple[str, object], ...]:
     """The parts `sources` is stored as: a TextPart per distinct text, then the
-    SourcesPart naming them."""
+    SourcesPart naming them. `known`: digests of TextParts by their text."""
     texts: dict[str, tuple[str, object]] = {}
+    digests = known or {}
 
     def named(text: str) -> str:
         part = TextPart(text)
-        digest = digest_of(part)
+        digest = digests.get(text) or digest_of(part)
         texts.setdefault(digest, (digest, part))
         return digest
 

@@ -52,3 +52,43 @@ def test_an_entry_pushed_out_is_digested_again_and_ids_are_never_confused() -> N
         assert known.of(fresh, fresh) == digest_of(fresh)
         del fresh
     assert known.of(values[0], values[0]) == digest_of(values[0])
+
+
+def test_sources_read_again_are_not_digested_again_text_by_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every compile reads its sources into new objects: with 1,000 rules each compile
+    digested every text again (sources_parts ~4.4 ms; 0.6 ms for the one part before
+    texts were parts). Sources equal to ones digested are not digested again, and of
+    sources with one text edited only that text and the sources part are."""
+    from server.domain.sources import RuleActivation, RuleEntry
+
+    def read(edited: str = "") -> SourceInputs:
+        """The rules as a compile reads them: new objects, texts included."""
+        texts = ["".join(["rule ", str(i)]) for i in range(1_000)]
+        if edited:
+            texts[-1] = edited
+        return SourceInputs(
+            rules=tuple(
+                RuleEntry(f"r{i}", Scope.PROJECT, "p", f"r{i}", "d", t, RuleActivation.ALWAYS)
+                for i, t in enumerate(texts)
+            )
+        )
+
+    digested: list[object] = []
+    real = basis.digest_of
+
+    def counting(value: Any) -> str:
+        digested.append(value)
+        return real(value)
+
+    monkeypatch.setattr(basis, "digest_of", counting)
+    known = PartDigests()
+    first = known.sources(read())
+    assert len(digested) == 1_001
+    digested.clear()
+    assert known.sources(read()) == first
+    assert digested == []
+    edited = known.sources(read("edited"))
+    assert [type(v).__name__ for v in digested] == ["TextPart", "SourcesPart"]
+    assert edited == basis.sources_parts(read("edited"))
