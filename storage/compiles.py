@@ -344,8 +344,8 @@ class CompileRecords(StoreCore):
         unless known, without reading the store for it: a compile's basis holds its route
         state and model, which a report changes at every step, so that read (a miss
         through every level's filter) nearly always found nothing; a basis that was
-        stored after all is written again as the same bytes under the same name (and
-        counted again against the quota: only after the set of known parts forgot it)."""
+        stored after all is written again as the same bytes under the same name (not
+        counted: a record's own basis never is, see `put_compile`)."""
         named: dict[bytes, tuple[str, object]] = {}
         for digest, value in parts:  # the same content twice is one part
             named.setdefault(session_key(sid, PART + digest.encode()), (digest, value))
