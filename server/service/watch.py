@@ -109,9 +109,9 @@ class _Uncounted:
         pass
 
 
-# How long a watch may hold bytes of WatchBytes without gRPC taking any of them (its
-# client reads nothing) before it is ended, once other watches wait for room: a reader
-# takes a 1 MiB message in milliseconds, even a slow link in a few seconds.
+# How long a watch's message may wait on gRPC (its client reads nothing; a page being
+# read does not count) before the watch is ended, once other watches wait for room: a
+# reader takes a 1 MiB message in milliseconds, even a slow link in a few seconds.
 STALLED_S = 5.0
 
 
@@ -123,8 +123,8 @@ class WatchBytes:
 
     Past the limit a watch reads nothing more: its next page waits for room (live updates
     queue up meanwhile, as for any slow reader). A watch alone (nothing held) always reads
-    a page of at least one event. While watches wait, those that have held bytes for
-    STALLED_S without gRPC taking any are ended (`Holding`'s `end`: QUOTA_EXCEEDED,
+    a page of at least one event. While watches wait, those whose message gRPC has not
+    taken for STALLED_S are ended (`Holding`'s `end`: QUOTA_EXCEEDED,
     quota=watch_bytes_in_memory, after what their client was already sent), so a client
     that stopped reading never holds up the others for long; its client, reading again,
     watches again after the last event it got. On the event loop."""
@@ -187,7 +187,9 @@ class WatchBytes:
         now = time.monotonic()
         wait = self._stalled_s
         for h in list(self._holders):
-            if h is waiter or h.held <= 0:
+            # Only a message gRPC has not taken waits on the client: a watch reading its
+            # page (a storage pool busy with syncs can take seconds) is not stalled.
+            if h is waiter or h.held <= 0 or not h.in_send:
                 continue
             left = h.moved + self._stalled_s - now
             if left > 0:
@@ -212,13 +214,15 @@ class WatchBytes:
 class Holding:
     """What one watch holds of WatchBytes, and when gRPC last took any of it."""
 
-    __slots__ = ("_aside", "_aside_most", "_of", "end", "held", "moved")
+    __slots__ = ("_aside", "_aside_most", "_of", "end", "held", "in_send", "moved")
 
     def __init__(self, of: WatchBytes, end: Callable[[], None]) -> None:
         self._of = of
         self.end = end
         self.held = 0
         self.moved = time.monotonic()
+        # Messages handed to gRPC and not yet taken: the watch can stall only in a send.
+        self.in_send = 0
         # Bytes held for the messages of the page being handed on (see `sending`).
         self._aside = self._aside_most = 0
 
@@ -247,12 +251,16 @@ class Holding:
 
     def sending(self, size: int) -> None:
         """A message of `size` bytes handed to gRPC: of what its page set aside first."""
+        if not self.in_send:
+            self.moved = time.monotonic()  # waits on the client from now (not the read)
+        self.in_send += 1
         drawn = min(size, self._aside)
         self._aside -= drawn
         self.take(size - drawn)
 
     def sent(self, size: int) -> None:
         """gRPC took it: what it drew of its page's set-aside bytes is set aside again."""
+        self.in_send -= 1
         back = min(size, self._aside_most - self._aside)
         self._aside += back
         self.give(size - back)

@@ -51,3 +51,34 @@ def test_room_is_what_the_budget_leaves_past_what_a_page_may_add() -> None:
         assert held.held == 0
 
     asyncio.run(run())
+
+
+def test_a_watch_reading_its_page_is_not_ended_however_long_the_read_takes() -> None:
+    """Only a watch whose message waits on gRPC (its client reads nothing) is stalled: one
+    whose page read is slow (the storage pool busy with appends' syncs) has nothing its
+    client could take, and was ended QUOTA_EXCEEDED as if it had stopped reading."""
+
+    async def run() -> None:
+        held = HeldBytes(100, "watches", "watch")
+        budget = WatchBytes(held, stalled_s=0.05)
+        ended: list[str] = []
+        reading = budget.holding(lambda: ended.append("reading"))
+        assert await reading.reserve(80, 10) == 80  # its page is being read from here
+        waiter = budget.holding(lambda: ended.append("waiter"))
+        waiting = asyncio.ensure_future(waiter.reserve(30, 10))
+        await asyncio.sleep(0.2)  # the read takes longer than stalled_s
+        assert ended == []
+        page = reading.read(90, 75, 20)  # the page came: 95 held
+        reading.sending(15)
+        await asyncio.sleep(0.01)
+        assert ended == []  # its first message was only just handed to gRPC
+        await asyncio.sleep(0.2)
+        assert ended == ["reading"]  # that one waited on its client: stalled
+        reading.sent(15)
+        reading.handed_on(page)
+        reading.close()
+        assert await waiting == 30
+        waiter.close()
+        assert held.held == 0
+
+    asyncio.run(run())
