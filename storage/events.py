@@ -155,7 +155,7 @@ class EventRecords(StoreCore):
     ) -> EventPage:
         out: list[Event] = []
         more = False
-        read = 0
+        read = largest = 0
         for key, raw in self._scan_events(session_id, after_seq, None):
             if len(out) >= limit or (out and read > max_bytes):
                 more = True  # stopped with this one left
@@ -164,8 +164,9 @@ class EventRecords(StoreCore):
             read += len(raw)
             if not kinds or event.kind in kinds:
                 out.append(event)
+                largest = max(largest, len(raw))
         self._check_incarnation(session_id, session_created_ns)
-        return EventPage(tuple(out), more, read)
+        return EventPage(tuple(out), more, read, largest)
 
     def _check_incarnation(self, session_id: str, created_ns: int) -> None:
         """Refuses a read made for the session created at `created_ns` (when given) that a

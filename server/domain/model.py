@@ -228,6 +228,9 @@ class EventPage:
     # Bytes of the events read as stored (those of other kinds included): what the page
     # holds in memory, about (a watch's pages count against --max-watch-bytes-in-memory).
     stored_bytes: int = 0
+    # The largest of the events returned, as stored: what one message of the page comes
+    # to, about (a watch sets aside twice that for its message in flight).
+    largest_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -399,9 +399,13 @@ class SessionUseCases:
         for it (WatchBytes), and the bytes it holds of them: given back by the caller once
         it has handed the page on."""
         # A page may read one event past its room; its messages in flight (one at a time)
-        # are counted twice, as the transport counts them (`Holding.sending`).
-        aside = 2 * self.limits.max_event_bytes
-        over = self.limits.max_event_bytes + aside
+        # are counted twice, as the transport counts them (`Holding.sending`): reserved
+        # as if of the largest event, and once read, of the page's largest. No more than
+        # half the budget: under a --max-event-bytes near it, a watch of small events
+        # kept every other watch from reading (what a page really holds is taken anyway).
+        over = 3 * self.limits.max_event_bytes
+        if self.watch_bytes.limit:
+            over = min(over, self.watch_bytes.limit // 2)
         room = await holding.reserve(WATCH_PAGE_BYTES, over)
         try:
             page = await self._blocking.run(
@@ -410,7 +414,7 @@ class SessionUseCases:
         except BaseException:
             holding.give(room + over)
             raise
-        return page, holding.read(room + over, page.stored_bytes, aside)
+        return page, holding.read(room + over, page.stored_bytes, 2 * page.largest_bytes)
 
     async def _pages(
         self,

@@ -10,6 +10,7 @@ reads again resumes after its last event: none skipped, none twice."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,45 @@ def test_stalled_watchers_hold_at_most_the_budget_and_readers_get_every_event(
                 watch.cancel()
             for c in channels:
                 c.close()
+
+
+def test_watches_of_small_events_share_the_budget_under_a_large_max_event_bytes(
+    short_tmp: Path,
+) -> None:
+    """A page sets aside room for its messages as large as its largest event, not
+    --max-event-bytes: under a 32 MiB cap a watch of events of a few bytes held 99 MiB of
+    the 64 MiB budget (3 MiB of page, 96 MiB for an event it did not have), so the
+    watches read their backlogs one at a time and the gauge stood past the budget."""
+    daemon = DaemonProcess(
+        short_tmp / "data", "--max-event-bytes", str(32 << 20), "--ui-listen", "none"
+    )
+    events, watchers = 4_000, 4
+    with daemon.serving(), grpc.insecure_channel(daemon.target) as ch:
+        stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
+        stub.CreateSession(spb.CreateSessionRequest(session=session_pb2.Session(session_id="s")))
+        for part in range(events // 500):
+            batch = [user(f"event {part * 500 + i}") for i in range(500)]
+            stub.AppendEvents(spb.AppendEventsRequest(session_id="s", events=batch))
+        held: list[float] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                held.append(daemon.metric("ctxcc_watch_bytes_in_memory"))
+                time.sleep(0.02)
+
+        async def watch_all() -> list[list[int]]:
+            async with AsyncClient(daemon.target) as client:
+                return await asyncio.gather(
+                    *(_read(client.watch("s"), events) for _ in range(watchers))
+                )
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        try:
+            got = asyncio.run(watch_all())
+        finally:
+            done.set()
+            sampler.join()
+        assert all(seqs == list(range(1, events + 1)) for seqs in got)
+        assert max(held) <= 64 << 20, max(held)
