@@ -404,6 +404,21 @@ func stalledStep(t *testing.T) (*scripted, *Stream, *ctxccv1.CompileRequest, con
 	return s, st, req, endStream, running
 }
 
+// endsCanceled takes the next error from errs, which must be the caller's context's: a
+// call waiting behind a step that never ends returns once its own context ends. The
+// minute is a bound, not a wait (the stalled step never ends).
+func endsCanceled(t *testing.T, errs <-chan error, stuck string) {
+	t.Helper()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err = %v, want the call's context's", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal(stuck)
+	}
+}
+
 // A step bounded by StepContext that waits its turn behind another goroutine's step (one
 // whose answer never comes) fails with its context's error when that ends, and is never
 // sent; it waited for the lock the running step held, as long as that step ran.
@@ -417,14 +432,7 @@ func TestAStepWaitingItsTurnEndsWithItsContext(t *testing.T) {
 		queued <- err
 	}()
 	cancel()
-	select {
-	case err := <-queued:
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("err = %v, want the step's context's", err)
-		}
-	case <-time.After(time.Minute): // a bound, not a wait: the first step never ends
-		t.Fatal("the step whose context ended still waits behind the stalled one")
-	}
+	endsCanceled(t, queued, "the step whose context ended still waits behind the stalled one")
 	endStream()
 	<-running
 	s.mu.Lock()
@@ -452,14 +460,7 @@ func TestUsageCallsWaitingForAStepEndWithTheirContext(t *testing.T) {
 	}()
 	cancel()
 	for range 2 {
-		select {
-		case err := <-done:
-			if !errors.Is(err, context.Canceled) {
-				t.Fatalf("err = %v, want the call's context's", err)
-			}
-		case <-time.After(time.Minute): // a bound, not a wait: the step never ends
-			t.Fatal("a usage call whose context ended still waits behind the stalled step")
-		}
+		endsCanceled(t, done, "a usage call whose context ended still waits behind the stalled step")
 	}
 	endStream()
 	<-running

@@ -63,10 +63,7 @@ def test_stalled_watchers_hold_at_most_the_budget_and_readers_get_every_event(
     )
     with daemon.serving(), grpc.insecure_channel(daemon.target) as ch:
         stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-        stub.CreateSession(spb.CreateSessionRequest(session=session_pb2.Session(session_id="w")))
-        for part in range(EVENTS // 8):
-            events = [user(f"{part * 8 + i} {TEXT}") for i in range(8)]
-            stub.AppendEvents(spb.AppendEventsRequest(session_id="w", events=events))
+        _session(stub, "w", [f"{i} {TEXT}" for i in range(EVENTS)], 8)
         # Watchers that never read, each on a connection of its own.
         channels = [grpc.insecure_channel(daemon.target) for _ in range(STALLED)]
         stalled = [
@@ -148,10 +145,7 @@ def test_watches_of_small_events_share_the_budget_under_a_large_max_event_bytes(
     events, watchers = 4_000, 4
     with daemon.serving(), grpc.insecure_channel(daemon.target) as ch:
         stub: Any = session_service_pb2_grpc.SessionServiceStub(ch)
-        stub.CreateSession(spb.CreateSessionRequest(session=session_pb2.Session(session_id="s")))
-        for part in range(events // 500):
-            batch = [user(f"event {part * 500 + i}") for i in range(500)]
-            stub.AppendEvents(spb.AppendEventsRequest(session_id="s", events=batch))
+        _session(stub, "s", [f"event {i}" for i in range(events)], 500)
         held: list[float] = []
         done = threading.Event()
 
@@ -175,3 +169,12 @@ def test_watches_of_small_events_share_the_budget_under_a_large_max_event_bytes(
             sampler.join()
         assert all(seqs == list(range(1, events + 1)) for seqs in got)
         assert max(held) <= 64 << 20, max(held)
+
+
+def _session(stub: Any, sid: str, texts: list[str], batch: int) -> None:
+    """A new session `sid` holding a user message of each of `texts`, appended `batch`
+    at a time."""
+    stub.CreateSession(spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid)))
+    for i in range(0, len(texts), batch):
+        events = [user(t) for t in texts[i : i + batch]]
+        stub.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=events))

@@ -51,6 +51,15 @@ async def project_api(short_tmp: Path) -> AsyncIterator[tuple[Stubs, Path]]:
         await d.stop()
 
 
+async def _compiled(api: Stubs, sid: str, root: Path) -> view_pb2.CompiledView:
+    """The first view of a new session `sid` on the project at `root`, after one user
+    message: what a compile makes of the project's files."""
+    session = session_pb2.Session(session_id=sid, project_root=str(root))
+    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=[user("hi")]))
+    return (await api.compiles.Compile(compile_request(sid))).view
+
+
 async def test_project_sections_with_sources_tokens_and_changes(
     project_api: tuple[Stubs, Path],
 ) -> None:
@@ -294,10 +303,7 @@ async def test_skill_and_rule_files_saved_with_a_byte_order_mark_keep_their_fron
         bom + b"---\nname: sql\ndescription: How to write SQL\nactivation: on_demand\n---\n"
         b"Always use CTEs.\n"
     )
-    session = session_pb2.Session(session_id="bom", project_root=str(proj))
-    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="bom", events=[user("hi")]))
-    view = (await api.compiles.Compile(compile_request("bom"))).view
+    view = await _compiled(api, "bom", proj)
     by = {s.kind: s.text for s in view.system_sections}
     assert "- release: Tag and publish." in by[view_pb2.SECTION_KIND_SKILLS], list(view.notes)
     assert "- sql: How to write SQL" in by[view_pb2.SECTION_KIND_RULE_INDEX]
@@ -355,10 +361,7 @@ async def test_a_workspace_read_stops_at_its_byte_budget(
     for i in range(fit + 4):
         os.link(one, rules / f"r{i:02d}.md")
     (big / ".ctxcc" / "MEMORY.md").write_text("Small files still fit.\n")  # read after rules
-    session = session_pb2.Session(session_id="big", project_root=str(big))
-    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="big", events=[user("hi")]))
-    view = (await api.compiles.Compile(compile_request("big"))).view
+    view = await _compiled(api, "big", big)
     by = {s.kind: s.text for s in view.system_sections}
     assert "Keep the build green." in by[view_pb2.SECTION_KIND_INSTRUCTIONS]
     skipped = sorted(n.split(":")[0] for n in view.notes if "MiB, the most one read" in n)
@@ -390,10 +393,7 @@ async def test_a_skills_or_rules_directory_gives_a_bounded_number_of_files(
         (skills / f"s{i:05d}" / "SKILL.md").write_text(
             f"---\nname: s{i:05d}\ndescription: d\n---\n"
         )
-    session = session_pb2.Session(session_id="wide", project_root=str(wide))
-    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="wide", events=[user("hi")]))
-    view = (await api.compiles.Compile(compile_request("wide"))).view
+    view = await _compiled(api, "wide", wide)
     notes = list(view.notes)
     assert f"skipped {extra} more entries of .ctxcc/rules: " in "\n".join(notes), notes
     assert f"skipped {extra} more entries of .claude/skills: " in "\n".join(notes), notes
@@ -437,10 +437,7 @@ async def test_a_workspace_read_opens_a_bounded_number_of_directories(
         (maze / f"link{i}").symlink_to("/".join(["d"] * depth + [".."] * depth + [there]))
     for name in ("r0.md", "r1.md"):
         (rules / name).symlink_to("../../link0")
-    session = session_pb2.Session(session_id="maze", project_root=str(maze))
-    await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-    await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id="maze", events=[user("hi")]))
-    view = (await api.compiles.Compile(compile_request("maze"))).view
+    view = await _compiled(api, "maze", maze)
     by = {s.kind: s.text for s in view.system_sections}
     assert "Keep the build green." in by[view_pb2.SECTION_KIND_INSTRUCTIONS]
     assert "Write tests first." in by[view_pb2.SECTION_KIND_RULES]

@@ -421,12 +421,8 @@ async def test_a_gemini_tool_loop_sends_each_calls_thought_signature_back(
             "thought_signature": b"\x12\x34sig-two",
         },
     )
-    gemini_format = view_pb2.RENDER_FORMAT_GEMINI
     async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
-        sid = (await ctx.create_session()).session_id
-        await ctx.append(sid, [user("fix the parser bug")])
-        req = cpb.CompileRequest(session_id=sid, route=GEMINI_ROUTE, render_formats=[gemini_format])
-        view = (await ctx.compiles.Compile(req)).view
+        sid, req, view = await _gemini_session(ctx)
         for answer in (first, second):
             logged = assistant_from_gemini(answer, view.route_id)
             assert logged.assistant_message.native_state.kind == GEMINI_THOUGHT_SIGNATURES
@@ -468,12 +464,8 @@ async def test_a_checkpoint_between_gemini_calls_and_a_result_keeps_the_signed_c
         },
         {"function_call": {"id": "fc2", "name": "read", "args": {"path": "b.py"}}},
     )
-    gemini_format = view_pb2.RENDER_FORMAT_GEMINI
     async with AsyncClient(str(daemon.endpoints.tcp)) as ctx:
-        sid = (await ctx.create_session()).session_id
-        await ctx.append(sid, [user("fix the parser bug")])
-        req = cpb.CompileRequest(session_id=sid, route=GEMINI_ROUTE, render_formats=[gemini_format])
-        view = (await ctx.compiles.Compile(req)).view
+        sid, req, view = await _gemini_session(ctx)
         await ctx.append(
             sid,
             [assistant_from_gemini(first, view.route_id), tool_result("fc1", "ok", "read")],
@@ -689,3 +681,16 @@ async def _checkpoint_at_head(
         )
     )
     return int(head)
+
+
+async def _gemini_session(
+    ctx: AsyncClient,
+) -> tuple[str, cpb.CompileRequest, view_pb2.CompiledView]:
+    """A new session with the user's request, compiled on the Gemini route with its body:
+    the session id, the request, the first view."""
+    sid = (await ctx.create_session()).session_id
+    await ctx.append(sid, [user("fix the parser bug")])
+    req = cpb.CompileRequest(
+        session_id=sid, route=GEMINI_ROUTE, render_formats=[view_pb2.RENDER_FORMAT_GEMINI]
+    )
+    return sid, req, (await ctx.compiles.Compile(req)).view

@@ -14,13 +14,8 @@ from server.service import basis
 from server.service.basis import PartDigests, digest_of
 
 
-def _sources(text: str) -> SourceInputs:
-    return SourceInputs(instruction_files=(InstructionFile("AGENTS.md", Scope.PROJECT, text),))
-
-
-def test_the_same_value_is_digested_once_and_others_by_their_content(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _counted(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every value basis digests from now on, in order (the digests are the real ones)."""
     digested: list[object] = []
     real = basis.digest_of
 
@@ -29,6 +24,17 @@ def test_the_same_value_is_digested_once_and_others_by_their_content(
         return real(value)
 
     monkeypatch.setattr(basis, "digest_of", counting)
+    return digested
+
+
+def _sources(text: str) -> SourceInputs:
+    return SourceInputs(instruction_files=(InstructionFile("AGENTS.md", Scope.PROJECT, text),))
+
+
+def test_the_same_value_is_digested_once_and_others_by_their_content(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    digested = _counted(monkeypatch)
     known = PartDigests()
     a = _sources("Use tabs.")
     assert known.of(a, a) == digest_of(a)
@@ -75,14 +81,7 @@ def test_sources_read_again_are_not_digested_again_text_by_text(
             )
         )
 
-    digested: list[object] = []
-    real = basis.digest_of
-
-    def counting(value: Any) -> str:
-        digested.append(value)
-        return real(value)
-
-    monkeypatch.setattr(basis, "digest_of", counting)
+    digested = _counted(monkeypatch)
     known = PartDigests()
     first = known.sources(read())
     assert len(digested) == 1_001
