@@ -18,8 +18,10 @@ import importlib
 import logging
 import os
 import resource
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 from wsgiref.simple_server import WSGIServer
 
 import grpc
@@ -89,6 +91,7 @@ if TYPE_CHECKING:
     from server.web.server import WebServer
 
 log = logging.getLogger("ctxcc")
+T = TypeVar("T")
 # New calls gRPC holds for the daemon to take (see the server's options).
 MAX_PENDING_CALLS = 16_384
 
@@ -183,8 +186,7 @@ class Daemon:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         prepare_dirs(cfg)
-        preload = self._preload_tokenizers()
-        kv = self._open_kv()
+        kv, preload = self._open_kv()
         # One splitter for the store and the compiles: see CompileUseCases.
         store = self._open_store(kv, splitter := Splitter())
         self._store = store
@@ -354,26 +356,33 @@ class Daemon:
             kv.close()
             raise StoreOpenError(f"cannot open the store in {cfg.db_path}: {exc}") from None
 
-    def _open_kv(self) -> RocksKV:
+    def _open_kv(self) -> tuple[RocksKV, asyncio.Future[None] | None]:
+        """The store's engine, and the preloaded tokenizers' build, started once the
+        data directory is the daemon's: beside RocksDB's open (a long log replay), and
+        never for a directory another daemon holds."""
         cfg = self.cfg
+        preloading: list[asyncio.Future[None]] = []
         try:
-            return open_rocks(
+            kv = open_rocks(
                 cfg.db_path,
                 sync=cfg.durability == "sync",
                 on_write=self.telemetry.storage_write,
                 reserve_bytes=cfg.disk_reserve_bytes,
+                locked=lambda: preloading.extend(self._preload_tokenizers()),
             )
+            return kv, preloading[0] if preloading else None
         except OSError as exc:  # not ours to write (its owner, its mode), not a directory
             raise ConfigError(data_dir_error(cfg, exc)) from None
 
-    def _preload_tokenizers(self) -> asyncio.Future[None] | None:
+    def _preload_tokenizers(self) -> list[asyncio.Future[None]]:
         """Tokenizer tables are built by the first compile that needs one, in its worker
         (a sidecar serving Claude routes never holds o200k's). Those the operator asks to
-        preload are built beside the store's opening, and SERVING waits for them."""
+        preload are built beside the store's opening (`_open_kv`), and SERVING waits
+        for them."""
         names = self.cfg.preload_tokenizers
         if not names:
-            return None
-        return asyncio.get_running_loop().run_in_executor(None, preload_tokenizers, names)
+            return []
+        return [_beside(preload_tokenizers, names)]
 
     def _add_core_services(
         self,
@@ -554,3 +563,33 @@ class Daemon:
         if self.endpoints.unix is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.endpoints.unix)
+
+
+def _beside(fn: Callable[[T], object], arg: T) -> asyncio.Future[None]:
+    """`fn(arg)` on a daemon thread of its own, settling the returned future. Not the
+    loop's default executor: a start that fails (the data directory in use, a damaged
+    store) ends the process at once, where asyncio.run's exit joined that executor's
+    threads and waited out a table still being built (~1 s for Claude's), then logged it
+    built after the failure."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(failed: BaseException | None) -> None:
+        if done.done():
+            return
+        if failed is None:
+            done.set_result(None)
+        else:
+            done.set_exception(failed)
+
+    def run() -> None:
+        failed: BaseException | None = None
+        try:
+            fn(arg)
+        except BaseException as exc:  # raised where the start awaits it
+            failed = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            loop.call_soon_threadsafe(settle, failed)
+
+    threading.Thread(target=run, name="ctxcc-preload", daemon=True).start()
+    return done

@@ -101,7 +101,9 @@ async def _serve(flags: dict[str, object]) -> int:
     # What starting made lives as long as the process: out of every full collection's
     # walk from now on (server/adapters/gc_pauses.py).
     COLLECTIONS.freeze_startup()
-    log.info("serving %s", json.dumps(ready))
+    # The endpoints as a field of their own too: a log pipeline reading JSON lines gets
+    # them as an object, not as text inside the message.
+    log.info("serving %s", json.dumps(ready), extra={"endpoints": ready})
     await stop.wait()
     log.info(
         "shutting down: draining in-flight calls for up to %ss (a second signal cuts it short)",

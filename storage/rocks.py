@@ -153,11 +153,16 @@ class RocksKV:
         sync: bool = True,
         on_write: Callable[[float], None] | None = None,
         reserve_bytes: int = 0,
+        locked: Callable[[], object] | None = None,
     ) -> None:
+        """`locked`: called once the data directory is this process's, before RocksDB
+        opens (work to do beside the open, never for a directory another daemon holds)."""
         self.path = path
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         _make_private(path)
         self._lock_file = _take_lock(path)
+        if locked is not None:
+            locked()
         self._reserve = Reserve(path, reserve_bytes)
         self._gate = threading.Condition(threading.Lock())
         self._active = 0
@@ -579,5 +584,6 @@ def open_rocks(
     sync: bool = True,
     on_write: Callable[[float], None] | None = None,
     reserve_bytes: int = 0,
+    locked: Callable[[], object] | None = None,
 ) -> RocksKV:
-    return RocksKV(path, sync=sync, on_write=on_write, reserve_bytes=reserve_bytes)
+    return RocksKV(path, sync=sync, on_write=on_write, reserve_bytes=reserve_bytes, locked=locked)

@@ -136,6 +136,9 @@ def test_second_daemon_on_the_same_data_dir_fails_fast(
     assert "in use by another ctxcc process" in second.stderr
     assert f"pid {daemon_proc.proc.pid}" in second.stderr  # type: ignore[union-attr]
     assert "Traceback" not in second.stderr
+    # The Claude table it preloads by default is not waited for, nor logged built after
+    # the failure.
+    assert "tokenizer" not in second.stderr, second.stderr
     assert time.monotonic() - started < 30
     # The first daemon is unharmed.
     assert daemon_proc.health() == health_pb2.HealthCheckResponse.SERVING
@@ -484,7 +487,12 @@ def test_json_logs_are_one_object_per_line_from_start_to_exit(short_tmp: Path) -
     warned = [r for r in records if "CTXCC_FROBNICATE" in r["message"]]
     assert [r["level"] for r in warned] == ["warning"], records
     messages = [r["message"] for r in records]
-    assert any(m.startswith("serving {") for m in messages), messages
+    serving = [r for r in records if r["message"].startswith("serving {")]
+    assert len(serving) == 1, messages
+    # The endpoints are an object of their own in the record, the message's JSON.
+    endpoints = serving[0]["endpoints"]
+    assert endpoints == json.loads(serving[0]["message"].split(" ", 1)[1]), serving
+    assert f"unix:{endpoints['unix']}" == d.target, endpoints
     assert messages[-1] == "stopped cleanly", messages
 
 
