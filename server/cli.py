@@ -65,7 +65,7 @@ async def _serve(flags: dict[str, object]) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(log_format.formatter(cfg.log_format))
     logging.basicConfig(level=cfg.log_level.upper(), handlers=[handler])
-    log_format.quiet_grpc_header_decoding()
+    log_format.filter_grpc_records()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # SIGHUP too: the terminal of a `make run` closed, or a supervisor that hangs up; its

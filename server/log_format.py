@@ -61,9 +61,36 @@ def _not_undecodable_header(record: logging.LogRecord) -> bool:
     return record.msg != _UNDECODABLE_HEADER
 
 
-def quiet_grpc_header_decoding() -> None:
-    """Drops grpc's records of header values that are not UTF-8 (see above)."""
-    logging.getLogger(GRPC_LOGGER).addFilter(_not_undecodable_header)
+# grpc's asyncio server logs at ERROR, with a traceback, each message a handler could not
+# send because the call had ended under it (grpc/grpc#32551 turned the exception into
+# that record): a client that went away — closed, killed, its pod restarted — while its
+# watch or stream step was being answered. Every such disconnect wrote an error with a
+# traceback, which an alert on error logs takes for a fault of the daemon. A client
+# leaving is not one: the record becomes a line of the daemon's own at DEBUG. A batch
+# that failed for another reason (no message in it) is still logged as grpc logs it.
+_SEND_FAILED = "ExecuteBatchError raised in core by servicer method ["
+_gone_log = logging.getLogger("ctxcc.transport")
+
+
+def _not_a_client_gone(record: logging.LogRecord) -> bool:
+    # The method is formatted into the message (no args): `... method [/pkg.Svc/Rpc]`.
+    msg = record.msg
+    if not (isinstance(msg, str) and msg.startswith(_SEND_FAILED) and record.exc_info):
+        return True
+    exc = record.exc_info[1]
+    if type(exc).__name__ != "ExecuteBatchError" or "SendMessageOperation" not in str(exc):
+        return True
+    method = msg[len(_SEND_FAILED) :].rstrip("]")
+    _gone_log.debug("the client of a %s call went away while a message was sent to it", method)
+    return False
+
+
+def filter_grpc_records() -> None:
+    """Drops grpc's records of header values that are not UTF-8, and turns its records of
+    messages not sent to clients gone into DEBUG lines (see above)."""
+    logger = logging.getLogger(GRPC_LOGGER)
+    logger.addFilter(_not_undecodable_header)
+    logger.addFilter(_not_a_client_gone)
 
 
 def formatter(kind: str) -> logging.Formatter:
