@@ -333,13 +333,16 @@ class Daemon:
 
     def _watch(self, store: KVEventStore) -> None:
         """The gauges read at scrape time: the store's and the tokenizers'."""
-        self.telemetry.watch_store(store.count_sessions, store.footprint)
+        self.telemetry.watch_store(store.count_sessions, store.footprint, store.bases_dropped)
         self.telemetry.watch_tokenizers(TOKENIZER_TABLES, loaded_tokenizers)
 
     def _open_store(self, kv: RocksKV, splitter: Splitter) -> KVEventStore:
         cfg = self.cfg
         try:
-            return KVEventStore(kv, StoreLimits(cfg.max_sessions, cfg.max_session_bytes), splitter)
+            limits = StoreLimits(
+                cfg.max_sessions, cfg.max_session_bytes, cfg.max_session_basis_bytes
+            )
+            return KVEventStore(kv, limits, splitter)
         except CtxccError as exc:
             kv.close()
             # A new store writes its schema version at open: on a disk too full to take

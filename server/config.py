@@ -107,6 +107,7 @@ class Config:
     max_sessions: int
     session_retention_s: int
     max_session_bytes: int
+    max_session_basis_bytes: int
     max_events_per_append: int
     max_event_bytes: int
     blob_threshold_bytes: int
@@ -322,6 +323,7 @@ def _build(raw: Mapping[str, str]) -> Config:
         max_sessions=int_setting(raw, "max_sessions", minimum=1),
         session_retention_s=duration_s(raw, "session_retention"),
         max_session_bytes=int_setting(raw, "max_session_bytes", minimum=1),
+        max_session_basis_bytes=int_setting(raw, "max_session_basis_bytes", minimum=0),
         max_events_per_append=int_setting(raw, "max_events_per_append", minimum=1),
         max_event_bytes=int_setting(raw, "max_event_bytes", minimum=1024),
         blob_threshold_bytes=int_setting(raw, "blob_threshold_bytes", minimum=256),

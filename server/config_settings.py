@@ -86,7 +86,22 @@ SETTINGS: tuple[Setting, ...] = (
         "delete sessions nothing was appended to or compiled of for this long (e.g. 7d, "
         "36h, 90m, 3600s); 0 keeps every session until DeleteSession",
     ),
-    Setting("max_session_bytes", str(1 << 30), "bytes one session may store", kind="int"),
+    Setting(
+        "max_session_bytes",
+        str(1 << 30),
+        "bytes one session may store: its events, blobs, artifacts, checkpoints and tool "
+        "definitions (not its compiles' bases)",
+        kind="int",
+    ),
+    Setting(
+        "max_session_basis_bytes",
+        str(1 << 30),
+        "bytes of the parts one session's compiles store for their bases (source texts, "
+        "tools, settings), apart from max_session_bytes: past it compiles are answered "
+        "and recorded without their basis (they cannot be rebuilt), appends are never "
+        "refused for them; 0 stores no basis",
+        kind="int",
+    ),
     Setting("max_events_per_append", "1000", "events one AppendEvents may carry", kind="int"),
     Setting(
         "max_event_bytes",

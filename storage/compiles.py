@@ -207,10 +207,12 @@ class CompileRecords(StoreCore):
     ) -> bool:
         """Stores the record, the parts it names that are not stored yet (content-addressed
         by the caller's digest, so unchanged sources cost nothing), and the boundary index.
-        The parts' bytes count against the session's byte quota; a record whose new parts
-        would take the session past it is stored without its basis (and none of them):
-        the compile is not refused, it cannot be rebuilt (COMPILE_NOT_FOUND). So is a
-        record naming a basis that is not stored (a repeat of such a compile).
+        The parts' bytes count in the session's basis bytes, apart from the bytes of its
+        events and artifacts (an append is never refused for them); a record whose new
+        parts would take the session past --max-session-basis-bytes is stored without its
+        basis (and none of them): the compile is not refused, it cannot be rebuilt
+        (COMPILE_NOT_FOUND). So is a record naming a basis that is not stored (a repeat
+        of such a compile).
         Without `wait`, writes nothing and answers False when the session's lock is held
         (an append may hold it through its fsync) or RocksDB would stall the write.
         `route_since`: a generation after which the session's current route was the
@@ -220,7 +222,7 @@ class CompileRecords(StoreCore):
         encoded = encode_value(stored)
         # A repeat names none; the record's own basis is looked for only in `_parts`.
         keys, puts = self._new_parts(sid, self._unstaged(sid, parts), record.basis_digest)
-        # What the record's sources, tools and settings add counts against the quota; its
+        # What the record's sources, tools and settings add counts in its basis bytes; its
         # own basis, new at every step a usage report moves the route state, is the
         # compile's, like the record (neither counts): counted, every step rewrote and
         # re-read the session record (~0.1-0.15 ms of an agent's step).
@@ -256,7 +258,7 @@ class CompileRecords(StoreCore):
                 session = self.session_of_life(sid, record.session_create_time_ns)
             kept_basis = self._keeps_basis(sid, record, bool(puts), session, added)
             if kept_basis and session is not None and added:
-                session = dataclasses.replace(session, stored_bytes=session.stored_bytes + added)
+                session = dataclasses.replace(session, basis_bytes=session.basis_bytes + added)
             if not kept_basis and record.basis_digest:
                 record = dataclasses.replace(record, basis_digest="")
                 stored = dataclasses.replace(stored, basis_digest="")
@@ -309,22 +311,41 @@ class CompileRecords(StoreCore):
         self, sid: str, record: CompileRecord, puts: bool, session: Session | None, added: int
     ) -> bool:
         """Whether `record` is written naming its basis: it has one, stored or among the
-        parts written with it (`puts`), whose `added` bytes fit the session's quota."""
+        parts written with it (`puts`), whose `added` bytes fit the session's basis quota."""
         if not record.basis_digest:
             return False
-        why = ""
+        why, kind = "", "quota"
+        most = self.limits.max_session_basis_bytes
         if not puts and not self._basis_stored(sid, record.basis_digest):
-            why = "the basis it names is not stored"
-        elif session is not None and session.stored_bytes + added > self.limits.max_session_bytes:
+            why, kind = "the basis it names is not stored", "missing"
+        elif most == 0:
+            why = "--max-session-basis-bytes is 0"
+        elif session is not None and session.basis_bytes + added > most:
             why = (
-                f"its {added} bytes of new basis parts would take the session past "
-                f"--max-session-bytes ({self.limits.max_session_bytes})"
+                f"its {added} bytes of new basis parts would take the session's "
+                f"{session.basis_bytes} bytes of bases past --max-session-basis-bytes "
+                f"({most})"
             )
         if why:
-            log.warning(
-                "compile %s is recorded without its basis (it cannot be rebuilt): %s",
+            with self._sources_lock:
+                self.bases_dropped[kind] += 1
+                # A session at its basis quota drops the basis of nearly every compile
+                # after: the first is logged, the rest counted (ctxcc_compiles_without_
+                # basis_total) and logged at debug.
+                told = kind == "quota" and sid in self._told_basis_full
+                if kind == "quota" and not told:
+                    self._told_basis_full[sid] = None
+                    while len(self._told_basis_full) > _KNOWN_PARTS:
+                        self._told_basis_full.popitem(last=False)
+            log.log(
+                logging.DEBUG if told else logging.WARNING,
+                "compile %s is recorded without its basis (it cannot be rebuilt): %s%s",
                 record.compile_id,
                 why,
+                ""
+                if kind != "quota" or told
+                else "; later ones of the session are counted "
+                "in ctxcc_compiles_without_basis_total, not logged",
             )
         return not why
 

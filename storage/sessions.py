@@ -174,6 +174,8 @@ class SessionRecords(StoreCore):
         self._kv.write(batch)
         self._sources_changed()  # before the bump, as in `_write`
         self._generations.forget(session_id)
+        with self._sources_lock:
+            self._told_basis_full.pop(session_id, None)  # one made again is logged anew
         return DeleteResult(
             deleted_events=session.head_seq,
             deleted_blobs=deleted_blobs,

@@ -19,6 +19,7 @@ from server.domain.generation import Generation
 from server.domain.model import Session
 from server.domain.sources import SourceEntry
 from server.domain.table_chunks import Splitter
+from storage.basis_bytes import move_basis_bytes
 from storage.codec import CorruptRecordError, decode_value
 from storage.generations import Generations
 from storage.keys import SEP, session_key
@@ -42,6 +43,10 @@ T = TypeVar("T")
 class StoreLimits:
     max_sessions: int = 100_000
     max_session_bytes: int = 1 << 30
+    # Bytes of basis parts a session's compiles may store (Session.basis_bytes), apart
+    # from max_session_bytes: past it compiles are recorded without their basis; 0
+    # stores none.
+    max_session_basis_bytes: int = 1 << 30
 
 
 class StoreCore:
@@ -53,6 +58,13 @@ class StoreCore:
         # Sessions whose damaged record was logged (sessions.page_sessions): once each.
         self._told_damaged: set[str] = set()
         self.opened_schema_version = ensure_schema(kv)
+        # Sessions of a store whose basis parts counted in stored_bytes get them apart.
+        self.basis_bytes_moved = move_basis_bytes(kv)
+        # Compiles recorded without their basis since the store opened, by why: the
+        # basis quota ("quota") or a basis that is not stored ("missing").
+        self.bases_dropped: dict[str, int] = {"quota": 0, "missing": 0}
+        # Sessions whose compile past the basis quota was logged (once each).
+        self._told_basis_full: OrderedDict[str, None] = OrderedDict()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._blob_stripes = [threading.Lock() for _ in range(_BLOB_STRIPES)]
         self._sessions_lock = threading.Lock()

@@ -26,7 +26,7 @@ from ctxcc.v1 import common_pb2 as ctxcc_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63txcc/v1/session.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb9\x03\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\x12\x12\n\nproject_id\x18\x05 \x01(\t\x12-\n\x06labels\x18\x06 \x03(\x0b\x32\x1d.ctxcc.v1.Session.LabelsEntry\x12&\n\rcurrent_route\x18\x07 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12\x10\n\x08head_seq\x18\x08 \x01(\x04\x12\x14\n\x0cproject_root\x18\t \x01(\t\x12\x19\n\x11working_directory\x18\n \x01(\t\x12\x14\n\x0cstored_bytes\x18\x0b \x01(\x04\x12/\n\x0b\x61\x63tive_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x63txcc/v1/session.proto\x12\x08\x63txcc.v1\x1a\x15\x63txcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xce\x03\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12/\n\x0b\x63reate_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cworkspace_id\x18\x04 \x01(\t\x12\x12\n\nproject_id\x18\x05 \x01(\t\x12-\n\x06labels\x18\x06 \x03(\x0b\x32\x1d.ctxcc.v1.Session.LabelsEntry\x12&\n\rcurrent_route\x18\x07 \x01(\x0b\x32\x0f.ctxcc.v1.Route\x12\x10\n\x08head_seq\x18\x08 \x01(\x04\x12\x14\n\x0cproject_root\x18\t \x01(\t\x12\x19\n\x11working_directory\x18\n \x01(\t\x12\x14\n\x0cstored_bytes\x18\x0b \x01(\x04\x12/\n\x0b\x61\x63tive_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0b\x62\x61sis_bytes\x18\r \x01(\x04\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,7 +36,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSION_LABELSENTRY']._loaded_options = None
   _globals['_SESSION_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_SESSION']._serialized_start=93
-  _globals['_SESSION']._serialized_end=534
-  _globals['_SESSION_LABELSENTRY']._serialized_start=489
-  _globals['_SESSION_LABELSENTRY']._serialized_end=534
+  _globals['_SESSION']._serialized_end=555
+  _globals['_SESSION_LABELSENTRY']._serialized_start=510
+  _globals['_SESSION_LABELSENTRY']._serialized_end=555
 # @@protoc_insertion_point(module_scope)

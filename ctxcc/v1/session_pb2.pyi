@@ -58,6 +58,7 @@ class Session(_message.Message):
     WORKING_DIRECTORY_FIELD_NUMBER: _builtins.int
     STORED_BYTES_FIELD_NUMBER: _builtins.int
     ACTIVE_TIME_FIELD_NUMBER: _builtins.int
+    BASIS_BYTES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session id: 1-128 characters of [A-Za-z0-9._-]; chosen by the client or the daemon."""
     workspace_id: _builtins.str
@@ -71,7 +72,16 @@ class Session(_message.Message):
     working_directory: _builtins.str
     """Working directory of the agent; instruction files are read from project_root down to it."""
     stored_bytes: _builtins.int
-    """Total bytes stored for the session (events, blobs and artifacts it references)."""
+    """Total bytes stored for the session (events, blobs and artifacts it references, its
+    checkpoints and tool definitions): what --max-session-bytes bounds. The parts its
+    compiles store for their bases are not counted here (see basis_bytes).
+    """
+    basis_bytes: _builtins.int
+    """Bytes of the parts the session's compiles stored for their bases (source texts,
+    sources, tools and settings parts, route state table chunks), once per content:
+    what --max-session-basis-bytes bounds. Past it compiles are recorded without their
+    basis; appends are never refused for these bytes. Set by GetSession and ListSessions.
+    """
     @_builtins.property
     def create_time(self) -> _timestamp_pb2.Timestamp:
         """Time the session was created."""
@@ -113,10 +123,11 @@ class Session(_message.Message):
         working_directory: _builtins.str = ...,
         stored_bytes: _builtins.int = ...,
         active_time: _timestamp_pb2.Timestamp | None = ...,
+        basis_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["active_time", b"active_time", "create_time", b"create_time", "current_route", b"current_route", "update_time", b"update_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_time", b"active_time", "create_time", b"create_time", "current_route", b"current_route", "head_seq", b"head_seq", "labels", b"labels", "project_id", b"project_id", "project_root", b"project_root", "session_id", b"session_id", "stored_bytes", b"stored_bytes", "update_time", b"update_time", "working_directory", b"working_directory", "workspace_id", b"workspace_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["active_time", b"active_time", "basis_bytes", b"basis_bytes", "create_time", b"create_time", "current_route", b"current_route", "head_seq", b"head_seq", "labels", b"labels", "project_id", b"project_id", "project_root", b"project_root", "session_id", b"session_id", "stored_bytes", b"stored_bytes", "update_time", b"update_time", "working_directory", b"working_directory", "workspace_id", b"workspace_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,11 +9,11 @@ RPC method and status code. No session id ever becomes a label.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Info
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from server.adapters.plain_metrics import PlainMetrics
@@ -122,14 +122,31 @@ class _OverBudgetSessions(Collector):
 
 
 class _StoreCollector(Collector):
-    """Gauges read at scrape time: session count, RocksDB size and the room left."""
+    """Read at scrape time: session count, RocksDB size and the room left, and the
+    compiles the store recorded without their basis."""
 
-    def __init__(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
+    def __init__(
+        self,
+        sessions: Callable[[], int],
+        footprint: Callable[[], Footprint],
+        bases_dropped: Mapping[str, int],
+    ) -> None:
         self._sessions = sessions
         self._footprint = footprint
+        self._bases_dropped = bases_dropped
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield GaugeMetricFamily("ctxcc_sessions", "Sessions held by the daemon.", self._sessions())
+        dropped = CounterMetricFamily(
+            "ctxcc_compiles_without_basis",
+            "Compiles answered and recorded without their basis (they cannot be rebuilt), "
+            "by reason: quota (its new basis parts would pass --max-session-basis-bytes), "
+            "missing (the basis it names is not stored: a repeat of such a compile).",
+            labels=["reason"],
+        )
+        for reason in ("quota", "missing"):
+            dropped.add_metric([reason], self._bases_dropped.get(reason, 0))
+        yield dropped
         now = self._footprint()
         # Table files alone miss what is still in the write-ahead log and memtables,
         # which is everything a young daemon holds: the parts sum to the data held.
@@ -354,8 +371,13 @@ class PrometheusTelemetry:
         self._over_budget = _OverBudgetSessions(self._lock)
         r.register(self._over_budget)
 
-    def watch_store(self, sessions: Callable[[], int], footprint: Callable[[], Footprint]) -> None:
-        self.registry.register(_StoreCollector(sessions, footprint))
+    def watch_store(
+        self,
+        sessions: Callable[[], int],
+        footprint: Callable[[], Footprint],
+        bases_dropped: Mapping[str, int] | None = None,
+    ) -> None:
+        self.registry.register(_StoreCollector(sessions, footprint, bases_dropped or {}))
 
     def watch_requests(self, held: Callable[[], int]) -> None:
         """`held`: bytes of large requests calls in progress hold now (read at a scrape)."""

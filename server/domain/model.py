@@ -245,7 +245,11 @@ class Session:
     head_seq: int = 0
     project_root: str = ""
     working_directory: str = ""
+    # Bytes of the session's events, blobs, artifacts, checkpoints and tool definitions:
+    # what --max-session-bytes bounds.
     stored_bytes: int = 0
+    # Bytes of the parts its compiles stored for their bases: --max-session-basis-bytes.
+    basis_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

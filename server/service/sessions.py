@@ -120,6 +120,7 @@ class SessionUseCases:
             update_time_ns=now,
             head_seq=0,
             stored_bytes=0,
+            basis_bytes=0,
             current_route=None,
         )
         made = await self._blocking.run(self._store.create_session, session)

@@ -321,6 +321,7 @@ def session_out(s: Session) -> session_pb2.Session:
         project_root=s.project_root,
         working_directory=s.working_directory,
         stored_bytes=s.stored_bytes,
+        basis_bytes=s.basis_bytes,
     )
     if s.current_route is not None:
         out.current_route.CopyFrom(route_out(s.current_route))

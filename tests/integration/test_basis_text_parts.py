@@ -2,9 +2,10 @@
 entry's) as a part of its own, named by digest: an edit of one file stores that file's
 text again, not every text the compile read (14 rule files of 1 MB with a tiny rule
 edited before each compile grew the data directory by ~134 MiB in 10 compiles, the whole
-sources part written again each time). What a session's basis parts take counts against
-`--max-session-bytes`; a compile whose new parts would pass it is answered and recorded
-without its basis (it cannot be rebuilt). Against a daemon on RocksDB in a temp dir."""
+sources part written again each time). What a session's basis parts take counts in its
+basis bytes, against `--max-session-basis-bytes` (not `--max-session-bytes`); a compile
+whose new parts would pass it is answered and recorded without its basis (it cannot be
+rebuilt). Against a daemon on RocksDB in a temp dir."""
 
 from __future__ import annotations
 
@@ -88,6 +89,11 @@ async def _session(api: Stubs, proj: Path, working_directory: Path | None = None
     await api.sessions.AppendEvents(spb.AppendEventsRequest(session_id=SID, events=[user("hi")]))
 
 
+async def _basis_bytes(api: Stubs) -> int:
+    got = await api.sessions.GetSession(spb.GetSessionRequest(session_id=SID))
+    return got.session.basis_bytes
+
+
 async def _stored_bytes(api: Stubs) -> int:
     got = await api.sessions.GetSession(spb.GetSessionRequest(session_id=SID))
     return got.session.stored_bytes
@@ -127,15 +133,15 @@ async def test_an_edit_of_one_rule_stores_that_rule_again_not_every_rule(
     _rule(tiny, "Edit 0.", activation="always")
     await _session(api, proj)
     views = [(await api.compiles.Compile(compile_request(SID))).view]
-    first = await _stored_bytes(api)
+    first = await _basis_bytes(api)
     dir_first = _dir_bytes(running.data)
     for n in range(1, 11):
         _rule(tiny, f"Edit {n}.", activation="always")
         views.append((await api.compiles.Compile(compile_request(SID))).view)
-    grown = await _stored_bytes(api) - first
+    grown = await _basis_bytes(api) - first
     dir_grown = _dir_bytes(running.data) - dir_first
-    print(f"stored_bytes: first {first}, +{grown} in 10 compiles; data dir +{dir_grown}")
-    # The 14 MB of rule texts count once against the quota, each edit a few KB.
+    print(f"basis_bytes: first {first}, +{grown} in 10 compiles; data dir +{dir_grown}")
+    # The 14 MB of rule texts count once in the basis bytes, each edit a few KB.
     assert first >= 14 * MB
     assert 0 < grown < 200_000, grown
     # Every compile rebuilds byte for byte, with the rule text it read.
@@ -178,7 +184,7 @@ async def test_instruction_files_and_memory_are_stored_once_per_text(running: Ru
     texts = await put_api(0) + sum(p.stat().st_size for p in files.values())
     request = compile_request(SID)
     views = [(await api.compiles.Compile(request)).view]
-    first = await _stored_bytes(api)
+    first = await _basis_bytes(api)
     assert first >= texts
     edited = 0
     for n, name in enumerate(("agents", "claude", "memory", "rule", "api"), start=1):
@@ -189,8 +195,8 @@ async def test_instruction_files_and_memory_are_stored_once_per_text(running: Ru
             path.write_text(path.read_text().replace(f"{name} 0\n", f"{name} {n}\n", 1))
             edited += path.stat().st_size
         views.append((await api.compiles.Compile(request)).view)
-    grown = await _stored_bytes(api) - first
-    print(f"stored_bytes: first {first}, +{grown} for {edited} bytes of edited texts")
+    grown = await _basis_bytes(api) - first
+    print(f"basis_bytes: first {first}, +{grown} for {edited} bytes of edited texts")
     assert edited <= grown < edited + 200_000, (grown, edited)
     for view in views:
         assert _wire(await _rebuilt(api, view.compile_id)) == _wire(view)
@@ -200,19 +206,25 @@ async def test_instruction_files_and_memory_are_stored_once_per_text(running: Ru
     assert texts + edited < parts < texts + edited + 200_000, parts
 
 
-@pytest.mark.parametrize("running", [{"max_session_bytes": str(3 * MB)}], indirect=True)
-async def test_basis_parts_count_against_the_session_quota(running: Running) -> None:
-    """Rule texts fill the quota: the compile whose new texts would pass it is answered
-    and recorded (a usage report finds it) without its basis, so it cannot be rebuilt;
-    a later append of more than is left is refused QUOTA_EXCEEDED; compiles of unchanged
-    sources store nothing new and are kept with their basis."""
+@pytest.mark.parametrize(
+    "running",
+    [{"max_session_bytes": str(3 * MB), "max_session_basis_bytes": str(3 * MB)}],
+    indirect=True,
+)
+async def test_basis_parts_count_against_the_session_basis_quota(running: Running) -> None:
+    """Rule texts fill the basis quota: the compile whose new texts would pass it is
+    answered and recorded (a usage report finds it) without its basis, so it cannot be
+    rebuilt; appends are not refused for the bases' bytes (an append that took the
+    session's bytes and its bases' past --max-session-bytes was refused QUOTA_EXCEEDED);
+    compiles of unchanged sources store nothing new and are kept with their basis."""
     api, proj = running.api, running.proj
     rule = proj / ".ctxcc" / "rules" / "big.md"
     _rule(rule, "first " * (MB // 6))
     _rule(proj / ".ctxcc" / "rules" / "other.md", "other " * (MB // 6))
     await _session(api, proj)
     kept = (await api.compiles.Compile(compile_request(SID))).view
-    assert await _stored_bytes(api) > 2 * MB
+    assert await _basis_bytes(api) > 2 * MB
+    assert await _stored_bytes(api) < 1_000
     assert _wire(await _rebuilt(api, kept.compile_id)) == _wire(kept)
 
     _rule(rule, "second " * (MB // 7))
@@ -238,12 +250,17 @@ async def test_basis_parts_count_against_the_session_quota(running: Running) -> 
         )
     )
     assert usage.estimated_input_tokens == over.budget.estimated_input_tokens
+    assert 2 * MB < await _basis_bytes(api) <= 3 * MB
     held = await _stored_bytes(api)
-    assert held <= 3 * MB
-
+    # Events up to the session's quota go in, bases or not.
+    for _ in range(3):
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=SID, events=[user("x" * (MB - 1_000))])
+        )
+    assert await _stored_bytes(api) > held + 2.99 * MB
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await api.sessions.AppendEvents(
-            spb.AppendEventsRequest(session_id=SID, events=[user("x" * (3 * MB - held + 1000))])
+            spb.AppendEventsRequest(session_id=SID, events=[user("x" * 10_000)])
         )
     assert error_info(exc.value).reason == "QUOTA_EXCEEDED"
     assert error_info(exc.value).metadata["quota"] == "max_session_bytes"
@@ -324,7 +341,7 @@ def test_two_compiles_storing_the_same_new_text_at_once_count_it_once(short_tmp:
             alone = KVEventStore(alone_kv)
             alone.create_session(session)
             alone.put_compile(*stored(1))
-            once = alone.get_session("s").stored_bytes
+            once = alone.get_session("s").basis_bytes
         finally:
             alone_kv.close()
         assert once > len(text)
@@ -337,7 +354,7 @@ def test_two_compiles_storing_the_same_new_text_at_once_count_it_once(short_tmp:
         lock.release()
         for t in threads:
             t.join()
-        assert store.get_session("s").stored_bytes == once
+        assert store.get_session("s").basis_bytes == once
         for n in (1, 2):
             record = store.get_compile(f"s:{n:04x}")
             assert recall(store, "s", record.basis_digest).sources == sources

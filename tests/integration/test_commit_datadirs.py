@@ -24,6 +24,7 @@ import gzip
 import hashlib
 import json
 import shutil
+import tempfile
 import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ctxcc.v1 import common_pb2, event_pb2, session_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
+from storage.basis_bytes import Split, split_basis_bytes
 from storage.rocks import open_rocks
 from storage.store import KVEventStore
 from tests.conftest import Stubs, make_config, stubs_for
@@ -118,6 +120,18 @@ async def u(request: pytest.FixtureRequest, short_tmp: Path) -> AsyncIterator[Up
         await u.daemon.stop()  # the one running now (a test may restart it)
 
 
+def _split_of(fixture: Path, sid: str) -> Split:
+    """What a session's basis parts hold in a fixture's data dir, as an earlier daemon
+    wrote it (read from a copy)."""
+    with tempfile.TemporaryDirectory(prefix="ctxcc-", dir="/tmp") as d:
+        shutil.copytree(fixture / "db", Path(d) / "db")
+        kv = open_rocks(Path(d) / "db")
+        try:
+            return split_basis_bytes(kv, sid)
+        finally:
+            kv.close()
+
+
 def _b(msg: Any) -> bytes:
     data: bytes = msg.SerializeToString(deterministic=True)
     return data
@@ -156,10 +170,17 @@ async def test_sessions_events_and_checkpoints_read_back_as_written(u: Upgraded)
             # The active time (field 12) came after the earlier daemons: the later of the
             # last append and the last recorded compile, never before the update time.
             assert got.active_time.ToNanoseconds() >= got.update_time.ToNanoseconds() > 0
-            if not session_pb2.Session.FromString(bytes.fromhex(saved["session"])).HasField(
-                "active_time"
-            ):
+            was = session_pb2.Session.FromString(bytes.fromhex(saved["session"]))
+            if not was.HasField("active_time"):
                 got.ClearField("active_time")
+            # Basis bytes (field 13) came after the earlier daemons: what the session's
+            # basis parts hold, taken out of the stored bytes of daemons that counted
+            # them there (from d7961be; test_basis_quota.py).
+            split = _split_of(u.fixture, sid)
+            assert got.basis_bytes == split.held
+            assert got.stored_bytes == was.stored_bytes - split.counted
+            got.ClearField("basis_bytes")
+            got.stored_bytes = was.stored_bytes
             assert _b(got).hex() == saved["session"]
     download = u.api.artifacts.DownloadArtifact(
         apb.DownloadArtifactRequest(session_id=SID, artifact_id=u.m["artifact_id"])

@@ -93,6 +93,7 @@ async def test_real_scrape_passes_promtool_and_has_the_metrics(
         "ctxcc_rocksdb_size_bytes",
         "ctxcc_data_dir_free_bytes",
         "ctxcc_data_dir_full",
+        "ctxcc_compiles_without_basis_total",
         "ctxcc_watchers",
         "ctxcc_sessions_over_budget",
         "ctxcc_tokenizer_loaded",

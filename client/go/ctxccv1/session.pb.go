@@ -46,13 +46,20 @@ type Session struct {
 	ProjectRoot string `protobuf:"bytes,9,opt,name=project_root,json=projectRoot,proto3" json:"project_root,omitempty"`
 	// Working directory of the agent; instruction files are read from project_root down to it.
 	WorkingDirectory string `protobuf:"bytes,10,opt,name=working_directory,json=workingDirectory,proto3" json:"working_directory,omitempty"`
-	// Total bytes stored for the session (events, blobs and artifacts it references).
+	// Total bytes stored for the session (events, blobs and artifacts it references, its
+	// checkpoints and tool definitions): what --max-session-bytes bounds. The parts its
+	// compiles store for their bases are not counted here (see basis_bytes).
 	StoredBytes uint64 `protobuf:"varint,11,opt,name=stored_bytes,json=storedBytes,proto3" json:"stored_bytes,omitempty"`
 	// Time of the session's latest append or recorded compile, the later (its creation
 	// when it has neither): what --session-retention measures a session's idleness from.
 	// Set by GetSession and ListSessions (unset: a daemon before this field, or a session
 	// whose record is damaged and has no compile recorded).
-	ActiveTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=active_time,json=activeTime,proto3" json:"active_time,omitempty"`
+	ActiveTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=active_time,json=activeTime,proto3" json:"active_time,omitempty"`
+	// Bytes of the parts the session's compiles stored for their bases (source texts,
+	// sources, tools and settings parts, route state table chunks), once per content:
+	// what --max-session-basis-bytes bounds. Past it compiles are recorded without their
+	// basis; appends are never refused for these bytes. Set by GetSession and ListSessions.
+	BasisBytes    uint64 `protobuf:"varint,13,opt,name=basis_bytes,json=basisBytes,proto3" json:"basis_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,11 +178,18 @@ func (x *Session) GetActiveTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Session) GetBasisBytes() uint64 {
+	if x != nil {
+		return x.BasisBytes
+	}
+	return 0
+}
+
 var File_ctxcc_v1_session_proto protoreflect.FileDescriptor
 
 const file_ctxcc_v1_session_proto_rawDesc = "" +
 	"\n" +
-	"\x16ctxcc/v1/session.proto\x12\bctxcc.v1\x1a\x15ctxcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x04\n" +
+	"\x16ctxcc/v1/session.proto\x12\bctxcc.v1\x1a\x15ctxcc/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf8\x04\n" +
 	"\aSession\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12;\n" +
@@ -194,7 +208,9 @@ const file_ctxcc_v1_session_proto_rawDesc = "" +
 	" \x01(\tR\x10workingDirectory\x12!\n" +
 	"\fstored_bytes\x18\v \x01(\x04R\vstoredBytes\x12;\n" +
 	"\vactive_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"activeTime\x1a9\n" +
+	"activeTime\x12\x1f\n" +
+	"\vbasis_bytes\x18\r \x01(\x04R\n" +
+	"basisBytes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01b\x06proto3"

@@ -44,7 +44,11 @@ export interface Session {
   projectRoot: string;
   /** Working directory of the agent; instruction files are read from project_root down to it. */
   workingDirectory: string;
-  /** Total bytes stored for the session (events, blobs and artifacts it references). */
+  /**
+   * Total bytes stored for the session (events, blobs and artifacts it references, its
+   * checkpoints and tool definitions): what --max-session-bytes bounds. The parts its
+   * compiles store for their bases are not counted here (see basis_bytes).
+   */
   storedBytes: number;
   /**
    * Time of the session's latest append or recorded compile, the later (its creation
@@ -52,7 +56,16 @@ export interface Session {
    * Set by GetSession and ListSessions (unset: a daemon before this field, or a session
    * whose record is damaged and has no compile recorded).
    */
-  activeTime?: Date | undefined;
+  activeTime?:
+    | Date
+    | undefined;
+  /**
+   * Bytes of the parts the session's compiles stored for their bases (source texts,
+   * sources, tools and settings parts, route state table chunks), once per content:
+   * what --max-session-basis-bytes bounds. Past it compiles are recorded without their
+   * basis; appends are never refused for these bytes. Set by GetSession and ListSessions.
+   */
+  basisBytes: number;
 }
 
 export interface Session_LabelsEntry {
@@ -74,6 +87,7 @@ function createBaseSession(): Session {
     workingDirectory: "",
     storedBytes: 0,
     activeTime: undefined,
+    basisBytes: 0,
   };
 }
 
@@ -114,6 +128,9 @@ export const Session: MessageFns<Session> = {
     }
     if (message.activeTime !== undefined) {
       Timestamp.encode(toTimestamp(message.activeTime), writer.uint32(98).fork()).join();
+    }
+    if (message.basisBytes !== 0) {
+      writer.uint32(104).uint64(message.basisBytes);
     }
     return writer;
   },
@@ -230,6 +247,14 @@ export const Session: MessageFns<Session> = {
             message.activeTime = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
             continue;
           }
+          case 13: {
+            if (tag !== 104) {
+              break;
+            }
+
+            message.basisBytes = longToNumber(reader.uint64());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -313,6 +338,11 @@ export const Session: MessageFns<Session> = {
         : isSet(object.active_time)
         ? fromJsonTimestamp(object.active_time)
         : undefined,
+      basisBytes: isSet(object.basisBytes)
+        ? globalThis.Number(object.basisBytes)
+        : isSet(object.basis_bytes)
+        ? globalThis.Number(object.basis_bytes)
+        : 0,
     };
   },
 
@@ -360,6 +390,9 @@ export const Session: MessageFns<Session> = {
     if (message.activeTime !== undefined) {
       obj.activeTime = message.activeTime.toISOString();
     }
+    if (message.basisBytes !== 0) {
+      obj.basisBytes = Math.round(message.basisBytes);
+    }
     return obj;
   },
 
@@ -390,6 +423,7 @@ export const Session: MessageFns<Session> = {
     message.workingDirectory = object.workingDirectory ?? "";
     message.storedBytes = object.storedBytes ?? 0;
     message.activeTime = object.activeTime ?? undefined;
+    message.basisBytes = object.basisBytes ?? 0;
     return message;
   },
 };
