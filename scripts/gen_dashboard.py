@@ -167,8 +167,17 @@ def panels() -> list[dict[str, Any]]:
                     "compaction {{kind}} performed={{performed}}",
                 ),
                 (sum_rate("reason", "ctxcc_projection_fallbacks_total"), "fallback {{reason}}"),
+                (
+                    sum_rate("reason", "ctxcc_compiles_without_basis_total"),
+                    "recorded without basis ({{reason}})",
+                ),
             ],
             unit="ops",
+            description=(
+                "Recorded without basis: compiles that cannot be rebuilt, their session's "
+                "bases past --max-session-basis-bytes (quota) or a repeat of such a "
+                "compile (missing); appends are never refused for them."
+            ),
         ),
         panel(
             5,
