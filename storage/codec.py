@@ -14,6 +14,7 @@ import msgspec
 from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ctxcc.storage.v1 import records_pb2
+from server.adapters.msgpack_pieces import msgpack_pieces
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import KIND_PAYLOADS, Event, EventKind, Payload, kind_of
 from storage.schema import SCHEMA_VERSION
@@ -48,10 +49,32 @@ def _decoder(cls: type[T]) -> msgspec.msgpack.Decoder[T]:
 
 
 def encode_value(value: object) -> bytes:
-    rec = records_pb2.Record(
-        schema_version=SCHEMA_VERSION, type=type(value).__name__, body=_encoder.encode(value)
-    )
-    return rec.SerializeToString()
+    body = msgpack_pieces(value)
+    if len(body) == 1:
+        rec = records_pb2.Record(
+            schema_version=SCHEMA_VERSION, type=type(value).__name__, body=body[0]
+        )
+        return rec.SerializeToString()
+    # A value of many members (a compile's tools part: 200 tools of 250 KB schemas are
+    # ~50 MB): the same bytes as the Record's encoding, its body (field 3, written last)
+    # joined from the pieces rather than encoded, then copied into the Record, by calls
+    # that each held the GIL ~50-90 ms (msgpack_pieces.py).
+    head = records_pb2.Record(schema_version=SCHEMA_VERSION, type=type(value).__name__)
+    size = sum(map(len, body))
+    return b"".join((head.SerializeToString(), _BODY_TAG, _varint(size), *body))
+
+
+# Record.body: field 3, length-delimited.
+_BODY_TAG = bytes([(3 << 3) | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def decode_value(data: bytes, cls: type[T]) -> T:

@@ -28,13 +28,17 @@ def check_fits(response: Message, limit: int, what: str) -> None:
     gRPC would fail the call with a bare RESOURCE_EXHAUSTED (no ErrorInfo) when sending."""
     size = response.ByteSize()
     if size > limit:
-        raise CtxccError(
-            Reason.QUOTA_EXCEEDED,
-            f"{what} is {size} bytes, more than the {limit}-byte message limit; "
-            "list one scope at a time, or delete entries",
-            quota="max_message_bytes",
-            limit=str(limit),
-        )
+        raise too_large(size, limit, what)
+
+
+def too_large(size: int, limit: int, what: str) -> CtxccError:
+    return CtxccError(
+        Reason.QUOTA_EXCEEDED,
+        f"{what} is {size} bytes, more than the {limit}-byte message limit; "
+        "list one scope at a time, or delete entries",
+        quota="max_message_bytes",
+        limit=str(limit),
+    )
 
 
 def _fingerprint(query: object) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -12,8 +14,10 @@ from ctxcc.v1 import tool_service_pb2_grpc as pb_grpc
 from server.domain.errors import invalid
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.tools import ToolUseCases
+from server.transport.convert_view import tagged
 from server.transport.errors import unary
-from server.transport.paging import check_fits
+from server.transport.paging import too_large
+from server.transport.wire import Encoded
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 
@@ -41,6 +45,31 @@ def tool_out(s: ToolSpec) -> tool_pb2.ToolDefinition:
     )
 
 
+# Definitions a request or answer holds above which its conversion runs off the event
+# loop: a definition may hold a 256 KiB schema, and 200 of them (~50 MB) took the loop
+# ~50-130 ms to read from the request and ~150-300 ms to size and encode as a listing.
+ON_LOOP_TOOLS = 16
+
+
+def specs_in(tools: Sequence[tool_pb2.ToolDefinition]) -> tuple[ToolSpec, ...]:
+    return tuple(tool_in(i, t) for i, t in enumerate(tools))
+
+
+def tools_answer(specs: Sequence[ToolSpec], limit: int, what: str) -> bytes:
+    """The encoding of a ListToolsResponse or SearchToolsResponse of `specs` (both are
+    `repeated ToolDefinition tools = 1`): the same bytes as the message's, made a
+    definition at a time. One SerializeToString of 200 definitions of 250 KB schemas
+    held the GIL ~80-170 ms (and ByteSize, which upb computes by encoding, as long again),
+    on the event loop, stalling every session. Refused like `paging.check_fits` when over
+    the message limit."""
+    records = [tagged(1, tool_out(s).SerializeToString()) for s in specs]
+    size = sum(map(len, records))
+    if size > limit:
+        raise too_large(size, limit, what)
+    # bytes.join lets the GIL go while it copies a large result.
+    return b"".join(records)
+
+
 class ToolServicer(pb_grpc.ToolServiceServicer):
     def __init__(self, tools: ToolUseCases, max_message_bytes: int = 64 << 20) -> None:
         self._t = tools
@@ -50,24 +79,34 @@ class ToolServicer(pb_grpc.ToolServiceServicer):
     async def RegisterTools(
         self, request: pb.RegisterToolsRequest, context: Ctx
     ) -> pb.RegisterToolsResponse:
-        specs = tuple(tool_in(i, t) for i, t in enumerate(request.tools))
+        tools = request.tools
+        if len(tools) > ON_LOOP_TOOLS:
+            specs = await asyncio.to_thread(specs_in, tools)
+        else:
+            specs = specs_in(tools)
         count = await self._t.register(request.session_id, specs, request.replace_all)
         return pb.RegisterToolsResponse(registered=count)
 
     @unary
-    async def ListTools(self, request: pb.ListToolsRequest, context: Ctx) -> pb.ListToolsResponse:
-        listed = pb.ListToolsResponse(
-            tools=[tool_out(s) for s in await self._t.list_tools(request.session_id)]
-        )
-        check_fits(listed, self._max_message, "the tool registry")
-        return listed
+    async def ListTools(
+        self, request: pb.ListToolsRequest, context: Ctx
+    ) -> pb.ListToolsResponse | Encoded:
+        listed = await self._t.list_tools(request.session_id)
+        return await self._answer(listed, "the tool registry")
 
     @unary
     async def SearchTools(
         self, request: pb.SearchToolsRequest, context: Ctx
-    ) -> pb.SearchToolsResponse:
+    ) -> pb.SearchToolsResponse | Encoded:
         found = await self._t.search(request.session_id, request.query, request.max_results)
-        return pb.SearchToolsResponse(tools=[tool_out(s) for s in found])
+        return await self._answer(found, "the tools found")
+
+    async def _answer(self, specs: list[ToolSpec], what: str) -> Encoded:
+        if len(specs) > ON_LOOP_TOOLS:
+            data = await asyncio.to_thread(tools_answer, specs, self._max_message, what)
+        else:
+            data = tools_answer(specs, self._max_message, what)
+        return Encoded(data)
 
     @unary
     async def ReadToolResult(
