@@ -22,9 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.daemon import BenchDaemon
 from bench.rpc import OPTIONS, ROUTE, Api, _assistant, _result, _user
-from ctxcc.v1 import common_pb2, event_pb2, session_pb2
+from ctxcc.v1 import common_pb2, event_pb2, session_pb2, tool_service_pb2_grpc
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import session_service_pb2 as spb
+from ctxcc.v1 import tool_service_pb2 as tpb
 from server.service.compile_types import CompilerSettings
 
 MESSAGE_BYTES = 1 << 20
@@ -79,6 +80,7 @@ def run(root: Path, compiles: int = 10, first_compiles: bool = True) -> dict[str
         if first_compiles:  # ~40 MB of setup: left out of the smoke run
             out |= _first_compiles(d, api)
             out |= _probe_during_big_first_compile(d, api)
+            out |= _probe_during_tool_registry(d, api)
         api.channel.close()
         return out
     finally:
@@ -206,6 +208,65 @@ def _probe_during_big_first_compile(d: BenchDaemon, api: Api) -> dict[str, float
     }
 
 
+def _probe_during_tool_registry(d: BenchDaemon, api: Api) -> dict[str, float]:
+    """Another session's steps (an append, then a compile of it) while a session registers
+    200 direct tools of ~250 KB schemas (~50 MB, the hostile corpus' tool-set case),
+    compiles twice with them and lists them: each step's p50, p99 and worst, over the calls that
+    overlapped the registration and compiles."""
+    from tests.e2e.test_hostile_tools import tool_set
+
+    sid = "tools-50mb"
+    api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+    )
+    api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id=sid, events=[_user("use the tools")])
+    )
+    api.sessions.CreateSession(
+        spb.CreateSessionRequest(session=session_pb2.Session(session_id="tools-probe"))
+    )
+    register = tpb.RegisterToolsRequest(session_id=sid, tools=tool_set())
+    stop = threading.Event()
+    steps: list[tuple[float, float]] = []
+
+    def probe() -> None:
+        probe_api = Api(d.target)
+        step = cpb.CompileRequest(session_id="tools-probe", route=ROUTE)
+        while not stop.is_set():
+            t = time.perf_counter()
+            probe_api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="tools-probe", events=[_user("ping")])
+            )
+            probe_api.compiles.Compile(step, timeout=60)
+            steps.append((t, time.perf_counter() - t))
+            time.sleep(0.005)
+        probe_api.channel.close()
+
+    th = threading.Thread(target=probe)
+    th.start()
+    time.sleep(0.5)
+    tools: Any = tool_service_pb2_grpc.ToolServiceStub(api.channel)
+    t0 = time.perf_counter()
+    tools.RegisterTools(register, timeout=300)
+    request = cpb.CompileRequest(session_id=sid, route=common_pb2.Route(model="gpt-4o"))
+    for _ in range(2):
+        api.compiles.Compile(request, timeout=300)
+    tools.ListTools(tpb.ListToolsRequest(session_id=sid), timeout=300)
+    t1 = time.perf_counter()
+    time.sleep(0.5)
+    stop.set()
+    th.join()
+    during = [x for start, x in steps if start <= t1 and start + x >= t0]
+    q = statistics.quantiles(during, n=100, method="inclusive") if len(during) > 1 else during * 99
+    return {
+        "tools_50mb_register_compiles_list_wall_ms": (t1 - t0) * 1000,
+        "probe_step_during_tools_50mb_p50_ms": q[49] * 1000,
+        "probe_step_during_tools_50mb_p99_ms": q[98] * 1000,
+        "probe_step_during_tools_50mb_max_ms": max(during) * 1000,
+        "probe_step_during_tools_50mb_samples": float(len(during)),
+    }
+
+
 def _probe_during_compiles(target: str, api: Api, compiles: int) -> dict[str, float]:
     """Health and append latency of another session while 1 MiB compiles run back to back."""
     api.sessions.CreateSession(
@@ -243,7 +304,22 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--compiles", type=int, default=10)
+    parser.add_argument(
+        "--only-tools", action="store_true", help="only the 50 MB tool-set case's probe"
+    )
     args = parser.parse_args()
+    if args.only_tools:
+        with tempfile.TemporaryDirectory(prefix="ctxcc-bench-iso-", dir="/tmp") as tmp:
+            d = BenchDaemon(Path(tmp) / "data")
+            d.start_timed()
+            try:
+                api = Api(d.target)
+                for k, v in _probe_during_tool_registry(d, api).items():
+                    print(f"{k:<44}{v:>10.1f}")
+                api.channel.close()
+            finally:
+                d.stop()
+        return
     with tempfile.TemporaryDirectory(prefix="ctxcc-bench-iso-", dir="/tmp") as tmp:
         for k, v in run(Path(tmp), args.compiles).items():
             print(f"{k:<40}{v:>10.1f}")
