@@ -30,8 +30,8 @@ from ctxcc.v1 import common_pb2, event_pb2, source_pb2, tool_pb2, view_pb2
 from ctxcc.v1 import compile_service_pb2 as cpb
 from ctxcc.v1 import source_service_pb2 as srcpb
 from ctxcc.v1 import tool_service_pb2 as tpb
+from server.adapters.protowire import tagged
 from server.transport import view_digest
-from server.transport.convert_view import tagged
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "client-views"
 ROUTE = common_pb2.Route(connection="fixture", protocol="fake", endpoint="local", model="gpt-4o")

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError as ProtoDecodeError
 
 from ctxcc.storage.v1 import records_pb2
 from server.adapters.msgpack_pieces import msgpack_pieces
+from server.adapters.protowire import varint
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import KIND_PAYLOADS, Event, EventKind, Payload, kind_of
 from storage.schema import SCHEMA_VERSION
@@ -61,20 +62,11 @@ def encode_value(value: object) -> bytes:
     # that each held the GIL ~50-90 ms (msgpack_pieces.py).
     head = records_pb2.Record(schema_version=SCHEMA_VERSION, type=type(value).__name__)
     size = sum(map(len, body))
-    return b"".join((head.SerializeToString(), _BODY_TAG, _varint(size), *body))
+    return b"".join((head.SerializeToString(), _BODY_TAG, varint(size), *body))
 
 
 # Record.body: field 3, length-delimited.
-_BODY_TAG = bytes([(3 << 3) | 2])
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_BODY_TAG = varint((3 << 3) | 2)
 
 
 def decode_value(data: bytes, cls: type[T]) -> T:

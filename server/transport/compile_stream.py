@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ctxcc.v1 import compile_service_pb2 as pb
+from server.adapters.protowire import tagged, varint
 from server.domain.errors import CtxccError, Reason, invalid
 from server.service.compile_types import CompileResult, Prior
 from server.service.compiling import CompileUseCases
 from server.service.sessions import SessionUseCases, Written
 from server.transport.convert_events import events_in
 from server.transport.convert_misc import usage_in, usage_out
-from server.transport.convert_view import compile_options_in, tagged, varint
+from server.transport.convert_view import compile_options_in
 from server.transport.drain import shutting_down
 from server.transport.errors import (
     CODES,

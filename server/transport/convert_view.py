@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from ctxcc.v1 import common_pb2, compile_service_pb2, event_pb2, tool_pb2, view_pb2
+from server.adapters.protowire import tagged, varint
 from server.compiler.budget import ModelLimits
 from server.compiler.render import RenderFormat
 from server.compiler.system import ApprovalMode
@@ -107,27 +108,6 @@ def _message_out(m: ViewMessage) -> view_pb2.ViewMessage:
 # id(message) -> (weak reference to it, its tagged record); an entry leaves with its
 # message, so the cache holds what memos and views in flight hold and nothing more.
 _RECORDS: dict[int, tuple[weakref.ref[ViewMessage], bytes]] = {}
-
-
-# The one-byte varints: a record's key and most lengths and counts of a step.
-_ONE_BYTE = tuple(bytes((n,)) for n in range(0x80))
-
-
-def varint(n: int) -> bytes:
-    if 0 <= n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def tagged(field: int, data: bytes) -> bytes:
-    """A length-delimited field: its key, its length, its bytes. A repeated message field
-    on the wire is the concatenation of such records, one per element."""
-    return varint((field << 3) | 2) + varint(len(data)) + data
 
 
 def _forget(key: int) -> Callable[[object], None]:
@@ -254,9 +234,7 @@ def renderings_bytes(renderings: Iterable[tuple[RenderFormat, str, int]]) -> byt
             continue
         pieces = body_pieces(body)
         size = sum(map(len, pieces))
-        head = (b"\x08" + _ONE_BYTE[code] if code else b"") + (
-            b"\x12" + varint(size) if size else b""
-        )
+        head = (b"\x08" + varint(code) if code else b"") + (b"\x12" + varint(size) if size else b"")
         tail = b"\x18" + varint(tokens) if tokens else b""
         out += [_RENDERING_KEY, varint(len(head) + size + len(tail)), head, *pieces, tail]
     return b"".join(out)

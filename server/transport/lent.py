@@ -16,9 +16,9 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from server.adapters.protowire import tagged, varint
 from server.compiler.view import CompiledView
 from server.service.compile_types import CompileResult
-from server.transport.convert_view import tagged, varint
 from server.transport.view_bytes import LentRecords, ViewBytes, same_but_id
 
 # CompileResponse.view (field 1, length-delimited): the key an answer starts with.

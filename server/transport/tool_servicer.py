@@ -11,10 +11,10 @@ import grpc
 from ctxcc.v1 import tool_pb2
 from ctxcc.v1 import tool_service_pb2 as pb
 from ctxcc.v1 import tool_service_pb2_grpc as pb_grpc
+from server.adapters.protowire import tagged
 from server.domain.errors import invalid
 from server.domain.tools import ToolSpec, ToolVisibility
 from server.service.tools import ToolUseCases
-from server.transport.convert_view import tagged
 from server.transport.errors import unary
 from server.transport.paging import too_large
 from server.transport.wire import Encoded

@@ -17,6 +17,7 @@ from itertools import chain, compress, count
 from operator import attrgetter, is_, is_not
 
 from ctxcc.v1 import view_pb2
+from server.adapters.protowire import tagged, varint
 from server.compiler.view import CompiledView, ViewMessage
 from server.domain.grown import Grown, grown
 from server.service.compile_types import CompileResult
@@ -30,9 +31,7 @@ from server.transport.convert_view import (
     message_record_inline,
     renderings_bytes,
     section_record,
-    tagged,
     tool_record,
-    varint,
 )
 from server.transport.view_digest import record_value
 

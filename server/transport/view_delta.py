@@ -9,9 +9,9 @@ from collections.abc import Iterable, Sequence
 from itertools import compress, count
 from operator import ne
 
+from server.adapters.protowire import tagged, varint
 from server.domain.grown import Grown
 from server.transport import view_digest
-from server.transport.convert_view import tagged, varint
 from server.transport.view_bytes import TAIL, ViewBytes
 
 # Keys of the length-delimited CompiledView fields held as records (all one byte).
