@@ -37,6 +37,11 @@ WRITE_TIMEOUT_S = 60.0
 # opens a few connections per origin; live pages hold one each (16 per session).
 MAX_CONNECTIONS = 256
 IDLE_S = 30.0
+# Seconds the sign-in form's body (64 KiB at most) may take to arrive: the login page
+# needs no token, and a body sent a byte at a time held its connection, a request in
+# progress that IDLE_S does not end, for as long as it trickled (MAX_CONNECTIONS of them
+# shut everyone out of the inspector).
+FORM_READ_S = 30.0
 # What a connection past MAX_CONNECTIONS gets, before any of its request is read.
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n"
@@ -182,11 +187,16 @@ async def _static(request: web.Request) -> web.StreamResponse:
 
 async def _form_token(request: web.Request) -> str:
     """The token a sign-in form sent. A body the form never sends (multipart without its
-    boundary or cut short, an unknown charset, a compression that is none) is the
-    sender's fault: a 400, not an incident with a traceback."""
+    boundary or cut short, an unknown charset, a compression that is none) or a sender
+    gone while it sent is the sender's fault: a 400, not an incident with a traceback. A
+    body that has not arrived within FORM_READ_S is a 408, and its connection is closed
+    (_finish), nothing more of it read."""
     try:
-        form = await request.post()
-    except (ValueError, LookupError, web.RequestPayloadError):
+        async with asyncio.timeout(FORM_READ_S):
+            form = await request.post()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text="The sign-in form did not arrive in time.") from None
+    except (ValueError, LookupError, web.RequestPayloadError, ConnectionError):
         raise web.HTTPBadRequest(text="The sign-in form could not be read.") from None
     return str(form.get("token", ""))
 
@@ -197,6 +207,10 @@ async def _finish(request: web.Request, response: web.StreamResponse) -> web.Str
     response.headers.update(SECURITY_HEADERS)
     if isinstance(response, web.Response):
         await _send(request, response)
+    if response.status == 408:
+        # A request given up while it still arrives: closed once its answer is written,
+        # rather than read on (aiohttp reads an unread body for up to 10 s more).
+        request.protocol.force_close()
     return response
 
 

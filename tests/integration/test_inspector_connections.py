@@ -6,6 +6,7 @@ held 5,000 for an hour); a live page, whose response is in progress, stays open.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import urllib.request
 
@@ -105,3 +106,64 @@ async def test_a_live_page_stays_open_past_the_idle_time(
             seen += chunk
     finally:
         s.close()
+
+
+async def test_a_sign_in_body_sent_slowly_is_given_up(
+    monkeypatch: pytest.MonkeyPatch, web_limits: None, daemon: Daemon
+) -> None:
+    """A sign-in form whose body trickles in (a byte at a time, each well within the idle
+    time) is answered 408 and its connection closed once FORM_READ_S has passed: the
+    login page needs no token, and such a body held its connection for as long as it
+    trickled, so CAP of them locked everyone out of the inspector."""
+    monkeypatch.setattr(web_server, "FORM_READ_S", IDLE)
+    head = (
+        "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\ntoken="
+    )
+    s = await _connect(daemon, head.encode())
+    loop = asyncio.get_running_loop()
+    answer = b""
+    try:
+        # 30 times the bound, a byte every IDLE / 5 s: it should end long before this.
+        for _ in range(150):
+            try:
+                chunk = await asyncio.wait_for(loop.sock_recv(s, 65536), IDLE / 5)
+            except TimeoutError:
+                try:
+                    await loop.sock_sendall(s, b"a")
+                except OSError:
+                    break  # closed while this test still sent
+                continue
+            if not chunk:
+                break
+            answer += chunk
+        else:
+            raise AssertionError(f"the slow sign-in body still held its connection: {answer!r}")
+    finally:
+        s.close()
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    # The inspector still answers.
+    url = f"http://{daemon.endpoints.ui}/login"
+    with await asyncio.to_thread(urllib.request.urlopen, url, timeout=60) as page:
+        assert page.status == 200
+
+
+async def test_a_sign_in_body_cut_off_by_its_sender_is_no_incident(
+    caplog: pytest.LogCaptureFixture, daemon: Daemon
+) -> None:
+    """A sender that goes away in the middle of its sign-in body is a request that ended,
+    not an inspector failure logged with a traceback."""
+    head = (
+        "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\ntoken="
+    )
+    s = await _connect(daemon, head.encode())
+    await asyncio.sleep(0.5)  # the handler waits on the body
+    s.close()
+    url = f"http://{daemon.endpoints.ui}/login"
+    for _ in range(20):  # the daemon sees the close in its own time
+        with await asyncio.to_thread(urllib.request.urlopen, url, timeout=60) as page:
+            assert page.status == 200
+        await asyncio.sleep(0.1)
+    failed = [r for r in caplog.records if r.name == "ctxcc.web" and r.levelno >= logging.ERROR]
+    assert not failed, [r.getMessage() for r in failed]
