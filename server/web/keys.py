@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import jinja2
 from aiohttp import web
 
@@ -11,3 +13,5 @@ INSPECT = web.AppKey("inspect", InspectUseCases)
 TEMPLATES = web.AppKey("templates", jinja2.Environment)
 # Streamed answers send their headers before the boundary middleware sees them.
 HEADERS = web.AppKey("security_headers", dict[str, str])
+# The pages being made at once (PAGES_AT_ONCE): the others wait their turn.
+BUILDING = web.AppKey("building", asyncio.Semaphore)

@@ -4,8 +4,9 @@ template. No HTML is built here; the templates escape everything they print."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jinja2
@@ -19,7 +20,7 @@ from server.service.inspection import InspectUseCases, SessionRow, relative_erro
 from server.service.step_diff import StepDiff, diff_views
 from server.service.watch import CompileNotice, Resync
 from server.web import charts, present
-from server.web.keys import HEADERS, INSPECT, TEMPLATES
+from server.web.keys import BUILDING, HEADERS, INSPECT, TEMPLATES
 from server.web.step_page import event_view, event_views, step_context
 
 SORTS: dict[str, Callable[[SessionRow], Any]] = {
@@ -31,11 +32,32 @@ SORTS: dict[str, Callable[[SessionRow], Any]] = {
     "error": lambda r: abs(r.last_error) if r.last_error is not None else -1.0,
     "fallbacks": lambda r: r.fallbacks,
 }
+PageHandler = Callable[[web.Request], Awaitable[web.Response]]
 HEARTBEAT_S = 15.0
 MAX_TIMELINE = 400
 # Checkpoints the timeline lists, the newest: a session has no cap on them, and a row
 # each made the page grow without a bound (20,000 checkpoints: 3.6 MB).
 MAX_CHECKPOINTS = 400
+
+
+# Pages made at once; the others wait their turn (on their connections, at most
+# server.MAX_CONNECTIONS). A page is made on threads (the render, a step's values, a
+# diff) that hold the GIL, so 32 page loads of a 10,000-message session at once each
+# took a thread and ran every agent's calls on the daemon about 20 times slower (another
+# session's append and compile: median 5 ms quiet, 130 ms), for no more page bytes served.
+PAGES_AT_ONCE = 2
+
+
+def _in_turn(handler: PageHandler) -> PageHandler:
+    """`handler` made one of PAGES_AT_ONCE at a time (its writing is not: a slow reader
+    holds only its own connection, for server.WRITE_TIMEOUT_S at most)."""
+
+    @functools.wraps(handler)
+    async def made(request: web.Request) -> web.Response:
+        async with request.app[BUILDING]:
+            return await handler(request)
+
+    return made
 
 
 def install_filters(env: jinja2.Environment) -> None:
@@ -345,9 +367,10 @@ async def live(request: web.Request) -> web.StreamResponse:
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/", sessions_page)
-    app.router.add_get("/s/{sid}", timeline_page)
-    app.router.add_get("/s/{sid}/step", step_page)
-    app.router.add_get("/s/{sid}/diff", diff_page)
-    app.router.add_get("/s/{sid}/events", events_page)
+    app[BUILDING] = asyncio.Semaphore(PAGES_AT_ONCE)
+    app.router.add_get("/", _in_turn(sessions_page))
+    app.router.add_get("/s/{sid}", _in_turn(timeline_page))
+    app.router.add_get("/s/{sid}/step", _in_turn(step_page))
+    app.router.add_get("/s/{sid}/diff", _in_turn(diff_page))
+    app.router.add_get("/s/{sid}/events", _in_turn(events_page))
     app.router.add_get("/s/{sid}/live", live)

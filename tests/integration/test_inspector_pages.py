@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import pytest
 
 from ctxcc.v1 import checkpoint_pb2 as kpb
@@ -775,3 +776,48 @@ async def test_an_imported_messages_origin_is_cut_like_the_rest_of_a_page(
         status, page, weight = await _get(daemon, path)
         assert status == 200 and weight < PAGE_BOUND, (path, weight)
         assert "more characters left out of this page" in page, path
+
+
+async def test_pages_are_made_a_few_at_a_time(
+    daemon: Daemon, unix_api: Stubs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Page loads at once wait their turn: at most PAGES_AT_ONCE are made together, on
+    threads that hold the GIL the agents' calls need (32 loads at once of a long session's
+    step page made 32 together and slowed another session's append and compile from a
+    median of 5 ms to 130 ms). Each is still answered."""
+    from server.service.inspection import InspectUseCases
+    from server.web import pages
+
+    await _session(unix_api, "turns")
+    await unix_api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="turns", events=[user("hello")])
+    )
+    await unix_api.compiles.Compile(compile_request("turns"))
+    step = InspectUseCases.step
+    making, most = 0, 0
+
+    async def step_counted(self: InspectUseCases, *args: Any, **kwargs: Any) -> Any:
+        nonlocal making, most
+        making += 1
+        most = max(most, making)
+        try:
+            await asyncio.sleep(0.3)  # long enough that the loads below overlap
+            return await step(self, *args, **kwargs)
+        finally:
+            making -= 1
+
+    monkeypatch.setattr(InspectUseCases, "step", step_counted)
+    loads = 3 * pages.PAGES_AT_ONCE + 2
+    # An asyncio client: threads of the loop's default pool, which this in-process
+    # daemon renders its pages on, would wait on pages that wait for them.
+    async with aiohttp.ClientSession() as client:
+
+        async def load() -> int:
+            async with client.get(f"http://{daemon.endpoints.ui}/s/turns/step") as r:
+                await r.read()
+                return r.status
+
+        statuses = await asyncio.gather(*(load() for _ in range(loads)))
+    assert statuses == [200] * loads
+    print(f"{loads} step pages at once: at most {most} made together")
+    assert most == pages.PAGES_AT_ONCE
