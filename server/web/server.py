@@ -154,6 +154,13 @@ def _port(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
 
 
+def _same(given: str, secret: str) -> bool:
+    """Whether a header's value is `secret`, in constant time. aiohttp decodes a header's
+    bytes that are not UTF-8 as lone surrogates, which a plain encode() refused (a 500
+    and a traceback, before any sign-in): encoded as they came, they match no token."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), secret.encode())
+
+
 def _cookie_value(token: str) -> str:
     # The cookie holds a digest, so a leaked cookie is not the API token itself.
     return hashlib.sha256(b"ctxcc-ui\x00" + token.encode()).hexdigest()
@@ -246,11 +253,9 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
         if not settings.token:
             return True
         header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer ") and hmac.compare_digest(
-            header[7:].encode(), settings.token.encode()
-        ):
+        if header.startswith("Bearer ") and _same(header[7:], settings.token):
             return True
-        return hmac.compare_digest(request.cookies.get(COOKIE, "").encode(), cookie.encode())
+        return _same(request.cookies.get(COOKIE, ""), cookie)
 
     @web.middleware
     async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -289,7 +294,7 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
         failed = False
         if request.method == "POST":
             given = await _form_token(request)
-            if settings.token and hmac.compare_digest(given.encode(), settings.token.encode()):
+            if settings.token and _same(given, settings.token):
                 response = web.HTTPSeeOther("/")
                 response.set_cookie(COOKIE, cookie, httponly=True, samesite="Strict", path="/")
                 return response

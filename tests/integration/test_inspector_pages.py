@@ -821,3 +821,45 @@ async def test_pages_are_made_a_few_at_a_time(
     assert statuses == [200] * loads
     print(f"{loads} step pages at once: at most {most} made together")
     assert most == pages.PAGES_AT_ONCE
+
+
+def _raw_head(ui: str, path: str, header: bytes) -> bytes:
+    name, port = ui.rsplit(":", 1)
+    with socket.create_connection((name, int(port)), timeout=30) as s:
+        s.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {ui}\r\nConnection: close\r\n".encode()
+            + header
+            + b"\r\n\r\n"
+        )
+        return s.recv(64)
+
+
+async def test_credentials_that_are_not_utf8_are_refused_without_an_incident(
+    short_tmp: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a token configured, an Authorization header or sign-in cookie holding bytes
+    that are not UTF-8 was a 500 and a traceback in the log (the value, decoded with
+    surrogates, could not be encoded to compare): before any sign-in. It is one that
+    does not match: to the sign-in page."""
+    from tests.conftest import make_config
+
+    token = short_tmp / "token"
+    token.write_text("correct-horse-battery-staple\n")
+    d = Daemon(make_config(short_tmp / "data", auth_token_file=str(token)))
+    await d.start()
+    try:
+        ui = str(d.endpoints.ui)
+        for header in (
+            b"Authorization: Bearer \xff\xfe",
+            b"Cookie: ctxcc_ui=\xff\xfe",
+            b"Authorization: Bearer correct-horse-battery-staple\xff",
+        ):
+            head = await asyncio.to_thread(_raw_head, ui, "/", header)
+            assert head.startswith(b"HTTP/1.1 303 "), (header, head)
+        good = b"Authorization: Bearer correct-horse-battery-staple"
+        head = await asyncio.to_thread(_raw_head, ui, "/", good)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+    finally:
+        await d.stop()
+    assert "inspector page failed" not in caplog.text
+    assert "Traceback" not in caplog.text
