@@ -67,6 +67,7 @@ def install_filters(env: jinja2.Environment) -> None:
         signed_pct=present.signed_pct,
         when=present.when,
         id_path=present.id_path,
+        shown=present.shown,
     )
     env.globals.update(full_text=present.FULL_TEXT, max_page_chars=present.MAX_PAGE_CHARS)
 

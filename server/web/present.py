@@ -118,6 +118,19 @@ def num(value: int | float | None) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
 
 
+# Control characters as their Unicode pictures (U+0000 as ␀, U+000D as ␍, U+007F as ␡),
+# but for tab and line feed: a browser drops NUL from a page and reads CR (and CR LF) as a
+# line feed, so a text part holding them showed other characters than the model got. One
+# character for one: a cut's counts stay right.
+_PICTURES = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)} | {0x7F: 0x2421}
+
+
+def shown(text: str) -> str:
+    """A text as a <pre> shows it: control characters (but tab and line feed) made
+    visible as their pictures (the template escapes the rest)."""
+    return text.translate(_PICTURES)
+
+
 def pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 

@@ -34,6 +34,7 @@ from ctxcc.v1 import (
     checkpoint_pb2,
     common_pb2,
     compile_service_pb2,
+    session_pb2,
     session_service_pb2,
     session_service_pb2_grpc,
     view_pb2,
@@ -815,3 +816,27 @@ def test_the_sessions_list_refreshes_one_request_at_a_time(world: World, page: P
     assert page.evaluate("() => window.__calls") == 2
     assert page.evaluate("() => window.__most") == 1
     assert page.evaluate("() => Number(document.body.dataset.refreshed || 0)") >= 1
+
+
+def test_a_texts_line_breaks_and_control_characters_are_shown_as_sent(
+    world: World, page: Page
+) -> None:
+    """A browser drops the line feed that opens a <pre>, drops NUL, and reads CR and CR LF
+    as a line feed: a message that began with an empty line, or held CR LF line ends, was
+    shown as another text than the model got. Line feeds and tabs are shown as they are,
+    other control characters as their pictures (␍, ␀), one for one."""
+    sessions = session_service_pb2_grpc.SessionServiceStub(world.channel)
+    sessions.CreateSession(
+        session_service_pb2.CreateSessionRequest(session=session_pb2.Session(session_id="ctl"))
+    )
+    sent = "\n\n  indented\r\nCRLF\rCR\x00NUL\x1bESC\x7fDEL\tTAB"
+    sessions.AppendEvents(
+        session_service_pb2.AppendEventsRequest(session_id="ctl", events=[user(sent)])
+    )
+    shown = "\n\n  indented␍\nCRLF␍CR␀NUL␛ESC␡DEL\tTAB"
+    page.goto(world.ui + "/s/ctl/step?seq=1&model=claude-sonnet-4")
+    texts = page.locator("#messages pre.text").evaluate_all("es => es.map(e => e.textContent)")
+    assert texts == [shown], texts
+    page.goto(world.ui + "/s/ctl/events")
+    texts = page.locator("#events pre.text").evaluate_all("es => es.map(e => e.textContent)")
+    assert len(texts) == 1 and texts[0].endswith(shown), texts
