@@ -55,6 +55,10 @@ def _in_turn(handler: PageHandler) -> PageHandler:
     @functools.wraps(handler)
     async def made(request: web.Request) -> web.Response:
         async with request.app[BUILDING]:
+            if request.transport is None or request.transport.is_closing():
+                # Its reader went away while it waited: 60 loads sent and closed at once
+                # kept the pages of everyone else waiting 19 s, made for nobody.
+                raise web.HTTPServiceUnavailable(text="The page's reader went away.")
             return await handler(request)
 
     return made

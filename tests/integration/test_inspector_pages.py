@@ -863,3 +863,51 @@ async def test_credentials_that_are_not_utf8_are_refused_without_an_incident(
         await d.stop()
     assert "inspector page failed" not in caplog.text
     assert "Traceback" not in caplog.text
+
+
+async def test_pages_whose_readers_went_away_while_they_waited_are_not_made(
+    daemon: Daemon,
+    unix_api: Stubs,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Loads sent and closed at once wait their turn (PAGES_AT_ONCE) and were then made
+    for nobody, one after another: 60 of a long session's step page kept everyone else's
+    pages waiting 19 s. A page whose connection is gone when its turn comes is not made."""
+    from server.service.inspection import InspectUseCases
+    from server.web import pages
+
+    await _session(unix_api, "gone")
+    await unix_api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="gone", events=[user("hello")])
+    )
+    await unix_api.compiles.Compile(compile_request("gone"))
+    step = InspectUseCases.step
+    made = 0
+
+    async def step_slow(self: InspectUseCases, *args: Any, **kwargs: Any) -> Any:
+        nonlocal made
+        made += 1
+        await asyncio.sleep(0.3)
+        return await step(self, *args, **kwargs)
+
+    monkeypatch.setattr(InspectUseCases, "step", step_slow)
+    ui = str(daemon.endpoints.ui)
+    name, port = ui.rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    gone = []
+    for _ in range(12):
+        s = socket.socket()
+        s.setblocking(False)
+        await loop.sock_connect(s, (name, int(port)))
+        await loop.sock_sendall(s, f"GET /s/gone/step HTTP/1.1\r\nHost: {ui}\r\n\r\n".encode())
+        gone.append(s)
+    await asyncio.sleep(0.1)  # the daemon has read them: the first are being made
+    for s in gone:
+        s.close()
+    status, _, _ = await _get(daemon, "/s/gone/step")
+    assert status == 200
+    print(f"12 loads closed while they waited: {made - 1} made")
+    # Those already being made when they closed, and this test's own.
+    assert made <= pages.PAGES_AT_ONCE + 1
+    assert "Traceback" not in caplog.text
