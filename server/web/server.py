@@ -61,6 +61,8 @@ SECURITY_HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
 }
 COOKIE = "ctxcc_ui"
+# Set on a request whose body was given up: its connection is closed after the answer.
+GIVEN_UP = web.RequestKey("given_up", bool)
 # Domain reasons as HTTP statuses; anything not listed is a 400 (the request's fault).
 STATUS = {
     Reason.SESSION_NOT_FOUND: 404,
@@ -196,14 +198,16 @@ async def _form_token(request: web.Request) -> str:
     """The token a sign-in form sent. A body the form never sends (multipart without its
     boundary or cut short, an unknown charset, a compression that is none) or a sender
     gone while it sent is the sender's fault: a 400, not an incident with a traceback. A
-    body that has not arrived within FORM_READ_S is a 408, and its connection is closed
-    (_finish), nothing more of it read."""
+    body that has not arrived within FORM_READ_S is a 408. Either way its connection is
+    closed once answered (_finish), nothing more of it read."""
     try:
         async with asyncio.timeout(FORM_READ_S):
             form = await request.post()
     except TimeoutError:
+        request[GIVEN_UP] = True
         raise web.HTTPRequestTimeout(text="The sign-in form did not arrive in time.") from None
     except (ValueError, LookupError, web.RequestPayloadError, ConnectionError):
+        request[GIVEN_UP] = True
         raise web.HTTPBadRequest(text="The sign-in form could not be read.") from None
     return str(form.get("token", ""))
 
@@ -214,9 +218,10 @@ async def _finish(request: web.Request, response: web.StreamResponse) -> web.Str
     response.headers.update(SECURITY_HEADERS)
     if isinstance(response, web.Response):
         await _send(request, response)
-    if response.status == 408:
-        # A request given up while it still arrives: closed once its answer is written,
-        # rather than read on (aiohttp reads an unread body for up to 10 s more).
+    if request.get(GIVEN_UP):
+        # A body given up (too slow, or unreadable): the connection is closed once the
+        # answer is written, rather than read on (aiohttp reads an unread body for up to
+        # 10 s more, and logged a traceback when that body could not be decoded).
         request.protocol.force_close()
     return response
 
