@@ -218,10 +218,11 @@ async def _finish(request: web.Request, response: web.StreamResponse) -> web.Str
     response.headers.update(SECURITY_HEADERS)
     if isinstance(response, web.Response):
         await _send(request, response)
-    if request.get(GIVEN_UP):
-        # A body given up (too slow, or unreadable): the connection is closed once the
-        # answer is written, rather than read on (aiohttp reads an unread body for up to
-        # 10 s more, and logged a traceback when that body could not be decoded).
+    if request.get(GIVEN_UP) or not request.content.is_eof():
+        # A body given up (too slow, or unreadable) or never read (a GET's, which a
+        # browser never sends): the connection is closed once the answer is written,
+        # rather than read on (aiohttp reads an unread body for up to 10 s more, and
+        # logged a traceback each time such a body could not be decoded).
         request.protocol.force_close()
     return response
 

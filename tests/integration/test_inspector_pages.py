@@ -917,3 +917,27 @@ async def test_pages_whose_readers_went_away_while_they_waited_are_not_made(
     # Those already being made when they closed, and this test's own.
     assert made <= pages.PAGES_AT_ONCE + 1
     assert "Traceback" not in caplog.text
+
+
+async def test_a_body_no_page_reads_is_not_read_on(
+    daemon: Daemon, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A GET with a body declared gzip that is not: its page never reads it, and aiohttp
+    read it after the answer to keep the connection, and logged the decoding error with
+    a traceback, for every such request (any local client could fill the log). The
+    connection is closed after the answer instead."""
+    ui = str(daemon.endpoints.ui)
+    name, port = ui.rsplit(":", 1)
+    for path in ("/", "/static/inspector.css", "/nope"):
+        with socket.create_connection((name, int(port)), timeout=30) as s:
+            s.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: {ui}\r\nContent-Encoding: gzip\r\n".encode()
+                + b"Content-Length: 20\r\n\r\n\x1f\x8b"
+                + b"x" * 18
+            )
+            answer = b""
+            while chunk := await asyncio.to_thread(s.recv, 65536):
+                answer += chunk  # to the close
+        assert answer.startswith((b"HTTP/1.1 200 ", b"HTTP/1.1 404 ")), (path, answer[:40])
+    await asyncio.sleep(0.5)  # the daemon's handling of the connections after the answers
+    assert "Traceback" not in caplog.text
