@@ -156,6 +156,13 @@ def _port(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 5 and int(text) <= 65535
 
 
+def _answer(exc: web.HTTPException) -> web.Response:
+    """An HTTP exception (a redirect, a 405 with its Allow header) as the response it
+    stands for: aiohttp deprecates exceptions returned as responses (they are to be
+    raised), and the boundary answers every request itself, with its headers."""
+    return web.Response(status=exc.status, reason=exc.reason, headers=exc.headers, text=exc.text)
+
+
 def _same(given: str, secret: str) -> bool:
     """Whether a header's value is `secret`, in constant time. aiohttp decodes a header's
     bytes that are not UTF-8 as lone surrogates, which a plain encode() refused (a 500
@@ -280,14 +287,14 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
                 and not request.path.startswith("/static/")
                 and (not authorized(request))
             ):
-                response = web.HTTPSeeOther("/login")
+                response = _answer(web.HTTPSeeOther("/login"))
             else:
                 response = await handler(request)
         except web.HTTPException as exc:
             if exc.status >= 400 and exc.status != 405:
                 response = render_error(exc.status, exc.reason, exc.text or exc.reason)
             else:
-                response = exc
+                response = _answer(exc)
         except CtxccError as exc:
             response = render_error(STATUS.get(exc.reason, 400), exc.reason.value, exc.message)
         except Exception:
@@ -301,7 +308,7 @@ def build_app(inspect: InspectUseCases, settings: WebSettings) -> web.Applicatio
         if request.method == "POST":
             given = await _form_token(request)
             if settings.token and _same(given, settings.token):
-                response = web.HTTPSeeOther("/")
+                response = _answer(web.HTTPSeeOther("/"))
                 response.set_cookie(COOKIE, cookie, httponly=True, samesite="Strict", path="/")
                 return response
             failed = True
