@@ -316,8 +316,16 @@ class CompileRecords(StoreCore):
             return False
         why, kind = "", "quota"
         most = self.limits.max_session_basis_bytes
+        own = session_key(sid, PART + record.basis_digest.encode())
         if not puts and not self._basis_stored(sid, record.basis_digest):
-            why, kind = "the basis it names is not stored", "missing"
+            with self._sources_lock:
+                # A repeat of a compile recorded without its basis for the quota names
+                # the basis that was not stored then: the quota again, not a loss.
+                over = own in self._over_quota
+            if over:
+                why = "the compile it repeats was past --max-session-basis-bytes"
+            else:
+                why, kind = "the basis it names is not stored", "missing"
         elif most == 0:
             why = "--max-session-basis-bytes is 0"
         elif session is not None and session.basis_bytes + added > most:
@@ -329,6 +337,11 @@ class CompileRecords(StoreCore):
         if why:
             with self._sources_lock:
                 self.bases_dropped[kind] += 1
+                if kind == "quota":
+                    self._over_quota[own] = None
+                    self._over_quota.move_to_end(own)
+                    while len(self._over_quota) > _KNOWN_PARTS:
+                        self._over_quota.popitem(last=False)
                 # A session at its basis quota drops the basis of nearly every compile
                 # after: the first is logged, the rest counted (ctxcc_compiles_without_
                 # basis_total) and logged at debug.

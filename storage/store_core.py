@@ -65,6 +65,9 @@ class StoreCore:
         self.bases_dropped: dict[str, int] = {"quota": 0, "missing": 0}
         # Sessions whose compile past the basis quota was logged (once each).
         self._told_basis_full: OrderedDict[str, None] = OrderedDict()
+        # Basis parts left unstored for the quota, by key: a repeat of such a compile
+        # names one (counted and logged as the quota, not as a missing basis).
+        self._over_quota: OrderedDict[bytes, None] = OrderedDict()
         self._stripes = [threading.Lock() for _ in range(_STRIPES)]
         self._blob_stripes = [threading.Lock() for _ in range(_BLOB_STRIPES)]
         self._sessions_lock = threading.Lock()
