@@ -491,3 +491,49 @@ async def test_the_inspector_and_metrics_show_old_records(u: Upgraded) -> None:
             assert f"compiled now as of seq {c['event_boundary']}" in body, c["name"]
     metrics = await asyncio.to_thread(_get, f"http://{u.daemon.endpoints.metrics}/metrics")
     assert "ctxcc_compile_duration_seconds" in metrics
+
+
+async def test_basis_bytes_stay_the_parts_held_after_new_compiles(u: Upgraded) -> None:
+    """Each session of the old data dir compiled again by this daemon (a new message, so a
+    new basis): once stopped, every session's basis_bytes is what the basis parts it holds
+    take (split_basis_bytes), and its stored_bytes grew by the events alone."""
+    last: dict[str, cpb.CompileRequest] = {}
+    for entry in u.m["compiles"]:
+        req = cpb.CompileRequest.FromString(bytes.fromhex(entry["request"]))
+        if (
+            req.session_id
+            and not req.as_of_seq
+            and ":unrecorded" not in entry.get("compile_id", "")
+        ):
+            last[req.session_id] = req
+    assert last
+    before = {}
+    for sid, req in last.items():
+        before[sid] = (
+            await u.api.sessions.GetSession(spb.GetSessionRequest(session_id=sid))
+        ).session
+        await u.api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[user(f"new in {sid}")])
+        )
+        view = (await u.api.compiles.Compile(req)).view
+        # Rebuildable (its basis stored): as requested, without the request's options.
+        rebuilt = await u.api.compiles.Compile(
+            cpb.CompileRequest(rebuild_compile_id=view.compile_id)
+        )
+        assert rebuilt.view.event_boundary == view.event_boundary
+    after = {
+        sid: (await u.api.sessions.GetSession(spb.GetSessionRequest(session_id=sid))).session
+        for sid in last
+    }
+    await u.api.channel.close()
+    await u.daemon.stop()
+    kv = open_rocks(u.data / "db")
+    try:
+        for sid in last:
+            assert after[sid].basis_bytes == split_basis_bytes(kv, sid).held, sid
+            assert after[sid].basis_bytes >= before[sid].basis_bytes
+            grew = after[sid].stored_bytes - before[sid].stored_bytes
+            assert 0 < grew < 1_000, (sid, grew)
+    finally:
+        kv.close()
+    u.api = stubs_for(f"unix:{u.daemon.endpoints.unix}")  # closed again by the fixture
