@@ -256,7 +256,8 @@ class CompileRecords(StoreCore):
                 # answers as one whose session is gone, and this session gets nothing of
                 # it (the parts it names may have gone with the deletion).
                 session = self.session_of_life(sid, record.session_create_time_ns)
-            kept_basis = self._keeps_basis(sid, record, bool(puts), session, added)
+            why, kind = self._refused_basis(sid, record, bool(puts), session, added)
+            kept_basis = bool(record.basis_digest) and not why
             if kept_basis and session is not None and added:
                 session = dataclasses.replace(session, basis_bytes=session.basis_bytes + added)
             if not kept_basis and record.basis_digest:
@@ -277,6 +278,8 @@ class CompileRecords(StoreCore):
                 if moved or (kept_basis and added):
                     batch.put("sessions", sid.encode(), encode_value(session))
             self._write(batch, sid)
+            # Once written: a write that would wait is made again, and counted then.
+            self._tell_dropped(sid, record.compile_id, own, why, kind)
             self._remember_decoded(
                 "compiles", record_key, record, kept_bytes(encoded, record, stored)
             )
@@ -307,60 +310,64 @@ class CompileRecords(StoreCore):
             if key == own or self._kv.get("compiles", key) is None
         ]
 
-    def _keeps_basis(
+    def _refused_basis(
         self, sid: str, record: CompileRecord, puts: bool, session: Session | None, added: int
-    ) -> bool:
-        """Whether `record` is written naming its basis: it has one, stored or among the
-        parts written with it (`puts`), whose `added` bytes fit the session's basis quota."""
+    ) -> tuple[str, str]:
+        """Why `record` is written without its basis, and the reason it is counted under
+        ("", "": it keeps it, or it has none): it is kept when stored, or among the parts
+        written with it (`puts`), whose `added` bytes fit the session's basis quota."""
         if not record.basis_digest:
-            return False
-        why, kind = "", "quota"
+            return "", ""
         most = self.limits.max_session_basis_bytes
-        own = session_key(sid, PART + record.basis_digest.encode())
         if not puts and not self._basis_stored(sid, record.basis_digest):
             with self._sources_lock:
                 # A repeat of a compile recorded without its basis for the quota names
                 # the basis that was not stored then: the quota again, not a loss.
-                over = own in self._over_quota
+                over = own_key(sid, record.basis_digest) in self._over_quota
             if over:
-                why = "the compile it repeats was past --max-session-basis-bytes"
-            else:
-                why, kind = "the basis it names is not stored", "missing"
-        elif most == 0:
-            why = "--max-session-basis-bytes is 0"
-        elif session is not None and session.basis_bytes + added > most:
-            why = (
+                return "the compile it repeats was past --max-session-basis-bytes", "quota"
+            return "the basis it names is not stored", "missing"
+        if most == 0:
+            return "--max-session-basis-bytes is 0", "quota"
+        if session is not None and session.basis_bytes + added > most:
+            return (
                 f"its {added} bytes of new basis parts would take the session's "
                 f"{session.basis_bytes} bytes of bases past --max-session-basis-bytes "
-                f"({most})"
+                f"({most})",
+                "quota",
             )
-        if why:
-            with self._sources_lock:
-                self.bases_dropped[kind] += 1
-                if kind == "quota":
-                    self._over_quota[own] = None
-                    self._over_quota.move_to_end(own)
-                    while len(self._over_quota) > _KNOWN_PARTS:
-                        self._over_quota.popitem(last=False)
+        return "", ""
+
+    def _tell_dropped(self, sid: str, compile_id: str, own: bytes, why: str, kind: str) -> None:
+        """A compile written without its basis (`why`, not empty): counted, and logged
+        (see below)."""
+        if not why:
+            return
+        with self._sources_lock:
+            self.bases_dropped[kind] += 1
+            told = kind == "quota" and sid in self._told_basis_full
+            if kind == "quota":
+                self._over_quota[own] = None
+                self._over_quota.move_to_end(own)
+                while len(self._over_quota) > _KNOWN_PARTS:
+                    self._over_quota.popitem(last=False)
                 # A session at its basis quota drops the basis of nearly every compile
                 # after: the first is logged, the rest counted (ctxcc_compiles_without_
                 # basis_total) and logged at debug.
-                told = kind == "quota" and sid in self._told_basis_full
-                if kind == "quota" and not told:
+                if not told:
                     self._told_basis_full[sid] = None
                     while len(self._told_basis_full) > _KNOWN_PARTS:
                         self._told_basis_full.popitem(last=False)
-            log.log(
-                logging.DEBUG if told else logging.WARNING,
-                "compile %s is recorded without its basis (it cannot be rebuilt): %s%s",
-                record.compile_id,
-                why,
-                ""
-                if kind != "quota" or told
-                else "; later ones of the session are counted "
-                "in ctxcc_compiles_without_basis_total, not logged",
-            )
-        return not why
+        log.log(
+            logging.DEBUG if told else logging.WARNING,
+            "compile %s is recorded without its basis (it cannot be rebuilt): %s%s",
+            compile_id,
+            why,
+            ""
+            if kind != "quota" or told
+            else "; later ones of the session are counted "
+            "in ctxcc_compiles_without_basis_total, not logged",
+        )
 
     def _basis_stored(self, sid: str, digest: str) -> bool:
         """Whether the basis part `digest` is stored (known, else read)."""
@@ -566,6 +573,11 @@ class CompileRecords(StoreCore):
             return record
         raw = self._kv.get("compiles", session_key(sid, USAGE + suffix))
         return record if raw is None else replaced(record, usage=decode_value(raw, Usage))
+
+
+def own_key(sid: str, digest: str) -> bytes:
+    """The key of the compile part `digest` of session `sid`."""
+    return session_key(sid, PART + digest.encode())
 
 
 def _headed(record: CompileRecord) -> CompileRecord:

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ from server.service.basis import CompileBasis, SettingsPart, basis_of
 from storage.basis_bytes import MARKER, split_basis_bytes
 from storage.codec import decode_value, encode_value
 from storage.keys import LAST_COMPILE, PART, session_key
-from storage.kv import Batch
+from storage.kv import Batch, WriteWouldWait
 from storage.rocks import open_rocks
 from storage.store import KVEventStore, StoreLimits
 from tests.conftest import make_config, stubs_for
@@ -313,5 +314,47 @@ def _aged_store_again(db: Path, aged: dict[str, tuple[int, int]]) -> None:
             )
         batch.delete("meta", MARKER)
         kv.write(batch)
+    finally:
+        kv.close()
+
+
+class _StallsOnce:
+    """A RocksDB whose first write made without waiting meets a stall (WriteWouldWait,
+    nothing written), as a compile's record written on the event loop may."""
+
+    def __init__(self, kv: Any) -> None:
+        self._kv = kv
+        self.stalled = 0
+
+    def write(self, batch: Batch) -> None:
+        if batch.no_wait and not self.stalled:
+            self.stalled += 1
+            raise WriteWouldWait
+        self._kv.write(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kv, name)
+
+
+def test_a_compile_written_again_after_a_stall_is_counted_once(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record written without its basis whose write would have waited (False: written
+    again from a thread) is counted and logged when it is written, once."""
+    kv = open_rocks(short_tmp / "db")
+    try:
+        stalls = _StallsOnce(kv)
+        store = KVEventStore(stalls, StoreLimits(max_session_basis_bytes=0))
+        store.create_session(Session("s", 1, 1))
+        record, parts = _compile_parts(0, "a note")
+        with caplog.at_level(logging.DEBUG, "ctxcc.storage"):
+            assert not store.put_compile(record, parts, wait=False)
+            assert stalls.stalled == 1
+            assert store.bases_dropped == {"quota": 0, "missing": 0}
+            assert store.put_compile(record, parts, wait=False)
+        assert store.get_compile(record.compile_id).basis_digest == ""
+        assert store.bases_dropped == {"quota": 1, "missing": 0}
+        told = [r for r in caplog.records if "without its basis" in r.getMessage()]
+        assert [r.levelno for r in told] == [logging.WARNING]
     finally:
         kv.close()
