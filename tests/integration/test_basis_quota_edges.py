@@ -358,3 +358,59 @@ def test_a_compile_written_again_after_a_stall_is_counted_once(
         assert [r.levelno for r in told] == [logging.WARNING]
     finally:
         kv.close()
+
+
+def test_a_session_made_again_under_its_id_has_its_whole_basis_quota(
+    short_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session at its basis quota, deleted and made again under its id: the compile
+    refused its basis before keeps it now (the quota counts from 0, the parts known
+    as stored went with the first), and the next one past the quota is warned of again."""
+    first, parts = _compile_parts(0, "first " * 40)
+    second, parts2 = _compile_parts(1, "second " * 40)
+    size = _held_size(parts)
+    kv = open_rocks(short_tmp / "db")
+    try:
+        store = KVEventStore(kv, StoreLimits(max_session_basis_bytes=size + 10))
+        for life in range(2):
+            store.create_session(Session("s", 1 + life, 1 + life))
+            with caplog.at_level(logging.INFO, "ctxcc.storage"):
+                for record, made in ((first, parts), (second, parts2)):
+                    record = replace(record, session_create_time_ns=1 + life)
+                    store.put_compile(record, made)
+            assert store.get_compile(first.compile_id).basis_digest == first.basis_digest
+            assert store.get_compile(second.compile_id).basis_digest == ""
+            assert store.get_session("s").basis_bytes == size
+            if not life:
+                store.delete_session("s")
+        assert store.bases_dropped == {"quota": 2, "missing": 0}
+        warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 2
+    finally:
+        kv.close()
+
+
+async def test_time_travel_with_a_basis_quota_of_0(short_tmp: Path) -> None:
+    """No basis stored: an as_of_seq compile is made from today's sources (not refused),
+    and a rebuild of any compile answers COMPILE_NOT_FOUND."""
+    d = Daemon(make_config(short_tmp, max_session_basis_bytes="0"))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        session = session_pb2.Session(session_id=SID)
+        await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+        ids = []
+        for n in range(3):
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=SID, events=[user(f"message {n}")])
+            )
+            ids.append((await api.compiles.Compile(compile_request(SID))).view.compile_id)
+        past = (await api.compiles.Compile(compile_request(SID, as_of_seq=1))).view
+        assert past.event_boundary == 1
+        assert [m.parts[0].text for m in past.messages][-1:] == ["message 0"]
+        for cid in ids:
+            assert not await _rebuilds(api, cid)
+        assert (await _held(api)).basis_bytes == 0
+    finally:
+        await api.channel.close()
+        await d.stop()
