@@ -376,8 +376,7 @@ def test_a_session_made_again_under_its_id_has_its_whole_basis_quota(
             store.create_session(Session("s", 1 + life, 1 + life))
             with caplog.at_level(logging.INFO, "ctxcc.storage"):
                 for record, made in ((first, parts), (second, parts2)):
-                    record = replace(record, session_create_time_ns=1 + life)
-                    store.put_compile(record, made)
+                    store.put_compile(replace(record, session_create_time_ns=1 + life), made)
             assert store.get_compile(first.compile_id).basis_digest == first.basis_digest
             assert store.get_compile(second.compile_id).basis_digest == ""
             assert store.get_session("s").basis_bytes == size
