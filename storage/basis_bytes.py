@@ -91,6 +91,10 @@ def move_basis_bytes(kv: KV) -> int:
             session = decode_value(raw, Session)
         except CorruptRecordError:
             continue  # read as damaged wherever it is read, as before
+        if session.basis_bytes:
+            # Written by a daemon that counts bases apart (no earlier one had the field):
+            # moved already, were the marker lost, not moved twice.
+            continue
         split = split_basis_bytes(kv, session.session_id)
         stored = max(0, session.stored_bytes - split.counted)
         if split.held == session.basis_bytes and stored == session.stored_bytes:

@@ -413,3 +413,34 @@ async def test_time_travel_with_a_basis_quota_of_0(short_tmp: Path) -> None:
     finally:
         await api.channel.close()
         await d.stop()
+
+
+def test_a_move_run_again_moves_nothing_twice(short_tmp: Path) -> None:
+    """The store's marker gone (a move run a second time): a session whose bases this
+    daemon counted apart keeps its stored_bytes (before: its basis bytes were taken out
+    of them again, 9,000 bytes of events read back as 3,408)."""
+    db = short_tmp / "db"
+    kv = open_rocks(db)
+    try:
+        store = KVEventStore(kv)
+        store.create_session(Session("s", 1, 1))
+        record, parts = _compile_parts(0, "x" * 5_000)
+        store.put_compile(record, parts)
+        held = store.get_session("s").basis_bytes
+        assert held > 5_000
+        batch = Batch()
+        as_if = replace(store.get_session("s"), stored_bytes=9_000)
+        batch.put("sessions", b"s", encode_value(as_if))
+        batch.delete("meta", MARKER)
+        kv.write(batch)
+    finally:
+        kv.close()
+    kv = open_rocks(db)
+    try:
+        store = KVEventStore(kv)
+        assert store.basis_bytes_moved == 0
+        got = store.get_session("s")
+        assert (got.stored_bytes, got.basis_bytes) == (9_000, held)
+        assert kv.get("meta", MARKER) == b"1"
+    finally:
+        kv.close()
