@@ -92,3 +92,30 @@ async def test_answers_over_the_message_limit_are_refused(short_tmp: Path) -> No
     finally:
         await api.channel.close()
         await d.stop()
+
+
+@pytest.mark.parametrize("count", [16, 17])
+async def test_a_bad_definition_is_refused_on_either_side_of_16(
+    short_tmp: Path, count: int
+) -> None:
+    """Read on the event loop or off it, a definition of an unknown visibility is refused
+    INVALID_ARGUMENT naming it, and nothing is registered."""
+    tools = [_tool(i, 10, deferred=False) for i in range(count)]
+    tools[-1].visibility = 7  # type: ignore[assignment]
+    d = Daemon(make_config(short_tmp))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id=SID))
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id=SID, tools=tools))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_info(refused.value).reason == "INVALID_FIELD"
+        assert error_info(refused.value).metadata["field"] == f"tools[{count - 1}].visibility"
+        listed = await api.tools.ListTools(tpb.ListToolsRequest(session_id=SID))
+        assert list(listed.tools) == []
+    finally:
+        await api.channel.close()
+        await d.stop()
