@@ -31,11 +31,12 @@ def check_fits(response: Message, limit: int, what: str) -> None:
         raise too_large(size, limit, what)
 
 
-def too_large(size: int, limit: int, what: str) -> CtxccError:
+def too_large(
+    size: int, limit: int, what: str, hint: str = "list one scope at a time, or delete entries"
+) -> CtxccError:
     return CtxccError(
         Reason.QUOTA_EXCEEDED,
-        f"{what} is {size} bytes, more than the {limit}-byte message limit; "
-        "list one scope at a time, or delete entries",
+        f"{what} is {size} bytes, more than the {limit}-byte message limit; {hint}",
         quota="max_message_bytes",
         limit=str(limit),
     )

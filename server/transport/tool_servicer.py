@@ -55,6 +55,13 @@ def specs_in(tools: Sequence[tool_pb2.ToolDefinition]) -> tuple[ToolSpec, ...]:
     return tuple(tool_in(i, t) for i, t in enumerate(tools))
 
 
+# What an answer over the message limit tells the caller to do, by what it holds.
+_HINTS = {
+    "the tool registry": "register fewer or smaller definitions",
+    "the tools found": "ask for fewer (max_results)",
+}
+
+
 def tools_answer(specs: Sequence[ToolSpec], limit: int, what: str) -> bytes:
     """The encoding of a ListToolsResponse or SearchToolsResponse of `specs` (both are
     `repeated ToolDefinition tools = 1`): the same bytes as the message's, made a
@@ -65,7 +72,7 @@ def tools_answer(specs: Sequence[ToolSpec], limit: int, what: str) -> bytes:
     records = [tagged(1, tool_out(s).SerializeToString()) for s in specs]
     size = sum(map(len, records))
     if size > limit:
-        raise too_large(size, limit, what)
+        raise too_large(size, limit, what, _HINTS[what])
     # bytes.join lets the GIL go while it copies a large result.
     return b"".join(records)
 

@@ -71,10 +71,16 @@ async def test_answers_over_the_message_limit_are_refused(short_tmp: Path) -> No
         for start in (0, 20, 40):
             batch = [_tool(i, 12_000, deferred=True) for i in range(start, start + 20)]
             await api.tools.RegisterTools(tpb.RegisterToolsRequest(session_id=SID, tools=batch))
-        for call in (
-            api.tools.ListTools(tpb.ListToolsRequest(session_id=SID)),
-            api.tools.SearchTools(
-                tpb.SearchToolsRequest(session_id=SID, query="widget", max_results=100)
+        for call, hint in (
+            (
+                api.tools.ListTools(tpb.ListToolsRequest(session_id=SID)),
+                "register fewer or smaller definitions",
+            ),
+            (
+                api.tools.SearchTools(
+                    tpb.SearchToolsRequest(session_id=SID, query="widget", max_results=100)
+                ),
+                "ask for fewer (max_results)",
             ),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -84,6 +90,7 @@ async def test_answers_over_the_message_limit_are_refused(short_tmp: Path) -> No
             assert info.reason == "QUOTA_EXCEEDED"
             assert info.metadata["quota"] == "max_message_bytes"
             assert info.metadata["limit"] == str(MiB)
+            assert (refused.value.details() or "").endswith(hint)
         # Still served under it: a search of a few.
         few = await api.tools.SearchTools(
             tpb.SearchToolsRequest(session_id=SID, query="k3", max_results=3)
