@@ -212,7 +212,7 @@ class CompileRecords(StoreCore):
         parts would take the session past --max-session-basis-bytes is stored without its
         basis (and none of them): the compile is not refused, it cannot be rebuilt
         (COMPILE_NOT_FOUND). So is a record naming a basis that is not stored (a repeat
-        of such a compile).
+        of such a compile, counted as the quota too).
         Without `wait`, writes nothing and answers False when the session's lock is held
         (an append may hold it through its fsync) or RocksDB would stall the write.
         `route_since`: a generation after which the session's current route was the

@@ -140,8 +140,8 @@ class _StoreCollector(Collector):
         dropped = CounterMetricFamily(
             "ctxcc_compiles_without_basis",
             "Compiles answered and recorded without their basis (they cannot be rebuilt), "
-            "by reason: quota (its new basis parts would pass --max-session-basis-bytes), "
-            "missing (the basis it names is not stored: a repeat of such a compile).",
+            "by reason: quota (its new basis parts would pass --max-session-basis-bytes, "
+            "or it repeats such a compile), missing (the basis it names is not stored).",
             labels=["reason"],
         )
         for reason in ("quota", "missing"):
