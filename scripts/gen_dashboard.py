@@ -175,8 +175,9 @@ def panels() -> list[dict[str, Any]]:
             unit="ops",
             description=(
                 "Recorded without basis: compiles that cannot be rebuilt, their session's "
-                "bases past --max-session-basis-bytes (quota) or a repeat of such a "
-                "compile (missing); appends are never refused for them."
+                "bases past --max-session-basis-bytes, or repeats of such compiles "
+                "(quota), or the basis they name not stored (missing); appends are never "
+                "refused for them."
             ),
         ),
         panel(
