@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -442,5 +443,31 @@ def test_a_move_run_again_moves_nothing_twice(short_tmp: Path) -> None:
         got = store.get_session("s")
         assert (got.stored_bytes, got.basis_bytes) == (9_000, held)
         assert kv.get("meta", MARKER) == b"1"
+    finally:
+        kv.close()
+
+
+def test_racing_writes_of_the_same_new_parts_count_them_once(short_tmp: Path) -> None:
+    """Four threads write compiles of one session naming the same new parts at once (each
+    read them as missing before any was written: the session's lock held meanwhile), 30
+    texts over: each part is counted once, and basis_bytes is what the parts held take."""
+    kv = open_rocks(short_tmp / "db")
+    try:
+        store = KVEventStore(kv)
+        store.create_session(Session("s", 1, 1))
+        for n in range(30):
+            made = [_compile_parts(4 * n + k, f"text {n} " * 300) for k in range(4)]
+            # Held while the four look their parts up: they all find them missing, then
+            # write one after the other.
+            lock = store._lock("s")
+            with lock:
+                threads = [threading.Thread(target=store.put_compile, args=m) for m in made]
+                for t in threads:
+                    t.start()
+                time.sleep(0.05)
+            for t in threads:
+                t.join()
+        assert store.get_session("s").basis_bytes == split_basis_bytes(kv, "s").held
+        assert store.bases_dropped == {"quota": 0, "missing": 0}
     finally:
         kv.close()
