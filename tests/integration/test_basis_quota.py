@@ -10,9 +10,11 @@ gRPC API; and the data dirs of earlier daemons, opened."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,6 +48,25 @@ FIXTURES = Path(__file__).parents[1] / "fixtures"
 def _rule(path: Path, text: str) -> None:
     name = path.stem
     path.write_text(f"---\nname: {name}\ndescription: {name}\nactivation: on_demand\n---\n{text}")
+
+
+@contextlib.asynccontextmanager
+async def said_hi(short_tmp: Path, **flags: str) -> AsyncIterator[tuple[Daemon, Stubs]]:
+    """A daemon of `flags` on RocksDB in `short_tmp` whose session SID holds one user
+    message, and its stubs."""
+    d = Daemon(make_config(short_tmp, **flags))
+    await d.start()
+    api = stubs_for(f"unix:{d.endpoints.unix}")
+    try:
+        session = session_pb2.Session(session_id=SID)
+        await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=SID, events=[user("hi")])
+        )
+        yield d, api
+    finally:
+        await api.channel.close()
+        await d.stop()
 
 
 async def _held(api: Stubs, sid: str = SID) -> session_pb2.Session:
@@ -171,22 +192,11 @@ async def test_bases_regenerated_at_every_step_never_refuse_an_append(short_tmp:
 
 
 async def test_a_basis_quota_of_0_stores_no_basis(short_tmp: Path) -> None:
-    d = Daemon(make_config(short_tmp, max_session_basis_bytes="0"))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
-    try:
-        session = session_pb2.Session(session_id=SID)
-        await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-        await api.sessions.AppendEvents(
-            spb.AppendEventsRequest(session_id=SID, events=[user("hi")])
-        )
+    async with said_hi(short_tmp, max_session_basis_bytes="0") as (d, api):
         view = (await api.compiles.Compile(compile_request(SID))).view
         assert not await _rebuilds(api, view.compile_id)
         assert (await _held(api)).basis_bytes == 0
         assert _dropped(d) == 1
-    finally:
-        await api.channel.close()
-        await d.stop()
 
 
 @pytest.mark.parametrize("commit", ["f2d8783", "4413fe6"])

@@ -39,7 +39,7 @@ from storage.rocks import open_rocks
 from storage.store import KVEventStore, StoreLimits
 from tests.conftest import make_config, stubs_for
 from tests.helpers import compile_request, user
-from tests.integration.test_basis_quota import SID, _dropped, _held, _rebuilds, _rule
+from tests.integration.test_basis_quota import SID, _dropped, _held, _rebuilds, _rule, said_hi
 
 
 async def test_repeats_of_a_compile_without_basis_are_counted_as_its_quota(
@@ -49,15 +49,7 @@ async def test_repeats_of_a_compile_without_basis_are_counted_as_its_quota(
     the first compile, nothing read having changed) is recorded without a basis for the
     same reason, the quota: not as one naming a basis that is missing, warned of at every
     repeat."""
-    d = Daemon(make_config(short_tmp, max_session_basis_bytes="0"))
-    await d.start()
-    api = stubs_for(f"unix:{d.endpoints.unix}")
-    try:
-        session = session_pb2.Session(session_id=SID)
-        await api.sessions.CreateSession(spb.CreateSessionRequest(session=session))
-        await api.sessions.AppendEvents(
-            spb.AppendEventsRequest(session_id=SID, events=[user("hi")])
-        )
+    async with said_hi(short_tmp, max_session_basis_bytes="0") as (d, api):
         ids = []
         with caplog.at_level(logging.INFO, "ctxcc.storage"):
             for _ in range(5):
@@ -73,9 +65,6 @@ async def test_repeats_of_a_compile_without_basis_are_counted_as_its_quota(
             if r.levelno >= logging.WARNING and "without its basis" in r.getMessage()
         ]
         assert len(warned) == 1, [r.getMessage() for r in warned]
-    finally:
-        await api.channel.close()
-        await d.stop()
 
 
 def _parts_held(data: Path) -> dict[str, tuple[int, int]]:
