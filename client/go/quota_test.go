@@ -132,6 +132,18 @@ func waitMetric(t *testing.T, want float64, name string, labels ...string) {
 	}
 }
 
+// waitMetricAtMost polls until daemonMetric is at most most.
+func waitMetricAtMost(t *testing.T, most float64, name string, labels ...string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for daemonMetric(t, name, labels...) > most {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s %v never came down to %v", name, labels, most)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 const quotaRefusals = "ctxcc_errors_total"
 
 const quotaReason = `reason="QUOTA_EXCEEDED"`
@@ -141,6 +153,10 @@ const quotaReason = `reason="QUOTA_EXCEEDED"`
 // once, and returns call's error.
 func holdCalls(t *testing.T, c *Client, call func() error) error {
 	t.Helper()
+	// The streams an earlier hold cancelled may not have ended on the daemon yet: while
+	// one had, two in flight could be it and one new stream (the other refused), and the
+	// call then found a free slot, was never refused, and the wait below ran out.
+	waitMetricAtMost(t, 0, "ctxcc_rpcs_in_flight", `method="CompileService/CompileStream"`)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var idle []context.CancelFunc

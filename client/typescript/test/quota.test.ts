@@ -84,11 +84,24 @@ async function waitMetric(want: number, name: string, ...labels: string[]): Prom
   }
 }
 
+/** Polls until `metric(name, ...labels)` is at most `most`. */
+async function waitMetricAtMost(most: number, name: string, ...labels: string[]): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while ((await metric(name, ...labels)) > most) {
+    assert.ok(Date.now() < deadline, `${name} ${labels.join(",")} never came down to ${most}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
 const REFUSED = ["ctxcc_errors_total", 'reason="QUOTA_EXCEEDED"'] as const;
 
 /** Runs `call` while two idle CompileStreams hold the daemon's two calls, ends one once the
  * daemon has refused `call` at least once, and returns what `call` returned. */
 async function holdCalls<T>(ctx: Client, call: () => Promise<T>): Promise<T> {
+  // The streams an earlier hold cancelled may not have ended on the daemon yet: while one
+  // had, two in flight could be it and one new stream (the other refused), and the call
+  // then found a free slot, was never refused, and the wait below ran out.
+  await waitMetricAtMost(0, "ctxcc_rpcs_in_flight", 'method="CompileService/CompileStream"');
   const idle = [ctx.compiles.raw.compileStream(), ctx.compiles.raw.compileStream()];
   for (const s of idle) s.on("error", () => {}); // the cancel below ends them
   try {
