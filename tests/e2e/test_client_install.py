@@ -355,10 +355,13 @@ def test_scripted_agent(
         ]
 
 
-# The names each README's example leaves to the reader: what the provider answered.
-PY_PLACEHOLDERS = {"used_in", "used_out", "reply"}
-GO_PLACEHOLDERS = "var in, out uint32\nvar reply string\n"
-TS_PLACEHOLDERS = "declare const inputTokens: number, outputTokens: number, reply: string;\n"
+# The names each README's example leaves to the reader: what the provider answered (its
+# usage, its reply, and its summary when the view asks for a compaction).
+PY_PLACEHOLDERS = {"used_in", "used_out", "reply", "summary"}
+GO_PLACEHOLDERS = "var in, out uint32\nvar reply, summary string\n"
+TS_PLACEHOLDERS = (
+    "declare const inputTokens: number, outputTokens: number, reply: string, summary: string;\n"
+)
 
 
 def use_block(readme: Path, lang: str) -> str:
