@@ -22,6 +22,8 @@ EXIT_CONFIG = 2
 EXIT_LOCKED = 3
 EXIT_STORE = 1  # RocksDB refused to open the store: not a setting, and not in use
 EXIT_PIPE = 141  # what a shell reports for a filter ended by SIGPIPE (128 + 13)
+# Each starts the drain (`--grace-period`); `ctxcc serve --help` names them.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +75,7 @@ async def _serve(flags: dict[str, object]) -> int:
     # Taken before the start: a signal while the store opens (a long WAL replay, the
     # over-budget sessions read back) ended the process undrained (SIGTERM, SIGHUP) or
     # with a KeyboardInterrupt traceback (SIGINT); it now stops the daemon once started.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     for warning in [*unknown_env(os.environ), *unused_settings(cfg)]:
         log.warning("%s", warning)

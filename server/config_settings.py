@@ -63,7 +63,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "grace_period",
         "10",
-        "seconds in-flight calls get to finish on SIGTERM/SIGINT",
+        "seconds in-flight calls get to finish on SIGTERM, SIGINT or SIGHUP",
         kind="float",
     ),
     Setting("workers", "8", "threads for blocking storage work", kind="int"),

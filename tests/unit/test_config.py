@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from server.cli import build_parser
+from server.cli import STOP_SIGNALS, build_parser
 from server.config import SETTINGS, ConfigError, resolve, unused_settings
 
 
@@ -99,6 +99,16 @@ def test_help_names_every_flag_and_env_var() -> None:
         assert "--" + s.name.replace("_", "-") in text
         assert "CTXCC_" + s.name.upper() in text
     assert "--config" in text and "CTXCC_CONFIG" in text
+
+
+def test_grace_period_help_names_every_signal_that_drains() -> None:
+    """`--grace-period`'s help named SIGTERM/SIGINT, while SIGHUP (a `make run` terminal
+    closed) drains the daemon as well."""
+    parser = build_parser()
+    sub: Any = next(a for a in parser._actions if a.dest == "command")
+    grace = next(a for a in sub.choices["serve"]._actions if a.dest == "grace_period")
+    assert grace.help is not None
+    assert [s.name for s in STOP_SIGNALS if s.name not in grace.help] == []
 
 
 def test_file_arrays_booleans_and_numbers_read_as_their_flags_would(tmp_path: Path) -> None:
