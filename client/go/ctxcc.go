@@ -28,6 +28,7 @@ import (
 	"strings"
 	"time"
 
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -51,7 +52,23 @@ type Error struct {
 	UsageRefused bool
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("%s %s: %s", e.Code, e.Reason, e.Message) }
+func (e *Error) Error() string {
+	if e.Reason == codeName(e.Code) {
+		// Without an ErrorInfo the reason is the code's name: said once, not twice.
+		return fmt.Sprintf("%s: %s", e.Reason, e.Message)
+	}
+	return fmt.Sprintf("%s %s: %s", e.Code, e.Reason, e.Message)
+}
+
+// codeName is a code as google.rpc.Code spells it ("NOT_FOUND"): the reason of a status
+// that carries no ErrorInfo (gRPC's own, a proxy's), as the Python and TypeScript
+// clients give it.
+func codeName(c codes.Code) string {
+	if name, ok := rpccode.Code_name[int32(c)]; ok {
+		return name
+	}
+	return c.String()
+}
 
 // GRPCStatus keeps status.Code(err) and status.FromError(err) working on an *Error.
 func (e *Error) GRPCStatus() *status.Status { return status.New(e.Code, e.Message) }
@@ -71,7 +88,7 @@ func AsError(err error) (*Error, bool) {
 	if !ok {
 		return nil, false
 	}
-	out := &Error{Code: st.Code(), Reason: st.Code().String(), Message: st.Message()}
+	out := &Error{Code: st.Code(), Reason: codeName(st.Code()), Message: st.Message()}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
 			out.Reason, out.Metadata = info.GetReason(), info.GetMetadata()

@@ -40,3 +40,24 @@ func TestAsErrorReadsTheReasonAndMetadata(t *testing.T) {
 		t.Fatalf("AsError of a wrapped *Error = %+v, %v", wrapped, ok)
 	}
 }
+
+// A status without an ErrorInfo (gRPC's own, a proxy's) has its code's name as its reason,
+// spelled as google.rpc.Code spells it (the Python and TypeScript clients' spelling), and
+// the message says it once.
+func TestAsErrorWithoutErrorInfoNamesTheCodeOnce(t *testing.T) {
+	e, ok := AsError(status.Error(codes.Unavailable, "connection refused"))
+	if !ok || e.Reason != "UNAVAILABLE" {
+		t.Fatalf("AsError = %+v, %v; want reason UNAVAILABLE", e, ok)
+	}
+	if got := e.Error(); got != "UNAVAILABLE: connection refused" {
+		t.Fatalf("Error() = %q", got)
+	}
+	e, _ = AsError(status.Error(codes.FailedPrecondition, "head moved"))
+	if e.Reason != "FAILED_PRECONDITION" {
+		t.Fatalf("reason = %q", e.Reason)
+	}
+	daemon := &Error{Code: codes.NotFound, Reason: "SESSION_NOT_FOUND", Message: "no such session"}
+	if got := daemon.Error(); got != "NotFound SESSION_NOT_FOUND: no such session" {
+		t.Fatalf("Error() = %q", got)
+	}
+}

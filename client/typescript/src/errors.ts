@@ -13,7 +13,9 @@ export class CtxccError extends Error {
      * step was done (no append, no compile). */
     readonly usageRefused = false,
   ) {
-    super(`${grpc.status[code] ?? code} ${reason}: ${message}`);
+    const name = grpc.status[code] ?? String(code);
+    // Without an ErrorInfo the reason is the code's name: said once, not twice.
+    super(`${reason === name ? name : `${name} ${reason}`}: ${message}`);
   }
 }
 
