@@ -35,7 +35,7 @@ from typing import Any
 
 from server.adapters.charclass_table import CJK_SINGLES
 from server.compiler.textscan import LONE_SURROGATE
-from server.compiler.tokens import CHARCLASS_BY_SCRIPT, COUNTING, TokenCounter
+from server.compiler.tokens import CHARCLASS_BY_SCRIPT, CHARCLASS_RARE, COUNTING, TokenCounter
 from server.domain.catalog import ModelInfo
 
 _CACHE_MIN_CHARS = 24
@@ -46,8 +46,81 @@ _CACHE_SIZE = 8192
 # point, class, weight), each range running to the next one's start. A script cl100k_base
 # splits into bytes gets up to its UTF-8 length (2 or 3, 4 above U+FFFF): Armenian,
 # combining marks (decomposed accents: macOS file names, NFD text), Tibetan, Ethiopic,
-# Yi, private use.
+# Yi, private use. The letters of the big alphabets (Latin-1, Greek, Cyrillic, Hebrew,
+# Arabic) weigh what their prose costs; the rarer ranges around them what a run of
+# their characters costs, since cl100k_base has no merges for them (COUNTING 3: before,
+# Latin Extended-A and -B and the Cyrillic Supplement weighed like Latin-1 letters, 0.8,
+# where cl100k_base spends 1.8-2 tokens a character: Czech prose was undercounted by 24%,
+# a run of such letters by 60%).
 _SCRIPTS: tuple[tuple[int, str, float], ...] = (
+    (0x0080, "o", 2.0),  # C1 controls, Latin-1 symbols
+    (0x00C0, "o", 0.8),  # Latin-1 letters
+    (0x0100, "o", 1.8),  # Latin Extended-A (Czech, Polish, Turkish, Baltic letters)
+    (0x0180, "o", 2.0),  # Latin Extended-B, IPA, spacing modifiers, combining marks
+    (0x0370, "o", 1.3),  # Greek and Coptic
+    (0x0400, "o", 0.8),  # Cyrillic
+    (0x0460, "o", 2.0),  # historic Cyrillic, Cyrillic Supplement
+    (0x0530, "o", 2.1),  # Armenian
+    (0x0590, "o", 2.0),  # Hebrew points and cantillation marks
+    (0x05D0, "o", 1.3),  # Hebrew letters
+    (0x0600, "o", 1.0),  # Arabic (Urdu's letters take more than Arabic's)
+    (0x064B, "o", 2.0),  # Arabic vowel marks (harakat)
+    (0x0660, "o", 1.0),  # Arabic-Indic digits, Persian and Urdu letters
+    (0x06D4, "o", 2.0),  # Arabic Quranic marks, extended digits
+    (0x0700, "o", 2.0),  # Syriac, Thaana, NKo
+    (0x0800, "o", 3.0),  # Samaritan, Mandaic, Arabic Extended
+    (0x0900, "o", 2.0),  # Indic scripts
+    (0x0D80, "o", 2.2),  # Sinhala
+    (0x0E00, "o", 2.0),  # Thai
+    (0x0E80, "o", 2.4),  # Lao
+    (0x0F00, "o", 3.0),  # Tibetan
+    (0x1000, "o", 2.2),  # Myanmar, Georgian
+    (0x1100, "o", 3.0),  # Hangul Jamo, Ethiopic, Cherokee, syllabics, Ogham, Runic, ...
+    (0x1780, "o", 2.2),  # Khmer
+    (0x1800, "o", 3.0),  # Mongolian, ..., combining marks extended and supplement
+    (0x1E00, "o", 2.4),  # Latin Extended Additional (Vietnamese)
+    (0x1F00, "o", 3.0),  # Greek Extended (polytonic Greek)
+    (0x2000, "o", 2.0),  # general punctuation, super- and subscripts, currency
+    (0x20D0, "o", 3.0),  # combining marks for symbols
+    (0x2100, "o", 2.0),  # letterlike symbols, number forms
+    (0x2190, "o", 2.6),  # arrows, mathematical operators
+    (0x2300, "o", 3.0),  # technical symbols, control pictures, OCR, enclosed
+    (0x2500, "o", 2.0),  # box drawing, block elements, geometric shapes
+    (0x2600, "o", 2.5),  # miscellaneous symbols
+    (0x2700, "o", 2.0),  # dingbats, mathematical symbols A
+    (0x2800, "o", 3.0),  # Braille, supplemental arrows and operators, ...
+    (0x2C00, "o", 3.0),  # Glagolitic, Coptic, Tifinagh, ...
+    (0x2E80, "c", 3.0),  # CJK radicals
+    (0x3000, "c", 1.35),  # CJK symbols and punctuation
+    (0x3040, "c", 2.0),  # kana (the one-token ones: _CJK_SINGLES)
+    (0x3100, "c", 3.0),  # Bopomofo, compatibility Jamo, enclosed, CJK Extension A, ...
+    (0x4E00, "c", 3.0),  # CJK unified ideographs (the one-token ones: _CJK_SINGLES)
+    (0xA000, "o", 3.0),  # Yi, Vai, ...
+    (0xAC00, "c", 2.7),  # Hangul syllables (the one-token ones: _CJK_SINGLES)
+    (0xD7B0, "o", 3.0),  # Jamo Extended-B
+    (0xD800, "o", 2.0),  # surrogates (counted as U+FFFD)
+    (0xE000, "o", 3.0),  # private use
+    (0xF900, "c", 3.0),  # CJK compatibility ideographs
+    (0xFB00, "o", 3.0),  # alphabetic and Arabic presentation forms
+    (0xFE00, "o", 2.0),  # variation selectors
+    (0xFE10, "o", 3.0),  # vertical, combining half, CJK compatibility, small forms, ...
+    (0xFF00, "o", 2.0),  # half- and full-width forms, specials
+    (0x10000, "o", 4.0),  # historic scripts
+    (0x1D000, "o", 3.2),  # musical and mathematical symbols
+    (0x1D800, "o", 4.0),
+    (0x1F000, "o", 3.2),  # emoji and other symbols
+    (0x20000, "o", 4.0),  # CJK Extension B on, tags, private use
+)
+_SCRIPT_STARTS = tuple(start for start, _, _ in _SCRIPTS)
+_SCRIPT_WEIGHTS = tuple((cls, w) for _, cls, w in _SCRIPTS)
+
+
+# The weights of compiles recorded at tokens.COUNTING 2, kept to rebuild them (first code
+# point, class, weight), each range running to the next one's start. A script cl100k_base
+# splits into bytes gets up to its UTF-8 length (2 or 3, 4 above U+FFFF): Armenian,
+# combining marks (decomposed accents: macOS file names, NFD text), Tibetan, Ethiopic,
+# Yi, private use.
+_SCRIPTS_2: tuple[tuple[int, str, float], ...] = (
     (0x0080, "o", 2.0),  # C1 controls, Latin-1 symbols
     (0x00C0, "o", 0.8),  # Latin-1 letters, Latin Extended-A and -B
     (0x0250, "o", 2.0),  # IPA, spacing modifiers, combining diacritical marks
@@ -87,16 +160,19 @@ _SCRIPTS: tuple[tuple[int, str, float], ...] = (
     (0x1F000, "o", 3.2),  # emoji and other symbols
     (0x20000, "o", 4.0),  # CJK Extension B on, tags, private use
 )
-_SCRIPT_STARTS = tuple(start for start, _, _ in _SCRIPTS)
-_SCRIPT_WEIGHTS = tuple((cls, w) for _, cls, w in _SCRIPTS)
+_SCRIPT_STARTS_2 = tuple(start for start, _, _ in _SCRIPTS_2)
+_SCRIPT_WEIGHTS_2 = tuple((cls, w) for _, cls, w in _SCRIPTS_2)
 # Kana, ideographs and Hangul syllables cl100k_base encodes as one token each.
 _CJK_SINGLES = frozenset(CJK_SINGLES)
 _CJK_SINGLE = ("c", 1.0)
+# ASCII whitespace that cl100k_base merges only with itself (and "\r" with "\n").
+_ODD_SPACE = frozenset("\t\r\x0b\x0c")
 
 
 # The class and weight of each BMP character met so far (at most 65,536 entries): text
 # repeats its script, and a dict lookup costs less than the search.
 _SEEN: dict[str, tuple[str, float]] = {}
+_SEEN_2: dict[str, tuple[str, float]] = {}
 
 
 def _script(ch: str) -> tuple[str, float]:
@@ -110,16 +186,77 @@ def _script(ch: str) -> tuple[str, float]:
     return found
 
 
+def _script_2(ch: str) -> tuple[str, float]:
+    """`_script` with the weights of tokens.COUNTING 2."""
+    if ch in _CJK_SINGLES:
+        found = _CJK_SINGLE
+    else:
+        found = _SCRIPT_WEIGHTS_2[bisect.bisect_right(_SCRIPT_STARTS_2, ord(ch)) - 1]
+    if ord(ch) < 0x10000:
+        _SEEN_2[ch] = found
+    return found
+
+
 def charclass_count(text: str) -> int:
     """Per-character-class weights that lean high (R-EST-2), for a text that is not empty.
 
     Measured against cl100k_base on English, code, JSON, digits, whitespace-heavy text,
     hex ids, URLs, Simplified and Traditional Chinese, Japanese, Korean, Cyrillic, Greek,
-    Armenian, Hebrew, Arabic, Urdu, Indic scripts, Amharic, decomposed accents and emoji,
-    they never undercount by more than 5% (tests/unit/test_estimation.py) and run high on
-    prose and code. Compiles recorded before tokens.COUNTING 2 are rebuilt with the
-    weights they had (charclass_count_1).
+    Armenian, Hebrew, Arabic, Urdu, Czech, Polish, Indic scripts, Amharic, decomposed
+    accents and emoji, they never undercount by more than 5% (tests/unit/test_estimation.py)
+    and run high on prose and code. A tab, carriage return, vertical tab or form feed
+    weighs a token where it does not repeat the character before it, and so does a space
+    or line feed after one (cl100k_base merges runs of one whitespace character and
+    `\\r\\n`, not mixed runs), a line feed after a carriage return nothing. Compiles
+    recorded before tokens.COUNTING 3 are rebuilt with the weights they had
+    (charclass_count_2, charclass_count_1).
     """
+    total = 0.0
+    prev = ""  # class of the previous character
+    before = ""  # the previous character
+    lower = False  # was the previous character a lower-case letter
+    for ch in text:
+        o = ord(ch)
+        if o < 128:
+            if ch.isalpha():
+                cls, w = "a", 1 / 3.3
+                if lower and ch.isupper():
+                    w += 1.2  # a case switch inside a word: camelCase, base64
+            elif ch.isdigit():
+                cls, w = "d", 0.55
+            elif ch == "\n":
+                cls = "s"
+                w = 0.0 if before == "\r" else 1.0 if before in _ODD_SPACE else 0.6
+            elif ch == " ":
+                cls, w = "s", 1.0 if before in _ODD_SPACE else 0.2
+            elif ch in _ODD_SPACE:
+                cls, w = "s", 0.2 if before == ch else 1.0
+            elif o < 32 or o == 127:
+                cls, w = "p", 1.2  # control characters: one token each, or more
+            else:
+                cls, w = "p", 0.9
+        else:
+            cls, w = _SEEN.get(ch) or _script(ch)
+        if cls != prev:
+            if cls == "s":
+                w += 0.3  # a whitespace run often stands alone before digits or symbols
+            elif {cls, prev} == {"a", "d"}:
+                w += 0.7  # letter/digit switches split ids, hashes and base64
+        total += w
+        prev = cls
+        before = ch
+        lower = ch.islower() and o < 128
+    return max(1, math.ceil(total))
+
+
+def charclass_count_2(text: str) -> int:
+    """The weights of compiles recorded at tokens.COUNTING 2, kept to rebuild them: a
+    tab, a carriage return, a vertical tab or a form feed weighed like a space (0.2),
+    where cl100k_base spends a token on each beside another kind of whitespace (a
+    `\\r ` run 5 times, a tab-separated table of short words 1.4 times the estimate), and
+    Latin Extended-A and -B, the Cyrillic Supplement, Hebrew points, Arabic vowel marks,
+    arrows, operators and presentation forms had their alphabets' or their blocks'
+    lower weights (Czech prose 0.76 of cl100k_base, runs of such characters 0.4)."""
     total = 0.0
     prev = ""  # class of the previous character
     lower = False  # was the previous character a lower-case letter
@@ -141,7 +278,7 @@ def charclass_count(text: str) -> int:
             else:
                 cls, w = "p", 0.9
         else:
-            cls, w = _SEEN.get(ch) or _script(ch)
+            cls, w = _SEEN_2.get(ch) or _script_2(ch)
         if cls != prev:
             if cls == "s":
                 w += 0.3  # a whitespace run often stands alone before digits or symbols
@@ -412,9 +549,12 @@ class CharClassCounter(_CachedCounter):
 
     def __init__(self, counting: int = COUNTING) -> None:
         super().__init__("charclass")
-        by_script = counting >= CHARCLASS_BY_SCRIPT
-        self.name = "charclass" if by_script else "charclass-1"
-        self._weigh = charclass_count if by_script else charclass_count_1
+        if counting >= CHARCLASS_RARE:
+            self.name, self._weigh = "charclass", charclass_count
+        elif counting >= CHARCLASS_BY_SCRIPT:
+            self.name, self._weigh = "charclass-2", charclass_count_2
+        else:
+            self.name, self._weigh = "charclass-1", charclass_count_1
 
     def _count(self, text: str) -> int:
         return self._weigh(text)
@@ -478,7 +618,7 @@ class CounterRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._counters: dict[tuple[str, float, bool], TokenCounter] = {}
+        self._counters: dict[tuple[str, float, int], TokenCounter] = {}
 
     def ready(self, info: ModelInfo) -> bool:
         """Whether counting for `info` needs no table built first (a build takes up to
@@ -488,9 +628,11 @@ class CounterRegistry:
 
     def for_model(self, info: ModelInfo, counting: int = COUNTING) -> TokenCounter:
         """`counting`: tokens.COUNTING of the compile (a rebuild's is its record's): the
-        conservative estimator's weights changed at 2."""
-        legacy = info.tokenizer not in TABLES and counting < CHARCLASS_BY_SCRIPT
-        key = (info.tokenizer, info.token_factor, legacy)
+        conservative estimator's weights changed at 2 and 3."""
+        weights = COUNTING
+        if info.tokenizer not in TABLES:
+            weights = min(max(counting, CHARCLASS_BY_SCRIPT - 1), COUNTING)
+        key = (info.tokenizer, info.token_factor, weights)
         with self._lock:
             counter = self._counters.get(key)
             if counter is None:
@@ -501,6 +643,6 @@ class CounterRegistry:
                 elif info.tokenizer == "claude":
                     counter = ClaudeCounter(info.token_factor)
                 else:
-                    counter = CharClassCounter(counting if legacy else COUNTING)
+                    counter = CharClassCounter(weights)
                 self._counters[key] = counter
             return counter

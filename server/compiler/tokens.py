@@ -32,12 +32,17 @@ IMAGE_TOKENS = 1_600
 #    script by what cl100k_base makes of it (adapters/tokenizer.charclass_count; before,
 #    three weights for all non-ASCII text undercounted Armenian by 60%, Traditional
 #    Chinese by 30%).
+# 3: as 2, and that estimator weighs a tab, carriage return, vertical tab or form feed
+#    beside other whitespace as a token (before, as a space: 0.2), and Latin Extended-A
+#    and -B, the Cyrillic Supplement and other ranges of rare characters by what a run of
+#    them costs (before, 0.4-0.8 of cl100k_base).
 # Arguments are counted as 1 from 1 on.
 # BEFORE_CALL_IDS (-1), for compiles recorded before call ids were counted (the store
 # tells them by their records, see CompileRecord.before_call_ids): arguments as their
 # JSON string as is, and neither a call's id nor its result's counted.
-COUNTING = 2
+COUNTING = 3
 CHARCLASS_BY_SCRIPT = 2
+CHARCLASS_RARE = 3
 BEFORE_CALL_IDS = -1
 # Separators of the JSON a provider renders nested parameter values with.
 _COMPACT = (",", ":")

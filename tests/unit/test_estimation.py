@@ -64,6 +64,27 @@ SAMPLES = {
         "NFD", "Tiếng Việt là ngôn ngữ chính thức của Việt Nam. Le café était déjà fermé. " * 20
     ),
     "control": "".join(chr(_rng.randint(0, 31)) for _ in range(1500)),
+    # What COUNTING 2 undercounted: letters of Latin Extended-A (Czech 24% under), tabs,
+    # carriage returns, vertical tabs and form feeds beside other whitespace (weighed as
+    # a space, 0.2: a table of short words separated by tabs 30% under, mixed runs 5
+    # times), and runs of rare characters (Latin Extended-B, the Cyrillic Supplement,
+    # Hebrew points, arrows and operators, presentation forms: 0.4-0.8).
+    "czech": "Příliš žluťoučký kůň úpěl ďábelské ódy. Chyba vznikla při čtení souboru. " * 20,
+    "polish": "Zażółć gęślą jaźń. Pchnąć w tę łódź jeża lub ośm skrzyń fig. " * 20,
+    "turkish": "Pijamalı hasta yağız şoföre çabucak güvendi. Dosya okunurken hata oluştu. "  # noqa: RUF001
+    * 20,
+    "tsv_words": "\n".join(
+        "\t".join(_rng.choice(["a", "bb", "x", "yes", "no", "1"]) for _ in range(8))
+        for _ in range(300)
+    ),
+    "mixed_whitespace": "".join(_rng.choice(" \t\n\r\x0b\x0c") for _ in range(3000)),
+    "carriage_returns": "\r " * 1000 + "\x0b\x0c" * 500,
+    "rare_latin": "".join(chr(_rng.randint(0x100, 0x24F)) for _ in range(1500)),
+    "cyrillic_supplement": "".join(chr(_rng.randint(0x460, 0x52F)) for _ in range(1500)),
+    "hebrew_points": "".join(chr(_rng.randint(0x591, 0x5C7)) for _ in range(1500)),
+    "arrows_operators": "".join(chr(_rng.randint(0x2190, 0x22FF)) for _ in range(1500)),
+    "presentation_forms": "".join(chr(_rng.randint(0xFE70, 0xFEFC)) for _ in range(1500)),
+    "vietnamese_precomposed": "".join(chr(_rng.randint(0x1E00, 0x1EFF)) for _ in range(1500)),
 }
 
 
@@ -81,6 +102,17 @@ def test_the_one_token_cjk_table_is_cl100ks() -> None:
     ranges = ((0x3040, 0x3100), (0x4E00, 0xA000), (0xAC00, 0xD7B0))
     ones = "".join(chr(o) for a, b in ranges for o in range(a, b) if cl100k.count(chr(o)) == 1)
     assert ones == CJK_SINGLES, f"regenerate server/adapters/charclass_table.py: {ones!r}"
+
+
+def test_a_compile_recorded_at_counting_2_keeps_its_weights() -> None:
+    """A rebuild of a compile recorded at tokens.COUNTING 2 counts an unknown model's
+    text with the weights it had, whatever the daemon counts today."""
+    registry = tokenizer.CounterRegistry()
+    info = load_catalog().lookup("house-model")
+    text = SAMPLES["czech"] + SAMPLES["carriage_returns"]
+    assert registry.for_model(info, 2).count(text) == tokenizer.charclass_count_2(text)
+    assert registry.for_model(info).count(text) == charclass_count(text)
+    assert charclass_count(text) > 1.5 * tokenizer.charclass_count_2(text)
 
 
 def test_a_compile_recorded_before_counting_2_keeps_its_weights() -> None:
