@@ -47,6 +47,7 @@ class UsageReports:
         self._settings = settings
         self._telemetry = telemetry
         self._warned: set[str] = set()  # routes a partial report was logged for
+        self._warned_over: set[str] = set()  # routes an over-window report was logged for
 
     async def report_usage(
         self, compile_id: str, route: Route | None, usage: Usage, session_id: str | None = None
@@ -140,6 +141,14 @@ class UsageReports:
                     compile_id=compile_id,
                 )
             learn = self._learner(record, usage, now)
+            if over_window(usage.input_tokens, record, self._window(record)):
+                # More than the model's window: no provider answers such a request, so
+                # the count is no count of it (a session's running total, another
+                # request's usage). As a baseline it made every later estimate of the
+                # session over budget; taught as the route's first overhead, every new
+                # session's first estimate on the route too, for a dozen sessions.
+                self._over_window_report(record, usage)
+                return None, learn
             if not self._plausible(record, usage):
                 # Part of the input: as a baseline it made every later estimate of the
                 # session that part plus the change (4 tokens for a 20,000-token request,
@@ -191,17 +200,42 @@ class UsageReports:
             _ledger(record),
         )
 
+    def _window(self, record: CompileRecord) -> int:
+        """The catalog's window for the compile's model (0: unknown)."""
+        return self._catalog.lookup(record.route.model).context_window
+
+    def _over_window_report(self, record: CompileRecord, usage: Usage) -> None:
+        """Logged once per route, like a partial report."""
+        route_id = record.route.route_id
+        if route_id in self._warned_over or len(self._warned_over) >= _WARNED_ROUTES:
+            return
+        self._warned_over.add(route_id)
+        log.warning(
+            "usage report for compile %s: input_tokens %d is more than the model's context "
+            "window (%d tokens, %d in the compile); it is kept and measured but is not the "
+            "session's baseline and teaches the route nothing. Report the input of this one "
+            "request; a model with a larger window than ctxcc's catalog knows needs the "
+            "compile's limits.context_window (or --model-catalog). Logged once per route.",
+            record.compile_id,
+            usage.input_tokens,
+            self._window(record),
+            record.context_window,
+        )
+
     def _learner(self, record: CompileRecord, usage: Usage, now_ns: int) -> Learn:
         """What this report teaches the route model (run once, inside the store's write)."""
         bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+        window = self._window(record)
         cfg = self._settings.learning
         delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
         local = _ledger(record)
 
         def learn(model: RouteModel | None) -> RouteModel:
             m = model or RouteModel(route_id=record.route.route_id)
-            if not plausible(usage.input_tokens, local, bounds):
-                pass  # part of the input: teaches nothing (nor is it the session's baseline)
+            if not plausible(usage.input_tokens, local, bounds) or over_window(
+                usage.input_tokens, record, window
+            ):
+                pass  # part of the input, or no count of this request: teaches nothing
             elif delta and record.raw_delta is not None:
                 # Only a pure append isolates the tokenizer: with removals the net
                 # change can be small beside large gross changes. A change from a
@@ -224,6 +258,18 @@ def _ledger(record: CompileRecord) -> int:
     """The compile's local count of its request. Records written before the ledger was
     kept: a FULL estimate was the ledger."""
     return record.ledger_tokens or record.estimated_input_tokens
+
+
+def over_window(reported: int, record: CompileRecord, catalog_window: int) -> bool:
+    """Whether `reported` input tokens exceed every window known for the request: the
+    catalog's for its model and the one the compile had (its request's
+    `limits.context_window` may set a larger one, or a smaller one as a local budget that
+    an agent may send beyond, R-EST-4). A provider refuses a request over its model's
+    window rather than counting it. No bound when either window is unknown (0; records
+    written before the window was kept have 0)."""
+    if catalog_window <= 0 or record.context_window <= 0:
+        return False
+    return reported > max(catalog_window, record.context_window)
 
 
 def plausible(reported: int, local: int, bounds: RatioBounds) -> bool:

@@ -269,6 +269,74 @@ async def test_a_report_of_part_of_the_input_teaches_the_route_nothing(
     assert then.budget.estimated_input_tokens > then.budget.ledger_tokens + 10_000
 
 
+async def test_a_report_over_the_models_window_teaches_the_route_nothing(
+    api: Stubs, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No provider counts more input than its model's window (it refuses the request):
+    a report of 1,000,000 tokens for a request of a few hundred on claude-sonnet-4
+    (200,000) is a running total or another request's usage. It was the session's
+    baseline (every later estimate of the session ~1,000,000, over budget) and, as the
+    route's first report, taught the daemon-wide route model an overhead of ~1,000,000:
+    every new session's first estimate on the route was over budget, for a dozen
+    sessions' honest reports. It is neither now (kept and measured, logged once per
+    route); a report within the window still teaches."""
+    caplog.set_level("WARNING", logger="ctxcc.usage")
+    await _session(api, "total", user(PROSE * 4))
+    first = await _compile(api, "total")
+    assert first.budget.context_window == 200_000
+    answer = await _report(api, first, 1_000_000)
+    assert answer.error_tokens == 1_000_000 - first.budget.estimated_input_tokens  # measured
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="total", events=[assistant("ok"), user("next")])
+    )
+    step = await _compile(api, "total")
+    assert step.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+    assert step.budget.baseline_tokens == 0
+    assert step.budget.estimated_input_tokens == step.budget.ledger_tokens
+    assert step.decision == view_pb2.DECISION_OK
+    await _report(api, step, 2_000_000)
+    warned = [r for r in caplog.records if "more than the model's context" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    await _session(api, "fresh", user("please fix the build " * 50))
+    fresh = await _compile(api, "fresh")
+    model = fresh.budget.route_model
+    assert (model.full_samples, model.delta_samples) == (0, 0), model
+    assert fresh.budget.estimate_method == view_pb2.ESTIMATE_METHOD_FULL
+    assert fresh.decision == view_pb2.DECISION_OK
+    # A report within the window is the session's baseline and teaches, as before.
+    await _report(api, fresh, 199_000)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="fresh", events=[assistant("ok"), user("more")])
+    )
+    based = await _compile(api, "fresh")
+    assert based.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert based.budget.baseline_tokens == 199_000
+    assert based.budget.route_model.full_samples == 1
+    # A window the request's limits set is a local budget (R-BUD-5) an agent may send
+    # beyond (R-EST-4), or a larger window than the catalog's: a report over it but
+    # within the larger of the two is the provider's count, and the baseline.
+    for window, tokens in ((2_500, 3_300), (1_000_000, 600_000)):
+        sid = f"limits-{window}"
+        await _session(api, sid, user(PROSE * 4))
+        limits = cpb.ModelLimits(context_window=window)
+        view = (
+            await api.compiles.Compile(
+                cpb.CompileRequest(session_id=sid, route=ROUTE, limits=limits)
+            )
+        ).view
+        await _report(api, view, tokens)
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id=sid, events=[assistant("ok"), user("more")])
+        )
+        after = (
+            await api.compiles.Compile(
+                cpb.CompileRequest(session_id=sid, route=ROUTE, limits=limits)
+            )
+        ).view
+        assert after.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+        assert after.budget.baseline_tokens == tokens
+
+
 async def test_history_meets_its_watermark_in_the_providers_tokens(api: Stubs) -> None:
     """mistral-large has no known tokenizer: the per-character estimator counts this
     Russian text at about 2.6 times what the provider (here cl100k_base) reads, and the
