@@ -1046,6 +1046,38 @@ def test_an_unknown_models_text_is_rebuilt_with_the_weights_it_was_counted_with(
         assert now.budget.ledger_tokens > 2 * views[-1].budget.ledger_tokens
 
 
+# The daemon of `main` whose conservative estimator weighed a tab, carriage return,
+# vertical tab or form feed as a space, and Latin Extended-A as Latin-1 letters
+# (tokens.COUNTING 2).
+SPACE_WEIGHT_DAEMON = "094b7ab3a724cd5a1247f00881cc056b19e8e4c2"
+
+
+def test_an_unknown_models_whitespace_is_rebuilt_with_the_weights_it_was_counted_with(
+    tmp_path: Path,
+) -> None:
+    """A data directory written by the daemon that counted an unknown model's Czech text
+    and carriage-return runs at 0.76 and 0.20 of cl100k_base: its compiles are rebuilt
+    with those counts, from rebuild_compile_id and from as_of_seq, while today's compile
+    of the same log counts them as it should."""
+    unknown = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model-z")
+    req = cpb.CompileRequest(session_id="cr", route=unknown)
+    text = "Příliš žluťoučký kůň úpěl ďábelské ódy. " * 20 + "\r " * 400
+
+    def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
+        steps = [[user(f"{text} {i}")] for i in range(2)]
+        return _reported_steps(
+            stubs, req, steps, lambda _, v: 2 * v.budget.estimated_input_tokens, 300
+        )
+
+    with _recorded_then_today(SPACE_WEIGHT_DAEMON, tmp_path, "cr", record) as (views, compiles):
+        for view in views:
+            _rebuilt_as_recorded(compiles, view)
+            again = _asked(req, as_of_seq=view.event_boundary)
+            assert compiles.Compile(again).view.budget == view.budget
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        assert now.budget.ledger_tokens > 1.5 * views[-1].budget.ledger_tokens
+
+
 # The daemon of `main` whose history watermark took the history's local count
 # (projection.PROJECTION 7).
 LOCAL_HISTORY_DAEMON = LOCAL_ROOM_DAEMON
