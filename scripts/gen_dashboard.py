@@ -304,6 +304,30 @@ def panels() -> list[dict[str, Any]]:
                 "counts."
             ),
         ),
+        panel(
+            15,
+            "Estimates under the provider's count (share of usage reports, and p95 shortfall)",
+            0,
+            56,
+            [
+                (
+                    f"{sum_rate('method, model', 'ctxcc_estimation_under_ratio_count')}"
+                    f" / {sum_rate('method, model', 'ctxcc_estimation_error_ratio_count')}",
+                    "share under {{method}} {{model}}",
+                ),
+                (
+                    q(0.95, "le, method, model", "ctxcc_estimation_under_ratio_bucket"),
+                    "p95 shortfall {{method}} {{model}}",
+                ),
+            ],
+            unit="percentunit",
+            description=(
+                "An estimate under the provider's count is the direction that lets a request "
+                "past the model's window; the error panel shows a miss's size only. Healthy "
+                "baseline_delta estimates lean high, so a share near 1 there with a "
+                "shortfall of more than a few percent means the catalog entry counts low."
+            ),
+        ),
     ]
 
 

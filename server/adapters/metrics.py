@@ -32,7 +32,8 @@ from storage.kv import Footprint
 _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _TOKENS = (256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 1048576)
 _RATIO = (0.1, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.5, 2.0)
-_ERROR = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# Past 1.0 only an over-estimate (more than twice the reported count) can land.
+_ERROR = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 # A session counts as over budget while its latest compile was over budget and came at
 # most this long ago: an agent that stopped (or compacted, or was deleted) is not one that
 # keeps sending requests over budget.
@@ -299,7 +300,16 @@ class PrometheusTelemetry:
             ["model_family", "model", "method"],
             _ERROR,
         )
-
+        # The error's direction: an estimate under the provider's count is the one that
+        # lets a request past the window (the error histograms hold only its size). Its
+        # _count over ctxcc_estimation_error_ratio_count is the share estimated under.
+        self.estimation_under = plain.histogram(
+            "ctxcc_estimation_under_ratio",
+            "Relative shortfall (reported - estimate) / reported of usage reports whose "
+            "estimate was under the reported count.",
+            ["model_family", "model", "method"],
+            _ERROR[:10],
+        )
         self.estimation_error_tokens = plain.histogram(
             "ctxcc_estimation_error_tokens",
             "Absolute estimation error |reported - estimate| in tokens per usage report.",
@@ -466,6 +476,9 @@ class PrometheusTelemetry:
                 err = abs(actual - estimated)
                 self.estimation_error.labels(model_family, model, method).observe(err / actual)
                 self.estimation_error_tokens.labels(model_family, model, method).observe(err)
+                if estimated < actual:
+                    under = self.estimation_under.labels(model_family, model, method)
+                    under.observe(err / actual)
 
     def compaction(self, kind: str, performed: bool) -> None:
         with self._lock:

@@ -20,15 +20,17 @@ import grpc
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.paths import dev_traces
 from ctxcc.v1 import compile_service_pb2 as cpb
+from ctxcc.v1 import session_pb2
 from ctxcc.v1 import session_service_pb2 as spb
 from server.app import Daemon
 from server.domain.errors import Reason
 from server.replay import run
 from tests.conftest import make_config, stubs_for
-from tests.helpers import ROUTE
+from tests.helpers import ROUTE, compile_request, user
 
 REPO = Path(__file__).resolve().parents[2]
 PROMTOOL = REPO / ".tools" / "promtool"
@@ -231,6 +233,8 @@ def _unit_of(expr: str) -> str:
         return {"seconds": "s", "ratio": "percentunit"}[bucket.group(1).rsplit("_", 1)[1]]
     if re.search(r"_sum\b.*\) / .*_count\b", expr):
         return {"tokens": "short"}[re.findall(r"\bctxcc_\w+?_(\w+)_sum\b", expr)[0]]
+    if re.search(r"_count\b.*\) / .*_count\b", expr):
+        return "percentunit"  # a share of one family's observations in another's
     if "rate(" in expr:
         return "ops"
     sizes = re.findall(r"\bctxcc_\w+_bytes\b", expr)
@@ -320,3 +324,62 @@ async def test_each_answered_error_is_counted_once_by_its_reason(short_tmp: Path
         await tcp.channel.close()
         await unix.channel.close()
         await d.stop()
+
+
+def _family_samples(scrape: str, name: str) -> dict[tuple[str, str], float]:
+    """(sample name, le) -> value of one family's samples for ROUTE's model, summed over
+    the estimate methods."""
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(scrape):
+        for s in family.samples:
+            if s.name.startswith(name) and s.labels.get("model") == ROUTE.model:
+                key = s.name, s.labels.get("le", "")
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+async def test_estimates_under_the_reported_count_are_told_apart(short_tmp: Path) -> None:
+    """The error histograms hold a miss's size only: an estimate under the provider's
+    count (the direction that lets a request past the window) is counted apart, with its
+    shortfall, in a real scrape; an over-estimate is not."""
+    d = Daemon(make_config(short_tmp / "data"))
+    await d.start()
+    try:
+        api = stubs_for(f"unix:{d.endpoints.unix}")
+        shortfalls = {}
+        for sid, factor in (("under", 4.0), ("over", 0.25)):
+            await api.sessions.CreateSession(
+                spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
+            )
+            await api.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id=sid, events=[user("list the files " * 50)])
+            )
+            view = (await api.compiles.Compile(compile_request(sid))).view
+            estimate = view.budget.estimated_input_tokens
+            reported = int(estimate * factor)
+            await api.compiles.ReportUsage(
+                cpb.ReportUsageRequest(
+                    compile_id=view.compile_id, route=ROUTE, input_tokens=reported
+                )
+            )
+            shortfalls[sid] = (reported - estimate) / reported
+        url = f"http://{d.endpoints.metrics}/metrics"
+        scrape = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=10).read().decode()
+        )
+        await api.channel.close()
+    finally:
+        await d.stop()
+    errors = _family_samples(scrape, "ctxcc_estimation_error_ratio")
+    under = _family_samples(scrape, "ctxcc_estimation_under_ratio")
+    assert errors["ctxcc_estimation_error_ratio_count", ""] == 2
+    assert under["ctxcc_estimation_under_ratio_count", ""] == 1
+    assert under["ctxcc_estimation_under_ratio_sum", ""] == pytest.approx(shortfalls["under"])
+    assert 0.7 < shortfalls["under"] <= 0.75  # a quarter of the count estimated
+    assert under["ctxcc_estimation_under_ratio_bucket", "0.5"] == 0
+    assert under["ctxcc_estimation_under_ratio_bucket", "1.0"] == 1
+    # An over-estimate of more than twice the count (here about four times) has buckets
+    # of its own below +Inf.
+    assert errors["ctxcc_estimation_error_ratio_bucket", "1.0"] == 1
+    assert errors["ctxcc_estimation_error_ratio_bucket", "2.0"] == 1
+    assert errors["ctxcc_estimation_error_ratio_bucket", "5.0"] == 2
