@@ -199,6 +199,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     t.spec.input_schema_json,
                     flat=flat,
                     top_ref=view.rendering >= renderings.TOP_LEVEL_REFS,
+                    ref_objects=view.rendering >= renderings.REF_OBJECTS,
                 ),
             }
             for t in view.tools

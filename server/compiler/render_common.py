@@ -49,7 +49,12 @@ def args_text(arguments_json: str) -> str:
 
 
 def schema(
-    text: str, *, flat: bool = False, properties: bool = False, top_ref: bool = False
+    text: str,
+    *,
+    flat: bool = False,
+    properties: bool = False,
+    top_ref: bool = False,
+    ref_objects: bool = False,
 ) -> JSON:
     """A tool's input schema as every API takes it: an object schema. RegisterTools
     refuses a top-level `type` other than "object"; one that names no type (`{"properties":
@@ -63,12 +68,14 @@ def schema(
     "object"}`, or with `"additionalProperties": false` as the MCP specification
     recommends). With `top_ref`, a top level that is a local `$ref` is the schema it
     names, beside the top level's other keys (its definitions, for the references
-    below)."""
+    below); with `ref_objects` too, only when what it names describes an object (its
+    `type` "object", a list holding it, sent as "object", or none): a reference to a
+    string schema was sent as `"type": "string"`, which OpenAI and Anthropic refuse."""
     ok, value = parse_json(text or "{}")
     if ok and isinstance(value, dict) and value:
         value = encodable(value) if _may_escape_surrogates(text) else value
         if top_ref and isinstance(value.get("$ref"), str):
-            value = _top_ref_resolved(value)
+            value = _top_ref_resolved(value, ref_objects)
         if flat and not _TOP_LEVEL.isdisjoint(value):
             value = flat_schema(value)
         if "type" not in value:
@@ -79,13 +86,21 @@ def schema(
     return {"type": "object", "properties": {}}
 
 
-def _top_ref_resolved(value: dict[str, object]) -> dict[str, object]:
+def _top_ref_resolved(value: dict[str, object], objects_only: bool) -> dict[str, object]:
     """A schema `{"$ref": "#/$defs/Node", "$defs": {...}}` as the definition it names,
     the top level's own keys kept beside it (and winning: they sit next to the reference
-    on purpose). A reference that names nothing, or no object, is left as it is."""
+    on purpose). A reference that names nothing, or no object, is left as it is; with
+    `objects_only`, so is one naming a schema of another type (a string, an array), and
+    a type list holding "object" (`["object", "null"]`) is "object": a tool's arguments
+    are an object, and OpenAI and Anthropic refuse any other top-level type."""
     named = _resolved(value, {"$ref": value["$ref"]})
     if not isinstance(named, dict) or "$ref" in named:
         return value
+    if objects_only and "type" in named:
+        kind = named["type"]
+        if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+            return value
+        named = {**named, "type": "object"}
     return {**named, **{k: v for k, v in value.items() if k != "$ref"}}
 
 

@@ -103,6 +103,7 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     flat = view.rendering >= renderings.FLAT_SCHEMAS
     properties = view.rendering >= renderings.OBJECT_PROPERTIES
     top_ref = view.rendering >= renderings.TOP_LEVEL_REFS
+    ref_objects = view.rendering >= renderings.REF_OBJECTS
     messages: list[JSON] = []
     if view.system_prompt:
         messages.append({"role": "system", "content": view.system_prompt})
@@ -167,7 +168,11 @@ def openai_chat(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                     "name": t.spec.name,
                     "description": t.spec.description,
                     "parameters": schema(
-                        t.spec.input_schema_json, flat=flat, properties=properties, top_ref=top_ref
+                        t.spec.input_schema_json,
+                        flat=flat,
+                        properties=properties,
+                        top_ref=top_ref,
+                        ref_objects=ref_objects,
                     ),
                 },
             }
@@ -181,6 +186,7 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
     flat = view.rendering >= renderings.FLAT_SCHEMAS
     properties = view.rendering >= renderings.OBJECT_PROPERTIES
     top_ref = view.rendering >= renderings.TOP_LEVEL_REFS
+    ref_objects = view.rendering >= renderings.REF_OBJECTS
     items: list[JSON] = []
     for m in view.messages:
         if m.role is Role.TOOL:
@@ -245,7 +251,11 @@ def openai_responses(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
                 "name": t.spec.name,
                 "description": t.spec.description,
                 "parameters": schema(
-                    t.spec.input_schema_json, flat=flat, properties=properties, top_ref=top_ref
+                    t.spec.input_schema_json,
+                    flat=flat,
+                    properties=properties,
+                    top_ref=top_ref,
+                    ref_objects=ref_objects,
                 ),
                 # Strict mode needs every property required and no extra ones: agents'
                 # schemas rarely are, so calls are validated by the agent, as in Chat.

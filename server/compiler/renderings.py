@@ -59,5 +59,12 @@ TOP_LEVEL_REFS = 12
 # (an estimate over the window: it said the input and the output fit), and a cap at or
 # under the floor is kept, not "lowered" to itself (output_cap.output_cap).
 CAP_NOTES = 13
+# OpenAI and Anthropic bodies resolve a top-level `$ref` only to a definition that
+# describes an object (its `type` "object", a list holding "object", or none): one that
+# names a string or an array schema was sent with that `type`, which both APIs refuse
+# for every request that offers the tool; it is sent as registered, with `"type":
+# "object"`, as before rendering 12, and a `["object", "null"]` definition as an object
+# (render_common.schema).
+REF_OBJECTS = 14
 
-LATEST = CAP_NOTES
+LATEST = REF_OBJECTS

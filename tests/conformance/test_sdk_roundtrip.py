@@ -680,3 +680,33 @@ async def test_a_schema_that_is_a_top_level_reference_is_sent_as_the_object_it_n
     assert chat["read_file"]["$schema"] == named["$schema"]
     assert gemini["search"] == {"type": "object", **recursive}
     assert gemini["read_file"] == {"type": "object", **named}
+
+
+async def test_a_top_level_reference_to_no_object_is_sent_as_an_object(api: Stubs) -> None:
+    """RegisterTools refuses a top-level `type` other than "object", but reads no
+    reference: `{"$ref": "#/definitions/word", "definitions": {"word": {"type":
+    "string"}}}` registers, and rendering 13 sent OpenAI and Anthropic `"type":
+    "string"` (the Anthropic SDK's type takes only "object"; both APIs refuse it), in
+    every request that offered the tool. It is sent as registered, typed "object"; a
+    definition typed `["object", "null"]` as the object it describes."""
+    to_string = {"$ref": "#/definitions/word", "definitions": {"word": {"type": "string"}}}
+    nullable = {
+        "$ref": "#/$defs/Args",
+        "$defs": {"Args": {"type": ["object", "null"], "properties": {"q": {"type": "string"}}}},
+    }
+    tools = [
+        tool_pb2.ToolDefinition(name=n, description="d", input_schema_json=json.dumps(s))
+        for n, s in (("say", to_string), ("find", nullable))
+    ]
+    bodies = await _bodies(api, "ref-kind", user("Say it."), tools=tools)
+    _sent_clean(bodies)
+    anthropic = {t["name"]: t["input_schema"] for t in bodies["anthropic_messages"]["tools"]}
+    chat = {
+        t["function"]["name"]: t["function"]["parameters"] for t in bodies["openai_chat"]["tools"]
+    }
+    responses = {t["name"]: t["parameters"] for t in bodies["openai_responses"]["tools"]}
+    assert chat == responses
+    assert anthropic["say"] == {"type": "object", **to_string}
+    assert chat["say"] == {**anthropic["say"], "properties": {}}  # OpenAI's rule
+    for sent in (chat["find"], anthropic["find"]):
+        assert sent["type"] == "object" and sent["properties"] == {"q": {"type": "string"}}

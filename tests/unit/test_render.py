@@ -206,7 +206,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 13
+    assert v.rendering == RENDERING == 14
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))
@@ -615,3 +615,33 @@ def test_large_tools_are_encoded_a_few_megabytes_a_call(monkeypatch: pytest.Monk
     assert text == json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     assert len(text) > 40 << 20
     assert max(sizes) < 8 << 20
+
+
+def test_a_top_level_reference_to_no_object_schema_is_kept_from_rendering_14() -> None:
+    """A top-level `$ref` naming a string or an array schema (RegisterTools checks only a
+    `type` written at the top level) was sent to OpenAI and Anthropic as that type, which
+    both refuse for every request that offers the tool: from rendering 14 it is kept as
+    registered with `"type": "object"`, and a definition typed `["object", "null"]` is
+    sent as the object it describes."""
+    to_string = {"$ref": "#/definitions/D", "definitions": {"D": {"type": "string"}}}
+    to_array = {"$ref": "#/$defs/L", "$defs": {"L": {"$ref": "#/$defs/A"}, "A": {"type": "array"}}}
+    for kept in (to_string, to_array):
+        for flat in (True, False):
+            sent = schema(json.dumps(kept), flat=flat, top_ref=True, ref_objects=True)
+            assert sent == {"type": "object", **kept}
+    nullable = {"type": ["object", "null"], "properties": {"a": {"type": "string"}}}
+    top = {"$ref": "#/$defs/N", "$defs": {"N": nullable}}
+    sent = schema(json.dumps(top), top_ref=True, ref_objects=True)
+    assert sent == {**nullable, "type": "object", "$defs": top["$defs"]}
+    v = view(
+        UserMessage((ContentPart(text="go"),)),
+        tools=(ToolSpec("say", "Says a word", json.dumps(to_string)),),
+    )
+    for fmt in (RenderFormat.OPENAI_CHAT, RenderFormat.OPENAI_RESPONSES):
+        for rendering, kind in ((13, "string"), (14, "object")):
+            tools = json.loads(render(replace(v, rendering=rendering), fmt, {}))["tools"]
+            params = [t.get("function", t)["parameters"] for t in tools]
+            assert [p["type"] for p in params] == [kind], (fmt, rendering)
+    for rendering, kind in ((13, "string"), (14, "object")):
+        body = json.loads(render(replace(v, rendering=rendering), RenderFormat.ANTHROPIC_MESSAGES))
+        assert [t["input_schema"]["type"] for t in body["tools"]] == [kind], rendering
