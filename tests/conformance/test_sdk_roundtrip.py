@@ -74,9 +74,18 @@ def _sent_clean(bodies: dict[str, dict[str, Any]]) -> None:
     assert not problems, "\n".join(problems)
 
 
+# What each body carries of logged thinking state (domain/thinking.py).
+_STATE_MARKERS = {
+    "anthropic_messages": '"signature":"EqQB"',
+    "openai_responses": '"type":"reasoning"',
+    "gemini": '"thoughtSignature"',
+}
+
+
 async def test_generated_sessions_pass_the_sdks_and_the_api_rules(api: Stubs) -> None:
     found: dict[str, list[str]] = {}
     kinds: set[str] = set()
+    state_sent: set[str] = set()
     for i in range(GENERATED):
         p = sdk_fuzz.plan(random.Random(7_000 + i), f"g{i}")
         kinds |= {str(s.WhichOneof("payload")) for s in p.steps if isinstance(s, event_pb2.Event)}
@@ -84,7 +93,12 @@ async def test_generated_sessions_pass_the_sdks_and_the_api_rules(api: Stubs) ->
         assert set(outcome.bodies) == set(FORMATS)
         for problem in sdk_fuzz.check(outcome):
             found.setdefault(problem, []).append(p.sid)
+        for fmt, marker in _STATE_MARKERS.items():
+            if marker in outcome.body_text[fmt]:
+                state_sent.add(fmt)
     assert not found, json.dumps(found, indent=1, ensure_ascii=False)[:6000]
+    # Logged thinking state went back in each body that carries it.
+    assert state_sent == set(_STATE_MARKERS), state_sent
     # The seeds reach every kind of event the generator writes.
     assert kinds >= {
         "user_message",
@@ -160,6 +174,24 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
         assert expected in errors, (expected, errors)
     empty = {"input": [], "instructions": "You are a coding agent."}
     assert sdk_fuzz.rule_errors("openai_responses", empty) == ["no input"]
+    lone = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"}
+    said = {"type": "message", "role": "user", "content": "hi"}
+    assert sdk_fuzz.rule_errors("openai_responses", {"input": [said, lone]}) == [
+        "input[1]: a reasoning item without its following item"
+    ]
+    use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "x"}
+    twice: dict[str, Any] = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ]
+    }
+    twice_errors = sdk_fuzz.rule_errors("anthropic_messages", twice)
+    assert twice_errors == ["tool_use ids are not unique"], twice_errors
     no_turns: list[tuple[str, dict[str, Any]]] = [
         ("anthropic_messages", {"messages": []}),
         ("gemini", {"contents": []}),
