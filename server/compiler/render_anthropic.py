@@ -16,7 +16,10 @@
   open with the assistant, or hold no message at all, opens with the view's own opener
   text, as the view does.
 - A body ending with an assistant turn (a prefill) has no trailing whitespace at its
-  end: the API refuses "final assistant content cannot end with trailing whitespace".
+  end: the API refuses "final assistant content cannot end with trailing whitespace";
+  nor does it end with a turn of thinking blocks alone (a reply whose only text was
+  whitespace), from rendering 15: "The final block in an assistant message cannot be
+  `thinking`".
 - The current turn's assistant messages lead with the thinking blocks logged with them
   (`view.thinking`, domain/thinking.py), and an assistant turn merged from several
   messages starts with all of theirs: with thinking on, the API refuses a tool loop
@@ -115,6 +118,19 @@ def _without_trailing_whitespace(merged: list[tuple[str, list[JSON]]]) -> None:
     blocks[-1] = {**blocks[-1], "text": blocks[-1]["text"].rstrip()}
 
 
+def _final_assistant_turn(merged: list[tuple[str, list[JSON]]], rendering: int) -> None:
+    """A final assistant turn (a prefill) as the API takes it: without trailing
+    whitespace, and, from rendering 15, left out when it holds thinking blocks alone ("The
+    final block in an assistant message cannot be `thinking`": a reply whose text was
+    whitespace, dropped, leaves only its thinking, which no prefill carries; the user's
+    turn before it ends the body)."""
+    blocks = merged[-1][1]
+    if rendering >= renderings.TRAILING_THINKING and all(b["type"] in _THINKING for b in blocks):
+        merged.pop()
+    else:
+        _without_trailing_whitespace(merged)
+
+
 def _thinking_of(view: CompiledView, first_seq: int, last_seq: int) -> list[JSON]:
     """The logged thinking blocks of the events an assistant message holds, in order."""
     out: list[JSON] = []
@@ -170,7 +186,7 @@ def anthropic_messages(view: CompiledView, data: Mapping[str, bytes]) -> JSON:
         # Every message was whitespace-only text, or there is none yet: a body needs one.
         merged = [("user", [{"type": "text", "text": OPENER}])]
     if merged and merged[-1][0] == "assistant":
-        _without_trailing_whitespace(merged)
+        _final_assistant_turn(merged, view.rendering)
     for role, blocks in merged:
         if role == "user":
             # Tool results lead their user turn; text (a next user message) follows.

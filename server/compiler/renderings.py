@@ -66,5 +66,9 @@ CAP_NOTES = 13
 # "object"`, as before rendering 12, and a `["object", "null"]` definition as an object
 # (render_common.schema).
 REF_OBJECTS = 14
+# Anthropic bodies send no final assistant turn of thinking blocks alone (a reply whose
+# text was only whitespace, logged with its thinking): the API refuses "The final block
+# in an assistant message cannot be `thinking`" (render_anthropic).
+TRAILING_THINKING = 15
 
-LATEST = REF_OBJECTS
+LATEST = TRAILING_THINKING

@@ -809,6 +809,9 @@ def _anthropic(body: dict[str, Any]) -> list[str]:
         last = msgs[-1]["content"][-1]
         if last["type"] == "text" and last["text"] != last["text"].rstrip():
             out.append("final assistant content ends with whitespace")
+        if last["type"] in ("thinking", "redacted_thinking"):
+            # "The final block in an assistant message cannot be `thinking`".
+            out.append("the final assistant turn ends with a thinking block")
     return out
 
 

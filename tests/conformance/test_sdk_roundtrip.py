@@ -192,6 +192,11 @@ def test_the_rule_checks_refuse_what_the_apis_refuse() -> None:
     }
     twice_errors = sdk_fuzz.rule_errors("anthropic_messages", twice)
     assert twice_errors == ["tool_use ids are not unique"], twice_errors
+    thought = {"type": "redacted_thinking", "data": "EmwK"}
+    twice["messages"] = [*twice["messages"][:3], {"role": "assistant", "content": [thought]}]
+    assert sdk_fuzz.rule_errors("anthropic_messages", twice) == [
+        "the final assistant turn ends with a thinking block"
+    ]
     no_turns: list[tuple[str, dict[str, Any]]] = [
         ("anthropic_messages", {"messages": []}),
         ("gemini", {"contents": []}),
@@ -742,3 +747,44 @@ async def test_a_top_level_reference_to_no_object_is_sent_as_an_object(api: Stub
     assert chat["say"] == {**anthropic["say"], "properties": {}}  # OpenAI's rule
     for sent in (chat["find"], anthropic["find"]):
         assert sent["type"] == "object" and sent["properties"] == {"q": {"type": "string"}}
+
+
+async def test_a_final_reply_of_whitespace_and_thinking_leaves_no_thinking_turn(
+    api: Stubs,
+) -> None:
+    """Claude's answer after a tool ran may be thinking and "\n\n" of text. Logged with its
+    thinking blocks as the last event, the Anthropic body (which drops whitespace-only
+    text) ended with an assistant turn of thinking alone, which the API refuses ("The
+    final block in an assistant message cannot be `thinking`"), until rendering 15: that
+    turn is left out, the tool's result ends the body. Its text still reaches the other
+    formats."""
+
+    def thinking(ev: event_pb2.Event, signature: str) -> event_pb2.Event:
+        state = ev.assistant_message.native_state
+        state.route_id, state.kind = sdk_fuzz.ROUTE_ID, "anthropic.thinking"
+        blocks = [{"type": "thinking", "thinking": "Reading it.", "signature": signature}]
+        state.data = json.dumps(blocks).encode()
+        return ev
+
+    bodies = await _bodies(
+        api,
+        "thinking-last",
+        user("What does a.py print?"),
+        thinking(assistant("", ("toolu_1", "Read", '{"path": "a.py"}')), "EqQB"),
+        tool_result("toolu_1", "print(1)", "Read"),
+        thinking(assistant("\n\n"), "EqQC"),
+    )
+    _sent_clean(bodies)
+    turns = bodies["anthropic_messages"]["messages"]
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert turns[1]["content"][0] == {
+        "type": "thinking",
+        "thinking": "Reading it.",
+        "signature": "EqQB",
+    }
+    assert turns[2]["content"][0]["type"] == "tool_result"
+    assert bodies["openai_responses"]["input"][-1] == {
+        "type": "message",
+        "role": "assistant",
+        "content": "\n\n",
+    }

@@ -810,3 +810,15 @@ def test_a_long_loop_stepped_from_memo_to_memo_sends_what_scratch_sends(
     sent = stepped(steps)
     assert len(sent[-1]) == 29  # every call's blocks but the other route's
     assert carried.count(True) >= 28, carried
+
+
+def test_a_final_reply_of_thinking_and_whitespace_is_left_out_from_rendering_15() -> None:
+    """The loop's last reply is thinking and whitespace-only text, which Anthropic bodies
+    drop: the final turn held its thinking alone, refused by the API ("The final block in
+    an assistant message cannot be `thinking`"). From rendering 15 the turn is left out;
+    a compile recorded before is rebuilt with it."""
+    loop = (*TOOL_LOOP, AssistantMessage((ContentPart(text=" \n"),), (), "", state(THOUGHT_A)))
+    now, then = anthropic(compiled(*loop)), anthropic(compiled(*loop, rendering=14))
+    assert [m["role"] for m in now["messages"]][-2:] == ["assistant", "user"]
+    assert now["messages"] == then["messages"][:-1]
+    assert then["messages"][-1] == {"role": "assistant", "content": THOUGHT_A}
