@@ -480,6 +480,45 @@ async def test_renderings_come_with_the_view(api: Stubs) -> None:
     assert error_info(exc.value).reason == "INVALID_FIELD"
 
 
+async def test_limits_past_any_model_are_refused_and_the_largest_renders(api: Stubs) -> None:
+    """A caller's limits go into the rendered bodies: 2^32-1 output tokens on a model the
+    catalog does not know was Gemini's maxOutputTokens as is, an int32 the provider
+    refuses in every request. Past 2^28 (more than any model reads or writes) a limit is
+    INVALID_FIELD, naming it; 2^28 itself renders, under int32's bound."""
+    await _session(api, "caps", user("hello"))
+    route = common_pb2.Route(
+        connection="default", protocol="gemini", endpoint="api", model="gemini-exp-1206"
+    )
+    gemini = [view_pb2.RENDER_FORMAT_GEMINI]
+    for field in ("context_window", "max_output_tokens", "max_input_tokens"):
+        for value in (2**32 - 1, 2**28 + 1):
+            limits = cpb.ModelLimits()
+            setattr(limits, field, value)
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await api.compiles.Compile(
+                    cpb.CompileRequest(
+                        session_id="caps", route=route, render_formats=gemini, limits=limits
+                    )
+                )
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            info = error_info(exc.value)
+            assert (info.reason, info.metadata["field"]) == ("INVALID_FIELD", f"limits.{field}")
+    view = (
+        await api.compiles.Compile(
+            cpb.CompileRequest(
+                session_id="caps",
+                route=route,
+                render_formats=gemini,
+                limits=cpb.ModelLimits(max_output_tokens=2**28),
+            )
+        )
+    ).view
+    import json
+
+    body = json.loads(view.renderings[0].body_json)
+    assert body["generationConfig"]["maxOutputTokens"] == 2**28 < 2**31
+
+
 GPT4 = common_pb2.Route(
     connection="default", protocol="openai-chat", endpoint="api", model="gpt-4-turbo"
 )
