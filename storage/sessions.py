@@ -149,8 +149,13 @@ class SessionRecords(StoreCore):
         for sha in refs:
             batch.delete("refs", ref_prefix + sha)
             batch.delete("refs", b"B" + sha + SEP + session_id.encode())
-            holders = self._kv.scan("refs", b"B" + sha + SEP, b"B" + sha + END)
-            if all(k[len(sha) + 2 :] == session_id.encode() for k, _ in holders):
+            # The scan is no name of this frame: stopped at the first other holder, it
+            # is closed at once, not kept open (an engine operation in progress, which
+            # a reopen after a full disk waits for) by a refused write's traceback.
+            if all(
+                k[len(sha) + 2 :] == session_id.encode()
+                for k, _ in self._kv.scan("refs", b"B" + sha + SEP, b"B" + sha + END)
+            ):
                 batch.delete("blobs", sha)
                 deleted_blobs += 1
         lo, hi = session_prefix(session_id), session_id.encode() + END

@@ -12,7 +12,7 @@ import pytest
 from server.domain.errors import CtxccError
 from server.domain.model import AppendBatch, ContentPart, NewEvent, Route, Session, UserMessage
 from server.domain.records import CompileRecord, RouteState, Usage
-from storage import KVEventStore, StoreLockedError, open_rocks
+from storage import KVEventStore, StoreLockedError, open_rocks, rocks
 from storage.codec import CorruptRecordError
 from storage.keys import be64, session_key
 from storage.kv import Batch
@@ -387,3 +387,54 @@ def test_a_damaged_table_block_fails_the_read_instead_of_ending_it(tmp_path: Pat
         assert failed > 0
     finally:
         store.close()
+
+
+class NoSpaceOnWrite:
+    """The engine's RocksDB handle whose writes fail as RocksDB's do on a full disk."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, batch: object, opts: object) -> None:
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    def flush_wal(self, sync: bool) -> None:
+        self._db.flush_wal(sync)
+
+
+def test_a_delete_refused_for_space_leaves_no_read_open_that_keeps_the_engine_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once space is back the engine reopens when no operation is in progress. A delete
+    of a session whose blob another session holds stopped reading the blob's holders
+    at the first other one and left that read open in its frame; the write refused for
+    space then kept the frame, and the read, for as long as the error lived (in the
+    daemon, until the cycle collector freed it): under traffic the reopen waited 5 s
+    for it, gave up, and the daemon stayed NOT_SERVING with the disk freed (the crash
+    attack's full disk: no recovery in 60 s)."""
+    monkeypatch.setattr(rocks, "_REOPEN_WAIT_S", 0.2)  # the failing case ends sooner
+    kv = open_rocks(tmp_path / "db")
+    store = KVEventStore(kv)
+    shared = ("ab" * 32, b"a large tool result")
+    for sid in ("a", "b"):
+        store.create_session(Session(sid, 1, 1))
+        ev = NewEvent(f"e-{sid}", UserMessage((ContentPart(text="hi"),)))
+        store.append(AppendBatch(sid, (ev,), now_ns=7, blobs=(shared,)))
+    real = kv._db
+    kv._db = NoSpaceOnWrite(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(CtxccError) as refused:
+            store.delete_session("a")
+    finally:
+        kv._db = real
+    assert refused.value.reason.name == "DISK_FULL"
+    # The error is still held here, its traceback and frames with it, as a call's
+    # error is in the daemon until the cycle collector gets to it.
+    assert kv._active == 0
+    assert kv.writable()
+    store.delete_session("a")
+    assert [k for k, _ in kv.scan("refs", b"", b"\xff")] == [
+        b"B" + shared[0].encode() + b"\x00b",
+        b"S" + session_key("b", shared[0].encode()),
+    ]
+    kv.close()
