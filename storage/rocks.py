@@ -42,6 +42,11 @@ _WRITE_BUFFER = 16 << 20
 _TOTAL_WRITE_BUFFERS = 32 << 20
 # How long a reopen waits for operations in progress before trying again later.
 _REOPEN_WAIT_S = 5.0
+# RocksDB's answer to every write and log sync after one write failed, until reopened.
+_WRITER_FAILED = "Writer has previous error"
+# How long such an answer waits for the write that failed to tell why (its thread may
+# not have yet): a failure for space makes it a full disk's too.
+_WHY_WAIT_S = 1.0
 
 
 class StoreLockedError(RuntimeError):
@@ -212,6 +217,9 @@ class RocksKV:
         self._full = not self._reserve.ready()
         # True after RocksDB itself failed a write: only a reopen clears it.
         self._broken = False
+        # Set once a write or sync failed for space, cleared by the reopen: RocksDB's
+        # log writer then fails every other one in progress with `_WRITER_FAILED`.
+        self._failed_for_space = threading.Event()
         if self._full:
             log.error("disk full at open: %d bytes free; serving reads only", self._free())
 
@@ -421,12 +429,21 @@ class RocksKV:
     def _failed(self, exc: Exception, no_wait: bool, written: bool) -> NoReturn:
         if no_wait and is_write_stall(exc):
             raise WriteWouldWait(str(exc)) from None
-        if not is_no_space(exc):
+        if not is_no_space(exc) and not self._failed_after_no_space(exc):
             raise exc
         if not self._full:
             log.error("disk full (%d bytes free): refusing writes: %s", self._free(), exc)
         self._full = self._broken = True
+        self._failed_for_space.set()
         raise disk_full(written) from None
+
+    def _failed_after_no_space(self, exc: Exception) -> bool:
+        """A write or log sync that RocksDB failed only because another one failed
+        before it, for space: a full disk's failure too (DISK_FULL, not an internal
+        error), also when that one's thread has not yet said so."""
+        if _WRITER_FAILED not in str(exc):
+            return False
+        return self._failed_for_space.wait(_WHY_WAIT_S)
 
     def writable(self) -> bool:
         """False while writes are refused for lack of space. Once space is back (and the
@@ -440,6 +457,7 @@ class RocksKV:
         if self._broken and not self._reopen():
             return False
         self._broken = self._full = False
+        self._failed_for_space.clear()
         log.warning("disk space is back (%d bytes free): accepting writes", self._free())
         return True
 

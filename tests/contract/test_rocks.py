@@ -438,3 +438,45 @@ def test_a_delete_refused_for_space_leaves_no_read_open_that_keeps_the_engine_cl
         b"S" + session_key("b", shared[0].encode()),
     ]
     kv.close()
+
+
+class WriterFailedForSpace:
+    """The engine's RocksDB handle once a write failed for space: the next write fails
+    so, and from then on RocksDB's log writer fails every sync with its sticky error."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, batch: object, opts: object) -> None:
+        raise Exception("IO error: No space left on device: While appending to file")
+
+    def flush_wal(self, sync: bool) -> None:
+        raise Exception("IO error: Writer has previous error.")
+
+
+def test_a_sync_failed_by_another_writes_failure_for_space_is_disk_full(tmp_path: Path) -> None:
+    """A step's append is written, its log sync deferred; another session's write then
+    fails for space, and RocksDB fails the step's sync with `Writer has previous error`.
+    That sync used to raise RocksDB's words as they were (the step answered INTERNAL
+    with an incident, seen under the crash attack's full disk); it is the full disk's
+    failure, DISK_FULL, saying the write may not have been kept."""
+    kv = open_rocks(tmp_path / "db", sync=True)
+    real = kv._db
+    try:
+        step = Batch()
+        step.put("meta", b"step", b"v")
+        with kv.deferring_sync() as owed:
+            kv.write(step)
+        kv._db = WriterFailedForSpace(real)  # type: ignore[assignment]
+        other = Batch()
+        other.put("meta", b"other", b"v")
+        with pytest.raises(CtxccError) as first:
+            kv.write(other)
+        assert first.value.reason.name == "DISK_FULL"
+        with pytest.raises(CtxccError) as refused:
+            owed.sync()
+        assert refused.value.reason.name == "DISK_FULL"
+        assert "could not be synced" in refused.value.message
+    finally:
+        kv._db = real
+        kv.close()
