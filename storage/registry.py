@@ -84,9 +84,13 @@ class RegistryRecords(StoreCore):
                 return list(hit)
             gen = self._sources_gen
         cls = _SOURCE_TYPES[kind]
-        found = tuple(
-            decode_value(raw, cls) for _, raw in self._kv.scan("sources", prefix, key_after(prefix))
-        )
+        # A loop, not a comprehension: a damaged record's error must not keep the read
+        # open in the comprehension's frame (an engine operation in progress, which a
+        # reopen after a full disk waits for) for as long as the error lives.
+        decoded: list[SourceEntry] = []
+        for _, raw in self._kv.scan("sources", prefix, key_after(prefix)):
+            decoded.append(decode_value(raw, cls))
+        found = tuple(decoded)
         with self._sources_lock:
             if gen == self._sources_gen:
                 self._sources[prefix] = found
@@ -151,7 +155,10 @@ class RegistryRecords(StoreCore):
 
     def list_tools(self, session_id: str) -> list[ToolSpec]:
         lo, hi = session_prefix(session_id), session_key(session_id, ACTIVATIONS)
-        return [decode_value(raw, ToolSpec) for _, raw in self._kv.scan("tools", lo, hi)]
+        tools: list[ToolSpec] = []
+        for _, raw in self._kv.scan("tools", lo, hi):  # a loop: see list_sources
+            tools.append(decode_value(raw, ToolSpec))
+        return tools
 
     def add_activations(
         self,

@@ -12,9 +12,10 @@ import pytest
 from server.domain.errors import CtxccError
 from server.domain.model import AppendBatch, ContentPart, NewEvent, Route, Session, UserMessage
 from server.domain.records import CompileRecord, RouteState, Usage
+from server.domain.sources import Scope, SourceKind
 from storage import KVEventStore, StoreLockedError, open_rocks, rocks
 from storage.codec import CorruptRecordError
-from storage.keys import be64, session_key
+from storage.keys import be64, session_key, source_prefix
 from storage.kv import Batch
 from storage.schema import SCHEMA_VERSION, SchemaError, ensure_schema
 from tests.contract.test_store_contract import planned
@@ -480,3 +481,44 @@ def test_a_sync_failed_by_another_writes_failure_for_space_is_disk_full(tmp_path
     finally:
         kv._db = real
         kv.close()
+
+
+@pytest.mark.parametrize("listing", ["tools", "rules"])
+def test_a_damaged_record_in_a_listing_leaves_no_read_open_that_keeps_the_engine_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, listing: str
+) -> None:
+    """A session's tools, or a scope's rules, were decoded in a comprehension over the
+    store's read: a damaged record's error kept the comprehension's frame, and the read
+    open in it (an engine operation in progress on that thread), for as long as the
+    error lived. A reopen after a full disk then waited for it and gave up, as for the
+    delete above; they are decoded in a loop now, which closes the read as the error
+    leaves it."""
+    monkeypatch.setattr(rocks, "_REOPEN_WAIT_S", 0.2)  # the failing case ends sooner
+    kv = open_rocks(tmp_path / "db")
+    store = KVEventStore(kv)
+    store.create_session(Session("s", 1, 1))
+    damaged = Batch()
+    if listing == "tools":
+        damaged.put("tools", session_key("s", b"t"), b"not a record")
+        damaged.put("tools", session_key("s", b"u"), b"not a record")
+    else:
+        prefix = source_prefix(SourceKind.RULE, Scope.SESSION, "s")
+        damaged.put("sources", prefix + b"r1", b"not a record")
+        damaged.put("sources", prefix + b"r2", b"not a record")
+    kv.write(damaged)
+    with pytest.raises(CorruptRecordError) as failed:
+        if listing == "tools":
+            store.list_tools("s")
+        else:
+            store.list_sources(SourceKind.RULE, Scope.SESSION, "s")
+    assert failed.value is not None  # still held, as a call's error is in the daemon
+    assert kv._active == 0
+    real = kv._db
+    kv._db = NoSpaceOnWrite(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(CtxccError):
+            kv.write(damaged)
+    finally:
+        kv._db = real
+    assert kv.writable()
+    kv.close()
