@@ -35,7 +35,13 @@ from typing import Any
 
 from server.adapters.charclass_table import CJK_SINGLES
 from server.compiler.textscan import LONE_SURROGATE
-from server.compiler.tokens import CHARCLASS_BY_SCRIPT, CHARCLASS_RARE, COUNTING, TokenCounter
+from server.compiler.tokens import (
+    CHARCLASS_BY_SCRIPT,
+    CHARCLASS_RARE,
+    CHARCLASS_SPLIT_WORDS,
+    COUNTING,
+    TokenCounter,
+)
 from server.domain.catalog import ModelInfo
 
 _CACHE_MIN_CHARS = 24
@@ -52,7 +58,7 @@ _CACHE_SIZE = 8192
 # Latin Extended-A and -B and the Cyrillic Supplement weighed like Latin-1 letters, 0.8,
 # where cl100k_base spends 1.8-2 tokens a character: Czech prose was undercounted by 24%,
 # a run of such letters by 60%).
-_SCRIPTS: tuple[tuple[int, str, float], ...] = (
+_SCRIPTS_3: tuple[tuple[int, str, float], ...] = (
     (0x0080, "o", 2.0),  # C1 controls, Latin-1 symbols
     (0x00C0, "o", 0.8),  # Latin-1 letters
     (0x0100, "o", 1.8),  # Latin Extended-A (Czech, Polish, Turkish, Baltic letters)
@@ -111,8 +117,26 @@ _SCRIPTS: tuple[tuple[int, str, float], ...] = (
     (0x1F000, "o", 3.2),  # emoji and other symbols
     (0x20000, "o", 4.0),  # CJK Extension B on, tags, private use
 )
-_SCRIPT_STARTS = tuple(start for start, _, _ in _SCRIPTS)
-_SCRIPT_WEIGHTS = tuple((cls, w) for _, cls, w in _SCRIPTS)
+_SCRIPT_STARTS_3 = tuple(start for start, _, _ in _SCRIPTS_3)
+_SCRIPT_WEIGHTS_3 = tuple((cls, w) for _, cls, w in _SCRIPTS_3)
+# COUNTING 4: the Cyrillic letters outside the Russian alphabet's range (Ѐ-Џ, ѐ-џ:
+# Serbian, Macedonian, Ukrainian and Belarusian letters) weigh what cl100k_base spends
+# on them, not a Russian letter's 0.8 (Serbian prose was 0.94 of cl100k_base).
+_SCRIPTS = tuple(
+    sorted(
+        (
+            {start: (cls, w) for start, cls, w in _SCRIPTS_3}
+            | {0x0400: ("o", 1.3), 0x0410: ("o", 0.8), 0x0450: ("o", 1.3)}
+        ).items()
+    )
+)
+_SCRIPT_STARTS = tuple(start for start, _ in _SCRIPTS)
+_SCRIPT_WEIGHTS = tuple(found for _, found in _SCRIPTS)
+# An ASCII letter after a letter of these ranges (Latin-1, Latin Extended-A and -B, IPA,
+# Latin Extended Additional) begins a new piece of the word, as cl100k_base has few
+# merges across them: weighs this more (COUNTING 4; Hungarian, Lithuanian, Esperanto
+# and pinyin were 0.89-0.91 of cl100k_base, IPA 0.91).
+_SPLIT_WORD = 0.6
 
 
 # The weights of compiles recorded at tokens.COUNTING 2, kept to rebuild them (first code
@@ -172,6 +196,7 @@ _ODD_SPACE = frozenset("\t\r\x0b\x0c")
 # The class and weight of each BMP character met so far (at most 65,536 entries): text
 # repeats its script, and a dict lookup costs less than the search.
 _SEEN: dict[str, tuple[str, float]] = {}
+_SEEN_3: dict[str, tuple[str, float]] = {}
 _SEEN_2: dict[str, tuple[str, float]] = {}
 
 
@@ -183,6 +208,17 @@ def _script(ch: str) -> tuple[str, float]:
         found = _SCRIPT_WEIGHTS[bisect.bisect_right(_SCRIPT_STARTS, ord(ch)) - 1]
     if ord(ch) < 0x10000:
         _SEEN[ch] = found
+    return found
+
+
+def _script_3(ch: str) -> tuple[str, float]:
+    """`_script` with the weights of tokens.COUNTING 3."""
+    if ch in _CJK_SINGLES:
+        found = _CJK_SINGLE
+    else:
+        found = _SCRIPT_WEIGHTS_3[bisect.bisect_right(_SCRIPT_STARTS_3, ord(ch)) - 1]
+    if ord(ch) < 0x10000:
+        _SEEN_3[ch] = found
     return found
 
 
@@ -202,15 +238,65 @@ def charclass_count(text: str) -> int:
 
     Measured against cl100k_base on English, code, JSON, digits, whitespace-heavy text,
     hex ids, URLs, Simplified and Traditional Chinese, Japanese, Korean, Cyrillic, Greek,
-    Armenian, Hebrew, Arabic, Urdu, Czech, Polish, Indic scripts, Amharic, decomposed
-    accents and emoji, they never undercount by more than 5% (tests/unit/test_estimation.py)
-    and run high on prose and code. A tab, carriage return, vertical tab or form feed
-    weighs a token where it does not repeat the character before it, and so does a space
-    or line feed after one (cl100k_base merges runs of one whitespace character and
-    `\\r\\n`, not mixed runs), a line feed after a carriage return nothing. Compiles
-    recorded before tokens.COUNTING 3 are rebuilt with the weights they had
-    (charclass_count_2, charclass_count_1).
+    Armenian, Hebrew, Arabic, Urdu, Czech, Polish, Hungarian, Lithuanian, Serbian, pinyin,
+    IPA, Indic scripts, Amharic, decomposed accents and emoji, they never undercount by
+    more than 5% (tests/unit/test_estimation.py) and run high on prose and code. A tab,
+    carriage return, vertical tab or form feed weighs a token where it does not repeat
+    the character before it, and so does a space or line feed after one (cl100k_base
+    merges runs of one whitespace character and `\\r\\n`, not mixed runs), a line feed
+    after a carriage return nothing. An ASCII letter after a Latin letter outside ASCII
+    weighs more: it begins a new piece of the word. Compiles recorded before
+    tokens.COUNTING 4 are rebuilt with the weights they had (charclass_count_3,
+    charclass_count_2, charclass_count_1).
     """
+    total = 0.0
+    prev = ""  # class of the previous character
+    before = ""  # the previous character
+    lower = False  # was the previous character a lower-case letter
+    latin = False  # was the previous character a Latin letter outside ASCII
+    for ch in text:
+        o = ord(ch)
+        if o < 128:
+            if ch.isalpha():
+                cls, w = "a", 1 / 3.3
+                if lower and ch.isupper():
+                    w += 1.2  # a case switch inside a word: camelCase, base64
+                if latin:
+                    w += _SPLIT_WORD
+            elif ch.isdigit():
+                cls, w = "d", 0.55
+            elif ch == "\n":
+                cls = "s"
+                w = 0.0 if before == "\r" else 1.0 if before in _ODD_SPACE else 0.6
+            elif ch == " ":
+                cls, w = "s", 1.0 if before in _ODD_SPACE else 0.2
+            elif ch in _ODD_SPACE:
+                cls, w = "s", 0.2 if before == ch else 1.0
+            elif o < 32 or o == 127:
+                cls, w = "p", 1.2  # control characters: one token each, or more
+            else:
+                cls, w = "p", 0.9
+            latin = False
+        else:
+            cls, w = _SEEN.get(ch) or _script(ch)
+            latin = (0x00C0 <= o < 0x02B0 or 0x1E00 <= o < 0x1F00) and ch.isalpha()
+        if cls != prev:
+            if cls == "s":
+                w += 0.3  # a whitespace run often stands alone before digits or symbols
+            elif {cls, prev} == {"a", "d"}:
+                w += 0.7  # letter/digit switches split ids, hashes and base64
+        total += w
+        prev = cls
+        before = ch
+        lower = ch.islower() and o < 128
+    return max(1, math.ceil(total))
+
+
+def charclass_count_3(text: str) -> int:
+    """The weights of compiles recorded at tokens.COUNTING 3, kept to rebuild them: an
+    ASCII letter after a Latin letter outside ASCII weighed as any other (Hungarian,
+    Lithuanian, Esperanto, pinyin and IPA 0.89-0.91 of cl100k_base), and the Cyrillic
+    letters outside the Russian alphabet's range as Russian ones (Serbian 0.94)."""
     total = 0.0
     prev = ""  # class of the previous character
     before = ""  # the previous character
@@ -236,7 +322,7 @@ def charclass_count(text: str) -> int:
             else:
                 cls, w = "p", 0.9
         else:
-            cls, w = _SEEN.get(ch) or _script(ch)
+            cls, w = _SEEN_3.get(ch) or _script_3(ch)
         if cls != prev:
             if cls == "s":
                 w += 0.3  # a whitespace run often stands alone before digits or symbols
@@ -549,8 +635,10 @@ class CharClassCounter(_CachedCounter):
 
     def __init__(self, counting: int = COUNTING) -> None:
         super().__init__("charclass")
-        if counting >= CHARCLASS_RARE:
+        if counting >= CHARCLASS_SPLIT_WORDS:
             self.name, self._weigh = "charclass", charclass_count
+        elif counting >= CHARCLASS_RARE:
+            self.name, self._weigh = "charclass-3", charclass_count_3
         elif counting >= CHARCLASS_BY_SCRIPT:
             self.name, self._weigh = "charclass-2", charclass_count_2
         else:
@@ -628,7 +716,7 @@ class CounterRegistry:
 
     def for_model(self, info: ModelInfo, counting: int = COUNTING) -> TokenCounter:
         """`counting`: tokens.COUNTING of the compile (a rebuild's is its record's): the
-        conservative estimator's weights changed at 2 and 3."""
+        conservative estimator's weights changed at 2, 3 and 4."""
         weights = COUNTING
         if info.tokenizer not in TABLES:
             weights = min(max(counting, CHARCLASS_BY_SCRIPT - 1), COUNTING)
