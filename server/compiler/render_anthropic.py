@@ -19,7 +19,9 @@
   end: the API refuses "final assistant content cannot end with trailing whitespace";
   nor does it end with a turn of thinking blocks alone (a reply whose only text was
   whitespace), from rendering 15: "The final block in an assistant message cannot be
-  `thinking`".
+  `thinking`". The end is the turn's as sent, its thinking blocks moved to its front
+  (from rendering 16: a later message's thinking last before that left the text's
+  whitespace in place).
 - The current turn's assistant messages lead with the thinking blocks logged with them
   (`view.thinking`, domain/thinking.py), and an assistant turn merged from several
   messages starts with all of theirs: with thinking on, the API refuses a tool loop
@@ -110,12 +112,20 @@ def opened_turns(turns: list[tuple[str, list[JSON]]], opener: JSON) -> list[tupl
     return [("user", [opener]), *turns]
 
 
-def _without_trailing_whitespace(merged: list[tuple[str, list[JSON]]]) -> None:
+def _without_trailing_whitespace(
+    merged: list[tuple[str, list[JSON]]], past_thinking: bool = False
+) -> None:
+    """With `past_thinking`, the block that ends the turn once its thinking blocks are
+    moved to its front (as a view with thinking sends them): the last other one."""
     blocks = merged[-1][1]
-    if blocks[-1]["type"] != "text":
+    last = len(blocks) - 1
+    if past_thinking:
+        others = [i for i, b in enumerate(blocks) if b["type"] not in _THINKING]
+        last = others[-1] if others else last
+    if blocks[last]["type"] != "text":
         return
     # The block holds non-whitespace text (_text_block), so it stays non-empty.
-    blocks[-1] = {**blocks[-1], "text": blocks[-1]["text"].rstrip()}
+    blocks[last] = {**blocks[last], "text": blocks[last]["text"].rstrip()}
 
 
 def _final_assistant_turn(merged: list[tuple[str, list[JSON]]], rendering: int) -> None:
@@ -128,7 +138,9 @@ def _final_assistant_turn(merged: list[tuple[str, list[JSON]]], rendering: int) 
     if rendering >= renderings.TRAILING_THINKING and all(b["type"] in _THINKING for b in blocks):
         merged.pop()
     else:
-        _without_trailing_whitespace(merged)
+        _without_trailing_whitespace(
+            merged, past_thinking=rendering >= renderings.FINAL_TEXT_PAST_THINKING
+        )
 
 
 def _thinking_of(view: CompiledView, first_seq: int, last_seq: int) -> list[JSON]:

@@ -70,5 +70,11 @@ REF_OBJECTS = 14
 # text was only whitespace, logged with its thinking): the API refuses "The final block
 # in an assistant message cannot be `thinking`" (render_anthropic).
 TRAILING_THINKING = 15
+# Anthropic bodies strip the trailing whitespace of a final assistant turn's last block
+# once its thinking blocks lead it: a turn merged from a reply ending in whitespace and a
+# later message's thinking (its text whitespace) had the thinking last before the sort,
+# left the text as it was, and ended with it: "final assistant content cannot end with
+# trailing whitespace" (render_anthropic).
+FINAL_TEXT_PAST_THINKING = 16
 
-LATEST = TRAILING_THINKING
+LATEST = FINAL_TEXT_PAST_THINKING

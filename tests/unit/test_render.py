@@ -206,7 +206,7 @@ def test_a_view_is_rendered_with_the_version_its_compile_records() -> None:
         ToolResult("c1", "functions.Read", text=""),
         existing=(("a2", 4),),
     )
-    assert v.rendering == RENDERING == 15
+    assert v.rendering == RENDERING == 16
     data = {**DATA, "a2": b"<svg/>"}
     now = json.loads(render(v, RenderFormat.ANTHROPIC_MESSAGES, data))
     then = json.loads(render(replace(v, rendering=0), RenderFormat.ANTHROPIC_MESSAGES, data))

@@ -46,6 +46,7 @@ from server.domain.thinking import (
     thought_signatures,
 )
 from server.domain.tools import ToolSpec
+from tests.conformance.sdk_fuzz import rule_errors
 from tests.conformance.sdk_types import errors_for
 from tests.unit.test_system_prompt import WordCounter
 
@@ -822,3 +823,27 @@ def test_a_final_reply_of_thinking_and_whitespace_is_left_out_from_rendering_15(
     assert [m["role"] for m in now["messages"]][-2:] == ["assistant", "user"]
     assert now["messages"] == then["messages"][:-1]
     assert then["messages"][-1] == {"role": "assistant", "content": THOUGHT_A}
+
+
+def test_a_final_turn_merged_past_a_later_thinking_ends_without_whitespace() -> None:
+    """The loop's last two replies: text ending in whitespace, then thinking and
+    whitespace-only text. Merged into one turn, the later thinking was its last block
+    until the thinking was moved to the front, so the text's whitespace was left and
+    ended the body (refused: "final assistant content cannot end with trailing
+    whitespace"). From rendering 16 the text sent last is stripped; a compile recorded
+    before is rebuilt as it was."""
+    loop = (
+        *TOOL_LOOP,
+        AssistantMessage((ContentPart(text="Done.  \n"),), (), "", state(THOUGHT_A)),
+        AssistantMessage((ContentPart(text=" \n"),), (), "", state(THOUGHT_B)),
+    )
+    now, then = anthropic(compiled(*loop)), anthropic(compiled(*loop, rendering=15))
+    assert now["messages"][-1] == {
+        "role": "assistant",
+        "content": [*THOUGHT_A, *THOUGHT_B, {"type": "text", "text": "Done."}],
+    }
+    assert rule_errors("anthropic_messages", now) == []
+    assert then["messages"][-1]["content"][-1] == {"type": "text", "text": "Done.  \n"}
+    assert rule_errors("anthropic_messages", then) == [
+        "final assistant content ends with whitespace"
+    ]
