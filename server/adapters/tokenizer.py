@@ -193,44 +193,29 @@ _CJK_SINGLE = ("c", 1.0)
 _ODD_SPACE = frozenset("\t\r\x0b\x0c")
 
 
-# The class and weight of each BMP character met so far (at most 65,536 entries): text
-# repeats its script, and a dict lookup costs less than the search.
-_SEEN: dict[str, tuple[str, float]] = {}
-_SEEN_3: dict[str, tuple[str, float]] = {}
-_SEEN_2: dict[str, tuple[str, float]] = {}
+def _script_lookup(
+    starts: tuple[int, ...], weights: tuple[tuple[str, float], ...]
+) -> tuple[dict[str, tuple[str, float]], Callable[[str], tuple[str, float]]]:
+    """For one counting version's table: the class and weight of each BMP character met
+    so far (at most 65,536 entries: text repeats its script, and a dict lookup costs less
+    than the search), and the search that fills it for a non-ASCII character."""
+    seen: dict[str, tuple[str, float]] = {}
+
+    def script(ch: str) -> tuple[str, float]:
+        if ch in _CJK_SINGLES:
+            found = _CJK_SINGLE
+        else:
+            found = weights[bisect.bisect_right(starts, ord(ch)) - 1]
+        if ord(ch) < 0x10000:
+            seen[ch] = found
+        return found
+
+    return seen, script
 
 
-def _script(ch: str) -> tuple[str, float]:
-    """The class and weight of a non-ASCII character."""
-    if ch in _CJK_SINGLES:
-        found = _CJK_SINGLE
-    else:
-        found = _SCRIPT_WEIGHTS[bisect.bisect_right(_SCRIPT_STARTS, ord(ch)) - 1]
-    if ord(ch) < 0x10000:
-        _SEEN[ch] = found
-    return found
-
-
-def _script_3(ch: str) -> tuple[str, float]:
-    """`_script` with the weights of tokens.COUNTING 3."""
-    if ch in _CJK_SINGLES:
-        found = _CJK_SINGLE
-    else:
-        found = _SCRIPT_WEIGHTS_3[bisect.bisect_right(_SCRIPT_STARTS_3, ord(ch)) - 1]
-    if ord(ch) < 0x10000:
-        _SEEN_3[ch] = found
-    return found
-
-
-def _script_2(ch: str) -> tuple[str, float]:
-    """`_script` with the weights of tokens.COUNTING 2."""
-    if ch in _CJK_SINGLES:
-        found = _CJK_SINGLE
-    else:
-        found = _SCRIPT_WEIGHTS_2[bisect.bisect_right(_SCRIPT_STARTS_2, ord(ch)) - 1]
-    if ord(ch) < 0x10000:
-        _SEEN_2[ch] = found
-    return found
+_SEEN, _script = _script_lookup(_SCRIPT_STARTS, _SCRIPT_WEIGHTS)
+_SEEN_3, _script_3 = _script_lookup(_SCRIPT_STARTS_3, _SCRIPT_WEIGHTS_3)
+_SEEN_2, _script_2 = _script_lookup(_SCRIPT_STARTS_2, _SCRIPT_WEIGHTS_2)
 
 
 def charclass_count(text: str) -> int:
