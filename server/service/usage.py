@@ -141,7 +141,7 @@ class UsageReports:
                     compile_id=compile_id,
                 )
             learn = self._learner(record, usage, now)
-            if over_window(usage.input_tokens, record, self._window(record)):
+            if self._over_window(record, usage):
                 # More than the model's window: no provider answers such a request, so
                 # the count is no count of it (a session's running total, another
                 # request's usage). As a baseline it made every later estimate of the
@@ -204,6 +204,10 @@ class UsageReports:
         """The catalog's window for the compile's model (0: unknown)."""
         return self._catalog.lookup(record.route.model).context_window
 
+    def _over_window(self, record: CompileRecord, usage: Usage) -> bool:
+        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+        return over_window(usage.input_tokens, record, self._window(record), bounds)
+
     def _over_window_report(self, record: CompileRecord, usage: Usage) -> None:
         """Logged once per route, like a partial report."""
         route_id = record.route.route_id
@@ -233,7 +237,7 @@ class UsageReports:
         def learn(model: RouteModel | None) -> RouteModel:
             m = model or RouteModel(route_id=record.route.route_id)
             if not plausible(usage.input_tokens, local, bounds) or over_window(
-                usage.input_tokens, record, window
+                usage.input_tokens, record, window, bounds
             ):
                 pass  # part of the input, or no count of this request: teaches nothing
             elif delta and record.raw_delta is not None:
@@ -260,16 +264,26 @@ def _ledger(record: CompileRecord) -> int:
     return record.ledger_tokens or record.estimated_input_tokens
 
 
-def over_window(reported: int, record: CompileRecord, catalog_window: int) -> bool:
+def over_window(
+    reported: int, record: CompileRecord, catalog_window: int, bounds: RatioBounds
+) -> bool:
     """Whether `reported` input tokens exceed every window known for the request: the
     catalog's for its model and the one the compile had (its request's
     `limits.context_window` may set a larger one, or a smaller one as a local budget that
     an agent may send beyond, R-EST-4). A provider refuses a request over its model's
     window rather than counting it. No bound when either window is unknown (0; records
-    written before the window was kept have 0)."""
+    written before the window was kept have 0).
+
+    Nor is a report over them that the request's own local count explains (at most twice
+    the highest ratio of the route's counter kind, as `plausible` takes half the lowest):
+    a request over budget is still sent (R-EST-4), and a provider whose window is larger
+    than the catalog's (Anthropic's 1M-token context option on claude-sonnet-4) counts
+    it honestly; dropping that count left the session without a baseline."""
     if catalog_window <= 0 or record.context_window <= 0:
         return False
-    return reported > max(catalog_window, record.context_window)
+    if reported <= max(catalog_window, record.context_window):
+        return False
+    return reported > 2 * bounds.high * _ledger(record)
 
 
 def plausible(reported: int, local: int, bounds: RatioBounds) -> bool:

@@ -388,3 +388,28 @@ async def test_a_provider_that_counts_less_than_the_ledger_still_teaches(api: St
     assert second.budget.estimate_method == view_pb2.ESTIMATE_METHOD_ROUTE_MODEL
     assert second.budget.route_model.full_samples == 1
     assert second.budget.estimated_input_tokens < second.budget.ledger_tokens
+
+
+async def test_a_report_over_the_window_that_the_request_itself_explains_is_the_baseline(
+    api: Stubs,
+) -> None:
+    """A request over budget is still sent (R-EST-4), and a provider whose window is
+    larger than the catalog's counts it: a report over the catalog's window that the
+    request's own count explains (here 1.02 times it) is the provider's count, the
+    session's baseline. It was dropped as no count of the request: the session stayed on
+    full estimates."""
+    route = common_pb2.Route(
+        connection="c", protocol="gemini", endpoint="api", model="gemini-2.5-flash-image"
+    )
+    await _session(api, "big", user(PROSE * 1200))
+    first = await _compile(api, "big", route)
+    assert first.budget.context_window == 32_768
+    assert first.budget.ledger_tokens > first.budget.context_window
+    honest = int(first.budget.ledger_tokens * 1.02)
+    await _report(api, first, honest)
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="big", events=[assistant("ok"), user("more")])
+    )
+    after = await _compile(api, "big", route)
+    assert after.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
+    assert after.budget.baseline_tokens == honest
