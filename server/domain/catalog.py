@@ -35,9 +35,12 @@ _REMEMBERED = 1_024
 
 # An entry's fields and what each must be. `_comment` is free text, at the top or in an entry.
 _INT_FIELDS = ("context_window", "max_output", "max_input")
-# The most a view's budget can state (its fields, like a request's `limits`, are uint32):
-# a window over it made every compile on the model fail (INTERNAL).
-MAX_LIMIT_TOKENS = (1 << 32) - 1
+# The most a window, output or input limit can be: more than any model reads or writes,
+# as a compile's `limits` (service/inputs.MAX_USAGE_TOKENS). Rendered bodies carry the
+# limits: a max_output of 4,294,967,295 went into Gemini bodies as maxOutputTokens, an
+# int32 the provider refuses in every request (and past uint32, a view's budget fields,
+# every compile of the model failed with INTERNAL).
+MAX_LIMIT_TOKENS = 1 << 28
 # No tokenizer counts ten times what another does (a character-level one counts about
 # four times cl100k_base): a factor of 1e300, or Infinity (which JSON readers take), made
 # every count overflow and every compile on the model fail (INTERNAL).

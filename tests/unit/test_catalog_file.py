@@ -65,7 +65,10 @@ def test_entries_are_added_and_replace_shipped_ones(tmp_path: Path) -> None:
         # Values the daemon would take and then fail every compile of the model with
         # INTERNAL: a window no budget field holds, counts that overflow.
         ({"models": {"m": {"context_window": 1 << 33}}}, "'m' context_window must be a whole"),
-        ({"models": {"m": {"max_output": 1 << 32}}}, "to 4294967295, got 4294967296"),
+        ({"models": {"m": {"max_output": 1 << 32}}}, "to 268435456, got 4294967296"),
+        # Rendered bodies carry it: Gemini's maxOutputTokens is an int32.
+        ({"models": {"m": {"max_output": (1 << 32) - 1}}}, "to 268435456, got 4294967295"),
+        ({"models": {"m": {"context_window": (1 << 28) + 1}}}, "to 268435456, got 268435457"),
         ({"models": {"m": {"token_factor": float("inf")}}}, "at most 10, got inf"),
         ({"models": {"m": {"token_factor": 1e300}}}, "'m' token_factor must be a number above"),
         ({"models": {"m": {"token_factor": float("nan")}}}, "'m' token_factor must be a"),
@@ -81,3 +84,15 @@ def test_what_would_be_ignored_or_misread_is_refused(
         load_catalog(path)
     assert str(err.value).startswith(f"cannot read model catalog {path}: catalog: ")
     assert said in str(err.value)
+
+
+def test_limits_up_to_the_compile_bound_load(tmp_path: Path) -> None:
+    """268,435,456 tokens, a compile's largest `limits`, is a limit a catalog takes too."""
+    entry = {"context_window": 1 << 28, "max_output": 1 << 28, "max_input": 1 << 28}
+    catalog = load_catalog(_file(tmp_path, {"models": {"house-model": entry}}))
+    house = catalog.lookup("house-model")
+    assert (house.context_window, house.max_output_tokens, house.max_input_tokens) == (
+        1 << 28,
+        1 << 28,
+        1 << 28,
+    )
