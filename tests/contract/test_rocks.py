@@ -522,3 +522,43 @@ def test_a_damaged_record_in_a_listing_leaves_no_read_open_that_keeps_the_engine
         kv._db = real
     assert kv.writable()
     kv.close()
+
+
+class WriterFailedForIO:
+    """The engine's RocksDB handle once a write failed for another reason than space (an
+    I/O error): RocksDB's log writer then fails every sync with its sticky error too."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, batch: object, opts: object) -> None:
+        raise Exception("IO error: Input/output error: While appending to file")
+
+    def flush_wal(self, sync: bool) -> None:
+        raise Exception("IO error: Writer has previous error.")
+
+
+def test_a_sync_failed_by_another_writes_io_error_is_no_full_disk(tmp_path: Path) -> None:
+    """`Writer has previous error` is a full disk's failure only when a write failed for
+    space: after an I/O error it is RocksDB's error as it was (INTERNAL, an incident), and
+    the store does not call itself full (writes refused until space comes back)."""
+    kv = open_rocks(tmp_path / "db", sync=True)
+    real = kv._db
+    try:
+        step = Batch()
+        step.put("meta", b"step", b"v")
+        with kv.deferring_sync() as owed:
+            kv.write(step)
+        kv._db = WriterFailedForIO(real)  # type: ignore[assignment]
+        other = Batch()
+        other.put("meta", b"other", b"v")
+        with pytest.raises(Exception, match="Input/output error") as first:
+            kv.write(other)
+        assert not isinstance(first.value, CtxccError)
+        with pytest.raises(Exception, match="Writer has previous error") as refused:
+            owed.sync()
+        assert not isinstance(refused.value, CtxccError)
+        assert not kv._full
+    finally:
+        kv._db = real
+        kv.close()
