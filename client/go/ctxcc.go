@@ -53,11 +53,13 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	if e.Reason == codeName(e.Code) {
+	name := codeName(e.Code)
+	if e.Reason == name {
 		// Without an ErrorInfo the reason is the code's name: said once, not twice.
 		return fmt.Sprintf("%s: %s", e.Reason, e.Message)
 	}
-	return fmt.Sprintf("%s %s: %s", e.Code, e.Reason, e.Message)
+	// The code as the Python and TypeScript clients spell it ("NOT_FOUND", not "NotFound").
+	return fmt.Sprintf("%s %s: %s", name, e.Reason, e.Message)
 }
 
 // codeName is a code as google.rpc.Code spells it ("NOT_FOUND"): the reason of a status

@@ -57,7 +57,7 @@ func TestAsErrorWithoutErrorInfoNamesTheCodeOnce(t *testing.T) {
 		t.Fatalf("reason = %q", e.Reason)
 	}
 	daemon := &Error{Code: codes.NotFound, Reason: "SESSION_NOT_FOUND", Message: "no such session"}
-	if got := daemon.Error(); got != "NotFound SESSION_NOT_FOUND: no such session" {
+	if got := daemon.Error(); got != "NOT_FOUND SESSION_NOT_FOUND: no such session" {
 		t.Fatalf("Error() = %q", got)
 	}
 }
