@@ -476,8 +476,12 @@ class PrometheusTelemetry:
                 err = abs(actual - estimated)
                 self.estimation_error.labels(model_family, model, method).observe(err / actual)
                 self.estimation_error_tokens.labels(model_family, model, method).observe(err)
+                # The series exists from a label set's first report on, at zero: the
+                # dashboard's share under is then 0 where no estimate fell short (not
+                # absent), and rate() sees a first shortfall (a series born with it
+                # would show a rate of 0).
+                under = self.estimation_under.labels(model_family, model, method)
                 if estimated < actual:
-                    under = self.estimation_under.labels(model_family, model, method)
                     under.observe(err / actual)
 
     def compaction(self, kind: str, performed: bool) -> None:

@@ -383,3 +383,36 @@ async def test_estimates_under_the_reported_count_are_told_apart(short_tmp: Path
     assert errors["ctxcc_estimation_error_ratio_bucket", "1.0"] == 1
     assert errors["ctxcc_estimation_error_ratio_bucket", "2.0"] == 1
     assert errors["ctxcc_estimation_error_ratio_bucket", "5.0"] == 2
+
+
+async def test_the_under_series_exists_at_zero_from_a_label_sets_first_report(
+    short_tmp: Path,
+) -> None:
+    """Over-estimates only: the dashboard's share under is 0 for the route, not absent,
+    and a later first shortfall is a change rate() sees, not a series born with it."""
+    d = Daemon(make_config(short_tmp / "data"))
+    await d.start()
+    try:
+        api = stubs_for(f"unix:{d.endpoints.unix}")
+        await api.sessions.CreateSession(
+            spb.CreateSessionRequest(session=session_pb2.Session(session_id="over"))
+        )
+        await api.sessions.AppendEvents(
+            spb.AppendEventsRequest(session_id="over", events=[user("list the files " * 50)])
+        )
+        view = (await api.compiles.Compile(compile_request("over"))).view
+        reported = view.budget.estimated_input_tokens // 2
+        await api.compiles.ReportUsage(
+            cpb.ReportUsageRequest(compile_id=view.compile_id, route=ROUTE, input_tokens=reported)
+        )
+        url = f"http://{d.endpoints.metrics}/metrics"
+        scrape = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(url, timeout=10).read().decode()
+        )
+        await api.channel.close()
+    finally:
+        await d.stop()
+    errors = _family_samples(scrape, "ctxcc_estimation_error_ratio")
+    under = _family_samples(scrape, "ctxcc_estimation_under_ratio")
+    assert errors["ctxcc_estimation_error_ratio_count", ""] == 1
+    assert under.get(("ctxcc_estimation_under_ratio_count", "")) == 0, under
