@@ -1078,6 +1078,40 @@ def test_an_unknown_models_whitespace_is_rebuilt_with_the_weights_it_was_counted
         assert now.budget.ledger_tokens > 1.5 * views[-1].budget.ledger_tokens
 
 
+# The daemon of `main` whose conservative estimator weighed an ASCII letter after a Latin
+# letter outside ASCII as any other, and Serbian Cyrillic as Russian (tokens.COUNTING 3).
+SPLIT_WORD_DAEMON = "ce2d9539884d7797878c89a3fd97aa49c19c1717"
+
+
+def test_an_unknown_models_split_words_are_rebuilt_with_the_weights_they_were_counted_with(
+    tmp_path: Path,
+) -> None:
+    """A data directory written by the daemon that counted an unknown model's Hungarian
+    and Serbian text at 0.91 and 0.94 of cl100k_base: its compiles are rebuilt with those
+    counts, from rebuild_compile_id and from as_of_seq, while today's compile of the same
+    log counts more."""
+    unknown = common_pb2.Route(connection="c", protocol="openai-chat", model="house-model-z")
+    req = cpb.CompileRequest(session_id="sw", route=unknown)
+    text = (
+        "Árvíztűrő tükörfúrógép. A fájl megnyitása közben hiba történt. " * 20
+        + "Ђорђе је читао књигу о Љубљани и Његошу. " * 20  # noqa: RUF001
+    )
+
+    def record(stubs: _Stubs) -> list[view_pb2.CompiledView]:
+        steps = [[user(f"{text} {i}")] for i in range(2)]
+        return _reported_steps(
+            stubs, req, steps, lambda _, v: 2 * v.budget.estimated_input_tokens, 300
+        )
+
+    with _recorded_then_today(SPLIT_WORD_DAEMON, tmp_path, "sw", record) as (views, compiles):
+        for view in views:
+            _rebuilt_as_recorded(compiles, view)
+            again = _asked(req, as_of_seq=view.event_boundary)
+            assert compiles.Compile(again).view.budget == view.budget
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        assert now.budget.ledger_tokens > 1.05 * views[-1].budget.ledger_tokens
+
+
 # The daemon of `main` whose history watermark took the history's local count
 # (projection.PROJECTION 7).
 LOCAL_HISTORY_DAEMON = LOCAL_ROOM_DAEMON
