@@ -1112,6 +1112,77 @@ def test_an_unknown_models_split_words_are_rebuilt_with_the_weights_they_were_co
         assert now.budget.ledger_tokens > 1.05 * views[-1].budget.ledger_tokens
 
 
+# The daemons of `main` whose Anthropic bodies ended with a final assistant turn of
+# thinking alone (renderings.LATEST 14), and with a final turn's text whitespace left in
+# place past a later message's thinking (15).
+THINKING_LAST_DAEMON = "c40b518dbcf68ba2e50391f49803f4ee946860b5"
+WHITESPACE_PAST_THINKING_DAEMON = "b5aaf1fcb0c7123c0a4638682f4cb3eee82d5bb7"
+
+
+def _thinking(text: str, thought: str, route_id: str) -> event_pb2.Event:
+    """An assistant reply of `text` with Claude's thinking block logged on `route_id`."""
+    ev = assistant(text)
+    ev.assistant_message.native_state.route_id = route_id
+    ev.assistant_message.native_state.kind = "anthropic.thinking"
+    ev.assistant_message.native_state.data = json.dumps(
+        [{"type": "thinking", "thinking": thought, "signature": "c2ln"}]
+    ).encode()
+    return ev
+
+
+def _final_turns_rebuilt(commit: str, tmp_path: Path, sid: str, replies: list[str]) -> Any:
+    """A loop whose last replies are `replies`, each with its thinking, compiled to an
+    Anthropic body by the daemon of `commit`: rebuilt byte for byte by today's, from
+    rebuild_compile_id and as_of_seq; today's body of the same log."""
+    req = cpb.CompileRequest(
+        session_id=sid, route=ROUTE, render_formats=[view_pb2.RENDER_FORMAT_ANTHROPIC_MESSAGES]
+    )
+
+    def record(stubs: _Stubs) -> view_pb2.CompiledView:
+        route_id = stubs.compiles.Compile(_asked(req, dry_run=True)).view.route_id
+        events = [user("list the files"), assistant("", ("c1", "shell", '{"cmd": "ls"}'))]
+        events += [tool_result("c1", "app.py")]
+        events += [_thinking(text, f"thought {i}", route_id) for i, text in enumerate(replies)]
+        stubs.sessions.AppendEvents(spb.AppendEventsRequest(session_id=sid, events=events))
+        view: view_pb2.CompiledView = stubs.compiles.Compile(req).view
+        return view
+
+    with _recorded_then_today(commit, tmp_path, sid, record) as (view, compiles):
+        rebuild = cpb.CompileRequest(
+            rebuild_compile_id=view.compile_id, render_formats=req.render_formats
+        )
+        assert _bytes(compiles.Compile(rebuild).view) == _bytes(view)
+        again = compiles.Compile(_asked(req, as_of_seq=view.event_boundary)).view
+        assert again.renderings[0].body_json == view.renderings[0].body_json
+        now = compiles.Compile(_asked(req, dry_run=True)).view
+        return json.loads(view.renderings[0].body_json), json.loads(now.renderings[0].body_json)
+
+
+def test_a_final_turn_of_thinking_alone_is_rebuilt_as_the_earlier_daemon_sent_it(
+    tmp_path: Path,
+) -> None:
+    """The last reply is whitespace with its thinking: the earlier daemon's body ended
+    with a turn of that thinking alone (refused by the API), rebuilt as it was; today's
+    body ends with the user's turn before it."""
+    then, now = _final_turns_rebuilt(THINKING_LAST_DAEMON, tmp_path, "tl", [" \n"])
+    assert then["messages"][-1]["role"] == "assistant"
+    assert [b["type"] for b in then["messages"][-1]["content"]] == ["thinking"]
+    assert now["messages"] == then["messages"][:-1]
+
+
+def test_a_final_turns_whitespace_past_thinking_is_rebuilt_as_the_earlier_daemon_sent_it(
+    tmp_path: Path,
+) -> None:
+    """The last two replies: text ending in whitespace, then whitespace with thinking.
+    The earlier daemon's body ended with that whitespace (refused by the API), rebuilt as
+    it was; today's body strips it."""
+    replies = ["Done.  \n", " \n"]
+    then, now = _final_turns_rebuilt(WHITESPACE_PAST_THINKING_DAEMON, tmp_path, "wt", replies)
+    assert then["messages"][-1]["content"][-1] == {"type": "text", "text": "Done.  \n"}
+    assert now["messages"][-1]["content"][-1] == {"type": "text", "text": "Done."}
+    assert now["messages"][:-1] == then["messages"][:-1]
+
+
 # The daemon of `main` whose history watermark took the history's local count
 # (projection.PROJECTION 7).
 LOCAL_HISTORY_DAEMON = LOCAL_ROOM_DAEMON
