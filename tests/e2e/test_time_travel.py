@@ -1183,6 +1183,70 @@ def test_a_final_turns_whitespace_past_thinking_is_rebuilt_as_the_earlier_daemon
     assert now["messages"][:-1] == then["messages"][:-1]
 
 
+# The daemon of `main` that sent a tool schema's top-level `$ref` to a string schema as
+# that type to OpenAI and Anthropic (renderings.LATEST 13).
+STRING_REF_DAEMON = "da54ffd6a04727ecf06259840561467c1e101325"
+
+
+def test_a_top_level_ref_to_a_string_is_rebuilt_as_the_earlier_daemon_sent_it(
+    tmp_path: Path,
+) -> None:
+    """A tool whose schema's top level names a string schema: the earlier daemon sent it
+    typed "string" (refused by both APIs), rebuilt so, from rebuild_compile_id and
+    as_of_seq, in every format; today's bodies send it typed "object"."""
+    code = _daemon_code(STRING_REF_DAEMON, tmp_path / "earlier")
+    base = Path("/tmp") / f"ctxcc-tt-ref-{os.getpid()}"
+    base.mkdir()
+    req = cpb.CompileRequest(session_id="ref", route=ROUTE, render_formats=FORMATS)
+    to_string = {"$ref": "#/definitions/D", "definitions": {"D": {"type": "string"}}}
+    d = DaemonProcess(base / "data", cwd=code).start()
+    try:
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            stubs = _with_session(ch, "ref")
+            tool_service_pb2_grpc.ToolServiceStub(ch).RegisterTools(
+                tpb.RegisterToolsRequest(
+                    session_id="ref",
+                    tools=[
+                        tool_pb2.ToolDefinition(
+                            name="say", description="Says", input_schema_json=json.dumps(to_string)
+                        )
+                    ],
+                )
+            )
+            stubs.sessions.AppendEvents(
+                spb.AppendEventsRequest(session_id="ref", events=[user("say a word")])
+            )
+            view = stubs.compiles.Compile(req).view
+        assert d.terminate() == 0
+        d = DaemonProcess(base / "data").start()
+        d.wait_ready()
+        with grpc.insecure_channel(d.target) as ch:
+            compiles = compile_service_pb2_grpc.CompileServiceStub(ch)
+            rebuild = cpb.CompileRequest(rebuild_compile_id=view.compile_id, render_formats=FORMATS)
+            assert _bytes(compiles.Compile(rebuild).view) == _bytes(view)
+            again = compiles.Compile(_asked(req, as_of_seq=view.event_boundary)).view
+            assert [r.body_json for r in again.renderings] == [r.body_json for r in view.renderings]
+            now = compiles.Compile(_asked(req, dry_run=True)).view
+    finally:
+        d.ensure_stopped()
+        shutil.rmtree(base, ignore_errors=True)
+
+    def types(v: view_pb2.CompiledView) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for r in v.renderings:
+            if r.format == view_pb2.RENDER_FORMAT_GEMINI:
+                continue  # sent as written (full JSON Schema) at every version
+            (tool,) = json.loads(r.body_json)["tools"]
+            sent = tool.get("function", tool)
+            out[int(r.format)] = str(sent.get("parameters", sent.get("input_schema"))["type"])
+        return out
+
+    assert set(types(view).values()) == {"string"}, types(view)
+    assert set(types(now).values()) == {"object"}, types(now)
+    assert len(types(now)) == 3
+
+
 # The daemon of `main` whose history watermark took the history's local count
 # (projection.PROJECTION 7).
 LOCAL_HISTORY_DAEMON = LOCAL_ROOM_DAEMON
