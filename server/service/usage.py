@@ -274,16 +274,16 @@ def over_window(
     window rather than counting it. No bound when either window is unknown (0; records
     written before the window was kept have 0).
 
-    Nor is a report over them that the request's own local count explains (at most twice
-    the highest ratio of the route's counter kind, as `plausible` takes half the lowest):
-    a request over budget is still sent (R-EST-4), and a provider whose window is larger
-    than the catalog's (Anthropic's 1M-token context option on claude-sonnet-4) counts
-    it honestly; dropping that count left the session without a baseline."""
+    Nor is a report over them that the request's own local count explains (at most the
+    highest ratio of the route's counter kind times it): a request over budget is still
+    sent (R-EST-4), and a provider whose window is larger than the catalog's (Anthropic's
+    1M-token context option on claude-sonnet-4) counts it honestly; dropping that count
+    left the session without a baseline."""
     if catalog_window <= 0 or record.context_window <= 0:
         return False
     if reported <= max(catalog_window, record.context_window):
         return False
-    return reported > 2 * bounds.high * _ledger(record)
+    return reported > bounds.high * _ledger(record)
 
 
 def plausible(reported: int, local: int, bounds: RatioBounds) -> bool:

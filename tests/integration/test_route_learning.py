@@ -413,3 +413,11 @@ async def test_a_report_over_the_window_that_the_request_itself_explains_is_the_
     after = await _compile(api, "big", route)
     assert after.budget.estimate_method == view_pb2.ESTIMATE_METHOD_BASELINE_DELTA
     assert after.budget.baseline_tokens == honest
+    # Past what the count explains (2.5 times it, a borrowed tokenizer's highest ratio),
+    # it is no count of the request: the baseline stays the honest one.
+    await _report(api, after, int(after.budget.ledger_tokens * 2.6))
+    await api.sessions.AppendEvents(
+        spb.AppendEventsRequest(session_id="big", events=[assistant("ok"), user("again")])
+    )
+    last = await _compile(api, "big", route)
+    assert last.budget.baseline_tokens == honest
