@@ -34,6 +34,8 @@ _TOKENS = (256, 1024, 4096, 16384, 32768, 65536, 131072, 262144, 1048576)
 _RATIO = (0.1, 0.25, 0.5, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.5, 2.0)
 # Past 1.0 only an over-estimate (more than twice the reported count) can land.
 _ERROR = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+# A shortfall (reported - estimate) / reported is at most 1.0: the whole count missed.
+_SHORTFALL = tuple(b for b in _ERROR if b <= 1.0)
 # A session counts as over budget while its latest compile was over budget and came at
 # most this long ago: an agent that stopped (or compacted, or was deleted) is not one that
 # keeps sending requests over budget.
@@ -308,7 +310,7 @@ class PrometheusTelemetry:
             "Relative shortfall (reported - estimate) / reported of usage reports whose "
             "estimate was under the reported count.",
             ["model_family", "model", "method"],
-            _ERROR[:10],
+            _SHORTFALL,
         )
         self.estimation_error_tokens = plain.histogram(
             "ctxcc_estimation_error_tokens",
