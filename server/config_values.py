@@ -39,10 +39,13 @@ def int_setting(
     return value
 
 
-# The most tokens a view's budget states (its fields are uint32): an unknown window's
-# watermark and reserve add up to its input budget, and a sum over this made every compile
-# of an unknown model fail (INTERNAL).
-MAX_BUDGET_TOKENS = (1 << 32) - 1
+# The most tokens a budget setting states: more than any model reads or writes, as a
+# compile's `limits` (service/inputs.MAX_USAGE_TOKENS). An unknown window's watermark and
+# reserve add up to its input budget (a sum past uint32, a view's budget fields, made
+# every compile of an unknown model fail with INTERNAL), and its reserve is the output
+# cap of an unknown model's bodies: 4,000,000,000 went into Gemini bodies as
+# maxOutputTokens, an int32 the provider refuses in every request.
+MAX_BUDGET_TOKENS = 1 << 28
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -62,11 +62,16 @@ def test_defaults_are_the_spec_values() -> None:
         # Over what a budget states: every compile of an unknown model failed (INTERNAL).
         (
             {"unknown_window_watermark": "5000000000"},
-            "unknown_window_watermark must be at most 4294967295, got 5000000000",
+            "unknown_window_watermark must be at most 268435456, got 5000000000",
         ),
         (
-            {"unknown_window_watermark": "4294967295"},
-            "unknown_window_watermark \\+ unknown_window_reserve .* at most 4294967295",
+            {"unknown_window_watermark": "268435456"},
+            "unknown_window_watermark \\+ unknown_window_reserve .* at most 268435456",
+        ),
+        # An unknown model's output cap in its bodies: Gemini's maxOutputTokens is an int32.
+        (
+            {"unknown_window_reserve": "4000000000"},
+            "unknown_window_reserve must be at most 268435456, got 4000000000",
         ),
         ({"unknown_window_reserve": "4294967296"}, "unknown_window_reserve must be at most"),
         ({"first_reserve_max": "99999999999"}, "first_reserve_max must be at most"),
