@@ -15,7 +15,7 @@ def hostport(name: str, value: str) -> str:
     if value == "none":
         return value
     host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not _digits(port, 5) or int(port) > 65535:
         raise ConfigError(f"{name} must be host:port or 'none', got {value!r}")
     return value
 
@@ -49,6 +49,15 @@ MAX_BUDGET_TOKENS = 1 << 28
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# The longest duration taken, 100 years: a longer one means "never", which is off (0).
+MAX_DURATION_S = 36500 * 86400
+
+
+def _digits(text: str, most: int) -> bool:
+    """ASCII digits only, at most `most` of them: str.isdigit() also takes "²" (int() then
+    raised ValueError, a traceback at start) and "٣" (read as 3), and int() refuses
+    over 4,300 digits with a ValueError of its own."""
+    return 0 < len(text) <= most and text.isascii() and text.isdigit()
 
 
 def duration_s(raw: Mapping[str, str], name: str) -> int:
@@ -56,12 +65,15 @@ def duration_s(raw: Mapping[str, str], name: str) -> int:
     text = raw[name].strip().lower()
     unit = _UNITS.get(text[-1:], 0)
     number = text[:-1] if unit else text
-    if not number.isdigit():
+    if not _digits(number, 20):
         raise ConfigError(
             f"{name} must be a whole number of seconds or one with a unit s, m, h or d "
             f"(e.g. 7d), got {raw[name]!r}"
         )
-    return int(number) * (unit or 1)
+    seconds = int(number) * (unit or 1)
+    if seconds > MAX_DURATION_S:
+        raise ConfigError(f"{name} must be at most 36500d (100 years), got {raw[name]!r}")
+    return seconds
 
 
 # gRPC takes its message limits as a C int.
