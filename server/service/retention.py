@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from server.domain.errors import CtxccError
@@ -20,6 +22,12 @@ log = logging.getLogger(__name__)
 
 # Sessions examined per page: one storage-thread call reads this many session records.
 PAGE = 256
+# Idleness is measured on the wall clock (the times stored with the sessions), which can
+# step: between two pages, a wall clock that moved this much more, or less, than the
+# monotonic clock stepped, and the step is not counted as time the sessions were idle.
+# A forward step (an NTP correction after booting with a wrong clock, say) otherwise
+# made every session look idle at once and the sweep deleted them all.
+CLOCK_STEP_NS = 5_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,7 @@ class RetentionSweep:
         retention_ns: int,
         telemetry: Telemetry,
         page: int = PAGE,
+        monotonic_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         if retention_ns <= 0 or page <= 0:
             raise ValueError("a retention sweep needs a retention and a page size")
@@ -48,11 +57,17 @@ class RetentionSweep:
         self._retention_ns = retention_ns
         self._telemetry = telemetry
         self._page = page
+        self._monotonic_ns = monotonic_ns
+        # The wall and monotonic clocks at the last page, and how far the wall clock
+        # stepped forward since the sweep began (never below 0: a step back only makes
+        # sessions look younger than they are, which keeps them longer).
+        self._last: tuple[int, int] | None = None
+        self._stepped_ns = 0
         self._after = ""
 
     async def sweep_page(self) -> Swept:
         """Examines the next page of sessions and deletes those idle past the retention."""
-        cutoff = self._clock.now_ns() - self._retention_ns
+        cutoff = self._now_ns() - self._retention_ns - self._stepped_ns
         page, _ = await self._sessions.list_sessions(self._after, self._page, "")
         deleted = 0
         for session in page:
@@ -74,6 +89,23 @@ class RetentionSweep:
         wrapped = len(page) < self._page
         self._after = "" if wrapped else page[-1].session_id
         return Swept(len(page), deleted, wrapped)
+
+    def _now_ns(self) -> int:
+        """The wall clock, with a step since the last page noticed and logged."""
+        now, mono = self._clock.now_ns(), self._monotonic_ns()
+        if self._last is not None:
+            step = (now - self._last[0]) - (mono - self._last[1])
+            if abs(step) > CLOCK_STEP_NS:
+                self._stepped_ns = max(0, self._stepped_ns + step)
+                log.warning(
+                    "the wall clock stepped %+.0f s: session retention does not count the "
+                    "step as idle time (sessions are deleted %.0f s later than the wall "
+                    "clock says until the daemon restarts)",
+                    step / 1e9,
+                    self._stepped_ns / 1e9,
+                )
+        self._last = (now, mono)
+        return now
 
     def _expired(self, session_id: str, result: DeleteResult | None) -> bool:
         """Logs and counts a session the sweep deleted (None: it was kept)."""
