@@ -296,7 +296,12 @@ def _build(raw: Mapping[str, str]) -> Config:
             f"grace_period must be a number of seconds, 0 or more, got {raw['grace_period']!r}"
         )
     group = raw["socket_group"]
-    if group.isascii() and group.isdigit() and int(group) > MAX_GID:
+    # The length first: int() of over 4,300 digits raised its own ValueError (exit 1).
+    if (
+        group.isascii()
+        and group.isdigit()
+        and (len(group.lstrip("0")) > 10 or int(group) > MAX_GID)
+    ):
         # Checked before anything binds: the socket's chown raised OverflowError after
         # the server had started (a traceback, a stale socket), and 4294967295 is
         # (gid_t)-1, which chown takes for "leave the group".

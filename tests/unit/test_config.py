@@ -68,6 +68,7 @@ def test_flags_beat_env_beat_file(tmp_path: Path) -> None:
         ({"session_retention": "36501d"}, "session_retention must be at most 36500d"),
         ({"session_retention": "9" * 20}, "session_retention must be at most 36500d"),
         ({"listen": "127.0.0.1:\u00b2"}, "listen must be host:port or 'none'"),
+        ({"socket_group": "9" * 5000}, "socket_group 9+ is not a gid"),
         ({"log_format": "logfmt"}, "log_format must be 'text' or 'json'"),
         # gRPC takes it as a C int: beyond, the start crashed with an OverflowError.
         ({"max_message_bytes": str(1 << 31)}, "max_message_bytes must be at most 2147483647"),
