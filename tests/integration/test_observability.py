@@ -338,16 +338,17 @@ def _family_samples(scrape: str, name: str) -> dict[tuple[str, str], float]:
     return out
 
 
-async def test_estimates_under_the_reported_count_are_told_apart(short_tmp: Path) -> None:
-    """The error histograms hold a miss's size only: an estimate under the provider's
-    count (the direction that lets a request past the window) is counted apart, with its
-    shortfall, in a real scrape; an over-estimate is not."""
-    d = Daemon(make_config(short_tmp / "data"))
+async def _reported_then_scraped(
+    data: Path, factors: dict[str, float]
+) -> tuple[str, dict[str, float]]:
+    """A daemon where each session (by id) compiles one message and reports `factor` times
+    its estimate: the /metrics scrape after, and each report's shortfall."""
+    d = Daemon(make_config(data))
     await d.start()
+    shortfalls = {}
     try:
         api = stubs_for(f"unix:{d.endpoints.unix}")
-        shortfalls = {}
-        for sid, factor in (("under", 4.0), ("over", 0.25)):
+        for sid, factor in factors.items():
             await api.sessions.CreateSession(
                 spb.CreateSessionRequest(session=session_pb2.Session(session_id=sid))
             )
@@ -370,6 +371,16 @@ async def test_estimates_under_the_reported_count_are_told_apart(short_tmp: Path
         await api.channel.close()
     finally:
         await d.stop()
+    return scrape, shortfalls
+
+
+async def test_estimates_under_the_reported_count_are_told_apart(short_tmp: Path) -> None:
+    """The error histograms hold a miss's size only: an estimate under the provider's
+    count (the direction that lets a request past the window) is counted apart, with its
+    shortfall, in a real scrape; an over-estimate is not."""
+    scrape, shortfalls = await _reported_then_scraped(
+        short_tmp / "data", {"under": 4.0, "over": 0.25}
+    )
     errors = _family_samples(scrape, "ctxcc_estimation_error_ratio")
     under = _family_samples(scrape, "ctxcc_estimation_under_ratio")
     assert errors["ctxcc_estimation_error_ratio_count", ""] == 2
@@ -390,28 +401,7 @@ async def test_the_under_series_exists_at_zero_from_a_label_sets_first_report(
 ) -> None:
     """Over-estimates only: the dashboard's share under is 0 for the route, not absent,
     and a later first shortfall is a change rate() sees, not a series born with it."""
-    d = Daemon(make_config(short_tmp / "data"))
-    await d.start()
-    try:
-        api = stubs_for(f"unix:{d.endpoints.unix}")
-        await api.sessions.CreateSession(
-            spb.CreateSessionRequest(session=session_pb2.Session(session_id="over"))
-        )
-        await api.sessions.AppendEvents(
-            spb.AppendEventsRequest(session_id="over", events=[user("list the files " * 50)])
-        )
-        view = (await api.compiles.Compile(compile_request("over"))).view
-        reported = view.budget.estimated_input_tokens // 2
-        await api.compiles.ReportUsage(
-            cpb.ReportUsageRequest(compile_id=view.compile_id, route=ROUTE, input_tokens=reported)
-        )
-        url = f"http://{d.endpoints.metrics}/metrics"
-        scrape = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(url, timeout=10).read().decode()
-        )
-        await api.channel.close()
-    finally:
-        await d.stop()
+    scrape, _ = await _reported_then_scraped(short_tmp / "data", {"over": 0.5})
     errors = _family_samples(scrape, "ctxcc_estimation_error_ratio")
     under = _family_samples(scrape, "ctxcc_estimation_under_ratio")
     assert errors["ctxcc_estimation_error_ratio_count", ""] == 1
