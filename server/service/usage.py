@@ -179,16 +179,13 @@ class UsageReports:
     def _plausible(self, record: CompileRecord, usage: Usage) -> bool:
         """Whether the report can be the whole input of the compile's request (see
         `plausible`)."""
-        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
-        return plausible(usage.input_tokens, _ledger(record), bounds)
+        return plausible(usage.input_tokens, _ledger(record), self._bounds(record))
 
     def _partial_report(self, record: CompileRecord, usage: Usage) -> None:
         """Logged once per route (an agent that reports part of its input does so at
         every step)."""
-        route_id = record.route.route_id
-        if route_id in self._warned or len(self._warned) >= _WARNED_ROUTES:
+        if not _first_for_route(self._warned, record):
             return
-        self._warned.add(route_id)
         log.warning(
             "usage report for compile %s: input_tokens %d is less than any provider counts "
             "for that request (%d tokens by ctxcc's count); it is kept and measured but is "
@@ -204,16 +201,18 @@ class UsageReports:
         """The catalog's window for the compile's model (0: unknown)."""
         return self._catalog.lookup(record.route.model).context_window
 
+    def _bounds(self, record: CompileRecord) -> RatioBounds:
+        """The ratios a provider's count can have to the local one, for the model's
+        counter kind."""
+        return BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+
     def _over_window(self, record: CompileRecord, usage: Usage) -> bool:
-        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
-        return over_window(usage.input_tokens, record, self._window(record), bounds)
+        return over_window(usage.input_tokens, record, self._window(record), self._bounds(record))
 
     def _over_window_report(self, record: CompileRecord, usage: Usage) -> None:
         """Logged once per route, like a partial report."""
-        route_id = record.route.route_id
-        if route_id in self._warned_over or len(self._warned_over) >= _WARNED_ROUTES:
+        if not _first_for_route(self._warned_over, record):
             return
-        self._warned_over.add(route_id)
         log.warning(
             "usage report for compile %s: input_tokens %d is more than the model's context "
             "window (%d tokens, %d in the compile); it is kept and measured but is not the "
@@ -228,7 +227,7 @@ class UsageReports:
 
     def _learner(self, record: CompileRecord, usage: Usage, now_ns: int) -> Learn:
         """What this report teaches the route model (run once, inside the store's write)."""
-        bounds = BOUNDS[counter_kind(self._catalog.lookup(record.route.model))]
+        bounds = self._bounds(record)
         window = self._window(record)
         cfg = self._settings.learning
         delta = record.estimate_method == int(EstimateMethod.BASELINE_DELTA)
@@ -256,6 +255,16 @@ class UsageReports:
             return replaced(m, update_time_ns=now_ns)
 
         return learn
+
+
+def _first_for_route(warned: set[str], record: CompileRecord) -> bool:
+    """Whether a warning about the record's route is the first (then noted in `warned`,
+    which holds at most _WARNED_ROUTES routes: later ones are not logged)."""
+    route_id = record.route.route_id
+    if route_id in warned or len(warned) >= _WARNED_ROUTES:
+        return False
+    warned.add(route_id)
+    return True
 
 
 def _ledger(record: CompileRecord) -> int:

@@ -441,15 +441,17 @@ def test_a_delete_refused_for_space_leaves_no_read_open_that_keeps_the_engine_cl
     kv.close()
 
 
-class WriterFailedForSpace:
-    """The engine's RocksDB handle once a write failed for space: the next write fails
-    so, and from then on RocksDB's log writer fails every sync with its sticky error."""
+class WriterFailed:
+    """The engine's RocksDB handle once a write failed (for space, or an I/O error): the
+    next write fails so, and from then on RocksDB's log writer fails every sync with its
+    sticky error."""
 
-    def __init__(self, db: Any) -> None:
+    def __init__(self, db: Any, why: str) -> None:
         self._db = db
+        self._why = why
 
     def write(self, batch: object, opts: object) -> None:
-        raise Exception("IO error: No space left on device: While appending to file")
+        raise Exception(f"IO error: {self._why}: While appending to file")
 
     def flush_wal(self, sync: bool) -> None:
         raise Exception("IO error: Writer has previous error.")
@@ -468,7 +470,7 @@ def test_a_sync_failed_by_another_writes_failure_for_space_is_disk_full(tmp_path
         step.put("meta", b"step", b"v")
         with kv.deferring_sync() as owed:
             kv.write(step)
-        kv._db = WriterFailedForSpace(real)  # type: ignore[assignment]
+        kv._db = WriterFailed(real, "No space left on device")  # type: ignore[assignment]
         other = Batch()
         other.put("meta", b"other", b"v")
         with pytest.raises(CtxccError) as first:
@@ -524,20 +526,6 @@ def test_a_damaged_record_in_a_listing_leaves_no_read_open_that_keeps_the_engine
     kv.close()
 
 
-class WriterFailedForIO:
-    """The engine's RocksDB handle once a write failed for another reason than space (an
-    I/O error): RocksDB's log writer then fails every sync with its sticky error too."""
-
-    def __init__(self, db: Any) -> None:
-        self._db = db
-
-    def write(self, batch: object, opts: object) -> None:
-        raise Exception("IO error: Input/output error: While appending to file")
-
-    def flush_wal(self, sync: bool) -> None:
-        raise Exception("IO error: Writer has previous error.")
-
-
 def test_a_sync_failed_by_another_writes_io_error_is_no_full_disk(tmp_path: Path) -> None:
     """`Writer has previous error` is a full disk's failure only when a write failed for
     space: after an I/O error it is RocksDB's error as it was (INTERNAL, an incident), and
@@ -549,7 +537,7 @@ def test_a_sync_failed_by_another_writes_io_error_is_no_full_disk(tmp_path: Path
         step.put("meta", b"step", b"v")
         with kv.deferring_sync() as owed:
             kv.write(step)
-        kv._db = WriterFailedForIO(real)  # type: ignore[assignment]
+        kv._db = WriterFailed(real, "Input/output error")  # type: ignore[assignment]
         other = Batch()
         other.put("meta", b"other", b"v")
         with pytest.raises(Exception, match="Input/output error") as first:
