@@ -429,7 +429,7 @@ class RocksKV:
     def _failed(self, exc: Exception, no_wait: bool, written: bool) -> NoReturn:
         if no_wait and is_write_stall(exc):
             raise WriteWouldWait(str(exc)) from None
-        if not is_no_space(exc) and not self._failed_after_no_space(exc):
+        if not is_no_space(exc) and not self._failed_after_no_space(exc, no_wait and not written):
             raise exc
         if not self._full:
             log.error("disk full (%d bytes free): refusing writes: %s", self._free(), exc)
@@ -437,12 +437,18 @@ class RocksKV:
         self._failed_for_space.set()
         raise disk_full(written) from None
 
-    def _failed_after_no_space(self, exc: Exception) -> bool:
+    def _failed_after_no_space(self, exc: Exception, redoable: bool) -> bool:
         """A write or log sync that RocksDB failed only because another one failed
         before it, for space: a full disk's failure too (DISK_FULL, not an internal
-        error), also when that one's thread has not yet said so."""
+        error), also when that one's thread has not yet said so. A write that must not
+        wait (made on the event loop) and was not written does not wait for that thread:
+        it is made again from the I/O pool, where the wait blocks no other session."""
         if _WRITER_FAILED not in str(exc):
             return False
+        if self._failed_for_space.is_set():
+            return True
+        if redoable:
+            raise WriteWouldWait(str(exc)) from None
         return self._failed_for_space.wait(_WHY_WAIT_S)
 
     def writable(self) -> bool:

@@ -16,7 +16,7 @@ from server.domain.sources import Scope, SourceKind
 from storage import KVEventStore, StoreLockedError, open_rocks, rocks
 from storage.codec import CorruptRecordError
 from storage.keys import be64, session_key, source_prefix
-from storage.kv import Batch
+from storage.kv import Batch, WriteWouldWait
 from storage.schema import SCHEMA_VERSION, SchemaError, ensure_schema
 from tests.contract.test_store_contract import planned
 
@@ -547,6 +547,43 @@ def test_a_sync_failed_by_another_writes_io_error_is_no_full_disk(tmp_path: Path
             owed.sync()
         assert not isinstance(refused.value, CtxccError)
         assert not kv._full
+    finally:
+        kv._db = real
+        kv.close()
+
+
+class WriterHasPreviousError:
+    """The engine's RocksDB handle after another thread's write failed, before that thread
+    said why: every write fails with RocksDB's sticky error."""
+
+    def __init__(self, db: Any) -> None:
+        self._db = db
+
+    def write(self, batch: object, opts: object) -> None:
+        raise Exception("IO error: Writer has previous error.")
+
+
+def test_a_write_on_the_event_loop_does_not_wait_to_learn_why_another_write_failed(
+    tmp_path: Path,
+) -> None:
+    """A `no_wait` batch is made on the event loop: when RocksDB fails it with `Writer
+    has previous error` before the failing write's thread has said it was for space, it
+    used to wait up to a second for that (every session's calls waiting with it), and
+    after an I/O error the whole second, every time. Nothing was written, so it is a
+    write that would wait, made again from the I/O pool; once a write failed for space,
+    it is the full disk's DISK_FULL at once."""
+    kv = open_rocks(tmp_path / "db", sync=True)
+    real = kv._db
+    try:
+        kv._db = WriterHasPreviousError(real)  # type: ignore[assignment]
+        on_loop = Batch(no_wait=True)
+        on_loop.put("meta", b"k", b"v")
+        with pytest.raises(WriteWouldWait):
+            kv.write(on_loop)
+        kv._failed_for_space.set()  # the other thread's write failed for space
+        with pytest.raises(CtxccError) as full:
+            kv.write(on_loop)
+        assert full.value.reason.name == "DISK_FULL"
     finally:
         kv._db = real
         kv.close()
