@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from server.compiler.budget import BudgetConfig
 from server.compiler.textscan import MAX_JSON_DEPTH
 from server.config_settings import ConfigError
-from server.domain.catalog import TOKENIZER_TABLES
+from server.domain.catalog import MAX_LIMIT_TOKENS, TOKENIZER_TABLES
 
 
 def hostport(name: str, value: str) -> str:
@@ -40,12 +40,12 @@ def int_setting(
 
 
 # The most tokens a budget setting states: more than any model reads or writes, as a
-# compile's `limits` (service/inputs.MAX_USAGE_TOKENS). An unknown window's watermark and
+# compile's `limits` (domain/catalog.MAX_LIMIT_TOKENS). An unknown window's watermark and
 # reserve add up to its input budget (a sum past uint32, a view's budget fields, made
 # every compile of an unknown model fail with INTERNAL), and its reserve is the output
 # cap of an unknown model's bodies: 4,000,000,000 went into Gemini bodies as
 # maxOutputTokens, an int32 the provider refuses in every request.
-MAX_BUDGET_TOKENS = 1 << 28
+MAX_BUDGET_TOKENS = MAX_LIMIT_TOKENS
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

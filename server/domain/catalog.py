@@ -35,8 +35,9 @@ _REMEMBERED = 1_024
 
 # An entry's fields and what each must be. `_comment` is free text, at the top or in an entry.
 _INT_FIELDS = ("context_window", "max_output", "max_input")
-# The most a window, output or input limit can be: more than any model reads or writes,
-# as a compile's `limits` (service/inputs.MAX_USAGE_TOKENS). Rendered bodies carry the
+# The most a window, output or input limit can be: more than any model reads or writes.
+# The one bound of every token count a caller or an operator states: the catalog's, a
+# compile's `limits`, the budget settings, usage reports. Rendered bodies carry the
 # limits: a max_output of 4,294,967,295 went into Gemini bodies as maxOutputTokens, an
 # int32 the provider refuses in every request (and past uint32, a view's budget fields,
 # every compile of the model failed with INTERNAL).

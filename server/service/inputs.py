@@ -25,7 +25,7 @@ from server.compiler.system import EnvironmentInfo
 from server.compiler.tokens import BEFORE_CALL_IDS, COUNTING
 from server.compiler.tool_cap import TOOL_CAPPING
 from server.compiler.view import SectionKind
-from server.domain.catalog import Catalog, ModelInfo
+from server.domain.catalog import MAX_LIMIT_TOKENS, Catalog, ModelInfo
 from server.domain.errors import CtxccError, Reason
 from server.domain.model import Session
 from server.domain.records import CompileRecord, RouteState
@@ -42,7 +42,7 @@ log = logging.getLogger("ctxcc.inputs")
 
 # Reported token counts above this are refused: no model reads that much, and a
 # baseline this large would overflow the 32-bit estimates of every later compile.
-MAX_USAGE_TOKENS = 1 << 28
+MAX_USAGE_TOKENS = MAX_LIMIT_TOKENS
 
 
 # Ids of compiles that are not recorded start with this (recorded ones are plain hex), so

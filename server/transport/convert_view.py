@@ -26,10 +26,10 @@ from server.compiler.view import (
     ViewMessage,
     ViewTool,
 )
+from server.domain.catalog import MAX_LIMIT_TOKENS
 from server.domain.errors import invalid
 from server.domain.model import NativeState, Route
 from server.service.compile_types import CompileOptions, CompileResult
-from server.service.inputs import MAX_USAGE_TOKENS
 from server.transport.convert_events import artifact_out, call_out, route_in, route_out
 
 E = TypeVar("E", bound=enum.IntEnum)
@@ -58,13 +58,13 @@ def compile_options_in(req: compile_service_pb2.CompileRequest) -> CompileOption
     formats = enums_in("render_formats", req.render_formats, RenderFormat)
     lim = req.limits
     for field in ("context_window", "max_output_tokens", "max_input_tokens"):
-        if getattr(lim, field) > MAX_USAGE_TOKENS:
+        if getattr(lim, field) > MAX_LIMIT_TOKENS:
             # No model reads or writes that many, and a rendered body would carry it:
             # Gemini's maxOutputTokens is an int32, so 2^32-1 was refused by the provider
             # in every request.
             raise invalid(
                 f"limits.{field}",
-                f"limits.{field} is over {MAX_USAGE_TOKENS}, more than any model reads or "
+                f"limits.{field} is over {MAX_LIMIT_TOKENS}, more than any model reads or "
                 "writes (0 takes the model catalog's)",
             )
     limits = ModelLimits(
